@@ -1,0 +1,49 @@
+"""`exoctl status` as a table (the JSON form is the stable interface; this is for eyes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n}B"
+
+
+def human_duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def render_status(snap: dict[str, Any]) -> str:
+    d = snap["daemon"]
+    head = (f"exod {d['version']} pid {d['pid']}, up {human_duration(d['uptime_s'])}, "
+            f"{d['state']}: {d['summary']}")
+    rows = [("INSTANCE", "STATE", "LAYERS", "PIDS", "UPTIME", "RESTARTS", "RSS", "LAST EXIT")]
+    for inst in snap["instances"]:
+        ranks = inst["ranks"]
+        loaded = sum(r["layers_loaded"] for r in ranks)
+        total = sum(r["layers_total"] for r in ranks)
+        pids = ",".join(str(r["pid"]) for r in ranks if r["pid"]) or "-"
+        rss = [r["rss_bytes"] for r in ranks if r["rss_bytes"] is not None]
+        exits = [r["error"] or (r["last_exit"] or {}).get("text") for r in ranks]
+        last = next((e for e in exits if e), "-")
+        rows.append((inst["name"], inst["detail"], f"{loaded}/{total}", pids,
+                     human_duration(inst["uptime_s"]), str(inst["restarts"]),
+                     human_bytes(sum(rss)) if rss else "-", last))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = [head, ""]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    return "\n".join(line.rstrip() for line in lines)

@@ -1,0 +1,209 @@
+"""The one schema of exod's YAML config: typed, frozen dataclasses.
+
+The validator (`exod.config.validate`) walks these classes generically, so a field added here is
+validated, defaulted and documented (`exod check --explain-keys`) without touching any other code.
+Each field's `metadata["doc"]` is the text shown to operators.
+
+Durations are plain floats in seconds once loaded; the YAML side accepts `500ms`, `10s`, `2m`,
+`1h` or a bare number of seconds (see `exod.config.durations`).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Mapping, Optional
+
+from exod.config.types import Duration, InstanceName, ModelDir, Octal
+from exod.paths import default_control_socket
+
+RestartMode = Literal["no", "on-failure", "always"]
+Parallelism = Literal["pipeline", "tensor"]
+ReadyPolicy = Literal["daemon", "instances"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+Backend = Literal["ring", "mpi"]
+
+DEFAULT_CONFIG_PATH = Path("/etc/exod/exod.yaml")
+DEFAULT_API_PORT = 52415  # exo's port: users of exo find exod where they expect it
+
+
+def doc(text: str, **extra: object) -> dict[str, object]:
+    """Field metadata: operator-facing documentation (plus validator hints)."""
+    return {"doc": text, **extra}
+
+
+@dataclass(frozen=True)
+class StopPolicy:
+    """The termination ladder. Rung 1 asks, rung 2 SIGTERMs, rung 3 SIGKILLs."""
+
+    grace: Duration = field(
+        default=10.0,
+        metadata=doc("rung 1: after asking the runner to shut down, wait this long", minimum=0),
+    )
+    drain: Duration = field(
+        default=5.0,
+        metadata=doc(
+            "within rung 1: let in-flight generations finish this long, then abort them",
+            minimum=0,
+        ),
+    )
+    attempts: int = field(
+        default=3, metadata=doc("rung 2: how many SIGTERMs to send", minimum=0, maximum=100)
+    )
+    interval: Duration = field(
+        default=5.0, metadata=doc("rung 2: wait between SIGTERMs (and after the last)", minimum=0.01)
+    )
+    kill_interval: Duration = field(
+        default=1.0,
+        metadata=doc("rung 3: SIGKILL is repeated this often until the process is gone", minimum=0.01),
+    )
+
+
+@dataclass(frozen=True)
+class BackoffPolicy:
+    """Restart delay: exponential on the monotonic clock, capped, jittered."""
+
+    initial: Duration = field(default=1.0, metadata=doc("first restart delay", minimum=0))
+    multiplier: float = field(default=2.0, metadata=doc("growth per failure", minimum=1.0))
+    max: Duration = field(default=60.0, metadata=doc("cap on the delay", minimum=0))
+    jitter: float = field(
+        default=0.2, metadata=doc("random spread, as a fraction of the delay", minimum=0, maximum=1)
+    )
+    reset_after: Duration = field(
+        default=60.0,
+        metadata=doc("a run that stayed ready this long resets the delay and the failure count",
+                     minimum=0),
+    )
+
+
+@dataclass(frozen=True)
+class StartLimit:
+    """Too many failures in a window put the instance in `failed` until `exoctl start`."""
+
+    burst: int = field(default=5, metadata=doc("failures allowed within `interval`", minimum=1))
+    interval: Duration = field(default=60.0, metadata=doc("the counting window", minimum=0))
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str = field(metadata=doc("host name; compared with node.name", pattern=r"^[A-Za-z0-9._-]{1,253}$"))
+    address: str = field(metadata=doc("address other hosts use to reach this one"))
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One model, split into `shards` ranks (runner processes)."""
+
+    name: InstanceName = field(metadata=doc("the instance's name (its key)", internal=True))
+    # kw_only: a defaulted field may not precede the required `model` positionally.
+    source: str = field(
+        default="",
+        compare=False,
+        kw_only=True,
+        metadata=doc("FILE:LINE:COL of the definition", internal=True),
+    )
+    model: ModelDir = field(metadata=doc("local mlx-lm model directory (holds config.json)"))
+    shards: int = field(default=1, metadata=doc("number of ranks", minimum=1, maximum=64))
+    parallelism: Parallelism = field(default="pipeline", metadata=doc("how ranks split the model"))
+    layers: Optional[tuple[int, ...]] = field(
+        default=None,
+        metadata=doc("explicit layers per rank (sums to the model's layer count); default even split"),
+    )
+    autostart: bool = field(default=True, metadata=doc("start when the daemon starts"))
+    # `inherit` fields take their value from `defaults:`; a partial mapping given here
+    # overrides only the keys it names.
+    restart: RestartMode = field(
+        default="on-failure", metadata=doc("restart policy", inherit="restart")
+    )
+    stop: StopPolicy = field(
+        default_factory=StopPolicy, metadata=doc("termination ladder overrides", inherit="stop")
+    )
+    backoff: BackoffPolicy = field(
+        default_factory=BackoffPolicy, metadata=doc("restart backoff overrides", inherit="backoff")
+    )
+    start_limit: StartLimit = field(
+        default_factory=StartLimit, metadata=doc("start-limit overrides", inherit="start_limit")
+    )
+    env: Mapping[str, str] = field(
+        default_factory=dict, metadata=doc("extra environment variables for the runners")
+    )
+    dtype: DType = field(default="auto", metadata=doc("cast weights; auto = float32 on CPU"))
+    hosts: tuple[Host, ...] = field(
+        default=(), metadata=doc("hosts the ranks run on, in rank order; default all on this host")
+    )
+    port_base: Optional[int] = field(
+        default=None,
+        metadata=doc("rank r listens on port_base + r (multi-rank only)", minimum=1024, maximum=65535),
+    )
+    backend: Backend = field(default="ring", metadata=doc("mx.distributed backend"))
+    max_concurrency: int = field(
+        default=1, metadata=doc("generations run at once by this instance", minimum=1, maximum=256)
+    )
+    max_queue: int = field(
+        default=16, metadata=doc("requests waiting beyond max_concurrency before 429", minimum=0)
+    )
+
+
+@dataclass(frozen=True)
+class Defaults:
+    restart: RestartMode = field(default="on-failure", metadata=doc("restart policy for instances"))
+    stop: StopPolicy = field(default_factory=StopPolicy, metadata=doc("the termination ladder"))
+    backoff: BackoffPolicy = field(default_factory=BackoffPolicy, metadata=doc("restart backoff"))
+    start_limit: StartLimit = field(default_factory=StartLimit, metadata=doc("start limit"))
+    stall_after: Duration = field(
+        default=60.0,
+        metadata=doc("status notes 'no progress for …' after this long without a layer; "
+                     "nothing is ever killed for it", minimum=0),
+    )
+
+
+@dataclass(frozen=True)
+class Control:
+    socket: Path = field(
+        default_factory=default_control_socket,
+        metadata=doc("path of exoctl's control socket; runners' notify socket sits beside it "
+                     "(default /run/exod/control.sock as root, else $XDG_RUNTIME_DIR/exod/)"),
+    )
+    mode: Octal = field(default=0o660, metadata=doc("file mode of the control socket"))
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str = field(
+        default_factory=socket.gethostname,
+        metadata=doc("this host's name in `hosts:` lists", pattern=r"^[A-Za-z0-9._-]{1,253}$"),
+    )
+
+
+@dataclass(frozen=True)
+class Api:
+    listen: str = field(
+        default=f"127.0.0.1:{DEFAULT_API_PORT}",
+        metadata=doc("HOST:PORT of the OpenAI-compatible HTTP API; empty string disables it"),
+    )
+    token_file: Optional[Path] = field(
+        default=None, metadata=doc("file holding a bearer token required on every endpoint but /health")
+    )
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole, validated configuration: the main file plus its includes."""
+
+    path: Path = field(metadata=doc("the main file this config was read from", internal=True))
+    node: Node = field(default_factory=Node, metadata=doc("this host"))
+    control: Control = field(default_factory=Control, metadata=doc("the control socket"))
+    ready: ReadyPolicy = field(
+        default="daemon",
+        metadata=doc("when to tell the service manager READY=1: daemon up, or every autostart "
+                     "instance ready"),
+    )
+    api: Api = field(default_factory=Api, metadata=doc("the HTTP API"))
+    defaults: Defaults = field(default_factory=Defaults, metadata=doc("daemon-wide defaults"))
+    include: tuple[str, ...] = field(
+        default=(), metadata=doc("glob patterns of drop-in files holding `instances:`")
+    )
+    instances: Mapping[str, Instance] = field(
+        default_factory=dict, metadata=doc("instance name → definition")
+    )

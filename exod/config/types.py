@@ -1,0 +1,23 @@
+"""Value kinds that need more than a Python type to validate (see `exod.config.validate`)."""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated
+
+
+class Kind(enum.Enum):
+    DURATION = "duration"  # '500ms', '10s', '2m', '1h' or a number of seconds -> float seconds
+    MODEL_DIR = "model_dir"  # directory that exists and holds config.json; relative to its file
+    PATH = "path"  # any path; relative to the folder of the file that holds it
+    INSTANCE_NAME = "instance_name"  # safe charset: ends up in file names and status lines
+    OCTAL = "octal"  # file mode: 0660 / '0660' / 432
+
+
+Duration = Annotated[float, Kind.DURATION]
+ModelDir = Annotated[Path, Kind.MODEL_DIR]
+InstanceName = Annotated[str, Kind.INSTANCE_NAME]
+Octal = Annotated[int, Kind.OCTAL]
+
+INSTANCE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"

@@ -1,0 +1,82 @@
+"""The one state machine of exod, used for every rank and every instance.
+
+`stopped → starting → loading → ready → stopping → stopped`, plus `backoff` (waiting to restart)
+and `failed` (stays put until an operator says `exoctl start`). All legal moves are in
+TRANSITIONS; `Machine.move` is the only way to change a state. Pure: no I/O, time is passed in.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class State(str, enum.Enum):
+    STOPPED = "stopped"
+    STARTING = "starting"  # process spawned, not yet reporting progress
+    LOADING = "loading"  # reporting layers n/N
+    READY = "ready"  # READY=1 received (for an instance: from every rank)
+    STOPPING = "stopping"  # the termination ladder is running
+    BACKOFF = "backoff"  # exited unexpectedly; a restart is scheduled
+    FAILED = "failed"  # will not restart by itself
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def active(self) -> bool:
+        """Processes may be alive in this state."""
+        return self in _ACTIVE
+
+
+_ACTIVE = frozenset({State.STARTING, State.LOADING, State.READY, State.STOPPING})
+
+S = State
+TRANSITIONS: dict[State, frozenset[State]] = {
+    S.STOPPED: frozenset({S.STARTING}),
+    # A runner may send READY=1 without any progress (a model with nothing to load).
+    S.STARTING: frozenset({S.LOADING, S.READY, S.STOPPING, S.BACKOFF, S.FAILED, S.STOPPED}),
+    S.LOADING: frozenset({S.READY, S.STOPPING, S.BACKOFF, S.FAILED, S.STOPPED}),
+    S.READY: frozenset({S.STOPPING, S.BACKOFF, S.FAILED, S.STOPPED}),
+    # A stop ends in stopped. When one rank of a group died, the siblings are stopped first and
+    # the group then goes to backoff (restart) or failed (given up).
+    S.STOPPING: frozenset({S.STOPPED, S.BACKOFF, S.FAILED}),
+    # A stop during backoff cancels the restart; the start limit can fail it.
+    S.BACKOFF: frozenset({S.STARTING, S.STOPPED, S.FAILED}),
+    S.FAILED: frozenset({S.STARTING, S.STOPPED}),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Transition:
+    old: State
+    new: State
+    at: float
+    reason: str
+
+
+@dataclass
+class Machine:
+    """A state plus when it was entered and why; `move` validates against TRANSITIONS."""
+
+    state: State = State.STOPPED
+    since: float = 0.0
+    reason: str = ""
+    history: list[Transition] = field(default_factory=list)
+    history_limit: int = 32
+
+    def can(self, new: State) -> bool:
+        return new in TRANSITIONS[self.state]
+
+    def move(self, new: State, now: float, reason: str = "") -> Transition:
+        if new not in TRANSITIONS[self.state]:
+            raise IllegalTransition(f"{self.state} → {new} is not allowed ({reason})")
+        t = Transition(self.state, new, now, reason)
+        self.state, self.since, self.reason = new, now, reason
+        self.history.append(t)
+        del self.history[: -self.history_limit]
+        return t

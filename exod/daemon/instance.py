@@ -1,0 +1,336 @@
+"""One instance: a group of ranks, its state machine, restarts and stop ladders.
+
+Everything that touches the OS goes through `Seam` (spawn, ask, signal, clock, timers), so this
+logic runs in unit tests with a fake seam and a fake clock, and in the daemon with the real one.
+Events come in (`on_notify`, `on_exit`, operator calls); the instance never blocks.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from loguru import logger
+
+from exod.config.schema import Defaults, Instance
+from exod.core.exits import EXIT_UNAVAILABLE, ExitInfo
+from exod.core.ladder import LadderRun, Step
+from exod.core.restarts import Decision, GiveUp, Rest, Restart, RestartTracker
+from exod.core.shards import Shard
+from exod.core.states import Machine, State
+
+Continuation = Callable[[], None]
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Seam(Protocol):
+    def now(self) -> float: ...
+
+    def call_at(self, when: float, fn: Callable[[], None]) -> Timer: ...
+
+    def spawn(self, inst: "InstanceRuntime", rank: "RankRuntime") -> int:
+        """Start the runner for `rank`; returns its pid; raises OSError when exec fails."""
+        ...
+
+    def ask(self, pid: int, drain: float) -> bool:
+        """Send the shutdown request over the runner's channel."""
+        ...
+
+    def kill(self, pid: int, sig: int) -> bool: ...
+
+    def changed(self, inst: "InstanceRuntime") -> None:
+        """State or progress changed: refresh status, wake waiters."""
+        ...
+
+
+@dataclass
+class RankRuntime:
+    shard: Shard
+    host: str = ""
+    local: bool = True
+    machine: Machine = field(default_factory=Machine)
+    pid: int | None = None
+    started_at: float | None = None
+    layers_loaded: int = 0
+    layers_total: int = 0
+    last_progress: float | None = None
+    status_text: str = ""
+    error: str = ""
+    last_exit: ExitInfo | None = None
+    ladder: LadderRun | None = None
+    ladder_timer: Timer | None = None
+    signals_sent: list[str] = field(default_factory=list)
+    last_heartbeat: float | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.shard.rank
+
+    @property
+    def state(self) -> State:
+        return self.machine.state
+
+
+class InstanceRuntime:
+    def __init__(self, config: Instance, shards: list[Shard], seam: Seam, defaults: Defaults) -> None:
+        self.config = config
+        self.name = config.name
+        self.seam = seam
+        self.defaults = defaults
+        self.machine = Machine(since=seam.now())
+        self.tracker = RestartTracker(config.restart, config.backoff, config.start_limit)
+        self.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
+        self.started_at: float | None = None
+        self.held = False  # an operator stopped it: a reload must not start it again
+        self._pending: Decision | None = None  # applied once every rank is gone
+        self._after_stop: list[Continuation] = []
+        self._restart_timer: Timer | None = None
+        self.log = logger.bind(instance=self.name)
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def state(self) -> State:
+        return self.machine.state
+
+    def alive(self) -> list[RankRuntime]:
+        return [r for r in self.ranks if r.pid is not None]
+
+    def rank_by_pid(self, pid: int) -> RankRuntime | None:
+        return next((r for r in self.ranks if r.pid == pid), None)
+
+    # ---- transitions ----------------------------------------------------------------------
+    def _move(self, new: State, reason: str = "") -> None:
+        if self.machine.state is new:
+            return
+        old = self.machine.state
+        self.machine.move(new, self.seam.now(), reason)
+        self.log.info("{} → {}{}", old, new, f" ({reason})" if reason else "")
+        self.seam.changed(self)
+
+    def _move_rank(self, rank: RankRuntime, new: State, reason: str = "") -> None:
+        if rank.machine.state is not new:
+            rank.machine.move(new, self.seam.now(), reason)
+
+    # ---- operator and supervisor calls ----------------------------------------------------
+    def start(self, operator: bool = False) -> None:
+        """Start every local rank. From stopping, start once the stop is complete."""
+        if operator:
+            self.held = False
+            self.tracker.reset()
+        if self.state is State.STOPPING:
+            self._after_stop.append(lambda: self.start())
+            return
+        if self.state.active:
+            return
+        self._cancel_restart()
+        self._pending = None
+        self.started_at = self.seam.now()
+        self._move(State.STARTING, "started by operator" if operator else "")
+        failed: list[tuple[RankRuntime, str]] = []
+        for rank in self.ranks:
+            if not rank.local:
+                continue
+            rank.layers_loaded, rank.error, rank.status_text = 0, "", ""
+            rank.signals_sent, rank.last_progress, rank.last_heartbeat = [], None, None
+            rank.started_at = self.seam.now()
+            self._move_rank(rank, State.STARTING)
+            try:
+                rank.pid = self.seam.spawn(self, rank)
+            except OSError as e:
+                failed.append((rank, f"cannot start runner: {e}"))
+                continue
+            self.log.bind(rank=rank.rank, pid=rank.pid).info(
+                "started, layers [{}, {})", rank.shard.start, rank.shard.end)
+        for rank, why in failed:
+            rank.error = why
+            self._rank_gone(rank, ExitInfo(code=EXIT_UNAVAILABLE))
+
+    def stop(self, then: Continuation | None = None, operator: bool = False) -> None:
+        """Stop every rank through the ladder; `then` runs once all are gone."""
+        if operator:
+            self.held = True
+            self._after_stop.clear()  # a stop cancels a restart that was waiting for it
+        if then is not None:
+            self._after_stop.append(then)
+        self._cancel_restart()
+        self._pending = None
+        if self.state in (State.STOPPED, State.FAILED, State.BACKOFF):
+            self._move(State.STOPPED, "stopped by operator" if operator else "")
+            self._run_after_stop()
+            return
+        if self.state is State.STOPPING:
+            return
+        self._move(State.STOPPING, "stop requested")
+        self._stop_ranks()
+
+    def restart(self) -> None:
+        self.stop(then=lambda: self.start(operator=True))
+
+    def hurry(self) -> None:
+        """A second stop signal to the daemon: skip what is left of rung 1's grace."""
+        now = self.seam.now()
+        for rank in self.ranks:
+            if rank.ladder is not None and rank.pid is not None:
+                rank.ladder.skip_grace(now)
+                self._schedule_ladder(rank)
+
+    # ---- events from runners --------------------------------------------------------------
+    def on_notify(self, pid: int, fields: dict[str, str]) -> None:
+        rank = self.rank_by_pid(pid)
+        if rank is None:
+            return
+        now = self.seam.now()
+        log = self.log.bind(rank=rank.rank, pid=pid)
+        if "STATUS" in fields:
+            rank.status_text = fields["STATUS"]
+        if "X_EXOD_ERROR" in fields:
+            rank.error = fields["X_EXOD_ERROR"]
+            log.error("{}", rank.error)
+        if "WATCHDOG" in fields:
+            rank.last_heartbeat = now
+        if "X_EXOD_LAYERS" in fields:
+            self._progress(rank, fields["X_EXOD_LAYERS"], now)
+        if fields.get("READY") == "1" and rank.state in (State.STARTING, State.LOADING):
+            self._move_rank(rank, State.READY)
+            log.info("ready")
+            if all(r.state is State.READY for r in self.ranks) and self.state in (
+                State.STARTING, State.LOADING
+            ):
+                self.tracker.on_ready(now)
+                self._move(State.READY)
+        if fields.get("STOPPING") == "1":
+            log.debug("runner is stopping")
+        self.seam.changed(self)
+
+    def _progress(self, rank: RankRuntime, value: str, now: float) -> None:
+        n_s, _, total_s = value.partition("/")
+        try:
+            n, total = int(n_s), int(total_s)
+        except ValueError:
+            return
+        rank.layers_loaded, rank.layers_total, rank.last_progress = n, total, now
+        if rank.state is State.STARTING:
+            self._move_rank(rank, State.LOADING)
+            if self.state is State.STARTING:
+                self._move(State.LOADING)
+
+    def on_exit(self, pid: int, info: ExitInfo) -> None:
+        rank = self.rank_by_pid(pid)
+        if rank is not None:
+            self._rank_gone(rank, info)
+
+    def _rank_gone(self, rank: RankRuntime, info: ExitInfo) -> None:
+        killed = Step.KILL.value in rank.signals_sent
+        log = self.log.bind(rank=rank.rank, pid=rank.pid)
+        rank.pid, rank.last_exit = None, info
+        if rank.ladder_timer is not None:
+            rank.ladder_timer.cancel()
+        rank.ladder, rank.ladder_timer = None, None
+        expected = rank.state is State.STOPPING
+        how = f"{info}{' after SIGKILL' if killed else ''}"
+        if expected:
+            self._move_rank(rank, State.STOPPED, how)
+            (log.warning if killed or not info.clean else log.info)("exited: {}", how)
+        else:
+            self._move_rank(rank, State.FAILED, rank.error or how)
+            log.error("exited unexpectedly: {}{}", how, f" ({rank.error})" if rank.error else "")
+
+        if self.state is State.STOPPING:
+            if not self.alive():
+                self._finish_stop()
+            else:
+                self.seam.changed(self)
+            return
+        if expected:  # cannot happen outside STOPPING; keep the status fresh anyway
+            self.seam.changed(self)
+            return
+        decision = self.tracker.on_exit(self.seam.now(), info, rank.error)
+        if self.alive():
+            # A group is all or nothing: stop the siblings (through the ladder), then decide.
+            self._pending = decision
+            self._move(State.STOPPING, f"rank {rank.rank} {how}")
+            self._stop_ranks()
+        else:
+            self._apply(decision)
+
+    # ---- internals ------------------------------------------------------------------------
+    def _stop_ranks(self) -> None:
+        for rank in self.alive():
+            if rank.ladder is None:
+                self._begin_ladder(rank)
+
+    def _begin_ladder(self, rank: RankRuntime) -> None:
+        self._move_rank(rank, State.STOPPING)
+        rank.ladder = LadderRun(self.config.stop, self.seam.now())
+        self._perform(rank, rank.ladder.first)
+        self._schedule_ladder(rank)
+
+    def _schedule_ladder(self, rank: RankRuntime) -> None:
+        if rank.ladder_timer is not None:
+            rank.ladder_timer.cancel()
+        if rank.ladder is not None:
+            rank.ladder_timer = self.seam.call_at(rank.ladder.deadline, lambda: self._tick(rank))
+
+    def _tick(self, rank: RankRuntime) -> None:
+        rank.ladder_timer = None
+        if rank.ladder is None or rank.pid is None:
+            return
+        step = rank.ladder.due(self.seam.now())
+        if step is not None:
+            self._perform(rank, step)
+        self._schedule_ladder(rank)
+
+    def _perform(self, rank: RankRuntime, step: Step) -> None:
+        pid = rank.pid
+        if pid is None:
+            return
+        rank.signals_sent.append(step.value)
+        log = self.log.bind(rank=rank.rank, pid=pid)
+        if step is Step.ASK:
+            sent = self.seam.ask(pid, self.config.stop.drain)
+            log.info("ladder rung 1: asking to shut down, grace {:g}s{}", self.config.stop.grace,
+                     "" if sent else " (channel closed)")
+        elif step is Step.TERM:
+            n = rank.signals_sent.count(Step.TERM.value)
+            log.warning("ladder rung 2: SIGTERM {}/{}", n, self.config.stop.attempts)
+            self.seam.kill(pid, signal.SIGTERM)
+        else:
+            log.error("ladder rung 3: SIGKILL (still alive after every SIGTERM)")
+            self.seam.kill(pid, signal.SIGKILL)
+
+    def _finish_stop(self) -> None:
+        decision, self._pending = self._pending, None
+        if decision is not None:
+            self._apply(decision)
+        else:
+            self._move(State.STOPPED)
+        self._run_after_stop()
+
+    def _run_after_stop(self) -> None:
+        todo, self._after_stop = self._after_stop, []
+        for fn in todo:
+            fn()
+
+    def _apply(self, decision: Decision) -> None:
+        if isinstance(decision, Restart):
+            self._move(State.BACKOFF, f"restart in {decision.delay:.1f}s")
+            when = self.seam.now() + decision.delay
+            self._restart_timer = self.seam.call_at(when, self._restart_due)
+        elif isinstance(decision, GiveUp):
+            self._move(State.FAILED, decision.reason)
+        elif isinstance(decision, Rest):
+            self._move(State.STOPPED, decision.reason)
+
+    def _restart_due(self) -> None:
+        self._restart_timer = None
+        if self.state is State.BACKOFF:
+            self.start()
+
+    def _cancel_restart(self) -> None:
+        if self._restart_timer is not None:
+            self._restart_timer.cancel()
+            self._restart_timer = None

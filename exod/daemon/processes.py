@@ -1,0 +1,143 @@
+"""The table of live runner processes: spawn, output capture, channel, reaping.
+
+Children are reaped from the event loop on SIGCHLD (waitpid per known pid, WNOHANG). Before an
+exit is reported, the runner's last notify datagrams and output are read, so its final words
+(e.g. the reason it could not load) are logged before its death is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from loguru import logger
+
+from exod.core.exits import ExitInfo
+from exod.daemon import spawn as os_seam
+from exod.daemon.logs import split_priority
+from exod.protocol import encode
+
+MAX_LINE = 64 * 1024
+
+ExitHandler = Callable[[int, ExitInfo], None]
+
+
+@dataclass
+class Proc:
+    child: os_seam.Child
+    context: dict[str, object]  # instance, rank: bound to every line the runner prints
+    on_exit: ExitHandler
+    partial: dict[int, bytes] = field(default_factory=dict)
+
+
+class ProcessTable:
+    def __init__(self, loop: asyncio.AbstractEventLoop, before_exit: Callable[[], None]) -> None:
+        self.loop = loop
+        self.procs: dict[int, Proc] = {}
+        self._before_exit = before_exit  # drains the notify socket
+        self._empty_waiters: list[asyncio.Future[None]] = []
+
+    def install(self) -> None:
+        self.loop.add_signal_handler(signal.SIGCHLD, self.reap)
+
+    def spawn(self, args: list[str], env: Mapping[str, str], context: dict[str, object],
+              on_exit: ExitHandler) -> int:
+        child = os_seam.spawn(args, env)
+        proc = Proc(child, {**context, "pid": child.pid}, on_exit)
+        self.procs[child.pid] = proc
+        for fd in (child.stdout, child.stderr):
+            proc.partial[fd] = b""
+            self.loop.add_reader(fd, self._read, proc, fd)
+        # The child may have died before we registered it: SIGCHLD would already be spent.
+        self.loop.call_soon(self.reap)
+        return child.pid
+
+    def send(self, pid: int, msg: dict[str, object]) -> bool:
+        proc = self.procs.get(pid)
+        if proc is None:
+            return False
+        try:
+            proc.child.channel.send(encode(msg))
+            return True
+        except OSError:
+            return False
+
+    def kill(self, pid: int, sig: int) -> bool:
+        if pid not in self.procs:
+            return False
+        return os_seam.send_signal(pid, sig)
+
+    def reap(self) -> None:
+        for pid in list(self.procs):
+            info = os_seam.reap(pid)
+            if info is None:
+                continue
+            proc = self.procs.pop(pid)
+            self._before_exit()
+            self._close(proc)
+            proc.on_exit(pid, info)
+        if not self.procs:
+            for fut in self._empty_waiters:
+                if not fut.done():
+                    fut.set_result(None)
+            self._empty_waiters.clear()
+
+    async def wait_empty(self) -> None:
+        if self.procs:
+            fut: asyncio.Future[None] = self.loop.create_future()
+            self._empty_waiters.append(fut)
+            await fut
+
+    # ---- output ------------------------------------------------------------------------
+    def _read(self, proc: Proc, fd: int) -> None:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self._feed(proc, fd, data)
+        else:
+            self._eof(proc, fd)
+
+    def _feed(self, proc: Proc, fd: int, data: bytes) -> None:
+        *lines, rest = (proc.partial[fd] + data).split(b"\n")
+        if len(rest) > MAX_LINE:  # a runaway line without a newline: log it in pieces
+            lines.append(rest)
+            rest = b""
+        proc.partial[fd] = rest
+        for line in lines:
+            self._log_line(proc, line)
+
+    def _eof(self, proc: Proc, fd: int) -> None:
+        if fd not in proc.partial:
+            return
+        self.loop.remove_reader(fd)
+        rest = proc.partial.pop(fd)
+        if rest:
+            self._log_line(proc, rest)
+        os.close(fd)
+
+    def _log_line(self, proc: Proc, raw: bytes) -> None:
+        level, text = split_priority(raw.decode("utf-8", "replace").rstrip("\r"))
+        logger.bind(**proc.context).log(level, "| {}", text)
+
+    def _close(self, proc: Proc) -> None:
+        """After the exit: log what is left in the pipes, then close everything."""
+        for fd in list(proc.partial):
+            while fd in proc.partial:
+                try:
+                    data = os.read(fd, 65536)
+                except BlockingIOError:
+                    data = b""  # nothing more now (a grandchild may hold the pipe): stop here
+                except OSError:
+                    data = b""
+                if data:
+                    self._feed(proc, fd, data)
+                else:
+                    self._eof(proc, fd)
+        proc.child.channel.close()

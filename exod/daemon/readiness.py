@@ -1,0 +1,65 @@
+"""When to tell the service manager READY=1, and keeping STATUS= current.
+
+Policy `daemon`: ready once the control socket is up and every autostart instance is spawned.
+Policy `instances`: ready once every autostart instance has settled (ready, or failed: then
+STATUS says which), and meanwhile each layer of progress extends the start timeout by
+EXTEND_WINDOW, so a long but progressing load never hits TimeoutStartSec. exod itself never
+times a load out.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from exod.core.states import State
+from exod.daemon.service import ServiceNotifier
+
+if TYPE_CHECKING:
+    from exod.daemon.supervisor import Supervisor
+
+EXTEND_WINDOW = 300.0  # seconds allowed for the NEXT layer; renewed on every layer
+
+SETTLED = (State.READY, State.FAILED, State.STOPPED)
+
+
+class Readiness:
+    def __init__(self, policy: str, service: ServiceNotifier) -> None:
+        self.policy = policy
+        self.service = service
+        self.ready_sent = False
+        self._spawned = False
+        self._layers_seen = 0
+        self.reload_error: str | None = None  # sticky in STATUS until a reload succeeds
+
+    def spawned(self, sup: "Supervisor", now: float) -> None:
+        self._spawned = True
+        self.update(sup, now)
+
+    def update(self, sup: "Supervisor", now: float) -> None:
+        if sup.stopping:
+            return
+        summary = self.line(sup)
+        if self.ready_sent or not self._spawned:
+            if self.ready_sent:
+                self.service.status(summary)
+            return
+        autostart = [i for i in sup.instances.values() if i.config.autostart]
+        if self.policy == "daemon" or all(i.state in SETTLED for i in autostart):
+            self.ready_sent = True
+            self.service.ready(summary)
+            return
+        self.service.status(summary)
+        layers = sum(r.layers_loaded for i in autostart for r in i.ranks)
+        if layers > self._layers_seen:
+            self._layers_seen = layers
+            self.service.extend_timeout(EXTEND_WINDOW)
+
+    def line(self, sup: "Supervisor") -> str:
+        if self.reload_error:
+            return f"{self.reload_error}; {sup.summary()}"
+        return sup.summary()
+
+    def reloaded(self, sup: "Supervisor", now: float, error: str | None) -> None:
+        """READY=1 closes every RELOADING=1, a failed reload included (STATUS says so)."""
+        self.reload_error = error
+        self.service.ready(self.line(sup))

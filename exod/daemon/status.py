@@ -1,0 +1,89 @@
+"""Status snapshots: the JSON that `exoctl status --json` prints, and the one-line summary that
+goes to the service manager's STATUS=. Built on demand from the runtimes; nothing is cached."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exod.config.durations import format_duration
+from exod.core.states import State
+from exod.daemon.instance import InstanceRuntime, RankRuntime
+from exod.daemon.procinfo import rss_bytes
+
+
+def stalled_for(rank: RankRuntime, now: float, stall_after: float) -> float | None:
+    """Seconds without progress while loading, once past `stall_after`; purely informative."""
+    if rank.state is not State.LOADING and rank.state is not State.STARTING:
+        return None
+    last = rank.last_progress if rank.last_progress is not None else rank.started_at
+    if last is None or now - last < stall_after:
+        return None
+    return now - last
+
+
+def detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
+    """e.g. `loading 17/80 (no progress for 4m)`, `failed: exit code 65: ...`, `ready`."""
+    state = inst.state
+    if state in (State.STARTING, State.LOADING):
+        done = sum(r.layers_loaded for r in inst.ranks)
+        total = sum(r.layers_total for r in inst.ranks)
+        text = f"{state} {done}/{total}" if state is State.LOADING else str(state)
+        stalls = [s for r in inst.ranks if (s := stalled_for(r, now, stall_after)) is not None]
+        if stalls:
+            text += f" (no progress for {format_duration(max(stalls))})"
+        return text
+    if state in (State.FAILED, State.BACKOFF) and inst.machine.reason:
+        return f"{state}: {inst.machine.reason}"
+    return str(state)
+
+
+def rank_json(rank: RankRuntime, now: float, stall_after: float) -> dict[str, Any]:
+    stall = stalled_for(rank, now, stall_after)
+    return {
+        "rank": rank.rank,
+        "host": rank.host,
+        "remote": not rank.local,
+        "pid": rank.pid,
+        "state": rank.state.value,
+        "layers": [rank.shard.start, rank.shard.end],
+        "layers_loaded": rank.layers_loaded,
+        "layers_total": rank.layers_total,
+        "rss_bytes": rss_bytes(rank.pid) if rank.pid is not None else None,
+        "uptime_s": round(now - rank.started_at, 3) if rank.pid and rank.started_at else None,
+        "last_exit": rank.last_exit.to_json() if rank.last_exit else None,
+        "status": rank.status_text,
+        "error": rank.error or None,
+        "no_progress_s": round(stall, 1) if stall is not None else None,
+    }
+
+
+def instance_json(inst: InstanceRuntime, now: float, stall_after: float) -> dict[str, Any]:
+    c = inst.config
+    active = inst.state.active or inst.state is State.READY
+    return {
+        "name": inst.name,
+        "state": inst.state.value,
+        "detail": detail(inst, now, stall_after),
+        "reason": inst.machine.reason or None,
+        "since_s": round(now - inst.machine.since, 3),
+        "uptime_s": round(now - inst.started_at, 3) if active and inst.started_at else None,
+        "model": str(c.model),
+        "shards": c.shards,
+        "parallelism": c.parallelism,
+        "autostart": c.autostart,
+        "restart": c.restart,
+        "restarts": inst.tracker.restarts,
+        "source": c.source,
+        "ranks": [rank_json(r, now, stall_after) for r in inst.ranks],
+    }
+
+
+def summary(instances: list[InstanceRuntime], now: float, stall_after: float) -> str:
+    """One line for STATUS=, e.g. `3/4 ready; big: loading 17/80`."""
+    if not instances:
+        return "no instances configured"
+    ready = sum(1 for i in instances if i.state is State.READY)
+    parts = [f"{ready}/{len(instances)} ready"]
+    parts += [f"{i.name}: {detail(i, now, stall_after)}" for i in instances
+              if i.state is not State.READY]
+    return "; ".join(parts)

@@ -1,0 +1,357 @@
+"""The daemon: one asyncio loop that owns every instance, process, socket and timer.
+
+Lifecycle: start sockets → spawn autostart instances → READY → serve until SIGTERM/SIGINT →
+run every instance's ladder → exit once no runner is alive. Signal handlers only schedule work
+on the loop. SIGHUP (or `exoctl reload`) re-reads the config: validate first, then apply the
+diff. Never imports mlx: runners do that, in their own processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from loguru import logger
+
+from exod import __version__
+from exod.config import ConfigError, diff, load_config, model_layer_count
+from exod.config.schema import Config, Instance
+from exod.core import ladder
+from exod.core.shards import Shard, ShardError, pipeline_shards, tensor_shards
+from exod.core.states import State
+from exod.daemon import spawn as os_seam
+from exod.daemon import status
+from exod.daemon.control import ControlServer, Emit
+from exod.daemon.instance import InstanceRuntime, RankRuntime, Timer
+from exod.daemon.notify_server import NotifyServer
+from exod.daemon.processes import ProcessTable
+from exod.daemon.readiness import Readiness
+from exod.daemon.service import ServiceNotifier, watchdog_interval
+
+
+def plan_shards(inst: Instance) -> list[Shard]:
+    """Layer ranges per rank. An unknown layer count (0) lets the runner load everything."""
+    total = model_layer_count(inst.model) or 0
+    if total == 0:
+        return [Shard(r, inst.shards, 0, 0, 0) for r in range(inst.shards)]
+    if inst.parallelism == "tensor":
+        return tensor_shards(total, inst.shards)
+    return pipeline_shards(total, inst.shards, inst.layers)
+
+
+class Supervisor:
+    def __init__(self, config: Config, service: ServiceNotifier | None = None) -> None:
+        self.config = config
+        self.service = service or ServiceNotifier()
+        self.instances: dict[str, InstanceRuntime] = {}
+        self.started = time.monotonic()
+        self.stopping = False
+        self.phase = "starting"
+        self._stop_signals = 0
+        self._done: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._listeners: set[asyncio.Queue[str]] = set()
+        self._reload_lock = asyncio.Lock()
+        run_dir = config.control.socket.parent
+        self.notify = NotifyServer(run_dir / "notify.sock", self._on_notify)
+        self.control = ControlServer(config.control.socket, config.control.mode, self)
+        self.readiness = Readiness(config.ready, self.service)
+
+    # ---- Seam for InstanceRuntime -------------------------------------------------------
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None
+        return self._loop
+
+    def now(self) -> float:
+        return self.loop.time()  # monotonic
+
+    def call_at(self, when: float, fn: Callable[[], None]) -> Timer:
+        return self.loop.call_at(when, fn)
+
+    def spawn(self, inst: InstanceRuntime, rank: RankRuntime) -> int:
+        c, shard = inst.config, rank.shard
+        args = ["--model", str(c.model), "--instance", c.name, "--rank", str(shard.rank),
+                "--world", str(shard.world), "--parallelism", c.parallelism, "--dtype", c.dtype,
+                "--parent-pid", str(os.getpid())]
+        if shard.total:
+            args += ["--layers", shard.arg(), "--total-layers", str(shard.total)]
+        env = os_seam.runner_env(os.environ, {
+            **c.env,
+            "NOTIFY_SOCKET": str(self.notify.path),
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",  # models are local; never wait on a hub
+            "EXOD_INSTANCE": c.name,
+            "EXOD_RANK": str(shard.rank),
+        })
+        context = {"instance": c.name, "rank": shard.rank}
+        return self.procs.spawn(args, env, context, lambda pid, info: inst.on_exit(pid, info))
+
+    def ask(self, pid: int, drain: float) -> bool:
+        return self.procs.send(pid, {"op": "shutdown", "drain": drain})
+
+    def kill(self, pid: int, sig: int) -> bool:
+        return self.procs.kill(pid, sig)
+
+    def changed(self, inst: InstanceRuntime) -> None:
+        self._publish(inst.name)
+
+    def _on_notify(self, pid: int, fields: dict[str, str]) -> None:
+        for inst in self.instances.values():
+            if inst.rank_by_pid(pid) is not None:
+                inst.on_notify(pid, fields)
+                return
+        logger.debug("notify from unknown pid {}: {}", pid, fields)
+
+    # ---- status -----------------------------------------------------------------------------
+    def _publish(self, name: str) -> None:
+        for q in self._listeners:
+            q.put_nowait(name)
+        if self._loop is not None:
+            self.readiness.update(self, self.now())
+
+    def ordered(self) -> list[InstanceRuntime]:
+        return sorted(self.instances.values(), key=lambda i: i.name)
+
+    def summary(self) -> str:
+        return status.summary(self.ordered(), self.now(), self.config.defaults.stall_after)
+
+    def snapshot(self) -> dict[str, Any]:
+        now, stall = self.now(), self.config.defaults.stall_after
+        return {
+            "daemon": {
+                "pid": os.getpid(),
+                "version": __version__,
+                "uptime_s": round(time.monotonic() - self.started, 3),
+                "state": self.phase,
+                "config": str(self.config.path),
+                "control_socket": str(self.config.control.socket),
+                "summary": self.summary(),
+            },
+            "instances": [status.instance_json(i, now, stall) for i in self.ordered()],
+        }
+
+    # ---- running ------------------------------------------------------------------------
+    async def run(self) -> int:
+        self._loop = asyncio.get_running_loop()
+        self._done = asyncio.Event()
+        self.procs = ProcessTable(self.loop, self.notify.drain)
+        self.procs.install()
+        try:
+            await self.control.start()
+            self.notify.open(self.loop)
+        except OSError as e:
+            err = e.errno or errno.EIO
+            logger.error("cannot start: {}", e.strerror or e)
+            self.service.errno(err, f"cannot start: {e.strerror or e}")
+            await self.control.close()
+            return 1
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, self._on_stop_signal, sig)
+        self.loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+        self._start_watchdog()
+        logger.info("exod {} pid {}: {} instance(s) from {}; stop ladder: {}", __version__,
+                    os.getpid(), len(self.config.instances), self.config.path,
+                    ladder.describe(self.config.defaults.stop))
+        for inst_cfg in self.config.instances.values():
+            self._add(inst_cfg)
+        for inst in self.ordered():
+            if inst.config.autostart:
+                inst.start()
+        self.phase = "running"
+        self.readiness.spawned(self, self.now())
+        await self._done.wait()
+        await self.control.close()
+        self.notify.close(self.loop)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            self.loop.remove_signal_handler(sig)
+        logger.info("exod stopped")
+        return 0
+
+    def _add(self, cfg: Instance) -> InstanceRuntime:
+        try:
+            shards = plan_shards(cfg)
+        except ShardError as e:  # validation should have caught it; never crash the loop
+            shards = [Shard(0, 1, 0, 0, 0)]
+            logger.bind(instance=cfg.name).error("cannot split {}: {}", cfg.name, e)
+        inst = InstanceRuntime(cfg, shards, self, self.config.defaults)
+        self.instances[cfg.name] = inst
+        return inst
+
+    def _start_watchdog(self) -> None:
+        interval = watchdog_interval()
+        if interval is None:
+            return
+
+        def ping() -> None:
+            # From the loop itself: a stuck loop stops pinging, and systemd notices.
+            self.service.watchdog()
+            self.loop.call_later(interval, ping)
+
+        logger.info("watchdog: pinging every {:.1f}s", interval)
+        ping()
+
+    # ---- stopping -----------------------------------------------------------------------
+    def _on_stop_signal(self, sig: int) -> None:
+        self._stop_signals += 1
+        name = signal.Signals(sig).name
+        if self._stop_signals == 1:
+            logger.info("{}: stopping every instance", name)
+            self.begin_shutdown()
+        else:
+            logger.warning("{} again: skipping the remaining grace (runners are still "
+                           "stopped through SIGTERM, never abandoned)", name)
+            for inst in self.instances.values():
+                inst.hurry()
+
+    def begin_shutdown(self) -> None:
+        self.stopping = True
+        self.phase = "stopping"
+        worst = max((ladder.worst_case(i.config.stop) for i in self.instances.values()),
+                    default=0.0)
+        self.service.stopping(f"stopping; ladder worst case {worst:g}s")
+        # Ask for more stop time than the ladder could take, should TimeoutStopSec be shorter.
+        self.service.extend_timeout(worst + 5.0)
+        for inst in self.ordered():
+            inst.stop()
+        self.loop.create_task(self._finish_shutdown())
+
+    async def _finish_shutdown(self) -> None:
+        await self.procs.wait_empty()
+        assert self._done is not None
+        self._done.set()
+
+    # ---- operator commands --------------------------------------------------------------
+    def _get(self, name: Any) -> InstanceRuntime:
+        if not isinstance(name, str) or name not in self.instances:
+            raise KeyError(f"no instance named {name!r}")
+        return self.instances[name]
+
+    async def command(self, cmd: str, req: dict[str, Any], emit: Emit) -> dict[str, Any]:
+        if cmd == "status":
+            return {"ok": True, **self.snapshot()}
+        if cmd == "reload":
+            return await self.reload()
+        if self.stopping and cmd in ("start", "restart"):
+            return {"ok": False, "error": "exod is stopping"}
+        if cmd == "start":
+            inst = self._get(req.get("name"))
+            inst.start(operator=True)
+            return {"ok": True, "state": inst.state.value}
+        if cmd == "stop":
+            inst = self._get(req.get("name"))
+            await self._stopped(inst, operator=True)
+            return {"ok": True, "state": inst.state.value}
+        if cmd == "restart":
+            inst = self._get(req.get("name"))
+            await self._stopped(inst, operator=False)
+            inst.start(operator=True)
+            return {"ok": True, "state": inst.state.value}
+        if cmd == "wait":
+            return await self._wait(self._get(req.get("name")), emit)
+        raise ValueError(f"unknown command {cmd!r}")
+
+    async def _stopped(self, inst: InstanceRuntime, operator: bool) -> None:
+        fut: asyncio.Future[None] = self.loop.create_future()
+        inst.stop(then=lambda: fut.done() or fut.set_result(None), operator=operator)
+        await fut
+
+    async def _wait(self, inst: InstanceRuntime, emit: Emit) -> dict[str, Any]:
+        """Stream progress until the instance is ready (ok) or settles otherwise (not ok)."""
+        q: asyncio.Queue[str] = asyncio.Queue()
+        self._listeners.add(q)
+        try:
+            last = None
+            while True:
+                inst = self.instances.get(inst.name, inst)
+                snap = status.instance_json(inst, self.now(), self.config.defaults.stall_after)
+                if inst.state is State.READY:
+                    return {"ok": True, "instance": snap}
+                if inst.state in (State.FAILED, State.STOPPED):
+                    return {"ok": False, "error": f"{inst.name} is {snap['detail']}",
+                            "instance": snap}
+                key = (snap["state"], snap["detail"])
+                if key != last:
+                    last = key
+                    await emit({"event": "progress", "instance": snap})
+                while (await q.get()) != inst.name:
+                    pass
+        finally:
+            self._listeners.discard(q)
+
+    # ---- reload ---------------------------------------------------------------------------
+    def _on_hup(self) -> None:
+        logger.info("SIGHUP: reloading {}", self.config.path)
+        self.loop.create_task(self.reload())
+
+    async def reload(self) -> dict[str, Any]:
+        async with self._reload_lock:
+            return self._reload()
+
+    def _reload(self) -> dict[str, Any]:
+        if self.stopping:
+            return {"ok": False, "error": "exod is stopping"}
+        self.service.reloading()
+        try:
+            new = load_config(self.config.path)
+        except ConfigError as e:
+            problems = str(e).splitlines()
+            for line in problems:
+                logger.error("reload: {}", line)
+            logger.error("reload failed: {} problem(s); nothing was changed", len(problems))
+            self.readiness.reloaded(self, self.now(),
+                                    f"reload failed ({len(problems)} problem(s)): {problems[0]}")
+            return {"ok": False, "error": "invalid configuration; nothing was changed",
+                    "problems": problems}
+        d = diff(self.config, new)
+        if d.daemon_changed:
+            logger.warning("control.socket changed: takes effect at the next restart of exod")
+        new = _keep_control(new, self.config)
+        self.config = new
+        for name in d.removed:
+            self._retire(name, replacement=None)
+        for name in d.changed:
+            self._retire(name, replacement=new.instances[name])
+        for name in d.added:
+            inst = self._add(new.instances[name])
+            if inst.config.autostart:
+                inst.start()
+        logger.info("reloaded: {} added, {} removed, {} changed, {} unchanged",
+                    len(d.added), len(d.removed), len(d.changed), len(d.unchanged))
+        self.readiness.reloaded(self, self.now(), None)
+        return {"ok": True, "added": list(d.added), "removed": list(d.removed),
+                "changed": list(d.changed), "unchanged": list(d.unchanged)}
+
+    def _retire(self, name: str, replacement: Instance | None) -> None:
+        """Stop through the ladder; drop (or replace) only once every runner is gone."""
+        old = self.instances[name]
+        resume = old.state is not State.STOPPED and not old.held
+        if replacement is not None:
+            resume = resume or (replacement.autostart and not old.held)
+
+        def swap() -> None:
+            if self.instances.get(name) is not old:
+                return  # replaced meanwhile by a later reload
+            if replacement is None:
+                del self.instances[name]
+                self._publish(name)
+                return
+            new = self._add(replacement)
+            new.held = old.held
+            if resume and not self.stopping:
+                new.start()
+            self._publish(name)
+
+        old.stop(then=swap)
+
+
+def _keep_control(new: Config, old: Config) -> Config:
+    """The control socket cannot move under a running daemon: keep the old one."""
+    from dataclasses import replace
+
+    return replace(new, control=old.control)

@@ -1,0 +1,87 @@
+"""How a runner learns that it must stop: the daemon's request, SIGTERM, or its parent's death.
+
+All of them end in `request_stop`, which sets one event that the load loop checks between layers
+and that wakes the serve loop. Signal handlers take no locks (a handler interrupting a thread
+that holds the same lock would deadlock): they only note the reason and write a byte to a wake
+pipe, and the channel thread (`exod.runner.channel`) does the rest.
+
+Runners ignore SIGINT: Ctrl-C in a terminal is for the daemon, which then runs its ladder.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Callable
+
+PR_SET_PDEATHSIG = 1
+
+
+class Lifecycle:
+    def __init__(self, parent_pid: int | None) -> None:
+        self.stop = threading.Event()
+        self.reason = ""
+        self.parent_pid = parent_pid
+        self._signal_reason = ""
+        self.wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._on_stop: list[Callable[[], None]] = []
+
+    def on_stop(self, fn: Callable[[], None]) -> None:
+        self._on_stop.append(fn)
+
+    def request_stop(self, reason: str) -> None:
+        """From a thread (never from a signal handler)."""
+        if self.stop.is_set():
+            return
+        self.reason = reason
+        self.stop.set()
+        for fn in self._on_stop:
+            fn()
+
+    def take_signal(self) -> None:
+        """Called by the thread that watches `wake_r` when it becomes readable."""
+        try:
+            os.read(self.wake_r, 64)
+        except BlockingIOError:
+            pass
+        if self._signal_reason:
+            self.request_stop(self._signal_reason)
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, self._on_term)
+        if self.parent_pid is not None:
+            self._watch_parent(self.parent_pid)
+
+    def _on_term(self, signum: int, frame: FrameType | None) -> None:
+        self._signal_reason = self._signal_reason or "SIGTERM"
+        try:
+            os.write(self._wake_w, b"T")
+        except BlockingIOError:
+            pass  # the pipe is full: a wake-up is already pending
+
+    def _watch_parent(self, parent_pid: int) -> None:
+        """Never outlive the daemon (it may die by SIGKILL or by the OOM killer)."""
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            except (OSError, AttributeError):
+                pass
+            else:
+                # The parent may have died before prctl ran: then no signal will ever come.
+                if os.getppid() != parent_pid:
+                    self._on_term(signal.SIGTERM, None)
+                return
+        # Elsewhere (macOS): poll; reparenting changes getppid() when the parent dies.
+        threading.Thread(target=self._poll_parent, args=(parent_pid,), daemon=True).start()
+
+    def _poll_parent(self, parent_pid: int) -> None:
+        while not self.stop.wait(0.5):
+            if os.getppid() != parent_pid:
+                self.request_stop("parent gone")
