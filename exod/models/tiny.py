@@ -1,0 +1,278 @@
+"""Tiny deterministic llama models for tests and benchmarks, made locally with no download.
+
+The weights are random (seeded, so the same parameters give byte-identical files) and the
+tokenizer is a byte-level BPE trained on a fixed list of CPython's own sources. The result is a
+real mlx-lm model directory: `mlx_lm.load(dir)` loads it and `generate` produces (meaningless) text.
+
+Suggested sizes:
+
+- tests (the defaults): 4 layers, hidden 128, intermediate 256, 4 heads, 2 kv heads, vocab 1024,
+  float32, about 3.5 MB, made in well under a second.
+- benchmarks, a 1.6 GB model in four shards (about 400M parameters, float32 since that is the
+  fast path on CPU)::
+
+      python -m exod.models.tiny OUT --layers 32 --hidden 1024 --intermediate 2560 \\
+          --heads 16 --kv-heads 4 --vocab 32000 --shards-files 4
+
+  (`BENCH_PARAMS` holds these; hidden 1536 / intermediate 4096 would be 3.6 GB in float32.)
+
+CLI: ``python -m exod.models.tiny OUT_DIR [--layers N ...] [--force]`` prints the model
+directory as the last line of stdout. mlx, mlx-lm and tokenizers are imported only when a model
+is actually built, so the cached case and `corrupt_model` stay cheap for callers that must not
+import them (the test process, the daemon).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sysconfig
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import click
+
+from exod.models._io import build_atomically, log, tokenizer_config, write_json
+
+# Bump when the output for the same parameters changes, so cached directories get rebuilt.
+GENERATOR_VERSION = 1
+
+BOS, EOS, PAD = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+SPECIAL_TOKENS = (PAD, BOS, EOS)  # ids 0, 1, 2: the trainer puts special tokens first
+
+# ChatML, the format SmolLM2 and many others use.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# Stdlib modules present in every CPython 3.10+ (as foo.py or foo/__init__.py). Their text differs
+# between Python versions, so the tokenizer is deterministic per interpreter, not across them.
+CORPUS_MODULES = (
+    "argparse", "ast", "asyncio/base_events", "calendar", "collections", "configparser",
+    "contextlib", "dataclasses", "difflib", "email/message", "enum", "fractions", "functools",
+    "gettext", "heapq", "http/client", "inspect", "json/decoder", "locale", "logging", "os",
+    "pickle", "pydoc", "random", "shutil", "statistics", "string", "subprocess", "tarfile",
+    "textwrap", "threading", "typing", "unittest/case", "urllib/parse", "zipfile",
+)
+
+DType = Literal["float32", "bfloat16", "float16"]
+
+# The benchmark model of the docstring: 1.61 GB on disk, made in about 9 s.
+BENCH_PARAMS: dict[str, int] = {
+    "layers": 32, "hidden": 1024, "intermediate": 2560, "heads": 16, "kv_heads": 4,
+    "vocab": 32000, "shards_files": 4,
+}
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    layers: int = 4
+    hidden: int = 128
+    intermediate: int = 256
+    heads: int = 4
+    kv_heads: int = 2
+    vocab: int = 1024
+    seed: int = 0
+    dtype: DType = "float32"
+    shards_files: int = 1
+
+    def validate(self) -> None:
+        if min(self.layers, self.hidden, self.intermediate, self.heads, self.kv_heads) < 1:
+            raise ValueError("layers, hidden, intermediate, heads and kv_heads must be >= 1")
+        if self.hidden % self.heads or (self.hidden // self.heads) % 2:
+            raise ValueError("hidden must be a multiple of heads with an even head size (RoPE)")
+        if self.heads % self.kv_heads:
+            raise ValueError("heads must be a multiple of kv_heads")
+        if self.vocab < 256 + len(SPECIAL_TOKENS):
+            raise ValueError("vocab must hold the 256 byte tokens and the special tokens")
+        if not 1 <= self.shards_files <= self.layers:
+            raise ValueError("shards_files must be between 1 and the number of layers")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"unsupported dtype {self.dtype!r}")
+
+    def config(self) -> dict[str, Any]:
+        """config.json: what mlx-lm's llama needs, plus the usual HF keys for other readers."""
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.hidden // self.heads,
+            "vocab_size": self.vocab,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "rope_traditional": False,
+            "max_position_embeddings": 2048,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "bos_token_id": SPECIAL_TOKENS.index(BOS),
+            "eos_token_id": SPECIAL_TOKENS.index(EOS),
+            "torch_dtype": self.dtype,
+        }
+
+
+def make_tiny_model(
+    out_dir: Path,
+    *,
+    layers: int = 4,
+    hidden: int = 128,
+    intermediate: int = 256,
+    heads: int = 4,
+    kv_heads: int = 2,
+    vocab: int = 1024,
+    seed: int = 0,
+    dtype: str = "float32",
+    shards_files: int = 1,
+    force: bool = False,
+) -> Path:
+    """Make (or reuse) a tiny llama model directory at `out_dir` and return its absolute path."""
+    spec = TinySpec(layers, hidden, intermediate, heads, kv_heads, vocab, seed,
+                    dtype, shards_files)  # type: ignore[arg-type]  # checked by validate()
+    spec.validate()
+    params = {"generator": "exod.models.tiny", "version": GENERATOR_VERSION, **asdict(spec)}
+    return build_atomically(Path(out_dir), params, lambda d: _build(spec, d), force=force)
+
+
+def _build(spec: TinySpec, out: Path) -> None:
+    config = spec.config()
+    write_json(out / "config.json", config)
+    _write_tokenizer(spec.vocab, out)
+    _write_weights(spec, config, out)
+
+
+def _corpus() -> list[str]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = []
+    for name in sorted(CORPUS_MODULES):
+        for candidate in (stdlib / f"{name}.py", stdlib / name / "__init__.py"):
+            if candidate.is_file():
+                texts.append(candidate.read_text(encoding="utf-8", errors="replace"))
+                break
+    if not texts:
+        raise RuntimeError(f"no Python sources found under {stdlib} to train a tokenizer on")
+    return texts
+
+
+def _write_tokenizer(vocab: int, out: Path) -> None:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    # Digits one by one, then GPT-2 byte-level splitting: SmolLM2's scheme.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer)
+    # Large vocabularies can outrun the corpus; reserved tokens (as Llama 3 has) fill the rest so
+    # the tokenizer covers every row of the embedding.
+    missing = vocab - tokenizer.get_vocab_size()
+    if missing > 0:
+        tokenizer.add_special_tokens([
+            AddedToken(f"<|reserved_{i}|>", special=True, normalized=False)
+            for i in range(missing)
+        ])
+    tokenizer.save(str(out / "tokenizer.json"))
+    write_json(out / "tokenizer_config.json", tokenizer_config(
+        bos=BOS, eos=EOS, pad=PAD, unk=None, chat_template=CHAT_TEMPLATE, max_length=2048))
+
+
+def _shard_of(name: str, spec: TinySpec) -> int:
+    """Which file a tensor goes to: contiguous layer ranges, embeddings first, head last."""
+    if name.startswith("model.layers."):
+        layer = int(name.split(".")[2])
+        return layer * spec.shards_files // spec.layers
+    return 0 if name.startswith("model.embed_tokens") else spec.shards_files - 1
+
+
+def _write_weights(spec: TinySpec, config: dict[str, Any], out: Path) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    mx.random.seed(spec.seed)
+    # Module construction only records lazy random ops (in a fixed order, hence determinism);
+    # nothing is computed until a shard is saved, so at most one shard is ever in memory.
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    pending: dict[str, Any] = dict(tree_flatten(model.parameters()))
+    del model
+    dtype = getattr(mx, spec.dtype)
+    n = spec.shards_files
+    weight_map: dict[str, str] = {}
+    total = 0
+    for shard in range(n):
+        file = "model.safetensors" if n == 1 else f"model-{shard + 1:05d}-of-{n:05d}.safetensors"
+        names = sorted(k for k in pending if _shard_of(k, spec) == shard)
+        arrays = {k: pending.pop(k).astype(dtype) for k in names}
+        mx.save_safetensors(str(out / file), arrays, metadata={"format": "mlx"})
+        total += sum(a.nbytes for a in arrays.values())
+        weight_map.update(dict.fromkeys(names, file))
+        del arrays  # free this shard before the next one is computed
+    if n > 1:
+        write_json(out / "model.safetensors.index.json",
+                   {"metadata": {"total_size": total}, "weight_map": weight_map})
+
+
+def corrupt_model(
+    src_dir: Path, out_dir: Path, how: Literal["truncate", "header"] = "truncate"
+) -> Path:
+    """Copy a model and damage its first safetensors file so that loading it raises an error.
+
+    "truncate" cuts the file in half (the header points past the end); "header" overwrites the
+    JSON header with garbage. The stamp is dropped so the copy never passes for a good model.
+    """
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    shutil.copytree(src_dir, out_dir, ignore=shutil.ignore_patterns(".exod-*"))
+    target = min(out_dir.glob("model*.safetensors"))
+    size = target.stat().st_size
+    with target.open("r+b") as f:
+        if how == "truncate":
+            f.truncate(size // 2)
+        elif how == "header":
+            # The first 8 bytes are the header length; garble what follows. ASCII on purpose:
+            # mlx turns a parse error quoting non-UTF-8 bytes into a bare UnicodeDecodeError.
+            f.seek(8)
+            f.write(b"{not json, not a safetensors header")
+        else:
+            raise ValueError(f"unknown corruption {how!r}")
+    return out_dir
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--layers", default=TinySpec.layers, show_default=True)
+@click.option("--hidden", default=TinySpec.hidden, show_default=True)
+@click.option("--intermediate", default=TinySpec.intermediate, show_default=True)
+@click.option("--heads", default=TinySpec.heads, show_default=True)
+@click.option("--kv-heads", default=TinySpec.kv_heads, show_default=True)
+@click.option("--vocab", default=TinySpec.vocab, show_default=True)
+@click.option("--seed", default=TinySpec.seed, show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
+              default=TinySpec.dtype, show_default=True)
+@click.option("--shards-files", default=TinySpec.shards_files, show_default=True,
+              help="Number of safetensors files (with an index when > 1).")
+@click.option("--force", is_flag=True, help="Rebuild even if OUT_DIR is already complete.")
+def main(out_dir: Path, force: bool, **params: Any) -> None:
+    """Make a tiny random llama model in OUT_DIR and print its path (last line of stdout)."""
+    try:
+        path = make_tiny_model(out_dir, force=force, **params)
+    except (ValueError, FileExistsError) as e:
+        raise click.UsageError(str(e)) from e
+    log(f"tiny model ready in {path}")
+    click.echo(str(path))
+
+
+if __name__ == "__main__":
+    main()
