@@ -1,0 +1,87 @@
+"""Durations (`500ms`, `10s`, `2m`, `1h`, `1m30s`, or a number of seconds) to seconds, and back."""
+
+from __future__ import annotations
+
+import math
+import re
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# `ms` before `m`: "5ms" is five milliseconds, never five minutes and a stray "s".
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
+_NUMBER = re.compile(r"[+-]?(\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+HINT = "use e.g. 500ms, 10s, 2m, 1h or a number of seconds"
+
+
+def parse_duration(value: object) -> float:
+    """Seconds as a float. Raises ValueError (with an operator-facing message) on anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        # ValueError, not TypeError: every bad input is the operator's, and reported alike.
+        raise ValueError(f"bad duration {value!r}: {HINT}")  # noqa: TRY004
+    if isinstance(value, str):
+        seconds = _parse_text(value)
+    else:
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise ValueError("bad duration: too large") from None
+    if math.isnan(seconds):
+        raise ValueError(f"bad duration {value!r}: {HINT}")
+    if seconds < 0:
+        raise ValueError(f"bad duration {_show(value)}: must not be negative")
+    if math.isinf(seconds):
+        raise ValueError(f"bad duration {_show(value)}: too large")
+    return seconds
+
+
+def _parse_text(text: str) -> float:
+    s = text.strip()
+    if _NUMBER.fullmatch(s):
+        return float(s)
+    negative = s.startswith("-")
+    body = s[1:] if negative else s
+    total, pos = 0.0, 0
+    for m in _PART.finditer(body):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos == 0 or pos != len(body):
+        raise ValueError(f"bad duration {_show(text)}: {HINT}")
+    return -total if negative else total
+
+
+def _show(value: object) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def format_duration(seconds: float) -> str:
+    """Short human form for status lines: `500ms`, `2.5s`, `25s`, `1m30s`, `4m`, `1h5m`, `2d3h`.
+
+    At most two units, so a long uptime stays short; the second unit is dropped when zero.
+    """
+    if math.isnan(seconds):
+        return "?"
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    if math.isinf(seconds):
+        return "∞"
+    if seconds == 0:
+        return "0s"
+    if seconds < 1:
+        ms = round(seconds * 1000)
+        return f"{ms}ms" if ms < 1000 else "1s"
+    if seconds < 10 and round(seconds, 1) != round(seconds):
+        return f"{round(seconds, 1):g}s"
+    whole = round(seconds)
+    for big, big_name, small, small_name in (
+        (86400, "d", 3600, "h"),
+        (3600, "h", 60, "m"),
+        (60, "m", 1, "s"),
+    ):
+        if whole >= big:
+            major, rest = divmod(whole, big)
+            minor = rest // small
+            return f"{major}{big_name}{minor}{small_name}" if minor else f"{major}{big_name}"
+    return f"{whole}s"

@@ -1,0 +1,133 @@
+"""A reference of every config key, generated from the schema (`exod check --explain`, man page)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal, get_args, get_origin
+
+from exod.config.durations import format_duration
+from exod.config.schema import Config
+from exod.config.types import Kind
+from exod.config.validate import field_hints, settable_fields, unwrap
+
+_KIND_NAMES = {
+    Kind.DURATION: "duration",
+    Kind.MODEL_DIR: "model directory holding config.json",
+    Kind.PATH: "path",
+    Kind.INSTANCE_NAME: "instance name",
+    Kind.OCTAL: "octal file mode",
+}
+
+_PREAMBLE = [
+    "Durations are 500ms, 10s, 2m, 1h, 1m30s or a number of seconds.",
+    "Relative paths are taken from the folder of the file that holds them; ~ is expanded.",
+    "Files matched by `include:` may hold only `instances:`.",
+    "",
+]
+
+
+def explain_keys() -> str:
+    """Every key an operator can write, with its type, default and documentation."""
+    lines = list(_PREAMBLE)
+    _walk(Config, "", None, lines)
+    return "\n".join(lines) + "\n"
+
+
+def _walk(cls: type, prefix: str, inherited: str | None, lines: list[str]) -> None:
+    """inherited: e.g. "defaults.stop." when the keys below take their defaults from there."""
+    hints = field_hints(cls)
+    for f in settable_fields(cls):
+        key = f"{prefix}{f.name}"
+        bare, kind, _ = unwrap(hints[f.name])
+        if "inherit" in f.metadata:
+            source: str | None = f"defaults.{f.metadata['inherit']}"
+        else:
+            source = f"{inherited}{f.name}" if inherited else None
+        lines.append(key)
+        lines.append(f"    {type_name(hints[f.name], f.metadata)}; {_default(f, kind, source)}")
+        if f.metadata.get("doc"):
+            lines.append(f"    {f.metadata['doc']}")
+        lines.append("")
+        origin = get_origin(bare)
+        if isinstance(bare, type) and dataclasses.is_dataclass(bare):
+            _walk(bare, f"{key}.", f"{source}." if source else None, lines)
+        elif origin is tuple and dataclasses.is_dataclass(get_args(bare)[0]):
+            _walk(get_args(bare)[0], f"{key}[].", None, lines)
+        elif origin is Mapping and dataclasses.is_dataclass(get_args(bare)[1]):
+            _walk(get_args(bare)[1], f"{key}.<name>.", None, lines)
+
+
+def type_name(hint: Any, meta: Mapping[str, object] | None = None) -> str:
+    """Operator-facing name of a field type: `integer, 1 to 64`, `list of string`, …"""
+    meta = meta or {}
+    bare, kind, optional = unwrap(hint)
+    origin = get_origin(bare)
+    if kind is not None:
+        name = _KIND_NAMES[kind]
+    elif origin is Literal:
+        name = "one of " + " | ".join(str(a) for a in get_args(bare))
+    elif origin is tuple:
+        name = f"list of {type_name(get_args(bare)[0])}"
+    elif origin is Mapping and dataclasses.is_dataclass(get_args(bare)[1]):
+        name = "mapping of name to settings"
+    elif origin is Mapping:
+        name = f"mapping of string to {type_name(get_args(bare)[1])}"
+    elif dataclasses.is_dataclass(bare):
+        name = "mapping"
+    else:
+        names = {bool: "true or false", int: "integer", float: "number", str: "string"}
+        name = names.get(bare, "path")
+    name += _bounds(meta, kind)
+    if isinstance(meta.get("pattern"), str):
+        name += f", matching {meta['pattern']}"
+    return f"{name}, or null" if optional else name
+
+
+def _bounds(meta: Mapping[str, object], kind: Kind | None) -> str:
+    low, high = meta.get("minimum"), meta.get("maximum")
+    show = format_duration if kind is Kind.DURATION else (lambda x: f"{x:g}")
+    if kind is Kind.DURATION and low == 0:
+        low = None  # every duration is >= 0; saying so on each line is noise
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)):
+        return f", {show(low)} to {show(high)}"
+    if isinstance(low, (int, float)):
+        return f", at least {show(low)}"
+    if isinstance(high, (int, float)):
+        return f", at most {show(high)}"
+    return ""
+
+
+def _default(f: dataclasses.Field[Any], kind: Kind | None, source: str | None) -> str:
+    factory = f.default_factory
+    if source:
+        partial = ""
+        if dataclasses.is_dataclass(factory):
+            partial = " (keys written here override only themselves)"
+        return f"default: from {source}{partial}"
+    if f.default is not dataclasses.MISSING:
+        return f"default: {_show(f.default, kind)}"
+    if factory is dataclasses.MISSING:
+        return "required"
+    if dataclasses.is_dataclass(factory):
+        return "default: see the keys below"
+    if factory in (dict, list, tuple):
+        return "default: empty"
+    return "default: computed at start-up (see the description)"
+
+
+def _show(value: object, kind: Kind | None) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if kind is Kind.DURATION and isinstance(value, (int, float)):
+        return format_duration(value)
+    if kind is Kind.OCTAL and isinstance(value, int):
+        return f"0{value:o}"
+    if isinstance(value, (int, float)):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return "empty" if not value else ", ".join(_show(v, None) for v in value)
+    text = str(value)
+    return repr(text) if text == "" or text.strip() != text else text

@@ -1,0 +1,227 @@
+"""Load the main config file and its includes into a validated `Config`, or raise `ConfigError`.
+
+Validate-then-apply: this either returns a whole `Config` or raises with every problem found;
+nothing half-loaded ever escapes, so a reload with a bad file can keep the running config.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Any
+
+from exod.config.checks import Issue, check_layout, check_ports, check_sharding
+from exod.config.errors import ConfigError, Mark, Problem
+from exod.config.model import model_layer_count
+from exod.config.schema import DEFAULT_CONFIG_PATH, Config, Defaults, Instance
+from exod.config.validate import INVALID, Validator, field_hints, instance_name_problem
+from exod.config.yamlpos import Entry, MapNode, Node, Scalar, SeqNode, describe, parse_yaml
+
+__all__ = ["ENV_VAR", "load_config", "model_layer_count", "resolve_config_path"]
+
+ENV_VAR = "EXOD_CONFIG"
+
+
+def resolve_config_path(cli_value: str | None) -> Path:
+    """Which file to load: the CLI's value, else $EXOD_CONFIG, else the schema's default."""
+    chosen = cli_value or os.environ.get(ENV_VAR) or None
+    return Path(os.path.expanduser(chosen)) if chosen else DEFAULT_CONFIG_PATH
+
+
+def load_config(path: Path) -> Config:
+    """Read, validate and cross-check `path` and the files it includes."""
+    return _Loader(Path(path)).load()
+
+
+def _read(path: Path, display: str) -> tuple[Node | None, list[Problem]]:
+    """The file's YAML tree; (None, problems) when it is unreadable, not YAML, or empty."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        return None, [Problem(display, 0, 0, "", f"cannot read: {e.strerror or e}")]
+    except UnicodeDecodeError as e:
+        return None, [Problem(display, 0, 0, "", f"cannot read: not UTF-8 text (byte {e.start})")]
+    except ValueError as e:  # e.g. a NUL in the file name
+        return None, [Problem(display, 0, 0, "", f"cannot read: {e}")]
+    root, problems = parse_yaml(text, display, _noun)
+    if isinstance(root, Scalar) and root.value is None and not root.raw:
+        root = None  # only `---` or a directive: as empty as a blank file
+    if root is None and not problems:
+        problems = [Problem(display, 1, 1, "", "the file is empty (only comments or blanks)")]
+    return root, problems
+
+
+def _noun(parent: str) -> str:
+    return "instance" if parent == "instances" else "key"
+
+
+class _Loader:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.display = str(path)
+        self.v = Validator()
+        self.files: list[str] = []  # in reading order, to sort problems by file first
+        self.instances: dict[str, Instance] = {}
+        self.first_seen: dict[str, Mark] = {}
+        self.nodes: dict[str, MapNode] = {}  # instance name → its mapping, to place Issues
+
+    def load(self) -> Config:
+        self.files.append(self.display)
+        root, problems = _read(self.path, self.display)
+        if root is None:
+            raise ConfigError(problems)
+        self.v.problems += problems
+        if not isinstance(root, MapNode):
+            self.v.report(root.mark, "", "the top level must be a mapping of settings "
+                                         "(node, control, api, defaults, instances…); "
+                                         f"got {describe(root)}")
+            raise ConfigError(self.v.problems)
+        entries = root.entries
+        hints = field_hints(Config)
+
+        include: Any = ()
+        if "include" in entries:
+            e = entries["include"]
+            include = self.v.value(hints["include"], e.value, "include", e.key_mark, {})
+
+        d = entries.get("defaults")
+        defaults = self.v.build(Defaults, d.value if d else None, "defaults",
+                                d.key_mark if d else root.mark)
+        inherit_from = defaults if defaults is not INVALID else None
+
+        self.add_instances(entries.get("instances"), inherit_from)
+        if include is not INVALID:
+            for file in self.included_files(include, entries.get("include")):
+                self.read_included(file, inherit_from)
+        self.cross_check()
+
+        config = self.v.build(
+            Config, root, "", root.mark,
+            given={"path": Path(os.path.abspath(self.path)), "include": include,
+                   "defaults": defaults, "instances": self.instances},
+        )
+        if self.v.problems:
+            raise ConfigError(self.sorted_problems())
+        assert isinstance(config, Config)
+        return config
+
+    # -- includes ----------------------------------------------------------------------------
+
+    def included_files(self, patterns: tuple[str, ...], entry: Entry | None) -> list[str]:
+        """Files matched by the `include:` patterns, each pattern's matches in sorted order.
+
+        Relative patterns are taken from the main file's folder. A pattern matching nothing is
+        fine: an empty drop-in folder is normal. Skipped: the main file itself (so
+        `include: "*.yaml"` beside it does what it says), directories, and anything that is not a
+        regular file, such as a symlink to /dev/null that masks a drop-in as in systemd.
+        A dangling symlink is read, and reported.
+        """
+        folder = os.path.dirname(self.display) or "."
+        main = os.path.abspath(self.display)
+        seen = {main}
+        out: list[str] = []
+        for i, pattern in enumerate(patterns):
+            where = self.item_mark(entry, i)
+            if not pattern.strip() or "\0" in pattern:
+                self.v.report(where, f"include[{i}]", f"bad pattern {pattern!r}")
+                continue
+            pattern = os.path.expanduser(pattern)
+            try:
+                # root_dir: the main file's folder may itself hold glob characters like '['.
+                matches = sorted(glob.glob(pattern, root_dir=folder))
+            except (OSError, ValueError) as e:
+                self.v.report(where, f"include[{i}]", f"cannot expand {pattern!r}: {e}")
+                continue
+            for match in matches:
+                file = os.path.join(folder, match) if folder != "." else match
+                if os.path.abspath(file) in seen or (
+                        os.path.exists(file) and not os.path.isfile(file)):
+                    continue
+                seen.add(os.path.abspath(file))
+                out.append(file)
+        return out
+
+    @staticmethod
+    def item_mark(entry: Entry | None, i: int) -> Mark:
+        assert entry is not None
+        node = entry.value
+        if isinstance(node, SeqNode) and i < len(node.items):
+            return node.items[i].mark
+        return node.mark
+
+    def read_included(self, file: str, inherit_from: Defaults | None) -> None:
+        self.files.append(file)
+        root, problems = _read(Path(file), file)
+        self.v.problems += problems
+        if root is None:
+            return
+        if not isinstance(root, MapNode):
+            self.v.report(root.mark, "", "an included file must be a mapping holding "
+                                         f"`instances:`; got {describe(root)}")
+            return
+        for key, entry in root.entries.items():
+            if key != "instances":
+                where = " (it belongs in the main file)" if key in field_hints(Config) else ""
+                self.v.report(entry.key_mark, key, "only `instances:` may be set in an included "
+                                                   f"file{where}")
+        self.add_instances(root.entries.get("instances"), inherit_from)
+
+    # -- instances ---------------------------------------------------------------------------
+
+    def add_instances(self, entry: Entry | None, inherit_from: Defaults | None) -> None:
+        if entry is None:
+            return
+        node = entry.value
+        if isinstance(node, Scalar) and node.value is None:
+            return  # `instances:` with everything below commented out
+        if not isinstance(node, MapNode):
+            if not isinstance(node, (Scalar, SeqNode)):
+                return  # Broken: already reported
+            self.v.report(node.mark, "instances",
+                          f"expected a mapping of instance name to settings, got {describe(node)}")
+            return
+        for name, e in node.entries.items():
+            path = f"instances.{name}"
+            bad_name = instance_name_problem(name)
+            if bad_name:
+                self.v.report(e.key_mark, path, bad_name)
+            first = self.first_seen.get(name)
+            if first is not None:
+                self.v.report(e.key_mark, path,
+                              f"duplicate instance {name!r} (first defined at {first})")
+                continue
+            self.first_seen[name] = e.key_mark
+            instance = self.v.build(Instance, e.value, path, e.key_mark,
+                                    given={"name": name, "source": str(e.key_mark)},
+                                    inherit_from=inherit_from)
+            if instance is INVALID or bad_name:
+                continue
+            body = e.value if isinstance(e.value, MapNode) else MapNode(e.key_mark)
+            self.instances[name] = instance
+            self.nodes[name] = body
+            for issue in check_sharding(instance) + check_layout(instance, body.entries):
+                self.report_issue(instance, issue)
+
+    def cross_check(self) -> None:
+        for instance, issue in check_ports(list(self.instances.values())):
+            self.report_issue(instance, issue)
+
+    def report_issue(self, instance: Instance, issue: Issue) -> None:
+        """Place an Issue ("layers[1]") at the value it is about, else at the instance's key."""
+        body = self.nodes[instance.name]
+        key, _, rest = issue.key.partition("[")
+        entry = body.entries.get(key)
+        mark = self.first_seen[instance.name]
+        if entry is not None:
+            mark = entry.value.mark
+            if rest and isinstance(entry.value, SeqNode):
+                i = int(rest.rstrip("]"))
+                if i < len(entry.value.items):
+                    mark = entry.value.items[i].mark
+        self.v.report(mark, f"instances.{instance.name}.{issue.key}", issue.message)
+
+    def sorted_problems(self) -> list[Problem]:
+        rank = {f: i for i, f in enumerate(self.files)}
+        unique = list(dict.fromkeys(self.v.problems))  # an anchor used twice reports once
+        return sorted(unique, key=lambda p: (rank.get(p.file, len(rank)), p.line, p.col))

@@ -1,0 +1,54 @@
+"""What the config needs to know about a model directory, read from config.json alone.
+
+Never imports mlx or mlx_lm: the daemon and the CLI must stay light (the runner does the loading).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+
+
+def model_dir_problem(model_dir: Path) -> str | None:
+    """Why `model_dir` is not a usable mlx-lm model directory, or None when it looks fine."""
+    try:
+        if not model_dir.exists():
+            return f"model directory {model_dir} does not exist"
+        if not model_dir.is_dir():
+            return f"model path {model_dir} is not a directory"
+        config = model_dir / "config.json"
+        if not config.is_file():
+            return f"model directory {model_dir} has no config.json (is it an mlx-lm model?)"
+        text = config.read_text(encoding="utf-8")
+    except (OSError, ValueError) as e:  # permissions, name too long, NUL in the name…
+        return f"cannot read model directory {model_dir}: {getattr(e, 'strerror', None) or e}"
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        return f"{config} is not valid JSON: {e}"
+    if not isinstance(data, dict):
+        return f"{config} does not hold a JSON object"
+    return None
+
+
+def model_layer_count(model_dir: Path) -> int | None:
+    """The model's number of transformer layers from config.json, or None if it cannot be told.
+
+    Tolerant on purpose: a missing or odd file is reported elsewhere (`model_dir_problem`).
+    """
+    try:
+        data = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    # Multimodal models nest the language model's settings.
+    for section in (data, data.get("text_config"), data.get("language_config")):
+        if isinstance(section, dict):
+            for key in _LAYER_KEYS:
+                n = section.get(key)
+                if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                    return n
+    return None
