@@ -31,13 +31,16 @@ config_option = click.option(
               help="Run the built-in demo model (SmolLM2-135M-Instruct, prepared once and cached).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def run(config: str | None, demo: bool, log_level: str) -> None:
+@click.option("--log-format", default="auto", show_default=True,
+              type=click.Choice(["auto", "human", "journal", "json"]),
+              help="auto: journal priority prefixes under systemd, else human.")
+def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None:
     """Run the daemon in the foreground (as the service manager does)."""
     from exod.config import ConfigError, load_config, resolve_config_path
     from exod.daemon import logs
     from exod.daemon.service import ServiceNotifier
 
-    logs.configure(log_level.upper())
+    logs.configure(log_level.upper(), log_format)
     service = ServiceNotifier()
     if demo:
         from exod.cli.demo import demo_config

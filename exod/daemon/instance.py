@@ -108,7 +108,8 @@ class InstanceRuntime:
             return
         old = self.machine.state
         self.machine.move(new, self.seam.now(), reason)
-        self.log.info("{} → {}{}", old, new, f" ({reason})" if reason else "")
+        self.log.bind(event="state", old=old.value, new=new.value).info(
+            "{} → {}{}", old, new, f" ({reason})" if reason else "")
         self.seam.changed(self)
 
     def _move_rank(self, rank: RankRuntime, new: State, reason: str = "") -> None:
@@ -225,7 +226,8 @@ class InstanceRuntime:
 
     def _rank_gone(self, rank: RankRuntime, info: ExitInfo) -> None:
         killed = Step.KILL.value in rank.signals_sent
-        log = self.log.bind(rank=rank.rank, pid=rank.pid)
+        log = self.log.bind(rank=rank.rank, pid=rank.pid, event="exit", code=info.code,
+                            signal=info.signal, signals_sent=list(rank.signals_sent))
         rank.pid, rank.last_exit = None, info
         if rank.ladder_timer is not None:
             rank.ladder_timer.cancel()
@@ -289,7 +291,7 @@ class InstanceRuntime:
         if pid is None:
             return
         rank.signals_sent.append(step.value)
-        log = self.log.bind(rank=rank.rank, pid=pid)
+        log = self.log.bind(rank=rank.rank, pid=pid, event="ladder", step=step.value)
         if step is Step.ASK:
             sent = self.seam.ask(pid, self.config.stop.drain)
             log.info("ladder rung 1: asking to shut down, grace {:g}s{}", self.config.stop.grace,

@@ -46,20 +46,26 @@ def _context(record: Any) -> None:
     extra["prio"] = PRIORITY.get(record["level"].name, 6)
 
 
-def configure(level: str = "INFO", journal: bool | None = None) -> None:
-    if journal is None:
-        journal = stderr_is_journal()
+FORMATS = ("auto", "human", "journal", "json")
+
+
+def configure(level: str = "INFO", fmt: str = "auto") -> None:
+    """`auto` picks `journal` under systemd and `human` elsewhere; `json` writes one JSON object
+    per line (loguru's serialized record, with instance/rank/pid in record.extra)."""
+    if fmt == "auto":
+        fmt = "journal" if stderr_is_journal() else "human"
     logger.remove()
     logger.configure(patcher=_context)
-    if journal:
-        fmt = "<{extra[prio]}>{extra[ctx]}{message}"
-        logger.add(sys.stderr, format=fmt, level=level, colorize=False, backtrace=False,
-                   diagnose=False)
+    common = {"level": level, "backtrace": False, "diagnose": False}
+    if fmt == "journal":
+        logger.add(sys.stderr, format="<{extra[prio]}>{extra[ctx]}{message}", colorize=False,
+                   **common)
+    elif fmt == "json":
+        logger.add(sys.stderr, format="{message}", serialize=True, **common)
     else:
-        fmt = ("<green>{time:YYYY-MM-DD HH:mm:ss.SSS}</green> <level>{level: <7}</level> "
-               "<cyan>{extra[ctx]}</cyan>{message}")
-        logger.add(sys.stderr, format=fmt, level=level, colorize=None, backtrace=False,
-                   diagnose=False)
+        logger.add(sys.stderr, colorize=None, **common, format=(
+            "<green>{time:YYYY-MM-DD HH:mm:ss.SSS}</green> <level>{level: <7}</level> "
+            "<cyan>{extra[ctx]}</cyan>{message}"))
 
 
 def split_priority(line: str) -> tuple[str, str]:

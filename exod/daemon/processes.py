@@ -43,9 +43,9 @@ class ProcessTable:
     def install(self) -> None:
         self.loop.add_signal_handler(signal.SIGCHLD, self.reap)
 
-    def spawn(self, args: list[str], env: Mapping[str, str], context: dict[str, object],
-              on_exit: ExitHandler) -> int:
-        child = os_seam.spawn(args, env)
+    def spawn(self, module: str, args: list[str], env: Mapping[str, str],
+              context: dict[str, object], on_exit: ExitHandler) -> int:
+        child = os_seam.spawn(args, env, module)
         proc = Proc(child, {**context, "pid": child.pid}, on_exit)
         self.procs[child.pid] = proc
         for fd in (child.stdout, child.stderr):

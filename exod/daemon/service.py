@@ -7,6 +7,7 @@ bytes spelled as latin-1 so the wire carries UTF-8), and it swallows errors unle
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import os
@@ -37,28 +38,62 @@ def watchdog_interval() -> float | None:
     return value / 2e6 if value > 0 else None
 
 
+# Messages where only the latest matters: a newer one replaces an unsent older one.
+COALESCE = ("STATUS=", "EXTEND_TIMEOUT_USEC=", "WATCHDOG=")
+
+
 class ServiceNotifier:
+    """sd_notify from inside the event loop, which must never block: once `attach`ed, the
+    socket is non-blocking and messages the manager is not reading yet wait in a queue
+    (flushed when the socket turns writable) instead of stalling the daemon."""
+
     def __init__(self) -> None:
         self.enabled = bool(os.environ.get("NOTIFY_SOCKET"))
         self._n: sdnotify.SystemdNotifier | None = None
         self._warned = False
         self._last_status = ""
+        self._pending: list[str] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         if self.enabled:
             try:
                 self._n = sdnotify.SystemdNotifier(debug=True)
             except Exception as e:  # sdnotify re-raises anything from socket setup
                 self._warn(f"cannot open NOTIFY_SOCKET {os.environ.get('NOTIFY_SOCKET')}: {e}")
 
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._n is not None and self._n.socket is not None:
+            self._n.socket.setblocking(False)
+            self._loop = loop
+
     def send(self, *lines: str) -> bool:
         if self._n is None:
             return False
+        # sdnotify encodes latin-1, which raises on anything else. Handing it the UTF-8 bytes
+        # spelled as latin-1 code points makes it put exactly those UTF-8 bytes on the wire.
         text = "\n".join(lines).encode("utf-8").decode("latin-1")
-        try:
-            self._n.notify(text)
-            return True
-        except Exception as e:
-            self._warn(f"sd_notify failed: {e}")
-            return False
+        if len(lines) == 1 and lines[0].startswith(COALESCE):
+            key = lines[0].split("=", 1)[0] + "="
+            self._pending = [p for p in self._pending if not (p.startswith(key) and "\n" not in p)]
+        self._pending.append(text)
+        return self._flush()
+
+    def _flush(self) -> bool:
+        assert self._n is not None
+        while self._pending:
+            try:
+                self._n.notify(self._pending[0])
+            except BlockingIOError:
+                if self._loop is not None:
+                    self._loop.add_writer(self._n.socket.fileno(), self._flush)
+                return False
+            except Exception as e:
+                self._warn(f"sd_notify failed: {e}")
+                self._pending.clear()
+                return False
+            self._pending.pop(0)
+        if self._loop is not None and self._n.socket is not None:
+            self._loop.remove_writer(self._n.socket.fileno())
+        return True
 
     def _warn(self, msg: str) -> None:
         if not self._warned:

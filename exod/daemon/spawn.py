@@ -41,8 +41,11 @@ def runner_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, s
     return env
 
 
-def spawn(args: list[str], env: Mapping[str, str], channel_arg: str = "--channel-fd") -> Child:
-    """Start `python -m exod.runner ARGS --channel-fd N`; raises OSError if exec fails."""
+DEFAULT_MODULE = "exod.runner"
+
+
+def spawn(args: list[str], env: Mapping[str, str], module: str = DEFAULT_MODULE) -> Child:
+    """Start `python -m MODULE ARGS --channel-fd N`; raises OSError if exec fails."""
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -52,7 +55,7 @@ def spawn(args: list[str], env: Mapping[str, str], channel_arg: str = "--channel
         # other spawn can pick these up.
         for fd in keep:
             os.set_inheritable(fd, True)
-        argv = [sys.executable, "-m", "exod.runner", *args, channel_arg, str(child_end.fileno())]
+        argv = [sys.executable, "-m", module, *args, "--channel-fd", str(child_end.fileno())]
         actions = [
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
             (os.POSIX_SPAWN_DUP2, out_w, 1),

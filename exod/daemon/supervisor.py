@@ -55,7 +55,7 @@ class Supervisor:
         self._stop_signals = 0
         self._done: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._listeners: set[asyncio.Queue[str]] = set()
+        self._listeners: set[Callable[[InstanceRuntime], None]] = set()
         self._reload_lock = asyncio.Lock()
         run_dir = config.control.socket.parent
         self.notify = NotifyServer(run_dir / "notify.sock", self._on_notify)
@@ -90,7 +90,10 @@ class Supervisor:
             "EXOD_RANK": str(shard.rank),
         })
         context = {"instance": c.name, "rank": shard.rank}
-        return self.procs.spawn(args, env, context, lambda pid, info: inst.on_exit(pid, info))
+        # A different runner module is for development and tests (e.g. misbehaving doubles).
+        module = env.get("EXOD_RUNNER_MODULE", os_seam.DEFAULT_MODULE)
+        return self.procs.spawn(module, args, env, context,
+                                lambda pid, info: inst.on_exit(pid, info))
 
     def ask(self, pid: int, drain: float) -> bool:
         return self.procs.send(pid, {"op": "shutdown", "drain": drain})
@@ -99,7 +102,7 @@ class Supervisor:
         return self.procs.kill(pid, sig)
 
     def changed(self, inst: InstanceRuntime) -> None:
-        self._publish(inst.name)
+        self._publish(inst)
 
     def _on_notify(self, pid: int, fields: dict[str, str]) -> None:
         for inst in self.instances.values():
@@ -109,9 +112,10 @@ class Supervisor:
         logger.debug("notify from unknown pid {}: {}", pid, fields)
 
     # ---- status -----------------------------------------------------------------------------
-    def _publish(self, name: str) -> None:
-        for q in self._listeners:
-            q.put_nowait(name)
+    def _publish(self, inst: InstanceRuntime) -> None:
+        # Listeners copy what they need now: a later snapshot would merge quick changes.
+        for fn in list(self._listeners):
+            fn(inst)
         if self._loop is not None:
             self.readiness.update(self, self.now())
 
@@ -140,6 +144,7 @@ class Supervisor:
     async def run(self) -> int:
         self._loop = asyncio.get_running_loop()
         self._done = asyncio.Event()
+        self.service.attach(self.loop)
         self.procs = ProcessTable(self.loop, self.notify.drain)
         self.procs.install()
         try:
@@ -254,6 +259,8 @@ class Supervisor:
             return {"ok": True, "state": inst.state.value}
         if cmd == "wait":
             return await self._wait(self._get(req.get("name")), emit)
+        if cmd == "watch":
+            return await self._watch(emit)
         raise ValueError(f"unknown command {cmd!r}")
 
     async def _stopped(self, inst: InstanceRuntime, operator: bool) -> None:
@@ -263,26 +270,40 @@ class Supervisor:
 
     async def _wait(self, inst: InstanceRuntime, emit: Emit) -> dict[str, Any]:
         """Stream progress until the instance is ready (ok) or settles otherwise (not ok)."""
-        q: asyncio.Queue[str] = asyncio.Queue()
-        self._listeners.add(q)
+        name, stall = inst.name, self.config.defaults.stall_after
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        def on_change(changed: InstanceRuntime) -> None:
+            if changed.name == name:
+                q.put_nowait(status.instance_json(changed, self.now(), stall))
+
+        self._listeners.add(on_change)
         try:
-            last = None
+            snap = status.instance_json(inst, self.now(), stall)
             while True:
-                inst = self.instances.get(inst.name, inst)
-                snap = status.instance_json(inst, self.now(), self.config.defaults.stall_after)
-                if inst.state is State.READY:
+                if snap["state"] == State.READY.value:
                     return {"ok": True, "instance": snap}
-                if inst.state in (State.FAILED, State.STOPPED):
-                    return {"ok": False, "error": f"{inst.name} is {snap['detail']}",
-                            "instance": snap}
-                key = (snap["state"], snap["detail"])
-                if key != last:
-                    last = key
-                    await emit({"event": "progress", "instance": snap})
-                while (await q.get()) != inst.name:
-                    pass
+                if snap["state"] in (State.FAILED.value, State.STOPPED.value):
+                    return {"ok": False, "error": f"{name} is {snap['detail']}", "instance": snap}
+                await emit({"event": "progress", "instance": snap})
+                snap = await q.get()
         finally:
-            self._listeners.discard(q)
+            self._listeners.discard(on_change)
+
+    async def _watch(self, emit: Emit) -> dict[str, Any]:
+        """Stream a full snapshot at every change, until the client goes away."""
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        def on_change(_inst: InstanceRuntime) -> None:
+            q.put_nowait(self.snapshot())
+
+        self._listeners.add(on_change)
+        try:
+            await emit({"event": "snapshot", **self.snapshot()})
+            while True:
+                await emit({"event": "snapshot", **(await q.get())})
+        finally:
+            self._listeners.discard(on_change)
 
     # ---- reload ---------------------------------------------------------------------------
     def _on_hup(self) -> None:
@@ -339,13 +360,13 @@ class Supervisor:
                 return  # replaced meanwhile by a later reload
             if replacement is None:
                 del self.instances[name]
-                self._publish(name)
+                self._publish(old)
                 return
             new = self._add(replacement)
             new.held = old.held
             if resume and not self.stopping:
                 new.start()
-            self._publish(name)
+            self._publish(new)
 
         old.stop(then=swap)
 

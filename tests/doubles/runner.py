@@ -1,0 +1,65 @@
+"""A runner double for supervision tests: speaks exod's real runner protocol (notify socket,
+channel, exit codes) but loads nothing, and misbehaves on purpose. Selected per instance with
+`env: {EXOD_RUNNER_MODULE: tests.doubles.runner, EXOD_DOUBLE: <behaviour>}`.
+
+Behaviours:
+  stubborn      load, READY, then ignore the shutdown request, SIGTERM and SIGINT
+  hang-loading  report layer 1/N, then hang (still honours the shutdown request)
+  crash         exit 1 at once
+  crash-ready   load, READY, then exit 1 when it receives anything on the channel
+  cooperative   load, READY, exit 0 when asked (a fast stand-in for benchmarks of the daemon)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+from exod.runner.channel import Channel
+from exod.runner.lifecycle import Lifecycle
+from exod.runner.notify import Notifier
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--total-layers", type=int, default=4)
+    p.add_argument("--channel-fd", type=int)
+    p.add_argument("--parent-pid", type=int)
+    args, _ = p.parse_known_args()
+    behaviour = os.environ.get("EXOD_DOUBLE", "cooperative")
+    n = args.total_layers or 4
+    notify = Notifier()
+    life = Lifecycle(args.parent_pid)
+    life.install()
+    if behaviour == "crash":
+        print("<3>double: crashing as told", file=sys.stderr, flush=True)
+        return 1
+    if behaviour == "stubborn":
+        # Never read the channel (the shutdown request sits unread) and ignore SIGTERM.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        Channel(args.channel_fd, life).start()
+    if behaviour == "hang-loading":
+        notify.progress(1, n)
+        life.stop.wait()
+        return 0
+    for i in range(n + 1):
+        notify.progress(i, n)
+    notify.ready()
+    print(f"double {behaviour}: ready", file=sys.stderr, flush=True)
+    if behaviour == "stubborn":
+        threading.Event().wait()
+    life.stop.wait()
+    if behaviour == "crash-ready":
+        return 1
+    notify.stopping()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stderr.flush()
+    os._exit(code)

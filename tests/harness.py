@@ -1,0 +1,275 @@
+"""Test harness: a real `exod run` process, driven and observed the way a service manager and an
+operator would: a notify socket the daemon reports to (so "ready" is READY=1, not a sleep),
+its control socket (exoctl and the `watch` stream, so state changes are events, not polls),
+and its JSON log (every ladder step and exit, as structured records).
+
+Timeouts here are generous safety bounds; nothing waits for a fixed time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+EXOD = [str(BIN / "exod")]
+EXOCTL = [str(BIN / "exoctl")]
+SAFETY = 120.0  # seconds: only a bound against hangs
+
+
+class NotifyListener:
+    """A minimal service manager: a thread receives sd_notify datagrams (with the sender's pid)
+    as they come, as systemd does, so the daemon is never throttled by a slow reader."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self.messages: list[tuple[int, dict[str, str]]] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                data, anc, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(12)
+                                                    + socket.CMSG_SPACE(64))
+            except OSError:
+                return
+            if self._closed:
+                return
+            pid = -1
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    pid = struct.unpack("iII", payload[:12])[0]
+                elif level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    for (fd,) in struct.iter_unpack("i", payload[: len(payload) // 4 * 4]):
+                        os.close(fd)
+            fields = {}
+            for line in data.decode().split("\n"):
+                k, sep, v = line.partition("=")
+                if sep:
+                    fields[k] = v
+            with self._cond:
+                self.messages.append((pid, fields))
+                self._cond.notify_all()
+
+    def wait_for(self, pred: Callable[[dict[str, str]], bool], timeout: float = SAFETY,
+                 start: int = 0) -> dict[str, str]:
+        """The first message from index `start` on that matches."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            i = start
+            while True:
+                while i < len(self.messages):
+                    if pred(self.messages[i][1]):
+                        return self.messages[i][1]
+                    i += 1
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no matching notify message in {timeout}s; "
+                                       f"got {[m for _, m in self.messages]}")
+                self._cond.wait(left)
+
+    def count(self) -> int:
+        with self._cond:
+            return len(self.messages)
+
+    def fields(self) -> list[dict[str, str]]:
+        with self._cond:
+            return [f for _, f in self.messages]
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread's recvmsg
+        except OSError:
+            pass
+        self._thread.join(5)
+        self.sock.close()
+
+
+class Daemon:
+    """One `exod run` under test, with its own config, sockets and log."""
+
+    def __init__(self, config: dict[str, Any], env: dict[str, str] | None = None,
+                 name: str = "exod") -> None:
+        # AF_UNIX paths are limited to ~107 bytes: keep the run folder short.
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+        self.socket = self.dir / "run" / "control.sock"
+        self.config_path = self.dir / "exod.yaml"
+        self.log_path = self.dir / "exod.log"
+        config = {"control": {"socket": str(self.socket)}, **config}
+        self.write_config(config)
+        self.listener = NotifyListener(self.dir / "notify-manager.sock")
+        self.env = {**os.environ, "NOTIFY_SOCKET": str(self.listener.path), **(env or {})}
+        self.env.pop("EXOD_SOCKET", None)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pids_seen: set[int] = set()
+
+    def write_config(self, config: dict[str, Any] | str) -> None:
+        text = config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False)
+        self.config_path.write_text(text)
+
+    # ---- lifecycle --------------------------------------------------------------------
+    def start(self, wait_ready: bool = True, args: tuple[str, ...] = ()) -> "Daemon":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [*EXOD, "run", "-c", str(self.config_path), "--log-format", "json", *args],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env, cwd=self.dir,
+        )
+        log.close()
+        if wait_ready:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = SAFETY) -> dict[str, str]:
+        return self.listener.wait_for(lambda f: f.get("READY") == "1", timeout)
+
+    def send_signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def terminate(self, sig: int = signal.SIGTERM, timeout: float = SAFETY) -> int:
+        assert self.proc is not None
+        self._remember_pids()
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        """Cleanup, even after a failed test: no daemon or runner may outlive it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self._remember_pids()
+            self.proc.kill()
+            self.proc.wait(10)
+        for pid in self.pids_seen:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.listener.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _remember_pids(self) -> None:
+        for rec in self.events():
+            pid = rec["extra"].get("pid")
+            if pid:
+                self.pids_seen.add(int(pid))
+
+    # ---- control ------------------------------------------------------------------------
+    def ctl(self, *args: str, check: bool = True, timeout: float = SAFETY
+            ) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run([*EXOCTL, "--socket", str(self.socket), *args], capture_output=True,
+                             text=True, timeout=timeout)
+        if check and res.returncode != 0:
+            raise AssertionError(f"exoctl {' '.join(args)} → {res.returncode}\n{res.stdout}"
+                                 f"{res.stderr}\n--- daemon log ---\n{self.log_text()}")
+        return res
+
+    def stream(self, req: dict[str, Any], timeout: float = SAFETY) -> Iterator[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(str(self.socket))
+            s.sendall(json.dumps(req).encode() + b"\n")
+            with s.makefile("rb") as f:
+                while True:
+                    s.settimeout(max(0.01, deadline - time.monotonic()))
+                    line = f.readline()
+                    if not line:
+                        return
+                    yield json.loads(line)
+
+    def request(self, req: dict[str, Any], timeout: float = SAFETY) -> dict[str, Any]:
+        msgs = list(self.stream(req, timeout))
+        return msgs[-1]
+
+    def status(self) -> dict[str, Any]:
+        return self.request({"cmd": "status"})
+
+    def instance(self, name: str) -> dict[str, Any]:
+        return next(i for i in self.status()["instances"] if i["name"] == name)
+
+    def watch_until(self, pred: Callable[[dict[str, Any]], bool], timeout: float = SAFETY,
+                    what: str = "condition") -> dict[str, Any]:
+        """Follow the daemon's change stream until `pred(snapshot)`; returns that snapshot."""
+        seen: list[str] = []
+        try:
+            for snap in self.stream({"cmd": "watch"}, timeout):
+                seen.append(snap["daemon"]["summary"])
+                if pred(snap):
+                    return snap
+        except TimeoutError:
+            pass
+        raise AssertionError(f"timed out waiting for {what}; summaries seen: {seen[-10:]}\n"
+                             f"--- daemon log ---\n{self.log_text()}")
+
+    def until_instance(self, name: str, pred: Callable[[dict[str, Any]], bool],
+                       timeout: float = SAFETY, what: str = "") -> dict[str, Any]:
+        def check(snap: dict[str, Any]) -> bool:
+            return any(i["name"] == name and pred(i) for i in snap["instances"])
+
+        snap = self.watch_until(check, timeout, what or f"{name} condition")
+        return next(i for i in snap["instances"] if i["name"] == name)
+
+    def until_state(self, name: str, state: str, timeout: float = SAFETY) -> dict[str, Any]:
+        return self.until_instance(name, lambda i: i["state"] == state, timeout,
+                                   f"{name} to be {state}")
+
+    # ---- logs ---------------------------------------------------------------------------
+    def log_text(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return ""
+        out = []
+        for line in lines[-200:]:
+            try:
+                rec = json.loads(line)
+                out.append(rec["text"].rstrip())
+            except (ValueError, KeyError):
+                out.append(line)
+        return "\n".join(out)
+
+    def events(self, **match: Any) -> list[dict[str, Any]]:
+        """Structured log records whose `extra` has every key=value in `match`."""
+        out = []
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return out
+        for line in lines:
+            try:
+                rec = json.loads(line)["record"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            extra = rec.get("extra", {})
+            if all(extra.get(k) == v for k, v in match.items()):
+                out.append(rec)
+        return out
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
