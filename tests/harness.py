@@ -129,11 +129,13 @@ class Daemon:
         self.config_path.write_text(text)
 
     # ---- lifecycle --------------------------------------------------------------------
-    def start(self, wait_ready: bool = True, args: tuple[str, ...] = ()) -> "Daemon":
+    def start(self, wait_ready: bool = True, args: tuple[str, ...] = (),
+              session: bool = False) -> "Daemon":
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [*EXOD, "run", "-c", str(self.config_path), "--log-format", "json", *args],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env, cwd=self.dir,
+            start_new_session=session,
         )
         log.close()
         if wait_ready:
@@ -273,3 +275,20 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def wait_pid_gone(pid: int, timeout: float = SAFETY) -> bool:
+    """Block until `pid` (not necessarily our child) has exited, via a pidfd: an event, not a
+    poll. True if it is gone within `timeout`."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        p = select.poll()
+        p.register(fd, select.POLLIN)
+        return bool(p.poll(timeout * 1000))
+    finally:
+        os.close(fd)

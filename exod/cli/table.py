@@ -39,7 +39,10 @@ def render_status(snap: dict[str, Any]) -> str:
         rss = [r["rss_bytes"] for r in ranks if r["rss_bytes"] is not None]
         exits = [r["error"] or (r["last_exit"] or {}).get("text") for r in ranks]
         last = next((e for e in exits if e), "-")
-        rows.append((inst["name"], inst["detail"], f"{loaded}/{total}", pids,
+        if inst["state"] in ("failed", "backoff") and inst["reason"]:
+            last = inst["reason"]
+        state = inst["detail"] if inst["state"] in ("starting", "loading") else inst["state"]
+        rows.append((inst["name"], state, f"{loaded}/{total}", pids,
                      human_duration(inst["uptime_s"]), str(inst["restarts"]),
                      human_bytes(sum(rss)) if rss else "-", last))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]

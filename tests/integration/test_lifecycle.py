@@ -6,25 +6,11 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 
 from tests.harness import Daemon, pid_alive
-
-
-@pytest.fixture
-def daemons() -> Iterator[Callable[..., Daemon]]:
-    made: list[Daemon] = []
-
-    def make(config: dict, **kw: object) -> Daemon:
-        d = Daemon(config, **kw)  # type: ignore[arg-type]
-        made.append(d)
-        return d
-
-    yield make
-    for d in made:
-        d.close()
 
 
 def test_start_load_ready_status_stop(daemons: Callable[..., Daemon],
