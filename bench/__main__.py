@@ -1,0 +1,18 @@
+"""`python -m bench [NAME ...]`: run the benchmarks (all by default) and print their ratios."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+ALL = ["load", "daemon"]
+
+
+def main() -> None:
+    names = sys.argv[1:] or ALL
+    for name in names:
+        importlib.import_module(f"bench.{name}").main()
+
+
+if __name__ == "__main__":
+    main()
