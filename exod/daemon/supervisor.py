@@ -135,7 +135,10 @@ class Supervisor:
                 "state": self.phase,
                 "config": str(self.config.path),
                 "control_socket": str(self.config.control.socket),
-                "summary": self.summary(),
+                "summary": self.readiness.line(self),
+                "stop_worst_case_s": max(
+                    [ladder.worst_case(i.config.stop) for i in self.instances.values()]
+                    + [ladder.worst_case(self.config.defaults.stop)]),
             },
             "instances": [status.instance_json(i, now, stall) for i in self.ordered()],
         }
