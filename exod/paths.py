@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 
 def runtime_dir() -> Path:
-    """Where sockets live: /run/exod for root (systemd's RuntimeDirectory), else per user."""
+    """Where sockets live: /run/exod for root (systemd's RuntimeDirectory; /var/run/exod on
+    macOS, which has no /run), else per user."""
     if os.geteuid() == 0:
-        return Path("/run/exod")
+        return Path("/var/run/exod" if sys.platform == "darwin" else "/run/exod")
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         return Path(xdg) / "exod"

@@ -69,10 +69,20 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
 @main.command()
 @config_option
 @click.option("--explain", is_flag=True, help="Print every config key with its type and default.")
-def check(config: str | None, explain: bool) -> None:
-    """Validate a config file and its includes; exit 78 (EX_CONFIG) if anything is wrong."""
+@click.option("--unit", "units", multiple=True, type=click.Path(path_type=Path), metavar="FILE",
+              help="Also check this systemd unit (default: the installed exod.service).")
+@click.option("--plist", "plists", multiple=True, type=click.Path(path_type=Path),
+              metavar="FILE", help="Also check this launchd plist (default: the installed one).")
+def check(config: str | None, explain: bool, units: tuple[Path, ...],
+          plists: tuple[Path, ...]) -> None:
+    """Validate a config file and its includes; exit 78 (EX_CONFIG) if anything is wrong.
+
+    Also warns when the service manager would SIGKILL before exod's termination ladder is
+    done (TimeoutStopSec / ExitTimeOut too short), or would signal runners directly (KillMode).
+    """
     from exod.config import ConfigError, explain_keys, load_config, resolve_config_path
     from exod.core import ladder
+    from exod.servicemgr import checks
 
     if explain:
         click.echo(explain_keys())
@@ -89,8 +99,48 @@ def check(config: str | None, explain: bool) -> None:
     n = len(cfg.instances)
     worst = max([ladder.worst_case(i.stop) for i in cfg.instances.values()]
                 + [ladder.worst_case(cfg.defaults.stop)])
+    files = [("unit", u) for u in units] + [("plist", p) for p in plists]
+    for kind, f in files or checks.installed():
+        check_file = checks.check_unit if kind == "unit" else checks.check_plist
+        for warning in check_file(f, worst):
+            click.echo(f"warning: {warning}", err=True)
     click.echo(f"{path}: OK, {n} instance{'s' if n != 1 else ''}; "
                f"stop ladder worst case {worst:g}s")
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Print every file and its content; write nothing.")
+@click.option("--target", type=click.Choice(["systemd", "launchd"]), default=None,
+              help="Service manager [default: launchd on macOS, else systemd].")
+@click.option("--user", is_flag=True, help="launchd: a per-user LaunchAgent, not a daemon.")
+@click.option("--root", type=click.Path(path_type=Path), default=Path("/"), show_default=True,
+              help="Install under this directory (for packaging).")
+def install(dry_run: bool, target: str | None, user: bool, root: Path) -> None:
+    """Install the service files (systemd unit, sysusers, example config; or launchd plist)."""
+    from exod.servicemgr import install as inst
+
+    target = target or ("launchd" if sys.platform == "darwin" else "systemd")
+    if user and target != "launchd":
+        raise click.UsageError("--user is for launchd; for systemd use a user unit by hand")
+    try:
+        exod_bin = inst.exod_binary()
+        plan = (inst.systemd_plan(exod_bin, root) if target == "systemd"
+                else inst.launchd_plan(exod_bin, root, user))
+    except inst.InstallError as e:
+        raise click.ClickException(str(e)) from None
+    if dry_run:
+        for item in plan:
+            note = " (only if absent)" if item.keep_existing else ""
+            click.echo(f"--- {item.path} mode {item.mode:04o}{note}")
+            click.echo(item.content.rstrip("\n"))
+        click.echo(f"--- then run: {inst.next_command(target, user, plan)}")
+        return
+    try:
+        for line in inst.write(plan):
+            click.echo(line)
+    except OSError as e:
+        raise click.ClickException(f"{e.filename or ''}: {e.strerror or e}") from None
+    click.echo(f"next: {inst.next_command(target, user, plan)}")
 
 
 @main.command("demo")
