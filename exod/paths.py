@@ -7,11 +7,17 @@ import sys
 from pathlib import Path
 
 
+SYSTEM_RUNTIME_DIR = Path("/var/run/exod" if sys.platform == "darwin" else "/run/exod")
+
+
 def runtime_dir() -> Path:
-    """Where sockets live: /run/exod for root (systemd's RuntimeDirectory; /var/run/exod on
-    macOS, which has no /run), else per user."""
+    """Where sockets live: systemd's RuntimeDirectory= when set (the service runs as user
+    exod), /run/exod for root (/var/run/exod on macOS, which has no /run), else per user."""
+    given = os.environ.get("RUNTIME_DIRECTORY")
+    if given:
+        return Path(given.split(":")[0])
     if os.geteuid() == 0:
-        return Path("/var/run/exod" if sys.platform == "darwin" else "/run/exod")
+        return SYSTEM_RUNTIME_DIR
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         return Path(xdg) / "exod"
@@ -20,6 +26,13 @@ def runtime_dir() -> Path:
 
 def default_control_socket() -> Path:
     return runtime_dir() / "control.sock"
+
+
+def client_socket_candidates() -> list[Path]:
+    """Where exoctl looks, in order: the caller's own daemon, then the system service's."""
+    system = SYSTEM_RUNTIME_DIR / "control.sock"
+    own = default_control_socket()
+    return [own] if own == system else [own, system]
 
 
 def cache_dir() -> Path:

@@ -116,7 +116,9 @@ class Daemon:
         self.socket = self.dir / "run" / "control.sock"
         self.config_path = self.dir / "exod.yaml"
         self.log_path = self.dir / "exod.log"
-        config = {"control": {"socket": str(self.socket)}, **config}
+        # The HTTP API on a port the kernel picks (status tells which): tests never collide.
+        config = {"control": {"socket": str(self.socket)}, "api": {"listen": "127.0.0.1:0"},
+                  **config}
         self.write_config(config)
         self.listener = NotifyListener(self.dir / "notify-manager.sock")
         self.env = {**os.environ, "NOTIFY_SOCKET": str(self.listener.path), **(env or {})}
@@ -206,6 +208,12 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         return self.request({"cmd": "status"})
 
+    def api_url(self) -> str:
+        """Base URL of the daemon's HTTP API (from its status), e.g. http://127.0.0.1:41234."""
+        api = self.status()["daemon"]["api"]
+        assert api, "the HTTP API is disabled in this daemon's config"
+        return str(api["url"])
+
     def instance(self, name: str) -> dict[str, Any]:
         return next(i for i in self.status()["instances"] if i["name"] == name)
 
@@ -266,6 +274,14 @@ class Daemon:
             if all(extra.get(k) == v for k, v in match.items()):
                 out.append(rec)
         return out
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago (for servers that cannot
+    take port 0 and report back)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def pid_alive(pid: int) -> bool:

@@ -67,9 +67,11 @@ class Client:
 
 
 def default_socket() -> str:
-    from exod.paths import default_control_socket
+    """The first candidate that exists (a user's own daemon, then the system service)."""
+    from exod.paths import client_socket_candidates
 
-    return str(default_control_socket())
+    candidates = client_socket_candidates()
+    return str(next((p for p in candidates if p.exists()), candidates[-1]))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -171,6 +173,27 @@ def wait(client: Client, name: str, timeout: float | None, quiet: bool) -> None:
     finally:
         bar.finish()
     raise click.ClickException("exod closed the connection before an answer")
+
+
+@main.command()
+@click.argument("name")
+@click.argument("prompt", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the raw chunks, one JSON per line.")
+@click.option("--system", default=None, metavar="TEXT", help="A system message first.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None, metavar="N")
+@click.option("--temperature", type=click.FloatRange(0, 2), default=None, metavar="T")
+@click.option("--seed", type=int, default=None)
+@click.pass_obj
+def chat(client: Client, name: str, prompt: str | None, as_json: bool, system: str | None,
+         max_tokens: int | None, temperature: float | None, seed: int | None) -> None:
+    """Chat with NAME over the HTTP API: answer PROMPT, or without it, talk turn by turn
+    (with history) until end of input."""
+    from exod.cli.chat import ChatClient, api_from_status, run_chat
+
+    url, token = api_from_status(ok_or_fail(client.call({"cmd": "status"})))
+    options = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature),
+                                 ("seed", seed)) if v is not None}
+    run_chat(ChatClient(url, token, options=options), name, prompt, system, as_json)
 
 
 if __name__ == "__main__":

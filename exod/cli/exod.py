@@ -55,9 +55,12 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
     try:
         cfg = load_config(path)
     except ConfigError as e:
-        for line in str(e).splitlines():
-            click.echo(line, err=True)
+        from loguru import logger
+
+        for line in str(e).splitlines():  # through the logger: priority <3> in the journal
+            logger.error("{}", line)
         hint = "" if demo or path.exists() else " (try `exod run --demo`)"
+        logger.error("invalid configuration {}{}: not starting", path, hint)
         service.errno(errno.EINVAL, f"invalid configuration {path}{hint}")
         sys.exit(EXIT_CONFIG)
 
@@ -124,7 +127,7 @@ def install(dry_run: bool, target: str | None, user: bool, root: Path) -> None:
         raise click.UsageError("--user is for launchd; for systemd use a user unit by hand")
     try:
         exod_bin = inst.exod_binary()
-        plan = (inst.systemd_plan(exod_bin, root) if target == "systemd"
+        plan = (inst.systemd_plan(exod_bin, root, inst.interpreter()) if target == "systemd"
                 else inst.launchd_plan(exod_bin, root, user))
     except inst.InstallError as e:
         raise click.ClickException(str(e)) from None

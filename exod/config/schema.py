@@ -81,7 +81,9 @@ class BackoffPolicy:
 class StartLimit:
     """Too many failures in a window put the instance in `failed` until `exoctl start`."""
 
-    burst: int = field(default=5, metadata=doc("failures allowed within `interval`", minimum=1))
+    burst: int = field(
+        default=5, metadata=doc("this many failures within `interval` make the instance failed",
+                                minimum=1))
     interval: Duration = field(default=60.0, metadata=doc("the counting window", minimum=0))
 
 

@@ -75,7 +75,8 @@ class LadderRun:
 
         One step per call: the caller reschedules at `deadline`. Deadlines chain from the previous
         deadline, so a late tick compresses the rest of the ladder instead of stretching it; the
-        worst case before SIGKILL therefore holds even when the event loop was slow.
+        worst case before SIGKILL therefore holds even when the event loop was slow. Only the
+        repeated SIGKILL restarts its period from `now`, so a late loop sends one, not a burst.
         """
         if now < self.deadline:
             return None
@@ -83,7 +84,10 @@ class LadderRun:
             self._index += 1
         rung = self._rungs[self._index]
         self.sent.append((now, rung.step))
-        self.deadline = max(self.deadline + rung.wait, now)
+        if rung.step is Step.KILL:
+            self.deadline = max(self.deadline + rung.wait, now + rung.wait)
+        else:
+            self.deadline += rung.wait
         return rung.step
 
     def skip_grace(self, now: float) -> None:

@@ -85,6 +85,9 @@ class RestartTracker:
 
     def delay(self, attempt: int) -> float:
         b = self.backoff
-        base = min(b.max, b.initial * b.multiplier**attempt)
+        try:
+            base = min(b.max, b.initial * b.multiplier**attempt)
+        except OverflowError:  # a crash loop slow enough to dodge the start limit, for days
+            base = b.max
         spread = base * b.jitter
         return max(0.0, min(b.max, base + self._rng.uniform(-spread, spread)))

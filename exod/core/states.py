@@ -78,5 +78,5 @@ class Machine:
         t = Transition(self.state, new, now, reason)
         self.state, self.since, self.reason = new, now, reason
         self.history.append(t)
-        del self.history[: -self.history_limit]
+        del self.history[: max(0, len(self.history) - self.history_limit)]
         return t

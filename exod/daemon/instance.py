@@ -7,6 +7,7 @@ Events come in (`on_notify`, `on_exit`, operator calls); the instance never bloc
 
 from __future__ import annotations
 
+import errno
 import signal
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -14,13 +15,14 @@ from typing import Callable, Protocol
 from loguru import logger
 
 from exod.config.schema import Defaults, Instance
-from exod.core.exits import EXIT_UNAVAILABLE, ExitInfo
+from exod.core.exits import EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo
 from exod.core.ladder import LadderRun, Step
 from exod.core.restarts import Decision, GiveUp, Rest, Restart, RestartTracker
 from exod.core.shards import Shard
 from exod.core.states import Machine, State
 
 Continuation = Callable[[], None]
+PERMANENT_SPAWN_ERRORS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR})
 
 
 class Timer(Protocol):
@@ -87,7 +89,8 @@ class InstanceRuntime:
         self.started_at: float | None = None
         self.held = False  # an operator stopped it: a reload must not start it again
         self._pending: Decision | None = None  # applied once every rank is gone
-        self._after_stop: list[Continuation] = []
+        self._after_stop: list[Continuation] = []  # notifications: always run
+        self._start_after_stop: bool | None = None  # deferred start (by operator?), if any
         self._restart_timer: Timer | None = None
         self.log = logger.bind(instance=self.name)
 
@@ -123,7 +126,7 @@ class InstanceRuntime:
             self.held = False
             self.tracker.reset()
         if self.state is State.STOPPING:
-            self._after_stop.append(lambda: self.start())
+            self._start_after_stop = operator or bool(self._start_after_stop)
             return
         if self.state.active:
             return
@@ -131,7 +134,7 @@ class InstanceRuntime:
         self._pending = None
         self.started_at = self.seam.now()
         self._move(State.STARTING, "started by operator" if operator else "")
-        failed: list[tuple[RankRuntime, str]] = []
+        failed: list[tuple[RankRuntime, str, int]] = []
         for rank in self.ranks:
             if not rank.local:
                 continue
@@ -142,19 +145,23 @@ class InstanceRuntime:
             try:
                 rank.pid = self.seam.spawn(self, rank)
             except OSError as e:
-                failed.append((rank, f"cannot start runner: {e}"))
+                # A missing or unusable interpreter will not fix itself; EAGAIN/ENOMEM may.
+                code = EXIT_UNAVAILABLE if e.errno in PERMANENT_SPAWN_ERRORS else EXIT_TEMPFAIL
+                failed.append((rank, f"cannot start runner: {e}", code))
                 continue
             self.log.bind(rank=rank.rank, pid=rank.pid).info(
                 "started, layers [{}, {})", rank.shard.start, rank.shard.end)
-        for rank, why in failed:
+        for rank, why, code in failed:
             rank.error = why
-            self._rank_gone(rank, ExitInfo(code=EXIT_UNAVAILABLE))
+            self._rank_gone(rank, ExitInfo(code=code))
 
     def stop(self, then: Continuation | None = None, operator: bool = False) -> None:
         """Stop every rank through the ladder; `then` runs once all are gone."""
         if operator:
             self.held = True
-            self._after_stop.clear()  # a stop cancels a restart that was waiting for it
+        # Any stop (operator, reload, shutdown) cancels a start that was waiting for a stop:
+        # otherwise a shutdown could spawn a runner and never finish.
+        self._start_after_stop = None
         if then is not None:
             self._after_stop.append(then)
         self._cancel_restart()
@@ -169,7 +176,8 @@ class InstanceRuntime:
         self._stop_ranks()
 
     def restart(self) -> None:
-        self.stop(then=lambda: self.start(operator=True))
+        self.stop()
+        self.start(operator=True)  # deferred until the stop completes, if one is running
 
     def hurry(self) -> None:
         """A second stop signal to the daemon: skip what is left of rung 1's grace."""
@@ -316,6 +324,9 @@ class InstanceRuntime:
         todo, self._after_stop = self._after_stop, []
         for fn in todo:
             fn()
+        if self._start_after_stop is not None:
+            operator, self._start_after_stop = self._start_after_stop, None
+            self.start(operator=operator)
 
     def _apply(self, decision: Decision) -> None:
         if isinstance(decision, Restart):

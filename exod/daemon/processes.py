@@ -17,8 +17,8 @@ from loguru import logger
 
 from exod.core.exits import ExitInfo
 from exod.daemon import spawn as os_seam
+from exod.daemon.link import Link
 from exod.daemon.logs import split_priority
-from exod.protocol import encode
 
 MAX_LINE = 64 * 1024
 
@@ -30,6 +30,7 @@ class Proc:
     child: os_seam.Child
     context: dict[str, object]  # instance, rank: bound to every line the runner prints
     on_exit: ExitHandler
+    link: Link  # the channel, framed: the shutdown ask and generation requests go through it
     partial: dict[int, bytes] = field(default_factory=dict)
 
 
@@ -46,7 +47,8 @@ class ProcessTable:
     def spawn(self, module: str, args: list[str], env: Mapping[str, str],
               context: dict[str, object], on_exit: ExitHandler) -> int:
         child = os_seam.spawn(args, env, module)
-        proc = Proc(child, {**context, "pid": child.pid}, on_exit)
+        ctx = {**context, "pid": child.pid}
+        proc = Proc(child, ctx, on_exit, Link(self.loop, child.channel, ctx))
         self.procs[child.pid] = proc
         for fd in (child.stdout, child.stderr):
             proc.partial[fd] = b""
@@ -57,13 +59,11 @@ class ProcessTable:
 
     def send(self, pid: int, msg: dict[str, object]) -> bool:
         proc = self.procs.get(pid)
-        if proc is None:
-            return False
-        try:
-            proc.child.channel.send(encode(msg))
-            return True
-        except OSError:
-            return False
+        return proc is not None and proc.link.send(msg)
+
+    def link(self, pid: int) -> Link | None:
+        proc = self.procs.get(pid)
+        return proc.link if proc is not None and not proc.link.closed else None
 
     def kill(self, pid: int, sig: int) -> bool:
         if pid not in self.procs:
@@ -76,6 +76,7 @@ class ProcessTable:
             if info is None:
                 continue
             proc = self.procs.pop(pid)
+            proc.link.close(f"the runner exited mid-request ({info})")
             self._before_exit()
             self._close(proc)
             proc.on_exit(pid, info)

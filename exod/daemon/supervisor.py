@@ -61,6 +61,7 @@ class Supervisor:
         self.notify = NotifyServer(run_dir / "notify.sock", self._on_notify)
         self.control = ControlServer(config.control.socket, config.control.mode, self)
         self.readiness = Readiness(config.ready, self.service)
+        self.api: Any = None  # the HTTP API (exod.api.app.ApiServer), when api.listen is set
 
     # ---- Seam for InstanceRuntime -------------------------------------------------------
     @property
@@ -136,6 +137,7 @@ class Supervisor:
                 "config": str(self.config.path),
                 "control_socket": str(self.config.control.socket),
                 "summary": self.readiness.line(self),
+                "api": self.api.info() if self.api is not None else None,
                 "stop_worst_case_s": max(
                     [ladder.worst_case(i.config.stop) for i in self.instances.values()]
                     + [ladder.worst_case(self.config.defaults.stop)]),
@@ -153,11 +155,14 @@ class Supervisor:
         try:
             await self.control.start()
             self.notify.open(self.loop)
-        except OSError as e:
-            err = e.errno or errno.EIO
-            logger.error("cannot start: {}", e.strerror or e)
-            self.service.errno(err, f"cannot start: {e.strerror or e}")
+            await self._start_api()
+        except (OSError, ValueError) as e:
+            why = (e.strerror if isinstance(e, OSError) else None) or str(e)
+            err = (e.errno if isinstance(e, OSError) else errno.EINVAL) or errno.EIO
+            logger.error("cannot start: {}", why)
+            self.service.errno(err, f"cannot start: {why}")
             await self.control.close()
+            self.notify.close(self.loop)
             return 1
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._on_stop_signal, sig)
@@ -174,12 +179,24 @@ class Supervisor:
         self.phase = "running"
         self.readiness.spawned(self, self.now())
         await self._done.wait()
+        if self.api is not None:
+            await self.api.close()
         await self.control.close()
         self.notify.close(self.loop)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             self.loop.remove_signal_handler(sig)
         logger.info("exod stopped")
         return 0
+
+    async def _start_api(self) -> None:
+        """The HTTP API, unless api.listen is "" (aiohttp is imported only then)."""
+        if not self.config.api.listen:
+            return
+        from exod.api.app import ApiServer
+
+        self.api = ApiServer(self.config.api, self)
+        self._listeners.add(self.api.instance_changed)
+        await self.api.start()
 
     def _add(self, cfg: Instance) -> InstanceRuntime:
         try:
@@ -258,6 +275,8 @@ class Supervisor:
         if cmd == "restart":
             inst = self._get(req.get("name"))
             await self._stopped(inst, operator=False)
+            if self.stopping:  # shutdown began while this instance was stopping
+                return {"ok": False, "error": "exod is stopping"}
             inst.start(operator=True)
             return {"ok": True, "state": inst.state.value}
         if cmd == "wait":

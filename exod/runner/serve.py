@@ -1,17 +1,28 @@
-"""The runner's serve loop: wait for work on the channel until asked to stop.
+"""The runner's serve loop: generation requests from the daemon, one token at a time.
 
-Generation requests arrive here once the HTTP API exists; until then the loop only keeps the
-heartbeat going (WATCHDOG=1 when the parent asked for one via WATCHDOG_USEC, as systemd does).
+mlx computes on one device, so the loop advances one token of one generation at a time. The
+daemon decides how many requests reach the runner at once (`max_concurrency`, default 1);
+when it lets several through, they take turns token by token, so every stream keeps moving.
+Between two tokens the loop picks up new requests, drops cancelled ones (the client went
+away: cancelled within one token) and, once asked to stop, lets in-flight work finish until
+the drain deadline, then ends it with an error event and returns (the runner exits 0).
+
+The heartbeat (WATCHDOG=1, when the parent asked for one via WATCHDOG_USEC, as systemd does)
+keeps going while generating.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
+import time
 
+from exod.protocol import Message
 from exod.runner.channel import STOP, Channel
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.load import Loaded
+from exod.runner.log import ERR, log
 from exod.runner.notify import Notifier
 
 
@@ -26,13 +37,83 @@ def heartbeat_interval() -> float | None:
         return None
 
 
+def take(inbox: "queue.Queue[Message]", block: bool, timeout: float | None) -> list[Message]:
+    """Everything waiting in the inbox; when `block`, wait for at least one message first."""
+    out: list[Message] = []
+    try:
+        if block:
+            out.append(inbox.get(timeout=timeout))
+        while True:
+            out.append(inbox.get_nowait())
+    except queue.Empty:
+        pass
+    return out
+
+
 def serve(loaded: Loaded, channel: Channel, life: Lifecycle, notify: Notifier) -> None:
+    from exod.runner.generate import Generation, RequestError  # imports mlx_lm: runner only
+
     beat = heartbeat_interval()
-    while not life.stop.is_set():
-        try:
-            msg = channel.inbox.get(timeout=beat)
-        except queue.Empty:
+    next_beat = time.monotonic() + beat if beat else None
+    active: dict[str, Generation] = {}
+    recent: collections.deque[str] = collections.deque(maxlen=256)  # finished request ids
+    deadline: float | None = None  # end of the drain, once asked to stop
+
+    def finish(rid: str, msg: Message) -> None:
+        channel.send(msg)
+        active.pop(rid, None)
+        recent.append(rid)
+        channel.cancelled.discard(rid)
+
+    while True:
+        stopping = life.stop.is_set()
+        if stopping and deadline is None:
+            deadline = time.monotonic() + (channel.drain or 0.0)
+        for msg in take(channel.inbox, block=not active and not stopping, timeout=beat):
+            if msg is STOP or msg.get("op") != "generate":
+                continue
+            rid = str(msg.get("id"))
+            if rid in channel.cancelled:  # the client left while the request was on its way
+                channel.cancelled.discard(rid)
+                continue
+            if life.stop.is_set():
+                finish(rid, {"id": rid, "ev": "error", "code": "stopping",
+                             "message": "the instance is stopping"})
+                continue
+            try:
+                active[rid] = Generation(loaded, msg)
+            except (RequestError, KeyError, TypeError, ValueError) as e:
+                finish(rid, {"id": rid, "ev": "error", "code": "bad_request", "message": str(e)})
+
+        now = time.monotonic()
+        if deadline is not None and (not active or now >= deadline):
+            for rid, gen in list(active.items()):
+                gen.close()
+                finish(rid, {"id": rid, "ev": "error", "code": "aborted",
+                             "message": f"aborted: the instance is stopping ({life.reason}; "
+                                        f"drain of {channel.drain or 0:g}s is over)"})
+            return
+
+        for rid in channel.cancelled & active.keys():
+            active.pop(rid).close()
+            channel.cancelled.discard(rid)
+        for rid in channel.cancelled.intersection(recent):  # cancels that crossed a `done`
+            channel.cancelled.discard(rid)
+
+        for rid, gen in list(active.items()):
+            try:
+                text, reason = gen.step()
+            except Exception as e:  # mlx errors of any type: fail this request, keep serving
+                log(f"generation {rid} failed: {type(e).__name__}: {e}", ERR)
+                gen.close()
+                finish(rid, {"id": rid, "ev": "error", "code": "internal",
+                             "message": f"{type(e).__name__}: {e}"})
+                continue
+            if text:
+                channel.send({"id": rid, "ev": "text", "text": text})
+            if reason is not None:
+                finish(rid, gen.done(reason))
+
+        if next_beat is not None and time.monotonic() >= next_beat:
             notify.watchdog()
-            continue
-        if msg is STOP:
-            break
+            next_beat = time.monotonic() + (beat or 0.0)

@@ -1,7 +1,7 @@
 """`exod install`: put the service files where systemd or launchd reads them.
 
-The shipped files (packaging/) name `/usr/local/bin/exod`; the installed copies name the exod
-that runs this command. An existing config is never overwritten. `--dry-run` prints every file
+The shipped unit names /usr/bin/exod and the plists /usr/local/bin/exod; the installed copies
+name the exod that runs this command. An existing config is never overwritten. `--dry-run` prints every file
 and its content instead of writing.
 """
 
@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-SHIPPED_BIN = "/usr/local/bin/exod"
+PLIST_BIN = "/usr/local/bin/exod"  # what the shipped plists name; the unit names /usr/bin/exod
 # ProtectHome= hides these from the service: a venv there cannot be the service's exod.
 HIDDEN_FROM_SERVICE = ("/home/", "/root/", "/run/user/")
 
@@ -47,18 +47,32 @@ def example_config() -> str:
     raise InstallError("cannot find the example config (config/exod.yaml)")
 
 
+def interpreter() -> Path:
+    """The real interpreter behind this venv (a venv's python is a symlink to it)."""
+    return Path(os.path.realpath(sys.executable))
+
+
 def exod_binary() -> Path:
     """The `exod` script of this installation (next to the running interpreter)."""
     candidate = Path(sys.executable).parent / "exod"
     return candidate if candidate.exists() else Path(sys.argv[0]).resolve()
 
 
-def systemd_plan(exod: Path, root: Path) -> list[Planned]:
-    if str(exod).startswith(HIDDEN_FROM_SERVICE):
+def hidden_part(exod: Path, interpreter: Path | None) -> Path | None:
+    """The first of exod or the interpreter behind it that ProtectHome= would hide."""
+    for p in (exod, interpreter):
+        if p is not None and str(p).startswith(HIDDEN_FROM_SERVICE):
+            return p
+    return None
+
+
+def systemd_plan(exod: Path, root: Path, interpreter: Path | None = None) -> list[Planned]:
+    hidden = hidden_part(exod, interpreter)
+    if hidden is not None:
         raise InstallError(
-            f"{exod} is under a home directory, which the unit's ProtectHome=yes hides from "
-            f"the service. Install exod system-wide first, e.g. `make install` (a venv in "
-            f"/opt/exod), then run that exod's `install`.")
+            f"{hidden} is under a home directory, which the unit's ProtectHome=yes hides from "
+            f"the service. Install exod (and a Python) system-wide first, e.g. `make install` "
+            f"(a venv in /opt/exod), then run that exod's `install`.")
     pkg = packaging_dir() / "systemd"
     unit = re.sub(r"(?m)^(ExecStart=[-@:+!]*)\S*/exod\b", rf"\g<1>{exod}",
                   (pkg / "exod.service").read_text())
@@ -78,14 +92,14 @@ def launchd_plan(exod: Path, root: Path, user: bool) -> list[Planned]:
     if user:
         home = Path.home()
         text = (pkg / "io.exod.exod.agent.plist").read_text()
-        text = text.replace(SHIPPED_BIN, str(exod)).replace("~/", f"{home}/")
+        text = text.replace(PLIST_BIN, str(exod)).replace("~/", f"{home}/")
         return [
             Planned(root / str(home / "Library/LaunchAgents/io.exod.exod.plist").lstrip("/"),
                     text),
             Planned(root / str(home / ".config/exod/exod.yaml").lstrip("/"), example_config(),
                     0o640, keep_existing=True),
         ]
-    text = (pkg / "io.exod.exod.plist").read_text().replace(SHIPPED_BIN, str(exod))
+    text = (pkg / "io.exod.exod.plist").read_text().replace(PLIST_BIN, str(exod))
     return [
         Planned(root / "Library/LaunchDaemons/io.exod.exod.plist", text),
         Planned(root / "etc/exod/exod.yaml", example_config(), 0o640, keep_existing=True),
@@ -94,8 +108,7 @@ def launchd_plan(exod: Path, root: Path, user: bool) -> list[Planned]:
 
 def next_command(target: str, user: bool, plan: list[Planned]) -> str:
     if target == "systemd":
-        return ("systemd-sysusers && systemd-tmpfiles --create && systemctl daemon-reload "
-                "&& systemctl enable --now exod")
+        return "systemd-sysusers && systemctl daemon-reload && systemctl enable --now exod"
     plist = plan[0].path
     if user:
         return f"launchctl bootstrap gui/{os.getuid()} {plist}"

@@ -1,0 +1,27 @@
+"""`api.listen` values: `HOST:PORT`, `[IPV6]:PORT`, or "" (the API is off)."""
+
+from __future__ import annotations
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """(host, port); raises ValueError with a message naming the problem."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"api.listen {value!r}: expected HOST:PORT, e.g. 127.0.0.1:52415")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def client_host(host: str) -> str:
+    """Where a local client connects to reach a server bound to `host`."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
+def url(host: str, port: int) -> str:
+    h = client_host(host)
+    return f"http://[{h}]:{port}" if ":" in h else f"http://{h}:{port}"

@@ -1,0 +1,68 @@
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`, with the status.
+
+The same object, sent as an SSE `data:` line, ends a stream that fails after it has started
+(the official clients raise an APIError on it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RETRY_AFTER_S = 5  # a hint for clients of an instance that is loading, stopping or restarting
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str, code: str | None = None,
+                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.code, self.param)
+
+
+def error_body(message: str, type_: str, code: str | None = None,
+               param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, "invalid_request_error", code, param)
+
+
+def unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, "invalid_request_error", "invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"})
+
+
+def model_not_found(name: str) -> ApiError:
+    return ApiError(404, f"The model `{name}` does not exist: it names no exod instance.",
+                    "invalid_request_error", "model_not_found", "model")
+
+
+def not_ready(name: str, detail: str) -> ApiError:
+    code = "model_stopping" if detail.startswith("stopping") else "model_not_ready"
+    return ApiError(503, f"The model `{name}` is not ready ({detail}).",
+                    "service_unavailable_error", code,
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def queue_full(name: str, limit: int, queue: int) -> ApiError:
+    return ApiError(429, f"The model `{name}` is busy: {limit} request(s) running and {queue} "
+                         "waiting, the most it takes. Retry later.",
+                    "rate_limit_error", "queue_full", headers={"Retry-After": "1"})
+
+
+def runner_error(code: str, message: str) -> ApiError:
+    """A generation that failed in (or with) the runner, after it was accepted."""
+    if code == "bad_request":
+        return bad_request(message)
+    if code in ("aborted", "stopping", "runner_gone"):
+        return ApiError(503, message, "service_unavailable_error", code,
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+    return ApiError(500, message, "server_error", code)

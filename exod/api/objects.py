@@ -1,0 +1,91 @@
+"""The response objects of the OpenAI API (chat completion, chat completion chunk, text
+completion) and their SSE framing: one `data: <json>` event per chunk, `data: [DONE]` last.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from exod import __version__
+
+FINGERPRINT = f"exod-{__version__}"
+DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+               "X-Accel-Buffering": "no"}  # proxies (nginx) must not hold the stream back
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() \
+        + b"\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+@dataclass
+class Reply:
+    """Builds every object of one response: all share the id, `created` and model."""
+
+    kind: str  # "chat" | "completion"
+    model: str
+    include_usage: bool = False
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        prefix = "chatcmpl" if self.kind == "chat" else "cmpl"
+        self.id = self.id or f"{prefix}-{secrets.token_hex(12)}"
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": FINGERPRINT}
+
+    # ---- streaming ------------------------------------------------------------------------
+    def chunk(self, text: str | None = None, finish_reason: str | None = None,
+              role: bool = False) -> dict[str, Any]:
+        """One chunk carrying a piece of text, the role (first chunk), or the finish reason."""
+        if self.kind == "chat":
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+                delta["content"] = ""
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
+                                      "finish_reason": finish_reason}
+            out = self._head("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None,
+                      "finish_reason": finish_reason}
+            out = self._head("text_completion")
+        out["choices"] = [choice]
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        """The extra last chunk of `stream_options.include_usage`: no choices, the usage."""
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {**self._head(obj), "choices": [],
+                "usage": usage(prompt_tokens, completion_tokens)}
+
+    # ---- whole ----------------------------------------------------------------------------
+    def whole(self, text: str, finish_reason: str, prompt_tokens: int,
+              completion_tokens: int) -> dict[str, Any]:
+        if self.kind == "chat":
+            choice: dict[str, Any] = {
+                "index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None, "finish_reason": finish_reason}
+            out = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            out = self._head("text_completion")
+        out["choices"] = [choice]
+        out["usage"] = usage(prompt_tokens, completion_tokens)
+        return out

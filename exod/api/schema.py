@@ -1,0 +1,180 @@
+"""Request bodies of /v1/chat/completions and /v1/completions: checked here, field by field,
+into a `GenRequest` (what the runner receives). Fields exod does not use are ignored, as
+clients send many; fields it uses must be valid, else a 400 naming the `param`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from exod.api.errors import bad_request
+
+DEFAULT_MAX_TOKENS_CHAT = 1024
+DEFAULT_MAX_TOKENS_COMPLETION = 16  # the OpenAI reference's default for /v1/completions
+MAX_STOPS = 16
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    kind: Literal["chat", "completion"]
+    model: str
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    logit_bias: dict[str, float] = field(default_factory=dict)
+    messages: list[dict[str, str]] | None = None
+    prompt: str | None = None
+    stream: bool = False
+    include_usage: bool = False
+
+    def to_runner(self) -> dict[str, Any]:
+        """The `generate` message for the runner (the link adds `op` and `id`)."""
+        d = asdict(self)
+        for k in ("model", "stream", "include_usage"):
+            d.pop(k)
+        return {k: v for k, v in d.items() if v is not None}
+
+
+def parse_chat(body: Any) -> GenRequest:
+    b = _object(body)
+    messages = b.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("`messages` must be a non-empty array of messages", "messages")
+    max_tokens = b.get("max_completion_tokens", b.get("max_tokens"))
+    param = "max_completion_tokens" if "max_completion_tokens" in b else "max_tokens"
+    return GenRequest(
+        kind="chat", model=_model(b),
+        messages=[_message(m, i) for i, m in enumerate(messages)],
+        max_tokens=_max_tokens(max_tokens, param, DEFAULT_MAX_TOKENS_CHAT),
+        **_common(b),
+    )
+
+
+def parse_completion(body: Any) -> GenRequest:
+    b = _object(body)
+    prompt = b.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise bad_request("`prompt` must be a string (batches and token arrays are not "
+                          "supported)", "prompt")
+    if b.get("echo"):
+        raise bad_request("`echo` is not supported", "echo")
+    return GenRequest(
+        kind="completion", model=_model(b), prompt=prompt,
+        max_tokens=_max_tokens(b.get("max_tokens"), "max_tokens",
+                               DEFAULT_MAX_TOKENS_COMPLETION),
+        **_common(b),
+    )
+
+
+# ---- pieces -----------------------------------------------------------------------------
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def _model(b: dict[str, Any]) -> str:
+    model = b.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("`model` must name an instance", "model")
+    return model
+
+
+def _message(m: Any, i: int) -> dict[str, str]:
+    param = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise bad_request(f"`{param}` must be an object", param)
+    role = m.get("role")
+    if role not in ROLES:
+        raise bad_request(f"`{param}.role` must be one of {', '.join(ROLES)}", f"{param}.role")
+    content = m.get("content")
+    if content is None:
+        content = ""
+    elif isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise bad_request(f"`{param}.content[{j}]`: only text parts are supported",
+                                  f"{param}.content")
+            parts.append(part["text"])
+        content = "".join(parts)
+    elif not isinstance(content, str):
+        raise bad_request(f"`{param}.content` must be a string or an array of text parts",
+                          f"{param}.content")
+    # Chat templates know `system`; `developer` is OpenAI's newer name for it.
+    return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def _number(b: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    v = b.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise bad_request(f"`{name}` must be a number from {lo:g} to {hi:g}", name)
+    return float(v)
+
+
+def _max_tokens(v: Any, param: str, default: int) -> int:
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise bad_request(f"`{param}` must be an integer of at least 1", param)
+    return v
+
+
+def _common(b: dict[str, Any]) -> dict[str, Any]:
+    n = b.get("n")
+    if n is not None and n != 1:
+        raise bad_request("`n` must be 1: exod returns one choice", "n")
+    stream = b.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise bad_request("`stream` must be a boolean", "stream")
+    options = b.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise bad_request("`stream_options` is only allowed when `stream` is true",
+                              "stream_options")
+        if not isinstance(options, dict) or not isinstance(options.get("include_usage", False),
+                                                           bool):
+            raise bad_request("`stream_options.include_usage` must be a boolean",
+                              "stream_options")
+        include_usage = bool(options.get("include_usage", False))
+    stop = b.get("stop")
+    if stop is None:
+        stops: list[str] = []
+    elif isinstance(stop, str):
+        stops = [stop]
+    elif (isinstance(stop, list) and len(stop) <= MAX_STOPS
+          and all(isinstance(s, str) for s in stop)):
+        stops = list(stop)
+    else:
+        raise bad_request(f"`stop` must be a string or an array of at most {MAX_STOPS} strings",
+                          "stop")
+    if any(not s for s in stops):
+        raise bad_request("`stop` sequences must not be empty", "stop")
+    seed = b.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise bad_request("`seed` must be an integer", "seed")
+    bias = b.get("logit_bias") or {}
+    if not isinstance(bias, dict) or not all(
+            isinstance(k, str) and k.isdigit() and not isinstance(v, bool)
+            and isinstance(v, (int, float)) and -100 <= v <= 100 for k, v in bias.items()):
+        raise bad_request("`logit_bias` maps token ids to numbers from -100 to 100",
+                          "logit_bias")
+    return {
+        "temperature": _number(b, "temperature", 1.0, 0.0, 2.0),
+        "top_p": _number(b, "top_p", 1.0, 0.0, 1.0),
+        "stop": stops,
+        "seed": seed,
+        "logit_bias": {k: float(v) for k, v in bias.items()},
+        "stream": bool(stream),
+        "include_usage": include_usage,
+    }

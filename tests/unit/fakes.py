@@ -1,0 +1,152 @@
+"""Test doubles for the pure parts: a `Seam` with a fake monotonic clock and recorded actions.
+
+`FakeSeam` is what the supervisor is to an `InstanceRuntime`, minus every OS call: `spawn`
+hands out pids, `ask`/`kill` are recorded, timers sit in a heap that `advance(dt)` fires in
+time order (the clock jumps to each timer's time before it runs). Tests play the runners'
+part with `notify(pid, "KEY=VALUE\\n...")` (parsed by the real notify parser) and `exit(pid)`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from exod.core.exits import ExitInfo
+from exod.daemon.instance import InstanceRuntime, RankRuntime
+from exod.daemon.notify_server import parse
+
+ASK = "ask"
+TERM = "SIGTERM"
+KILL = "SIGKILL"
+_SIGNAL_NAMES = {int(signal.SIGTERM): TERM, int(signal.SIGKILL): KILL}
+
+
+@dataclass(order=True)
+class FakeTimer:
+    when: float
+    seq: int
+    fn: Callable[[], None] = field(compare=False)
+    cancelled: bool = field(default=False, compare=False)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass(frozen=True)
+class Spawned:
+    at: float
+    instance: str
+    rank: int
+    pid: int
+    layers: str  # the shard's `start:end`
+
+
+class FakeSeam:
+    """Seam for InstanceRuntime: fake clock + timer heap + records of spawns, asks and signals."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.clock = start
+        self._heap: list[FakeTimer] = []
+        self._seq = itertools.count()
+        self._pids = itertools.count(4001)
+        self.owner: dict[int, InstanceRuntime] = {}  # pid -> instance, for notify/exit delivery
+        self.live: set[int] = set()
+        self.spawns: list[Spawned] = []
+        self.actions: list[tuple[float, int, str]] = []  # (time, pid, ask|SIGTERM|SIGKILL)
+        self.drains: list[float] = []  # the `drain` passed with every ask
+        self.changes: list[tuple[float, str]] = []  # (time, instance state) at every `changed`
+        self.spawn_errors: dict[int, OSError] = {}  # rank -> error raised by spawn
+
+    # ---- the Seam protocol ------------------------------------------------------------------
+    def now(self) -> float:
+        return self.clock
+
+    def call_at(self, when: float, fn: Callable[[], None]) -> FakeTimer:
+        timer = FakeTimer(when, next(self._seq), fn)
+        heapq.heappush(self._heap, timer)
+        return timer
+
+    def spawn(self, inst: InstanceRuntime, rank: RankRuntime) -> int:
+        err = self.spawn_errors.get(rank.rank)
+        if err is not None:
+            raise err
+        pid = next(self._pids)
+        self.owner[pid] = inst
+        self.live.add(pid)
+        self.spawns.append(Spawned(self.clock, inst.name, rank.rank, pid, rank.shard.arg()))
+        return pid
+
+    def ask(self, pid: int, drain: float) -> bool:
+        self.actions.append((self.clock, pid, ASK))
+        self.drains.append(drain)
+        return pid in self.live
+
+    def kill(self, pid: int, sig: int) -> bool:
+        self.actions.append((self.clock, pid, _SIGNAL_NAMES.get(int(sig), f"signal {sig}")))
+        return pid in self.live
+
+    def changed(self, inst: InstanceRuntime) -> None:
+        self.changes.append((self.clock, inst.state.value))
+
+    # ---- the clock ----------------------------------------------------------------------------
+    def advance(self, dt: float) -> None:
+        """Move the clock by dt, firing every due timer in (time, scheduling) order."""
+        assert dt >= 0
+        target = self.clock + dt
+        for _ in range(100_000):  # a guard against a timer that keeps rescheduling itself
+            while self._heap and self._heap[0].cancelled:
+                heapq.heappop(self._heap)
+            if not self._heap or self._heap[0].when > target:
+                break
+            timer = heapq.heappop(self._heap)
+            self.clock = max(self.clock, timer.when)
+            timer.fn()
+        else:
+            raise AssertionError("timers keep firing without the clock moving on")
+        self.clock = target
+
+    def advance_to(self, when: float) -> None:
+        self.advance(max(0.0, when - self.clock))
+
+    def stall(self, dt: float) -> None:
+        """A busy event loop: time passes and no timer fires (call `advance(0)` to catch up)."""
+        self.clock += dt
+
+    def pending(self) -> list[float]:
+        """Times of the timers still armed."""
+        return sorted(t.when for t in self._heap if not t.cancelled)
+
+    # ---- playing the runners --------------------------------------------------------------------
+    def notify(self, pid: int, text: str) -> None:
+        self.owner[pid].on_notify(pid, parse(text.encode()))
+
+    def load(self, pid: int, layers: int = 4) -> None:
+        """A well-behaved runner: progress for every layer, then READY=1."""
+        for n in range(1, layers + 1):
+            self.notify(pid, f"X_EXOD_LAYERS={n}/{layers}\nSTATUS=loading {n}/{layers}")
+        self.notify(pid, "READY=1\nSTATUS=ready")
+
+    def exit(self, pid: int, code: int | None = None, sig: int | None = None) -> None:
+        """The process is reaped: deliver its exit to its instance."""
+        assert (code is None) != (sig is None), "exactly one of code and sig"
+        self.live.discard(pid)
+        self.owner[pid].on_exit(pid, ExitInfo(code=code, signal=sig))
+
+    # ---- queries --------------------------------------------------------------------------------
+    def steps(self, pid: int) -> list[tuple[float, str]]:
+        """(time, step) of every ask/signal sent to pid."""
+        return [(t, what) for t, p, what in self.actions if p == pid]
+
+    def signals(self, pid: int | None = None) -> list[tuple[float, int, str]]:
+        return [a for a in self.actions if a[2] != ASK and (pid is None or a[1] == pid)]
+
+    def pids(self, inst: InstanceRuntime) -> list[int]:
+        """Live pids of the instance's ranks, in rank order (asserts each rank has one)."""
+        out = []
+        for r in inst.ranks:
+            assert r.pid is not None, f"rank {r.rank} has no process"
+            out.append(r.pid)
+        return out

@@ -1,0 +1,175 @@
+"""Service-manager files: systemd time spans and units, launchd plists, `exod check` warnings,
+`exod install` plans. Pure file logic: no service manager needed."""
+
+from __future__ import annotations
+
+import math
+import plistlib
+import shlex
+from pathlib import Path
+
+import pytest
+
+from exod.config import load_config
+from exod.config.schema import StopPolicy
+from exod.core.ladder import worst_case
+from exod.servicemgr import checks, install
+from exod.servicemgr.timespan import parse_timespan
+from exod.servicemgr.unitfile import load_unit, parse_unit
+
+REPO = Path(__file__).resolve().parents[2]
+UNIT = REPO / "packaging/systemd/exod.service"
+DAEMON_PLIST = REPO / "packaging/launchd/io.exod.exod.plist"
+AGENT_PLIST = REPO / "packaging/launchd/io.exod.exod.agent.plist"
+DEFAULT_WORST = worst_case(StopPolicy())
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("45s", 45), ("45", 45), ("1min 30s", 90), ("1min30s", 90), ("2h", 7200), ("500ms", 0.5),
+    ("1.5s", 1.5), ("infinity", math.inf), ("3 min", 180), ("1d", 86400), ("100us", 1e-4),
+])
+def test_timespan(text: str, seconds: float) -> None:
+    assert parse_timespan(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "abc", "5 parsecs", "1min x", "-5s"])
+def test_bad_timespan(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_timespan(text)
+
+
+def test_unit_parsing_with_continuations_comments_and_dropins(tmp_path: Path) -> None:
+    unit = tmp_path / "x.service"
+    unit.write_text("[Unit]\nDescription=x\n# c\n[Service]\nExecStart=/bin/a \\\n  b c\n"
+                    "TimeoutStopSec=10s\n; other\nKillMode=process\n")
+    (tmp_path / "x.service.d").mkdir()
+    (tmp_path / "x.service.d/10-a.conf").write_text("[Service]\nTimeoutStopSec=60s\n")
+    (tmp_path / "x.service.d/20-b.conf").write_text("[Service]\nKillMode=mixed\n")
+    (tmp_path / "x.service.d/ignored.txt").write_text("[Service]\nKillMode=none\n")
+    parsed = load_unit(unit)
+    assert parsed["Service"]["ExecStart"] == "/bin/a  b c"
+    assert parsed["Service"]["TimeoutStopSec"] == "60s"
+    assert parsed["Service"]["KillMode"] == "mixed"
+    assert parse_unit("[A]\nk=1\nk=2\n")["A"]["k"] == "2"
+
+
+def write_unit(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "exod.service"
+    p.write_text(f"[Service]\n{body}\n")
+    return p
+
+
+@pytest.mark.parametrize("body,fragment", [
+    ("Type=notify\nKillMode=mixed\nTimeoutStopSec=20s", "TimeoutStopSec=20s is shorter"),
+    ("Type=notify\nKillMode=mixed", "TimeoutStopSec=90s (default)"),
+    ("Type=notify\nTimeoutStopSec=60s", "KillMode=control-group"),
+    ("Type=notify\nKillMode=process\nTimeoutStopSec=60s", "KillMode=process"),
+    ("KillMode=mixed\nTimeoutStopSec=60s", "Type=simple"),
+    ("Type=notify\nKillMode=mixed\nTimeoutStopSec=soon", "TimeoutStopSec: bad"),
+])
+def test_check_unit_warns(tmp_path: Path, body: str, fragment: str) -> None:
+    worst = 100.0 if "(default)" in fragment else DEFAULT_WORST
+    warnings = checks.check_unit(write_unit(tmp_path, body), worst)
+    assert any(fragment in w for w in warnings), warnings
+
+
+def test_check_unit_quiet_when_right(tmp_path: Path) -> None:
+    unit = write_unit(tmp_path, "Type=notify\nKillMode=mixed\nTimeoutStopSec=45s")
+    assert checks.check_unit(unit, DEFAULT_WORST) == []
+    assert checks.check_unit(unit, 60.0) != []  # a longer ladder needs more stop time
+
+
+def test_shipped_unit_fits_the_default_ladder() -> None:
+    assert checks.check_unit(UNIT, DEFAULT_WORST) == []
+    svc = load_unit(UNIT)["Service"]
+    assert svc["Type"] == "notify" and svc["KillMode"] == "mixed"
+    assert parse_timespan(svc["TimeoutStopSec"]) > DEFAULT_WORST + checks.MARGIN
+
+
+def test_check_plist(tmp_path: Path) -> None:
+    assert checks.check_plist(DAEMON_PLIST, DEFAULT_WORST) == []
+    assert checks.check_plist(AGENT_PLIST, DEFAULT_WORST) == []
+    short = tmp_path / "short.plist"
+    short.write_bytes(plistlib.dumps({"Label": "x", "ExitTimeOut": 10}))
+    assert "ExitTimeOut 10 is shorter" in checks.check_plist(short, DEFAULT_WORST)[0]
+    unset = tmp_path / "unset.plist"
+    unset.write_bytes(plistlib.dumps({"Label": "x"}))
+    assert "unset" in checks.check_plist(unset, DEFAULT_WORST)[0]
+    junk = tmp_path / "junk.plist"
+    junk.write_text("not a plist")
+    assert "cannot read" in checks.check_plist(junk, DEFAULT_WORST)[0]
+
+
+# launchd.plist(5): each key's type, and the values a ProcessType may take.
+PLIST_TYPES = {"Label": str, "ProgramArguments": list, "RunAtLoad": bool, "KeepAlive": dict,
+               "ThrottleInterval": int, "ExitTimeOut": int, "ProcessType": str,
+               "StandardOutPath": str, "StandardErrorPath": str, "EnvironmentVariables": dict}
+
+
+@pytest.mark.parametrize("path", [DAEMON_PLIST, AGENT_PLIST], ids=["daemon", "agent"])
+def test_plists_follow_launchd_plist_5(path: Path) -> None:
+    with open(path, "rb") as f:
+        plist = plistlib.load(f)
+    for key, kind in PLIST_TYPES.items():
+        assert isinstance(plist[key], kind) and not (kind is int and isinstance(plist[key], bool)), key
+    assert plist["Label"] == "io.exod.exod"
+    assert plist["RunAtLoad"] is True
+    assert plist["KeepAlive"] == {"SuccessfulExit": False}  # restart after crashes only
+    assert plist["ProcessType"] in ("Background", "Standard", "Adaptive", "Interactive")
+    assert plist["ProcessType"] == "Interactive"
+    assert plist["ExitTimeOut"] > DEFAULT_WORST + checks.MARGIN
+    assert plist["ThrottleInterval"] >= 1
+    assert all(isinstance(a, str) for a in plist["ProgramArguments"])
+
+
+def test_plist_runs_what_the_unit_runs() -> None:
+    exec_start = shlex.split(load_unit(UNIT)["Service"]["ExecStart"])
+    with open(DAEMON_PLIST, "rb") as f:
+        args = plistlib.load(f)["ProgramArguments"]
+    assert Path(args[0]).name == Path(exec_start[0]).name == "exod"
+    assert args[1:] == exec_start[1:]
+
+
+def test_example_config_is_accepted() -> None:
+    cfg = load_config(REPO / "config/exod.yaml")
+    assert cfg.instances == {}
+    assert worst_case(cfg.defaults.stop) == DEFAULT_WORST
+
+
+def test_systemd_install_plan(tmp_path: Path) -> None:
+    exod = Path("/opt/exod/bin/exod")
+    plan = install.systemd_plan(exod, tmp_path)
+    by_name = {p.path.relative_to(tmp_path).as_posix(): p for p in plan}
+    unit = by_name["etc/systemd/system/exod.service"].content
+    assert f"ExecStart={exod} run -c /etc/exod/exod.yaml" in unit
+    assert "etc/sysusers.d/exod.conf" in by_name
+    assert by_name["etc/exod/exod.yaml"].keep_existing
+
+    (tmp_path / "etc/exod").mkdir(parents=True)
+    (tmp_path / "etc/exod/exod.yaml").write_text("mine")
+    lines = install.write(plan)
+    assert (tmp_path / "etc/exod/exod.yaml").read_text() == "mine"
+    assert any(line.startswith("kept") for line in lines)
+    written = tmp_path / "etc/systemd/system/exod.service"
+    assert written.read_text() == unit
+    assert checks.check_unit(written, DEFAULT_WORST) == []
+
+
+@pytest.mark.parametrize("home", ["/root/venv/bin/exod", "/home/u/exod/.venv/bin/exod"])
+def test_systemd_install_refuses_a_home_directory_exod(tmp_path: Path, home: str) -> None:
+    with pytest.raises(install.InstallError, match="ProtectHome"):
+        install.systemd_plan(Path(home), tmp_path)
+
+
+def test_launchd_install_plans(tmp_path: Path) -> None:
+    exod = Path("/opt/exod/bin/exod")
+    daemon = install.launchd_plan(exod, tmp_path, user=False)
+    plist = plistlib.loads(daemon[0].content.encode())
+    assert daemon[0].path == tmp_path / "Library/LaunchDaemons/io.exod.exod.plist"
+    assert plist["ProgramArguments"][0] == str(exod)
+    agent = install.launchd_plan(exod, tmp_path, user=True)
+    plist = plistlib.loads(agent[0].content.encode())
+    home = str(Path.home())
+    assert plist["ProgramArguments"] == [str(exod), "run", "-c", f"{home}/.config/exod/exod.yaml"]
+    assert plist["StandardErrorPath"].startswith(home)
+    assert "bootstrap gui/" in install.next_command("launchd", True, agent)
