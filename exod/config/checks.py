@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from exod.config.model import model_layer_count
+from exod.config.model import family_source, model_config, model_layer_count
 from exod.config.schema import Instance
 
 
@@ -20,12 +20,45 @@ class Issue:
     message: str
 
 
-def check_sharding(instance: Instance) -> list[Issue]:
-    """Refuse multi-rank instances until sharding lands; delete this check then."""
-    if instance.shards > 1:
-        return [Issue("shards", f"{instance.shards}: multi-rank instances are not yet supported "
-                                "(coming with sharding support); use shards: 1")]
-    return []
+def check_sharding(instance: Instance, node_name: str) -> list[Issue]:
+    """Every combination of shards, parallelism, model and hosts that cannot work, explained."""
+    n = instance.shards
+    if n == 1:
+        return []
+    issues: list[Issue] = []
+    total = model_layer_count(instance.model)
+    cfg = model_config(instance.model)
+    kind = str(cfg.get("model_type") or "")
+    source = family_source(kind) if kind else None
+    if instance.parallelism == "pipeline":
+        if total is not None and instance.layers is None and n > total:
+            issues.append(Issue("shards", f"{n} ranks but the model has only {total} layers: "
+                                          "a pipeline rank needs at least one layer"))
+        if source is not None and "input_embeddings" not in source:
+            issues.append(Issue("parallelism", f"pipeline: mlx-lm's {kind!r} model cannot start "
+                                               "a forward pass from hidden states "
+                                               "(no input_embeddings); use tensor or shards: 1"))
+    else:
+        if instance.layers is not None:
+            issues.append(Issue("layers", "tensor parallelism splits every layer, not layer "
+                                          "ranges: remove `layers`"))
+        if source is not None and "def shard(" not in source:
+            issues.append(Issue("parallelism", f"tensor: mlx-lm's {kind!r} model has no "
+                                               "shard(): use pipeline"))
+        for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+            value = cfg.get(key)
+            if isinstance(value, int) and value % n:
+                issues.append(Issue("shards", f"tensor: the model's {key} ({value}) is not "
+                                              f"divisible by {n} ranks"))
+    hosts = {h.name for h in instance.hosts}
+    if len(hosts) > 1 and instance.port_base is None:
+        issues.append(Issue("port_base", "is required when ranks run on several hosts: every "
+                                         "host must agree on the ports (rank r uses "
+                                         "port_base + r)"))
+    if instance.hosts and node_name not in hosts:
+        issues.append(Issue("hosts", f"none is this host (node.name {node_name!r}): this daemon "
+                                     "would run no rank of it"))
+    return issues
 
 
 def check_layout(instance: Instance, written: Collection[str]) -> list[Issue]:

@@ -15,6 +15,7 @@ from exod.config.checks import Issue, check_layout, check_ports, check_sharding
 from exod.config.errors import ConfigError, Mark, Problem
 from exod.config.model import model_layer_count
 from exod.config.schema import DEFAULT_CONFIG_PATH, Config, Defaults, Instance
+from exod.config.schema import Node as NodeSection
 from exod.config.validate import INVALID, Validator, field_hints, instance_name_problem
 from exod.config.yamlpos import Entry, MapNode, Node, Scalar, SeqNode, describe, parse_yaml
 
@@ -94,13 +95,13 @@ class _Loader:
         if include is not INVALID:
             for file in self.included_files(include, entries.get("include")):
                 self.read_included(file, inherit_from)
-        self.cross_check()
-
         config = self.v.build(
             Config, root, "", root.mark,
             given={"path": Path(os.path.abspath(self.path)), "include": include,
                    "defaults": defaults, "instances": self.instances},
         )
+        # Sharding checks need node.name (which host is this one), known only now.
+        self.cross_check(config.node.name if isinstance(config, Config) else NodeSection().name)
         if self.v.problems:
             raise ConfigError(self.sorted_problems())
         assert isinstance(config, Config)
@@ -200,10 +201,13 @@ class _Loader:
             body = e.value if isinstance(e.value, MapNode) else MapNode(e.key_mark)
             self.instances[name] = instance
             self.nodes[name] = body
-            for issue in check_sharding(instance) + check_layout(instance, body.entries):
+            for issue in check_layout(instance, body.entries):
                 self.report_issue(instance, issue)
 
-    def cross_check(self) -> None:
+    def cross_check(self, node_name: str) -> None:
+        for instance in self.instances.values():
+            for issue in check_sharding(instance, node_name):
+                self.report_issue(instance, issue)
         for instance, issue in check_ports(list(self.instances.values())):
             self.report_issue(instance, issue)
 

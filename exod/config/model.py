@@ -52,3 +52,40 @@ def model_layer_count(model_dir: Path) -> int | None:
                 if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                     return n
     return None
+
+
+def model_config(model_dir: Path) -> dict[str, object]:
+    """config.json as a dict (the language-model section for multimodal models); {} if unreadable."""
+    try:
+        data = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    for key in ("text_config", "language_config"):
+        if isinstance(data.get(key), dict) and "num_attention_heads" not in data:
+            return {**data[key], "model_type": data.get("model_type")}
+    return data
+
+
+def family_source(model_type: str) -> str | None:
+    """The source text of mlx-lm's module for this model type, read as a file: the daemon must
+    not import mlx_lm, but may look at what it would run. None if not found."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("mlx_lm")
+    if spec is None or not spec.origin:
+        return None
+    root = Path(spec.origin).parent
+    try:
+        utils = (root / "utils.py").read_text(encoding="utf-8")
+    except OSError:
+        utils = ""
+    # MODEL_REMAPPING = {"mistral": "llama", ...}: the same lookup mlx-lm does at load time.
+    m = re.search(rf'"{re.escape(model_type)}"\s*:\s*"([A-Za-z0-9_]+)"', utils)
+    name = m.group(1) if m else model_type
+    try:
+        return (root / "models" / f"{name}.py").read_text(encoding="utf-8")
+    except OSError:
+        return None

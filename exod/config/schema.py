@@ -139,6 +139,11 @@ class Instance:
         metadata=doc("rank r listens on port_base + r (multi-rank only)", minimum=1024, maximum=65535),
     )
     backend: Backend = field(default="ring", metadata=doc("mx.distributed backend"))
+    peer_timeout: Duration = field(
+        default=60.0,
+        metadata=doc("once a multi-rank group is ready, silence from it this long means a peer "
+                     "is lost (e.g. a network partition): the ranks restart and regroup. Never "
+                     "applies while loading", minimum=0.5)),
     max_concurrency: int = field(
         default=1, metadata=doc("generations run at once by this instance", minimum=1, maximum=256)
     )
@@ -182,7 +187,9 @@ class Node:
 class Api:
     listen: str = field(
         default=f"127.0.0.1:{DEFAULT_API_PORT}",
-        metadata=doc("HOST:PORT of the OpenAI-compatible HTTP API; empty string disables it"),
+        metadata=doc("HOST:PORT of the OpenAI-compatible HTTP API ([::1]:PORT for IPv6, port 0: "
+                     "any free one); empty string disables it",
+                     pattern=r"^$|^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$"),
     )
     token_file: Optional[Path] = field(
         default=None, metadata=doc("file holding a bearer token required on every endpoint but /health")

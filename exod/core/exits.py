@@ -12,6 +12,7 @@ EXIT_USAGE = 64  # EX_USAGE: bad runner arguments (a bug in exod, not the operat
 EXIT_MODEL = 65  # EX_DATAERR: this model cannot be loaded; retrying will not help
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a needed resource is missing (e.g. mlx not installed)
 EXIT_TEMPFAIL = 75  # EX_TEMPFAIL: try again later (e.g. an address in use)
+EXIT_PEER_LOST = 76  # EX_PROTOCOL: another rank of the group is gone; restart and regroup
 EXIT_CONFIG = 78  # EX_CONFIG: `exod check`/`exod run` with an invalid config
 
 # exoctl → shell, as systemctl does: 3 means "not running".

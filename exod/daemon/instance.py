@@ -34,6 +34,10 @@ class Seam(Protocol):
 
     def call_at(self, when: float, fn: Callable[[], None]) -> Timer: ...
 
+    def prepare(self, inst: "InstanceRuntime") -> None:
+        """A group is about to start: agree on its addresses (e.g. write the hostfile)."""
+        ...
+
     def spawn(self, inst: "InstanceRuntime", rank: "RankRuntime") -> int:
         """Start the runner for `rank`; returns its pid; raises OSError when exec fails."""
         ...
@@ -102,6 +106,18 @@ class InstanceRuntime:
     def alive(self) -> list[RankRuntime]:
         return [r for r in self.ranks if r.pid is not None]
 
+    @property
+    def has_local_ranks(self) -> bool:
+        return any(r.local for r in self.ranks)
+
+    def _remote_follow(self, state: State, reason: str = "") -> None:
+        """Ranks on other hosts are run by those hosts' daemons. What this daemon knows of them
+        comes from its own ranks: they turn ready only after a barrier across the whole group,
+        and they exit when the group breaks."""
+        for rank in self.ranks:
+            if not rank.local and rank.machine.state is not state and rank.machine.can(state):
+                rank.machine.move(state, self.seam.now(), reason)
+
     def rank_by_pid(self, pid: int) -> RankRuntime | None:
         return next((r for r in self.ranks if r.pid == pid), None)
 
@@ -130,9 +146,14 @@ class InstanceRuntime:
             return
         if self.state.active:
             return
+        if not self.has_local_ranks:
+            self.log.info("not started here: every rank runs on another host")
+            return
         self._cancel_restart()
         self._pending = None
         self.started_at = self.seam.now()
+        self.seam.prepare(self)
+        self._remote_follow(State.STARTING, "remote")
         self._move(State.STARTING, "started by operator" if operator else "")
         failed: list[tuple[RankRuntime, str, int]] = []
         for rank in self.ranks:
@@ -206,9 +227,10 @@ class InstanceRuntime:
         if fields.get("READY") == "1" and rank.state in (State.STARTING, State.LOADING):
             self._move_rank(rank, State.READY)
             log.info("ready")
-            if all(r.state is State.READY for r in self.ranks) and self.state in (
+            if all(r.state is State.READY for r in self.ranks if r.local) and self.state in (
                 State.STARTING, State.LOADING
             ):
+                self._remote_follow(State.READY, "ready (group barrier passed)")
                 self.tracker.on_ready(now)
                 self._move(State.READY)
         if fields.get("STOPPING") == "1":
@@ -313,6 +335,7 @@ class InstanceRuntime:
             self.seam.kill(pid, signal.SIGKILL)
 
     def _finish_stop(self) -> None:
+        self._remote_follow(State.STOPPED)
         decision, self._pending = self._pending, None
         if decision is not None:
             self._apply(decision)
@@ -329,6 +352,7 @@ class InstanceRuntime:
             self.start(operator=operator)
 
     def _apply(self, decision: Decision) -> None:
+        self._remote_follow(State.STOPPED)
         if isinstance(decision, Restart):
             self._move(State.BACKOFF, f"restart in {decision.delay:.1f}s")
             when = self.seam.now() + decision.delay

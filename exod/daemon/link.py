@@ -33,7 +33,7 @@ FINAL = ("done", "error")
 class RequestStream:
     """The events of one request, in order. The last one is `done` or `error`."""
 
-    def __init__(self, link: "Link", rid: str) -> None:
+    def __init__(self, link: Link, rid: str) -> None:
         self.link = link
         self.id = rid
         self.finished = False
@@ -137,7 +137,7 @@ class Link:
         try:
             msgs = self._decoder.feed(data)
         except ProtocolError as e:
-            self.log.error("runner channel: {}", e)
+            self.log.error("runner channel: {}", e)  # noqa: PLE1205 (loguru formats {})
             self.close(f"protocol error from the runner: {e}")
             return
         for msg in msgs:

@@ -28,7 +28,7 @@ class Readiness:
         self.service = service
         self.ready_sent = False
         self._spawned = False
-        self._layers_seen = 0
+        self._progress_seen = 0.0  # newest layer-progress time already answered with EXTEND
         self.reload_error: str | None = None  # sticky in STATUS until a reload succeeds
 
     def spawned(self, sup: "Supervisor", now: float) -> None:
@@ -49,9 +49,10 @@ class Readiness:
             self.service.ready(summary)
             return
         self.service.status(summary)
-        layers = sum(r.layers_loaded for i in autostart for r in i.ranks)
-        if layers > self._layers_seen:
-            self._layers_seen = layers
+        # Every layer of progress counts, a restarted load's included (its count starts over).
+        latest = max((r.last_progress or 0.0 for i in autostart for r in i.ranks), default=0.0)
+        if latest > self._progress_seen:
+            self._progress_seen = latest
             self.service.extend_timeout(EXTEND_WINDOW)
 
     def line(self, sup: "Supervisor") -> str:
@@ -59,7 +60,16 @@ class Readiness:
             return f"{self.reload_error}; {sup.summary()}"
         return sup.summary()
 
+    def reloading(self) -> None:
+        # Before the first READY=1 systemd is still waiting for the start: a RELOADING/READY
+        # pair now would end `systemctl start` early. The start's own READY=1 comes later.
+        if self.ready_sent:
+            self.service.reloading()
+
     def reloaded(self, sup: "Supervisor", now: float, error: str | None) -> None:
         """READY=1 closes every RELOADING=1, a failed reload included (STATUS says so)."""
         self.reload_error = error
-        self.service.ready(self.line(sup))
+        if self.ready_sent:
+            self.service.ready(self.line(sup))
+        else:
+            self.update(sup, now)

@@ -24,10 +24,18 @@ def stalled_for(rank: RankRuntime, now: float, stall_after: float) -> float | No
 def detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
     """e.g. `loading 17/80 (no progress for 4m)`, `failed: exit code 65: ...`, `ready`."""
     state = inst.state
+    if not inst.has_local_ranks:
+        return "remote: every rank runs on another host"
     if state in (State.STARTING, State.LOADING):
-        done = sum(r.layers_loaded for r in inst.ranks)
-        total = sum(r.layers_total for r in inst.ranks)
+        local = [r for r in inst.ranks if r.local]
+        done = sum(r.layers_loaded for r in local)
+        total = sum(r.layers_total for r in local)
         text = f"{state} {done}/{total}" if state is State.LOADING else str(state)
+        # e.g. "connecting to 1 peer", "waiting for the other 1 rank(s) to load"
+        waiting = next((r.status_text for r in local if r.status_text.startswith(
+            ("connecting", "waiting"))), "")
+        if waiting:
+            text += f" ({waiting})"
         stalls = [s for r in inst.ranks if (s := stalled_for(r, now, stall_after)) is not None]
         if stalls:
             text += f" (no progress for {format_duration(max(stalls))})"
@@ -51,7 +59,7 @@ def rank_json(rank: RankRuntime, now: float, stall_after: float) -> dict[str, An
         "rss_bytes": rss_bytes(rank.pid) if rank.pid is not None else None,
         "uptime_s": round(now - rank.started_at, 3) if rank.pid and rank.started_at else None,
         "last_exit": rank.last_exit.to_json() if rank.last_exit else None,
-        "status": rank.status_text,
+        "status": rank.status_text if rank.local else f"remote: run by exod on {rank.host}",
         "error": rank.error or None,
         "no_progress_s": round(stall, 1) if stall is not None else None,
     }
@@ -59,7 +67,7 @@ def rank_json(rank: RankRuntime, now: float, stall_after: float) -> dict[str, An
 
 def instance_json(inst: InstanceRuntime, now: float, stall_after: float) -> dict[str, Any]:
     c = inst.config
-    active = inst.state.active or inst.state is State.READY
+    active = inst.state.active
     return {
         "name": inst.name,
         "state": inst.state.value,

@@ -24,8 +24,8 @@ from exod.config.schema import Config, Instance
 from exod.core import ladder
 from exod.core.shards import Shard, ShardError, pipeline_shards, tensor_shards
 from exod.core.states import State
+from exod.daemon import groups, status
 from exod.daemon import spawn as os_seam
-from exod.daemon import status
 from exod.daemon.control import ControlServer, Emit
 from exod.daemon.instance import InstanceRuntime, RankRuntime, Timer
 from exod.daemon.notify_server import NotifyServer
@@ -75,6 +75,13 @@ class Supervisor:
     def call_at(self, when: float, fn: Callable[[], None]) -> Timer:
         return self.loop.call_at(when, fn)
 
+    def prepare(self, inst: InstanceRuntime) -> None:
+        if inst.config.shards > 1:
+            groups.write_hostfile(self._hostfile(inst), groups.addresses(inst.config))
+
+    def _hostfile(self, inst: InstanceRuntime) -> Path:
+        return self.config.control.socket.parent / "groups" / f"{inst.name}.json"
+
     def spawn(self, inst: InstanceRuntime, rank: RankRuntime) -> int:
         c, shard = inst.config, rank.shard
         args = ["--model", str(c.model), "--instance", c.name, "--rank", str(shard.rank),
@@ -82,8 +89,14 @@ class Supervisor:
                 "--parent-pid", str(os.getpid())]
         if shard.total:
             args += ["--layers", shard.arg(), "--total-layers", str(shard.total)]
+        group_env: dict[str, str] = {}
+        if shard.world > 1:
+            args += ["--backend", c.backend, "--peer-timeout", f"{c.peer_timeout:g}"]
+            # mx.distributed's own interface: which rank, and where every rank listens.
+            group_env = {"MLX_RANK": str(shard.rank), "MLX_HOSTFILE": str(self._hostfile(inst))}
         env = os_seam.runner_env(os.environ, {
             **c.env,
+            **group_env,
             "NOTIFY_SOCKET": str(self.notify.path),
             "PYTHONUNBUFFERED": "1",
             "HF_HUB_OFFLINE": "1",  # models are local; never wait on a hub
@@ -97,6 +110,11 @@ class Supervisor:
                                 lambda pid, info: inst.on_exit(pid, info))
 
     def ask(self, pid: int, drain: float) -> bool:
+        # In-flight generations may run `drain` seconds, but the runner must still leave
+        # within rung 1's grace: keep a second of it for the exit itself.
+        inst = next((i for i in self.instances.values() if i.rank_by_pid(pid)), None)
+        if inst is not None:
+            drain = min(drain, max(0.0, inst.config.stop.grace - 1.0))
         return self.procs.send(pid, {"op": "shutdown", "drain": drain})
 
     def kill(self, pid: int, sig: int) -> bool:
@@ -205,6 +223,9 @@ class Supervisor:
             shards = [Shard(0, 1, 0, 0, 0)]
             logger.bind(instance=cfg.name).error("cannot split {}: {}", cfg.name, e)
         inst = InstanceRuntime(cfg, shards, self, self.config.defaults)
+        for rank in inst.ranks:
+            rank.host = groups.host_of(cfg, rank.rank, self.config.node.name)
+            rank.local = rank.host == self.config.node.name
         self.instances[cfg.name] = inst
         return inst
 
@@ -339,7 +360,7 @@ class Supervisor:
     def _reload(self) -> dict[str, Any]:
         if self.stopping:
             return {"ok": False, "error": "exod is stopping"}
-        self.service.reloading()
+        self.readiness.reloading()
         try:
             new = load_config(self.config.path)
         except ConfigError as e:
@@ -354,6 +375,8 @@ class Supervisor:
         d = diff(self.config, new)
         if d.daemon_changed:
             logger.warning("control.socket changed: takes effect at the next restart of exod")
+        if new.api != self.config.api:
+            logger.warning("api changed: takes effect at the next restart of exod")
         new = _keep_control(new, self.config)
         self.config = new
         for name in d.removed:
@@ -394,7 +417,7 @@ class Supervisor:
 
 
 def _keep_control(new: Config, old: Config) -> Config:
-    """The control socket cannot move under a running daemon: keep the old one."""
+    """The control socket and the HTTP API cannot move under a running daemon: keep the old."""
     from dataclasses import replace
 
-    return replace(new, control=old.control)
+    return replace(new, control=old.control, api=old.api)

@@ -10,13 +10,14 @@ Runners ignore SIGINT: Ctrl-C in a terminal is for the daemon, which then runs i
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
 import threading
 from types import FrameType
-from typing import Callable
+from typing import Callable, Iterator
 
 PR_SET_PDEATHSIG = 1
 
@@ -30,6 +31,35 @@ class Lifecycle:
         self.wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._on_stop: list[Callable[[], None]] = []
+        self._interruptible: float | None = None  # grace, while blocked in C
+
+    @contextlib.contextmanager
+    def interruptible(self, grace: float = 0.0) -> Iterator[None]:
+        """The main thread is about to block in C (mx.distributed init, a worker waiting for
+        its next header) where no flag is ever checked. A stop request meanwhile ends the
+        process after `grace` seconds: a normal exit, never a SIGKILL."""
+        self._interruptible = grace
+        try:
+            if self.stop.is_set():
+                self._exit_soon()
+            yield
+        finally:
+            self._interruptible = None
+
+    def _exit_soon(self) -> None:
+        grace = self._interruptible
+        if grace is None:
+            return
+
+        def leave() -> None:
+            if self._interruptible is not None:
+                print(f"<5>stopping: {self.reason} (while waiting on the group)",
+                      file=sys.stderr, flush=True)
+                os._exit(0)
+
+        if grace <= 0:
+            leave()
+        threading.Timer(grace, leave).start()
 
     def on_stop(self, fn: Callable[[], None]) -> None:
         self._on_stop.append(fn)
@@ -42,6 +72,7 @@ class Lifecycle:
         self.stop.set()
         for fn in self._on_stop:
             fn()
+        self._exit_soon()
 
     def take_signal(self) -> None:
         """Called by the thread that watches `wake_r` when it becomes readable."""

@@ -72,7 +72,9 @@ def load_shard(
     dtype: str = "auto",
     progress: Callable[[int, int], None],
     should_stop: Callable[[], bool],
+    group: Any = None,
 ) -> Loaded:
+    """`group` (an mx.distributed.Group) is needed for tensor parallelism, to shard."""
     from mlx_lm.utils import load  # heavy (imports transformers): only here, only in the runner
 
     t0 = time.monotonic()
@@ -82,6 +84,8 @@ def load_shard(
         raise ModelError(f"{type(e).__name__}: {e}") from e
 
     total = len(model.layers)
+    if shard.total == 0:  # the daemon could not count the layers: this rank takes them all
+        shard = Shard(shard.rank, shard.world, 0, total, total)
     if shard.total != total:
         raise ModelError(f"the model has {total} layers, the shard plan assumed {shard.total}")
     owner = find_layers_owner(model)
@@ -94,19 +98,73 @@ def load_shard(
         model.set_dtype(DTYPES[dt])
 
     layers: list[nn.Module] = list(owner.layers)
-    in_layers = {id(a) for layer in layers for _, a in tree_flatten(layer.parameters())}
-    rest = [a for _, a in tree_flatten(model.parameters()) if id(a) not in in_layers]
+    shard_layer = _layer_sharder(model, owner, group) if parallelism == "tensor" else None
     n = len(layers)
     progress(0, n)
     try:
-        mx.eval(rest)  # embeddings, final norm, head
+        mx.eval(_needed_outside_layers(model, layers, shard, parallelism))
         for i, layer in enumerate(layers, 1):
             if should_stop():
                 raise LoadAborted()
             mx.eval(layer.parameters())
+            if shard_layer is not None:
+                shard_layer(layer)
             progress(i, n)
+        if parallelism == "tensor" and shard_layer is None:
+            model.shard(group)  # this family's shard() touches more than the layers: at once
+            mx.eval(model.parameters())
     except (LoadAborted, KeyboardInterrupt):
         raise
     except Exception as e:  # a truncated or corrupt safetensors file surfaces here, at eval
         raise ModelError(f"{type(e).__name__}: {e}") from e
     return Loaded(model, tokenizer, shard, dt, time.monotonic() - t0)
+
+
+def _needed_outside_layers(model: nn.Module, layers: list[nn.Module], shard: Shard,
+                           parallelism: str) -> list[mx.array]:
+    """Non-layer weights this rank uses. In a pipeline the first rank embeds and the last one
+    projects (and embeds too when the head is tied to the embeddings); the large matrices a
+    rank does not use stay lazy, so they are never read from disk."""
+    in_layers = {id(a) for layer in layers for _, a in tree_flatten(layer.parameters())}
+    out = []
+    tied = bool(getattr(getattr(model, "args", None), "tie_word_embeddings", False))
+    for name, a in tree_flatten(model.parameters()):
+        if id(a) in in_layers:
+            continue
+        if parallelism == "pipeline" and shard.world > 1:
+            if "embed_tokens" in name and not (shard.first or (shard.last and tied)):
+                continue
+            if name.startswith("lm_head") and not shard.last:
+                continue
+        out.append(a)
+    return out
+
+
+def _layer_sharder(model: nn.Module, owner: nn.Module,
+                   group: Any) -> Callable[[nn.Module], None] | None:
+    """Tensor parallelism one layer at a time, so memory holds one unsharded layer at most and
+    progress stays per layer. mlx-lm's `shard(group)` loops over the layers; shown a list of
+    one layer, it shards just that one. That holds only if shard() touches nothing but the
+    layers: checked by running it on an empty list first. Else None (shard all at the end)."""
+    if not callable(getattr(model, "shard", None)):
+        raise ModelError(f"{type(model).__module__} has no shard(): no tensor parallelism")
+    everything = owner.layers
+    before = {k: id(v) for k, v in tree_flatten(model.parameters())}
+    owner.layers = []
+    try:
+        model.shard(group)
+        after = {k: id(v) for k, v in tree_flatten(model.parameters())}
+    finally:
+        owner.layers = everything
+    if after != {k: v for k, v in before.items() if ".layers." not in k}:
+        return None
+
+    def shard_one(layer: nn.Module) -> None:
+        owner.layers = [layer]
+        try:
+            model.shard(group)
+        finally:
+            owner.layers = everything
+        mx.eval(layer.parameters())
+
+    return shard_one

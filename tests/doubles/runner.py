@@ -8,6 +8,10 @@ Behaviours:
   crash         exit 1 at once
   crash-ready   load, READY, then exit 1 when it receives anything on the channel
   cooperative   load, READY, exit 0 when asked (a fast stand-in for benchmarks of the daemon)
+  gated         a load the test controls: report layers 1..N-1, EXOD_DOUBLE_LAYER_SECONDS apart
+                (default 0); then, if EXOD_DOUBLE_GATE names a file, wait until it exists (polled);
+                then layer N/N and READY, and behave as cooperative. Honours the shutdown request
+                at every point, so a gated load can also be stopped mid-way.
 """
 
 from __future__ import annotations
@@ -21,6 +25,21 @@ import threading
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.notify import Notifier
+
+
+def gated_load(notify: Notifier, life: Lifecycle, n: int) -> bool:
+    """Layers 1..n-1, paced; the gate; layer n. False if a stop was requested meanwhile."""
+    pause = float(os.environ.get("EXOD_DOUBLE_LAYER_SECONDS") or 0)
+    gate = os.environ.get("EXOD_DOUBLE_GATE")
+    for i in range(1, n):
+        notify.progress(i, n)
+        if life.stop.wait(pause):
+            return False
+    while gate and not os.path.exists(gate):
+        if life.stop.wait(0.02):
+            return False
+    notify.progress(n, n)
+    return True
 
 
 def main() -> int:
@@ -46,8 +65,12 @@ def main() -> int:
         notify.progress(1, n)
         life.stop.wait()
         return 0
-    for i in range(n + 1):
-        notify.progress(i, n)
+    if behaviour == "gated":
+        if not gated_load(notify, life, n):
+            return 0  # asked to stop mid-load
+    else:
+        for i in range(n + 1):
+            notify.progress(i, n)
     notify.ready()
     print(f"double {behaviour}: ready", file=sys.stderr, flush=True)
     if behaviour == "stubborn":

@@ -397,14 +397,25 @@ class SystemdGuest:
             input: str | None = None, env: Mapping[str, str] | None = None
             ) -> subprocess.CompletedProcess[str]:
         """Run a command in every namespace of the guest (as root, cwd /, a clean env)."""
-        argv = ["nsenter", "-t", str(self.pid), "-m", "-p", "-u", "-i", "-n", "-C",
-                "--root", "--wd=/", *cmd]
-        res = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout, input=input,
-                             env={**GUEST_ENV, **(env or {})}, cwd="/")
+        res = subprocess.run(self.argv(*cmd), check=False, capture_output=True, text=True,
+                             timeout=timeout, input=input, env={**GUEST_ENV, **(env or {})},
+                             cwd="/")
         if check and res.returncode != 0:
             raise GuestError(f"`{shlex.join(cmd)}` exited {res.returncode}\n{res.stdout}"
                              f"{res.stderr}")
         return res
+
+    def argv(self, *cmd: str) -> list[str]:
+        """The host-side command line that runs `cmd` in every namespace of the guest."""
+        return ["nsenter", "-t", str(self.pid), "-m", "-p", "-u", "-i", "-n", "-C", "--root",
+                "--wd=/", *cmd]
+
+    def popen(self, *cmd: str, env: Mapping[str, str] | None = None
+              ) -> subprocess.Popen[str]:
+        """Like run(), in the background: e.g. a `systemctl start` that is expected to block.
+        The caller waits for it (or kills it: only this Popen's own pid)."""
+        return subprocess.Popen(self.argv(*cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env={**GUEST_ENV, **(env or {})}, cwd="/")
 
     def systemctl(self, *args: str, check: bool = False, timeout: float = SAFETY
                   ) -> subprocess.CompletedProcess[str]:
@@ -568,11 +579,23 @@ def adapt_exod_unit(text: str, exod: Path = VENV_EXOD) -> str:
 
 
 def install_exod(g: SystemdGuest, config: str | None = None) -> None:
-    """Install exod as a package would: sysusers entry applied, unit in place, config in /etc."""
+    """Install exod as a package would: sysusers entry applied, unit in place and enabled,
+    config in /etc.
+
+    Enabled as `systemctl enable` would, but wanted by the guest's default target (the guest has
+    no multi-user.target; the .wants link lives in the guest's own unit folder). Enabling does
+    not start it. It matters for tests: an inactive unit that nothing references is garbage-
+    collected at once, and `systemctl show` then describes a freshly loaded unit (Result=success,
+    every timestamp 0), so a stop's real Result= would be unreadable."""
     g.write("/etc/sysusers.d/exod.conf", SYSUSERS_FILE.read_text())
     g.run("systemd-sysusers", "/etc/sysusers.d/exod.conf", check=True)
     g.write(f"{FAKE_MODEL}/config.json", '{"model_type": "llama", "num_hidden_layers": 4}\n')
     g.install_unit("exod.service", adapt_exod_unit(UNIT_FILE.read_text()))
+    wants = g.units / f"{DEFAULT_TARGET}.wants"
+    wants.mkdir(exist_ok=True)
+    link = wants / "exod.service"
+    if not link.is_symlink():
+        link.symlink_to("../exod.service")
     if config is not None:
         g.write(CONFIG_PATH, config)
     g.daemon_reload()

@@ -59,6 +59,7 @@ class FakeSeam:
         self.drains: list[float] = []  # the `drain` passed with every ask
         self.changes: list[tuple[float, str]] = []  # (time, instance state) at every `changed`
         self.spawn_errors: dict[int, OSError] = {}  # rank -> error raised by spawn
+        self.prepared: list[tuple[float, str]] = []  # (time, instance) of each group start
 
     # ---- the Seam protocol ------------------------------------------------------------------
     def now(self) -> float:
@@ -68,6 +69,9 @@ class FakeSeam:
         timer = FakeTimer(when, next(self._seq), fn)
         heapq.heappush(self._heap, timer)
         return timer
+
+    def prepare(self, inst: InstanceRuntime) -> None:
+        self.prepared.append((self.clock, inst.name))
 
     def spawn(self, inst: InstanceRuntime, rank: RankRuntime) -> int:
         err = self.spawn_errors.get(rank.rank)

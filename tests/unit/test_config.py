@@ -148,9 +148,18 @@ BAD = [
     ("internal-top-key", {MAIN: "path: /x\n"}, (MAIN, 1, 1, "path"), "cannot be set in the file"),
     ("empty-path", {MAIN: "control: {socket: ''}\n"},
      (MAIN, 1, 19, "control.socket"), "expected a path, got an empty string"),
-    ("multi-rank", {MAIN: x_with("shards: 2", "layers: [2, 2]")},
-     (MAIN, 4, 13, "instances.x.shards"),
-     "2: multi-rank instances are not yet supported (coming with sharding support); use shards: 1"),
+    ("more-ranks-than-layers", {MAIN: x_with("shards: 5")},
+     (MAIN, 4, 13, "instances.x.shards"), "5 ranks but the model has only 4 layers"),
+    ("tensor-with-layers", {MAIN: x_with("shards: 2", "parallelism: tensor", "layers: [2, 2]")},
+     (MAIN, 6, 13, "instances.x.layers"), "tensor parallelism splits every layer"),
+    ("multi-host-without-port-base",
+     {MAIN: x_with("shards: 2", "hosts: [{name: a, address: 10.0.0.1}, "
+                   "{name: b, address: 10.0.0.2}]") + "node: {name: a}\n"},
+     (MAIN, 2, 3, "instances.x.port_base"), "is required when ranks run on several hosts"),
+    ("hosts-without-this-host",
+     {MAIN: x_with("shards: 2", "port_base: 6000", "hosts: [{name: a, address: 10.0.0.1}, "
+                   "{name: b, address: 10.0.0.2}]") + "node: {name: c}\n"},
+     (MAIN, 6, 12, "instances.x.hosts"), "none is this host (node.name 'c')"),
     ("layers-count", {MAIN: x_with("layers: [2, 2]")},
      (MAIN, 4, 13, "instances.x.layers"), "has 2 entries but shards is 1"),
     ("layers-zero", {MAIN: x_with("layers: [0]")},
@@ -238,7 +247,7 @@ def test_all_errors_reported_at_once(cfg_dir: ConfigDir) -> None:
             shards: 0
             autostart: 3
           b: {}
-          c: {model: m, shards: 2}
+          c: {model: m, shards: 5}
         """)
     cfg_dir.write("d/x.yaml", "instances:\n  a: {model: ../m}\napi: {}\n")
     problems = problems_of(main)
@@ -448,7 +457,7 @@ def test_resolve_config_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_check_sharding_is_liftable(cfg_dir: ConfigDir) -> None:
     config = load_config(cfg_dir.write(MAIN, X))
-    assert check_sharding(config.instances["x"]) == []
+    assert check_sharding(config.instances["x"], config.node.name) == []
 
 
 def test_explain_keys_covers_the_schema() -> None:
@@ -459,3 +468,47 @@ def test_explain_keys_covers_the_schema() -> None:
     assert "instances.<name>.name" not in text  # internal
     assert "default: from defaults.stop.grace" in text
     assert "octal file mode; default: 0660" in text
+
+
+@pytest.mark.parametrize("heads,kv_heads,inter,n,bad", [
+    (4, 2, 256, 2, []),
+    (6, 6, 256, 4, ["num_attention_heads (6)", "num_key_value_heads (6)"]),
+    (8, 2, 250, 4, ["num_key_value_heads (2)", "intermediate_size (250)"]),
+])
+def test_tensor_parallel_needs_divisible_heads(cfg_dir: ConfigDir, heads: int, kv_heads: int,
+                                               inter: int, n: int, bad: list[str]) -> None:
+    cfg_dir.model("t", {"model_type": "llama", "num_hidden_layers": 4,
+                        "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+                        "intermediate_size": inter})
+    main = cfg_dir.write(MAIN, f"instances:\n  t: {{model: t, shards: {n}, "
+                               "parallelism: tensor}\n")
+    if not bad:
+        assert load_config(main).instances["t"].shards == n
+        return
+    messages = [p.message for p in problems_of(main)]
+    assert len(messages) == len(bad)
+    for fragment, message in zip(bad, messages):
+        assert fragment in message and f"not divisible by {n} ranks" in message
+
+
+def test_model_families_without_the_needed_hooks_are_refused(cfg_dir: ConfigDir) -> None:
+    """Read from mlx-lm's own sources (never imported by the daemon): a family without
+    `shard()` cannot be tensor-parallel, one whose forward takes no input_embeddings cannot be
+    a pipeline."""
+    from exod.config.model import family_source
+
+    llama = family_source("llama")
+    assert llama is not None and "def shard(" in llama and "input_embeddings" in llama
+    assert family_source("mistral") == llama  # mlx-lm's own remapping
+    assert family_source("no-such-family") is None
+    # Find a family lacking shard(): there are some in every mlx-lm release so far.
+    import importlib.util
+
+    models = Path(importlib.util.find_spec("mlx_lm").origin).parent / "models"  # type: ignore
+    without = sorted(p.stem for p in models.glob("*.py")
+                     if not p.stem.startswith("_") and "def shard(" not in p.read_text()
+                     and "class Model" in p.read_text())
+    assert without
+    cfg_dir.model("f", {"model_type": without[0], "num_hidden_layers": 4})
+    main = cfg_dir.write(MAIN, "instances:\n  f: {model: f, shards: 2, parallelism: tensor}\n")
+    assert any("has no shard(): use pipeline" in p.message for p in problems_of(main))

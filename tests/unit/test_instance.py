@@ -584,3 +584,29 @@ def test_spawn_error_in_a_group_stops_the_ranks_that_started(seam: FakeSeam) -> 
     seam.exit(p0, code=0)
     seam.exit(p2, code=0)
     assert inst.state is S.FAILED and "cannot start runner" in inst.machine.reason
+
+
+def test_remote_ranks_follow_the_local_group(seam: FakeSeam) -> None:
+    """Rank 1 runs on another host: this daemon spawns rank 0 only, and learns of rank 1 from
+    rank 0, whose READY comes after a barrier across the whole group."""
+    inst = make(seam, ranks=2)
+    inst.ranks[1].local, inst.ranks[1].host = False, "other"
+    inst.start()
+    assert [s.rank for s in seam.spawns] == [0]
+    assert seam.prepared == [(seam.clock, inst.name)]
+    assert inst.ranks[1].state is S.STARTING and inst.ranks[1].pid is None
+    pid = inst.ranks[0].pid
+    assert pid is not None
+    seam.notify(pid, "X_EXOD_LAYERS=1/2")
+    seam.notify(pid, "READY=1")
+    assert inst.state is S.READY and inst.ranks[1].state is S.READY
+    seam.exit(pid, code=76)  # the group broke: peer lost
+    assert inst.state is S.BACKOFF and inst.ranks[1].state is S.STOPPED
+
+
+def test_an_instance_with_no_rank_here_is_not_started(seam: FakeSeam) -> None:
+    inst = make(seam, ranks=2)
+    for r in inst.ranks:
+        r.local = False
+    inst.start()
+    assert inst.state is S.STOPPED and seam.spawns == []

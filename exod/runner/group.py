@@ -1,0 +1,167 @@
+"""A rank's membership in its group: mx.distributed init, the control headers rank 0 sends to
+the other ranks, liveness, and what happens when a peer is lost.
+
+Rank 0 drives; the other ranks ("workers") wait for headers. Every header is four int32:
+[command, cache id, sequence length, 0]. A worker learns everything it must do for the next
+step from it, so ranks never need any other channel to stay in lockstep.
+
+Peers are lost in two ways. A peer process that dies closes its sockets: the next send/recv
+raises, we turn that into PeerLost and the runner exits with EXIT_PEER_LOST (75, EX_TEMPFAIL),
+so its daemon restarts it with backoff and it waits for the group to form again. A network
+partition closes nothing: once the group is ready, rank 0 sends a heartbeat when idle, and a
+watchdog thread ends a rank whose group has been silent for `peer_timeout`. Never while
+loading: loading stays timeout-free.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import mlx.core as mx
+
+from exod.core.exits import EXIT_PEER_LOST
+from exod.runner.lifecycle import Lifecycle
+from exod.runner.log import ERR, WARNING, log
+from exod.runner.notify import Notifier
+
+HEADER = 4
+
+
+class Cmd(enum.IntEnum):
+    FORWARD = 1  # cache id, sequence length: run one forward pass
+    NEW_CACHE = 2  # cache id: a new generation starts
+    FREE_CACHE = 3  # cache id: that generation is over
+    HEARTBEAT = 4  # idle liveness check: every rank joins an all_sum
+    SHUTDOWN = 5  # the group stops: barrier, then exit 0
+
+
+class PeerLost(BaseException):
+    """The group is broken. A BaseException so that no `except Exception` meant for one
+    request swallows it: the whole runner must exit and be restarted."""
+
+
+class AddressInUse(Exception):
+    pass
+
+
+@dataclass
+class Group:
+    group: mx.distributed.Group
+    rank: int
+    size: int
+    peer_timeout: float
+    notify: Notifier
+    _busy_since: float | None = None  # a communication in progress since (monotonic)
+
+    # ---- communication ------------------------------------------------------------------
+    def send(self, x: mx.array, dst: int) -> None:
+        self._run(lambda: mx.eval(mx.distributed.send(x, dst, group=self.group)))
+
+    def recv(self, shape: tuple[int, ...], dtype: mx.Dtype, src: int) -> mx.array:
+        out: list[mx.array] = []
+
+        def go() -> None:
+            y = mx.distributed.recv(shape, dtype, src, group=self.group)
+            mx.eval(y)
+            out.append(y)
+
+        self._run(go)
+        return out[0]
+
+    def all_sum(self, x: mx.array) -> mx.array:
+        out: list[mx.array] = []
+
+        def go() -> None:
+            y = mx.distributed.all_sum(x, group=self.group)
+            mx.eval(y)
+            out.append(y)
+
+        self._run(go)
+        return out[0]
+
+    def _run(self, fn: Callable[[], None]) -> None:
+        self._busy_since = time.monotonic()
+        try:
+            fn()
+        except RuntimeError as e:  # the ring backend's way of saying a socket broke
+            raise PeerLost(str(e)) from None
+        finally:
+            self._busy_since = None
+
+    def send_header(self, cmd: Cmd, cache_id: int = 0, length: int = 0) -> None:
+        h = mx.array([int(cmd), cache_id, length, 0], dtype=mx.int32)
+        for dst in range(1, self.size):
+            self.send(h, dst)
+
+    def recv_header(self) -> tuple[Cmd, int, int]:
+        h = self.recv((HEADER,), mx.int32, 0).tolist()
+        return Cmd(h[0]), int(h[1]), int(h[2])
+
+    def barrier(self) -> None:
+        self.all_sum(mx.array([1.0]))
+
+    # ---- liveness ---------------------------------------------------------------------------
+    def arm(self) -> None:
+        """The group is ready: from now on silence means a lost peer."""
+        threading.Thread(target=self._watch, name="exod-group-watchdog", daemon=True).start()
+
+    @property
+    def heartbeat_every(self) -> float:
+        return max(0.2, self.peer_timeout / 4)
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.peer_timeout / 4))  # a watchdog's own tick, not a sync
+            now = time.monotonic()
+            busy = self._busy_since
+            # Rank 0 heartbeats every `heartbeat_every` when idle, so any communication (a
+            # worker waiting for its next header included) that lasts longer means silence.
+            if busy is not None and now - busy > self.peer_timeout:
+                self.lost(f"peer lost: no answer from the group for {self.peer_timeout:g}s")
+
+    def lost(self, why: str) -> None:
+        """End this rank at once: its daemon restarts it and it waits for the group again."""
+        self.notify.error(why)
+        log(why, ERR)
+        os._exit(EXIT_PEER_LOST)
+
+
+def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifecycle,
+            notify: Notifier) -> Group:
+    """Join the group; retried until it forms (a peer host may be down for hours) or we are
+    asked to stop. Blocking here is interruptible: a stop request ends the process at once,
+    there being nothing to clean up yet."""
+    attempt = 0
+    while True:
+        attempt += 1
+        notify.status(f"connecting to {size - 1} peer{'s' if size > 2 else ''} "
+                      f"(attempt {attempt})")
+        try:
+            with life.interruptible():
+                g = mx.distributed.init(backend=backend, strict=True)
+        except RuntimeError as e:
+            text = str(e)
+            if "bind" in text and "98" in text:
+                raise AddressInUse(address_of(rank) or "the rank's address") from None
+            log(f"group not formed yet ({text}); retrying", WARNING)
+            continue
+        if g.size() != size or g.rank() != rank:
+            raise RuntimeError(f"group is rank {g.rank()}/{g.size()}, expected {rank}/{size}")
+        return Group(g, rank, size, peer_timeout, notify)
+
+
+def address_of(rank: int) -> str | None:
+    """This rank's listening address from the MLX hostfile, for error messages."""
+    import json
+
+    try:
+        with open(os.environ["MLX_HOSTFILE"]) as f:
+            return str(json.load(f)[rank][0])
+    except (OSError, KeyError, ValueError, IndexError, TypeError):
+        return None
+
