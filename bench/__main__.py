@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-ALL = ["load", "daemon"]
+ALL = ["load", "daemon", "api", "systemd"]
 
 
 def main() -> None:

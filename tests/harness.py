@@ -127,15 +127,22 @@ class Daemon:
         self.pids_seen: set[int] = set()
 
     def write_config(self, config: dict[str, Any] | str) -> None:
-        text = config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False)
-        self.config_path.write_text(text)
+        if not isinstance(config, str):
+            # `control` and `api` on one line each (flow style): the lines of everything after
+            # them stay where tests expect them (positions in config errors).
+            head = {k: config[k] for k in ("control", "api") if k in config}
+            rest = {k: v for k, v in config.items() if k not in head}
+            config = yaml.safe_dump(head, sort_keys=False, default_flow_style=None) + (
+                yaml.safe_dump(rest, sort_keys=False) if rest else "")
+        self.config_path.write_text(config)
 
     # ---- lifecycle --------------------------------------------------------------------
     def start(self, wait_ready: bool = True, args: tuple[str, ...] = (),
-              session: bool = False) -> "Daemon":
+              session: bool = False, prefix: tuple[str, ...] = ()) -> "Daemon":
+        """`prefix`: e.g. `ip netns exec NS`, to run the daemon on another test host."""
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [*EXOD, "run", "-c", str(self.config_path), "--log-format", "json", *args],
+            [*prefix, *EXOD, "run", "-c", str(self.config_path), "--log-format", "json", *args],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env, cwd=self.dir,
             start_new_session=session,
         )

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
 
 
 class QueueFull(Exception):

@@ -21,15 +21,24 @@ import json
 import os
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from loguru import logger
 
 from exod.api import address
 from exod.api.admission import Gate, QueueFull
-from exod.api.errors import (ApiError, bad_request, error_body, model_not_found, not_ready,
-                             queue_full, runner_error, unauthorized)
+from exod.api.errors import (
+    ApiError,
+    bad_request,
+    error_body,
+    model_not_found,
+    not_ready,
+    queue_full,
+    runner_error,
+    unauthorized,
+)
 from exod.api.objects import DONE, SSE_HEADERS, Reply, sse
 from exod.api.schema import GenRequest, parse_chat, parse_completion
 from exod.config.schema import Api
@@ -58,7 +67,7 @@ def read_token(path: os.PathLike[str] | str) -> str:
 
 
 class ApiServer:
-    def __init__(self, cfg: Api, sup: "Supervisor") -> None:
+    def __init__(self, cfg: Api, sup: Supervisor) -> None:
         self.cfg = cfg
         self.sup = sup
         self.host, self.port = address.parse_listen(cfg.listen)
@@ -109,7 +118,7 @@ class ApiServer:
         return {"listen": self.cfg.listen, "url": self.url, "auth": self.token is not None,
                 "token_file": str(self.cfg.token_file) if self.cfg.token_file else None}
 
-    def instance_changed(self, inst: "InstanceRuntime") -> None:
+    def instance_changed(self, inst: InstanceRuntime) -> None:
         """Supervisor listener: requests queued for an instance that left `ready` get a 503."""
         gate = self.gates.get(inst)
         if gate is not None and inst.state is not State.READY:
@@ -157,7 +166,7 @@ class ApiServer:
         body["not_ready"] = [{"name": i.name, "state": i.state.value} for i in waiting]
         return web.json_response(body, status=503)
 
-    def _model_json(self, inst: "InstanceRuntime") -> dict[str, Any]:
+    def _model_json(self, inst: InstanceRuntime) -> dict[str, Any]:
         gate = self.gates.get(inst)
         return {"id": inst.name, "object": "model", "created": self.started_wall,
                 "owned_by": "exod", "state": inst.state.value,
@@ -181,7 +190,7 @@ class ApiServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, parse_completion(await _body(request)))
 
-    def _ready_instance(self, name: str) -> "InstanceRuntime":
+    def _ready_instance(self, name: str) -> InstanceRuntime:
         inst = self.sup.instances.get(name)
         if inst is None:
             raise model_not_found(name)
@@ -189,7 +198,7 @@ class ApiServer:
             raise not_ready(name, inst.state.value)
         return inst
 
-    def _gate(self, inst: "InstanceRuntime") -> Gate:
+    def _gate(self, inst: InstanceRuntime) -> Gate:
         gate = self.gates.get(inst)
         if gate is None:
             gate = self.gates[inst] = Gate(inst.config.max_concurrency, inst.config.max_queue)

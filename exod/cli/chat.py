@@ -8,8 +8,9 @@ import http.client
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import click

@@ -7,7 +7,8 @@ end it at the drain deadline, and interleave several requests when the daemon al
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationResponse, stream_generate
@@ -43,7 +44,7 @@ class Generation:
                                                         and prompt.size == 0):
             raise RequestError("the prompt is empty")
         if req.get("seed") is not None:
-            mx.random.seed(int(req["seed"]))
+            mx.random.seed(int(req["seed"]) % (1 << 64))
         sampler = make_sampler(temp=float(req.get("temperature", 1.0)),
                                top_p=float(req.get("top_p", 1.0)))
         bias = req.get("logit_bias") or None

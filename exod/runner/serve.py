@@ -17,6 +17,7 @@ import collections
 import os
 import queue
 import time
+from typing import Callable
 
 from exod.protocol import Message
 from exod.runner.channel import STOP, Channel
@@ -37,7 +38,7 @@ def heartbeat_interval() -> float | None:
         return None
 
 
-def take(inbox: "queue.Queue[Message]", block: bool, timeout: float | None) -> list[Message]:
+def take(inbox: queue.Queue[Message], block: bool, timeout: float | None) -> list[Message]:
     """Everything waiting in the inbox; when `block`, wait for at least one message first."""
     out: list[Message] = []
     try:
@@ -50,14 +51,20 @@ def take(inbox: "queue.Queue[Message]", block: bool, timeout: float | None) -> l
     return out
 
 
-def serve(loaded: Loaded, channel: Channel, life: Lifecycle, notify: Notifier) -> None:
+def serve(loaded: Loaded, channel: Channel, life: Lifecycle, notify: Notifier,
+          tick: Callable[[], None] | None = None, tick_every: float | None = None) -> None:
+    """`tick` runs at least every `tick_every` seconds from this loop (between tokens, or when
+    idle): rank 0 of a group keeps the group's heartbeat with it."""
     from exod.runner.generate import Generation, RequestError  # imports mlx_lm: runner only
 
     beat = heartbeat_interval()
     next_beat = time.monotonic() + beat if beat else None
+    next_tick = time.monotonic() + tick_every if tick and tick_every else None
+    wake = min((x for x in (beat, tick_every if tick else None) if x), default=None)
     active: dict[str, Generation] = {}
     recent: collections.deque[str] = collections.deque(maxlen=256)  # finished request ids
     deadline: float | None = None  # end of the drain, once asked to stop
+    shown = 0  # generations in STATUS= (what `exoctl status` shows for the rank)
 
     def finish(rid: str, msg: Message) -> None:
         channel.send(msg)
@@ -69,7 +76,7 @@ def serve(loaded: Loaded, channel: Channel, life: Lifecycle, notify: Notifier) -
         stopping = life.stop.is_set()
         if stopping and deadline is None:
             deadline = time.monotonic() + (channel.drain or 0.0)
-        for msg in take(channel.inbox, block=not active and not stopping, timeout=beat):
+        for msg in take(channel.inbox, block=not active and not stopping, timeout=wake):
             if msg is STOP or msg.get("op") != "generate":
                 continue
             rid = str(msg.get("id"))
@@ -82,8 +89,11 @@ def serve(loaded: Loaded, channel: Channel, life: Lifecycle, notify: Notifier) -
                 continue
             try:
                 active[rid] = Generation(loaded, msg)
-            except (RequestError, KeyError, TypeError, ValueError) as e:
+            except RequestError as e:
                 finish(rid, {"id": rid, "ev": "error", "code": "bad_request", "message": str(e)})
+            except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
+                finish(rid, {"id": rid, "ev": "error", "code": "bad_request",
+                             "message": f"{type(e).__name__}: {e}"})
 
         now = time.monotonic()
         if deadline is not None and (not active or now >= deadline):
@@ -100,10 +110,14 @@ def serve(loaded: Loaded, channel: Channel, life: Lifecycle, notify: Notifier) -
         for rid in channel.cancelled.intersection(recent):  # cancels that crossed a `done`
             channel.cancelled.discard(rid)
 
+        if len(active) != shown:
+            shown = len(active)
+            notify.status(f"serving {shown} request(s)" if shown else "ready")
+
         for rid, gen in list(active.items()):
             try:
                 text, reason = gen.step()
-            except Exception as e:  # mlx errors of any type: fail this request, keep serving
+            except Exception as e:  # noqa: BLE001 -- mlx raises many types: fail this one, go on
                 log(f"generation {rid} failed: {type(e).__name__}: {e}", ERR)
                 gen.close()
                 finish(rid, {"id": rid, "ev": "error", "code": "internal",
@@ -117,3 +131,6 @@ def serve(loaded: Loaded, channel: Channel, life: Lifecycle, notify: Notifier) -
         if next_beat is not None and time.monotonic() >= next_beat:
             notify.watchdog()
             next_beat = time.monotonic() + (beat or 0.0)
+        if next_tick is not None and tick is not None and time.monotonic() >= next_tick:
+            tick()
+            next_tick = time.monotonic() + (tick_every or 0.0)

@@ -1,0 +1,262 @@
+"""Serving: decode tokens/s and time to first token (TTFT, p50/p95) on the same model, in the
+same run, for (1) in-process `mlx_lm.stream_generate`, (2) exod's HTTP API, (3) `mlx_lm.server`.
+
+Goals: exod decode ≥ 0.95× in-process; exod TTFT ≤ in-process + 10 ms; exod decode ≥ 1.0×
+mlx_lm.server.
+
+Fair play: every side uses OpenBLAS (the runner preloads it; the other two get it the same way,
+or by LD_PRELOAD), float32 weights, greedy sampling, the chat template, and runs alone (the
+others are idle or not started). TTFT is measured from the request (for in-process: from the
+chat template) to the first generated text; every TTFT prompt is different, so no side can
+answer from a cache of the same prompt (mlx_lm.server still reuses the shared prefix: its
+prompt cache is part of what it is). Decode rate: tokens after the first, over the time from
+the first to the last. Every round runs the same prompts on each side, back to back, in a
+rotating order; the goals are judged on the median over rounds of the per-round ratio (decode)
+or difference (TTFT), which cancels most of what other load on the machine does to all sides.
+
+`EXOD_BENCH_MODEL=DIR` benchmarks another model directory (default: the demo model).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import CACHE, PY, report, verdict
+from tests.harness import Daemon, free_port
+
+TTFT_RUNS = 25
+TTFT_TOKENS = 4
+DECODE_RUNS = 8
+DECODE_TOKENS = 96
+DECODE_PROMPT = "Write a long story about a dragon who learns to cook."
+
+
+def ttft_prompt(i: int) -> str:
+    return f"Question {i}: what is {i} plus {i * 7}? Answer in one short sentence."
+
+
+def blas_path() -> str | None:
+    from exod.runner.blas import CANDIDATES
+
+    return next((c for c in CANDIDATES if c.startswith("/") and Path(c).exists()), None)
+
+
+def demo_model() -> Path:
+    test_cache = Path(os.environ.get("EXOD_TEST_CACHE") or Path.home() / ".cache" / "exod-test")
+    cache = test_cache if (test_cache / "smollm2-135m-instruct").exists() else CACHE
+    res = subprocess.run([PY, "-m", "exod.models.demo", "--cache-dir", str(cache)],
+                         capture_output=True, text=True, check=True)
+    return Path(res.stdout.strip().splitlines()[-1])
+
+
+# ---- 1. in-process: a worker process that takes one request per stdin line ------------------
+IN_PROCESS = r"""
+import json, sys, time
+from exod.runner.blas import preload
+print(preload()[1], file=sys.stderr)
+import mlx.core as mx
+from mlx_lm import load, stream_generate
+from mlx_lm.sample_utils import make_sampler
+
+model, tok = load(sys.argv[1])
+model.set_dtype(mx.float32)  # as exod's runner does on CPU (dtype auto)
+greedy = make_sampler(temp=0.0)
+print("ready", flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    t0 = time.perf_counter()
+    prompt = tok.apply_chat_template([{"role": "user", "content": req["content"]}],
+                                     add_generation_prompt=True)
+    first = last = None
+    n = 0
+    for r in stream_generate(model, tok, mx.array(prompt), max_tokens=req["max_tokens"],
+                             sampler=greedy):
+        now = time.perf_counter()
+        if first is None and r.text:
+            first = now
+        last, n = now, r.generation_tokens
+    rate = (n - 1) / (last - first) if n > 1 and last > first else None
+    print(json.dumps([first - t0, rate]), flush=True)
+"""
+
+
+class InProcess:
+    def __init__(self, path: Path) -> None:
+        self.proc = subprocess.Popen([PY, "-c", IN_PROCESS, str(path)], text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the in-process worker failed to load the model")
+
+    def run(self, content: str, max_tokens: int) -> tuple[float, float | None]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"content": content, "max_tokens": max_tokens}) + "\n")
+        self.proc.stdin.flush()
+        ttft, rate = json.loads(self.proc.stdout.readline())
+        return float(ttft), rate
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+# ---- 2 and 3: one HTTP streaming client, the same for exod and mlx_lm.server ----------------
+class Http:
+    def __init__(self, port: int, model: str) -> None:
+        self.port = port
+        self.model = model
+
+    def run(self, content: str, max_tokens: int) -> tuple[float, float | None]:
+        """(TTFT, decode tokens/s) of one streamed chat completion."""
+        body = json.dumps({"model": self.model,
+                           "messages": [{"role": "user", "content": content}],
+                           "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                           "stream_options": {"include_usage": True}})
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+        try:
+            t0 = time.perf_counter()
+            conn.request("POST", "/v1/chat/completions", body,
+                         {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            assert resp.status == 200, resp.read()
+            first = last = None
+            chunks = 0
+            tokens = None
+            while line := resp.readline():
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                now = time.perf_counter()
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices") or []:
+                    if (choice.get("delta") or {}).get("content"):
+                        chunks += 1
+                        first = first or now
+                        last = now
+                    if choice.get("finish_reason"):
+                        last = now
+            n = tokens if tokens is not None else chunks
+            assert first is not None and last is not None
+            return first - t0, (n - 1) / (last - first) if n > 1 and last > first else None
+        finally:
+            conn.close()
+
+
+def start_exod(path: Path) -> tuple[Daemon, Http]:
+    d = Daemon({"ready": "instances", "instances": {"demo": {"model": str(path)}}},
+               name="bench-api")
+    d.start()  # ready: instances → READY=1 once the model is loaded
+    return d, Http(int(d.api_url().rsplit(":", 1)[1]), "demo")
+
+
+def start_mlx_lm_server(path: Path) -> tuple[subprocess.Popen[str], Http]:
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    blas = blas_path()
+    if blas:
+        env["LD_PRELOAD"] = blas
+    proc = subprocess.Popen([PY, "-m", "mlx_lm.server", "--model", str(path), "--host",
+                             "127.0.0.1", "--port", str(port), "--log-level", "INFO"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # its log says when it listens
+        if "Starting httpd" in line:
+            break
+    else:
+        raise RuntimeError(f"mlx_lm.server exited with {proc.wait()}")
+    # Keep its log pipe drained from here on, or it could block on a full pipe.
+    threading.Thread(target=lambda: [None for _ in proc.stderr or ()], daemon=True).start()
+    return proc, Http(port, str(path))
+
+
+def measure(sides: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+    """Interleaved: each round runs every side once, in a rotating order, so that a slow
+    moment of the machine does not fall on one side only."""
+    out: dict[str, dict[str, list[float]]] = {k: {"ttft": [], "decode": []} for k in sides}
+    names = list(sides)
+    for name in names:
+        sides[name].run("warm up", 8)
+    for i in range(max(TTFT_RUNS, DECODE_RUNS)):
+        order = names[i % len(names):] + names[: i % len(names)]
+        for name in order:
+            if i < TTFT_RUNS:
+                out[name]["ttft"].append(sides[name].run(ttft_prompt(i), TTFT_TOKENS)[0])
+            if i < DECODE_RUNS:
+                rate = sides[name].run(DECODE_PROMPT, DECODE_TOKENS)[1]
+                assert rate is not None, f"{name}: fewer than 2 tokens"
+                out[name]["decode"].append(rate)
+    return out
+
+
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """Median over rounds of a[i] / b[i]: both ran in the same round, back to back."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
+def main() -> None:
+    path = Path(os.environ["EXOD_BENCH_MODEL"]) if os.environ.get("EXOD_BENCH_MODEL") \
+        else demo_model()
+    inproc = InProcess(path)
+    daemon, exod = start_exod(path)
+    server, srv = start_mlx_lm_server(path)
+    try:
+        results = measure({"in-process": inproc, "exod": exod, "mlx_lm.server": srv})
+    finally:
+        inproc.close()
+        daemon.terminate()
+        daemon.close()
+        server.terminate()
+        server.wait(60)
+    rows: list[tuple[str, str]] = []
+    best: dict[str, float] = {}
+    ttft50: dict[str, float] = {}
+    for name, r in results.items():
+        t, d = r["ttft"], r["decode"]
+        best[name] = max(d)
+        ttft50[name] = pct(t, 0.5)
+        line = (f"decode best {best[name]:5.1f} median {statistics.median(d):5.1f} tok/s   "
+                f"TTFT p50 {pct(t, 0.5) * 1e3:6.1f} ms  p95 {pct(t, 0.95) * 1e3:6.1f} ms")
+        rows.append((name, line))
+    ratio_in = paired_ratio(results["exod"]["decode"], results["in-process"]["decode"])
+    ratio_srv = paired_ratio(results["exod"]["decode"], results["mlx_lm.server"]["decode"])
+    # Round i ran the same prompt on every side within a second: the paired differences cancel
+    # most of what the rest of the machine does to both (a p50 difference would not).
+    pairs = [e - i for e, i in zip(results["exod"]["ttft"], results["in-process"]["ttft"])]
+    extra = statistics.median(pairs) * 1e3
+    rows += [
+        ("exod / in-process decode (median of pairs)",
+         f"{ratio_in:.3f}x  (goal ≥ 0.95x) {verdict(ratio_in >= 0.95)}"),
+        ("exod TTFT − in-process (median of pairs)",
+         (f"{extra:+.1f} ms  (p50s: {(ttft50['exod'] - ttft50['in-process']) * 1e3:+.1f} ms)  "
+          f"(goal ≤ +10 ms) {verdict(extra <= 10)}")),
+        ("exod / mlx_lm.server decode (median of pairs)",
+         f"{ratio_srv:.3f}x  (goal ≥ 1.0x) {verdict(ratio_srv >= 1.0)}"),
+    ]
+    report(f"serving {path.name}: {TTFT_RUNS} TTFT runs ({TTFT_TOKENS} tokens) and "
+           f"{DECODE_RUNS} decode runs ({DECODE_TOKENS} tokens) per side, interleaved, greedy, "
+           f"OpenBLAS {'on' if blas_path() else 'NOT FOUND'} on every side", rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

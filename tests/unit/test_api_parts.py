@@ -1,0 +1,232 @@
+"""The HTTP API's pure parts: request validation, response objects and SSE framing, admission,
+listen addresses, and the runner's stop-sequence matcher. No processes, no sockets, no mlx."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from exod.api import address
+from exod.api.admission import Gate, QueueFull
+from exod.api.errors import ApiError
+from exod.api.objects import DONE, Reply, sse
+from exod.api.schema import parse_chat, parse_completion
+from exod.runner.stops import StopMatcher
+
+
+# ---- stop sequences ---------------------------------------------------------------------------
+def run_stops(stops: list[str], pieces: list[str]) -> tuple[str, bool]:
+    m = StopMatcher(stops)
+    out = "".join(m.feed(p) for p in pieces)
+    if not m.stopped:
+        out += m.flush()
+    return out, m.stopped
+
+
+@pytest.mark.parametrize("stops, pieces, text, stopped", [
+    ([], ["ab", "cd"], "abcd", False),
+    (["X"], ["abXcd"], "ab", True),
+    (["END"], ["ab", "E", "N", "D", "more"], "ab", True),  # spans three pieces
+    (["END"], ["ab", "EN", "x"], "abENx", False),  # a false start is released
+    (["END"], ["abEN"], "abEN", False),  # generation ended on a partial match: flushed
+    (["xy", "b"], ["axyb"], "a", True),  # the earliest of several wins
+    (["\n\n"], ["one\n", "\ntwo"], "one", True),
+])
+def test_stop_matcher(stops: list[str], pieces: list[str], text: str, stopped: bool) -> None:
+    assert run_stops(stops, pieces) == (text, stopped)
+
+
+def test_stop_matcher_holds_back_only_a_possible_start() -> None:
+    m = StopMatcher(["STOP"])
+    assert m.feed("hello S") == "hello "  # "S" may start STOP
+    assert m.feed("T") == ""
+    assert m.feed("x") == "STx"
+    assert m.feed("ST") == ""
+    assert m.feed("OP and more") == ""
+    assert m.stopped and m.feed("after") == "" and m.flush() == ""
+
+
+# ---- request validation ---------------------------------------------------------------------
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_chat_defaults_and_runner_message() -> None:
+    req = parse_chat(CHAT)
+    assert (req.kind, req.model, req.max_tokens, req.temperature, req.top_p) == \
+        ("chat", "m", 1024, 1.0, 1.0)
+    assert not req.stream and not req.include_usage and req.stop == []
+    msg = req.to_runner()
+    assert msg == {"kind": "chat", "max_tokens": 1024, "temperature": 1.0, "top_p": 1.0,
+                   "stop": [], "logit_bias": {},
+                   "messages": [{"role": "user", "content": "hi"}]}
+    json.dumps(msg)  # goes over the channel as JSON
+
+
+def test_chat_fields() -> None:
+    req = parse_chat({**CHAT, "max_completion_tokens": 7, "temperature": 0, "top_p": 0.5,
+                      "stop": "\n", "seed": 3, "stream": True,
+                      "stream_options": {"include_usage": True}, "logit_bias": {"2": -100},
+                      "user": "ignored", "frequency_penalty": 0})
+    assert (req.max_tokens, req.temperature, req.top_p, req.stop, req.seed) == \
+        (7, 0.0, 0.5, ["\n"], 3)
+    assert req.stream and req.include_usage and req.logit_bias == {"2": -100.0}
+
+
+def test_chat_content_parts_and_developer_role() -> None:
+    req = parse_chat({"model": "m", "messages": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None}]})
+    assert req.messages == [{"role": "system", "content": "be brief"},
+                            {"role": "user", "content": "ab"},
+                            {"role": "assistant", "content": ""}]
+
+
+@pytest.mark.parametrize("body, param", [
+    ([], None),
+    ({"messages": CHAT["messages"]}, "model"),
+    ({"model": "m"}, "messages"),
+    ({"model": "m", "messages": []}, "messages"),
+    ({"model": "m", "messages": ["hi"]}, "messages[0]"),
+    ({"model": "m", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"model": "m", "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages[0].content"),
+    ({**CHAT, "max_tokens": 0}, "max_tokens"),
+    ({**CHAT, "max_tokens": True}, "max_tokens"),
+    ({**CHAT, "max_completion_tokens": "9"}, "max_completion_tokens"),
+    ({**CHAT, "temperature": 2.5}, "temperature"),
+    ({**CHAT, "top_p": -1}, "top_p"),
+    ({**CHAT, "stop": 5}, "stop"),
+    ({**CHAT, "stop": [""]}, "stop"),
+    ({**CHAT, "seed": 1.5}, "seed"),
+    ({**CHAT, "n": 2}, "n"),
+    ({**CHAT, "stream": "yes"}, "stream"),
+    ({**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
+    ({**CHAT, "stream": True, "stream_options": {"include_usage": 1}}, "stream_options"),
+    ({**CHAT, "logit_bias": {"a": 1}}, "logit_bias"),
+    ({**CHAT, "logit_bias": {"2": -101}}, "logit_bias"),
+])
+def test_chat_rejects_with_400_naming_the_param(body: object, param: str | None) -> None:
+    with pytest.raises(ApiError) as e:
+        parse_chat(body)
+    assert e.value.status == 400 and e.value.type == "invalid_request_error"
+    assert e.value.param == param
+    assert set(e.value.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_completion_prompt_forms() -> None:
+    assert parse_completion({"model": "m", "prompt": "x"}).prompt == "x"
+    assert parse_completion({"model": "m", "prompt": ["x"]}).prompt == "x"
+    assert parse_completion({"model": "m", "prompt": "x"}).max_tokens == 16
+    for bad in ({"model": "m"}, {"model": "m", "prompt": ["a", "b"]},
+                {"model": "m", "prompt": [1, 2]}, {"model": "m", "prompt": "x", "echo": True}):
+        with pytest.raises(ApiError):
+            parse_completion(bad)
+
+
+# ---- response objects and SSE framing ----------------------------------------------------------
+def test_chat_chunks_share_id_created_model() -> None:
+    r = Reply("chat", "m", include_usage=True)
+    first, piece, last = r.chunk(role=True), r.chunk("hi"), r.chunk(finish_reason="stop")
+    assert r.id.startswith("chatcmpl-")
+    for c in (first, piece, last):
+        assert (c["id"], c["created"], c["model"], c["object"]) == \
+            (r.id, r.created, "m", "chat.completion.chunk")
+        assert c["usage"] is None and len(c["choices"]) == 1
+        assert c["choices"][0]["index"] == 0 and c["choices"][0]["logprobs"] is None
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert piece["choices"][0] == {"index": 0, "delta": {"content": "hi"}, "logprobs": None,
+                                   "finish_reason": None}
+    assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "stop"
+    u = r.usage_chunk(3, 4)
+    assert u["choices"] == [] and u["usage"] == {"prompt_tokens": 3, "completion_tokens": 4,
+                                                 "total_tokens": 7}
+    assert "usage" not in Reply("chat", "m").chunk("x")  # only with include_usage
+
+
+def test_sse_framing() -> None:
+    raw = sse({"a": "é\n"})
+    assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
+    assert raw.count(b"\n") == 2  # JSON escapes newlines: one event is one data line
+    assert json.loads(raw[6:]) == {"a": "é\n"}
+    assert DONE == b"data: [DONE]\n\n"
+
+
+def test_whole_objects() -> None:
+    chat = Reply("chat", "m").whole("Paris.", "stop", 10, 3)
+    assert chat["object"] == "chat.completion"
+    assert chat["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Paris.",
+                                                        "refusal": None},
+                                "logprobs": None, "finish_reason": "stop"}]
+    assert chat["usage"]["total_tokens"] == 13
+    text = Reply("completion", "m").whole("x", "length", 1, 1)
+    assert text["object"] == "text_completion" and text["id"].startswith("cmpl-")
+    assert text["choices"][0]["text"] == "x"
+
+
+# ---- admission -------------------------------------------------------------------------------
+def test_gate_limits_queues_refuses_and_hands_over_in_order() -> None:
+    async def scenario() -> None:
+        gate = Gate(limit=2, queue=2)
+        await gate.enter()
+        await gate.enter()
+        order: list[int] = []
+
+        async def waiter(i: int) -> None:
+            await gate.enter()
+            order.append(i)
+
+        w1 = asyncio.create_task(waiter(1))
+        w2 = asyncio.create_task(waiter(2))
+        await asyncio.sleep(0)
+        assert gate.waiting == 2
+        with pytest.raises(QueueFull):
+            await gate.enter()
+        gate.leave()
+        await w1
+        gate.leave()
+        await w2
+        assert order == [1, 2] and gate.active == 2
+        gate.leave()
+        gate.leave()
+        assert gate.active == 0 and gate.waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_gate_cancelled_waiter_leaves_and_rejection_fails_waiters() -> None:
+    async def scenario() -> None:
+        gate = Gate(limit=1, queue=4)
+        await gate.enter()
+        gone = asyncio.create_task(gate.enter())
+        stays = asyncio.create_task(gate.enter())
+        await asyncio.sleep(0)
+        gone.cancel()
+        await asyncio.sleep(0)
+        assert gate.waiting == 1
+        gate.leave()  # goes to `stays`, not to the cancelled one
+        await stays
+        assert gate.active == 1
+        rejected = asyncio.create_task(gate.enter())
+        await asyncio.sleep(0)
+        gate.reject_waiting(lambda: RuntimeError("not ready"))
+        with pytest.raises(RuntimeError):
+            await rejected
+        gate.leave()
+        assert gate.active == 0 and gate.waiting == 0
+
+    asyncio.run(scenario())
+
+
+# ---- addresses ---------------------------------------------------------------------------------
+def test_listen_addresses() -> None:
+    assert address.parse_listen("127.0.0.1:52415") == ("127.0.0.1", 52415)
+    assert address.parse_listen("[::1]:8000") == ("::1", 8000)
+    assert address.url("0.0.0.0", 80) == "http://127.0.0.1:80"
+    assert address.url("::", 80) == "http://[::1]:80"
+    for bad in ("52415", "host:", ":80", "h:99999", "h:x"):
+        with pytest.raises(ValueError):
+            address.parse_listen(bad)
