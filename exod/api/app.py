@@ -35,6 +35,7 @@ from exod.api.errors import (
     error_body,
     model_not_found,
     not_ready,
+    served_elsewhere,
     queue_full,
     runner_error,
     unauthorized,
@@ -194,6 +195,8 @@ class ApiServer:
         inst = self.sup.instances.get(name)
         if inst is None:
             raise model_not_found(name)
+        if not inst.ranks[0].local:
+            raise served_elsewhere(name, inst.ranks[0].host)
         if inst.state is not State.READY:
             raise not_ready(name, inst.state.value)
         return inst

@@ -52,6 +52,13 @@ def not_ready(name: str, detail: str) -> ApiError:
                     headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
+def served_elsewhere(name: str, host: str) -> ApiError:
+    """A multi-host instance is served by the daemon that runs its rank 0."""
+    return ApiError(503, f"The model `{name}` is served by exod on host {host!r} (its rank 0 "
+                         "runs there); send the request to that host.",
+                    "service_unavailable_error", "served_elsewhere")
+
+
 def queue_full(name: str, limit: int, queue: int) -> ApiError:
     return ApiError(429, f"The model `{name}` is busy: {limit} request(s) running and {queue} "
                          "waiting, the most it takes. Retry later.",

@@ -50,6 +50,10 @@ def check_sharding(instance: Instance, node_name: str) -> list[Issue]:
             if isinstance(value, int) and value % n:
                 issues.append(Issue("shards", f"tensor: the model's {key} ({value}) is not "
                                               f"divisible by {n} ranks"))
+    if instance.backend == "mpi":
+        issues.append(Issue("backend", "mpi: not supported yet: MPI forms its group only among "
+                                       "ranks started by mpirun, and exod starts and supervises "
+                                       "each rank itself; use ring"))
     hosts = {h.name for h in instance.hosts}
     if len(hosts) > 1 and instance.port_base is None:
         issues.append(Issue("port_base", "is required when ranks run on several hosts: every "

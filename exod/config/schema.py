@@ -143,7 +143,7 @@ class Instance:
         default=60.0,
         metadata=doc("once a multi-rank group is ready, silence from it this long means a peer "
                      "is lost (e.g. a network partition): the ranks restart and regroup. Never "
-                     "applies while loading", minimum=0.5)),
+                     "applies while loading", minimum=0.5))
     max_concurrency: int = field(
         default=1, metadata=doc("generations run at once by this instance", minimum=1, maximum=256)
     )

@@ -170,6 +170,11 @@ class InstanceRuntime:
                 code = EXIT_UNAVAILABLE if e.errno in PERMANENT_SPAWN_ERRORS else EXIT_TEMPFAIL
                 failed.append((rank, f"cannot start runner: {e}", code))
                 continue
+            except Exception as e:  # a bug of ours: fail this instance, keep the daemon up
+                self.log.opt(exception=True).error("cannot start rank {}", rank.rank)
+                failed.append((rank, f"internal error starting the runner: {e!r}",
+                               EXIT_UNAVAILABLE))
+                continue
             self.log.bind(rank=rank.rank, pid=rank.pid).info(
                 "started, layers [{}, {})", rank.shard.start, rank.shard.end)
         for rank, why, code in failed:

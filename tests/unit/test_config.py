@@ -512,3 +512,9 @@ def test_model_families_without_the_needed_hooks_are_refused(cfg_dir: ConfigDir)
     cfg_dir.model("f", {"model_type": without[0], "num_hidden_layers": 4})
     main = cfg_dir.write(MAIN, "instances:\n  f: {model: f, shards: 2, parallelism: tensor}\n")
     assert any("has no shard(): use pipeline" in p.message for p in problems_of(main))
+
+
+def test_mpi_backend_is_refused_with_the_reason(cfg_dir: ConfigDir) -> None:
+    main = cfg_dir.write(MAIN, "instances:\n  x: {model: m, shards: 2, backend: mpi}\n")
+    (p,) = problems_of(main)
+    assert p.key_path == "instances.x.backend" and "started by mpirun" in p.message
