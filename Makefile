@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test setup setup-test bench lint clean
+.PHONY: run test setup setup-test install bench lint clean
 
 run: setup  ## set up, then run the daemon in the foreground on the built-in demo model
 	$(BIN)/exod run --demo
@@ -25,6 +25,11 @@ $(VENV)/.test-deps: $(VENV)/.run-deps
 	scripts/system-deps.sh test
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
+
+install: setup  ## as root: exod in /opt/exod (outside home directories), then its service files
+	$(PYTHON) -m venv /opt/exod
+	/opt/exod/bin/python -m pip install -q .
+	/opt/exod/bin/exod install
 
 bench: setup-test  ## benchmarks: print ratios against baselines measured in the same run
 	$(BIN)/python -m bench

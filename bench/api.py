@@ -206,7 +206,7 @@ def measure(sides: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
 
 def paired_ratio(a: list[float], b: list[float]) -> float:
     """Median over rounds of a[i] / b[i]: both ran in the same round, back to back."""
-    return statistics.median(x / y for x, y in zip(a, b))
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -242,7 +242,8 @@ def main() -> None:
     ratio_srv = paired_ratio(results["exod"]["decode"], results["mlx_lm.server"]["decode"])
     # Round i ran the same prompt on every side within a second: the paired differences cancel
     # most of what the rest of the machine does to both (a p50 difference would not).
-    pairs = [e - i for e, i in zip(results["exod"]["ttft"], results["in-process"]["ttft"])]
+    pairs = [e - i for e, i in zip(results["exod"]["ttft"], results["in-process"]["ttft"],
+                                   strict=True)]
     extra = statistics.median(pairs) * 1e3
     rows += [
         ("exod / in-process decode (median of pairs)",

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 CACHE = Path(os.environ.get("EXOD_BENCH_CACHE") or Path.home() / ".cache" / "exod-bench")
 PY = sys.executable

@@ -6,7 +6,6 @@ import os
 import sys
 from pathlib import Path
 
-
 SYSTEM_RUNTIME_DIR = Path("/var/run/exod" if sys.platform == "darwin" else "/run/exod")
 
 

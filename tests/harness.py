@@ -20,7 +20,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import yaml
 
@@ -138,7 +139,7 @@ class Daemon:
 
     # ---- lifecycle --------------------------------------------------------------------
     def start(self, wait_ready: bool = True, args: tuple[str, ...] = (),
-              session: bool = False, prefix: tuple[str, ...] = ()) -> "Daemon":
+              session: bool = False, prefix: tuple[str, ...] = ()) -> Daemon:
         """`prefix`: e.g. `ip netns exec NS`, to run the daemon on another test host."""
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -188,7 +189,7 @@ class Daemon:
     def ctl(self, *args: str, check: bool = True, timeout: float = SAFETY
             ) -> subprocess.CompletedProcess[str]:
         res = subprocess.run([*EXOCTL, "--socket", str(self.socket), *args], capture_output=True,
-                             text=True, timeout=timeout)
+                             text=True, timeout=timeout, check=False)
         if check and res.returncode != 0:
             raise AssertionError(f"exoctl {' '.join(args)} → {res.returncode}\n{res.stdout}"
                                  f"{res.stderr}\n--- daemon log ---\n{self.log_text()}")

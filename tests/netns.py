@@ -46,14 +46,14 @@ class TwoHosts:
         self.a = Host("host-a", f"{PREFIX}-a-{tag}", f"{PREFIX}a{tag}", f"10.213.{third}.1")
         self.b = Host("host-b", f"{PREFIX}-b-{tag}", f"{PREFIX}b{tag}", f"10.213.{third}.2")
 
-    def __enter__(self) -> "TwoHosts":
+    def __enter__(self) -> TwoHosts:
         remove_stale()
         try:
             for h in (self.a, self.b):
                 ip("netns", "add", h.netns)
         except subprocess.CalledProcessError as e:
             self.close()
-            raise NetnsUnavailable(f"cannot create network namespaces: {e.stderr.strip()}")
+            raise NetnsUnavailable(f"cannot create network namespaces: {e.stderr.strip()}") from e
         try:
             ip("link", "add", self.a.veth, "netns", self.a.netns, "type", "veth",
                "peer", "name", self.b.veth, "netns", self.b.netns)

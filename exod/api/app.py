@@ -35,9 +35,9 @@ from exod.api.errors import (
     error_body,
     model_not_found,
     not_ready,
-    served_elsewhere,
     queue_full,
     runner_error,
+    served_elsewhere,
     unauthorized,
 )
 from exod.api.objects import DONE, SSE_HEADERS, Reply, sse

@@ -7,12 +7,12 @@ Exit codes: 0 success; 1 the daemon refused or the command failed; 3 exod is not
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import click
 

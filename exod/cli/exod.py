@@ -150,7 +150,7 @@ def install(dry_run: bool, target: str | None, user: bool, root: Path) -> None:
 @click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
               help="Where to keep the prepared model [default: ~/.cache/exod].")
 def demo_cmd(cache_dir: Path | None) -> None:
-    """Prepare the demo model (once) and print its directory and a config that serves it."""
+    """Prepare the demo model (once) and print the path of a config that serves it."""
     from exod.cli.demo import demo_config
 
     try:

@@ -48,5 +48,6 @@ def render_status(snap: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = [head, ""]
     for r in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        # widths covers every column but the last, which is not padded: zip stops before it.
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
     return "\n".join(line.rstrip() for line in lines)

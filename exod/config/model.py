@@ -55,7 +55,9 @@ def model_layer_count(model_dir: Path) -> int | None:
 
 
 def model_config(model_dir: Path) -> dict[str, object]:
-    """config.json as a dict (the language-model section for multimodal models); {} if unreadable."""
+    """config.json as a dict (the language-model section for multimodal models).
+
+    {} if unreadable."""
     try:
         data = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -11,9 +11,10 @@ Durations are plain floats in seconds once loaded; the YAML side accepts `500ms`
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Mapping, Optional
+from typing import Literal
 
 from exod.config.types import Duration, InstanceName, ModelDir, Octal
 from exod.paths import default_control_socket
@@ -52,11 +53,13 @@ class StopPolicy:
         default=3, metadata=doc("rung 2: how many SIGTERMs to send", minimum=0, maximum=100)
     )
     interval: Duration = field(
-        default=5.0, metadata=doc("rung 2: wait between SIGTERMs (and after the last)", minimum=0.01)
+        default=5.0,
+        metadata=doc("rung 2: wait between SIGTERMs (and after the last)", minimum=0.01),
     )
     kill_interval: Duration = field(
         default=1.0,
-        metadata=doc("rung 3: SIGKILL is repeated this often until the process is gone", minimum=0.01),
+        metadata=doc("rung 3: SIGKILL is repeated this often until the process is gone",
+                     minimum=0.01),
     )
 
 
@@ -89,7 +92,9 @@ class StartLimit:
 
 @dataclass(frozen=True)
 class Host:
-    name: str = field(metadata=doc("host name; compared with node.name", pattern=r"^[A-Za-z0-9._-]{1,253}$"))
+    name: str = field(
+        metadata=doc("host name; compared with node.name", pattern=r"^[A-Za-z0-9._-]{1,253}$")
+    )
     address: str = field(metadata=doc("address other hosts use to reach this one"))
 
 
@@ -108,9 +113,10 @@ class Instance:
     model: ModelDir = field(metadata=doc("local mlx-lm model directory (holds config.json)"))
     shards: int = field(default=1, metadata=doc("number of ranks", minimum=1, maximum=64))
     parallelism: Parallelism = field(default="pipeline", metadata=doc("how ranks split the model"))
-    layers: Optional[tuple[int, ...]] = field(
+    layers: tuple[int, ...] | None = field(
         default=None,
-        metadata=doc("explicit layers per rank (sums to the model's layer count); default even split"),
+        metadata=doc("explicit layers per rank (sums to the model's layer count); "
+                     "default even split"),
     )
     autostart: bool = field(default=True, metadata=doc("start when the daemon starts"))
     # `inherit` fields take their value from `defaults:`; a partial mapping given here
@@ -134,9 +140,10 @@ class Instance:
     hosts: tuple[Host, ...] = field(
         default=(), metadata=doc("hosts the ranks run on, in rank order; default all on this host")
     )
-    port_base: Optional[int] = field(
+    port_base: int | None = field(
         default=None,
-        metadata=doc("rank r listens on port_base + r (multi-rank only)", minimum=1024, maximum=65535),
+        metadata=doc("rank r listens on port_base + r (multi-rank only)",
+                     minimum=1024, maximum=65535),
     )
     backend: Backend = field(default="ring", metadata=doc("mx.distributed backend"))
     peer_timeout: Duration = field(
@@ -191,8 +198,9 @@ class Api:
                      "any free one); empty string disables it",
                      pattern=r"^$|^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$"),
     )
-    token_file: Optional[Path] = field(
-        default=None, metadata=doc("file holding a bearer token required on every endpoint but /health")
+    token_file: Path | None = field(
+        default=None,
+        metadata=doc("file holding a bearer token required on every endpoint but /health"),
     )
 
 

@@ -30,7 +30,7 @@ class ExitInfo:
     signal: int | None = None
 
     @classmethod
-    def from_wait_status(cls, status: int) -> "ExitInfo":
+    def from_wait_status(cls, status: int) -> ExitInfo:
         if os.WIFSIGNALED(status):
             return cls(signal=os.WTERMSIG(status))
         return cls(code=os.WEXITSTATUS(status))

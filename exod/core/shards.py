@@ -62,7 +62,8 @@ def split_layers(
 
 
 def pipeline_shards(total: int, world: int, explicit: tuple[int, ...] | None = None) -> list[Shard]:
-    return [Shard(i, world, s, e, total) for i, (s, e) in enumerate(split_layers(total, world, explicit))]
+    spans = split_layers(total, world, explicit)
+    return [Shard(i, world, s, e, total) for i, (s, e) in enumerate(spans)]
 
 
 def tensor_shards(total: int, world: int) -> list[Shard]:

@@ -29,7 +29,7 @@ class Backend(Protocol):
     def snapshot(self) -> dict[str, Any]: ...
 
     async def command(self, cmd: str, req: dict[str, Any],
-                      emit: "Emit") -> dict[str, Any]: ...
+                      emit: Emit) -> dict[str, Any]: ...
 
 
 class Emit(Protocol):
@@ -101,7 +101,7 @@ class ControlServer:
             await emit(answer)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass  # the client went away (exoctl wait interrupted): nothing to tell
-        except Exception:
+        except Exception:  # noqa: BLE001 -- a bug in one command must not end the control server
             logger.exception("control request failed")
         finally:
             writer.close()

@@ -28,7 +28,8 @@ def addresses(inst: Instance) -> list[str]:
     hosts = [h.address for h in inst.hosts] if inst.hosts else [LOOPBACK] * inst.shards
     ports = ([inst.port_base + r for r in range(inst.shards)] if inst.port_base is not None
              else free_ports(inst.shards))
-    return [f"{_bracket(a)}:{p}" for a, p in zip(hosts, ports)]
+    # config checks refuse a `hosts` list whose length is not `shards`
+    return [f"{_bracket(a)}:{p}" for a, p in zip(hosts, ports, strict=True)]
 
 
 def free_ports(n: int) -> list[int]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import errno
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from loguru import logger
 
@@ -34,11 +35,11 @@ class Seam(Protocol):
 
     def call_at(self, when: float, fn: Callable[[], None]) -> Timer: ...
 
-    def prepare(self, inst: "InstanceRuntime") -> None:
+    def prepare(self, inst: InstanceRuntime) -> None:
         """A group is about to start: agree on its addresses (e.g. write the hostfile)."""
         ...
 
-    def spawn(self, inst: "InstanceRuntime", rank: "RankRuntime") -> int:
+    def spawn(self, inst: InstanceRuntime, rank: RankRuntime) -> int:
         """Start the runner for `rank`; returns its pid; raises OSError when exec fails."""
         ...
 
@@ -48,7 +49,7 @@ class Seam(Protocol):
 
     def kill(self, pid: int, sig: int) -> bool: ...
 
-    def changed(self, inst: "InstanceRuntime") -> None:
+    def changed(self, inst: InstanceRuntime) -> None:
         """State or progress changed: refresh status, wake waiters."""
         ...
 
@@ -82,7 +83,8 @@ class RankRuntime:
 
 
 class InstanceRuntime:
-    def __init__(self, config: Instance, shards: list[Shard], seam: Seam, defaults: Defaults) -> None:
+    def __init__(self, config: Instance, shards: list[Shard], seam: Seam,
+                 defaults: Defaults) -> None:
         self.config = config
         self.name = config.name
         self.seam = seam
@@ -170,7 +172,7 @@ class InstanceRuntime:
                 code = EXIT_UNAVAILABLE if e.errno in PERMANENT_SPAWN_ERRORS else EXIT_TEMPFAIL
                 failed.append((rank, f"cannot start runner: {e}", code))
                 continue
-            except Exception as e:  # a bug of ours: fail this instance, keep the daemon up
+            except Exception as e:  # noqa: BLE001 -- our bug: fail the instance, not the daemon
                 self.log.opt(exception=True).error("cannot start rank {}", rank.rank)
                 failed.append((rank, f"internal error starting the runner: {e!r}",
                                EXIT_UNAVAILABLE))

@@ -56,7 +56,7 @@ def configure(level: str = "INFO", fmt: str = "auto") -> None:
         fmt = "journal" if stderr_is_journal() else "human"
     logger.remove()
     logger.configure(patcher=_context)
-    common = {"level": level, "backtrace": False, "diagnose": False}
+    common: dict[str, Any] = {"level": level, "backtrace": False, "diagnose": False}
     if fmt == "journal":
         logger.add(sys.stderr, format="<{extra[prio]}>{extra[ctx]}{message}", colorize=False,
                    **common)

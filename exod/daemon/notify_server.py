@@ -13,8 +13,8 @@ import asyncio
 import os
 import socket
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from loguru import logger
 
@@ -74,7 +74,8 @@ class NotifyServer:
         cred_space = socket.CMSG_SPACE(CREDS.size)
         while True:
             try:
-                data, ancdata, _flags, _addr = self.sock.recvmsg(MAX_DATAGRAM, fd_space + cred_space)
+                data, ancdata, _flags, _addr = self.sock.recvmsg(MAX_DATAGRAM,
+                                                                  fd_space + cred_space)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
@@ -90,7 +91,7 @@ class NotifyServer:
                     continue
             try:
                 self.handler(pid, fields)
-            except Exception:  # a bad message must not take the daemon's loop down
+            except Exception:  # noqa: BLE001 -- a bad message must not take the daemon's loop down
                 logger.exception("notify handler failed for pid {}", pid)
 
     @staticmethod

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 from loguru import logger
 

@@ -18,8 +18,9 @@ def rss_bytes(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     try:  # macOS
+        # ps exits 1 with no output once the pid is gone: that is the None below, not an error.
         out = subprocess.run(["ps", "-o", "rss=", "-p", str(pid)], capture_output=True,
-                             text=True, timeout=2).stdout.strip()
+                             text=True, timeout=2, check=False).stdout.strip()
         return int(out) * 1024 if out else None
     except (OSError, ValueError, subprocess.SubprocessError):
         return None

@@ -31,11 +31,11 @@ class Readiness:
         self._progress_seen = 0.0  # newest layer-progress time already answered with EXTEND
         self.reload_error: str | None = None  # sticky in STATUS until a reload succeeds
 
-    def spawned(self, sup: "Supervisor", now: float) -> None:
+    def spawned(self, sup: Supervisor, now: float) -> None:
         self._spawned = True
         self.update(sup, now)
 
-    def update(self, sup: "Supervisor", now: float) -> None:
+    def update(self, sup: Supervisor, now: float) -> None:
         if sup.stopping:
             return
         summary = self.line(sup)
@@ -55,7 +55,7 @@ class Readiness:
             self._progress_seen = latest
             self.service.extend_timeout(EXTEND_WINDOW)
 
-    def line(self, sup: "Supervisor") -> str:
+    def line(self, sup: Supervisor) -> str:
         if self.reload_error:
             return f"{self.reload_error}; {sup.summary()}"
         return sup.summary()
@@ -66,7 +66,7 @@ class Readiness:
         if self.ready_sent:
             self.service.reloading()
 
-    def reloaded(self, sup: "Supervisor", now: float, error: str | None) -> None:
+    def reloaded(self, sup: Supervisor, now: float, error: str | None) -> None:
         """READY=1 closes every RELOADING=1, a failed reload included (STATUS says so)."""
         self.reload_error = error
         if self.ready_sent:

@@ -57,7 +57,7 @@ class ServiceNotifier:
         if self.enabled:
             try:
                 self._n = sdnotify.SystemdNotifier(debug=True)
-            except Exception as e:  # sdnotify re-raises anything from socket setup
+            except Exception as e:  # noqa: BLE001 -- sdnotify re-raises anything from socket setup
                 self._warn(f"cannot open NOTIFY_SOCKET {os.environ.get('NOTIFY_SOCKET')}: {e}")
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -86,7 +86,7 @@ class ServiceNotifier:
                 if self._loop is not None:
                     self._loop.add_writer(self._n.socket.fileno(), self._flush)
                 return False
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 -- a failed sd_notify must not stop the daemon
                 self._warn(f"sd_notify failed: {e}")
                 self._pending.clear()
                 return False

@@ -12,8 +12,8 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from exod.core.exits import ExitInfo
 

@@ -13,8 +13,9 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from loguru import logger
 
@@ -26,7 +27,8 @@ from exod.core.shards import Shard, ShardError, pipeline_shards, tensor_shards
 from exod.core.states import State
 from exod.daemon import groups, status
 from exod.daemon import spawn as os_seam
-from exod.daemon.control import ControlServer, Emit
+from exod.daemon.commands import Commands
+from exod.daemon.control import ControlServer
 from exod.daemon.instance import InstanceRuntime, RankRuntime, Timer
 from exod.daemon.notify_server import NotifyServer
 from exod.daemon.processes import ProcessTable
@@ -59,7 +61,8 @@ class Supervisor:
         self._reload_lock = asyncio.Lock()
         run_dir = config.control.socket.parent
         self.notify = NotifyServer(run_dir / "notify.sock", self._on_notify)
-        self.control = ControlServer(config.control.socket, config.control.mode, self)
+        self.commands = Commands(self)
+        self.control = ControlServer(config.control.socket, config.control.mode, self.commands)
         self.readiness = Readiness(config.ready, self.service)
         self.api: Any = None  # the HTTP API (exod.api.app.ApiServer), when api.listen is set
 
@@ -131,6 +134,11 @@ class Supervisor:
         logger.debug("notify from unknown pid {}: {}", pid, fields)
 
     # ---- status -----------------------------------------------------------------------------
+    def listen(self, fn: Callable[[InstanceRuntime], None]) -> Callable[[], None]:
+        """Call `fn` at every change of any instance; returns the function that stops it."""
+        self._listeners.add(fn)
+        return lambda: self._listeners.discard(fn)
+
     def _publish(self, inst: InstanceRuntime) -> None:
         # Listeners copy what they need now: a later snapshot would merge quick changes.
         for fn in list(self._listeners):
@@ -213,7 +221,7 @@ class Supervisor:
         from exod.api.app import ApiServer
 
         self.api = ApiServer(self.config.api, self)
-        self._listeners.add(self.api.instance_changed)
+        self.listen(self.api.instance_changed)
         await self.api.start()
 
     def _add(self, cfg: Instance) -> InstanceRuntime:
@@ -271,82 +279,6 @@ class Supervisor:
         await self.procs.wait_empty()
         assert self._done is not None
         self._done.set()
-
-    # ---- operator commands --------------------------------------------------------------
-    def _get(self, name: Any) -> InstanceRuntime:
-        if not isinstance(name, str) or name not in self.instances:
-            raise KeyError(f"no instance named {name!r}")
-        return self.instances[name]
-
-    async def command(self, cmd: str, req: dict[str, Any], emit: Emit) -> dict[str, Any]:
-        if cmd == "status":
-            return {"ok": True, **self.snapshot()}
-        if cmd == "reload":
-            return await self.reload()
-        if self.stopping and cmd in ("start", "restart"):
-            return {"ok": False, "error": "exod is stopping"}
-        if cmd == "start":
-            inst = self._get(req.get("name"))
-            inst.start(operator=True)
-            return {"ok": True, "state": inst.state.value}
-        if cmd == "stop":
-            inst = self._get(req.get("name"))
-            await self._stopped(inst, operator=True)
-            return {"ok": True, "state": inst.state.value}
-        if cmd == "restart":
-            inst = self._get(req.get("name"))
-            await self._stopped(inst, operator=False)
-            if self.stopping:  # shutdown began while this instance was stopping
-                return {"ok": False, "error": "exod is stopping"}
-            inst.start(operator=True)
-            return {"ok": True, "state": inst.state.value}
-        if cmd == "wait":
-            return await self._wait(self._get(req.get("name")), emit)
-        if cmd == "watch":
-            return await self._watch(emit)
-        raise ValueError(f"unknown command {cmd!r}")
-
-    async def _stopped(self, inst: InstanceRuntime, operator: bool) -> None:
-        fut: asyncio.Future[None] = self.loop.create_future()
-        inst.stop(then=lambda: fut.done() or fut.set_result(None), operator=operator)
-        await fut
-
-    async def _wait(self, inst: InstanceRuntime, emit: Emit) -> dict[str, Any]:
-        """Stream progress until the instance is ready (ok) or settles otherwise (not ok)."""
-        name, stall = inst.name, self.config.defaults.stall_after
-        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-
-        def on_change(changed: InstanceRuntime) -> None:
-            if changed.name == name:
-                q.put_nowait(status.instance_json(changed, self.now(), stall))
-
-        self._listeners.add(on_change)
-        try:
-            snap = status.instance_json(inst, self.now(), stall)
-            while True:
-                if snap["state"] == State.READY.value:
-                    return {"ok": True, "instance": snap}
-                if snap["state"] in (State.FAILED.value, State.STOPPED.value):
-                    return {"ok": False, "error": f"{name} is {snap['detail']}", "instance": snap}
-                await emit({"event": "progress", "instance": snap})
-                snap = await q.get()
-        finally:
-            self._listeners.discard(on_change)
-
-    async def _watch(self, emit: Emit) -> dict[str, Any]:
-        """Stream a full snapshot at every change, until the client goes away."""
-        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-
-        def on_change(_inst: InstanceRuntime) -> None:
-            q.put_nowait(self.snapshot())
-
-        self._listeners.add(on_change)
-        try:
-            await emit({"event": "snapshot", **self.snapshot()})
-            while True:
-                await emit({"event": "snapshot", **(await q.get())})
-        finally:
-            self._listeners.discard(on_change)
 
     # ---- reload ---------------------------------------------------------------------------
     def _on_hup(self) -> None:

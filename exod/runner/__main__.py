@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
-def join_group(args: argparse.Namespace, life: Lifecycle, notify: Notifier) -> "Group":
+def join_group(args: argparse.Namespace, life: Lifecycle, notify: Notifier) -> Group:
     from exod.runner.group import connect
 
     g = connect(args.rank, args.world, args.backend, args.peer_timeout, life, notify)
@@ -133,7 +133,7 @@ def join_group(args: argparse.Namespace, life: Lifecycle, notify: Notifier) -> "
     return g
 
 
-def serve_group(args: argparse.Namespace, loaded: "Loaded", group: "Group", channel: Channel,
+def serve_group(args: argparse.Namespace, loaded: Loaded, group: Group, channel: Channel,
                 life: Lifecycle, notify: Notifier) -> None:
     """Wait for every rank to finish loading (a barrier: no timeout), then rank 0 serves and
     the others follow its headers."""

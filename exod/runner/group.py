@@ -6,7 +6,7 @@ Rank 0 drives; the other ranks ("workers") wait for headers. Every header is fou
 step from it, so ranks never need any other channel to stay in lockstep.
 
 Peers are lost in two ways. A peer process that dies closes its sockets: the next send/recv
-raises, we turn that into PeerLost and the runner exits with EXIT_PEER_LOST (75, EX_TEMPFAIL),
+raises, we turn that into PeerLost and the runner exits with EXIT_PEER_LOST (76, EX_PROTOCOL),
 so its daemon restarts it with backoff and it waits for the group to form again. A network
 partition closes nothing: once the group is ready, rank 0 sends a heartbeat when idle, and a
 watchdog thread ends a rank whose group has been silent for `peer_timeout`. Never while
@@ -19,8 +19,9 @@ import enum
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import cast
 
 import mlx.core as mx
 
@@ -99,7 +100,7 @@ class Group:
             self.send(h, dst)
 
     def recv_header(self) -> tuple[Cmd, int, int]:
-        h = self.recv((HEADER,), mx.int32, 0).tolist()
+        h = cast("list[int]", self.recv((HEADER,), mx.int32, 0).tolist())  # a 1-d int32 array
         return Cmd(h[0]), int(h[1]), int(h[2])
 
     def barrier(self) -> None:

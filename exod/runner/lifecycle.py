@@ -16,8 +16,8 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Callable, Iterator
 
 PR_SET_PDEATHSIG = 1
 

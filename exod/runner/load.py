@@ -9,12 +9,13 @@ involved anywhere: a slow disk makes this slow, never fatal.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, cast
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx import nn
 from mlx.utils import tree_flatten
 
 from exod.core.shards import Shard
@@ -32,7 +33,9 @@ class ModelError(Exception):
 
 @dataclass
 class Loaded:
-    model: nn.Module
+    # Any, not nn.Module: rank 0 of a group serves through parallel.LeaderModel, a stand-in
+    # for the model that drives the whole group.
+    model: Any
     tokenizer: Any
     shard: Shard
     dtype: str
@@ -79,7 +82,8 @@ def load_shard(
 
     t0 = time.monotonic()
     try:
-        model, tokenizer = load(str(path), lazy=True)
+        # Without return_config, load returns (model, tokenizer); its type admits a 3-tuple.
+        model, tokenizer = cast("tuple[nn.Module, Any]", load(str(path), lazy=True))
     except Exception as e:  # mlx-lm raises many types for a bad model directory
         raise ModelError(f"{type(e).__name__}: {e}") from e
 
@@ -120,15 +124,21 @@ def load_shard(
     return Loaded(model, tokenizer, shard, dt, time.monotonic() - t0)
 
 
+def flat_arrays(tree: Any) -> list[tuple[str, mx.array]]:
+    """tree_flatten of a parameter tree, typed: mlx types the result as a list or a dict (the
+    dict only when given one as `destination`)."""
+    return cast("list[tuple[str, mx.array]]", tree_flatten(tree))
+
+
 def _needed_outside_layers(model: nn.Module, layers: list[nn.Module], shard: Shard,
                            parallelism: str) -> list[mx.array]:
     """Non-layer weights this rank uses. In a pipeline the first rank embeds and the last one
     projects (and embeds too when the head is tied to the embeddings); the large matrices a
     rank does not use stay lazy, so they are never read from disk."""
-    in_layers = {id(a) for layer in layers for _, a in tree_flatten(layer.parameters())}
+    in_layers = {id(a) for layer in layers for _, a in flat_arrays(layer.parameters())}
     out = []
     tied = bool(getattr(getattr(model, "args", None), "tie_word_embeddings", False))
-    for name, a in tree_flatten(model.parameters()):
+    for name, a in flat_arrays(model.parameters()):
         if id(a) in in_layers:
             continue
         if parallelism == "pipeline" and shard.world > 1:
@@ -149,11 +159,11 @@ def _layer_sharder(model: nn.Module, owner: nn.Module,
     if not callable(getattr(model, "shard", None)):
         raise ModelError(f"{type(model).__module__} has no shard(): no tensor parallelism")
     everything = owner.layers
-    before = {k: id(v) for k, v in tree_flatten(model.parameters())}
+    before = {k: id(v) for k, v in flat_arrays(model.parameters())}
     owner.layers = []
     try:
         model.shard(group)
-        after = {k: id(v) for k, v in tree_flatten(model.parameters())}
+        after = {k: id(v) for k, v in flat_arrays(model.parameters())}
     finally:
         owner.layers = everything
     if after != {k: v for k, v in before.items() if ".layers." not in k}:

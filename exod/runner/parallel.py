@@ -23,16 +23,16 @@ import weakref
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
+from mlx import nn
 
 from exod.runner.group import Cmd, Group
 from exod.runner.lifecycle import Lifecycle
-from exod.runner.load import Loaded, find_layers_owner
+from exod.runner.load import Loaded, find_layers_owner, flat_arrays
 
 NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm", "norm_f")
 
 
-class GroupCache(list):  # type: ignore[type-arg]
+class GroupCache(list[Any]):
     """This rank's KV caches for one generation, tagged with the id the headers use."""
 
     cache_id: int = 0
@@ -172,9 +172,7 @@ def _new_cache(stage: Stage | None, model: nn.Module) -> list[Any]:
 
 def _compute_dtype(model: nn.Module) -> mx.Dtype:
     """The dtype hidden states travel in: that of the layers' weights."""
-    from mlx.utils import tree_flatten
-
-    for _, a in tree_flatten(model.layers[0].parameters()):
+    for _, a in flat_arrays(model.layers[0].parameters()):
         if mx.issubdtype(a.dtype, mx.floating):
             return a.dtype
     return mx.float32

@@ -17,7 +17,7 @@ import collections
 import os
 import queue
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from exod.protocol import Message
 from exod.runner.channel import STOP, Channel

@@ -1,8 +1,8 @@
 """`exod install`: put the service files where systemd or launchd reads them.
 
 The shipped unit names /usr/bin/exod and the plists /usr/local/bin/exod; the installed copies
-name the exod that runs this command. An existing config is never overwritten. `--dry-run` prints every file
-and its content instead of writing.
+name the exod that runs this command. An existing config is never overwritten. `--dry-run` prints
+every file and its content instead of writing.
 """
 
 from __future__ import annotations

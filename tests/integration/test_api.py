@@ -288,8 +288,8 @@ def test_errors_have_openai_shape_and_status(served: Served) -> None:
 def exoctl(served: Served, *args: str, stdin: str | None = None
            ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "EXOD_API_TOKEN"}
-    return subprocess.run([*EXOCTL, "--socket", str(served.d.socket), *args], input=stdin, check=False,
-                          capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run([*EXOCTL, "--socket", str(served.d.socket), *args], input=stdin,
+                          check=False, capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_exoctl_chat_prompt_streams_the_answer(served: Served) -> None:

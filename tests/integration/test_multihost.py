@@ -5,7 +5,8 @@ failure; when the link returns the group forms again and is ready on both."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import pytest
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import openai
 import pytest

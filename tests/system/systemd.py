@@ -524,7 +524,7 @@ def probe_unshare() -> None:
         raise GuestError(f"unshare failed: {res.stderr.strip()}")
 
 
-# ---- exod's shipped unit, in the guest ------------------------------------------------------------
+# ---- exod's shipped unit, in the guest -----------------------------------------------------------
 REPO = Path(__file__).resolve().parents[2]
 UNIT_FILE = REPO / "packaging" / "systemd" / "exod.service"
 SYSUSERS_FILE = REPO / "packaging" / "systemd" / "exod.sysusers"

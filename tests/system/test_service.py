@@ -70,7 +70,7 @@ def write_config(g: SystemdGuest, instances: dict[str, dict[str, Any]],
     g.write(CONFIG_PATH, json.dumps(cfg, indent=1) + "\n")
 
 
-# ---- observing the service ------------------------------------------------------------------------
+# ---- observing the service -----------------------------------------------------------------------
 def wait_until(what: str, probe: Callable[[], Any], timeout: float = BOUND,
                g: SystemdGuest | None = None) -> Any:
     """Poll `probe` until it returns something truthy; that value. A GuestError if it never
@@ -161,7 +161,7 @@ def exod_processes(g: SystemdGuest) -> str:
     return g.run("pgrep", "-a", "-u", "exod").stdout
 
 
-# ---- fixtures -------------------------------------------------------------------------------------
+# ---- fixtures ------------------------------------------------------------------------------------
 @pytest.fixture
 def dropin(exod_unit: SystemdGuest) -> Iterator[Callable[[str], None]]:
     """Install a [Service] drop-in for exod.service for one test (then daemon-reload); removed
@@ -189,7 +189,7 @@ def gate(exod_unit: SystemdGuest) -> Iterator[str]:
     exod_unit.path(path).unlink(missing_ok=True)
 
 
-# ---- 1. readiness ---------------------------------------------------------------------------------
+# ---- 1. readiness --------------------------------------------------------------------------------
 def test_ready_daemon_returns_while_an_instance_is_still_loading(exod_unit: SystemdGuest) -> None:
     """`ready: daemon`: READY=1 once the control socket is up and the runners are spawned; a
     runner that never finishes loading does not hold `systemctl start` back."""
@@ -320,7 +320,7 @@ def test_a_load_without_progress_still_hits_timeout_start_sec(
     assert "ladder rung 1" in log and "ladder rung 2" not in log, log
 
 
-# ---- 2. status ------------------------------------------------------------------------------------
+# ---- 2. status -----------------------------------------------------------------------------------
 def test_status_shows_a_multi_instance_summary(exod_unit: SystemdGuest) -> None:
     g = exod_unit
     write_config(g, {"fast": double("cooperative"), "slow": double("hang-loading")},
@@ -337,7 +337,7 @@ def test_status_shows_a_multi_instance_summary(exod_unit: SystemdGuest) -> None:
     assert 'Status: "1/2 ready; slow: stopped"' in g.systemctl("status", UNIT).stdout
 
 
-# ---- 3. reload ------------------------------------------------------------------------------------
+# ---- 3. reload -----------------------------------------------------------------------------------
 def test_reload_restarts_only_the_changed_instance(exod_unit: SystemdGuest) -> None:
     """ExecReload=kill -HUP: `systemctl reload` returns once kill has, before exod is done, so
     the test synchronises on exod's status and StatusText."""
@@ -385,7 +385,7 @@ def test_reload_restarts_only_the_changed_instance(exod_unit: SystemdGuest) -> N
     assert pids(status(g) or {"instances": []}) == after
 
 
-# ---- 4. watchdog ----------------------------------------------------------------------------------
+# ---- 4. watchdog ---------------------------------------------------------------------------------
 def test_watchdog_kills_a_frozen_daemon(exod_unit: SystemdGuest,
                                         dropin: Callable[[str], None]) -> None:
     """Drop-in WatchdogSec=2s (the shipped 30 s would make this test slow). SIGSTOP freezes
@@ -413,7 +413,7 @@ def test_watchdog_kills_a_frozen_daemon(exod_unit: SystemdGuest,
     assert g.run("kill", "-0", str(runner)).returncode != 0
 
 
-# ---- 5. stop --------------------------------------------------------------------------------------
+# ---- 5. stop -------------------------------------------------------------------------------------
 def test_stop_cooperative_runners_leave_at_rung_1(exod_unit: SystemdGuest) -> None:
     g = exod_unit
     write_config(g, {"a": double("cooperative"), "b": double("cooperative")})
@@ -489,7 +489,7 @@ def test_stop_ladder_longer_than_timeout_stop_sec_is_extended(
     assert_exod_killed_it(g, inv, log)
 
 
-# ---- 6. no orphans ---------------------------------------------------------------------------------
+# ---- 6. no orphans -------------------------------------------------------------------------------
 def test_kill_9_of_exod_leaves_no_runner(exod_unit: SystemdGuest,
                                          tiny_model_factory: Callable[..., Path]) -> None:
     """A real mlx runner (the tiny model) and a double. Under systemd two mechanisms end them:

@@ -487,7 +487,7 @@ def test_tensor_parallel_needs_divisible_heads(cfg_dir: ConfigDir, heads: int, k
         return
     messages = [p.message for p in problems_of(main)]
     assert len(messages) == len(bad)
-    for fragment, message in zip(bad, messages):
+    for fragment, message in zip(bad, messages, strict=True):
         assert fragment in message and f"not divisible by {n} ranks" in message
 
 

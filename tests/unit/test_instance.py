@@ -47,7 +47,7 @@ def ready(seam: FakeSeam, **kw: Any) -> tuple[InstanceRuntime, list[int]]:
     inst = make(seam, **kw)
     inst.start()
     pids = seam.pids(inst)
-    for pid, rank in zip(pids, inst.ranks):
+    for pid, rank in zip(pids, inst.ranks, strict=True):
         seam.load(pid, rank.shard.count)
     assert inst.state is S.READY
     return inst, pids
@@ -550,7 +550,7 @@ def test_group_stop_ends_when_the_last_rank_is_gone(seam: FakeSeam) -> None:
     done: list[float] = []
     inst.stop(then=lambda: done.append(seam.now()))
     assert all(seam.steps(p) == [(T0, ASK)] for p in pids)
-    for i, pid in enumerate(pids):
+    for pid in pids:
         assert inst.state is S.STOPPING and done == []
         seam.advance(1)
         seam.exit(pid, code=0)

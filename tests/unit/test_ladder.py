@@ -252,6 +252,6 @@ def test_punctual_ticks_follow_the_exact_schedule(pol: StopPolicy, start: float,
     expected = ([start + pol.grace + i * pol.interval for i in range(pol.attempts)]
                 + [start + worst_case(pol) + i * pol.kill_interval for i in range(kills)])
     assert [s for _, s in got] == [TERM] * pol.attempts + [KILL] * kills
-    for (t, _), want in zip(got, expected):
+    for (t, _), want in zip(got, expected, strict=True):
         assert abs(t - want) <= _eps(want) * 10
     assert run.time_to_kill(got[-1][0]) == 0.0

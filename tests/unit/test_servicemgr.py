@@ -111,7 +111,8 @@ def test_plists_follow_launchd_plist_5(path: Path) -> None:
     with open(path, "rb") as f:
         plist = plistlib.load(f)
     for key, kind in PLIST_TYPES.items():
-        assert isinstance(plist[key], kind) and not (kind is int and isinstance(plist[key], bool)), key
+        is_bool = isinstance(plist[key], bool)
+        assert isinstance(plist[key], kind) and not (kind is int and is_bool), key
     assert plist["Label"] == "io.exod.exod"
     assert plist["RunAtLoad"] is True
     assert plist["KeepAlive"] == {"SuccessfulExit": False}  # restart after crashes only
