@@ -90,14 +90,16 @@ def check_layout(instance: Instance, written: Collection[str]) -> list[Issue]:
         elif len(instance.hosts) != shards:
             issues.append(Issue("hosts", f"lists {len(instance.hosts)} hosts but shards is "
                                          f"{shards}: give one host per rank"))
-    if instance.port_base is not None and instance.port_base + shards - 1 > 65535:
+    if instance.port_base is not None and instance.port_base + port_count(instance) - 1 > 65535:
         issues.append(Issue("port_base",
-                            f"{instance.port_base} + {shards} ranks goes past port 65535"))
+                            f"{instance.port_base} + {port_count(instance)} ports goes past "
+                            "port 65535"))
     return issues
 
 
 def check_ports(instances: Sequence[Instance]) -> list[tuple[Instance, Issue]]:
-    """Port ranges [port_base, port_base + shards) of different instances must not overlap."""
+    """Port ranges [port_base, port_base + port_count) of different instances must not
+    overlap."""
     ranged = sorted((i for i in instances if i.port_base is not None),
                     key=lambda i: (i.port_base or 0, i.name))
     found: list[tuple[Instance, Issue]] = []
@@ -105,7 +107,7 @@ def check_ports(instances: Sequence[Instance]) -> list[tuple[Instance, Issue]]:
         assert later.port_base is not None
         for earlier in ranged[:k]:
             assert earlier.port_base is not None
-            if later.port_base < earlier.port_base + earlier.shards:
+            if later.port_base < earlier.port_base + port_count(earlier):
                 found.append((later, Issue(
                     "port_base",
                     f"ports {_span(later)} overlap those of instance {earlier.name!r} "
@@ -114,7 +116,12 @@ def check_ports(instances: Sequence[Instance]) -> list[tuple[Instance, Issue]]:
     return found
 
 
+def port_count(instance: Instance) -> int:
+    """Ports from port_base on: one per rank, plus rank 0's control port for a group."""
+    return instance.shards + 1 if instance.shards > 1 else 1
+
+
 def _span(instance: Instance) -> str:
     first = instance.port_base or 0
-    last = first + instance.shards - 1
+    last = first + port_count(instance) - 1
     return str(first) if last == first else f"{first}-{last}"

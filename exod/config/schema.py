@@ -142,7 +142,8 @@ class Instance:
     )
     port_base: int | None = field(
         default=None,
-        metadata=doc("rank r listens on port_base + r (multi-rank only)",
+        metadata=doc("rank r listens on port_base + r, and rank 0 also on port_base + shards "
+                     "for the group's control connections (multi-rank only)",
                      minimum=1024, maximum=65535),
     )
     backend: Backend = field(default="ring", metadata=doc("mx.distributed backend"))

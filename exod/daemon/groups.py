@@ -1,8 +1,9 @@
 """Where the ranks of a multi-rank instance run and listen, as mx.distributed needs to know.
 
 Rank r runs on `hosts[r]` (every rank on this host when `hosts` is not given) and listens on
-`port_base + r`. Without `port_base` (possible only when every rank is on this host) free
-ports are chosen each time the group starts. The ring backend reads the list from a JSON
+`port_base + r`; rank 0 also listens on `port_base + N` for the group's control connections
+(EXOD_GROUP_CONTROL). Without `port_base` (possible only when every rank is on this host) free
+ports are chosen each time the group starts. The ring backend reads the ranks' list from a JSON
 hostfile (MLX_HOSTFILE), which each daemon writes for its own ranks: hosts share nothing but
 the instance's definition.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 from exod.config.schema import Instance
@@ -23,13 +25,20 @@ def host_of(inst: Instance, rank: int, this_host: str) -> str:
     return inst.hosts[rank].name if inst.hosts else this_host
 
 
-def addresses(inst: Instance) -> list[str]:
-    """`address:port` for every rank, in rank order."""
-    hosts = [h.address for h in inst.hosts] if inst.hosts else [LOOPBACK] * inst.shards
-    ports = ([inst.port_base + r for r in range(inst.shards)] if inst.port_base is not None
-             else free_ports(inst.shards))
+@dataclass(frozen=True)
+class Addresses:
+    ranks: list[str]  # `address:port` of every rank, in rank order (the MLX hostfile)
+    control: str  # `address:port` where rank 0 takes the control connections
+
+
+def addresses(inst: Instance) -> Addresses:
+    n = inst.shards
+    hosts = [h.address for h in inst.hosts] if inst.hosts else [LOOPBACK] * n
+    ports = ([inst.port_base + r for r in range(n + 1)] if inst.port_base is not None
+             else free_ports(n + 1))
     # config checks refuse a `hosts` list whose length is not `shards`
-    return [f"{_bracket(a)}:{p}" for a, p in zip(hosts, ports, strict=True)]
+    ranks = [f"{_bracket(a)}:{p}" for a, p in zip(hosts, ports[:n], strict=True)]
+    return Addresses(ranks, f"{_bracket(hosts[0])}:{ports[n]}")
 
 
 def free_ports(n: int) -> list[int]:

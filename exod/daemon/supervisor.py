@@ -64,6 +64,7 @@ class Supervisor:
         self.commands = Commands(self)
         self.control = ControlServer(config.control.socket, config.control.mode, self.commands)
         self.readiness = Readiness(config.ready, self.service)
+        self._group_control: dict[str, str] = {}  # instance → rank 0's control address
         self.api: Any = None  # the HTTP API (exod.api.app.ApiServer), when api.listen is set
 
     # ---- Seam for InstanceRuntime -------------------------------------------------------
@@ -80,7 +81,9 @@ class Supervisor:
 
     def prepare(self, inst: InstanceRuntime) -> None:
         if inst.config.shards > 1:
-            groups.write_hostfile(self._hostfile(inst), groups.addresses(inst.config))
+            addrs = groups.addresses(inst.config)
+            groups.write_hostfile(self._hostfile(inst), addrs.ranks)
+            self._group_control[inst.name] = addrs.control
 
     def _hostfile(self, inst: InstanceRuntime) -> Path:
         return self.config.control.socket.parent / "groups" / f"{inst.name}.json"
@@ -96,7 +99,8 @@ class Supervisor:
         if shard.world > 1:
             args += ["--backend", c.backend, "--peer-timeout", f"{c.peer_timeout:g}"]
             # mx.distributed's own interface: which rank, and where every rank listens.
-            group_env = {"MLX_RANK": str(shard.rank), "MLX_HOSTFILE": str(self._hostfile(inst))}
+            group_env = {"MLX_RANK": str(shard.rank), "MLX_HOSTFILE": str(self._hostfile(inst)),
+                         "EXOD_GROUP_CONTROL": self._group_control[inst.name]}
         env = os_seam.runner_env(os.environ, {
             **c.env,
             **group_env,

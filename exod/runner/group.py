@@ -1,9 +1,10 @@
 """A rank's membership in its group: mx.distributed init, the control headers rank 0 sends to
 the other ranks, liveness, and what happens when a peer is lost.
 
-Rank 0 drives; the other ranks ("workers") wait for headers. Every header is four int32:
-[command, cache id, sequence length, 0]. A worker learns everything it must do for the next
-step from it, so ranks never need any other channel to stay in lockstep.
+Rank 0 drives; the other ranks ("workers") wait for headers: [command, cache id, sequence
+length], sent over the group's control connections (`exod.runner.headers`: plain TCP, since
+MLX's ring backend burns CPU while a rank idles in recv). A worker learns from a header
+everything it must do next; tensors then move through mx.distributed.
 
 Peers are lost in two ways. A peer process that dies closes its sockets: the next send/recv
 raises, we turn that into PeerLost and the runner exits with EXIT_PEER_LOST (76, EX_PROTOCOL),
@@ -17,21 +18,19 @@ from __future__ import annotations
 
 import enum
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
 from exod.core.exits import EXIT_PEER_LOST
+from exod.runner import headers
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, WARNING, log
 from exod.runner.notify import Notifier
-
-HEADER = 4
-
 
 class Cmd(enum.IntEnum):
     FORWARD = 1  # cache id, sequence length: run one forward pass
@@ -57,6 +56,7 @@ class Group:
     size: int
     peer_timeout: float
     notify: Notifier
+    ctrl: dict[int, socket.socket] = field(default_factory=dict)  # rank → control connection
     _busy_since: float | None = None  # a communication in progress since (monotonic)
 
     # ---- communication ------------------------------------------------------------------
@@ -89,19 +89,23 @@ class Group:
         self._busy_since = time.monotonic()
         try:
             fn()
-        except RuntimeError as e:  # the ring backend's way of saying a socket broke
+        except (RuntimeError, headers.ControlLost) as e:  # a socket broke, MLX's or ours
             raise PeerLost(str(e)) from None
         finally:
             self._busy_since = None
 
     def send_header(self, cmd: Cmd, cache_id: int = 0, length: int = 0) -> None:
-        h = mx.array([int(cmd), cache_id, length, 0], dtype=mx.int32)
-        for dst in range(1, self.size):
-            self.send(h, dst)
+        def go() -> None:
+            for dst in range(1, self.size):
+                headers.send(self.ctrl[dst], int(cmd), cache_id, length)
+
+        self._run(go)
 
     def recv_header(self) -> tuple[Cmd, int, int]:
-        h = cast("list[int]", self.recv((HEADER,), mx.int32, 0).tolist())  # a 1-d int32 array
-        return Cmd(h[0]), int(h[1]), int(h[2])
+        got: list[tuple[int, int, int]] = []
+        self._run(lambda: got.append(headers.recv(self.ctrl[0])))
+        cmd, cache_id, length = got[0]
+        return Cmd(cmd), cache_id, length
 
     def barrier(self) -> None:
         self.all_sum(mx.array([1.0]))
@@ -153,7 +157,16 @@ def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifec
             continue
         if g.size() != size or g.rank() != rank:
             raise RuntimeError(f"group is rank {g.rank()}/{g.size()}, expected {rank}/{size}")
-        return Group(g, rank, size, peer_timeout, notify)
+        group = Group(g, rank, size, peer_timeout, notify)
+        try:
+            with life.interruptible():
+                if rank == 0:
+                    group.ctrl = headers.accept_workers(size, peer_timeout)
+                else:
+                    group.ctrl = {0: headers.connect_to_leader(rank, peer_timeout)}
+        except headers.ControlLost as e:
+            raise PeerLost(f"control connections: {e}") from None
+        return group
 
 
 def address_of(rank: int) -> str | None:
