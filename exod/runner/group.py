@@ -166,6 +166,8 @@ def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifec
                     group.ctrl = {0: headers.connect_to_leader(rank, peer_timeout)}
         except headers.ControlLost as e:
             raise PeerLost(f"control connections: {e}") from None
+        except headers.ControlAddressInUse as e:
+            raise AddressInUse(str(e)) from None
         return group
 
 

@@ -11,6 +11,7 @@ other rank connects and says which rank it is.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -21,6 +22,10 @@ HELLO = struct.Struct("!i")  # the connecting rank
 
 
 class ControlLost(Exception):
+    pass
+
+
+class ControlAddressInUse(Exception):
     pass
 
 
@@ -46,7 +51,12 @@ def accept_workers(size: int, timeout: float) -> dict[int, socket.socket]:
     srv = socket.socket(_family(host), socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        srv.bind((host, port))
+        try:
+            srv.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise ControlAddressInUse(f"{host}:{port}") from None
+            raise ControlLost(f"cannot listen on {host}:{port}: {e.strerror}") from None
         srv.listen(size)
         deadline = time.monotonic() + timeout
         out: dict[int, socket.socket] = {}

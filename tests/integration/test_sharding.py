@@ -147,3 +147,29 @@ def test_an_idle_group_costs_no_cpu(trio: Daemon) -> None:
     window = time.monotonic() - t0
     usage = {p: (cpu_seconds(p) - before[p]) / window for p in pids}
     assert all(u < 0.15 for u in usage.values()), usage
+
+
+@pytest.mark.parametrize("taken", [0, 2], ids=["rank-0-port", "control-port"])
+def test_address_in_use_is_a_clear_error_then_backoff(
+        daemons: Callable[..., Daemon], tiny_model_factory: Callable[..., Path],
+        taken: int) -> None:
+    import socket
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    port_base = squatter.getsockname()[1] - taken
+    try:
+        d = daemons({"instances": {"pipe": {
+            "model": str(tiny_model_factory(layers=6)), "shards": 2, "port_base": port_base,
+            "backoff": {"initial": "100ms", "jitter": 0}}}})
+        d.start()
+        inst = d.until_state("pipe", "backoff")  # the group failed and will be retried
+        where = f"127.0.0.1:{port_base + taken}"
+        errors = [r["error"] for r in inst["ranks"] if r["error"]]
+        assert any(f"address {where} is in use" in e for e in errors), inst["ranks"]
+        exits = [e["extra"] for e in d.events(event="exit", instance="pipe", rank=0)]
+        assert exits and exits[0]["code"] == 75, exits
+        assert d.terminate() == 0
+    finally:
+        squatter.close()
