@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,17 @@ def addresses(inst: Instance) -> Addresses:
     # config checks refuse a `hosts` list whose length is not `shards`
     ranks = [f"{_bracket(a)}:{p}" for a, p in zip(hosts, ports[:n], strict=True)]
     return Addresses(ranks, f"{_bracket(hosts[0])}:{ports[n]}")
+
+
+def thread_split(inst: Instance, local_ranks: int, env: Mapping[str, str]) -> dict[str, str]:
+    """BLAS threads per rank when several ranks of a group share this host: the cores divided
+    among them. Each rank's BLAS would otherwise start a thread per core, and ranks that wait
+    for each other on oversubscribed cores ran 2-3x slower in measurements on 2 cores. An
+    operator's own setting (daemon or instance env) wins."""
+    if local_ranks < 2 or "OPENBLAS_NUM_THREADS" in inst.env or "OPENBLAS_NUM_THREADS" in env:
+        return {}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"OPENBLAS_NUM_THREADS": str(max(1, (cores or 1) // local_ranks))}
 
 
 def free_ports(n: int) -> list[int]:

@@ -102,6 +102,7 @@ class Supervisor:
             group_env = {"MLX_RANK": str(shard.rank), "MLX_HOSTFILE": str(self._hostfile(inst)),
                          "EXOD_GROUP_CONTROL": self._group_control[inst.name]}
         env = os_seam.runner_env(os.environ, {
+            **groups.thread_split(inst.config, sum(r.local for r in inst.ranks), os.environ),
             **c.env,
             **group_env,
             "NOTIFY_SOCKET": str(self.notify.path),

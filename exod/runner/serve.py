@@ -51,6 +51,13 @@ def take(inbox: queue.Queue[Message], block: bool, timeout: float | None) -> lis
     return out
 
 
+def show(notify: Notifier, active: int, shown: int) -> int:
+    """STATUS= for the rank when the number of generations changed; returns what is shown."""
+    if active != shown:
+        notify.status(f"serving {active} request(s)" if active else "ready")
+    return active
+
+
 def serve(loaded: Loaded, channel: Channel, life: Lifecycle, notify: Notifier,
           tick: Callable[[], None] | None = None, tick_every: float | None = None) -> None:
     """`tick` runs at least every `tick_every` seconds from this loop (between tokens, or when
@@ -110,10 +117,7 @@ def serve(loaded: Loaded, channel: Channel, life: Lifecycle, notify: Notifier,
         for rid in channel.cancelled.intersection(recent):  # cancels that crossed a `done`
             channel.cancelled.discard(rid)
 
-        if len(active) != shown:
-            shown = len(active)
-            notify.status(f"serving {shown} request(s)" if shown else "ready")
-
+        shown = show(notify, len(active), shown)
         for rid, gen in list(active.items()):
             try:
                 text, reason = gen.step()
@@ -127,6 +131,8 @@ def serve(loaded: Loaded, channel: Channel, life: Lifecycle, notify: Notifier,
                 channel.send({"id": rid, "ev": "text", "text": text})
             if reason is not None:
                 finish(rid, gen.done(reason))
+        # Again now: the loop may next block for a long time with nothing to do.
+        shown = show(notify, len(active), shown)
 
         if next_beat is not None and time.monotonic() >= next_beat:
             notify.watchdog()

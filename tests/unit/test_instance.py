@@ -610,3 +610,18 @@ def test_an_instance_with_no_rank_here_is_not_started(seam: FakeSeam) -> None:
         r.local = False
     inst.start()
     assert inst.state is S.STOPPED and seam.spawns == []
+
+
+def test_blas_threads_are_split_among_the_local_ranks_of_a_group() -> None:
+    import os
+
+    from exod.daemon.groups import thread_split
+
+    cores = len(os.sched_getaffinity(0))
+    two = Instance(name="g", model=Path("/m"), shards=2)
+    assert thread_split(two, 2, {}) == {"OPENBLAS_NUM_THREADS": str(max(1, cores // 2))}
+    assert thread_split(two, 1, {}) == {}  # the other rank runs on another host
+    assert thread_split(two, 2, {"OPENBLAS_NUM_THREADS": "3"}) == {}  # the operator decides
+    mine = Instance(name="g", model=Path("/m"), shards=2, env={"OPENBLAS_NUM_THREADS": "2"})
+    assert thread_split(mine, 2, {}) == {}
+    assert thread_split(Instance(name="s", model=Path("/m")), 1, {}) == {}
