@@ -140,8 +140,10 @@ mount -t overlay overlay -o "lowerdir=/etc,upperdir=$H/etc-upper,workdir=$H/etc-
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /run
 mkdir -p {guest_dir}
 mount --bind "$H" {guest_dir}
+{keep_before}
 for d in /tmp /var/tmp; do mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$d"; done
 for d in /var/lib /var/cache /var/log; do mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs "$d"; done
+{keep_after}
 {journald}
 mount --bind "$(cat {guest_dir}/console)" /dev/console
 # /dev is the host's: keep the guest's logging out of the host's kernel ring buffer.
@@ -306,9 +308,11 @@ class SystemdGuest:
             (self.units / name).write_text(text)
         (self.dir / "journald.conf").write_text(JOURNALD_CONF)
         (self.dir / "stage1.sh").write_text(STAGE1)
+        before, after = keep_visible()
         (self.dir / "stage2.sh").write_text(STAGE2.format(
             guest_dir=GUEST_DIR, systemd=SYSTEMD, target=DEFAULT_TARGET,
-            journald=JOURNALD_SETUP.format(guest_dir=GUEST_DIR) if self.journald else ""))
+            journald=JOURNALD_SETUP.format(guest_dir=GUEST_DIR) if self.journald else "",
+            keep_before=before, keep_after=after))
 
     def _drain_console(self) -> None:
         with open(self.console_log, "ab", buffering=0) as out:
@@ -545,6 +549,22 @@ def with_venv_exod(text: str, exod: Path = VENV_EXOD) -> str:
     return new
 
 
+MASKED = ("/tmp", "/var/tmp", "/var/lib", "/var/cache", "/var/log")  # private tmpfs in the guest
+
+
+def keep_visible() -> tuple[str, str]:
+    """Shell lines for stage 2: the checkout, its venv and the interpreter must stay visible in
+    the guest even when they live under a folder the guest masks with a tmpfs (a CI clone in
+    /tmp, say). Each is bound aside (under the guest dir) before the masks, and back after."""
+    need = sorted({os.path.realpath(p) for p in (REPO, sys.prefix, sys.base_prefix)})
+    masked = [p for p in need if any(p == m or p.startswith(m + "/") for m in MASKED)]
+    before = [f"mkdir -p {GUEST_DIR}/keep/{i} && mount --bind '{p}' {GUEST_DIR}/keep/{i}"
+              for i, p in enumerate(masked)]
+    after = [f"mkdir -p '{p}' && mount --bind {GUEST_DIR}/keep/{i} '{p}'"
+             for i, p in enumerate(masked)]
+    return "\n".join(before), "\n".join(after)
+
+
 def hidden_prefixes() -> list[str]:
     """What exod needs from this checkout that ProtectHome=yes would hide: the interpreter's
     prefix (here a pyenv Python under /root), the venv, the repo (PYTHONPATH of the doubles)."""
@@ -561,6 +581,8 @@ def adapt_exod_unit(text: str, exod: Path = VENV_EXOD) -> str:
        exod could not even be executed, so ProtectHome=tmpfs (homes are still empty) plus
        BindReadOnlyPaths= of exactly those folders, read-only. An installed exod lives in
        /usr or /opt and needs neither (see the unit's header).
+    3. Likewise PrivateTmp=yes, when the checkout is under /tmp (a CI clone): a read-only
+       BindReadOnlyPaths= of it into the service's private /tmp.
 
     NOT adapted, because they work in the guest as shipped: User=/Group=exod (install_exod()
     creates the user with systemd-sysusers from exod.sysusers, in the guest's private /etc
@@ -575,7 +597,21 @@ def adapt_exod_unit(text: str, exod: Path = VENV_EXOD) -> str:
                           + " ".join(binds), text, flags=re.MULTILINE)
         if n != 1:
             raise ValueError(f"{UNIT_FILE} has no `ProtectHome=yes` line to adapt")
+    private = in_private_tmp()
+    if private:
+        text, n = re.subn(r"^PrivateTmp=yes$", "PrivateTmp=yes\nBindReadOnlyPaths="
+                          + " ".join(private), text, flags=re.MULTILINE)
+        if n != 1:
+            raise ValueError(f"{UNIT_FILE} has no `PrivateTmp=yes` line to adapt")
     return text
+
+
+def in_private_tmp() -> list[str]:
+    """What exod needs from this checkout that PrivateTmp=yes would hide (a CI clone in /tmp):
+    bound read-only into the service's private /tmp."""
+    need = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, REPO)}
+    return sorted(p for p in need
+                  if any(p.startswith(t + "/") for t in ("/tmp", "/var/tmp")))
 
 
 def install_exod(g: SystemdGuest, config: str | None = None) -> None:
