@@ -146,7 +146,8 @@ def reload(client: Client) -> None:
 @main.command()
 @click.argument("name")
 @click.option("--timeout", type=float, default=None, metavar="S",
-              help="Give up (exit 4) after S seconds; the instance keeps loading.")
+              help="Give up (exit 4) after S seconds; the instance keeps loading. Also waits "
+                   "for exod itself to start, within S.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.pass_obj
 def wait(client: Client, name: str, timeout: float | None, quiet: bool) -> None:
@@ -154,8 +155,11 @@ def wait(client: Client, name: str, timeout: float | None, quiet: bool) -> None:
     from exod.cli.progress import Progress
 
     bar = Progress(enabled=not quiet and sys.stdout.isatty())
+    start = time.monotonic()
     try:
-        limit = float("inf") if timeout is None else timeout
+        if timeout is not None:
+            wait_for_daemon(client, start + timeout)
+        limit = float("inf") if timeout is None else max(0.001, start + timeout - time.monotonic())
         for msg in client.stream({"cmd": "wait", "name": name}, timeout=limit):
             if "event" in msg:
                 bar.update(msg["instance"])
@@ -175,13 +179,27 @@ def wait(client: Client, name: str, timeout: float | None, quiet: bool) -> None:
     raise click.ClickException("exod closed the connection before an answer")
 
 
+def wait_for_daemon(client: Client, deadline: float) -> None:
+    """Until the control socket answers (exod may still be starting, e.g. preparing the demo
+    model); raises TimeoutError at the deadline."""
+    while True:
+        try:
+            client.call({"cmd": "status"}, timeout=max(0.001, deadline - time.monotonic()))
+            return
+        except NotRunning:
+            if time.monotonic() >= deadline:
+                raise TimeoutError from None
+            time.sleep(0.2)  # polling a socket that does not exist yet: nothing to wait on
+
+
 @main.command()
 @click.argument("name")
 @click.argument("prompt", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the raw chunks, one JSON per line.")
 @click.option("--system", default=None, metavar="TEXT", help="A system message first.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None, metavar="N")
-@click.option("--temperature", type=click.FloatRange(0, 2), default=None, metavar="T")
+@click.option("--temperature", type=click.FloatRange(0, 2), default=0.0, show_default=True,
+              metavar="T", help="0 is greedy (as mlx_lm.chat): small models ramble when hot.")
 @click.option("--seed", type=int, default=None)
 @click.pass_obj
 def chat(client: Client, name: str, prompt: str | None, as_json: bool, system: str | None,

@@ -64,3 +64,21 @@ def test_not_running_is_exit_3(tmp_path: Path) -> None:
     assert res.returncode == 3
     assert "not running" in res.stderr and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_wait_with_a_timeout_also_waits_for_the_daemon_to_start(
+        daemons: Callable[..., Daemon], tiny_model: Path) -> None:
+    """`exoctl wait NAME --timeout S` run before exod is up (as right after `make run`)."""
+    import subprocess
+
+    from tests.harness import EXOCTL
+
+    d = daemons({"instances": {"tiny": {"model": str(tiny_model)}}})
+    waiter = subprocess.Popen([*EXOCTL, "--socket", str(d.socket), "wait", "tiny",
+                               "--timeout", "120"], stdout=subprocess.PIPE, text=True)
+    d.start(wait_ready=False)  # only now does the socket appear
+    out, _ = waiter.communicate(timeout=150)
+    assert waiter.returncode == 0 and "tiny: ready" in out
+    res = subprocess.run([*EXOCTL, "--socket", str(d.dir / "nope.sock"), "wait", "tiny",
+                          "--timeout", "0.5"], capture_output=True, text=True, check=False)
+    assert res.returncode == 4 and "not ready after 0.5s" in res.stderr
