@@ -65,6 +65,7 @@ class Supervisor:
         self.control = ControlServer(config.control.socket, config.control.mode, self.commands)
         self.readiness = Readiness(config.ready, self.service)
         self._group_control: dict[str, str] = {}  # instance → rank 0's control address
+        self._swaps: dict[str, Instance | None] = {}  # stopping for a reload: what replaces it
         self.api: Any = None  # the HTTP API (exod.api.app.ApiServer), when api.listen is set
 
     # ---- Seam for InstanceRuntime -------------------------------------------------------
@@ -321,6 +322,9 @@ class Supervisor:
         for name in d.changed:
             self._retire(name, replacement=new.instances[name])
         for name in d.added:
+            if name in self._swaps:  # removed by an earlier reload and still stopping
+                self._retire(name, replacement=new.instances[name])
+                continue
             inst = self._add(new.instances[name])
             if inst.config.autostart:
                 inst.start()
@@ -331,22 +335,24 @@ class Supervisor:
                 "changed": list(d.changed), "unchanged": list(d.unchanged)}
 
     def _retire(self, name: str, replacement: Instance | None) -> None:
-        """Stop through the ladder; drop (or replace) only once every runner is gone."""
+        """Stop through the ladder; drop (or replace) only once every runner is gone. A reload
+        during that stop only updates what the swap applies: the latest config wins."""
+        stopping = name in self._swaps
+        self._swaps[name] = replacement
+        if stopping:
+            return
         old = self.instances[name]
-        resume = old.state is not State.STOPPED and not old.held
-        if replacement is not None:
-            resume = resume or (replacement.autostart and not old.held)
+        was_running = old.state is not State.STOPPED
 
         def swap() -> None:
-            if self.instances.get(name) is not old:
-                return  # replaced meanwhile by a later reload
-            if replacement is None:
+            latest = self._swaps.pop(name)
+            if latest is None:
                 del self.instances[name]
                 self._publish(old)
                 return
-            new = self._add(replacement)
+            new = self._add(latest)
             new.held = old.held
-            if resume and not self.stopping:
+            if (was_running or latest.autostart) and not old.held and not self.stopping:
                 new.start()
             self._publish(new)
 

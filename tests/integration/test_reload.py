@@ -11,6 +11,7 @@ from collections.abc import Callable
 import yaml
 
 from tests.harness import Daemon, pid_alive
+from tests.integration.conftest import double_env
 
 
 def pids(d: Daemon) -> dict[str, int | None]:
@@ -87,4 +88,30 @@ def test_invalid_reload_changes_nothing(daemons: Callable[..., Daemon], tiny_mod
     d.send_signal(signal.SIGHUP)
     d.watch_until(all_ready({"a", "b"}), what="b added by SIGHUP")
     assert pids(d)["a"] == before["a"]
+    assert d.terminate() == 0
+
+
+def test_a_second_reload_during_a_stop_wins(daemons: Callable[..., Daemon],
+                                            fake_model: Path) -> None:
+    """Reload 1 changes `x` (its stubborn runner takes the whole ladder to go), reload 2 removes
+    it before that stop is over: the latest config is what ends up applied."""
+    ladder = {"grace": "3s", "attempts": 1, "interval": "500ms", "kill_interval": "200ms"}
+    d = daemons({"instances": {"x": {"model": str(fake_model), "stop": ladder,
+                                     "env": double_env("stubborn")}}})
+    d.start()
+    pid = d.until_state("x", "ready")["ranks"][0]["pid"]
+
+    cfg = yaml.safe_load(d.config_path.read_text())
+    cfg["instances"]["x"]["env"]["EXOD_TEST_MARK"] = "2"
+    d.write_config(cfg)
+    assert "changed: x" in d.ctl("reload").stdout
+    assert d.instance("x")["state"] == "stopping"  # the ladder is still running
+    del cfg["instances"]["x"]
+    cfg["instances"]["y"] = {"model": str(fake_model), "env": double_env("cooperative")}
+    d.write_config(cfg)
+    assert "removed: x" in d.ctl("reload").stdout
+
+    d.watch_until(lambda s: [i["name"] for i in s["instances"]] == ["y"]
+                  and s["instances"][0]["state"] == "ready", what="x gone, y ready")
+    assert not pid_alive(pid)
     assert d.terminate() == 0
