@@ -49,6 +49,7 @@ class Commands:
             await self._stopped(inst, operator=False)
             if sup.stopping:  # shutdown began while this instance was stopping
                 return {"ok": False, "error": "exod is stopping"}
+            inst = self._get(inst.name)  # a reload may have replaced it meanwhile
             inst.start(operator=True)
             return {"ok": True, "state": inst.state.value}
         if cmd == "wait":

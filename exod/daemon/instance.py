@@ -94,6 +94,7 @@ class InstanceRuntime:
         self.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
         self.started_at: float | None = None
         self.held = False  # an operator stopped it: a reload must not start it again
+        self.retired = False  # replaced or removed by a reload: it never starts again
         self._pending: Decision | None = None  # applied once every rank is gone
         self._after_stop: list[Continuation] = []  # notifications: always run
         self._start_after_stop: bool | None = None  # deferred start (by operator?), if any
@@ -140,6 +141,8 @@ class InstanceRuntime:
     # ---- operator and supervisor calls ----------------------------------------------------
     def start(self, operator: bool = False) -> None:
         """Start every local rank. From stopping, start once the stop is complete."""
+        if self.retired:  # a start deferred past its reload's swap: the replacement runs
+            return
         if operator:
             self.held = False
             self.tracker.reset()

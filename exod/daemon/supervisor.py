@@ -346,6 +346,7 @@ class Supervisor:
 
         def swap() -> None:
             latest = self._swaps.pop(name)
+            old.retired = True
             if latest is None:
                 del self.instances[name]
                 self._publish(old)

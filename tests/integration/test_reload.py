@@ -115,3 +115,28 @@ def test_a_second_reload_during_a_stop_wins(daemons: Callable[..., Daemon],
                   and s["instances"][0]["state"] == "ready", what="x gone, y ready")
     assert not pid_alive(pid)
     assert d.terminate() == 0
+
+
+def test_start_during_a_reload_stop_starts_the_new_config_only(
+        daemons: Callable[..., Daemon], fake_model: Path) -> None:
+    """`exoctl start x` while a reload is stopping x's old runner: once it is gone, only the
+    replacement runs (the old runtime, out of the table, must never spawn again)."""
+    ladder = {"grace": "3s", "attempts": 1, "interval": "500ms", "kill_interval": "200ms"}
+    d = daemons({"instances": {"x": {"model": str(fake_model), "stop": ladder,
+                                     "env": double_env("stubborn")}}})
+    d.start()
+    pid = d.until_state("x", "ready")["ranks"][0]["pid"]
+
+    cfg = yaml.safe_load(d.config_path.read_text())
+    cfg["instances"]["x"]["env"] = double_env("cooperative")
+    d.write_config(cfg)
+    assert "changed: x" in d.ctl("reload").stdout
+    assert "x: stopping" in d.ctl("start", "x").stdout
+
+    new = d.until_instance("x", lambda i: i["state"] == "ready" and i["ranks"][0]["pid"] != pid)
+    assert not pid_alive(pid)
+    started = [e for e in d.events(event="state", instance="x")
+               if e["extra"]["new"] == "starting"]
+    assert len(started) == 2, d.log_text()  # the first start, then the replacement's only
+    assert d.terminate() == 0
+    assert new["ranks"][0]["pid"] not in (None, pid)

@@ -467,6 +467,19 @@ def test_any_stop_cancels_a_deferred_start(seam: FakeSeam) -> None:
     assert inst.state is S.STOPPED and len(seam.spawns) == 1
 
 
+
+def test_a_retired_instance_never_starts_again(seam: FakeSeam) -> None:
+    """A reload swapped it for a replacement when its stop completed: a start deferred past
+    that point (exoctl start during the stop) is the replacement's, not this runtime's."""
+    inst, (pid,) = ready(seam)
+    inst.stop(then=lambda: setattr(inst, "retired", True))  # what the reload's swap does
+    inst.start(operator=True)  # deferred until the stop completes
+    seam.exit(pid, code=0)
+    assert inst.state is S.STOPPED and len(seam.spawns) == 1
+    inst.start(operator=True)
+    assert inst.state is S.STOPPED and len(seam.spawns) == 1
+
+
 # ---- groups ----------------------------------------------------------------------------------
 def test_a_dead_rank_stops_its_siblings_politely_then_the_group_restarts(seam: FakeSeam) -> None:
     inst, (p0, p1, p2) = ready(seam, ranks=3, layers=6)
