@@ -287,7 +287,9 @@ class InstanceRuntime:
             else:
                 self.seam.changed(self)
             return
-        if expected:  # cannot happen outside STOPPING; keep the status fresh anyway
+        # `expected` cannot happen outside STOPPING. An instance no longer active has had its
+        # fate decided: by another rank that failed to spawn in the same start.
+        if expected or not self.state.active:
             self.seam.changed(self)
             return
         decision = self.tracker.on_exit(self.seam.now(), info, rank.error)

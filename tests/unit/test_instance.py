@@ -599,6 +599,24 @@ def test_spawn_error_in_a_group_stops_the_ranks_that_started(seam: FakeSeam) -> 
     assert inst.state is S.FAILED and "cannot start runner" in inst.machine.reason
 
 
+
+def test_spawn_errors_on_every_rank_are_one_failure(seam: FakeSeam) -> None:
+    inst = make(seam, ranks=2, layers=2)
+    seam.spawn_errors[0] = seam.spawn_errors[1] = BlockingIOError(11, "Resource unavailable")
+    inst.start()
+    assert inst.state is S.BACKOFF and inst.tracker.restarts == 1
+    assert seam.pending() == [T0 + BACKOFF.initial]
+    assert all(r.state is S.FAILED and r.last_exit == ExitInfo(code=75) for r in inst.ranks)
+
+
+def test_a_permanent_spawn_error_then_a_temporary_one_fails_the_group(seam: FakeSeam) -> None:
+    inst = make(seam, ranks=2, layers=2)
+    seam.spawn_errors[0] = FileNotFoundError(2, "No such file or directory")
+    seam.spawn_errors[1] = BlockingIOError(11, "Resource unavailable")
+    inst.start()
+    assert inst.state is S.FAILED and seam.pending() == []
+
+
 def test_remote_ranks_follow_the_local_group(seam: FakeSeam) -> None:
     """Rank 1 runs on another host: this daemon spawns rank 0 only, and learns of rank 1 from
     rank 0, whose READY comes after a barrier across the whole group."""
