@@ -334,13 +334,16 @@ class InstanceRuntime:
             return
         rank.signals_sent.append(step.value)
         log = self.log.bind(rank=rank.rank, pid=pid, event="ladder", step=step.value)
+        stop = self.config.stop
         if step is Step.ASK:
-            sent = self.seam.ask(pid, self.config.stop.drain)
-            log.info("ladder rung 1: asking to shut down, grace {:g}s{}", self.config.stop.grace,
+            # In-flight generations may run `drain` seconds, but the runner must still leave
+            # within rung 1's grace: keep a second of it for the exit itself.
+            sent = self.seam.ask(pid, min(stop.drain, max(0.0, stop.grace - 1.0)))
+            log.info("ladder rung 1: asking to shut down, grace {:g}s{}", stop.grace,
                      "" if sent else " (channel closed)")
         elif step is Step.TERM:
             n = rank.signals_sent.count(Step.TERM.value)
-            log.warning("ladder rung 2: SIGTERM {}/{}", n, self.config.stop.attempts)
+            log.warning("ladder rung 2: SIGTERM {}/{}", n, stop.attempts)
             self.seam.kill(pid, signal.SIGTERM)
         else:
             log.error("ladder rung 3: SIGKILL (still alive after every SIGTERM)")

@@ -119,11 +119,6 @@ class Supervisor:
                                 lambda pid, info: inst.on_exit(pid, info))
 
     def ask(self, pid: int, drain: float) -> bool:
-        # In-flight generations may run `drain` seconds, but the runner must still leave
-        # within rung 1's grace: keep a second of it for the exit itself.
-        inst = next((i for i in self.instances.values() if i.rank_by_pid(pid)), None)
-        if inst is not None:
-            drain = min(drain, max(0.0, inst.config.stop.grace - 1.0))
         return self.procs.send(pid, {"op": "shutdown", "drain": drain})
 
     def kill(self, pid: int, sig: int) -> bool:

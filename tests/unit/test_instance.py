@@ -222,6 +222,16 @@ def test_reaping_stops_the_ladder(seam: FakeSeam, reaped_after: int) -> None:
     assert seam.steps(pid) == [(T0 + t, step) for t, step in LADDER_TIMES[:reaped_after]]
 
 
+@pytest.mark.parametrize(("grace", "drain", "sent"), [(10.0, 5.0, 5.0), (4.0, 5.0, 3.0),
+                                                      (0.5, 5.0, 0.0)])
+def test_the_drain_asked_for_leaves_a_second_of_grace_for_the_exit(
+        seam: FakeSeam, grace: float, drain: float, sent: float) -> None:
+    stop = StopPolicy(grace=grace, drain=drain, attempts=3, interval=5.0, kill_interval=1.0)
+    inst, _ = ready(seam, stop=stop)
+    inst.stop()
+    assert seam.drains == [sent]
+
+
 def test_a_cooperative_runner_gets_no_signal_at_all(seam: FakeSeam) -> None:
     inst, (pid,) = ready(seam)
     inst.stop()
