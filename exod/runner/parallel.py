@@ -18,7 +18,6 @@ several generations can take turns token by token as on a single rank.
 from __future__ import annotations
 
 import itertools
-import time
 import weakref
 from typing import Any
 
@@ -38,11 +37,11 @@ class GroupCache(list[Any]):
     cache_id: int = 0
 
 
-def _inner_call(inner: nn.Module, inputs: mx.array, cache: list[Any],
-                h: mx.array | None) -> mx.array:
+def _call(module: nn.Module, inputs: mx.array, cache: list[Any], h: mx.array | None) -> mx.array:
+    """A forward pass from the tokens, or from the previous rank's hidden state `h`."""
     if h is None:
-        return inner(inputs, cache)
-    return inner(inputs, cache, input_embeddings=h)
+        return module(inputs, cache=cache)
+    return module(inputs, cache=cache, input_embeddings=h)
 
 
 class Stage:
@@ -59,21 +58,14 @@ class Stage:
                     setattr(self.inner, name, nn.Identity())
                     break
 
-    def make_cache(self) -> list[Any]:
-        from mlx_lm.models.cache import make_prompt_cache
-
-        return list(make_prompt_cache(self.model))
-
     def forward(self, tokens: mx.array | None, h: mx.array | None, cache: list[Any],
                 length: int) -> mx.array:
         """First rank: from tokens. Others: from the previous rank's hidden state `h`.
         Returns the hidden state for the next rank, or the last position's logits."""
         inputs = tokens if tokens is not None else mx.zeros((1, length), dtype=mx.int32)
         if self.shard.last:
-            out = self.model(inputs, cache=cache, input_embeddings=h) if h is not None \
-                else self.model(inputs, cache=cache)
-            return out[:, -1:, :]
-        return _inner_call(self.inner, inputs, cache, h)
+            return _call(self.model, inputs, cache, h)[:, -1:, :]
+        return _call(self.inner, inputs, cache, h)
 
 
 class LeaderModel:
@@ -93,9 +85,7 @@ class LeaderModel:
     # mlx-lm's make_prompt_cache(model) calls this once per generation
     def make_cache(self) -> GroupCache:
         self._flush_freed()
-        from mlx_lm.models.cache import make_prompt_cache
-
-        cache = GroupCache(make_prompt_cache(self.loaded.model))
+        cache = GroupCache(_new_cache(self.loaded.model))
         cache.cache_id = next(self._ids)
         self.group.send_header(Cmd.NEW_CACHE, cache.cache_id)
         weakref.finalize(cache, self._freed.append, cache.cache_id)
@@ -110,8 +100,9 @@ class LeaderModel:
         g, length = self.group, int(inputs.shape[1])
         g.send_header(Cmd.FORWARD, cache.cache_id, length)
         if self.parallelism == "tensor":
+            tokens = inputs.astype(mx.int32)
             for dst in range(1, g.size):
-                g.send(inputs.astype(mx.int32), dst)
+                g.send(tokens, dst)
             logits = self.loaded.model(inputs, cache=cache)[:, -1:, :]
             mx.eval(logits)
             return logits
@@ -145,7 +136,7 @@ def worker_loop(loaded: Loaded, group: Group, parallelism: str, life: Lifecycle)
         if cmd is Cmd.FORWARD:
             cache = caches.get(cache_id)
             if cache is None:  # should not happen; a fresh cache keeps the group in step
-                cache = caches[cache_id] = _new_cache(stage, model)
+                cache = caches[cache_id] = _new_cache(model)
             if stage is None:
                 tokens = group.recv((1, length), mx.int32, 0)
                 mx.eval(model(tokens, cache=cache))
@@ -154,7 +145,7 @@ def worker_loop(loaded: Loaded, group: Group, parallelism: str, life: Lifecycle)
             out = stage.forward(None, h, cache, length)
             group.send(out, 0 if stage.shard.last else group.rank + 1)
         elif cmd is Cmd.NEW_CACHE:
-            caches[cache_id] = _new_cache(stage, model)
+            caches[cache_id] = _new_cache(model)
         elif cmd is Cmd.FREE_CACHE:
             caches.pop(cache_id, None)
         elif cmd is Cmd.HEARTBEAT:
@@ -164,10 +155,11 @@ def worker_loop(loaded: Loaded, group: Group, parallelism: str, life: Lifecycle)
             return
 
 
-def _new_cache(stage: Stage | None, model: nn.Module) -> list[Any]:
+def _new_cache(model: nn.Module) -> list[Any]:
+    """A KV cache per layer this rank holds (a pipeline rank's model keeps only its own)."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    return stage.make_cache() if stage is not None else list(make_prompt_cache(model))
+    return list(make_prompt_cache(model))
 
 
 def _compute_dtype(model: nn.Module) -> mx.Dtype:
@@ -177,10 +169,3 @@ def _compute_dtype(model: nn.Module) -> mx.Dtype:
             return a.dtype
     return mx.float32
 
-
-def idle_heartbeat(leader: LeaderModel, last: list[float]) -> None:
-    """Called by the serve loop when it has nothing to do: keep the group's pulse."""
-    now = time.monotonic()
-    if now - last[0] >= leader.group.heartbeat_every:
-        leader.heartbeat()
-        last[0] = time.monotonic()
