@@ -17,25 +17,14 @@ import time
 import sdnotify
 from loguru import logger
 
+from exod.sdnotify_wire import one_line, wire
+
 DARWIN_READY_NAME = "io.exod.ready"  # notifyutil -w io.exod.ready
 
 
 def monotonic_usec() -> int:
     """CLOCK_MONOTONIC in µs, as systemd expects in MONOTONIC_USEC=."""
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-
-
-def watchdog_interval() -> float | None:
-    """Half of WATCHDOG_USEC, if the watchdog is meant for this process (WATCHDOG_PID)."""
-    usec = os.environ.get("WATCHDOG_USEC")
-    pid = os.environ.get("WATCHDOG_PID")
-    if not usec or (pid and pid != str(os.getpid())):
-        return None
-    try:
-        value = int(usec)
-    except ValueError:
-        return None
-    return value / 2e6 if value > 0 else None
 
 
 # Messages where only the latest matters: a newer one replaces an unsent older one.
@@ -68,9 +57,7 @@ class ServiceNotifier:
     def send(self, *lines: str) -> bool:
         if self._n is None:
             return False
-        # sdnotify encodes latin-1, which raises on anything else. Handing it the UTF-8 bytes
-        # spelled as latin-1 code points makes it put exactly those UTF-8 bytes on the wire.
-        text = "\n".join(lines).encode("utf-8").decode("latin-1")
+        text = wire(lines)
         if len(lines) == 1 and lines[0].startswith(COALESCE):
             key = lines[0].split("=", 1)[0] + "="
             self._pending = [p for p in self._pending if not (p.startswith(key) and "\n" not in p)]
@@ -129,10 +116,6 @@ class ServiceNotifier:
 
     def errno(self, err: int, status: str) -> None:
         self.send(f"ERRNO={err}", f"STATUS={one_line(status)}")
-
-
-def one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def post_darwin(name: str) -> None:

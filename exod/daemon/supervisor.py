@@ -33,7 +33,8 @@ from exod.daemon.instance import InstanceRuntime, RankRuntime, Timer
 from exod.daemon.notify_server import NotifyServer
 from exod.daemon.processes import ProcessTable
 from exod.daemon.readiness import Readiness
-from exod.daemon.service import ServiceNotifier, watchdog_interval
+from exod.daemon.service import ServiceNotifier
+from exod.sdnotify_wire import watchdog_interval
 
 
 def plan_shards(inst: Instance) -> list[Shard]:

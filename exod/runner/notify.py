@@ -14,6 +14,8 @@ import threading
 
 import sdnotify
 
+from exod.sdnotify_wire import one_line, wire
+
 
 class Notifier:
     def __init__(self) -> None:
@@ -30,12 +32,9 @@ class Notifier:
     def send(self, *lines: str) -> None:
         if self._n is None:
             return
-        # sdnotify encodes latin-1, which raises on anything else. Handing it the UTF-8 bytes
-        # spelled as latin-1 code points makes it put exactly those UTF-8 bytes on the wire.
         # X_EXOD_PID identifies us where the kernel passes no credentials (macOS); systemd
         # ignores unknown keys, so the message stays valid for it.
-        lines = (*lines, f"X_EXOD_PID={os.getpid()}")
-        text = "\n".join(lines).encode("utf-8").decode("latin-1")
+        text = wire((*lines, f"X_EXOD_PID={os.getpid()}"))
         with self._lock:
             try:
                 self._n.notify(text)
@@ -63,5 +62,5 @@ class Notifier:
         self.send("WATCHDOG=1")
 
     def error(self, reason: str) -> None:
-        one_line = " ".join(reason.split())
-        self.send(f"STATUS=failed: {one_line}", f"X_EXOD_ERROR={one_line}")
+        reason = one_line(reason)
+        self.send(f"STATUS=failed: {reason}", f"X_EXOD_ERROR={reason}")

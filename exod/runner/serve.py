@@ -14,7 +14,6 @@ keeps going while generating.
 from __future__ import annotations
 
 import collections
-import os
 import queue
 import time
 from collections.abc import Callable
@@ -25,17 +24,7 @@ from exod.runner.lifecycle import Lifecycle
 from exod.runner.load import Loaded
 from exod.runner.log import ERR, log
 from exod.runner.notify import Notifier
-
-
-def heartbeat_interval() -> float | None:
-    usec = os.environ.get("WATCHDOG_USEC")
-    pid = os.environ.get("WATCHDOG_PID")
-    if not usec or (pid and pid != str(os.getpid())):
-        return None
-    try:
-        return max(0.05, int(usec) / 2e6)
-    except ValueError:
-        return None
+from exod.sdnotify_wire import watchdog_interval
 
 
 def take(inbox: queue.Queue[Message], block: bool, timeout: float | None) -> list[Message]:
@@ -64,7 +53,8 @@ def serve(loaded: Loaded, channel: Channel, life: Lifecycle, notify: Notifier,
     idle): rank 0 of a group keeps the group's heartbeat with it."""
     from exod.runner.generate import Generation, RequestError  # imports mlx_lm: runner only
 
-    beat = heartbeat_interval()
+    interval = watchdog_interval()
+    beat = max(0.05, interval) if interval else None
     next_beat = time.monotonic() + beat if beat else None
     next_tick = time.monotonic() + tick_every if tick and tick_every else None
     wake = min((x for x in (beat, tick_every if tick else None) if x), default=None)
