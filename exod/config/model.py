@@ -33,16 +33,20 @@ def model_dir_problem(model_dir: Path) -> str | None:
     return None
 
 
-def model_layer_count(model_dir: Path) -> int | None:
-    """The model's number of transformer layers from config.json, or None if it cannot be told.
-
-    Tolerant on purpose: a missing or odd file is reported elsewhere (`model_dir_problem`).
-    """
+def _config_json(model_dir: Path) -> dict[str, object] | None:
+    """config.json's object; None when unreadable. Tolerant on purpose: a missing or odd file
+    is reported elsewhere (`model_dir_problem`)."""
     try:
         data = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict):
+    return data if isinstance(data, dict) else None
+
+
+def model_layer_count(model_dir: Path) -> int | None:
+    """The model's number of transformer layers from config.json, or None if it cannot be told."""
+    data = _config_json(model_dir)
+    if data is None:
         return None
     # Multimodal models nest the language model's settings.
     for section in (data, data.get("text_config"), data.get("language_config")):
@@ -58,15 +62,13 @@ def model_config(model_dir: Path) -> dict[str, object]:
     """config.json as a dict (the language-model section for multimodal models).
 
     {} if unreadable."""
-    try:
-        data = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict):
+    data = _config_json(model_dir)
+    if data is None:
         return {}
     for key in ("text_config", "language_config"):
-        if isinstance(data.get(key), dict) and "num_attention_heads" not in data:
-            return {**data[key], "model_type": data.get("model_type")}
+        section = data.get(key)
+        if isinstance(section, dict) and "num_attention_heads" not in data:
+            return {**section, "model_type": data.get("model_type")}
     return data
 
 
