@@ -593,16 +593,20 @@ def adapt_exod_unit(text: str, exod: Path = VENV_EXOD) -> str:
     text = with_venv_exod(text, exod)
     binds = hidden_prefixes()
     if binds:
-        text, n = re.subn(r"^ProtectHome=yes$", "ProtectHome=tmpfs\nBindReadOnlyPaths="
-                          + " ".join(binds), text, flags=re.MULTILINE)
-        if n != 1:
-            raise ValueError(f"{UNIT_FILE} has no `ProtectHome=yes` line to adapt")
+        text = _replace_line(text, "ProtectHome=yes",
+                             "ProtectHome=tmpfs\nBindReadOnlyPaths=" + " ".join(binds))
     private = in_private_tmp()
     if private:
-        text, n = re.subn(r"^PrivateTmp=yes$", "PrivateTmp=yes\nBindReadOnlyPaths="
-                          + " ".join(private), text, flags=re.MULTILINE)
-        if n != 1:
-            raise ValueError(f"{UNIT_FILE} has no `PrivateTmp=yes` line to adapt")
+        text = _replace_line(text, "PrivateTmp=yes",
+                             "PrivateTmp=yes\nBindReadOnlyPaths=" + " ".join(private))
+    return text
+
+
+def _replace_line(text: str, line: str, new: str) -> str:
+    """`line` (exactly one in the unit) replaced by `new`; a ValueError when it is missing."""
+    text, n = re.subn(rf"^{re.escape(line)}$", lambda _: new, text, flags=re.MULTILINE)
+    if n != 1:
+        raise ValueError(f"{UNIT_FILE} has no `{line}` line to adapt")
     return text
 
 

@@ -11,9 +11,11 @@ the journal and `exoctl status --json`, never on fixed sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -71,6 +73,19 @@ def write_config(g: SystemdGuest, instances: dict[str, dict[str, Any]],
 
 
 # ---- observing the service -----------------------------------------------------------------------
+@contextlib.contextmanager
+def background(g: SystemdGuest, *cmd: str) -> Iterator[subprocess.Popen[str]]:
+    """`cmd` in the guest, running while the block observes it (e.g. a `systemctl start`
+    blocked on readiness); killed on the way out if it has not finished."""
+    proc = g.popen(*cmd)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def wait_until(what: str, probe: Callable[[], Any], timeout: float = BOUND,
                g: SystemdGuest | None = None) -> Any:
     """Poll `probe` until it returns something truthy; that value. A GuestError if it never
@@ -210,8 +225,7 @@ def test_ready_instances_blocks_start_until_the_load_is_done(exod_unit: SystemdG
     instance loading, and returns once the load completes (the test opens the double's gate)."""
     g = exod_unit
     write_config(g, {"gated": double("gated", EXOD_DOUBLE_GATE=gate)})
-    start = g.popen("systemctl", "start", UNIT)
-    try:
+    with background(g, "systemctl", "start", UNIT) as start:
         snap = wait_status(g, "gated loading 3/4 (waiting at its gate)",
                            lambda s: instances(s)["gated"]["detail"] == "loading 3/4")
         # exod answers and reports the load; systemd has not seen READY=1, so start waits.
@@ -224,10 +238,6 @@ def test_ready_instances_blocks_start_until_the_load_is_done(exod_unit: SystemdG
 
         g.write(gate, "")
         _, err = start.communicate(timeout=BOUND)
-    finally:
-        if start.poll() is None:
-            start.kill()
-            start.wait()
     assert start.returncode == 0, err
     props = g.properties(UNIT, "ActiveState", "StatusText")
     assert props == {"ActiveState": "active", "StatusText": "1/1 ready"}, props
@@ -239,8 +249,7 @@ def test_reload_during_a_ready_instances_start_does_not_end_it_early(exod_unit: 
     not: readiness must still wait for the instances."""
     g = exod_unit
     write_config(g, {"gated": double("gated", EXOD_DOUBLE_GATE=gate)})
-    start = g.popen("systemctl", "start", UNIT)
-    try:
+    with background(g, "systemctl", "start", UNIT) as start:
         wait_status(g, "gated loading 3/4 (waiting at its gate)",
                     lambda s: instances(s)["gated"]["detail"] == "loading 3/4")
         res = g.run(EXOCTL, "--socket", SOCKET, "reload")  # returns once exod has reloaded
@@ -253,10 +262,6 @@ def test_reload_during_a_ready_instances_start_does_not_end_it_early(exod_unit: 
         assert start.poll() is None, "`systemctl start` returned while the instance was loading"
         g.write(gate, "")
         _, err = start.communicate(timeout=BOUND)
-    finally:
-        if start.poll() is None:
-            start.kill()
-            start.wait()
     assert start.returncode == 0, err
     assert g.show(UNIT, "StatusText") == "1/1 ready"
 
@@ -441,15 +446,10 @@ def stop_stubborn(g: SystemdGuest) -> tuple[float, str, str]:
     inv = invocation(g)
     wait_status(g, "mule ready", all_ready({"mule"}))
     t = time.monotonic()
-    stop = g.popen("systemctl", "stop", UNIT)
-    try:
+    with background(g, "systemctl", "stop", UNIT) as stop:
         g.wait_property(UNIT, "StatusText", "stopping; ladder worst case 3s")
         assert g.show(UNIT, "ActiveState") == "deactivating"
         _, err = stop.communicate(timeout=BOUND)
-    finally:
-        if stop.poll() is None:
-            stop.kill()
-            stop.wait()
     elapsed = time.monotonic() - t
     assert stop.returncode == 0, err
     return elapsed, inv, wait_journal_of(g, inv, "exod stopped")
