@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 
 
 class QueueFull(Exception):
@@ -61,11 +60,3 @@ class Gate:
         for fut in waiters:
             if not fut.done():
                 fut.set_exception(make_error())
-
-    @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        await self.enter()
-        try:
-            yield
-        finally:
-            self.leave()

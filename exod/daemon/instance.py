@@ -15,7 +15,7 @@ from typing import Protocol
 
 from loguru import logger
 
-from exod.config.schema import Defaults, Instance
+from exod.config.schema import Instance
 from exod.core.exits import EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo
 from exod.core.ladder import LadderRun, Step
 from exod.core.restarts import Decision, GiveUp, Rest, Restart, RestartTracker
@@ -83,12 +83,10 @@ class RankRuntime:
 
 
 class InstanceRuntime:
-    def __init__(self, config: Instance, shards: list[Shard], seam: Seam,
-                 defaults: Defaults) -> None:
+    def __init__(self, config: Instance, shards: list[Shard], seam: Seam) -> None:
         self.config = config
         self.name = config.name
         self.seam = seam
-        self.defaults = defaults
         self.machine = Machine(since=seam.now())
         self.tracker = RestartTracker(config.restart, config.backoff, config.start_limit)
         self.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]

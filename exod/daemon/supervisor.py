@@ -232,7 +232,7 @@ class Supervisor:
         except ShardError as e:  # validation should have caught it; never crash the loop
             shards = [Shard(0, 1, 0, 0, 0)]
             logger.bind(instance=cfg.name).error("cannot split {}: {}", cfg.name, e)
-        inst = InstanceRuntime(cfg, shards, self, self.config.defaults)
+        inst = InstanceRuntime(cfg, shards, self)
         for rank in inst.ranks:
             rank.host = groups.host_of(cfg, rank.rank, self.config.node.name)
             rank.local = rank.host == self.config.node.name

@@ -14,7 +14,6 @@ import pytest
 
 from exod.config.schema import (
     BackoffPolicy,
-    Defaults,
     Instance,
     RestartMode,
     StartLimit,
@@ -39,7 +38,7 @@ def make(seam: FakeSeam, *, ranks: int = 1, layers: int = 4, restart: RestartMod
     # Built directly: config validation refuses shards > 1 today, the runtime does not.
     cfg = Instance(name="llama", model=Path("/models/llama"), shards=ranks, restart=restart,
                    stop=stop, backoff=backoff, start_limit=limit)
-    return InstanceRuntime(cfg, pipeline_shards(layers, ranks), seam, Defaults())
+    return InstanceRuntime(cfg, pipeline_shards(layers, ranks), seam)
 
 
 def ready(seam: FakeSeam, **kw: Any) -> tuple[InstanceRuntime, list[int]]:
