@@ -17,7 +17,9 @@ loading: loading stays timeout-free.
 from __future__ import annotations
 
 import enum
+import errno
 import os
+import re
 import socket
 import threading
 import time
@@ -31,6 +33,7 @@ from exod.runner import headers
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, WARNING, log
 from exod.runner.notify import Notifier
+
 
 class Cmd(enum.IntEnum):
     FORWARD = 1  # cache id, sequence length: run one forward pass
@@ -151,7 +154,7 @@ def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifec
                 g = mx.distributed.init(backend=backend, strict=True)
         except RuntimeError as e:
             text = str(e)
-            if "bind" in text and "98" in text:
+            if _bind_in_use(text):
                 raise AddressInUse(address_of(rank) or "the rank's address") from None
             log(f"group not formed yet ({text}); retrying", WARNING)
             continue
@@ -169,6 +172,13 @@ def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifec
         except headers.ControlAddressInUse as e:
             raise AddressInUse(str(e)) from None
         return group
+
+
+def _bind_in_use(text: str) -> bool:
+    """MLX's ring backend reports "Couldn't bind socket (error: N)", N being errno: compared
+    with this platform's EADDRINUSE (98 on Linux, 48 on macOS)."""
+    m = re.search(r"bind.*\berror: (\d+)", text)
+    return m is not None and int(m.group(1)) == errno.EADDRINUSE
 
 
 def address_of(rank: int) -> str | None:
