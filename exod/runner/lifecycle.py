@@ -32,6 +32,7 @@ class Lifecycle:
         os.set_blocking(self._wake_w, False)
         self._on_stop: list[Callable[[], None]] = []
         self._interruptible: float | None = None  # grace, while blocked in C
+        self._wait = 0  # counts the interruptible waits: a grace belongs to one of them
 
     @contextlib.contextmanager
     def interruptible(self, grace: float = 0.0) -> Iterator[None]:
@@ -39,6 +40,7 @@ class Lifecycle:
         its next header) where no flag is ever checked. A stop request meanwhile ends the
         process after `grace` seconds: a normal exit, never a SIGKILL."""
         self._interruptible = grace
+        self._wait += 1
         try:
             if self.stop.is_set():
                 self._exit_soon()
@@ -47,19 +49,22 @@ class Lifecycle:
             self._interruptible = None
 
     def _exit_soon(self) -> None:
-        grace = self._interruptible
+        grace, wait = self._interruptible, self._wait
         if grace is None:
             return
 
         def leave() -> None:
-            if self._interruptible is not None:
+            # Only if still in that same wait: a worker that got its header and now waits for
+            # the next one (following a drain) has a grace of its own.
+            if self._interruptible is not None and self._wait == wait:
                 print(f"<5>stopping: {self.reason} (while waiting on the group)",
                       file=sys.stderr, flush=True)
                 os._exit(0)
 
         if grace <= 0:
             leave()
-        threading.Timer(grace, leave).start()
+        else:
+            threading.Timer(grace, leave).start()
 
     def on_stop(self, fn: Callable[[], None]) -> None:
         self._on_stop.append(fn)
