@@ -36,12 +36,11 @@ class Readiness:
         self.update(sup, now)
 
     def update(self, sup: Supervisor, now: float) -> None:
-        if sup.stopping:
+        if sup.stopping or not self._spawned:
             return
         summary = self.line(sup)
-        if self.ready_sent or not self._spawned:
-            if self.ready_sent:
-                self.service.status(summary)
+        if self.ready_sent:
+            self.service.status(summary)
             return
         autostart = [i for i in sup.instances.values() if i.config.autostart]
         if self.policy == "daemon" or all(i.state in SETTLED for i in autostart):
