@@ -218,7 +218,7 @@ class _Converter:
 
 
 def _short(text: str, limit: int = 40) -> str:
-    return repr(text if len(text) <= limit else text[: limit - 1] + "…")
+    return repr(_clip(text, limit))
 
 
 def describe(node: Node) -> str:
