@@ -12,17 +12,17 @@ import subprocess
 import time
 
 from bench.common import PY, median, model, report, verdict
+from exod.daemon.procinfo import rss_bytes
 from tests.harness import EXOCTL, Daemon
 
 N = 8
 
 
 def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
+    rss = rss_bytes(pid)
+    if rss is None:
+        raise RuntimeError(f"pid {pid} is gone")
+    return rss / 2**20
 
 
 def maps_mlx(pid: int) -> bool:

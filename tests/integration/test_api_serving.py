@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 
+from exod.daemon.procinfo import rss_bytes
 from tests.harness import EXOCTL, Daemon, free_port
 
 EOS = "2"  # the tiny model's end token: logit_bias {EOS: -100} keeps it generating
@@ -29,11 +30,9 @@ ENDLESS = {"max_tokens": 1_000_000, "logit_bias": {EOS: -100}}
 
 
 def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
+    rss = rss_bytes(pid)
+    assert rss is not None, f"pid {pid} is gone"
+    return rss // 1024
 
 
 def client(d: Daemon, timeout: float = 60) -> openai.OpenAI:
