@@ -123,14 +123,16 @@ class InstanceRuntime:
         return next((r for r in self.ranks if r.pid == pid), None)
 
     # ---- transitions ----------------------------------------------------------------------
-    def _move(self, new: State, reason: str = "") -> None:
+    def _move(self, new: State, reason: str = "", publish: bool = True) -> None:
+        """`publish=False`: the caller publishes once, after every change of the event."""
         if self.machine.state is new:
             return
         old = self.machine.state
         self.machine.move(new, self.seam.now(), reason)
         self.log.bind(event="state", old=old.value, new=new.value).info(
             "{} → {}{}", old, new, f" ({reason})" if reason else "")
-        self.seam.changed(self)
+        if publish:
+            self.seam.changed(self)
 
     def _move_rank(self, rank: RankRuntime, new: State, reason: str = "") -> None:
         if rank.machine.state is not new:
@@ -240,7 +242,7 @@ class InstanceRuntime:
             ):
                 self._remote_follow(State.READY, "ready (group barrier passed)")
                 self.tracker.on_ready(now)
-                self._move(State.READY)
+                self._move(State.READY, publish=False)
         if fields.get("STOPPING") == "1":
             log.debug("runner is stopping")
         self.seam.changed(self)
@@ -255,7 +257,7 @@ class InstanceRuntime:
         if rank.state is State.STARTING:
             self._move_rank(rank, State.LOADING)
             if self.state is State.STARTING:
-                self._move(State.LOADING)
+                self._move(State.LOADING, publish=False)
 
     def on_exit(self, pid: int, info: ExitInfo) -> None:
         rank = self.rank_by_pid(pid)

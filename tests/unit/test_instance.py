@@ -108,6 +108,19 @@ def test_start_spawns_then_progress_then_ready(seam: FakeSeam) -> None:
     assert seam.actions == [] and seam.pending() == []
 
 
+
+def test_each_notification_is_published_once(seam: FakeSeam) -> None:
+    """Status streams (exoctl wait, watch) and STATUS= get one snapshot per message, taken
+    after every change it made: the state move included."""
+    inst = make(seam, layers=2)
+    inst.start()
+    pid = seam.pids(inst)[0]
+    for text, state in (("X_EXOD_LAYERS=1/2", "loading"), ("X_EXOD_LAYERS=2/2", "loading"),
+                        ("READY=1", "ready"), ("STATUS=serving 1 request(s)", "ready")):
+        before = len(seam.changes)
+        seam.notify(pid, text)
+        assert [s for _, s in seam.changes[before:]] == [state], text
+
 def test_ready_without_any_progress(seam: FakeSeam) -> None:
     inst = make(seam)
     inst.start()
