@@ -100,8 +100,7 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
         click.echo(f"{path}: {n} problem{'s' if n != 1 else ''}", err=True)
         sys.exit(EXIT_CONFIG)
     n = len(cfg.instances)
-    worst = max([ladder.worst_case(i.stop) for i in cfg.instances.values()]
-                + [ladder.worst_case(cfg.defaults.stop)])
+    worst = ladder.longest(cfg)
     files = [("unit", u) for u in units] + [("plist", p) for p in plists]
     for kind, f in files or checks.installed():
         check_file = checks.check_unit if kind == "unit" else checks.check_plist

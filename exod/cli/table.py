@@ -18,12 +18,9 @@ def human_bytes(n: int | None) -> str:
 def human_duration(s: float | None) -> str:
     if s is None:
         return "-"
-    s = int(s)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    from exod.config.durations import format_duration
+
+    return format_duration(float(int(s)))  # whole seconds: an uptime, not a measurement
 
 
 def render_status(snap: dict[str, Any]) -> str:

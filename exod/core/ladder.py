@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from exod.config.schema import StopPolicy
+from exod.config.schema import Config, StopPolicy
 
 
 class Step(str, enum.Enum):
@@ -41,6 +41,17 @@ def rungs(policy: StopPolicy) -> tuple[Rung, ...]:
 def worst_case(policy: StopPolicy) -> float:
     """Seconds from the start of a stop until SIGKILL would be sent: the ladder's worst case."""
     return policy.grace + policy.attempts * policy.interval
+
+
+# Room after the ladder's last SIGTERM for the SIGKILL rung, the reaping and exod's own exit:
+# what exod asks of the service manager's stop timeout beyond the worst case.
+STOP_MARGIN = 5.0
+
+
+def longest(config: Config) -> float:
+    """The worst case of the longest ladder in a config (the defaults' included)."""
+    return max([worst_case(i.stop) for i in config.instances.values()]
+               + [worst_case(config.defaults.stop)])
 
 
 def describe(policy: StopPolicy) -> str:

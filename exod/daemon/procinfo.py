@@ -1,26 +1,51 @@
-"""Per-process facts for status: resident memory. Linux reads /proc; elsewhere asks ps(1)."""
+"""Per-process facts for status: resident memory.
+
+Read on the event loop for every status, so it must never block: Linux reads /proc; macOS asks
+the kernel through libproc's proc_pidinfo (no subprocess). Anything else reports None.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
-import subprocess
+import sys
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
+PROC_PIDTASKINFO = 4  # <sys/proc_info.h>
+
+
+class _TaskInfo(ctypes.Structure):
+    """struct proc_taskinfo: only the leading fields are read, but the size must match."""
+
+    _fields_ = [("virtual_size", ctypes.c_uint64), ("resident_size", ctypes.c_uint64),
+                ("total_user", ctypes.c_uint64), ("total_system", ctypes.c_uint64),
+                ("threads_user", ctypes.c_uint64), ("threads_system", ctypes.c_uint64),
+                ("counters", ctypes.c_int32 * 12)]
+
+
+_libproc: ctypes.CDLL | None = None
+
 
 def rss_bytes(pid: int) -> int | None:
+    if sys.platform == "darwin":
+        return _darwin_rss(pid)
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
             return int(f.read().split()[1]) * _PAGE
-    except FileNotFoundError:
-        if os.path.isdir("/proc/self"):
-            return None  # Linux, and the process is gone
     except (OSError, ValueError, IndexError):
+        return None  # gone, or no /proc
+
+
+def _darwin_rss(pid: int) -> int | None:
+    global _libproc
+    try:
+        if _libproc is None:
+            _libproc = ctypes.CDLL(ctypes.util.find_library("proc") or "/usr/lib/libproc.dylib")
+        info = _TaskInfo()
+        n = _libproc.proc_pidinfo(pid, PROC_PIDTASKINFO, ctypes.c_uint64(0),
+                                  ctypes.byref(info), ctypes.sizeof(info))
+    except (OSError, AttributeError):
         return None
-    try:  # macOS
-        # ps exits 1 with no output once the pid is gone: that is the None below, not an error.
-        out = subprocess.run(["ps", "-o", "rss=", "-p", str(pid)], capture_output=True,
-                             text=True, timeout=2, check=False).stdout.strip()
-        return int(out) * 1024 if out else None
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return None
+    return int(info.resident_size) if n == ctypes.sizeof(info) else None

@@ -42,6 +42,12 @@ def detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
         return text
     if state in (State.FAILED, State.BACKOFF) and inst.machine.reason:
         return f"{state}: {inst.machine.reason}"
+    if state is State.STOPPING:
+        kill = [r.ladder.time_to_kill(now) for r in inst.ranks if r.ladder is not None]
+        if kill:  # what an operator waiting on a stop wants to know
+            soonest = min(kill)
+            return ("stopping (SIGKILL being sent)" if soonest == 0 else
+                    f"stopping (SIGKILL in {format_duration(soonest)} if still running)")
     return str(state)
 
 
@@ -62,6 +68,12 @@ def rank_json(rank: RankRuntime, now: float, stall_after: float) -> dict[str, An
         "status": rank.status_text if rank.local else f"remote: run by exod on {rank.host}",
         "error": rank.error or None,
         "no_progress_s": round(stall, 1) if stall is not None else None,
+        # Runners ping (WATCHDOG=1) when their parent asks for it, as under systemd.
+        "heartbeat_age_s": (round(now - rank.last_heartbeat, 1)
+                            if rank.last_heartbeat is not None else None),
+        "ladder": ({"rung": rank.ladder.current.value,
+                    "sigkill_in_s": round(rank.ladder.time_to_kill(now), 1)}
+                   if rank.ladder is not None else None),
     }
 
 

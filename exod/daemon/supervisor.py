@@ -166,9 +166,7 @@ class Supervisor:
                 "control_socket": str(self.config.control.socket),
                 "summary": self.readiness.line(self),
                 "api": self.api.info() if self.api is not None else None,
-                "stop_worst_case_s": max(
-                    [ladder.worst_case(i.config.stop) for i in self.instances.values()]
-                    + [ladder.worst_case(self.config.defaults.stop)]),
+                "stop_worst_case_s": ladder.longest(self.config),
             },
             "instances": [status.instance_json(i, now, stall) for i in self.ordered()],
         }
@@ -268,11 +266,12 @@ class Supervisor:
     def begin_shutdown(self) -> None:
         self.stopping = True
         self.phase = "stopping"
+        # The ladders of the instances there are (not the defaults: none may use them).
         worst = max((ladder.worst_case(i.config.stop) for i in self.instances.values()),
                     default=0.0)
         self.service.stopping(f"stopping; ladder worst case {worst:g}s")
         # Ask for more stop time than the ladder could take, should TimeoutStopSec be shorter.
-        self.service.extend_timeout(worst + 5.0)
+        self.service.extend_timeout(worst + ladder.STOP_MARGIN)
         for inst in self.ordered():
             inst.stop()
         self.loop.create_task(self._finish_shutdown())

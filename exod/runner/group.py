@@ -35,6 +35,11 @@ from exod.runner.log import ERR, WARNING, log
 from exod.runner.notify import Notifier
 
 
+# Seconds a peer may take per position of a step, on top of peer_timeout: a 2048-token prefill
+# chunk on a slow host must not look like a lost peer (CPU decode is well above 2 tokens/s).
+PER_TOKEN = 0.5
+
+
 class Cmd(enum.IntEnum):
     FORWARD = 1  # cache id, sequence length: run one forward pass
     NEW_CACHE = 2  # cache id: a new generation starts
@@ -60,13 +65,16 @@ class Group:
     peer_timeout: float
     notify: Notifier
     ctrl: dict[int, socket.socket] = field(default_factory=dict)  # rank → control connection
-    _busy_since: float | None = None  # a communication in progress since (monotonic)
+    _deadline: float | None = None  # the communication in progress must end by then
 
     # ---- communication ------------------------------------------------------------------
-    def send(self, x: mx.array, dst: int) -> None:
-        self._run(lambda: mx.eval(mx.distributed.send(x, dst, group=self.group)))
+    # `tokens`: how many positions the step carries. A peer may legitimately take long to
+    # answer a long prefill, so the time allowed grows with it (see PER_TOKEN).
+    def send(self, x: mx.array, dst: int, tokens: int = 0) -> None:
+        self._run(lambda: mx.eval(mx.distributed.send(x, dst, group=self.group)), tokens)
 
-    def recv(self, shape: tuple[int, ...], dtype: mx.Dtype, src: int) -> mx.array:
+    def recv(self, shape: tuple[int, ...], dtype: mx.Dtype, src: int,
+             tokens: int = 0) -> mx.array:
         out: list[mx.array] = []
 
         def go() -> None:
@@ -74,8 +82,13 @@ class Group:
             mx.eval(y)
             out.append(y)
 
-        self._run(go)
+        self._run(go, tokens)
         return out[0]
+
+    def compute(self, x: mx.array, tokens: int) -> None:
+        """Evaluate a forward pass whose layers talk to the group (tensor parallelism's
+        all_sum): watched like any communication, and a broken peer is PeerLost."""
+        self._run(lambda: mx.eval(x), tokens)
 
     def all_sum(self, x: mx.array) -> mx.array:
         out: list[mx.array] = []
@@ -88,14 +101,14 @@ class Group:
         self._run(go)
         return out[0]
 
-    def _run(self, fn: Callable[[], None]) -> None:
-        self._busy_since = time.monotonic()
+    def _run(self, fn: Callable[[], None], tokens: int = 0) -> None:
+        self._deadline = time.monotonic() + self.peer_timeout + tokens * PER_TOKEN
         try:
             fn()
         except (RuntimeError, headers.ControlLost) as e:  # a socket broke, MLX's or ours
             raise PeerLost(str(e)) from None
         finally:
-            self._busy_since = None
+            self._deadline = None
 
     def send_header(self, cmd: Cmd, cache_id: int = 0, length: int = 0) -> None:
         def go() -> None:
@@ -125,12 +138,13 @@ class Group:
     def _watch(self) -> None:
         while True:
             time.sleep(min(1.0, self.peer_timeout / 4))  # a watchdog's own tick, not a sync
-            now = time.monotonic()
-            busy = self._busy_since
+            deadline = self._deadline
             # Rank 0 heartbeats every `heartbeat_every` when idle, so any communication (a
-            # worker waiting for its next header included) that lasts longer means silence.
-            if busy is not None and now - busy > self.peer_timeout:
-                self.lost(f"peer lost: no answer from the group for {self.peer_timeout:g}s")
+            # worker waiting for its next header included) that outlasts its deadline means
+            # silence: a partition, or a peer host gone without closing its sockets.
+            if deadline is not None and time.monotonic() > deadline:
+                self.lost(f"peer lost: no answer from the group within {self.peer_timeout:g}s"
+                          " (plus the allowance for the step's length)")
 
     def lost(self, why: str) -> None:
         """End this rank at once: its daemon restarts it and it waits for the group again."""

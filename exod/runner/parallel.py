@@ -104,12 +104,12 @@ class LeaderModel:
             for dst in range(1, g.size):
                 g.send(tokens, dst)
             logits = self.loaded.model(inputs, cache=cache)[:, -1:, :]
-            mx.eval(logits)
+            g.compute(logits, length)
             return logits
         assert self.stage is not None
         h = self.stage.forward(inputs, None, cache, length)
-        g.send(h, 1)
-        return g.recv((1, 1, self.vocab), self.dtype, g.size - 1)
+        g.send(h, 1, length)  # evaluates this rank's stage too
+        return g.recv((1, 1, self.vocab), self.dtype, g.size - 1, length)
 
     def heartbeat(self) -> None:
         self._flush_freed()
@@ -139,11 +139,11 @@ def worker_loop(loaded: Loaded, group: Group, parallelism: str, life: Lifecycle)
                 cache = caches[cache_id] = _new_cache(model)
             if stage is None:
                 tokens = group.recv((1, length), mx.int32, 0)
-                mx.eval(model(tokens, cache=cache))
+                group.compute(model(tokens, cache=cache), length)
                 continue
-            h = group.recv((1, length, hidden), dtype, group.rank - 1)
+            h = group.recv((1, length, hidden), dtype, group.rank - 1, length)
             out = stage.forward(None, h, cache, length)
-            group.send(out, 0 if stage.shard.last else group.rank + 1)
+            group.send(out, 0 if stage.shard.last else group.rank + 1, length)
         elif cmd is Cmd.NEW_CACHE:
             caches[cache_id] = _new_cache(model)
         elif cmd is Cmd.FREE_CACHE:

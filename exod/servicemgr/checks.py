@@ -13,11 +13,12 @@ import plistlib
 import sys
 from pathlib import Path
 
+from exod.core.ladder import STOP_MARGIN
 from exod.servicemgr.timespan import parse_timespan
 from exod.servicemgr.unitfile import load_unit
 
 # Room after the last SIGTERM for the SIGKILL rung, the reaping and exod's own exit.
-MARGIN = 5.0
+MARGIN = STOP_MARGIN
 SYSTEMD_DEFAULT_STOP = 90.0
 LAUNCHD_DEFAULT_EXIT_TIMEOUT = 20.0
 
