@@ -42,6 +42,7 @@ from exod.api.errors import (
 )
 from exod.api.objects import DONE, SSE_HEADERS, Reply, sse
 from exod.api.schema import GenRequest, parse_chat, parse_completion
+from exod.api.token import read_token
 from exod.config.schema import Api
 from exod.core.states import State
 from exod.daemon.link import RequestStream
@@ -52,19 +53,6 @@ if TYPE_CHECKING:
 
 MAX_BODY = 16 * 2**20  # long chat histories are fine; a runaway upload is not
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def read_token(path: os.PathLike[str] | str) -> str:
-    """The bearer token: the file's first line. Raises OSError (one line) when unusable."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.readline().strip()
-    except OSError as e:
-        raise OSError(e.errno or errno.EIO,
-                      f"api.token_file {path}: {e.strerror or e}") from None
-    if not token:
-        raise OSError(errno.EINVAL, f"api.token_file {path}: the file holds no token")
-    return token
 
 
 class ApiServer:

@@ -73,12 +73,13 @@ def api_from_status(status: dict[str, Any]) -> tuple[str, str | None]:
         raise click.ClickException("exod's HTTP API is off (api.listen is empty)")
     token = os.environ.get("EXOD_API_TOKEN")
     if not token and api.get("token_file"):
+        from exod.api.token import read_token
+
         try:
-            with open(api["token_file"], encoding="utf-8") as f:
-                token = f.readline().strip() or None
+            token = read_token(api["token_file"])
         except OSError as e:
             raise click.ClickException(f"the API needs a token: set EXOD_API_TOKEN or make "
-                                       f"{api['token_file']} readable ({e.strerror})") from None
+                                       f"{api['token_file']} usable ({e.strerror})") from None
     return str(api["url"]), token
 
 
