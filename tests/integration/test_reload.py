@@ -91,16 +91,21 @@ def test_invalid_reload_changes_nothing(daemons: Callable[..., Daemon], tiny_mod
     assert d.terminate() == 0
 
 
-def test_a_second_reload_during_a_stop_wins(daemons: Callable[..., Daemon],
-                                            fake_model: Path) -> None:
-    """Reload 1 changes `x` (its stubborn runner takes the whole ladder to go), reload 2 removes
-    it before that stop is over: the latest config is what ends up applied."""
+def stubborn_x(daemons: Callable[..., Daemon], fake_model: Path) -> tuple[Daemon, int]:
+    """A daemon whose ready instance `x` ignores everything, so that a stop of it lasts the
+    whole (3.5 s) ladder: time for a test to act while it runs. Returns (daemon, x's pid)."""
     ladder = {"grace": "3s", "attempts": 1, "interval": "500ms", "kill_interval": "200ms"}
     d = daemons({"instances": {"x": {"model": str(fake_model), "stop": ladder,
                                      "env": double_env("stubborn")}}})
     d.start()
-    pid = d.until_state("x", "ready")["ranks"][0]["pid"]
+    return d, d.until_state("x", "ready")["ranks"][0]["pid"]
 
+
+def test_a_second_reload_during_a_stop_wins(daemons: Callable[..., Daemon],
+                                            fake_model: Path) -> None:
+    """Reload 1 changes `x` (its stubborn runner takes the whole ladder to go), reload 2 removes
+    it before that stop is over: the latest config is what ends up applied."""
+    d, pid = stubborn_x(daemons, fake_model)
     cfg = yaml.safe_load(d.config_path.read_text())
     cfg["instances"]["x"]["env"]["EXOD_TEST_MARK"] = "2"
     d.write_config(cfg)
@@ -121,12 +126,7 @@ def test_start_during_a_reload_stop_starts_the_new_config_only(
         daemons: Callable[..., Daemon], fake_model: Path) -> None:
     """`exoctl start x` while a reload is stopping x's old runner: once it is gone, only the
     replacement runs (the old runtime, out of the table, must never spawn again)."""
-    ladder = {"grace": "3s", "attempts": 1, "interval": "500ms", "kill_interval": "200ms"}
-    d = daemons({"instances": {"x": {"model": str(fake_model), "stop": ladder,
-                                     "env": double_env("stubborn")}}})
-    d.start()
-    pid = d.until_state("x", "ready")["ranks"][0]["pid"]
-
+    d, pid = stubborn_x(daemons, fake_model)
     cfg = yaml.safe_load(d.config_path.read_text())
     cfg["instances"]["x"]["env"] = double_env("cooperative")
     d.write_config(cfg)
