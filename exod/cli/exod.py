@@ -38,7 +38,7 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
     """Run the daemon in the foreground (as the service manager does)."""
     from exod.config import ConfigError, load_config, resolve_config_path
     from exod.daemon import logs
-    from exod.daemon.service import ServiceNotifier
+    from exod.daemon.manager_notify import ServiceNotifier
 
     logs.configure(log_level.upper(), log_format)
     service = ServiceNotifier()
@@ -85,7 +85,7 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
     """
     from exod.config import ConfigError, explain_keys, load_config, resolve_config_path
     from exod.core import ladder
-    from exod.servicemgr import checks
+    from exod.service_files import checks
 
     if explain:
         click.echo(explain_keys())
@@ -119,7 +119,7 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
               help="Install under this directory (for packaging).")
 def install(dry_run: bool, target: str | None, user: bool, root: Path) -> None:
     """Install the service files (systemd unit, sysusers, example config; or launchd plist)."""
-    from exod.servicemgr import install as inst
+    from exod.service_files import install as inst
 
     target = target or ("launchd" if sys.platform == "darwin" else "systemd")
     if user and target != "launchd":

@@ -5,7 +5,7 @@ from exod.config.durations import format_duration, parse_duration
 from exod.config.errors import ConfigError, Problem
 from exod.config.explain import explain_keys
 from exod.config.load import load_config, resolve_config_path
-from exod.config.model import model_layer_count
+from exod.config.model_dir import model_layer_count
 from exod.config.schema import (
     DEFAULT_API_PORT,
     DEFAULT_CONFIG_PATH,

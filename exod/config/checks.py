@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from exod.config.model import family_source, model_config, model_layer_count
+from exod.config.model_dir import family_source, model_config, model_layer_count
 from exod.config.schema import Instance
 
 

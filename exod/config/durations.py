@@ -1,13 +1,29 @@
-"""Durations (`500ms`, `10s`, `2m`, `1h`, `1m30s`, or a number of seconds) to seconds, and back."""
+"""Durations (`500ms`, `10s`, `2m`, `1h`, `1m30s`, or a number of seconds) to seconds, and back.
+
+One grammar for exod's config and for the systemd time spans it reads from unit files
+(systemd.time(7): `1min 30s`, `2 hours`, `infinity`): systemd's unit names are a superset of
+the short ones, and parts may be separated by spaces.
+"""
 
 from __future__ import annotations
 
 import math
 import re
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-# `ms` before `m`: "5ms" is five milliseconds, never five minutes and a stray "s".
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
+_UNITS = {
+    "usec": 1e-6, "us": 1e-6, "µs": 1e-6,
+    "msec": 1e-3, "ms": 1e-3,
+    "seconds": 1.0, "second": 1.0, "sec": 1.0, "s": 1.0,
+    "minutes": 60.0, "minute": 60.0, "min": 60.0, "m": 60.0,
+    "hours": 3600.0, "hour": 3600.0, "hr": 3600.0, "h": 3600.0,
+    "days": 86400.0, "day": 86400.0, "d": 86400.0,
+    "weeks": 604800.0, "week": 604800.0, "w": 604800.0,
+    "months": 2629800.0, "month": 2629800.0, "M": 2629800.0,
+    "years": 31557600.0, "year": 31557600.0, "y": 31557600.0,
+}
+# The longest unit name that follows the number wins ("5ms" is milliseconds, never minutes).
+_PART = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(" +
+                   "|".join(sorted(map(re.escape, _UNITS), key=len, reverse=True)) + r")\s*")
 _NUMBER = re.compile(r"[+-]?(\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 
 HINT = "use e.g. 500ms, 10s, 2m, 1h or a number of seconds"
@@ -49,6 +65,16 @@ def _parse_text(text: str) -> float:
     if pos == 0 or pos != len(body):
         raise ValueError(f"bad duration {_show(text)}: {HINT}")
     return -total if negative else total
+
+
+def parse_timespan(text: str) -> float:
+    """A systemd time span from a unit file: seconds, math.inf for `infinity`."""
+    if text.strip() == "infinity":
+        return math.inf
+    seconds = _parse_text(text)
+    if seconds < 0:
+        raise ValueError(f"bad time span {_show(text)}: must not be negative")
+    return seconds
 
 
 def _show(value: object) -> str:

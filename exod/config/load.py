@@ -13,7 +13,7 @@ from typing import Any
 
 from exod.config.checks import Issue, check_layout, check_ports, check_sharding
 from exod.config.errors import ConfigError, Mark, Problem
-from exod.config.model import model_layer_count
+from exod.config.model_dir import model_layer_count
 from exod.config.schema import DEFAULT_CONFIG_PATH, Config, Defaults, Instance
 from exod.config.schema import Node as NodeSection
 from exod.config.validate import INVALID, Validator, field_hints, instance_name_problem

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from exod.core.states import State
-from exod.daemon.service import ServiceNotifier
+from exod.daemon.manager_notify import ServiceNotifier
 
 if TYPE_CHECKING:
     from exod.daemon.supervisor import Supervisor

@@ -25,7 +25,7 @@ from exod.config.schema import Config, Instance
 from exod.core import ladder
 from exod.core.shards import Shard, ShardError, pipeline_shards, tensor_shards
 from exod.core.states import State
-from exod.daemon import groups, status
+from exod.daemon import rank_addresses, status
 from exod.daemon import spawn as os_seam
 from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer
@@ -33,7 +33,7 @@ from exod.daemon.instance import InstanceRuntime, RankRuntime, Timer
 from exod.daemon.notify_server import NotifyServer
 from exod.daemon.processes import ProcessTable
 from exod.daemon.readiness import Readiness
-from exod.daemon.service import ServiceNotifier
+from exod.daemon.manager_notify import ServiceNotifier
 from exod.sdnotify_wire import watchdog_interval
 
 
@@ -83,8 +83,8 @@ class Supervisor:
 
     def prepare(self, inst: InstanceRuntime) -> None:
         if inst.config.shards > 1:
-            addrs = groups.addresses(inst.config)
-            groups.write_hostfile(self._hostfile(inst), addrs.ranks)
+            addrs = rank_addresses.addresses(inst.config)
+            rank_addresses.write_hostfile(self._hostfile(inst), addrs.ranks)
             self._group_control[inst.name] = addrs.control
 
     def _hostfile(self, inst: InstanceRuntime) -> Path:
@@ -104,7 +104,8 @@ class Supervisor:
             group_env = {"MLX_RANK": str(shard.rank), "MLX_HOSTFILE": str(self._hostfile(inst)),
                          "EXOD_GROUP_CONTROL": self._group_control[inst.name]}
         env = os_seam.runner_env(os.environ, {
-            **groups.thread_split(inst.config, sum(r.local for r in inst.ranks), os.environ),
+            **rank_addresses.thread_split(inst.config, sum(r.local for r in inst.ranks),
+                                          os.environ),
             **c.env,
             **group_env,
             "NOTIFY_SOCKET": str(self.notify.path),
@@ -232,7 +233,7 @@ class Supervisor:
             logger.bind(instance=cfg.name).error("cannot split {}: {}", cfg.name, e)
         inst = InstanceRuntime(cfg, shards, self)
         for rank in inst.ranks:
-            rank.host = groups.host_of(cfg, rank.rank, self.config.node.name)
+            rank.host = rank_addresses.host_of(cfg, rank.rank, self.config.node.name)
             rank.local = rank.host == self.config.node.name
         self.instances[cfg.name] = inst
         return inst

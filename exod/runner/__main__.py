@@ -30,7 +30,7 @@ from exod.runner.log import ERR, WARNING, log
 from exod.runner.notify import Notifier
 
 if TYPE_CHECKING:
-    from exod.runner.group import Group
+    from exod.runner.peers import Group
     from exod.runner.load import Loaded
 
 
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         notify.error(f"mlx is not usable: {e}")
         log(f"mlx is not usable: {e}", ERR)
         return EXIT_UNAVAILABLE
-    from exod.runner.group import AddressInUse, PeerLost
+    from exod.runner.peers import AddressInUse, PeerLost
 
     try:
         group = join_group(args, life, notify) if args.world > 1 else None
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def join_group(args: argparse.Namespace, life: Lifecycle, notify: Notifier) -> Group:
-    from exod.runner.group import connect
+    from exod.runner.peers import connect
 
     g = connect(args.rank, args.world, args.backend, args.peer_timeout, life, notify)
     log(f"joined the group: rank {g.rank} of {g.size} ({args.backend})")
@@ -137,7 +137,7 @@ def serve_group(args: argparse.Namespace, loaded: Loaded, group: Group, channel:
                 life: Lifecycle, notify: Notifier) -> None:
     """Wait for every rank to finish loading (a barrier: no timeout), then rank 0 serves and
     the others follow its headers."""
-    from exod.runner.group import PeerLost
+    from exod.runner.peers import PeerLost
     from exod.runner.parallel import LeaderModel, worker_loop
 
     notify.status(f"waiting for the other {group.size - 1} rank(s) to load")

@@ -24,7 +24,7 @@ from typing import Any
 import mlx.core as mx
 from mlx import nn
 
-from exod.runner.group import Cmd, Group
+from exod.runner.peers import Cmd, Group
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.load import Loaded, find_layers_owner, flat_arrays
 

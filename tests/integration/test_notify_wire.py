@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from exod.daemon.notify_server import NotifyServer
-from exod.daemon.service import ServiceNotifier
+from exod.daemon.manager_notify import ServiceNotifier
 from tests.harness import NotifyListener
 
 SYSTEMD_NOTIFY = shutil.which("systemd-notify") or "/bin/systemd-notify"

@@ -495,7 +495,7 @@ def test_model_families_without_the_needed_hooks_are_refused(cfg_dir: ConfigDir)
     """Read from mlx-lm's own sources (never imported by the daemon): a family without
     `shard()` cannot be tensor-parallel, one whose forward takes no input_embeddings cannot be
     a pipeline."""
-    from exod.config.model import family_source
+    from exod.config.model_dir import family_source
 
     llama = family_source("llama")
     assert llama is not None and "def shard(" in llama and "input_embeddings" in llama

@@ -668,7 +668,7 @@ def test_an_instance_with_no_rank_here_is_not_started(seam: FakeSeam) -> None:
 def test_blas_threads_are_split_among_the_local_ranks_of_a_group() -> None:
     import os
 
-    from exod.daemon.groups import thread_split
+    from exod.daemon.rank_addresses import thread_split
 
     cores = len(os.sched_getaffinity(0))
     two = Instance(name="g", model=Path("/m"), shards=2)

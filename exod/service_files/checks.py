@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from exod.core.ladder import STOP_MARGIN
-from exod.servicemgr.timespan import parse_timespan
-from exod.servicemgr.unitfile import load_unit
+from exod.config.durations import parse_timespan
+from exod.service_files.unitfile import load_unit
 
 # Room after the last SIGTERM for the SIGKILL rung, the reaping and exod's own exit.
 MARGIN = STOP_MARGIN

@@ -13,9 +13,9 @@ import pytest
 from exod.config import load_config
 from exod.config.schema import StopPolicy
 from exod.core.ladder import worst_case
-from exod.servicemgr import checks, install
-from exod.servicemgr.timespan import parse_timespan
-from exod.servicemgr.unitfile import load_unit, parse_unit
+from exod.service_files import checks, install
+from exod.config.durations import parse_timespan
+from exod.service_files.unitfile import load_unit, parse_unit
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "packaging/systemd/exod.service"
