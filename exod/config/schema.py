@@ -158,6 +158,18 @@ class Instance:
     max_queue: int = field(
         default=16, metadata=doc("requests waiting beyond max_concurrency before 429", minimum=0)
     )
+    max_tokens_cap: int | None = field(
+        default=None,
+        metadata=doc("the most tokens one request may ask for (max_tokens); default and upper "
+                     "bound: the model's context window", minimum=1),
+    )
+    cluster_key_file: Path | None = field(
+        default=None,
+        metadata=doc("file holding the group's shared secret (at least 16 bytes; the same file "
+                     "on every host, readable only by exod): ranks prove they hold it before "
+                     "joining. Required when ranks run on several hosts; a single-host group "
+                     "gets a fresh secret at each start"),
+    )
 
 
 @dataclass(frozen=True)
@@ -181,6 +193,15 @@ class Control:
                      "(default /run/exod/control.sock as root, else $XDG_RUNTIME_DIR/exod/)"),
     )
     mode: Octal = field(default=0o660, metadata=doc("file mode of the control socket"))
+    group: str | None = field(
+        default=None,
+        metadata=doc("a group whose members may use the control socket (besides exod's own "
+                     "user and root); default: exod's own group, when `mode` grants the group "
+                     "access", pattern=r"^[A-Za-z0-9._-]{1,64}$"),
+    )
+    max_connections: int = field(
+        default=64, metadata=doc("control connections open at once; beyond it the oldest idle "
+                                 "one is dropped", minimum=1, maximum=4096))
 
 
 @dataclass(frozen=True)
@@ -201,8 +222,43 @@ class Api:
     )
     token_file: Path | None = field(
         default=None,
-        metadata=doc("file holding a bearer token required on every endpoint but /health"),
+        metadata=doc("file holding the bearer tokens required on every endpoint but /health: "
+                     "one per line ('#' starts a comment); re-read on reload"),
     )
+    insecure_public: bool = field(
+        default=False,
+        metadata=doc("allow `listen` on a non-loopback address without a token_file (anyone "
+                     "who reaches the port can then use the models)"),
+    )
+    allowed_hosts: tuple[str, ...] = field(
+        default=(),
+        metadata=doc("extra names accepted in the Host header, besides the listen address, "
+                     "localhost and loopback addresses (guards against DNS rebinding); '*' "
+                     "accepts any"),
+    )
+    cors_origins: tuple[str, ...] = field(
+        default=(),
+        metadata=doc("web origins (e.g. https://app.example) allowed to call the API from a "
+                     "browser; default none (CORS off)"),
+    )
+    max_body: int = field(
+        default=4 * 2**20,
+        metadata=doc("largest request body in bytes; larger ones get 413 before being read",
+                     minimum=1024, maximum=256 * 2**20),
+    )
+    max_connections: int = field(
+        default=256,
+        metadata=doc("HTTP connections open at once; beyond it the oldest idle one is dropped, "
+                     "or the new one refused when every connection is busy",
+                     minimum=1, maximum=65536),
+    )
+    header_timeout: Duration = field(
+        default=10.0,
+        metadata=doc("a connection must send a whole request head within this long (from its "
+                     "start, or from its previous answer), else it is closed", minimum=0.1),
+    )
+    body_timeout: Duration = field(
+        default=30.0, metadata=doc("a request body must arrive within this long", minimum=0.1))
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from loguru import logger
 
+from exod import trust
+
 SO_PASSCRED = getattr(socket, "SO_PASSCRED", None)
 SCM_CREDENTIALS = getattr(socket, "SCM_CREDENTIALS", None)
 CREDS = struct.Struct("iII")  # pid, uid, gid
@@ -47,8 +49,7 @@ class NotifyServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         if self.path.exists() or self.path.is_symlink():
             self.path.unlink()
-        sock.bind(str(self.path))
-        os.chmod(self.path, 0o600)  # runners run as the daemon's user
+        trust.bind_unix(sock, self.path, 0o600)  # runners run as the daemon's user
         if SO_PASSCRED is not None:
             sock.setsockopt(socket.SOL_SOCKET, SO_PASSCRED, 1)
         sock.setblocking(False)

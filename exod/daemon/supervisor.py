@@ -63,7 +63,8 @@ class Supervisor:
         run_dir = config.control.socket.parent
         self.notify = NotifyServer(run_dir / "notify.sock", self._on_notify)
         self.commands = Commands(self)
-        self.control = ControlServer(config.control.socket, config.control.mode, self.commands)
+        self.control = ControlServer(config.control.socket, config.control.mode, self.commands,
+                                     config.control.group, config.control.max_connections)
         self.readiness = Readiness(config.ready, self.service)
         self._group_control: dict[str, str] = {}  # instance → rank 0's control address
         self._swaps: dict[str, Instance | None] = {}  # stopping for a reload: what replaces it

@@ -12,15 +12,15 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationResponse, stream_generate
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from mlx_lm.sample_utils import make_sampler
 
 from exod.protocol import Message
+from exod.runner import validate
 from exod.runner.load import Loaded
 from exod.runner.stops import StopMatcher
+from exod.runner.validate import RequestError
 
-
-class RequestError(Exception):
-    """The request cannot be served as given (e.g. an empty prompt)."""
+__all__ = ["Generation", "RequestError", "chat_prompt"]
 
 
 def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -45,15 +45,17 @@ class Generation:
             raise RequestError("the prompt is empty")
         if req.get("seed") is not None:
             mx.random.seed(int(req["seed"]) % (1 << 64))
-        sampler = make_sampler(temp=float(req.get("temperature", 1.0)),
-                               top_p=float(req.get("top_p", 1.0)))
-        bias = req.get("logit_bias") or None
-        processors = (make_logits_processors(logit_bias={int(k): float(v)
-                                                         for k, v in bias.items()})
-                      if bias else None)
+        sampler = make_sampler(temp=validate.unit_number(req.get("temperature"), "temperature",
+                                                         1.0, 2.0),
+                               top_p=validate.unit_number(req.get("top_p"), "top_p", 1.0, 1.0))
+        bias = validate.logit_bias(req.get("logit_bias"))
+        vocab = _vocab(loaded.model)
+        if vocab is not None:
+            validate.check_ids(list(bias), vocab)
+        processors = [validate.bias_processor(bias)] if bias else None
         self._responses: Iterator[GenerationResponse] = stream_generate(
-            loaded.model, tok, prompt, max_tokens=int(req["max_tokens"]), sampler=sampler,
-            logits_processors=processors)
+            loaded.model, tok, prompt, max_tokens=validate.max_tokens(req.get("max_tokens")),
+            sampler=sampler, logits_processors=processors)
         self._stops = StopMatcher(list(req.get("stop") or []))
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -78,3 +80,11 @@ class Generation:
     def done(self, finish_reason: str) -> Message:
         return {"id": self.id, "ev": "done", "finish_reason": finish_reason,
                 "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+
+
+def _vocab(model: Any) -> int | None:
+    """The model's vocabulary size as it declares it (the bias processor also checks the real
+    width of the logits at the first step)."""
+    vocab = getattr(model, "vocab", None) or getattr(getattr(model, "args", None),
+                                                      "vocab_size", None)
+    return vocab if isinstance(vocab, int) and vocab > 0 else None

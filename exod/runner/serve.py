@@ -114,7 +114,8 @@ def serve(loaded: Loaded, channel: Channel, life: Lifecycle, notify: Notifier,
             except Exception as e:  # noqa: BLE001 -- mlx raises many types: fail this one, go on
                 log(f"generation {rid} failed: {type(e).__name__}: {e}", ERR)
                 gen.close()
-                finish(rid, {"id": rid, "ev": "error", "code": "internal",
+                code = "bad_request" if isinstance(e, RequestError) else "internal"
+                finish(rid, {"id": rid, "ev": "error", "code": code,
                              "message": f"{type(e).__name__}: {e}"})
                 continue
             if text:
