@@ -5,6 +5,7 @@ reload, and the two streams, `wait` (one instance's progress until it settles) a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from exod.core.states import State
@@ -14,6 +15,20 @@ from exod.daemon.instance import InstanceRuntime
 
 if TYPE_CHECKING:
     from exod.daemon.supervisor import Supervisor
+
+
+MAX_QUEUED = 256  # changes waiting for one `wait`/`watch` client; beyond, it is dropped
+
+
+def _offer(q: asyncio.Queue[dict[str, Any]], overflow: list[bool],
+           make: Callable[[], dict[str, Any]]) -> None:
+    """Queue a change for a streaming client, or mark it overflowing (it is then ended)."""
+    if overflow:
+        return
+    if q.full():
+        overflow.append(True)
+        return
+    q.put_nowait(make())
 
 
 class Commands:
@@ -71,17 +86,20 @@ class Commands:
     async def _wait(self, inst: InstanceRuntime, emit: Emit) -> dict[str, Any]:
         """Stream progress until the instance is ready (ok) or settles otherwise (not ok)."""
         name, stall = inst.name, self.sup.config.defaults.stall_after
-        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_QUEUED)
+        overflow: list[bool] = []
 
         def on_change(changed: InstanceRuntime) -> None:
             # A copy now: by the time the stream sends it, later changes would have merged.
             if changed.name == name:
-                q.put_nowait(status.instance_json(changed, self.sup.now(), stall))
+                _offer(q, overflow, lambda: status.instance_json(changed, self.sup.now(), stall))
 
         unlisten = self.sup.listen(on_change)
         try:
             snap = status.instance_json(inst, self.sup.now(), stall)
             while True:
+                if overflow:
+                    return {"ok": False, "error": "dropped: the client read too slowly"}
                 if snap["state"] == State.READY.value:
                     return {"ok": True, "instance": snap}
                 if snap["state"] in (State.FAILED.value, State.STOPPED.value):
@@ -93,11 +111,15 @@ class Commands:
 
     async def _watch(self, emit: Emit) -> dict[str, Any]:
         """Stream a full snapshot at every change, until the client goes away."""
-        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        unlisten = self.sup.listen(lambda _inst: q.put_nowait(self.sup.snapshot()))
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_QUEUED)
+        overflow: list[bool] = []
+        unlisten = self.sup.listen(lambda _inst: _offer(q, overflow, self.sup.snapshot))
         try:
             await emit({"event": "snapshot", **self.sup.snapshot()})
             while True:
-                await emit({"event": "snapshot", **(await q.get())})
+                snap = await q.get()
+                if overflow:
+                    return {"ok": False, "error": "dropped: the client read too slowly"}
+                await emit({"event": "snapshot", **snap})
         finally:
             unlisten()

@@ -27,6 +27,7 @@ from exod.daemon.ratelog import RateLimitedLog
 MAX_REQUEST = 64 * 1024
 REQUEST_TIMEOUT = 10.0
 MAX_CONNECTIONS = 64
+SEND_TIMEOUT = 30.0
 
 
 class SocketInUse(OSError):
@@ -148,7 +149,8 @@ class ControlServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         async def emit(msg: dict[str, Any]) -> None:
             writer.write(json.dumps(msg).encode() + b"\n")
-            await writer.drain()
+            # A client that stops reading is dropped, not buffered for without end.
+            await asyncio.wait_for(writer.drain(), SEND_TIMEOUT)
 
         if not self._admit(writer):
             writer.close()
@@ -184,8 +186,9 @@ class ControlServer:
             except ValueError as e:
                 answer = {"ok": False, "error": str(e)}
             await emit(answer)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass  # the client went away (exoctl wait interrupted): nothing to tell
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                asyncio.TimeoutError):
+            pass  # the client went away (exoctl wait interrupted) or stopped reading
         except Exception as e:  # noqa: BLE001 -- a bug in one command must not end the server
             self.ratelog.error(f"control-{type(e).__name__}", "control request failed: {}: {}",
                                type(e).__name__, e)

@@ -28,6 +28,7 @@ from loguru import logger
 from exod.protocol import FrameDecoder, Message, ProtocolError, encode
 
 FINAL = ("done", "error")
+MAX_PENDING = 4096  # events waiting for a client: a slow reader beyond this is dropped
 
 
 class RequestStream:
@@ -40,8 +41,19 @@ class RequestStream:
         self._queue: asyncio.Queue[Message] = asyncio.Queue()
 
     def _put(self, msg: Message) -> None:
+        if self.finished:
+            return  # dropped for reading too slowly (below): the rest is not wanted
         if msg.get("ev") in FINAL:
             self.finished = True
+        elif self._queue.qsize() >= MAX_PENDING:
+            # The client reads far slower than the runner writes: end it rather than buffer
+            # without bound (the runner is told to stop, as for a client that left).
+            self.finished = True
+            while not self._queue.empty():
+                self._queue.get_nowait()
+            msg = {"id": self.id, "ev": "error", "code": "aborted",
+                   "message": "the client read the answer too slowly"}
+            self.link.send({"op": "cancel", "id": self.id})
         self._queue.put_nowait(msg)
 
     async def next(self) -> Message:

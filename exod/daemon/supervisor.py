@@ -86,10 +86,17 @@ class Supervisor:
         if inst.config.shards > 1:
             addrs = rank_addresses.addresses(inst.config)
             rank_addresses.write_hostfile(self._hostfile(inst), addrs.ranks)
+            if inst.config.cluster_key_file is None:
+                rank_addresses.new_group_key(self._group_key(inst))
             self._group_control[inst.name] = addrs.control
 
     def _hostfile(self, inst: InstanceRuntime) -> Path:
         return self.config.control.socket.parent / "groups" / f"{inst.name}.json"
+
+    def _group_key(self, inst: InstanceRuntime) -> Path:
+        """The group's secret: the operator's cluster_key_file, else one made at each start."""
+        given = inst.config.cluster_key_file
+        return given or self.config.control.socket.parent / "groups" / f"{inst.name}.key"
 
     def spawn(self, inst: InstanceRuntime, rank: RankRuntime) -> int:
         c, shard = inst.config, rank.shard
@@ -103,7 +110,8 @@ class Supervisor:
             args += ["--backend", c.backend, "--peer-timeout", f"{c.peer_timeout:g}"]
             # mx.distributed's own interface: which rank, and where every rank listens.
             group_env = {"MLX_RANK": str(shard.rank), "MLX_HOSTFILE": str(self._hostfile(inst)),
-                         "EXOD_GROUP_CONTROL": self._group_control[inst.name]}
+                         "EXOD_GROUP_CONTROL": self._group_control[inst.name],
+                         **rank_addresses.group_secrets(c, self._group_key(inst))}
         env = os_seam.runner_env(os.environ, {
             **rank_addresses.thread_split(inst.config, sum(r.local for r in inst.ranks),
                                           os.environ),
@@ -290,16 +298,27 @@ class Supervisor:
 
     async def reload(self) -> dict[str, Any]:
         async with self._reload_lock:
-            return self._reload()
+            if self.stopping:
+                return {"ok": False, "error": "exod is stopping"}
+            self.readiness.reloading()
+            # Files are read in a thread: a slow disk or a huge file must not stall the loop.
+            try:
+                new: Config | ConfigError = await asyncio.to_thread(load_config,
+                                                                    self.config.path)
+            except ConfigError as e:
+                new = e
+            if self.api is not None and not isinstance(new, ConfigError):
+                try:
+                    await asyncio.to_thread(self.api.load_tokens)
+                except OSError as e:
+                    logger.error("reload: {}; the API keeps its previous tokens", e.strerror)
+            return self._reload(new)
 
-    def _reload(self) -> dict[str, Any]:
+    def _reload(self, new: Config | ConfigError) -> dict[str, Any]:
         if self.stopping:
             return {"ok": False, "error": "exod is stopping"}
-        self.readiness.reloading()
-        try:
-            new = load_config(self.config.path)
-        except ConfigError as e:
-            problems = str(e).splitlines()
+        if isinstance(new, ConfigError):
+            problems = str(new).splitlines()
             for line in problems:
                 logger.error("reload: {}", line)
             logger.error("reload failed: {} problem(s); nothing was changed", len(problems))
