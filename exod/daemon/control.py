@@ -28,6 +28,7 @@ MAX_REQUEST = 64 * 1024
 REQUEST_TIMEOUT = 10.0
 MAX_CONNECTIONS = 64
 SEND_TIMEOUT = 30.0
+STREAMING = ("wait", "watch")
 
 
 class SocketInUse(OSError):
@@ -146,6 +147,29 @@ class ControlServer:
         return (f"permission denied: uid {creds[0]} may not use exod's control socket (only "
                 "exod's user, root and members of control.group may)")
 
+    async def _run(self, req: dict[str, Any], reader: asyncio.StreamReader,
+                   emit: Emit) -> dict[str, Any] | None:
+        """The command's answer; None when the client left first. A client that leaves a
+        `wait` or `watch` ends it at once (else its connection would stay open until the next
+        change); other commands finish anyway (an interrupted `exoctl reload` still reloads)."""
+        task = asyncio.ensure_future(self.backend.command(req["cmd"], req, emit))
+        gone = asyncio.ensure_future(reader.read(1))  # nothing more is sent: EOF = gone
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not task.done():
+            if req["cmd"] in STREAMING:
+                task.cancel()
+                return None
+            await asyncio.shield(task)
+        try:
+            return task.result()
+        except KeyError as e:
+            return {"ok": False, "error": str(e.args[0]) if e.args else "not found"}
+        except ValueError as e:
+            return {"ok": False, "error": str(e)}
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         async def emit(msg: dict[str, Any]) -> None:
             writer.write(json.dumps(msg).encode() + b"\n")
@@ -179,13 +203,9 @@ class ControlServer:
             except (ValueError, RecursionError) as e:
                 await emit({"ok": False, "error": f"bad request: {e}"})
                 return
-            try:
-                answer = await self.backend.command(req["cmd"], req, emit)
-            except KeyError as e:
-                answer = {"ok": False, "error": str(e.args[0]) if e.args else "not found"}
-            except ValueError as e:
-                answer = {"ok": False, "error": str(e)}
-            await emit(answer)
+            answer = await self._run(req, reader, emit)
+            if answer is not None:
+                await emit(answer)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 asyncio.TimeoutError):
             pass  # the client went away (exoctl wait interrupted) or stopped reading
