@@ -41,11 +41,11 @@ class ConnectionGuard:
 
     def factory(self, server: web.Server) -> Callable[[], asyncio.BaseProtocol]:
         def make() -> asyncio.BaseProtocol:
-            conns = server.connections
+            # Closed ones linger in the list until the loop runs their connection_lost.
+            conns = [h for h in server.connections
+                     if h.transport is not None and not h.transport.is_closing()]
             if len(conns) >= self.limit:
-                idle = next((h for h in conns if h.transport is not None
-                             and h.transport not in self.busy and not h.transport.is_closing()),
-                            None)
+                idle = next((h for h in conns if h.transport not in self.busy), None)
                 if idle is None:
                     self.refused += 1
                     self._log.warning("api-cap", "HTTP API: {} connections, all busy: refusing "
