@@ -44,6 +44,7 @@ from exod.api.errors import (
 )
 from exod.api.objects import DONE, SSE_HEADERS, Reply, sse
 from exod.api.guard import ConnectionGuard, GuardedSite
+from exod.api.httplog import quiet_logger
 from exod.api.schema import (
     GenRequest,
     ModelLimits,
@@ -112,7 +113,7 @@ class ApiServer:
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      keepalive_timeout=self.cfg.header_timeout,
                                      max_line_size=8190, max_field_size=8190, max_headers=64,
-                                     shutdown_timeout=1.0)
+                                     shutdown_timeout=1.0, logger=quiet_logger(self.ratelog))
         await self._runner.setup()
         site = GuardedSite(self._runner, self.host, self.port, self.guard)
         try:
