@@ -86,6 +86,7 @@ class ApiServer:
         self.ratelog = RateLimitedLog()
         self.guard = ConnectionGuard(cfg.max_connections, self.ratelog)
         self._bodies = asyncio.Semaphore(BODY_SLOTS)
+        self.max_body = cfg.max_body_kib * 1024
         self._runner: web.AppRunner | None = None
 
     @property
@@ -102,7 +103,7 @@ class ApiServer:
         """Bind and serve; raises OSError with a one-line message (e.g. port in use)."""
         self.load_tokens()
         app = web.Application(middlewares=[self._errors, self._browser, self._auth],
-                              client_max_size=self.cfg.max_body)
+                              client_max_size=self.max_body)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/v1/models", self.models)
@@ -254,9 +255,9 @@ class ApiServer:
         """The JSON body: refused by its announced size before anything is read, read within
         api.body_timeout, and parsed only once admitted among BODY_SLOTS."""
         size = request.content_length
-        if size is not None and size > self.cfg.max_body:
-            raise ApiError(413, f"The request body is {size} bytes, more than api.max_body "
-                                f"({self.cfg.max_body}).", "invalid_request_error",
+        if size is not None and size > self.max_body:
+            raise ApiError(413, f"The request body is {size} bytes, more than api.max_body_kib "
+                                f"({self.cfg.max_body_kib} KiB).", "invalid_request_error",
                            "request_too_large")
         async with self._bodies:
             try:

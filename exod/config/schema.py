@@ -241,10 +241,10 @@ class Api:
         metadata=doc("web origins (e.g. https://app.example) allowed to call the API from a "
                      "browser; default none (CORS off)"),
     )
-    max_body: int = field(
-        default=4 * 2**20,
-        metadata=doc("largest request body in bytes; larger ones get 413 before being read",
-                     minimum=1024, maximum=256 * 2**20),
+    max_body_kib: int = field(
+        default=4096,
+        metadata=doc("largest request body, in KiB; a larger one gets 413 before it is read",
+                     minimum=1, maximum=262144),
     )
     max_connections: int = field(
         default=256,

@@ -123,7 +123,7 @@ def api(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     token_file.write_text("# two clients\n" + "\n".join(TOKENS) + "\n")
     d = Daemon({
         "api": {"listen": "127.0.0.1:0", "token_file": str(token_file),
-                "header_timeout": "1s", "body_timeout": "1s", "max_body": 65536,
+                "header_timeout": "1s", "body_timeout": "1s", "max_body_kib": 64,
                 "cors_origins": ["https://app.example"]},
         "instances": {
             "tiny": {"model": str(tiny_model)},
