@@ -6,15 +6,28 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from exod.core.states import State
-from exod.daemon import status
-from exod.daemon.control import Emit
+from exod.daemon.control import CommandError, Emit
 from exod.daemon.instance import InstanceRuntime
 
-if TYPE_CHECKING:
-    from exod.daemon.supervisor import Supervisor
+
+class Daemon(Protocol):
+    """What the operator commands need of the daemon."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    async def reload(self) -> dict[str, Any]: ...
+
+    def instance(self, name: str) -> InstanceRuntime | None: ...
+
+    def instance_json(self, inst: InstanceRuntime) -> dict[str, Any]: ...
+
+    def listen(self, fn: Callable[[InstanceRuntime], None]) -> Callable[[], None]: ...
 
 
 MAX_QUEUED = 256  # changes waiting for one `wait`/`watch` client; beyond, it is dropped
@@ -32,16 +45,14 @@ def _offer(q: asyncio.Queue[dict[str, Any]], overflow: list[bool],
 
 
 class Commands:
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-
-    def snapshot(self) -> dict[str, Any]:
-        return self.sup.snapshot()
+    def __init__(self, daemon: Daemon) -> None:
+        self.sup = daemon
 
     def _get(self, name: Any) -> InstanceRuntime:
-        if not isinstance(name, str) or name not in self.sup.instances:
-            raise KeyError(f"no instance named {name!r}")
-        return self.sup.instances[name]
+        inst = self.sup.instance(name) if isinstance(name, str) else None
+        if inst is None:
+            raise CommandError(f"no instance named {name!r}")
+        return inst
 
     async def command(self, cmd: str, req: dict[str, Any], emit: Emit) -> dict[str, Any]:
         sup = self.sup
@@ -71,10 +82,10 @@ class Commands:
             return await self._wait(self._get(req.get("name")), emit)
         if cmd == "watch":
             return await self._watch(emit)
-        raise ValueError(f"unknown command {cmd!r}")
+        raise CommandError(f"unknown command {cmd!r}")
 
     async def _stopped(self, inst: InstanceRuntime, operator: bool) -> None:
-        fut: asyncio.Future[None] = self.sup.loop.create_future()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def done() -> None:
             if not fut.done():
@@ -85,18 +96,18 @@ class Commands:
 
     async def _wait(self, inst: InstanceRuntime, emit: Emit) -> dict[str, Any]:
         """Stream progress until the instance is ready (ok) or settles otherwise (not ok)."""
-        name, stall = inst.name, self.sup.config.defaults.stall_after
+        name = inst.name
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_QUEUED)
         overflow: list[bool] = []
 
         def on_change(changed: InstanceRuntime) -> None:
             # A copy now: by the time the stream sends it, later changes would have merged.
             if changed.name == name:
-                _offer(q, overflow, lambda: status.instance_json(changed, self.sup.now(), stall))
+                _offer(q, overflow, lambda: self.sup.instance_json(changed))
 
         unlisten = self.sup.listen(on_change)
         try:
-            snap = status.instance_json(inst, self.sup.now(), stall)
+            snap = self.sup.instance_json(inst)
             while True:
                 if overflow:
                     return {"ok": False, "error": "dropped: the client read too slowly"}

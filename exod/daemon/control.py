@@ -35,9 +35,12 @@ class SocketInUse(OSError):
     pass
 
 
-class Backend(Protocol):
-    def snapshot(self) -> dict[str, Any]: ...
+class CommandError(Exception):
+    """A command the client got wrong (an unknown instance, an unknown command): its message
+    goes back as `{"ok": false, "error": ...}`. Any other exception is a bug, logged as one."""
 
+
+class Backend(Protocol):
     async def command(self, cmd: str, req: dict[str, Any],
                       emit: Emit) -> dict[str, Any]: ...
 
@@ -165,9 +168,7 @@ class ControlServer:
             await asyncio.shield(task)
         try:
             return task.result()
-        except KeyError as e:
-            return {"ok": False, "error": str(e.args[0]) if e.args else "not found"}
-        except ValueError as e:
+        except CommandError as e:
             return {"ok": False, "error": str(e)}
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -210,8 +211,9 @@ class ControlServer:
                 asyncio.TimeoutError):
             pass  # the client went away (exoctl wait interrupted) or stopped reading
         except Exception as e:  # noqa: BLE001 -- a bug in one command must not end the server
-            self.ratelog.error(f"control-{type(e).__name__}", "control request failed: {}: {}",
-                               type(e).__name__, e)
+            # A bug: with its traceback, but once per cause and interval.
+            self.ratelog.log("ERROR", f"control-{type(e).__name__}", "control request failed",
+                             exception=e)
         finally:
             self._silent.pop(writer, None)
             self._open -= 1

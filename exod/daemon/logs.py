@@ -46,8 +46,6 @@ def _context(record: Any) -> None:
     extra["prio"] = PRIORITY.get(record["level"].name, 6)
 
 
-FORMATS = ("auto", "human", "journal", "json")
-
 
 def configure(level: str = "INFO", fmt: str = "auto") -> None:
     """`auto` picks `journal` under systemd and `human` elsewhere; `json` writes one JSON object

@@ -33,14 +33,15 @@ class RateLimitedLog:
         self._next[cause] = now + self.interval
         return self._held.pop(cause, 0)
 
-    def log(self, level: str, cause: str, message: str, *args: Any) -> bool:
+    def log(self, level: str, cause: str, message: str, *args: Any,
+            exception: BaseException | None = None) -> bool:
         held = self.allow(cause)
         if held is None:
             return False
         text = message.format(*args) if args else message
         if held:
             text += f" ({held} more like it in the last {self.interval:g}s)"
-        logger.log(level, "{}", text)
+        logger.opt(exception=exception).log(level, "{}", text)
         return True
 
     def warning(self, cause: str, message: str, *args: Any) -> bool:

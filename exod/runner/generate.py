@@ -1,8 +1,9 @@
-"""One generation request in the runner: prompt (chat template or raw text), sampling, stop
-sequences, usage counts, advanced one token at a time by the serve loop.
+"""The turn-taking engine: each generation advances one token at a time, in turn.
 
-Stepping one token at a time is what lets the serve loop cancel a generation within one token,
-end it at the drain deadline, and interleave several requests when the daemon allows it.
+A generation is a prompt (chat template or raw text), sampling, stop sequences and usage
+counts. Stepping one token at a time is what lets the serve loop cancel a generation within
+one token, end it at the drain deadline, and interleave several requests when the daemon
+allows it.
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationResponse, stream_generate
 from mlx_lm.sample_utils import make_sampler
 
-from exod.protocol import Message
+from exod import messages as m
 from exod.runner import validate
 from exod.runner.load import Loaded
+from exod.runner.log import ERR, log
+from exod.runner.serve import RequestError
 from exod.runner.stops import StopMatcher
-from exod.runner.validate import RequestError
-
-__all__ = ["Generation", "RequestError", "chat_prompt"]
 
 
 def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -33,34 +33,35 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
 
 
 class Generation:
-    def __init__(self, loaded: Loaded, req: Message) -> None:
-        self.id = str(req["id"])
+    def __init__(self, loaded: Loaded, req: m.Generate) -> None:
+        self.id = req.id
         tok = loaded.tokenizer
-        if req.get("kind") == "chat":
-            prompt: Any = mx.array(chat_prompt(tok, req["messages"]))
+        if req.kind == "chat":
+            prompt: Any = mx.array(chat_prompt(tok, req.messages or []))
         else:
-            prompt = str(req.get("prompt", ""))  # stream_generate adds BOS as the model wants
+            prompt = req.prompt or ""  # stream_generate adds BOS as the model wants
         if (isinstance(prompt, str) and not prompt) or (not isinstance(prompt, str)
                                                         and prompt.size == 0):
             raise RequestError("the prompt is empty")
-        if req.get("seed") is not None:
-            mx.random.seed(int(req["seed"]) % (1 << 64))
-        sampler = make_sampler(temp=validate.unit_number(req.get("temperature"), "temperature",
-                                                         1.0, 2.0),
-                               top_p=validate.unit_number(req.get("top_p"), "top_p", 1.0, 1.0))
-        bias = validate.logit_bias(req.get("logit_bias"))
+        if req.seed is not None:
+            mx.random.seed(req.seed % (1 << 64))
+        # Checked again here, whatever sent them: nothing reaches mlx unchecked.
+        sampler = make_sampler(
+            temp=validate.unit_number(req.temperature, "temperature", 1.0, 2.0),
+            top_p=validate.unit_number(req.top_p, "top_p", 1.0, 1.0))
+        bias = validate.logit_bias(req.logit_bias)
         vocab = _vocab(loaded.model)
         if vocab is not None:
             validate.check_ids(list(bias), vocab)
         processors = [validate.bias_processor(bias)] if bias else None
         self._responses: Iterator[GenerationResponse] = stream_generate(
-            loaded.model, tok, prompt, max_tokens=validate.max_tokens(req.get("max_tokens")),
+            loaded.model, tok, prompt, max_tokens=validate.max_tokens(req.max_tokens),
             sampler=sampler, logits_processors=processors)
-        self._stops = StopMatcher(list(req.get("stop") or []))
+        self._stops = StopMatcher(req.stop)
         self.prompt_tokens = 0
         self.completion_tokens = 0
 
-    def step(self) -> tuple[str, str | None]:
+    def step(self) -> tuple[str, m.FinishReason | None]:
         """Generate one token: (text to release now, finish reason or None while going on)."""
         r = next(self._responses)
         self.prompt_tokens, self.completion_tokens = r.prompt_tokens, r.generation_tokens
@@ -69,7 +70,7 @@ class Generation:
             self.close()
             return text, "stop"
         if r.finish_reason is not None:
-            return text + self._stops.flush(), r.finish_reason
+            return text + self._stops.flush(), "length" if r.finish_reason == "length" else "stop"
         return text, None
 
     def close(self) -> None:
@@ -77,9 +78,8 @@ class Generation:
         if close is not None:
             close()
 
-    def done(self, finish_reason: str) -> Message:
-        return {"id": self.id, "ev": "done", "finish_reason": finish_reason,
-                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+    def done(self, finish_reason: m.FinishReason) -> m.Done:
+        return m.Done(self.id, finish_reason, self.prompt_tokens, self.completion_tokens)
 
 
 def _vocab(model: Any) -> int | None:
@@ -88,3 +88,51 @@ def _vocab(model: Any) -> int | None:
     vocab = getattr(model, "vocab", None) or getattr(getattr(model, "args", None),
                                                       "vocab_size", None)
     return vocab if isinstance(vocab, int) and vocab > 0 else None
+
+
+class TurnEngine:
+    """Generations take turns, one token each per step (see exod.runner.serve.Engine)."""
+
+    def __init__(self, loaded: Loaded) -> None:
+        self.loaded = loaded
+        self.gens: dict[str, Generation] = {}
+
+    @property
+    def active(self) -> int:
+        return len(self.gens)
+
+    def admit(self, req: m.Generate) -> None:
+        self.gens[req.id] = Generation(self.loaded, req)
+
+    def cancel(self, rid: str) -> None:
+        gen = self.gens.pop(rid, None)
+        if gen is not None:
+            gen.close()
+
+    def step(self) -> list[m.Event]:
+        out: list[m.Event] = []
+        for rid, gen in list(self.gens.items()):
+            try:
+                text, reason = gen.step()
+            except RequestError as e:  # e.g. a token id outside the real logits
+                self.cancel(rid)
+                out.append(m.Error(rid, "bad_request", str(e)))
+                continue
+            except Exception as e:  # noqa: BLE001 -- mlx raises many types: fail this one, go on
+                log(f"generation {rid} failed: {type(e).__name__}: {e}", ERR)
+                self.cancel(rid)
+                out.append(m.Error(rid, "internal", f"{type(e).__name__}: {e}"))
+                continue
+            if text:
+                out.append(m.Text(rid, text))
+            if reason is not None:
+                del self.gens[rid]
+                out.append(gen.done(reason))
+        return out
+
+    def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]:
+        out: list[m.Event] = []
+        for rid in list(self.gens):
+            self.cancel(rid)
+            out.append(m.Error(rid, code, message))
+        return out

@@ -10,11 +10,14 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from exod.runner.serve import RequestError
+
+__all__ = ["RequestError", "bias_processor", "check_ids", "logit_bias", "max_tokens",
+           "unit_number"]
+
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")
 
 
-class RequestError(Exception):
-    """The request cannot be served as given (e.g. an empty prompt)."""
 
 
 def logit_bias(raw: Any) -> dict[int, float]:
