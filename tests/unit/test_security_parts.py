@@ -77,7 +77,7 @@ def test_max_tokens_is_capped_by_context_window_or_config() -> None:
     # The default shrinks to fit instead of failing a request that asked for nothing.
     assert apply_limits(parse_chat(CHAT), ModelLimits(context=100)).max_tokens == 100
     assert apply_limits(parse_chat(CHAT), ModelLimits()).max_tokens == 1024
-    assert "max_tokens_param" not in parse_chat(CHAT).to_runner()
+    assert parse_chat(CHAT).to_runner().max_tokens == 1024  # the runner gets no extras
 
 
 def test_long_stop_sequences_are_refused() -> None:
