@@ -35,7 +35,9 @@ MAGIC = b"EXOD-GROUP-1\n"
 NONCE = 32
 MAC = hashlib.sha256().digest_size
 MIN_KEY = 16
-HANDSHAKE_TIMEOUT = 5.0  # per connection: a silent stranger cannot hold up the group
+# Rank 0 takes connections one at a time: a silent stranger holds it up this long at most,
+# while a real rank waits its turn (its own wait is bounded by the group's timeout).
+HANDSHAKE_TIMEOUT = 2.0
 DEFAULT_MAX_LENGTH = 1 << 17
 
 
@@ -191,6 +193,7 @@ def connect_to_leader(rank: int, timeout: float) -> socket.socket:
             time.sleep(0.1)  # rank 0 binds moments after the MLX group forms
             continue
         try:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
             worker_handshake(sock, key, rank)
         except BaseException:
             sock.close()
