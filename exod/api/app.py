@@ -86,6 +86,9 @@ class ServedInstance(Protocol):
 
     def serving_link(self) -> Link | None: ...
 
+    @property
+    def model_info(self) -> m.Ready | None: ...
+
 
 class Daemon(Protocol):
     """What the API needs of the daemon."""
@@ -300,12 +303,16 @@ class ApiServer:
             return parse_json(raw)
 
     async def _limits(self, inst: ServedInstance) -> ModelLimits:
-        """The model's vocabulary and context window (config.json, read once per instance,
-        off the loop) and the instance's max_tokens_cap."""
+        """The model's vocabulary and context window, as rank 0 reported them once loaded,
+        else from its config.json (read once per instance, off the loop); and the instance's
+        max_tokens_cap."""
+        info, cap = inst.model_info, inst.config.max_tokens_cap
+        if info is not None and info.vocab_size > 0 and info.context_length > 0:
+            return ModelLimits(info.vocab_size, info.context_length, cap)
         limits = self.limits.get(inst)
         if limits is None:
             vocab, context = await asyncio.to_thread(model_limits, inst.config.model)
-            limits = self.limits[inst] = ModelLimits(vocab, context, inst.config.max_tokens_cap)
+            limits = self.limits[inst] = ModelLimits(vocab, context, cap)
         return limits
 
     def _ready_instance(self, name: str) -> ServedInstance:

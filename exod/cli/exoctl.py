@@ -123,7 +123,12 @@ def status(client: Client, as_json: bool) -> None:
         return
     from exod.cli.table import render_status
 
-    click.echo(render_status(answer))
+    try:
+        table = render_status(answer)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # another exod version?
+        raise click.ClickException(f"exod's status is not what this exoctl expects ({e!r}); "
+                                   "try --json") from None
+    click.echo(table)
 
 
 @main.command()

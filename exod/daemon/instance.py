@@ -139,6 +139,11 @@ class InstanceRuntime:
         """The host whose exod serves requests, when it is not this one (rank 0 runs there)."""
         return None if self.ranks[0].local else self.ranks[0].host
 
+    @property
+    def model_info(self) -> m.Ready | None:
+        """The vocabulary and context window of the model as rank 0 loaded it."""
+        return self.ranks[0].model_info
+
     def serving_link(self) -> Link | None:
         """The channel requests go through: rank 0's, while the whole instance is ready."""
         pid = self.ranks[0].pid

@@ -205,6 +205,31 @@ print(p.__name__, bias_processor({3: 1.0})(None, mx.zeros((1, 8))).tolist())
     assert out[1] == "process [[0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]]"
 
 
+def test_worker_turns_bad_headers_into_peer_lost() -> None:
+    """A worker fed an unknown command or an oversized length by its control connection ends
+    as a lost peer (exit 76, restarted by its daemon), never a crash or a huge allocation."""
+    script = """
+import os, socket
+os.environ["EXOD_GROUP_MAX_LENGTH"] = "4096"
+from exod.runner import headers
+from exod.runner.peers import Group, PeerLost
+for cmd, length in ((99, 1), (1, 1 << 30)):
+    a, b = socket.socketpair()
+    g = Group(None, 1, 2, 5.0, None, ctrl={0: b})
+    headers.send(a, cmd, 0, length)
+    try:
+        g.recv_header()
+        print("accepted")
+    except PeerLost as e:
+        print("peer lost:", e)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.splitlines()
+    assert out == ["peer lost: unknown command 99 from rank 0",
+                   "peer lost: bad header from rank 0 (command 1, cache 0, length 1073741824; "
+                   "at most 4096 positions)"], out
+
+
 # ---- malformed input: 4xx, never 500 ---------------------------------------------------------
 def test_malformed_requests_get_4xx_never_500(api: Api) -> None:
     deep = b"[" * 200_000 + b"]" * 200_000

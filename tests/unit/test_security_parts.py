@@ -9,6 +9,8 @@ import json
 import os
 import socket
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -403,3 +405,11 @@ def _connect_when_listening(port: int) -> socket.socket:
         except ConnectionRefusedError:
             threading.Event().wait(0.01)  # the leader thread binds moments after it starts
     raise AssertionError("rank 0 never listened")
+
+
+def test_exod_raises_its_open_files_limit_to_the_hard_one() -> None:
+    script = ("import resource; from exod.daemon.limits import raise_nofile; "
+              "print(raise_nofile(), resource.getrlimit(resource.RLIMIT_NOFILE))")
+    out = subprocess.run(["prlimit", "--nofile=512:4096", "--", sys.executable, "-c", script],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == "(512, 4096) (4096, 4096)"
