@@ -39,15 +39,17 @@ def _describe_owner(uid: int) -> str:
 
 # ---- the daemon's side ------------------------------------------------------------------
 def ensure_private_dir(path: Path, group_access: bool, gid: int | None = None) -> None:
-    """Create (or adopt) `path` as exod's own runtime directory, mode 0700 or 0750, group
-    `gid` when given. Raises Untrusted (one line) when another user owns it, or it is not a
-    real directory."""
+    """Create `path` as exod's runtime directory, mode 0700 (0750 when `group_access`), group
+    `gid` when given; or adopt an existing one that is exod's user's and that no one else may
+    write to (an existing folder is never changed: it may be shared, like /run). Raises
+    Untrusted (one line) otherwise."""
     mode = 0o750 if group_access else 0o700
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     try:
         os.mkdir(path, mode)
+        created = True
     except FileExistsError:
-        pass
+        created = False
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise Untrusted(f"{path} is not a directory (a symlink or a file): refusing to use it "
@@ -56,10 +58,14 @@ def ensure_private_dir(path: Path, group_access: bool, gid: int | None = None) -
         raise Untrusted(f"{path} belongs to {_describe_owner(st.st_uid)}, not to this user: "
                         "refusing to use it as exod's runtime directory (remove it, or set "
                         "control.socket elsewhere)")
-    if gid is not None and st.st_gid != gid:
-        os.chown(path, -1, gid)
-    if stat.S_IMODE(st.st_mode) != mode:
-        os.chmod(path, mode)  # ours: make it as private as it should be (umask, older exod)
+    if created:
+        os.chmod(path, mode)  # whatever the umask took away or added
+        if gid is not None:
+            os.chown(path, -1, gid)
+    elif st.st_mode & 0o022:
+        raise Untrusted(f"{path} may be written by other users (mode "
+                        f"{stat.S_IMODE(st.st_mode):04o}), who could replace exod's sockets: "
+                        "refusing to use it (chmod go-w, or set control.socket elsewhere)")
 
 
 def bind_unix(sock: socket.socket, path: Path, mode: int, gid: int | None = None) -> None:

@@ -232,13 +232,22 @@ def test_cluster_key_comes_from_a_file(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 # ---- trust in directories and sockets ---------------------------------------------------
-def test_private_dir_is_created_private_and_tightened(tmp_path: Path) -> None:
+def test_private_dir_is_created_private_and_never_loosened(tmp_path: Path) -> None:
     d = tmp_path / "run"
     trust.ensure_private_dir(d, group_access=False)
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
-    d.chmod(0o777)
-    trust.ensure_private_dir(d, group_access=True)
-    assert stat.S_IMODE(os.stat(d).st_mode) == 0o750
+    trust.ensure_private_dir(tmp_path / "shared", group_access=True)
+    assert stat.S_IMODE(os.stat(tmp_path / "shared").st_mode) == 0o750
+    # An existing folder is adopted as it is (it may be shared, like /run) ...
+    d.chmod(0o755)
+    trust.ensure_private_dir(d, group_access=False)
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o755
+    # ... unless others may write in it: they could swap the socket.
+    for loose in (0o777, 0o1777, 0o770):
+        d.chmod(loose)
+        with pytest.raises(trust.Untrusted, match="may be written by other users"):
+            trust.ensure_private_dir(d, group_access=False)
+        assert stat.S_IMODE(os.stat(d).st_mode) == loose
 
 
 def test_private_dir_owned_by_someone_else_is_refused(tmp_path: Path) -> None:
