@@ -5,6 +5,7 @@ The same attacks against a live daemon are in tests/integration/test_security.py
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -422,3 +423,43 @@ def test_exod_raises_its_open_files_limit_to_the_hard_one() -> None:
     out = subprocess.run(["prlimit", "--nofile=512:4096", "--", sys.executable, "-c", script],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.strip() == "(512, 4096) (4096, 4096)"
+
+
+# ---- bounded queues: a client that does not read is dropped, never buffered for --------------
+def test_a_request_stream_drops_a_client_that_reads_too_slowly() -> None:
+    from exod import messages as m
+    from exod.daemon.link import MAX_PENDING, RequestStream
+
+    sent: list[object] = []
+
+    class FakeLink:
+        def send(self, msg: object) -> bool:
+            sent.append(msg)
+            return True
+
+    stream = RequestStream(FakeLink(), "r1")  # type: ignore[arg-type]
+    for i in range(MAX_PENDING + 10):
+        stream._put(m.Text("r1", f"t{i}"))
+    assert stream.finished and sent == [m.Cancel("r1")]  # the runner stops generating
+    assert stream._queue.qsize() == 1  # what was buffered is gone: only the error is left
+    last = stream._queue.get_nowait()
+    assert isinstance(last, m.Error) and last.code == "aborted"
+
+
+def test_wait_and_watch_queues_are_bounded() -> None:
+    import asyncio
+
+    from exod.daemon.commands import MAX_QUEUED, _offer
+
+    q: asyncio.Queue[dict[str, object]] = asyncio.Queue(MAX_QUEUED)
+    overflow: list[bool] = []
+    made: list[int] = []
+
+    def snapshot(i: int) -> dict[str, object]:
+        made.append(i)
+        return {"n": i}
+
+    for i in range(MAX_QUEUED * 3):
+        _offer(q, overflow, functools.partial(snapshot, i))
+    assert q.qsize() == MAX_QUEUED and overflow == [True]
+    assert len(made) == MAX_QUEUED  # no snapshot is even made for a client being dropped
