@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 Continuation = Callable[[], None]
 PERMANENT_SPAWN_ERRORS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR})
+# The host is short of something right now: retried with backoff, never counted toward the
+# start limit (the runner did nothing wrong).
+SHORTAGE_SPAWN_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 
 
 class Timer(Protocol):
@@ -78,6 +81,7 @@ class RankRuntime:
     status_text: str = ""
     attempt: int = 0  # joining its group: which attempt
     model_info: m.Ready | None = None  # vocabulary and context, once ready
+    shortage: bool = False  # its last spawn failed for want of fds or memory on this host
     error: str = ""
     last_exit: ExitInfo | None = None
     ladder: LadderRun | None = None
@@ -197,10 +201,12 @@ class InstanceRuntime:
             rank.phase, rank.attempt, rank.model_info = None, 0, None
             rank.signals_sent, rank.last_progress, rank.last_heartbeat = [], None, None
             rank.started_at = self.seam.now()
+            rank.shortage = False
             self._move_rank(rank, State.STARTING)
             try:
                 rank.pid = self.seam.spawn(self, rank)
             except OSError as e:
+                rank.shortage = e.errno in SHORTAGE_SPAWN_ERRORS
                 # A missing or unusable interpreter will not fix itself; EAGAIN/ENOMEM may.
                 code = EXIT_UNAVAILABLE if e.errno in PERMANENT_SPAWN_ERRORS else EXIT_TEMPFAIL
                 failed.append((rank, f"cannot start runner: {e}", code))
@@ -340,7 +346,8 @@ class InstanceRuntime:
         if expected or not self.state.active:
             self.seam.changed(self)
             return
-        decision = self.tracker.on_exit(self.seam.now(), info, rank.error)
+        decision = self.tracker.on_exit(self.seam.now(), info, rank.error,
+                                        counts=not rank.shortage)
         if self.alive():
             # A group is all or nothing: stop the siblings (through the ladder), then decide.
             self._pending = decision
