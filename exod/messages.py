@@ -70,6 +70,10 @@ class Progress:
     loaded: int
     total: int
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.loaded <= self.total:
+            raise ProtocolError(f"progress: {self.loaded} of {self.total} layers is impossible")
+
 
 @dataclass(frozen=True)
 class Ready:
@@ -78,6 +82,11 @@ class Ready:
     type: ClassVar[str] = "ready"
     vocab_size: int = 0  # 0: unknown
     context_length: int = 0
+
+    def __post_init__(self) -> None:
+        # The API's limits come from these: a negative one would let every request through.
+        if self.vocab_size < 0 or self.context_length < 0:
+            raise ProtocolError("ready: a negative vocab_size or context_length")
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,8 @@ class ProcessTable:
         proc.readers = [self.loop.create_task(self._read_lines(proc, fd))
                         for fd in (child.stdout, child.stderr)]
         self.procs[pid] = proc
+        link.reader_task.add_done_callback(lambda _: self.loop.call_later(
+            EXIT_DRAIN, self._channel_gone, proc))
         # The child may have died before we registered it: SIGCHLD would already be spent.
         self.loop.call_soon(self.reap)
         return pid
@@ -81,6 +83,16 @@ class ProcessTable:
     def link(self, pid: int) -> Link | None:
         proc = self.procs.get(pid)
         return proc.link if proc is not None and not proc.link.closed else None
+
+    def _channel_gone(self, proc: Proc) -> None:
+        """The channel ended some time ago and the runner is still not reaped: it closed its
+        channel but kept running, so it can no longer be asked anything. It is broken."""
+        pid = proc.child.pid
+        if self.procs.get(pid) is not proc or proc.link.broken:
+            return  # it exited, as a runner whose channel ends should; or already reported
+        why = "the runner closed its channel but kept running"
+        logger.bind(**proc.context).error("{}", why)
+        proc.handlers.on_broken(pid, why)
 
     def kill(self, pid: int, sig: int) -> bool:
         if pid not in self.procs:

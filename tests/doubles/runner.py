@@ -17,6 +17,13 @@ Behaviours:
   garbage       load, READY, then send a message that breaks the protocol (a field of the wrong
                 type), then behave as cooperative
   old-protocol  say hello with another protocol version, then behave as cooperative
+  nested        load, READY, then send a frame of JSON nested 100,000 deep
+  bad-progress  load, READY, then report 5 of 4 layers loaded
+  huge-frame    load, READY, then announce a frame of MAX_FRAME bytes and start sending it
+  mute          load, READY, then close its channel and keep running (until SIGTERM)
+  flood         load, READY, then send 100,000 valid lifecycle frames, Done and Error for
+                request ids it was never given, Ready again, and 8 MiB of stderr without a
+                newline; then behave as cooperative
 """
 
 from __future__ import annotations
@@ -24,13 +31,15 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import threading
+from collections.abc import Callable
 
 from exod import messages as m
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
-from exod.protocol import encode
+from exod.protocol import HEADER, MAX_FRAME, encode
 from exod.runner.report import Reporter
 
 
@@ -47,6 +56,44 @@ def gated_load(notify: Reporter, life: Lifecycle, n: int) -> bool:
             return False
     notify.progress(n, n)
     return True
+
+
+def flood(sock: socket.socket, n: int) -> None:
+    beat = encode({"type": "heartbeat"})
+    status = encode({"type": "status", "phase": "ready", "text": "x" * 200})
+    sock.sendall((beat + status) * 50_000)
+    sock.sendall(encode({"type": "done", "id": "r999", "finish_reason": "stop",
+                         "prompt_tokens": 1, "completion_tokens": 1}))
+    sock.sendall(encode({"type": "error", "id": "nobody", "code": "internal", "message": "?"}))
+    sock.sendall(encode({"type": "ready", "vocab_size": 5, "context_length": 5}))
+    chunk = "y" * (1 << 20)
+    for _ in range(8):
+        sys.stderr.write(chunk)
+    sys.stderr.write("\n")
+    print("double flood: sent", file=sys.stderr, flush=True)
+
+
+def mute(sock: socket.socket, n: int) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sock.shutdown(socket.SHUT_RDWR)
+    threading.Event().wait()  # until SIGTERM ends it
+
+
+MISBEHAVIOURS: dict[str, Callable[[socket.socket, int], None]] = {
+    "garbage": lambda sock, n: sock.sendall(
+        encode({"type": "progress", "loaded": "many", "total": n})),
+    "nested": lambda sock, n: sock.sendall(framed(
+        b'{"type":"status","phase":"ready","text":' + b"[" * 100_000 + b"]" * 100_000 + b"}")),
+    "bad-progress": lambda sock, n: sock.sendall(
+        encode({"type": "progress", "loaded": n + 1, "total": n})),
+    "huge-frame": lambda sock, n: sock.sendall(HEADER.pack(MAX_FRAME) + b"{" * 65536),
+    "mute": mute,
+    "flood": flood,
+}
+
+
+def framed(body: bytes) -> bytes:
+    return HEADER.pack(len(body)) + body
 
 
 def main() -> int:
@@ -84,9 +131,9 @@ def main() -> int:
             notify.progress(i, n)
     notify.ready()
     print(f"double {behaviour}: ready", file=sys.stderr, flush=True)
-    if behaviour == "garbage":
+    if behaviour in MISBEHAVIOURS:
         assert channel.sock is not None
-        channel.sock.sendall(encode({"type": "progress", "loaded": "many", "total": n}))
+        MISBEHAVIOURS[behaviour](channel.sock, n)
     if behaviour == "stubborn":
         threading.Event().wait()
     life.stop.wait()

@@ -14,14 +14,18 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from exod import messages as m
 from exod.core.exits import EXIT_MODEL
-from exod.protocol import FrameDecoder
+from exod.daemon.processes import MAX_LINE
+from exod.daemon.procinfo import rss_bytes
+from exod.protocol import MAX_FRAME, FrameDecoder
 from tests.harness import SAFETY, Daemon
 from tests.integration.conftest import double_env
+from tests.integration.test_security import log_lines, tracebacks
 
 
 def read_messages(sock: socket.socket, until: Callable[[list[m.FromRunner]], bool]
@@ -117,3 +121,63 @@ def test_a_runner_of_another_protocol_version_is_refused(
         daemons: Callable[..., Daemon], fake_model: Path) -> None:
     d = broken_runner(daemons, fake_model, "old-protocol")
     assert_ended_through_the_ladder(d, f"speaks version {m.VERSION + 1}")
+
+
+# ---- hostile runners: each is ended through the ladder, and the daemon shrugs it off -----------
+def assert_no_tracebacks(d: Daemon) -> None:
+    assert tracebacks(d) == []
+
+
+def test_a_frame_nested_too_deeply_is_a_protocol_error(
+        daemons: Callable[..., Daemon], fake_model: Path) -> None:
+    # json.loads raises RecursionError, not ValueError: it used to kill the channel's reader
+    # task (a traceback in the log) and leave the runner running, unsupervised.
+    d = broken_runner(daemons, fake_model, "nested")
+    assert_no_tracebacks(d)
+    assert_ended_through_the_ladder(d, "protocol error from the runner: bad JSON frame: nested")
+
+
+def test_impossible_progress_is_a_protocol_error(
+        daemons: Callable[..., Daemon], fake_model: Path) -> None:
+    d = broken_runner(daemons, fake_model, "bad-progress")
+    assert_ended_through_the_ladder(d, "protocol error from the runner: progress: 5 of 4")
+
+
+def test_a_huge_frame_is_refused_before_it_is_read(
+        daemons: Callable[..., Daemon], fake_model: Path) -> None:
+    d = broken_runner(daemons, fake_model, "huge-frame")
+    assert_ended_through_the_ladder(d, f"frame of {MAX_FRAME} bytes exceeds the")
+
+
+def test_a_runner_that_closes_its_channel_but_keeps_running_is_ended(
+        daemons: Callable[..., Daemon], fake_model: Path) -> None:
+    d = broken_runner(daemons, fake_model, "mute")
+    inst = d.until_state("odd", "backoff")
+    why = "closed its channel but kept running"
+    assert why in inst["ranks"][0]["error"]
+    # Rung 1 cannot reach it (its channel is gone), so rung 2 does, after rung 1's grace.
+    assert [e["extra"]["step"] for e in d.events(event="ladder")] == ["ask", "SIGTERM"]
+    assert inst["restarts"] == 1
+    assert_no_tracebacks(d)
+    assert d.terminate() == 0
+
+
+def test_a_flooding_runner_leaves_the_daemon_bounded_and_responsive(
+        daemons: Callable[..., Daemon], fake_model: Path) -> None:
+    d = broken_runner(daemons, fake_model, "flood")
+    assert d.proc is not None
+    # Printed after the flood was sent (and all but a socket buffer of it read).
+    deadline = time.monotonic() + SAFETY
+    while log_lines(d, "double flood: sent") == 0:
+        assert time.monotonic() < deadline, "the flood was never sent"
+        time.sleep(0.1)  # polling the log for a condition, not waiting for luck
+    inst = d.instance("odd")  # the control socket answers
+    assert inst["state"] == "ready" and inst["restarts"] == 0
+    rss = rss_bytes(d.proc.pid)
+    assert rss is not None and rss < 200 * 2**20, rss  # ~70 MB idle; 64 MiB frames would double
+    # 8 MiB of stderr without a newline: logged in pieces of at most MAX_LINE.
+    pieces = [e for e in d.events() if set(e["message"]) <= set("| y") and "yyy" in e["message"]]
+    assert len(pieces) >= 8 and all(len(e["message"]) <= MAX_LINE + 2 for e in pieces)
+    assert_no_tracebacks(d)
+    assert d.terminate() == 0
+    assert [e["extra"]["step"] for e in d.events(event="ladder")] == ["ask"]
