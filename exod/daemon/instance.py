@@ -11,7 +11,7 @@ import errno
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from loguru import logger
 
@@ -72,6 +72,7 @@ class RankRuntime:
     ladder_timer: Timer | None = None
     signals_sent: list[str] = field(default_factory=list)
     last_heartbeat: float | None = None
+    serving: dict[str, Any] | None = None  # the runner's last engine stats
 
     @property
     def rank(self) -> int:
@@ -166,6 +167,7 @@ class InstanceRuntime:
                 continue
             rank.layers_loaded, rank.error, rank.status_text = 0, "", ""
             rank.signals_sent, rank.last_progress, rank.last_heartbeat = [], None, None
+            rank.serving = None
             rank.started_at = self.seam.now()
             self._move_rank(rank, State.STARTING)
             try:
@@ -219,6 +221,11 @@ class InstanceRuntime:
                 self._schedule_ladder(rank)
 
     # ---- events from runners --------------------------------------------------------------
+    def on_serving(self, pid: int, stats: dict[str, Any]) -> None:
+        rank = self.rank_by_pid(pid)
+        if rank is not None:
+            rank.serving = stats
+
     def on_notify(self, pid: int, fields: dict[str, str]) -> None:
         rank = self.rank_by_pid(pid)
         if rank is None:
@@ -268,7 +275,7 @@ class InstanceRuntime:
         killed = Step.KILL.value in rank.signals_sent
         log = self.log.bind(rank=rank.rank, pid=rank.pid, event="exit", code=info.code,
                             signal=info.signal, signals_sent=list(rank.signals_sent))
-        rank.pid, rank.last_exit = None, info
+        rank.pid, rank.last_exit, rank.serving = None, info, None
         if rank.ladder_timer is not None:
             rank.ladder_timer.cancel()
         rank.ladder, rank.ladder_timer = None, None

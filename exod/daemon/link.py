@@ -9,6 +9,8 @@ Runner → daemon, one stream of events per request id, in order, ending with do
   {"id": ID, "ev": "done", "finish_reason": "stop"|"length",
    "prompt_tokens": N, "completion_tokens": M}
   {"id": ID, "ev": "error", "code": "...", "message": "..."}
+and, apart from any request, whenever the number of running requests changes:
+  {"ev": "stats", "stats": {...}}          the engine's figures (batch width, prompt cache)
 
 Everything runs on the event loop, without blocking: reads are driven by `add_reader`, and a
 write the socket cannot take at once waits in a buffer flushed by `add_writer`. When the runner
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from loguru import logger
@@ -66,6 +69,7 @@ class Link:
         self._out = bytearray()
         self._streams: dict[str, RequestStream] = {}
         self._ids = itertools.count(1)
+        self.on_stats: Callable[[dict[str, Any]], None] | None = None
         loop.add_reader(self.fd, self._on_readable)
 
     @property
@@ -141,6 +145,10 @@ class Link:
             self.close(f"protocol error from the runner: {e}")
             return
         for msg in msgs:
+            if msg.get("ev") == "stats":
+                if self.on_stats is not None and isinstance(msg.get("stats"), dict):
+                    self.on_stats(msg["stats"])
+                continue
             stream = self._streams.get(str(msg.get("id")))
             if stream is None:
                 continue  # a late event for a request that was cancelled

@@ -77,6 +77,19 @@ def rank_json(rank: RankRuntime, now: float, stall_after: float) -> dict[str, An
     }
 
 
+def serving_json(stats: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The serving rank's engine figures as its runner last sent them, plus the cache's hit
+    rate (hits per lookup). None until the runner has reported."""
+    if stats is None:
+        return None
+    out = dict(stats)
+    cache = out.get("prompt_cache")
+    if isinstance(cache, dict):
+        lookups, hits = cache.get("lookups") or 0, cache.get("hits") or 0
+        out["prompt_cache"] = {**cache, "hit_rate": round(hits / lookups, 4) if lookups else None}
+    return out
+
+
 def instance_json(inst: InstanceRuntime, now: float, stall_after: float) -> dict[str, Any]:
     c = inst.config
     active = inst.state.active
@@ -94,6 +107,8 @@ def instance_json(inst: InstanceRuntime, now: float, stall_after: float) -> dict
         "restart": c.restart,
         "restarts": inst.tracker.restarts,
         "source": c.source,
+        # Rank 0 serves (the others follow it): its engine is the instance's.
+        "serving": serving_json(inst.ranks[0].serving) if inst.ranks else None,
         "ranks": [rank_json(r, now, stall_after) for r in inst.ranks],
     }
 

@@ -94,7 +94,8 @@ class Supervisor:
         c, shard = inst.config, rank.shard
         args = ["--model", str(c.model), "--instance", c.name, "--rank", str(shard.rank),
                 "--world", str(shard.world), "--parallelism", c.parallelism, "--dtype", c.dtype,
-                "--parent-pid", str(os.getpid())]
+                "--parent-pid", str(os.getpid()), "--max-concurrency", str(c.max_concurrency),
+                "--prompt-cache-bytes", str(c.prompt_cache_bytes)]
         if shard.total:
             args += ["--layers", shard.arg(), "--total-layers", str(shard.total)]
         group_env: dict[str, str] = {}
@@ -117,8 +118,12 @@ class Supervisor:
         context = {"instance": c.name, "rank": shard.rank}
         # A different runner module is for development and tests (e.g. misbehaving doubles).
         module = env.get("EXOD_RUNNER_MODULE", os_seam.DEFAULT_MODULE)
-        return self.procs.spawn(module, args, env, context,
-                                lambda pid, info: inst.on_exit(pid, info))
+        pid = self.procs.spawn(module, args, env, context,
+                               lambda pid, info: inst.on_exit(pid, info))
+        link = self.procs.link(pid)
+        if link is not None:
+            link.on_stats = lambda stats: inst.on_serving(pid, stats)
+        return pid
 
     def ask(self, pid: int, drain: float) -> bool:
         return self.procs.send(pid, {"op": "shutdown", "drain": drain})

@@ -9,7 +9,6 @@ bad arguments, 75 when the rank's address is in use and 76 when a peer of its gr
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from exod.core.exits import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
+from exod.core.serving import DEFAULT_PREFILL_STEP, DEFAULT_PROMPT_CACHE_BYTES
 from exod.core.shards import Shard
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
@@ -48,6 +48,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
     p.add_argument("--backend", choices=("ring", "mpi"), default="ring")
     p.add_argument("--peer-timeout", type=float, default=60.0)
+    p.add_argument("--max-concurrency", type=int, default=1,
+                   help="requests generated at once: the batch width")
+    p.add_argument("--prompt-cache-bytes", type=int, default=DEFAULT_PROMPT_CACHE_BYTES,
+                   help="cap of the prompt cache (0: no prompt cache)")
+    p.add_argument("--prefill-step", type=int, default=DEFAULT_PREFILL_STEP,
+                   help="prompt tokens prefilled per step at most, over all requests")
     return p.parse_args(argv)
 
 
@@ -106,10 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         log(f"loaded {loaded.shard.count} layers in {loaded.seconds:.2f}s as {loaded.dtype}; "
             f"{blas_msg}")
         if group is None:
-            notify.ready()
+            from exod.runner.engine import BatchEngine
             from exod.runner.serve import serve
 
-            serve(loaded, channel, life, notify)
+            engine = BatchEngine(loaded.model, loaded.tokenizer, width=args.max_concurrency,
+                                 cache_bytes=args.prompt_cache_bytes,
+                                 prefill_step=args.prefill_step)
+            notify.ready()
+            serve(engine, channel, life, notify)
         else:
             serve_group(args, loaded, group, channel, life, notify)
     except AddressInUse as e:
@@ -147,11 +157,12 @@ def serve_group(args: argparse.Namespace, loaded: Loaded, group: Group, channel:
     if group.rank != 0:
         worker_loop(loaded, group, args.parallelism, life)
         return
+    from exod.runner.sequential import SequentialEngine
     from exod.runner.serve import serve
 
     leader = LeaderModel(loaded, group, args.parallelism)
-    serve(dataclasses.replace(loaded, model=leader), channel, life, notify,
-          tick=leader.heartbeat, tick_every=group.heartbeat_every)
+    serve(SequentialEngine(leader, loaded.tokenizer, args.max_concurrency), channel, life,
+          notify, tick=leader.heartbeat, tick_every=group.heartbeat_every)
     try:
         leader.shutdown()
     except PeerLost as e:  # stopping anyway; a peer that left first is no failure

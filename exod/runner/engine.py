@@ -1,0 +1,223 @@
+"""The serving engine of a single-rank instance: continuous batching with mlx-lm's own
+`BatchGenerator`, a prompt (prefix) cache with mlx-lm's `LRUPromptCache`, prefill in chunks.
+
+The serve loop calls `step()` over and over, and between two calls it picks up new requests,
+cancels and stops. One step is one `BatchGenerator.next()`: one decode step for every request
+past its prompt, plus at most one chunk of prompt for those still in prefill. The chunk is sized
+so that a step never prefills more than `prefill_step` tokens in all, whatever the number of
+prompts in flight: a cancel or a stop is therefore seen within one bounded step, even during a
+very long prompt.
+
+Requests join the running batch as they come (up to `width`, the instance's max_concurrency)
+and leave it when they finish; each keeps its own sampler (a seed reproduces per request), logit
+bias, stop sequences and streaming detokenizer (text is released whole characters at a time).
+
+Prompt cache: when a request ends, the KV cache of its prompt and completion is stored under
+those tokens; a later request that shares a prefix with a stored entry (the next turn of a chat)
+starts from it and prefills only the rest. Entries are evicted least recently used first once
+their bytes pass `cache_bytes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+
+from exod.protocol import Message
+from exod.runner.generate import (
+    RequestError,
+    bias_processors,
+    make_request_sampler,
+    prompt_tokens,
+    vocab_size,
+)
+from exod.runner.log import ERR, log
+from exod.runner.stops import StopMatcher
+
+CACHE_KEY = "model"  # LRUPromptCache keys entries by model too; a runner serves one
+MIN_CHUNK = 32  # prefill chunks below this waste more in overhead than they buy in latency
+PREFILL_BATCH = 8  # prompts prefilled together at most (mlx_lm.server's default)
+
+__all__ = ["BatchEngine", "RequestError"]
+
+
+@dataclass
+class _Request:
+    rid: str
+    uid: int
+    prompt_tokens: int
+    detokenizer: Any
+    stops: StopMatcher
+    completion_tokens: int = 0
+    prefilling: bool = True
+
+
+@dataclass
+class CacheStats:
+    lookups: int = 0
+    hits: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the cache instead of prefilled
+    prompt_tokens: int = 0
+
+
+class BatchEngine:
+    batched = True
+
+    def __init__(self, model: Any, tokenizer: Any, *, width: int, cache_bytes: int,
+                 prefill_step: int = 256) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.width = max(1, width)
+        self.prefill_step = max(MIN_CHUNK, prefill_step)
+        self.cache_bytes = max(0, cache_bytes)
+        self.vocab = vocab_size(model, tokenizer)
+        self._cache = LRUPromptCache(max_size=1 << 30, max_bytes=self.cache_bytes)
+        self._counts = CacheStats()
+        self._by_uid: dict[int, _Request] = {}
+        self._by_rid: dict[str, _Request] = {}
+        self._gen = self._new_generator()
+
+    def _new_generator(self) -> BatchGenerator:
+        eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
+        return BatchGenerator(
+            self.model, stop_tokens=[[t] for t in eos],
+            completion_batch_size=self.width,
+            prefill_batch_size=min(self.width, PREFILL_BATCH),
+            prefill_step_size=self.prefill_step,
+        )
+
+    # ---- the interface the serve loop uses ------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self._by_uid)
+
+    @property
+    def active(self) -> int:
+        return len(self._by_uid)
+
+    def admit(self, req: Message) -> None:
+        """Queue a request into the batch; RequestError if it cannot be served as given."""
+        rid = str(req["id"])
+        prompt = prompt_tokens(self.tokenizer, req)
+        max_tokens = int(req["max_tokens"])
+        if max_tokens < 1:
+            raise RequestError("max_tokens must be at least 1")
+        processors = bias_processors(req.get("logit_bias"), self.vocab)
+        sampler = make_request_sampler(req)
+        cache, rest = self._lookup(prompt)
+        (uid,) = self._gen.insert(
+            # None: BatchGenerator makes a fresh cache (its type hint says list, it means this)
+            [rest], max_tokens=[max_tokens], caches=[cache] if cache is not None else None,
+            samplers=[sampler],
+            all_tokens=[prompt[: len(prompt) - len(rest)]], logits_processors=[processors])
+        r = _Request(rid, uid, len(prompt), self.tokenizer.detokenizer,
+                     StopMatcher(list(req.get("stop") or [])))
+        self._by_uid[uid] = self._by_rid[rid] = r
+
+    def cancel(self, rid: str) -> None:
+        """Drop a request (its client left): its slot is free before the next step."""
+        r = self._by_rid.get(rid)
+        if r is not None:
+            self._gen.remove([r.uid])
+            self._forget(r)
+
+    def step(self) -> list[Message]:
+        if not self._by_uid:
+            return []
+        self._size_chunks()
+        try:
+            _, responses = self._gen.next()
+        except Exception as e:  # noqa: BLE001 -- mlx raises many types; the batch is unusable
+            log(f"batch step failed: {type(e).__name__}: {e}", ERR)
+            failed = self.abort_all("internal", f"{type(e).__name__}: {e}")
+            self._gen = self._new_generator()
+            return failed
+        events: list[Message] = []
+        for resp in responses:
+            r = self._by_uid.get(resp.uid)
+            if r is not None:
+                events += self._on_token(r, resp)
+        return events
+
+    def abort_all(self, code: str, message: str) -> list[Message]:
+        events: list[Message] = [{"id": r.rid, "ev": "error", "code": code, "message": message}
+                                 for r in self._by_uid.values()]
+        if self._by_uid:
+            self._gen.remove(list(self._by_uid))
+        self._by_uid.clear()
+        self._by_rid.clear()
+        return events
+
+    def stats(self) -> dict[str, Any]:
+        c = self._counts
+        return {"batching": "continuous", "width": self.width, "active": self.active,
+                "prefill_step": self.prefill_step,
+                "prompt_cache": {"entries": len(self._cache), "bytes": int(self._cache.nbytes),
+                                 "max_bytes": self.cache_bytes, "lookups": c.lookups,
+                                 "hits": c.hits, "cached_tokens": c.cached_tokens,
+                                 "prompt_tokens": c.prompt_tokens}}
+
+    # ---- inside ----------------------------------------------------------------------------
+    def _lookup(self, prompt: list[int]) -> tuple[list[Any] | None, list[int]]:
+        """The stored KV cache nearest to `prompt` and the tokens it does not cover yet."""
+        self._counts.lookups += 1
+        self._counts.prompt_tokens += len(prompt)
+        if self.cache_bytes == 0:
+            return None, prompt
+        cache, rest = self._cache.fetch_nearest_cache(CACHE_KEY, prompt)
+        if cache is not None and not rest:
+            # An exact hit: the last prompt token must still run, for its logits.
+            if not can_trim_prompt_cache(cache):
+                return None, prompt
+            trim_prompt_cache(cache, 1)
+            rest = prompt[-1:]
+        if cache is None:
+            return None, prompt
+        self._counts.hits += 1
+        self._counts.cached_tokens += len(prompt) - len(rest)
+        return cache, list(rest)
+
+    def _store(self, tokens: list[int], cache: list[Any] | None) -> None:
+        if self.cache_bytes and cache and tokens:
+            self._cache.insert_cache(CACHE_KEY, list(tokens), cache)
+
+    def _size_chunks(self) -> None:
+        """Split the step's prefill budget between the prompts that will be prefilled together,
+        so one step stays bounded however many long prompts arrive at once."""
+        prefilling = sum(r.prefilling for r in self._by_uid.values())
+        together = max(1, min(prefilling, self._gen.prefill_batch_size))
+        self._gen.prefill_step_size = max(MIN_CHUNK, self.prefill_step // together)
+
+    def _forget(self, r: _Request) -> None:
+        self._by_uid.pop(r.uid, None)
+        self._by_rid.pop(r.rid, None)
+
+    def _on_token(self, r: _Request, resp: Any) -> list[Message]:
+        r.prefilling = False
+        r.completion_tokens += 1
+        reason = resp.finish_reason
+        detok = r.detokenizer
+        if reason != "stop":  # an end-of-sequence token is never shown (as stream_generate)
+            detok.add_token(resp.token)
+        if reason is not None:
+            detok.finalize()
+        text = r.stops.feed(detok.last_segment)
+        if r.stops.stopped:  # a stop sequence: the request leaves the batch now
+            caches = self._gen.remove([r.uid], return_prompt_caches=True)
+            cache, tokens = caches.get(r.uid, (None, []))
+            self._store(tokens, cache)
+            reason = "stop"
+        elif reason is not None:
+            text += r.stops.flush()
+            self._store(resp.all_tokens or [], resp.prompt_cache)
+        events: list[Message] = []
+        if text:
+            events.append({"id": r.rid, "ev": "text", "text": text})
+        if reason is not None:
+            self._forget(r)
+            events.append({"id": r.rid, "ev": "done", "finish_reason": reason,
+                           "prompt_tokens": r.prompt_tokens,
+                           "completion_tokens": r.completion_tokens})
+        return events
