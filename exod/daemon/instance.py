@@ -225,6 +225,7 @@ class InstanceRuntime:
         rank = self.rank_by_pid(pid)
         if rank is not None:
             rank.serving = stats
+            self.seam.changed(self)  # sent only when the batch changes: rare enough to publish
 
     def on_notify(self, pid: int, fields: dict[str, str]) -> None:
         rank = self.rank_by_pid(pid)
