@@ -101,3 +101,21 @@ def test_a_full_socket_buffers_in_order() -> None:
         runner.sock.close()
 
     asyncio.run(scenario())
+
+
+def test_engine_stats_go_to_their_handler_and_never_to_a_request() -> None:
+    async def scenario() -> None:
+        sock, runner = pair()
+        link = Link(asyncio.get_running_loop(), sock, {})
+        seen: list[dict[str, Any]] = []
+        link.on_stats = seen.append
+        a = link.open({"kind": "completion", "prompt": "x"})
+        (ga,) = runner.received(1)
+        runner.send(ev="stats", stats={"width": 8, "active": 1})
+        runner.send(ev="stats", stats="not an object")  # ignored, not a crash
+        runner.send(id=ga["id"], ev="done", finish_reason="stop")
+        assert (await a.next())["ev"] == "done"
+        assert seen == [{"width": 8, "active": 1}]
+        link.close("test over")
+
+    asyncio.run(scenario())
