@@ -38,7 +38,7 @@ from tests.harness import Daemon
 
 MAX_TOKENS = 32
 LEVELS = (1, 8, 32)
-WAVES = {1: 3, 8: 2, 32: 1}  # requests per client at each level: a few seconds of work each
+WAVES = {1: 2, 8: 1, 32: 1}  # requests per client at each level
 CHAT_TURNS = 2  # second-turn measurements per side (each from a chat of its own)
 
 

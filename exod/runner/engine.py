@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
@@ -181,6 +182,10 @@ class BatchEngine:
 
     def _store(self, tokens: list[int], cache: list[Any] | None) -> None:
         if self.cache_bytes and cache and tokens:
+            # Extracted from the batch as lazy copies that still reference the whole batch's
+            # buffers: evaluated now, an entry holds only its own rows (and its nbytes, which
+            # the byte cap counts, is then what it really holds).
+            mx.eval([c.state for c in cache])
             self._cache.insert_cache(CACHE_KEY, list(tokens), cache)
 
     def _size_chunks(self) -> None:
