@@ -27,7 +27,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
-from exod.protocol import Message
+from exod import messages as m
 from exod.runner.generate import (
     RequestError,
     bias_processors,
@@ -98,14 +98,14 @@ class BatchEngine:
     def active(self) -> int:
         return len(self._by_uid)
 
-    def admit(self, req: Message) -> None:
+    def admit(self, req: m.Generate) -> None:
         """Queue a request into the batch; RequestError if it cannot be served as given."""
-        rid = str(req["id"])
+        rid = req.id
         prompt = prompt_tokens(self.tokenizer, req)
-        max_tokens = int(req["max_tokens"])
+        max_tokens = req.max_tokens
         if max_tokens < 1:
             raise RequestError("max_tokens must be at least 1")
-        processors = bias_processors(req.get("logit_bias"), self.vocab)
+        processors = bias_processors(req.logit_bias, self.vocab)
         sampler = make_request_sampler(req)
         cache, rest = self._lookup(prompt)
         (uid,) = self._gen.insert(
@@ -114,7 +114,7 @@ class BatchEngine:
             samplers=[sampler],
             all_tokens=[prompt[: len(prompt) - len(rest)]], logits_processors=[processors])
         r = _Request(rid, uid, len(prompt), self.tokenizer.detokenizer,
-                     StopMatcher(list(req.get("stop") or [])))
+                     StopMatcher(req.stop))
         self._by_uid[uid] = self._by_rid[rid] = r
 
     def cancel(self, rid: str) -> None:
@@ -124,7 +124,7 @@ class BatchEngine:
             self._gen.remove([r.uid])
             self._forget(r)
 
-    def step(self) -> list[Message]:
+    def step(self) -> list[m.Event]:
         if not self._by_uid:
             return []
         self._size_chunks()
@@ -135,30 +135,29 @@ class BatchEngine:
             failed = self.abort_all("internal", f"{type(e).__name__}: {e}")
             self._gen = self._new_generator()
             return failed
-        events: list[Message] = []
+        events: list[m.Event] = []
         for resp in responses:
             r = self._by_uid.get(resp.uid)
             if r is not None:
                 events += self._on_token(r, resp)
         return events
 
-    def abort_all(self, code: str, message: str) -> list[Message]:
-        events: list[Message] = [{"id": r.rid, "ev": "error", "code": code, "message": message}
-                                 for r in self._by_uid.values()]
+    def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]:
+        events: list[m.Event] = [m.Error(r.rid, code, message) for r in self._by_uid.values()]
         if self._by_uid:
             self._gen.remove(list(self._by_uid))
         self._by_uid.clear()
         self._by_rid.clear()
         return events
 
-    def stats(self) -> dict[str, Any]:
+    def serving(self) -> m.Serving:
         c = self._counts
-        return {"batching": "continuous", "width": self.width, "active": self.active,
-                "prefill_step": self.prefill_step,
-                "prompt_cache": {"entries": len(self._cache), "bytes": int(self._cache.nbytes),
-                                 "max_bytes": self.cache_bytes, "lookups": c.lookups,
-                                 "hits": c.hits, "cached_tokens": c.cached_tokens,
-                                 "prompt_tokens": c.prompt_tokens}}
+        return m.Serving(
+            batching="continuous", width=self.width, active=self.active,
+            prefill_step=self.prefill_step, cache_max_bytes=self.cache_bytes,
+            cache_entries=len(self._cache), cache_bytes=int(self._cache.nbytes),
+            cache_lookups=c.lookups, cache_hits=c.hits, cached_tokens=c.cached_tokens,
+            prompt_tokens=c.prompt_tokens)
 
     # ---- inside ----------------------------------------------------------------------------
     def _lookup(self, prompt: list[int]) -> tuple[list[Any] | None, list[int]]:
@@ -199,7 +198,7 @@ class BatchEngine:
         self._by_uid.pop(r.uid, None)
         self._by_rid.pop(r.rid, None)
 
-    def _on_token(self, r: _Request, resp: Any) -> list[Message]:
+    def _on_token(self, r: _Request, resp: Any) -> list[m.Event]:
         r.prefilling = False
         r.completion_tokens += 1
         reason = resp.finish_reason
@@ -217,12 +216,11 @@ class BatchEngine:
         elif reason is not None:
             text += r.stops.flush()
             self._store(resp.all_tokens or [], resp.prompt_cache)
-        events: list[Message] = []
+        events: list[m.Event] = []
         if text:
-            events.append({"id": r.rid, "ev": "text", "text": text})
+            events.append(m.Text(r.rid, text))
         if reason is not None:
             self._forget(r)
-            events.append({"id": r.rid, "ev": "done", "finish_reason": reason,
-                           "prompt_tokens": r.prompt_tokens,
-                           "completion_tokens": r.completion_tokens})
+            events.append(m.Done(r.rid, "length" if reason == "length" else "stop",
+                                 r.prompt_tokens, r.completion_tokens))
         return events

@@ -1,8 +1,9 @@
 """One generation request in the runner, read from its `generate` message: prompt tokens (chat
 template or raw text), a sampler of its own, logit bias, stop sequences.
 
-Both engines (exod.runner.engine for one rank, exod.runner.sequential for groups) build their
-requests from here, so a request means the same thing whichever engine serves it.
+Both engines (exod.runner.engine.BatchEngine for one rank, exod.runner.sequential.TurnEngine
+for a group's rank 0) build their requests from here, so a request means the same thing
+whichever engine serves it.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_p, greedy_sampler, make_logits_processors
 
-from exod.protocol import Message
+from exod import messages as m
+from exod.runner.serve import RequestError
+
+__all__ = ["RequestError", "prompt_tokens", "bias_processors", "make_request_sampler",
+           "vocab_size"]
 
 Sampler = Callable[[mx.array], mx.array]
 Processor = Callable[[mx.array, mx.array], mx.array]
-
-
-class RequestError(Exception):
-    """The request cannot be served as given (e.g. an empty prompt)."""
 
 
 def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -29,18 +30,18 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
         tokens = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         return [int(t) for t in tokens]
     # No template in the model: plain "role: content" lines, then the assistant's turn.
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    text = "".join(f"{msg['role']}: {msg['content']}\n" for msg in messages) + "assistant: "
     return list(tokenizer.encode(text))
 
 
-def prompt_tokens(tokenizer: Any, req: Message) -> list[int]:
-    if req.get("kind") == "chat":
+def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
+    if req.kind == "chat":
         try:
-            tokens = chat_prompt(tokenizer, list(req.get("messages") or []))
+            tokens = chat_prompt(tokenizer, req.messages or [])
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
             raise RequestError(f"{type(e).__name__}: {e}") from e
     else:
-        text = str(req.get("prompt") or "")
+        text = req.prompt or ""
         # BOS as the model wants it, unless the text already starts with it (as mlx-lm does).
         bos = getattr(tokenizer, "bos_token", None)
         tokens = list(tokenizer.encode(text, add_special_tokens=bos is None
@@ -57,13 +58,13 @@ def vocab_size(model: Any, tokenizer: Any) -> int:
     return int(n) if isinstance(n, int) and n > 0 else len(tokenizer)
 
 
-def bias_processors(bias: Any, vocab: int) -> list[Processor]:
+def bias_processors(bias: dict[str, float], vocab: int) -> list[Processor]:
     """logit_bias as a logits processor. Ids are checked here too, not only by the API: an
     out-of-range index in `logits.at[...]` writes outside the array."""
     if not bias:
         return []
     out: dict[int, float] = {}
-    for k, v in dict(bias).items():
+    for k, v in bias.items():
         try:
             tid = int(k)
         except (TypeError, ValueError):
@@ -92,12 +93,9 @@ class KeyedSampler:
         return mx.random.categorical(logprobs * self.scale, key=sub)
 
 
-def make_request_sampler(req: Message) -> Sampler:
+def make_request_sampler(req: m.Generate) -> Sampler:
     """Greedy requests share mlx-lm's one greedy sampler, which lets the batch sample them in
     one call; every sampling request gets a KeyedSampler."""
-    temperature = float(req.get("temperature", 1.0))
-    if temperature <= 0:
+    if req.temperature <= 0:
         return greedy_sampler
-    seed = req.get("seed")
-    return KeyedSampler(temperature, float(req.get("top_p", 1.0)),
-                        int(seed) if seed is not None else None)
+    return KeyedSampler(req.temperature, req.top_p, req.seed)
