@@ -150,6 +150,14 @@ class BatchEngine:
         self._by_rid.clear()
         return events
 
+    def abort_prefilling(self, code: m.ErrorCode, message: str) -> list[m.Event]:
+        waiting = [r for r in self._by_uid.values() if r.prefilling]
+        if waiting:
+            self._gen.remove([r.uid for r in waiting])
+        for r in waiting:
+            self._forget(r)
+        return [m.Error(r.rid, code, message) for r in waiting]
+
     def serving(self) -> m.Serving:
         c = self._counts
         return m.Serving(

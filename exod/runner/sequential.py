@@ -41,10 +41,12 @@ class Generation:
         self._stops = StopMatcher(req.stop)
         self.prompt_tokens = len(prompt)
         self.completion_tokens = 0
+        self.started = False  # its first step (the whole prefill) has run
 
     def step(self) -> tuple[str, m.FinishReason | None]:
         """Generate one token: (text to release now, finish reason or None while going on)."""
         r = next(self._responses)
+        self.started = True
         self.completion_tokens = r.generation_tokens
         text = self._stops.feed(r.text)
         if self._stops.stopped:
@@ -104,6 +106,14 @@ class TurnEngine:
         for rid in list(self.gens):
             self.cancel(rid)
             out.append(m.Error(rid, code, message))
+        return out
+
+    def abort_prefilling(self, code: m.ErrorCode, message: str) -> list[m.Event]:
+        out: list[m.Event] = []
+        for rid, gen in list(self.gens.items()):
+            if not gen.started:
+                self.cancel(rid)
+                out.append(m.Error(rid, code, message))
         return out
 
     def serving(self) -> m.Serving:

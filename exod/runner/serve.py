@@ -51,6 +51,10 @@ class Engine(Protocol):
 
     def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]: ...
 
+    def abort_prefilling(self, code: m.ErrorCode, message: str) -> list[m.Event]:
+        """End the generations that have not produced a token yet (still in their prompt)."""
+        ...
+
     def serving(self) -> m.Serving:
         """The engine's figures for the daemon (batching, width, prompt cache)."""
         ...
@@ -87,6 +91,11 @@ class ServeLoop:
         while True:
             if self.life.stop.is_set() and self.deadline is None:
                 self.deadline = time.monotonic() + (self.channel.drain or 0.0)
+                # The drain is for streams under way: a prompt not read yet may need minutes
+                # of prefill, which no drain covers, so it ends now.
+                self._emit(self.engine.abort_prefilling(
+                    "aborted", f"aborted: the instance is stopping ({self.life.reason}) "
+                               f"before this request's prompt was read"))
             self._take()
             if self._drain_over():
                 return

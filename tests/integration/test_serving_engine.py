@@ -99,7 +99,7 @@ def test_stop_during_prefill_ends_at_rung_1_without_a_signal(
     *_, last, done = stream.rest()
     assert done == b"[DONE]" and b"aborted" in last
     steps = [e["extra"]["step"] for e in d.events(event="ladder")]
-    assert steps == ["ask"], f"the runner must leave at rung 1, ladder: {steps}"
+    assert steps == ["ask"], f"must leave at rung 1, ladder: {steps}\n{d.log_text()}"
     (ex,) = d.events(event="exit")
     assert ex["extra"]["pid"] == pid and ex["extra"]["code"] == 0
     assert ex["extra"]["signals_sent"] == ["ask"] and ex["extra"]["signal"] is None
