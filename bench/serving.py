@@ -49,7 +49,7 @@ def question(i: int) -> str:
 def long_text(i: int) -> str:
     """~1k tokens of text that no other chat shares (but for the chat template's head)."""
     words = " ".join(f"item-{i}-{k} is on shelf {k % 17} next to box {k * 7 % 31}."
-                     for k in range(95))
+                     for k in range(55))
     return f"Chat {i}. Read this inventory and remember it.\n{words}"
 
 
