@@ -65,8 +65,6 @@ class CacheStats:
 
 
 class BatchEngine:
-    batched = True
-
     def __init__(self, model: Any, tokenizer: Any, *, width: int, cache_bytes: int,
                  prefill_step: int = 256) -> None:
         self.model, self.tokenizer = model, tokenizer
@@ -131,8 +129,12 @@ class BatchEngine:
         try:
             _, responses = self._gen.next()
         except Exception as e:  # noqa: BLE001 -- mlx raises many types; the batch is unusable
+            # Not abort_all: it would ask the broken generator to remove them. A new one instead.
             log(f"batch step failed: {type(e).__name__}: {e}", ERR)
-            failed = self.abort_all("internal", f"{type(e).__name__}: {e}")
+            failed: list[m.Event] = [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")
+                                     for r in self._by_uid.values()]
+            self._by_uid.clear()
+            self._by_rid.clear()
             self._gen = self._new_generator()
             return failed
         events: list[m.Event] = []
