@@ -10,9 +10,11 @@ Fair play: the demo model in float32 on both sides, OpenBLAS on both (exod's run
 it, mlx_lm.server gets LD_PRELOAD), the official openai client, streaming with usage, greedy
 sampling, the same prompts and the same max_tokens. exod runs with max_concurrency 32 (the
 batch width of mlx_lm.server's default --decode-concurrency) and its default prompt cache;
-mlx_lm.server with its defaults. The sides take turns at every load level, so a busy moment of
-the machine does not fall on one side only. Aggregate = completion tokens (from `usage`) of
-every request / the wall time from the first request sent to the last one finished.
+mlx_lm.server with its defaults. The sides take turns, so a busy moment of the machine does not
+fall on one side only: every figure is measured twice per side, in the order exod,
+mlx_lm.server, mlx_lm.server, exod (the mean of both, or the median for TTFTs). Aggregate =
+completion tokens (from `usage`) of every request / the wall time from the first request sent
+to the last one finished.
 
 `EXOD_BENCH_MODEL=DIR` benchmarks another model directory (default: the demo model).
 """
@@ -39,7 +41,7 @@ from tests.harness import Daemon
 MAX_TOKENS = 32
 LEVELS = (1, 8, 32)
 WAVES = {1: 2, 8: 1, 32: 1}  # requests per client at each level
-CHAT_TURNS = 2  # second-turn measurements per side (each from a chat of its own)
+CHAT_TURNS = 1  # rounds of second-turn measurements (two per side per round, each its own chat)
 
 
 def question(i: int) -> str:
@@ -152,15 +154,19 @@ def measure(sides: list[Side]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {s.name: {"ttft8": [], "turn2": []} for s in sides}
     for s in sides:
         s.chat([{"role": "user", "content": "warm up"}], max_tokens=4)
-    for n, level in enumerate(LEVELS):
-        for s in sides[n % 2:] + sides[: n % 2]:  # who goes first alternates
+    abba = [*sides, *reversed(sides)]  # each side once early, once late: drift cancels
+    for level in LEVELS:
+        rates: dict[str, list[float]] = {s.name: [] for s in sides}
+        for s in abba:
             rate, ttfts = load(s, level, WAVES[level])
-            out[s.name][f"rate{level}"] = rate
+            rates[s.name].append(rate)
             if level == 8:
-                out[s.name]["ttft8"] = ttfts
+                out[s.name]["ttft8"] += ttfts
+        for name, r in rates.items():
+            out[name][f"rate{level}"] = statistics.mean(r)
     for i in range(CHAT_TURNS):
-        for s in sides[i % 2:] + sides[: i % 2]:
-            out[s.name]["turn2"].append(second_turn(s, i))
+        for s in abba[i % 2 * 2:] + abba[: i % 2 * 2]:
+            out[s.name]["turn2"].append(second_turn(s, i * 10 + len(out[s.name]["turn2"])))
     return out
 
 
