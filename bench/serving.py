@@ -136,7 +136,9 @@ def start_sides(path: Path) -> tuple[Side, Side, Callable[[], None]]:
     server, srv = start_mlx_lm_server(path)
 
     def client(url: str) -> openai.OpenAI:
-        return openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=600)
+        # Retries: a pooled keep-alive connection the server has just closed is reset on reuse
+        # (seen with 32 clients); the retry happens before any response, so times stay true.
+        return openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=2, timeout=600)
 
     exod = Side("exod", client(d.api_url()), "demo", runner)
     mlx = Side("mlx_lm.server", client(f"http://127.0.0.1:{srv.port}"), srv.model, server.pid)
