@@ -5,7 +5,8 @@ frames. Each frame holds one JSON object whose `type` names a dataclass below; i
 are that dataclass's fields, checked here (types, required, no unknown keys) before either end
 acts on them. A runner's first message is `Hello`, whose `version` must equal `VERSION`.
 
-Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping.
+Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping;
+and Serving, the engine's figures, whenever the number of generations in flight changes.
 Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
 Text, Done, Error.
 Daemon → runner: Generate, Cancel, Shutdown.
@@ -27,7 +28,7 @@ from typing import Any, ClassVar, Literal, Union
 
 from exod.protocol import ProtocolError
 
-VERSION = 1
+VERSION = 2
 
 
 class Phase(str, enum.Enum):
@@ -111,6 +112,25 @@ class Stopping:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class Serving:
+    """How rank 0 serves: `batching` is "continuous" (exod.runner.engine), else the reason it
+    runs one request at a time. The cache figures count since the runner started."""
+
+    type: ClassVar[str] = "serving"
+    batching: str
+    width: int  # max_concurrency
+    active: int
+    prefill_step: int = 0  # prompt tokens per step at most, over all prompts
+    cache_max_bytes: int = 0  # prompt_cache_bytes; 0: no prompt cache
+    cache_entries: int = 0
+    cache_bytes: int = 0
+    cache_lookups: int = 0
+    cache_hits: int = 0  # lookups that found a stored prefix
+    cached_tokens: int = 0  # prompt tokens taken from the cache instead of prefilled
+    prompt_tokens: int = 0  # prompt tokens of every lookup
+
+
 # ---- runner → daemon: work ------------------------------------------------------------------
 @dataclass(frozen=True)
 class Text:
@@ -178,7 +198,8 @@ class Shutdown:
     drain: float = 0.0
 
 
-FromRunner = Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Text | Done | Error
+FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving | Text
+              | Done | Error)
 ToRunner = Generate | Cancel | Shutdown
 Event = Text | Done | Error  # a request's stream
 Message = FromRunner | ToRunner

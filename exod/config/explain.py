@@ -86,7 +86,7 @@ def type_name(hint: Any, meta: Mapping[str, object] | None = None) -> str:
 
 def _bounds(meta: Mapping[str, object], kind: Kind | None) -> str:
     low, high = meta.get("minimum"), meta.get("maximum")
-    show = format_duration if kind is Kind.DURATION else (lambda x: f"{x:g}")
+    show = format_duration if kind is Kind.DURATION else _number
     if kind is Kind.DURATION and low == 0:
         low = None  # every duration is >= 0; saying so on each line is noise
     if isinstance(low, (int, float)) and isinstance(high, (int, float)):
@@ -96,6 +96,11 @@ def _bounds(meta: Mapping[str, object], kind: Kind | None) -> str:
     if isinstance(high, (int, float)):
         return f", at most {show(high)}"
     return ""
+
+
+def _number(x: float) -> str:
+    """Integers in full (byte counts are too long for %g), other numbers short."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 def _default(f: dataclasses.Field[Any], kind: Kind | None, source: str | None) -> str:
@@ -126,7 +131,7 @@ def _show(value: object, kind: Kind | None) -> str:
     if kind is Kind.OCTAL and isinstance(value, int):
         return f"0{value:o}"
     if isinstance(value, (int, float)):
-        return f"{value:g}"
+        return _number(value)
     if isinstance(value, tuple):
         return "empty" if not value else ", ".join(_show(v, None) for v in value)
     text = str(value)

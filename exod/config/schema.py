@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from exod.core.serving import DEFAULT_PROMPT_CACHE_BYTES
 from exod.config.types import Duration, InstanceName, ModelDir, Octal
 from exod.paths import default_control_socket
 
@@ -153,8 +154,16 @@ class Instance:
                      "is lost (e.g. a network partition): the ranks restart and regroup. Never "
                      "applies while loading", minimum=0.5))
     max_concurrency: int = field(
-        default=1, metadata=doc("generations run at once by this instance", minimum=1, maximum=256)
+        default=1, metadata=doc("generations run at once by this instance: the width of its "
+                                "batch (single-rank instances decode them as one batch)",
+                                minimum=1, maximum=256)
     )
+    prompt_cache_bytes: int = field(
+        default=DEFAULT_PROMPT_CACHE_BYTES,
+        metadata=doc("bytes of KV cache kept from earlier requests, so a request that extends "
+                     "one (the next turn of a chat) prefills only what is new; least recently "
+                     "used entries go first; 0 disables it (single-rank instances only)",
+                     minimum=0, maximum=1 << 50))
     max_queue: int = field(
         default=16, metadata=doc("requests waiting beyond max_concurrency before 429", minimum=0)
     )

@@ -88,6 +88,7 @@ class RankRuntime:
     ladder_timer: Timer | None = None
     signals_sent: list[str] = field(default_factory=list)
     last_heartbeat: float | None = None
+    serving: m.Serving | None = None  # the engine's figures, as the runner last sent them
 
     @property
     def rank(self) -> int:
@@ -200,6 +201,7 @@ class InstanceRuntime:
             rank.layers_loaded, rank.error, rank.status_text = 0, "", ""
             rank.phase, rank.attempt, rank.model_info = None, 0, None
             rank.signals_sent, rank.last_progress, rank.last_heartbeat = [], None, None
+            rank.serving = None
             rank.started_at = self.seam.now()
             rank.shortage = False
             self._move_rank(rank, State.STARTING)
@@ -268,6 +270,8 @@ class InstanceRuntime:
             self._progress(rank, msg, now)
         elif isinstance(msg, m.Heartbeat):
             rank.last_heartbeat = now
+        elif isinstance(msg, m.Serving):
+            rank.serving = msg
         elif isinstance(msg, m.Failed):
             reason = _clip(msg.reason)
             rank.error, rank.phase, rank.status_text = reason, m.Phase.FAILED, reason
@@ -323,7 +327,7 @@ class InstanceRuntime:
         killed = Step.KILL.value in rank.signals_sent
         log = self.log.bind(rank=rank.rank, pid=rank.pid, event="exit", code=info.code,
                             signal=info.signal, signals_sent=list(rank.signals_sent))
-        rank.pid, rank.last_exit = None, info
+        rank.pid, rank.last_exit, rank.serving = None, info, None  # its cache died with it
         if rank.ladder_timer is not None:
             rank.ladder_timer.cancel()
         rank.ladder, rank.ladder_timer = None, None

@@ -55,7 +55,9 @@ class Launcher:
     def launch(self, c: Instance, shard: Shard, local_ranks: int) -> Launch:
         args = ["--model", str(c.model), "--instance", c.name, "--rank", str(shard.rank),
                 "--world", str(shard.world), "--parallelism", c.parallelism, "--dtype", c.dtype,
-                "--parent-pid", str(os.getpid()), "--heartbeat", f"{HEARTBEAT_EVERY:g}"]
+                "--parent-pid", str(os.getpid()), "--heartbeat", f"{HEARTBEAT_EVERY:g}",
+                "--max-concurrency", str(c.max_concurrency),
+                "--prompt-cache-bytes", str(c.prompt_cache_bytes)]
         if shard.total:
             args += ["--layers", shard.arg(), "--total-layers", str(shard.total)]
         group_env: dict[str, str] = {}

@@ -207,3 +207,4 @@ def test_a_full_socket_buffers_in_order() -> None:
         runner.sock.close()
 
     asyncio.run(scenario())
+
