@@ -130,6 +130,16 @@ class Serving:
     cached_tokens: int = 0  # prompt tokens taken from the cache instead of prefilled
     prompt_tokens: int = 0  # prompt tokens of every lookup
 
+    def __post_init__(self) -> None:
+        # Every status snapshot carries these: a runaway text or an impossible count is a
+        # broken runner, not something to show.
+        if len(self.batching) > 500:
+            raise ProtocolError("serving: batching is longer than 500 characters")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int) and value < 0:
+                raise ProtocolError(f"serving: {f.name} is negative")
+
 
 # ---- runner → daemon: work ------------------------------------------------------------------
 @dataclass(frozen=True)

@@ -79,6 +79,9 @@ def test_the_two_directions_are_distinct() -> None:
     ({"type": "progress", "loaded": 0, "total": -4}, "0 of -4 layers"),
     ({"type": "ready", "vocab_size": -1}, "negative"),
     ({"type": "ready", "context_length": -1}, "negative"),
+    ({"type": "serving", "batching": "x" * 501, "width": 1, "active": 0}, "longer than 500"),
+    ({"type": "serving", "batching": "c", "width": 1, "active": 0, "cache_hits": -1},
+     "cache_hits is negative"),
 ], ids=str)
 def test_malformed_from_the_runner(obj: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ProtocolError) as info:
