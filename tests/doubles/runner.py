@@ -20,6 +20,7 @@ Behaviours:
   nested        load, READY, then send a frame of JSON nested 100,000 deep
   bad-progress  load, READY, then report 5 of 4 layers loaded
   huge-frame    load, READY, then announce a frame of MAX_FRAME bytes and start sending it
+  silent        never say hello (nor anything else); the default SIGTERM ends it
   mute          load, READY, then close its channel and keep running (until SIGTERM)
   flood         load, READY, then send 100,000 valid lifecycle frames, Done and Error for
                 request ids it was never given, Ready again, and 8 MiB of stderr without a
@@ -106,6 +107,9 @@ def main() -> int:
     n = args.total_layers or 4
     life = Lifecycle(args.parent_pid)
     life.install()
+    if behaviour == "silent":
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        threading.Event().wait()
     channel = Channel(args.channel_fd, life)
     notify = Reporter(channel)
     if behaviour == "crash":

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
 import socket
 import subprocess
@@ -18,8 +20,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from exod import messages as m
 from exod.core.exits import EXIT_MODEL
+from exod.core.exits import ExitInfo
+from exod.daemon import processes
 from exod.daemon.processes import MAX_LINE
 from exod.daemon.procinfo import rss_bytes
 from exod.protocol import MAX_FRAME, FrameDecoder
@@ -181,3 +187,30 @@ def test_a_flooding_runner_leaves_the_daemon_bounded_and_responsive(
     assert_no_tracebacks(d)
     assert d.terminate() == 0
     assert [e["extra"]["step"] for e in d.events(event="ladder")] == ["ask"]
+
+
+def test_a_runner_that_never_says_hello_is_reported_broken(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The daemon's process table with a real child; the deadline shortened for the test (60 s
+    # in the daemon: the hello precedes every heavy import).
+    monkeypatch.setattr(processes, "HELLO_DEADLINE", 0.5)
+
+    async def scenario() -> tuple[list[str], ExitInfo]:
+        loop = asyncio.get_running_loop()
+        table = processes.ProcessTable(loop)
+        table.install()
+        broken: list[str] = []
+        exited: asyncio.Future[ExitInfo] = loop.create_future()
+        handlers = processes.RunnerHandlers(
+            on_exit=lambda pid, info: exited.set_result(info),
+            on_message=lambda pid, msg: None,
+            on_broken=lambda pid, why: (broken.append(why), table.kill(pid, signal.SIGTERM)))
+        table.spawn("tests.doubles.runner", [], {**os.environ, "EXOD_DOUBLE": "silent"},
+                    {"instance": "t"}, handlers)
+        info = await asyncio.wait_for(exited, SAFETY)
+        loop.remove_signal_handler(signal.SIGCHLD)
+        return broken, info
+
+    broken, info = asyncio.run(scenario())
+    assert broken == ["the runner said no hello within 0.5s"]
+    assert info.signal == signal.SIGTERM
