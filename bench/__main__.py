@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-ALL = ["load", "daemon", "api", "serving", "sharding", "systemd", "security"]
+ALL = ["load", "daemon", "api", "serving", "sharding", "systemd", "security", "hostile_runner"]
 
 
 def main() -> None:

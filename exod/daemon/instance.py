@@ -264,12 +264,18 @@ class InstanceRuntime:
             return
         now = self.seam.now()
         log = self.log.bind(rank=rank.rank, pid=pid)
+        if isinstance(msg, m.Heartbeat):
+            # Nothing to publish: status derives the heartbeat's age when asked. (A snapshot per
+            # watcher per heartbeat let a flooding runner starve the loop and drop watchers.)
+            rank.last_heartbeat = now
+            return
         if isinstance(msg, m.Status):
+            before = (rank.phase, rank.status_text, rank.attempt)
             rank.phase, rank.status_text, rank.attempt = msg.phase, _clip(msg.text), msg.attempt
+            if (rank.phase, rank.status_text, rank.attempt) == before:
+                return  # a repeat changes nothing anyone sees
         elif isinstance(msg, m.Progress):
             self._progress(rank, msg, now)
-        elif isinstance(msg, m.Heartbeat):
-            rank.last_heartbeat = now
         elif isinstance(msg, m.Serving):
             rank.serving = msg
         elif isinstance(msg, m.Failed):

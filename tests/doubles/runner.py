@@ -20,6 +20,8 @@ Behaviours:
   nested        load, READY, then send a frame of JSON nested 100,000 deep
   bad-progress  load, READY, then report 5 of 4 layers loaded
   huge-frame    load, READY, then announce a frame of MAX_FRAME bytes and start sending it
+  storm         load, READY, then send valid lifecycle frames as fast as it can until asked
+                to stop (a benchmark's flooding runner)
   silent        never say hello (nor anything else); the default SIGTERM ends it
   mute          load, READY, then close its channel and keep running (until SIGTERM)
   flood         load, READY, then send 100,000 valid lifecycle frames, Done and Error for
@@ -140,6 +142,11 @@ def main() -> int:
         MISBEHAVIOURS[behaviour](channel.sock, n)
     if behaviour == "stubborn":
         threading.Event().wait()
+    if behaviour == "storm":
+        burst = (encode({"type": "heartbeat"})
+                 + encode({"type": "status", "phase": "ready", "text": "x" * 200})) * 500
+        while not life.stop.is_set() and channel.sock is not None:
+            channel.sock.sendall(burst)
     life.stop.wait()
     if behaviour == "crash-ready":
         return 1
