@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import math
 import types
 import typing
@@ -248,11 +247,17 @@ def from_wire(obj: dict[str, Any], allowed: dict[str, type[Any]]) -> Any:
     return cls(**values)
 
 
-@functools.cache
+_SHAPES: dict[type[Any], tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]] = {}
+
+
 def _shape(cls: type[Any]) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
     """A message class's field types and fields, worked out once: get_type_hints evaluates
     every annotation again at each call (~100 µs), which was most of the cost of a frame."""
-    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        shape = _SHAPES[cls] = (typing.get_type_hints(cls),
+                                {f.name: f for f in dataclasses.fields(cls)})
+    return shape
 
 
 def decode_from_runner(obj: dict[str, Any]) -> FromRunner:
