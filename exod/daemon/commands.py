@@ -1,6 +1,7 @@
 """What exoctl can ask of the daemon over the control socket: status, start, stop, restart,
-reload, and the two streams, `wait` (one instance's progress until it settles) and `watch`
-(a snapshot at every change, for tests and dashboards)."""
+reload, and the streams: `wait` (one instance's progress until it settles), `watch` (a snapshot
+at every change, for tests and dashboards) and `logs` (a runner's recent output, then with
+`follow` its new lines until the client goes away)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from exod.core.states import State
 from exod.daemon import status
 from exod.daemon.control import Emit
 from exod.daemon.instance import InstanceRuntime
+from exod.daemon.log_ring import Line
+
+MAX_TAIL = 100_000  # more than any ring holds: asking for more is asking for everything
 
 if TYPE_CHECKING:
     from exod.daemon.supervisor import Supervisor
@@ -56,6 +60,8 @@ class Commands:
             return await self._wait(self._get(req.get("name")), emit)
         if cmd == "watch":
             return await self._watch(emit)
+        if cmd == "logs":
+            return await self._logs(req, emit)
         raise ValueError(f"unknown command {cmd!r}")
 
     async def _stopped(self, inst: InstanceRuntime, operator: bool) -> None:
@@ -101,3 +107,29 @@ class Commands:
                 await emit({"event": "snapshot", **(await q.get())})
         finally:
             unlisten()
+
+    async def _logs(self, req: dict[str, Any], emit: Emit) -> dict[str, Any]:
+        """`{"cmd": "logs", "name": N, "lines": 20, "rank": R|null, "follow": bool}`: the last
+        lines as `{"event": "line", ...}`, then (follow) every new one until the client leaves."""
+        name = self._get(req.get("name")).name
+        n, rank, follow = req.get("lines", 20), req.get("rank"), bool(req.get("follow"))
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"lines must be a whole number >= 0, got {n!r}")
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
+            raise ValueError(f"rank must be a whole number, got {rank!r}")
+        q: asyncio.Queue[Line] = asyncio.Queue(maxsize=10_000)
+
+        def on_line(line: Line) -> None:
+            if line.instance == name and (rank is None or line.rank == rank) and not q.full():
+                q.put_nowait(line)
+
+        unfollow = self.sup.logs.follow(on_line) if follow else None
+        try:
+            for line in self.sup.logs.tail(name, min(n, MAX_TAIL), rank):
+                await emit({"event": "line", **line.to_json()})
+            while unfollow is not None:
+                await emit({"event": "line", **(await q.get()).to_json()})
+            return {"ok": True}
+        finally:
+            if unfollow is not None:
+                unfollow()

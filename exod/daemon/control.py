@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import socket
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,6 +23,10 @@ MAX_REQUEST = 64 * 1024
 
 
 class SocketInUse(OSError):
+    pass
+
+
+class ClientGone(Exception):
     pass
 
 
@@ -93,15 +98,36 @@ class ControlServer:
                 await emit({"ok": False, "error": f"bad request: {e}"})
                 return
             try:
-                answer = await self.backend.command(req["cmd"], req, emit)
+                answer = await _unless_gone(reader, self.backend.command(req["cmd"], req, emit))
             except KeyError as e:
                 answer = {"ok": False, "error": str(e.args[0]) if e.args else "not found"}
             except ValueError as e:
                 answer = {"ok": False, "error": str(e)}
             await emit(answer)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        except (ConnectionError, ClientGone, asyncio.IncompleteReadError,
+                asyncio.LimitOverrunError):
             pass  # the client went away (exoctl wait interrupted): nothing to tell
         except Exception:  # noqa: BLE001 -- a bug in one command must not end the control server
             logger.exception("control request failed")
         finally:
             writer.close()
+
+
+async def _unless_gone(reader: asyncio.StreamReader,
+                       work: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """Run a command, but end it when the client hangs up: a follow stream that has nothing to
+    send would otherwise never learn that its reader left."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(reader.read(1))  # a client sends nothing after its request
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and gone.result():  # stray bytes, not a hang-up: ignore them
+            await task
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise ClientGone()
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()

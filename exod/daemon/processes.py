@@ -23,6 +23,7 @@ from exod.daemon.logs import split_priority
 MAX_LINE = 64 * 1024
 
 ExitHandler = Callable[[int, ExitInfo], None]
+LineSink = Callable[[dict[str, object], str, str], None]  # (context, level, text)
 
 
 @dataclass
@@ -35,8 +36,10 @@ class Proc:
 
 
 class ProcessTable:
-    def __init__(self, loop: asyncio.AbstractEventLoop, before_exit: Callable[[], None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, before_exit: Callable[[], None],
+                 on_line: LineSink | None = None) -> None:
         self.loop = loop
+        self._on_line = on_line  # e.g. the in-memory rings `exoctl logs` reads
         self.procs: dict[int, Proc] = {}
         self._before_exit = before_exit  # drains the notify socket
         self._empty_waiters: list[asyncio.Future[None]] = []
@@ -126,6 +129,8 @@ class ProcessTable:
     def _log_line(self, proc: Proc, raw: bytes) -> None:
         level, text = split_priority(raw.decode("utf-8", "replace").rstrip("\r"))
         logger.bind(**proc.context).log(level, "| {}", text)
+        if self._on_line is not None:
+            self._on_line(proc.context, level, text)
 
     def _close(self, proc: Proc) -> None:
         """After the exit: log what is left in the pipes, then close everything."""

@@ -30,6 +30,7 @@ from exod.daemon import spawn as os_seam
 from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer
 from exod.daemon.instance import InstanceRuntime, RankRuntime, Timer
+from exod.daemon.log_ring import LogRings
 from exod.daemon.notify_server import NotifyServer
 from exod.daemon.processes import ProcessTable
 from exod.daemon.readiness import Readiness
@@ -68,6 +69,9 @@ class Supervisor:
         self._group_control: dict[str, str] = {}  # instance → rank 0's control address
         self._swaps: dict[str, Instance | None] = {}  # stopping for a reload: what replaces it
         self.api: Any = None  # the HTTP API (exod.api.app.ApiServer), when api.listen is set
+        self.logs = LogRings()
+        self.reloads = {"ok": 0, "failed": 0}
+        self.config_errors = 0  # problems found by failed reloads, all told
 
     # ---- Seam for InstanceRuntime -------------------------------------------------------
     @property
@@ -177,7 +181,7 @@ class Supervisor:
         self._loop = asyncio.get_running_loop()
         self._done = asyncio.Event()
         self.service.attach(self.loop)
-        self.procs = ProcessTable(self.loop, self.notify.drain)
+        self.procs = ProcessTable(self.loop, self.notify.drain, self.logs.add)
         self.procs.install()
         try:
             await self.control.start()
@@ -302,6 +306,8 @@ class Supervisor:
             for line in problems:
                 logger.error("reload: {}", line)
             logger.error("reload failed: {} problem(s); nothing was changed", len(problems))
+            self.reloads["failed"] += 1
+            self.config_errors += len(problems)
             self.readiness.reloaded(self, self.now(),
                                     f"reload failed ({len(problems)} problem(s)): {problems[0]}")
             return {"ok": False, "error": "invalid configuration; nothing was changed",
@@ -324,6 +330,7 @@ class Supervisor:
             inst = self._add(new.instances[name])
             if inst.config.autostart:
                 inst.start()
+        self.reloads["ok"] += 1
         logger.info("reloaded: {} added, {} removed, {} changed, {} unchanged",
                     len(d.added), len(d.removed), len(d.changed), len(d.unchanged))
         self.readiness.reloaded(self, self.now(), None)
@@ -345,6 +352,7 @@ class Supervisor:
             old.retired = True
             if latest is None:
                 del self.instances[name]
+                self.logs.forget(name)
                 self._publish(old)
                 return
             new = self._add(latest)
