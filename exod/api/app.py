@@ -2,6 +2,7 @@
 
     GET  /health               the daemon is alive (never needs the token)
     GET  /ready                200 when every autostart instance is ready, else 503 naming them
+    GET  /metrics              Prometheus text format (exod.api.metrics)
     GET  /v1/models            every instance, with its state
     GET  /v1/models/{model}
     POST /v1/chat/completions  chat template applied by the runner; stream or not
@@ -40,6 +41,8 @@ from exod.api.errors import (
     served_elsewhere,
     unauthorized,
 )
+from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from exod.api.metrics import Meter, Metrics
 from exod.api.objects import DONE, SSE_HEADERS, Reply, sse
 from exod.api.schema import GenRequest, parse_chat, parse_completion
 from exod.api.token import read_token
@@ -65,6 +68,7 @@ class ApiServer:
         self.gates: weakref.WeakKeyDictionary[InstanceRuntime, Gate] = \
             weakref.WeakKeyDictionary()
         self._runner: web.AppRunner | None = None
+        self.metrics = Metrics(sup, self.gates.get)
 
     # ---- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -74,6 +78,7 @@ class ApiServer:
         app = web.Application(middlewares=[self._errors, self._auth], client_max_size=MAX_BODY)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
+        app.router.add_get("/metrics", self.scrape)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -155,6 +160,10 @@ class ApiServer:
         body["not_ready"] = [{"name": i.name, "state": i.state.value} for i in waiting]
         return web.json_response(body, status=503)
 
+    async def scrape(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": METRICS_CONTENT_TYPE})
+
     def _model_json(self, inst: InstanceRuntime) -> dict[str, Any]:
         gate = self.gates.get(inst)
         return {"id": inst.name, "object": "model", "created": self.started_wall,
@@ -196,6 +205,25 @@ class ApiServer:
         return gate
 
     async def _generate(self, request: web.Request, req: GenRequest) -> web.StreamResponse:
+        known = req.model in self.sup.instances  # never a label per unknown name a client sends
+        meter = self.metrics.meter(req.model)
+        status = 499  # the client left (its handler was cancelled)
+        try:
+            resp = await self._admitted(request, req, meter)
+            status = resp.status
+            return resp
+        except ApiError as e:
+            status = e.status
+            raise
+        except Exception:
+            status = 500
+            raise
+        finally:
+            if known:
+                meter.finish(status)
+
+    async def _admitted(self, request: web.Request, req: GenRequest,
+                        meter: Meter) -> web.StreamResponse:
         inst = self._ready_instance(req.model)
         gate = self._gate(inst)
         try:
@@ -213,17 +241,19 @@ class ApiServer:
             stream = link.open(req.to_runner())
             try:
                 if req.stream:
-                    return await self._stream(request, req, stream)
-                return await self._whole(req, stream)
+                    return await self._stream(request, req, stream, meter)
+                return await self._whole(req, stream, meter)
             finally:
                 stream.close()  # cancels the generation unless it finished
         finally:
             gate.leave()
 
-    async def _whole(self, req: GenRequest, stream: RequestStream) -> web.Response:
+    async def _whole(self, req: GenRequest, stream: RequestStream,
+                     meter: Meter) -> web.Response:
         parts: list[str] = []
         while True:
             ev = await stream.next()
+            meter.event(ev)
             kind = ev.get("ev")
             if kind == "text":
                 parts.append(str(ev.get("text", "")))
@@ -235,8 +265,8 @@ class ApiServer:
             elif kind == "error":
                 raise runner_error(str(ev.get("code")), str(ev.get("message")))
 
-    async def _stream(self, request: web.Request, req: GenRequest,
-                      stream: RequestStream) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, req: GenRequest, stream: RequestStream,
+                      meter: Meter) -> web.StreamResponse:
         resp = web.StreamResponse(headers=SSE_HEADERS)
         reply = Reply(req.kind, req.model, include_usage=req.include_usage)
         try:
@@ -245,6 +275,7 @@ class ApiServer:
                 await resp.write(sse(reply.chunk(role=True)))
             while True:
                 ev = await stream.next()
+                meter.event(ev)
                 kind = ev.get("ev")
                 if kind == "text":
                     await resp.write(sse(reply.chunk(str(ev.get("text", "")))))
@@ -256,6 +287,7 @@ class ApiServer:
                     break
                 elif kind == "error":
                     err = runner_error(str(ev.get("code")), str(ev.get("message")))
+                    meter.failed_code = err.status
                     logger.bind(instance=req.model).warning("stream ended by an error: {}",
                                                             err.message)
                     await resp.write(sse(err.body()))
@@ -263,7 +295,8 @@ class ApiServer:
             await resp.write(DONE)
             await resp.write_eof()
         except ConnectionError:
-            pass  # the client left; `stream.close()` in the caller cancels the generation
+            meter.failed_code = 499  # the client left; `stream.close()` in the caller cancels
+
         return resp
 
 

@@ -7,6 +7,7 @@ Events come in (`on_notify`, `on_exit`, operator calls); the instance never bloc
 
 from __future__ import annotations
 
+import collections
 import errno
 import signal
 from collections.abc import Callable
@@ -97,6 +98,7 @@ class InstanceRuntime:
         self._after_stop: list[Continuation] = []  # notifications: always run
         self._start_after_stop: bool | None = None  # deferred start (by operator?), if any
         self._restart_timer: Timer | None = None
+        self.rungs_used: collections.Counter[str] = collections.Counter()  # ladder steps taken
         self.log = logger.bind(instance=self.name)
 
     # ---- queries -------------------------------------------------------------------------
@@ -333,6 +335,7 @@ class InstanceRuntime:
         if pid is None:
             return
         rank.signals_sent.append(step.value)
+        self.rungs_used[step.value] += 1
         log = self.log.bind(rank=rank.rank, pid=pid, event="ladder", step=step.value)
         stop = self.config.stop
         if step is Step.ASK:
