@@ -151,7 +151,7 @@ class ApiServer:
         return web.json_response({"status": "ok", "daemon": self.sup.phase})
 
     async def ready(self, request: web.Request) -> web.Response:
-        waiting = [i for i in self.sup.ordered() if i.config.autostart
+        waiting = [i for i in self.sup.ordered() if i.config.always_on
                    and i.state is not State.READY]
         if not waiting:
             return web.json_response({"status": "ready"})

@@ -36,6 +36,10 @@ class Seam(Protocol):
 
     def call_at(self, when: float, fn: Callable[[], None]) -> Timer: ...
 
+    def admit(self, inst: InstanceRuntime) -> str | None:
+        """Why this host cannot start `inst` now (memory), or None to go ahead."""
+        ...
+
     def prepare(self, inst: InstanceRuntime) -> None:
         """A group is about to start: agree on its addresses (e.g. write the hostfile)."""
         ...
@@ -93,6 +97,7 @@ class InstanceRuntime:
         self.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
         self.started_at: float | None = None
         self.held = False  # an operator stopped it: a reload must not start it again
+        self.memory_need: int | None = None  # bytes this host's ranks need (at admission)
         self.retired = False  # replaced or removed by a reload: it never starts again
         self._pending: Decision | None = None  # applied once every rank is gone
         self._after_stop: list[Continuation] = []  # notifications: always run
@@ -158,6 +163,12 @@ class InstanceRuntime:
             return
         self._cancel_restart()
         self._pending = None
+        refusal = self.seam.admit(self)
+        if refusal is not None:  # before any runner exists; not a failure to restart from
+            self.log.error("not started: {}", refusal)
+            self._move(State.STARTING, publish=False)
+            self._move(State.FAILED, refusal)
+            return
         self.started_at = self.seam.now()
         self.seam.prepare(self)
         self._remote_follow(State.STARTING, "remote")

@@ -42,7 +42,7 @@ class Readiness:
         if self.ready_sent:
             self.service.status(summary)
             return
-        autostart = [i for i in sup.instances.values() if i.config.autostart]
+        autostart = [i for i in sup.instances.values() if i.config.always_on]
         if self.policy == "daemon" or all(i.state in SETTLED for i in autostart):
             self.ready_sent = True
             self.service.ready(summary)

@@ -31,6 +31,7 @@ from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer
 from exod.daemon.instance import InstanceRuntime, RankRuntime, Timer
 from exod.daemon.log_ring import LogRings
+from exod.daemon.memory_check import MemoryCheck
 from exod.daemon.notify_server import NotifyServer
 from exod.daemon.processes import ProcessTable
 from exod.daemon.readiness import Readiness
@@ -70,6 +71,7 @@ class Supervisor:
         self._swaps: dict[str, Instance | None] = {}  # stopping for a reload: what replaces it
         self.api: Any = None  # the HTTP API (exod.api.app.ApiServer), when api.listen is set
         self.logs = LogRings()
+        self.memory = MemoryCheck(config.defaults.memory_headroom)
         self.reloads = {"ok": 0, "failed": 0}
         self.config_errors = 0  # problems found by failed reloads, all told
 
@@ -84,6 +86,9 @@ class Supervisor:
 
     def call_at(self, when: float, fn: Callable[[], None]) -> Timer:
         return self.loop.call_at(when, fn)
+
+    def admit(self, inst: InstanceRuntime) -> str | None:
+        return self.memory.refuse(inst, self.instances.values())
 
     def prepare(self, inst: InstanceRuntime) -> None:
         if inst.config.shards > 1:
@@ -205,7 +210,7 @@ class Supervisor:
         for inst_cfg in self.config.instances.values():
             self._add(inst_cfg)
         for inst in self.ordered():
-            if inst.config.autostart:
+            if inst.config.always_on:
                 inst.start()
         self.phase = "running"
         self.readiness.spawned(self, self.now())
@@ -319,6 +324,7 @@ class Supervisor:
             logger.warning("api changed: takes effect at the next restart of exod")
         new = _keep_control(new, self.config)
         self.config = new
+        self.memory.headroom = new.defaults.memory_headroom
         for name in d.removed:
             self._retire(name, replacement=None)
         for name in d.changed:
@@ -328,7 +334,7 @@ class Supervisor:
                 self._retire(name, replacement=new.instances[name])
                 continue
             inst = self._add(new.instances[name])
-            if inst.config.autostart:
+            if inst.config.always_on:
                 inst.start()
         self.reloads["ok"] += 1
         logger.info("reloaded: {} added, {} removed, {} changed, {} unchanged",
@@ -357,7 +363,7 @@ class Supervisor:
                 return
             new = self._add(latest)
             new.held = old.held
-            if (was_running or latest.autostart) and not old.held and not self.stopping:
+            if (was_running or latest.always_on) and not old.held and not self.stopping:
                 new.start()
             self._publish(new)
 
