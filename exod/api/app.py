@@ -9,7 +9,9 @@
     POST /v1/completions       raw prompt
 
 A request goes to an instance only while it is `ready` (for a multi-rank instance: every rank
-is), through the instance's admission gate, to its rank 0 over the runner's link. Errors use
+is; an on-demand instance is started by the request, which waits in the queue while it loads),
+through the instance's admission gate, to its rank 0 over the runner's link (exod.api.serving).
+Errors use
 OpenAI's JSON shape. A client that disconnects cancels its handler (handler_cancellation), and
 that cancels the generation in the runner.
 """
@@ -21,7 +23,6 @@ import hmac
 import json
 import os
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,26 +30,19 @@ from aiohttp import web
 from loguru import logger
 
 from exod.api import address
-from exod.api.admission import Gate, QueueFull
 from exod.api.errors import (
     ApiError,
     bad_request,
     error_body,
     model_not_found,
-    not_ready,
-    queue_full,
-    runner_error,
-    served_elsewhere,
     unauthorized,
 )
 from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from exod.api.metrics import Meter, Metrics
-from exod.api.objects import DONE, SSE_HEADERS, Reply, sse
-from exod.api.schema import GenRequest, parse_chat, parse_completion
+from exod.api.schema import parse_chat, parse_completion
+from exod.api.serving import Serving
 from exod.api.token import read_token
 from exod.config.schema import Api
 from exod.core.states import State
-from exod.daemon.link import RequestStream
 
 if TYPE_CHECKING:
     from exod.daemon.instance import InstanceRuntime
@@ -65,10 +59,10 @@ class ApiServer:
         self.host, self.port = address.parse_listen(cfg.listen)
         self.token: str | None = None
         self.started_wall = int(time.time())
-        self.gates: weakref.WeakKeyDictionary[InstanceRuntime, Gate] = \
-            weakref.WeakKeyDictionary()
         self._runner: web.AppRunner | None = None
-        self.metrics = Metrics(sup, self.gates.get)
+        self.serving = Serving(sup, sup.loop)
+        self.gates = self.serving.gates
+        self.metrics = self.serving.metrics
 
     # ---- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -113,10 +107,7 @@ class ApiServer:
                 "token_file": str(self.cfg.token_file) if self.cfg.token_file else None}
 
     def instance_changed(self, inst: InstanceRuntime) -> None:
-        """Supervisor listener: requests queued for an instance that left `ready` get a 503."""
-        gate = self.gates.get(inst)
-        if gate is not None and inst.state is not State.READY:
-            gate.reject_waiting(lambda: not_ready(inst.name, inst.state.value))
+        self.serving.instance_changed(inst)
 
     # ---- middlewares ------------------------------------------------------------------
     @web.middleware
@@ -183,121 +174,10 @@ class ApiServer:
 
     # ---- generation -------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, parse_chat(await _body(request)))
+        return await self.serving.generate(request, parse_chat(await _body(request)))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, parse_completion(await _body(request)))
-
-    def _ready_instance(self, name: str) -> InstanceRuntime:
-        inst = self.sup.instances.get(name)
-        if inst is None:
-            raise model_not_found(name)
-        if not inst.ranks[0].local:
-            raise served_elsewhere(name, inst.ranks[0].host)
-        if inst.state is not State.READY:
-            raise not_ready(name, inst.state.value)
-        return inst
-
-    def _gate(self, inst: InstanceRuntime) -> Gate:
-        gate = self.gates.get(inst)
-        if gate is None:
-            gate = self.gates[inst] = Gate(inst.config.max_concurrency, inst.config.max_queue)
-        return gate
-
-    async def _generate(self, request: web.Request, req: GenRequest) -> web.StreamResponse:
-        known = req.model in self.sup.instances  # never a label per unknown name a client sends
-        meter = self.metrics.meter(req.model)
-        status = 499  # the client left (its handler was cancelled)
-        try:
-            resp = await self._admitted(request, req, meter)
-            status = resp.status
-            return resp
-        except ApiError as e:
-            status = e.status
-            raise
-        except Exception:
-            status = 500
-            raise
-        finally:
-            if known:
-                meter.finish(status)
-
-    async def _admitted(self, request: web.Request, req: GenRequest,
-                        meter: Meter) -> web.StreamResponse:
-        inst = self._ready_instance(req.model)
-        gate = self._gate(inst)
-        try:
-            await gate.enter()
-        except QueueFull:
-            raise queue_full(inst.name, gate.limit, gate.queue) from None
-        try:
-            # Waiting may have taken a while: ready still, and the very same instance?
-            if self._ready_instance(req.model) is not inst:
-                raise not_ready(inst.name, "replaced by a reload")
-            pid = inst.ranks[0].pid
-            link = self.sup.procs.link(pid) if pid is not None else None
-            if link is None:
-                raise not_ready(inst.name, "its runner is gone")
-            stream = link.open(req.to_runner())
-            try:
-                if req.stream:
-                    return await self._stream(request, req, stream, meter)
-                return await self._whole(req, stream, meter)
-            finally:
-                stream.close()  # cancels the generation unless it finished
-        finally:
-            gate.leave()
-
-    async def _whole(self, req: GenRequest, stream: RequestStream,
-                     meter: Meter) -> web.Response:
-        parts: list[str] = []
-        while True:
-            ev = await stream.next()
-            meter.event(ev)
-            kind = ev.get("ev")
-            if kind == "text":
-                parts.append(str(ev.get("text", "")))
-            elif kind == "done":
-                reply = Reply(req.kind, req.model)
-                return web.json_response(reply.whole(
-                    "".join(parts), str(ev.get("finish_reason")), int(ev["prompt_tokens"]),
-                    int(ev["completion_tokens"])))
-            elif kind == "error":
-                raise runner_error(str(ev.get("code")), str(ev.get("message")))
-
-    async def _stream(self, request: web.Request, req: GenRequest, stream: RequestStream,
-                      meter: Meter) -> web.StreamResponse:
-        resp = web.StreamResponse(headers=SSE_HEADERS)
-        reply = Reply(req.kind, req.model, include_usage=req.include_usage)
-        try:
-            await resp.prepare(request)
-            if req.kind == "chat":
-                await resp.write(sse(reply.chunk(role=True)))
-            while True:
-                ev = await stream.next()
-                meter.event(ev)
-                kind = ev.get("ev")
-                if kind == "text":
-                    await resp.write(sse(reply.chunk(str(ev.get("text", "")))))
-                elif kind == "done":
-                    await resp.write(sse(reply.chunk(finish_reason=str(ev["finish_reason"]))))
-                    if req.include_usage:
-                        await resp.write(sse(reply.usage_chunk(int(ev["prompt_tokens"]),
-                                                               int(ev["completion_tokens"]))))
-                    break
-                elif kind == "error":
-                    err = runner_error(str(ev.get("code")), str(ev.get("message")))
-                    meter.failed_code = err.status
-                    logger.bind(instance=req.model).warning("stream ended by an error: {}",
-                                                            err.message)
-                    await resp.write(sse(err.body()))
-                    break
-            await resp.write(DONE)
-            await resp.write_eof()
-        except ConnectionError:
-            meter.failed_code = 499  # the client left; `stream.close()` in the caller cancels
-
-        return resp
+        return await self.serving.generate(request, parse_completion(await _body(request)))
 
 
 async def _body(request: web.Request) -> Any:

@@ -17,7 +17,8 @@ from typing import Protocol
 from loguru import logger
 
 from exod.config.schema import Instance
-from exod.core.exits import EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo
+from exod.config.durations import format_duration
+from exod.core.exits import EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo, Hung
 from exod.core.ladder import LadderRun, Step
 from exod.core.restarts import Decision, GiveUp, Rest, Restart, RestartTracker
 from exod.core.shards import Shard
@@ -98,6 +99,8 @@ class InstanceRuntime:
         self.started_at: float | None = None
         self.held = False  # an operator stopped it: a reload must not start it again
         self.memory_need: int | None = None  # bytes this host's ranks need (at admission)
+        self.refused = ""  # why memory admission refused the last start
+        self.hung = ""  # e.g. "hung (no progress for 5m)": why it is being restarted
         self.retired = False  # replaced or removed by a reload: it never starts again
         self._pending: Decision | None = None  # applied once every rank is gone
         self._after_stop: list[Continuation] = []  # notifications: always run
@@ -125,6 +128,11 @@ class InstanceRuntime:
         for rank in self.ranks:
             if not rank.local and rank.machine.state is not state and rank.machine.can(state):
                 rank.machine.move(state, self.seam.now(), reason)
+
+    @property
+    def start_pending(self) -> bool:
+        """A start waits for the stop in progress to complete."""
+        return self._start_after_stop is not None
 
     def rank_by_pid(self, pid: int) -> RankRuntime | None:
         return next((r for r in self.ranks if r.pid == pid), None)
@@ -163,8 +171,9 @@ class InstanceRuntime:
             return
         self._cancel_restart()
         self._pending = None
-        refusal = self.seam.admit(self)
-        if refusal is not None:  # before any runner exists; not a failure to restart from
+        self.hung = ""
+        self.refused = refusal = self.seam.admit(self) or ""
+        if refusal:  # before any runner exists; not a failure to restart from
             self.log.error("not started: {}", refusal)
             self._move(State.STARTING, publish=False)
             self._move(State.FAILED, refusal)
@@ -222,6 +231,18 @@ class InstanceRuntime:
     def restart(self) -> None:
         self.stop()
         self.start(operator=True)  # deferred until the stop completes, if one is running
+
+    def hang(self, silent_for: float) -> None:
+        """Requests were in flight and the runner made no progress for `silent_for` seconds:
+        restart through the ladder, counted as a failure."""
+        if self.state is not State.READY:
+            return
+        self.hung = f"hung (no progress for {format_duration(silent_for)})"
+        self.log.bind(event="hung").error("{}: restarting through the ladder", self.hung)
+        self._pending = self.tracker.on_exit(self.seam.now(), Hung(),
+                                             f"no progress for {format_duration(silent_for)}")
+        self._move(State.STOPPING, self.hung)
+        self._stop_ranks()
 
     def hurry(self) -> None:
         """A second stop signal to the daemon: skip what is left of rung 1's grace."""

@@ -47,6 +47,12 @@ class RequestStream:
     async def next(self) -> Message:
         return await self._queue.get()
 
+    def fail(self, code: str, message: str) -> None:
+        """End it from the daemon's side (e.g. the runner is hung): a final error event."""
+        if not self.finished:
+            self._put({"id": self.id, "ev": "error", "code": code, "message": message})
+            self.link._forget(self.id, cancel=True)
+
     def close(self) -> None:
         """Done with it: if the runner is still working on it, tell it to stop (cancel)."""
         if not self.finished:

@@ -48,7 +48,10 @@ class MemoryCheck:
             inst.log.warning("no memory estimate: {}", e)
             return None
 
-    def refuse(self, inst: InstanceRuntime, others: Iterable[InstanceRuntime]) -> str | None:
+    def figures(self, inst: InstanceRuntime,
+                others: Iterable[InstanceRuntime]) -> tuple[int, int, int] | None:
+        """(need, available, reserved by other loads) in bytes; None if it cannot be told."""
+        others = list(others)
         inst.memory_need = need = self.need(inst)
         if need is None:
             return None
@@ -56,8 +59,16 @@ class MemoryCheck:
         available = self.available(sum(self.rss(p) or 0 for p in live))
         if available is None:
             return None
-        reserved = sum(self.still_to_take(o) for o in others if o is not inst)
-        return refusal(need, available, self.headroom, reserved)
+        return need, available, sum(self.still_to_take(o) for o in others if o is not inst)
+
+    def refuse(self, inst: InstanceRuntime, others: Iterable[InstanceRuntime]) -> str | None:
+        f = self.figures(inst, others)
+        return None if f is None else refusal(f[0], f[1], self.headroom, f[2])
+
+    def missing(self, inst: InstanceRuntime, others: Iterable[InstanceRuntime]) -> int:
+        """Bytes short of what `inst` needs (0 or less: it fits, or it cannot be told)."""
+        f = self.figures(inst, others)
+        return 0 if f is None else f[0] - (f[1] - self.headroom - f[2])
 
     def still_to_take(self, inst: InstanceRuntime) -> int:
         if inst.state not in (State.STARTING, State.LOADING) or not inst.memory_need:

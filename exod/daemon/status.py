@@ -22,7 +22,17 @@ def stalled_for(rank: RankRuntime, now: float, stall_after: float) -> float | No
 
 
 def detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
-    """e.g. `loading 17/80 (no progress for 4m)`, `failed: exit code 65: ...`, `ready`."""
+    """e.g. `loading 17/80 (no progress for 4m)`, `failed: exit code 65: ...`, `ready`,
+    `hung (no progress for 5m); stopping (SIGKILL in 20s if still running)`."""
+    text = _detail(inst, now, stall_after)
+    if inst.hung and inst.state in (State.STOPPING, State.BACKOFF):
+        return f"{inst.hung}; {text}"
+    if inst.config.on_demand and inst.state is State.STOPPED:
+        return "stopped (starts on demand)"
+    return text
+
+
+def _detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
     state = inst.state
     if not inst.has_local_ranks:
         return "remote: every rank runs on another host"

@@ -90,6 +90,9 @@ class Supervisor:
     def admit(self, inst: InstanceRuntime) -> str | None:
         return self.memory.refuse(inst, self.instances.values())
 
+    def missing_memory(self, inst: InstanceRuntime) -> int:
+        return self.memory.missing(inst, self.instances.values())
+
     def prepare(self, inst: InstanceRuntime) -> None:
         if inst.config.shards > 1:
             addrs = rank_addresses.addresses(inst.config)
