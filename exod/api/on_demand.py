@@ -60,6 +60,7 @@ class OnDemand:
         self.gate_of = gate_of
         self.last_used: dict[str, float] = {}
         self._idle_timers: dict[str, asyncio.TimerHandle] = {}
+        self._making_room: set[InstanceRuntime] = set()  # start once their victims are gone
 
     # ---- starting -------------------------------------------------------------------------
     def ensure_started(self, inst: InstanceRuntime) -> None:
@@ -67,19 +68,24 @@ class OnDemand:
         self.last_used[inst.name] = self.loop.time()
         startable = inst.state is State.STOPPED or (
             inst.state is State.FAILED and bool(inst.refused))  # memory may have freed since
-        if not startable or self.daemon.stopping or inst.start_pending:
+        if not startable or self.daemon.stopping or inst.start_pending or (
+                inst in self._making_room):
             return
         victims = self._victims(inst, self.daemon.missing_memory(inst))
         if not victims:
             inst.start()  # fits, or cannot be made to fit: admission says which
             return
         left = {v.name for v in victims}
-        logger.bind(instance=inst.name).info("making room: stopping idle {}", ", ".join(left))
+        logger.bind(instance=inst.name).info("making room: stopping idle {}",
+                                             ", ".join(sorted(left)))
+        self._making_room.add(inst)
 
         def stopped(name: str) -> None:
             left.discard(name)
-            if not left and not self.daemon.stopping:
-                inst.start()
+            if not left:
+                self._making_room.discard(inst)
+                if not self.daemon.stopping and not inst.retired:
+                    inst.start()
 
         for v in victims:
             v.stop(then=lambda name=v.name: stopped(name))  # type: ignore[misc]
@@ -104,13 +110,16 @@ class OnDemand:
         gate = self.gate_of(inst)
         return gate is None or (gate.active == 0 and gate.waiting == 0)
 
+    def gives_up(self, inst: InstanceRuntime) -> bool:
+        return inst not in self._making_room and gives_up(inst)
+
     async def until_ready(self, inst: InstanceRuntime) -> None:
         """Wait for READY; raises Stopped when the instance settles otherwise."""
         changed: asyncio.Queue[None] = asyncio.Queue()
         unlisten = self.daemon.listen(lambda i: changed.put_nowait(None) if i is inst else None)
         try:
             while inst.state is not State.READY:
-                if gives_up(inst):
+                if self.gives_up(inst):
                     raise Stopped(inst.state.value)
                 await changed.get()
         finally:

@@ -19,7 +19,7 @@ from exod.api.errors import (ApiError, model_not_found, not_ready, queue_full, r
 from exod.api.hang import HangWatch
 from exod.api.metrics import Meter, Metrics
 from exod.api.objects import DONE, SSE_HEADERS, Reply, sse
-from exod.api.on_demand import OnDemand, Stopped, gives_up
+from exod.api.on_demand import OnDemand, Stopped
 from exod.api.schema import GenRequest
 from exod.core.states import State
 from exod.daemon.link import Link, RequestStream
@@ -49,7 +49,7 @@ class Serving:
     def instance_changed(self, inst: InstanceRuntime) -> None:
         """Requests queued for an instance that can no longer serve them get a 503."""
         gate = self.gates.get(inst)
-        if gate is not None and gives_up(inst):
+        if gate is not None and self.on_demand.gives_up(inst):
             gate.reject_waiting(lambda: not_ready(inst.name, inst.state.value))
         if inst.state is State.READY and inst.config.on_demand:
             self.on_demand.used(inst)  # the idle clock starts once it is ready
@@ -78,7 +78,7 @@ class Serving:
             if not inst.config.on_demand:
                 raise not_ready(name, inst.state.value)
             self.on_demand.ensure_started(inst)
-            if gives_up(inst):
+            if self.on_demand.gives_up(inst):
                 raise not_ready(name, inst.machine.reason or inst.state.value)
         return inst
 

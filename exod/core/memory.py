@@ -185,14 +185,14 @@ def estimate(tensors: list[Tensor], config: dict[str, object], shard: Shard, par
 
 
 def refusal(needs: int, available: int, headroom: int, reserved: int) -> str | None:
-    """None when `needs` fits in what is available, less the headroom and what loads still in
-    progress will take; else the reason, with the figures."""
+    """None when `needs` fits in what is available, less the headroom and what running
+    instances may still take; else the reason, with the figures."""
     free = max(0, available - headroom - reserved)
     if needs <= free:
         return None
     notes = [f"memory_headroom {gib(headroom)}"] if headroom else []
     if reserved:
-        notes.append(f"{gib(reserved)} reserved by loads in progress")
+        notes.append(f"{gib(reserved)} set aside for running instances")
     note = f" (after {' and '.join(notes)})" if notes else ""
     return f"not enough memory: needs {gib(needs)}, {gib(free)} available{note}"
 

@@ -1,8 +1,9 @@
 """Memory admission in the daemon: refuse a start that would not fit, before any runner spawns.
 
 The estimate comes from `exod.core.memory` (safetensors headers); what the host can give comes
-from `procinfo.available_bytes`. Loads still in progress have not taken their memory yet, so
-what they will still take is set aside for them. Only this host's ranks count: in a multi-host
+from `procinfo.available_bytes`. Instances already running have not taken all of theirs yet (a
+load in progress, a KV cache that grows with requests), so what they may still take is set
+aside for them. Only this host's ranks count: in a multi-host
 group each host checks its own.
 """
 
@@ -56,7 +57,11 @@ class MemoryCheck:
         if need is None:
             return None
         live = [r.pid for o in others for r in o.ranks if r.pid is not None]
-        available = self.available(sum(self.rss(p) or 0 for p in live))
+        try:
+            available = self.available(sum(self.rss(p) or 0 for p in live))
+        except ValueError as e:  # a bad EXOD_MEMORY_AVAILABLE
+            inst.log.warning("no memory check: EXOD_MEMORY_AVAILABLE: {}", e)
+            return None
         if available is None:
             return None
         return need, available, sum(self.still_to_take(o) for o in others if o is not inst)
@@ -71,7 +76,9 @@ class MemoryCheck:
         return 0 if f is None else f[0] - (f[1] - self.headroom - f[2])
 
     def still_to_take(self, inst: InstanceRuntime) -> int:
-        if inst.state not in (State.STARTING, State.LOADING) or not inst.memory_need:
+        """What an instance may still grow by: a load in progress, or a ready instance's KV
+        cache as its requests come."""
+        if inst.state not in (State.STARTING, State.LOADING, State.READY) or not inst.memory_need:
             return 0
         taken = sum(self.rss(r.pid) or 0 for r in inst.ranks if r.pid is not None)
         return max(0, inst.memory_need - taken)

@@ -59,7 +59,16 @@ MACOS_WORKING_SET = 0.75
 
 def available_bytes(used_by_runners: int = 0) -> int | None:
     """Memory a new rank can take: MemAvailable on Linux; on macOS an approximation of the
-    GPU's recommended working set (see MACOS_WORKING_SET). None when it cannot be told."""
+    GPU's recommended working set (see MACOS_WORKING_SET). None when it cannot be told.
+
+    EXOD_MEMORY_AVAILABLE (a size, e.g. 24GiB) replaces what the kernel says with a budget for
+    exod's runners, for hosts whose limit the kernel's figure does not show (a container's
+    cgroup), or to keep memory for other services."""
+    budget = os.environ.get("EXOD_MEMORY_AVAILABLE")
+    if budget:
+        from exod.config.sizes import parse_size
+
+        return max(0, parse_size(budget) - used_by_runners)
     if sys.platform.startswith("linux"):
         try:
             with open("/proc/meminfo", "rb") as f:

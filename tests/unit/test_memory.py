@@ -92,7 +92,7 @@ def test_refusal_names_the_figures() -> None:
     assert why is not None and "needs 64.0 GiB, 21.3 GiB available" in why
     assert "memory_headroom 1.0 GiB" in why
     why = refusal(8 * GIB, 10 * GIB, 0, 4 * GIB)
-    assert why is not None and "6.0 GiB available" in why and "4.0 GiB reserved" in why
+    assert why is not None and "6.0 GiB available" in why and "4.0 GiB set aside" in why
 
 
 @pytest.mark.parametrize("content, problem", [
