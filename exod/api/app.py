@@ -1,5 +1,7 @@
 """The HTTP server (aiohttp, inside the daemon's event loop) and its routes.
 
+    GET  /                     the status page (static HTML: no data, no token needed)
+    GET  /status.json          what the status page shows (exod.api.page)
     GET  /health               the daemon is alive (never needs the token)
     GET  /ready                200 when every autostart instance is ready, else 503 naming them
     GET  /metrics              Prometheus text format (exod.api.metrics)
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from loguru import logger
 
-from exod.api import address
+from exod.api import address, page
 from exod.api.errors import (
     ApiError,
     bad_request,
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from exod.daemon.instance import InstanceRuntime
     from exod.daemon.supervisor import Supervisor
 
+PUBLIC = ("/health", "/")  # no data behind them: the page's script asks for the token
 MAX_BODY = 16 * 2**20  # long chat histories are fine; a runaway upload is not
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -73,6 +76,8 @@ class ApiServer:
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/metrics", self.scrape)
+        app.router.add_get("/", page.index)
+        app.router.add_get("/status.json", self.status_json)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -127,7 +132,7 @@ class ApiServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.token is not None and request.path != "/health":
+        if self.token is not None and request.path not in PUBLIC:
             given = request.headers.get("Authorization", "")
             scheme, _, value = given.partition(" ")
             if not given:
@@ -150,6 +155,9 @@ class ApiServer:
         body = error_body(f"not ready: {names}", "service_unavailable_error", "not_ready")
         body["not_ready"] = [{"name": i.name, "state": i.state.value} for i in waiting]
         return web.json_response(body, status=503)
+
+    async def status_json(self, request: web.Request) -> web.Response:
+        return web.json_response(page.status_json(self.sup, self.serving))
 
     async def scrape(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(),

@@ -80,20 +80,26 @@ class Meter:
         self.instance = instance
         self.arrived = arrived
         self.first: float | None = None
+        self.counted = 0  # text events, each counted as a token until `done` gives the total
         self.failed_code: int | None = None  # an error after the 200 went out (streams)
 
     def event(self, ev: dict[str, Any]) -> None:
         kind = ev.get("ev")
         now = time.monotonic()
-        if kind == "text" and self.first is None:
-            self.first = now
-            self.metrics.ttft.labels(self.instance).observe(now - self.arrived)
+        stats = self.metrics.stats[self.instance]
+        if kind == "text":
+            # Counted as they come, so rates are live during a long generation; `done` then
+            # brings the count to the runner's exact figure (a piece may hold several tokens).
+            stats.generated_tokens += 1
+            self.counted += 1
+            if self.first is None:
+                self.first = now
+                self.metrics.ttft.labels(self.instance).observe(now - self.arrived)
         elif kind == "done":
-            stats = self.metrics.stats[self.instance]
             prompt, generated = _count(ev.get("prompt_tokens")), _count(
                 ev.get("completion_tokens"))
             stats.prompt_tokens += prompt
-            stats.generated_tokens += generated
+            stats.generated_tokens += max(0, generated - self.counted)
             if self.first is not None and generated >= 2:
                 self.metrics.tpot.labels(self.instance).observe(
                     (now - self.first) / (generated - 1))
