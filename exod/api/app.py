@@ -32,23 +32,17 @@ from aiohttp import web
 from loguru import logger
 
 from exod.api import address, page
-from exod.api.errors import (
-    ApiError,
-    bad_request,
-    error_body,
-    model_not_found,
-    unauthorized,
-)
+from exod.api.errors import ApiError, bad_request, error_body, model_not_found, unauthorized
 from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from exod.api.schema import parse_chat, parse_completion
 from exod.api.serving import Serving
 from exod.api.token import read_token
+from exod.api.view import Daemon
 from exod.config.schema import Api
 from exod.core.states import State
 
 if TYPE_CHECKING:
     from exod.daemon.instance import InstanceRuntime
-    from exod.daemon.supervisor import Supervisor
 
 PUBLIC = ("/health", "/")  # no data behind them: the page's script asks for the token
 MAX_BODY = 16 * 2**20  # long chat histories are fine; a runaway upload is not
@@ -56,14 +50,14 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class ApiServer:
-    def __init__(self, cfg: Api, sup: Supervisor) -> None:
+    def __init__(self, cfg: Api, daemon: Daemon) -> None:
         self.cfg = cfg
-        self.sup = sup
+        self.sup = daemon
         self.host, self.port = address.parse_listen(cfg.listen)
         self.token: str | None = None
         self.started_wall = int(time.time())
         self._runner: web.AppRunner | None = None
-        self.serving = Serving(sup, sup.loop)
+        self.serving = Serving(daemon, daemon.loop)
         self.gates = self.serving.gates
         self.metrics = self.serving.metrics
 
@@ -175,7 +169,7 @@ class ApiServer:
 
     async def model(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
-        inst = self.sup.instances.get(name)
+        inst = self.sup.instance(name)
         if inst is None:
             raise model_not_found(name)
         return web.json_response(self._model_json(inst))

@@ -13,12 +13,14 @@ import collections
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exod import messages as m
+from exod.api.view import Daemon
 from exod.core.ladder import Step
 from exod.core.states import State
 
@@ -30,16 +32,6 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Seconds. Small models on a CPU answer in tens of milliseconds; big ones take many seconds.
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
-
-
-class Daemon(Protocol):
-    """What the collector reads of the daemon (the supervisor)."""
-
-    started: float  # time.monotonic() at start
-    reloads: dict[str, int]
-    config_errors: int
-
-    def ordered(self) -> list[InstanceRuntime]: ...
 
 
 @dataclass
@@ -83,22 +75,20 @@ class Meter:
         self.counted = 0  # text events, each counted as a token until `done` gives the total
         self.failed_code: int | None = None  # an error after the 200 went out (streams)
 
-    def event(self, ev: dict[str, Any]) -> None:
-        kind = ev.get("ev")
+    def event(self, ev: m.Event) -> None:
         now = time.monotonic()
         stats = self.metrics.stats[self.instance]
-        if kind == "text":
-            # Counted as they come, so rates are live during a long generation; `done` then
+        if isinstance(ev, m.Text):
+            # Counted as they come, so rates are live during a long generation; Done then
             # brings the count to the runner's exact figure (a piece may hold several tokens).
             stats.generated_tokens += 1
             self.counted += 1
             if self.first is None:
                 self.first = now
                 self.metrics.ttft.labels(self.instance).observe(now - self.arrived)
-        elif kind == "done":
-            prompt, generated = _count(ev.get("prompt_tokens")), _count(
-                ev.get("completion_tokens"))
-            stats.prompt_tokens += prompt
+        elif isinstance(ev, m.Done):
+            generated = max(0, ev.completion_tokens)
+            stats.prompt_tokens += max(0, ev.prompt_tokens)
             stats.generated_tokens += max(0, generated - self.counted)
             if self.first is not None and generated >= 2:
                 self.metrics.tpot.labels(self.instance).observe(
@@ -107,10 +97,6 @@ class Meter:
     def finish(self, status: int) -> None:
         code = self.failed_code if status == 200 and self.failed_code else status
         self.metrics.stats[self.instance].requests[str(code)] += 1
-
-
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 class LiveCollector(Collector):
@@ -131,7 +117,7 @@ class LiveCollector(Collector):
         yield reloads
         yield CounterMetricFamily("exod_config_errors", "Problems found in configurations "
                                   "that reloads refused", value=d.config_errors)
-        yield from self._instances(d.ordered())
+        yield from self._instances(list(d.ordered()))
         yield from self._requests()
 
     def _instances(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:

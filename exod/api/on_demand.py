@@ -12,29 +12,17 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from loguru import logger
 
+from exod.api.view import Daemon
 from exod.config.durations import format_duration
 from exod.core.states import State
 
 if TYPE_CHECKING:
     from exod.api.admission import Gate
     from exod.daemon.instance import InstanceRuntime
-
-
-class Daemon(Protocol):
-    """What on-demand starts need of the daemon (the supervisor)."""
-
-    instances: dict[str, InstanceRuntime]
-    stopping: bool
-
-    def listen(self, fn: Callable[[InstanceRuntime], None]) -> Callable[[], None]: ...
-
-    def missing_memory(self, inst: InstanceRuntime) -> int:
-        """Bytes short of what `inst` needs to start here now (0 or less: it fits)."""
-        ...
 
 
 class Stopped(Exception):
@@ -95,7 +83,7 @@ class OnDemand:
         bytes; none when nothing is missing or even all of them would not be enough."""
         if missing <= 0:
             return []
-        idle = sorted((o for o in self.daemon.instances.values() if o is not inst
+        idle = sorted((o for o in self.daemon.ordered() if o is not inst
                        and o.config.on_demand and o.state is State.READY and self._idle(o)),
                       key=lambda o: self.last_used.get(o.name, 0.0))
         chosen, freed = [], 0

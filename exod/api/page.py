@@ -12,7 +12,7 @@ from aiohttp import web
 
 if TYPE_CHECKING:
     from exod.api.serving import Serving
-    from exod.daemon.supervisor import Supervisor
+    from exod.api.view import Daemon
 
 LOG_LINES = 8  # per instance, on the page
 
@@ -27,7 +27,7 @@ async def index(request: web.Request) -> web.Response:
                         headers={"Cache-Control": "no-cache"})
 
 
-def status_json(sup: Supervisor, serving: Serving) -> dict[str, Any]:
+def status_json(sup: Daemon, serving: Serving) -> dict[str, Any]:
     snap = sup.snapshot()
     figures: dict[str, Any] = {}
     for inst in sup.ordered():

@@ -8,11 +8,12 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from loguru import logger
 
+from exod import messages as m
 from exod.api.admission import Gate, QueueFull
 from exod.api.errors import (ApiError, model_not_found, not_ready, queue_full, runner_error,
                              served_elsewhere)
@@ -21,22 +22,17 @@ from exod.api.metrics import Meter, Metrics
 from exod.api.objects import DONE, SSE_HEADERS, Reply, sse
 from exod.api.on_demand import OnDemand, Stopped
 from exod.api.schema import GenRequest
+from exod.api.view import Daemon
 from exod.core.states import State
-from exod.daemon.link import Link, RequestStream
+from exod.daemon.link import RequestStream
 
 if TYPE_CHECKING:
     import asyncio
 
     from exod.daemon.instance import InstanceRuntime
-    from exod.daemon.supervisor import Supervisor
-
-
-class Links(Protocol):
-    def link(self, pid: int) -> Link | None: ...
-
 
 class Serving:
-    def __init__(self, sup: Supervisor, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, sup: Daemon, loop: asyncio.AbstractEventLoop) -> None:
         self.sup = sup
         self.loop = loop
         self.gates: weakref.WeakKeyDictionary[InstanceRuntime, Gate] = \
@@ -50,7 +46,8 @@ class Serving:
         """Requests queued for an instance that can no longer serve them get a 503."""
         gate = self.gates.get(inst)
         if gate is not None and self.on_demand.gives_up(inst):
-            gate.reject_waiting(lambda: not_ready(inst.name, inst.state.value))
+            gate.reject_waiting(lambda: not_ready(inst.name, inst.state.value,
+                                                  inst.state is State.STOPPING))
         if inst.state is State.READY and inst.config.on_demand:
             self.on_demand.used(inst)  # the idle clock starts once it is ready
 
@@ -69,14 +66,14 @@ class Serving:
         return watch
 
     def _instance(self, name: str) -> InstanceRuntime:
-        inst = self.sup.instances.get(name)
+        inst = self.sup.instance(name)
         if inst is None:
             raise model_not_found(name)
-        if not inst.ranks[0].local:
-            raise served_elsewhere(name, inst.ranks[0].host)
+        if inst.served_by is not None:
+            raise served_elsewhere(name, inst.served_by)
         if inst.state is not State.READY:
             if not inst.config.on_demand:
-                raise not_ready(name, inst.state.value)
+                raise not_ready(name, inst.state.value, inst.state is State.STOPPING)
             self.on_demand.ensure_started(inst)
             if self.on_demand.gives_up(inst):
                 raise not_ready(name, inst.machine.reason or inst.state.value)
@@ -84,7 +81,7 @@ class Serving:
 
     # ---- one request ------------------------------------------------------------------------
     async def generate(self, request: web.Request, req: GenRequest) -> web.StreamResponse:
-        known = req.model in self.sup.instances  # never a label per unknown name a client sends
+        known = self.sup.instance(req.model) is not None  # no label for any name a client sends
         meter = self.metrics.meter(req.model)
         status = 499  # the client left (its handler was cancelled)
         try:
@@ -115,10 +112,9 @@ class Serving:
             except Stopped as e:
                 raise not_ready(inst.name, inst.machine.reason or str(e)) from None
             # Waiting may have taken a while: ready still, and the very same instance?
-            if self.sup.instances.get(req.model) is not inst or inst.state is not State.READY:
+            if self.sup.instance(req.model) is not inst or inst.state is not State.READY:
                 raise not_ready(inst.name, "replaced by a reload")
-            pid = inst.ranks[0].pid
-            link = self.sup.procs.link(pid) if pid is not None else None
+            link = inst.serving_link()
             if link is None:
                 raise not_ready(inst.name, "its runner is gone")
             return await self._relay(request, req, inst, link.open(req.to_runner()), meter)
@@ -144,7 +140,7 @@ class Serving:
 
 
 async def _events(stream: RequestStream, meter: Meter,
-                  watch: HangWatch | None) -> AsyncIterator[dict[str, Any]]:
+                  watch: HangWatch | None) -> AsyncIterator[m.Event]:
     while True:
         ev = await stream.next()
         meter.event(ev)
@@ -153,23 +149,21 @@ async def _events(stream: RequestStream, meter: Meter,
         yield ev
 
 
-async def _whole(req: GenRequest, events: AsyncIterator[dict[str, Any]]) -> web.Response:
+async def _whole(req: GenRequest, events: AsyncIterator[m.Event]) -> web.Response:
     parts: list[str] = []
     async for ev in events:
-        kind = ev.get("ev")
-        if kind == "text":
-            parts.append(str(ev.get("text", "")))
-        elif kind == "done":
+        if isinstance(ev, m.Text):
+            parts.append(ev.text)
+        elif isinstance(ev, m.Done):
             reply = Reply(req.kind, req.model)
             return web.json_response(reply.whole(
-                "".join(parts), str(ev.get("finish_reason")), int(ev["prompt_tokens"]),
-                int(ev["completion_tokens"])))
-        elif kind == "error":
-            raise runner_error(str(ev.get("code")), str(ev.get("message")))
+                "".join(parts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens))
+        else:
+            raise runner_error(ev.code, ev.message)
     raise AssertionError("unreachable: the event stream never ends")
 
 
-async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[dict[str, Any]],
+async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m.Event],
                   meter: Meter) -> web.StreamResponse:
     resp = web.StreamResponse(headers=SSE_HEADERS)
     reply = Reply(req.kind, req.model, include_usage=req.include_usage)
@@ -178,22 +172,21 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[d
         if req.kind == "chat":
             await resp.write(sse(reply.chunk(role=True)))
         async for ev in events:
-            kind = ev.get("ev")
-            if kind == "text":
-                await resp.write(sse(reply.chunk(str(ev.get("text", "")))))
-            elif kind == "done":
-                await resp.write(sse(reply.chunk(finish_reason=str(ev["finish_reason"]))))
+            if isinstance(ev, m.Text):
+                await resp.write(sse(reply.chunk(ev.text)))
+                continue
+            if isinstance(ev, m.Done):
+                await resp.write(sse(reply.chunk(finish_reason=ev.finish_reason)))
                 if req.include_usage:
-                    await resp.write(sse(reply.usage_chunk(int(ev["prompt_tokens"]),
-                                                           int(ev["completion_tokens"]))))
-                break
-            elif kind == "error":
-                err = runner_error(str(ev.get("code")), str(ev.get("message")))
+                    await resp.write(sse(reply.usage_chunk(ev.prompt_tokens,
+                                                           ev.completion_tokens)))
+            else:
+                err = runner_error(ev.code, ev.message)
                 meter.failed_code = err.status
                 logger.bind(instance=req.model).warning("stream ended by an error: {}",
                                                         err.message)
                 await resp.write(sse(err.body()))
-                break
+            break
         await resp.write(DONE)
         await resp.write_eof()
     except ConnectionError:

@@ -6,31 +6,46 @@ at every change, for tests and dashboards) and `logs` (a runner's recent output,
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from exod.core.states import State
-from exod.daemon import status
-from exod.daemon.control import Emit
+from exod.daemon.control import CommandError, Emit
 from exod.daemon.instance import InstanceRuntime
-from exod.daemon.log_ring import Line
+from exod.daemon.log_ring import Line, LogRings
 
 MAX_TAIL = 100_000  # more than any ring holds: asking for more is asking for everything
 
-if TYPE_CHECKING:
-    from exod.daemon.supervisor import Supervisor
+
+class Daemon(Protocol):
+    """What the operator commands need of the daemon."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    async def reload(self) -> dict[str, Any]: ...
+
+    def instance(self, name: str) -> InstanceRuntime | None: ...
+
+    def instance_json(self, inst: InstanceRuntime) -> dict[str, Any]: ...
+
+    def listen(self, fn: Callable[[InstanceRuntime], None]) -> Callable[[], None]: ...
+
+    @property
+    def logs(self) -> LogRings: ...
 
 
 class Commands:
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-
-    def snapshot(self) -> dict[str, Any]:
-        return self.sup.snapshot()
+    def __init__(self, daemon: Daemon) -> None:
+        self.sup = daemon
 
     def _get(self, name: Any) -> InstanceRuntime:
-        if not isinstance(name, str) or name not in self.sup.instances:
-            raise KeyError(f"no instance named {name!r}")
-        return self.sup.instances[name]
+        inst = self.sup.instance(name) if isinstance(name, str) else None
+        if inst is None:
+            raise CommandError(f"no instance named {name!r}")
+        return inst
 
     async def command(self, cmd: str, req: dict[str, Any], emit: Emit) -> dict[str, Any]:
         sup = self.sup
@@ -62,10 +77,10 @@ class Commands:
             return await self._watch(emit)
         if cmd == "logs":
             return await self._logs(req, emit)
-        raise ValueError(f"unknown command {cmd!r}")
+        raise CommandError(f"unknown command {cmd!r}")
 
     async def _stopped(self, inst: InstanceRuntime, operator: bool) -> None:
-        fut: asyncio.Future[None] = self.sup.loop.create_future()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def done() -> None:
             if not fut.done():
@@ -76,17 +91,17 @@ class Commands:
 
     async def _wait(self, inst: InstanceRuntime, emit: Emit) -> dict[str, Any]:
         """Stream progress until the instance is ready (ok) or settles otherwise (not ok)."""
-        name, stall = inst.name, self.sup.config.defaults.stall_after
+        name = inst.name
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
         def on_change(changed: InstanceRuntime) -> None:
             # A copy now: by the time the stream sends it, later changes would have merged.
             if changed.name == name:
-                q.put_nowait(status.instance_json(changed, self.sup.now(), stall))
+                q.put_nowait(self.sup.instance_json(changed))
 
         unlisten = self.sup.listen(on_change)
         try:
-            snap = status.instance_json(inst, self.sup.now(), stall)
+            snap = self.sup.instance_json(inst)
             while True:
                 if snap["state"] == State.READY.value:
                     return {"ok": True, "instance": snap}
@@ -114,9 +129,9 @@ class Commands:
         name = self._get(req.get("name")).name
         n, rank, follow = req.get("lines", 20), req.get("rank"), bool(req.get("follow"))
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"lines must be a whole number >= 0, got {n!r}")
+            raise CommandError(f"lines must be a whole number >= 0, got {n!r}")
         if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
-            raise ValueError(f"rank must be a whole number, got {rank!r}")
+            raise CommandError(f"rank must be a whole number, got {rank!r}")
         q: asyncio.Queue[Line] = asyncio.Queue(maxsize=10_000)
 
         def on_line(line: Line) -> None:

@@ -26,13 +26,12 @@ class SocketInUse(OSError):
     pass
 
 
-class ClientGone(Exception):
-    pass
+class CommandError(Exception):
+    """A command the client got wrong (an unknown instance, an unknown command): its message
+    goes back as `{"ok": false, "error": ...}`. Any other exception is a bug, logged as one."""
 
 
 class Backend(Protocol):
-    def snapshot(self) -> dict[str, Any]: ...
-
     async def command(self, cmd: str, req: dict[str, Any],
                       emit: Emit) -> dict[str, Any]: ...
 
@@ -56,6 +55,10 @@ def prepare_path(path: Path) -> None:
     finally:
         probe.close()
     raise SocketInUse(errno.EADDRINUSE, f"{path} is in use: another exod is running")
+
+
+class ClientGone(Exception):
+    pass
 
 
 class ControlServer:
@@ -99,9 +102,7 @@ class ControlServer:
                 return
             try:
                 answer = await _unless_gone(reader, self.backend.command(req["cmd"], req, emit))
-            except KeyError as e:
-                answer = {"ok": False, "error": str(e.args[0]) if e.args else "not found"}
-            except ValueError as e:
+            except CommandError as e:
                 answer = {"ok": False, "error": str(e)}
             await emit(answer)
         except (ConnectionError, ClientGone, asyncio.IncompleteReadError,

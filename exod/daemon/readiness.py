@@ -12,13 +12,27 @@ exod itself never times a load out.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 from exod.core.states import State
+from exod.daemon.instance import InstanceRuntime
 from exod.daemon.manager_notify import ServiceNotifier
 
-if TYPE_CHECKING:
-    from exod.daemon.supervisor import Supervisor
+
+class Daemon(Protocol):
+    """What readiness needs of the daemon."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def ordered(self) -> Sequence[InstanceRuntime]: ...
+
+    def summary(self) -> str: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
 
 TICK = 5.0  # seconds between two extensions of the start timeout
 EXTEND_BY = 3 * TICK  # each one covers the next tick, with room for a busy moment of the loop
@@ -36,18 +50,18 @@ class Readiness:
         self._tick: asyncio.TimerHandle | None = None
         self.reload_error: str | None = None  # sticky in STATUS until a reload succeeds
 
-    def spawned(self, sup: Supervisor, now: float) -> None:
+    def spawned(self, sup: Daemon, now: float) -> None:
         self._spawned = True
         self.update(sup, now)
 
-    def update(self, sup: Supervisor, now: float) -> None:
+    def update(self, sup: Daemon, now: float) -> None:
         if sup.stopping or not self._spawned:
             return
         summary = self.line(sup)
         if self.ready_sent:
             self.service.status(summary)
             return
-        autostart = [i for i in sup.instances.values() if i.config.always_on]
+        autostart = [i for i in sup.ordered() if i.config.always_on]
         if self.policy == "daemon" or all(i.state in SETTLED for i in autostart):
             self.ready_sent = True
             self.service.ready(summary)
@@ -56,17 +70,16 @@ class Readiness:
         if self._tick is None:
             self._on_tick(sup)
 
-    def _on_tick(self, sup: Supervisor) -> None:
+    def _on_tick(self, sup: Daemon) -> None:
         """Extend the start timeout while a runner of a starting autostart instance lives."""
         self._tick = None
         if self.ready_sent or sup.stopping:
             return
-        if any(i.config.always_on and i.state in LOADING and i.alive()
-               for i in sup.instances.values()):
+        if any(i.config.always_on and i.state in LOADING and i.alive() for i in sup.ordered()):
             self.service.extend_timeout(EXTEND_BY)
             self._tick = sup.loop.call_later(TICK, self._on_tick, sup)
 
-    def line(self, sup: Supervisor) -> str:
+    def line(self, sup: Daemon) -> str:
         if self.reload_error:
             return f"{self.reload_error}; {sup.summary()}"
         return sup.summary()
@@ -77,7 +90,7 @@ class Readiness:
         if self.ready_sent:
             self.service.reloading()
 
-    def reloaded(self, sup: Supervisor, now: float, error: str | None) -> None:
+    def reloaded(self, sup: Daemon, now: float, error: str | None) -> None:
         """READY=1 closes every RELOADING=1, a failed reload included (STATUS says so)."""
         self.reload_error = error
         if self.ready_sent:

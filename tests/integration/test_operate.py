@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from exod.config.model_dir import model_config
-from exod.core.memory import GIB, estimate, model_tensors
+from exod.core.memory import estimate, model_tensors
 from exod.core.shards import Shard
 from tests.harness import EXOD, Daemon
 
