@@ -58,6 +58,8 @@ class Commands:
         if cmd == "start":
             inst = self._get(req.get("name"))
             inst.start(operator=True)
+            if inst.refused:  # memory admission said no: that is the answer to the start
+                return {"ok": False, "error": f"{inst.name} not started: {inst.refused}"}
             return {"ok": True, "state": inst.state.value}
         if cmd == "stop":
             inst = self._get(req.get("name"))
