@@ -7,7 +7,7 @@ acts on them. A runner's first message is `Hello`, whose `version` must equal `V
 
 Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping.
 Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
-Text, Done, Error.
+Prefill (while the prompt goes through the model, before the first Text), Text, Done, Error.
 Daemon → runner: Generate, Cancel, Shutdown.
 
 Imports nothing heavy: the daemon and the runner both use it. A field added to a message is a
@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal, Union
 
 from exod.protocol import ProtocolError
 
-VERSION = 1
+VERSION = 2  # 2: Prefill
 
 
 class Phase(str, enum.Enum):
@@ -112,6 +112,17 @@ class Text:
     text: str
 
 
+@dataclass(frozen=True)
+class Prefill:
+    """A chunk of a request's prompt went through the model: progress before the first token
+    (a long prompt on a CPU can take minutes), which hang detection counts as such."""
+
+    type: ClassVar[str] = "prefill"
+    id: str
+    done: int  # prompt tokens processed so far
+    total: int
+
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -170,9 +181,10 @@ class Shutdown:
     drain: float = 0.0
 
 
-FromRunner = Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Text | Done | Error
+FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Prefill | Text
+              | Done | Error)
 ToRunner = Generate | Cancel | Shutdown
-Event = Text | Done | Error  # a request's stream
+Event = Prefill | Text | Done | Error  # a request's stream
 Message = FromRunner | ToRunner
 
 FROM_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromRunner)}

@@ -141,6 +141,7 @@ class Serving:
 
 async def _events(stream: RequestStream, meter: Meter,
                   watch: HangWatch | None) -> AsyncIterator[m.Event]:
+    """Every event of the request; each one, a prefill chunk included, is progress."""
     while True:
         ev = await stream.next()
         meter.event(ev)
@@ -152,6 +153,8 @@ async def _events(stream: RequestStream, meter: Meter,
 async def _whole(req: GenRequest, events: AsyncIterator[m.Event]) -> web.Response:
     parts: list[str] = []
     async for ev in events:
+        if isinstance(ev, m.Prefill):
+            continue  # progress only (see _events)
         if isinstance(ev, m.Text):
             parts.append(ev.text)
         elif isinstance(ev, m.Done):
@@ -172,6 +175,8 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
         if req.kind == "chat":
             await resp.write(sse(reply.chunk(role=True)))
         async for ev in events:
+            if isinstance(ev, m.Prefill):
+                continue  # progress only (see _events)
             if isinstance(ev, m.Text):
                 await resp.write(sse(reply.chunk(ev.text)))
                 continue

@@ -38,7 +38,7 @@ class RequestStream:
         self._queue: asyncio.Queue[m.Event] = asyncio.Queue()
 
     def _put(self, ev: m.Event) -> None:
-        if not isinstance(ev, m.Text):
+        if isinstance(ev, (m.Done, m.Error)):
             self.finished = True
         self._queue.put_nowait(ev)
 
@@ -135,7 +135,7 @@ class Link:
                                     f"{m.VERSION} (a stale install? restart exod)")
             self.hello = msg
             return
-        if isinstance(msg, (m.Text, m.Done, m.Error)):
+        if isinstance(msg, (m.Prefill, m.Text, m.Done, m.Error)):
             stream = self._streams.get(msg.id)
             if stream is None:
                 return  # a late event for a request that was cancelled

@@ -161,7 +161,8 @@ def serve_alone(r: Runner, loaded: Loaded) -> None:
     from exod.runner.serve import ServeLoop
 
     ready(r, loaded)
-    ServeLoop(TurnEngine(loaded), r.channel, r.life, r.report, r.args.heartbeat).run()
+    ServeLoop(TurnEngine(loaded, r.channel.send), r.channel, r.life, r.report,
+              r.args.heartbeat).run()
 
 
 def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:
@@ -180,7 +181,7 @@ def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:
         worker_loop(loaded, group, r.args.parallelism, r.life)
         return
     leader = LeaderModel(loaded, group, r.args.parallelism)
-    engine = TurnEngine(dataclasses.replace(loaded, model=leader))
+    engine = TurnEngine(dataclasses.replace(loaded, model=leader), r.channel.send)
     ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat,
               tick=Ticker(leader.heartbeat, group.heartbeat_every)).run()
     try:

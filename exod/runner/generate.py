@@ -8,7 +8,7 @@ allows it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import mlx.core as mx
@@ -31,8 +31,11 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     return list(tokenizer.encode(text))
 
 
+Emit = Callable[[m.Event], object]
+
+
 class Generation:
-    def __init__(self, loaded: Loaded, req: m.Generate) -> None:
+    def __init__(self, loaded: Loaded, req: m.Generate, emit: Emit | None = None) -> None:
         self.id = req.id
         tok = loaded.tokenizer
         if req.kind == "chat":
@@ -48,9 +51,13 @@ class Generation:
         bias = req.logit_bias
         processors = (make_logits_processors(logit_bias={int(k): v for k, v in bias.items()})
                       if bias else None)
+        # The prompt goes through the model in chunks inside the first step: report each one
+        # at once, so the daemon sees progress before the first token of a long prompt.
+        progress = (None if emit is None else
+                    lambda done, total: emit(m.Prefill(req.id, int(done), int(total))))
         self._responses: Iterator[GenerationResponse] = stream_generate(
             loaded.model, tok, prompt, max_tokens=req.max_tokens, sampler=sampler,
-            logits_processors=processors)
+            logits_processors=processors, prompt_progress_callback=progress)
         self._stops = StopMatcher(req.stop)
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -79,8 +86,9 @@ class Generation:
 class TurnEngine:
     """Generations take turns, one token each per step (see exod.runner.serve.Engine)."""
 
-    def __init__(self, loaded: Loaded) -> None:
+    def __init__(self, loaded: Loaded, emit: Emit | None = None) -> None:
         self.loaded = loaded
+        self.emit = emit  # sends an event now, from within a step (prefill progress)
         self.gens: dict[str, Generation] = {}
 
     @property
@@ -88,7 +96,7 @@ class TurnEngine:
         return len(self.gens)
 
     def admit(self, req: m.Generate) -> None:
-        self.gens[req.id] = Generation(self.loaded, req)
+        self.gens[req.id] = Generation(self.loaded, req, self.emit)
 
     def cancel(self, rid: str) -> None:
         gen = self.gens.pop(rid, None)

@@ -360,3 +360,15 @@ def test_metrics_behind_the_token_and_live(served: Served) -> None:
     assert after[("exod_uptime_seconds", ())] > 0
     assert ("exod_reloads_total", (("result", "ok"),)) in after
     assert ("exod_config_errors_total", ()) in after
+
+
+def test_a_prompt_longer_than_one_prefill_chunk(served: Served) -> None:
+    """mlx-lm takes a prompt in chunks of 2048 tokens; the runner reports each chunk (progress
+    for hang detection) and the answer is unchanged by those reports, whole or streamed."""
+    prompt = "hello " * 3000
+    r = served.client.completions.create(model="tiny", prompt=prompt, max_tokens=3,
+                                         temperature=0)
+    assert r.usage is not None and r.usage.prompt_tokens > 2048
+    streamed = "".join(c.choices[0].text for c in served.client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=3, temperature=0, stream=True) if c.choices)
+    assert streamed == r.choices[0].text

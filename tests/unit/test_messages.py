@@ -24,6 +24,7 @@ EXAMPLES: list[m.Message] = [
     m.Failed("cannot load: ünïcode ✓", 65),
     m.Heartbeat(),
     m.Stopping("asked by exod"),
+    m.Prefill("r1", 2048, 5000),
     m.Text("r1", "漢字 and emoji 🎉"),
     m.Done("r1", "length", 12, 34),
     m.Error("r1", "aborted", "drain over"),
