@@ -119,3 +119,23 @@ def test_sizes() -> None:
     for bad in ("-1G", "2 parsecs", "", True, "1e400G"):
         with pytest.raises(ValueError):
             parse_size(bad)
+
+
+def test_exod_check_prints_each_instance_estimate(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from exod.cli.exod import main
+
+    (tmp_path / "m").mkdir()
+    model(tmp_path / "m")
+    cfg = tmp_path / "exod.yaml"
+    cfg.write_text(f"control: {{socket: {tmp_path}/c.sock}}\n"
+                   f"instances:\n  one: {{model: {tmp_path}/m}}\n"
+                   f"  two: {{model: {tmp_path}/m, shards: 2}}\n")
+    out = CliRunner().invoke(main, ["check", "-c", str(cfg)])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert any(ln.startswith("one: needs 0.4 GiB (weights 0.0 GiB, KV cache 0.0 GiB, runtime "
+                             "0.4 GiB)") for ln in lines), lines
+    assert sum(ln.startswith("two: needs ") and "for rank" in ln for ln in lines) == 2
+    assert any(ln.startswith("available now: ") for ln in lines)
