@@ -60,6 +60,8 @@ BAD = [
      (MAIN, 4, 16, "instances.x.autostart"), "did you mean 'on-demand'?"),
     ("never-or-duration", {MAIN: x_with("hang_after: soon")},
      (MAIN, 4, 17, "instances.x.hang_after"), "bad duration 'soon'"),
+    ("idle-stop-needs-on-demand", {MAIN: x_with("idle_stop_after: 5m")},
+     (MAIN, 4, 22, "instances.x.idle_stop_after"), "applies only to `autostart: on-demand`"),
     ("size", {MAIN: "defaults:\n  memory_headroom: lots\n"},
      (MAIN, 2, 20, "defaults.memory_headroom"), "bad size 'lots'"),
     ("float-got-string", {MAIN: "defaults:\n  backoff:\n    multiplier: fast\n"},
