@@ -102,3 +102,23 @@ def test_eviction_takes_idle_on_demand_instances_least_recently_used_first() -> 
     assert od._victims(new, 20) == [old]
     assert od._victims(new, 50) == [old, mid]
     assert od._victims(new, 61) == []  # even all idle on-demand ones would not make room
+
+
+def test_status_table_says_hung_and_on_demand() -> None:
+    from exod.cli.table import render_status
+
+    def inst(name: str, state: str, detail: str, autostart: object = True) -> dict[str, Any]:
+        return {"name": name, "state": state, "detail": detail, "reason": None,
+                "autostart": autostart, "uptime_s": None, "restarts": 1, "ranks": [
+                    {"layers_loaded": 0, "layers_total": 4, "pid": None, "rss_bytes": None,
+                     "error": None, "last_exit": None}]}
+
+    snap = {"daemon": {"pid": 1, "version": "0", "uptime_s": 5, "state": "running",
+                       "summary": "0/2 ready"},
+            "instances": [inst("big", "stopping", "hung (no progress for 5m); stopping "
+                                                  "(SIGKILL in 20s if still running)"),
+                          inst("coder", "stopped", "stopped (starts on demand)", "on-demand")]}
+    lines = render_status(snap).splitlines()
+    assert any(ln.startswith("big ") and "hung (no progress for 5m), stopping" in ln
+               for ln in lines), lines
+    assert any(ln.startswith("coder ") and "stopped (on demand)" in ln for ln in lines), lines
