@@ -42,9 +42,10 @@ def _detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
         done = sum(r.layers_loaded for r in local)
         total = sum(r.layers_total for r in local)
         text = f"{state} {done}/{total}" if state is State.LOADING else str(state)
-        # e.g. "connecting to 1 peer (attempt 3)", "waiting for the other 1 rank(s) to load"
-        waiting = next((r.status_text for r in local
-                        if r.phase in (Phase.CONNECTING, Phase.WAITING)), "")
+        # e.g. "importing mlx", "connecting to 1 peer (attempt 3)", "waiting for the other 1
+        # rank(s) to load": what a start waits for before (or after) its layers
+        waiting = next((r.status_text for r in local if r.phase in (
+            Phase.STARTING, Phase.CONNECTING, Phase.WAITING) and r.status_text), "")
         if waiting:
             text += f" ({waiting})"
         stalls = [s for r in inst.ranks if (s := stalled_for(r, now, stall_after)) is not None]
