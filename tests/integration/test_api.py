@@ -372,3 +372,16 @@ def test_a_prompt_longer_than_one_prefill_chunk(served: Served) -> None:
     streamed = "".join(c.choices[0].text for c in served.client.completions.create(
         model="tiny", prompt=prompt, max_tokens=3, temperature=0, stream=True) if c.choices)
     assert streamed == r.choices[0].text
+
+
+def test_status_page_is_public_and_its_data_is_not(served: Served) -> None:
+    resp, body = served.raw("GET", "/", token=None)
+    assert resp.status == 200 and resp.getheader("Content-Type", "").startswith("text/html")
+    assert b"status.json" in body and b"tiny" not in body  # the page holds no data itself
+    resp, _ = served.raw("GET", "/status.json", token=None)
+    assert resp.status == 401
+    resp, body = served.raw("GET", "/status.json")
+    data = json.loads(body)
+    assert resp.status == 200 and {i["name"] for i in data["instances"]} == {
+        "tiny", "idle", "broken"}
+    assert data["serving"]["tiny"]["queued"] == 0 and "logs" in data
