@@ -10,6 +10,7 @@ that is always on is never evicted.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -76,7 +77,7 @@ class OnDemand:
                     inst.start()
 
         for v in victims:
-            v.stop(then=lambda name=v.name: stopped(name))  # type: ignore[misc]
+            v.stop(then=functools.partial(stopped, v.name))
 
     def _victims(self, inst: InstanceRuntime, missing: int) -> list[InstanceRuntime]:
         """Idle on-demand instances to stop, oldest use first, freeing at least `missing`
