@@ -29,11 +29,11 @@ from exod.daemon import rank_addresses, status
 from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer
 from exod.daemon.instance import InstanceRuntime, RankRuntime, Timer
-from exod.daemon.log_ring import LogRings
-from exod.daemon.memory_check import MemoryCheck
 from exod.daemon.launch import Launcher
 from exod.daemon.link import Link
+from exod.daemon.log_ring import LogRings
 from exod.daemon.manager_notify import ServiceNotifier
+from exod.daemon.memory_check import MemoryCheck
 from exod.daemon.processes import ProcessTable, RunnerHandlers
 from exod.daemon.readiness import Readiness
 from exod.daemon.manager_notify import watchdog_interval
