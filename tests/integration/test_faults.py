@@ -72,7 +72,7 @@ def live(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     (fake / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 4}')
     gate = tmp / "gate"
     d = Daemon({"instances": {
-        "tiny": {"model": str(tiny_model), "hang_after": "2s", "stop": QUICK_STOP,
+        "tiny": {"model": str(tiny_model), "hang_after": "3s", "stop": QUICK_STOP,
                  "max_concurrency": 1, "max_queue": 2},
         "truncated": {"model": str(corrupt_model(tiny_model, tmp / "truncated"))},
         "huge": {"model": str(huge_model(tiny_model, tmp / "huge"))},
@@ -150,7 +150,7 @@ def test_runner_sigstop_while_serving_is_hung_and_replaced(live: Live) -> None:
                 pass
         assert "hung" in str(e.value), e.value
         inst = d.until_instance("tiny", lambda i: i["detail"].startswith(
-            "hung (no progress for 2s)"), what="status says hung")
+            "hung (no progress for 3s)"), what="status says hung")
         assert inst["state"] in ("stopping", "backoff")
         ready = live.client.with_options(max_retries=0).models.retrieve("tiny")
         assert ready.state != "ready"  # type: ignore[attr-defined]
