@@ -20,7 +20,7 @@ class HangWatch:
                  on_hung: Callable[[float], None]) -> None:
         self.loop = loop
         self.hang_after = hang_after
-        self.on_hung = on_hung  # called with the seconds of silence, once per hang
+        self.on_hung = on_hung  # called with hang_after, once per hang
         self.streams: set[RequestStream] = set()
         self.last_progress = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -51,9 +51,10 @@ class HangWatch:
         if silent < self.hang_after:
             self._schedule()  # progress came meanwhile: look again a full window after it
             return
-        message = (f"the instance is hung: no progress for {format_duration(silent)} with "
-                   f"{len(self.streams)} request(s) in flight; it is being restarted")
+        # Said with the configured window ("no progress for 5m"), which the silence reached.
+        message = (f"the instance is hung: no progress for {format_duration(self.hang_after)} "
+                   f"with {len(self.streams)} request(s) in flight; it is being restarted")
         for stream in list(self.streams):
             stream.fail("hung", message)
         self.streams.clear()
-        self.on_hung(silent)
+        self.on_hung(self.hang_after)
