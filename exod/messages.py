@@ -5,7 +5,8 @@ frames. Each frame holds one JSON object whose `type` names a dataclass below; i
 are that dataclass's fields, checked here (types, required, no unknown keys) before either end
 acts on them. A runner's first message is `Hello`, whose `version` must equal `VERSION`.
 
-Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping.
+Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping;
+and Serving, the engine's figures, whenever the number of generations in flight changes.
 Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
 Prefill (while the prompt goes through the model, before the first Text), Text, Done, Error.
 Daemon → runner: Generate, Cancel, Shutdown.
@@ -27,7 +28,7 @@ from typing import Any, ClassVar, Literal, Union
 
 from exod.protocol import ProtocolError
 
-VERSION = 2  # 2: Prefill
+VERSION = 3  # 2: Serving; 3: Prefill
 
 
 class Phase(str, enum.Enum):
@@ -100,6 +101,25 @@ class Heartbeat:
 class Stopping:
     type: ClassVar[str] = "stopping"
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How rank 0 serves: `batching` is "continuous" (exod.runner.engine), else the reason it
+    runs one request at a time. The cache figures count since the runner started."""
+
+    type: ClassVar[str] = "serving"
+    batching: str
+    width: int  # max_concurrency
+    active: int
+    prefill_step: int = 0  # prompt tokens per step at most, over all prompts
+    cache_max_bytes: int = 0  # prompt_cache_bytes; 0: no prompt cache
+    cache_entries: int = 0
+    cache_bytes: int = 0
+    cache_lookups: int = 0
+    cache_hits: int = 0  # lookups that found a stored prefix
+    cached_tokens: int = 0  # prompt tokens taken from the cache instead of prefilled
+    prompt_tokens: int = 0  # prompt tokens of every lookup
 
 
 # ---- runner → daemon: work ------------------------------------------------------------------
@@ -181,8 +201,8 @@ class Shutdown:
     drain: float = 0.0
 
 
-FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Prefill | Text
-              | Done | Error)
+FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
+              | Prefill | Text | Done | Error)
 ToRunner = Generate | Cancel | Shutdown
 Event = Prefill | Text | Done | Error  # a request's stream
 Message = FromRunner | ToRunner

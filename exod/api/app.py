@@ -20,11 +20,13 @@ that cancels the generation in the runner.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hmac
 import json
 import os
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -32,20 +34,34 @@ from aiohttp import web
 from loguru import logger
 
 from exod.api import address, page
-from exod.api.errors import ApiError, bad_request, error_body, model_not_found, unauthorized
+from exod.api.browser import PREFLIGHT_HEADERS, CorsPolicy, HostPolicy, is_json
+from exod.api.errors import (
+    ApiError,
+    bad_request,
+    error_body,
+    model_not_found,
+    unauthorized,
+)
+from exod.api.guard import ConnectionGuard, GuardedSite
+from exod.api.httplog import quiet_logger
 from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from exod.api.schema import parse_chat, parse_completion
+from exod.api.schema import ModelLimits, parse_chat, parse_completion
 from exod.api.serving import Serving
-from exod.api.token import read_token
+from exod.api.token import read_tokens
+from exod.config.model_dir import model_limits
 from exod.api.view import Daemon
 from exod.config.schema import Api
 from exod.core.states import State
 
 if TYPE_CHECKING:
     from exod.daemon.instance import InstanceRuntime
+from exod.daemon.ratelog import RateLimitedLog
 
+# Bodies read and parsed at once, daemon-wide: many large bodies arriving together wait their
+# turn instead of all sitting in memory (and on the loop) at the same time.
+BODY_SLOTS = 4
 PUBLIC = ("/health", "/")  # no data behind them: the page's script asks for the token
-MAX_BODY = 16 * 2**20  # long chat histories are fine; a runaway upload is not
+BIG_BODY = 256 * 1024  # parsed in a thread: a large JSON document would stall the loop
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -54,19 +70,36 @@ class ApiServer:
         self.cfg = cfg
         self.sup = daemon
         self.host, self.port = address.parse_listen(cfg.listen)
-        self.token: str | None = None
+        self.tokens: list[bytes] = []
         self.started_wall = int(time.time())
+        self.limits: weakref.WeakKeyDictionary[InstanceRuntime, ModelLimits] = \
+            weakref.WeakKeyDictionary()
+        self.hosts = HostPolicy(self.host, cfg.allowed_hosts)
+        self.cors = CorsPolicy(cfg.cors_origins)
+        self.ratelog = RateLimitedLog()
+        self.guard = ConnectionGuard(cfg.max_connections, self.ratelog)
+        self._bodies = asyncio.Semaphore(BODY_SLOTS)
+        self.max_body = cfg.max_body_kib * 1024
         self._runner: web.AppRunner | None = None
         self.serving = Serving(daemon, daemon.loop)
         self.gates = self.serving.gates
         self.metrics = self.serving.metrics
 
+    @property
+    def token(self) -> bool:
+        return bool(self.tokens)
+
+    def load_tokens(self) -> None:
+        """(Re-)read api.token_file; raises OSError and keeps the old tokens when unusable."""
+        if self.cfg.token_file is not None:
+            self.tokens = [t.encode() for t in read_tokens(self.cfg.token_file)]
+
     # ---- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         """Bind and serve; raises OSError with a one-line message (e.g. port in use)."""
-        if self.cfg.token_file is not None:
-            self.token = read_token(self.cfg.token_file)
-        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=MAX_BODY)
+        self.load_tokens()
+        app = web.Application(middlewares=[self._errors, self._browser, self._auth],
+                              client_max_size=self.max_body)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/metrics", self.scrape)
@@ -76,9 +109,13 @@ class ApiServer:
         app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        # keepalive_timeout doubles as the deadline for a request head (see exod.api.guard).
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                                     keepalive_timeout=self.cfg.header_timeout,
+                                     max_line_size=8190, max_field_size=8190, max_headers=64,
+                                     shutdown_timeout=1.0, logger=quiet_logger(self.ratelog))
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = GuardedSite(self._runner, self.host, self.port, self.guard)
         try:
             await site.start()
         except OSError as e:
@@ -102,7 +139,7 @@ class ApiServer:
 
     def info(self) -> dict[str, Any]:
         """For the status snapshot: where exoctl (and people) find the API."""
-        return {"listen": self.cfg.listen, "url": self.url, "auth": self.token is not None,
+        return {"listen": self.cfg.listen, "url": self.url, "auth": self.token,
                 "token_file": str(self.cfg.token_file) if self.cfg.token_file else None}
 
     def instance_changed(self, inst: InstanceRuntime) -> None:
@@ -111,6 +148,8 @@ class ApiServer:
     # ---- middlewares ------------------------------------------------------------------
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        transport = request.transport
+        self.guard.busy.add(transport)  # a connection with a request in progress is not idle
         try:
             return await handler(request)
         except ApiError as e:
@@ -123,16 +162,50 @@ class ApiServer:
             return web.json_response(error_body(message, kind), status=e.status,
                                      headers={k: v for k, v in e.headers.items()
                                               if k.lower() == "allow"})
+        finally:
+            self.guard.busy.discard(transport)
+
+    @web.middleware
+    async def _browser(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Host allow-list, CORS, JSON-only bodies (see exod.api.browser)."""
+        if not self.hosts.allows(request.headers.get("Host")):
+            raise ApiError(421, "Misdirected request: this Host is not served here (add it to "
+                                "api.allowed_hosts if it is a name of this machine).",
+                           "invalid_request_error", "host_not_allowed")
+        origin = request.headers.get("Origin")
+        cors = self.cors.headers(origin) if origin and self.cors.allows(origin) else {}
+        if request.method == "OPTIONS" and self.cors.enabled:
+            if not cors:
+                raise ApiError(403, "This origin may not use the API (api.cors_origins).",
+                               "invalid_request_error", "origin_not_allowed")
+            return web.Response(status=204, headers={**cors, **PREFLIGHT_HEADERS})
+        if request.method == "POST" and not is_json(request.headers.get("Content-Type", "")):
+            raise ApiError(415, "The request body must be JSON: send `Content-Type: "
+                                "application/json`.", "invalid_request_error",
+                           "unsupported_media_type")
+        if cors:
+            try:
+                resp = await handler(request)
+            except ApiError as e:
+                e.headers.update(cors)
+                raise
+            if not resp.prepared:
+                resp.headers.update(cors)
+            return resp
+        return await handler(request)
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.token is not None and request.path not in PUBLIC:
+        if self.tokens and request.path not in PUBLIC:
             given = request.headers.get("Authorization", "")
             scheme, _, value = given.partition(" ")
             if not given:
                 raise unauthorized("Missing bearer token: send `Authorization: Bearer TOKEN`.")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    value.strip().encode(), self.token.encode()):
+            # Header text is what aiohttp decoded (surrogates for bytes that are not UTF-8).
+            offered = value.strip().encode("utf-8", "surrogateescape")
+            # Every token is compared (no early exit): the time taken tells nothing.
+            matches = [hmac.compare_digest(offered, t) for t in self.tokens]
+            if scheme.lower() != "bearer" or not any(matches):
                 raise unauthorized("Incorrect bearer token.")
         return await handler(request)
 
@@ -176,18 +249,53 @@ class ApiServer:
 
     # ---- generation -------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self.serving.generate(request, parse_chat(await _body(request)))
+        return await self.serving.generate(request, parse_chat(await self._body(request)),
+                                           self._limits)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.serving.generate(request, parse_completion(await _body(request)))
+        return await self.serving.generate(
+            request, parse_completion(await self._body(request)), self._limits)
+
+    async def _body(self, request: web.Request) -> Any:
+        """The JSON body: refused by its announced size before anything is read, read within
+        api.body_timeout, and parsed only once admitted among BODY_SLOTS."""
+        size = request.content_length
+        if size is not None and size > self.max_body:
+            raise ApiError(413, f"The request body is {size} bytes, more than api.max_body_kib "
+                                f"({self.cfg.max_body_kib} KiB).", "invalid_request_error",
+                           "request_too_large")
+        async with self._bodies:
+            try:
+                raw = await asyncio.wait_for(request.read(), self.cfg.body_timeout)
+            except asyncio.TimeoutError:
+                raise ApiError(408, "The request body did not arrive within "
+                                    f"{self.cfg.body_timeout:g}s.", "invalid_request_error",
+                               "request_timeout") from None
+            if len(raw) > BIG_BODY:
+                return await asyncio.to_thread(parse_json, raw)
+            return parse_json(raw)
+
+    async def _limits(self, inst: InstanceRuntime) -> ModelLimits:
+        """The model's vocabulary and context window, as rank 0 reported them once loaded,
+        else from its config.json (read once per instance, off the loop); and the instance's
+        max_tokens_cap."""
+        info, cap = inst.model_info, inst.config.max_tokens_cap
+        if info is not None and info.vocab_size > 0 and info.context_length > 0:
+            return ModelLimits(info.vocab_size, info.context_length, cap)
+        limits = self.limits.get(inst)
+        if limits is None:
+            vocab, context = await asyncio.to_thread(model_limits, inst.config.model)
+            limits = self.limits[inst] = ModelLimits(vocab, context, cap)
+        return limits
 
 
-async def _body(request: web.Request) -> Any:
-    raw = await request.read()
+def parse_json(raw: bytes) -> Any:
     try:
         return json.loads(raw)
     except ValueError as e:
         raise bad_request(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise bad_request("the request body is not valid JSON: nested too deeply") from None
 
 
 def error_response(e: ApiError) -> web.Response:

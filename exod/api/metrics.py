@@ -148,6 +148,28 @@ class LiveCollector(Collector):
             loaded.add_metric([name], sum(r.layers_loaded for r in local))
             total.add_metric([name], sum(r.layers_total for r in local))
         yield from (state, restarts, rungs, queued, active, loaded, total)
+        yield from self._prompt_cache(instances)
+
+    def _prompt_cache(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
+        """Rank 0's prompt cache, as its runner last reported (counted since it started)."""
+        label = ["instance"]
+        lookups = CounterMetricFamily("exod_prompt_cache_lookups", "Prompts looked up in the "
+                                      "prompt cache", labels=label)
+        hits = CounterMetricFamily("exod_prompt_cache_hits", "Lookups that found a stored "
+                                   "prefix", labels=label)
+        cached = CounterMetricFamily("exod_prompt_cache_tokens", "Prompt tokens taken from the "
+                                     "cache instead of prefilled", labels=label)
+        size = GaugeMetricFamily("exod_prompt_cache_bytes", "Bytes the prompt cache holds",
+                                 labels=label)
+        for inst in instances:
+            s = inst.ranks[0].serving if inst.ranks else None
+            if s is None:
+                continue
+            lookups.add_metric([inst.name], s.cache_lookups)
+            hits.add_metric([inst.name], s.cache_hits)
+            cached.add_metric([inst.name], s.cached_tokens)
+            size.add_metric([inst.name], s.cache_bytes)
+        yield from (lookups, hits, cached, size)
 
     def _requests(self) -> Iterator[Metric]:
         requests = CounterMetricFamily("exod_requests", "Generation requests answered, by HTTP "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -21,7 +21,7 @@ from exod.api.hang import HangWatch
 from exod.api.metrics import Meter, Metrics
 from exod.api.objects import DONE, SSE_HEADERS, Reply, sse
 from exod.api.on_demand import OnDemand, Stopped
-from exod.api.schema import GenRequest
+from exod.api.schema import GenRequest, ModelLimits, apply_limits
 from exod.api.view import Daemon
 from exod.core.states import State
 from exod.daemon.link import RequestStream
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     import asyncio
 
     from exod.daemon.instance import InstanceRuntime
+
+Limits = Callable[["InstanceRuntime"], Awaitable[ModelLimits]]
+
 
 class Serving:
     def __init__(self, sup: Daemon, loop: asyncio.AbstractEventLoop) -> None:
@@ -80,12 +83,13 @@ class Serving:
         return inst
 
     # ---- one request ------------------------------------------------------------------------
-    async def generate(self, request: web.Request, req: GenRequest) -> web.StreamResponse:
+    async def generate(self, request: web.Request, req: GenRequest,
+                       limits: Limits) -> web.StreamResponse:
         known = self.sup.instance(req.model) is not None  # no label for any name a client sends
         meter = self.metrics.meter(req.model)
         status = 499  # the client left (its handler was cancelled)
         try:
-            resp = await self._admitted(request, req, meter)
+            resp = await self._admitted(request, req, meter, limits)
             status = resp.status
             return resp
         except ApiError as e:
@@ -98,9 +102,10 @@ class Serving:
             if known:
                 meter.finish(status)
 
-    async def _admitted(self, request: web.Request, req: GenRequest,
-                        meter: Meter) -> web.StreamResponse:
+    async def _admitted(self, request: web.Request, req: GenRequest, meter: Meter,
+                        limits: Limits) -> web.StreamResponse:
         inst = self._instance(req.model)
+        req = apply_limits(req, await limits(inst))
         gate = self.gate(inst)
         try:
             await gate.enter()

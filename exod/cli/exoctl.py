@@ -35,17 +35,7 @@ class Client:
         (None: the client's default; float('inf'): no bound). Raises TimeoutError."""
         limit = self.timeout if timeout is None else timeout
         deadline = None if limit is None or limit == float("inf") else time.monotonic() + limit
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(limit if deadline is not None else None)
-            sock.connect(str(self.path))
-        except (FileNotFoundError, ConnectionRefusedError):
-            sock.close()
-            raise NotRunning(f"exod is not running (no daemon on {self.path})") from None
-        except PermissionError:
-            sock.close()
-            raise click.ClickException(
-                f"permission denied on {self.path} (are you in its group?)") from None
+        sock = self._connect(limit if deadline is not None else None)
         with sock, sock.makefile("rwb") as f:
             f.write(json.dumps(req).encode() + b"\n")
             f.flush()
@@ -56,6 +46,35 @@ class Client:
                 if not line:
                     return
                 yield json.loads(line)
+
+    def _connect(self, timeout: float | None) -> socket.socket:
+        """A connection to a daemon we trust (see exod.trust), or a ClickException saying why
+        not: never a word (let alone the API token) to a socket someone else put there."""
+        from exod import trust
+
+        problem = trust.socket_problem(self.path)
+        if problem is not None:
+            raise click.ClickException(problem)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(str(self.path))
+            creds = trust.peer_creds(sock)
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            raise NotRunning(f"exod is not running (no daemon on {self.path})") from None
+        except PermissionError:
+            sock.close()
+            raise click.ClickException(
+                f"permission denied on {self.path} (are you in its group?)") from None
+        except BaseException:
+            sock.close()
+            raise
+        if creds is not None and creds[0] not in trust.trusted_daemon_uids(self.path):
+            sock.close()
+            raise click.ClickException(f"the process behind {self.path} runs as uid {creds[0]}, "
+                                       "neither you, root nor exod's user: not talking to it")
+        return sock
 
     def call(self, req: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         last: dict[str, Any] = {}
@@ -122,7 +141,12 @@ def status(client: Client, as_json: bool) -> None:
         return
     from exod.cli.table import render_status
 
-    click.echo(render_status(answer))
+    try:
+        table = render_status(answer)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # another exod version?
+        raise click.ClickException(f"exod's status is not what this exoctl expects ({e!r}); "
+                                   "try --json") from None
+    click.echo(table)
 
 
 @main.command()

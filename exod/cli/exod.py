@@ -68,9 +68,29 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
         service.errno(errno.EINVAL, f"invalid configuration {path}{hint}")
         sys.exit(EXIT_CONFIG)
 
+    from exod.config.safety import public_without_token
+    from loguru import logger
+
+    if public_without_token(cfg) and not cfg.api.insecure_public:
+        why = (f"api.listen {cfg.api.listen} is reachable from other machines but "
+               "api.token_file is not set; set a token file, listen on 127.0.0.1, or set "
+               "api.insecure_public: true")
+        logger.error("refusing to start: {}", why)
+        service.errno(errno.EACCES, f"refusing to start: {why}")
+        sys.exit(EXIT_CONFIG)
+    from exod.daemon.limits import raise_nofile
+    from exod.daemon.ratelog import RateLimitedLog, install_loop_handler
     from exod.daemon.supervisor import Supervisor
 
-    sys.exit(asyncio.run(Supervisor(cfg, service).run()))
+    before, after = raise_nofile()
+    if after != before:
+        logger.debug("open files limit raised from {} to {}", before, after)
+
+    async def serve() -> int:
+        install_loop_handler(asyncio.get_running_loop(), RateLimitedLog())
+        return await Supervisor(cfg, service).run()
+
+    sys.exit(asyncio.run(serve()))
 
 
 @main.command()
@@ -103,6 +123,10 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
         n = len(e.problems)
         click.echo(f"{path}: {n} problem{'s' if n != 1 else ''}", err=True)
         sys.exit(EXIT_CONFIG)
+    from exod.config.safety import warnings
+
+    for warning in warnings(cfg):
+        click.echo(f"warning: {warning}", err=True)
     n = len(cfg.instances)
     worst = ladder.longest(cfg)
     files = [("unit", u) for u in units] + [("plist", p) for p in plists]

@@ -51,4 +51,26 @@ def render_status(snap: dict[str, Any]) -> str:
     for r in rows:
         # widths covers every column but the last, which is not padded: zip stops before it.
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+    notes = [f"{inst['name']}: {note}" for inst in snap["instances"]
+             if (note := serving_note(inst.get("serving")))]
+    if notes:
+        lines += ["", *notes]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def serving_note(serving: dict[str, Any] | None) -> str:
+    """e.g. `batch 3/8, prompt cache 2 entries 91.3MiB, hit rate 50%`."""
+    if not serving:
+        return ""
+    if serving.get("batching") != "continuous":
+        return str(serving.get("batching") or "")
+    text = f"batch {serving.get('active', 0)}/{serving.get('width', '?')}"
+    cache = serving.get("prompt_cache") or {}
+    if cache.get("max_bytes"):
+        rate = cache.get("hit_rate")
+        text += (f", prompt cache {cache.get('entries', 0)} entries "
+                 f"{human_bytes(cache.get('bytes'))}"
+                 f", hit rate {'-' if rate is None else f'{rate:.0%}'}")
+    else:
+        text += ", no prompt cache"
+    return text

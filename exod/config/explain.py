@@ -92,7 +92,7 @@ def type_name(hint: Any, meta: Mapping[str, object] | None = None) -> str:
 def _bounds(meta: Mapping[str, object], kind: Kind | None) -> str:
     low, high = meta.get("minimum"), meta.get("maximum")
     timed = kind in (Kind.DURATION, Kind.DURATION_OR_NEVER)
-    show = format_duration if timed else (lambda x: f"{x:g}")
+    show = format_duration if timed else _number
     if (timed or kind is Kind.SIZE) and low == 0:
         low = None  # every duration is >= 0; saying so on each line is noise
     if isinstance(low, (int, float)) and isinstance(high, (int, float)):
@@ -102,6 +102,11 @@ def _bounds(meta: Mapping[str, object], kind: Kind | None) -> str:
     if isinstance(high, (int, float)):
         return f", at most {show(high)}"
     return ""
+
+
+def _number(x: float) -> str:
+    """Integers in full (byte counts are too long for %g), other numbers short."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 def _default(f: dataclasses.Field[Any], kind: Kind | None, source: str | None) -> str:
@@ -136,7 +141,7 @@ def _show(value: object, kind: Kind | None) -> str:
     if kind is Kind.OCTAL and isinstance(value, int):
         return f"0{value:o}"
     if isinstance(value, (int, float)):
-        return f"{value:g}"
+        return _number(value)
     if isinstance(value, tuple):
         return "empty" if not value else ", ".join(_show(v, None) for v in value)
     text = str(value)

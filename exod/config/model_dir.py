@@ -93,3 +93,24 @@ def family_source(model_type: str) -> str | None:
         return (root / "models" / f"{name}.py").read_text(encoding="utf-8")
     except OSError:
         return None
+
+
+_VOCAB_KEYS = ("vocab_size", "n_vocab", "padded_vocab_size")
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len",
+                 "seq_length", "max_sequence_length")
+
+
+def _positive_int(section: dict[str, object], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        n = section.get(key)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    return None
+
+
+def model_limits(model_dir: Path) -> tuple[int | None, int | None]:
+    """(vocabulary size, context window) from config.json; None for what it does not say.
+    What the API checks requests against, so that no token id outside the vocabulary and no
+    `max_tokens` beyond the window ever reaches the runner."""
+    cfg = model_config(model_dir)
+    return _positive_int(cfg, _VOCAB_KEYS), _positive_int(cfg, _CONTEXT_KEYS)

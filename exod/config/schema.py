@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from exod.core.serving import DEFAULT_PROMPT_CACHE_BYTES
 from exod.config.types import Duration, DurationOrNever, InstanceName, ModelDir, Octal, Size
 from exod.paths import default_control_socket
 
@@ -172,10 +173,30 @@ class Instance:
                      "is lost (e.g. a network partition): the ranks restart and regroup. Never "
                      "applies while loading", minimum=0.5))
     max_concurrency: int = field(
-        default=1, metadata=doc("generations run at once by this instance", minimum=1, maximum=256)
+        default=1, metadata=doc("generations run at once by this instance: the width of its "
+                                "batch (single-rank instances decode them as one batch)",
+                                minimum=1, maximum=256)
     )
+    prompt_cache_bytes: int = field(
+        default=DEFAULT_PROMPT_CACHE_BYTES,
+        metadata=doc("bytes of KV cache kept from earlier requests, so a request that extends "
+                     "one (the next turn of a chat) prefills only what is new; least recently "
+                     "used entries go first; 0 disables it (single-rank instances only)",
+                     minimum=0, maximum=1 << 50))
     max_queue: int = field(
         default=16, metadata=doc("requests waiting beyond max_concurrency before 429", minimum=0)
+    )
+    max_tokens_cap: int | None = field(
+        default=None,
+        metadata=doc("the most tokens one request may ask for (max_tokens); default and upper "
+                     "bound: the model's context window", minimum=1),
+    )
+    cluster_key_file: Path | None = field(
+        default=None,
+        metadata=doc("file holding the group's shared secret (at least 16 bytes; the same file "
+                     "on every host, readable only by exod): ranks prove they hold it before "
+                     "joining. Required when ranks run on several hosts; a single-host group "
+                     "gets a fresh secret at each start"),
     )
 
     @property
@@ -213,6 +234,15 @@ class Control:
                      "(default /run/exod/control.sock as root, else $XDG_RUNTIME_DIR/exod/)"),
     )
     mode: Octal = field(default=0o660, metadata=doc("file mode of the control socket"))
+    group: str | None = field(
+        default=None,
+        metadata=doc("a group whose members may use the control socket (besides exod's own "
+                     "user and root); default: exod's own group, when `mode` grants the group "
+                     "access", pattern=r"^[A-Za-z0-9._-]{1,64}$"),
+    )
+    max_connections: int = field(
+        default=64, metadata=doc("control connections open at once; beyond it the oldest idle "
+                                 "one is dropped", minimum=1, maximum=4096))
 
 
 @dataclass(frozen=True)
@@ -233,8 +263,43 @@ class Api:
     )
     token_file: Path | None = field(
         default=None,
-        metadata=doc("file holding a bearer token required on every endpoint but /health"),
+        metadata=doc("file holding the bearer tokens required on every endpoint but /health: "
+                     "one per line ('#' starts a comment); re-read on reload"),
     )
+    insecure_public: bool = field(
+        default=False,
+        metadata=doc("allow `listen` on a non-loopback address without a token_file (anyone "
+                     "who reaches the port can then use the models)"),
+    )
+    allowed_hosts: tuple[str, ...] = field(
+        default=(),
+        metadata=doc("extra names accepted in the Host header, besides the listen address, "
+                     "localhost and loopback addresses (guards against DNS rebinding); '*' "
+                     "accepts any"),
+    )
+    cors_origins: tuple[str, ...] = field(
+        default=(),
+        metadata=doc("web origins (e.g. https://app.example) allowed to call the API from a "
+                     "browser; default none (CORS off)"),
+    )
+    max_body_kib: int = field(
+        default=4096,
+        metadata=doc("largest request body, in KiB; a larger one gets 413 before it is read",
+                     minimum=1, maximum=262144),
+    )
+    max_connections: int = field(
+        default=256,
+        metadata=doc("HTTP connections open at once; beyond it the oldest idle one is dropped, "
+                     "or the new one refused when every connection is busy",
+                     minimum=1, maximum=65536),
+    )
+    header_timeout: Duration = field(
+        default=10.0,
+        metadata=doc("a connection must send a whole request head within this long (from its "
+                     "start, or from its previous answer), else it is closed", minimum=0.1),
+    )
+    body_timeout: Duration = field(
+        default=30.0, metadata=doc("a request body must arrive within this long", minimum=0.1))
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,20 @@ class Daemon(Protocol):
     def logs(self) -> LogRings: ...
 
 
+MAX_QUEUED = 256  # changes waiting for one `wait`/`watch` client; beyond, it is dropped
+
+
+def _offer(q: asyncio.Queue[dict[str, Any]], overflow: list[bool],
+           make: Callable[[], dict[str, Any]]) -> None:
+    """Queue a change for a streaming client, or mark it overflowing (it is then ended)."""
+    if overflow:
+        return
+    if q.full():
+        overflow.append(True)
+        return
+    q.put_nowait(make())
+
+
 class Commands:
     def __init__(self, daemon: Daemon) -> None:
         self.sup = daemon
@@ -94,17 +108,20 @@ class Commands:
     async def _wait(self, inst: InstanceRuntime, emit: Emit) -> dict[str, Any]:
         """Stream progress until the instance is ready (ok) or settles otherwise (not ok)."""
         name = inst.name
-        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_QUEUED)
+        overflow: list[bool] = []
 
         def on_change(changed: InstanceRuntime) -> None:
             # A copy now: by the time the stream sends it, later changes would have merged.
             if changed.name == name:
-                q.put_nowait(self.sup.instance_json(changed))
+                _offer(q, overflow, lambda: self.sup.instance_json(changed))
 
         unlisten = self.sup.listen(on_change)
         try:
             snap = self.sup.instance_json(inst)
             while True:
+                if overflow:
+                    return {"ok": False, "error": "dropped: the client read too slowly"}
                 if snap["state"] == State.READY.value:
                     return {"ok": True, "instance": snap}
                 if snap["state"] in (State.FAILED.value, State.STOPPED.value):
@@ -116,12 +133,16 @@ class Commands:
 
     async def _watch(self, emit: Emit) -> dict[str, Any]:
         """Stream a full snapshot at every change, until the client goes away."""
-        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        unlisten = self.sup.listen(lambda _inst: q.put_nowait(self.sup.snapshot()))
+        q: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_QUEUED)
+        overflow: list[bool] = []
+        unlisten = self.sup.listen(lambda _inst: _offer(q, overflow, self.sup.snapshot))
         try:
             await emit({"event": "snapshot", **self.sup.snapshot()})
             while True:
-                await emit({"event": "snapshot", **(await q.get())})
+                snap = await q.get()
+                if overflow:
+                    return {"ok": False, "error": "dropped: the client read too slowly"}
+                await emit({"event": "snapshot", **snap})
         finally:
             unlisten()
 

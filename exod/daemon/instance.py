@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 Continuation = Callable[[], None]
 PERMANENT_SPAWN_ERRORS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR})
+# The host is short of something right now: retried with backoff, never counted toward the
+# start limit (the runner did nothing wrong).
+SHORTAGE_SPAWN_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 
 
 class Timer(Protocol):
@@ -84,12 +87,14 @@ class RankRuntime:
     status_text: str = ""
     attempt: int = 0  # joining its group: which attempt
     model_info: m.Ready | None = None  # vocabulary and context, once ready
+    shortage: bool = False  # its last spawn failed for want of fds or memory on this host
     error: str = ""
     last_exit: ExitInfo | None = None
     ladder: LadderRun | None = None
     ladder_timer: Timer | None = None
     signals_sent: list[str] = field(default_factory=list)
     last_heartbeat: float | None = None
+    serving: m.Serving | None = None  # the engine's figures, as the runner last sent them
 
     @property
     def rank(self) -> int:
@@ -154,6 +159,11 @@ class InstanceRuntime:
         """The host whose exod serves requests, when it is not this one (rank 0 runs there)."""
         return None if self.ranks[0].local else self.ranks[0].host
 
+    @property
+    def model_info(self) -> m.Ready | None:
+        """The vocabulary and context window of the model as rank 0 loaded it."""
+        return self.ranks[0].model_info
+
     def serving_link(self) -> Link | None:
         """The channel requests go through: rank 0's, while the whole instance is ready."""
         pid = self.ranks[0].pid
@@ -213,11 +223,14 @@ class InstanceRuntime:
             rank.layers_loaded, rank.error, rank.status_text = 0, "", ""
             rank.phase, rank.attempt, rank.model_info = None, 0, None
             rank.signals_sent, rank.last_progress, rank.last_heartbeat = [], None, None
+            rank.serving = None
             rank.started_at = self.seam.now()
+            rank.shortage = False
             self._move_rank(rank, State.STARTING)
             try:
                 rank.pid = self.seam.spawn(self, rank)
             except OSError as e:
+                rank.shortage = e.errno in SHORTAGE_SPAWN_ERRORS
                 # A missing or unusable interpreter will not fix itself; EAGAIN/ENOMEM may.
                 code = EXIT_UNAVAILABLE if e.errno in PERMANENT_SPAWN_ERRORS else EXIT_TEMPFAIL
                 failed.append((rank, f"cannot start runner: {e}", code))
@@ -291,6 +304,8 @@ class InstanceRuntime:
             self._progress(rank, msg, now)
         elif isinstance(msg, m.Heartbeat):
             rank.last_heartbeat = now
+        elif isinstance(msg, m.Serving):
+            rank.serving = msg
         elif isinstance(msg, m.Failed):
             rank.error, rank.phase, rank.status_text = msg.reason, m.Phase.FAILED, msg.reason
             log.error("{}", msg.reason)
@@ -345,7 +360,7 @@ class InstanceRuntime:
         killed = Step.KILL.value in rank.signals_sent
         log = self.log.bind(rank=rank.rank, pid=rank.pid, event="exit", code=info.code,
                             signal=info.signal, signals_sent=list(rank.signals_sent))
-        rank.pid, rank.last_exit = None, info
+        rank.pid, rank.last_exit, rank.serving = None, info, None  # its cache died with it
         if rank.ladder_timer is not None:
             rank.ladder_timer.cancel()
         rank.ladder, rank.ladder_timer = None, None
@@ -369,7 +384,8 @@ class InstanceRuntime:
         if expected or not self.state.active:
             self.seam.changed(self)
             return
-        decision = self.tracker.on_exit(self.seam.now(), info, rank.error)
+        decision = self.tracker.on_exit(self.seam.now(), info, rank.error,
+                                        counts=not rank.shortage)
         if self.alive():
             # A group is all or nothing: stop the siblings (through the ladder), then decide.
             self._pending = decision

@@ -27,6 +27,8 @@ from loguru import logger
 from exod import messages as m
 from exod.protocol import HEADER, MAX_FRAME, ProtocolError, encode
 
+MAX_PENDING = 4096  # events waiting for a client: a slow reader beyond this is dropped
+
 
 class RequestStream:
     """The events of one request, in order. The last one is Done or Error."""
@@ -38,8 +40,18 @@ class RequestStream:
         self._queue: asyncio.Queue[m.Event] = asyncio.Queue()
 
     def _put(self, ev: m.Event) -> None:
+        if self.finished:
+            return  # dropped for reading too slowly (below): the rest is not wanted
         if isinstance(ev, (m.Done, m.Error)):
             self.finished = True
+        elif self._queue.qsize() >= MAX_PENDING:
+            # The client reads far slower than the runner writes: end it rather than buffer
+            # without bound (the runner is told to stop, as for a client that left).
+            self.finished = True
+            while not self._queue.empty():
+                self._queue.get_nowait()
+            ev = m.Error(self.id, "aborted", "the client read the answer too slowly")
+            self.link.send(m.Cancel(self.id))
         self._queue.put_nowait(ev)
 
     async def next(self) -> m.Event:

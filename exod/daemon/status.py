@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from exod.config.durations import format_duration
-from exod.messages import Phase
+from exod.messages import Phase, Serving
 from exod.core.states import State
 from exod.daemon.instance import InstanceRuntime, RankRuntime
 from exod.daemon.procinfo import rss_bytes
@@ -90,6 +90,22 @@ def rank_json(rank: RankRuntime, now: float, stall_after: float) -> dict[str, An
     }
 
 
+def serving_json(s: Serving | None) -> dict[str, Any] | None:
+    """How the serving rank serves, as its runner last reported (None before that), with the
+    prompt cache's hit rate (hits per lookup)."""
+    if s is None:
+        return None
+    out: dict[str, Any] = {"batching": s.batching, "width": s.width, "active": s.active}
+    if s.batching == "continuous":
+        rate = round(s.cache_hits / s.cache_lookups, 4) if s.cache_lookups else None
+        out["prefill_step"] = s.prefill_step
+        out["prompt_cache"] = {
+            "entries": s.cache_entries, "bytes": s.cache_bytes, "max_bytes": s.cache_max_bytes,
+            "lookups": s.cache_lookups, "hits": s.cache_hits, "hit_rate": rate,
+            "cached_tokens": s.cached_tokens, "prompt_tokens": s.prompt_tokens}
+    return out
+
+
 def instance_json(inst: InstanceRuntime, now: float, stall_after: float) -> dict[str, Any]:
     c = inst.config
     active = inst.state.active
@@ -107,6 +123,8 @@ def instance_json(inst: InstanceRuntime, now: float, stall_after: float) -> dict
         "restart": c.restart,
         "restarts": inst.tracker.restarts,
         "source": c.source,
+        # Rank 0 serves (the others follow it): its engine is the instance's.
+        "serving": serving_json(inst.ranks[0].serving) if inst.ranks else None,
         "ranks": [rank_json(r, now, stall_after) for r in inst.ranks],
     }
 

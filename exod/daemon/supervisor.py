@@ -61,9 +61,11 @@ class Supervisor:
         self._done: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: set[Callable[[InstanceRuntime], None]] = set()
+        self._reload_lock = asyncio.Lock()  # reloads read files in a thread: one at a time
         self.launcher = Launcher(config.control.socket.parent, os.environ)
         self.commands = Commands(self)
-        self.control = ControlServer(config.control.socket, config.control.mode, self.commands)
+        self.control = ControlServer(config.control.socket, config.control.mode, self.commands,
+                                     config.control.group, config.control.max_connections)
         self.readiness = Readiness(config.ready, self.service)
         self._swaps: dict[str, Instance | None] = {}  # stopping for a reload: what replaces it
         self.api: Any = None  # the HTTP API (exod.api.app.ApiServer), when api.listen is set
@@ -266,13 +268,28 @@ class Supervisor:
         self.loop.create_task(self.reload())
 
     async def reload(self) -> dict[str, Any]:
+        async with self._reload_lock:
+            if self.stopping:
+                return {"ok": False, "error": "exod is stopping"}
+            self.readiness.reloading()
+            # Files are read in a thread: a slow disk or a huge file must not stall the loop.
+            try:
+                new: Config | ConfigError = await asyncio.to_thread(load_config,
+                                                                    self.config.path)
+            except ConfigError as e:
+                new = e
+            if self.api is not None and not isinstance(new, ConfigError):
+                try:
+                    await asyncio.to_thread(self.api.load_tokens)
+                except OSError as e:
+                    logger.error("reload: {}; the API keeps its previous tokens", e.strerror)
+            return self._reload(new)
+
+    def _reload(self, new: Config | ConfigError) -> dict[str, Any]:
         if self.stopping:
             return {"ok": False, "error": "exod is stopping"}
-        self.readiness.reloading()
-        try:
-            new = load_config(self.config.path)
-        except ConfigError as e:
-            problems = str(e).splitlines()
+        if isinstance(new, ConfigError):
+            problems = str(new).splitlines()
             for line in problems:
                 logger.error("reload: {}", line)
             logger.error("reload failed: {} problem(s); nothing was changed", len(problems))

@@ -357,6 +357,7 @@ def test_metrics_behind_the_token_and_live(served: Served) -> None:
     assert after[("exod_requests_in_flight", tiny)] == 0
     assert after[("exod_load_layers_loaded", tiny)] == after[("exod_load_layers_total", tiny)] > 0
     assert after[("exod_instance_restarts_total", (("instance", "broken"),))] == 0
+    assert delta("exod_prompt_cache_lookups_total", tiny) == 1  # rank 0's engine reports it
     assert after[("exod_uptime_seconds", ())] > 0
     assert ("exod_reloads_total", (("result", "ok"),)) in after
     assert ("exod_config_errors_total", ()) in after

@@ -6,6 +6,7 @@ runners (channel messages, exits) and move a fake monotonic clock.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -633,6 +634,21 @@ def test_spawn_errors_on_every_rank_are_one_failure(seam: FakeSeam) -> None:
     assert inst.state is S.BACKOFF and inst.tracker.restarts == 1
     assert seam.pending() == [T0 + BACKOFF.initial]
     assert all(r.state is S.FAILED and r.last_exit == ExitInfo(code=75) for r in inst.ranks)
+
+
+def test_a_host_out_of_fds_backs_off_but_never_hits_the_start_limit(seam: FakeSeam) -> None:
+    """EMFILE/ENFILE (e.g. a flood of connections took every fd) is the host's shortage, not
+    the runner's failure: retried with backoff, never counted toward the start limit."""
+    inst = make(seam)
+    seam.spawn_errors[0] = OSError(errno.EMFILE, "Too many open files")
+    inst.start()
+    for _ in range(LIMIT.burst * 3):
+        assert inst.state is S.BACKOFF, inst.machine.reason
+        seam.advance_to(seam.pending()[0])
+    assert inst.tracker.restarts == LIMIT.burst * 3 + 1
+    del seam.spawn_errors[0]
+    seam.advance_to(seam.pending()[0])
+    assert inst.state is S.STARTING  # the fds came back: it starts as usual
 
 
 def test_a_permanent_spawn_error_then_a_temporary_one_fails_the_group(seam: FakeSeam) -> None:

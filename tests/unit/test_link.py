@@ -193,3 +193,4 @@ def test_a_full_socket_buffers_in_order() -> None:
         runner.sock.close()
 
     asyncio.run(scenario())
+
