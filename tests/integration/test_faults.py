@@ -35,7 +35,8 @@ from tests.integration.conftest import double_env
 
 EOS = "2"  # the tiny model's end token: logit_bias {EOS: -100} keeps it generating
 HELLO = [{"role": "user", "content": "hello"}]
-ENDLESS: dict[str, Any] = {"max_tokens": 1_000_000, "logit_bias": {EOS: -100}}
+ENDLESS: dict[str, Any] = {"max_tokens": 100_000,  # within the window (tiny.CONTEXT)
+                          "logit_bias": {EOS: -100}}
 QUICK_STOP = {"grace": "1s", "attempts": 1, "interval": "1s"}
 
 
