@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 import yaml
 
 from tests.harness import EXOCTL, Daemon
@@ -169,3 +170,62 @@ def test_out_of_range_logit_bias_is_refused_by_the_runner(daemons: Callable[...,
     else:
         raise AssertionError("a token id past the vocabulary must be refused")
     assert ask(d, "tiny", "hello", max_tokens=2)  # and the runner serves on
+
+
+# ---- a group (rank 0 drives the other ranks through one request at a time) -----------------
+# ~5k tokens of the tiny model: tens of seconds of prefill through a 2-rank group on this CPU.
+GROUP_LONG = "Please summarise the following text. " + "The quick brown fox jumps over it. " * 300
+
+
+def _group(daemons: Callable[..., Daemon], model: Path, parallelism: str) -> Daemon:
+    d = daemons({"instances": {"g": {"model": str(model), "shards": 2,
+                                     "parallelism": parallelism}}})
+    d.start()
+    d.until_state("g", "ready")
+    return d
+
+
+def _group_long_prefill(d: Daemon) -> RawStream:
+    s = RawStream(d.api_url(), model="g", max_tokens=4,
+                  messages=[{"role": "user", "content": GROUP_LONG}])
+    d.until_instance("g", lambda i: (i["serving"] or {}).get("active") == 1,
+                     what="the long prompt to be admitted")
+    return s
+
+
+@pytest.mark.parametrize("parallelism", ["pipeline", "tensor"])
+def test_group_stop_during_prefill_ends_at_rung_1_without_a_signal(
+        daemons: Callable[..., Daemon], tiny_model_factory: Callable[..., Path],
+        parallelism: str) -> None:
+    """Rank 0 reads the prompt one chunk (one whole forward of the group) per step, so the
+    stop is answered between two chunks: every rank leaves at rung 1 with exit code 0."""
+    d = _group(daemons, tiny_model_factory(layers=6), parallelism)
+    pids = [r["pid"] for r in d.instance("g")["ranks"]]
+    stream = _group_long_prefill(d)
+    asked = time.monotonic()
+    d.ctl("stop", "g")
+    *_, last, done = stream.rest()
+    took = time.monotonic() - asked
+    assert done == b"[DONE]" and b"aborted" in last
+    steps = [e["extra"]["step"] for e in d.events(event="ladder", instance="g")]
+    assert set(steps) == {"ask"}, f"must leave at rung 1, ladder: {steps}\n{d.log_text()}"
+    exits = {e["extra"]["pid"]: e["extra"] for e in d.events(event="exit", instance="g")}
+    assert set(exits) == set(pids), exits
+    for ex in exits.values():
+        assert ex["code"] == 0 and ex["signal"] is None and ex["signals_sent"] == ["ask"], ex
+    print(f"group ({parallelism}) stopped {took:.1f}s after the ask, during its prefill")
+
+
+def test_group_disconnect_during_prefill_frees_the_group(
+        daemons: Callable[..., Daemon], tiny_model_factory: Callable[..., Path]) -> None:
+    d = _group(daemons, tiny_model_factory(layers=6), "pipeline")
+    stream = _group_long_prefill(d)
+    left = time.monotonic()
+    stream.close()
+    # Generous: a chunk takes about a second on a loaded CPU; the whole prefill ~10x more.
+    d.until_instance("g", lambda i: (i["serving"] or {}).get("active") == 0, timeout=60,
+                     what="the cancelled prefill to leave")
+    freed = time.monotonic() - left
+    assert ask(d, "g", "Say hi.", max_tokens=3, temperature=0, logit_bias={"2": -100})
+    assert d.instance("g")["state"] == "ready"
+    print(f"group free {freed:.1f}s after the client left")
