@@ -229,3 +229,41 @@ def test_group_disconnect_during_prefill_frees_the_group(
     assert ask(d, "g", "Say hi.", max_tokens=3, temperature=0, logit_bias={"2": -100})
     assert d.instance("g")["state"] == "ready"
     print(f"group free {freed:.1f}s after the client left")
+
+
+# ---- streaming never splits a character ------------------------------------------------------
+# The tiny model's byte-level BPE has a token per byte: "Ã" is byte 0xC3 (the lead byte of "é"),
+# "©" is 0xA9 (its continuation). With only those two allowed, an "é" in the answer always spans
+# two tokens; a lead byte not followed by its continuation is invalid and decodes to U+FFFD.
+LEAD, CONT = "130", "105"
+
+
+def test_multibyte_characters_are_never_split_across_chunks(
+        daemons: Callable[..., Daemon], tiny_model_factory: Callable[..., Path]) -> None:
+    """Sampled (a seed: the same tokens every time) between the two bytes of "é": every "é" was
+    two tokens. Streamed on one rank (BatchEngine) and on a 2-rank group (TurnEngine), the chunks
+    join into the non-streamed answer, and no chunk holds half a character (it would show as
+    U+FFFD in the stream, where the whole answer has "é")."""
+    model = str(tiny_model_factory(layers=6))
+    d = daemons({"instances": {"one": {"model": model},
+                               "pipe": {"model": model, "shards": 2}}})
+    d.start()
+    d.watch_until(lambda s: all(i["state"] == "ready" for i in s["instances"]),
+                  what="both ready")
+    kw: dict[str, Any] = {"messages": [{"role": "user", "content": "Say hi."}],
+                          "max_tokens": 60, "temperature": 2.0, "seed": 7,
+                          "logit_bias": {LEAD: 100, CONT: 100}}
+    answers = []
+    for name in ("one", "pipe"):
+        whole = client(d).chat.completions.create(model=name, **kw)
+        answer = whole.choices[0].message.content or ""
+        assert whole.usage is not None and whole.usage.completion_tokens == 60
+        chunks = [c.choices[0].delta.content
+                  for c in client(d).chat.completions.create(model=name, stream=True, **kw)
+                  if c.choices and c.choices[0].delta.content]
+        assert answer.count("é") >= 3, f"the case must occur: {answer!r}"
+        assert "".join(chunks) == answer, (chunks, answer)
+        assert len(chunks) > answer.count("é"), chunks  # streamed in pieces, not at the end
+        assert all(set(c) <= {"é", "\ufffd"} for c in chunks), chunks
+        answers.append(answer)
+    assert answers[0] == answers[1]  # a seed reproduces across engines too
