@@ -8,7 +8,7 @@ acts on them. A runner's first message is `Hello`, whose `version` must equal `V
 Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping;
 and Serving, the engine's figures, whenever the number of generations in flight changes.
 Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
-Text, Done, Error.
+Prefill (while the prompt goes through the model, before the first Text), Text, Done, Error.
 Daemon → runner: Generate, Cancel, Shutdown.
 
 Imports nothing heavy: the daemon and the runner both use it. A field added to a message is a
@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal, Union
 
 from exod.protocol import ProtocolError
 
-VERSION = 2
+VERSION = 3  # 2: Serving; 3: Prefill
 
 
 class Phase(str, enum.Enum):
@@ -132,6 +132,17 @@ class Text:
     text: str
 
 
+@dataclass(frozen=True)
+class Prefill:
+    """A chunk of a request's prompt went through the model: progress before the first token
+    (a long prompt on a CPU can take minutes), which hang detection counts as such."""
+
+    type: ClassVar[str] = "prefill"
+    id: str
+    done: int  # prompt tokens processed so far
+    total: int
+
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -144,7 +155,8 @@ class Done:
     completion_tokens: int
 
 
-ErrorCode = Literal["bad_request", "stopping", "aborted", "internal", "runner_gone"]
+# `hung` is the daemon's own: it ends the requests of a runner that stopped making progress.
+ErrorCode = Literal["bad_request", "stopping", "aborted", "internal", "runner_gone", "hung"]
 
 
 @dataclass(frozen=True)
@@ -189,10 +201,10 @@ class Shutdown:
     drain: float = 0.0
 
 
-FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving | Text
-              | Done | Error)
+FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
+              | Prefill | Text | Done | Error)
 ToRunner = Generate | Cancel | Shutdown
-Event = Text | Done | Error  # a request's stream
+Event = Prefill | Text | Done | Error  # a request's stream
 Message = FromRunner | ToRunner
 
 FROM_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromRunner)}

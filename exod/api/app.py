@@ -1,14 +1,19 @@
 """The HTTP server (aiohttp, inside the daemon's event loop) and its routes.
 
+    GET  /                     the status page (static HTML: no data, no token needed)
+    GET  /status.json          what the status page shows (exod.api.page)
     GET  /health               the daemon is alive (never needs the token)
     GET  /ready                200 when every autostart instance is ready, else 503 naming them
+    GET  /metrics              Prometheus text format (exod.api.metrics)
     GET  /v1/models            every instance, with its state
     GET  /v1/models/{model}
     POST /v1/chat/completions  chat template applied by the runner; stream or not
     POST /v1/completions       raw prompt
 
 A request goes to an instance only while it is `ready` (for a multi-rank instance: every rank
-is), through the instance's admission gate, to its rank 0 over the runner's link. Errors use
+is; an on-demand instance is started by the request, which waits in the queue while it loads),
+through the instance's admission gate, to its rank 0 over the runner's link (exod.api.serving).
+Errors use
 OpenAI's JSON shape. A client that disconnects cancels its handler (handler_cancellation), and
 that cancels the generation in the runner.
 """
@@ -22,83 +27,42 @@ import json
 import os
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from loguru import logger
 
-from exod import messages as m
-from exod.api import address
-from exod.api.admission import Gate, QueueFull
+from exod.api import address, page
 from exod.api.browser import PREFLIGHT_HEADERS, CorsPolicy, HostPolicy, is_json
 from exod.api.errors import (
     ApiError,
     bad_request,
     error_body,
     model_not_found,
-    not_ready,
-    queue_full,
-    runner_error,
-    served_elsewhere,
     unauthorized,
 )
-from exod.api.objects import DONE, SSE_HEADERS, Reply, sse
 from exod.api.guard import ConnectionGuard, GuardedSite
 from exod.api.httplog import quiet_logger
-from exod.api.schema import (
-    GenRequest,
-    ModelLimits,
-    apply_limits,
-    parse_chat,
-    parse_completion,
-)
+from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from exod.api.schema import ModelLimits, parse_chat, parse_completion
+from exod.api.serving import Serving
 from exod.api.token import read_tokens
 from exod.config.model_dir import model_limits
-from exod.config.schema import Api, Instance
+from exod.api.view import Daemon
+from exod.config.schema import Api
 from exod.core.states import State
-from exod.daemon.link import Link, RequestStream
+
+if TYPE_CHECKING:
+    from exod.daemon.instance import InstanceRuntime
 from exod.daemon.ratelog import RateLimitedLog
 
 # Bodies read and parsed at once, daemon-wide: many large bodies arriving together wait their
 # turn instead of all sitting in memory (and on the loop) at the same time.
 BODY_SLOTS = 4
+PUBLIC = ("/health", "/")  # no data behind them: the page's script asks for the token
 BIG_BODY = 256 * 1024  # parsed in a thread: a large JSON document would stall the loop
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class ServedInstance(Protocol):
-    """What the API needs of an instance."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def state(self) -> State: ...
-
-    @property
-    def config(self) -> Instance: ...
-
-    @property
-    def served_by(self) -> str | None:
-        """The host whose exod serves it, when that is not this one (its rank 0 runs there)."""
-        ...
-
-    def serving_link(self) -> Link | None: ...
-
-    @property
-    def model_info(self) -> m.Ready | None: ...
-
-
-class Daemon(Protocol):
-    """What the API needs of the daemon."""
-
-    @property
-    def phase(self) -> str: ...
-
-    def instance(self, name: str) -> ServedInstance | None: ...
-
-    def ordered(self) -> Sequence[ServedInstance]: ...
 
 
 class ApiServer:
@@ -108,9 +72,7 @@ class ApiServer:
         self.host, self.port = address.parse_listen(cfg.listen)
         self.tokens: list[bytes] = []
         self.started_wall = int(time.time())
-        self.gates: weakref.WeakKeyDictionary[ServedInstance, Gate] = \
-            weakref.WeakKeyDictionary()
-        self.limits: weakref.WeakKeyDictionary[ServedInstance, ModelLimits] = \
+        self.limits: weakref.WeakKeyDictionary[InstanceRuntime, ModelLimits] = \
             weakref.WeakKeyDictionary()
         self.hosts = HostPolicy(self.host, cfg.allowed_hosts)
         self.cors = CorsPolicy(cfg.cors_origins)
@@ -119,6 +81,9 @@ class ApiServer:
         self._bodies = asyncio.Semaphore(BODY_SLOTS)
         self.max_body = cfg.max_body_kib * 1024
         self._runner: web.AppRunner | None = None
+        self.serving = Serving(daemon, daemon.loop)
+        self.gates = self.serving.gates
+        self.metrics = self.serving.metrics
 
     @property
     def token(self) -> bool:
@@ -137,6 +102,9 @@ class ApiServer:
                               client_max_size=self.max_body)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
+        app.router.add_get("/metrics", self.scrape)
+        app.router.add_get("/", page.index)
+        app.router.add_get("/status.json", self.status_json)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -174,12 +142,8 @@ class ApiServer:
         return {"listen": self.cfg.listen, "url": self.url, "auth": self.token,
                 "token_file": str(self.cfg.token_file) if self.cfg.token_file else None}
 
-    def instance_changed(self, inst: ServedInstance) -> None:
-        """Supervisor listener: requests queued for an instance that left `ready` get a 503."""
-        gate = self.gates.get(inst)
-        if gate is not None and inst.state is not State.READY:
-            gate.reject_waiting(lambda: not_ready(inst.name, inst.state.value,
-                                                  inst.state is State.STOPPING))
+    def instance_changed(self, inst: InstanceRuntime) -> None:
+        self.serving.instance_changed(inst)
 
     # ---- middlewares ------------------------------------------------------------------
     @web.middleware
@@ -232,7 +196,7 @@ class ApiServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.tokens and request.path != "/health":
+        if self.tokens and request.path not in PUBLIC:
             given = request.headers.get("Authorization", "")
             scheme, _, value = given.partition(" ")
             if not given:
@@ -250,7 +214,7 @@ class ApiServer:
         return web.json_response({"status": "ok", "daemon": self.sup.phase})
 
     async def ready(self, request: web.Request) -> web.Response:
-        waiting = [i for i in self.sup.ordered() if i.config.autostart
+        waiting = [i for i in self.sup.ordered() if i.config.always_on
                    and i.state is not State.READY]
         if not waiting:
             return web.json_response({"status": "ready"})
@@ -259,7 +223,14 @@ class ApiServer:
         body["not_ready"] = [{"name": i.name, "state": i.state.value} for i in waiting]
         return web.json_response(body, status=503)
 
-    def _model_json(self, inst: ServedInstance) -> dict[str, Any]:
+    async def status_json(self, request: web.Request) -> web.Response:
+        return web.json_response(page.status_json(self.sup, self.serving))
+
+    async def scrape(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    def _model_json(self, inst: InstanceRuntime) -> dict[str, Any]:
         gate = self.gates.get(inst)
         return {"id": inst.name, "object": "model", "created": self.started_wall,
                 "owned_by": "exod", "state": inst.state.value,
@@ -278,10 +249,12 @@ class ApiServer:
 
     # ---- generation -------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, parse_chat(await self._body(request)))
+        return await self.serving.generate(request, parse_chat(await self._body(request)),
+                                           self._limits)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, parse_completion(await self._body(request)))
+        return await self.serving.generate(
+            request, parse_completion(await self._body(request)), self._limits)
 
     async def _body(self, request: web.Request) -> Any:
         """The JSON body: refused by its announced size before anything is read, read within
@@ -302,7 +275,7 @@ class ApiServer:
                 return await asyncio.to_thread(parse_json, raw)
             return parse_json(raw)
 
-    async def _limits(self, inst: ServedInstance) -> ModelLimits:
+    async def _limits(self, inst: InstanceRuntime) -> ModelLimits:
         """The model's vocabulary and context window, as rank 0 reported them once loaded,
         else from its config.json (read once per instance, off the loop); and the instance's
         max_tokens_cap."""
@@ -314,90 +287,6 @@ class ApiServer:
             vocab, context = await asyncio.to_thread(model_limits, inst.config.model)
             limits = self.limits[inst] = ModelLimits(vocab, context, cap)
         return limits
-
-    def _ready_instance(self, name: str) -> ServedInstance:
-        inst = self.sup.instance(name)
-        if inst is None:
-            raise model_not_found(name)
-        if inst.served_by is not None:
-            raise served_elsewhere(name, inst.served_by)
-        if inst.state is not State.READY:
-            raise not_ready(name, inst.state.value, inst.state is State.STOPPING)
-        return inst
-
-    def _gate(self, inst: ServedInstance) -> Gate:
-        gate = self.gates.get(inst)
-        if gate is None:
-            gate = self.gates[inst] = Gate(inst.config.max_concurrency, inst.config.max_queue)
-        return gate
-
-    async def _generate(self, request: web.Request, req: GenRequest) -> web.StreamResponse:
-        inst = self._ready_instance(req.model)
-        req = apply_limits(req, await self._limits(inst))
-        gate = self._gate(inst)
-        try:
-            await gate.enter()
-        except QueueFull:
-            raise queue_full(inst.name, gate.limit, gate.queue) from None
-        try:
-            # Waiting may have taken a while: ready still, and the very same instance?
-            if self._ready_instance(req.model) is not inst:
-                raise not_ready(inst.name, "replaced by a reload")
-            link = inst.serving_link()
-            if link is None:
-                raise not_ready(inst.name, "its runner is gone")
-            stream = link.open(req.to_runner())
-            try:
-                if req.stream:
-                    return await self._stream(request, req, stream)
-                return await self._whole(req, stream)
-            finally:
-                stream.close()  # cancels the generation unless it finished
-        finally:
-            gate.leave()
-
-    async def _whole(self, req: GenRequest, stream: RequestStream) -> web.Response:
-        parts: list[str] = []
-        while True:
-            ev = await stream.next()
-            if isinstance(ev, m.Text):
-                parts.append(ev.text)
-            elif isinstance(ev, m.Done):
-                reply = Reply(req.kind, req.model)
-                return web.json_response(reply.whole(
-                    "".join(parts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens))
-            else:
-                raise runner_error(ev.code, ev.message)
-
-    async def _stream(self, request: web.Request, req: GenRequest,
-                      stream: RequestStream) -> web.StreamResponse:
-        resp = web.StreamResponse(headers=SSE_HEADERS)
-        reply = Reply(req.kind, req.model, include_usage=req.include_usage)
-        try:
-            await resp.prepare(request)
-            if req.kind == "chat":
-                await resp.write(sse(reply.chunk(role=True)))
-            while True:
-                ev = await stream.next()
-                if isinstance(ev, m.Text):
-                    await resp.write(sse(reply.chunk(ev.text)))
-                    continue
-                if isinstance(ev, m.Done):
-                    await resp.write(sse(reply.chunk(finish_reason=ev.finish_reason)))
-                    if req.include_usage:
-                        await resp.write(sse(reply.usage_chunk(ev.prompt_tokens,
-                                                               ev.completion_tokens)))
-                else:
-                    err = runner_error(ev.code, ev.message)
-                    logger.bind(instance=req.model).warning("stream ended by an error: {}",
-                                                            err.message)
-                    await resp.write(sse(err.body()))
-                break
-            await resp.write(DONE)
-            await resp.write_eof()
-        except ConnectionError:
-            pass  # the client left; `stream.close()` in the caller cancels the generation
-        return resp
 
 
 def parse_json(raw: bytes) -> Any:

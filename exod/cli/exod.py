@@ -6,11 +6,15 @@ import asyncio
 import errno
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from exod import __version__
 from exod.core.exits import EXIT_CONFIG
+
+if TYPE_CHECKING:
+    from exod.config.schema import Config
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -132,6 +136,24 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
             click.echo(f"warning: {warning}", err=True)
     click.echo(f"{path}: OK, {n} instance{'s' if n != 1 else ''}; "
                f"stop ladder worst case {worst:g}s")
+    for line in memory_lines(cfg):
+        click.echo(line)
+
+
+def memory_lines(cfg: Config) -> list[str]:
+    """Each instance's memory estimate per local rank, and what this host has available."""
+    from exod.config.sizes import format_size
+    from exod.daemon.memory_check import describe
+    from exod.daemon.procinfo import available_bytes
+    from exod.daemon.supervisor import plan_shards
+
+    lines = [line for inst in cfg.instances.values()
+             for line in describe(inst, plan_shards(inst), cfg.node.name)]
+    available = available_bytes()
+    if lines and available is not None:
+        lines.append(f"available now: {format_size(available)} (less memory_headroom "
+                     f"{format_size(cfg.defaults.memory_headroom)})")
+    return lines
 
 
 @main.command()

@@ -39,6 +39,10 @@ def render_status(snap: dict[str, Any]) -> str:
         if inst["state"] in ("failed", "backoff") and inst["reason"]:
             last = inst["reason"]
         state = inst["detail"] if inst["state"] in ("starting", "loading") else inst["state"]
+        if inst["detail"].startswith("hung"):  # why it is stopping or backing off
+            state = f"{inst['detail'].partition(';')[0]}, {inst['state']}"
+        elif inst["autostart"] == "on-demand" and inst["state"] == "stopped":
+            state = "stopped (on demand)"
         rows.append((inst["name"], state, f"{loaded}/{total}", pids,
                      human_duration(inst["uptime_s"]), str(inst["restarts"]),
                      human_bytes(sum(rss)) if rss else "-", last))

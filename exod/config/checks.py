@@ -109,6 +109,14 @@ def check_layout(instance: Instance, written: Collection[str]) -> list[Issue]:
     return issues
 
 
+def check_on_demand(instance: Instance, written: Collection[str]) -> list[Issue]:
+    """Keys that only mean something for `autostart: on-demand`."""
+    if "idle_stop_after" in written and not instance.on_demand:
+        return [Issue("idle_stop_after", "applies only to `autostart: on-demand` instances "
+                                         "(nothing would start it again)")]
+    return []
+
+
 def check_ports(instances: Sequence[Instance]) -> list[tuple[Instance, Issue]]:
     """Port ranges [port_base, port_base + port_count) of different instances must not
     overlap."""

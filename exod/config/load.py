@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from exod.config.checks import Issue, check_layout, check_ports, check_sharding
+from exod.config.checks import (Issue, check_layout, check_on_demand, check_ports,
+                                check_sharding)
 from exod.config.errors import ConfigError, Mark, Problem
 from exod.config.model_dir import model_layer_count
 from exod.config.safety import control_socket_problem
@@ -232,7 +233,8 @@ class _Loader:
             body = e.value if isinstance(e.value, MapNode) else MapNode(e.key_mark)
             self.instances[name] = instance
             self.nodes[name] = body
-            for issue in check_layout(instance, body.entries):
+            for issue in [*check_layout(instance, body.entries),
+                          *check_on_demand(instance, body.entries)]:
                 self.report_issue(instance, issue)
 
     def cross_check(self, node_name: str) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from exod.core.serving import DEFAULT_PROMPT_CACHE_BYTES
-from exod.config.types import Duration, InstanceName, ModelDir, Octal
+from exod.config.types import Duration, DurationOrNever, InstanceName, ModelDir, Octal, Size
 from exod.paths import default_control_socket
 
 RestartMode = Literal["no", "on-failure", "always"]
@@ -25,6 +25,7 @@ Parallelism = Literal["pipeline", "tensor"]
 ReadyPolicy = Literal["daemon", "instances"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Backend = Literal["ring", "mpi"]
+Autostart = Literal[True, False, "on-demand"]
 
 DEFAULT_CONFIG_PATH = Path("/etc/exod/exod.yaml")
 DEFAULT_API_PORT = 52415  # exo's port: users of exo find exod where they expect it
@@ -119,7 +120,25 @@ class Instance:
         metadata=doc("explicit layers per rank (sums to the model's layer count); "
                      "default even split"),
     )
-    autostart: bool = field(default=True, metadata=doc("start when the daemon starts"))
+    autostart: Autostart = field(
+        default=True,
+        metadata=doc("true: start when the daemon starts; false: only by `exoctl start`; "
+                     "on-demand: stay stopped until the first API request names it (that request "
+                     "waits while it loads)"))
+    idle_stop_after: DurationOrNever = field(
+        default=float("inf"),
+        metadata=doc("an on-demand instance with no request for this long is stopped (through "
+                     "the ladder) until the next request; never keeps it", minimum=0))
+    hang_after: DurationOrNever = field(
+        default=300.0,
+        metadata=doc("while requests are in flight, this long without a generated token means "
+                     "the instance is hung: its requests get 503 `hung` and it restarts "
+                     "(restart policy and start limit apply). Never applies while loading; "
+                     "never disables it", minimum=1))
+    context_tokens: int = field(
+        default=4096,
+        metadata=doc("KV cache reserved per concurrent generation in the memory estimate "
+                     "(capped at the model's max_position_embeddings)", minimum=1))
     # `inherit` fields take their value from `defaults:`; a partial mapping given here
     # overrides only the keys it names.
     restart: RestartMode = field(
@@ -180,6 +199,14 @@ class Instance:
                      "gets a fresh secret at each start"),
     )
 
+    @property
+    def always_on(self) -> bool:
+        return self.autostart is True
+
+    @property
+    def on_demand(self) -> bool:
+        return self.autostart == "on-demand"
+
 
 @dataclass(frozen=True)
 class Defaults:
@@ -191,6 +218,11 @@ class Defaults:
         default=60.0,
         metadata=doc("status notes 'no progress for …' after this long without a layer; "
                      "nothing is ever killed for it", minimum=0),
+    )
+    memory_headroom: Size = field(
+        default=512 * 2**20,
+        metadata=doc("memory admission: a rank starts only if its estimated need fits in what "
+                     "the host has available (MemAvailable on Linux) less this much", minimum=0),
     )
 
 

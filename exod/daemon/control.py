@@ -28,7 +28,7 @@ MAX_REQUEST = 64 * 1024
 REQUEST_TIMEOUT = 10.0
 MAX_CONNECTIONS = 64
 SEND_TIMEOUT = 30.0
-STREAMING = ("wait", "watch")
+STREAMING = ("wait", "watch", "logs")
 
 
 class SocketInUse(OSError):

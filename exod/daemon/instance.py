@@ -8,6 +8,7 @@ the instance never blocks.
 
 from __future__ import annotations
 
+import collections
 import errno
 import signal
 from collections.abc import Callable
@@ -18,7 +19,8 @@ from loguru import logger
 
 from exod import messages as m
 from exod.config.schema import Instance
-from exod.core.exits import EXIT_PROTOCOL, EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo
+from exod.config.durations import format_duration
+from exod.core.exits import EXIT_PROTOCOL, EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo, Hung
 from exod.core.ladder import LadderRun, Step
 from exod.core.restarts import Decision, GiveUp, Rest, Restart, RestartTracker
 from exod.core.shards import Shard
@@ -42,6 +44,10 @@ class Seam(Protocol):
     def now(self) -> float: ...
 
     def call_at(self, when: float, fn: Callable[[], None]) -> Timer: ...
+
+    def admit(self, inst: InstanceRuntime) -> str | None:
+        """Why this host cannot start `inst` now (memory), or None to go ahead."""
+        ...
 
     def prepare(self, inst: InstanceRuntime) -> None:
         """A group is about to start: agree on its addresses (e.g. write the hostfile)."""
@@ -109,11 +115,15 @@ class InstanceRuntime:
         self.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
         self.started_at: float | None = None
         self.held = False  # an operator stopped it: a reload must not start it again
+        self.memory_need: int | None = None  # bytes this host's ranks need (at admission)
+        self.refused = ""  # why memory admission refused the last start
+        self.hung = ""  # e.g. "hung (no progress for 5m)": why it is being restarted
         self.retired = False  # replaced or removed by a reload: it never starts again
         self._pending: Decision | None = None  # applied once every rank is gone
         self._after_stop: list[Continuation] = []  # notifications: always run
         self._start_after_stop: bool | None = None  # deferred start (by operator?), if any
         self._restart_timer: Timer | None = None
+        self.rungs_used: collections.Counter[str] = collections.Counter()  # ladder steps taken
         self.log = logger.bind(instance=self.name)
 
     # ---- queries -------------------------------------------------------------------------
@@ -135,6 +145,11 @@ class InstanceRuntime:
         for rank in self.ranks:
             if not rank.local and rank.machine.state is not state and rank.machine.can(state):
                 rank.machine.move(state, self.seam.now(), reason)
+
+    @property
+    def start_pending(self) -> bool:
+        """A start waits for the stop in progress to complete."""
+        return self._start_after_stop is not None
 
     def rank_by_pid(self, pid: int) -> RankRuntime | None:
         return next((r for r in self.ranks if r.pid == pid), None)
@@ -190,6 +205,13 @@ class InstanceRuntime:
             return
         self._cancel_restart()
         self._pending = None
+        self.hung = ""
+        self.refused = refusal = self.seam.admit(self) or ""
+        if refusal:  # before any runner exists; not a failure to restart from
+            self.log.error("not started: {}", refusal)
+            self._move(State.STARTING, publish=False)
+            self._move(State.FAILED, refusal)
+            return
         self.started_at = self.seam.now()
         self.seam.prepare(self)
         self._remote_follow(State.STARTING, "remote")
@@ -247,6 +269,18 @@ class InstanceRuntime:
     def restart(self) -> None:
         self.stop()
         self.start(operator=True)  # deferred until the stop completes, if one is running
+
+    def hang(self, silent_for: float) -> None:
+        """Requests were in flight and the runner made no progress for `silent_for` seconds:
+        restart through the ladder, counted as a failure."""
+        if self.state is not State.READY:
+            return
+        self.hung = f"hung (no progress for {format_duration(silent_for)})"
+        self.log.bind(event="hung").error("{}: restarting through the ladder", self.hung)
+        self._pending = self.tracker.on_exit(self.seam.now(), Hung(),
+                                             f"no progress for {format_duration(silent_for)}")
+        self._move(State.STOPPING, self.hung)
+        self._stop_ranks()
 
     def hurry(self) -> None:
         """A second stop signal to the daemon: skip what is left of rung 1's grace."""
@@ -392,6 +426,7 @@ class InstanceRuntime:
         if pid is None:
             return
         rank.signals_sent.append(step.value)
+        self.rungs_used[step.value] += 1
         log = self.log.bind(rank=rank.rank, pid=pid, event="ladder", step=step.value)
         stop = self.config.stop
         if step is Step.ASK:

@@ -42,7 +42,7 @@ class RequestStream:
     def _put(self, ev: m.Event) -> None:
         if self.finished:
             return  # dropped for reading too slowly (below): the rest is not wanted
-        if not isinstance(ev, m.Text):
+        if isinstance(ev, (m.Done, m.Error)):
             self.finished = True
         elif self._queue.qsize() >= MAX_PENDING:
             # The client reads far slower than the runner writes: end it rather than buffer
@@ -56,6 +56,12 @@ class RequestStream:
 
     async def next(self) -> m.Event:
         return await self._queue.get()
+
+    def fail(self, code: m.ErrorCode, message: str) -> None:
+        """End it from the daemon's side (e.g. the runner is hung): a final error event."""
+        if not self.finished:
+            self._put(m.Error(self.id, code, message))
+            self.link._forget(self.id, cancel=True)
 
     def close(self) -> None:
         """Done with it: if the runner is still working on it, tell it to stop (cancel)."""
@@ -141,7 +147,7 @@ class Link:
                                     f"{m.VERSION} (a stale install? restart exod)")
             self.hello = msg
             return
-        if isinstance(msg, (m.Text, m.Done, m.Error)):
+        if isinstance(msg, (m.Prefill, m.Text, m.Done, m.Error)):
             stream = self._streams.get(msg.id)
             if stream is None:
                 return  # a late event for a request that was cancelled

@@ -23,7 +23,17 @@ def stalled_for(rank: RankRuntime, now: float, stall_after: float) -> float | No
 
 
 def detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
-    """e.g. `loading 17/80 (no progress for 4m)`, `failed: exit code 65: ...`, `ready`."""
+    """e.g. `loading 17/80 (no progress for 4m)`, `failed: exit code 65: ...`, `ready`,
+    `hung (no progress for 5m); stopping (SIGKILL in 20s if still running)`."""
+    text = _detail(inst, now, stall_after)
+    if inst.hung and inst.state in (State.STOPPING, State.BACKOFF):
+        return f"{inst.hung}; {text}"
+    if inst.config.on_demand and inst.state is State.STOPPED:
+        return "stopped (starts on demand)"
+    return text
+
+
+def _detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
     state = inst.state
     if not inst.has_local_ranks:
         return "remote: every rank runs on another host"
@@ -32,9 +42,10 @@ def detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
         done = sum(r.layers_loaded for r in local)
         total = sum(r.layers_total for r in local)
         text = f"{state} {done}/{total}" if state is State.LOADING else str(state)
-        # e.g. "connecting to 1 peer (attempt 3)", "waiting for the other 1 rank(s) to load"
-        waiting = next((r.status_text for r in local
-                        if r.phase in (Phase.CONNECTING, Phase.WAITING)), "")
+        # e.g. "importing mlx", "connecting to 1 peer (attempt 3)", "waiting for the other 1
+        # rank(s) to load": what a start waits for before (or after) its layers
+        waiting = next((r.status_text for r in local if r.phase in (
+            Phase.STARTING, Phase.CONNECTING, Phase.WAITING) and r.status_text), "")
         if waiting:
             text += f" ({waiting})"
         stalls = [s for r in inst.ranks if (s := stalled_for(r, now, stall_after)) is not None]

@@ -55,6 +55,7 @@ class _Request:
     stops: StopMatcher
     completion_tokens: int = 0
     prefilling: bool = True
+    prefilled: int = 0  # prompt tokens through the model so far (as reported, approximately)
 
 
 @dataclass
@@ -125,6 +126,7 @@ class BatchEngine:
         if not self._by_uid:
             return []
         self._size_chunks()
+        prefilling = [r for r in self._by_uid.values() if r.prefilling]
         try:
             _, responses = self._gen.next()
         except Exception as e:  # noqa: BLE001 -- mlx raises many types; the batch is unusable
@@ -141,6 +143,12 @@ class BatchEngine:
             r = self._by_uid.get(resp.uid)
             if r is not None:
                 events += self._on_token(r, resp)
+        # Progress of prompts still going through the model (no token yet): hang detection in
+        # the daemon counts it, so a long prompt is never taken for a hung runner.
+        for r in prefilling:
+            if r.prefilling and r.uid in self._by_uid:
+                r.prefilled = min(r.prompt_tokens, r.prefilled + self._gen.prefill_step_size)
+                events.append(m.Prefill(r.rid, r.prefilled, r.prompt_tokens))
         return events
 
     def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]:

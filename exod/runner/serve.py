@@ -158,7 +158,7 @@ class ServeLoop:
     def _emit(self, events: list[m.Event]) -> None:
         for ev in events:
             self.channel.send(ev)
-            if not isinstance(ev, m.Text):
+            if isinstance(ev, (m.Done, m.Error)):  # the end of that request
                 self.live.discard(ev.id)
                 self.recent.append(ev.id)
                 self.channel.cancelled.discard(ev.id)

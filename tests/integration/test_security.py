@@ -367,12 +367,18 @@ def test_fuzz_http_json_bodies(api: Api) -> None:
     @given(body=bodies(), path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
     def probe(body: dict[str, Any], path: str) -> None:
         raw = json.dumps(body, allow_nan=True).encode()
-        status, _, _ = api.request("POST", path, raw)
+        try:
+            status, _, _ = api.request("POST", path, raw)
+        except (BrokenPipeError, ConnectionResetError):
+            # This daemon's header_timeout is 1 s: on a loaded machine the server may close a
+            # fresh connection before the loop reads its request. Closing is no 5xx, and rare.
+            status = 0
         statuses[status] = statuses.get(status, 0) + 1
         assert status < 500, (status, body)
 
     probe()
     assert statuses.get(200, 0) > 0 and statuses.get(400, 0) > 0, statuses
+    assert statuses.get(0, 0) <= sum(statuses.values()) // 20, statuses
     assert tracebacks(api.d) == []
 
 

@@ -158,15 +158,18 @@ def test_byte_cap_evicts(daemons: Callable[..., Daemon], tiny_model: Path) -> No
     assert cache["entries"] == 1 and 0 < cache["bytes"] <= cap
 
 
-def test_out_of_range_logit_bias_is_refused_by_the_runner(daemons: Callable[..., Daemon],
-                                                          tiny_model: Path) -> None:
+def test_out_of_range_logit_bias_is_refused(daemons: Callable[..., Daemon],
+                                            tiny_model: Path) -> None:
+    """Refused by the daemon, against the vocabulary rank 0 reported when it became ready
+    (the runner checks again against the logits' real width: tests/unit/
+    test_security_parts.py)."""
     d = daemons({"instances": {"tiny": {"model": str(tiny_model)}}})
     d.start()
     d.until_state("tiny", "ready")
     try:
         ask(d, "tiny", "hello", max_tokens=2, logit_bias={"1024": 5})
-    except openai.APIError as e:
-        assert "outside the vocabulary" in str(e)
+    except openai.BadRequestError as e:
+        assert "outside the model's vocabulary" in str(e)
     else:
         raise AssertionError("a token id past the vocabulary must be refused")
     assert ask(d, "tiny", "hello", max_tokens=2)  # and the runner serves on
