@@ -54,6 +54,7 @@ class Generation:
         self._stops = StopMatcher(req.stop)
         self.prompt_tokens = len(prompt)
         self.completion_tokens = 0
+        self.prefilled = 0
         self.started = False  # it has produced a token (its whole prompt has been read)
 
     @property
@@ -63,6 +64,7 @@ class Generation:
     def prefill(self, chunk: int) -> None:
         """Run the next `chunk` prompt tokens through the model (and the group) into the cache."""
         tokens, self._pending = self._pending[:chunk], self._pending[chunk:]
+        self.prefilled += len(tokens)
         with mx.stream(generation_stream):  # where stream_generate will read the cache
             self.model(mx.array(tokens)[None], cache=self._cache)
             mx.eval([c.state for c in self._cache])
@@ -120,6 +122,8 @@ class TurnEngine:
             try:
                 if gen.prefilling:
                     gen.prefill(chunk)
+                    # Progress before the first token: hang detection counts it as such.
+                    out.append(m.Prefill(rid, gen.prefilled, gen.prompt_tokens))
                     continue
                 text, reason = gen.step()
             except Exception as e:  # noqa: BLE001 -- mlx raises many types: fail this one, go on
