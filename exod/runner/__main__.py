@@ -189,7 +189,7 @@ def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:
         worker_loop(loaded, group, r.args.parallelism, r.life)
         return
     leader = LeaderModel(loaded, group, r.args.parallelism)
-    engine = TurnEngine(leader, loaded.tokenizer, r.args.max_concurrency)
+    engine = TurnEngine(leader, loaded.tokenizer, r.args.max_concurrency, r.args.prefill_step)
     ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat,
               tick=Ticker(leader.heartbeat, group.heartbeat_every)).run()
     try:

@@ -4,8 +4,13 @@ token of each running request per step, with no prompt cache.
 Rank 0 of a group serves with it. Its model is parallel.LeaderModel, whose forward carries one
 sequence (headers and transfers are shaped (1, length)), and whose other ranks hold one plain
 KV cache per request; a batch would need every rank to mirror the batch cache's merge, filter
-and extend. Prefill is one step here (one forward through the group), so a stop or a cancel
-waits for it: the limitation `exoctl status` reports under `serving.batching`.
+and extend: the limitation `exoctl status` reports under `serving.batching`.
+
+The prompt goes through the model here, one chunk per step, before `stream_generate` takes over
+for its last token: every chunk is a whole forward on every rank (rank 0's header, then each
+rank's part), so between two chunks the group is in step and the serve loop can drop the
+request (a cancel) or end it (a stop) within one chunk, as on a single rank. mlx-lm's own
+chunked prefill would run the whole prompt inside one step.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import GenerationResponse, stream_generate
+from mlx_lm.generate import GenerationResponse, generation_stream, stream_generate
+from mlx_lm.models.cache import make_prompt_cache
 
 from exod import messages as m
 from exod.runner import validate
@@ -28,21 +34,41 @@ from exod.runner.log import ERR, log
 from exod.runner.stops import StopMatcher
 
 WHY_NOT_BATCHED = ("one request at a time: a multi-rank group's forward carries one sequence "
-                   "(no continuous batching, prompt cache or chunked prefill yet)")
+                   "(no continuous batching or prompt cache yet)")
+MIN_CHUNK = 32  # as exod.runner.engine: smaller chunks cost more in overhead than they buy
 
 
 class Generation:
     def __init__(self, model: Any, tokenizer: Any, req: m.Generate) -> None:
         self.id = req.id
+        self.model = model
         prompt = prompt_tokens(tokenizer, req)
         processors = bias_processors(req.logit_bias, vocab_size(model, tokenizer))
+        # A LeaderModel's cache is the group's: made here, so every rank has it before a chunk.
+        self._cache: list[Any] = make_prompt_cache(model)
+        self._pending = prompt[:-1]  # prefilled by `prefill`; the last token by stream_generate
         self._responses: Iterator[GenerationResponse] = stream_generate(
-            model, tokenizer, mx.array(prompt), max_tokens=validate.max_tokens(req.max_tokens),
+            model, tokenizer, mx.array(prompt[-1:]), prompt_cache=self._cache,
+            max_tokens=validate.max_tokens(req.max_tokens),
             sampler=make_request_sampler(req), logits_processors=processors or None)
         self._stops = StopMatcher(req.stop)
         self.prompt_tokens = len(prompt)
         self.completion_tokens = 0
-        self.started = False  # its first step (the whole prefill) has run
+        self.prefilled = 0
+        self.started = False  # it has produced a token (its whole prompt has been read)
+
+    @property
+    def prefilling(self) -> bool:
+        return bool(self._pending)
+
+    def prefill(self, chunk: int) -> None:
+        """Run the next `chunk` prompt tokens through the model (and the group) into the cache."""
+        tokens, self._pending = self._pending[:chunk], self._pending[chunk:]
+        self.prefilled += len(tokens)
+        with mx.stream(generation_stream):  # where stream_generate will read the cache
+            self.model(mx.array(tokens)[None], cache=self._cache)
+            mx.eval([c.state for c in self._cache])
+        mx.clear_cache()
 
     def step(self) -> tuple[str, m.FinishReason | None]:
         """Generate one token: (text to release now, finish reason or None while going on)."""
@@ -69,8 +95,9 @@ class Generation:
 class TurnEngine:
     """Generations take turns, one token each per step (see exod.runner.serve.Engine)."""
 
-    def __init__(self, model: Any, tokenizer: Any, width: int) -> None:
+    def __init__(self, model: Any, tokenizer: Any, width: int, prefill_step: int = 256) -> None:
         self.model, self.tokenizer, self.width = model, tokenizer, width
+        self.prefill_step = max(MIN_CHUNK, prefill_step)
         self.gens: dict[str, Generation] = {}
 
     @property
@@ -86,9 +113,18 @@ class TurnEngine:
             gen.close()
 
     def step(self) -> list[m.Event]:
+        """A token of every generation past its prompt, and one chunk of every prompt being
+        read (sized so that the step prefills at most `prefill_step` tokens in all)."""
         out: list[m.Event] = []
+        prefilling = sum(g.prefilling for g in self.gens.values())
+        chunk = max(MIN_CHUNK, self.prefill_step // max(1, prefilling))
         for rid, gen in list(self.gens.items()):
             try:
+                if gen.prefilling:
+                    gen.prefill(chunk)
+                    # Progress before the first token: hang detection counts it as such.
+                    out.append(m.Prefill(rid, gen.prefilled, gen.prompt_tokens))
+                    continue
                 text, reason = gen.step()
             except Exception as e:  # noqa: BLE001 -- mlx raises many types: fail this one, go on
                 log(f"generation {rid} failed: {type(e).__name__}: {e}", ERR)
@@ -118,4 +154,5 @@ class TurnEngine:
         return out
 
     def serving(self) -> m.Serving:
-        return m.Serving(batching=WHY_NOT_BATCHED, width=self.width, active=self.active)
+        return m.Serving(batching=WHY_NOT_BATCHED, width=self.width, active=self.active,
+                         prefill_step=self.prefill_step)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 import yaml
 
 from tests.harness import EXOCTL, Daemon
@@ -172,3 +173,100 @@ def test_out_of_range_logit_bias_is_refused(daemons: Callable[..., Daemon],
     else:
         raise AssertionError("a token id past the vocabulary must be refused")
     assert ask(d, "tiny", "hello", max_tokens=2)  # and the runner serves on
+
+
+# ---- a group (rank 0 drives the other ranks through one request at a time) -----------------
+# ~5k tokens of the tiny model: tens of seconds of prefill through a 2-rank group on this CPU.
+GROUP_LONG = "Please summarise the following text. " + "The quick brown fox jumps over it. " * 300
+
+
+def _group(daemons: Callable[..., Daemon], model: Path, parallelism: str) -> Daemon:
+    d = daemons({"instances": {"g": {"model": str(model), "shards": 2,
+                                     "parallelism": parallelism}}})
+    d.start()
+    d.until_state("g", "ready")
+    return d
+
+
+def _group_long_prefill(d: Daemon) -> RawStream:
+    s = RawStream(d.api_url(), model="g", max_tokens=4,
+                  messages=[{"role": "user", "content": GROUP_LONG}])
+    d.until_instance("g", lambda i: (i["serving"] or {}).get("active") == 1,
+                     what="the long prompt to be admitted")
+    return s
+
+
+@pytest.mark.parametrize("parallelism", ["pipeline", "tensor"])
+def test_group_stop_during_prefill_ends_at_rung_1_without_a_signal(
+        daemons: Callable[..., Daemon], tiny_model_factory: Callable[..., Path],
+        parallelism: str) -> None:
+    """Rank 0 reads the prompt one chunk (one whole forward of the group) per step, so the
+    stop is answered between two chunks: every rank leaves at rung 1 with exit code 0."""
+    d = _group(daemons, tiny_model_factory(layers=6), parallelism)
+    pids = [r["pid"] for r in d.instance("g")["ranks"]]
+    stream = _group_long_prefill(d)
+    asked = time.monotonic()
+    d.ctl("stop", "g")
+    *_, last, done = stream.rest()
+    took = time.monotonic() - asked
+    assert done == b"[DONE]" and b"aborted" in last
+    steps = [e["extra"]["step"] for e in d.events(event="ladder", instance="g")]
+    assert set(steps) == {"ask"}, f"must leave at rung 1, ladder: {steps}\n{d.log_text()}"
+    exits = {e["extra"]["pid"]: e["extra"] for e in d.events(event="exit", instance="g")}
+    assert set(exits) == set(pids), exits
+    for ex in exits.values():
+        assert ex["code"] == 0 and ex["signal"] is None and ex["signals_sent"] == ["ask"], ex
+    print(f"group ({parallelism}) stopped {took:.1f}s after the ask, during its prefill")
+
+
+def test_group_disconnect_during_prefill_frees_the_group(
+        daemons: Callable[..., Daemon], tiny_model_factory: Callable[..., Path]) -> None:
+    d = _group(daemons, tiny_model_factory(layers=6), "pipeline")
+    stream = _group_long_prefill(d)
+    left = time.monotonic()
+    stream.close()
+    # Generous: a chunk takes about a second on a loaded CPU; the whole prefill ~10x more.
+    d.until_instance("g", lambda i: (i["serving"] or {}).get("active") == 0, timeout=60,
+                     what="the cancelled prefill to leave")
+    freed = time.monotonic() - left
+    assert ask(d, "g", "Say hi.", max_tokens=3, temperature=0, logit_bias={"2": -100})
+    assert d.instance("g")["state"] == "ready"
+    print(f"group free {freed:.1f}s after the client left")
+
+
+# ---- streaming never splits a character ------------------------------------------------------
+# The tiny model's byte-level BPE has a token per byte: "Ã" is byte 0xC3 (the lead byte of "é"),
+# "©" is 0xA9 (its continuation). With only those two allowed, an "é" in the answer always spans
+# two tokens; a lead byte not followed by its continuation is invalid and decodes to U+FFFD.
+LEAD, CONT = "130", "105"
+
+
+def test_multibyte_characters_are_never_split_across_chunks(
+        daemons: Callable[..., Daemon], tiny_model_factory: Callable[..., Path]) -> None:
+    """Sampled (a seed: the same tokens every time) between the two bytes of "é": every "é" was
+    two tokens. Streamed on one rank (BatchEngine) and on a 2-rank group (TurnEngine), the chunks
+    join into the non-streamed answer, and no chunk holds half a character (it would show as
+    U+FFFD in the stream, where the whole answer has "é")."""
+    model = str(tiny_model_factory(layers=6))
+    d = daemons({"instances": {"one": {"model": model},
+                               "pipe": {"model": model, "shards": 2}}})
+    d.start()
+    d.watch_until(lambda s: all(i["state"] == "ready" for i in s["instances"]),
+                  what="both ready")
+    kw: dict[str, Any] = {"messages": [{"role": "user", "content": "Say hi."}],
+                          "max_tokens": 60, "temperature": 2.0, "seed": 7,
+                          "logit_bias": {LEAD: 100, CONT: 100}}
+    answers = []
+    for name in ("one", "pipe"):
+        whole = client(d).chat.completions.create(model=name, **kw)
+        answer = whole.choices[0].message.content or ""
+        assert whole.usage is not None and whole.usage.completion_tokens == 60
+        chunks = [c.choices[0].delta.content
+                  for c in client(d).chat.completions.create(model=name, stream=True, **kw)
+                  if c.choices and c.choices[0].delta.content]
+        assert answer.count("é") >= 3, f"the case must occur: {answer!r}"
+        assert "".join(chunks) == answer, (chunks, answer)
+        assert len(chunks) > answer.count("é"), chunks  # streamed in pieces, not at the end
+        assert all(set(c) <= {"é", "\ufffd"} for c in chunks), chunks
+        answers.append(answer)
+    assert answers[0] == answers[1]  # a seed reproduces across engines too
