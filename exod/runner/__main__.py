@@ -105,8 +105,14 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_MODEL
         log(f"loaded {loaded.shard.count} layers in {loaded.seconds:.2f}s as {loaded.dtype}; "
             f"{blas_msg}")
+        try:
+            first_token(loaded, group, notify)
+        except ModelError as e:
+            notify.error(str(e))
+            log(f"cannot generate with {args.model}: {e}", ERR)
+            return EXIT_MODEL
+        notify.ready()
         if group is None:
-            notify.ready()
             from exod.runner.serve import serve
 
             serve(loaded, channel, life, notify)
@@ -133,6 +139,23 @@ def join_group(args: argparse.Namespace, life: Lifecycle, notify: Notifier) -> G
     return g
 
 
+def first_token(loaded: Loaded, group: Group | None, notify: Notifier) -> None:
+    """READY means it can generate: one real token goes through every rank first (after a
+    barrier, so no timeout runs while a peer is still loading). Raises ModelError."""
+    from exod.runner.load import ModelError
+    from exod.runner.parallel import warm_up
+
+    if group is not None:
+        notify.status(f"waiting for the other {group.size - 1} rank(s) to load")
+        group.barrier()
+        group.arm()
+    notify.status("generating a first token")
+    try:
+        warm_up(loaded, group)
+    except Exception as e:  # noqa: BLE001 -- whatever the family raises, the reason is kept
+        raise ModelError(f"the first token failed: {type(e).__name__}: {e}") from e
+
+
 def serve_group(args: argparse.Namespace, loaded: Loaded, group: Group, channel: Channel,
                 life: Lifecycle, notify: Notifier) -> None:
     """Wait for every rank to finish loading (a barrier: no timeout), then rank 0 serves and
@@ -140,10 +163,6 @@ def serve_group(args: argparse.Namespace, loaded: Loaded, group: Group, channel:
     from exod.runner.peers import PeerLost
     from exod.runner.parallel import LeaderModel, worker_loop
 
-    notify.status(f"waiting for the other {group.size - 1} rank(s) to load")
-    group.barrier()
-    group.arm()
-    notify.ready()
     if group.rank != 0:
         worker_loop(loaded, group, args.parallelism, life)
         return
