@@ -12,9 +12,12 @@ not in the zoo, with the reason.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
+
+import click
 
 from exod.models._io import build_atomically, write_json
 
@@ -29,7 +32,7 @@ BASE: dict[str, Any] = {
     "hidden_act": "silu", "attention_bias": False, "partial_rotary_factor": 1.0,
     # MoE families
     "num_experts": 4, "num_experts_per_tok": 2, "n_routed_experts": 4, "num_local_experts": 4,
-    "moe_intermediate_size": 32, "n_shared_experts": 1, "shared_expert_intermediate_size": 64,
+    "moe_intermediate_size": 64, "n_shared_experts": 1, "shared_expert_intermediate_size": 64,
     "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "moe_layer_freq": 1,
     "routed_scaling_factor": 1.0, "decoder_sparse_step": 1, "mlp_only_layers": [],
     "norm_topk_prob": True,
@@ -64,8 +67,6 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "minicpm": {"dim_model_base": H, "scale_depth": 1.0, "scale_emb": 1.0},
     "stablelm": {"use_qkv_bias": False, "partial_rotary_factor": 0.5},
     "helium": {"mlp_bias": False}, "ernie4_5": {"use_bias": False},
-    "exaone4": {"rope_scaling": None, "sliding_window_pattern": "LG",
-                "tie_word_embeddings": False},
     "ministral3": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
                                       "llama_4_scaling_beta": 0.0,
                                       "original_max_position_embeddings": 512}},
@@ -78,10 +79,18 @@ FAMILIES: dict[str, dict[str, Any]] = {
 # Quantized variants the tests serve too.
 QUANTIZED = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
+# (zoo name, layout) -> why exod refuses it; the zoo test checks that the probe refuses
+# exactly these.
+KNOWN_REFUSALS: dict[tuple[str, str], str] = {
+    ("exaone", "tp"): "its attention reshapes its output to the full width: no tensor split",
+}
+
 NOT_TINY: dict[str, str] = {
     "bitnet": "its kernels need Metal",
     "gemma4": "the smallest config still builds 35 layers (minutes on CPU)",
     "olmo": "needs the ai2-olmo package",
+    "exaone4": "mlx-lm wants sliding_window_pattern as a string (\"LLLG\"), and transformers "
+               "(loading the tokenizer) then fails on it",
 }
 
 
@@ -140,3 +149,51 @@ def _copy_tokenizer(out: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(cache / name, out / name)
+
+
+def reference_text(model_dir: Path, prompt: str, max_tokens: int, ban: int) -> str:
+    """What in-process mlx-lm generates, greedily, with token `ban` made impossible (as a
+    client's logit_bias of -100 does), in float32 as the runner computes on CPU."""
+    import mlx.core as mx
+    from mlx_lm import load, stream_generate
+    from mlx_lm.sample_utils import make_logits_processors
+
+    model, tokenizer = load(str(model_dir))[:2]
+    model.set_dtype(mx.float32)
+    processors = make_logits_processors(logit_bias={ban: -100.0})
+    return "".join(r.text for r in stream_generate(
+        model, tokenizer, prompt, max_tokens=max_tokens, sampler=lambda x: mx.argmax(x, -1),
+        logits_processors=processors))
+
+
+def zoo_name(family: str, bits: int | None) -> str:
+    return family if bits is None else f"{family}-q{bits}"
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("root", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("families", nargs=-1)
+@click.option("--prompt", default=None, help="Also generate greedily from this prompt.")
+@click.option("--max-tokens", default=12, show_default=True)
+@click.option("--ban", default=2, show_default=True, help="Token id never generated (EOS).")
+def main(root: Path, families: tuple[str, ...], prompt: str | None, max_tokens: int,
+         ban: int) -> None:
+    """Make the tiny models of FAMILIES (FAMILY or FAMILY:BITS; default: every family) under
+    ROOT; print one JSON object: name -> {"path", and with --prompt "text"}."""
+    out: dict[str, dict[str, str]] = {}
+    for spec in families or tuple(FAMILIES):
+        family, _, bits_text = spec.partition(":")
+        bits = int(bits_text) if bits_text else None
+        name = zoo_name(family, bits)
+        try:
+            path = make_family_model(root / name, family, bits=bits)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from e
+        out[name] = {"path": str(path)}
+        if prompt is not None:
+            out[name]["text"] = reference_text(path, prompt, max_tokens, ban)
+    click.echo(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

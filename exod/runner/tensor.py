@@ -18,6 +18,7 @@ from typing import Any
 import mlx.core as mx
 from mlx import nn
 from mlx.nn.layers.distributed import shard_inplace, shard_linear
+from mlx.utils import tree_unflatten
 
 from exod.runner.blocks import Blocks
 
@@ -40,10 +41,22 @@ def block_sharder(model: nn.Module, blocks: Blocks,
                   group: Any) -> tuple[Callable[[nn.Module], None], Callable[[], None]]:
     """(shard one block, finish): `finish` runs once after every block, for a family shard()
     that also touches what lies outside the blocks."""
+    _check_heads(blocks, group.size())
     own = _family_sharder(model, blocks, group)
     if own is not None:
         return own
     return (lambda block: shard_block(block, group)), (lambda: None)
+
+
+def _check_heads(blocks: Blocks, n: int) -> None:
+    """Head counts must split evenly: a family's own shard() divides them without checking."""
+    for block in blocks.items[:1]:  # blocks of one model share their attention's shape
+        for _, m in block.named_modules():
+            for h in HEADS:
+                value = getattr(m, h, None)
+                if isinstance(value, int) and not isinstance(value, bool) and value % n:
+                    raise CannotShard(f"{type(m).__name__}.{h} is {value}, "
+                                      f"not divisible by {n} ranks")
 
 
 def shard_block(block: nn.Module, group: Any) -> None:
@@ -103,8 +116,10 @@ def _shard_experts(parent: nn.Module, group: Any) -> None:
     base = type(parent)
 
     def __call__(self: nn.Module, *args: Any, **kwargs: Any) -> mx.array:
-        return mx.distributed.all_sum(base.__call__(self, *args, **kwargs), group=group)
+        return mx.distributed.all_sum(base.__call__(self, *args, **kwargs),
+                                      group=self.exod_group)
 
+    parent.exod_group = group  # an attribute, not a closure: the probe swaps in its own group
     parent.__class__ = type(f"Sharded{base.__name__}", (base,), {"__call__": __call__})
 
 
@@ -123,7 +138,9 @@ def _family_sharder(model: nn.Module, blocks: Blocks, group: Any
     if not callable(getattr(model, "shard", None)):
         return None
     everything = list(blocks.items)
-    before = {k: id(v) for k, v in _flat(model)}
+    params = _flat(model)
+    before = {k: id(v) for k, v in params}
+    modules = model.leaf_modules()
     blocks.owner[blocks.key] = []
     try:
         model.shard(group)
@@ -131,6 +148,9 @@ def _family_sharder(model: nn.Module, blocks: Blocks, group: Any
     finally:
         blocks.owner[blocks.key] = everything
     if after != {k: v for k, v in before.items() if f".{blocks.key}." not in f".{k}"}:
+        # It shards more than the blocks: undo the trial, then shard everything at the end.
+        model.update_modules(modules)
+        model.update(tree_unflatten(params))
         return (lambda block: None), (lambda: model.shard(group))
 
     def one(block: nn.Module) -> None:
