@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-ALL = ["load", "daemon", "api", "sharding", "systemd"]
+ALL = ["load", "daemon", "api", "sharding", "families", "systemd"]
 
 
 def main() -> None:

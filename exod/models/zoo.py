@@ -94,8 +94,8 @@ NOT_TINY: dict[str, str] = {
 }
 
 
-def family_config(family: str) -> dict[str, Any]:
-    extra = dict(FAMILIES[family])
+def family_config(family: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    extra = {**FAMILIES[family], **(overrides or {})}
     config = {**BASE, **extra, "model_type": family}
     if "text_config" in extra:  # a multimodal wrapper: the text model keeps the settings
         text = {**BASE, **extra["text_config"], "model_type": f"{family}_text"}
@@ -105,23 +105,27 @@ def family_config(family: str) -> dict[str, Any]:
 
 
 def make_family_model(out_dir: Path, family: str, *, bits: int | None = None,
-                      seed: int = 0, force: bool = False) -> Path:
-    """Make (or reuse) the tiny model of `family` at `out_dir`; `bits` quantizes it."""
+                      seed: int = 0, overrides: dict[str, Any] | None = None,
+                      force: bool = False) -> Path:
+    """Make (or reuse) the tiny model of `family` at `out_dir`; `bits` quantizes it;
+    `overrides` change its config (benchmarks make bigger ones)."""
     if family not in FAMILIES:
         raise ValueError(f"no tiny config for family {family!r}")
     params = {"generator": "exod.models.zoo", "version": GENERATOR_VERSION, "family": family,
-              "bits": bits, "seed": seed, "config": FAMILIES[family]}
+              "bits": bits, "seed": seed, "config": FAMILIES[family],
+              "overrides": overrides or {}}
     return build_atomically(Path(out_dir), params,
-                            lambda d: _build(family, bits, seed, d), force=force)
+                            lambda d: _build(family, bits, seed, overrides, d), force=force)
 
 
-def _build(family: str, bits: int | None, seed: int, out: Path) -> None:
+def _build(family: str, bits: int | None, seed: int, overrides: dict[str, Any] | None,
+           out: Path) -> None:
     import mlx.core as mx
     from mlx import nn
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
 
-    config = family_config(family)
+    config = family_config(family, overrides)
     model_cls, args_cls = _get_classes(config)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(config))
@@ -176,17 +180,23 @@ def zoo_name(family: str, bits: int | None) -> str:
 @click.option("--prompt", default=None, help="Also generate greedily from this prompt.")
 @click.option("--max-tokens", default=12, show_default=True)
 @click.option("--ban", default=2, show_default=True, help="Token id never generated (EOS).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=JSON",
+              help="Override a config key (for bigger models), e.g. --set hidden_size=1024.")
 def main(root: Path, families: tuple[str, ...], prompt: str | None, max_tokens: int,
-         ban: int) -> None:
+         ban: int, sets: tuple[str, ...]) -> None:
     """Make the tiny models of FAMILIES (FAMILY or FAMILY:BITS; default: every family) under
     ROOT; print one JSON object: name -> {"path", and with --prompt "text"}."""
+    try:
+        overrides = {k: json.loads(v) for k, _, v in (x.partition("=") for x in sets)}
+    except ValueError as e:
+        raise click.UsageError(f"--set: {e}") from e
     out: dict[str, dict[str, str]] = {}
     for spec in families or tuple(FAMILIES):
         family, _, bits_text = spec.partition(":")
         bits = int(bits_text) if bits_text else None
         name = zoo_name(family, bits)
         try:
-            path = make_family_model(root / name, family, bits=bits)
+            path = make_family_model(root / name, family, bits=bits, overrides=overrides)
         except ValueError as e:
             raise click.UsageError(str(e)) from e
         out[name] = {"path": str(path)}
