@@ -9,7 +9,7 @@ ALL = ["load", "daemon", "api", "sharding", "families", "systemd"]
 
 
 def main() -> None:
-    names = sys.argv[1:] or ALL
+    names = [a for a in sys.argv[1:] if not a.startswith("-")] or ALL
     for name in names:
         importlib.import_module(f"bench.{name}").main()
 

@@ -74,6 +74,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "qwen3_5": {}, "dots1": {}, "telechat3": {}, "youtu_llm": {}, "mimo": {},
     "gpt2": {"n_layer": 4, "n_head": 4, "n_embd": H, "n_positions": 512, "n_ctx": 512},
     "phi": {"rotary_dim": 8},
+    "falcon_h1": {}, "Klear": {}, "glm4_moe_lite": {}, "iquestloopcoder": {}, "laguna": {},
+    "muse_glimmer": {}, "nanbeige": {}, "nanochat": {}, "plamo2": {}, "plamo3": {},
+    "qwen2_vl": {}, "qwen3_vl": {}, "qwen3_5_moe": {}, "solar_open": {}, "talkie": {},
 }
 
 # Quantized variants the tests serve too.
@@ -83,6 +86,7 @@ QUANTIZED = ("llama", "qwen2", "qwen3", "qwen3_moe")
 # exactly these.
 KNOWN_REFUSALS: dict[tuple[str, str], str] = {
     ("exaone", "tp"): "its attention reshapes its output to the full width: no tensor split",
+    ("iquestloopcoder", "tp"): "its loop gate is computed over the whole head set",
 }
 
 NOT_TINY: dict[str, str] = {
