@@ -38,7 +38,6 @@ from pathlib import Path
 from bench.common import median, model, report, verdict
 from tests.system.systemd import (
     CONFIG_PATH,
-    REPO,
     GuestUnavailable,
     SystemdGuest,
     install_exod,
@@ -65,8 +64,7 @@ def config(ready: str, instances: dict[str, dict[str, object]]) -> str:
 
 
 def double() -> dict[str, object]:
-    return {"model": FAKE, "env": {"EXOD_RUNNER_MODULE": "tests.doubles.runner",
-                                   "EXOD_DOUBLE": "cooperative", "PYTHONPATH": str(REPO)}}
+    return {"model": FAKE, "env": {"EXOD_DOUBLE": "cooperative"}}
 
 
 def seconds(g: SystemdGuest, *props: str) -> list[float]:

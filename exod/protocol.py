@@ -1,6 +1,7 @@
 """Framing for the daemon ↔ runner channel: a stream socket carrying length-prefixed JSON.
 
-Each frame is a 4-byte big-endian length then that many bytes of UTF-8 JSON (an object).
+Each frame is a 4-byte big-endian length then that many bytes of UTF-8 JSON (an object); what
+the objects say is `exod.messages`.
 JSON, not pickle: a runner must never be able to make the daemon execute anything.
 Shared by both sides; imports nothing heavy.
 """
@@ -8,7 +9,6 @@ Shared by both sides; imports nothing heavy.
 from __future__ import annotations
 
 import json
-import socket
 import struct
 from typing import Any
 
@@ -52,11 +52,3 @@ class FrameDecoder:
                 raise ProtocolError("a frame must hold a JSON object")
             out.append(msg)
         return out
-
-
-def recv_blocking(sock: socket.socket, decoder: FrameDecoder) -> list[Message] | None:
-    """Block for the next chunk; None at end of stream (the peer is gone)."""
-    data = sock.recv(65536)
-    if not data:
-        return None
-    return decoder.feed(data)

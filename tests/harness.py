@@ -30,6 +30,10 @@ BIN = Path(sys.executable).parent
 EXOD = [str(BIN / "exod")]
 EXOCTL = [str(BIN / "exoctl")]
 SAFETY = 120.0  # seconds: only a bound against hangs
+# What a daemon under test execs for its runners: tests/doubles/runner.py, which runs the real
+# runner unless an instance's env names a misbehaviour (EXOD_DOUBLE). Set in the daemon's own
+# environment: a config file can never choose what gets exec'd.
+DOUBLES_ENV = {"EXOD_RUNNER_MODULE": "tests.doubles.runner", "PYTHONPATH": str(REPO)}
 
 
 class NotifyListener:
@@ -122,7 +126,8 @@ class Daemon:
                   **config}
         self.write_config(config)
         self.listener = NotifyListener(self.dir / "notify-manager.sock")
-        self.env = {**os.environ, "NOTIFY_SOCKET": str(self.listener.path), **(env or {})}
+        self.env = {**os.environ, "NOTIFY_SOCKET": str(self.listener.path), **DOUBLES_ENV,
+                    **(env or {})}
         self.env.pop("EXOD_SOCKET", None)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pids_seen: set[int] = set()

@@ -21,12 +21,13 @@ import json
 import os
 import time
 import weakref
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 from aiohttp import web
 from loguru import logger
 
+from exod import messages as m
 from exod.api import address
 from exod.api.admission import Gate, QueueFull
 from exod.api.errors import (
@@ -43,26 +44,53 @@ from exod.api.errors import (
 from exod.api.objects import DONE, SSE_HEADERS, Reply, sse
 from exod.api.schema import GenRequest, parse_chat, parse_completion
 from exod.api.token import read_token
-from exod.config.schema import Api
+from exod.config.schema import Api, Instance
 from exod.core.states import State
-from exod.daemon.link import RequestStream
-
-if TYPE_CHECKING:
-    from exod.daemon.instance import InstanceRuntime
-    from exod.daemon.supervisor import Supervisor
+from exod.daemon.link import Link, RequestStream
 
 MAX_BODY = 16 * 2**20  # long chat histories are fine; a runaway upload is not
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+class ServedInstance(Protocol):
+    """What the API needs of an instance."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def state(self) -> State: ...
+
+    @property
+    def config(self) -> Instance: ...
+
+    @property
+    def served_by(self) -> str | None:
+        """The host whose exod serves it, when that is not this one (its rank 0 runs there)."""
+        ...
+
+    def serving_link(self) -> Link | None: ...
+
+
+class Daemon(Protocol):
+    """What the API needs of the daemon."""
+
+    @property
+    def phase(self) -> str: ...
+
+    def instance(self, name: str) -> ServedInstance | None: ...
+
+    def ordered(self) -> Sequence[ServedInstance]: ...
+
+
 class ApiServer:
-    def __init__(self, cfg: Api, sup: Supervisor) -> None:
+    def __init__(self, cfg: Api, daemon: Daemon) -> None:
         self.cfg = cfg
-        self.sup = sup
+        self.sup = daemon
         self.host, self.port = address.parse_listen(cfg.listen)
         self.token: str | None = None
         self.started_wall = int(time.time())
-        self.gates: weakref.WeakKeyDictionary[InstanceRuntime, Gate] = \
+        self.gates: weakref.WeakKeyDictionary[ServedInstance, Gate] = \
             weakref.WeakKeyDictionary()
         self._runner: web.AppRunner | None = None
 
@@ -107,11 +135,12 @@ class ApiServer:
         return {"listen": self.cfg.listen, "url": self.url, "auth": self.token is not None,
                 "token_file": str(self.cfg.token_file) if self.cfg.token_file else None}
 
-    def instance_changed(self, inst: InstanceRuntime) -> None:
+    def instance_changed(self, inst: ServedInstance) -> None:
         """Supervisor listener: requests queued for an instance that left `ready` get a 503."""
         gate = self.gates.get(inst)
         if gate is not None and inst.state is not State.READY:
-            gate.reject_waiting(lambda: not_ready(inst.name, inst.state.value))
+            gate.reject_waiting(lambda: not_ready(inst.name, inst.state.value,
+                                                  inst.state is State.STOPPING))
 
     # ---- middlewares ------------------------------------------------------------------
     @web.middleware
@@ -155,7 +184,7 @@ class ApiServer:
         body["not_ready"] = [{"name": i.name, "state": i.state.value} for i in waiting]
         return web.json_response(body, status=503)
 
-    def _model_json(self, inst: InstanceRuntime) -> dict[str, Any]:
+    def _model_json(self, inst: ServedInstance) -> dict[str, Any]:
         gate = self.gates.get(inst)
         return {"id": inst.name, "object": "model", "created": self.started_wall,
                 "owned_by": "exod", "state": inst.state.value,
@@ -167,7 +196,7 @@ class ApiServer:
 
     async def model(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
-        inst = self.sup.instances.get(name)
+        inst = self.sup.instance(name)
         if inst is None:
             raise model_not_found(name)
         return web.json_response(self._model_json(inst))
@@ -179,17 +208,17 @@ class ApiServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, parse_completion(await _body(request)))
 
-    def _ready_instance(self, name: str) -> InstanceRuntime:
-        inst = self.sup.instances.get(name)
+    def _ready_instance(self, name: str) -> ServedInstance:
+        inst = self.sup.instance(name)
         if inst is None:
             raise model_not_found(name)
-        if not inst.ranks[0].local:
-            raise served_elsewhere(name, inst.ranks[0].host)
+        if inst.served_by is not None:
+            raise served_elsewhere(name, inst.served_by)
         if inst.state is not State.READY:
-            raise not_ready(name, inst.state.value)
+            raise not_ready(name, inst.state.value, inst.state is State.STOPPING)
         return inst
 
-    def _gate(self, inst: InstanceRuntime) -> Gate:
+    def _gate(self, inst: ServedInstance) -> Gate:
         gate = self.gates.get(inst)
         if gate is None:
             gate = self.gates[inst] = Gate(inst.config.max_concurrency, inst.config.max_queue)
@@ -206,8 +235,7 @@ class ApiServer:
             # Waiting may have taken a while: ready still, and the very same instance?
             if self._ready_instance(req.model) is not inst:
                 raise not_ready(inst.name, "replaced by a reload")
-            pid = inst.ranks[0].pid
-            link = self.sup.procs.link(pid) if pid is not None else None
+            link = inst.serving_link()
             if link is None:
                 raise not_ready(inst.name, "its runner is gone")
             stream = link.open(req.to_runner())
@@ -224,16 +252,14 @@ class ApiServer:
         parts: list[str] = []
         while True:
             ev = await stream.next()
-            kind = ev.get("ev")
-            if kind == "text":
-                parts.append(str(ev.get("text", "")))
-            elif kind == "done":
+            if isinstance(ev, m.Text):
+                parts.append(ev.text)
+            elif isinstance(ev, m.Done):
                 reply = Reply(req.kind, req.model)
                 return web.json_response(reply.whole(
-                    "".join(parts), str(ev.get("finish_reason")), int(ev["prompt_tokens"]),
-                    int(ev["completion_tokens"])))
-            elif kind == "error":
-                raise runner_error(str(ev.get("code")), str(ev.get("message")))
+                    "".join(parts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens))
+            else:
+                raise runner_error(ev.code, ev.message)
 
     async def _stream(self, request: web.Request, req: GenRequest,
                       stream: RequestStream) -> web.StreamResponse:
@@ -245,21 +271,20 @@ class ApiServer:
                 await resp.write(sse(reply.chunk(role=True)))
             while True:
                 ev = await stream.next()
-                kind = ev.get("ev")
-                if kind == "text":
-                    await resp.write(sse(reply.chunk(str(ev.get("text", "")))))
-                elif kind == "done":
-                    await resp.write(sse(reply.chunk(finish_reason=str(ev["finish_reason"]))))
+                if isinstance(ev, m.Text):
+                    await resp.write(sse(reply.chunk(ev.text)))
+                    continue
+                if isinstance(ev, m.Done):
+                    await resp.write(sse(reply.chunk(finish_reason=ev.finish_reason)))
                     if req.include_usage:
-                        await resp.write(sse(reply.usage_chunk(int(ev["prompt_tokens"]),
-                                                               int(ev["completion_tokens"]))))
-                    break
-                elif kind == "error":
-                    err = runner_error(str(ev.get("code")), str(ev.get("message")))
+                        await resp.write(sse(reply.usage_chunk(ev.prompt_tokens,
+                                                               ev.completion_tokens)))
+                else:
+                    err = runner_error(ev.code, ev.message)
                     logger.bind(instance=req.model).warning("stream ended by an error: {}",
                                                             err.message)
                     await resp.write(sse(err.body()))
-                    break
+                break
             await resp.write(DONE)
             await resp.write_eof()
         except ConnectionError:

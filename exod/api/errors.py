@@ -45,8 +45,8 @@ def model_not_found(name: str) -> ApiError:
                     "invalid_request_error", "model_not_found", "model")
 
 
-def not_ready(name: str, detail: str) -> ApiError:
-    code = "model_stopping" if detail.startswith("stopping") else "model_not_ready"
+def not_ready(name: str, detail: str, stopping: bool = False) -> ApiError:
+    code = "model_stopping" if stopping else "model_not_ready"
     return ApiError(503, f"The model `{name}` is not ready ({detail}).",
                     "service_unavailable_error", code,
                     headers={"Retry-After": str(RETRY_AFTER_S)})

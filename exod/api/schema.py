@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from exod.api.errors import bad_request
+from exod.messages import Generate
 
 DEFAULT_MAX_TOKENS_CHAT = 1024
 DEFAULT_MAX_TOKENS_COMPLETION = 16  # the OpenAI reference's default for /v1/completions
@@ -31,12 +32,12 @@ class GenRequest:
     stream: bool = False
     include_usage: bool = False
 
-    def to_runner(self) -> dict[str, Any]:
-        """The `generate` message for the runner (the link adds `op` and `id`)."""
+    def to_runner(self) -> Generate:
+        """The message for the runner (the link sets its id)."""
         d = asdict(self)
         for k in ("model", "stream", "include_usage"):
             d.pop(k)
-        return {k: v for k, v in d.items() if v is not None}
+        return Generate(id="", **d)
 
 
 def parse_chat(body: Any) -> GenRequest:

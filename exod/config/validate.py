@@ -23,7 +23,16 @@ from exod.config.durations import format_duration, parse_duration
 from exod.config.errors import Mark, Problem
 from exod.config.model_dir import model_dir_problem
 from exod.config.types import INSTANCE_NAME_RE, Kind
-from exod.config.yamlpos import Broken, MapNode, Node, Scalar, SeqNode, describe, join_path
+from exod.config.yamlpos import (
+    Broken,
+    Entry,
+    MapNode,
+    Node,
+    Scalar,
+    SeqNode,
+    describe,
+    join_path,
+)
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _INSTANCE_NAME = re.compile(INSTANCE_NAME_RE)
@@ -117,28 +126,12 @@ class Validator:
         inherit_from: the object `inherit="<field>"` metadata takes its defaults from.
         """
         given = given or {}
-        if isinstance(node, Broken):
+        entries = self._entries(node, path)
+        if entries is None:
             return INVALID
-        if _is_null(node):
-            entries = {}  # `stop:` with nothing under it: all defaults, like an empty mapping
-        elif isinstance(node, MapNode):
-            entries = node.entries
-        else:
-            assert node is not None
-            return self.report(node.mark, path, f"expected a mapping, got {describe(node)}")
         fields = [f for f in dataclasses.fields(cls) if f.init]
-        settable = [f.name for f in settable_fields(cls)]
-        internal = {f.name: f for f in fields if f.metadata.get("internal")}
-        ok = True
-        for key, entry in entries.items():
-            if key in internal:
-                ok = False
-                doc = internal[key].metadata.get("doc", "")
-                self.report(entry.key_mark, join_path(path, key),
-                            f"cannot be set in the file; exod sets it ({doc})")
-            elif key not in settable:
-                ok = False
-                self.unknown_key(entry.key_mark, join_path(path, key), key, settable)
+        internal = {f.name for f in fields if f.metadata.get("internal")}
+        ok = self._check_keys(cls, entries, path)
         hints = field_hints(cls)
         kwargs: dict[str, object] = {}
         for f in fields:
@@ -167,6 +160,35 @@ class Validator:
             else:
                 kwargs[f.name] = value
         return cls(**kwargs) if ok else INVALID
+
+    def _entries(self, node: Node | None, path: str) -> dict[str, Entry] | None:
+        """The entries of a mapping node; None (reported) when it is not one."""
+        if isinstance(node, Broken):
+            return None
+        if _is_null(node):
+            return {}  # `stop:` with nothing under it: all defaults, like an empty mapping
+        if isinstance(node, MapNode):
+            return dict(node.entries)
+        assert node is not None
+        self.report(node.mark, path, f"expected a mapping, got {describe(node)}")
+        return None
+
+    def _check_keys(self, cls: type, entries: dict[str, Entry], path: str) -> bool:
+        """Every written key is one an operator may set; each one that is not is reported."""
+        settable = [f.name for f in settable_fields(cls)]
+        internal = {f.name: f for f in dataclasses.fields(cls)
+                    if f.init and f.metadata.get("internal")}
+        ok = True
+        for key, entry in entries.items():
+            if key in internal:
+                ok = False
+                doc = internal[key].metadata.get("doc", "")
+                self.report(entry.key_mark, join_path(path, key),
+                            f"cannot be set in the file; exod sets it ({doc})")
+            elif key not in settable:
+                ok = False
+                self.unknown_key(entry.key_mark, join_path(path, key), key, settable)
+        return ok
 
     def unknown_key(self, mark: Mark, path: str, key: str, allowed: list[str]) -> None:
         # "kill-interval" → "kill_interval" is the commonest slip; difflib catches it too.

@@ -13,6 +13,8 @@ EXIT_MODEL = 65  # EX_DATAERR: this model cannot be loaded; retrying will not he
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a needed resource is missing (e.g. mlx not installed)
 EXIT_TEMPFAIL = 75  # EX_TEMPFAIL: try again later (e.g. an address in use)
 EXIT_PEER_LOST = 76  # EX_PROTOCOL: another rank of the group is gone; restart and regroup
+# The daemon's verdict on a runner that broke its channel's protocol (then ended by the ladder).
+EXIT_PROTOCOL = EXIT_PEER_LOST
 EXIT_CONFIG = 78  # EX_CONFIG: `exod check`/`exod run` with an invalid config
 
 # exoctl → shell, as systemctl does: 3 means "not running".

@@ -5,28 +5,40 @@ reload, and the two streams, `wait` (one instance's progress until it settles) a
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from exod.core.states import State
-from exod.daemon import status
-from exod.daemon.control import Emit
+from exod.daemon.control import CommandError, Emit
 from exod.daemon.instance import InstanceRuntime
 
-if TYPE_CHECKING:
-    from exod.daemon.supervisor import Supervisor
+
+class Daemon(Protocol):
+    """What the operator commands need of the daemon."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    async def reload(self) -> dict[str, Any]: ...
+
+    def instance(self, name: str) -> InstanceRuntime | None: ...
+
+    def instance_json(self, inst: InstanceRuntime) -> dict[str, Any]: ...
+
+    def listen(self, fn: Callable[[InstanceRuntime], None]) -> Callable[[], None]: ...
 
 
 class Commands:
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-
-    def snapshot(self) -> dict[str, Any]:
-        return self.sup.snapshot()
+    def __init__(self, daemon: Daemon) -> None:
+        self.sup = daemon
 
     def _get(self, name: Any) -> InstanceRuntime:
-        if not isinstance(name, str) or name not in self.sup.instances:
-            raise KeyError(f"no instance named {name!r}")
-        return self.sup.instances[name]
+        inst = self.sup.instance(name) if isinstance(name, str) else None
+        if inst is None:
+            raise CommandError(f"no instance named {name!r}")
+        return inst
 
     async def command(self, cmd: str, req: dict[str, Any], emit: Emit) -> dict[str, Any]:
         sup = self.sup
@@ -56,10 +68,10 @@ class Commands:
             return await self._wait(self._get(req.get("name")), emit)
         if cmd == "watch":
             return await self._watch(emit)
-        raise ValueError(f"unknown command {cmd!r}")
+        raise CommandError(f"unknown command {cmd!r}")
 
     async def _stopped(self, inst: InstanceRuntime, operator: bool) -> None:
-        fut: asyncio.Future[None] = self.sup.loop.create_future()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def done() -> None:
             if not fut.done():
@@ -70,17 +82,17 @@ class Commands:
 
     async def _wait(self, inst: InstanceRuntime, emit: Emit) -> dict[str, Any]:
         """Stream progress until the instance is ready (ok) or settles otherwise (not ok)."""
-        name, stall = inst.name, self.sup.config.defaults.stall_after
+        name = inst.name
         q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
         def on_change(changed: InstanceRuntime) -> None:
             # A copy now: by the time the stream sends it, later changes would have merged.
             if changed.name == name:
-                q.put_nowait(status.instance_json(changed, self.sup.now(), stall))
+                q.put_nowait(self.sup.instance_json(changed))
 
         unlisten = self.sup.listen(on_change)
         try:
-            snap = status.instance_json(inst, self.sup.now(), stall)
+            snap = self.sup.instance_json(inst)
             while True:
                 if snap["state"] == State.READY.value:
                     return {"ok": True, "instance": snap}

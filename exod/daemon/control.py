@@ -25,9 +25,12 @@ class SocketInUse(OSError):
     pass
 
 
-class Backend(Protocol):
-    def snapshot(self) -> dict[str, Any]: ...
+class CommandError(Exception):
+    """A command the client got wrong (an unknown instance, an unknown command): its message
+    goes back as `{"ok": false, "error": ...}`. Any other exception is a bug, logged as one."""
 
+
+class Backend(Protocol):
     async def command(self, cmd: str, req: dict[str, Any],
                       emit: Emit) -> dict[str, Any]: ...
 
@@ -94,9 +97,7 @@ class ControlServer:
                 return
             try:
                 answer = await self.backend.command(req["cmd"], req, emit)
-            except KeyError as e:
-                answer = {"ok": False, "error": str(e.args[0]) if e.args else "not found"}
-            except ValueError as e:
+            except CommandError as e:
                 answer = {"ok": False, "error": str(e)}
             await emit(answer)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):

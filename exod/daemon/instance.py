@@ -2,7 +2,8 @@
 
 Everything that touches the OS goes through `Seam` (spawn, ask, signal, clock, timers), so this
 logic runs in unit tests with a fake seam and a fake clock, and in the daemon with the real one.
-Events come in (`on_notify`, `on_exit`, operator calls); the instance never blocks.
+Events come in (`on_message` from a runner's channel, `on_broken`, `on_exit`, operator calls);
+the instance never blocks.
 """
 
 from __future__ import annotations
@@ -11,16 +12,20 @@ import errno
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from loguru import logger
 
+from exod import messages as m
 from exod.config.schema import Instance
-from exod.core.exits import EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo
+from exod.core.exits import EXIT_PROTOCOL, EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo
 from exod.core.ladder import LadderRun, Step
 from exod.core.restarts import Decision, GiveUp, Rest, Restart, RestartTracker
 from exod.core.shards import Shard
 from exod.core.states import Machine, State
+
+if TYPE_CHECKING:
+    from exod.daemon.link import Link
 
 Continuation = Callable[[], None]
 PERMANENT_SPAWN_ERRORS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR})
@@ -49,6 +54,10 @@ class Seam(Protocol):
 
     def kill(self, pid: int, sig: int) -> bool: ...
 
+    def link(self, pid: int) -> Link | None:
+        """The open channel to a live runner, if any."""
+        ...
+
     def changed(self, inst: InstanceRuntime) -> None:
         """State or progress changed: refresh status, wake waiters."""
         ...
@@ -65,7 +74,10 @@ class RankRuntime:
     layers_loaded: int = 0
     layers_total: int = 0
     last_progress: float | None = None
+    phase: m.Phase | None = None  # what the runner last said it was doing
     status_text: str = ""
+    attempt: int = 0  # joining its group: which attempt
+    model_info: m.Ready | None = None  # vocabulary and context, once ready
     error: str = ""
     last_exit: ExitInfo | None = None
     ladder: LadderRun | None = None
@@ -122,6 +134,18 @@ class InstanceRuntime:
     def rank_by_pid(self, pid: int) -> RankRuntime | None:
         return next((r for r in self.ranks if r.pid == pid), None)
 
+    @property
+    def served_by(self) -> str | None:
+        """The host whose exod serves requests, when it is not this one (rank 0 runs there)."""
+        return None if self.ranks[0].local else self.ranks[0].host
+
+    def serving_link(self) -> Link | None:
+        """The channel requests go through: rank 0's, while the whole instance is ready."""
+        pid = self.ranks[0].pid
+        if self.state is not State.READY or pid is None:
+            return None
+        return self.seam.link(pid)
+
     # ---- transitions ----------------------------------------------------------------------
     def _move(self, new: State, reason: str = "", publish: bool = True) -> None:
         """`publish=False`: the caller publishes once, after every change of the event."""
@@ -165,6 +189,7 @@ class InstanceRuntime:
             if not rank.local:
                 continue
             rank.layers_loaded, rank.error, rank.status_text = 0, "", ""
+            rank.phase, rank.attempt, rank.model_info = None, 0, None
             rank.signals_sent, rank.last_progress, rank.last_heartbeat = [], None, None
             rank.started_at = self.seam.now()
             self._move_rank(rank, State.STARTING)
@@ -219,41 +244,59 @@ class InstanceRuntime:
                 self._schedule_ladder(rank)
 
     # ---- events from runners --------------------------------------------------------------
-    def on_notify(self, pid: int, fields: dict[str, str]) -> None:
+    def on_message(self, pid: int, msg: m.FromRunner) -> None:
+        """A lifecycle report from a runner's channel (requests' events go to their streams)."""
         rank = self.rank_by_pid(pid)
         if rank is None:
             return
         now = self.seam.now()
         log = self.log.bind(rank=rank.rank, pid=pid)
-        if "STATUS" in fields:
-            rank.status_text = fields["STATUS"]
-        if "X_EXOD_ERROR" in fields:
-            rank.error = fields["X_EXOD_ERROR"]
-            log.error("{}", rank.error)
-        if "WATCHDOG" in fields:
+        if isinstance(msg, m.Status):
+            rank.phase, rank.status_text, rank.attempt = msg.phase, msg.text, msg.attempt
+        elif isinstance(msg, m.Progress):
+            self._progress(rank, msg, now)
+        elif isinstance(msg, m.Heartbeat):
             rank.last_heartbeat = now
-        if "X_EXOD_LAYERS" in fields:
-            self._progress(rank, fields["X_EXOD_LAYERS"], now)
-        if fields.get("READY") == "1" and rank.state in (State.STARTING, State.LOADING):
-            self._move_rank(rank, State.READY)
-            log.info("ready")
-            if all(r.state is State.READY for r in self.ranks if r.local) and self.state in (
-                State.STARTING, State.LOADING
-            ):
-                self._remote_follow(State.READY, "ready (group barrier passed)")
-                self.tracker.on_ready(now)
-                self._move(State.READY, publish=False)
-        if fields.get("STOPPING") == "1":
+        elif isinstance(msg, m.Failed):
+            rank.error, rank.phase, rank.status_text = msg.reason, m.Phase.FAILED, msg.reason
+            log.error("{}", msg.reason)
+        elif isinstance(msg, m.Stopping):
+            rank.phase, rank.status_text = m.Phase.STOPPING, "stopping"
             log.debug("runner is stopping")
+        elif isinstance(msg, m.Ready):
+            self._ready(rank, msg, now)
+            log.info("ready")
         self.seam.changed(self)
 
-    def _progress(self, rank: RankRuntime, value: str, now: float) -> None:
-        n_s, _, total_s = value.partition("/")
-        try:
-            n, total = int(n_s), int(total_s)
-        except ValueError:
+    def _ready(self, rank: RankRuntime, msg: m.Ready, now: float) -> None:
+        rank.model_info, rank.phase, rank.status_text = msg, m.Phase.READY, "ready"
+        if rank.state not in (State.STARTING, State.LOADING):
             return
-        rank.layers_loaded, rank.layers_total, rank.last_progress = n, total, now
+        self._move_rank(rank, State.READY)
+        if all(r.state is State.READY for r in self.ranks if r.local) and self.state in (
+            State.STARTING, State.LOADING
+        ):
+            self._remote_follow(State.READY, "ready (group barrier passed)")
+            self.tracker.on_ready(now)
+            self._move(State.READY, publish=False)
+
+    def on_broken(self, pid: int, why: str) -> None:
+        """The runner broke its channel's protocol: it is failed, and ends through the ladder
+        like a rank that died (its group is stopped, and the restart policy decides)."""
+        rank = self.rank_by_pid(pid)
+        if rank is None or rank.state is State.STOPPING:
+            return
+        rank.error = why
+        if self.state is State.STOPPING or not self.state.active:
+            self._stop_ranks()
+            return
+        self._pending = self.tracker.on_exit(self.seam.now(), ExitInfo(code=EXIT_PROTOCOL), why)
+        self._move(State.STOPPING, f"rank {rank.rank}: {why}")
+        self._stop_ranks()
+
+    def _progress(self, rank: RankRuntime, msg: m.Progress, now: float) -> None:
+        rank.layers_loaded, rank.layers_total, rank.last_progress = msg.loaded, msg.total, now
+        rank.phase, rank.status_text = m.Phase.LOADING, f"loading {msg.loaded}/{msg.total}"
         if rank.state is State.STARTING:
             self._move_rank(rank, State.LOADING)
             if self.state is State.STARTING:

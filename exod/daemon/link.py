@@ -1,50 +1,48 @@
-"""The daemon's end of one runner's channel: frames out, frames in, requests multiplexed by id.
+"""The daemon's end of one runner's channel: typed messages both ways, requests by id.
 
-Both directions carry `exod.protocol` frames. Daemon → runner:
-  {"op": "shutdown", "drain": S}           rung 1 of the ladder: finish in-flight work within S
-  {"op": "generate", "id": ID, ...}        start a generation (fields: see exod.api.schema)
-  {"op": "cancel", "id": ID}               the client went away: stop that generation now
-Runner → daemon, one stream of events per request id, in order, ending with done or error:
-  {"id": ID, "ev": "text", "text": "..."}  the next piece of text, as soon as it is decoded
-  {"id": ID, "ev": "done", "finish_reason": "stop"|"length",
-   "prompt_tokens": N, "completion_tokens": M}
-  {"id": ID, "ev": "error", "code": "...", "message": "..."}
+Frames (`exod.protocol`) carry `exod.messages`. Daemon → runner: Generate, Cancel, Shutdown.
+Runner → daemon: lifecycle reports (Hello first, then Status, Progress, Ready, Failed,
+Heartbeat, Stopping), handed to `on_message`; and per request, in order, Text events ending
+with Done or Error, delivered to that request's `RequestStream`.
 
-Everything runs on the event loop, without blocking: reads are driven by `add_reader`, and a
-write the socket cannot take at once waits in a buffer flushed by `add_writer`. When the runner
-goes away (end of stream, or its exit is reaped) every open request gets a final error event,
-so no request ever waits for a runner that is gone.
+The channel is an asyncio stream (`open_unix_connection(sock=...)`) read by one task, with a
+frame-size limit. A frame that is not a valid message, a version other than ours, or anything
+before Hello is a protocol error: logged once, reported to `on_broken` (which ends the runner
+through the ladder), and nothing more is read. It never raises into the event loop. When the
+runner goes away (end of stream, or its exit is reaped), every open request gets a final
+Error event, so no request ever waits for a runner that is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from loguru import logger
 
-from exod.protocol import FrameDecoder, Message, ProtocolError, encode
-
-FINAL = ("done", "error")
+from exod import messages as m
+from exod.protocol import HEADER, MAX_FRAME, ProtocolError, encode
 
 
 class RequestStream:
-    """The events of one request, in order. The last one is `done` or `error`."""
+    """The events of one request, in order. The last one is Done or Error."""
 
     def __init__(self, link: Link, rid: str) -> None:
         self.link = link
         self.id = rid
         self.finished = False
-        self._queue: asyncio.Queue[Message] = asyncio.Queue()
+        self._queue: asyncio.Queue[m.Event] = asyncio.Queue()
 
-    def _put(self, msg: Message) -> None:
-        if msg.get("ev") in FINAL:
+    def _put(self, ev: m.Event) -> None:
+        if not isinstance(ev, m.Text):
             self.finished = True
-        self._queue.put_nowait(msg)
+        self._queue.put_nowait(ev)
 
-    async def next(self) -> Message:
+    async def next(self) -> m.Event:
         return await self._queue.get()
 
     def close(self) -> None:
@@ -55,113 +53,119 @@ class RequestStream:
 
 
 class Link:
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
-                 context: dict[str, Any]) -> None:
-        self.loop = loop
-        self.sock = sock
-        self.fd = sock.fileno()
+    def __init__(self, sock: socket.socket, context: dict[str, Any],
+                 on_message: Callable[[m.FromRunner], None],
+                 on_broken: Callable[[str], None]) -> None:
         self.log = logger.bind(**context)
         self.closed = False
-        self._decoder = FrameDecoder()
-        self._out = bytearray()
+        self.hello: m.Hello | None = None
+        self._on_message = on_message
+        self._on_broken = on_broken
         self._streams: dict[str, RequestStream] = {}
         self._ids = itertools.count(1)
-        loop.add_reader(self.fd, self._on_readable)
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: list[bytes] = []  # frames sent before the stream is open
+        self.reader_task = asyncio.get_running_loop().create_task(self._read_all(sock))
 
     @property
     def in_flight(self) -> int:
         return len(self._streams)
 
-    # ---- sending ----------------------------------------------------------------------
-    def send(self, msg: Message) -> bool:
-        """Queue one frame; False if the channel is already closed."""
+    # ---- sending ----------------------------------------------------------------------------
+    def send(self, msg: m.ToRunner) -> bool:
+        """Queue one message; False if the channel is already closed. Messages are small and
+        few (requests are bounded by the API's body limit), so the writer's buffer is enough."""
         if self.closed:
             return False
-        data = encode(msg)
-        if self._out:  # keep the order: behind what is already waiting
-            self._out += data
-            return True
-        try:
-            n = self.sock.send(data)
-        except BlockingIOError:
-            n = 0
-        except OSError as e:
-            self.close(f"runner channel failed: {e}")
-            return False
-        if n < len(data):
-            self._out += data[n:]
-            self.loop.add_writer(self.fd, self._on_writable)
+        data = encode(m.to_wire(msg))
+        if self._writer is None:
+            self._pending.append(data)
+        else:
+            self._writer.write(data)
         return True
 
-    def _on_writable(self) -> None:
-        try:
-            n = self.sock.send(self._out)
-        except BlockingIOError:
-            return
-        except OSError as e:
-            self.close(f"runner channel failed: {e}")
-            return
-        del self._out[:n]
-        if not self._out:
-            self.loop.remove_writer(self.fd)
-
-    def open(self, request: Message) -> RequestStream:
-        """Send a generation request; its events arrive on the returned stream."""
+    def open(self, request: m.Generate) -> RequestStream:
+        """Send a generation request (its id is set here); its events arrive on the stream."""
         rid = f"r{next(self._ids)}"
         stream = RequestStream(self, rid)
-        if self.closed or not self.send({**request, "op": "generate", "id": rid}):
-            stream._put({"id": rid, "ev": "error", "code": "runner_gone",
-                         "message": "the runner is gone"})
+        req = m.Generate(**{**_fields(request), "id": rid})
+        if not self.send(req):
+            stream._put(m.Error(rid, "runner_gone", "the runner is gone"))
             return stream
         self._streams[rid] = stream
         return stream
 
     def _forget(self, rid: str, cancel: bool) -> None:
         if self._streams.pop(rid, None) is not None and cancel:
-            self.send({"op": "cancel", "id": rid})
+            self.send(m.Cancel(rid))
 
-    # ---- receiving ----------------------------------------------------------------------
-    def _on_readable(self) -> None:
+    # ---- receiving --------------------------------------------------------------------------
+    async def _read_all(self, sock: socket.socket) -> None:
         try:
-            data = self.sock.recv(1 << 20)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
+            reader, self._writer = await asyncio.open_unix_connection(sock=sock,
+                                                                      limit=MAX_FRAME)
+            for data in self._pending:
+                self._writer.write(data)
+            self._pending.clear()
+            while not self.closed:
+                self._deliver(await _read_frame(reader))
+        except (asyncio.IncompleteReadError, ConnectionError):
             self.close("the runner exited mid-request")
-            return
-        self._feed(data)
-
-    def _feed(self, data: bytes) -> None:
-        try:
-            msgs = self._decoder.feed(data)
         except ProtocolError as e:
-            self.log.error("runner channel: {}", e)  # noqa: PLE1205 (loguru formats {})
-            self.close(f"protocol error from the runner: {e}")
+            why = f"protocol error from the runner: {e}"
+            self.log.error("{}", why)
+            self.close(why)
+            self._on_broken(why)
+        except OSError as e:
+            self.close(f"runner channel failed: {e}")
+
+    def _deliver(self, frame: dict[str, Any]) -> None:
+        msg = m.decode_from_runner(frame)
+        if self.hello is None:
+            if not isinstance(msg, m.Hello):
+                raise ProtocolError(f"{msg.type} before hello")
+            if msg.version != m.VERSION:
+                raise ProtocolError(f"the runner speaks version {msg.version}, exod "
+                                    f"{m.VERSION} (a stale install? restart exod)")
+            self.hello = msg
             return
-        for msg in msgs:
-            stream = self._streams.get(str(msg.get("id")))
+        if isinstance(msg, (m.Text, m.Done, m.Error)):
+            stream = self._streams.get(msg.id)
             if stream is None:
-                continue  # a late event for a request that was cancelled
+                return  # a late event for a request that was cancelled
             stream._put(msg)
             if stream.finished:
                 del self._streams[stream.id]
+            return
+        self._on_message(msg)
 
     def close(self, reason: str) -> None:
-        """The runner is gone (or going): deliver what it sent, then fail what is still open."""
+        """The runner is gone (or going): fail what is still open. Idempotent."""
         if self.closed:
             return
         self.closed = True
-        try:  # its last words (e.g. the final events of a drain) may still sit in the socket
-            while data := self.sock.recv(1 << 20):
-                self._feed(data)
-        except OSError:
-            pass
-        self.loop.remove_reader(self.fd)
-        if self._out:
-            self.loop.remove_writer(self.fd)
-            self._out.clear()
+        if self._writer is not None:
+            self._writer.close()
+        task = self.reader_task
+        if task is not asyncio.current_task() and not task.done():
+            task.cancel()
         streams, self._streams = self._streams, {}
         for stream in streams.values():
-            stream._put({"id": stream.id, "ev": "error", "code": "runner_gone", "message": reason})
+            stream._put(m.Error(stream.id, "runner_gone", reason))
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
+    (n,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+    if n > MAX_FRAME:
+        raise ProtocolError(f"frame of {n} bytes exceeds the {MAX_FRAME} limit")
+    try:
+        obj = json.loads(await reader.readexactly(n))
+    except ValueError as e:
+        raise ProtocolError(f"bad JSON frame: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("a frame must hold a JSON object")
+    return obj
+
+
+def _fields(msg: m.Generate) -> dict[str, Any]:
+    return {k: v for k, v in m.to_wire(msg).items() if k != "type"}

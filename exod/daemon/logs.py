@@ -46,8 +46,6 @@ def _context(record: Any) -> None:
     extra["prio"] = PRIORITY.get(record["level"].name, 6)
 
 
-FORMATS = ("auto", "human", "journal", "json")
-
 
 def configure(level: str = "INFO", fmt: str = "auto") -> None:
     """`auto` picks `journal` under systemd and `human` elsewhere; `json` writes one JSON object
@@ -70,6 +68,6 @@ def configure(level: str = "INFO", fmt: str = "auto") -> None:
 
 def split_priority(line: str) -> tuple[str, str]:
     """A runner's `<N>text` line → (loguru level, text); no prefix → INFO."""
-    if len(line) >= 3 and line[0] == "<" and line[2] == ">" and line[1].isdigit():
+    if len(line) >= 3 and line[0] == "<" and line[2] == ">" and line[1] in "01234567":
         return LEVEL_BY_PRIORITY[int(line[1])], line[3:]
     return "INFO", line

@@ -13,13 +13,37 @@ import ctypes.util
 import os
 import sys
 import time
+from collections.abc import Iterable
 
 import sdnotify
 from loguru import logger
 
-from exod.sdnotify_wire import one_line, wire
-
 DARWIN_READY_NAME = "io.exod.ready"  # notifyutil -w io.exod.ready
+
+
+def wire(lines: Iterable[str]) -> str:
+    """The datagram's text for the sdnotify package. It encodes latin-1, which raises on
+    anything else: handed the UTF-8 bytes spelled as latin-1 code points, it puts exactly
+    those UTF-8 bytes on the wire."""
+    return "\n".join(lines).encode("utf-8").decode("latin-1")
+
+
+def one_line(text: str) -> str:
+    """A value fit for a KEY=VALUE line (STATUS=): whitespace runs to a space."""
+    return " ".join(text.split())
+
+
+def watchdog_interval() -> float | None:
+    """Half of WATCHDOG_USEC, if the watchdog is meant for this process (WATCHDOG_PID)."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        value = int(usec)
+    except ValueError:
+        return None
+    return value / 2e6 if value > 0 else None
 
 
 def monotonic_usec() -> int:

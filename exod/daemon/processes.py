@@ -1,8 +1,10 @@
 """The table of live runner processes: spawn, output capture, channel, reaping.
 
-Children are reaped from the event loop on SIGCHLD (waitpid per known pid, WNOHANG). Before an
-exit is reported, the runner's last notify datagrams and output are read, so its final words
-(e.g. the reason it could not load) are logged before its death is.
+Children are reaped from the event loop on SIGCHLD (waitpid per known pid, WNOHANG). A reaped
+runner leaves the table at once (so it is never signalled again: its pid may be reused), but its
+exit is reported only after its channel and its output pipes have been read to the end, so its
+last words (e.g. the reason it could not load) arrive before its death does. Output and channel
+are asyncio streams with explicit limits: a line longer than MAX_LINE is logged in pieces.
 """
 
 from __future__ import annotations
@@ -15,49 +17,64 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
+from exod import messages as m
 from exod.core.exits import ExitInfo
 from exod.daemon import spawn as os_seam
 from exod.daemon.link import Link
 from exod.daemon.logs import split_priority
 
 MAX_LINE = 64 * 1024
+# How long a reaped runner's pipes may take to reach end of stream: a grandchild that inherited
+# them could hold them open for ever, and the exit must still be reported.
+EXIT_DRAIN = 2.0
 
 ExitHandler = Callable[[int, ExitInfo], None]
 
 
 @dataclass
+class RunnerHandlers:
+    """What the table reports about one runner, to its instance."""
+
+    on_exit: ExitHandler
+    on_message: Callable[[int, m.FromRunner], None]
+    on_broken: Callable[[int, str], None]  # protocol error: end it through the ladder
+
+
+@dataclass
 class Proc:
     child: os_seam.Child
-    context: dict[str, object]  # instance, rank: bound to every line the runner prints
-    on_exit: ExitHandler
-    link: Link  # the channel, framed: the shutdown ask and generation requests go through it
-    partial: dict[int, bytes] = field(default_factory=dict)
+    context: dict[str, object]  # instance, rank, pid: bound to every line the runner prints
+    handlers: RunnerHandlers
+    link: Link  # the channel: lifecycle reports, requests and their events
+    readers: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 class ProcessTable:
-    def __init__(self, loop: asyncio.AbstractEventLoop, before_exit: Callable[[], None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.procs: dict[int, Proc] = {}
-        self._before_exit = before_exit  # drains the notify socket
+        self._finishing: set[asyncio.Task[None]] = set()
         self._empty_waiters: list[asyncio.Future[None]] = []
 
     def install(self) -> None:
         self.loop.add_signal_handler(signal.SIGCHLD, self.reap)
 
     def spawn(self, module: str, args: list[str], env: Mapping[str, str],
-              context: dict[str, object], on_exit: ExitHandler) -> int:
+              context: dict[str, object], handlers: RunnerHandlers) -> int:
         child = os_seam.spawn(args, env, module)
-        ctx = {**context, "pid": child.pid}
-        proc = Proc(child, ctx, on_exit, Link(self.loop, child.channel, ctx))
-        self.procs[child.pid] = proc
-        for fd in (child.stdout, child.stderr):
-            proc.partial[fd] = b""
-            self.loop.add_reader(fd, self._read, proc, fd)
+        pid = child.pid
+        ctx = {**context, "pid": pid}
+        link = Link(child.channel, ctx, lambda msg: handlers.on_message(pid, msg),
+                    lambda why: handlers.on_broken(pid, why))
+        proc = Proc(child, ctx, handlers, link)
+        proc.readers = [self.loop.create_task(self._read_lines(proc, fd))
+                        for fd in (child.stdout, child.stderr)]
+        self.procs[pid] = proc
         # The child may have died before we registered it: SIGCHLD would already be spent.
         self.loop.call_soon(self.reap)
-        return child.pid
+        return pid
 
-    def send(self, pid: int, msg: dict[str, object]) -> bool:
+    def send(self, pid: int, msg: m.ToRunner) -> bool:
         proc = self.procs.get(pid)
         return proc is not None and proc.link.send(msg)
 
@@ -75,70 +92,55 @@ class ProcessTable:
             info = os_seam.reap(pid)
             if info is None:
                 continue
-            proc = self.procs.pop(pid)
-            proc.link.close(f"the runner exited mid-request ({info})")
-            self._before_exit()
-            self._close(proc)
-            proc.on_exit(pid, info)
-        if not self.procs:
+            task = self.loop.create_task(self._finish(self.procs.pop(pid), info))
+            self._finishing.add(task)
+            task.add_done_callback(self._finished)
+
+    async def _finish(self, proc: Proc, info: ExitInfo) -> None:
+        """Read what the dead runner left in its channel and pipes, then report its exit."""
+        pending = [*proc.readers, proc.link.reader_task]
+        _, late = await asyncio.wait(pending, timeout=EXIT_DRAIN)
+        for task in late:
+            task.cancel()
+        proc.link.close(f"the runner exited mid-request ({info})")
+        proc.child.channel.close()
+        proc.handlers.on_exit(proc.child.pid, info)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._finishing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.opt(exception=task.exception()).error("handling a runner's exit failed")
+        if not self.procs and not self._finishing:
             for fut in self._empty_waiters:
                 if not fut.done():
                     fut.set_result(None)
             self._empty_waiters.clear()
 
     async def wait_empty(self) -> None:
-        if self.procs:
+        if self.procs or self._finishing:
             fut: asyncio.Future[None] = self.loop.create_future()
             self._empty_waiters.append(fut)
             await fut
 
     # ---- output ------------------------------------------------------------------------
-    def _read(self, proc: Proc, fd: int) -> None:
+    async def _read_lines(self, proc: Proc, fd: int) -> None:
+        reader = asyncio.StreamReader(limit=MAX_LINE, loop=self.loop)
+        transport, _ = await self.loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
         try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if data:
-            self._feed(proc, fd, data)
-        else:
-            self._eof(proc, fd)
-
-    def _feed(self, proc: Proc, fd: int, data: bytes) -> None:
-        *lines, rest = (proc.partial[fd] + data).split(b"\n")
-        if len(rest) > MAX_LINE:  # a runaway line without a newline: log it in pieces
-            lines.append(rest)
-            rest = b""
-        proc.partial[fd] = rest
-        for line in lines:
-            self._log_line(proc, line)
-
-    def _eof(self, proc: Proc, fd: int) -> None:
-        if fd not in proc.partial:
-            return
-        self.loop.remove_reader(fd)
-        rest = proc.partial.pop(fd)
-        if rest:
-            self._log_line(proc, rest)
-        os.close(fd)
+            while True:
+                try:
+                    line = await reader.readuntil(b"\n")
+                except asyncio.LimitOverrunError:
+                    line = await reader.read(MAX_LINE)  # a runaway line: log it in pieces
+                except asyncio.IncompleteReadError as e:
+                    if e.partial:
+                        self._log_line(proc, e.partial)
+                    return
+                self._log_line(proc, line.rstrip(b"\n"))
+        finally:
+            transport.close()
 
     def _log_line(self, proc: Proc, raw: bytes) -> None:
         level, text = split_priority(raw.decode("utf-8", "replace").rstrip("\r"))
         logger.bind(**proc.context).log(level, "| {}", text)
-
-    def _close(self, proc: Proc) -> None:
-        """After the exit: log what is left in the pipes, then close everything."""
-        for fd in list(proc.partial):
-            while fd in proc.partial:
-                try:
-                    data = os.read(fd, 65536)
-                except BlockingIOError:
-                    data = b""  # nothing more now (a grandchild may hold the pipe): stop here
-                except OSError:
-                    data = b""
-                if data:
-                    self._feed(proc, fd, data)
-                else:
-                    self._eof(proc, fd)
-        proc.child.channel.close()

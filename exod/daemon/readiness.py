@@ -9,13 +9,23 @@ times a load out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 from exod.core.states import State
+from exod.daemon.instance import InstanceRuntime
 from exod.daemon.manager_notify import ServiceNotifier
 
-if TYPE_CHECKING:
-    from exod.daemon.supervisor import Supervisor
+
+class Daemon(Protocol):
+    """What readiness needs of the daemon."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def ordered(self) -> Sequence[InstanceRuntime]: ...
+
+    def summary(self) -> str: ...
 
 EXTEND_WINDOW = 300.0  # seconds allowed for the NEXT layer; renewed on every layer
 
@@ -31,18 +41,18 @@ class Readiness:
         self._progress_seen = 0.0  # newest layer-progress time already answered with EXTEND
         self.reload_error: str | None = None  # sticky in STATUS until a reload succeeds
 
-    def spawned(self, sup: Supervisor, now: float) -> None:
+    def spawned(self, sup: Daemon, now: float) -> None:
         self._spawned = True
         self.update(sup, now)
 
-    def update(self, sup: Supervisor, now: float) -> None:
+    def update(self, sup: Daemon, now: float) -> None:
         if sup.stopping or not self._spawned:
             return
         summary = self.line(sup)
         if self.ready_sent:
             self.service.status(summary)
             return
-        autostart = [i for i in sup.instances.values() if i.config.autostart]
+        autostart = [i for i in sup.ordered() if i.config.autostart]
         if self.policy == "daemon" or all(i.state in SETTLED for i in autostart):
             self.ready_sent = True
             self.service.ready(summary)
@@ -54,7 +64,7 @@ class Readiness:
             self._progress_seen = latest
             self.service.extend_timeout(EXTEND_WINDOW)
 
-    def line(self, sup: Supervisor) -> str:
+    def line(self, sup: Daemon) -> str:
         if self.reload_error:
             return f"{self.reload_error}; {sup.summary()}"
         return sup.summary()
@@ -65,7 +75,7 @@ class Readiness:
         if self.ready_sent:
             self.service.reloading()
 
-    def reloaded(self, sup: Supervisor, now: float, error: str | None) -> None:
+    def reloaded(self, sup: Daemon, now: float, error: str | None) -> None:
         """READY=1 closes every RELOADING=1, a failed reload included (STATUS says so)."""
         self.reload_error = error
         if self.ready_sent:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from exod.config.durations import format_duration
+from exod.messages import Phase
 from exod.core.states import State
 from exod.daemon.instance import InstanceRuntime, RankRuntime
 from exod.daemon.procinfo import rss_bytes
@@ -31,9 +32,9 @@ def detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
         done = sum(r.layers_loaded for r in local)
         total = sum(r.layers_total for r in local)
         text = f"{state} {done}/{total}" if state is State.LOADING else str(state)
-        # e.g. "connecting to 1 peer", "waiting for the other 1 rank(s) to load"
-        waiting = next((r.status_text for r in local if r.status_text.startswith(
-            ("connecting", "waiting"))), "")
+        # e.g. "connecting to 1 peer (attempt 3)", "waiting for the other 1 rank(s) to load"
+        waiting = next((r.status_text for r in local
+                        if r.phase in (Phase.CONNECTING, Phase.WAITING)), "")
         if waiting:
             text += f" ({waiting})"
         stalls = [s for r in inst.ranks if (s := stalled_for(r, now, stall_after)) is not None]
@@ -66,9 +67,10 @@ def rank_json(rank: RankRuntime, now: float, stall_after: float) -> dict[str, An
         "uptime_s": round(now - rank.started_at, 3) if rank.pid and rank.started_at else None,
         "last_exit": rank.last_exit.to_json() if rank.last_exit else None,
         "status": rank.status_text if rank.local else f"remote: run by exod on {rank.host}",
+        "phase": rank.phase.value if rank.phase is not None and rank.local else None,
         "error": rank.error or None,
         "no_progress_s": round(stall, 1) if stall is not None else None,
-        # Runners ping (WATCHDOG=1) when their parent asks for it, as under systemd.
+        # Serving runners send a heartbeat from their main loop every few seconds.
         "heartbeat_age_s": (round(now - rank.last_heartbeat, 1)
                             if rank.last_heartbeat is not None else None),
         "ladder": ({"rung": rank.ladder.current.value,

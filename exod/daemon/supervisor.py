@@ -14,7 +14,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -25,16 +24,17 @@ from exod.config.schema import Config, Instance
 from exod.core import ladder
 from exod.core.shards import Shard, ShardError, pipeline_shards, tensor_shards
 from exod.core.states import State
+from exod import messages as m
 from exod.daemon import rank_addresses, status
-from exod.daemon import spawn as os_seam
 from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer
 from exod.daemon.instance import InstanceRuntime, RankRuntime, Timer
-from exod.daemon.notify_server import NotifyServer
-from exod.daemon.processes import ProcessTable
-from exod.daemon.readiness import Readiness
+from exod.daemon.launch import Launcher
+from exod.daemon.link import Link
 from exod.daemon.manager_notify import ServiceNotifier
-from exod.sdnotify_wire import watchdog_interval
+from exod.daemon.processes import ProcessTable, RunnerHandlers
+from exod.daemon.readiness import Readiness
+from exod.daemon.manager_notify import watchdog_interval
 
 
 def plan_shards(inst: Instance) -> list[Shard]:
@@ -59,13 +59,10 @@ class Supervisor:
         self._done: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: set[Callable[[InstanceRuntime], None]] = set()
-        self._reload_lock = asyncio.Lock()
-        run_dir = config.control.socket.parent
-        self.notify = NotifyServer(run_dir / "notify.sock", self._on_notify)
+        self.launcher = Launcher(config.control.socket.parent, os.environ)
         self.commands = Commands(self)
         self.control = ControlServer(config.control.socket, config.control.mode, self.commands)
         self.readiness = Readiness(config.ready, self.service)
-        self._group_control: dict[str, str] = {}  # instance → rank 0's control address
         self._swaps: dict[str, Instance | None] = {}  # stopping for a reload: what replaces it
         self.api: Any = None  # the HTTP API (exod.api.app.ApiServer), when api.listen is set
 
@@ -82,59 +79,25 @@ class Supervisor:
         return self.loop.call_at(when, fn)
 
     def prepare(self, inst: InstanceRuntime) -> None:
-        if inst.config.shards > 1:
-            addrs = rank_addresses.addresses(inst.config)
-            rank_addresses.write_hostfile(self._hostfile(inst), addrs.ranks)
-            self._group_control[inst.name] = addrs.control
-
-    def _hostfile(self, inst: InstanceRuntime) -> Path:
-        return self.config.control.socket.parent / "groups" / f"{inst.name}.json"
+        self.launcher.prepare(inst.config)
 
     def spawn(self, inst: InstanceRuntime, rank: RankRuntime) -> int:
-        c, shard = inst.config, rank.shard
-        args = ["--model", str(c.model), "--instance", c.name, "--rank", str(shard.rank),
-                "--world", str(shard.world), "--parallelism", c.parallelism, "--dtype", c.dtype,
-                "--parent-pid", str(os.getpid())]
-        if shard.total:
-            args += ["--layers", shard.arg(), "--total-layers", str(shard.total)]
-        group_env: dict[str, str] = {}
-        if shard.world > 1:
-            args += ["--backend", c.backend, "--peer-timeout", f"{c.peer_timeout:g}"]
-            # mx.distributed's own interface: which rank, and where every rank listens.
-            group_env = {"MLX_RANK": str(shard.rank), "MLX_HOSTFILE": str(self._hostfile(inst)),
-                         "EXOD_GROUP_CONTROL": self._group_control[inst.name]}
-        env = os_seam.runner_env(os.environ, {
-            **rank_addresses.thread_split(inst.config, sum(r.local for r in inst.ranks),
-                                          os.environ),
-            **c.env,
-            **group_env,
-            "NOTIFY_SOCKET": str(self.notify.path),
-            "PYTHONUNBUFFERED": "1",
-            "HF_HUB_OFFLINE": "1",  # models are local; never wait on a hub
-            "EXOD_INSTANCE": c.name,
-            "EXOD_RANK": str(shard.rank),
-        })
-        context = {"instance": c.name, "rank": shard.rank}
-        # A different runner module is for development and tests (e.g. misbehaving doubles).
-        module = env.get("EXOD_RUNNER_MODULE", os_seam.DEFAULT_MODULE)
-        return self.procs.spawn(module, args, env, context,
-                                lambda pid, info: inst.on_exit(pid, info))
+        launch = self.launcher.launch(inst.config, rank.shard, sum(r.local for r in inst.ranks))
+        context = {"instance": inst.name, "rank": rank.rank}
+        return self.procs.spawn(launch.module, launch.args, launch.env, context, RunnerHandlers(
+            on_exit=inst.on_exit, on_message=inst.on_message, on_broken=inst.on_broken))
 
     def ask(self, pid: int, drain: float) -> bool:
-        return self.procs.send(pid, {"op": "shutdown", "drain": drain})
+        return self.procs.send(pid, m.Shutdown(drain=drain))
 
     def kill(self, pid: int, sig: int) -> bool:
         return self.procs.kill(pid, sig)
 
+    def link(self, pid: int) -> Link | None:
+        return self.procs.link(pid)
+
     def changed(self, inst: InstanceRuntime) -> None:
         self._publish(inst)
-
-    def _on_notify(self, pid: int, fields: dict[str, str]) -> None:
-        for inst in self.instances.values():
-            if inst.rank_by_pid(pid) is not None:
-                inst.on_notify(pid, fields)
-                return
-        logger.debug("notify from unknown pid {}: {}", pid, fields)
 
     # ---- status -----------------------------------------------------------------------------
     def listen(self, fn: Callable[[InstanceRuntime], None]) -> Callable[[], None]:
@@ -151,6 +114,12 @@ class Supervisor:
 
     def ordered(self) -> list[InstanceRuntime]:
         return sorted(self.instances.values(), key=lambda i: i.name)
+
+    def instance(self, name: str) -> InstanceRuntime | None:
+        return self.instances.get(name)
+
+    def instance_json(self, inst: InstanceRuntime) -> dict[str, Any]:
+        return status.instance_json(inst, self.now(), self.config.defaults.stall_after)
 
     def summary(self) -> str:
         return status.summary(self.ordered(), self.now(), self.config.defaults.stall_after)
@@ -177,11 +146,10 @@ class Supervisor:
         self._loop = asyncio.get_running_loop()
         self._done = asyncio.Event()
         self.service.attach(self.loop)
-        self.procs = ProcessTable(self.loop, self.notify.drain)
+        self.procs = ProcessTable(self.loop)
         self.procs.install()
         try:
             await self.control.start()
-            self.notify.open(self.loop)
             await self._start_api()
         except (OSError, ValueError) as e:
             why = (e.strerror if isinstance(e, OSError) else None) or str(e)
@@ -189,7 +157,6 @@ class Supervisor:
             logger.error("cannot start: {}", why)
             self.service.errno(err, f"cannot start: {why}")
             await self.control.close()
-            self.notify.close(self.loop)
             return 1
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._on_stop_signal, sig)
@@ -209,7 +176,6 @@ class Supervisor:
         if self.api is not None:
             await self.api.close()
         await self.control.close()
-        self.notify.close(self.loop)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             self.loop.remove_signal_handler(sig)
         logger.info("exod stopped")
@@ -288,10 +254,6 @@ class Supervisor:
         self.loop.create_task(self.reload())
 
     async def reload(self) -> dict[str, Any]:
-        async with self._reload_lock:
-            return self._reload()
-
-    def _reload(self) -> dict[str, Any]:
         if self.stopping:
             return {"ok": False, "error": "exod is stopping"}
         self.readiness.reloading()

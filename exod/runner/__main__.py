@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from exod import messages as m
 from exod.core.exits import (
     EXIT_MODEL,
     EXIT_OK,
@@ -27,11 +28,23 @@ from exod.core.shards import Shard
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, WARNING, log
-from exod.runner.notify import Notifier
+from exod.runner.report import Reporter
 
 if TYPE_CHECKING:
-    from exod.runner.peers import Group
     from exod.runner.load import Loaded
+    from exod.runner.peers import Group
+
+HEARTBEAT_EVERY = 5.0  # seconds between heartbeats while serving (status shows their age)
+
+
+@dataclasses.dataclass
+class Runner:
+    """What every stage of a runner's life needs."""
+
+    args: argparse.Namespace
+    life: Lifecycle
+    channel: Channel
+    report: Reporter
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -48,6 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
     p.add_argument("--backend", choices=("ring", "mpi"), default="ring")
     p.add_argument("--peer-timeout", type=float, default=60.0)
+    p.add_argument("--heartbeat", type=float, default=HEARTBEAT_EVERY)
     return p.parse_args(argv)
 
 
@@ -67,110 +81,124 @@ def main(argv: list[str] | None = None) -> int:
     life.install()
     channel = Channel(args.channel_fd, life)
     channel.start()
-    notify = Notifier()
-    notify.status("starting")
+    r = Runner(args, life, channel, Reporter(channel))
+    r.report.status(m.Phase.STARTING, "importing mlx")
+    code, reason = run(r)
+    if code == EXIT_OK:
+        r.report.stopping(life.reason)
+        log(f"stopping: {life.reason}")
+    else:
+        r.report.failed(reason, code)
+        log(reason, ERR)
+    return code
 
+
+def run(r: Runner) -> tuple[int, str]:
+    """Load, then serve until asked to stop: (exit code, why it failed)."""
     from exod.runner import blas
 
     have_blas, blas_msg = blas.preload()
     if not have_blas and "not Linux" not in blas_msg:
         log(blas_msg, WARNING)
     try:
-        from exod.runner.load import LoadAborted, ModelError, load_shard
+        from exod.runner.load import LoadAborted, ModelError
     except ImportError as e:
-        notify.error(f"mlx is not usable: {e}")
-        log(f"mlx is not usable: {e}", ERR)
-        return EXIT_UNAVAILABLE
+        return EXIT_UNAVAILABLE, f"mlx is not usable: {e}"
     from exod.runner.peers import AddressInUse, PeerLost
 
     try:
-        group = join_group(args, life, notify) if args.world > 1 else None
-        total = args.total_layers or _layer_count(args.model)
-        shard = make_shard(args, total)
-        log(f"loading {args.model} layers [{shard.start}, {shard.end}) of {shard.total}"
-            f" ({args.parallelism}, rank {shard.rank}/{shard.world})")
-        try:
-            loaded = load_shard(
-                args.model, shard, parallelism=args.parallelism, dtype=args.dtype,
-                progress=notify.progress, should_stop=life.stop.is_set,
-                group=group.group if group is not None else None,
-            )
-        except LoadAborted:
-            log(f"stopped during load ({life.reason})")
-            notify.stopping()
-            return EXIT_OK
-        except ModelError as e:
-            notify.error(str(e))
-            log(f"cannot load {args.model}: {e}", ERR)
-            return EXIT_MODEL
+        group = join_group(r) if r.args.world > 1 else None
+        loaded = load(r, group)
         log(f"loaded {loaded.shard.count} layers in {loaded.seconds:.2f}s as {loaded.dtype}; "
             f"{blas_msg}")
-        try:
-            first_token(loaded, group, notify)
-        except ModelError as e:
-            notify.error(str(e))
-            log(f"cannot generate with {args.model}: {e}", ERR)
-            return EXIT_MODEL
-        notify.ready()
+        first_token(r, loaded, group)
         if group is None:
-            from exod.runner.serve import serve
-
-            serve(loaded, channel, life, notify)
+            serve_alone(r, loaded)
         else:
-            serve_group(args, loaded, group, channel, life, notify)
+            serve_group(r, loaded, group)
+    except LoadAborted:
+        log(f"stopped during load ({r.life.reason})")
+    except ModelError as e:
+        return EXIT_MODEL, f"cannot load {r.args.model}: {e}"
     except AddressInUse as e:
-        notify.error(f"address {e} is in use (another instance or program on its port?)")
-        log(f"address {e} is in use", ERR)
-        return EXIT_TEMPFAIL
+        return EXIT_TEMPFAIL, f"address {e} is in use (another instance or program on its port?)"
     except PeerLost as e:
-        notify.error(f"peer lost: {e}")
-        log(f"peer lost: {e}; exiting so the group can form again", ERR)
-        return EXIT_PEER_LOST
-    notify.stopping()
-    log(f"stopping: {life.reason}")
-    return EXIT_OK
+        return EXIT_PEER_LOST, f"peer lost: {e}; exiting so the group can form again"
+    return EXIT_OK, ""
 
 
-def join_group(args: argparse.Namespace, life: Lifecycle, notify: Notifier) -> Group:
+def load(r: Runner, group: Group | None) -> Loaded:
+    from exod.runner.load import load_shard
+
+    args = r.args
+    total = args.total_layers or _layer_count(args.model)
+    shard = make_shard(args, total)
+    log(f"loading {args.model} layers [{shard.start}, {shard.end}) of {shard.total}"
+        f" ({args.parallelism}, rank {shard.rank}/{shard.world})")
+    return load_shard(
+        args.model, shard, parallelism=args.parallelism, dtype=args.dtype,
+        progress=r.report.progress, should_stop=r.life.stop.is_set,
+        group=group.group if group is not None else None,
+    )
+
+
+def join_group(r: Runner) -> Group:
     from exod.runner.peers import connect
 
-    g = connect(args.rank, args.world, args.backend, args.peer_timeout, life, notify)
+    args = r.args
+    g = connect(args.rank, args.world, args.backend, args.peer_timeout, r.life, r.report)
     log(f"joined the group: rank {g.rank} of {g.size} ({args.backend})")
     return g
 
 
-def first_token(loaded: Loaded, group: Group | None, notify: Notifier) -> None:
+def first_token(r: Runner, loaded: Loaded, group: Group | None) -> None:
     """READY means it can generate: one real token goes through every rank first (after a
     barrier, so no timeout runs while a peer is still loading). Raises ModelError."""
     from exod.runner.load import ModelError
     from exod.runner.parallel import warm_up
 
     if group is not None:
-        notify.status(f"waiting for the other {group.size - 1} rank(s) to load")
+        r.report.status(m.Phase.WAITING,
+                        f"waiting for the other {group.size - 1} rank(s) to load")
         group.barrier()
         group.arm()
-    notify.status("generating a first token")
+    r.report.status(m.Phase.WAITING, "generating a first token")
     try:
         warm_up(loaded, group)
     except Exception as e:  # noqa: BLE001 -- whatever the family raises, the reason is kept
         raise ModelError(f"the first token failed: {type(e).__name__}: {e}") from e
 
 
-def serve_group(args: argparse.Namespace, loaded: Loaded, group: Group, channel: Channel,
-                life: Lifecycle, notify: Notifier) -> None:
-    """Wait for every rank to finish loading (a barrier: no timeout), then rank 0 serves and
-    the others follow its headers."""
-    from exod.runner.peers import PeerLost
+def ready(r: Runner, loaded: Loaded) -> None:
+    model_args = getattr(loaded.model, "args", None)
+    r.report.ready(vocab_size=int(getattr(model_args, "vocab_size", 0) or 0),
+                   context_length=int(getattr(model_args, "max_position_embeddings", 0) or 0))
+
+
+def serve_alone(r: Runner, loaded: Loaded) -> None:
+    from exod.runner.generate import TurnEngine
+    from exod.runner.serve import ServeLoop
+
+    ready(r, loaded)
+    ServeLoop(TurnEngine(loaded), r.channel, r.life, r.report, r.args.heartbeat).run()
+
+
+def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:
+    """Rank 0 serves and the others follow its headers (the group has already passed its
+    barrier and a first token: `first_token`)."""
+    from exod.runner.generate import TurnEngine
     from exod.runner.parallel import LeaderModel, worker_loop
+    from exod.runner.peers import PeerLost
+    from exod.runner.serve import ServeLoop, Ticker
 
+    ready(r, loaded)
     if group.rank != 0:
-        worker_loop(loaded, group, args.parallelism, life)
+        worker_loop(loaded, group, r.args.parallelism, r.life)
         return
-    from exod.runner.serve import serve
-
-    leader = LeaderModel(loaded, group, args.parallelism)
-    serve(dataclasses.replace(loaded, model=leader), channel, life, notify,
-          tick=leader.heartbeat, tick_every=group.heartbeat_every)
+    leader = LeaderModel(loaded, group, r.args.parallelism)
+    engine = TurnEngine(dataclasses.replace(loaded, model=leader))
+    ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat,
+              tick=Ticker(leader.heartbeat, group.heartbeat_every)).run()
     try:
         leader.shutdown()
     except PeerLost as e:  # stopping anyway; a peer that left first is no failure

@@ -1,44 +1,50 @@
-"""The runner's end of its channel to the daemon, and the thread that watches it.
+"""The runner's end of its one channel to the daemon, and the thread that watches it.
 
-The daemon passes one end of a socketpair as an inherited fd (`--channel-fd`). Messages in
-(`exod.protocol` frames) land in `inbox` for the main thread, except the ones that must act at
-once: `shutdown` (stop) and `cancel` (abort one generation). End of stream means the daemon is
-gone: stop. Without a channel (a runner started by hand or by systemd) the same thread only
-watches for signals.
+The daemon passes one end of a socketpair as an inherited fd (`--channel-fd`). Everything goes
+through it, as `exod.messages` in `exod.protocol` frames: lifecycle reports and generation
+events out (`send`, from any thread), requests in. Incoming requests land in `inbox` for the
+main thread, except the ones that must act at once: `Shutdown` (stop) and `Cancel` (abort one
+generation). End of stream means the daemon is gone: stop. The same thread watches the signal
+wakeup pipe (`exod.runner.lifecycle`). Without a channel (a runner started by hand) it only
+watches for signals, and what would be sent is dropped.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import selectors
 import socket
 import threading
 
-from exod.protocol import FrameDecoder, Message, ProtocolError, encode
+from exod import messages as m
+from exod.protocol import FrameDecoder, ProtocolError, encode
 from exod.runner.lifecycle import Lifecycle
-
-STOP = {"op": "_stop"}  # sentinel put in the inbox to wake the main thread
+from exod.runner.log import ERR, log
 
 
 class Channel:
     def __init__(self, fd: int | None, life: Lifecycle) -> None:
         self.sock = socket.socket(fileno=fd) if fd is not None else None
         self.life = life
-        self.inbox: queue.Queue[Message] = queue.Queue()
+        # None wakes the main thread (a stop); Generate is the only request that queues.
+        self.inbox: queue.Queue[m.Generate | None] = queue.Queue()
         self.cancelled: set[str] = set()
         self.drain: float | None = None  # seconds the daemon allows in-flight work to finish
         self._send_lock = threading.Lock()
-        life.on_stop(lambda: self.inbox.put(STOP))
+        life.on_stop(lambda: self.inbox.put(None))
 
     def start(self) -> None:
+        """Say hello (the daemon checks the protocol version), then watch the channel."""
+        self.send(m.Hello(version=m.VERSION, pid=os.getpid()))
         threading.Thread(target=self._watch, name="exod-channel", daemon=True).start()
 
-    def send(self, msg: Message) -> bool:
+    def send(self, msg: m.FromRunner) -> bool:
         if self.sock is None:
             return False
         try:
             with self._send_lock:
-                self.sock.sendall(encode(msg))
+                self.sock.sendall(encode(m.to_wire(msg)))
             return True
         except OSError:
             return False
@@ -57,8 +63,10 @@ class Channel:
                 assert self.sock is not None
                 try:
                     data = self.sock.recv(65536)
-                    msgs = decoder.feed(data) if data else None
-                except (OSError, ProtocolError):
+                    frames = decoder.feed(data) if data else None
+                    msgs = [m.decode_to_runner(f) for f in frames] if frames is not None else None
+                except (OSError, ProtocolError) as e:
+                    log(f"channel to exod broken: {e}", ERR)
                     msgs = None
                 if msgs is None:
                     sel.unregister(self.sock)
@@ -67,13 +75,11 @@ class Channel:
                 for msg in msgs:
                     self._dispatch(msg)
 
-    def _dispatch(self, msg: Message) -> None:
-        op = msg.get("op")
-        if op == "shutdown":
-            drain = msg.get("drain")
-            self.drain = float(drain) if isinstance(drain, (int, float)) else 0.0
+    def _dispatch(self, msg: m.ToRunner) -> None:
+        if isinstance(msg, m.Shutdown):
+            self.drain = msg.drain
             self.life.request_stop("asked by exod")
-        elif op == "cancel":
-            self.cancelled.add(str(msg.get("id")))
+        elif isinstance(msg, m.Cancel):
+            self.cancelled.add(msg.id)
         else:
             self.inbox.put(msg)

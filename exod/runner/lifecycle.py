@@ -1,9 +1,11 @@
 """How a runner learns that it must stop: the daemon's request, SIGTERM, or its parent's death.
 
 All of them end in `request_stop`, which sets one event that the load loop checks between layers
-and that wakes the serve loop. Signal handlers take no locks (a handler interrupting a thread
-that holds the same lock would deadlock): they only note the reason and write a byte to a wake
-pipe, and the channel thread (`exod.runner.channel`) does the rest.
+and that wakes the serve loop. Signals are seen through `signal.set_wakeup_fd`: the interpreter's
+C-level handler writes the signal's number to a pipe the instant it arrives, even while the main
+thread sits in a long C call (a prefill, mx.distributed), and the channel thread
+(`exod.runner.channel`), which watches that pipe, does the rest. The Python-level handler does
+nothing; it only replaces the default action (death).
 
 Runners ignore SIGINT: Ctrl-C in a terminal is for the daemon, which then runs its ladder.
 """
@@ -27,8 +29,8 @@ class Lifecycle:
         self.stop = threading.Event()
         self.reason = ""
         self.parent_pid = parent_pid
-        self._signal_reason = ""
         self.wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._on_stop: list[Callable[[], None]] = []
         self._interruptible: float | None = None  # grace, while blocked in C
@@ -80,26 +82,22 @@ class Lifecycle:
         self._exit_soon()
 
     def take_signal(self) -> None:
-        """Called by the thread that watches `wake_r` when it becomes readable."""
+        """Called by the thread that watches `wake_r` when it becomes readable: each byte is
+        the number of a signal that arrived."""
         try:
-            os.read(self.wake_r, 64)
+            got = os.read(self.wake_r, 64)
         except BlockingIOError:
-            pass
-        if self._signal_reason:
-            self.request_stop(self._signal_reason)
+            return
+        if signal.SIGTERM in got:
+            self.request_stop("SIGTERM")
 
     def install(self) -> None:
+        """From the main thread (set_wakeup_fd must be called there)."""
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGTERM, _ignore)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         if self.parent_pid is not None:
             self._watch_parent(self.parent_pid)
-
-    def _on_term(self, signum: int, frame: FrameType | None) -> None:
-        self._signal_reason = self._signal_reason or "SIGTERM"
-        try:
-            os.write(self._wake_w, b"T")
-        except BlockingIOError:
-            pass  # the pipe is full: a wake-up is already pending
 
     def _watch_parent(self, parent_pid: int) -> None:
         """Never outlive the daemon (it may die by SIGKILL or by the OOM killer)."""
@@ -112,7 +110,7 @@ class Lifecycle:
             else:
                 # The parent may have died before prctl ran: then no signal will ever come.
                 if os.getppid() != parent_pid:
-                    self._on_term(signal.SIGTERM, None)
+                    os.kill(os.getpid(), signal.SIGTERM)
                 return
         # Elsewhere (macOS): poll; reparenting changes getppid() when the parent dies.
         threading.Thread(target=self._poll_parent, args=(parent_pid,), daemon=True).start()
@@ -121,3 +119,7 @@ class Lifecycle:
         while not self.stop.wait(0.5):
             if os.getppid() != parent_pid:
                 self.request_stop("parent gone")
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM's Python-level handler: the wakeup fd already carried it to the channel thread."""

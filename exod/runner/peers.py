@@ -32,7 +32,8 @@ from exod.core.exits import EXIT_PEER_LOST
 from exod.runner import headers
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, WARNING, log
-from exod.runner.notify import Notifier
+from exod import messages as m
+from exod.runner.report import Reporter
 
 
 # Seconds a peer may take per position of a step, on top of peer_timeout: a 2048-token prefill
@@ -63,7 +64,7 @@ class Group:
     rank: int
     size: int
     peer_timeout: float
-    notify: Notifier
+    report: Reporter
     ctrl: dict[int, socket.socket] = field(default_factory=dict)  # rank → control connection
     _deadline: float | None = None  # the communication in progress must end by then
 
@@ -149,21 +150,22 @@ class Group:
 
     def lost(self, why: str) -> None:
         """End this rank at once: its daemon restarts it and it waits for the group again."""
-        self.notify.error(why)
+        self.report.failed(why, EXIT_PEER_LOST)
         log(why, ERR)
         os._exit(EXIT_PEER_LOST)
 
 
 def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifecycle,
-            notify: Notifier) -> Group:
+            report: Reporter) -> Group:
     """Join the group; retried until it forms (a peer host may be down for hours) or we are
     asked to stop. Blocking here is interruptible: a stop request ends the process at once,
     there being nothing to clean up yet."""
     attempt = 0
     while True:
         attempt += 1
-        notify.status(f"connecting to {size - 1} peer{'s' if size > 2 else ''} "
-                      f"(attempt {attempt})")
+        report.status(m.Phase.CONNECTING,
+                      f"connecting to {size - 1} peer{'s' if size > 2 else ''} "
+                      f"(attempt {attempt})", attempt=attempt)
         try:
             with life.interruptible():
                 g = mx.distributed.init(backend=backend, strict=True)
@@ -175,7 +177,7 @@ def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifec
             continue
         if g.size() != size or g.rank() != rank:
             raise RuntimeError(f"group is rank {g.rank()}/{g.size()}, expected {rank}/{size}")
-        group = Group(g, rank, size, peer_timeout, notify)
+        group = Group(g, rank, size, peer_timeout, report)
         try:
             with life.interruptible():
                 if rank == 0:

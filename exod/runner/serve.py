@@ -1,14 +1,14 @@
-"""The runner's serve loop: generation requests from the daemon, one token at a time.
+"""The runner's serve loop: generation requests from the daemon, driven through an engine.
 
-mlx computes on one device, so the loop advances one token of one generation at a time. The
-daemon decides how many requests reach the runner at once (`max_concurrency`, default 1);
-when it lets several through, they take turns token by token, so every stream keeps moving.
-Between two tokens the loop picks up new requests, drops cancelled ones (the client went
-away: cancelled within one token) and, once asked to stop, lets in-flight work finish until
-the drain deadline, then ends it with an error event and returns (the runner exits 0).
+The engine (`exod.runner.generate.TurnEngine` today) owns the generations; the loop owns the
+channel. Between two engine steps, the loop picks up new requests, drops cancelled ones (the
+client went away: cancelled within one step) and, once asked to stop, lets in-flight work
+finish until the drain deadline, then ends it with an error event and returns (the runner then
+exits 0). A step is bounded (one token, or one prefill chunk), so a stop is always answered
+quickly: the termination ladder's rung 1 is enough.
 
-The heartbeat (WATCHDOG=1, when the parent asked for one via WATCHDOG_USEC, as systemd does)
-keeps going while generating.
+A heartbeat goes to the daemon from this loop, so a stuck loop stops sending it; `tick` lets
+rank 0 of a group keep the group's own heartbeat from here too.
 """
 
 from __future__ import annotations
@@ -17,19 +17,152 @@ import collections
 import queue
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
-from exod.protocol import Message
-from exod.runner.channel import STOP, Channel
+from exod import messages as m
+from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
-from exod.runner.load import Loaded
 from exod.runner.log import ERR, log
-from exod.runner.notify import Notifier
-from exod.sdnotify_wire import watchdog_interval
+from exod.runner.report import Reporter
 
 
-def take(inbox: queue.Queue[Message], block: bool, timeout: float | None) -> list[Message]:
+class RequestError(Exception):
+    """The request cannot be served as given (e.g. an empty prompt)."""
+
+
+class Engine(Protocol):
+    @property
+    def active(self) -> int:
+        """Generations admitted and not finished."""
+        ...
+
+    def admit(self, req: m.Generate) -> None:
+        """Take a request; raises RequestError when it cannot be served as given."""
+        ...
+
+    def cancel(self, rid: str) -> None: ...
+
+    def step(self) -> list[m.Event]:
+        """One bounded unit of work (a token, or a prefill chunk) and the events it produced."""
+        ...
+
+    def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]: ...
+
+
+@dataclass
+class Ticker:
+    """Something to run at least every `every` seconds from the loop."""
+
+    fn: Callable[[], None]
+    every: float
+    due: float = 0.0
+
+    def poll(self, now: float) -> None:
+        if now >= self.due:
+            self.fn()
+            self.due = time.monotonic() + self.every
+
+
+class ServeLoop:
+    def __init__(self, engine: Engine, channel: Channel, life: Lifecycle, report: Reporter,
+                 heartbeat_every: float, tick: Ticker | None = None) -> None:
+        self.engine = engine
+        self.channel = channel
+        self.life = life
+        self.report = report
+        self.tickers = [Ticker(report.heartbeat, heartbeat_every), *([tick] if tick else [])]
+        self.deadline: float | None = None  # end of the drain, once asked to stop
+        self.shown = -1  # generations in the last status report
+        self.live: set[str] = set()
+        self.recent: collections.deque[str] = collections.deque(maxlen=256)  # finished ids
+
+    def run(self) -> None:
+        while True:
+            if self.life.stop.is_set() and self.deadline is None:
+                self.deadline = time.monotonic() + (self.channel.drain or 0.0)
+            self._take()
+            if self._drain_over():
+                return
+            self._cancel()
+            self._show()
+            if self.live:
+                self._emit(self._step())
+            self._show()  # again: the loop may next block for a long time with nothing to do
+            now = time.monotonic()
+            for t in self.tickers:
+                t.poll(now)
+
+    # ---- pieces of one turn ------------------------------------------------------------------
+    def _take(self) -> None:
+        block = not self.live and self.deadline is None
+        wake = min(t.every for t in self.tickers)
+        for req in _drain_queue(self.channel.inbox, block, wake):
+            if req is None:
+                continue  # a stop's wake-up
+            if req.id in self.channel.cancelled:  # the client left while it was on its way
+                self.channel.cancelled.discard(req.id)
+            elif self.life.stop.is_set():
+                self._emit([m.Error(req.id, "stopping", "the instance is stopping")])
+            else:
+                self._admit(req)
+
+    def _admit(self, req: m.Generate) -> None:
+        try:
+            self.engine.admit(req)
+        except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
+            why = str(e) if isinstance(e, RequestError) else f"{type(e).__name__}: {e}"
+            self._emit([m.Error(req.id, "bad_request", why)])
+            return
+        self.live.add(req.id)
+
+    def _drain_over(self) -> bool:
+        if self.deadline is None or (self.live and time.monotonic() < self.deadline):
+            return False
+        self._emit(self.engine.abort_all(
+            "aborted", f"aborted: the instance is stopping ({self.life.reason}; drain of "
+                       f"{self.channel.drain or 0:g}s is over)"))
+        return True
+
+    def _cancel(self) -> None:
+        cancelled = self.channel.cancelled
+        for rid in cancelled & self.live:
+            self.engine.cancel(rid)
+            self.live.discard(rid)
+            cancelled.discard(rid)
+        for rid in cancelled.intersection(self.recent):  # cancels that crossed a `done`
+            cancelled.discard(rid)
+
+    def _step(self) -> list[m.Event]:
+        try:
+            return self.engine.step()
+        except Exception as e:  # noqa: BLE001 -- mlx raises many types: fail the work, go on
+            log(f"generation step failed: {type(e).__name__}: {e}", ERR)
+            return self.engine.abort_all("internal", f"{type(e).__name__}: {e}")
+
+    def _emit(self, events: list[m.Event]) -> None:
+        for ev in events:
+            self.channel.send(ev)
+            if not isinstance(ev, m.Text):
+                self.live.discard(ev.id)
+                self.recent.append(ev.id)
+                self.channel.cancelled.discard(ev.id)
+
+    def _show(self) -> None:
+        """Status for the rank when the number of generations changed."""
+        n = len(self.live)
+        if n != self.shown:
+            self.shown = n
+            if n:
+                self.report.status(m.Phase.SERVING, f"serving {n} request(s)", active=n)
+            else:
+                self.report.status(m.Phase.READY)
+
+
+def _drain_queue(inbox: queue.Queue[m.Generate | None], block: bool,
+                 timeout: float) -> list[m.Generate | None]:
     """Everything waiting in the inbox; when `block`, wait for at least one message first."""
-    out: list[Message] = []
+    out: list[m.Generate | None] = []
     try:
         if block:
             out.append(inbox.get(timeout=timeout))
@@ -38,95 +171,3 @@ def take(inbox: queue.Queue[Message], block: bool, timeout: float | None) -> lis
     except queue.Empty:
         pass
     return out
-
-
-def show(notify: Notifier, active: int, shown: int) -> int:
-    """STATUS= for the rank when the number of generations changed; returns what is shown."""
-    if active != shown:
-        notify.status(f"serving {active} request(s)" if active else "ready")
-    return active
-
-
-def serve(loaded: Loaded, channel: Channel, life: Lifecycle, notify: Notifier,
-          tick: Callable[[], None] | None = None, tick_every: float | None = None) -> None:
-    """`tick` runs at least every `tick_every` seconds from this loop (between tokens, or when
-    idle): rank 0 of a group keeps the group's heartbeat with it."""
-    from exod.runner.generate import Generation, RequestError  # imports mlx_lm: runner only
-
-    interval = watchdog_interval()
-    beat = max(0.05, interval) if interval else None
-    next_beat = time.monotonic() + beat if beat else None
-    next_tick = time.monotonic() + tick_every if tick and tick_every else None
-    wake = min((x for x in (beat, tick_every if tick else None) if x), default=None)
-    active: dict[str, Generation] = {}
-    recent: collections.deque[str] = collections.deque(maxlen=256)  # finished request ids
-    deadline: float | None = None  # end of the drain, once asked to stop
-    shown = 0  # generations in STATUS= (what `exoctl status` shows for the rank)
-
-    def finish(rid: str, msg: Message) -> None:
-        channel.send(msg)
-        active.pop(rid, None)
-        recent.append(rid)
-        channel.cancelled.discard(rid)
-
-    while True:
-        stopping = life.stop.is_set()
-        if stopping and deadline is None:
-            deadline = time.monotonic() + (channel.drain or 0.0)
-        for msg in take(channel.inbox, block=not active and not stopping, timeout=wake):
-            if msg is STOP or msg.get("op") != "generate":
-                continue
-            rid = str(msg.get("id"))
-            if rid in channel.cancelled:  # the client left while the request was on its way
-                channel.cancelled.discard(rid)
-                continue
-            if life.stop.is_set():
-                finish(rid, {"id": rid, "ev": "error", "code": "stopping",
-                             "message": "the instance is stopping"})
-                continue
-            try:
-                active[rid] = Generation(loaded, msg)
-            except RequestError as e:
-                finish(rid, {"id": rid, "ev": "error", "code": "bad_request", "message": str(e)})
-            except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
-                finish(rid, {"id": rid, "ev": "error", "code": "bad_request",
-                             "message": f"{type(e).__name__}: {e}"})
-
-        now = time.monotonic()
-        if deadline is not None and (not active or now >= deadline):
-            for rid, gen in list(active.items()):
-                gen.close()
-                finish(rid, {"id": rid, "ev": "error", "code": "aborted",
-                             "message": f"aborted: the instance is stopping ({life.reason}; "
-                                        f"drain of {channel.drain or 0:g}s is over)"})
-            return
-
-        for rid in channel.cancelled & active.keys():
-            active.pop(rid).close()
-            channel.cancelled.discard(rid)
-        for rid in channel.cancelled.intersection(recent):  # cancels that crossed a `done`
-            channel.cancelled.discard(rid)
-
-        shown = show(notify, len(active), shown)
-        for rid, gen in list(active.items()):
-            try:
-                text, reason = gen.step()
-            except Exception as e:  # noqa: BLE001 -- mlx raises many types: fail this one, go on
-                log(f"generation {rid} failed: {type(e).__name__}: {e}", ERR)
-                gen.close()
-                finish(rid, {"id": rid, "ev": "error", "code": "internal",
-                             "message": f"{type(e).__name__}: {e}"})
-                continue
-            if text:
-                channel.send({"id": rid, "ev": "text", "text": text})
-            if reason is not None:
-                finish(rid, gen.done(reason))
-        # Again now: the loop may next block for a long time with nothing to do.
-        shown = show(notify, len(active), shown)
-
-        if next_beat is not None and time.monotonic() >= next_beat:
-            notify.watchdog()
-            next_beat = time.monotonic() + (beat or 0.0)
-        if next_tick is not None and tick is not None and time.monotonic() >= next_tick:
-            tick()
-            next_tick = time.monotonic() + (tick_every or 0.0)

@@ -1,6 +1,8 @@
-"""A runner double for supervision tests: speaks exod's real runner protocol (notify socket,
-channel, exit codes) but loads nothing, and misbehaves on purpose. Selected per instance with
-`env: {EXOD_RUNNER_MODULE: tests.doubles.runner, EXOD_DOUBLE: <behaviour>}`.
+"""A runner double for supervision tests: speaks exod's real runner protocol (typed messages on
+its channel, exit codes) but loads nothing, and misbehaves on purpose. The daemon execs it in
+place of exod.runner when its own environment says `EXOD_RUNNER_MODULE=tests.doubles.runner`
+(see tests/harness.py); an instance then picks a behaviour with `env: {EXOD_DOUBLE: <name>}`.
+Without EXOD_DOUBLE it execs the real runner, so one daemon can mix real runners and doubles.
 
 Behaviours:
   stubborn      load, READY, then ignore the shutdown request, SIGTERM and SIGINT
@@ -12,6 +14,9 @@ Behaviours:
                 (default 0); then, if EXOD_DOUBLE_GATE names a file, wait until it exists (polled);
                 then layer N/N and READY, and behave as cooperative. Honours the shutdown request
                 at every point, so a gated load can also be stopped mid-way.
+  garbage       load, READY, then send a message that breaks the protocol (a field of the wrong
+                type), then behave as cooperative
+  old-protocol  say hello with another protocol version, then behave as cooperative
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import signal
 import sys
 import threading
 
+from exod import messages as m
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
-from exod.runner.notify import Notifier
+from exod.protocol import encode
+from exod.runner.report import Reporter
 
 
-def gated_load(notify: Notifier, life: Lifecycle, n: int) -> bool:
+def gated_load(notify: Reporter, life: Lifecycle, n: int) -> bool:
     """Layers 1..n-1, paced; the gate; layer n. False if a stop was requested meanwhile."""
     pause = float(os.environ.get("EXOD_DOUBLE_LAYER_SECONDS") or 0)
     gate = os.environ.get("EXOD_DOUBLE_GATE")
@@ -50,17 +57,21 @@ def main() -> int:
     args, _ = p.parse_known_args()
     behaviour = os.environ.get("EXOD_DOUBLE", "cooperative")
     n = args.total_layers or 4
-    notify = Notifier()
     life = Lifecycle(args.parent_pid)
     life.install()
+    channel = Channel(args.channel_fd, life)
+    notify = Reporter(channel)
     if behaviour == "crash":
         print("<3>double: crashing as told", file=sys.stderr, flush=True)
         return 1
     if behaviour == "stubborn":
         # Never read the channel (the shutdown request sits unread) and ignore SIGTERM.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        channel.send(m.Hello(version=m.VERSION, pid=os.getpid()))
     else:
-        Channel(args.channel_fd, life).start()
+        if behaviour == "old-protocol":
+            m.VERSION += 1  # what a runner of another exod release would say
+        channel.start()
     if behaviour == "hang-loading":
         notify.progress(1, n)
         life.stop.wait()
@@ -73,6 +84,9 @@ def main() -> int:
             notify.progress(i, n)
     notify.ready()
     print(f"double {behaviour}: ready", file=sys.stderr, flush=True)
+    if behaviour == "garbage":
+        assert channel.sock is not None
+        channel.sock.sendall(encode({"type": "progress", "loaded": "many", "total": n}))
     if behaviour == "stubborn":
         threading.Event().wait()
     life.stop.wait()
@@ -83,6 +97,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if "EXOD_DOUBLE" not in os.environ:  # become the real runner: same pid, same channel fd
+        os.execv(sys.executable, [sys.executable, "-m", "exod.runner", *sys.argv[1:]])
     code = main()
     sys.stderr.flush()
     os._exit(code)

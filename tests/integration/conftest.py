@@ -6,12 +6,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.harness import REPO, Daemon
+from tests.harness import Daemon
 
 # Misbehaving runners: a double that speaks the real protocol (see tests/doubles/runner.py).
+# The daemon's environment (tests.harness.DOUBLES_ENV) makes it exec the double module.
 def double_env(behaviour: str) -> dict[str, str]:
-    return {"EXOD_RUNNER_MODULE": "tests.doubles.runner", "EXOD_DOUBLE": behaviour,
-            "PYTHONPATH": str(REPO)}
+    return {"EXOD_DOUBLE": behaviour}
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.harness import EXOD, NotifyListener
+from tests.harness import DOUBLES_ENV, EXOD, NotifyListener
 from tests.integration.conftest import double_env
 
 STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
@@ -26,7 +26,7 @@ def run_daemon(tmp_path: Path, fake_model: Path, journal: bool) -> list[str]:
     log = tmp_path / "log"
     listener = NotifyListener(tmp_path / "m.sock")
     with open(log, "wb") as f:
-        env = {**os.environ, "NOTIFY_SOCKET": str(listener.path)}
+        env = {**os.environ, "NOTIFY_SOCKET": str(listener.path), **DOUBLES_ENV}
         env.pop("JOURNAL_STREAM", None)
         if journal:  # what systemd sets when stderr is connected to journald
             st = os.fstat(f.fileno())

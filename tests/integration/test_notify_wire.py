@@ -1,23 +1,17 @@
-"""The sd_notify wire format, both ways, with systemd-notify as the reference peer.
-
-- exod → service manager: every message type arrives as systemd expects it, on path and
-  '@' abstract sockets; nothing happens (and nothing fails) without NOTIFY_SOCKET.
-- runner → exod: exod's notify server understands systemd-notify itself (and closes the fd its
-  BARRIER=1 sends, or systemd-notify would wait 5 s), and exod's own runner notifier.
-"""
+"""The sd_notify wire format from exod to its service manager: every message type arrives as
+systemd expects it, on path and '@' abstract sockets; nothing happens (and nothing fails)
+without NOTIFY_SOCKET. (Runners speak to exod over their channel: tests/integration/
+test_channel.py.)"""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from exod.daemon.notify_server import NotifyServer
 from exod.daemon.manager_notify import ServiceNotifier
 from tests.harness import NotifyListener
 
@@ -84,56 +78,3 @@ def test_missing_socket_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path) -> None:
     n = notifier_for(monkeypatch, str(tmp_path / "absent.sock"))
     assert n.send("READY=1") is False  # sdnotify would have swallowed this silently
-
-
-def serve_notify(path: Path, run: list[str], env: dict[str, str]) -> tuple[list, float, int]:
-    """Run `run` against an exod NotifyServer on `path`; returns (messages, seconds, rc)."""
-    got: list[tuple[int, dict[str, str]]] = []
-
-    async def main() -> tuple[float, int]:
-        loop = asyncio.get_running_loop()
-        server = NotifyServer(path, lambda pid, f: got.append((pid, f)))
-        server.open(loop)
-        t = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(*run, env=env)
-        rc = await asyncio.wait_for(proc.wait(), 60)
-        elapsed = time.monotonic() - t
-        server.drain()  # whatever arrived after the last reader callback
-        server.close(loop)
-        return elapsed, rc
-
-    elapsed, rc = asyncio.run(main())
-    return got, elapsed, rc
-
-
-def test_systemd_notify_as_reference_client(tmp_path: Path) -> None:
-    env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "exod-notify.sock")}
-    got, elapsed, rc = serve_notify(
-        tmp_path / "exod-notify.sock",
-        [SYSTEMD_NOTIFY, "--ready", "--status=loading 3/8", "X_EXOD_LAYERS=3/8"], env)
-    assert rc == 0
-    # systemd-notify waits for its BARRIER fd to be closed: exod closes it at once.
-    assert elapsed < 4.0, f"systemd-notify waited {elapsed:.1f}s: the barrier fd was kept open"
-    fields = {k: v for _, f in got for k, v in f.items()}
-    assert fields["READY"] == "1" and fields["STATUS"] == "loading 3/8"
-    assert fields["X_EXOD_LAYERS"] == "3/8"
-    # The sender is identified by SCM_CREDENTIALS (systemd-notify sends its parent's pid).
-    assert all(pid > 0 for pid, _ in got)
-
-
-def test_runner_notifier_speaks_the_same_format(tmp_path: Path) -> None:
-    code = ("from exod.runner.notify import Notifier; n = Notifier(); n.status('starting'); "
-            "n.progress(3, 8); n.ready(); n.watchdog(); n.stopping(); n.error('bad — model')")
-    path = tmp_path / "n.sock"
-    env = {**os.environ, "NOTIFY_SOCKET": str(path)}
-    got, _, rc = serve_notify(path, [sys.executable, "-c", code], env)
-    assert rc == 0
-    msgs = [f for _, f in got]
-    assert msgs[0]["STATUS"] == "starting"
-    assert msgs[1]["X_EXOD_LAYERS"] == "3/8" and msgs[1]["STATUS"] == "loading 3/8"
-    assert msgs[2]["READY"] == "1"
-    assert msgs[3]["WATCHDOG"] == "1"
-    assert msgs[4]["STOPPING"] == "1"
-    assert msgs[5]["X_EXOD_ERROR"] == "bad — model"
-    pids = {pid for pid, _ in got}
-    assert len(pids) == 1 and all(int(m["X_EXOD_PID"]) in pids for m in msgs)

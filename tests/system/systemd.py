@@ -631,6 +631,9 @@ def install_exod(g: SystemdGuest, config: str | None = None) -> None:
     g.run("systemd-sysusers", "/etc/sysusers.d/exod.conf", check=True)
     g.write(f"{FAKE_MODEL}/config.json", '{"model_type": "llama", "num_hidden_layers": 4}\n')
     g.install_unit("exod.service", adapt_exod_unit(UNIT_FILE.read_text()))
+    # The runner doubles (tests/doubles/runner.py) are chosen by the daemon's own environment.
+    g.install_dropin("exod.service", "test-runners", "[Service]\nEnvironment="
+                     f"EXOD_RUNNER_MODULE=tests.doubles.runner PYTHONPATH={REPO}\n")
     wants = g.units / f"{DEFAULT_TARGET}.wants"
     wants.mkdir(exist_ok=True)
     link = wants / "exod.service"
@@ -644,8 +647,7 @@ def install_exod(g: SystemdGuest, config: str | None = None) -> None:
 def double_config(behaviour: str = "cooperative", name: str = "fake", extra: str = "") -> str:
     """A config with one instance served by the runner double (tests/doubles/runner.py)."""
     return (f"{extra}instances:\n  {name}:\n    model: {FAKE_MODEL}\n"
-            f"    env: {{EXOD_RUNNER_MODULE: tests.doubles.runner, EXOD_DOUBLE: {behaviour}, "
-            f"PYTHONPATH: {REPO}}}\n")
+            f"    env: {{EXOD_DOUBLE: {behaviour}}}\n")
 
 
 if __name__ == "__main__":  # a manual check: boot, print timings, exit

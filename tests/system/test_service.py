@@ -26,7 +26,6 @@ import pytest
 from tests.system.systemd import (
     CONFIG_PATH,
     FAKE_MODEL,
-    REPO,
     VENV_EXOD,
     GuestError,
     SystemdGuest,
@@ -56,9 +55,7 @@ def fake_model(g: SystemdGuest, layers: int) -> str:
 def double(behaviour: str, model: str = FAKE_MODEL, stop: dict[str, Any] | None = None,
            **env: str) -> dict[str, Any]:
     """An instance served by a runner double (tests/doubles/runner.py)."""
-    inst: dict[str, Any] = {"model": model, "env": {
-        "EXOD_RUNNER_MODULE": "tests.doubles.runner", "EXOD_DOUBLE": behaviour,
-        "PYTHONPATH": str(REPO), **env}}
+    inst: dict[str, Any] = {"model": model, "env": {"EXOD_DOUBLE": behaviour, **env}}
     if stop:
         inst["stop"] = stop
     return inst

@@ -3,7 +3,7 @@
 `FakeSeam` is what the supervisor is to an `InstanceRuntime`, minus every OS call: `spawn`
 hands out pids, `ask`/`kill` are recorded, timers sit in a heap that `advance(dt)` fires in
 time order (the clock jumps to each timer's time before it runs). Tests play the runners'
-part with `notify(pid, "KEY=VALUE\\n...")` (parsed by the real notify parser) and `exit(pid)`.
+part with `send(pid, message)` (typed channel messages) and `exit(pid)`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from exod.core.exits import ExitInfo
 from exod.daemon.instance import InstanceRuntime, RankRuntime
-from exod.daemon.notify_server import parse
+from exod import messages as m
 
 ASK = "ask"
 TERM = "SIGTERM"
@@ -92,6 +92,9 @@ class FakeSeam:
         self.actions.append((self.clock, pid, _SIGNAL_NAMES.get(int(sig), f"signal {sig}")))
         return pid in self.live
 
+    def link(self, pid: int) -> None:
+        return None
+
     def changed(self, inst: InstanceRuntime) -> None:
         self.changes.append((self.clock, inst.state.value))
 
@@ -124,14 +127,15 @@ class FakeSeam:
         return sorted(t.when for t in self._heap if not t.cancelled)
 
     # ---- playing the runners --------------------------------------------------------------------
-    def notify(self, pid: int, text: str) -> None:
-        self.owner[pid].on_notify(pid, parse(text.encode()))
+    def send(self, pid: int, msg: m.FromRunner) -> None:
+        """A message from the runner's channel."""
+        self.owner[pid].on_message(pid, msg)
 
     def load(self, pid: int, layers: int = 4) -> None:
-        """A well-behaved runner: progress for every layer, then READY=1."""
+        """A well-behaved runner: progress for every layer, then ready."""
         for n in range(1, layers + 1):
-            self.notify(pid, f"X_EXOD_LAYERS={n}/{layers}\nSTATUS=loading {n}/{layers}")
-        self.notify(pid, "READY=1\nSTATUS=ready")
+            self.send(pid, m.Progress(n, layers))
+        self.send(pid, m.Ready())
 
     def exit(self, pid: int, code: int | None = None, sig: int | None = None) -> None:
         """The process is reaped: deliver its exit to its instance."""

@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from exod.messages import Generate, decode_to_runner, to_wire
+
 from exod.api import address
 from exod.api.admission import Gate, QueueFull
 from exod.api.errors import ApiError
@@ -58,10 +60,11 @@ def test_chat_defaults_and_runner_message() -> None:
         ("chat", "m", 1024, 1.0, 1.0)
     assert not req.stream and not req.include_usage and req.stop == []
     msg = req.to_runner()
-    assert msg == {"kind": "chat", "max_tokens": 1024, "temperature": 1.0, "top_p": 1.0,
-                   "stop": [], "logit_bias": {},
-                   "messages": [{"role": "user", "content": "hi"}]}
-    json.dumps(msg)  # goes over the channel as JSON
+    assert msg == Generate(id="", kind="chat", max_tokens=1024, temperature=1.0, top_p=1.0,
+                           stop=[], logit_bias={},
+                           messages=[{"role": "user", "content": "hi"}])
+    # It goes over the channel as JSON, and passes the runner's own check.
+    assert decode_to_runner(json.loads(json.dumps(to_wire(msg)))) == msg
 
 
 def test_chat_fields() -> None:

@@ -1,7 +1,7 @@
 """InstanceRuntime driven through a FakeSeam: spawn, readiness, the stop ladder, restarts.
 
 No processes: the fake seam hands out pids and records asks and signals; the tests play the
-runners (notify messages, exits) and move a fake monotonic clock.
+runners (channel messages, exits) and move a fake monotonic clock.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from exod.config.schema import (
     StartLimit,
     StopPolicy,
 )
+from exod import messages as m
 from exod.core.exits import ExitInfo
 from exod.core.shards import pipeline_shards
 from exod.core.states import State
@@ -90,15 +91,15 @@ def test_start_spawns_then_progress_then_ready(seam: FakeSeam) -> None:
     assert (rank.pid, rank.state, rank.started_at) == (sp.pid, S.STARTING, T0)
 
     seam.advance(3)
-    seam.notify(sp.pid, "X_EXOD_LAYERS=1/4\nSTATUS=loading layer 1")
+    seam.send(sp.pid, m.Progress(1, 4))
     assert inst.state is S.LOADING and rank.state is S.LOADING
     assert (rank.layers_loaded, rank.layers_total, rank.last_progress) == (1, 4, T0 + 3)
-    assert rank.status_text == "loading layer 1"
+    assert rank.status_text == "loading 1/4"
 
     seam.advance(2)
-    seam.notify(sp.pid, "X_EXOD_LAYERS=4/4")
+    seam.send(sp.pid, m.Progress(4, 4))
     assert inst.state is S.LOADING and became_ready == []
-    seam.notify(sp.pid, "READY=1")
+    seam.send(sp.pid, m.Ready())
     assert inst.state is S.READY and rank.state is S.READY
     assert became_ready == [(T0 + 5,)]
     assert transitions(inst) == [("stopped", "starting"), ("starting", "loading"),
@@ -109,32 +110,33 @@ def test_start_spawns_then_progress_then_ready(seam: FakeSeam) -> None:
 
 
 
-def test_each_notification_is_published_once(seam: FakeSeam) -> None:
+def test_each_message_is_published_once(seam: FakeSeam) -> None:
     """Status streams (exoctl wait, watch) and STATUS= get one snapshot per message, taken
     after every change it made: the state move included."""
     inst = make(seam, layers=2)
     inst.start()
     pid = seam.pids(inst)[0]
-    for text, state in (("X_EXOD_LAYERS=1/2", "loading"), ("X_EXOD_LAYERS=2/2", "loading"),
-                        ("READY=1", "ready"), ("STATUS=serving 1 request(s)", "ready")):
+    for msg, state in ((m.Progress(1, 2), "loading"), (m.Progress(2, 2), "loading"),
+                       (m.Ready(), "ready"),
+                       (m.Status(m.Phase.SERVING, "serving 1 request(s)", active=1), "ready")):
         before = len(seam.changes)
-        seam.notify(pid, text)
-        assert [s for _, s in seam.changes[before:]] == [state], text
+        seam.send(pid, msg)
+        assert [s for _, s in seam.changes[before:]] == [state], msg
 
 def test_ready_without_any_progress(seam: FakeSeam) -> None:
     inst = make(seam)
     inst.start()
-    seam.notify(seam.pids(inst)[0], "READY=1")
+    seam.send(seam.pids(inst)[0], m.Ready())
     assert inst.state is S.READY
     assert transitions(inst) == [("stopped", "starting"), ("starting", "ready")]
 
 
-@pytest.mark.parametrize("text", ["X_EXOD_LAYERS=abc", "X_EXOD_LAYERS=3", "X_EXOD_LAYERS=1/x",
-                                  "READY=0", "READY", "STOPPING=1"])
-def test_notifications_that_do_not_move_the_state(seam: FakeSeam, text: str) -> None:
+@pytest.mark.parametrize("msg", [m.Stopping(), m.Heartbeat(),
+                                 m.Status(m.Phase.CONNECTING, "connecting", attempt=2)])
+def test_messages_that_do_not_move_the_state(seam: FakeSeam, msg: m.FromRunner) -> None:
     inst = make(seam)
     inst.start()
-    seam.notify(seam.pids(inst)[0], text)
+    seam.send(seam.pids(inst)[0], msg)
     assert inst.state is S.STARTING and inst.ranks[0].layers_loaded == 0
 
 
@@ -142,15 +144,17 @@ def test_status_and_heartbeat_are_recorded(seam: FakeSeam) -> None:
     inst = make(seam)
     inst.start()
     seam.advance(7)
-    seam.notify(seam.pids(inst)[0], "STATUS=warming up\nWATCHDOG=1")
+    seam.send(seam.pids(inst)[0], m.Status(m.Phase.STARTING, "warming up"))
+    seam.send(seam.pids(inst)[0], m.Heartbeat())
     assert inst.ranks[0].status_text == "warming up"
+    assert inst.ranks[0].phase is m.Phase.STARTING
     assert inst.ranks[0].last_heartbeat == T0 + 7
 
 
 def test_messages_and_exits_of_unknown_pids_are_ignored(seam: FakeSeam) -> None:
     inst = make(seam)
     inst.start()
-    inst.on_notify(99999, {"READY": "1"})
+    inst.on_message(99999, m.Ready())
     inst.on_exit(99999, ExitInfo(code=1))
     assert inst.state is S.STARTING and inst.ranks[0].pid is not None
 
@@ -181,14 +185,14 @@ def test_group_is_ready_only_when_every_rank_is(seam: FakeSeam) -> None:
     assert [(s.rank, s.layers) for s in seam.spawns] == [(0, "0:2"), (1, "2:4"), (2, "4:6")]
     p0, p1, p2 = seam.pids(inst)
     assert len({p0, p1, p2}) == 3
-    seam.notify(p1, "X_EXOD_LAYERS=1/2")
+    seam.send(p1, m.Progress(1, 2))
     assert inst.state is S.LOADING
     assert [r.state for r in inst.ranks] == [S.STARTING, S.LOADING, S.STARTING]
     seam.load(p0, 2)
     seam.load(p1, 2)
     assert inst.state is S.LOADING and became_ready == []
     seam.advance(4)
-    seam.notify(p2, "READY=1")
+    seam.send(p2, m.Ready())
     assert inst.state is S.READY and became_ready == [(T0 + 4,)]
 
 
@@ -248,7 +252,7 @@ def test_a_cooperative_runner_gets_no_signal_at_all(seam: FakeSeam) -> None:
     inst, (pid,) = ready(seam)
     inst.stop()
     seam.advance(1.5)
-    seam.notify(pid, "STOPPING=1")
+    seam.send(pid, m.Stopping())
     seam.exit(pid, code=0)
     assert inst.state is S.STOPPED and inst.ranks[0].machine.reason == "exit code 0"
     seam.advance(1000)
@@ -367,8 +371,8 @@ def test_a_permanent_exit_fails_at_once_with_the_runners_reason(seam: FakeSeam) 
     inst = make(seam)
     inst.start()
     (pid,) = seam.pids(inst)
-    seam.notify(pid, "X_EXOD_LAYERS=2/4")
-    seam.notify(pid, "X_EXOD_ERROR=cannot load model: missing model.safetensors")
+    seam.send(pid, m.Progress(2, 4))
+    seam.send(pid, m.Failed("cannot load model: missing model.safetensors", 65))
     seam.exit(pid, code=65)
     rank = inst.ranks[0]
     assert inst.state is S.FAILED
@@ -559,7 +563,7 @@ def test_a_permanent_failure_in_a_group_fails_it_after_the_siblings_stop(seam: F
     inst = make(seam, ranks=2)
     inst.start()
     p0, p1 = seam.pids(inst)
-    seam.notify(p1, "X_EXOD_ERROR=layers 2:4: shape mismatch")
+    seam.send(p1, m.Failed("layers 2:4: shape mismatch", 65))
     seam.exit(p1, code=65)
     assert inst.state is S.STOPPING and seam.steps(p0) == [(T0, ASK)]
     seam.exit(p0, code=0)
@@ -650,8 +654,8 @@ def test_remote_ranks_follow_the_local_group(seam: FakeSeam) -> None:
     assert inst.ranks[1].state is S.STARTING and inst.ranks[1].pid is None
     pid = inst.ranks[0].pid
     assert pid is not None
-    seam.notify(pid, "X_EXOD_LAYERS=1/2")
-    seam.notify(pid, "READY=1")
+    seam.send(pid, m.Progress(1, 2))
+    seam.send(pid, m.Ready())
     assert inst.state is S.READY and inst.ranks[1].state is S.READY
     seam.exit(pid, code=76)  # the group broke: peer lost
     assert inst.state is S.BACKOFF and inst.ranks[1].state is S.STOPPED

@@ -1,6 +1,8 @@
 """The daemon's runner link over a real socketpair, in an event loop, with the test playing the
-runner: requests multiplexed by id, cancel, late events dropped, a runner that goes away fails
-every open request (never a hang), and a writer that outpaces the socket keeps frame order."""
+runner: hello first, requests multiplexed by id, cancel, late events dropped, lifecycle reports
+handed on, a runner that goes away fails every open request (never a hang), a malformed or
+unexpected message is a protocol error reported once, and a writer that outpaces the socket
+keeps frame order."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import asyncio
 import socket
 from typing import Any
 
+import pytest
+
+from exod import messages as m
 from exod.daemon.link import Link
 from exod.protocol import FrameDecoder, encode
 
@@ -17,48 +22,93 @@ class FakeRunner:
         self.sock = sock
         self.decoder = FrameDecoder()
 
-    def send(self, **msg: Any) -> None:
-        self.sock.sendall(encode(msg))
+    def send(self, msg: m.FromRunner | dict[str, Any]) -> None:
+        self.sock.sendall(encode(msg if isinstance(msg, dict) else m.to_wire(msg)))
 
-    def received(self, n: int) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def hello(self, version: int = m.VERSION) -> None:
+        self.send(m.Hello(version=version, pid=1234))
+
+    def _received(self, n: int) -> list[m.ToRunner]:
+        out: list[m.ToRunner] = []
         while len(out) < n:
-            out += self.decoder.feed(self.sock.recv(1 << 20))
+            out += [m.decode_to_runner(f) for f in self.decoder.feed(self.sock.recv(1 << 20))]
         return out
 
+    async def received(self, n: int) -> list[m.ToRunner]:
+        """Read from a thread, so the event loop (the link) keeps running meanwhile."""
+        return await asyncio.to_thread(self._received, n)
 
-def pair() -> tuple[socket.socket, FakeRunner]:
+
+class Recorder:
+    def __init__(self) -> None:
+        self.messages: list[m.FromRunner] = []
+        self.broken: list[str] = []
+        self.event = asyncio.Event()
+
+    def on_message(self, msg: m.FromRunner) -> None:
+        self.messages.append(msg)
+        self.event.set()
+
+    def on_broken(self, why: str) -> None:
+        self.broken.append(why)
+        self.event.set()
+
+
+def pair() -> tuple[Link, FakeRunner, Recorder]:
     daemon_end, runner_end = socket.socketpair()
-    daemon_end.setblocking(False)
     runner_end.settimeout(10)
-    return daemon_end, FakeRunner(runner_end)
+    rec = Recorder()
+    return Link(daemon_end, {}, rec.on_message, rec.on_broken), FakeRunner(runner_end), rec
+
+
+def generate(**kw: Any) -> m.Generate:
+    return m.Generate(id="", kind=kw.pop("kind", "chat"), max_tokens=8, **kw)
 
 
 def test_requests_are_multiplexed_by_id_and_cancelled() -> None:
     async def scenario() -> None:
-        sock, runner = pair()
-        link = Link(asyncio.get_running_loop(), sock, {})
-        a = link.open({"kind": "chat", "messages": []})
-        b = link.open({"kind": "completion", "prompt": "x"})
-        ga, gb = runner.received(2)
-        assert ga["op"] == gb["op"] == "generate" and ga["id"] != gb["id"]
-        assert gb["prompt"] == "x"
-        runner.send(id=gb["id"], ev="text", text="B")
-        runner.send(id=ga["id"], ev="text", text="A")
-        runner.send(id=ga["id"], ev="done", finish_reason="stop")
-        assert (await a.next())["text"] == "A"
-        assert (await a.next())["ev"] == "done" and a.finished
-        assert (await b.next())["text"] == "B"
+        link, runner, _ = pair()
+        runner.hello()
+        a = link.open(generate(messages=[]))
+        b = link.open(generate(kind="completion", prompt="x"))
+        ga, gb = await runner.received(2)
+        assert isinstance(ga, m.Generate) and isinstance(gb, m.Generate)
+        assert ga.id != gb.id and gb.prompt == "x"
+        runner.send(m.Text(gb.id, "B"))
+        runner.send(m.Text(ga.id, "A"))
+        runner.send(m.Done(ga.id, "stop", 3, 1))
+        assert await a.next() == m.Text(ga.id, "A")
+        assert await a.next() == m.Done(ga.id, "stop", 3, 1) and a.finished
+        assert await b.next() == m.Text(gb.id, "B")
         assert link.in_flight == 1
         b.close()  # the client went away
-        assert runner.received(1) == [{"op": "cancel", "id": gb["id"]}]
-        runner.send(id=gb["id"], ev="text", text="late")  # dropped, nobody waits for it
+        assert await runner.received(1) == [m.Cancel(gb.id)]
+        runner.send(m.Text(gb.id, "late"))  # dropped, nobody waits for it
         a.close()  # finished already: no cancel
-        assert link.send({"op": "shutdown", "drain": 1.5})
-        assert runner.received(1) == [{"op": "shutdown", "drain": 1.5}]
+        assert link.send(m.Shutdown(drain=1.5))
+        assert await runner.received(1) == [m.Shutdown(drain=1.5)]
         assert link.in_flight == 0
         link.close("test over")
-        sock.close()
+        runner.sock.close()
+
+    asyncio.run(scenario())
+
+
+def test_lifecycle_reports_are_handed_on_after_hello() -> None:
+    async def scenario() -> None:
+        link, runner, rec = pair()
+        runner.hello()
+        runner.send(m.Progress(2, 4))
+        runner.send(m.Status(m.Phase.CONNECTING, "connecting", attempt=3))
+        runner.send(m.Ready(vocab_size=1024, context_length=2048))
+        while len(rec.messages) < 3:
+            rec.event.clear()
+            await asyncio.wait_for(rec.event.wait(), 10)
+        assert rec.messages == [m.Progress(2, 4),
+                                m.Status(m.Phase.CONNECTING, "connecting", attempt=3),
+                                m.Ready(vocab_size=1024, context_length=2048)]
+        assert link.hello == m.Hello(version=m.VERSION, pid=1234) and rec.broken == []
+        link.close("test over")
         runner.sock.close()
 
     asyncio.run(scenario())
@@ -66,38 +116,78 @@ def test_requests_are_multiplexed_by_id_and_cancelled() -> None:
 
 def test_runner_gone_fails_open_requests_after_delivering_its_last_events() -> None:
     async def scenario() -> None:
-        sock, runner = pair()
-        link = Link(asyncio.get_running_loop(), sock, {})
-        s = link.open({"kind": "chat"})
-        (g,) = runner.received(1)
-        runner.send(id=g["id"], ev="text", text="last words")
+        link, runner, rec = pair()
+        runner.hello()
+        s = link.open(generate())
+        (g,) = await runner.received(1)
+        runner.send(m.Text(g.id, "last words"))
         runner.sock.close()  # the runner died
-        assert (await s.next())["text"] == "last words"
+        assert await s.next() == m.Text(g.id, "last words")
         err = await asyncio.wait_for(s.next(), 10)
-        assert err["ev"] == "error" and err["code"] == "runner_gone"
-        assert link.closed and not link.send({"op": "cancel", "id": "x"})
-        late = link.open({"kind": "chat"})  # a request after the end fails at once
-        assert (await late.next())["ev"] == "error"
-        sock.close()
+        assert isinstance(err, m.Error) and err.code == "runner_gone"
+        assert link.closed and not link.send(m.Cancel("x"))
+        late = link.open(generate())  # a request after the end fails at once
+        assert isinstance(await late.next(), m.Error)
+        assert rec.broken == []  # a runner that leaves broke no protocol
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("frames, why", [
+    ([m.Progress(1, 2)], "progress before hello"),
+    ([m.Hello(version=m.VERSION + 1, pid=1)], "speaks version"),
+    ([m.Hello(version=m.VERSION, pid=1), {"type": "bogus"}], "unknown message type"),
+    ([m.Hello(version=m.VERSION, pid=1), {"type": "progress", "loaded": "1", "total": 2}],
+     "progress.loaded"),
+    ([m.Hello(version=m.VERSION, pid=1), {"type": "ready", "extra": 1}], "unknown field"),
+], ids=["before-hello", "version", "unknown-type", "bad-field", "extra-field"])
+def test_a_protocol_error_is_reported_once_and_fails_open_requests(
+        frames: list[Any], why: str) -> None:
+    async def scenario() -> None:
+        link, runner, rec = pair()
+        s = link.open(generate())
+        await runner.received(1)
+        for f in frames:
+            runner.send(f)
+        runner.send(m.Progress(1, 2))  # never read: the link stopped at the error
+        await asyncio.wait_for(rec.event.wait(), 10)
+        assert len(rec.broken) == 1 and why in rec.broken[0], rec.broken
+        assert rec.messages == []
+        err = await asyncio.wait_for(s.next(), 10)
+        assert isinstance(err, m.Error) and err.code == "runner_gone"
+        assert link.closed
+        runner.sock.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_oversized_or_garbled_frame_is_a_protocol_error() -> None:
+    async def scenario() -> None:
+        link, runner, rec = pair()
+        runner.sock.sendall(b"\xff\xff\xff\xff")  # a length far beyond the limit
+        await asyncio.wait_for(rec.event.wait(), 10)
+        assert "exceeds" in rec.broken[0]
+        runner.sock.close()
+
+        link, runner, rec = pair()
+        runner.sock.sendall(b"\x00\x00\x00\x03{x}")
+        await asyncio.wait_for(rec.event.wait(), 10)
+        assert "bad JSON" in rec.broken[0]
+        runner.sock.close()
 
     asyncio.run(scenario())
 
 
 def test_a_full_socket_buffers_in_order() -> None:
     async def scenario() -> None:
-        sock, runner = pair()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        link = Link(asyncio.get_running_loop(), sock, {})
+        link, runner, _ = pair()
         big = "x" * 50_000
         for i in range(20):
-            assert link.send({"op": "generate", "id": f"r{i}", "prompt": big})
-        got: list[dict[str, Any]] = []
-        loop = asyncio.get_running_loop()
-        while len(got) < 20:  # read from a thread while the loop flushes the rest
-            got += await loop.run_in_executor(None, runner.received, 1)
-        assert [m["id"] for m in got] == [f"r{i}" for i in range(20)]
+            assert link.send(m.Generate(id=f"r{i}", kind="completion", max_tokens=1,
+                                        prompt=big))
+        got = await runner.received(20)
+        assert [g.id for g in got if isinstance(g, m.Generate)] == [f"r{i}" for i in range(20)]
         link.close("test over")
-        sock.close()
         runner.sock.close()
 
     asyncio.run(scenario())

@@ -1,16 +1,14 @@
-"""The two wire formats: length-prefixed JSON (daemon ↔ runner channel) and sd_notify lines."""
+"""Framing of the daemon ↔ runner channel: length-prefixed JSON objects."""
 
 from __future__ import annotations
 
 import json
-import socket
 import struct
 from typing import Any
 
 import pytest
 
-from exod.daemon.notify_server import parse
-from exod.protocol import HEADER, MAX_FRAME, FrameDecoder, ProtocolError, encode, recv_blocking
+from exod.protocol import HEADER, MAX_FRAME, FrameDecoder, ProtocolError, encode
 
 MESSAGES: list[dict[str, Any]] = [
     {},
@@ -89,38 +87,3 @@ def test_bad_json_is_a_protocol_error(body: bytes) -> None:
 def test_a_frame_must_hold_an_object(value: object) -> None:
     with pytest.raises(ProtocolError, match="object"):
         FrameDecoder().feed(frame(json.dumps(value).encode()))
-
-
-def test_recv_blocking_over_a_socket_pair() -> None:
-    a, b = socket.socketpair()
-    with a, b:
-        dec = FrameDecoder()
-        a.sendall(encode({"op": "ping"}) + encode({"op": "pong"}))
-        got: list[dict[str, Any]] = []
-        while len(got) < 2:
-            msgs = recv_blocking(b, dec)
-            assert msgs is not None
-            got += msgs
-        assert got == [{"op": "ping"}, {"op": "pong"}]
-        a.shutdown(socket.SHUT_WR)
-        assert recv_blocking(b, dec) is None
-
-
-# ---- sd_notify datagrams ---------------------------------------------------------------------
-@pytest.mark.parametrize(("data", "expected"), [
-    (b"READY=1", {"READY": "1"}),
-    (b"READY=1\nSTATUS=loading 3/28\nX_EXOD_LAYERS=3/28\n",
-     {"READY": "1", "STATUS": "loading 3/28", "X_EXOD_LAYERS": "3/28"}),
-    (b"", {}),
-    (b"\n\n", {}),
-    (b"BARRIER", {}),  # no '=': ignored
-    (b"junk\nREADY=1\n=orphan value\n", {"READY": "1"}),  # no key: ignored
-    (b"STATUS=a\nSTATUS=b", {"STATUS": "b"}),  # last key wins
-    (b"STATUS=", {"STATUS": ""}),
-    (b"X_EXOD_ERROR=shape mismatch: a=1 b=2", {"X_EXOD_ERROR": "shape mismatch: a=1 b=2"}),
-    ("STATUS=chargement ✓ 漢字".encode(), {"STATUS": "chargement ✓ 漢字"}),
-    (b"STATUS=bad \xff byte\nREADY=1", {"STATUS": "bad \ufffd byte", "READY": "1"}),
-], ids=["one", "multi", "empty", "blank-lines", "no-equals", "no-key", "last-wins",
-        "empty-value", "equals-in-value", "utf8", "invalid-utf8"])
-def test_notify_parse(data: bytes, expected: dict[str, str]) -> None:
-    assert parse(data) == expected

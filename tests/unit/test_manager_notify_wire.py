@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from exod.sdnotify_wire import one_line, watchdog_interval, wire
+from exod.daemon.manager_notify import one_line, watchdog_interval, wire
 
 
 def test_wire_carries_utf8_through_a_latin1_encoder() -> None:

@@ -1,0 +1,69 @@
+"""How a runner is started: its argv, its environment and, for a group, the hostfile.
+
+Pure but for the hostfile and the free ports of a group without `port_base`; the supervisor
+hands the result to the process table. What gets exec'd is `exod.runner` unless the daemon's
+own environment names another module in EXOD_RUNNER_MODULE (a development and test hook:
+chosen by whoever starts the daemon, never by a config file).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from exod.config.schema import Instance
+from exod.core.shards import Shard
+from exod.daemon import rank_addresses
+from exod.daemon import spawn as os_seam
+
+HEARTBEAT_EVERY = 5.0  # seconds between a serving runner's heartbeats
+
+
+@dataclass(frozen=True)
+class Launch:
+    module: str
+    args: list[str]
+    env: dict[str, str]
+
+
+class Launcher:
+    def __init__(self, run_dir: Path, daemon_env: Mapping[str, str]) -> None:
+        self.run_dir = run_dir
+        self.daemon_env = daemon_env
+        self.module = daemon_env.get("EXOD_RUNNER_MODULE") or os_seam.DEFAULT_MODULE
+        self._group_control: dict[str, str] = {}  # instance → rank 0's control address
+
+    def hostfile(self, name: str) -> Path:
+        return self.run_dir / "groups" / f"{name}.json"
+
+    def prepare(self, c: Instance) -> None:
+        """A group is about to start: agree on its addresses (write the MLX hostfile)."""
+        if c.shards > 1:
+            addrs = rank_addresses.addresses(c)
+            rank_addresses.write_hostfile(self.hostfile(c.name), addrs.ranks)
+            self._group_control[c.name] = addrs.control
+
+    def launch(self, c: Instance, shard: Shard, local_ranks: int) -> Launch:
+        args = ["--model", str(c.model), "--instance", c.name, "--rank", str(shard.rank),
+                "--world", str(shard.world), "--parallelism", c.parallelism, "--dtype", c.dtype,
+                "--parent-pid", str(os.getpid()), "--heartbeat", f"{HEARTBEAT_EVERY:g}"]
+        if shard.total:
+            args += ["--layers", shard.arg(), "--total-layers", str(shard.total)]
+        group_env: dict[str, str] = {}
+        if shard.world > 1:
+            args += ["--backend", c.backend, "--peer-timeout", f"{c.peer_timeout:g}"]
+            # mx.distributed's own interface: which rank, and where every rank listens.
+            group_env = {"MLX_RANK": str(shard.rank), "MLX_HOSTFILE": str(self.hostfile(c.name)),
+                         "EXOD_GROUP_CONTROL": self._group_control[c.name]}
+        env = os_seam.runner_env(self.daemon_env, {
+            **rank_addresses.thread_split(c, local_ranks, self.daemon_env),
+            **c.env,
+            **group_env,
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",  # models are local; never wait on a hub
+            "EXOD_INSTANCE": c.name,
+            "EXOD_RANK": str(shard.rank),
+        })
+        return Launch(self.module, args, env)

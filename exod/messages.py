@@ -1,0 +1,268 @@
+"""Every message between the daemon and a runner, defined once, for both ends.
+
+One channel per runner: the socketpair it inherits (`--channel-fd`), carrying `exod.protocol`
+frames. Each frame holds one JSON object whose `type` names a dataclass below; its other keys
+are that dataclass's fields, checked here (types, required, no unknown keys) before either end
+acts on them. A runner's first message is `Hello`, whose `version` must equal `VERSION`.
+
+Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping.
+Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
+Text, Done, Error.
+Daemon → runner: Generate, Cancel, Shutdown.
+
+Imports nothing heavy: the daemon and the runner both use it. A field added to a message is a
+new `VERSION`: the daemon refuses a runner speaking another one (a stale install after an
+upgrade) with a clear error, instead of misreading it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Union
+
+from exod.protocol import ProtocolError
+
+VERSION = 1
+
+
+class Phase(str, enum.Enum):
+    """What a runner is doing, for status and for the daemon's decisions (never a parsed text)."""
+
+    STARTING = "starting"  # the process is up, importing mlx
+    CONNECTING = "connecting"  # joining its group (a peer host may be down for hours)
+    WAITING = "waiting"  # loaded; waiting for the other ranks of its group to load
+    LOADING = "loading"
+    READY = "ready"
+    SERVING = "serving"  # at least one generation in flight
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+# ---- runner → daemon: lifecycle --------------------------------------------------------------
+@dataclass(frozen=True)
+class Hello:
+    type: ClassVar[str] = "hello"
+    version: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Status:
+    """`text` is for people (`exoctl status`); decisions use `phase` and the numbers."""
+
+    type: ClassVar[str] = "status"
+    phase: Phase
+    text: str = ""
+    attempt: int = 0  # CONNECTING: which attempt at forming the group
+    active: int = 0  # SERVING: generations in flight
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Layer `loaded` of `total` is in memory (0 of N: loading has begun)."""
+
+    type: ClassVar[str] = "progress"
+    loaded: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Ready:
+    """Loaded (and, for a group, past the group-wide barrier): requests may come."""
+
+    type: ClassVar[str] = "ready"
+    vocab_size: int = 0  # 0: unknown
+    context_length: int = 0
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Why the runner is about to exit with `exit_code` (the reason status shows)."""
+
+    type: ClassVar[str] = "failed"
+    reason: str
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Sent from the runner's main loop while it serves: a stuck loop stops sending."""
+
+    type: ClassVar[str] = "heartbeat"
+
+
+@dataclass(frozen=True)
+class Stopping:
+    type: ClassVar[str] = "stopping"
+    reason: str = ""
+
+
+# ---- runner → daemon: work ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Text:
+    """The next piece of a generation's text, as soon as it is decoded."""
+
+    type: ClassVar[str] = "text"
+    id: str
+    text: str
+
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Done:
+    type: ClassVar[str] = "done"
+    id: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+
+
+ErrorCode = Literal["bad_request", "stopping", "aborted", "internal", "runner_gone"]
+
+
+@dataclass(frozen=True)
+class Error:
+    type: ClassVar[str] = "error"
+    id: str
+    code: ErrorCode
+    message: str
+
+
+# ---- daemon → runner --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Generate:
+    """One generation (fields checked by exod.api.schema before they get here)."""
+
+    type: ClassVar[str] = "generate"
+    id: str
+    kind: Literal["chat", "completion"]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    logit_bias: dict[str, float] = field(default_factory=dict)
+    messages: list[dict[str, str]] | None = None
+    prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """The client went away: stop that generation now."""
+
+    type: ClassVar[str] = "cancel"
+    id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Rung 1 of the ladder: finish in-flight work within `drain` seconds, then exit 0."""
+
+    type: ClassVar[str] = "shutdown"
+    drain: float = 0.0
+
+
+FromRunner = Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Text | Done | Error
+ToRunner = Generate | Cancel | Shutdown
+Event = Text | Done | Error  # a request's stream
+Message = FromRunner | ToRunner
+
+FROM_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromRunner)}
+TO_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(ToRunner)}
+
+
+def to_wire(msg: Message) -> dict[str, Any]:
+    """The JSON object for a frame."""
+    out: dict[str, Any] = {"type": msg.type}
+    for f in dataclasses.fields(msg):
+        value = getattr(msg, f.name)
+        out[f.name] = value.value if isinstance(value, enum.Enum) else value
+    return out
+
+
+def from_wire(obj: dict[str, Any], allowed: dict[str, type[Any]]) -> Any:
+    """The message `obj` holds, checked field by field; ProtocolError otherwise."""
+    kind = obj.get("type")
+    cls = allowed.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message type {_clip(kind)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(obj) - set(fields) - {"type"}
+    if unknown:
+        raise ProtocolError(f"{kind}: unknown field(s) {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name not in obj:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ProtocolError(f"{kind}: missing field {name!r}")
+            continue
+        values[name] = _check(obj[name], hints[name], f"{kind}.{name}")
+    return cls(**values)
+
+
+def decode_from_runner(obj: dict[str, Any]) -> FromRunner:
+    msg: FromRunner = from_wire(obj, FROM_RUNNER)
+    return msg
+
+
+def decode_to_runner(obj: dict[str, Any]) -> ToRunner:
+    msg: ToRunner = from_wire(obj, TO_RUNNER)
+    return msg
+
+
+def _check(value: Any, hint: Any, where: str) -> Any:
+    """`value` as type `hint` (the few shapes messages use), or ProtocolError."""
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return _check(value, option, where)
+            except ProtocolError:
+                continue
+        raise ProtocolError(f"{where}: unexpected value {_clip(value)}")
+    if origin is Literal:
+        if value in typing.get_args(hint) and isinstance(value, str):
+            return value
+        raise ProtocolError(f"{where}: unexpected value {_clip(value)}")
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ProtocolError(f"{where}: expected a list")
+        return [_check(v, item, where) for v in value]
+    if origin is dict:
+        key, item = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected an object")
+        return {_check(k, key, where): _check(v, item, where) for k, v in value.items()}
+    if hint is type(None):
+        if value is None:
+            return None
+    elif isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            pass
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value):
+            return float(value)
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    raise ProtocolError(f"{where}: unexpected value {_clip(value)}")
+
+
+def _clip(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:59] + "…"

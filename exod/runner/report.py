@@ -1,0 +1,34 @@
+"""What a runner tells the daemon about itself: typed lifecycle messages on its channel.
+
+A lost report never stops a load (the channel may be closing because exod is going away, and
+then the runner stops anyway); `Channel.send` just returns False.
+"""
+
+from __future__ import annotations
+
+from exod import messages as m
+from exod.runner.channel import Channel
+
+
+class Reporter:
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+
+    def status(self, phase: m.Phase, text: str = "", attempt: int = 0, active: int = 0) -> None:
+        self.channel.send(m.Status(phase=phase, text=text or phase.value, attempt=attempt,
+                                   active=active))
+
+    def progress(self, loaded: int, total: int) -> None:
+        self.channel.send(m.Progress(loaded=loaded, total=total))
+
+    def ready(self, vocab_size: int = 0, context_length: int = 0) -> None:
+        self.channel.send(m.Ready(vocab_size=vocab_size, context_length=context_length))
+
+    def failed(self, reason: str, exit_code: int) -> None:
+        self.channel.send(m.Failed(reason=" ".join(reason.split()), exit_code=exit_code))
+
+    def stopping(self, reason: str = "") -> None:
+        self.channel.send(m.Stopping(reason=reason))
+
+    def heartbeat(self) -> None:
+        self.channel.send(m.Heartbeat())

@@ -1,0 +1,120 @@
+"""The typed messages of the daemon ↔ runner channel: every type survives the wire, and every
+malformed object is a ProtocolError (never another exception, never a half-checked message)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from exod import messages as m
+from exod.protocol import FrameDecoder, ProtocolError, encode
+
+EXAMPLES: list[m.Message] = [
+    m.Hello(version=m.VERSION, pid=42),
+    m.Status(m.Phase.CONNECTING, "connecting to 1 peer (attempt 2)", attempt=2),
+    m.Status(m.Phase.SERVING, "serving 3 request(s)", active=3),
+    m.Progress(17, 80),
+    m.Ready(vocab_size=49152, context_length=8192),
+    m.Ready(),
+    m.Failed("cannot load: ünïcode ✓", 65),
+    m.Heartbeat(),
+    m.Stopping("asked by exod"),
+    m.Text("r1", "漢字 and emoji 🎉"),
+    m.Done("r1", "length", 12, 34),
+    m.Error("r1", "aborted", "drain over"),
+    m.Generate(id="r2", kind="chat", max_tokens=5, temperature=0.0, stop=["\n"], seed=7,
+               logit_bias={"12": -100.0}, messages=[{"role": "user", "content": "hi"}]),
+    m.Generate(id="r3", kind="completion", max_tokens=16, prompt="Once"),
+    m.Cancel("r2"),
+    m.Shutdown(drain=4.0),
+]
+
+
+def wire_round_trip(msg: m.Message) -> m.Message:
+    (frame,) = FrameDecoder().feed(encode(m.to_wire(msg)))
+    table = m.FROM_RUNNER if msg.type in m.FROM_RUNNER else m.TO_RUNNER
+    got: m.Message = m.from_wire(frame, table)
+    return got
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda x: x.type)
+def test_every_message_survives_the_wire(msg: m.Message) -> None:
+    assert wire_round_trip(msg) == msg
+
+
+def test_the_two_directions_are_distinct() -> None:
+    assert not set(m.FROM_RUNNER) & set(m.TO_RUNNER)
+    with pytest.raises(ProtocolError, match="unknown message type"):
+        m.decode_from_runner(m.to_wire(m.Shutdown(drain=1.0)))  # a runner cannot send this
+    with pytest.raises(ProtocolError, match="unknown message type"):
+        m.decode_to_runner(m.to_wire(m.Ready()))
+
+
+@pytest.mark.parametrize("obj, fragment", [
+    ({}, "unknown message type None"),
+    ({"type": 3}, "unknown message type 3"),
+    ({"type": "progress", "loaded": 1}, "missing field 'total'"),
+    ({"type": "progress", "loaded": True, "total": 2}, "progress.loaded"),
+    ({"type": "progress", "loaded": 1.5, "total": 2}, "progress.loaded"),
+    ({"type": "progress", "loaded": 1, "total": 2, "x": 0}, "unknown field(s) x"),
+    ({"type": "status", "phase": "dancing"}, "status.phase"),
+    ({"type": "done", "id": "r", "finish_reason": "bored", "prompt_tokens": 1,
+      "completion_tokens": 1}, "done.finish_reason"),
+    ({"type": "error", "id": "r", "code": "oops", "message": "m"}, "error.code"),
+    ({"type": "text", "id": 5, "text": "t"}, "text.id"),
+    ({"type": "text", "id": "r", "text": None}, "text.text"),
+    ({"type": "failed", "reason": "r", "exit_code": "65"}, "failed.exit_code"),
+    ({"type": "hello", "version": 1, "pid": None}, "hello.pid"),
+], ids=str)
+def test_malformed_from_the_runner(obj: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        m.decode_from_runner(obj)
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("obj, fragment", [
+    ({"type": "shutdown", "drain": math.inf}, "shutdown.drain"),
+    ({"type": "shutdown", "drain": "1"}, "shutdown.drain"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1,
+      "logit_bias": {"1": "x"}}, "generate.logit_bias"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1,
+      "messages": [{"role": 1}]}, "generate.messages"),
+    ({"type": "generate", "id": "r", "kind": "poem", "max_tokens": 1}, "generate.kind"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1, "stop": "x"},
+     "generate.stop"),
+], ids=str)
+def test_malformed_to_the_runner(obj: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        m.decode_to_runner(obj)
+    assert fragment in str(info.value)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=3),
+    max_leaves=10,
+)
+TYPES = st.sampled_from([*m.FROM_RUNNER, *m.TO_RUNNER, "nope"])
+FIELDS = st.sampled_from(["id", "text", "loaded", "total", "phase", "version", "pid", "code",
+                          "message", "drain", "kind", "max_tokens", "messages", "stop",
+                          "finish_reason", "prompt_tokens", "completion_tokens", "reason",
+                          "exit_code", "logit_bias", "seed", "prompt", "attempt", "active"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(kind=TYPES, fields=st.dictionaries(FIELDS, JSON, max_size=6))
+def test_any_object_is_a_message_or_a_protocol_error(kind: str, fields: dict[str, Any]) -> None:
+    obj = {"type": kind, **fields}
+    for decode in (m.decode_from_runner, m.decode_to_runner):
+        try:
+            msg = decode(obj)
+        except ProtocolError:
+            continue
+        # What passed the check is exactly what goes back on the wire.
+        assert json.loads(json.dumps(m.to_wire(msg))) == m.to_wire(msg)
