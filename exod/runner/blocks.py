@@ -10,8 +10,11 @@ that really holds the list, found by identity of the blocks, not by the list obj
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
+import mlx.core as mx
 from mlx import nn
+from mlx.utils import tree_flatten
 
 
 class NoBlocks(Exception):
@@ -57,3 +60,9 @@ def find_blocks(model: nn.Module) -> Blocks:
             elif isinstance(value, nn.Module):
                 stack.append(value)
     raise NoBlocks(f"{type(model).__module__}: could not find the module that owns its layers")
+
+
+def flat_arrays(tree: Any) -> list[tuple[str, mx.array]]:
+    """tree_flatten of a parameter tree, typed: mlx types the result as a list or a dict (the
+    dict only when given one as `destination`)."""
+    return cast("list[tuple[str, mx.array]]", tree_flatten(tree))

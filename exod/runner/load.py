@@ -16,11 +16,10 @@ from typing import Any, cast
 
 import mlx.core as mx
 from mlx import nn
-from mlx.utils import tree_flatten
 
 from exod.core.shards import Shard
 from exod.runner import pipeline
-from exod.runner.blocks import NoBlocks, find_blocks
+from exod.runner.blocks import Blocks, NoBlocks, find_blocks, flat_arrays
 from exod.runner.pipeline import Link
 from exod.runner.tensor import CannotShard, block_sharder
 
@@ -96,6 +95,15 @@ def load_shard(
         # Lazy: the cast happens as each layer is evaluated, so memory never holds both copies.
         model.set_dtype(DTYPES[dt])
 
+    _evaluate(model, blocks, shard, parallelism, group, progress, should_stop)
+    return Loaded(model, tokenizer, shard, dt, time.monotonic() - t0, link, parallelism)
+
+
+def _evaluate(model: nn.Module, blocks: Blocks | None, shard: Shard, parallelism: str,
+              group: Any, progress: Callable[[int, int], None],
+              should_stop: Callable[[], bool]) -> None:
+    """Read (and for tensor parallelism, shard) the weights this rank keeps: what lies outside
+    the blocks first, then one owned block at a time, reporting progress after each."""
     owned = ([] if blocks is None else
              [b for b in blocks.items if not pipeline.is_stand_in(b)])
     shard_one, finish = (block_sharder(model, blocks, group)
@@ -125,13 +133,6 @@ def load_shard(
         raise ModelError(f"tensor parallelism: {e}") from e
     except Exception as e:  # a truncated or corrupt safetensors file surfaces here, at eval
         raise ModelError(f"{type(e).__name__}: {e}") from e
-    return Loaded(model, tokenizer, shard, dt, time.monotonic() - t0, link, parallelism)
-
-
-def flat_arrays(tree: Any) -> list[tuple[str, mx.array]]:
-    """tree_flatten of a parameter tree, typed: mlx types the result as a list or a dict (the
-    dict only when given one as `destination`)."""
-    return cast("list[tuple[str, mx.array]]", tree_flatten(tree))
 
 
 def _outside_blocks(model: nn.Module, blocks: list[nn.Module], shard: Shard,

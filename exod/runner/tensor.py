@@ -20,7 +20,7 @@ from mlx import nn
 from mlx.nn.layers.distributed import shard_inplace, shard_linear
 from mlx.utils import tree_unflatten
 
-from exod.runner.blocks import Blocks
+from exod.runner.blocks import Blocks, flat_arrays
 
 COLUMN = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3", "wq",
                     "wk", "wv", "query", "key", "value", "fc1", "c_fc", "gate_up_proj"})
@@ -164,6 +164,4 @@ def _family_sharder(model: nn.Module, blocks: Blocks, group: Any
 
 
 def _flat(model: nn.Module) -> list[tuple[str, mx.array]]:
-    from exod.runner.load import flat_arrays
-
     return flat_arrays(model.parameters())
