@@ -30,7 +30,7 @@ COVERING = ["llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "gemma3", "ge
 
 def specs() -> list[str]:
     families = list(FAMILIES) if os.environ.get("EXOD_ZOO") == "all" else COVERING
-    return families + [f"{f}:4" for f in QUANTIZED]
+    return families + [f"{f}:4" for f in QUANTIZED] + ["llama:8"]
 
 
 def test_the_zoo_in_every_layout(tmp_path_factory: pytest.TempPathFactory) -> None:
