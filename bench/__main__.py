@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-ALL = ["load", "daemon", "api", "sharding", "families", "systemd"]
+ALL = ["load", "daemon", "api", "serving", "sharding", "families", "systemd", "security"]
 
 
 def main() -> None:

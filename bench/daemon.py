@@ -1,15 +1,21 @@
 """The daemon with 8 ready instances of a real (tiny) model: SIGTERM → exit time, signals sent
 to runners, the daemon's own RSS (and that it never maps mlx), and `exoctl status` wall time.
+Also what /metrics and the status page cost: the idle daemon's CPU with the HTTP API (and so
+/metrics and the page) against the same daemon without it, and the daemon CPU of one scrape
+and of one status page poll.
 
-Goals: stop ≤ 1 s with no signal sent to any runner; daemon RSS ≤ 60 MB; status ≤ 0.3 s.
-Baselines in the same run: a bare `python -c pass` for process start, and the RSS of a bare
-interpreter, so the ratios say what exod itself adds.
+Goals: stop ≤ 1 s with no signal sent to any runner; daemon RSS ≤ 60 MB; status ≤ 0.3 s;
+idle CPU with the API within noise of idle CPU without it.
+Baselines in the same run: a bare `python -c pass` for process start, the RSS of a bare
+interpreter, and an API-less daemon's idle CPU, so the ratios say what exod itself adds.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
+import urllib.request
 
 from bench.common import PY, median, model, report, verdict
 from exod.daemon.procinfo import rss_bytes
@@ -39,6 +45,59 @@ def bare_python_rss() -> float:
         return rss_mb(p.pid)
     finally:
         p.communicate(b"")
+
+
+IDLE_WINDOW = 10.0  # seconds of an idle daemon per CPU figure
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of `pid` itself (not its runners)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def idle_cpu_ms(pid: int) -> float:
+    """Daemon CPU over IDLE_WINDOW seconds in which nobody asks it anything."""
+    before = cpu_s(pid)
+    time.sleep(IDLE_WINDOW)  # the measurement itself: a window of idleness
+    return (cpu_s(pid) - before) * 1000
+
+
+def cpu_per_request_ms(pid: int, url: str, n: int = 50) -> float:
+    before = cpu_s(pid)
+    for _ in range(n):
+        with urllib.request.urlopen(url, timeout=30) as r:
+            r.read()
+    return (cpu_s(pid) - before) * 1000 / n
+
+
+def api_costs(instances: dict[str, dict[str, str]]) -> list[tuple[str, str]]:
+    """Idle CPU with and without the HTTP API, and the CPU of a scrape and of a page poll."""
+    with_api = Daemon({"ready": "instances", "instances": instances}, name="bench")
+    without = Daemon({"ready": "instances", "api": {"listen": ""}, "instances": instances},
+                     name="bench")
+    try:
+        with_api.start()
+        without.start()
+        pid, base_pid, url = with_api.proc.pid, without.proc.pid, with_api.api_url()
+        urllib.request.urlopen(url + "/metrics", timeout=30).read()  # imports, first use
+        idle, base = idle_cpu_ms(pid), idle_cpu_ms(base_pid)
+        scrape = cpu_per_request_ms(pid, url + "/metrics")
+        poll = cpu_per_request_ms(pid, url + "/status.json")
+    finally:
+        with_api.close()
+        without.close()
+    ratio = idle / base if base else float("inf") if idle else 1.0
+    return [
+        ("idle CPU, API on (/metrics, page)", f"{idle:.0f} ms per {IDLE_WINDOW:g} s = "
+         f"{ratio:.2f}x the same daemon without the API ({base:.0f} ms)  (goal: within "
+         f"noise, ≤ 1.5x or ≤ 20 ms apart) {verdict(ratio <= 1.5 or abs(idle - base) <= 20)}"),
+        ("one /metrics scrape", f"{scrape:.2f} ms of daemon CPU (8 instances)"),
+        ("one status page poll", f"{poll:.2f} ms of daemon CPU (/status.json, once a second "
+                                 f"while a page is open = {poll / 10:.2f}% of a core)"),
+    ]
 
 
 def main(rounds: int = 2) -> None:
@@ -73,7 +132,8 @@ def main(rounds: int = 2) -> None:
         base.append(time.perf_counter() - t)
     s, st, b = median(stops), median(status_times), median(base)
     r, br = max(rss), bare_python_rss()
-    report(f"daemon with {N} ready instances (tiny real model), {rounds} rounds", [
+    costs = api_costs(instances)
+    report(f"daemon with {N} ready instances (tiny real model), {rounds} rounds", [*costs,
         ("SIGTERM → daemon exit", f"{s:.3f} s  (goal ≤ 1 s) {verdict(s <= 1.0)}"),
         ("signals sent to runners", f"{len(signals)} {signals or ''} (goal 0) "
                                     f"{verdict(not signals)}"),

@@ -5,9 +5,10 @@ frames. Each frame holds one JSON object whose `type` names a dataclass below; i
 are that dataclass's fields, checked here (types, required, no unknown keys) before either end
 acts on them. A runner's first message is `Hello`, whose `version` must equal `VERSION`.
 
-Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping.
+Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping;
+and Serving, the engine's figures, whenever the number of generations in flight changes.
 Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
-Text, Done, Error.
+Prefill (while the prompt goes through the model, before the first Text), Text, Done, Error.
 Daemon → runner: Generate, Cancel, Shutdown.
 
 Imports nothing heavy: the daemon and the runner both use it. A field added to a message is a
@@ -27,7 +28,7 @@ from typing import Any, ClassVar, Literal, Union
 
 from exod.protocol import ProtocolError
 
-VERSION = 1
+VERSION = 3  # 2: Serving; 3: Prefill
 
 
 class Phase(str, enum.Enum):
@@ -102,6 +103,25 @@ class Stopping:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class Serving:
+    """How rank 0 serves: `batching` is "continuous" (exod.runner.engine), else the reason it
+    runs one request at a time. The cache figures count since the runner started."""
+
+    type: ClassVar[str] = "serving"
+    batching: str
+    width: int  # max_concurrency
+    active: int
+    prefill_step: int = 0  # prompt tokens per step at most, over all prompts
+    cache_max_bytes: int = 0  # prompt_cache_bytes; 0: no prompt cache
+    cache_entries: int = 0
+    cache_bytes: int = 0
+    cache_lookups: int = 0
+    cache_hits: int = 0  # lookups that found a stored prefix
+    cached_tokens: int = 0  # prompt tokens taken from the cache instead of prefilled
+    prompt_tokens: int = 0  # prompt tokens of every lookup
+
+
 # ---- runner → daemon: work ------------------------------------------------------------------
 @dataclass(frozen=True)
 class Text:
@@ -110,6 +130,17 @@ class Text:
     type: ClassVar[str] = "text"
     id: str
     text: str
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """A chunk of a request's prompt went through the model: progress before the first token
+    (a long prompt on a CPU can take minutes), which hang detection counts as such."""
+
+    type: ClassVar[str] = "prefill"
+    id: str
+    done: int  # prompt tokens processed so far
+    total: int
 
 
 FinishReason = Literal["stop", "length"]
@@ -124,7 +155,8 @@ class Done:
     completion_tokens: int
 
 
-ErrorCode = Literal["bad_request", "stopping", "aborted", "internal", "runner_gone"]
+# `hung` is the daemon's own: it ends the requests of a runner that stopped making progress.
+ErrorCode = Literal["bad_request", "stopping", "aborted", "internal", "runner_gone", "hung"]
 
 
 @dataclass(frozen=True)
@@ -169,9 +201,10 @@ class Shutdown:
     drain: float = 0.0
 
 
-FromRunner = Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Text | Done | Error
+FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
+              | Prefill | Text | Done | Error)
 ToRunner = Generate | Cancel | Shutdown
-Event = Text | Done | Error  # a request's stream
+Event = Prefill | Text | Done | Error  # a request's stream
 Message = FromRunner | ToRunner
 
 FROM_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromRunner)}

@@ -1,12 +1,14 @@
 #!/bin/sh
 # Debian/Ubuntu packages exod uses at run time (openblas: ~60x faster float32 on CPU) and that
 # the test suite needs (systemd for the system tests, iproute2 for network namespaces, groff and
-# man-db for the man page checks). Installs only what is missing; needs root and apt.
+# man-db for the man page checks, python3 for the security probes that run as another user,
+# chromium and its driver for the status page test).
+# Installs only what is missing; needs root and apt.
 # Usage: scripts/system-deps.sh run|test
 set -eu
 want="libopenblas0-pthread"
 if [ "${1:-run}" = test ]; then
-    want="$want systemd util-linux iproute2 groff-base man-db procps"
+    want="$want systemd util-linux iproute2 groff-base man-db procps python3 chromium chromium-driver"
 fi
 missing=""
 for p in $want; do

@@ -1,86 +1,68 @@
 """The HTTP server (aiohttp, inside the daemon's event loop) and its routes.
 
+    GET  /                     the status page (static HTML: no data, no token needed)
+    GET  /status.json          what the status page shows (exod.api.page)
     GET  /health               the daemon is alive (never needs the token)
     GET  /ready                200 when every autostart instance is ready, else 503 naming them
+    GET  /metrics              Prometheus text format (exod.api.metrics)
     GET  /v1/models            every instance, with its state
     GET  /v1/models/{model}
     POST /v1/chat/completions  chat template applied by the runner; stream or not
     POST /v1/completions       raw prompt
 
 A request goes to an instance only while it is `ready` (for a multi-rank instance: every rank
-is), through the instance's admission gate, to its rank 0 over the runner's link. Errors use
+is; an on-demand instance is started by the request, which waits in the queue while it loads),
+through the instance's admission gate, to its rank 0 over the runner's link (exod.api.serving).
+Errors use
 OpenAI's JSON shape. A client that disconnects cancels its handler (handler_cancellation), and
 that cancels the generation in the runner.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import hmac
 import json
 import os
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from loguru import logger
 
-from exod import messages as m
-from exod.api import address
-from exod.api.admission import Gate, QueueFull
+from exod.api import address, page
+from exod.api.browser import PREFLIGHT_HEADERS, CorsPolicy, HostPolicy, is_json
 from exod.api.errors import (
     ApiError,
     bad_request,
     error_body,
     model_not_found,
-    not_ready,
-    queue_full,
-    runner_error,
-    served_elsewhere,
     unauthorized,
 )
-from exod.api.objects import DONE, SSE_HEADERS, Reply, sse
-from exod.api.schema import GenRequest, parse_chat, parse_completion
-from exod.api.token import read_token
-from exod.config.schema import Api, Instance
+from exod.api.guard import ConnectionGuard, GuardedSite
+from exod.api.httplog import quiet_logger
+from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from exod.api.schema import ModelLimits, parse_chat, parse_completion
+from exod.api.serving import Serving
+from exod.api.token import read_tokens
+from exod.config.model_dir import model_limits
+from exod.api.view import Daemon
+from exod.config.schema import Api
 from exod.core.states import State
-from exod.daemon.link import Link, RequestStream
 
-MAX_BODY = 16 * 2**20  # long chat histories are fine; a runaway upload is not
+if TYPE_CHECKING:
+    from exod.daemon.instance import InstanceRuntime
+from exod.daemon.ratelog import RateLimitedLog
+
+# Bodies read and parsed at once, daemon-wide: many large bodies arriving together wait their
+# turn instead of all sitting in memory (and on the loop) at the same time.
+BODY_SLOTS = 4
+PUBLIC = ("/health", "/")  # no data behind them: the page's script asks for the token
+BIG_BODY = 256 * 1024  # parsed in a thread: a large JSON document would stall the loop
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class ServedInstance(Protocol):
-    """What the API needs of an instance."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def state(self) -> State: ...
-
-    @property
-    def config(self) -> Instance: ...
-
-    @property
-    def served_by(self) -> str | None:
-        """The host whose exod serves it, when that is not this one (its rank 0 runs there)."""
-        ...
-
-    def serving_link(self) -> Link | None: ...
-
-
-class Daemon(Protocol):
-    """What the API needs of the daemon."""
-
-    @property
-    def phase(self) -> str: ...
-
-    def instance(self, name: str) -> ServedInstance | None: ...
-
-    def ordered(self) -> Sequence[ServedInstance]: ...
 
 
 class ApiServer:
@@ -88,27 +70,52 @@ class ApiServer:
         self.cfg = cfg
         self.sup = daemon
         self.host, self.port = address.parse_listen(cfg.listen)
-        self.token: str | None = None
+        self.tokens: list[bytes] = []
         self.started_wall = int(time.time())
-        self.gates: weakref.WeakKeyDictionary[ServedInstance, Gate] = \
+        self.limits: weakref.WeakKeyDictionary[InstanceRuntime, ModelLimits] = \
             weakref.WeakKeyDictionary()
+        self.hosts = HostPolicy(self.host, cfg.allowed_hosts)
+        self.cors = CorsPolicy(cfg.cors_origins)
+        self.ratelog = RateLimitedLog()
+        self.guard = ConnectionGuard(cfg.max_connections, self.ratelog)
+        self._bodies = asyncio.Semaphore(BODY_SLOTS)
+        self.max_body = cfg.max_body_kib * 1024
         self._runner: web.AppRunner | None = None
+        self.serving = Serving(daemon, daemon.loop)
+        self.gates = self.serving.gates
+        self.metrics = self.serving.metrics
+
+    @property
+    def token(self) -> bool:
+        return bool(self.tokens)
+
+    def load_tokens(self) -> None:
+        """(Re-)read api.token_file; raises OSError and keeps the old tokens when unusable."""
+        if self.cfg.token_file is not None:
+            self.tokens = [t.encode() for t in read_tokens(self.cfg.token_file)]
 
     # ---- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         """Bind and serve; raises OSError with a one-line message (e.g. port in use)."""
-        if self.cfg.token_file is not None:
-            self.token = read_token(self.cfg.token_file)
-        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=MAX_BODY)
+        self.load_tokens()
+        app = web.Application(middlewares=[self._errors, self._browser, self._auth],
+                              client_max_size=self.max_body)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
+        app.router.add_get("/metrics", self.scrape)
+        app.router.add_get("/", page.index)
+        app.router.add_get("/status.json", self.status_json)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        # keepalive_timeout doubles as the deadline for a request head (see exod.api.guard).
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                                     keepalive_timeout=self.cfg.header_timeout,
+                                     max_line_size=8190, max_field_size=8190, max_headers=64,
+                                     shutdown_timeout=1.0, logger=quiet_logger(self.ratelog))
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = GuardedSite(self._runner, self.host, self.port, self.guard)
         try:
             await site.start()
         except OSError as e:
@@ -132,19 +139,17 @@ class ApiServer:
 
     def info(self) -> dict[str, Any]:
         """For the status snapshot: where exoctl (and people) find the API."""
-        return {"listen": self.cfg.listen, "url": self.url, "auth": self.token is not None,
+        return {"listen": self.cfg.listen, "url": self.url, "auth": self.token,
                 "token_file": str(self.cfg.token_file) if self.cfg.token_file else None}
 
-    def instance_changed(self, inst: ServedInstance) -> None:
-        """Supervisor listener: requests queued for an instance that left `ready` get a 503."""
-        gate = self.gates.get(inst)
-        if gate is not None and inst.state is not State.READY:
-            gate.reject_waiting(lambda: not_ready(inst.name, inst.state.value,
-                                                  inst.state is State.STOPPING))
+    def instance_changed(self, inst: InstanceRuntime) -> None:
+        self.serving.instance_changed(inst)
 
     # ---- middlewares ------------------------------------------------------------------
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        transport = request.transport
+        self.guard.busy.add(transport)  # a connection with a request in progress is not idle
         try:
             return await handler(request)
         except ApiError as e:
@@ -157,16 +162,50 @@ class ApiServer:
             return web.json_response(error_body(message, kind), status=e.status,
                                      headers={k: v for k, v in e.headers.items()
                                               if k.lower() == "allow"})
+        finally:
+            self.guard.busy.discard(transport)
+
+    @web.middleware
+    async def _browser(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Host allow-list, CORS, JSON-only bodies (see exod.api.browser)."""
+        if not self.hosts.allows(request.headers.get("Host")):
+            raise ApiError(421, "Misdirected request: this Host is not served here (add it to "
+                                "api.allowed_hosts if it is a name of this machine).",
+                           "invalid_request_error", "host_not_allowed")
+        origin = request.headers.get("Origin")
+        cors = self.cors.headers(origin) if origin and self.cors.allows(origin) else {}
+        if request.method == "OPTIONS" and self.cors.enabled:
+            if not cors:
+                raise ApiError(403, "This origin may not use the API (api.cors_origins).",
+                               "invalid_request_error", "origin_not_allowed")
+            return web.Response(status=204, headers={**cors, **PREFLIGHT_HEADERS})
+        if request.method == "POST" and not is_json(request.headers.get("Content-Type", "")):
+            raise ApiError(415, "The request body must be JSON: send `Content-Type: "
+                                "application/json`.", "invalid_request_error",
+                           "unsupported_media_type")
+        if cors:
+            try:
+                resp = await handler(request)
+            except ApiError as e:
+                e.headers.update(cors)
+                raise
+            if not resp.prepared:
+                resp.headers.update(cors)
+            return resp
+        return await handler(request)
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.token is not None and request.path != "/health":
+        if self.tokens and request.path not in PUBLIC:
             given = request.headers.get("Authorization", "")
             scheme, _, value = given.partition(" ")
             if not given:
                 raise unauthorized("Missing bearer token: send `Authorization: Bearer TOKEN`.")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    value.strip().encode(), self.token.encode()):
+            # Header text is what aiohttp decoded (surrogates for bytes that are not UTF-8).
+            offered = value.strip().encode("utf-8", "surrogateescape")
+            # Every token is compared (no early exit): the time taken tells nothing.
+            matches = [hmac.compare_digest(offered, t) for t in self.tokens]
+            if scheme.lower() != "bearer" or not any(matches):
                 raise unauthorized("Incorrect bearer token.")
         return await handler(request)
 
@@ -175,7 +214,7 @@ class ApiServer:
         return web.json_response({"status": "ok", "daemon": self.sup.phase})
 
     async def ready(self, request: web.Request) -> web.Response:
-        waiting = [i for i in self.sup.ordered() if i.config.autostart
+        waiting = [i for i in self.sup.ordered() if i.config.always_on
                    and i.state is not State.READY]
         if not waiting:
             return web.json_response({"status": "ready"})
@@ -184,7 +223,14 @@ class ApiServer:
         body["not_ready"] = [{"name": i.name, "state": i.state.value} for i in waiting]
         return web.json_response(body, status=503)
 
-    def _model_json(self, inst: ServedInstance) -> dict[str, Any]:
+    async def status_json(self, request: web.Request) -> web.Response:
+        return web.json_response(page.status_json(self.sup, self.serving))
+
+    async def scrape(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    def _model_json(self, inst: InstanceRuntime) -> dict[str, Any]:
         gate = self.gates.get(inst)
         return {"id": inst.name, "object": "model", "created": self.started_wall,
                 "owned_by": "exod", "state": inst.state.value,
@@ -203,101 +249,53 @@ class ApiServer:
 
     # ---- generation -------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, parse_chat(await _body(request)))
+        return await self.serving.generate(request, parse_chat(await self._body(request)),
+                                           self._limits)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, parse_completion(await _body(request)))
+        return await self.serving.generate(
+            request, parse_completion(await self._body(request)), self._limits)
 
-    def _ready_instance(self, name: str) -> ServedInstance:
-        inst = self.sup.instance(name)
-        if inst is None:
-            raise model_not_found(name)
-        if inst.served_by is not None:
-            raise served_elsewhere(name, inst.served_by)
-        if inst.state is not State.READY:
-            raise not_ready(name, inst.state.value, inst.state is State.STOPPING)
-        return inst
-
-    def _gate(self, inst: ServedInstance) -> Gate:
-        gate = self.gates.get(inst)
-        if gate is None:
-            gate = self.gates[inst] = Gate(inst.config.max_concurrency, inst.config.max_queue)
-        return gate
-
-    async def _generate(self, request: web.Request, req: GenRequest) -> web.StreamResponse:
-        inst = self._ready_instance(req.model)
-        gate = self._gate(inst)
-        try:
-            await gate.enter()
-        except QueueFull:
-            raise queue_full(inst.name, gate.limit, gate.queue) from None
-        try:
-            # Waiting may have taken a while: ready still, and the very same instance?
-            if self._ready_instance(req.model) is not inst:
-                raise not_ready(inst.name, "replaced by a reload")
-            link = inst.serving_link()
-            if link is None:
-                raise not_ready(inst.name, "its runner is gone")
-            stream = link.open(req.to_runner())
+    async def _body(self, request: web.Request) -> Any:
+        """The JSON body: refused by its announced size before anything is read, read within
+        api.body_timeout, and parsed only once admitted among BODY_SLOTS."""
+        size = request.content_length
+        if size is not None and size > self.max_body:
+            raise ApiError(413, f"The request body is {size} bytes, more than api.max_body_kib "
+                                f"({self.cfg.max_body_kib} KiB).", "invalid_request_error",
+                           "request_too_large")
+        async with self._bodies:
             try:
-                if req.stream:
-                    return await self._stream(request, req, stream)
-                return await self._whole(req, stream)
-            finally:
-                stream.close()  # cancels the generation unless it finished
-        finally:
-            gate.leave()
+                raw = await asyncio.wait_for(request.read(), self.cfg.body_timeout)
+            except asyncio.TimeoutError:
+                raise ApiError(408, "The request body did not arrive within "
+                                    f"{self.cfg.body_timeout:g}s.", "invalid_request_error",
+                               "request_timeout") from None
+            if len(raw) > BIG_BODY:
+                return await asyncio.to_thread(parse_json, raw)
+            return parse_json(raw)
 
-    async def _whole(self, req: GenRequest, stream: RequestStream) -> web.Response:
-        parts: list[str] = []
-        while True:
-            ev = await stream.next()
-            if isinstance(ev, m.Text):
-                parts.append(ev.text)
-            elif isinstance(ev, m.Done):
-                reply = Reply(req.kind, req.model)
-                return web.json_response(reply.whole(
-                    "".join(parts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens))
-            else:
-                raise runner_error(ev.code, ev.message)
-
-    async def _stream(self, request: web.Request, req: GenRequest,
-                      stream: RequestStream) -> web.StreamResponse:
-        resp = web.StreamResponse(headers=SSE_HEADERS)
-        reply = Reply(req.kind, req.model, include_usage=req.include_usage)
-        try:
-            await resp.prepare(request)
-            if req.kind == "chat":
-                await resp.write(sse(reply.chunk(role=True)))
-            while True:
-                ev = await stream.next()
-                if isinstance(ev, m.Text):
-                    await resp.write(sse(reply.chunk(ev.text)))
-                    continue
-                if isinstance(ev, m.Done):
-                    await resp.write(sse(reply.chunk(finish_reason=ev.finish_reason)))
-                    if req.include_usage:
-                        await resp.write(sse(reply.usage_chunk(ev.prompt_tokens,
-                                                               ev.completion_tokens)))
-                else:
-                    err = runner_error(ev.code, ev.message)
-                    logger.bind(instance=req.model).warning("stream ended by an error: {}",
-                                                            err.message)
-                    await resp.write(sse(err.body()))
-                break
-            await resp.write(DONE)
-            await resp.write_eof()
-        except ConnectionError:
-            pass  # the client left; `stream.close()` in the caller cancels the generation
-        return resp
+    async def _limits(self, inst: InstanceRuntime) -> ModelLimits:
+        """The model's vocabulary and context window, as rank 0 reported them once loaded,
+        else from its config.json (read once per instance, off the loop); and the instance's
+        max_tokens_cap."""
+        info, cap = inst.model_info, inst.config.max_tokens_cap
+        if info is not None and info.vocab_size > 0 and info.context_length > 0:
+            return ModelLimits(info.vocab_size, info.context_length, cap)
+        limits = self.limits.get(inst)
+        if limits is None:
+            vocab, context = await asyncio.to_thread(model_limits, inst.config.model)
+            limits = self.limits[inst] = ModelLimits(vocab, context, cap)
+        return limits
 
 
-async def _body(request: web.Request) -> Any:
-    raw = await request.read()
+def parse_json(raw: bytes) -> Any:
     try:
         return json.loads(raw)
     except ValueError as e:
         raise bad_request(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise bad_request("the request body is not valid JSON: nested too deeply") from None
 
 
 def error_response(e: ApiError) -> web.Response:

@@ -69,7 +69,7 @@ def runner_error(code: str, message: str) -> ApiError:
     """A generation that failed in (or with) the runner, after it was accepted."""
     if code == "bad_request":
         return bad_request(message)
-    if code in ("aborted", "stopping", "runner_gone"):
+    if code in ("aborted", "stopping", "runner_gone", "hung"):
         return ApiError(503, message, "service_unavailable_error", code,
                         headers={"Retry-After": str(RETRY_AFTER_S)})
     return ApiError(500, message, "server_error", code)

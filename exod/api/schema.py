@@ -5,7 +5,9 @@ clients send many; fields it uses must be valid, else a 400 naming the `param`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+import re
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from exod.api.errors import bad_request
@@ -14,6 +16,9 @@ from exod.messages import Generate
 DEFAULT_MAX_TOKENS_CHAT = 1024
 DEFAULT_MAX_TOKENS_COMPLETION = 16  # the OpenAI reference's default for /v1/completions
 MAX_STOPS = 16
+MAX_STOP_CHARS = 1024
+MAX_BIAS = 1024  # entries of logit_bias
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")  # ASCII digits only: str.isdigit() takes '²' too
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -31,11 +36,12 @@ class GenRequest:
     prompt: str | None = None
     stream: bool = False
     include_usage: bool = False
+    max_tokens_param: str | None = None  # the field the client set, if any (for errors)
 
     def to_runner(self) -> Generate:
         """The message for the runner (the link sets its id)."""
         d = asdict(self)
-        for k in ("model", "stream", "include_usage"):
+        for k in ("model", "stream", "include_usage", "max_tokens_param"):
             d.pop(k)
         return Generate(id="", **d)
 
@@ -51,6 +57,7 @@ def parse_chat(body: Any) -> GenRequest:
         kind="chat", model=_model(b),
         messages=[_message(m, i) for i, m in enumerate(messages)],
         max_tokens=_max_tokens(max_tokens, param, DEFAULT_MAX_TOKENS_CHAT),
+        max_tokens_param=param if max_tokens is not None else None,
         **_common(b),
     )
 
@@ -69,6 +76,7 @@ def parse_completion(body: Any) -> GenRequest:
         kind="completion", model=_model(b), prompt=prompt,
         max_tokens=_max_tokens(b.get("max_tokens"), "max_tokens",
                                DEFAULT_MAX_TOKENS_COMPLETION),
+        max_tokens_param="max_tokens" if b.get("max_tokens") is not None else None,
         **_common(b),
     )
 
@@ -161,21 +169,63 @@ def _common(b: dict[str, Any]) -> dict[str, Any]:
                           "stop")
     if any(not s for s in stops):
         raise bad_request("`stop` sequences must not be empty", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise bad_request(f"`stop` sequences are at most {MAX_STOP_CHARS} characters", "stop")
     seed = b.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise bad_request("`seed` must be an integer", "seed")
-    bias = b.get("logit_bias") or {}
-    if not isinstance(bias, dict) or not all(
-            isinstance(k, str) and k.isdigit() and not isinstance(v, bool)
-            and isinstance(v, (int, float)) and -100 <= v <= 100 for k, v in bias.items()):
-        raise bad_request("`logit_bias` maps token ids to numbers from -100 to 100",
-                          "logit_bias")
     return {
         "temperature": _number(b, "temperature", 1.0, 0.0, 2.0),
         "top_p": _number(b, "top_p", 1.0, 0.0, 1.0),
         "stop": stops,
         "seed": seed,
-        "logit_bias": {k: float(v) for k, v in bias.items()},
+        "logit_bias": _logit_bias(b.get("logit_bias")),
         "stream": bool(stream),
         "include_usage": include_usage,
     }
+
+
+def _logit_bias(bias: Any) -> dict[str, float]:
+    """Token ids (as decimal strings, normalised) → finite numbers from -100 to 100. Whether an
+    id is inside the vocabulary is checked against the model (`apply_limits`)."""
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict) or len(bias) > MAX_BIAS or not all(
+            isinstance(k, str) and _TOKEN_ID.fullmatch(k) and not isinstance(v, bool)
+            and isinstance(v, (int, float)) and math.isfinite(v) and -100 <= v <= 100
+            for k, v in bias.items()):
+        raise bad_request(f"`logit_bias` maps at most {MAX_BIAS} token ids to numbers from "
+                          "-100 to 100", "logit_bias")
+    return {str(int(k)): float(v) for k, v in bias.items()}
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What a model takes, from its config.json and the instance's config: None = unknown."""
+
+    vocab: int | None = None
+    context: int | None = None  # the model's context window
+    cap: int | None = None  # the instance's own `max_tokens_cap`
+
+    @property
+    def max_tokens(self) -> int | None:
+        known = [n for n in (self.context, self.cap) if n is not None]
+        return min(known) if known else None
+
+
+def apply_limits(req: GenRequest, limits: ModelLimits) -> GenRequest:
+    """The request checked against its model: a 400 for a token id outside the vocabulary or a
+    `max_tokens` beyond the cap; the default `max_tokens` shrinks to fit the cap."""
+    if limits.vocab is not None:
+        bad = [k for k in req.logit_bias if int(k) >= limits.vocab]
+        if bad:
+            raise bad_request(f"`logit_bias`: token id {bad[0]} is outside the model's "
+                              f"vocabulary (ids 0 to {limits.vocab - 1})", "logit_bias")
+    cap = limits.max_tokens
+    if cap is None or req.max_tokens <= cap:
+        return req
+    if req.max_tokens_param is None:
+        return replace(req, max_tokens=cap)
+    what = "the instance's max_tokens_cap" if cap == limits.cap else "the model's context window"
+    raise bad_request(f"`{req.max_tokens_param}` is {req.max_tokens}, more than {cap} "
+                      f"({what})", req.max_tokens_param)

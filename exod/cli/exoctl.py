@@ -35,17 +35,7 @@ class Client:
         (None: the client's default; float('inf'): no bound). Raises TimeoutError."""
         limit = self.timeout if timeout is None else timeout
         deadline = None if limit is None or limit == float("inf") else time.monotonic() + limit
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(limit if deadline is not None else None)
-            sock.connect(str(self.path))
-        except (FileNotFoundError, ConnectionRefusedError):
-            sock.close()
-            raise NotRunning(f"exod is not running (no daemon on {self.path})") from None
-        except PermissionError:
-            sock.close()
-            raise click.ClickException(
-                f"permission denied on {self.path} (are you in its group?)") from None
+        sock = self._connect(limit if deadline is not None else None)
         with sock, sock.makefile("rwb") as f:
             f.write(json.dumps(req).encode() + b"\n")
             f.flush()
@@ -56,6 +46,35 @@ class Client:
                 if not line:
                     return
                 yield json.loads(line)
+
+    def _connect(self, timeout: float | None) -> socket.socket:
+        """A connection to a daemon we trust (see exod.trust), or a ClickException saying why
+        not: never a word (let alone the API token) to a socket someone else put there."""
+        from exod import trust
+
+        problem = trust.socket_problem(self.path)
+        if problem is not None:
+            raise click.ClickException(problem)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(str(self.path))
+            creds = trust.peer_creds(sock)
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            raise NotRunning(f"exod is not running (no daemon on {self.path})") from None
+        except PermissionError:
+            sock.close()
+            raise click.ClickException(
+                f"permission denied on {self.path} (are you in its group?)") from None
+        except BaseException:
+            sock.close()
+            raise
+        if creds is not None and creds[0] not in trust.trusted_daemon_uids(self.path):
+            sock.close()
+            raise click.ClickException(f"the process behind {self.path} runs as uid {creds[0]}, "
+                                       "neither you, root nor exod's user: not talking to it")
+        return sock
 
     def call(self, req: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         last: dict[str, Any] = {}
@@ -84,6 +103,24 @@ def main(ctx: click.Context, socket_path: str) -> None:
     ctx.obj = Client(Path(socket_path))
 
 
+def complete_instance(ctx: click.Context, param: click.Parameter,
+                      incomplete: str) -> list[str]:
+    """Shell completion of NAME: the daemon's instances. No daemon, no answer: no completions
+    (a completion must never print an error into the shell)."""
+    root = ctx.find_root()
+    path = root.params.get("socket_path") or default_socket()
+    try:
+        answer = Client(Path(path), timeout=2.0).call({"cmd": "status"})
+        names = [str(i["name"]) for i in answer.get("instances", [])]
+    except Exception:  # noqa: BLE001 -- any failure means "nothing to offer"
+        return []
+    return [n for n in names if n.startswith(incomplete)]
+
+
+def name_argument() -> Any:
+    return click.argument("name", shell_complete=complete_instance)
+
+
 def ok_or_fail(answer: dict[str, Any]) -> dict[str, Any]:
     if not answer.get("ok"):
         for p in answer.get("problems", []):
@@ -104,11 +141,16 @@ def status(client: Client, as_json: bool) -> None:
         return
     from exod.cli.table import render_status
 
-    click.echo(render_status(answer))
+    try:
+        table = render_status(answer)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # another exod version?
+        raise click.ClickException(f"exod's status is not what this exoctl expects ({e!r}); "
+                                   "try --json") from None
+    click.echo(table)
 
 
 @main.command()
-@click.argument("name")
+@name_argument()
 @click.pass_obj
 def start(client: Client, name: str) -> None:
     """Start NAME (also clears a failed state)."""
@@ -117,7 +159,7 @@ def start(client: Client, name: str) -> None:
 
 
 @main.command()
-@click.argument("name")
+@name_argument()
 @click.pass_obj
 def stop(client: Client, name: str) -> None:
     """Stop NAME through the termination ladder; returns once every runner is gone."""
@@ -126,7 +168,7 @@ def stop(client: Client, name: str) -> None:
 
 
 @main.command()
-@click.argument("name")
+@name_argument()
 @click.pass_obj
 def restart(client: Client, name: str) -> None:
     """Stop NAME through the ladder, then start it again."""
@@ -144,7 +186,7 @@ def reload(client: Client) -> None:
 
 
 @main.command()
-@click.argument("name")
+@name_argument()
 @click.option("--timeout", type=float, default=None, metavar="S",
               help="Give up (exit 4) after S seconds; the instance keeps loading. Also waits "
                    "for exod itself to start, within S.")
@@ -193,7 +235,38 @@ def wait_for_daemon(client: Client, deadline: float) -> None:
 
 
 @main.command()
-@click.argument("name")
+@name_argument()
+@click.option("-n", "--lines", type=click.IntRange(min=0), default=20, show_default=True,
+              metavar="N", help="How many recent lines to show first.")
+@click.option("-f", "--follow", is_flag=True, help="Then print new lines as they come.")
+@click.option("--rank", type=click.IntRange(min=0), default=None, metavar="R",
+              help="Only rank R's lines (default: every rank, merged by time).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_obj
+def logs(client: Client, name: str, lines: int, follow: bool, rank: int | None,
+         as_json: bool) -> None:
+    """A runner's recent output, from the daemon's memory (the last 1000 lines per rank)."""
+    req = {"cmd": "logs", "name": name, "lines": lines, "rank": rank, "follow": follow}
+    try:
+        for msg in client.stream(req, timeout=float("inf") if follow else None):
+            if msg.get("event") == "line":
+                click.echo(json.dumps(msg) if as_json else format_line(msg))
+                continue
+            ok_or_fail(msg)
+            return
+    except KeyboardInterrupt:
+        return
+    raise click.ClickException("exod closed the connection before an answer")
+
+
+def format_line(msg: dict[str, Any]) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(float(msg["time"])))
+    level = "" if msg["level"] == "INFO" else f"{msg['level']}: "
+    return f"{stamp} {msg['instance']}/{msg['rank']} | {level}{msg['text']}"
+
+
+@main.command()
+@name_argument()
 @click.argument("prompt", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the raw chunks, one JSON per line.")
 @click.option("--system", default=None, metavar="TEXT", help="A system message first.")

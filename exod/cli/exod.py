@@ -6,11 +6,15 @@ import asyncio
 import errno
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from exod import __version__
 from exod.core.exits import EXIT_CONFIG
+
+if TYPE_CHECKING:
+    from exod.config.schema import Config
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -64,9 +68,29 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
         service.errno(errno.EINVAL, f"invalid configuration {path}{hint}")
         sys.exit(EXIT_CONFIG)
 
+    from exod.config.safety import public_without_token
+    from loguru import logger
+
+    if public_without_token(cfg) and not cfg.api.insecure_public:
+        why = (f"api.listen {cfg.api.listen} is reachable from other machines but "
+               "api.token_file is not set; set a token file, listen on 127.0.0.1, or set "
+               "api.insecure_public: true")
+        logger.error("refusing to start: {}", why)
+        service.errno(errno.EACCES, f"refusing to start: {why}")
+        sys.exit(EXIT_CONFIG)
+    from exod.daemon.limits import raise_nofile
+    from exod.daemon.ratelog import RateLimitedLog, install_loop_handler
     from exod.daemon.supervisor import Supervisor
 
-    sys.exit(asyncio.run(Supervisor(cfg, service).run()))
+    before, after = raise_nofile()
+    if after != before:
+        logger.debug("open files limit raised from {} to {}", before, after)
+
+    async def serve() -> int:
+        install_loop_handler(asyncio.get_running_loop(), RateLimitedLog())
+        return await Supervisor(cfg, service).run()
+
+    sys.exit(asyncio.run(serve()))
 
 
 @main.command()
@@ -99,6 +123,10 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
         n = len(e.problems)
         click.echo(f"{path}: {n} problem{'s' if n != 1 else ''}", err=True)
         sys.exit(EXIT_CONFIG)
+    from exod.config.safety import warnings
+
+    for warning in warnings(cfg):
+        click.echo(f"warning: {warning}", err=True)
     n = len(cfg.instances)
     worst = ladder.longest(cfg)
     files = [("unit", u) for u in units] + [("plist", p) for p in plists]
@@ -108,6 +136,24 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
             click.echo(f"warning: {warning}", err=True)
     click.echo(f"{path}: OK, {n} instance{'s' if n != 1 else ''}; "
                f"stop ladder worst case {worst:g}s")
+    for line in memory_lines(cfg):
+        click.echo(line)
+
+
+def memory_lines(cfg: Config) -> list[str]:
+    """Each instance's memory estimate per local rank, and what this host has available."""
+    from exod.config.sizes import format_size
+    from exod.daemon.memory_check import describe
+    from exod.daemon.procinfo import available_bytes
+    from exod.daemon.supervisor import plan_shards
+
+    lines = [line for inst in cfg.instances.values()
+             for line in describe(inst, plan_shards(inst), cfg.node.name)]
+    available = available_bytes()
+    if lines and available is not None:
+        lines.append(f"available now: {format_size(available)} (less memory_headroom "
+                     f"{format_size(cfg.defaults.memory_headroom)})")
+    return lines
 
 
 @main.command()

@@ -39,6 +39,10 @@ def render_status(snap: dict[str, Any]) -> str:
         if inst["state"] in ("failed", "backoff") and inst["reason"]:
             last = inst["reason"]
         state = inst["detail"] if inst["state"] in ("starting", "loading") else inst["state"]
+        if inst["detail"].startswith("hung"):  # why it is stopping or backing off
+            state = f"{inst['detail'].partition(';')[0]}, {inst['state']}"
+        elif inst["autostart"] == "on-demand" and inst["state"] == "stopped":
+            state = "stopped (on demand)"
         rows.append((inst["name"], state, f"{loaded}/{total}", pids,
                      human_duration(inst["uptime_s"]), str(inst["restarts"]),
                      human_bytes(sum(rss)) if rss else "-", last))
@@ -47,4 +51,26 @@ def render_status(snap: dict[str, Any]) -> str:
     for r in rows:
         # widths covers every column but the last, which is not padded: zip stops before it.
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+    notes = [f"{inst['name']}: {note}" for inst in snap["instances"]
+             if (note := serving_note(inst.get("serving")))]
+    if notes:
+        lines += ["", *notes]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def serving_note(serving: dict[str, Any] | None) -> str:
+    """e.g. `batch 3/8, prompt cache 2 entries 91.3MiB, hit rate 50%`."""
+    if not serving:
+        return ""
+    if serving.get("batching") != "continuous":
+        return str(serving.get("batching") or "")
+    text = f"batch {serving.get('active', 0)}/{serving.get('width', '?')}"
+    cache = serving.get("prompt_cache") or {}
+    if cache.get("max_bytes"):
+        rate = cache.get("hit_rate")
+        text += (f", prompt cache {cache.get('entries', 0)} entries "
+                 f"{human_bytes(cache.get('bytes'))}"
+                 f", hit rate {'-' if rate is None else f'{rate:.0%}'}")
+    else:
+        text += ", no prompt cache"
+    return text

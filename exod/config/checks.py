@@ -7,8 +7,11 @@ free of YAML makes each easy to lift or reuse (e.g. by `exod check` on a running
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from exod.config.model_dir import model_layer_count
 from exod.config.probe import layout_problem
@@ -52,6 +55,15 @@ def check_sharding(instance: Instance, node_name: str,
         issues.append(Issue("port_base", "is required when ranks run on several hosts: every "
                                          "host must agree on the ports (rank r uses "
                                          "port_base + r)"))
+    if len(hosts) > 1 and instance.cluster_key_file is None:
+        issues.append(Issue("hosts", "ranks on several hosts need `cluster_key_file`: the same "
+                                     "secret on every host, with which ranks prove they belong "
+                                     "to the group (e.g. `openssl rand -hex 32 > FILE; chmod 600 "
+                                     "FILE`, then copy it to each host)"))
+    if instance.cluster_key_file is not None:
+        problem = key_file_problem(instance.cluster_key_file)
+        if problem:
+            issues.append(Issue("cluster_key_file", problem))
     if instance.hosts and node_name not in hosts:
         issues.append(Issue("hosts", f"none is this host (node.name {node_name!r}): this daemon "
                                      "would run no rank of it"))
@@ -90,6 +102,14 @@ def check_layout(instance: Instance, written: Collection[str]) -> list[Issue]:
     return issues
 
 
+def check_on_demand(instance: Instance, written: Collection[str]) -> list[Issue]:
+    """Keys that only mean something for `autostart: on-demand`."""
+    if "idle_stop_after" in written and not instance.on_demand:
+        return [Issue("idle_stop_after", "applies only to `autostart: on-demand` instances "
+                                         "(nothing would start it again)")]
+    return []
+
+
 def check_ports(instances: Sequence[Instance]) -> list[tuple[Instance, Issue]]:
     """Port ranges [port_base, port_base + port_count) of different instances must not
     overlap."""
@@ -118,3 +138,20 @@ def _span(instance: Instance) -> str:
     first = instance.port_base or 0
     last = first + port_count(instance) - 1
     return str(first) if last == first else f"{first}-{last}"
+
+
+def key_file_problem(path: Path) -> str | None:
+    """Why `path` cannot serve as a group's secret (never quoting what it holds)."""
+    try:
+        st = os.stat(path)
+        with open(path, "rb") as f:
+            size = len(f.read(4096).strip())
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror or e}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    if st.st_mode & 0o006:
+        return f"{path} is readable or writable by every user: chmod 600 it"
+    if size < 16:
+        return f"{path} holds fewer than 16 bytes: too short for a secret"
+    return None

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, Literal, get_args, get_origin
 
 from exod.config.durations import format_duration
 from exod.config.schema import Config
+from exod.config.sizes import format_size
 from exod.config.types import Kind
 from exod.config.validate import field_hints, settable_fields, unwrap
 
@@ -17,6 +19,8 @@ _KIND_NAMES = {
     Kind.PATH: "path",
     Kind.INSTANCE_NAME: "instance name",
     Kind.OCTAL: "octal file mode",
+    Kind.SIZE: "size in bytes (512MiB, 2GiB, 800MB)",
+    Kind.DURATION_OR_NEVER: "duration or never",
 }
 
 _PREAMBLE = [
@@ -66,7 +70,8 @@ def type_name(hint: Any, meta: Mapping[str, object] | None = None) -> str:
     if kind is not None:
         name = _KIND_NAMES[kind]
     elif origin is Literal:
-        name = "one of " + " | ".join(str(a) for a in get_args(bare))
+        name = "one of " + " | ".join(str(a).lower() if isinstance(a, bool) else str(a)
+                                      for a in get_args(bare))
     elif origin is tuple:
         name = f"list of {type_name(get_args(bare)[0])}"
     elif origin is Mapping and dataclasses.is_dataclass(get_args(bare)[1]):
@@ -86,8 +91,9 @@ def type_name(hint: Any, meta: Mapping[str, object] | None = None) -> str:
 
 def _bounds(meta: Mapping[str, object], kind: Kind | None) -> str:
     low, high = meta.get("minimum"), meta.get("maximum")
-    show = format_duration if kind is Kind.DURATION else (lambda x: f"{x:g}")
-    if kind is Kind.DURATION and low == 0:
+    timed = kind in (Kind.DURATION, Kind.DURATION_OR_NEVER)
+    show = format_duration if timed else _number
+    if (timed or kind is Kind.SIZE) and low == 0:
         low = None  # every duration is >= 0; saying so on each line is noise
     if isinstance(low, (int, float)) and isinstance(high, (int, float)):
         return f", {show(low)} to {show(high)}"
@@ -96,6 +102,11 @@ def _bounds(meta: Mapping[str, object], kind: Kind | None) -> str:
     if isinstance(high, (int, float)):
         return f", at most {show(high)}"
     return ""
+
+
+def _number(x: float) -> str:
+    """Integers in full (byte counts are too long for %g), other numbers short."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 def _default(f: dataclasses.Field[Any], kind: Kind | None, source: str | None) -> str:
@@ -121,12 +132,16 @@ def _show(value: object, kind: Kind | None) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if kind is Kind.DURATION and isinstance(value, (int, float)):
+    if kind is Kind.DURATION_OR_NEVER and value == math.inf:
+        return "never"
+    if kind in (Kind.DURATION, Kind.DURATION_OR_NEVER) and isinstance(value, (int, float)):
         return format_duration(value)
+    if kind is Kind.SIZE and isinstance(value, int):
+        return format_size(value)
     if kind is Kind.OCTAL and isinstance(value, int):
         return f"0{value:o}"
     if isinstance(value, (int, float)):
-        return f"{value:g}"
+        return _number(value)
     if isinstance(value, tuple):
         return "empty" if not value else ", ".join(_show(v, None) for v in value)
     text = str(value)

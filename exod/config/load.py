@@ -11,10 +11,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from exod.config.checks import Issue, check_layout, check_ports, check_sharding
+from exod.config.checks import (Issue, check_layout, check_on_demand, check_ports,
+                                check_sharding)
 from exod.config.probe import answers as probe_answers
 from exod.config.errors import ConfigError, Mark, Problem
 from exod.config.model_dir import model_layer_count
+from exod.config.safety import control_socket_problem
 from exod.config.schema import DEFAULT_CONFIG_PATH, Config, Defaults, Instance
 from exod.config.schema import Node as NodeSection
 from exod.config.validate import INVALID, Validator, field_hints, instance_name_problem
@@ -52,6 +54,23 @@ def _read(path: Path, display: str) -> tuple[Node | None, list[Problem]]:
     if root is None and not problems:
         problems = [Problem(display, 1, 1, "", "the file is empty (only comments or blanks)")]
     return root, problems
+
+
+def _mark_of(root: MapNode, *keys: str) -> Mark:
+    """Where the value at `keys` is written, else the nearest enclosing key (or the file)."""
+    node: Node = root
+    mark = root.mark
+    for key in keys:
+        if not isinstance(node, MapNode) or key not in node.entries:
+            break
+        node = node.entries[key].value
+        mark = node.mark
+    return mark
+
+
+def _kind(node: Node) -> str:
+    """What a node is, without quoting it: an included file may hold anything."""
+    return "a list" if isinstance(node, SeqNode) else "a scalar value"
 
 
 def _noun(parent: str) -> str:
@@ -103,6 +122,10 @@ class _Loader:
         )
         # Sharding checks need node.name (which host is this one), known only now.
         self.cross_check(config.node.name if isinstance(config, Config) else NodeSection().name)
+        if isinstance(config, Config):
+            problem = control_socket_problem(config)
+            if problem:
+                self.v.report(_mark_of(root, "control", "socket"), "control.socket", problem)
         if self.v.problems:
             raise ConfigError(self.sorted_problems())
         assert isinstance(config, Config)
@@ -121,6 +144,7 @@ class _Loader:
         """
         folder = os.path.dirname(self.display) or "."
         main = os.path.abspath(self.display)
+        tree = os.path.realpath(folder)
         seen = {main}
         out: list[str] = []
         for i, pattern in enumerate(patterns):
@@ -141,6 +165,14 @@ class _Loader:
                         os.path.exists(file) and not os.path.isfile(file)):
                     continue
                 seen.add(os.path.abspath(file))
+                real = os.path.realpath(file)
+                if os.path.commonpath([tree, real]) != tree:
+                    # A daemon running as root must not be made to read (and quote in its
+                    # errors) any file on the system: includes stay in the config's tree.
+                    self.v.report(where, f"include[{i}]",
+                                  f"{file} is outside {tree} (included files must be in the "
+                                  "main file's folder or below it): not read")
+                    continue
                 out.append(file)
         return out
 
@@ -160,7 +192,7 @@ class _Loader:
             return
         if not isinstance(root, MapNode):
             self.v.report(root.mark, "", "an included file must be a mapping holding "
-                                         f"`instances:`; got {describe(root)}")
+                                         f"`instances:`; got {_kind(root)}")
             return
         for key, entry in root.entries.items():
             if key != "instances":
@@ -202,7 +234,8 @@ class _Loader:
             body = e.value if isinstance(e.value, MapNode) else MapNode(e.key_mark)
             self.instances[name] = instance
             self.nodes[name] = body
-            for issue in check_layout(instance, body.entries):
+            for issue in [*check_layout(instance, body.entries),
+                          *check_on_demand(instance, body.entries)]:
                 self.report_issue(instance, issue)
 
     def cross_check(self, node_name: str) -> None:

@@ -56,3 +56,38 @@ def model_layer_count(model_dir: Path) -> int | None:
                 if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                     return n
     return None
+
+
+def model_config(model_dir: Path) -> dict[str, object]:
+    """config.json as a dict (the language-model section for multimodal models).
+
+    {} if unreadable."""
+    data = _config_json(model_dir)
+    if data is None:
+        return {}
+    for key in ("text_config", "language_config"):
+        section = data.get(key)
+        if isinstance(section, dict) and "num_attention_heads" not in data:
+            return {**section, "model_type": data.get("model_type")}
+    return data
+
+
+_VOCAB_KEYS = ("vocab_size", "n_vocab", "padded_vocab_size")
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len",
+                 "seq_length", "max_sequence_length")
+
+
+def _positive_int(section: dict[str, object], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        n = section.get(key)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    return None
+
+
+def model_limits(model_dir: Path) -> tuple[int | None, int | None]:
+    """(vocabulary size, context window) from config.json; None for what it does not say.
+    What the API checks requests against, so that no token id outside the vocabulary and no
+    `max_tokens` beyond the window ever reaches the runner."""
+    cfg = model_config(model_dir)
+    return _positive_int(cfg, _VOCAB_KEYS), _positive_int(cfg, _CONTEXT_KEYS)

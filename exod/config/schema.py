@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from exod.config.types import Duration, InstanceName, ModelDir, Octal
+from exod.core.serving import DEFAULT_PROMPT_CACHE_BYTES
+from exod.config.types import Duration, DurationOrNever, InstanceName, ModelDir, Octal, Size
 from exod.paths import default_control_socket
 
 RestartMode = Literal["no", "on-failure", "always"]
@@ -24,6 +25,7 @@ Parallelism = Literal["pipeline", "tensor"]
 ReadyPolicy = Literal["daemon", "instances"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Backend = Literal["ring", "mpi"]
+Autostart = Literal[True, False, "on-demand"]
 
 DEFAULT_CONFIG_PATH = Path("/etc/exod/exod.yaml")
 DEFAULT_API_PORT = 52415  # exo's port: users of exo find exod where they expect it
@@ -118,7 +120,25 @@ class Instance:
         metadata=doc("explicit layers per rank (sums to the model's layer count); "
                      "default even split"),
     )
-    autostart: bool = field(default=True, metadata=doc("start when the daemon starts"))
+    autostart: Autostart = field(
+        default=True,
+        metadata=doc("true: start when the daemon starts; false: only by `exoctl start`; "
+                     "on-demand: stay stopped until the first API request names it (that request "
+                     "waits while it loads)"))
+    idle_stop_after: DurationOrNever = field(
+        default=float("inf"),
+        metadata=doc("an on-demand instance with no request for this long is stopped (through "
+                     "the ladder) until the next request; never keeps it", minimum=0))
+    hang_after: DurationOrNever = field(
+        default=300.0,
+        metadata=doc("while requests are in flight, this long without a generated token means "
+                     "the instance is hung: its requests get 503 `hung` and it restarts "
+                     "(restart policy and start limit apply). Never applies while loading; "
+                     "never disables it", minimum=1))
+    context_tokens: int = field(
+        default=4096,
+        metadata=doc("KV cache reserved per concurrent generation in the memory estimate "
+                     "(capped at the model's max_position_embeddings)", minimum=1))
     # `inherit` fields take their value from `defaults:`; a partial mapping given here
     # overrides only the keys it names.
     restart: RestartMode = field(
@@ -153,11 +173,39 @@ class Instance:
                      "is lost (e.g. a network partition): the ranks restart and regroup. Never "
                      "applies while loading", minimum=0.5))
     max_concurrency: int = field(
-        default=1, metadata=doc("generations run at once by this instance", minimum=1, maximum=256)
+        default=1, metadata=doc("generations run at once by this instance: the width of its "
+                                "batch (single-rank instances decode them as one batch)",
+                                minimum=1, maximum=256)
     )
+    prompt_cache_bytes: int = field(
+        default=DEFAULT_PROMPT_CACHE_BYTES,
+        metadata=doc("bytes of KV cache kept from earlier requests, so a request that extends "
+                     "one (the next turn of a chat) prefills only what is new; least recently "
+                     "used entries go first; 0 disables it (single-rank instances only)",
+                     minimum=0, maximum=1 << 50))
     max_queue: int = field(
         default=16, metadata=doc("requests waiting beyond max_concurrency before 429", minimum=0)
     )
+    max_tokens_cap: int | None = field(
+        default=None,
+        metadata=doc("the most tokens one request may ask for (max_tokens); default and upper "
+                     "bound: the model's context window", minimum=1),
+    )
+    cluster_key_file: Path | None = field(
+        default=None,
+        metadata=doc("file holding the group's shared secret (at least 16 bytes; the same file "
+                     "on every host, readable only by exod): ranks prove they hold it before "
+                     "joining. Required when ranks run on several hosts; a single-host group "
+                     "gets a fresh secret at each start"),
+    )
+
+    @property
+    def always_on(self) -> bool:
+        return self.autostart is True
+
+    @property
+    def on_demand(self) -> bool:
+        return self.autostart == "on-demand"
 
 
 @dataclass(frozen=True)
@@ -171,6 +219,11 @@ class Defaults:
         metadata=doc("status notes 'no progress for …' after this long without a layer; "
                      "nothing is ever killed for it", minimum=0),
     )
+    memory_headroom: Size = field(
+        default=512 * 2**20,
+        metadata=doc("memory admission: a rank starts only if its estimated need fits in what "
+                     "the host has available (MemAvailable on Linux) less this much", minimum=0),
+    )
 
 
 @dataclass(frozen=True)
@@ -181,6 +234,15 @@ class Control:
                      "(default /run/exod/control.sock as root, else $XDG_RUNTIME_DIR/exod/)"),
     )
     mode: Octal = field(default=0o660, metadata=doc("file mode of the control socket"))
+    group: str | None = field(
+        default=None,
+        metadata=doc("a group whose members may use the control socket (besides exod's own "
+                     "user and root); default: exod's own group, when `mode` grants the group "
+                     "access", pattern=r"^[A-Za-z0-9._-]{1,64}$"),
+    )
+    max_connections: int = field(
+        default=64, metadata=doc("control connections open at once; beyond it the oldest idle "
+                                 "one is dropped", minimum=1, maximum=4096))
 
 
 @dataclass(frozen=True)
@@ -201,8 +263,43 @@ class Api:
     )
     token_file: Path | None = field(
         default=None,
-        metadata=doc("file holding a bearer token required on every endpoint but /health"),
+        metadata=doc("file holding the bearer tokens required on every endpoint but /health: "
+                     "one per line ('#' starts a comment); re-read on reload"),
     )
+    insecure_public: bool = field(
+        default=False,
+        metadata=doc("allow `listen` on a non-loopback address without a token_file (anyone "
+                     "who reaches the port can then use the models)"),
+    )
+    allowed_hosts: tuple[str, ...] = field(
+        default=(),
+        metadata=doc("extra names accepted in the Host header, besides the listen address, "
+                     "localhost and loopback addresses (guards against DNS rebinding); '*' "
+                     "accepts any"),
+    )
+    cors_origins: tuple[str, ...] = field(
+        default=(),
+        metadata=doc("web origins (e.g. https://app.example) allowed to call the API from a "
+                     "browser; default none (CORS off)"),
+    )
+    max_body_kib: int = field(
+        default=4096,
+        metadata=doc("largest request body, in KiB; a larger one gets 413 before it is read",
+                     minimum=1, maximum=262144),
+    )
+    max_connections: int = field(
+        default=256,
+        metadata=doc("HTTP connections open at once; beyond it the oldest idle one is dropped, "
+                     "or the new one refused when every connection is busy",
+                     minimum=1, maximum=65536),
+    )
+    header_timeout: Duration = field(
+        default=10.0,
+        metadata=doc("a connection must send a whole request head within this long (from its "
+                     "start, or from its previous answer), else it is closed", minimum=0.1),
+    )
+    body_timeout: Duration = field(
+        default=30.0, metadata=doc("a request body must arrive within this long", minimum=0.1))
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,15 @@ class Kind(enum.Enum):
     PATH = "path"  # any path; relative to the folder of the file that holds it
     INSTANCE_NAME = "instance_name"  # safe charset: ends up in file names and status lines
     OCTAL = "octal"  # file mode: 0660 / '0660' / 432
+    SIZE = "size"  # '512MiB', '2GiB', '800MB' or a number of bytes -> int bytes
+    DURATION_OR_NEVER = "duration_or_never"  # a duration, or `never` -> math.inf
 
 
 Duration = Annotated[float, Kind.DURATION]
 ModelDir = Annotated[Path, Kind.MODEL_DIR]
 InstanceName = Annotated[str, Kind.INSTANCE_NAME]
 Octal = Annotated[int, Kind.OCTAL]
+Size = Annotated[int, Kind.SIZE]
+DurationOrNever = Annotated[float, Kind.DURATION_OR_NEVER]
 
 INSTANCE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"

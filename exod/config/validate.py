@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 from exod.config.durations import format_duration, parse_duration
 from exod.config.errors import Mark, Problem
 from exod.config.model_dir import model_dir_problem
+from exod.config.sizes import parse_size
 from exod.config.types import INSTANCE_NAME_RE, Kind
 from exod.config.yamlpos import (
     Broken,
@@ -276,12 +277,13 @@ class Validator:
 
     def literal(self, allowed: tuple[object, ...], node: Node, path: str) -> Any:
         if isinstance(node, Scalar):
-            if node.value in allowed and type(node.value) is str:
-                return node.value
+            for a in allowed:  # `true` is not `'true'`, and 1 is not `true`
+                if type(node.value) is type(a) and node.value == a:
+                    return a
             # YAML 1.1 reads a bare `no` as false; the operator meant the word.
             if node.plain and node.raw in allowed:
                 return node.raw
-        choices = ", ".join(repr(a) for a in allowed)
+        choices = ", ".join(str(a).lower() if isinstance(a, bool) else repr(a) for a in allowed)
         message = f"must be one of {choices}; got {describe(node)}"
         if isinstance(node, Scalar) and isinstance(node.value, str):
             close = difflib.get_close_matches(node.value.replace("_", "-"),
@@ -345,6 +347,18 @@ class Validator:
             except ValueError as e:
                 return self.report(node.mark, path, str(e))
             return self.in_range(seconds, node, path, meta, duration=True)
+        if kind is Kind.DURATION_OR_NEVER:
+            if isinstance(node, Scalar) and node.value == "never":
+                return math.inf
+            return self.kind_value(Kind.DURATION, node, path, meta)
+        if kind is Kind.SIZE:
+            if not isinstance(node, Scalar):
+                return self.report(node.mark, path, f"expected a size like 2GiB, got "
+                                                    f"{describe(node)}")
+            try:
+                return self.in_range(parse_size(node.value), node, path, meta)
+            except ValueError as e:
+                return self.report(node.mark, path, str(e))
         if kind is Kind.OCTAL:
             return self.octal(node, path)
         value = self.scalar(Path if kind in (Kind.PATH, Kind.MODEL_DIR) else str, node, path, meta)

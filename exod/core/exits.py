@@ -59,3 +59,14 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"SIG{signum}"
+
+
+@dataclass(frozen=True)
+class Hung(ExitInfo):
+    """Not an exit: the daemon gave up on a runner that stopped making progress while serving.
+    Counted as a failure (restart policy, start limit), and retrying may help."""
+
+    code: int | None = EXIT_TEMPFAIL
+
+    def __str__(self) -> str:
+        return "hung"

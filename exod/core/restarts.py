@@ -58,8 +58,12 @@ class RestartTracker:
     def on_ready(self, now: float) -> None:
         self._ready_at = now
 
-    def on_exit(self, now: float, info: ExitInfo, reason: str = "") -> Decision:
-        """An exit nobody asked for. `reason` is the runner's own account, if it sent one."""
+    def on_exit(self, now: float, info: ExitInfo, reason: str = "",
+                counts: bool = True) -> Decision:
+        """An exit nobody asked for. `reason` is the runner's own account, if it sent one.
+        `counts=False`: the host, not the runner, failed (no file descriptors or memory to
+        start it): back off as usual, but the start limit does not count it, so a flood of
+        connections cannot put an instance in `failed`."""
         ran_stably = self._ready_at is not None and now - self._ready_at >= self.backoff.reset_after
         self._ready_at = None
         if ran_stably:
@@ -70,7 +74,8 @@ class RestartTracker:
             return GiveUp(what)
         if self.mode == "no" or (self.mode == "on-failure" and info.clean):
             return Rest(what) if info.clean else GiveUp(what)
-        self._failures.append(now)
+        if counts:
+            self._failures.append(now)
         while self._failures and now - self._failures[0] > self.limit.interval:
             self._failures.popleft()
         if len(self._failures) >= self.limit.burst:

@@ -3,7 +3,9 @@
 A request is one line, `{"cmd": "status"}` / `{"cmd": "start", "name": "big"}` / … ; the answer is
 one line `{"ok": true, …}` or `{"ok": false, "error": "…"}`. `wait` streams `{"event": …}` lines
 until its final answer. The socket file gets `control.mode` (0660 by default) so that a group can
-be allowed to drive exod without being root.
+be allowed to drive exod without being root; each client's uid is checked on the connection too
+(exod.trust). The request line must arrive within REQUEST_TIMEOUT; at most `max_connections`
+are open at once, beyond which the oldest one still silent is dropped.
 """
 
 from __future__ import annotations
@@ -13,12 +15,20 @@ import errno
 import json
 import os
 import socket
+import stat
 from pathlib import Path
 from typing import Any, Protocol
 
 from loguru import logger
 
+from exod import trust
+from exod.daemon.ratelog import RateLimitedLog
+
 MAX_REQUEST = 64 * 1024
+REQUEST_TIMEOUT = 10.0
+MAX_CONNECTIONS = 64
+SEND_TIMEOUT = 30.0
+STREAMING = ("wait", "watch", "logs")
 
 
 class SocketInUse(OSError):
@@ -39,11 +49,18 @@ class Emit(Protocol):
     async def __call__(self, msg: dict[str, Any]) -> None: ...
 
 
-def prepare_path(path: Path) -> None:
-    """Create the runtime folder (0750) and clear a stale socket; refuse if a daemon answers."""
-    path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-    if not (path.exists() or path.is_symlink()):
+def prepare_path(path: Path, group_access: bool = True, gid: int | None = None) -> None:
+    """Create (or adopt) the private runtime folder and clear a stale socket; refuse if a daemon
+    answers, if the folder is someone else's, or if the path holds anything but a socket."""
+    trust.ensure_private_dir(path.parent, group_access, gid)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
         return
+    if not stat.S_ISSOCK(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a socket"
+        raise OSError(errno.EEXIST, f"control.socket {path} exists and is {kind}: refusing to "
+                                    "replace it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.settimeout(1.0)
@@ -57,17 +74,44 @@ def prepare_path(path: Path) -> None:
 
 
 class ControlServer:
-    def __init__(self, path: Path, mode: int, backend: Backend) -> None:
+    def __init__(self, path: Path, mode: int, backend: Backend, group: str | None = None,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self.path = path
         self.mode = mode
         self.backend = backend
+        self.group = group
+        self.max_connections = max_connections
+        self.ratelog = RateLimitedLog()
+        self.policy: trust.ClientPolicy | None = None
         self._server: asyncio.AbstractServer | None = None
+        self._silent: dict[asyncio.StreamWriter, None] = {}  # no request line yet, oldest first
+        self._open = 0
+
+    def gid(self) -> int | None:
+        """The group the socket is shared with: control.group, else exod's own group when the
+        mode grants the group access."""
+        if self.group is not None:
+            try:
+                return trust.group_gid(self.group)
+            except KeyError:
+                raise OSError(errno.EINVAL, f"control.group {self.group!r}: no such group") \
+                    from None
+        return os.getegid() if self.mode & 0o070 else None
 
     async def start(self) -> None:
-        prepare_path(self.path)
-        self._server = await asyncio.start_unix_server(self._serve, str(self.path),
-                                                       limit=MAX_REQUEST)
-        os.chmod(self.path, self.mode)
+        gid = self.gid()
+        prepare_path(self.path, group_access=gid is not None,
+                     gid=gid if self.group is not None else None)
+        self.policy = trust.ClientPolicy(gid)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            trust.bind_unix(sock, self.path, self.mode,
+                            gid if self.group is not None else None)
+            self._server = await asyncio.start_unix_server(self._serve, sock=sock,
+                                                           limit=MAX_REQUEST)
+        except BaseException:
+            sock.close()
+            raise
         logger.info("control socket {}", self.path)
 
     async def close(self) -> None:
@@ -79,30 +123,98 @@ class ControlServer:
             except FileNotFoundError:
                 pass
 
+    def _admit(self, writer: asyncio.StreamWriter) -> bool:
+        """Room for one more connection: drop the oldest silent one at the cap."""
+        if self._open >= self.max_connections:
+            if not self._silent:
+                self.ratelog.warning("control-cap", "control socket: {} connections, all busy: "
+                                     "refusing new ones", self._open)
+                return False
+            oldest = next(iter(self._silent))
+            self._silent.pop(oldest)
+            oldest.close()
+            self.ratelog.warning("control-evict", "control socket: {} connections open: "
+                                 "dropping the oldest silent ones", self._open)
+        self._open += 1
+        self._silent[writer] = None
+        return True
+
+    def _allowed(self, writer: asyncio.StreamWriter) -> str | None:
+        """None when the client may talk to us, else why not."""
+        sock = writer.get_extra_info("socket")
+        creds = trust.peer_creds(sock) if sock is not None else None
+        if creds is None or self.policy is None or self.policy.allows(*creds):
+            return None
+        self.ratelog.warning("control-denied", "control socket: refused a client with uid {} "
+                             "gid {}", *creds)
+        return (f"permission denied: uid {creds[0]} may not use exod's control socket (only "
+                "exod's user, root and members of control.group may)")
+
+    async def _run(self, req: dict[str, Any], reader: asyncio.StreamReader,
+                   emit: Emit) -> dict[str, Any] | None:
+        """The command's answer; None when the client left first. A client that leaves a
+        `wait` or `watch` ends it at once (else its connection would stay open until the next
+        change); other commands finish anyway (an interrupted `exoctl reload` still reloads)."""
+        task = asyncio.ensure_future(self.backend.command(req["cmd"], req, emit))
+        gone = asyncio.ensure_future(reader.read(1))  # nothing more is sent: EOF = gone
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not task.done():
+            if req["cmd"] in STREAMING:
+                task.cancel()
+                return None
+            await asyncio.shield(task)
+        try:
+            return task.result()
+        except CommandError as e:
+            return {"ok": False, "error": str(e)}
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         async def emit(msg: dict[str, Any]) -> None:
             writer.write(json.dumps(msg).encode() + b"\n")
-            await writer.drain()
+            # A client that stops reading is dropped, not buffered for without end.
+            await asyncio.wait_for(writer.drain(), SEND_TIMEOUT)
 
+        if not self._admit(writer):
+            writer.close()
+            return
         try:
-            line = await reader.readline()
+            denied = self._allowed(writer)
+            if denied is not None:
+                await emit({"ok": False, "error": denied})
+                return
+            try:
+                line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT)
+            except asyncio.TimeoutError:
+                return
+            except (ValueError, asyncio.LimitOverrunError):
+                await emit({"ok": False, "error": f"bad request: longer than {MAX_REQUEST} "
+                                                  "bytes"})
+                return
+            finally:
+                self._silent.pop(writer, None)
             if not line:
                 return
             try:
                 req = json.loads(line)
                 if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
                     raise ValueError("a request is a JSON object with a string 'cmd'")
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 await emit({"ok": False, "error": f"bad request: {e}"})
                 return
-            try:
-                answer = await self.backend.command(req["cmd"], req, emit)
-            except CommandError as e:
-                answer = {"ok": False, "error": str(e)}
-            await emit(answer)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass  # the client went away (exoctl wait interrupted): nothing to tell
-        except Exception:  # noqa: BLE001 -- a bug in one command must not end the control server
-            logger.exception("control request failed")
+            answer = await self._run(req, reader, emit)
+            if answer is not None:
+                await emit(answer)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                asyncio.TimeoutError):
+            pass  # the client went away (exoctl wait interrupted) or stopped reading
+        except Exception as e:  # noqa: BLE001 -- a bug in one command must not end the server
+            # A bug: with its traceback, but once per cause and interval.
+            self.ratelog.log("ERROR", f"control-{type(e).__name__}", "control request failed",
+                             exception=e)
         finally:
+            self._silent.pop(writer, None)
+            self._open -= 1
             writer.close()

@@ -8,6 +8,7 @@ the instance never blocks.
 
 from __future__ import annotations
 
+import collections
 import errno
 import signal
 from collections.abc import Callable
@@ -18,7 +19,8 @@ from loguru import logger
 
 from exod import messages as m
 from exod.config.schema import Instance
-from exod.core.exits import EXIT_PROTOCOL, EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo
+from exod.config.durations import format_duration
+from exod.core.exits import EXIT_PROTOCOL, EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo, Hung
 from exod.core.ladder import LadderRun, Step
 from exod.core.restarts import Decision, GiveUp, Rest, Restart, RestartTracker
 from exod.core.shards import Shard
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
 
 Continuation = Callable[[], None]
 PERMANENT_SPAWN_ERRORS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR})
+# The host is short of something right now: retried with backoff, never counted toward the
+# start limit (the runner did nothing wrong).
+SHORTAGE_SPAWN_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 
 
 class Timer(Protocol):
@@ -39,6 +44,10 @@ class Seam(Protocol):
     def now(self) -> float: ...
 
     def call_at(self, when: float, fn: Callable[[], None]) -> Timer: ...
+
+    def admit(self, inst: InstanceRuntime) -> str | None:
+        """Why this host cannot start `inst` now (memory), or None to go ahead."""
+        ...
 
     def prepare(self, inst: InstanceRuntime) -> None:
         """A group is about to start: agree on its addresses (e.g. write the hostfile)."""
@@ -78,12 +87,14 @@ class RankRuntime:
     status_text: str = ""
     attempt: int = 0  # joining its group: which attempt
     model_info: m.Ready | None = None  # vocabulary and context, once ready
+    shortage: bool = False  # its last spawn failed for want of fds or memory on this host
     error: str = ""
     last_exit: ExitInfo | None = None
     ladder: LadderRun | None = None
     ladder_timer: Timer | None = None
     signals_sent: list[str] = field(default_factory=list)
     last_heartbeat: float | None = None
+    serving: m.Serving | None = None  # the engine's figures, as the runner last sent them
 
     @property
     def rank(self) -> int:
@@ -104,11 +115,15 @@ class InstanceRuntime:
         self.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
         self.started_at: float | None = None
         self.held = False  # an operator stopped it: a reload must not start it again
+        self.memory_need: int | None = None  # bytes this host's ranks need (at admission)
+        self.refused = ""  # why memory admission refused the last start
+        self.hung = ""  # e.g. "hung (no progress for 5m)": why it is being restarted
         self.retired = False  # replaced or removed by a reload: it never starts again
         self._pending: Decision | None = None  # applied once every rank is gone
         self._after_stop: list[Continuation] = []  # notifications: always run
         self._start_after_stop: bool | None = None  # deferred start (by operator?), if any
         self._restart_timer: Timer | None = None
+        self.rungs_used: collections.Counter[str] = collections.Counter()  # ladder steps taken
         self.log = logger.bind(instance=self.name)
 
     # ---- queries -------------------------------------------------------------------------
@@ -131,6 +146,11 @@ class InstanceRuntime:
             if not rank.local and rank.machine.state is not state and rank.machine.can(state):
                 rank.machine.move(state, self.seam.now(), reason)
 
+    @property
+    def start_pending(self) -> bool:
+        """A start waits for the stop in progress to complete."""
+        return self._start_after_stop is not None
+
     def rank_by_pid(self, pid: int) -> RankRuntime | None:
         return next((r for r in self.ranks if r.pid == pid), None)
 
@@ -138,6 +158,11 @@ class InstanceRuntime:
     def served_by(self) -> str | None:
         """The host whose exod serves requests, when it is not this one (rank 0 runs there)."""
         return None if self.ranks[0].local else self.ranks[0].host
+
+    @property
+    def model_info(self) -> m.Ready | None:
+        """The vocabulary and context window of the model as rank 0 loaded it."""
+        return self.ranks[0].model_info
 
     def serving_link(self) -> Link | None:
         """The channel requests go through: rank 0's, while the whole instance is ready."""
@@ -180,6 +205,13 @@ class InstanceRuntime:
             return
         self._cancel_restart()
         self._pending = None
+        self.hung = ""
+        self.refused = refusal = self.seam.admit(self) or ""
+        if refusal:  # before any runner exists; not a failure to restart from
+            self.log.error("not started: {}", refusal)
+            self._move(State.STARTING, publish=False)
+            self._move(State.FAILED, refusal)
+            return
         self.started_at = self.seam.now()
         self.seam.prepare(self)
         self._remote_follow(State.STARTING, "remote")
@@ -191,11 +223,14 @@ class InstanceRuntime:
             rank.layers_loaded, rank.error, rank.status_text = 0, "", ""
             rank.phase, rank.attempt, rank.model_info = None, 0, None
             rank.signals_sent, rank.last_progress, rank.last_heartbeat = [], None, None
+            rank.serving = None
             rank.started_at = self.seam.now()
+            rank.shortage = False
             self._move_rank(rank, State.STARTING)
             try:
                 rank.pid = self.seam.spawn(self, rank)
             except OSError as e:
+                rank.shortage = e.errno in SHORTAGE_SPAWN_ERRORS
                 # A missing or unusable interpreter will not fix itself; EAGAIN/ENOMEM may.
                 code = EXIT_UNAVAILABLE if e.errno in PERMANENT_SPAWN_ERRORS else EXIT_TEMPFAIL
                 failed.append((rank, f"cannot start runner: {e}", code))
@@ -235,6 +270,18 @@ class InstanceRuntime:
         self.stop()
         self.start(operator=True)  # deferred until the stop completes, if one is running
 
+    def hang(self, silent_for: float) -> None:
+        """Requests were in flight and the runner made no progress for `silent_for` seconds:
+        restart through the ladder, counted as a failure."""
+        if self.state is not State.READY:
+            return
+        self.hung = f"hung (no progress for {format_duration(silent_for)})"
+        self.log.bind(event="hung").error("{}: restarting through the ladder", self.hung)
+        self._pending = self.tracker.on_exit(self.seam.now(), Hung(),
+                                             f"no progress for {format_duration(silent_for)}")
+        self._move(State.STOPPING, self.hung)
+        self._stop_ranks()
+
     def hurry(self) -> None:
         """A second stop signal to the daemon: skip what is left of rung 1's grace."""
         now = self.seam.now()
@@ -257,6 +304,8 @@ class InstanceRuntime:
             self._progress(rank, msg, now)
         elif isinstance(msg, m.Heartbeat):
             rank.last_heartbeat = now
+        elif isinstance(msg, m.Serving):
+            rank.serving = msg
         elif isinstance(msg, m.Failed):
             rank.error, rank.phase, rank.status_text = msg.reason, m.Phase.FAILED, msg.reason
             log.error("{}", msg.reason)
@@ -311,7 +360,7 @@ class InstanceRuntime:
         killed = Step.KILL.value in rank.signals_sent
         log = self.log.bind(rank=rank.rank, pid=rank.pid, event="exit", code=info.code,
                             signal=info.signal, signals_sent=list(rank.signals_sent))
-        rank.pid, rank.last_exit = None, info
+        rank.pid, rank.last_exit, rank.serving = None, info, None  # its cache died with it
         if rank.ladder_timer is not None:
             rank.ladder_timer.cancel()
         rank.ladder, rank.ladder_timer = None, None
@@ -335,7 +384,8 @@ class InstanceRuntime:
         if expected or not self.state.active:
             self.seam.changed(self)
             return
-        decision = self.tracker.on_exit(self.seam.now(), info, rank.error)
+        decision = self.tracker.on_exit(self.seam.now(), info, rank.error,
+                                        counts=not rank.shortage)
         if self.alive():
             # A group is all or nothing: stop the siblings (through the ladder), then decide.
             self._pending = decision
@@ -376,6 +426,7 @@ class InstanceRuntime:
         if pid is None:
             return
         rank.signals_sent.append(step.value)
+        self.rungs_used[step.value] += 1
         log = self.log.bind(rank=rank.rank, pid=pid, event="ladder", step=step.value)
         stop = self.config.stop
         if step is Step.ASK:

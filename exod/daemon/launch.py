@@ -38,17 +38,26 @@ class Launcher:
     def hostfile(self, name: str) -> Path:
         return self.run_dir / "groups" / f"{name}.json"
 
+    def group_key(self, c: Instance) -> Path:
+        """The group's secret: the operator's cluster_key_file, else one made at each start."""
+        return c.cluster_key_file or self.run_dir / "groups" / f"{c.name}.key"
+
     def prepare(self, c: Instance) -> None:
-        """A group is about to start: agree on its addresses (write the MLX hostfile)."""
+        """A group is about to start: agree on its addresses (write the MLX hostfile) and, for
+        a group on this host alone, make its secret."""
         if c.shards > 1:
             addrs = rank_addresses.addresses(c)
             rank_addresses.write_hostfile(self.hostfile(c.name), addrs.ranks)
+            if c.cluster_key_file is None:
+                rank_addresses.new_group_key(self.group_key(c))
             self._group_control[c.name] = addrs.control
 
     def launch(self, c: Instance, shard: Shard, local_ranks: int) -> Launch:
         args = ["--model", str(c.model), "--instance", c.name, "--rank", str(shard.rank),
                 "--world", str(shard.world), "--parallelism", c.parallelism, "--dtype", c.dtype,
-                "--parent-pid", str(os.getpid()), "--heartbeat", f"{HEARTBEAT_EVERY:g}"]
+                "--parent-pid", str(os.getpid()), "--heartbeat", f"{HEARTBEAT_EVERY:g}",
+                "--max-concurrency", str(c.max_concurrency),
+                "--prompt-cache-bytes", str(c.prompt_cache_bytes)]
         if shard.total:
             args += ["--layers", shard.arg(), "--total-layers", str(shard.total)]
         group_env: dict[str, str] = {}
@@ -56,7 +65,8 @@ class Launcher:
             args += ["--backend", c.backend, "--peer-timeout", f"{c.peer_timeout:g}"]
             # mx.distributed's own interface: which rank, and where every rank listens.
             group_env = {"MLX_RANK": str(shard.rank), "MLX_HOSTFILE": str(self.hostfile(c.name)),
-                         "EXOD_GROUP_CONTROL": self._group_control[c.name]}
+                         "EXOD_GROUP_CONTROL": self._group_control[c.name],
+                         **rank_addresses.group_secrets(c, self.group_key(c))}
         env = os_seam.runner_env(self.daemon_env, {
             **rank_addresses.thread_split(c, local_ranks, self.daemon_env),
             **c.env,

@@ -27,6 +27,8 @@ from loguru import logger
 from exod import messages as m
 from exod.protocol import HEADER, MAX_FRAME, ProtocolError, encode
 
+MAX_PENDING = 4096  # events waiting for a client: a slow reader beyond this is dropped
+
 
 class RequestStream:
     """The events of one request, in order. The last one is Done or Error."""
@@ -38,12 +40,28 @@ class RequestStream:
         self._queue: asyncio.Queue[m.Event] = asyncio.Queue()
 
     def _put(self, ev: m.Event) -> None:
-        if not isinstance(ev, m.Text):
+        if self.finished:
+            return  # dropped for reading too slowly (below): the rest is not wanted
+        if isinstance(ev, (m.Done, m.Error)):
             self.finished = True
+        elif self._queue.qsize() >= MAX_PENDING:
+            # The client reads far slower than the runner writes: end it rather than buffer
+            # without bound (the runner is told to stop, as for a client that left).
+            self.finished = True
+            while not self._queue.empty():
+                self._queue.get_nowait()
+            ev = m.Error(self.id, "aborted", "the client read the answer too slowly")
+            self.link.send(m.Cancel(self.id))
         self._queue.put_nowait(ev)
 
     async def next(self) -> m.Event:
         return await self._queue.get()
+
+    def fail(self, code: m.ErrorCode, message: str) -> None:
+        """End it from the daemon's side (e.g. the runner is hung): a final error event."""
+        if not self.finished:
+            self._put(m.Error(self.id, code, message))
+            self.link._forget(self.id, cancel=True)
 
     def close(self) -> None:
         """Done with it: if the runner is still working on it, tell it to stop (cancel)."""
@@ -129,7 +147,7 @@ class Link:
                                     f"{m.VERSION} (a stale install? restart exod)")
             self.hello = msg
             return
-        if isinstance(msg, (m.Text, m.Done, m.Error)):
+        if isinstance(msg, (m.Prefill, m.Text, m.Done, m.Error)):
             stream = self._streams.get(msg.id)
             if stream is None:
                 return  # a late event for a request that was cancelled

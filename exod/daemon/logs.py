@@ -70,4 +70,4 @@ def split_priority(line: str) -> tuple[str, str]:
     """A runner's `<N>text` line → (loguru level, text); no prefix → INFO."""
     if len(line) >= 3 and line[0] == "<" and line[2] == ">" and line[1] in "01234567":
         return LEVEL_BY_PRIORITY[int(line[1])], line[3:]
-    return "INFO", line
+    return "INFO", line  # anything else (`<9>`, `<x>`) is text: parsing a line never fails

@@ -31,6 +31,8 @@ EXIT_DRAIN = 2.0
 ExitHandler = Callable[[int, ExitInfo], None]
 
 
+LineSink = Callable[[dict[str, object], str, str], None]  # (context, level, text)
+
 @dataclass
 class RunnerHandlers:
     """What the table reports about one runner, to its instance."""
@@ -50,8 +52,9 @@ class Proc:
 
 
 class ProcessTable:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_line: LineSink | None = None) -> None:
         self.loop = loop
+        self._on_line = on_line  # e.g. the in-memory rings `exoctl logs` reads
         self.procs: dict[int, Proc] = {}
         self._finishing: set[asyncio.Task[None]] = set()
         self._empty_waiters: list[asyncio.Future[None]] = []
@@ -144,3 +147,5 @@ class ProcessTable:
     def _log_line(self, proc: Proc, raw: bytes) -> None:
         level, text = split_priority(raw.decode("utf-8", "replace").rstrip("\r"))
         logger.bind(**proc.context).log(level, "| {}", text)
+        if self._on_line is not None:
+            self._on_line(proc.context, level, text)

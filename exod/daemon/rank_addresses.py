@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from exod import trust
+from exod.config.model_dir import model_limits
 from exod.config.schema import Instance
 
 LOOPBACK = "127.0.0.1"
+DEFAULT_MAX_LENGTH = 1 << 17  # positions per header when the model does not say
 
 
 def host_of(inst: Instance, rank: int, this_host: str) -> str:
@@ -67,11 +72,40 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """Write `path` (0600) in a private folder (0700, ours): under an unpredictable temporary
+    name created with O_EXCL, then renamed into place, so no other user can plant a symlink
+    or read it on the way."""
+    trust.ensure_private_dir(path.parent, group_access=False)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
 def write_hostfile(path: Path, addrs: list[str]) -> None:
-    path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps([[a] for a in addrs]))
-    os.replace(tmp, path)
+    write_private(path, json.dumps([[a] for a in addrs]).encode())
+
+
+def group_secrets(inst: Instance, key_file: Path) -> dict[str, str]:
+    """What a rank needs to authenticate its group (exod.runner.headers): where the key is (a
+    path: the secret itself never goes through argv or the environment) and the most positions
+    a header may carry (the model's context window)."""
+    _vocab, context = model_limits(inst.model)
+    return {"EXOD_CLUSTER_KEY_FILE": str(key_file),
+            "EXOD_GROUP_MAX_LENGTH": str(context or DEFAULT_MAX_LENGTH)}
+
+
+def new_group_key(path: Path) -> None:
+    """A fresh secret for a group whose ranks all run on this host (each start makes one)."""
+    write_private(path, secrets.token_hex(32).encode())
 
 
 def _bracket(address: str) -> str:

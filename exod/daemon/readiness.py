@@ -2,13 +2,16 @@
 
 Policy `daemon`: ready once the control socket is up and every autostart instance is spawned.
 Policy `instances`: ready once every autostart instance has settled (ready, or failed: then
-STATUS says which), and meanwhile each layer of progress extends the start timeout by
-EXTEND_WINDOW, so a long but progressing load never hits TimeoutStartSec. exod itself never
-times a load out.
+STATUS says which). Meanwhile, for as long as an autostart instance is starting or loading and
+one of its runners is alive, the start timeout is extended on a fixed tick from the spawn on:
+the import, the wait for peers, a layer that takes an hour. A start then lasts as long as the
+load, and the unit's TimeoutStartSec only fires when exod itself is stuck (no tick comes).
+exod itself never times a load out.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -27,9 +30,15 @@ class Daemon(Protocol):
 
     def summary(self) -> str: ...
 
-EXTEND_WINDOW = 300.0  # seconds allowed for the NEXT layer; renewed on every layer
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+
+TICK = 5.0  # seconds between two extensions of the start timeout
+EXTEND_BY = 3 * TICK  # each one covers the next tick, with room for a busy moment of the loop
 
 SETTLED = (State.READY, State.FAILED, State.STOPPED)
+LOADING = (State.STARTING, State.LOADING)
 
 
 class Readiness:
@@ -38,7 +47,7 @@ class Readiness:
         self.service = service
         self.ready_sent = False
         self._spawned = False
-        self._progress_seen = 0.0  # newest layer-progress time already answered with EXTEND
+        self._tick: asyncio.TimerHandle | None = None
         self.reload_error: str | None = None  # sticky in STATUS until a reload succeeds
 
     def spawned(self, sup: Daemon, now: float) -> None:
@@ -52,17 +61,23 @@ class Readiness:
         if self.ready_sent:
             self.service.status(summary)
             return
-        autostart = [i for i in sup.ordered() if i.config.autostart]
+        autostart = [i for i in sup.ordered() if i.config.always_on]
         if self.policy == "daemon" or all(i.state in SETTLED for i in autostart):
             self.ready_sent = True
             self.service.ready(summary)
             return
         self.service.status(summary)
-        # Every layer of progress counts, a restarted load's included (its count starts over).
-        latest = max((r.last_progress or 0.0 for i in autostart for r in i.ranks), default=0.0)
-        if latest > self._progress_seen:
-            self._progress_seen = latest
-            self.service.extend_timeout(EXTEND_WINDOW)
+        if self._tick is None:
+            self._on_tick(sup)
+
+    def _on_tick(self, sup: Daemon) -> None:
+        """Extend the start timeout while a runner of a starting autostart instance lives."""
+        self._tick = None
+        if self.ready_sent or sup.stopping:
+            return
+        if any(i.config.always_on and i.state in LOADING and i.alive() for i in sup.ordered()):
+            self.service.extend_timeout(EXTEND_BY)
+            self._tick = sup.loop.call_later(TICK, self._on_tick, sup)
 
     def line(self, sup: Daemon) -> str:
         if self.reload_error:

@@ -51,6 +51,7 @@ def spawn(args: list[str], env: Mapping[str, str], module: str = DEFAULT_MODULE)
     err_r, err_w = os.pipe()
     keep = (child_end.fileno(), out_w, err_w)
     try:
+        seal_inherited(keep)
         # Inheritable only for the instant of the spawn: the loop is single-threaded, so no
         # other spawn can pick these up.
         for fd in keep:
@@ -80,6 +81,27 @@ def spawn(args: list[str], env: Mapping[str, str], module: str = DEFAULT_MODULE)
     os.set_blocking(err_r, False)
     parent_end.setblocking(False)
     return Child(pid, out_r, err_r, parent_end)
+
+
+def _open_fds() -> list[int]:
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return [int(name) for name in os.listdir(folder) if name.isdigit()]
+        except OSError:
+            continue
+    return []
+
+
+def seal_inherited(keep: tuple[int, ...]) -> None:
+    """A runner gets stdin/stdout/stderr and its channel, nothing else: any other descriptor
+    left inheritable (e.g. handed to exod by whatever started it) is made close-on-exec."""
+    for fd in _open_fds():
+        if fd > 2 and fd not in keep:
+            try:
+                if os.get_inheritable(fd):
+                    os.set_inheritable(fd, False)
+            except OSError:
+                pass  # closed meanwhile (the listing's own fd)
 
 
 def send_signal(pid: int, sig: int) -> bool:

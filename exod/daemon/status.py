@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from exod.config.durations import format_duration
-from exod.messages import Phase
+from exod.messages import Phase, Serving
 from exod.core.states import State
 from exod.daemon.instance import InstanceRuntime, RankRuntime
 from exod.daemon.procinfo import rss_bytes
@@ -23,7 +23,17 @@ def stalled_for(rank: RankRuntime, now: float, stall_after: float) -> float | No
 
 
 def detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
-    """e.g. `loading 17/80 (no progress for 4m)`, `failed: exit code 65: ...`, `ready`."""
+    """e.g. `loading 17/80 (no progress for 4m)`, `failed: exit code 65: ...`, `ready`,
+    `hung (no progress for 5m); stopping (SIGKILL in 20s if still running)`."""
+    text = _detail(inst, now, stall_after)
+    if inst.hung and inst.state in (State.STOPPING, State.BACKOFF):
+        return f"{inst.hung}; {text}"
+    if inst.config.on_demand and inst.state is State.STOPPED:
+        return "stopped (starts on demand)"
+    return text
+
+
+def _detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
     state = inst.state
     if not inst.has_local_ranks:
         return "remote: every rank runs on another host"
@@ -32,9 +42,10 @@ def detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
         done = sum(r.layers_loaded for r in local)
         total = sum(r.layers_total for r in local)
         text = f"{state} {done}/{total}" if state is State.LOADING else str(state)
-        # e.g. "connecting to 1 peer (attempt 3)", "waiting for the other 1 rank(s) to load"
-        waiting = next((r.status_text for r in local
-                        if r.phase in (Phase.CONNECTING, Phase.WAITING)), "")
+        # e.g. "importing mlx", "connecting to 1 peer (attempt 3)", "waiting for the other 1
+        # rank(s) to load": what a start waits for before (or after) its layers
+        waiting = next((r.status_text for r in local if r.phase in (
+            Phase.STARTING, Phase.CONNECTING, Phase.WAITING) and r.status_text), "")
         if waiting:
             text += f" ({waiting})"
         stalls = [s for r in inst.ranks if (s := stalled_for(r, now, stall_after)) is not None]
@@ -79,6 +90,22 @@ def rank_json(rank: RankRuntime, now: float, stall_after: float) -> dict[str, An
     }
 
 
+def serving_json(s: Serving | None) -> dict[str, Any] | None:
+    """How the serving rank serves, as its runner last reported (None before that), with the
+    prompt cache's hit rate (hits per lookup)."""
+    if s is None:
+        return None
+    out: dict[str, Any] = {"batching": s.batching, "width": s.width, "active": s.active}
+    if s.batching == "continuous":
+        rate = round(s.cache_hits / s.cache_lookups, 4) if s.cache_lookups else None
+        out["prefill_step"] = s.prefill_step
+        out["prompt_cache"] = {
+            "entries": s.cache_entries, "bytes": s.cache_bytes, "max_bytes": s.cache_max_bytes,
+            "lookups": s.cache_lookups, "hits": s.cache_hits, "hit_rate": rate,
+            "cached_tokens": s.cached_tokens, "prompt_tokens": s.prompt_tokens}
+    return out
+
+
 def instance_json(inst: InstanceRuntime, now: float, stall_after: float) -> dict[str, Any]:
     c = inst.config
     active = inst.state.active
@@ -96,6 +123,8 @@ def instance_json(inst: InstanceRuntime, now: float, stall_after: float) -> dict
         "restart": c.restart,
         "restarts": inst.tracker.restarts,
         "source": c.source,
+        # Rank 0 serves (the others follow it): its engine is the instance's.
+        "serving": serving_json(inst.ranks[0].serving) if inst.ranks else None,
         "ranks": [rank_json(r, now, stall_after) for r in inst.ranks],
     }
 

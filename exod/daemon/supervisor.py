@@ -31,7 +31,9 @@ from exod.daemon.control import ControlServer
 from exod.daemon.instance import InstanceRuntime, RankRuntime, Timer
 from exod.daemon.launch import Launcher
 from exod.daemon.link import Link
+from exod.daemon.log_ring import LogRings
 from exod.daemon.manager_notify import ServiceNotifier
+from exod.daemon.memory_check import MemoryCheck
 from exod.daemon.processes import ProcessTable, RunnerHandlers
 from exod.daemon.readiness import Readiness
 from exod.daemon.manager_notify import watchdog_interval
@@ -59,12 +61,18 @@ class Supervisor:
         self._done: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: set[Callable[[InstanceRuntime], None]] = set()
+        self._reload_lock = asyncio.Lock()  # reloads read files in a thread: one at a time
         self.launcher = Launcher(config.control.socket.parent, os.environ)
         self.commands = Commands(self)
-        self.control = ControlServer(config.control.socket, config.control.mode, self.commands)
+        self.control = ControlServer(config.control.socket, config.control.mode, self.commands,
+                                     config.control.group, config.control.max_connections)
         self.readiness = Readiness(config.ready, self.service)
         self._swaps: dict[str, Instance | None] = {}  # stopping for a reload: what replaces it
         self.api: Any = None  # the HTTP API (exod.api.app.ApiServer), when api.listen is set
+        self.logs = LogRings()
+        self.memory = MemoryCheck(config.defaults.memory_headroom)
+        self.reloads = {"ok": 0, "failed": 0}
+        self.config_errors = 0  # problems found by failed reloads, all told
 
     # ---- Seam for InstanceRuntime -------------------------------------------------------
     @property
@@ -77,6 +85,12 @@ class Supervisor:
 
     def call_at(self, when: float, fn: Callable[[], None]) -> Timer:
         return self.loop.call_at(when, fn)
+
+    def admit(self, inst: InstanceRuntime) -> str | None:
+        return self.memory.refuse(inst, self.instances.values())
+
+    def missing_memory(self, inst: InstanceRuntime) -> int:
+        return self.memory.missing(inst, self.instances.values())
 
     def prepare(self, inst: InstanceRuntime) -> None:
         self.launcher.prepare(inst.config)
@@ -146,7 +160,7 @@ class Supervisor:
         self._loop = asyncio.get_running_loop()
         self._done = asyncio.Event()
         self.service.attach(self.loop)
-        self.procs = ProcessTable(self.loop)
+        self.procs = ProcessTable(self.loop, self.logs.add)
         self.procs.install()
         try:
             await self.control.start()
@@ -168,7 +182,7 @@ class Supervisor:
         for inst_cfg in self.config.instances.values():
             self._add(inst_cfg)
         for inst in self.ordered():
-            if inst.config.autostart:
+            if inst.config.always_on:
                 inst.start()
         self.phase = "running"
         self.readiness.spawned(self, self.now())
@@ -254,16 +268,33 @@ class Supervisor:
         self.loop.create_task(self.reload())
 
     async def reload(self) -> dict[str, Any]:
+        async with self._reload_lock:
+            if self.stopping:
+                return {"ok": False, "error": "exod is stopping"}
+            self.readiness.reloading()
+            # Files are read in a thread: a slow disk or a huge file must not stall the loop.
+            try:
+                new: Config | ConfigError = await asyncio.to_thread(load_config,
+                                                                    self.config.path)
+            except ConfigError as e:
+                new = e
+            if self.api is not None and not isinstance(new, ConfigError):
+                try:
+                    await asyncio.to_thread(self.api.load_tokens)
+                except OSError as e:
+                    logger.error("reload: {}; the API keeps its previous tokens", e.strerror)
+            return self._reload(new)
+
+    def _reload(self, new: Config | ConfigError) -> dict[str, Any]:
         if self.stopping:
             return {"ok": False, "error": "exod is stopping"}
-        self.readiness.reloading()
-        try:
-            new = load_config(self.config.path)
-        except ConfigError as e:
-            problems = str(e).splitlines()
+        if isinstance(new, ConfigError):
+            problems = str(new).splitlines()
             for line in problems:
                 logger.error("reload: {}", line)
             logger.error("reload failed: {} problem(s); nothing was changed", len(problems))
+            self.reloads["failed"] += 1
+            self.config_errors += len(problems)
             self.readiness.reloaded(self, self.now(),
                                     f"reload failed ({len(problems)} problem(s)): {problems[0]}")
             return {"ok": False, "error": "invalid configuration; nothing was changed",
@@ -275,6 +306,7 @@ class Supervisor:
             logger.warning("api changed: takes effect at the next restart of exod")
         new = _keep_control(new, self.config)
         self.config = new
+        self.memory.headroom = new.defaults.memory_headroom
         for name in d.removed:
             self._retire(name, replacement=None)
         for name in d.changed:
@@ -284,8 +316,9 @@ class Supervisor:
                 self._retire(name, replacement=new.instances[name])
                 continue
             inst = self._add(new.instances[name])
-            if inst.config.autostart:
+            if inst.config.always_on:
                 inst.start()
+        self.reloads["ok"] += 1
         logger.info("reloaded: {} added, {} removed, {} changed, {} unchanged",
                     len(d.added), len(d.removed), len(d.changed), len(d.unchanged))
         self.readiness.reloaded(self, self.now(), None)
@@ -307,11 +340,12 @@ class Supervisor:
             old.retired = True
             if latest is None:
                 del self.instances[name]
+                self.logs.forget(name)
                 self._publish(old)
                 return
             new = self._add(latest)
             new.held = old.held
-            if (was_running or latest.autostart) and not old.held and not self.stopping:
+            if (was_running or latest.always_on) and not old.held and not self.stopping:
                 new.start()
             self._publish(new)
 

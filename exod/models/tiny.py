@@ -60,6 +60,8 @@ CORPUS_MODULES = (
 
 DType = Literal["float32", "bfloat16", "float16"]
 
+CONTEXT = 131072
+
 # The benchmark model of the docstring: 1.61 GB on disk, made in about 9 s.
 BENCH_PARAMS: dict[str, int] = {
     "layers": 32, "hidden": 1024, "intermediate": 2560, "heads": 16, "kv_heads": 4,
@@ -108,7 +110,10 @@ class TinySpec:
             "rms_norm_eps": 1e-5,
             "rope_theta": 10000.0,
             "rope_traditional": False,
-            "max_position_embeddings": 2048,
+            # The context window: exod caps max_tokens at it. Large, as real models have, so that
+            # tests can run generations long enough to stop or cancel mid-way (plain RoPE does
+            # not depend on it).
+            "max_position_embeddings": CONTEXT,
             "hidden_act": "silu",
             "tie_word_embeddings": False,
             "bos_token_id": SPECIAL_TOKENS.index(BOS),

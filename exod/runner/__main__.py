@@ -24,6 +24,7 @@ from exod.core.exits import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
+from exod.core.serving import DEFAULT_PREFILL_STEP, DEFAULT_PROMPT_CACHE_BYTES
 from exod.core.shards import Shard
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
@@ -62,6 +63,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--backend", choices=("ring", "mpi"), default="ring")
     p.add_argument("--peer-timeout", type=float, default=60.0)
     p.add_argument("--heartbeat", type=float, default=HEARTBEAT_EVERY)
+    p.add_argument("--max-concurrency", type=int, default=1,
+                   help="requests generated at once: the batch width")
+    p.add_argument("--prompt-cache-bytes", type=int, default=DEFAULT_PROMPT_CACHE_BYTES,
+                   help="cap of the prompt cache (0: no prompt cache)")
+    p.add_argument("--prefill-step", type=int, default=DEFAULT_PREFILL_STEP,
+                   help="prompt tokens prefilled per step at most, over all requests")
     return p.parse_args(argv)
 
 
@@ -176,19 +183,21 @@ def ready(r: Runner, loaded: Loaded) -> None:
 
 
 def serve_alone(r: Runner, loaded: Loaded) -> None:
-    from exod.runner.generate import TurnEngine
+    from exod.runner.engine import BatchEngine
     from exod.runner.serve import ServeLoop
 
+    engine = BatchEngine(loaded.model, loaded.tokenizer, width=r.args.max_concurrency,
+                         cache_bytes=r.args.prompt_cache_bytes, prefill_step=r.args.prefill_step)
     ready(r, loaded)
-    ServeLoop(TurnEngine(loaded), r.channel, r.life, r.report, r.args.heartbeat).run()
+    ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat).run()
 
 
 def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:
     """Rank 0 serves and the others follow its headers (the group has already passed its
     barrier and a first token: `first_token`)."""
-    from exod.runner.generate import TurnEngine
     from exod.runner.parallel import LeaderModel, worker_loop
     from exod.runner.peers import PeerLost
+    from exod.runner.sequential import TurnEngine
     from exod.runner.serve import ServeLoop, Ticker
 
     ready(r, loaded)
@@ -196,7 +205,7 @@ def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:
         worker_loop(loaded, group, r.args.parallelism, r.life)
         return
     leader = LeaderModel(loaded, group, r.args.parallelism)
-    engine = TurnEngine(dataclasses.replace(loaded, model=leader))
+    engine = TurnEngine(leader, loaded.tokenizer, r.args.max_concurrency)
     ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat,
               tick=Ticker(leader.heartbeat, group.heartbeat_every)).run()
     try:

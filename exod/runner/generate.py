@@ -1,25 +1,29 @@
-"""The turn-taking engine: each generation advances one token at a time, in turn.
+"""One generation request in the runner, read from its `generate` message: prompt tokens (chat
+template or raw text), a sampler of its own, logit bias, stop sequences.
 
-A generation is a prompt (chat template or raw text), sampling, stop sequences and usage
-counts. Stepping one token at a time is what lets the serve loop cancel a generation within
-one token, end it at the drain deadline, and interleave several requests when the daemon
-allows it.
+Both engines (exod.runner.engine.BatchEngine for one rank, exod.runner.sequential.TurnEngine
+for a group's rank 0) build their requests from here, so a request means the same thing
+whichever engine serves it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import secrets
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import GenerationResponse, stream_generate
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from mlx_lm.sample_utils import apply_top_p, greedy_sampler
 
 from exod import messages as m
-from exod.runner.load import Loaded
-from exod.runner.log import ERR, log
+from exod.runner import validate
 from exod.runner.serve import RequestError
-from exod.runner.stops import StopMatcher
+
+__all__ = ["RequestError", "prompt_tokens", "bias_processors", "make_request_sampler",
+           "vocab_size"]
+
+Sampler = Callable[[mx.array], mx.array]
+Processor = Callable[[mx.array, mx.array], mx.array]
 
 
 def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -27,94 +31,68 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
         tokens = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         return [int(t) for t in tokens]
     # No template in the model: plain "role: content" lines, then the assistant's turn.
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    text = "".join(f"{msg['role']}: {msg['content']}\n" for msg in messages) + "assistant: "
     return list(tokenizer.encode(text))
 
 
-class Generation:
-    def __init__(self, loaded: Loaded, req: m.Generate) -> None:
-        self.id = req.id
-        tok = loaded.tokenizer
-        if req.kind == "chat":
-            prompt: Any = mx.array(chat_prompt(tok, req.messages or []))
-        else:
-            prompt = req.prompt or ""  # stream_generate adds BOS as the model wants
-        if (isinstance(prompt, str) and not prompt) or (not isinstance(prompt, str)
-                                                        and prompt.size == 0):
-            raise RequestError("the prompt is empty")
-        if req.seed is not None:
-            mx.random.seed(req.seed % (1 << 64))
-        sampler = make_sampler(temp=req.temperature, top_p=req.top_p)
-        bias = req.logit_bias
-        processors = (make_logits_processors(logit_bias={int(k): v for k, v in bias.items()})
-                      if bias else None)
-        self._responses: Iterator[GenerationResponse] = stream_generate(
-            loaded.model, tok, prompt, max_tokens=req.max_tokens, sampler=sampler,
-            logits_processors=processors)
-        self._stops = StopMatcher(req.stop)
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-
-    def step(self) -> tuple[str, m.FinishReason | None]:
-        """Generate one token: (text to release now, finish reason or None while going on)."""
-        r = next(self._responses)
-        self.prompt_tokens, self.completion_tokens = r.prompt_tokens, r.generation_tokens
-        text = self._stops.feed(r.text)
-        if self._stops.stopped:
-            self.close()
-            return text, "stop"
-        if r.finish_reason is not None:
-            return text + self._stops.flush(), "length" if r.finish_reason == "length" else "stop"
-        return text, None
-
-    def close(self) -> None:
-        close = getattr(self._responses, "close", None)
-        if close is not None:
-            close()
-
-    def done(self, finish_reason: m.FinishReason) -> m.Done:
-        return m.Done(self.id, finish_reason, self.prompt_tokens, self.completion_tokens)
+def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
+    if req.kind == "chat":
+        try:
+            tokens = chat_prompt(tokenizer, req.messages or [])
+        except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
+            raise RequestError(f"{type(e).__name__}: {e}") from e
+    else:
+        text = req.prompt or ""
+        # BOS as the model wants it, unless the text already starts with it (as mlx-lm does).
+        bos = getattr(tokenizer, "bos_token", None)
+        tokens = list(tokenizer.encode(text, add_special_tokens=bos is None
+                                       or not text.startswith(bos))) if text else []
+    if not tokens:
+        raise RequestError("the prompt is empty")
+    return [int(t) for t in tokens]
 
 
-class TurnEngine:
-    """Generations take turns, one token each per step (see exod.runner.serve.Engine)."""
+def vocab_size(model: Any, tokenizer: Any) -> int:
+    """Rows of the logits: the model's vocabulary (the tokenizer's may be smaller)."""
+    # parallel.LeaderModel (rank 0 of a group) stands in for the model and knows it as `vocab`.
+    n = getattr(getattr(model, "args", None), "vocab_size", getattr(model, "vocab", None))
+    return int(n) if isinstance(n, int) and n > 0 else len(tokenizer)
 
-    def __init__(self, loaded: Loaded) -> None:
-        self.loaded = loaded
-        self.gens: dict[str, Generation] = {}
 
-    @property
-    def active(self) -> int:
-        return len(self.gens)
+def bias_processors(bias: dict[str, float], vocab: int) -> list[Processor]:
+    """logit_bias as a logits processor. Ids are checked here too, not only by the API: an
+    out-of-range index in `logits.at[...]` writes outside the array. The processor checks
+    them again against the real width of the logits at its first call."""
+    ids = validate.logit_bias(bias)
+    if not ids:
+        return []
+    validate.check_ids(list(ids), vocab)
+    return [validate.bias_processor(ids)]
 
-    def admit(self, req: m.Generate) -> None:
-        self.gens[req.id] = Generation(self.loaded, req)
 
-    def cancel(self, rid: str) -> None:
-        gen = self.gens.pop(rid, None)
-        if gen is not None:
-            gen.close()
+class KeyedSampler:
+    """Temperature / top-p sampling from a random key of this request's own, split once per
+    token. A seed then reproduces the request whatever else runs beside it: nothing reseeds
+    the process-wide generator, so one client's seed never touches another's draws."""
 
-    def step(self) -> list[m.Event]:
-        out: list[m.Event] = []
-        for rid, gen in list(self.gens.items()):
-            try:
-                text, reason = gen.step()
-            except Exception as e:  # noqa: BLE001 -- mlx raises many types: fail this one, go on
-                log(f"generation {rid} failed: {type(e).__name__}: {e}", ERR)
-                self.cancel(rid)
-                out.append(m.Error(rid, "internal", f"{type(e).__name__}: {e}"))
-                continue
-            if text:
-                out.append(m.Text(rid, text))
-            if reason is not None:
-                del self.gens[rid]
-                out.append(gen.done(reason))
-        return out
+    def __init__(self, temperature: float, top_p: float, seed: int | None) -> None:
+        self.scale = 1.0 / temperature
+        self.top_p = top_p
+        self.key = mx.random.key(secrets.randbits(63) if seed is None else seed % (1 << 64))
 
-    def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]:
-        out: list[m.Event] = []
-        for rid in list(self.gens):
-            self.cancel(rid)
-            out.append(m.Error(rid, code, message))
-        return out
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        self.key, sub = mx.random.split(self.key)
+        if 0 < self.top_p < 1:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        return mx.random.categorical(logprobs * self.scale, key=sub)
+
+
+def make_request_sampler(req: m.Generate) -> Sampler:
+    """Greedy requests share mlx-lm's one greedy sampler, which lets the batch sample them in
+    one call; every sampling request gets a KeyedSampler. The numbers are checked again here,
+    whatever sent them: nothing reaches mlx unchecked."""
+    temperature = validate.unit_number(req.temperature, "temperature", 1.0, 2.0)
+    top_p = validate.unit_number(req.top_p, "top_p", 1.0, 1.0)
+    if temperature <= 0:
+        return greedy_sampler
+    return KeyedSampler(temperature, top_p, req.seed)

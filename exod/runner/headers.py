@@ -6,19 +6,39 @@ TCP read costs nothing. Tensors (hidden states, logits, all_sum) still go throug
 small "what next" headers, which a worker waits for most of its life, come this way.
 
 Rank 0 listens on EXOD_GROUP_CONTROL (its own address, one port past the ranks' ports); each
-other rank connects and says which rank it is.
+other rank connects and proves, by an HMAC challenge-response over the group's secret (the file
+named by EXOD_CLUSTER_KEY_FILE), that it belongs to the group and which rank it is; rank 0
+proves the same to it. A connection that fails is closed and rank 0 keeps waiting for the real
+rank: a stranger can neither take a rank's place nor feed a worker headers. Headers are bounds
+checked (EXOD_GROUP_MAX_LENGTH positions at most), and anything odd is ControlLost.
+
+The handshake (HMAC-SHA256, labels keep one side's answer from serving as the other's):
+  worker → rank 0:  MAGIC, nonce_w (32 bytes)
+  rank 0 → worker:  nonce_0 (32), HMAC(key, "exod-leader" nonce_w nonce_0)
+  worker → rank 0:  rank (4), HMAC(key, "exod-worker" nonce_0 nonce_w rank)
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
+import hmac
 import os
 import socket
 import struct
 import time
+from collections.abc import Callable, Collection
 
 HEADER = struct.Struct("!4i")  # command, cache id, sequence length, spare
 HELLO = struct.Struct("!i")  # the connecting rank
+MAGIC = b"EXOD-GROUP-1\n"
+NONCE = 32
+MAC = hashlib.sha256().digest_size
+MIN_KEY = 16
+# Rank 0 takes connections one at a time: a silent stranger holds it up this long at most,
+# while a real rank waits its turn (its own wait is bounded by the group's timeout).
+HANDSHAKE_TIMEOUT = 2.0
+DEFAULT_MAX_LENGTH = 1 << 17
 
 
 class ControlLost(Exception):
@@ -44,9 +64,87 @@ def _tune(sock: socket.socket) -> socket.socket:
     return sock
 
 
-def accept_workers(size: int, timeout: float) -> dict[int, socket.socket]:
-    """Rank 0: one connection from each of ranks 1..size-1, within `timeout` (they joined the
-    MLX group moments ago; one that does not connect is as good as lost)."""
+def cluster_key() -> bytes:
+    """The group's shared secret, from the file the daemon names (never from argv/env)."""
+    path = os.environ.get("EXOD_CLUSTER_KEY_FILE")
+    if not path:
+        raise ControlLost("no group key: EXOD_CLUSTER_KEY_FILE is not set")
+    try:
+        with open(path, "rb") as f:
+            key = f.read(4096)
+    except OSError as e:
+        raise ControlLost(f"cannot read the group key {path}: {e.strerror}") from None
+    key = key.strip()
+    if len(key) < MIN_KEY:
+        raise ControlLost(f"the group key {path} is shorter than {MIN_KEY} bytes")
+    return key
+
+
+def max_length() -> int:
+    try:
+        return max(1, int(os.environ.get("EXOD_GROUP_MAX_LENGTH", DEFAULT_MAX_LENGTH)))
+    except ValueError:
+        return DEFAULT_MAX_LENGTH
+
+
+def _mac(key: bytes, label: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, label + b"".join(parts), hashlib.sha256).digest()
+
+
+class Refused(Exception):
+    """One connection failed the handshake (the listener goes on)."""
+
+
+def leader_handshake(conn: socket.socket, key: bytes, size: int,
+                     taken: Collection[int]) -> int:
+    """Rank 0's side: the rank the peer proved it is; Refused otherwise."""
+    try:
+        hello = _read(conn, len(MAGIC) + NONCE)
+    except ControlLost as e:
+        raise Refused(str(e)) from None
+    if not hello.startswith(MAGIC):
+        raise Refused("not an exod rank (bad greeting)")
+    nonce_w, nonce_0 = hello[len(MAGIC):], os.urandom(NONCE)
+    try:
+        conn.sendall(nonce_0 + _mac(key, b"exod-leader", nonce_w, nonce_0))
+        reply = _read(conn, HELLO.size + MAC)
+    except (OSError, ControlLost) as e:
+        raise Refused(str(e)) from None
+    rank_bytes, mac = reply[:HELLO.size], reply[HELLO.size:]
+    if not hmac.compare_digest(mac, _mac(key, b"exod-worker", nonce_0, nonce_w, rank_bytes)):
+        raise Refused("failed to prove it holds the group's key")
+    (rank,) = HELLO.unpack(rank_bytes)
+    if not 1 <= rank < size:
+        raise Refused(f"claims rank {rank}, outside 1..{size - 1}")
+    if rank in taken:
+        raise Refused(f"claims rank {rank}, which is already connected")
+    return rank
+
+
+def worker_handshake(sock: socket.socket, key: bytes, rank: int) -> None:
+    """A worker's side; ControlLost when the other end is not rank 0 of our group."""
+    nonce_w = os.urandom(NONCE)
+    try:
+        sock.sendall(MAGIC + nonce_w)
+    except OSError as e:
+        raise ControlLost(str(e)) from None
+    answer = _read(sock, NONCE + MAC)
+    nonce_0, mac = answer[:NONCE], answer[NONCE:]
+    if not hmac.compare_digest(mac, _mac(key, b"exod-leader", nonce_w, nonce_0)):
+        raise ControlLost("the process on rank 0's control port failed to prove it holds the "
+                          "group's key (another program, or a different cluster_key_file)")
+    rank_bytes = HELLO.pack(rank)
+    try:
+        sock.sendall(rank_bytes + _mac(key, b"exod-worker", nonce_0, nonce_w, rank_bytes))
+    except OSError as e:
+        raise ControlLost(str(e)) from None
+
+
+def accept_workers(size: int, timeout: float,
+                   on_refused: Callable[[str], None] | None = None) -> dict[int, socket.socket]:
+    """Rank 0: one authenticated connection from each of ranks 1..size-1, within `timeout`
+    (they joined the MLX group moments ago; one that does not connect is as good as lost)."""
+    key = cluster_key()
     host, port = control_address()
     srv = socket.socket(_family(host), socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -63,12 +161,18 @@ def accept_workers(size: int, timeout: float) -> dict[int, socket.socket]:
         while len(out) < size - 1:
             srv.settimeout(max(0.01, deadline - time.monotonic()))
             try:
-                conn, _ = srv.accept()
+                conn, peer = srv.accept()
             except TimeoutError:
                 raise ControlLost(f"only {len(out)} of {size - 1} ranks connected to "
                                   f"{host}:{port} within {timeout:g}s") from None
-            conn.settimeout(max(0.01, deadline - time.monotonic()))
-            (rank,) = HELLO.unpack(_read(conn, HELLO.size))
+            conn.settimeout(max(0.01, min(HANDSHAKE_TIMEOUT, deadline - time.monotonic())))
+            try:
+                rank = leader_handshake(conn, key, size, out)
+            except Refused as e:
+                conn.close()
+                if on_refused is not None:
+                    on_refused(f"refused a control connection from {peer[0]}: {e}")
+                continue
             out[rank] = _tune(conn)
         return out
     finally:
@@ -77,17 +181,24 @@ def accept_workers(size: int, timeout: float) -> dict[int, socket.socket]:
 
 def connect_to_leader(rank: int, timeout: float) -> socket.socket:
     """Ranks 1..N-1: connect to rank 0 (retrying while it is not listening yet)."""
+    key = cluster_key()
     host, port = control_address()
     deadline = time.monotonic() + timeout
     while True:
         try:
             sock = socket.create_connection((host, port), timeout=5)
-            sock.sendall(HELLO.pack(rank))
-            return _tune(sock)
         except OSError as e:
             if time.monotonic() >= deadline:
                 raise ControlLost(f"cannot reach rank 0 at {host}:{port}: {e}") from None
             time.sleep(0.1)  # rank 0 binds moments after the MLX group forms
+            continue
+        try:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            worker_handshake(sock, key, rank)
+        except BaseException:
+            sock.close()
+            raise
+        return _tune(sock)
 
 
 def send(sock: socket.socket, cmd: int, cache_id: int, length: int) -> None:
@@ -97,8 +208,14 @@ def send(sock: socket.socket, cmd: int, cache_id: int, length: int) -> None:
         raise ControlLost(str(e)) from None
 
 
-def recv(sock: socket.socket) -> tuple[int, int, int]:
+def recv(sock: socket.socket, limit: int | None = None) -> tuple[int, int, int]:
+    """The next header, bounds checked: ControlLost for a negative cache id or a length past
+    `limit` (default EXOD_GROUP_MAX_LENGTH), which no worker may be made to allocate."""
     cmd, cache_id, length, _ = HEADER.unpack(_read(sock, HEADER.size))
+    top = max_length() if limit is None else limit
+    if cache_id < 0 or not 0 <= length <= top:
+        raise ControlLost(f"bad header from rank 0 (command {cmd}, cache {cache_id}, length "
+                          f"{length}; at most {top} positions)")
     return cmd, cache_id, length
 
 

@@ -13,7 +13,7 @@ lazily and sometimes not at all (prefill chunks, the look-ahead step after the l
 a send that nobody receives would desynchronise the group.
 
 Each generation has its own KV cache on every rank, named by a cache id in the headers, so
-several generations can take turns token by token as on a single rank.
+several generations can take turns token by token (exod.runner.sequential.TurnEngine).
 """
 
 from __future__ import annotations

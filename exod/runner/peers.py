@@ -123,7 +123,10 @@ class Group:
         got: list[tuple[int, int, int]] = []
         self._run(lambda: got.append(headers.recv(self.ctrl[0])))
         cmd, cache_id, length = got[0]
-        return Cmd(cmd), cache_id, length
+        try:
+            return Cmd(cmd), cache_id, length
+        except ValueError:  # a protocol error, never a crash
+            raise PeerLost(f"unknown command {cmd} from rank 0") from None
 
     def barrier(self) -> None:
         self.all_sum(mx.array([1.0]))
@@ -181,7 +184,8 @@ def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifec
         try:
             with life.interruptible():
                 if rank == 0:
-                    group.ctrl = headers.accept_workers(size, peer_timeout)
+                    group.ctrl = headers.accept_workers(
+                        size, peer_timeout, on_refused=lambda why: log(why, WARNING))
                 else:
                     group.ctrl = {0: headers.connect_to_leader(rank, peer_timeout)}
         except headers.ControlLost as e:

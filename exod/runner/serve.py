@@ -1,11 +1,13 @@
 """The runner's serve loop: generation requests from the daemon, driven through an engine.
 
-The engine (`exod.runner.generate.TurnEngine` today) owns the generations; the loop owns the
-channel. Between two engine steps, the loop picks up new requests, drops cancelled ones (the
-client went away: cancelled within one step) and, once asked to stop, lets in-flight work
-finish until the drain deadline, then ends it with an error event and returns (the runner then
-exits 0). A step is bounded (one token, or one prefill chunk), so a stop is always answered
-quickly: the termination ladder's rung 1 is enough.
+The engine owns the generations (`exod.runner.engine.BatchEngine`: continuous batching on a
+single rank; `exod.runner.sequential.TurnEngine`: one request at a time, for a group's rank 0);
+the loop owns the channel. Between two engine steps, the loop picks up new requests, drops
+cancelled ones (the client went away: cancelled within one step) and, once asked to stop, lets
+in-flight work finish until the drain deadline, then ends it with an error event and returns
+(the runner then exits 0). A step is bounded (one decode step, plus at most one prefill chunk),
+so a stop is always answered quickly, even during a long prompt: the ladder's rung 1 is enough.
+The engine's figures go to the daemon whenever the number of generations changes.
 
 A heartbeat goes to the daemon from this loop, so a stuck loop stops sending it; `tick` lets
 rank 0 of a group keep the group's own heartbeat from here too.
@@ -49,6 +51,14 @@ class Engine(Protocol):
 
     def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]: ...
 
+    def abort_prefilling(self, code: m.ErrorCode, message: str) -> list[m.Event]:
+        """End the generations that have not produced a token yet (still in their prompt)."""
+        ...
+
+    def serving(self) -> m.Serving:
+        """The engine's figures for the daemon (batching, width, prompt cache)."""
+        ...
+
 
 @dataclass
 class Ticker:
@@ -81,6 +91,11 @@ class ServeLoop:
         while True:
             if self.life.stop.is_set() and self.deadline is None:
                 self.deadline = time.monotonic() + (self.channel.drain or 0.0)
+                # The drain is for streams under way: a prompt not read yet may need minutes
+                # of prefill, which no drain covers, so it ends now.
+                self._emit(self.engine.abort_prefilling(
+                    "aborted", f"aborted: the instance is stopping ({self.life.reason}) "
+                               f"before this request's prompt was read"))
             self._take()
             if self._drain_over():
                 return
@@ -143,16 +158,18 @@ class ServeLoop:
     def _emit(self, events: list[m.Event]) -> None:
         for ev in events:
             self.channel.send(ev)
-            if not isinstance(ev, m.Text):
+            if isinstance(ev, (m.Done, m.Error)):  # the end of that request
                 self.live.discard(ev.id)
                 self.recent.append(ev.id)
                 self.channel.cancelled.discard(ev.id)
 
     def _show(self) -> None:
-        """Status for the rank when the number of generations changed."""
+        """Status for the rank, and the engine's figures, when the number of generations
+        changed (a request came or went: the prompt cache may have changed too)."""
         n = len(self.live)
         if n != self.shown:
             self.shown = n
+            self.channel.send(self.engine.serving())
             if n:
                 self.report.status(m.Phase.SERVING, f"serving {n} request(s)", active=n)
             else:

@@ -10,7 +10,8 @@ Behaviours:
   crash         exit 1 at once
   crash-ready   load, READY, then exit 1 when it receives anything on the channel
   cooperative   load, READY, exit 0 when asked (a fast stand-in for benchmarks of the daemon)
-  gated         a load the test controls: report layers 1..N-1, EXOD_DOUBLE_LAYER_SECONDS apart
+  gated         a load the test controls: wait EXOD_DOUBLE_FIRST_SECONDS (default 0, as an import
+                or a wait for peers would), report layers 1..N-1, EXOD_DOUBLE_LAYER_SECONDS apart
                 (default 0); then, if EXOD_DOUBLE_GATE names a file, wait until it exists (polled);
                 then layer N/N and READY, and behave as cooperative. Honours the shutdown request
                 at every point, so a gated load can also be stopped mid-way.
@@ -38,6 +39,8 @@ def gated_load(notify: Reporter, life: Lifecycle, n: int) -> bool:
     """Layers 1..n-1, paced; the gate; layer n. False if a stop was requested meanwhile."""
     pause = float(os.environ.get("EXOD_DOUBLE_LAYER_SECONDS") or 0)
     gate = os.environ.get("EXOD_DOUBLE_GATE")
+    if life.stop.wait(float(os.environ.get("EXOD_DOUBLE_FIRST_SECONDS") or 0)):
+        return False
     for i in range(1, n):
         notify.progress(i, n)
         if life.stop.wait(pause):

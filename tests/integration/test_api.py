@@ -313,3 +313,76 @@ def test_exoctl_chat_errors_are_one_line(served: Served) -> None:
     assert res.returncode == 1
     assert "not ready" in res.stderr and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def scrape(served: Served) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics, keyed by (name, sorted labels)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    resp, body = served.raw("GET", "/metrics")
+    assert resp.status == 200
+    assert resp.getheader("Content-Type", "").startswith("text/plain; version=")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+
+
+def test_metrics_behind_the_token_and_live(served: Served) -> None:
+    resp, _ = served.raw("GET", "/metrics", token=None)
+    assert resp.status == 401
+    before = scrape(served)
+    tiny = (("instance", "tiny"),)
+    ok = (("code", "200"), ("instance", "tiny"))
+    r = served.client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=5,
+                                              temperature=0, logit_bias={EOS: -100})
+    assert r.usage is not None and r.usage.completion_tokens == 5
+    with pytest.raises(openai.NotFoundError):
+        served.client.chat.completions.create(model="no-such-model", messages=HELLO)
+    after = scrape(served)
+
+    def delta(name: str, labels: tuple[tuple[str, str], ...]) -> float:
+        return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+    assert delta("exod_requests_total", ok) == 1
+    assert delta("exod_generated_tokens_total", tiny) == 5
+    assert delta("exod_prompt_tokens_total", tiny) == r.usage.prompt_tokens
+    assert delta("exod_time_to_first_token_seconds_count", tiny) == 1
+    assert delta("exod_time_per_output_token_seconds_count", tiny) == 1
+    assert not any(dict(k[1]).get("instance") == "no-such-model" for k in after), \
+        "an unknown model name must not become a label"
+    # Live state, read at scrape time.
+    assert after[("exod_instance_state", (("instance", "tiny"), ("state", "ready")))] == 1
+    assert after[("exod_instance_state", (("instance", "broken"), ("state", "failed")))] == 1
+    assert after[("exod_instance_state", (("instance", "idle"), ("state", "ready")))] == 0
+    assert after[("exod_queue_depth", tiny)] == 0
+    assert after[("exod_requests_in_flight", tiny)] == 0
+    assert after[("exod_load_layers_loaded", tiny)] == after[("exod_load_layers_total", tiny)] > 0
+    assert after[("exod_instance_restarts_total", (("instance", "broken"),))] == 0
+    assert delta("exod_prompt_cache_lookups_total", tiny) == 1  # rank 0's engine reports it
+    assert after[("exod_uptime_seconds", ())] > 0
+    assert ("exod_reloads_total", (("result", "ok"),)) in after
+    assert ("exod_config_errors_total", ()) in after
+
+
+def test_a_prompt_longer_than_one_prefill_chunk(served: Served) -> None:
+    """mlx-lm takes a prompt in chunks of 2048 tokens; the runner reports each chunk (progress
+    for hang detection) and the answer is unchanged by those reports, whole or streamed."""
+    prompt = "hello " * 3000
+    r = served.client.completions.create(model="tiny", prompt=prompt, max_tokens=3,
+                                         temperature=0)
+    assert r.usage is not None and r.usage.prompt_tokens > 2048
+    streamed = "".join(c.choices[0].text for c in served.client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=3, temperature=0, stream=True) if c.choices)
+    assert streamed == r.choices[0].text
+
+
+def test_status_page_is_public_and_its_data_is_not(served: Served) -> None:
+    resp, body = served.raw("GET", "/", token=None)
+    assert resp.status == 200 and resp.getheader("Content-Type", "").startswith("text/html")
+    assert b"status.json" in body and b"tiny" not in body  # the page holds no data itself
+    resp, _ = served.raw("GET", "/status.json", token=None)
+    assert resp.status == 401
+    resp, body = served.raw("GET", "/status.json")
+    data = json.loads(body)
+    assert resp.status == 200 and {i["name"] for i in data["instances"]} == {
+        "tiny", "idle", "broken"}
+    assert data["serving"]["tiny"]["queued"] == 0 and "logs" in data

@@ -16,8 +16,9 @@ from tests.netns import NetnsUnavailable, TwoHosts
 PEER_TIMEOUT = "2s"
 
 
-def instance(model: Path, hosts: TwoHosts) -> dict[str, Any]:
+def instance(model: Path, hosts: TwoHosts, key: Path) -> dict[str, Any]:
     return {"model": str(model), "shards": 2, "port_base": 6310, "peer_timeout": PEER_TIMEOUT,
+            "cluster_key_file": str(key),
             "backoff": {"initial": "200ms", "max": "1s"},
             "start_limit": {"burst": 50},
             "hosts": [{"name": hosts.a.name, "address": hosts.a.address},
@@ -29,16 +30,19 @@ def ranks(d: Daemon) -> list[dict[str, Any]]:
 
 
 def test_two_hosts_form_lose_and_regain_a_group(daemons: Callable[..., Daemon],
-                                                tiny_model: Path) -> None:
+                                                tiny_model: Path, tmp_path: Path) -> None:
+    key = tmp_path / "cluster.key"
+    key.write_text("0123456789abcdef" * 4)
+    key.chmod(0o600)
     try:
         hosts = TwoHosts().__enter__()
     except NetnsUnavailable as e:
         pytest.fail(str(e))  # CI runs as root: this must work there
     try:
         a = daemons({"node": {"name": hosts.a.name}, "api": {"listen": ""},
-                     "instances": {"pp": instance(tiny_model, hosts)}}, name="host-a")
+                     "instances": {"pp": instance(tiny_model, hosts, key)}}, name="host-a")
         b = daemons({"node": {"name": hosts.b.name}, "api": {"listen": ""},
-                     "instances": {"pp": instance(tiny_model, hosts)}}, name="host-b")
+                     "instances": {"pp": instance(tiny_model, hosts, key)}}, name="host-b")
         a.start(prefix=tuple(hosts.a.prefix()))
         b.start(prefix=tuple(hosts.b.prefix()))
 

@@ -33,8 +33,12 @@ def test_stubborn_runner_goes_down_every_rung_and_is_killed_at_the_bound(
     assert {e["extra"]["pid"] for e in ladder} == {pid}
     t = [e["time"]["timestamp"] for e in ladder]
     # Rungs in order, each after its wait (0.3 s grace, 0.3 s between SIGTERMs): SIGKILL only
-    # once the whole ladder (0.9 s) has passed. Upper bounds are generous safety margins.
-    assert t[1] - t[0] >= 0.29 and t[2] - t[1] >= 0.29 and t[3] - t[2] >= 0.29
+    # once the whole ladder (0.9 s) has passed. These are the log records' times, each written
+    # a little after its rung; on a loaded machine one record can be late by tens of ms, so
+    # each gap is only asked to be clearly a wait (no rung follows the last at once). The
+    # ladder's own deadlines are exact in tests/unit/test_ladder.py.
+    assert t[1] - t[0] >= 0.2 and t[2] - t[1] >= 0.2 and t[3] - t[2] >= 0.2
+    assert t[3] - t[0] >= 0.85
     assert t[3] - t[0] < 10
     (ex,) = d.events(event="exit")
     assert ex["extra"]["signal"] == signal.SIGKILL

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from exod.daemon.readiness import EXTEND_BY, TICK
 from tests.system.systemd import (
     CONFIG_PATH,
     FAKE_MODEL,
@@ -282,42 +283,45 @@ def test_invalid_config_fails_the_start_with_errno_and_no_restart(
     errors = journal_of(g, invocation(g), "--priority=err")
     assert "instances.broken.shards" in errors, errors
 
-def test_progressing_load_outlives_timeout_start_sec(exod_unit: SystemdGuest,
-                                                     dropin: Callable[[str], None]) -> None:
-    """Drop-in TimeoutStartSec=3s (the shipped 90 s would make this test slow): a load that
-    progresses layer by layer for longer than that still starts, because exod sends
-    EXTEND_TIMEOUT_USEC on each layer. 8 layers, 0.5 s apart: ~3.5 s in all."""
+def test_a_slow_start_outlives_timeout_start_sec(exod_unit: SystemdGuest,
+                                                 dropin: Callable[[str], None]) -> None:
+    """Drop-in TimeoutStartSec=1s: a start far longer than that still succeeds, because exod
+    extends the start timeout on a fixed tick for as long as a runner of a starting instance
+    lives, from the spawn on: 4 s before the first layer (an import, a wait for peers) and 4 s
+    between layers, longer than the timeout and than one tick (readiness.TICK)."""
     g = exod_unit
-    dropin("TimeoutStartSec=3s\n")
-    assert g.show(UNIT, "TimeoutStartUSec") == "3s"
-    write_config(g, {"paced": double("gated", fake_model(g, 8),
-                                     EXOD_DOUBLE_LAYER_SECONDS="0.5")})
+    dropin("TimeoutStartSec=1s\n")
+    assert g.show(UNIT, "TimeoutStartUSec") == "1s"
+    write_config(g, {"slow": double("gated", fake_model(g, 3), EXOD_DOUBLE_FIRST_SECONDS="4",
+                                    EXOD_DOUBLE_LAYER_SECONDS="4")})
     t = time.monotonic()
     res = g.systemctl("start", UNIT)
     elapsed = time.monotonic() - t
     assert res.returncode == 0, res.stderr
-    assert elapsed > 3.0, f"the load took only {elapsed:.2f}s: it proves nothing"
+    assert elapsed > 2 * TICK, f"the start took only {elapsed:.2f}s: it proves nothing"
     assert g.properties(UNIT, "ActiveState", "StatusText") == {
         "ActiveState": "active", "StatusText": "1/1 ready"}
 
 
-def test_a_load_without_progress_still_hits_timeout_start_sec(
+def test_timeout_start_sec_still_fires_when_exod_itself_is_stuck(
         exod_unit: SystemdGuest, dropin: Callable[[str], None], gate: str) -> None:
-    """The control for the test above, same drop-in (TimeoutStartSec=3s): with no layer of
-    progress there is no extension, systemd's start timeout fires (Result=timeout), and exod
-    stops its runner through the ladder (rung 1) before it exits."""
+    """The control for the test above: the runner lives and never finishes loading, so exod
+    would extend forever, until exod itself stops (SIGSTOP): no tick, no extension, and the
+    start times out (Result=timeout) within one extension. systemd's SIGTERM comes with a
+    SIGCONT, and exod stops its runner through the ladder (rung 1) before it exits."""
     g = exod_unit
-    dropin("TimeoutStartSec=3s\n")
-    # One layer: the gated double reports nothing before its gate, which never opens.
-    write_config(g, {"stuck": double("gated", fake_model(g, 1), EXOD_DOUBLE_GATE=gate)})
-    t = time.monotonic()
-    res = g.systemctl("start", UNIT)
-    elapsed = time.monotonic() - t
-    assert res.returncode != 0
-    assert 3.0 <= elapsed < BOUND, elapsed
+    dropin("TimeoutStartSec=1s\n")
+    write_config(g, {"stuck": double("gated", fake_model(g, 2), EXOD_DOUBLE_GATE=gate)})
+    with background(g, "systemctl", "start", UNIT) as start:
+        wait_status(g, "the runner loading", lambda s: instances(s)["stuck"]["state"] == "loading")
+        main_pid = g.show(UNIT, "MainPID")
+        assert g.run("kill", "-STOP", main_pid).returncode == 0
+        t = time.monotonic()
+        assert start.wait(BOUND) != 0
+        elapsed = time.monotonic() - t
+    assert elapsed <= EXTEND_BY + 2, elapsed
     g.wait_property(UNIT, "Result", "timeout")
-    inv = invocation(g)
-    log = wait_journal_of(g, inv, "exod stopped")
+    log = wait_journal_of(g, invocation(g), "exod stopped")
     assert "start operation timed out" in log, log
     assert "ladder rung 1" in log and "ladder rung 2" not in log, log
 

@@ -60,6 +60,7 @@ class FakeSeam:
         self.changes: list[tuple[float, str]] = []  # (time, instance state) at every `changed`
         self.spawn_errors: dict[int, OSError] = {}  # rank -> error raised by spawn
         self.prepared: list[tuple[float, str]] = []  # (time, instance) of each group start
+        self.refusal: str | None = None  # what memory admission answers
 
     # ---- the Seam protocol ------------------------------------------------------------------
     def now(self) -> float:
@@ -69,6 +70,9 @@ class FakeSeam:
         timer = FakeTimer(when, next(self._seq), fn)
         heapq.heappush(self._heap, timer)
         return timer
+
+    def admit(self, inst: InstanceRuntime) -> str | None:
+        return self.refusal
 
     def prepare(self, inst: InstanceRuntime) -> None:
         self.prepared.append((self.clock, inst.name))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,7 +54,16 @@ BAD = [
     ("int-got-float", {MAIN: x_with("max_concurrency: 1.5")},
      (MAIN, 4, 22, "instances.x.max_concurrency"), "expected an integer, got number 1.5"),
     ("bool-got-quoted-string", {MAIN: x_with('autostart: "yes"')},
-     (MAIN, 4, 16, "instances.x.autostart"), "expected true or false, got string 'yes'"),
+     (MAIN, 4, 16, "instances.x.autostart"),
+     "must be one of true, false, 'on-demand'; got string 'yes'"),
+    ("on-demand-typo", {MAIN: x_with("autostart: ondemand")},
+     (MAIN, 4, 16, "instances.x.autostart"), "did you mean 'on-demand'?"),
+    ("never-or-duration", {MAIN: x_with("hang_after: soon")},
+     (MAIN, 4, 17, "instances.x.hang_after"), "bad duration 'soon'"),
+    ("idle-stop-needs-on-demand", {MAIN: x_with("idle_stop_after: 5m")},
+     (MAIN, 4, 22, "instances.x.idle_stop_after"), "applies only to `autostart: on-demand`"),
+    ("size", {MAIN: "defaults:\n  memory_headroom: lots\n"},
+     (MAIN, 2, 20, "defaults.memory_headroom"), "bad size 'lots'"),
     ("float-got-string", {MAIN: "defaults:\n  backoff:\n    multiplier: fast\n"},
      (MAIN, 3, 17, "defaults.backoff.multiplier"), "expected a number, got string 'fast'"),
     ("float-below-minimum", {MAIN: "defaults:\n  backoff: {jitter: 1.5}\n"},
@@ -292,6 +303,21 @@ def test_minimal_config(cfg_dir: ConfigDir) -> None:
     assert x.model == cfg_dir.root / "m"
     assert x.shards == 1 and x.restart == "on-failure" and x.stop == StopPolicy()
     assert config.include == ()
+
+
+def test_operating_keys(cfg_dir: ConfigDir) -> None:
+    [x] = load_config(cfg_dir.write(MAIN, X)).instances.values()
+    assert x.always_on and not x.on_demand
+    assert x.hang_after == 300 and x.idle_stop_after == math.inf and x.context_tokens == 4096
+    text = x_with("autostart: on-demand", "idle_stop_after: 10m", "hang_after: never") + (
+        "defaults:\n  memory_headroom: 2GiB\n")
+    config = load_config(cfg_dir.write(MAIN, text))
+    [x] = config.instances.values()
+    assert x.on_demand and not x.always_on
+    assert x.idle_stop_after == 600 and x.hang_after == math.inf
+    assert config.defaults.memory_headroom == 2 * 2**30
+    [x] = load_config(cfg_dir.write(MAIN, x_with("autostart: false"))).instances.values()
+    assert x.autostart is False and not x.always_on and not x.on_demand
 
 
 def test_empty_instances_is_fine(cfg_dir: ConfigDir) -> None:

@@ -6,6 +6,7 @@ runners (channel messages, exits) and move a fake monotonic clock.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -635,6 +636,21 @@ def test_spawn_errors_on_every_rank_are_one_failure(seam: FakeSeam) -> None:
     assert all(r.state is S.FAILED and r.last_exit == ExitInfo(code=75) for r in inst.ranks)
 
 
+def test_a_host_out_of_fds_backs_off_but_never_hits_the_start_limit(seam: FakeSeam) -> None:
+    """EMFILE/ENFILE (e.g. a flood of connections took every fd) is the host's shortage, not
+    the runner's failure: retried with backoff, never counted toward the start limit."""
+    inst = make(seam)
+    seam.spawn_errors[0] = OSError(errno.EMFILE, "Too many open files")
+    inst.start()
+    for _ in range(LIMIT.burst * 3):
+        assert inst.state is S.BACKOFF, inst.machine.reason
+        seam.advance_to(seam.pending()[0])
+    assert inst.tracker.restarts == LIMIT.burst * 3 + 1
+    del seam.spawn_errors[0]
+    seam.advance_to(seam.pending()[0])
+    assert inst.state is S.STARTING  # the fds came back: it starts as usual
+
+
 def test_a_permanent_spawn_error_then_a_temporary_one_fails_the_group(seam: FakeSeam) -> None:
     inst = make(seam, ranks=2, layers=2)
     seam.spawn_errors[0] = FileNotFoundError(2, "No such file or directory")
@@ -698,3 +714,45 @@ def test_status_says_when_a_stop_would_turn_to_sigkill(seam: FakeSeam) -> None:
     assert detail(inst, seam.clock, 60) == "stopping (SIGKILL being sent)"
     seam.exit(pid, sig=9)
     assert detail(inst, seam.clock, 60) == "stopped"
+
+
+# ---- hangs and memory admission ---------------------------------------------------------------
+def test_a_hang_restarts_through_the_ladder_and_counts(seam: FakeSeam) -> None:
+    inst, (pid,) = ready(seam)
+    inst.hang(300.0)
+    assert inst.state is S.STOPPING and inst.hung == "hung (no progress for 5m)"
+    assert seam.steps(pid) == [(T0, ASK)]  # the ladder, from rung 1
+    seam.advance(STOP.grace)
+    assert seam.steps(pid)[-1] == (T0 + STOP.grace, TERM)
+    seam.exit(pid, sig=15)
+    assert inst.state is S.BACKOFF and inst.tracker.restarts == 1
+    assert inst.machine.reason.startswith("restart in")
+    seam.advance(BACKOFF.initial)
+    assert inst.state is S.STARTING and inst.hung == ""  # a new run is not hung
+
+
+def test_a_hang_counts_against_the_start_limit(seam: FakeSeam) -> None:
+    inst, _ = ready(seam, limit=StartLimit(burst=1, interval=60.0))
+    inst.hang(10.0)
+    (pid,) = [p for p in seam.live]
+    seam.exit(pid, code=0)
+    assert inst.state is S.FAILED and "hung" in inst.machine.reason
+    assert "start limit hit" in inst.machine.reason
+
+
+def test_hang_is_ignored_unless_ready(seam: FakeSeam) -> None:
+    inst = make(seam)
+    inst.start()
+    inst.hang(999.0)  # a late report about a load: loading is never timed
+    assert inst.state is S.STARTING and inst.hung == ""
+
+
+def test_memory_refusal_fails_before_any_runner(seam: FakeSeam) -> None:
+    seam.refusal = "not enough memory: needs 64.0 GiB, 21.3 GiB available"
+    inst = make(seam)
+    inst.start()
+    assert inst.state is S.FAILED and inst.machine.reason == seam.refusal
+    assert seam.spawns == [] and inst.tracker.restarts == 0 and inst.refused == seam.refusal
+    seam.refusal = None  # memory came free: a new start goes ahead
+    inst.start(operator=True)
+    assert inst.state is S.STARTING and inst.refused == "" and len(seam.spawns) == 1

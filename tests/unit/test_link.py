@@ -74,9 +74,11 @@ def test_requests_are_multiplexed_by_id_and_cancelled() -> None:
         ga, gb = await runner.received(2)
         assert isinstance(ga, m.Generate) and isinstance(gb, m.Generate)
         assert ga.id != gb.id and gb.prompt == "x"
+        runner.send(m.Prefill(ga.id, 2048, 3000))  # progress: the stream goes on
         runner.send(m.Text(gb.id, "B"))
         runner.send(m.Text(ga.id, "A"))
         runner.send(m.Done(ga.id, "stop", 3, 1))
+        assert await a.next() == m.Prefill(ga.id, 2048, 3000)
         assert await a.next() == m.Text(ga.id, "A")
         assert await a.next() == m.Done(ga.id, "stop", 3, 1) and a.finished
         assert await b.next() == m.Text(gb.id, "B")
@@ -191,3 +193,4 @@ def test_a_full_socket_buffers_in_order() -> None:
         runner.sock.close()
 
     asyncio.run(scenario())
+

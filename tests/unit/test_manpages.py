@@ -198,7 +198,10 @@ def test_yaml_page_examples_are_valid_configs(tmp_path: Path) -> None:
     (etc / "instances.d").mkdir(parents=True)
     (etc / "exod.yaml").write_text(main)
     (etc / "instances.d" / "coder.yaml").write_text(dropin)
-    (tmp_path / "alpha.yaml").write_text(alpha)
+    key = tmp_path / "cluster.key"
+    key.write_text("0123456789abcdef" * 4)
+    key.chmod(0o600)
+    (tmp_path / "alpha.yaml").write_text(alpha.replace("/etc/exod/cluster.key", str(key)))
     cfg = load_config(etc / "exod.yaml")
     assert sorted(cfg.instances) == ["big", "coder", "small"]
     assert cfg.instances["big"].stop.grace == 30 and cfg.instances["big"].stop.attempts == 3

@@ -1,0 +1,187 @@
+"""`/metrics` in the Prometheus text format (prometheus_client).
+
+Two kinds of figures. What requests do (counts by status code, tokens, time to first token,
+time per output token) is recorded as each request runs. Everything else (states, queue depth,
+restarts, ladder rungs, load progress, uptime, reloads) is read from the daemon's live state
+by a collector at scrape time, so an idle daemon that nobody scrapes does no work for metrics.
+Each server has its own registry: nothing is global, and tests can run several daemons.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exod import messages as m
+from exod.api.view import Daemon
+from exod.core.ladder import Step
+from exod.core.states import State
+
+if TYPE_CHECKING:
+    from exod.api.admission import Gate
+    from exod.daemon.instance import InstanceRuntime
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Seconds. Small models on a CPU answer in tens of milliseconds; big ones take many seconds.
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
+
+
+@dataclass
+class InstanceStats:
+    """Request figures of one instance, kept by name: they outlive a reload's replacement."""
+
+    requests: collections.Counter[str] = field(default_factory=collections.Counter)
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+
+class Metrics:
+    def __init__(self, daemon: Daemon, gate_of: Callable[[InstanceRuntime], Gate | None]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.stats: dict[str, InstanceStats] = collections.defaultdict(InstanceStats)
+        self.ttft = Histogram(
+            "exod_time_to_first_token_seconds", "From a request's arrival (queueing included) to "
+            "its first generated text", ["instance"], buckets=TTFT_BUCKETS,
+            registry=self.registry)
+        self.tpot = Histogram(
+            "exod_time_per_output_token_seconds", "Mean time between generated tokens, one "
+            "observation per request that generated two tokens or more", ["instance"],
+            buckets=TPOT_BUCKETS, registry=self.registry)
+        self.registry.register(LiveCollector(daemon, gate_of, self.stats))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def meter(self, instance: str) -> Meter:
+        return Meter(self, instance, time.monotonic())
+
+
+class Meter:
+    """Follows one generation request: feed it each runner event, then `finish` it."""
+
+    def __init__(self, metrics: Metrics, instance: str, arrived: float) -> None:
+        self.metrics = metrics
+        self.instance = instance
+        self.arrived = arrived
+        self.first: float | None = None
+        self.counted = 0  # text events, each counted as a token until `done` gives the total
+        self.failed_code: int | None = None  # an error after the 200 went out (streams)
+
+    def event(self, ev: m.Event) -> None:
+        now = time.monotonic()
+        stats = self.metrics.stats[self.instance]
+        if isinstance(ev, m.Text):
+            # Counted as they come, so rates are live during a long generation; Done then
+            # brings the count to the runner's exact figure (a piece may hold several tokens).
+            stats.generated_tokens += 1
+            self.counted += 1
+            if self.first is None:
+                self.first = now
+                self.metrics.ttft.labels(self.instance).observe(now - self.arrived)
+        elif isinstance(ev, m.Done):
+            generated = max(0, ev.completion_tokens)
+            stats.prompt_tokens += max(0, ev.prompt_tokens)
+            stats.generated_tokens += max(0, generated - self.counted)
+            if self.first is not None and generated >= 2:
+                self.metrics.tpot.labels(self.instance).observe(
+                    (now - self.first) / (generated - 1))
+
+    def finish(self, status: int) -> None:
+        code = self.failed_code if status == 200 and self.failed_code else status
+        self.metrics.stats[self.instance].requests[str(code)] += 1
+
+
+class LiveCollector(Collector):
+    def __init__(self, daemon: Daemon, gate_of: Callable[[InstanceRuntime], Gate | None],
+                 stats: dict[str, InstanceStats]) -> None:
+        self.daemon = daemon
+        self.gate_of = gate_of
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        d = self.daemon
+        yield GaugeMetricFamily("exod_uptime_seconds", "Seconds since the daemon started",
+                                value=time.monotonic() - d.started)
+        reloads = CounterMetricFamily("exod_reloads", "Configuration reloads, by result",
+                                      labels=["result"])
+        for result, n in sorted(d.reloads.items()):
+            reloads.add_metric([result], n)
+        yield reloads
+        yield CounterMetricFamily("exod_config_errors", "Problems found in configurations "
+                                  "that reloads refused", value=d.config_errors)
+        yield from self._instances(list(d.ordered()))
+        yield from self._requests()
+
+    def _instances(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
+        label = ["instance"]
+        state = GaugeMetricFamily("exod_instance_state", "1 for the state the instance is in",
+                                  labels=["instance", "state"])
+        restarts = CounterMetricFamily("exod_instance_restarts", "Automatic restarts", labels=label)
+        rungs = CounterMetricFamily("exod_ladder_steps", "Termination ladder steps taken, by rung "
+                                    "(ask, SIGTERM, SIGKILL)", labels=["instance", "rung"])
+        queued = GaugeMetricFamily("exod_queue_depth", "Requests waiting for a slot", labels=label)
+        active = GaugeMetricFamily("exod_requests_in_flight", "Requests at the runner",
+                                   labels=label)
+        loaded = GaugeMetricFamily("exod_load_layers_loaded", "Layers loaded by the local ranks",
+                                   labels=label)
+        total = GaugeMetricFamily("exod_load_layers_total", "Layers the local ranks load",
+                                  labels=label)
+        for inst in instances:
+            name = inst.name
+            for s in State:
+                state.add_metric([name, s.value], 1.0 if inst.state is s else 0.0)
+            restarts.add_metric([name], inst.tracker.restarts)
+            for step in Step:
+                rungs.add_metric([name, step.value], inst.rungs_used[step.value])
+            gate = self.gate_of(inst)
+            queued.add_metric([name], gate.waiting if gate else 0)
+            active.add_metric([name], gate.active if gate else 0)
+            local = [r for r in inst.ranks if r.local]
+            loaded.add_metric([name], sum(r.layers_loaded for r in local))
+            total.add_metric([name], sum(r.layers_total for r in local))
+        yield from (state, restarts, rungs, queued, active, loaded, total)
+        yield from self._prompt_cache(instances)
+
+    def _prompt_cache(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
+        """Rank 0's prompt cache, as its runner last reported (counted since it started)."""
+        label = ["instance"]
+        lookups = CounterMetricFamily("exod_prompt_cache_lookups", "Prompts looked up in the "
+                                      "prompt cache", labels=label)
+        hits = CounterMetricFamily("exod_prompt_cache_hits", "Lookups that found a stored "
+                                   "prefix", labels=label)
+        cached = CounterMetricFamily("exod_prompt_cache_tokens", "Prompt tokens taken from the "
+                                     "cache instead of prefilled", labels=label)
+        size = GaugeMetricFamily("exod_prompt_cache_bytes", "Bytes the prompt cache holds",
+                                 labels=label)
+        for inst in instances:
+            s = inst.ranks[0].serving if inst.ranks else None
+            if s is None:
+                continue
+            lookups.add_metric([inst.name], s.cache_lookups)
+            hits.add_metric([inst.name], s.cache_hits)
+            cached.add_metric([inst.name], s.cached_tokens)
+            size.add_metric([inst.name], s.cache_bytes)
+        yield from (lookups, hits, cached, size)
+
+    def _requests(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily("exod_requests", "Generation requests answered, by HTTP "
+                                       "status code (499: the client left)",
+                                       labels=["instance", "code"])
+        prompt = CounterMetricFamily("exod_prompt_tokens", "Prompt tokens processed",
+                                     labels=["instance"])
+        generated = CounterMetricFamily("exod_generated_tokens", "Tokens generated",
+                                        labels=["instance"])
+        for name, s in sorted(self.stats.items()):
+            for code, n in sorted(s.requests.items()):
+                requests.add_metric([name, code], n)
+            prompt.add_metric([name], s.prompt_tokens)
+            generated.add_metric([name], s.generated_tokens)
+        yield from (requests, prompt, generated)

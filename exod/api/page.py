@@ -1,0 +1,44 @@
+"""The status page: `/` serves one static HTML file (no data in it, so it needs no token), and
+its script polls `/status.json` (behind the token, like every endpoint with data) while the
+page is open. Nothing runs in the daemon for the page when nobody looks at it."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from exod.api.serving import Serving
+    from exod.api.view import Daemon
+
+LOG_LINES = 8  # per instance, on the page
+
+
+@cache
+def _html() -> bytes:
+    return resources.files("exod.api").joinpath("static/status.html").read_bytes()
+
+
+async def index(request: web.Request) -> web.Response:
+    return web.Response(body=_html(), content_type="text/html", charset="utf-8",
+                        headers={"Cache-Control": "no-cache"})
+
+
+def status_json(sup: Daemon, serving: Serving) -> dict[str, Any]:
+    snap = sup.snapshot()
+    figures: dict[str, Any] = {}
+    for inst in sup.ordered():
+        gate = serving.gates.get(inst)
+        stats = serving.metrics.stats.get(inst.name)
+        figures[inst.name] = {
+            "active": gate.active if gate else 0,
+            "queued": gate.waiting if gate else 0,
+            "generated_tokens": stats.generated_tokens if stats else 0,
+            "prompt_tokens": stats.prompt_tokens if stats else 0,
+        }
+    return {**snap, "serving": figures,
+            "logs": {i.name: [line.to_json() for line in sup.logs.tail(i.name, LOG_LINES)]
+                     for i in sup.ordered()}}

@@ -1,0 +1,204 @@
+"""The generation path of the HTTP API: find the instance (starting it when it is on demand),
+pass its admission gate, send the request to rank 0's runner, and relay the events back, whole
+or as SSE. Every request is metered (exod.api.metrics) and watched for hangs (exod.api.hang).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from loguru import logger
+
+from exod import messages as m
+from exod.api.admission import Gate, QueueFull
+from exod.api.errors import (ApiError, model_not_found, not_ready, queue_full, runner_error,
+                             served_elsewhere)
+from exod.api.hang import HangWatch
+from exod.api.metrics import Meter, Metrics
+from exod.api.objects import DONE, SSE_HEADERS, Reply, sse
+from exod.api.on_demand import OnDemand, Stopped
+from exod.api.schema import GenRequest, ModelLimits, apply_limits
+from exod.api.view import Daemon
+from exod.core.states import State
+from exod.daemon.link import RequestStream
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from exod.daemon.instance import InstanceRuntime
+
+Limits = Callable[["InstanceRuntime"], Awaitable[ModelLimits]]
+
+
+class Serving:
+    def __init__(self, sup: Daemon, loop: asyncio.AbstractEventLoop) -> None:
+        self.sup = sup
+        self.loop = loop
+        self.gates: weakref.WeakKeyDictionary[InstanceRuntime, Gate] = \
+            weakref.WeakKeyDictionary()
+        self.watches: weakref.WeakKeyDictionary[InstanceRuntime, HangWatch] = \
+            weakref.WeakKeyDictionary()
+        self.metrics = Metrics(sup, self.gates.get)
+        self.on_demand = OnDemand(sup, loop, self.gates.get)
+
+    def instance_changed(self, inst: InstanceRuntime) -> None:
+        """Requests queued for an instance that can no longer serve them get a 503."""
+        gate = self.gates.get(inst)
+        if gate is not None and self.on_demand.gives_up(inst):
+            gate.reject_waiting(lambda: not_ready(inst.name, inst.state.value,
+                                                  inst.state is State.STOPPING))
+        if inst.state is State.READY and inst.config.on_demand:
+            self.on_demand.used(inst)  # the idle clock starts once it is ready
+
+    def gate(self, inst: InstanceRuntime) -> Gate:
+        gate = self.gates.get(inst)
+        if gate is None:
+            gate = self.gates[inst] = Gate(inst.config.max_concurrency, inst.config.max_queue)
+        return gate
+
+    def _watch(self, inst: InstanceRuntime) -> HangWatch | None:
+        if math.isinf(inst.config.hang_after):
+            return None
+        watch = self.watches.get(inst)
+        if watch is None:
+            watch = self.watches[inst] = HangWatch(self.loop, inst.config.hang_after, inst.hang)
+        return watch
+
+    def _instance(self, name: str) -> InstanceRuntime:
+        inst = self.sup.instance(name)
+        if inst is None:
+            raise model_not_found(name)
+        if inst.served_by is not None:
+            raise served_elsewhere(name, inst.served_by)
+        if inst.state is not State.READY:
+            if not inst.config.on_demand:
+                raise not_ready(name, inst.state.value, inst.state is State.STOPPING)
+            self.on_demand.ensure_started(inst)
+            if self.on_demand.gives_up(inst):
+                raise not_ready(name, inst.machine.reason or inst.state.value)
+        return inst
+
+    # ---- one request ------------------------------------------------------------------------
+    async def generate(self, request: web.Request, req: GenRequest,
+                       limits: Limits) -> web.StreamResponse:
+        known = self.sup.instance(req.model) is not None  # no label for any name a client sends
+        meter = self.metrics.meter(req.model)
+        status = 499  # the client left (its handler was cancelled)
+        try:
+            resp = await self._admitted(request, req, meter, limits)
+            status = resp.status
+            return resp
+        except ApiError as e:
+            status = e.status
+            raise
+        except Exception:
+            status = 500
+            raise
+        finally:
+            if known:
+                meter.finish(status)
+
+    async def _admitted(self, request: web.Request, req: GenRequest, meter: Meter,
+                        limits: Limits) -> web.StreamResponse:
+        inst = self._instance(req.model)
+        req = apply_limits(req, await limits(inst))
+        gate = self.gate(inst)
+        try:
+            await gate.enter()
+        except QueueFull:
+            raise queue_full(inst.name, gate.limit, gate.queue) from None
+        try:
+            try:  # an on-demand instance may still be loading: wait for it, in the queue
+                await self.on_demand.until_ready(inst)
+            except Stopped as e:
+                raise not_ready(inst.name, inst.machine.reason or str(e)) from None
+            # Waiting may have taken a while: ready still, and the very same instance?
+            if self.sup.instance(req.model) is not inst or inst.state is not State.READY:
+                raise not_ready(inst.name, "replaced by a reload")
+            link = inst.serving_link()
+            if link is None:
+                raise not_ready(inst.name, "its runner is gone")
+            return await self._relay(request, req, inst, link.open(req.to_runner()), meter)
+        finally:
+            gate.leave()
+            if inst.config.on_demand:
+                self.on_demand.used(inst)
+
+    async def _relay(self, request: web.Request, req: GenRequest, inst: InstanceRuntime,
+                     stream: RequestStream, meter: Meter) -> web.StreamResponse:
+        watch = self._watch(inst)
+        if watch is not None:
+            watch.opened(stream)
+        try:
+            events = _events(stream, meter, watch)
+            if req.stream:
+                return await _stream(request, req, events, meter)
+            return await _whole(req, events)
+        finally:
+            if watch is not None:
+                watch.closed(stream)
+            stream.close()  # cancels the generation unless it finished
+
+
+async def _events(stream: RequestStream, meter: Meter,
+                  watch: HangWatch | None) -> AsyncIterator[m.Event]:
+    """Every event of the request; each one, a prefill chunk included, is progress."""
+    while True:
+        ev = await stream.next()
+        meter.event(ev)
+        if watch is not None:
+            watch.progress()
+        yield ev
+
+
+async def _whole(req: GenRequest, events: AsyncIterator[m.Event]) -> web.Response:
+    parts: list[str] = []
+    async for ev in events:
+        if isinstance(ev, m.Prefill):
+            continue  # progress only (see _events)
+        if isinstance(ev, m.Text):
+            parts.append(ev.text)
+        elif isinstance(ev, m.Done):
+            reply = Reply(req.kind, req.model)
+            return web.json_response(reply.whole(
+                "".join(parts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens))
+        else:
+            raise runner_error(ev.code, ev.message)
+    raise AssertionError("unreachable: the event stream never ends")
+
+
+async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m.Event],
+                  meter: Meter) -> web.StreamResponse:
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    reply = Reply(req.kind, req.model, include_usage=req.include_usage)
+    try:
+        await resp.prepare(request)
+        if req.kind == "chat":
+            await resp.write(sse(reply.chunk(role=True)))
+        async for ev in events:
+            if isinstance(ev, m.Prefill):
+                continue  # progress only (see _events)
+            if isinstance(ev, m.Text):
+                await resp.write(sse(reply.chunk(ev.text)))
+                continue
+            if isinstance(ev, m.Done):
+                await resp.write(sse(reply.chunk(finish_reason=ev.finish_reason)))
+                if req.include_usage:
+                    await resp.write(sse(reply.usage_chunk(ev.prompt_tokens,
+                                                           ev.completion_tokens)))
+            else:
+                err = runner_error(ev.code, ev.message)
+                meter.failed_code = err.status
+                logger.bind(instance=req.model).warning("stream ended by an error: {}",
+                                                        err.message)
+                await resp.write(sse(err.body()))
+            break
+        await resp.write(DONE)
+        await resp.write_eof()
+    except ConnectionError:
+        meter.failed_code = 499  # the client left; the caller's `stream.close()` cancels
+    return resp

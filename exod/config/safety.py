@@ -1,0 +1,62 @@
+"""Settings that are valid but unsafe: warned about by `exod check`, and (a public API without a
+token) refused by `exod run` unless the operator says `api.insecure_public: true`."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import stat
+
+from exod.api.address import parse_listen
+from exod.config.schema import Config
+
+
+def is_public(listen: str) -> bool:
+    """True when `listen` can be reached from other machines (anything but loopback)."""
+    if not listen:
+        return False
+    try:
+        host, _ = parse_listen(listen)
+    except ValueError:
+        return False
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a host name: it may resolve to any interface
+
+
+def public_without_token(cfg: Config) -> bool:
+    return is_public(cfg.api.listen) and cfg.api.token_file is None
+
+
+def control_socket_problem(cfg: Config) -> str | None:
+    """control.socket must never name something exod would delete to bind there."""
+    path = cfg.control.socket
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISSOCK(st.st_mode):
+        return None
+    kind = "a symlink" if stat.S_ISLNK(st.st_mode) else (
+        "a directory" if stat.S_ISDIR(st.st_mode) else "a file that is not a socket")
+    return f"{path} exists and is {kind}: exod would have to remove it; choose another path"
+
+
+def warnings(cfg: Config) -> list[str]:
+    out = []
+    if public_without_token(cfg):
+        verdict = ("allowed by api.insecure_public" if cfg.api.insecure_public
+                   else "`exod run` refuses this unless api.insecure_public is true")
+        out.append(f"api.listen {cfg.api.listen} is reachable from other machines and "
+                   f"api.token_file is not set: anyone who reaches it can use the models "
+                   f"({verdict})")
+    if cfg.control.mode & 0o002:
+        out.append(f"control.mode {cfg.control.mode:04o} lets every user write to the control "
+                   "socket (use 0660 and control.group)")
+    if "*" in cfg.api.cors_origins and cfg.api.token_file is None:
+        out.append("api.cors_origins '*' without api.token_file: any web page the user visits "
+                   "can use the models")
+    return out

@@ -1,0 +1,201 @@
+"""How much memory a rank will need, estimated before it starts; and whether the host has it.
+
+Read from the safetensors headers only (an 8-byte little-endian length, then that much JSON
+naming each tensor's dtype and byte range): no weight is read, so a 100 GB model is estimated
+in milliseconds. A rank holds
+  - the tensors of the layers it owns (a pipeline rank) or its 1/world part of every layer
+    (tensor parallelism), plus the non-layer tensors it uses (embeddings on the first rank, and
+    on the last when the head is tied; the head on the last; norms everywhere);
+  - in the dtype it runs in: `auto` is float32 on a CPU, so bfloat16 and float16 weights
+    double; integer tensors (quantized weights) keep their size;
+  - KV cache headroom for `max_concurrency` generations of `context_tokens` each;
+  - the runtime itself (Python, mlx, the tokenizer).
+Pure, apart from reading headers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from exod.core.shards import Shard
+
+GIB = 2**30
+RUNTIME_BYTES = 384 * 2**20  # a runner with mlx and a tokenizer loaded, before any weight
+MAX_HEADER = 100 * 2**20  # safetensors' own limit on the JSON header
+FLOAT_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+RUN_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
+_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
+
+
+class HeaderError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dtype: str  # safetensors' name: F32, BF16, U32, ...
+    nbytes: int
+
+    @property
+    def layer(self) -> int | None:
+        m = _LAYER.search(self.name)
+        return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    weights: int
+    kv: int
+    runtime: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.runtime
+
+    def describe(self) -> str:
+        return (f"{gib(self.total)} (weights {gib(self.weights)}, KV cache {gib(self.kv)}, "
+                f"runtime {gib(self.runtime)})")
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+# ---- reading -------------------------------------------------------------------------------
+def read_header(path: Path) -> list[Tensor]:
+    """The tensors a .safetensors file declares. Raises HeaderError (one line) or OSError."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise HeaderError(f"{path}: too short for a safetensors header")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER:
+            raise HeaderError(f"{path}: header length {n} is beyond safetensors' limit")
+        raw = f.read(n)
+    if len(raw) < n:
+        raise HeaderError(f"{path}: header cut short ({len(raw)} of {n} bytes)")
+    try:
+        meta = json.loads(raw)
+    except ValueError as e:
+        raise HeaderError(f"{path}: header is not JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise HeaderError(f"{path}: header is not a JSON object")
+    out = []
+    for name, info in meta.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, end = info["data_offsets"]
+            dtype = str(info["dtype"])
+            nbytes = int(end) - int(start)
+        except (KeyError, TypeError, ValueError):
+            raise HeaderError(f"{path}: tensor {name!r} has no valid dtype/data_offsets") from None
+        if nbytes < 0:
+            raise HeaderError(f"{path}: tensor {name!r} ends before it starts")
+        out.append(Tensor(name, dtype, nbytes))
+    return out
+
+
+def model_tensors(model_dir: Path) -> list[Tensor]:
+    """Every tensor of the model's weight files (mlx-lm loads `model*.safetensors`)."""
+    files = sorted(model_dir.glob("model*.safetensors"))
+    if not files:
+        raise HeaderError(f"{model_dir}: no model*.safetensors files")
+    return [t for f in files for t in read_header(f)]
+
+
+# ---- estimating ------------------------------------------------------------------------------
+def run_dtype(dtype: str, on_cpu: bool) -> str | None:
+    """The dtype floating weights are cast to; None: they keep their own (auto on a GPU)."""
+    if dtype == "auto":
+        return "float32" if on_cpu else None
+    return dtype
+
+
+def tensor_bytes(t: Tensor, cast_to: str | None) -> int:
+    size = FLOAT_SIZES.get(t.dtype)
+    if cast_to is None or size is None:
+        return t.nbytes  # kept as stored: integers (quantized), or no cast
+    return t.nbytes // size * RUN_SIZES[cast_to]
+
+
+def uses(t: Tensor, shard: Shard, parallelism: str, tied: bool) -> float:
+    """The fraction of tensor `t` this rank holds."""
+    layer = t.layer
+    if shard.world == 1 or shard.total == 0:
+        return 1.0
+    if parallelism == "tensor":
+        return 1.0 / shard.world if layer is not None else 1.0
+    if layer is not None:
+        return 1.0 if shard.start <= layer < shard.end else 0.0
+    if "embed_tokens" in t.name or t.name.endswith("wte.weight"):
+        return 1.0 if shard.first or (shard.last and tied) else 0.0
+    if t.name.startswith("lm_head"):
+        return 1.0 if shard.last else 0.0
+    return 1.0
+
+
+def weight_bytes(tensors: Iterable[Tensor], shard: Shard, parallelism: str, cast_to: str | None,
+                 tied: bool) -> int:
+    return int(sum(tensor_bytes(t, cast_to) * uses(t, shard, parallelism, tied)
+                   for t in tensors))
+
+
+def kv_bytes(config: dict[str, object], shard: Shard, parallelism: str, elem_size: int,
+             tokens: int, concurrency: int) -> int:
+    """Keys and values of every layer this rank runs, for `concurrency` × `tokens`."""
+    heads = _int(config.get("num_attention_heads"))
+    kv_heads = _int(config.get("num_key_value_heads")) or heads
+    hidden = _int(config.get("hidden_size"))
+    head_dim = _int(config.get("head_dim")) or (hidden // heads if heads else 0)
+    layers = shard.count if (parallelism == "pipeline" and shard.total) else (
+        _int(config.get("num_hidden_layers")) or shard.total)
+    limit = _int(config.get("max_position_embeddings"))
+    if limit:
+        tokens = min(tokens, limit)
+    per_token = 2 * kv_heads * head_dim * elem_size * layers
+    if parallelism == "tensor":
+        per_token //= max(1, shard.world)
+    return per_token * tokens * concurrency
+
+
+def elem_size(config: dict[str, object], cast_to: str | None) -> int:
+    if cast_to is not None:
+        return RUN_SIZES[cast_to]
+    stored = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    return RUN_SIZES.get(stored, 2)
+
+
+def estimate(tensors: list[Tensor], config: dict[str, object], shard: Shard, parallelism: str,
+             dtype: str, on_cpu: bool, concurrency: int, context_tokens: int) -> Estimate:
+    cast_to = run_dtype(dtype, on_cpu)
+    tied = bool(config.get("tie_word_embeddings", False))
+    return Estimate(
+        weights=weight_bytes(tensors, shard, parallelism, cast_to, tied),
+        kv=kv_bytes(config, shard, parallelism, elem_size(config, cast_to), context_tokens,
+                    concurrency),
+        runtime=RUNTIME_BYTES,
+    )
+
+
+def refusal(needs: int, available: int, headroom: int, reserved: int) -> str | None:
+    """None when `needs` fits in what is available, less the headroom and what running
+    instances may still take; else the reason, with the figures."""
+    free = max(0, available - headroom - reserved)
+    if needs <= free:
+        return None
+    notes = [f"memory_headroom {gib(headroom)}"] if headroom else []
+    if reserved:
+        notes.append(f"{gib(reserved)} set aside for running instances")
+    note = f" (after {' and '.join(notes)})" if notes else ""
+    return f"not enough memory: needs {gib(needs)}, {gib(free)} available{note}"
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

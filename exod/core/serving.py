@@ -1,0 +1,12 @@
+"""Serving defaults shared by the config schema (daemon side) and the runner's arguments."""
+
+from __future__ import annotations
+
+# Stored KV caches of earlier requests, per instance: a 1k-token chat turn of the demo model
+# (SmolLM2-135M, float32) holds ~46 MiB, of an 8B model in float16 ~128 MiB.
+DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
+
+# Prompt tokens prefilled in one engine step, over all prompts in flight. A stop or a cancel
+# waits at most one step; on a 2-core CPU 256 tokens of the demo model take well under a
+# second, and far less than the 5 s default drain.
+DEFAULT_PREFILL_STEP = 256

@@ -1,0 +1,80 @@
+"""The last check before anything of a request touches mlx: the daemon validates requests
+against the model's config.json, and this checks again against the model as loaded (the real
+width of its logits), so that no token id can index outside the logits, whatever sent it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from exod.runner.serve import RequestError
+
+__all__ = ["RequestError", "bias_processor", "check_ids", "logit_bias", "max_tokens",
+           "unit_number"]
+
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")
+
+
+
+
+def logit_bias(raw: Any) -> dict[int, float]:
+    """`logit_bias` as token id → finite bias in [-100, 100]; RequestError otherwise."""
+    if not raw:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise RequestError("logit_bias must map token ids to numbers")
+    out: dict[int, float] = {}
+    for k, v in raw.items():
+        if not (isinstance(k, str) and _TOKEN_ID.fullmatch(k)):
+            raise RequestError(f"logit_bias: {k!r} is not a token id")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or not -100 <= v <= 100:
+            raise RequestError(f"logit_bias[{k}]: must be a number from -100 to 100")
+        out[int(k)] = float(v)
+    return out
+
+
+def check_ids(ids: list[int], width: int) -> None:
+    """Every id must index the logits (`width` wide)."""
+    bad = [i for i in ids if not 0 <= i < width]
+    if bad:
+        raise RequestError(f"logit_bias: token id {bad[0]} is outside the model's vocabulary "
+                           f"(ids 0 to {width - 1})")
+
+
+def max_tokens(raw: Any) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise RequestError("max_tokens must be an integer of at least 1")
+    return raw
+
+
+def unit_number(raw: Any, name: str, default: float, hi: float) -> float:
+    if raw is None:
+        return default
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) \
+            or not 0 <= raw <= hi:
+        raise RequestError(f"{name} must be a number from 0 to {hi:g}")
+    return float(raw)
+
+
+def bias_processor(bias: dict[int, float]) -> Callable[[Any, Any], Any]:
+    """A logits processor adding `bias`, that first checks the ids against the logits it is
+    given: the real width of the model's output, not what a config file claims."""
+    import mlx.core as mx
+
+    ids = sorted(bias)
+    values = mx.array([bias[i] for i in ids])
+    index = mx.array(ids)
+    checked: list[int] = []
+
+    def process(_tokens: Any, logits: Any) -> Any:
+        width = int(logits.shape[-1])
+        if not checked or checked[0] != width:
+            check_ids(ids, width)
+            checked[:] = [width]
+        return logits.at[:, index].add(values)
+
+    return process

@@ -1,0 +1,174 @@
+"""The serving engine with real runners and the official openai client: continuous batching gives
+each request the tokens it gets alone, a seed reproduces per request under overlap, a long
+prompt's prefill can be cancelled or stopped between chunks (rung 1, no signal), the second turn
+of a chat hits the prompt cache, and the cache's byte cap evicts."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import openai
+import yaml
+
+from tests.harness import EXOCTL, Daemon
+from tests.integration.test_api_serving import RawStream, client
+
+QUESTIONS = ["What is the capital of France?", "Count to five.", "Name a colour.", "Say hi.",
+             "What is 2+2?", "Tell a joke about cats.", "Why is the sky blue?",
+             "Write a haiku about rain."]
+# ~6k tokens: minutes of prefill for the demo model on this CPU if it ran as one step.
+LONG = "Please summarise the following text. " + "The quick brown fox jumps over it. " * 700
+
+
+def serving(d: Daemon, name: str) -> dict[str, Any]:
+    s = d.instance(name)["serving"]
+    assert s is not None, "the runner has not reported its engine yet"
+    return dict(s)
+
+
+def ask(d: Daemon, model: str, content: str, **kw: Any) -> str:
+    r = client(d).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": content}], **kw)
+    return r.choices[0].message.content or ""
+
+
+def test_overlapping_requests_get_what_each_gets_alone(daemons: Callable[..., Daemon],
+                                                       demo_model: Path) -> None:
+    """Greedy: token for token the same. Padding never enters here: BatchGenerator prefills
+    each prompt as its own rows and masks nothing into a row from another, and on this model
+    the 8 answers match exactly (were a near-tie ever flipped by a different matmul shape, it
+    would show here as one differing answer). Sampling with a seed: the same text alone and
+    beside others, because each request draws from a random key of its own."""
+    d = daemons({"instances": {"demo": {"model": str(demo_model), "max_concurrency": 8,
+                                        "prompt_cache_bytes": 0}}})
+    d.start()
+    d.until_state("demo", "ready")
+    greedy = {"max_tokens": 24, "temperature": 0}
+    seeded = {"max_tokens": 16, "temperature": 1.0, "seed": 1234}
+    alone = [ask(d, "demo", q, **greedy) for q in QUESTIONS]
+    seeded_alone = ask(d, "demo", QUESTIONS[0], **seeded)
+    assert serving(d, "demo")["width"] == 8
+
+    jobs = [(q, greedy) for q in QUESTIONS] + [(QUESTIONS[0], seeded)] * 2
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        together = list(pool.map(lambda j: ask(d, "demo", j[0], **j[1]), jobs))
+    assert together[:8] == alone
+    assert together[8] == together[9] == seeded_alone
+    assert all(alone) and len(set(alone)) == 8
+
+
+def _long_prefill(d: Daemon, model: str) -> RawStream:
+    """A streamed request whose prompt takes many prefill chunks; returns once it is running."""
+    s = RawStream(d.api_url(), model=model, max_tokens=4,
+                  messages=[{"role": "user", "content": LONG}])
+    d.until_instance(model, lambda i: (i["serving"] or {}).get("active") == 1,
+                     what="the long prompt to be in the batch")
+    return s
+
+
+def test_disconnect_during_prefill_frees_the_runner_within_a_chunk(
+        daemons: Callable[..., Daemon], demo_model: Path) -> None:
+    d = daemons({"instances": {"demo": {"model": str(demo_model)}}})
+    d.start()
+    d.until_state("demo", "ready")
+    stream = _long_prefill(d, "demo")
+    left = time.monotonic()
+    stream.close()
+    # Generous bound: a few 256-token chunks on a loaded CPU; the whole prefill takes minutes.
+    d.until_instance("demo", lambda i: (i["serving"] or {}).get("active") == 0, timeout=60,
+                     what="the cancelled prefill to leave the batch")
+    freed = time.monotonic() - left
+    assert serving(d, "demo")["prompt_cache"]["entries"] == 0  # a cancel stores nothing
+    assert ask(d, "demo", "Say hi.", max_tokens=3, temperature=0)
+    print(f"runner free {freed:.1f}s after the client left")
+
+
+def test_stop_during_prefill_ends_at_rung_1_without_a_signal(
+        daemons: Callable[..., Daemon], demo_model: Path) -> None:
+    d = daemons({"instances": {"demo": {"model": str(demo_model)}}})  # default grace and drain
+    d.start()
+    pid = d.until_state("demo", "ready")["ranks"][0]["pid"]
+    stream = _long_prefill(d, "demo")
+    subprocess.run([*EXOCTL, "--socket", str(d.socket), "stop", "demo"], check=True,
+                   capture_output=True, timeout=120)
+    *_, last, done = stream.rest()
+    assert done == b"[DONE]" and b"aborted" in last
+    steps = [e["extra"]["step"] for e in d.events(event="ladder")]
+    assert steps == ["ask"], f"must leave at rung 1, ladder: {steps}\n{d.log_text()}"
+    (ex,) = d.events(event="exit")
+    assert ex["extra"]["pid"] == pid and ex["extra"]["code"] == 0
+    assert ex["extra"]["signals_sent"] == ["ask"] and ex["extra"]["signal"] is None
+
+
+def test_second_turn_hits_the_prompt_cache(daemons: Callable[..., Daemon],
+                                           demo_model: Path) -> None:
+    d = daemons({"instances": {"demo": {"model": str(demo_model)}}})
+    d.start()
+    d.until_state("demo", "ready")
+    c = client(d)
+    turn1: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
+    r1 = c.chat.completions.create(model="demo", messages=turn1, max_tokens=12, temperature=0)
+    assert r1.usage is not None
+    first = serving(d, "demo")["prompt_cache"]
+    assert first["entries"] == 1 and first["bytes"] > 0 and first["hits"] == 0
+
+    turn2 = [*turn1, {"role": "assistant", "content": r1.choices[0].message.content},
+             {"role": "user", "content": "And of Italy?"}]
+    r2 = c.chat.completions.create(model="demo", messages=turn2, max_tokens=12, temperature=0)
+    assert r2.usage is not None and r2.usage.prompt_tokens > r1.usage.prompt_tokens
+    cache = serving(d, "demo")["prompt_cache"]
+    assert cache["lookups"] == 2 and cache["hits"] == 1 and cache["hit_rate"] == 0.5
+    # At least the whole first prompt came from the cache, not from a prefill.
+    assert cache["cached_tokens"] >= r1.usage.prompt_tokens
+    table = d.ctl("status").stdout
+    assert "demo: batch 0/1, prompt cache" in table and "hit rate 50%" in table
+
+
+def test_byte_cap_evicts(daemons: Callable[..., Daemon], tiny_model: Path) -> None:
+    """Learn one entry's size with a roomy cap, then cap the cache at 1.5 entries: after three
+    requests of the same size one entry is left, within the cap."""
+    # logit_bias on the tiny model's end token: every answer has exactly max_tokens tokens.
+    fixed: dict[str, Any] = {"max_tokens": 20, "temperature": 0, "logit_bias": {"2": -100}}
+    d = daemons({"instances": {"tiny": {"model": str(tiny_model)}}})
+    d.start()
+    d.until_state("tiny", "ready")
+    prompts = ["apples and pears", "zebras in a field", "quiet morning rain"]
+    ask(d, "tiny", prompts[0], **fixed)
+    one = serving(d, "tiny")["prompt_cache"]["bytes"]
+    assert one > 0
+
+    cap = one * 3 // 2
+    config = yaml.safe_load(d.config_path.read_text())
+    config["instances"]["tiny"]["prompt_cache_bytes"] = cap
+    d.write_config(config)
+    d.ctl("reload")
+    d.until_instance("tiny", lambda i: i["state"] == "ready" and i["serving"] is not None
+                     and i["serving"]["prompt_cache"]["max_bytes"] == cap,
+                     what="tiny to restart with the new cap")
+    for p in prompts:
+        ask(d, "tiny", p, **fixed)
+    cache = serving(d, "tiny")["prompt_cache"]
+    assert cache["lookups"] == 3
+    assert cache["entries"] == 1 and 0 < cache["bytes"] <= cap
+
+
+def test_out_of_range_logit_bias_is_refused(daemons: Callable[..., Daemon],
+                                            tiny_model: Path) -> None:
+    """Refused by the daemon, against the vocabulary rank 0 reported when it became ready
+    (the runner checks again against the logits' real width: tests/unit/
+    test_security_parts.py)."""
+    d = daemons({"instances": {"tiny": {"model": str(tiny_model)}}})
+    d.start()
+    d.until_state("tiny", "ready")
+    try:
+        ask(d, "tiny", "hello", max_tokens=2, logit_bias={"1024": 5})
+    except openai.BadRequestError as e:
+        assert "outside the model's vocabulary" in str(e)
+    else:
+        raise AssertionError("a token id past the vocabulary must be refused")
+    assert ask(d, "tiny", "hello", max_tokens=2)  # and the runner serves on

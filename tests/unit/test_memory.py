@@ -1,0 +1,141 @@
+"""The memory estimator: safetensors headers only, dtypes, sharding, KV headroom, the verdict."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from exod.config.sizes import parse_size
+from exod.core.memory import (GIB, RUNTIME_BYTES, HeaderError, Tensor, estimate, kv_bytes,
+                              model_tensors, read_header, refusal)
+from exod.core.shards import Shard, pipeline_shards, tensor_shards
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, int]], sparse: bool = True
+                      ) -> None:
+    """A file with a valid header; the data is a hole (sparse), so any size costs no disk."""
+    meta, offset = {}, 0
+    for name, (dtype, nbytes) in tensors.items():
+        meta[name] = {"dtype": dtype, "shape": [nbytes], "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header = json.dumps(meta).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        f.truncate(8 + len(header) + offset)
+
+
+LAYERS = 4
+CONFIG = {"num_hidden_layers": LAYERS, "num_attention_heads": 8, "num_key_value_heads": 2,
+          "hidden_size": 512, "max_position_embeddings": 1024, "tie_word_embeddings": True}
+
+
+def model(tmp_path: Path, dtype: str = "BF16") -> list[Tensor]:
+    tensors = {"model.embed_tokens.weight": (dtype, 1000), "model.norm.weight": (dtype, 12)}
+    for i in range(LAYERS):
+        tensors[f"model.layers.{i}.mlp.weight"] = (dtype, 100)
+        tensors[f"model.layers.{i}.mlp.qweight"] = ("U32", 50)  # quantized: never cast
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    return model_tensors(tmp_path)
+
+
+def test_header_only_and_layer_numbers(tmp_path: Path) -> None:
+    tensors = model(tmp_path)
+    assert len(tensors) == 2 + 2 * LAYERS
+    by_name = {t.name: t for t in tensors}
+    assert by_name["model.layers.3.mlp.weight"].layer == 3
+    assert by_name["model.embed_tokens.weight"].layer is None
+    assert by_name["model.layers.0.mlp.qweight"].nbytes == 50
+
+
+def test_auto_on_cpu_doubles_bf16_but_not_integers(tmp_path: Path) -> None:
+    tensors = model(tmp_path)
+    whole = Shard(0, 1, 0, LAYERS, LAYERS)
+    cpu = estimate(tensors, CONFIG, whole, "pipeline", "auto", True, 1, 1)
+    gpu = estimate(tensors, CONFIG, whole, "pipeline", "auto", False, 1, 1)
+    stored = 1012 + LAYERS * 150
+    assert gpu.weights == stored
+    assert cpu.weights == 2 * (1012 + LAYERS * 100) + LAYERS * 50
+    assert estimate(tensors, CONFIG, whole, "pipeline", "float16", True, 1, 1).weights == stored
+    assert cpu.runtime == RUNTIME_BYTES
+
+
+def test_pipeline_ranks_own_their_layers_and_the_ends(tmp_path: Path) -> None:
+    tensors = model(tmp_path, dtype="F32")
+    first, last = pipeline_shards(LAYERS, 2)
+    untied = {**CONFIG, "tie_word_embeddings": False}
+    e0 = estimate(tensors, untied, first, "pipeline", "auto", True, 1, 1)
+    e1 = estimate(tensors, untied, last, "pipeline", "auto", True, 1, 1)
+    assert e0.weights == 1000 + 12 + 2 * 150  # embeddings on the first rank only
+    assert e1.weights == 12 + 2 * 150
+    tied = estimate(tensors, CONFIG, last, "pipeline", "auto", True, 1, 1)
+    assert tied.weights == e0.weights  # a tied head needs the embeddings on the last rank too
+    t0 = estimate(tensors, CONFIG, tensor_shards(LAYERS, 2)[0], "tensor", "auto", True, 1, 1)
+    assert t0.weights == 1012 + LAYERS * 150 // 2
+
+
+def test_kv_headroom_scales_with_concurrency_and_is_capped_by_the_model() -> None:
+    whole = Shard(0, 1, 0, LAYERS, LAYERS)
+    per_token = 2 * 2 * 64 * 4 * LAYERS  # k and v, 2 kv heads, head_dim 512/8, float32
+    assert kv_bytes(CONFIG, whole, "pipeline", 4, 100, 3) == per_token * 100 * 3
+    assert kv_bytes(CONFIG, whole, "pipeline", 4, 10**6, 1) == per_token * 1024
+    half = Shard(0, 2, 0, 2, LAYERS)
+    assert kv_bytes(CONFIG, half, "pipeline", 4, 100, 1) == per_token * 100 // 2
+
+
+def test_refusal_names_the_figures() -> None:
+    assert refusal(10 * GIB, 20 * GIB, GIB, 0) is None
+    why = refusal(64 * GIB, int(22.3 * GIB), GIB, 0)
+    assert why is not None and "needs 64.0 GiB, 21.3 GiB available" in why
+    assert "memory_headroom 1.0 GiB" in why
+    why = refusal(8 * GIB, 10 * GIB, 0, 4 * GIB)
+    assert why is not None and "6.0 GiB available" in why and "4.0 GiB set aside" in why
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"", "too short"),
+    (struct.pack("<Q", 2**40), "beyond"),
+    (struct.pack("<Q", 100) + b"{}", "cut short"),
+    (struct.pack("<Q", 5) + b"nope!", "not JSON"),
+    (struct.pack("<Q", 2) + b"[]", "not a JSON object"),
+    (struct.pack("<Q", 15) + b'{"a": {"x": 1}}', "no valid dtype"),
+])
+def test_bad_headers_are_one_line_errors(tmp_path: Path, content: bytes, problem: str) -> None:
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(content)
+    with pytest.raises(HeaderError, match=problem):
+        read_header(f)
+
+
+def test_sizes() -> None:
+    assert parse_size("512MiB") == 512 * 2**20
+    assert parse_size("2G") == 2 * GIB
+    assert parse_size("1.5 GiB") == int(1.5 * GIB)
+    assert parse_size("800MB") == 800 * 10**6
+    assert parse_size(1024) == 1024
+    for bad in ("-1G", "2 parsecs", "", True, "1e400G"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+
+def test_exod_check_prints_each_instance_estimate(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from exod.cli.exod import main
+
+    (tmp_path / "m").mkdir()
+    model(tmp_path / "m")
+    cfg = tmp_path / "exod.yaml"
+    cfg.write_text(f"control: {{socket: {tmp_path}/c.sock}}\n"
+                   f"instances:\n  one: {{model: {tmp_path}/m}}\n"
+                   f"  two: {{model: {tmp_path}/m, shards: 2}}\n")
+    out = CliRunner().invoke(main, ["check", "-c", str(cfg)])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert any(ln.startswith("one: needs 0.4 GiB (weights 0.0 GiB, KV cache 0.0 GiB, runtime "
+                             "0.4 GiB)") for ln in lines), lines
+    assert sum(ln.startswith("two: needs ") and "for rank" in ln for ln in lines) == 2
+    assert any(ln.startswith("available now: ") for ln in lines)

@@ -1,0 +1,124 @@
+"""Pure parts of operating exod: the in-memory log rings, hang detection's watch (on a real
+event loop, with short windows), and which idle on-demand instances are evicted."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from exod.api.admission import Gate
+from exod.api.hang import HangWatch
+from exod.api.on_demand import OnDemand
+from exod.config.schema import Instance
+from exod.core.states import State
+from exod.daemon.log_ring import LogRings
+
+
+def test_rings_are_bounded_per_rank_and_merged_by_time() -> None:
+    clock = itertools.count(1.0)
+    rings = LogRings(per_rank=3, clock=lambda: float(next(clock)))
+    for i in range(5):
+        rings.add({"instance": "a", "rank": i % 2, "pid": 10 + i % 2}, "INFO", f"line {i}")
+    rings.add({"instance": "b", "rank": 0, "pid": 20}, "ERROR", "other")
+    assert [ln.text for ln in rings.tail("a", 10, rank=0)] == ["line 0", "line 2", "line 4"]
+    assert [ln.text for ln in rings.tail("a", 10)] == [f"line {i}" for i in range(5)]
+    assert [ln.text for ln in rings.tail("a", 2)] == ["line 3", "line 4"]
+    assert rings.tail("a", 0) == [] and rings.tail("nope", 5) == []
+    for i in range(3, 6):  # rank 1 keeps only its last 3
+        rings.add({"instance": "a", "rank": 1, "pid": 11}, "INFO", f"more {i}")
+    assert [ln.text for ln in rings.tail("a", 10, rank=1)] == ["more 3", "more 4", "more 5"]
+    assert rings.tail("b", 1)[0].to_json()["level"] == "ERROR"
+    rings.forget("a")
+    assert rings.tail("a", 10) == [] and len(rings.tail("b", 10)) == 1
+
+
+def test_followers_see_new_lines_until_they_stop() -> None:
+    rings = LogRings()
+    seen: list[str] = []
+    stop = rings.follow(lambda ln: seen.append(ln.text))
+    rings.add({"instance": "a", "rank": 0, "pid": 1}, "INFO", "x" * 10_000)
+    stop()
+    rings.add({"instance": "a", "rank": 0, "pid": 1}, "INFO", "after")
+    assert [len(t) for t in seen] == [4096]  # one line, cut to the ring's limit
+
+
+class FakeStream:
+    def __init__(self) -> None:
+        self.failed: list[tuple[str, str]] = []
+
+    def fail(self, code: str, message: str) -> None:
+        self.failed.append((code, message))
+
+
+def test_hang_watch_fires_only_without_progress_while_in_flight() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        hung: asyncio.Future[float] = loop.create_future()
+        watch = HangWatch(loop, 1.0, hung.set_result)
+        a, b = FakeStream(), FakeStream()
+        watch.opened(a)  # type: ignore[arg-type]
+        for _ in range(8):  # progress keeps it alive past a window (the scenario's own pace)
+            await asyncio.sleep(0.2)
+            watch.progress()
+        assert not hung.done()
+        watch.opened(b)  # type: ignore[arg-type]
+        silent = await asyncio.wait_for(hung, 5)
+        assert silent >= 1.0
+        assert a.failed and a.failed[0][0] == "hung" and b.failed[0][0] == "hung"
+        assert "no progress for" in a.failed[0][1]
+        # Nothing in flight: no timer, nothing fires.
+        idle = HangWatch(loop, 0.05, lambda s: hung_again.append(s))
+        hung_again: list[float] = []
+        s = FakeStream()
+        idle.opened(s)  # type: ignore[arg-type]
+        idle.closed(s)  # type: ignore[arg-type]
+        assert idle._timer is None
+
+    asyncio.run(scenario())
+
+
+def instance(name: str, state: State, need: int, on_demand: bool = True) -> Any:
+    cfg = Instance(name=name, model=Path("/m"), autostart="on-demand" if on_demand else True)
+    return SimpleNamespace(name=name, state=state, config=cfg, memory_need=need)
+
+
+def test_eviction_takes_idle_on_demand_instances_least_recently_used_first() -> None:
+    new = instance("new", State.STOPPED, 50)
+    old = instance("old", State.READY, 30)
+    mid = instance("mid", State.READY, 30)
+    busy = instance("busy", State.READY, 100)
+    always = instance("always", State.READY, 500, on_demand=False)
+    loading = instance("loading", State.LOADING, 100)
+    busy_gate = Gate(1, 1)
+    busy_gate.active = 1
+    daemon = SimpleNamespace(ordered=lambda: [new, old, mid, busy, always, loading])
+    od = OnDemand(daemon, asyncio.new_event_loop(),  # type: ignore[arg-type]
+                  lambda i: busy_gate if i is busy else None)
+    od.last_used.update({"old": 1.0, "mid": 2.0, "busy": 0.5})
+    assert od._victims(new, 0) == []  # it fits
+    assert od._victims(new, 20) == [old]
+    assert od._victims(new, 50) == [old, mid]
+    assert od._victims(new, 61) == []  # even all idle on-demand ones would not make room
+
+
+def test_status_table_says_hung_and_on_demand() -> None:
+    from exod.cli.table import render_status
+
+    def inst(name: str, state: str, detail: str, autostart: object = True) -> dict[str, Any]:
+        return {"name": name, "state": state, "detail": detail, "reason": None,
+                "autostart": autostart, "uptime_s": None, "restarts": 1, "ranks": [
+                    {"layers_loaded": 0, "layers_total": 4, "pid": None, "rss_bytes": None,
+                     "error": None, "last_exit": None}]}
+
+    snap = {"daemon": {"pid": 1, "version": "0", "uptime_s": 5, "state": "running",
+                       "summary": "0/2 ready"},
+            "instances": [inst("big", "stopping", "hung (no progress for 5m); stopping "
+                                                  "(SIGKILL in 20s if still running)"),
+                          inst("coder", "stopped", "stopped (starts on demand)", "on-demand")]}
+    lines = render_status(snap).splitlines()
+    assert any(ln.startswith("big ") and "hung (no progress for 5m), stopping" in ln
+               for ln in lines), lines
+    assert any(ln.startswith("coder ") and "stopped (on demand)" in ln for ln in lines), lines

@@ -1,0 +1,465 @@
+"""The pure parts of exod's defences (issue #11): request limits against the model, browser
+policies, rate-limited logs, the group handshake and header bounds, trust in directories and
+sockets, config safety. Sockets here are socketpairs and files in tmp dirs; no daemon, no mlx.
+The same attacks against a live daemon are in tests/integration/test_security.py."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from exod import trust
+from exod.api.browser import CorsPolicy, HostPolicy, host_name, is_json
+from exod.api.errors import ApiError
+from exod.api.schema import ModelLimits, apply_limits, parse_chat, parse_completion
+from exod.api.token import read_token, read_tokens
+from exod.config import ConfigError, load_config
+from exod.config.checks import key_file_problem
+from exod.config.model_dir import model_limits
+from exod.config.safety import is_public, warnings
+from exod.daemon.logs import split_priority
+from exod.daemon.rank_addresses import write_private
+from exod.daemon.ratelog import RateLimitedLog
+from exod.runner import headers, validate
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+OTHER_UID = 65534  # nobody
+
+
+def need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("acting as another user needs root (CI runs the suite as root)")
+
+
+def api_error(fn, *args) -> ApiError:  # type: ignore[no-untyped-def]
+    with pytest.raises(ApiError) as e:
+        fn(*args)
+    return e.value
+
+
+# ---- request fields against the model ------------------------------------------------------
+@pytest.mark.parametrize("bias", [
+    {"²": 1}, {"-1": 1}, {"1e3": 1}, {" 1": 1}, {"1": float("nan")}, {"1": float("inf")},
+    {"1": 101}, {"1": True}, {"12345678901": 1}, [1, 2], "x",
+    {str(i): 1 for i in range(1025)},
+])
+def test_logit_bias_shapes_that_never_reach_the_runner(bias: object) -> None:
+    e = api_error(parse_chat, {**CHAT, "logit_bias": bias})
+    assert e.status == 400 and e.param == "logit_bias"
+
+
+def test_logit_bias_ids_must_be_inside_the_vocabulary() -> None:
+    req = parse_chat({**CHAT, "logit_bias": {"1023": 5, "0001": -5}})
+    assert req.logit_bias == {"1023": 5.0, "1": -5.0}  # normalised ids
+    assert apply_limits(req, ModelLimits(vocab=1024)) is req
+    bad = parse_chat({**CHAT, "logit_bias": {"1024": 100}})
+    e = api_error(apply_limits, bad, ModelLimits(vocab=1024))
+    assert e.status == 400 and e.param == "logit_bias" and "1024" in e.message
+    assert e.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_max_tokens_is_capped_by_context_window_or_config() -> None:
+    limits = ModelLimits(vocab=1024, context=2048)
+    for body, parse, param in ((CHAT, parse_chat, "max_tokens"),
+                               ({"model": "m", "prompt": "x"}, parse_completion, "max_tokens")):
+        e = api_error(apply_limits, parse({**body, "max_tokens": 10**12}), limits)
+        assert e.status == 400 and e.param == param and "context window" in e.message
+        assert apply_limits(parse({**body, "max_tokens": 2048}), limits).max_tokens == 2048
+    e = api_error(apply_limits, parse_chat({**CHAT, "max_completion_tokens": 9}),
+                  ModelLimits(context=2048, cap=8))
+    assert e.param == "max_completion_tokens" and "max_tokens_cap" in e.message
+    # The default shrinks to fit instead of failing a request that asked for nothing.
+    assert apply_limits(parse_chat(CHAT), ModelLimits(context=100)).max_tokens == 100
+    assert apply_limits(parse_chat(CHAT), ModelLimits()).max_tokens == 1024
+    assert parse_chat(CHAT).to_runner().max_tokens == 1024  # the runner gets no extras
+
+
+def test_long_stop_sequences_are_refused() -> None:
+    assert api_error(parse_chat, {**CHAT, "stop": "x" * 1025}).param == "stop"
+
+
+def test_model_limits_read_from_config_json(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "llava", "text_config": {"vocab_size": 500, "n_positions": 64}}))
+    assert model_limits(tmp_path) == (500, 64)
+    (tmp_path / "config.json").write_text('{"vocab_size": true}')
+    assert model_limits(tmp_path) == (None, None)
+
+
+def test_runner_checks_again_against_the_real_width() -> None:
+    assert validate.logit_bias({"5": 1}) == {5: 1.0}
+    for bad in ({"²": 1}, {"5": float("nan")}, {"5": 1000}, {"x": 1}, [1]):
+        with pytest.raises(validate.RequestError):
+            validate.logit_bias(bad)
+    validate.check_ids([0, 1023], 1024)
+    with pytest.raises(validate.RequestError, match="outside the model's vocabulary"):
+        validate.check_ids([1024], 1024)
+    for raw in (0, -1, 1.5, True, None):
+        with pytest.raises(validate.RequestError):
+            validate.max_tokens(raw)
+    with pytest.raises(validate.RequestError):
+        validate.unit_number(float("inf"), "temperature", 1.0, 2.0)
+
+
+# ---- browser ---------------------------------------------------------------------------------
+def test_host_policy_refuses_foreign_names_but_not_ip_literals() -> None:
+    p = HostPolicy("127.0.0.1", ["exod.lan"])
+    for ok in ("127.0.0.1:52415", "localhost:52415", "[::1]:80", "10.1.2.3", "exod.lan:8000",
+               "EXOD.LAN.", "app.localhost", None):
+        assert p.allows(ok), ok
+    for bad in ("attacker.example:52415", "evil.com", "127.0.0.1.nip.io"):
+        assert not p.allows(bad), bad
+    assert HostPolicy("0.0.0.0", ["*"]).allows("anything.example")
+    assert host_name("[fe80::1]:80") == "fe80::1"
+
+
+def test_json_content_type_and_cors() -> None:
+    assert is_json("application/json") and is_json("Application/JSON; charset=utf-8")
+    assert not is_json("text/plain") and not is_json("") and not is_json("application/jsonx")
+    off = CorsPolicy([])
+    assert not off.enabled and not off.allows("https://a.example")
+    on = CorsPolicy(["https://app.example/"])
+    assert on.allows("https://app.example") and not on.allows("https://evil.example")
+    assert not on.allows(None)
+
+
+# ---- logs --------------------------------------------------------------------------------------
+def test_rate_limited_log_counts_what_it_mutes() -> None:
+    now = [0.0]
+    log = RateLimitedLog(interval=10, clock=lambda: now[0])
+    assert log.allow("emfile") == 0
+    assert [log.allow("emfile") for _ in range(1000)] == [None] * 1000
+    assert log.allow("other") == 0  # per cause
+    now[0] = 10.0
+    assert log.allow("emfile") == 1000
+
+
+@pytest.mark.parametrize("line, level, text", [
+    ("<3>bad", "ERROR", "bad"), ("<9>x", "INFO", "<9>x"), ("<a>x", "INFO", "<a>x"),
+    ("<", "INFO", "<"), ("<7>", "DEBUG", ""), ("<٣>x", "INFO", "<٣>x"),
+])
+def test_runner_log_prefix_never_raises(line: str, level: str, text: str) -> None:
+    assert split_priority(line) == (level, text)
+
+
+# ---- the group's handshake and headers -----------------------------------------------------
+KEY = b"k" * 32
+
+
+def handshake(leader_key: bytes, worker_key: bytes, rank: int, size: int = 3,
+              taken: tuple[int, ...] = ()) -> tuple[object, object]:
+    a, b = socket.socketpair()
+    a.settimeout(5)
+    b.settimeout(5)
+    out: dict[str, object] = {}
+
+    def worker() -> None:
+        try:
+            headers.worker_handshake(b, worker_key, rank)
+            out["worker"] = "ok"
+        except headers.ControlLost as e:
+            out["worker"] = e
+        finally:
+            b.close()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    try:
+        out["leader"] = headers.leader_handshake(a, leader_key, size, set(taken))
+    except headers.Refused as e:
+        out["leader"] = e
+    finally:
+        a.close()
+    t.join(10)
+    return out["leader"], out.get("worker")
+
+
+def test_group_handshake_accepts_a_rank_that_holds_the_key() -> None:
+    assert handshake(KEY, KEY, 2) == (2, "ok")
+
+
+def test_group_handshake_refuses_strangers_and_fake_leaders() -> None:
+    leader, worker = handshake(KEY, b"x" * 32, 1)
+    assert isinstance(worker, headers.ControlLost)  # the worker does not trust rank 0 ...
+    assert isinstance(leader, headers.Refused)  # ... which gets nothing from it
+    for rank, taken in ((0, ()), (3, ()), (-5, ()), (1, (1,))):
+        leader, _ = handshake(KEY, KEY, rank, taken=taken)
+        assert isinstance(leader, headers.Refused), rank
+    # The old protocol (a bare 4-byte HELLO) or garbage is refused, not taken as a rank.
+    a, b = socket.socketpair()
+    a.settimeout(2)
+    b.sendall(headers.HELLO.pack(1) + b"\0" * 60)
+    with pytest.raises(headers.Refused):
+        headers.leader_handshake(a, KEY, 2, set())
+    a.close()
+    b.close()
+
+
+def test_headers_are_bounds_checked() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        for cmd, cache, length in ((1, 0, 1 << 30), (1, -1, 1), (1, 0, -1)):
+            headers.send(a, cmd, cache, length)
+            with pytest.raises(headers.ControlLost, match="bad header"):
+                headers.recv(b, limit=4096)
+        headers.send(a, 99, 1, 5)  # an unknown command is for peers.py to refuse
+        assert headers.recv(b, limit=4096) == (99, 1, 5)
+
+
+def test_cluster_key_comes_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EXOD_CLUSTER_KEY_FILE", raising=False)
+    with pytest.raises(headers.ControlLost, match="not set"):
+        headers.cluster_key()
+    key = tmp_path / "k"
+    key.write_bytes(b"short\n")
+    monkeypatch.setenv("EXOD_CLUSTER_KEY_FILE", str(key))
+    with pytest.raises(headers.ControlLost, match="shorter"):
+        headers.cluster_key()
+    key.write_bytes(b"a" * 40 + b"\n")
+    assert headers.cluster_key() == b"a" * 40
+    key.chmod(0o644)
+    assert key_file_problem(key) is not None and "chmod 600" in str(key_file_problem(key))
+    key.chmod(0o600)
+    assert key_file_problem(key) is None
+
+
+# ---- trust in directories and sockets ---------------------------------------------------
+def test_private_dir_is_created_private_and_never_loosened(tmp_path: Path) -> None:
+    d = tmp_path / "run"
+    trust.ensure_private_dir(d, group_access=False)
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    trust.ensure_private_dir(tmp_path / "shared", group_access=True)
+    assert stat.S_IMODE(os.stat(tmp_path / "shared").st_mode) == 0o750
+    # An existing folder is adopted as it is (it may be shared, like /run) ...
+    d.chmod(0o755)
+    trust.ensure_private_dir(d, group_access=False)
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o755
+    # ... unless others may write in it: they could swap the socket.
+    for loose in (0o777, 0o1777, 0o770):
+        d.chmod(loose)
+        with pytest.raises(trust.Untrusted, match="may be written by other users"):
+            trust.ensure_private_dir(d, group_access=False)
+        assert stat.S_IMODE(os.stat(d).st_mode) == loose
+
+
+def test_private_dir_owned_by_someone_else_is_refused(tmp_path: Path) -> None:
+    need_root()
+    d = tmp_path / "exod-0"
+    d.mkdir(mode=0o777)
+    os.chown(d, OTHER_UID, OTHER_UID)
+    with pytest.raises(trust.Untrusted, match="belongs to"):
+        trust.ensure_private_dir(d, group_access=False)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    with pytest.raises(trust.Untrusted, match="not a directory"):
+        trust.ensure_private_dir(link, group_access=False)
+
+
+def test_exoctl_trusts_only_sockets_in_our_own_dirs(tmp_path: Path) -> None:
+    need_root()
+    tmp_path.chmod(0o1777)  # like /tmp: anyone may create entries
+    hijack = tmp_path / "exod-0"
+    hijack.mkdir()
+    hijack.chmod(0o777)
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(hijack / "control.sock"))
+    os.chown(hijack, OTHER_UID, OTHER_UID)
+    problem = trust.socket_problem(hijack / "control.sock")
+    assert problem is not None and "belongs to" in problem
+    os.chown(hijack, 0, 0)
+    problem = trust.socket_problem(hijack / "control.sock")
+    assert problem is not None and "writable by every user" in problem
+    hijack.chmod(0o700)
+    assert trust.socket_problem(hijack / "control.sock") is None
+    s.close()
+    (hijack / "plain").write_text("")
+    assert "not a socket" in str(trust.socket_problem(hijack / "plain"))
+
+
+def test_peer_credentials_of_a_unix_connection() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        assert trust.peer_creds(a) == (os.geteuid(), os.getegid())
+    policy = trust.ClientPolicy(gid=None)
+    assert policy.allows(os.geteuid(), 12345) and policy.allows(0, 0)
+    assert not policy.allows(OTHER_UID, OTHER_UID)
+    assert trust.ClientPolicy(gid=OTHER_UID).allows(4242, OTHER_UID)
+
+
+def test_bind_unix_gives_the_mode_before_the_name_exists(tmp_path: Path) -> None:
+    s = socket.socket(socket.AF_UNIX)
+    with s:
+        trust.bind_unix(s, tmp_path / "c.sock", 0o600)
+        assert stat.S_IMODE(os.lstat(tmp_path / "c.sock").st_mode) == 0o600
+        assert [p.name for p in tmp_path.iterdir()] == ["c.sock"]  # no temporary left
+
+
+def test_private_files_are_written_o_excl_in_a_private_dir(tmp_path: Path) -> None:
+    path = tmp_path / "groups" / "pp.json"
+    write_private(path, b"[]")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+    # A symlink planted under the old, predictable temporary name is never followed.
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (path.parent / ".pp.json.tmp").symlink_to(victim)
+    write_private(path, b"[1]")
+    assert victim.read_text() == "keep" and path.read_bytes() == b"[1]"
+
+
+# ---- config safety -------------------------------------------------------------------------
+def write_config(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "m").mkdir(exist_ok=True)
+    (tmp_path / "m" / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 2}')
+    main = tmp_path / "exod.yaml"
+    main.write_text(text)
+    return main
+
+
+def test_include_is_confined_to_the_config_tree(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.yaml"
+    outside.write_text("instances:\n  stolen: {model: m}\nsecret: hunter2\n")
+    conf = tmp_path / "etc"
+    conf.mkdir()
+    (conf / "d").mkdir()
+    (conf / "d" / "link.yaml").symlink_to(outside)
+    main = write_config(conf, f"include: [{outside}, d/*.yaml]\ninstances: {{}}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(main)
+    text = str(e.value)
+    assert text.count("is outside") == 2 and "hunter2" not in text and "stolen" not in text
+
+
+def test_control_socket_must_not_name_a_regular_file(tmp_path: Path) -> None:
+    victim = tmp_path / "precious.txt"
+    victim.write_text("data")
+    main = write_config(tmp_path, f"control: {{socket: {victim}}}\ninstances: {{}}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(main)
+    assert f"exod.yaml:1:19: control.socket: {victim} exists and is a file" in str(e.value)
+    assert victim.read_text() == "data"
+
+
+def test_unsafe_but_valid_settings_are_warned_about(tmp_path: Path) -> None:
+    main = write_config(tmp_path, "api: {listen: '0.0.0.0:8000'}\ncontrol: {mode: '0666'}\n"
+                                  "instances: {}\n")
+    cfg = load_config(main)
+    got = warnings(cfg)
+    assert len(got) == 2 and "refuses this unless api.insecure_public" in got[0]
+    assert "every user" in got[1]
+    assert is_public("[::]:1") and is_public("example.com:1") and not is_public("[::1]:1")
+    assert not is_public("localhost:1") and not is_public("127.0.0.2:1") and not is_public("")
+
+
+def test_token_file_holds_several_tokens(tmp_path: Path) -> None:
+    f = tmp_path / "tokens"
+    f.write_text("# comment\nalpha\n\n  beta  \n")
+    assert read_tokens(f) == ["alpha", "beta"] and read_token(f) == "alpha"
+    f.write_text("# only a comment\n")
+    with pytest.raises(OSError, match="holds no token"):
+        read_tokens(f)
+    f.write_bytes("tök\n".encode())
+    with pytest.raises(OSError, match="printable ASCII") as e:
+        read_tokens(f)
+    assert "tök" not in str(e.value)
+
+
+def test_rank_0_refuses_impostors_and_takes_the_real_rank(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real sockets on loopback: three strangers reach rank 0's control port first (one of
+    them silent); all are refused, and the rank that holds the key is the one taken."""
+    key = tmp_path / "key"
+    key.write_bytes(b"s" * 32)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("EXOD_GROUP_CONTROL", f"127.0.0.1:{port}")
+    monkeypatch.setenv("EXOD_CLUSTER_KEY_FILE", str(key))
+    refused: list[str] = []
+    got: dict[int, socket.socket] = {}
+    leader = threading.Thread(target=lambda: got.update(headers.accept_workers(2, 30,
+                                                                               refused.append)))
+    leader.start()
+    try:
+        first = _connect_when_listening(port)
+        first.sendall(headers.HELLO.pack(1) + b"\0" * 64)  # the old protocol: "I am rank 1"
+        second = _connect_when_listening(port)
+        with pytest.raises(headers.ControlLost, match="failed to prove"):
+            headers.worker_handshake(second, b"w" * 32, 1)  # the protocol, but not the key
+        second.close()
+        third = _connect_when_listening(port)  # connects and says nothing: held 2 s at most
+        real = headers.connect_to_leader(1, 30)
+    finally:
+        leader.join(30)
+    assert list(got) == [1] and len(refused) == 3, refused
+    assert all("refused a control connection from 127.0.0.1" in r for r in refused)
+    got[1].sendall(b"ping")
+    assert real.recv(4) == b"ping"  # the connection kept is the real rank's
+    for s in (first, third, real, got[1]):
+        s.close()
+
+
+def _connect_when_listening(port: int) -> socket.socket:
+    for _ in range(500):
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=5)
+        except ConnectionRefusedError:
+            threading.Event().wait(0.01)  # the leader thread binds moments after it starts
+    raise AssertionError("rank 0 never listened")
+
+
+def test_exod_raises_its_open_files_limit_to_the_hard_one() -> None:
+    script = ("import resource; from exod.daemon.limits import raise_nofile; "
+              "print(raise_nofile(), resource.getrlimit(resource.RLIMIT_NOFILE))")
+    out = subprocess.run(["prlimit", "--nofile=512:4096", "--", sys.executable, "-c", script],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == "(512, 4096) (4096, 4096)"
+
+
+# ---- bounded queues: a client that does not read is dropped, never buffered for --------------
+def test_a_request_stream_drops_a_client_that_reads_too_slowly() -> None:
+    from exod import messages as m
+    from exod.daemon.link import MAX_PENDING, RequestStream
+
+    sent: list[object] = []
+
+    class FakeLink:
+        def send(self, msg: object) -> bool:
+            sent.append(msg)
+            return True
+
+    stream = RequestStream(FakeLink(), "r1")  # type: ignore[arg-type]
+    for i in range(MAX_PENDING + 10):
+        stream._put(m.Text("r1", f"t{i}"))
+    assert stream.finished and sent == [m.Cancel("r1")]  # the runner stops generating
+    assert stream._queue.qsize() == 1  # what was buffered is gone: only the error is left
+    last = stream._queue.get_nowait()
+    assert isinstance(last, m.Error) and last.code == "aborted"
+
+
+def test_wait_and_watch_queues_are_bounded() -> None:
+    import asyncio
+
+    from exod.daemon.commands import MAX_QUEUED, _offer
+
+    q: asyncio.Queue[dict[str, object]] = asyncio.Queue(MAX_QUEUED)
+    overflow: list[bool] = []
+    made: list[int] = []
+
+    def snapshot(i: int) -> dict[str, object]:
+        made.append(i)
+        return {"n": i}
+
+    for i in range(MAX_QUEUED * 3):
+        _offer(q, overflow, functools.partial(snapshot, i))
+    assert q.qsize() == MAX_QUEUED and overflow == [True]
+    assert len(made) == MAX_QUEUED  # no snapshot is even made for a client being dropped

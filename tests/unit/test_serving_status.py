@@ -1,0 +1,31 @@
+"""The engine's figures in `exoctl status`: the hit rate the JSON adds, the table's line."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from exod.cli.table import serving_note
+from exod.messages import Serving
+from exod.daemon.status import serving_json
+
+BATCH = Serving(batching="continuous", width=8, active=3, prefill_step=256, cache_entries=2,
+                cache_bytes=3 * 2**20, cache_max_bytes=2**30, cache_lookups=4, cache_hits=1,
+                cached_tokens=40, prompt_tokens=200)
+
+
+def test_hit_rate_is_hits_per_lookup_and_null_before_any() -> None:
+    out = serving_json(BATCH)
+    assert out is not None and out["prompt_cache"]["hit_rate"] == 0.25
+    fresh = serving_json(replace(BATCH, cache_lookups=0, cache_hits=0))
+    assert fresh is not None and fresh["prompt_cache"]["hit_rate"] is None
+    assert serving_json(None) is None
+
+
+def test_table_line_shows_batch_and_cache_or_why_there_is_no_batch() -> None:
+    assert serving_note(serving_json(BATCH)) == (
+        "batch 3/8, prompt cache 2 entries 3.0MiB, hit rate 25%")
+    off = replace(BATCH, cache_max_bytes=0)
+    assert serving_note(serving_json(off)) == "batch 3/8, no prompt cache"
+    why = "one request at a time: a multi-rank group's forward carries one sequence"
+    assert serving_note(serving_json(Serving(batching=why, width=2, active=0))) == why
+    assert serving_note(None) == ""
