@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-ALL = ["load", "daemon", "api", "serving", "sharding", "families", "systemd", "security"]
+ALL = ["load", "daemon", "api", "serving", "sharding", "families", "systemd", "security",
+       "hostile_runner"]
 
 
 def main() -> None:

@@ -71,6 +71,10 @@ class Progress:
     loaded: int
     total: int
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.loaded <= self.total:
+            raise ProtocolError(f"progress: {self.loaded} of {self.total} layers is impossible")
+
 
 @dataclass(frozen=True)
 class Ready:
@@ -79,6 +83,11 @@ class Ready:
     type: ClassVar[str] = "ready"
     vocab_size: int = 0  # 0: unknown
     context_length: int = 0
+
+    def __post_init__(self) -> None:
+        # The API's limits come from these: a negative one would let every request through.
+        if self.vocab_size < 0 or self.context_length < 0:
+            raise ProtocolError("ready: a negative vocab_size or context_length")
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,16 @@ class Serving:
     cached_tokens: int = 0  # prompt tokens taken from the cache instead of prefilled
     prompt_tokens: int = 0  # prompt tokens of every lookup
 
+    def __post_init__(self) -> None:
+        # Every status snapshot carries these: a runaway text or an impossible count is a
+        # broken runner, not something to show.
+        if len(self.batching) > 500:
+            raise ProtocolError("serving: batching is longer than 500 characters")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int) and value < 0:
+                raise ProtocolError(f"serving: {f.name} is negative")
+
 
 # ---- runner → daemon: work ------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -141,6 +160,10 @@ class Prefill:
     id: str
     done: int  # prompt tokens processed so far
     total: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.done <= self.total:
+            raise ProtocolError(f"prefill: {self.done} of {self.total} tokens is impossible")
 
 
 FinishReason = Literal["stop", "length"]
@@ -226,8 +249,7 @@ def from_wire(obj: dict[str, Any], allowed: dict[str, type[Any]]) -> Any:
     cls = allowed.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ProtocolError(f"unknown message type {_clip(kind)}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints, fields = _shape(cls)
     unknown = set(obj) - set(fields) - {"type"}
     if unknown:
         raise ProtocolError(f"{kind}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -239,6 +261,19 @@ def from_wire(obj: dict[str, Any], allowed: dict[str, type[Any]]) -> Any:
             continue
         values[name] = _check(obj[name], hints[name], f"{kind}.{name}")
     return cls(**values)
+
+
+_SHAPES: dict[type[Any], tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]] = {}
+
+
+def _shape(cls: type[Any]) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+    """A message class's field types and fields, worked out once: get_type_hints evaluates
+    every annotation again at each call (~100 µs), which was most of the cost of a frame."""
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        shape = _SHAPES[cls] = (typing.get_type_hints(cls),
+                                {f.name: f for f in dataclasses.fields(cls)})
+    return shape
 
 
 def decode_from_runner(obj: dict[str, Any]) -> FromRunner:

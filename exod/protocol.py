@@ -44,11 +44,21 @@ class FrameDecoder:
                 break
             body = bytes(self._buf[HEADER.size : HEADER.size + n])
             del self._buf[: HEADER.size + n]
-            try:
-                msg = json.loads(body)
-            except ValueError as e:
-                raise ProtocolError(f"bad JSON frame: {e}") from None
-            if not isinstance(msg, dict):
-                raise ProtocolError("a frame must hold a JSON object")
-            out.append(msg)
+            out.append(parse(body))
         return out
+
+
+def parse(body: bytes) -> Message:
+    """One frame's JSON object, or ProtocolError (never another exception: a peer's bytes
+    must not be able to raise anything else, e.g. RecursionError from deep nesting)."""
+    try:
+        msg = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise ProtocolError(f"bad JSON frame: {_short(e)}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError("a frame must hold a JSON object")
+    return msg
+
+
+def _short(e: Exception) -> str:
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e)

@@ -70,6 +70,7 @@ def parse_completion(body: Any) -> GenRequest:
     if not isinstance(prompt, str):
         raise bad_request("`prompt` must be a string (batches and token arrays are not "
                           "supported)", "prompt")
+    _text(prompt, "prompt")
     if b.get("echo"):
         raise bad_request("`echo` is not supported", "echo")
     return GenRequest(
@@ -117,8 +118,19 @@ def _message(m: Any, i: int) -> dict[str, str]:
     elif not isinstance(content, str):
         raise bad_request(f"`{param}.content` must be a string or an array of text parts",
                           f"{param}.content")
+    _text(content, f"{param}.content")
     # Chat templates know `system`; `developer` is OpenAI's newer name for it.
     return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def _text(value: str, param: str) -> None:
+    """JSON may spell a lone surrogate (`"\\ud800"`), which is no text at all: it cannot be
+    encoded for the runner, nor tokenized."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad_request(f"`{param}` holds a lone surrogate at character {e.start}, which is "
+                          "not text", param) from None
 
 
 def _number(b: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
@@ -171,6 +183,8 @@ def _common(b: dict[str, Any]) -> dict[str, Any]:
         raise bad_request("`stop` sequences must not be empty", "stop")
     if any(len(s) > MAX_STOP_CHARS for s in stops):
         raise bad_request(f"`stop` sequences are at most {MAX_STOP_CHARS} characters", "stop")
+    for s in stops:
+        _text(s, "stop")
     seed = b.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise bad_request("`seed` must be an integer", "seed")

@@ -298,17 +298,24 @@ class InstanceRuntime:
             return
         now = self.seam.now()
         log = self.log.bind(rank=rank.rank, pid=pid)
+        if isinstance(msg, m.Heartbeat):
+            # Nothing to publish: status derives the heartbeat's age when asked. (A snapshot per
+            # watcher per heartbeat let a flooding runner starve the loop and drop watchers.)
+            rank.last_heartbeat = now
+            return
         if isinstance(msg, m.Status):
-            rank.phase, rank.status_text, rank.attempt = msg.phase, msg.text, msg.attempt
+            before = (rank.phase, rank.status_text, rank.attempt)
+            rank.phase, rank.status_text, rank.attempt = msg.phase, _clip(msg.text), msg.attempt
+            if (rank.phase, rank.status_text, rank.attempt) == before:
+                return  # a repeat changes nothing anyone sees
         elif isinstance(msg, m.Progress):
             self._progress(rank, msg, now)
-        elif isinstance(msg, m.Heartbeat):
-            rank.last_heartbeat = now
         elif isinstance(msg, m.Serving):
             rank.serving = msg
         elif isinstance(msg, m.Failed):
-            rank.error, rank.phase, rank.status_text = msg.reason, m.Phase.FAILED, msg.reason
-            log.error("{}", msg.reason)
+            reason = _clip(msg.reason)
+            rank.error, rank.phase, rank.status_text = reason, m.Phase.FAILED, reason
+            log.error("{}", reason)
         elif isinstance(msg, m.Stopping):
             rank.phase, rank.status_text = m.Phase.STOPPING, "stopping"
             log.debug("runner is stopping")
@@ -480,3 +487,9 @@ class InstanceRuntime:
         if self._restart_timer is not None:
             self._restart_timer.cancel()
             self._restart_timer = None
+
+
+def _clip(text: str, limit: int = 2000) -> str:
+    """A runner's words for status and the log: every status snapshot carries them, so a
+    runaway one is cut rather than copied to every watcher."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"

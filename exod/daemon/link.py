@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -25,9 +24,18 @@ from typing import Any
 from loguru import logger
 
 from exod import messages as m
-from exod.protocol import HEADER, MAX_FRAME, ProtocolError, encode
+from exod.protocol import HEADER, ProtocolError, encode, parse
 
 MAX_PENDING = 4096  # events waiting for a client: a slow reader beyond this is dropped
+# What the stream buffers ahead of the reader. A frame may still be up to MAX_FRAME (readexactly
+# resumes a paused stream), but a runner that floods small frames faster than the daemon handles
+# them fills at most twice this before it is made to wait, not twice MAX_FRAME.
+READ_AHEAD = 256 * 1024
+# A runner's frames are small (a piece of text, a reason); requests to it may be larger
+# (MAX_FRAME, bounded in practice by api.max_body_kib). A bigger one is a broken runner, refused
+# before it is read into memory.
+MAX_RUNNER_FRAME = 1024 * 1024
+YIELD_EVERY = 8  # frames read between turns of the loop (bench hostile_runner)
 
 
 class RequestStream:
@@ -76,6 +84,7 @@ class Link:
                  on_broken: Callable[[str], None]) -> None:
         self.log = logger.bind(**context)
         self.closed = False
+        self.broken = False  # closed for a protocol error (already reported to on_broken)
         self.hello: m.Hello | None = None
         self._on_message = on_message
         self._on_broken = on_broken
@@ -121,17 +130,24 @@ class Link:
     async def _read_all(self, sock: socket.socket) -> None:
         try:
             reader, self._writer = await asyncio.open_unix_connection(sock=sock,
-                                                                      limit=MAX_FRAME)
+                                                                      limit=READ_AHEAD)
             for data in self._pending:
                 self._writer.write(data)
             self._pending.clear()
-            while not self.closed:
+            for n in itertools.count(1):
+                if self.closed:
+                    break
                 self._deliver(await _read_frame(reader))
+                if n % YIELD_EVERY == 0:
+                    # A read of buffered frames never yields to the loop by itself: a flooding
+                    # runner would starve the API and the control socket.
+                    await asyncio.sleep(0)
         except (asyncio.IncompleteReadError, ConnectionError):
             self.close("the runner exited mid-request")
         except ProtocolError as e:
             why = f"protocol error from the runner: {e}"
             self.log.error("{}", why)
+            self.broken = True
             self.close(why)
             self._on_broken(why)
         except OSError as e:
@@ -174,15 +190,9 @@ class Link:
 
 async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
     (n,) = HEADER.unpack(await reader.readexactly(HEADER.size))
-    if n > MAX_FRAME:
-        raise ProtocolError(f"frame of {n} bytes exceeds the {MAX_FRAME} limit")
-    try:
-        obj = json.loads(await reader.readexactly(n))
-    except ValueError as e:
-        raise ProtocolError(f"bad JSON frame: {e}") from None
-    if not isinstance(obj, dict):
-        raise ProtocolError("a frame must hold a JSON object")
-    return obj
+    if n > MAX_RUNNER_FRAME:
+        raise ProtocolError(f"frame of {n} bytes exceeds the {MAX_RUNNER_FRAME} limit")
+    return parse(await reader.readexactly(n))
 
 
 def _fields(msg: m.Generate) -> dict[str, Any]:

@@ -27,6 +27,9 @@ MAX_LINE = 64 * 1024
 # How long a reaped runner's pipes may take to reach end of stream: a grandchild that inherited
 # them could hold them open for ever, and the exit must still be reported.
 EXIT_DRAIN = 2.0
+# A runner says hello before it imports anything heavy (mlx), so a long silence is a runner
+# that will never speak: without this deadline it would sit in `starting` for ever.
+HELLO_DEADLINE = 60.0
 
 ExitHandler = Callable[[int, ExitInfo], None]
 
@@ -73,6 +76,9 @@ class ProcessTable:
         proc.readers = [self.loop.create_task(self._read_lines(proc, fd))
                         for fd in (child.stdout, child.stderr)]
         self.procs[pid] = proc
+        link.reader_task.add_done_callback(lambda _: self.loop.call_later(
+            EXIT_DRAIN, self._channel_gone, proc))
+        self.loop.call_later(HELLO_DEADLINE, self._hello_due, proc)
         # The child may have died before we registered it: SIGCHLD would already be spent.
         self.loop.call_soon(self.reap)
         return pid
@@ -84,6 +90,24 @@ class ProcessTable:
     def link(self, pid: int) -> Link | None:
         proc = self.procs.get(pid)
         return proc.link if proc is not None and not proc.link.closed else None
+
+    def _channel_gone(self, proc: Proc) -> None:
+        """The channel ended some time ago and the runner is still not reaped: it closed its
+        channel but kept running, so it can no longer be asked anything. It is broken."""
+        pid = proc.child.pid
+        if self.procs.get(pid) is not proc or proc.link.broken:
+            return  # it exited, as a runner whose channel ends should; or already reported
+        why = "the runner closed its channel but kept running"
+        logger.bind(**proc.context).error("{}", why)
+        proc.handlers.on_broken(pid, why)
+
+    def _hello_due(self, proc: Proc) -> None:
+        pid = proc.child.pid
+        if self.procs.get(pid) is not proc or proc.link.hello is not None or proc.link.closed:
+            return
+        why = f"the runner said no hello within {HELLO_DEADLINE:g}s"
+        logger.bind(**proc.context).error("{}", why)
+        proc.handlers.on_broken(pid, why)
 
     def kill(self, pid: int, sig: int) -> bool:
         if pid not in self.procs:

@@ -18,6 +18,16 @@ Behaviours:
   garbage       load, READY, then send a message that breaks the protocol (a field of the wrong
                 type), then behave as cooperative
   old-protocol  say hello with another protocol version, then behave as cooperative
+  nested        load, READY, then send a frame of JSON nested 100,000 deep
+  bad-progress  load, READY, then report 5 of 4 layers loaded
+  huge-frame    load, READY, then announce a frame of MAX_FRAME bytes and start sending it
+  storm         load, READY, then send valid lifecycle frames as fast as it can until asked
+                to stop (a benchmark's flooding runner)
+  silent        never say hello (nor anything else); the default SIGTERM ends it
+  mute          load, READY, then close its channel and keep running (until SIGTERM)
+  flood         load, READY, then send 100,000 valid lifecycle frames, Done and Error for
+                request ids it was never given, Ready again, and 8 MiB of stderr without a
+                newline; then behave as cooperative
 """
 
 from __future__ import annotations
@@ -25,13 +35,15 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import threading
+from collections.abc import Callable
 
 from exod import messages as m
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
-from exod.protocol import encode
+from exod.protocol import HEADER, MAX_FRAME, encode
 from exod.runner.report import Reporter
 
 
@@ -52,6 +64,44 @@ def gated_load(notify: Reporter, life: Lifecycle, n: int) -> bool:
     return True
 
 
+def flood(sock: socket.socket, n: int) -> None:
+    beat = encode({"type": "heartbeat"})
+    status = encode({"type": "status", "phase": "ready", "text": "x" * 200})
+    sock.sendall((beat + status) * 50_000)
+    sock.sendall(encode({"type": "done", "id": "r999", "finish_reason": "stop",
+                         "prompt_tokens": 1, "completion_tokens": 1}))
+    sock.sendall(encode({"type": "error", "id": "nobody", "code": "internal", "message": "?"}))
+    sock.sendall(encode({"type": "ready", "vocab_size": 5, "context_length": 5}))
+    chunk = "y" * (1 << 20)
+    for _ in range(8):
+        sys.stderr.write(chunk)
+    sys.stderr.write("\n")
+    print("double flood: sent", file=sys.stderr, flush=True)
+
+
+def mute(sock: socket.socket, n: int) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sock.shutdown(socket.SHUT_RDWR)
+    threading.Event().wait()  # until SIGTERM ends it
+
+
+MISBEHAVIOURS: dict[str, Callable[[socket.socket, int], None]] = {
+    "garbage": lambda sock, n: sock.sendall(
+        encode({"type": "progress", "loaded": "many", "total": n})),
+    "nested": lambda sock, n: sock.sendall(framed(
+        b'{"type":"status","phase":"ready","text":' + b"[" * 100_000 + b"]" * 100_000 + b"}")),
+    "bad-progress": lambda sock, n: sock.sendall(
+        encode({"type": "progress", "loaded": n + 1, "total": n})),
+    "huge-frame": lambda sock, n: sock.sendall(HEADER.pack(MAX_FRAME) + b"{" * 65536),
+    "mute": mute,
+    "flood": flood,
+}
+
+
+def framed(body: bytes) -> bytes:
+    return HEADER.pack(len(body)) + body
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--total-layers", type=int, default=4)
@@ -62,6 +112,9 @@ def main() -> int:
     n = args.total_layers or 4
     life = Lifecycle(args.parent_pid)
     life.install()
+    if behaviour == "silent":
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        threading.Event().wait()
     channel = Channel(args.channel_fd, life)
     notify = Reporter(channel)
     if behaviour == "crash":
@@ -87,11 +140,16 @@ def main() -> int:
             notify.progress(i, n)
     notify.ready()
     print(f"double {behaviour}: ready", file=sys.stderr, flush=True)
-    if behaviour == "garbage":
+    if behaviour in MISBEHAVIOURS:
         assert channel.sock is not None
-        channel.sock.sendall(encode({"type": "progress", "loaded": "many", "total": n}))
+        MISBEHAVIOURS[behaviour](channel.sock, n)
     if behaviour == "stubborn":
         threading.Event().wait()
+    if behaviour == "storm":
+        burst = (encode({"type": "heartbeat"})
+                 + encode({"type": "status", "phase": "ready", "text": "x" * 200})) * 500
+        while not life.stop.is_set() and channel.sock is not None:
+            channel.sock.sendall(burst)
     life.stop.wait()
     if behaviour == "crash-ready":
         return 1

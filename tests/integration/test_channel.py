@@ -10,18 +10,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from exod import messages as m
 from exod.core.exits import EXIT_MODEL
-from exod.protocol import FrameDecoder
+from exod.core.exits import ExitInfo
+from exod.daemon import processes
+from exod.daemon.processes import MAX_LINE
+from exod.daemon.procinfo import rss_bytes
+from exod.protocol import MAX_FRAME, FrameDecoder
 from tests.harness import SAFETY, Daemon
 from tests.integration.conftest import double_env
+from tests.integration.test_security import log_lines, tracebacks
 
 
 def read_messages(sock: socket.socket, until: Callable[[list[m.FromRunner]], bool]
@@ -117,3 +127,90 @@ def test_a_runner_of_another_protocol_version_is_refused(
         daemons: Callable[..., Daemon], fake_model: Path) -> None:
     d = broken_runner(daemons, fake_model, "old-protocol")
     assert_ended_through_the_ladder(d, f"speaks version {m.VERSION + 1}")
+
+
+# ---- hostile runners: each is ended through the ladder, and the daemon shrugs it off -----------
+def assert_no_tracebacks(d: Daemon) -> None:
+    assert tracebacks(d) == []
+
+
+def test_a_frame_nested_too_deeply_is_a_protocol_error(
+        daemons: Callable[..., Daemon], fake_model: Path) -> None:
+    # json.loads raises RecursionError, not ValueError: it used to kill the channel's reader
+    # task (a traceback in the log) and leave the runner running, unsupervised.
+    d = broken_runner(daemons, fake_model, "nested")
+    assert_no_tracebacks(d)
+    assert_ended_through_the_ladder(d, "protocol error from the runner: bad JSON frame: nested")
+
+
+def test_impossible_progress_is_a_protocol_error(
+        daemons: Callable[..., Daemon], fake_model: Path) -> None:
+    d = broken_runner(daemons, fake_model, "bad-progress")
+    assert_ended_through_the_ladder(d, "protocol error from the runner: progress: 5 of 4")
+
+
+def test_a_huge_frame_is_refused_before_it_is_read(
+        daemons: Callable[..., Daemon], fake_model: Path) -> None:
+    d = broken_runner(daemons, fake_model, "huge-frame")
+    assert_ended_through_the_ladder(d, f"frame of {MAX_FRAME} bytes exceeds the")
+
+
+def test_a_runner_that_closes_its_channel_but_keeps_running_is_ended(
+        daemons: Callable[..., Daemon], fake_model: Path) -> None:
+    d = broken_runner(daemons, fake_model, "mute")
+    inst = d.until_state("odd", "backoff")
+    why = "closed its channel but kept running"
+    assert why in inst["ranks"][0]["error"]
+    # Rung 1 cannot reach it (its channel is gone), so rung 2 does, after rung 1's grace.
+    assert [e["extra"]["step"] for e in d.events(event="ladder")] == ["ask", "SIGTERM"]
+    assert inst["restarts"] == 1
+    assert_no_tracebacks(d)
+    assert d.terminate() == 0
+
+
+def test_a_flooding_runner_leaves_the_daemon_bounded_and_responsive(
+        daemons: Callable[..., Daemon], fake_model: Path) -> None:
+    d = broken_runner(daemons, fake_model, "flood")
+    assert d.proc is not None
+    # Printed after the flood was sent (and all but a socket buffer of it read).
+    deadline = time.monotonic() + SAFETY
+    while log_lines(d, "double flood: sent") == 0:
+        assert time.monotonic() < deadline, "the flood was never sent"
+        time.sleep(0.1)  # polling the log for a condition, not waiting for luck
+    inst = d.instance("odd")  # the control socket answers
+    assert inst["state"] == "ready" and inst["restarts"] == 0
+    rss = rss_bytes(d.proc.pid)
+    assert rss is not None and rss < 200 * 2**20, rss  # ~70 MB idle; 64 MiB frames would double
+    # 8 MiB of stderr without a newline: logged in pieces of at most MAX_LINE.
+    pieces = [e for e in d.events() if set(e["message"]) <= set("| y") and "yyy" in e["message"]]
+    assert len(pieces) >= 8 and all(len(e["message"]) <= MAX_LINE + 2 for e in pieces)
+    assert_no_tracebacks(d)
+    assert d.terminate() == 0
+    assert [e["extra"]["step"] for e in d.events(event="ladder")] == ["ask"]
+
+
+def test_a_runner_that_never_says_hello_is_reported_broken(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The daemon's process table with a real child; the deadline shortened for the test (60 s
+    # in the daemon: the hello precedes every heavy import).
+    monkeypatch.setattr(processes, "HELLO_DEADLINE", 0.5)
+
+    async def scenario() -> tuple[list[str], ExitInfo]:
+        loop = asyncio.get_running_loop()
+        table = processes.ProcessTable(loop)
+        table.install()
+        broken: list[str] = []
+        exited: asyncio.Future[ExitInfo] = loop.create_future()
+        handlers = processes.RunnerHandlers(
+            on_exit=lambda pid, info: exited.set_result(info),
+            on_message=lambda pid, msg: None,
+            on_broken=lambda pid, why: (broken.append(why), table.kill(pid, signal.SIGTERM)))
+        table.spawn("tests.doubles.runner", [], {**os.environ, "EXOD_DOUBLE": "silent"},
+                    {"instance": "t"}, handlers)
+        info = await asyncio.wait_for(exited, SAFETY)
+        loop.remove_signal_handler(signal.SIGCHLD)
+        return broken, info
+
+    broken, info = asyncio.run(scenario())
+    assert broken == ["the runner said no hello within 0.5s"]
+    assert info.signal == signal.SIGTERM

@@ -152,6 +152,21 @@ def test_status_and_heartbeat_are_recorded(seam: FakeSeam) -> None:
     assert inst.ranks[0].last_heartbeat == T0 + 7
 
 
+def test_heartbeats_and_repeated_status_publish_nothing(seam: FakeSeam) -> None:
+    # A runner flooding its channel with them must not cost a snapshot per watcher per frame.
+    inst = make(seam)
+    inst.start()
+    pid = seam.pids(inst)[0]
+    seam.send(pid, m.Status(m.Phase.STARTING, "warming up"))
+    before = len(seam.changes)
+    for _ in range(100):
+        seam.send(pid, m.Heartbeat())
+        seam.send(pid, m.Status(m.Phase.STARTING, "warming up"))
+    assert len(seam.changes) == before
+    seam.send(pid, m.Status(m.Phase.STARTING, "warming up more"))
+    assert len(seam.changes) == before + 1
+
+
 def test_messages_and_exits_of_unknown_pids_are_ignored(seam: FakeSeam) -> None:
     inst = make(seam)
     inst.start()

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 from typing import Any
 
 import pytest
 
 from exod import messages as m
-from exod.daemon.link import Link
+from exod.daemon.link import MAX_RUNNER_FRAME, Link
 from exod.protocol import FrameDecoder, encode
 
 
@@ -175,6 +176,21 @@ def test_an_oversized_or_garbled_frame_is_a_protocol_error() -> None:
         runner.sock.sendall(b"\x00\x00\x00\x03{x}")
         await asyncio.wait_for(rec.event.wait(), 10)
         assert "bad JSON" in rec.broken[0]
+        runner.sock.close()
+
+        # Within the frame limit but nested beyond the parser's recursion limit.
+        link, runner, rec = pair()
+        body = b"[" * 100_000 + b"]" * 100_000
+        runner.sock.sendall(struct.pack("!I", len(body)) + body)
+        await asyncio.wait_for(rec.event.wait(), 10)
+        assert "nested too deeply" in rec.broken[0]
+        runner.sock.close()
+
+        # A frame bigger than any a runner sends is refused from its length alone.
+        link, runner, rec = pair()
+        runner.sock.sendall(struct.pack("!I", MAX_RUNNER_FRAME + 1))
+        await asyncio.wait_for(rec.event.wait(), 10)
+        assert f"{MAX_RUNNER_FRAME + 1} bytes exceeds" in rec.broken[0]
         runner.sock.close()
 
     asyncio.run(scenario())

@@ -75,6 +75,15 @@ def test_the_two_directions_are_distinct() -> None:
     ({"type": "text", "id": "r", "text": None}, "text.text"),
     ({"type": "failed", "reason": "r", "exit_code": "65"}, "failed.exit_code"),
     ({"type": "hello", "version": 1, "pid": None}, "hello.pid"),
+    ({"type": "progress", "loaded": 5, "total": 4}, "5 of 4 layers"),
+    ({"type": "progress", "loaded": -1, "total": 4}, "-1 of 4 layers"),
+    ({"type": "progress", "loaded": 0, "total": -4}, "0 of -4 layers"),
+    ({"type": "ready", "vocab_size": -1}, "negative"),
+    ({"type": "ready", "context_length": -1}, "negative"),
+    ({"type": "prefill", "id": "r1", "done": 9, "total": 8}, "9 of 8 tokens"),
+    ({"type": "serving", "batching": "x" * 501, "width": 1, "active": 0}, "longer than 500"),
+    ({"type": "serving", "batching": "c", "width": 1, "active": 0, "cache_hits": -1},
+     "cache_hits is negative"),
 ], ids=str)
 def test_malformed_from_the_runner(obj: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ProtocolError) as info:

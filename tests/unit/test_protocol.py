@@ -83,6 +83,12 @@ def test_bad_json_is_a_protocol_error(body: bytes) -> None:
         FrameDecoder().feed(frame(body))
 
 
+def test_json_nested_too_deeply_is_a_protocol_error_not_a_recursion_error() -> None:
+    body = b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(ProtocolError, match="nested too deeply"):
+        FrameDecoder().feed(frame(body))
+
+
 @pytest.mark.parametrize("value", [[1, 2], "text", 3, None, True], ids=str)
 def test_a_frame_must_hold_an_object(value: object) -> None:
     with pytest.raises(ProtocolError, match="object"):
