@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib
 import sys
 
-ALL = ["load", "daemon", "api", "serving", "sharding", "systemd", "security", "hostile_runner"]
+ALL = ["load", "daemon", "api", "serving", "sharding", "families", "systemd", "security",
+       "hostile_runner"]
 
 
 def main() -> None:
-    names = sys.argv[1:] or ALL
+    names = [a for a in sys.argv[1:] if not a.startswith("-")] or ALL
     for name in names:
         importlib.import_module(f"bench.{name}").main()
 

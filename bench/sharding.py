@@ -1,7 +1,8 @@
-"""Sharding: the cost of splitting one model across 2 ranks, and the memory it saves.
+"""Sharding: the cost of splitting one model across 2 ranks, and the memory it saves, for
+three families: llama (its own shard()), qwen2 (a PipelineMixin family) and qwen3_moe (MoE).
 
-One daemon serves the same generated model (~570 MB, float32) three ways: 1 rank, a 2-rank
-pipeline and 2-rank tensor parallelism, all on this host over the ring backend on loopback.
+For each family one daemon serves the same generated float32 model three ways: 1 rank, a
+2-rank pipeline and 2-rank tensor parallelism, on this host over the ring backend on loopback.
 Printed: decode tokens/s and time to first token (p50/p95) through exod's API, each as a ratio
 to the 1-rank instance measured in the same interleaved rounds, and each rank's RSS as a ratio
 to the 1-rank RSS. On 2 cores no speed-up is expected: the figures show the cost of the split.
@@ -9,30 +10,45 @@ to the 1-rank RSS. On 2 cores no speed-up is expected: the figures show the cost
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
 
 from bench.api import Http
-from bench.common import model, report
+from bench.common import CACHE, PY, model, report
 from tests.harness import Daemon
 
-ROUNDS = 8
+ROUNDS = 4
 TTFT_TOKENS = 4
-DECODE_TOKENS = 64
+DECODE_TOKENS = 32
 PARAMS = {"layers": 12, "hidden": 1024, "intermediate": 2816, "heads": 16, "kv_heads": 4,
           "vocab": 4096, "shards_files": 2}
+# The same shape for the zoo families (config keys); the MoE has 8 experts of 512.
+ZOO = {"num_hidden_layers": 12, "hidden_size": 1024, "intermediate_size": 2816,
+       "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 4096}
+FAMILIES = {"qwen2": ZOO, "qwen3_moe": {**ZOO, "num_experts": 8, "moe_intermediate_size": 512}}
 
 
 def p95(xs: list[float]) -> float:
     return sorted(xs)[max(0, round(0.95 * len(xs)) - 1)]
 
 
-def main() -> None:
-    path = str(model("shard-570m", **PARAMS))
+def zoo_model(family: str, config: Mapping[str, object]) -> Path:
+    """A zoo family at benchmark size, built once (in a subprocess: we never import mlx)."""
+    sets = [f"--set={k}={json.dumps(v)}" for k, v in config.items()]
+    res = subprocess.run([PY, "-m", "exod.models.zoo", str(CACHE / "zoo-570m"), family, *sets],
+                         capture_output=True, text=True, check=True)
+    return Path(json.loads(res.stdout.strip().splitlines()[-1])[family]["path"])
+
+
+def measure(family: str, path: Path) -> list[tuple[str, str]]:
     d = Daemon({"ready": "instances", "instances": {
-        "one": {"model": path},
-        "pipeline": {"model": path, "shards": 2},
-        "tensor": {"model": path, "shards": 2, "parallelism": "tensor"},
-    }}, name="bench-shard")
+        "one": {"model": str(path)},
+        "pipeline": {"model": str(path), "shards": 2},
+        "tensor": {"model": str(path), "shards": 2, "parallelism": "tensor"},
+    }}, name=f"bench-shard-{family}")
     try:
         d.start()
         port = int(d.api_url().rsplit(":", 1)[1])
@@ -57,12 +73,21 @@ def main() -> None:
     rows = []
     for name in sides:
         dec, t50 = statistics.median(rate[name]), statistics.median(ttft[name])
-        rows.append((f"{name}: decode", f"{dec:6.2f} tok/s = {dec / base_rate:.2f}x 1 rank"))
-        rows.append((f"{name}: TTFT p50 / p95", f"{t50 * 1000:6.0f} / {p95(ttft[name]) * 1000:.0f}"
+        rows.append((f"{family} {name}: decode",
+                     f"{dec:6.2f} tok/s = {dec / base_rate:.2f}x 1 rank"))
+        rows.append((f"{family} {name}: TTFT p50 / p95",
+                     f"{t50 * 1000:6.0f} / {p95(ttft[name]) * 1000:.0f}"
                      f" ms = {t50 / base_ttft:.2f}x 1 rank"))
-        rows.append((f"{name}: RSS per rank", ", ".join(
+        rows.append((f"{family} {name}: RSS per rank", ", ".join(
             f"{b / 2**20:.0f} MiB ({b / base_rss:.2f}x)" for b in rss[name])))
-    report(f"sharding: {PARAMS['layers']}-layer ~570 MB model, {ROUNDS} interleaved rounds, "
+    return rows
+
+
+def main() -> None:
+    rows = measure("llama", model("shard-570m", **PARAMS))
+    for family, config in FAMILIES.items():
+        rows += measure(family, zoo_model(family, config))
+    report(f"sharding: 12-layer float32 models (hidden 1024), {ROUNDS} interleaved rounds, "
            "ring backend on loopback, 2 cores", rows)
 
 

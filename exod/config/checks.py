@@ -13,7 +13,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from exod.config.model_dir import family_source, model_config, model_layer_count
+from exod.config.model_dir import model_layer_count
+from exod.config.probe import layout_problem
 from exod.config.schema import Instance
 
 
@@ -23,36 +24,28 @@ class Issue:
     message: str
 
 
-def check_sharding(instance: Instance, node_name: str) -> list[Issue]:
-    """Every combination of shards, parallelism, model and hosts that cannot work, explained."""
+def check_sharding(instance: Instance, node_name: str,
+                   probe_layouts: bool = True) -> list[Issue]:
+    """Every combination of shards, parallelism, model and hosts that cannot work, explained.
+    Whether the model can be split so is asked of the runner's own code (exod.config.probe)."""
     n = instance.shards
     if n == 1:
         return []
     issues: list[Issue] = []
     total = model_layer_count(instance.model)
-    cfg = model_config(instance.model)
-    kind = str(cfg.get("model_type") or "")
-    source = family_source(kind) if kind else None
     if instance.parallelism == "pipeline":
         if total is not None and instance.layers is None and n > total:
             issues.append(Issue("shards", f"{n} ranks but the model has only {total} layers: "
                                           "a pipeline rank needs at least one layer"))
-        if source is not None and "input_embeddings" not in source:
-            issues.append(Issue("parallelism", f"pipeline: mlx-lm's {kind!r} model cannot start "
-                                               "a forward pass from hidden states "
-                                               "(no input_embeddings); use tensor or shards: 1"))
-    else:
-        if instance.layers is not None:
-            issues.append(Issue("layers", "tensor parallelism splits every layer, not layer "
-                                          "ranges: remove `layers`"))
-        if source is not None and "def shard(" not in source:
-            issues.append(Issue("parallelism", f"tensor: mlx-lm's {kind!r} model has no "
-                                               "shard(): use pipeline"))
-        for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
-            value = cfg.get(key)
-            if isinstance(value, int) and value % n:
-                issues.append(Issue("shards", f"tensor: the model's {key} ({value}) is not "
-                                              f"divisible by {n} ranks"))
+    elif instance.layers is not None:
+        issues.append(Issue("layers", "tensor parallelism splits every layer, not layer "
+                                      "ranges: remove `layers`"))
+    if not issues and probe_layouts:
+        why = layout_problem(instance.model, n, instance.parallelism, instance.layers)
+        if why is not None:
+            issues.append(Issue("parallelism" if instance.parallelism == "tensor" else "shards",
+                                f"{instance.parallelism} over {n} ranks cannot work for this "
+                                f"model: {why}"))
     if instance.backend == "mpi":
         issues.append(Issue("backend", "mpi: not supported yet: MPI forms its group only among "
                                        "ranks started by mpirun, and exod starts and supervises "

@@ -13,6 +13,7 @@ from typing import Any
 
 from exod.config.checks import (Issue, check_layout, check_on_demand, check_ports,
                                 check_sharding)
+from exod.config.probe import answers as probe_answers
 from exod.config.errors import ConfigError, Mark, Problem
 from exod.config.model_dir import model_layer_count
 from exod.config.safety import control_socket_problem
@@ -238,6 +239,9 @@ class _Loader:
                 self.report_issue(instance, issue)
 
     def cross_check(self, node_name: str) -> None:
+        # One probe process for every layout not yet cached (exod.config.probe).
+        probe_answers([(i.model, i.shards, i.parallelism, i.layers)
+                       for i in self.instances.values() if i.shards > 1])
         for instance in self.instances.values():
             for issue in check_sharding(instance, node_name):
                 self.report_issue(instance, issue)

@@ -72,29 +72,6 @@ def model_config(model_dir: Path) -> dict[str, object]:
     return data
 
 
-def family_source(model_type: str) -> str | None:
-    """The source text of mlx-lm's module for this model type, read as a file: the daemon must
-    not import mlx_lm, but may look at what it would run. None if not found."""
-    import importlib.util
-    import re
-
-    spec = importlib.util.find_spec("mlx_lm")
-    if spec is None or not spec.origin:
-        return None
-    root = Path(spec.origin).parent
-    try:
-        utils = (root / "utils.py").read_text(encoding="utf-8")
-    except OSError:
-        utils = ""
-    # MODEL_REMAPPING = {"mistral": "llama", ...}: the same lookup mlx-lm does at load time.
-    m = re.search(rf'"{re.escape(model_type)}"\s*:\s*"([A-Za-z0-9_]+)"', utils)
-    name = m.group(1) if m else model_type
-    try:
-        return (root / "models" / f"{name}.py").read_text(encoding="utf-8")
-    except OSError:
-        return None
-
-
 _VOCAB_KEYS = ("vocab_size", "n_vocab", "padded_vocab_size")
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len",
                  "seq_length", "max_sequence_length")

@@ -118,6 +118,7 @@ def run(r: Runner) -> tuple[int, str]:
         loaded = load(r, group)
         log(f"loaded {loaded.shard.count} layers in {loaded.seconds:.2f}s as {loaded.dtype}; "
             f"{blas_msg}")
+        first_token(r, loaded, group)
         if group is None:
             serve_alone(r, loaded)
         else:
@@ -157,6 +158,24 @@ def join_group(r: Runner) -> Group:
     return g
 
 
+def first_token(r: Runner, loaded: Loaded, group: Group | None) -> None:
+    """READY means it can generate: one real token goes through every rank first (after a
+    barrier, so no timeout runs while a peer is still loading). Raises ModelError."""
+    from exod.runner.load import ModelError
+    from exod.runner.parallel import warm_up
+
+    if group is not None:
+        r.report.status(m.Phase.WAITING,
+                        f"waiting for the other {group.size - 1} rank(s) to load")
+        group.barrier()
+        group.arm()
+    r.report.status(m.Phase.WAITING, "generating a first token")
+    try:
+        warm_up(loaded, group)
+    except Exception as e:  # noqa: BLE001 -- whatever the family raises, the reason is kept
+        raise ModelError(f"the first token failed: {type(e).__name__}: {e}") from e
+
+
 def ready(r: Runner, loaded: Loaded) -> None:
     model_args = getattr(loaded.model, "args", None)
     r.report.ready(vocab_size=int(getattr(model_args, "vocab_size", 0) or 0),
@@ -174,16 +193,13 @@ def serve_alone(r: Runner, loaded: Loaded) -> None:
 
 
 def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:
-    """Wait for every rank to finish loading (a barrier: no timeout), then rank 0 serves and
-    the others follow its headers."""
+    """Rank 0 serves and the others follow its headers (the group has already passed its
+    barrier and a first token: `first_token`)."""
     from exod.runner.parallel import LeaderModel, worker_loop
     from exod.runner.peers import PeerLost
     from exod.runner.sequential import TurnEngine
     from exod.runner.serve import ServeLoop, Ticker
 
-    r.report.status(m.Phase.WAITING, f"waiting for the other {group.size - 1} rank(s) to load")
-    group.barrier()
-    group.arm()
     ready(r, loaded)
     if group.rank != 0:
         worker_loop(loaded, group, r.args.parallelism, r.life)

@@ -2,10 +2,11 @@
 tensor parallel (every rank owns a slice of every layer).
 
 Rank 0 serves requests with mlx-lm's own generation code, through `LeaderModel`, a stand-in
-for the model whose forward pass drives the whole group: it sends a header to every rank, then
-the activations travel rank 0 → 1 → … → N-1 (pipeline) or every rank computes with all_sum
-inside the sharded layers (tensor), and the logits come back to rank 0, which samples. The other
-ranks run `worker_loop`, doing whatever the headers say.
+for the model whose forward pass drives the whole group: it sends a header and the tokens to
+every rank, then every rank runs the model's own forward (`Forward`): the hidden state travels
+rank 0 → 1 → … → N-1 inside it (pipeline, see exod.runner.pipeline) or every rank computes with
+all_sum inside the sharded layers (tensor), and the logits come back to rank 0, which samples.
+The other ranks run `worker_loop`, doing whatever the headers say.
 
 Every forward pass is evaluated eagerly, on every rank, in the same order: mlx-lm evaluates
 lazily and sometimes not at all (prefill chunks, the look-ahead step after the last token), and
@@ -26,10 +27,7 @@ from mlx import nn
 
 from exod.runner.peers import Cmd, Group
 from exod.runner.lifecycle import Lifecycle
-from exod.runner.load import Loaded, find_layers_owner, flat_arrays
-
-NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm", "norm_f")
-
+from exod.runner.load import Loaded
 
 class GroupCache(list[Any]):
     """This rank's KV caches for one generation, tagged with the id the headers use."""
@@ -37,35 +35,45 @@ class GroupCache(list[Any]):
     cache_id: int = 0
 
 
-def _call(module: nn.Module, inputs: mx.array, cache: list[Any], h: mx.array | None) -> mx.array:
-    """A forward pass from the tokens, or from the previous rank's hidden state `h`."""
-    if h is None:
-        return module(inputs, cache=cache)
-    return module(inputs, cache=cache, input_embeddings=h)
+class Forward:
+    """One forward pass of the whole group, run the same way on every rank: the model's own
+    forward (a pipeline rank's stand-ins and sends/receives, or a tensor rank's sharded layers
+    and all_sums live inside it), then the last position's logits reach rank 0."""
 
-
-class Stage:
-    """This rank's part of a pipeline: its layers, and whether it embeds and/or projects."""
-
-    def __init__(self, loaded: Loaded) -> None:
+    def __init__(self, loaded: Loaded, group: Group, parallelism: str) -> None:
         self.model = loaded.model
+        self.link = loaded.link
         self.shard = loaded.shard
-        self.inner = find_layers_owner(loaded.model)
-        if not self.shard.last:
-            # Non-last ranks hand on the hidden state before the final norm.
-            for name in NORM_NAMES:
-                if isinstance(self.inner.get(name), nn.Module):
-                    setattr(self.inner, name, nn.Identity())
-                    break
+        self.group = group
+        self.parallelism = parallelism
 
-    def forward(self, tokens: mx.array | None, h: mx.array | None, cache: list[Any],
-                length: int) -> mx.array:
-        """First rank: from tokens. Others: from the previous rank's hidden state `h`.
-        Returns the hidden state for the next rank, or the last position's logits."""
-        inputs = tokens if tokens is not None else mx.zeros((1, length), dtype=mx.int32)
+    def __call__(self, tokens: mx.array, cache: list[Any]) -> mx.array | None:
+        """The last position's logits on rank 0, None on the other ranks."""
+        g, length = self.group, int(tokens.shape[1])
+        out = self.model(tokens, cache=cache)
+        logits = out[:, -1:, :]
+        if self.parallelism == "tensor" or g.size == 1:
+            g.compute(logits, length)
+            return logits if g.rank == 0 else None
         if self.shard.last:
-            return _call(self.model, inputs, cache, h)[:, -1:, :]
-        return _call(self.inner, inputs, cache, h)
+            g.send(logits, 0, length)  # evaluates this rank's part of the forward too
+            return None
+        assert self.link is not None
+        g.compute(self.link.take_pending(), length)
+        if g.rank != 0:
+            return None
+        return g.recv(tuple(logits.shape), logits.dtype, g.size - 1, length)
+
+    def warm_up(self, first_token: int) -> None:
+        """One real token through every rank before READY: rank 0 hands out the token."""
+        g = self.group
+        tokens = mx.array([[first_token]], dtype=mx.int32)
+        if g.rank == 0:
+            for dst in range(1, g.size):
+                g.send(tokens, dst)
+        else:
+            tokens = g.recv((1, 1), mx.int32, 0)
+        self(tokens, _new_cache(self.model))
 
 
 class LeaderModel:
@@ -74,13 +82,10 @@ class LeaderModel:
     def __init__(self, loaded: Loaded, group: Group, parallelism: str) -> None:
         self.loaded = loaded
         self.group = group
-        self.parallelism = parallelism
-        self.stage = Stage(loaded) if parallelism == "pipeline" else None
+        self.forward = Forward(loaded, group, parallelism)
         self._ids = itertools.count(1)
         self._freed: list[int] = []  # caches whose generation ended, announced with the next header
         self.layers = loaded.model.layers  # mlx-lm checks len(layers) against the cache
-        self.vocab = int(loaded.model.args.vocab_size)
-        self.dtype = _compute_dtype(loaded.model)
 
     # mlx-lm's make_prompt_cache(model) calls this once per generation
     def make_cache(self) -> GroupCache:
@@ -99,17 +104,12 @@ class LeaderModel:
         self._flush_freed()
         g, length = self.group, int(inputs.shape[1])
         g.send_header(Cmd.FORWARD, cache.cache_id, length)
-        if self.parallelism == "tensor":
-            tokens = inputs.astype(mx.int32)
-            for dst in range(1, g.size):
-                g.send(tokens, dst)
-            logits = self.loaded.model(inputs, cache=cache)[:, -1:, :]
-            g.compute(logits, length)
-            return logits
-        assert self.stage is not None
-        h = self.stage.forward(inputs, None, cache, length)
-        g.send(h, 1, length)  # evaluates this rank's stage too
-        return g.recv((1, 1, self.vocab), self.dtype, g.size - 1, length)
+        tokens = inputs.astype(mx.int32)
+        for dst in range(1, g.size):
+            g.send(tokens, dst)
+        logits = self.forward(tokens, cache)
+        assert logits is not None
+        return logits
 
     def heartbeat(self) -> None:
         self._flush_freed()
@@ -123,11 +123,9 @@ class LeaderModel:
 
 def worker_loop(loaded: Loaded, group: Group, parallelism: str, life: Lifecycle) -> None:
     """Ranks 1..N-1: follow rank 0's headers until SHUTDOWN (clean) or the group breaks."""
-    stage = Stage(loaded) if parallelism == "pipeline" else None
+    forward = Forward(loaded, group, parallelism)
     model = loaded.model
     caches: dict[int, list[Any]] = {}
-    hidden = int(model.args.hidden_size)
-    dtype = _compute_dtype(model)
     while True:
         # Idle here is interruptible: a stop request waits briefly for rank 0's SHUTDOWN (the
         # usual case: the daemon asks every rank at once), then leaves anyway.
@@ -137,13 +135,7 @@ def worker_loop(loaded: Loaded, group: Group, parallelism: str, life: Lifecycle)
             cache = caches.get(cache_id)
             if cache is None:  # should not happen; a fresh cache keeps the group in step
                 cache = caches[cache_id] = _new_cache(model)
-            if stage is None:
-                tokens = group.recv((1, length), mx.int32, 0)
-                group.compute(model(tokens, cache=cache), length)
-                continue
-            h = group.recv((1, length, hidden), dtype, group.rank - 1, length)
-            out = stage.forward(None, h, cache, length)
-            group.send(out, 0 if stage.shard.last else group.rank + 1, length)
+            forward(group.recv((1, length), mx.int32, 0), cache)
         elif cmd is Cmd.NEW_CACHE:
             caches[cache_id] = _new_cache(model)
         elif cmd is Cmd.FREE_CACHE:
@@ -155,17 +147,19 @@ def worker_loop(loaded: Loaded, group: Group, parallelism: str, life: Lifecycle)
             return
 
 
+def warm_up(loaded: Loaded, group: Group | None) -> None:
+    """One token through the model (and every rank of its group), with a fresh cache."""
+    tok = loaded.tokenizer
+    first = next((t for t in (getattr(tok, "bos_token_id", None),
+                              getattr(tok, "eos_token_id", None)) if isinstance(t, int)), 0)
+    if group is None:
+        mx.eval(loaded.model(mx.array([[first]]), cache=_new_cache(loaded.model)))
+        return
+    Forward(loaded, group, loaded.parallelism).warm_up(first)
+
+
 def _new_cache(model: nn.Module) -> list[Any]:
-    """A KV cache per layer this rank holds (a pipeline rank's model keeps only its own)."""
+    """A cache per block, stand-ins included (they keep positions, not keys and values)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     return list(make_prompt_cache(model))
-
-
-def _compute_dtype(model: nn.Module) -> mx.Dtype:
-    """The dtype hidden states travel in: that of the layers' weights."""
-    for _, a in flat_arrays(model.layers[0].parameters()):
-        if mx.issubdtype(a.dtype, mx.floating):
-            return a.dtype
-    return mx.float32
-

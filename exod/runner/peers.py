@@ -86,9 +86,10 @@ class Group:
         self._run(go, tokens)
         return out[0]
 
-    def compute(self, x: mx.array, tokens: int) -> None:
+    def compute(self, x: mx.array | list[mx.array], tokens: int) -> None:
         """Evaluate a forward pass whose layers talk to the group (tensor parallelism's
-        all_sum): watched like any communication, and a broken peer is PeerLost."""
+        all_sum, a pipeline rank's sends): watched like any communication, and a broken peer
+        is PeerLost."""
         self._run(lambda: mx.eval(x), tokens)
 
     def all_sum(self, x: mx.array) -> mx.array:

@@ -1,0 +1,73 @@
+"""Families: which mlx-lm text families exod serves, in which layouts, with mlx-lm's tokens.
+
+Every family of the zoo (exod.models.zoo: tiny models built from mlx-lm's own classes) and
+its 4-bit variants is served by real daemons in 1 rank, a 2-rank pipeline and 2-rank tensor
+parallelism; each answer is compared with in-process mlx-lm's greedy output. Prints the
+README's supported-models table (markdown): ✅ identical tokens; otherwise the config check's
+refusal or what went wrong. `--write` replaces the table in README.md.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from exod.models.zoo import FAMILIES, NOT_TINY, QUANTIZED
+from tests.zoo import LAYOUTS, OK, make_zoo, refusals, serve_zoo
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BEGIN, END = "<!-- families:begin -->", "<!-- families:end -->"
+HEADS = {"one": "1 rank", "pp": "2-rank pipeline", "tp": "2-rank tensor"}
+
+
+def table() -> str:
+    specs = list(FAMILIES) + [f"{f}:4" for f in QUANTIZED]
+    with tempfile.TemporaryDirectory(prefix="exod-zoo-") as root:
+        zoo = make_zoo(Path(root), specs)
+        refused = refusals(zoo)
+        served = serve_zoo(zoo, skip=set(refused))
+    lines = ["| family (mlx-lm model_type) | " + " | ".join(HEADS.values()) + " |",
+             "| --- | " + " | ".join("---" for _ in HEADS) + " |"]
+    for name in zoo:
+        cells = []
+        for layout in LAYOUTS:
+            if (name, layout) in refused:
+                cells.append(f"refused by `exod check`: {refused[name, layout]}")
+            else:
+                got = served[name, layout]
+                cells.append("✅" if got == OK else f"❌ {got}")
+        lines.append(f"| {name} | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines + ["", footer()])
+
+
+def footer() -> str:
+    """The mlx-lm model modules that are not in the zoo, with the reason where known."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("mlx_lm")
+    models = Path(spec.origin).parent / "models" if spec and spec.origin else None
+    modules = sorted(p.stem for p in models.glob("*.py")
+                     if "class Model(" in p.read_text(encoding="utf-8")) if models else []
+    untried = [m for m in modules if m not in FAMILIES and m not in NOT_TINY]
+    return ("Not in the zoo: " + "; ".join(f"{k} ({v})" for k, v in sorted(NOT_TINY.items()))
+            + ". Not tried yet (each needs a tiny config of its own in exod/models/zoo.py): "
+            + ", ".join(untried) + ".")
+
+
+def main() -> None:
+    text = table()
+    print(text)
+    if "--write" in sys.argv:
+        readme = README.read_text(encoding="utf-8")
+        block = f"{BEGIN}\n{text}\n{END}"
+        new, n = re.subn(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, readme,
+                         flags=re.S)
+        if n != 1:
+            raise SystemExit(f"{README} has no {BEGIN} ... {END} block")
+        README.write_text(new, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

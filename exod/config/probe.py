@@ -1,0 +1,122 @@
+"""Whether a layout (shards, parallelism, layers) of a model works, asked of the code that
+will run it: `python -m exod.runner.probe` in a subprocess, since the daemon and `exod check`
+never import mlx. Answers are cached on disk per (mlx-lm version, model_type, config.json,
+layout, exod's splitting code), so a config is probed once, not at every reload.
+
+A probe that cannot run at all (mlx not installed, a config mlx-lm cannot build a model from)
+gives no answer: the runner then reports the model's own problem when it loads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from exod.paths import cache_dir
+
+PROBE_TIMEOUT = 120.0
+# The sources whose behaviour the answer depends on: a change to any of them is a new answer.
+_SPLITTING_CODE = ("probe.py", "pipeline.py", "tensor.py", "blocks.py")
+
+
+Layout = tuple[Path, int, str, "tuple[int, ...] | None"]
+
+
+def layout_problem(model: Path, shards: int, parallelism: str,
+                   layers: tuple[int, ...] | None = None) -> str | None:
+    """Why this layout cannot work, or None (it works, or the probe could not tell)."""
+    answer = answers([(model, shards, parallelism, layers)])[0]
+    if answer is None or answer.get("ok") or answer.get("unknown"):
+        return None
+    return str(answer.get("reason") or "the probe refused this layout")
+
+
+def answers(asks: list[Layout]) -> list[dict[str, object] | None]:
+    """The probe's answer to each layout: from the cache, else from one subprocess for all
+    the rest (importing mlx-lm once is most of a probe's cost). None: no answer."""
+    out: list[dict[str, object] | None] = []
+    missing: list[tuple[int, Path, Layout]] = []
+    for i, ask in enumerate(asks):
+        try:
+            config = (ask[0] / "config.json").read_bytes()
+        except OSError:
+            out.append(None)  # reported elsewhere (model_dir_problem)
+            continue
+        cached = _cache_file(_key(config, *ask[1:]))
+        out.append(_read(cached))
+        if out[-1] is None:
+            missing.append((i, cached, ask))
+    if missing:
+        got = _run([ask for _, _, ask in missing])
+        for (i, cached, _), answer in zip(missing, got, strict=True):
+            out[i] = answer
+            if answer is not None:
+                _write(cached, answer)
+    return out
+
+
+def _key(config: bytes, shards: int, parallelism: str, layers: tuple[int, ...] | None) -> str:
+    h = hashlib.sha256()
+    try:
+        version = metadata.version("mlx-lm")
+    except metadata.PackageNotFoundError:
+        version = "none"
+    runner = Path(__file__).resolve().parent.parent / "runner"
+    for name in _SPLITTING_CODE:
+        try:
+            h.update((runner / name).read_bytes())
+        except OSError:
+            pass
+    h.update(json.dumps([version, shards, parallelism, layers]).encode())
+    h.update(config)
+    return h.hexdigest()[:32]
+
+
+def _cache_file(key: str) -> Path:
+    return cache_dir() / "probe" / f"{key}.json"
+
+
+def _read(path: Path) -> dict[str, object] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write(path: Path, answer: dict[str, object]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(answer), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass  # an unwritable cache only costs a probe next time
+
+
+def _run(asks: list[Layout]) -> list[dict[str, object] | None]:
+    cmd = [sys.executable, "-m", "exod.runner.probe", "--batch"]
+    payload = json.dumps([{"model": str(m), "shards": n, "parallelism": p,
+                           "layers": list(lay) if lay else None} for m, n, p, lay in asks])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    nothing: list[dict[str, object] | None] = [None] * len(asks)
+    try:
+        done = subprocess.run(cmd, input=payload, capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT + 5 * len(asks), env=env, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return nothing
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return nothing
+    try:
+        got = json.loads(lines[-1])
+    except ValueError:
+        return nothing
+    if not isinstance(got, list) or len(got) != len(asks):
+        return nothing
+    return [a if isinstance(a, dict) else None for a in got]

@@ -1,0 +1,132 @@
+"""Pipeline parallelism that keeps the model's own forward on every rank.
+
+Every rank builds the whole model (lazily: no weights read) and runs its forward unchanged.
+The blocks a rank does not own become stand-ins: the same objects, so every attribute the
+model's forward or its `make_cache` reads stays right (sliding-window flags, conv vs attention
+layers, dense vs MoE, no-rope layers, all chosen by the block's index), but their call only
+passes the hidden state through and moves their cache's position on by the step's length, as
+the real block would, so masks built from any layer's cache stay right. Their weights are never
+evaluated, hence never read from disk.
+
+The rank's first owned block receives the hidden state from the previous rank in place of its
+input, and its last owned block sends its output to the next rank. The communication is part
+of the model's graph: any code that calls the model and evaluates what it needs (the last
+rank's logits, `Link.pending` elsewhere) drives the group.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+from mlx import nn
+
+from exod.core.shards import Shard
+from exod.runner.blocks import Blocks
+
+_CACHE_NAMES = ("cache", "c", "layer_cache", "kv_cache", "past_key_value", "prompt_cache")
+
+
+class Link:
+    """A rank's connections to its neighbours in the pipeline."""
+
+    def __init__(self, group: Any, rank: int, size: int) -> None:
+        self.group, self.rank, self.size = group, rank, size
+        self.pending: list[mx.array] = []  # sends of the forward being built
+
+    def receive(self, like: mx.array) -> mx.array:
+        return mx.distributed.recv(like.shape, like.dtype, self.rank - 1, group=self.group)
+
+    def send(self, h: mx.array) -> None:
+        self.pending.append(mx.distributed.send(h, self.rank + 1, group=self.group))
+
+    def take_pending(self) -> list[mx.array]:
+        out, self.pending = self.pending, []
+        return out
+
+
+def install(blocks: Blocks, shard: Shard, link: Link | None) -> None:
+    """Turn the blocks outside [start, end) into stand-ins and wire the owned ends to the
+    neighbours (no wiring without a link: a probe checks the forward alone)."""
+    for i, block in enumerate(blocks.items):
+        if not shard.start <= i < shard.end:
+            _swap(block, _stand_in(type(block)))
+            continue
+        receive = link is not None and i == shard.start and not shard.first
+        send = link is not None and i == shard.end - 1 and not shard.last
+        if receive or send:
+            assert link is not None
+            _swap(block, _owned_end(type(block), link, receive, send))
+
+
+def _swap(block: nn.Module, cls: type) -> None:
+    # The same object with a subclass: attributes, cache layout and index stay the block's own.
+    block.__class__ = cls
+
+
+def _call_parts(base: type) -> tuple[Callable[..., Any], str, str | None]:
+    """The block's forward, the name of its input and of its cache argument (or None)."""
+    call = base.__call__
+    params = list(inspect.signature(call).parameters)[1:]  # after self
+    cache = next((p for p in params if p in _CACHE_NAMES), None)
+    if cache is None:
+        cache = next((p for p in params if "cache" in p), None)
+    return call, params[0] if params else "x", cache
+
+
+def _stand_in(base: type) -> type:
+    call, first, cache_name = _call_parts(base)
+    sig = inspect.signature(call)
+
+    def __call__(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind_partial(self, *args, **kwargs).arguments
+        x = bound[first]
+        if cache_name is not None:
+            _advance(bound.get(cache_name), x)
+        return x
+
+    return type(f"StandIn{base.__name__}", (base,), {"__call__": __call__,
+                                                     "exod_stand_in": True})
+
+
+def _owned_end(base: type, link: Link, receive: bool, send: bool) -> type:
+    call, first, _ = _call_parts(base)
+
+    def __call__(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        rest, kwargs = list(args), dict(kwargs)
+        x = rest[0] if rest else kwargs[first]
+        if receive:
+            x = link.receive(x)
+            if rest:
+                rest[0] = x
+            else:
+                kwargs[first] = x
+        out = call(self, *rest, **kwargs)
+        if send:
+            h = out[0] if isinstance(out, tuple) else out
+            # In the dtype the next rank expects: that of its own (embedding's) input.
+            link.send(h.astype(x.dtype) if h.dtype != x.dtype else h)
+        return out
+
+    return type(f"Pipelined{base.__name__}", (base,), {"__call__": __call__})
+
+
+def _advance(cache: Any, x: mx.array) -> None:
+    """Move a stand-in's cache on as the real block would: one tiny slot per position, so
+    offsets, rotation and trimming behave the same while holding almost nothing."""
+    if cache is None:
+        return
+    inner = getattr(cache, "caches", None)
+    if inner is not None:  # CacheList: a block with several caches
+        for c in inner:
+            _advance(c, x)
+        return
+    if hasattr(cache, "update_and_fetch") and hasattr(cache, "offset") and x.ndim >= 2:
+        z = mx.zeros((x.shape[0], 1, x.shape[1], 1), dtype=x.dtype)
+        cache.update_and_fetch(z, z)
+
+
+def is_stand_in(block: nn.Module) -> bool:
+    return bool(getattr(type(block), "exod_stand_in", False))

@@ -1,0 +1,156 @@
+"""`python -m exod.runner.probe`: does this layout of this model work? Answered by running the
+code that will run, on the family built from config.json with no weights.
+
+mlx builds graphs lazily and checks shapes as it builds them, so the probe constructs the model
+(random weights that are never evaluated: nothing is computed or allocated), applies the split
+each rank would apply (stand-ins for a pipeline rank, the tensor sharding for a tensor rank),
+and calls the model's forward on a few tokens with its own cache, without evaluating anything.
+A missing list of blocks, head counts that do not divide, a block whose output is not the
+hidden state, a projection reshaped to the full width after sharding: all of them fail there.
+
+Prints one JSON object: {"ok": bool, "reason": str or null, "model_type": str}, with
+"unknown": true when mlx-lm cannot even build the model from that config. The daemon and
+`exod check` run it as a subprocess (they never import mlx) and cache the answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from exod.core.shards import Shard, pipeline_shards, tensor_shards
+
+
+class FakeGroup:
+    """What the sharding code asks of a group (its size and this rank), for a rank that does
+    not exist; replaced by the real one-process group before the forward is built."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self._rank, self._size = rank, size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+
+def probe(model_dir: Path, shards: int, parallelism: str,
+          layers: tuple[int, ...] | None = None) -> dict[str, Any]:
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    kind = str(config.get("model_type") or "?")
+    for rank in sorted({0, shards - 1}):
+        try:
+            model = _build(config)
+        except Exception as e:  # noqa: BLE001 -- not a layout problem: the runner will say
+            return {"ok": False, "unknown": True, "reason": _reason(e), "model_type": kind}
+        try:
+            _try_rank(model, rank, shards, parallelism, layers)
+        except Exception as e:  # noqa: BLE001 -- the reason is the answer
+            return {"ok": False, "reason": _reason(e), "model_type": kind}
+    return {"ok": True, "reason": None, "model_type": kind}
+
+
+def _reason(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if type(e).__name__ in ("NoBlocks", "CannotShard", "ProbeError") \
+        else f"{type(e).__name__}: {text}"
+
+
+class ProbeError(Exception):
+    pass
+
+
+def _build(config: dict[str, Any]) -> Any:
+    from mlx import nn
+    from mlx_lm.utils import _get_classes
+
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
+    q = config.get("quantization") or config.get("quantization_config")
+    if isinstance(q, dict) and "bits" in q:
+        gs = int(q.get("group_size", 64))
+
+        def fits(_: str, m: Any) -> bool:
+            w = getattr(m, "weight", None)
+            return hasattr(m, "to_quantized") and w is not None and w.shape[-1] % gs == 0
+
+        nn.quantize(model, group_size=gs, bits=int(q["bits"]), class_predicate=fits)
+    return model
+
+
+def _try_rank(model: Any, rank: int, size: int, parallelism: str,
+              layers: tuple[int, ...] | None) -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from exod.runner import pipeline
+    from exod.runner.blocks import find_blocks
+    from exod.runner.tensor import block_sharder
+
+    blocks = find_blocks(model)
+    total = len(blocks.items)
+    if parallelism == "pipeline":
+        if layers is None and size > total:
+            raise ProbeError(f"{size} ranks but the model has only {total} layers: "
+                             "a pipeline rank needs at least one layer")
+        shard: Shard = pipeline_shards(total, size, layers)[rank]
+        pipeline.install(blocks, shard, None)
+    else:
+        fake = FakeGroup(rank, size)
+        one, finish = block_sharder(model, blocks, fake)
+        for block in list(blocks.items):
+            one(block)
+        finish()
+        _replace_group(model, fake, mx.distributed.init())
+        shard = tensor_shards(total, size)[rank]
+    tokens = mx.array([[1, 2, 3]], dtype=mx.int32)
+    out = model(tokens, cache=make_prompt_cache(model))  # built, never evaluated
+    if out.ndim != 3 or out.shape[1] != 3:
+        raise ProbeError(f"the forward gives shape {tuple(out.shape)}, not (1, 3, vocab)")
+
+
+def _replace_group(model: Any, fake: FakeGroup, real: Any) -> None:
+    for m in model.modules():
+        for k, v in list(vars(m).items()):
+            if v is fake:
+                setattr(m, k, real)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m exod.runner.probe", description=__doc__)
+    p.add_argument("--model", type=Path)
+    p.add_argument("--shards", type=int)
+    p.add_argument("--parallelism", choices=("pipeline", "tensor"))
+    p.add_argument("--layers", default=None, help="layer counts per rank, comma-separated")
+    p.add_argument("--batch", action="store_true",
+                   help="read a JSON list of {model, shards, parallelism, layers} on stdin; "
+                        "print a JSON list of answers")
+    args = p.parse_args(argv)
+    if args.batch:
+        asks = json.load(sys.stdin)
+        print(json.dumps([_answer(Path(a["model"]), int(a["shards"]), str(a["parallelism"]),
+                                  tuple(a["layers"]) if a.get("layers") else None)
+                          for a in asks]))
+        return 0
+    if args.model is None or args.shards is None or args.parallelism is None:
+        p.error("--model, --shards and --parallelism are required without --batch")
+    layers = tuple(int(x) for x in args.layers.split(",")) if args.layers else None
+    print(json.dumps(_answer(args.model, args.shards, args.parallelism, layers)))
+    return 0
+
+
+def _answer(model: Path, shards: int, parallelism: str,
+            layers: tuple[int, ...] | None) -> dict[str, Any]:
+    try:
+        return probe(model, shards, parallelism, layers)
+    except (OSError, ValueError, KeyError) as e:
+        return {"ok": False, "unknown": True, "reason": f"cannot read the model's config: {e}",
+                "model_type": None}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

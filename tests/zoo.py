@@ -1,0 +1,90 @@
+"""Serving the zoo (exod.models.zoo) through real daemons and comparing with in-process mlx-lm:
+shared by the zoo test (a representative set) and `python -m bench families` (every family,
+which writes the README's supported-models table). The calling process never imports mlx."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from exod.config.probe import answers as probe_answers
+from exod.models.zoo import zoo_name
+from tests.harness import REPO, Daemon
+
+PROMPT = "def fibonacci(n):\n    return"
+MAX_TOKENS = 12
+EOS = 2
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "one": {},
+    "pp": {"shards": 2},
+    "tp": {"shards": 2, "parallelism": "tensor"},
+}
+OK = "ok"
+
+
+def spec_name(spec: str) -> str:
+    family, _, bits = spec.partition(":")
+    return zoo_name(family, int(bits) if bits else None)
+
+
+def make_zoo(root: Path, specs: list[str]) -> dict[str, dict[str, str]]:
+    """name -> {"path", "text": in-process mlx-lm's greedy output}, made in a subprocess."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "exod.models.zoo", str(root), *specs, "--prompt", PROMPT,
+         "--max-tokens", str(MAX_TOKENS), "--ban", str(EOS)],
+        cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+        timeout=900, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"making the zoo failed:\n{proc.stderr[-3000:]}")
+    made: dict[str, dict[str, str]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return made
+
+
+def refusals(zoo: dict[str, dict[str, str]]) -> dict[tuple[str, str], str]:
+    """What the config check refuses, by the same probe (one subprocess for all of them)."""
+    asks = [(name, layout, (Path(info["path"]), 2, extra.get("parallelism", "pipeline"), None))
+            for name, info in zoo.items() for layout, extra in LAYOUTS.items() if extra]
+    got = probe_answers([ask for _, _, ask in asks])
+    return {(name, layout): str(a.get("reason"))
+            for (name, layout, _), a in zip(asks, got, strict=True)
+            if a is not None and not a.get("ok") and not a.get("unknown")}
+
+
+def greedy(d: Daemon, model: str) -> str:
+    c = openai.OpenAI(base_url=d.api_url() + "/v1", api_key="-", max_retries=0, timeout=120)
+    r = c.completions.create(model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+                             logit_bias={str(EOS): -100})
+    return r.choices[0].text
+
+
+def serve_zoo(zoo: dict[str, dict[str, str]], skip: set[tuple[str, str]],
+              per_daemon: int = 4) -> dict[tuple[str, str], str]:
+    """(name, layout) -> OK, or what went wrong; `per_daemon` families share one daemon."""
+    names = sorted(zoo)
+    out: dict[tuple[str, str], str] = {}
+    for i in range(0, len(names), per_daemon):
+        group = [(n, lay) for n in names[i:i + per_daemon] for lay in LAYOUTS
+                 if (n, lay) not in skip]
+        instances = {f"{n}-{lay}": {"model": zoo[n]["path"], **LAYOUTS[lay]} for n, lay in group}
+        d = Daemon({"instances": instances}, name=f"zoo-{i}")
+        try:
+            d.start()
+            d.watch_until(lambda s: all(x["state"] in ("ready", "failed")
+                                        for x in s["instances"]), what="every instance up")
+            for (n, lay), inst in zip(group, instances, strict=True):
+                info = d.instance(inst)
+                if info["state"] != "ready":
+                    out[n, lay] = f"{info['state']}: {info.get('error') or info.get('status')}"
+                    continue
+                got = greedy(d, inst)
+                out[n, lay] = OK if got == zoo[n]["text"] else \
+                    f"different text: {got!r}, mlx-lm: {zoo[n]['text']!r}"
+        finally:
+            d.close()
+    return out
