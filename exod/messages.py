@@ -106,6 +106,9 @@ class Heartbeat:
     type: ClassVar[str] = "heartbeat"
 
 
+HEARTBEAT_EVERY = 5.0  # seconds between a serving runner's heartbeats (status shows their age)
+
+
 @dataclass(frozen=True)
 class Stopping:
     type: ClassVar[str] = "stopping"

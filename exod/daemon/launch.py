@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from exod import messages as m
 from exod.config.schema import Instance
 from exod.core.shards import Shard
 from exod.daemon import rank_addresses
 from exod.daemon import spawn as os_seam
 
-HEARTBEAT_EVERY = 5.0  # seconds between a serving runner's heartbeats
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Launcher:
     def launch(self, c: Instance, shard: Shard, local_ranks: int) -> Launch:
         args = ["--model", str(c.model), "--instance", c.name, "--rank", str(shard.rank),
                 "--world", str(shard.world), "--parallelism", c.parallelism, "--dtype", c.dtype,
-                "--parent-pid", str(os.getpid()), "--heartbeat", f"{HEARTBEAT_EVERY:g}",
+                "--parent-pid", str(os.getpid()), "--heartbeat", f"{m.HEARTBEAT_EVERY:g}",
                 "--max-concurrency", str(c.max_concurrency),
                 "--prompt-cache-bytes", str(c.prompt_cache_bytes)]
         if shard.total:

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from exod.runner.load import Loaded
     from exod.runner.peers import Group
 
-HEARTBEAT_EVERY = 5.0  # seconds between heartbeats while serving (status shows their age)
 
 
 @dataclasses.dataclass
@@ -62,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
     p.add_argument("--backend", choices=("ring", "mpi"), default="ring")
     p.add_argument("--peer-timeout", type=float, default=60.0)
-    p.add_argument("--heartbeat", type=float, default=HEARTBEAT_EVERY)
+    p.add_argument("--heartbeat", type=float, default=m.HEARTBEAT_EVERY)
     p.add_argument("--max-concurrency", type=int, default=1,
                    help="requests generated at once: the batch width")
     p.add_argument("--prompt-cache-bytes", type=int, default=DEFAULT_PROMPT_CACHE_BYTES,
