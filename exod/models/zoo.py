@@ -20,90 +20,26 @@ from typing import Any
 import click
 
 from exod.models._io import build_atomically, write_json
+from exod.models.zoo_families import (  # noqa: F401 -- the zoo's public names
+    BASE,
+    FAMILIES,
+    KNOWN_REFUSALS,
+    NOT_TINY,
+    QUANTIZED,
+    VOCAB,
+)
 
-GENERATOR_VERSION = 1
-H = 64  # hidden size: 4 heads of 16, split in 2 for tensor parallelism
-
-BASE: dict[str, Any] = {
-    "hidden_size": H, "num_hidden_layers": 4, "intermediate_size": 128,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1024,
-    "rms_norm_eps": 1e-5, "layer_norm_eps": 1e-5, "norm_eps": 1e-5, "layer_norm_epsilon": 1e-5,
-    "rope_theta": 10000.0, "max_position_embeddings": 512, "tie_word_embeddings": False,
-    "hidden_act": "silu", "attention_bias": False, "partial_rotary_factor": 1.0,
-    # MoE families
-    "num_experts": 4, "num_experts_per_tok": 2, "n_routed_experts": 4, "num_local_experts": 4,
-    "moe_intermediate_size": 64, "n_shared_experts": 1, "shared_expert_intermediate_size": 64,
-    "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "moe_layer_freq": 1,
-    "routed_scaling_factor": 1.0, "decoder_sparse_step": 1, "mlp_only_layers": [],
-    "norm_topk_prob": True,
-    # low-rank attention (deepseek and kin)
-    "kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
-    "v_head_dim": 16,
-    "sliding_window": 8,
-}
-
-# Family -> what its config needs on top of BASE. Sliding windows of 8 positions and patterns
-# of 2 make the tests' prompts cross both kinds of layer.
-FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {}, "qwen3_moe": {}, "qwen2_moe": {},
-    "mixtral": {}, "phi3": {}, "phimoe": {}, "olmoe": {}, "olmo2": {}, "olmo3": {},
-    "cohere": {}, "cohere2": {"sliding_window_pattern": 2}, "gemma": {}, "gemma2": {},
-    "gemma3_text": {"sliding_window_pattern": 2, "query_pre_attn_scalar": 16},
-    "gemma3": {"text_config": {"sliding_window_pattern": 2, "query_pre_attn_scalar": 16,
-                               "hidden_size": H, "num_hidden_layers": 4,
-                               "intermediate_size": 128, "num_attention_heads": 4,
-                               "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1024,
-                               "sliding_window": 8}},
-    "deepseek": {}, "deepseek_v3": {}, "glm4": {},
-    "glm4_moe": {"rope_scaling": None, "use_qk_norm": True},
-    "gpt_oss": {"num_local_experts": 4, "layer_types": None},
-    "lfm2": {"conv_bias": False, "conv_L_cache": 3, "block_dim": H, "block_multiple_of": 32,
-             "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": False,
-             "block_ff_dim": 128, "full_attn_idxs": [1, 3]},
-    "smollm3": {"no_rope_layer_interval": 2},
-    "starcoder2": {}, "internlm2": {}, "internlm3": {}, "exaone": {"num_layers": 4}, "granite": {
-        "logits_scaling": 1.0, "attention_multiplier": 0.25, "embedding_multiplier": 1.0,
-        "residual_multiplier": 1.0, "mlp_bias": False},
-    "minicpm": {"dim_model_base": H, "scale_depth": 1.0, "scale_emb": 1.0},
-    "stablelm": {"use_qkv_bias": False, "partial_rotary_factor": 0.5},
-    "helium": {"mlp_bias": False}, "ernie4_5": {"use_bias": False},
-    "ministral3": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
-                                      "llama_4_scaling_beta": 0.0,
-                                      "original_max_position_embeddings": 512}},
-    "seed_oss": {}, "hunyuan_v1_dense": {}, "nemotron": {"hidden_act": "relu2"},
-    "qwen3_5": {}, "dots1": {}, "telechat3": {}, "youtu_llm": {}, "mimo": {},
-    "gpt2": {"n_layer": 4, "n_head": 4, "n_embd": H, "n_positions": 512, "n_ctx": 512},
-    "phi": {"rotary_dim": 8},
-    "falcon_h1": {}, "Klear": {}, "glm4_moe_lite": {}, "iquestloopcoder": {}, "laguna": {},
-    "muse_glimmer": {}, "nanbeige": {}, "nanochat": {}, "plamo2": {}, "plamo3": {},
-    "qwen2_vl": {}, "qwen3_vl": {}, "qwen3_5_moe": {}, "solar_open": {}, "talkie": {},
-}
-
-# Quantized variants the tests serve too.
-QUANTIZED = ("llama", "qwen2", "qwen3", "qwen3_moe")
-
-# (zoo name, layout) -> why exod refuses it; the zoo test checks that the probe refuses
-# exactly these.
-KNOWN_REFUSALS: dict[tuple[str, str], str] = {
-    ("exaone", "tp"): "its attention reshapes its output to the full width: no tensor split",
-    ("iquestloopcoder", "tp"): "its loop gate is computed over the whole head set",
-}
-
-NOT_TINY: dict[str, str] = {
-    "bitnet": "its kernels need Metal",
-    "gemma4": "the smallest config still builds 35 layers (minutes on CPU)",
-    "olmo": "needs the ai2-olmo package",
-    "exaone4": "mlx-lm wants sliding_window_pattern as a string (\"LLLG\"), and transformers "
-               "(loading the tokenizer) then fails on it",
-}
+GENERATOR_VERSION = 2
 
 
 def family_config(family: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     extra = {**FAMILIES[family], **(overrides or {})}
     config = {**BASE, **extra, "model_type": family}
     if "text_config" in extra:  # a multimodal wrapper: the text model keeps the settings
-        text = {**BASE, **extra["text_config"], "model_type": f"{family}_text"}
-        config = {"model_type": family, "text_config": text, "vocab_size": BASE["vocab_size"]}
+        text = {**BASE, "model_type": f"{family}_text", **extra["text_config"]}
+        outer = {k: v for k, v in extra.items() if k != "text_config"}
+        config = {"vocab_size": text["vocab_size"], **outer, "model_type": family,
+                  "text_config": text}
     config.update({"bos_token_id": 1, "eos_token_id": 2})
     return config
 
@@ -133,6 +69,7 @@ def _build(family: str, bits: int | None, seed: int, overrides: dict[str, Any] |
     model_cls, args_cls = _get_classes(config)
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(config))
+    _silence_unknown_tokens(model, int(config.get("vocab_size") or VOCAB))
     if bits is not None:
         nn.quantize(model, group_size=32, bits=bits)
         config["quantization"] = {"group_size": 32, "bits": bits}
@@ -140,6 +77,21 @@ def _build(family: str, bits: int | None, seed: int, overrides: dict[str, Any] |
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     write_json(out / "config.json", config)
     _copy_tokenizer(out)
+
+
+def _silence_unknown_tokens(model: Any, vocab: int) -> None:
+    """A family whose vocabulary must be larger than the tiny tokenizer's (phi3small masks
+    fixed high ids): zero rows for the ids the tokenizer lacks give them a logit of 0, below
+    the best of 1024 random logits, so greedy decoding never picks a token it cannot show."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    if vocab <= VOCAB:
+        return
+    keep = (mx.arange(vocab) < VOCAB)[:, None]
+    tables = [(k, mx.where(keep, v, 0)) for k, v in tree_flatten(model.parameters())
+              if v.ndim == 2 and v.shape[0] == vocab]
+    model.update(tree_unflatten(tables))
 
 
 def _copy_tokenizer(out: Path) -> None:
