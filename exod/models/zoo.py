@@ -84,12 +84,14 @@ def _silence_unknown_tokens(model: Any, vocab: int) -> None:
     fixed high ids): zero rows for the ids the tokenizer lacks give them a logit of 0, below
     the best of 1024 random logits, so greedy decoding never picks a token it cannot show."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx.utils import tree_unflatten
+
+    from exod.runner.blocks import flat_arrays
 
     if vocab <= VOCAB:
         return
     keep = (mx.arange(vocab) < VOCAB)[:, None]
-    tables = [(k, mx.where(keep, v, 0)) for k, v in tree_flatten(model.parameters())
+    tables = [(k, mx.where(keep, v, 0)) for k, v in flat_arrays(model.parameters())
               if v.ndim == 2 and v.shape[0] == vocab]
     model.update(tree_unflatten(tables))
 
