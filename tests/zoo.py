@@ -80,9 +80,14 @@ def serve_zoo(zoo: dict[str, dict[str, str]], skip: set[tuple[str, str]],
             for (n, lay), inst in zip(group, instances, strict=True):
                 info = d.instance(inst)
                 if info["state"] != "ready":
-                    out[n, lay] = f"{info['state']}: {info.get('error') or info.get('status')}"
+                    errors = [r.get("error") for r in info.get("ranks", []) if r.get("error")]
+                    out[n, lay] = f"{info['state']}: {info.get('reason') or '; '.join(errors)}"
                     continue
-                got = greedy(d, inst)
+                try:
+                    got = greedy(d, inst)
+                except openai.APIError as e:
+                    out[n, lay] = f"the request failed: {e}"
+                    continue
                 out[n, lay] = OK if got == zoo[n]["text"] else \
                     f"different text: {got!r}, mlx-lm: {zoo[n]['text']!r}"
         finally:

@@ -168,7 +168,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
         {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 1.0}},
         {"attention": {"no_op": True}, "ffn": {"ffn_mult": 1.5}},
         {"attention": {"replace_with_linear": True}, "ffn": {"no_op": True}},
-        {"attention": {"n_heads_in_group": 4}, "ffn": {"replace_with_linear": True}}]},
+        {"attention": {"n_heads_in_group": 1}, "ffn": {"replace_with_linear": True}}]},
     "nemotron_h": {"mamba_num_heads": 8, "mamba_head_dim": 16, "mamba_proj_bias": False,
                    "ssm_state_size": 16, "conv_kernel": 4, "n_groups": 1, "mlp_bias": False,
                    "use_bias": False, "use_conv_bias": True,
@@ -189,7 +189,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "phixtral": {"num_vocab": VOCAB, "model_dim": H, "num_heads": 4, "num_layers": 4,
                  "rotary_dim": 8},
     "plamo": {"n_shared_head": 2},
-    "qwen": {"kv_channels": 16},
+    # an MLP wider than the model, so a projection's role shows in its shape
+    "qwen": {"kv_channels": 16, "intermediate_size": 256},
     # qwen3_5 with some projections as 2-bit packs, rotated in blocks of 512 or not at all
     "prism_hadamard_qwen35": {
         "text_config": {"model_type": "qwen3_5_text", "hidden_size": 8 * H},

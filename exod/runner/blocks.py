@@ -45,21 +45,30 @@ def find_blocks(model: nn.Module) -> Blocks:
     if not isinstance(shown, (list, tuple)) or not shown:
         raise NoBlocks(f"{type(model).__module__} has no list of layers")
     wanted = [id(b) for b in shown]
-    stack: list[nn.Module] = [model]
+    parts: list[str] = []  # lists holding some of the blocks, when no one list holds all
+    stack: list[tuple[str, nn.Module]] = [("", model)]
     seen: set[int] = set()
     while stack:
-        m = stack.pop()
+        path, m = stack.pop()
         if id(m) in seen:
             continue
         seen.add(id(m))
         for key, value in m.items():  # nn.Module is a dict of its children
             if isinstance(value, list):
-                if [id(b) for b in value] == wanted:
+                ids = [id(b) for b in value]
+                if ids == wanted:
                     return Blocks(m, key)
-                stack.extend(v for v in value if isinstance(v, nn.Module))
+                if ids and set(ids) <= set(wanted):
+                    parts.append(path + key)
+                stack.extend((f"{path}{key}.{i}.", v) for i, v in enumerate(value)
+                             if isinstance(v, nn.Module))
             elif isinstance(value, nn.Module):
-                stack.append(value)
-    raise NoBlocks(f"{type(model).__module__}: could not find the module that owns its layers")
+                stack.append((f"{path}{key}.", value))
+    name = type(model).__module__
+    if len(parts) > 1:
+        raise NoBlocks(f"{name}: its layers are joined from several lists "
+                       f"({', '.join(sorted(parts))}); exod splits a single list only")
+    raise NoBlocks(f"{name}: could not find the module that owns its layers")
 
 
 def flat_arrays(tree: Any) -> list[tuple[str, mx.array]]:

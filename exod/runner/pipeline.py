@@ -128,5 +128,31 @@ def _advance(cache: Any, x: mx.array) -> None:
         cache.update_and_fetch(z, z)
 
 
+def handoff_problem(blocks: Blocks, forward: Callable[[], Any]) -> str | None:
+    """Why the blocks cannot be split between ranks, or None: a block that hands the next
+    one more than the hidden state (shared keys and values, a first layer's values, hyper-
+    connection streams) cannot have a stand-in, and no rank could receive that state.
+    `forward` runs the unsplit model (lazily: nothing is evaluated)."""
+    returned: dict[str, int] = {}
+    classes = [type(b) for b in blocks.items]
+    for block, base in zip(blocks.items, classes, strict=True):
+        def __call__(self: nn.Module, *args: Any, _base: type = base, **kwargs: Any) -> Any:
+            out = _base.__call__(self, *args, **kwargs)
+            if isinstance(out, (tuple, list)):
+                returned.setdefault(_base.__name__, len(out))
+            return out
+
+        _swap(block, type(f"Watched{base.__name__}", (base,), {"__call__": __call__}))
+    try:
+        forward()
+    finally:
+        for block, base in zip(blocks.items, classes, strict=True):
+            _swap(block, base)
+    for name, n in returned.items():
+        return (f"its layers hand the next layer more than the hidden state ({name} returns "
+                f"{n} values): a pipeline passes only the hidden state between ranks")
+    return None
+
+
 def is_stand_in(block: nn.Module) -> bool:
     return bool(getattr(type(block), "exod_stand_in", False))

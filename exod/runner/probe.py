@@ -85,7 +85,6 @@ def _build(config: dict[str, Any]) -> Any:
 def _try_rank(model: Any, rank: int, size: int, parallelism: str,
               layers: tuple[int, ...] | None) -> None:
     import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
 
     from exod.runner import pipeline
     from exod.runner.blocks import find_blocks
@@ -98,6 +97,9 @@ def _try_rank(model: Any, rank: int, size: int, parallelism: str,
             raise ProbeError(f"{size} ranks but the model has only {total} layers: "
                              "a pipeline rank needs at least one layer")
         shard: Shard = pipeline_shards(total, size, layers)[rank]
+        problem = pipeline.handoff_problem(blocks, lambda: _forward(model))
+        if problem is not None:
+            raise ProbeError(problem)
         pipeline.install(blocks, shard, None)
     else:
         fake = FakeGroup(rank, size)
@@ -107,10 +109,17 @@ def _try_rank(model: Any, rank: int, size: int, parallelism: str,
         finish()
         _replace_group(model, fake, mx.distributed.init())
         shard = tensor_shards(total, size)[rank]
-    tokens = mx.array([[1, 2, 3]], dtype=mx.int32)
-    out = model(tokens, cache=make_prompt_cache(model))  # built, never evaluated
+    out = _forward(model)
     if out.ndim != 3 or out.shape[1] != 3:
         raise ProbeError(f"the forward gives shape {tuple(out.shape)}, not (1, 3, vocab)")
+
+
+def _forward(model: Any) -> Any:
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    tokens = mx.array([[1, 2, 3]], dtype=mx.int32)
+    return model(tokens, cache=make_prompt_cache(model))  # built, never evaluated
 
 
 def _replace_group(model: Any, fake: FakeGroup, real: Any) -> None:

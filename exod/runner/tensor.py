@@ -27,7 +27,7 @@ COLUMN = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", 
 ROW = frozenset({"o_proj", "down_proj", "w2", "wo", "out_proj", "fc2", "c_proj", "dense"})
 SEGMENTS = {"gate_up_proj": 2}  # fused projections whose halves are split separately
 HEADS = ("n_heads", "num_heads", "n_head", "num_attention_heads", "n_kv_heads", "num_kv_heads",
-         "num_key_value_heads", "n_kv_head")
+         "num_key_value_heads", "n_kv_head", "q_num_heads", "k_num_heads", "v_num_heads")
 EXPERTS = frozenset({"SwitchGLU", "SwitchMLP"})
 EXPERT_COLUMN = ("gate_proj", "up_proj", "fc1")
 EXPERT_ROW = ("down_proj", "fc2")
@@ -74,6 +74,13 @@ def shard_block(block: nn.Module, group: Any) -> None:
 def _shard_dense(parent: nn.Module, linears: dict[str, nn.Module], n: int, group: Any) -> None:
     cols = [k for k in linears if k in COLUMN]
     rows = [k for k in linears if k in ROW]
+    # A name alone can mislead: qwen's w2 feeds the gate where llama's w2 is the down
+    # projection. One that takes the module's input width and gives out another fans out.
+    width = {_in_dim(linears[k]) for k in cols}
+    for k in list(rows):
+        if width == {_in_dim(linears[k])} and _out_dim(linears[k]) not in width:
+            rows.remove(k)
+            cols.append(k)
     if not cols or not rows or set(linears) - COLUMN - ROW:
         return
     outs = {_out_dim(linears[k]) for k in cols}
@@ -96,8 +103,18 @@ def _shard_dense(parent: nn.Module, linears: dict[str, nn.Module], n: int, group
         if any(a.shape[-1] % n for a in _arrays(linears[k])):
             raise CannotShard(f"{k}'s input is not divisible by {n} ranks")
         setattr(parent, k, shard_linear(linears[k], "sharded-to-all", group=group))
+    _split_per_head(parent, set(heads.values()), n, group.rank())
     for name, value in heads.items():
         setattr(parent, name, value // n)
+
+
+def _split_per_head(parent: nn.Module, counts: set[int], n: int, rank: int) -> None:
+    """Arrays the module keeps one row per head of (attention sinks, per-head scales): each
+    rank keeps the rows of its own heads."""
+    for key, value in list(parent.items()):
+        if isinstance(value, mx.array) and value.ndim >= 1 and value.shape[0] in counts:
+            part = value.shape[0] // n
+            parent[key] = value[rank * part:(rank + 1) * part]
 
 
 def _shard_experts(parent: nn.Module, group: Any) -> None:
@@ -125,6 +142,14 @@ def _shard_experts(parent: nn.Module, group: Any) -> None:
 
 def _out_dim(linear: nn.Module) -> int:
     return int(linear["weight"].shape[0])
+
+
+def _in_dim(linear: nn.Module) -> int:
+    """Input width of a linear layer, quantized or not (packed weights keep `bits` per 32)."""
+    w = linear["weight"]
+    bits = getattr(linear, "bits", None)
+    return int(w.shape[-1] * 32 // bits) if isinstance(linear, nn.QuantizedLinear) and bits \
+        else int(w.shape[-1])
 
 
 def _arrays(module: nn.Module) -> list[mx.array]:
