@@ -13,7 +13,7 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from exod import messages as m
 from exod.core.exits import (
@@ -183,12 +183,31 @@ def ready(r: Runner, loaded: Loaded) -> None:
 
 def serve_alone(r: Runner, loaded: Loaded) -> None:
     from exod.runner.engine import BatchEngine
-    from exod.runner.serve import ServeLoop
+    from exod.runner.sequential import TurnEngine
+    from exod.runner.serve import Engine, ServeLoop
 
-    engine = BatchEngine(loaded.model, loaded.tokenizer, width=r.args.max_concurrency,
-                         cache_bytes=r.args.prompt_cache_bytes, prefill_step=r.args.prefill_step)
+    why = _why_not_batched(loaded.model)
+    engine: Engine
+    if why is None:
+        engine = BatchEngine(loaded.model, loaded.tokenizer, width=r.args.max_concurrency,
+                             cache_bytes=r.args.prompt_cache_bytes,
+                             prefill_step=r.args.prefill_step)
+    else:
+        engine = TurnEngine(loaded.model, loaded.tokenizer, r.args.max_concurrency,
+                            r.args.prefill_step, why=why)
     ready(r, loaded)
     ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat).run()
+
+
+def _why_not_batched(model: Any) -> str | None:
+    """mlx-lm batches requests by merging their caches: a family whose cache cannot merge
+    (deepseek_v41's) is served one request at a time, as a group is."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    kinds = sorted({type(c).__name__ for c in make_prompt_cache(model) if not hasattr(c, "merge")})
+    if not kinds:
+        return None
+    return f"one request at a time: mlx-lm cannot batch this model's caches ({', '.join(kinds)})"
 
 
 def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:

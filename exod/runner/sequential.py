@@ -95,8 +95,9 @@ class Generation:
 class TurnEngine:
     """Generations take turns, one token each per step (see exod.runner.serve.Engine)."""
 
-    def __init__(self, model: Any, tokenizer: Any, width: int, prefill_step: int = 256) -> None:
-        self.model, self.tokenizer, self.width = model, tokenizer, width
+    def __init__(self, model: Any, tokenizer: Any, width: int, prefill_step: int = 256,
+                 why: str = WHY_NOT_BATCHED) -> None:
+        self.model, self.tokenizer, self.width, self.why = model, tokenizer, width, why
         self.prefill_step = max(MIN_CHUNK, prefill_step)
         self.gens: dict[str, Generation] = {}
 
@@ -154,5 +155,5 @@ class TurnEngine:
         return out
 
     def serving(self) -> m.Serving:
-        return m.Serving(batching=WHY_NOT_BATCHED, width=self.width, active=self.active,
+        return m.Serving(batching=self.why, width=self.width, active=self.active,
                          prefill_step=self.prefill_step)
