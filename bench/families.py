@@ -51,9 +51,11 @@ def footer() -> str:
     modules = sorted(p.stem for p in models.glob("*.py")
                      if "class Model(" in p.read_text(encoding="utf-8")) if models else []
     untried = [m for m in modules if m not in FAMILIES and m not in NOT_TINY]
-    return ("Not in the zoo: " + "; ".join(f"{k} ({v})" for k, v in sorted(NOT_TINY.items()))
-            + ". Not tried yet (each needs a tiny config of its own in exod/models/zoo.py): "
-            + ", ".join(untried) + ".")
+    text = "Not in the zoo: " + "; ".join(f"{k} ({v})" for k, v in sorted(NOT_TINY.items()))
+    if untried:
+        text += (". Not tried yet (each needs a tiny config of its own in "
+                 "exod/models/zoo_families.py): " + ", ".join(untried))
+    return text + "."
 
 
 def main() -> None:
