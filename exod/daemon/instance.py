@@ -213,7 +213,13 @@ class InstanceRuntime:
             self._move(State.FAILED, refusal)
             return
         self.started_at = self.seam.now()
-        self.seam.prepare(self)
+        try:
+            self.seam.prepare(self)
+        except OSError as e:  # the hostfile or group key cannot be written (disk full, perms)
+            self.log.error("not started: cannot prepare the group: {}", e)
+            self._move(State.STARTING, publish=False)
+            self._move(State.FAILED, f"cannot prepare the group: {e}")
+            return
         self._remote_follow(State.STARTING, "remote")
         self._move(State.STARTING, "started by operator" if operator else "")
         failed: list[tuple[RankRuntime, str, int]] = []
