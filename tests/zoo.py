@@ -64,13 +64,17 @@ def greedy(d: Daemon, model: str) -> str:
 
 
 def serve_zoo(zoo: dict[str, dict[str, str]], skip: set[tuple[str, str]],
-              per_daemon: int = 4) -> dict[tuple[str, str], str]:
-    """(name, layout) -> OK, or what went wrong; `per_daemon` families share one daemon."""
+              per_daemon: int = 4, layouts: tuple[str, ...] = tuple(LAYOUTS)
+              ) -> dict[tuple[str, str], str]:
+    """(name, layout) -> OK, or what went wrong, for each of `layouts`; `per_daemon` families
+    share one daemon (one instance per family and layout)."""
     names = sorted(zoo)
     out: dict[tuple[str, str], str] = {}
     for i in range(0, len(names), per_daemon):
-        group = [(n, lay) for n in names[i:i + per_daemon] for lay in LAYOUTS
+        group = [(n, lay) for n in names[i:i + per_daemon] for lay in layouts
                  if (n, lay) not in skip]
+        if not group:
+            continue
         instances = {f"{n}-{lay}": {"model": zoo[n]["path"], **LAYOUTS[lay]} for n, lay in group}
         d = Daemon({"instances": instances}, name=f"zoo-{i}")
         try:

@@ -45,7 +45,9 @@ def probe(model_dir: Path, shards: int, parallelism: str,
     for rank in sorted({0, shards - 1}):
         try:
             model = _build(config)
-        except Exception as e:  # noqa: BLE001 -- not a layout problem: the runner will say
+        # SystemExit too: mlx-lm's olmo module exits the process when hf_olmo is missing,
+        # which would lose the answers to every other layout of the batch.
+        except (Exception, SystemExit) as e:  # noqa: BLE001 -- the runner will say
             return {"ok": False, "unknown": True, "reason": _reason(e), "model_type": kind}
         try:
             _try_rank(model, rank, shards, parallelism, layers)
