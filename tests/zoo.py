@@ -85,7 +85,9 @@ def serve_zoo(zoo: dict[str, dict[str, str]], skip: set[tuple[str, str]],
                 info = d.instance(inst)
                 if info["state"] != "ready":
                     errors = [r.get("error") for r in info.get("ranks", []) if r.get("error")]
-                    out[n, lay] = f"{info['state']}: {info.get('reason') or '; '.join(errors)}"
+                    why = info.get("reason") or "; ".join(errors) or " / ".join(
+                        line for line in d.log_text().splitlines() if inst in line)[-600:]
+                    out[n, lay] = f"{info['state']}: {why}"
                     continue
                 try:
                     got = greedy(d, inst)

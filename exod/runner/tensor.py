@@ -93,6 +93,14 @@ def _shard_dense(parent: nn.Module, linears: dict[str, nn.Module], n: int, group
         if value % n:
             raise CannotShard(f"{type(parent).__name__}.{name} is {value}, "
                               f"not divisible by {n} ranks")
+    head_dim = getattr(parent, "head_dim", None)
+    for k in cols:
+        out = _out_dim(linears[k])
+        if isinstance(head_dim, int) and head_dim > 0 and out % head_dim == 0 \
+                and (out // head_dim) % n:
+            # a single key/value head kept by no attribute (recurrent_gemma's k_proj)
+            raise CannotShard(f"{type(parent).__name__}.{k} gives {out // head_dim} head(s) "
+                              f"of {head_dim}, not divisible by {n} ranks")
     for k in cols:
         seg = SEGMENTS.get(k, 1)
         if _out_dim(linears[k]) % (n * seg):
