@@ -128,15 +128,26 @@ def _advance(cache: Any, x: mx.array) -> None:
         cache.update_and_fetch(z, z)
 
 
-def handoff_problem(blocks: Blocks, forward: Callable[[], Any]) -> str | None:
-    """Why the blocks cannot be split between ranks, or None: a block that hands the next
-    one more than the hidden state (shared keys and values, a first layer's values, hyper-
-    connection streams) cannot have a stand-in, and no rank could receive that state.
-    `forward` runs the unsplit model (lazily: nothing is evaluated)."""
+def handoff_problem(blocks: Blocks, forward: Callable[[], Any],
+                    shards: list[Shard]) -> str | None:
+    """Why the blocks cannot be split between these ranks, or None. A block that hands the
+    next one more than the hidden state (shared keys and values, a first layer's values,
+    hyper-connection streams) cannot have a stand-in, and no rank could receive that state;
+    a block that reads another block's cache (gemma3n's KV-shared layers) needs that block
+    on its own rank. `forward` runs the unsplit model (lazily: nothing is evaluated)."""
     returned: dict[str, int] = {}
+    caches: dict[int, list[int]] = {}  # id of a cache object -> the blocks given it
     classes = [type(b) for b in blocks.items]
-    for block, base in zip(blocks.items, classes, strict=True):
-        def __call__(self: nn.Module, *args: Any, _base: type = base, **kwargs: Any) -> Any:
+    for i, (block, base) in enumerate(zip(blocks.items, classes, strict=True)):
+        _, _, cache_name = _call_parts(base)
+        sig = inspect.signature(base.__call__)
+
+        def __call__(self: nn.Module, *args: Any, _base: type = base, _i: int = i,
+                     _name: str | None = cache_name, _sig: Any = sig, **kwargs: Any) -> Any:
+            if _name is not None:
+                cache = _sig.bind_partial(self, *args, **kwargs).arguments.get(_name)
+                if cache is not None:
+                    caches.setdefault(id(cache), []).append(_i)
             out = _base.__call__(self, *args, **kwargs)
             if isinstance(out, (tuple, list)):
                 returned.setdefault(_base.__name__, len(out))
@@ -151,6 +162,11 @@ def handoff_problem(blocks: Blocks, forward: Callable[[], Any]) -> str | None:
     for name, n in returned.items():
         return (f"its layers hand the next layer more than the hidden state ({name} returns "
                 f"{n} values): a pipeline passes only the hidden state between ranks")
+    rank_of = {i: s.rank for s in shards for i in range(s.start, s.end)}
+    for users in caches.values():
+        if len({rank_of.get(i) for i in users}) > 1:
+            return (f"layer {users[-1]} reads the cache of layer {users[0]} (shared keys and "
+                    "values), which this split puts on another rank")
     return None
 
 

@@ -98,8 +98,9 @@ def _try_rank(model: Any, rank: int, size: int, parallelism: str,
         if layers is None and size > total:
             raise ProbeError(f"{size} ranks but the model has only {total} layers: "
                              "a pipeline rank needs at least one layer")
-        shard: Shard = pipeline_shards(total, size, layers)[rank]
-        problem = pipeline.handoff_problem(blocks, lambda: _forward(model))
+        shards = pipeline_shards(total, size, layers)
+        shard: Shard = shards[rank]
+        problem = pipeline.handoff_problem(blocks, lambda: _forward(model), shards)
         if problem is not None:
             raise ProbeError(problem)
         pipeline.install(blocks, shard, None)
