@@ -246,6 +246,19 @@ QUANTIZED = ("llama", "qwen2", "qwen3", "qwen3_moe")
 KNOWN_REFUSALS: dict[tuple[str, str], str] = {
     ("exaone", "tp"): "its attention reshapes its output to the full width: no tensor split",
     ("iquestloopcoder", "tp"): "its loop gate is computed over the whole head set",
+    ("afm7", "pp"): "its layers are two lists (the last ones reuse an earlier layer's keys)",
+    ("afm7", "tp"): "its layers are two lists (the last ones reuse an earlier layer's keys)",
+    ("gpt_bigcode", "tp"): "one key/value head (multi-query attention)",
+    ("recurrent_gemma", "tp"): "one key/value head, kept by no attribute",
+    ("prism_hadamard_qwen35", "tp"): "mlx-lm's shard() splits the packs' Hadamard signs",
+    ("gemma3n", "pp"): "its last layers read the caches of earlier layers",
+    # their layers hand the next one more than the hidden state
+    ("deepseek_v41", "pp"): "hyper-connection streams",
+    ("gemma4", "pp"): "shared keys and values, per-layer offsets",
+    ("gemma4_text", "pp"): "shared keys and values, per-layer offsets",
+    ("hunyuan", "pp"): "cross-layer attention: shared keys and values",
+    ("kimi_k3", "pp"): "attention-residual blocks",
+    ("rwkv7", "pp"): "the first layer's values",
 }
 
 NOT_TINY: dict[str, str] = {
