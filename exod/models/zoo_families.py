@@ -23,8 +23,8 @@ GRANITE = {"logits_scaling": 1.0, "attention_multiplier": 0.25, "embedding_multi
            "residual_multiplier": 1.0}
 # num_layers is its count of layers; num_hidden_layers (BASE's) must agree, as exod reads it
 LONGCAT = {"ffn_hidden_size": 128, "moe_topk": 2, "expert_ffn_hidden_size": 64,
-           "zero_expert_num": 2, "num_layers": 2, "num_hidden_layers": 2, "q_lora_rank": 32, "mla_scale_q_lora": True,
-           "mla_scale_kv_lora": True}
+           "zero_expert_num": 2, "num_layers": 2, "num_hidden_layers": 2, "q_lora_rank": 32,
+           "mla_scale_q_lora": True, "mla_scale_kv_lora": True}
 ROPE_BY_TYPE = {t: {"rope_theta": 10000.0, "rope_type": "default"}
                 for t in ("full_attention", "sliding_attention")}
 
