@@ -15,7 +15,7 @@ import openai
 
 from exod.config.probe import answers as probe_answers
 from exod.models.zoo import zoo_name
-from tests.harness import REPO, Daemon
+from tests.harness import REPO, SAFETY, Daemon
 
 PROMPT = "def fibonacci(n):\n    return"
 MAX_TOKENS = 12
@@ -80,7 +80,8 @@ def serve_zoo(zoo: dict[str, dict[str, str]], skip: set[tuple[str, str]],
         try:
             d.start()
             d.watch_until(lambda s: all(x["state"] in ("ready", "failed")
-                                        for x in s["instances"]), what="every instance up")
+                                        for x in s["instances"]), what="every instance up",
+                          timeout=SAFETY * (1 + len(group) // 8))  # they load all at once
             for (n, lay), inst in zip(group, instances, strict=True):
                 info = d.instance(inst)
                 if info["state"] != "ready":
