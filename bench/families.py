@@ -4,7 +4,8 @@ Every family of the zoo (exod.models.zoo: tiny models built from mlx-lm's own cl
 its 4-bit variants is served by real daemons in 1 rank, a 2-rank pipeline and 2-rank tensor
 parallelism; each answer is compared with in-process mlx-lm's greedy output. Prints the
 README's supported-models table (markdown): ✅ identical tokens; otherwise the config check's
-refusal or what went wrong. `--write` replaces the table in README.md.
+refusal or what went wrong (after one more try alone: both answers go to stderr). `--write`
+replaces the table in README.md.
 """
 
 from __future__ import annotations
