@@ -23,8 +23,8 @@ BEGIN, END = "<!-- families:begin -->", "<!-- families:end -->"
 HEADS = {"one": "1 rank", "pp": "2-rank pipeline", "tp": "2-rank tensor"}
 
 
-def table() -> str:
-    specs = list(FAMILIES) + [f"{f}:4" for f in QUANTIZED]
+def table(only: list[str]) -> str:
+    specs = only or list(FAMILIES) + [f"{f}:4" for f in QUANTIZED]
     with tempfile.TemporaryDirectory(prefix="exod-zoo-") as root:
         zoo = make_zoo(Path(root), specs)
         refused = refusals(zoo)
@@ -69,16 +69,26 @@ def footer() -> str:
 
 
 def main() -> None:
-    text = table()
+    """`--write` replaces the table in README.md; `--only=SPEC,...` (zoo specs: FAMILY or
+    FAMILY:BITS) serves only those and replaces their rows, keeping the others."""
+    only = [x for a in sys.argv if a.startswith("--only=") for x in a[7:].split(",") if x]
+    text = table(only)
     print(text)
-    if "--write" in sys.argv:
-        readme = README.read_text(encoding="utf-8")
-        block = f"{BEGIN}\n{text}\n{END}"
-        new, n = re.subn(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, readme,
-                         flags=re.S)
-        if n != 1:
-            raise SystemExit(f"{README} has no {BEGIN} ... {END} block")
-        README.write_text(new, encoding="utf-8")
+    if "--write" not in sys.argv:
+        return
+    readme = README.read_text(encoding="utf-8")
+    if only:
+        new_rows = {row.split(" | ")[0]: row for row in text.splitlines() if row.startswith("| ")}
+        readme = "\n".join(new_rows.get(line.split(" | ")[0], line)
+                           for line in readme.split("\n"))
+        README.write_text(readme, encoding="utf-8")
+        return
+    block = f"{BEGIN}\n{text}\n{END}"
+    new, n = re.subn(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, readme,
+                     flags=re.S)
+    if n != 1:
+        raise SystemExit(f"{README} has no {BEGIN} ... {END} block")
+    README.write_text(new, encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -250,6 +250,7 @@ KNOWN_REFUSALS: dict[tuple[str, str], str] = {
     ("afm7", "pp"): "its layers are two lists (the last ones reuse an earlier layer's keys)",
     ("afm7", "tp"): "its layers are two lists (the last ones reuse an earlier layer's keys)",
     ("gpt_bigcode", "tp"): "one key/value head (multi-query attention)",
+    ("plamo", "tp"): "its keys are tiled over the query heads, not grouped with them",
     ("recurrent_gemma", "tp"): "one key/value head, kept by no attribute",
     ("prism_hadamard_qwen35", "tp"): "mlx-lm's shard() splits the packs' Hadamard signs",
     ("gemma3n", "pp"): "its last layers read the caches of earlier layers",

@@ -202,12 +202,20 @@ def serve_alone(r: Runner, loaded: Loaded) -> None:
 def _why_not_batched(model: Any) -> str | None:
     """mlx-lm batches requests by merging their caches: a family whose cache cannot merge
     (deepseek_v41's) is served one request at a time, as a group is."""
+    import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    kinds = sorted({type(c).__name__ for c in make_prompt_cache(model) if not hasattr(c, "merge")})
-    if not kinds:
-        return None
-    return f"one request at a time: mlx-lm cannot batch this model's caches ({', '.join(kinds)})"
+    caches = make_prompt_cache(model)
+    kinds = sorted({type(c).__name__ for c in caches if not hasattr(c, "merge")})
+    if kinds:
+        return ("one request at a time: mlx-lm cannot batch this model's caches "
+                f"({', '.join(kinds)})")
+    # A cache its forward never fills (nemotron-nas makes one for a layer whose attention is
+    # a linear map) cannot be taken out of a batch. Built lazily: nothing is evaluated.
+    model(mx.array([[1]], dtype=mx.int32), cache=caches)
+    if any(getattr(c, "keys", True) is None for c in caches):
+        return "one request at a time: the model leaves some of its caches empty"
+    return None
 
 
 def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:

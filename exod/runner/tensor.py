@@ -27,7 +27,7 @@ COLUMN = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", 
 ROW = frozenset({"o_proj", "down_proj", "w2", "wo", "out_proj", "fc2", "c_proj", "dense"})
 SEGMENTS = {"gate_up_proj": 2}  # fused projections whose halves are split separately
 HEADS = ("n_heads", "num_heads", "n_head", "num_attention_heads", "n_kv_heads", "num_kv_heads",
-         "num_key_value_heads", "n_kv_head", "q_num_heads", "k_num_heads", "v_num_heads")
+         "num_key_value_heads", "n_kv_head")
 EXPERTS = frozenset({"SwitchGLU", "SwitchMLP"})
 EXPERT_COLUMN = ("gate_proj", "up_proj", "fc1")
 EXPERT_ROW = ("down_proj", "fc2")
