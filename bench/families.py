@@ -78,10 +78,11 @@ def main() -> None:
         return
     readme = README.read_text(encoding="utf-8")
     if only:
-        new_rows = {row.split(" | ")[0]: row for row in text.splitlines() if row.startswith("| ")}
-        readme = "\n".join(new_rows.get(line.split(" | ")[0], line)
-                           for line in readme.split("\n"))
-        README.write_text(readme, encoding="utf-8")
+        rows = {row.split(" | ")[0]: row for row in text.splitlines()[2:] if row.startswith("| ")}
+        head, _, rest = readme.partition(BEGIN)
+        block, _, tail = rest.partition(END)
+        block = "\n".join(rows.get(line.split(" | ")[0], line) for line in block.split("\n"))
+        README.write_text(f"{head}{BEGIN}{block}{END}{tail}", encoding="utf-8")
         return
     block = f"{BEGIN}\n{text}\n{END}"
     new, n = re.subn(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, readme,
