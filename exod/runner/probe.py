@@ -101,10 +101,9 @@ def _try_rank(model: Any, rank: int, size: int, parallelism: str,
         pipeline.install(blocks, shard, None)
     else:
         fake = FakeGroup(rank, size)
-        one, finish = block_sharder(model, blocks, fake)
+        one = block_sharder(model, blocks, fake)
         for block in list(blocks.items):
             one(block)
-        finish()
         _replace_group(model, fake, mx.distributed.init())
         shard = tensor_shards(total, size)[rank]
     tokens = mx.array([[1, 2, 3]], dtype=mx.int32)
