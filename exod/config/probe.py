@@ -34,7 +34,9 @@ def layout_problem(model: Path, shards: int, parallelism: str,
     answer = answers([(model, shards, parallelism, layers)])[0]
     if answer is None or answer.get("ok") or answer.get("unknown"):
         return None
-    return str(answer.get("reason") or "the probe refused this layout")
+    reason = str(answer.get("reason") or "the probe refused this layout")
+    detail = answer.get("detail")
+    return f"{reason} (detail: {detail})" if detail else reason
 
 
 def answers(asks: list[Layout]) -> list[dict[str, object] | None]:
