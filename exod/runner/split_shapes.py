@@ -12,6 +12,7 @@ needs arguments we cannot make up) gives no answer, and is split as before.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import mlx.core as mx
@@ -46,28 +47,28 @@ def still_builds(parent: nn.Module, linears: dict[str, nn.Module], cols: list[st
     split = {**{k: _Shape(dims[k][0], dims[k][1] // n) for k in cols},
              **{k: _Shape(dims[k][0] // n, dims[k][1]) for k in rows}}
     try:
-        if not _builds(parent, linears, whole, {}, width):
+        if not _builds(parent, whole, {}, width):
             return True  # no answer: split it as before
-        return _builds(parent, linears, split, {h: v // n for h, v in heads.items()}, width)
+        return _builds(parent, split, {h: v // n for h, v in heads.items()}, width)
     finally:
         for k, v in linears.items():
             setattr(parent, k, v)
 
 
-def _builds(parent: nn.Module, linears: dict[str, nn.Module], stand_ins: dict[str, nn.Module],
-            heads: dict[str, int], width: int) -> bool:
+def _builds(parent: nn.Module,
+            stand_ins: Mapping[str, nn.Module], heads: dict[str, int], width: int) -> bool:
     saved = {h: getattr(parent, h) for h in heads}
-    for k, v in stand_ins.items():
-        setattr(parent, k, v)
-    for h, v in heads.items():
-        setattr(parent, h, v)
+    for k, module in stand_ins.items():
+        setattr(parent, k, module)
+    for h, count in heads.items():
+        setattr(parent, h, count)
     try:
         parent(*_arguments(parent, mx.zeros((1, 2, width))))
     except Exception:  # noqa: BLE001 -- any failure to build is the answer
         return False
     finally:
-        for h, v in saved.items():
-            setattr(parent, h, v)
+        for h, old in saved.items():
+            setattr(parent, h, old)
     return True
 
 
