@@ -72,7 +72,10 @@ def _build(config: dict[str, Any]) -> Any:
     if isinstance(q, dict) and "bits" in q:
         gs = int(q.get("group_size", 64))
 
-        def fits(_: str, m: Any) -> bool:
+        def fits(path: str, m: Any) -> bool | dict[str, Any]:
+            if path in q:  # mixed precision: mlx-lm's convert writes one entry per layer
+                own = q[path]
+                return own if isinstance(own, dict) else bool(own)
             w = getattr(m, "weight", None)
             return hasattr(m, "to_quantized") and w is not None and w.shape[-1] % gs == 0
 
