@@ -44,4 +44,6 @@ def test_a_tensor_ranks_peak_memory_is_its_share(
     finally:
         d.close()
     ratios = [r / one for r in ranks]
+    print(f"peak RSS (VmHWM) of each tensor rank / 1 rank's: "  # shown with pytest -s
+          f"{', '.join(f'{x:.2f}x' for x in ratios)} (1 rank: {one / 2**20:.0f} MiB)")
     assert all(x < 0.85 for x in ratios), f"tensor ranks' peak / 1 rank's: {ratios}"
