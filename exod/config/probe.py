@@ -5,6 +5,12 @@ layout, exod's splitting code), so a config is probed once, not at every reload.
 
 A probe that cannot run at all (mlx not installed, a config mlx-lm cannot build a model from)
 gives no answer: the runner then reports the model's own problem when it loads it.
+
+The daemon asks from a worker thread (a reload loads the config off its event loop), so a slow
+probe never holds up /health, `exoctl status` or the instances already running. The probe run
+is `exod.runner.probe` unless the environment names another module in EXOD_PROBE_MODULE (a
+development and test hook, like EXOD_RUNNER_MODULE: chosen by whoever starts the daemon, never
+by a config file).
 """
 
 from __future__ import annotations
@@ -15,13 +21,15 @@ import os
 import subprocess
 import sys
 from importlib import metadata
+from collections.abc import Callable
 from pathlib import Path
 
 from exod.paths import cache_dir
 
 PROBE_TIMEOUT = 120.0
 # The sources whose behaviour the answer depends on: a change to any of them is a new answer.
-_SPLITTING_CODE = ("probe.py", "pipeline.py", "tensor.py", "blocks.py")
+_SPLITTING_CODE = ("probe.py", "pipeline.py", "tensor.py", "split_shapes.py", "blocks.py",
+                   "failures.py")
 
 
 Layout = tuple[Path, int, str, "tuple[int, ...] | None"]
@@ -33,12 +41,16 @@ def layout_problem(model: Path, shards: int, parallelism: str,
     answer = answers([(model, shards, parallelism, layers)])[0]
     if answer is None or answer.get("ok") or answer.get("unknown"):
         return None
-    return str(answer.get("reason") or "the probe refused this layout")
+    reason = str(answer.get("reason") or "the probe refused this layout")
+    detail = answer.get("detail")
+    return f"{reason} (detail: {detail})" if detail else reason
 
 
-def answers(asks: list[Layout]) -> list[dict[str, object] | None]:
+def answers(asks: list[Layout], on_probe: Callable[[float], None] | None = None
+            ) -> list[dict[str, object] | None]:
     """The probe's answer to each layout: from the cache, else from one subprocess for all
-    the rest (importing mlx-lm once is most of a probe's cost). None: no answer."""
+    the rest (importing mlx-lm once is most of a probe's cost). None: no answer.
+    `on_probe(seconds)`: called before a probe runs, with its time limit."""
     out: list[dict[str, object] | None] = []
     missing: list[tuple[int, Path, Layout]] = []
     for i, ask in enumerate(asks):
@@ -52,6 +64,8 @@ def answers(asks: list[Layout]) -> list[dict[str, object] | None]:
         if out[-1] is None:
             missing.append((i, cached, ask))
     if missing:
+        if on_probe is not None:
+            on_probe(limit(len(missing)))
         got = _run([ask for _, _, ask in missing])
         for (i, cached, _), answer in zip(missing, got, strict=True):
             out[i] = answer
@@ -99,15 +113,21 @@ def _write(path: Path, answer: dict[str, object]) -> None:
         pass  # an unwritable cache only costs a probe next time
 
 
+def limit(layouts: int) -> float:
+    """Seconds a probe of that many layouts may take before it counts as no answer."""
+    return PROBE_TIMEOUT + 5 * layouts
+
+
 def _run(asks: list[Layout]) -> list[dict[str, object] | None]:
-    cmd = [sys.executable, "-m", "exod.runner.probe", "--batch"]
+    module = os.environ.get("EXOD_PROBE_MODULE") or "exod.runner.probe"
+    cmd = [sys.executable, "-m", module, "--batch"]
     payload = json.dumps([{"model": str(m), "shards": n, "parallelism": p,
                            "layers": list(lay) if lay else None} for m, n, p, lay in asks])
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     nothing: list[dict[str, object] | None] = [None] * len(asks)
     try:
         done = subprocess.run(cmd, input=payload, capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT + 5 * len(asks), env=env, check=False)
+                              timeout=limit(len(asks)), env=env, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return nothing
     lines = done.stdout.strip().splitlines()

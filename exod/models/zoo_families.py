@@ -245,13 +245,9 @@ QUANTIZED = ("llama", "qwen2", "qwen3", "qwen3_moe")
 # (zoo name, layout) -> why exod refuses it; the zoo test checks that the probe refuses
 # exactly these.
 KNOWN_REFUSALS: dict[tuple[str, str], str] = {
-    ("exaone", "tp"): "its attention reshapes its output to the full width: no tensor split",
-    ("iquestloopcoder", "tp"): "its loop gate is computed over the whole head set",
     ("afm7", "pp"): "its layers are two lists (the last ones reuse an earlier layer's keys)",
     ("afm7", "tp"): "its layers are two lists (the last ones reuse an earlier layer's keys)",
     ("gpt_bigcode", "tp"): "one key/value head (multi-query attention)",
-    ("plamo", "tp"): "its keys are tiled over the query heads, not grouped with them",
-    ("recurrent_gemma", "tp"): "one key/value head, kept by no attribute",
     ("prism_hadamard_qwen35", "tp"): "mlx-lm's shard() splits the packs' Hadamard signs",
     ("gemma3n", "pp"): "its last layers read the caches of earlier layers",
     # their layers hand the next one more than the hidden state
