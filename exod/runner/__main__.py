@@ -13,7 +13,7 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from exod import messages as m
 from exod.core.exits import (
@@ -32,6 +32,7 @@ from exod.runner.log import ERR, WARNING, log
 from exod.runner.report import Reporter
 
 if TYPE_CHECKING:
+    from exod.runner.engine import BatchEngine
     from exod.runner.load import Loaded
     from exod.runner.peers import Group
 
@@ -181,31 +182,37 @@ def ready(r: Runner, loaded: Loaded) -> None:
                    context_length=int(getattr(model_args, "max_position_embeddings", 0) or 0))
 
 
-def serve_alone(r: Runner, loaded: Loaded) -> None:
+def make_engine(r: Runner, model: Any, tokenizer: Any) -> BatchEngine:
     from exod.runner.engine import BatchEngine
+
+    return BatchEngine(model, tokenizer, width=r.args.max_concurrency,
+                       cache_bytes=r.args.prompt_cache_bytes, prefill_step=r.args.prefill_step)
+
+
+def serve_alone(r: Runner, loaded: Loaded) -> None:
     from exod.runner.serve import ServeLoop
 
-    engine = BatchEngine(loaded.model, loaded.tokenizer, width=r.args.max_concurrency,
-                         cache_bytes=r.args.prompt_cache_bytes, prefill_step=r.args.prefill_step)
+    engine = make_engine(r, loaded.model, loaded.tokenizer)
     ready(r, loaded)
     ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat).run()
 
 
 def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:
-    """Rank 0 serves and the others follow its headers (the group has already passed its
-    barrier and a first token: `first_token`)."""
-    from exod.runner.parallel import LeaderModel, worker_loop
+    """Every rank runs the same engine on the same requests: rank 0 serves and sends the
+    others its plans, which they replay (exod.runner.lockstep). The group has already passed
+    its barrier and a first token (`first_token`)."""
+    from exod.runner.lockstep import LeaderEngine, follow
+    from exod.runner.parallel import GroupModel
     from exod.runner.peers import PeerLost
-    from exod.runner.sequential import TurnEngine
     from exod.runner.serve import ServeLoop, Ticker
 
+    model = GroupModel(loaded, group)
     ready(r, loaded)
     if group.rank != 0:
-        worker_loop(loaded, group, r.args.parallelism, r.life)
+        follow(model, loaded.tokenizer, group, r.life)
         return
-    leader = LeaderModel(loaded, group, r.args.parallelism)
-    engine = TurnEngine(leader, loaded.tokenizer, r.args.max_concurrency, r.args.prefill_step)
-    ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat,
+    leader = LeaderEngine(make_engine(r, model, loaded.tokenizer), group)
+    ServeLoop(leader, r.channel, r.life, r.report, r.args.heartbeat,
               tick=Ticker(leader.heartbeat, group.heartbeat_every)).run()
     try:
         leader.shutdown()

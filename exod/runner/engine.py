@@ -79,6 +79,7 @@ class BatchEngine:
         self._by_uid: dict[int, _Request] = {}
         self._by_rid: dict[str, _Request] = {}
         self._gen = self._new_generator()
+        self.failed_steps = 0  # a group must not go on after one (exod.runner.lockstep)
 
     def _new_generator(self) -> BatchGenerator:
         eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
@@ -132,6 +133,7 @@ class BatchEngine:
         except Exception as e:  # noqa: BLE001 -- mlx raises many types; the batch is unusable
             # Not abort_all: it would ask the broken generator to remove them. A new one instead.
             log(f"batch step failed: {type(e).__name__}: {e}", ERR)
+            self.failed_steps += 1
             failed: list[m.Event] = [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")
                                      for r in self._by_uid.values()]
             self._by_uid.clear()
@@ -175,6 +177,20 @@ class BatchEngine:
             cache_entries=len(self._cache), cache_bytes=int(self._cache.nbytes),
             cache_lookups=c.lookups, cache_hits=c.hits, cached_tokens=c.cached_tokens,
             prompt_tokens=c.prompt_tokens)
+
+    # ---- a group's other ranks follow rank 0's prompt cache (exod.runner.lockstep) ----------
+    # Their entries hold other bytes (other layers, stand-ins), so evicting by their own byte
+    # count would make them hit where rank 0 misses. They evict nothing themselves; rank 0's
+    # entry count after each step is enough to evict the same entries, the oldest first.
+    def follow_cache(self) -> None:
+        self._cache.max_bytes = 1 << 62
+
+    @property
+    def cache_entries(self) -> int:
+        return len(self._cache)
+
+    def trim_cache(self, entries: int) -> None:
+        self._cache.trim_to(n_sequences=entries)
 
     # ---- inside ----------------------------------------------------------------------------
     def _lookup(self, prompt: list[int]) -> tuple[list[Any] | None, list[int]]:
