@@ -17,6 +17,7 @@ from typing import Any
 
 import openai
 import pytest
+import yaml
 
 from tests.harness import Daemon
 from tests.integration.test_serving_engine import QUESTIONS, ask, serving
@@ -126,3 +127,33 @@ def test_a_peer_killed_mid_batch_ends_the_group_as_peer_lost(
     steps = [e["extra"]["step"] for e in d.events(event="ladder", instance="g")]
     assert "SIGKILL" not in steps and "SIGTERM" not in steps, steps
     assert ask(d, "g", "Say hi.", **GREEDY)
+
+
+def test_the_prompt_cache_evicts_the_same_entries_on_every_rank(
+        daemons: Callable[..., Daemon], tiny_model_factory: Callable[..., Path]) -> None:
+    """Rank 1 owns a third of the layers, so its cache entries hold far fewer bytes than rank
+    0's: evicting by its own bytes, it would keep entries rank 0 dropped, find a cached prompt
+    where rank 0 finds none, and the two would run forwards of different lengths. It keeps
+    rank 0's entries instead, and the group stays in step."""
+    fixed: dict[str, Any] = {"max_tokens": 20, "temperature": 0, "logit_bias": {str(EOS): -100}}
+    d = group(daemons, tiny_model_factory(layers=6), "pipeline", layers=[4, 2],
+              peer_timeout="5s")
+    prompts = ["apples and pears", "zebras in a field", "quiet morning rain"]
+    first = ask(d, "g", prompts[0], **fixed)
+    one = serving(d, "g")["prompt_cache"]["bytes"]
+    cap = one * 3 // 2
+    config = yaml.safe_load(d.config_path.read_text())
+    config["instances"]["g"]["prompt_cache_bytes"] = cap
+    d.write_config(config)
+    d.ctl("reload")
+    d.until_instance("g", lambda i: i["state"] == "ready" and i["serving"] is not None
+                     and i["serving"]["prompt_cache"]["max_bytes"] == cap,
+                     what="the group to restart with the new cap")
+    for p in prompts:
+        ask(d, "g", p, **fixed)
+    assert serving(d, "g")["prompt_cache"]["entries"] == 1
+    # prompts[0] is gone from rank 0's cache (rank 1 alone could still hold it).
+    assert ask(d, "g", prompts[0], **fixed) == first
+    assert ask(d, "g", prompts[2], **fixed)
+    inst = d.instance("g")
+    assert inst["state"] == "ready" and inst["restarts"] == 0, inst
