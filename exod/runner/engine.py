@@ -1,4 +1,4 @@
-"""The serving engine of a single-rank instance: continuous batching with mlx-lm's own
+"""The serving engine of each rank: continuous batching with mlx-lm's own
 `BatchGenerator`, a prompt (prefix) cache with mlx-lm's `LRUPromptCache`, prefill in chunks.
 
 The serve loop calls `step()` over and over, and between two calls it picks up new requests,

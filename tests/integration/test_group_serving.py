@@ -31,13 +31,13 @@ import json, sys
 from mlx_lm import generate, load
 from mlx_lm.sample_utils import make_logits_processors
 model, tok = load(sys.argv[1])
-ban = make_logits_processors(logit_bias={%d: -100.0})
+ban = make_logits_processors(logit_bias={EOS: -100.0})
 out = []
 for q in json.loads(sys.argv[2]):
     prompt = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
-    out.append(generate(model, tok, prompt, max_tokens=%d, logits_processors=ban))
+    out.append(generate(model, tok, prompt, max_tokens=MAX, logits_processors=ban))
 print(json.dumps(out))
-""" % (EOS, GREEDY["max_tokens"])
+""".replace("EOS", str(EOS)).replace("MAX", str(GREEDY["max_tokens"]))
 
 
 def mlx_lm_greedy(model: Path, questions: list[str]) -> list[str]:
