@@ -69,21 +69,6 @@ class Group:
     # ---- communication ------------------------------------------------------------------
     # `tokens`: how many positions the step carries. A peer may legitimately take long to
     # answer a long prefill, so the time allowed grows with it (see PER_TOKEN).
-    def send(self, x: mx.array, dst: int, tokens: int = 0) -> None:
-        self._run(lambda: mx.eval(mx.distributed.send(x, dst, group=self.group)), tokens)
-
-    def recv(self, shape: tuple[int, ...], dtype: mx.Dtype, src: int,
-             tokens: int = 0) -> mx.array:
-        out: list[mx.array] = []
-
-        def go() -> None:
-            y = mx.distributed.recv(shape, dtype, src, group=self.group)
-            mx.eval(y)
-            out.append(y)
-
-        self._run(go, tokens)
-        return out[0]
-
     def compute(self, x: mx.array | list[mx.array], tokens: int) -> None:
         """Evaluate a forward pass whose layers talk to the group (tensor parallelism's
         all_sum, a pipeline rank's sends): watched like any communication, and a broken peer
