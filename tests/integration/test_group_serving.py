@@ -76,7 +76,10 @@ def test_a_group_batches_caches_and_reproduces_like_one_rank(
              {"role": "user", "content": "And of Italy?"}]
     r2 = c.chat.completions.create(model="g", messages=turn2, **GREEDY)
     assert r1.usage is not None and r2.usage is not None
-    cache = serving(d, "g")["prompt_cache"]
+    # The engine's figures follow the answer's last event on the channel: waited for.
+    snap = d.until_instance("g", lambda i: i["serving"]["prompt_cache"]["lookups"] == 2,
+                            what="the second lookup in the status")
+    cache = snap["serving"]["prompt_cache"]
     assert cache["hits"] == 1 and cache["cached_tokens"] >= r1.usage.prompt_tokens, cache
     assert r2.usage.completion_tokens == GREEDY["max_tokens"]
 
@@ -140,7 +143,8 @@ def test_the_prompt_cache_evicts_the_same_entries_on_every_rank(
               peer_timeout="5s")
     prompts = ["apples and pears", "zebras in a field", "quiet morning rain"]
     first = ask(d, "g", prompts[0], **fixed)
-    one = serving(d, "g")["prompt_cache"]["bytes"]
+    one = d.until_instance("g", lambda i: i["serving"]["prompt_cache"]["entries"] == 1,
+                           what="the first entry in the status")["serving"]["prompt_cache"]["bytes"]
     cap = one * 3 // 2
     config = yaml.safe_load(d.config_path.read_text())
     config["instances"]["g"]["prompt_cache_bytes"] = cap
@@ -151,7 +155,9 @@ def test_the_prompt_cache_evicts_the_same_entries_on_every_rank(
                      what="the group to restart with the new cap")
     for p in prompts:
         ask(d, "g", p, **fixed)
-    assert serving(d, "g")["prompt_cache"]["entries"] == 1
+    snap = d.until_instance("g", lambda i: i["serving"]["prompt_cache"]["lookups"] == 3,
+                            what="the third lookup in the status")
+    assert snap["serving"]["prompt_cache"]["entries"] == 1
     # prompts[0] is gone from rank 0's cache (rank 1 alone could still hold it).
     assert ask(d, "g", prompts[0], **fixed) == first
     assert ask(d, "g", prompts[2], **fixed)
