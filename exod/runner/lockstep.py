@@ -39,6 +39,7 @@ from exod.runner.log import ERR, log
 from exod.runner.peers import Cmd, Group, PeerLost
 from exod.runner.plan import Plan, Settings, decode
 
+
 class LeaderEngine:
     """Rank 0's engine: its own BatchEngine, each operation also recorded for the plan the
     other ranks replay (see exod.runner.serve.Engine for the interface)."""
