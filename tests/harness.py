@@ -77,8 +77,10 @@ class NotifyListener:
                 self._cond.notify_all()
 
     def wait_for(self, pred: Callable[[dict[str, str]], bool], timeout: float = SAFETY,
-                 start: int = 0) -> dict[str, str]:
-        """The first message from index `start` on that matches."""
+                 start: int = 0, gone: Callable[[], str] | None = None) -> dict[str, str]:
+        """The first message from index `start` on that matches. `gone`: why waiting is
+        pointless (the sender exited), checked every half second, so a daemon that died at
+        start fails the test at once instead of after the whole safety bound."""
         deadline = time.monotonic() + timeout
         with self._cond:
             i = start
@@ -91,7 +93,11 @@ class NotifyListener:
                 if left <= 0:
                     raise TimeoutError(f"no matching notify message in {timeout}s; "
                                        f"got {[m for _, m in self.messages]}")
-                self._cond.wait(left)
+                why = gone() if gone is not None else ""
+                if why:
+                    raise RuntimeError(f"no matching notify message: {why}; "
+                                       f"got {[m for _, m in self.messages]}")
+                self._cond.wait(min(left, 0.5))
 
     def count(self) -> int:
         with self._cond:
@@ -158,7 +164,15 @@ class Daemon:
         return self
 
     def wait_ready(self, timeout: float = SAFETY) -> dict[str, str]:
-        return self.listener.wait_for(lambda f: f.get("READY") == "1", timeout)
+        return self.listener.wait_for(lambda f: f.get("READY") == "1", timeout,
+                                      gone=self._exited)
+
+    def _exited(self) -> str:
+        code = self.proc.poll() if self.proc is not None else None
+        if code is None:
+            return ""
+        tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+        return f"the daemon exited with {code}; its log ends:\n{tail}"
 
     def send_signal(self, sig: int) -> None:
         assert self.proc is not None

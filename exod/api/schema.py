@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import Any
 
 from exod.api.errors import bad_request
 from exod.messages import Generate
@@ -24,26 +24,13 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 @dataclass(frozen=True)
 class GenRequest:
-    kind: Literal["chat", "completion"]
+    """A checked request: the generation the runner receives, and what only HTTP needs."""
+
+    gen: Generate  # its id is set by the link
     model: str
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-    logit_bias: dict[str, float] = field(default_factory=dict)
-    messages: list[dict[str, str]] | None = None
-    prompt: str | None = None
     stream: bool = False
     include_usage: bool = False
     max_tokens_param: str | None = None  # the field the client set, if any (for errors)
-
-    def to_runner(self) -> Generate:
-        """The message for the runner (the link sets its id)."""
-        d = asdict(self)
-        for k in ("model", "stream", "include_usage", "max_tokens_param"):
-            d.pop(k)
-        return Generate(id="", **d)
 
 
 def parse_chat(body: Any) -> GenRequest:
@@ -53,13 +40,11 @@ def parse_chat(body: Any) -> GenRequest:
         raise bad_request("`messages` must be a non-empty array of messages", "messages")
     max_tokens = b.get("max_completion_tokens", b.get("max_tokens"))
     param = "max_completion_tokens" if "max_completion_tokens" in b else "max_tokens"
-    return GenRequest(
-        kind="chat", model=_model(b),
-        messages=[_message(m, i) for i, m in enumerate(messages)],
-        max_tokens=_max_tokens(max_tokens, param, DEFAULT_MAX_TOKENS_CHAT),
-        max_tokens_param=param if max_tokens is not None else None,
-        **_common(b),
-    )
+    gen = Generate(
+        id="", kind="chat", messages=[_message(m, i) for i, m in enumerate(messages)],
+        max_tokens=_max_tokens(max_tokens, param, DEFAULT_MAX_TOKENS_CHAT), **_sampling(b))
+    return GenRequest(gen, _model(b), *_streaming(b),
+                      max_tokens_param=param if max_tokens is not None else None)
 
 
 def parse_completion(body: Any) -> GenRequest:
@@ -73,13 +58,12 @@ def parse_completion(body: Any) -> GenRequest:
     _text(prompt, "prompt")
     if b.get("echo"):
         raise bad_request("`echo` is not supported", "echo")
-    return GenRequest(
-        kind="completion", model=_model(b), prompt=prompt,
+    gen = Generate(
+        id="", kind="completion", prompt=prompt,
         max_tokens=_max_tokens(b.get("max_tokens"), "max_tokens",
-                               DEFAULT_MAX_TOKENS_COMPLETION),
-        max_tokens_param="max_tokens" if b.get("max_tokens") is not None else None,
-        **_common(b),
-    )
+                               DEFAULT_MAX_TOKENS_COMPLETION), **_sampling(b))
+    return GenRequest(gen, _model(b), *_streaming(b),
+                      max_tokens_param="max_tokens" if b.get("max_tokens") is not None else None)
 
 
 # ---- pieces -----------------------------------------------------------------------------
@@ -150,10 +134,8 @@ def _max_tokens(v: Any, param: str, default: int) -> int:
     return v
 
 
-def _common(b: dict[str, Any]) -> dict[str, Any]:
-    n = b.get("n")
-    if n is not None and n != 1:
-        raise bad_request("`n` must be 1: exod returns one choice", "n")
+def _streaming(b: dict[str, Any]) -> tuple[bool, bool]:
+    """(stream, include_usage)."""
     stream = b.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise bad_request("`stream` must be a boolean", "stream")
@@ -168,6 +150,14 @@ def _common(b: dict[str, Any]) -> dict[str, Any]:
             raise bad_request("`stream_options.include_usage` must be a boolean",
                               "stream_options")
         include_usage = bool(options.get("include_usage", False))
+    return bool(stream), include_usage
+
+
+def _sampling(b: dict[str, Any]) -> dict[str, Any]:
+    """The fields of `Generate` common to both endpoints."""
+    n = b.get("n")
+    if n is not None and n != 1:
+        raise bad_request("`n` must be 1: exod returns one choice", "n")
     stop = b.get("stop")
     if stop is None:
         stops: list[str] = []
@@ -194,8 +184,6 @@ def _common(b: dict[str, Any]) -> dict[str, Any]:
         "stop": stops,
         "seed": seed,
         "logit_bias": _logit_bias(b.get("logit_bias")),
-        "stream": bool(stream),
-        "include_usage": include_usage,
     }
 
 
@@ -230,16 +218,17 @@ class ModelLimits:
 def apply_limits(req: GenRequest, limits: ModelLimits) -> GenRequest:
     """The request checked against its model: a 400 for a token id outside the vocabulary or a
     `max_tokens` beyond the cap; the default `max_tokens` shrinks to fit the cap."""
+    gen = req.gen
     if limits.vocab is not None:
-        bad = [k for k in req.logit_bias if int(k) >= limits.vocab]
+        bad = [k for k in gen.logit_bias if int(k) >= limits.vocab]
         if bad:
             raise bad_request(f"`logit_bias`: token id {bad[0]} is outside the model's "
                               f"vocabulary (ids 0 to {limits.vocab - 1})", "logit_bias")
     cap = limits.max_tokens
-    if cap is None or req.max_tokens <= cap:
+    if cap is None or gen.max_tokens <= cap:
         return req
     if req.max_tokens_param is None:
-        return replace(req, max_tokens=cap)
+        return replace(req, gen=replace(gen, max_tokens=cap))
     what = "the instance's max_tokens_cap" if cap == limits.cap else "the model's context window"
-    raise bad_request(f"`{req.max_tokens_param}` is {req.max_tokens}, more than {cap} "
+    raise bad_request(f"`{req.max_tokens_param}` is {gen.max_tokens}, more than {cap} "
                       f"({what})", req.max_tokens_param)

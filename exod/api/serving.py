@@ -122,7 +122,7 @@ class Serving:
             link = inst.serving_link()
             if link is None:
                 raise not_ready(inst.name, "its runner is gone")
-            return await self._relay(request, req, inst, link.open(req.to_runner()), meter)
+            return await self._relay(request, req, inst, link.open(req.gen), meter)
         finally:
             gate.leave()
             if inst.config.on_demand:
@@ -163,7 +163,7 @@ async def _whole(req: GenRequest, events: AsyncIterator[m.Event]) -> web.Respons
         if isinstance(ev, m.Text):
             parts.append(ev.text)
         elif isinstance(ev, m.Done):
-            reply = Reply(req.kind, req.model)
+            reply = Reply(req.gen.kind, req.model)
             return web.json_response(reply.whole(
                 "".join(parts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens))
         else:
@@ -174,10 +174,10 @@ async def _whole(req: GenRequest, events: AsyncIterator[m.Event]) -> web.Respons
 async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m.Event],
                   meter: Meter) -> web.StreamResponse:
     resp = web.StreamResponse(headers=SSE_HEADERS)
-    reply = Reply(req.kind, req.model, include_usage=req.include_usage)
+    reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage)
     try:
         await resp.prepare(request)
-        if req.kind == "chat":
+        if req.gen.kind == "chat":
             await resp.write(sse(reply.chunk(role=True)))
         async for ev in events:
             if isinstance(ev, m.Prefill):

@@ -187,6 +187,22 @@ class InstanceRuntime:
         if rank.machine.state is not new:
             rank.machine.move(new, self.seam.now(), reason)
 
+    def _admitted(self) -> bool:
+        """Memory allows the start and the group's files are written; else the instance fails
+        before any runner exists (not a failure counted towards the start limit)."""
+        self.refused = refusal = self.seam.admit(self) or ""
+        if not refusal:
+            self.started_at = self.seam.now()
+            try:
+                self.seam.prepare(self)
+                return True
+            except OSError as e:  # the hostfile or group key cannot be written (disk, perms)
+                refusal = f"cannot prepare the group: {e}"
+        self.log.error("not started: {}", refusal)
+        self._move(State.STARTING, publish=False)
+        self._move(State.FAILED, refusal)
+        return False
+
     # ---- operator and supervisor calls ----------------------------------------------------
     def start(self, operator: bool = False) -> None:
         """Start every local rank. From stopping, start once the stop is complete."""
@@ -206,14 +222,8 @@ class InstanceRuntime:
         self._cancel_restart()
         self._pending = None
         self.hung = ""
-        self.refused = refusal = self.seam.admit(self) or ""
-        if refusal:  # before any runner exists; not a failure to restart from
-            self.log.error("not started: {}", refusal)
-            self._move(State.STARTING, publish=False)
-            self._move(State.FAILED, refusal)
+        if not self._admitted():
             return
-        self.started_at = self.seam.now()
-        self.seam.prepare(self)
         self._remote_follow(State.STARTING, "remote")
         self._move(State.STARTING, "started by operator" if operator else "")
         failed: list[tuple[RankRuntime, str, int]] = []

@@ -61,6 +61,7 @@ class FakeSeam:
         self.spawn_errors: dict[int, OSError] = {}  # rank -> error raised by spawn
         self.prepared: list[tuple[float, str]] = []  # (time, instance) of each group start
         self.refusal: str | None = None  # what memory admission answers
+        self.prepare_error: OSError | None = None  # raised by prepare (hostfile not writable)
 
     # ---- the Seam protocol ------------------------------------------------------------------
     def now(self) -> float:
@@ -75,6 +76,8 @@ class FakeSeam:
         return self.refusal
 
     def prepare(self, inst: InstanceRuntime) -> None:
+        if self.prepare_error is not None:
+            raise self.prepare_error
         self.prepared.append((self.clock, inst.name))
 
     def spawn(self, inst: InstanceRuntime, rank: RankRuntime) -> int:

@@ -56,10 +56,11 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 def test_chat_defaults_and_runner_message() -> None:
     req = parse_chat(CHAT)
-    assert (req.kind, req.model, req.max_tokens, req.temperature, req.top_p) == \
+    g = req.gen
+    assert (g.kind, req.model, g.max_tokens, g.temperature, g.top_p) == \
         ("chat", "m", 1024, 1.0, 1.0)
-    assert not req.stream and not req.include_usage and req.stop == []
-    msg = req.to_runner()
+    assert not req.stream and not req.include_usage and g.stop == []
+    msg = req.gen
     assert msg == Generate(id="", kind="chat", max_tokens=1024, temperature=1.0, top_p=1.0,
                            stop=[], logit_bias={},
                            messages=[{"role": "user", "content": "hi"}])
@@ -72,9 +73,9 @@ def test_chat_fields() -> None:
                       "stop": "\n", "seed": 3, "stream": True,
                       "stream_options": {"include_usage": True}, "logit_bias": {"2": -100},
                       "user": "ignored", "frequency_penalty": 0})
-    assert (req.max_tokens, req.temperature, req.top_p, req.stop, req.seed) == \
-        (7, 0.0, 0.5, ["\n"], 3)
-    assert req.stream and req.include_usage and req.logit_bias == {"2": -100.0}
+    g = req.gen
+    assert (g.max_tokens, g.temperature, g.top_p, g.stop, g.seed) == (7, 0.0, 0.5, ["\n"], 3)
+    assert req.stream and req.include_usage and g.logit_bias == {"2": -100.0}
 
 
 def test_chat_content_parts_and_developer_role() -> None:
@@ -82,7 +83,7 @@ def test_chat_content_parts_and_developer_role() -> None:
         {"role": "developer", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         {"role": "assistant", "content": None}]})
-    assert req.messages == [{"role": "system", "content": "be brief"},
+    assert req.gen.messages == [{"role": "system", "content": "be brief"},
                             {"role": "user", "content": "ab"},
                             {"role": "assistant", "content": ""}]
 
@@ -121,9 +122,9 @@ def test_chat_rejects_with_400_naming_the_param(body: object, param: str | None)
 
 
 def test_completion_prompt_forms() -> None:
-    assert parse_completion({"model": "m", "prompt": "x"}).prompt == "x"
-    assert parse_completion({"model": "m", "prompt": ["x"]}).prompt == "x"
-    assert parse_completion({"model": "m", "prompt": "x"}).max_tokens == 16
+    assert parse_completion({"model": "m", "prompt": "x"}).gen.prompt == "x"
+    assert parse_completion({"model": "m", "prompt": ["x"]}).gen.prompt == "x"
+    assert parse_completion({"model": "m", "prompt": "x"}).gen.max_tokens == 16
     for bad in ({"model": "m"}, {"model": "m", "prompt": ["a", "b"]},
                 {"model": "m", "prompt": [1, 2]}, {"model": "m", "prompt": "x", "echo": True}):
         with pytest.raises(ApiError):

@@ -771,3 +771,14 @@ def test_memory_refusal_fails_before_any_runner(seam: FakeSeam) -> None:
     seam.refusal = None  # memory came free: a new start goes ahead
     inst.start(operator=True)
     assert inst.state is S.STARTING and inst.refused == "" and len(seam.spawns) == 1
+
+
+def test_group_that_cannot_be_prepared_fails_before_any_runner(seam: FakeSeam) -> None:
+    seam.prepare_error = OSError(28, "No space left on device")
+    inst = make(seam)
+    inst.start()
+    assert inst.state is S.FAILED and "cannot prepare the group" in inst.machine.reason
+    assert "No space left" in inst.machine.reason and seam.spawns == []
+    seam.prepare_error = None
+    inst.start(operator=True)
+    assert inst.state is S.STARTING and len(seam.spawns) == 1

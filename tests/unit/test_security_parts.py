@@ -59,7 +59,7 @@ def test_logit_bias_shapes_that_never_reach_the_runner(bias: object) -> None:
 
 def test_logit_bias_ids_must_be_inside_the_vocabulary() -> None:
     req = parse_chat({**CHAT, "logit_bias": {"1023": 5, "0001": -5}})
-    assert req.logit_bias == {"1023": 5.0, "1": -5.0}  # normalised ids
+    assert req.gen.logit_bias == {"1023": 5.0, "1": -5.0}  # normalised ids
     assert apply_limits(req, ModelLimits(vocab=1024)) is req
     bad = parse_chat({**CHAT, "logit_bias": {"1024": 100}})
     e = api_error(apply_limits, bad, ModelLimits(vocab=1024))
@@ -73,14 +73,14 @@ def test_max_tokens_is_capped_by_context_window_or_config() -> None:
                                ({"model": "m", "prompt": "x"}, parse_completion, "max_tokens")):
         e = api_error(apply_limits, parse({**body, "max_tokens": 10**12}), limits)
         assert e.status == 400 and e.param == param and "context window" in e.message
-        assert apply_limits(parse({**body, "max_tokens": 2048}), limits).max_tokens == 2048
+        assert apply_limits(parse({**body, "max_tokens": 2048}), limits).gen.max_tokens == 2048
     e = api_error(apply_limits, parse_chat({**CHAT, "max_completion_tokens": 9}),
                   ModelLimits(context=2048, cap=8))
     assert e.param == "max_completion_tokens" and "max_tokens_cap" in e.message
     # The default shrinks to fit instead of failing a request that asked for nothing.
-    assert apply_limits(parse_chat(CHAT), ModelLimits(context=100)).max_tokens == 100
-    assert apply_limits(parse_chat(CHAT), ModelLimits()).max_tokens == 1024
-    assert parse_chat(CHAT).to_runner().max_tokens == 1024  # the runner gets no extras
+    assert apply_limits(parse_chat(CHAT), ModelLimits(context=100)).gen.max_tokens == 100
+    assert apply_limits(parse_chat(CHAT), ModelLimits()).gen.max_tokens == 1024
+    assert parse_chat(CHAT).gen.max_tokens == 1024  # the runner gets no extras
 
 
 def test_long_stop_sequences_are_refused() -> None:
