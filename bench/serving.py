@@ -18,9 +18,10 @@ every round each figure on both sides back to back, exod first in even rounds an
 first in odd ones (two rounds make an ABBA). Each figure is the median of its per-round ratios
 exod / mlx_lm.server (two measurements taken next to each other in time), printed with the
 range of those ratios, so a reader sees how far to trust it. The p95 TTFT pools every request
-of every round per side. Aggregate = completion tokens (from `usage`) of every request / the
-wall time from the first request sent to the last one finished. The load average before and
-after the run is printed too.
+of every round per side. The second turn runs twice per side and round, ABBA within the round
+(its per-round figure is the mean of the two). Aggregate = completion tokens (from `usage`) of
+every request / the wall time from the first request sent to the last one finished. The load
+average before and after the run is printed too.
 
 `EXOD_BENCH_MODEL=DIR` benchmarks another model directory (default: the demo model).
 """
@@ -198,8 +199,14 @@ def measure(sides: list[Side], rounds: int) -> dict[str, dict[str, list[float]]]
                 if level == 8:
                     out[s.name]["ttft8"] += ttfts
                     out[s.name]["ttft8_median"].append(statistics.median(ttfts))
-        for s in order(r, sides):  # the same new chat on both sides: the same work
-            out[s.name]["turn2"].append(second_turn(s, r))
+        # Two new chats per side, ABBA within the round (the same chats on both sides): the
+        # second-turn figure showed a strong effect of position (the side that had just run
+        # was faster), which a plain A-then-B pair would book to one side.
+        turns: dict[str, list[float]] = collections.defaultdict(list)
+        for k, s in enumerate([*order(r, sides), *order(r + 1, sides)]):
+            turns[s.name].append(second_turn(s, 2 * r + k // len(sides)))
+        for name, ts in turns.items():
+            out[name]["turn2"].append(statistics.mean(ts))
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
     return out
 
