@@ -1,11 +1,13 @@
 """Sharding: the cost of splitting one model across 2 ranks, and the memory it saves, for
-three families: llama (its own shard()), qwen2 (a PipelineMixin family) and qwen3_moe (MoE).
+four families: llama (its own shard()), qwen2 (a PipelineMixin family), qwen3_moe (MoE) and
+qwen3_5 (a shard() that also splits the head; hybrid linear attention).
 
 For each family one daemon serves the same generated float32 model three ways: 1 rank, a
 2-rank pipeline and 2-rank tensor parallelism, on this host over the ring backend on loopback.
 Printed: decode tokens/s and time to first token (p50/p95) through exod's API, each as a ratio
-to the 1-rank instance measured in the same interleaved rounds, and each rank's RSS as a ratio
-to the 1-rank RSS. On 2 cores no speed-up is expected: the figures show the cost of the split.
+to the 1-rank instance measured in the same interleaved rounds, and each rank's RSS (now, and
+its peak while loading and serving) as a ratio to the 1-rank figure. On 2 cores no speed-up is
+expected: the figures show the cost of the split.
 """
 
 from __future__ import annotations
@@ -28,11 +30,20 @@ PARAMS = {"layers": 12, "hidden": 1024, "intermediate": 2816, "heads": 16, "kv_h
 # The same shape for the zoo families (config keys); the MoE has 8 experts of 512.
 ZOO = {"num_hidden_layers": 12, "hidden_size": 1024, "intermediate_size": 2816,
        "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 4096}
-FAMILIES = {"qwen2": ZOO, "qwen3_moe": {**ZOO, "num_experts": 8, "moe_intermediate_size": 512}}
+FAMILIES = {"qwen2": ZOO, "qwen3_moe": {**ZOO, "num_experts": 8, "moe_intermediate_size": 512},
+            "qwen3_5": ZOO}  # qwen3_5: its own shard() also splits the head
 
 
 def p95(xs: list[float]) -> float:
     return sorted(xs)[max(0, round(0.95 * len(xs)) - 1)]
+
+
+def peak_rss(pid: int) -> int:
+    """The most memory the process ever held (the kernel's VmHWM; Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def zoo_model(family: str, config: Mapping[str, object]) -> Path:
@@ -65,6 +76,8 @@ def measure(family: str, path: Path) -> list[tuple[str, str]]:
                 if r:
                     rate[name].append(r)
         rss = {i["name"]: [r["rss_bytes"] for r in i["ranks"]] for i in d.status()["instances"]}
+        peak = {i["name"]: [peak_rss(r["pid"]) for r in i["ranks"]]
+                for i in d.status()["instances"]}
     finally:
         d.close()
     base_rate = statistics.median(rate["one"])
@@ -80,6 +93,8 @@ def measure(family: str, path: Path) -> list[tuple[str, str]]:
                      f" ms = {t50 / base_ttft:.2f}x 1 rank"))
         rows.append((f"{family} {name}: RSS per rank", ", ".join(
             f"{b / 2**20:.0f} MiB ({b / base_rss:.2f}x)" for b in rss[name])))
+        rows.append((f"{family} {name}: peak RSS per rank (loading included)", ", ".join(
+            f"{b / 2**20:.0f} MiB ({b / peak['one'][0]:.2f}x)" for b in peak[name])))
     return rows
 
 

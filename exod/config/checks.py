@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from exod.config.model_dir import model_layer_count
+from exod.config.model_dir import model_heads, model_layer_count
 from exod.config.probe import layout_problem
 from exod.config.schema import Instance
 
@@ -40,6 +40,11 @@ def check_sharding(instance: Instance, node_name: str,
     elif instance.layers is not None:
         issues.append(Issue("layers", "tensor parallelism splits every layer, not layer "
                                       "ranges: remove `layers`"))
+    elif (heads := model_heads(instance.model)) is not None and heads[1] % n:
+        # What config.json already tells, without starting a probe.
+        issues.append(Issue("parallelism", f"tensor over {n} ranks cannot work for this model: "
+                                           f"its {heads[1]} attention heads do not split "
+                                           f"across {n} ranks ({heads[0]} in config.json)"))
     if not issues and probe_layouts:
         why = layout_problem(instance.model, n, instance.parallelism, instance.layers)
         if why is not None:

@@ -72,6 +72,18 @@ def model_config(model_dir: Path) -> dict[str, object]:
     return data
 
 
+# Query heads only: every tensor split keeps whole heads on each rank. Key/value heads fewer
+# than the ranks can still work (some families' shard() repeats them): the probe decides.
+_HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads")
+
+
+def model_heads(model_dir: Path) -> tuple[str, int] | None:
+    """(config.json key, count) of the model's attention heads, if config.json states it."""
+    cfg = model_config(model_dir)
+    n = _positive_int(cfg, _HEAD_KEYS)
+    return None if n is None else (next(k for k in _HEAD_KEYS if cfg.get(k) == n), n)
+
+
 _VOCAB_KEYS = ("vocab_size", "n_vocab", "padded_vocab_size")
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len",
                  "seq_length", "max_sequence_length")

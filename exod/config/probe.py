@@ -5,6 +5,12 @@ layout, exod's splitting code), so a config is probed once, not at every reload.
 
 A probe that cannot run at all (mlx not installed, a config mlx-lm cannot build a model from)
 gives no answer: the runner then reports the model's own problem when it loads it.
+
+The daemon asks from a worker thread (a reload loads the config off its event loop), so a slow
+probe never holds up /health, `exoctl status` or the instances already running. The probe run
+is `exod.runner.probe` unless the environment names another module in EXOD_PROBE_MODULE (a
+development and test hook, like EXOD_RUNNER_MODULE: chosen by whoever starts the daemon, never
+by a config file).
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from exod.paths import cache_dir
 
 PROBE_TIMEOUT = 120.0
 # The sources whose behaviour the answer depends on: a change to any of them is a new answer.
-_SPLITTING_CODE = ("probe.py", "pipeline.py", "tensor.py", "blocks.py")
+_SPLITTING_CODE = ("probe.py", "pipeline.py", "tensor.py", "split_shapes.py", "blocks.py",
+                   "failures.py")
 
 
 Layout = tuple[Path, int, str, "tuple[int, ...] | None"]
@@ -33,7 +40,9 @@ def layout_problem(model: Path, shards: int, parallelism: str,
     answer = answers([(model, shards, parallelism, layers)])[0]
     if answer is None or answer.get("ok") or answer.get("unknown"):
         return None
-    return str(answer.get("reason") or "the probe refused this layout")
+    reason = str(answer.get("reason") or "the probe refused this layout")
+    detail = answer.get("detail")
+    return f"{reason} (detail: {detail})" if detail else reason
 
 
 def answers(asks: list[Layout]) -> list[dict[str, object] | None]:
@@ -100,7 +109,8 @@ def _write(path: Path, answer: dict[str, object]) -> None:
 
 
 def _run(asks: list[Layout]) -> list[dict[str, object] | None]:
-    cmd = [sys.executable, "-m", "exod.runner.probe", "--batch"]
+    module = os.environ.get("EXOD_PROBE_MODULE") or "exod.runner.probe"
+    cmd = [sys.executable, "-m", module, "--batch"]
     payload = json.dumps([{"model": str(m), "shards": n, "parallelism": p,
                            "layers": list(lay) if lay else None} for m, n, p, lay in asks])
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -24,7 +24,9 @@ import them (the test process, the daemon).
 
 from __future__ import annotations
 
+import json
 import shutil
+import struct
 import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -231,15 +233,21 @@ def _write_weights(spec: TinySpec, config: dict[str, Any], out: Path) -> None:
 
 
 def corrupt_model(
-    src_dir: Path, out_dir: Path, how: Literal["truncate", "header"] = "truncate"
+    src_dir: Path, out_dir: Path, how: Literal["truncate", "header", "forward"] = "truncate"
 ) -> Path:
-    """Copy a model and damage its first safetensors file so that loading it raises an error.
+    """Copy a model and damage it so that loading it, or its first token, raises an error.
 
-    "truncate" cuts the file in half (the header points past the end); "header" overwrites the
-    JSON header with garbage. The stamp is dropped so the copy never passes for a good model.
+    "truncate" cuts the first safetensors file in half (the header points past the end);
+    "header" overwrites its JSON header with garbage. "forward" keeps every file valid and every
+    shape right, but stores the last layer's input norm as complex64: the model loads, and its
+    first forward fails (mlx has no complex norm). The stamp is dropped so the copy never
+    passes for a good model.
     """
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     shutil.copytree(src_dir, out_dir, ignore=shutil.ignore_patterns(".exod-*"))
+    if how == "forward":
+        _complex_last_norm(out_dir)
+        return out_dir
     target = min(out_dir.glob("model*.safetensors"))
     size = target.stat().st_size
     with target.open("r+b") as f:
@@ -253,6 +261,39 @@ def corrupt_model(
         else:
             raise ValueError(f"unknown corruption {how!r}")
     return out_dir
+
+
+def _complex_last_norm(model_dir: Path) -> None:
+    """Rewrite the safetensors file holding the last layer's input norm with that tensor as
+    complex64 (each float32 value v becomes v + 0i): plain file work, no mlx."""
+    for file in sorted(model_dir.glob("model*.safetensors")):
+        raw = file.read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+        data = raw[8 + n:]
+        norms = sorted((k for k in header if k.endswith(".input_layernorm.weight")),
+                       key=lambda k: int(k.split(".layers.")[1].split(".")[0]))
+        if not norms:
+            continue
+        out, parts = {"__metadata__": header.get("__metadata__", {})}, []
+        at = 0
+        for key, info in header.items():
+            if key == "__metadata__":
+                continue
+            start, end = info["data_offsets"]
+            chunk = data[start:end]
+            if key == norms[-1]:
+                values = struct.unpack(f"<{len(chunk) // 4}f", chunk)
+                chunk = struct.pack(f"<{2 * len(values)}f",
+                                    *(x for v in values for x in (v, 0.0)))
+                info = {**info, "dtype": "C64"}
+            out[key] = {**info, "data_offsets": [at, at + len(chunk)]}
+            parts.append(chunk)
+            at += len(chunk)
+        text = json.dumps(out).encode()
+        file.write_bytes(len(text).to_bytes(8, "little") + text + b"".join(parts))
+        return
+    raise ValueError(f"{model_dir}: no layer norm to damage")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -84,10 +84,7 @@ QUANTIZED = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 # (zoo name, layout) -> why exod refuses it; the zoo test checks that the probe refuses
 # exactly these.
-KNOWN_REFUSALS: dict[tuple[str, str], str] = {
-    ("exaone", "tp"): "its attention reshapes its output to the full width: no tensor split",
-    ("iquestloopcoder", "tp"): "its loop gate is computed over the whole head set",
-}
+KNOWN_REFUSALS: dict[tuple[str, str], str] = {}
 
 NOT_TINY: dict[str, str] = {
     "bitnet": "its kernels need Metal",

@@ -106,25 +106,23 @@ def _evaluate(model: nn.Module, blocks: Blocks | None, shard: Shard, parallelism
     the blocks first, then one owned block at a time, reporting progress after each."""
     owned = ([] if blocks is None else
              [b for b in blocks.items if not pipeline.is_stand_in(b)])
-    shard_one, finish = (block_sharder(model, blocks, group)
-                         if parallelism == "tensor" and blocks is not None and shard.world > 1
-                         else (None, None))
     n = len(owned)
     progress(0, n)
     try:
+        # Sharding slices the lazily loaded weights: evaluating a block then reads its weights
+        # and keeps only this rank's part, one block at a time.
+        shard_one = (block_sharder(model, blocks, group)
+                     if parallelism == "tensor" and blocks is not None and shard.world > 1
+                     else None)
         mx.eval(_outside_blocks(model, [] if blocks is None else blocks.items, shard,
                                 parallelism))
         for i, layer in enumerate(owned, 1):
             if should_stop():
                 raise LoadAborted()
-            mx.eval(layer.parameters())
             if shard_one is not None:
                 shard_one(layer)
-                mx.eval(layer.parameters())
+            mx.eval(layer.parameters())
             progress(i, n)
-        if finish is not None:
-            finish()
-            mx.eval(model.parameters())
         if blocks is None:
             mx.eval(model.parameters())
     except (LoadAborted, KeyboardInterrupt):

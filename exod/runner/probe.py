@@ -9,7 +9,8 @@ A missing list of blocks, head counts that do not divide, a block whose output i
 hidden state, a projection reshaped to the full width after sharding: all of them fail there.
 
 Prints one JSON object: {"ok": bool, "reason": str or null, "model_type": str}, with
-"unknown": true when mlx-lm cannot even build the model from that config. The daemon and
+"unknown": true when mlx-lm cannot even build the model from that config. A refusal's reason is
+in words (exod.runner.failures); "detail" keeps the raw error it was translated from. The daemon and
 `exod check` run it as a subprocess (they never import mlx) and cache the answer.
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
+from exod.runner.failures import explain
 
 
 class FakeGroup:
@@ -46,18 +48,14 @@ def probe(model_dir: Path, shards: int, parallelism: str,
         try:
             model = _build(config)
         except Exception as e:  # noqa: BLE001 -- not a layout problem: the runner will say
-            return {"ok": False, "unknown": True, "reason": _reason(e), "model_type": kind}
+            return {"ok": False, "unknown": True, "reason": f"{type(e).__name__}: {e}",
+                    "model_type": kind}
         try:
             _try_rank(model, rank, shards, parallelism, layers)
         except Exception as e:  # noqa: BLE001 -- the reason is the answer
-            return {"ok": False, "reason": _reason(e), "model_type": kind}
+            why = explain(e, parallelism)
+            return {"ok": False, "reason": why.reason, "detail": why.detail, "model_type": kind}
     return {"ok": True, "reason": None, "model_type": kind}
-
-
-def _reason(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return text if type(e).__name__ in ("NoBlocks", "CannotShard", "ProbeError") \
-        else f"{type(e).__name__}: {text}"
 
 
 class ProbeError(Exception):
@@ -74,7 +72,10 @@ def _build(config: dict[str, Any]) -> Any:
     if isinstance(q, dict) and "bits" in q:
         gs = int(q.get("group_size", 64))
 
-        def fits(_: str, m: Any) -> bool:
+        def fits(path: str, m: Any) -> bool | dict[str, Any]:
+            if path in q:  # mixed precision: mlx-lm's convert writes one entry per layer
+                own = q[path]
+                return own if isinstance(own, dict) else bool(own)
             w = getattr(m, "weight", None)
             return hasattr(m, "to_quantized") and w is not None and w.shape[-1] % gs == 0
 
@@ -101,10 +102,9 @@ def _try_rank(model: Any, rank: int, size: int, parallelism: str,
         pipeline.install(blocks, shard, None)
     else:
         fake = FakeGroup(rank, size)
-        one, finish = block_sharder(model, blocks, fake)
+        one = block_sharder(model, blocks, fake)
         for block in list(blocks.items):
             one(block)
-        finish()
         _replace_group(model, fake, mx.distributed.init())
         shard = tensor_shards(total, size)[rank]
     tokens = mx.array([[1, 2, 3]], dtype=mx.int32)

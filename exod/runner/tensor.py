@@ -1,13 +1,19 @@
 """Tensor parallelism for any family built from linear projections, one block at a time.
 
-A family's own `shard(group)` is used where mlx-lm has one. Elsewhere each block is sharded by
-projection role with mlx's distributed layers: within a module that has both roles, the
-projections that fan out (q/k/v, gate/up, ...) are split by output ("all-to-sharded") and those
-that fan back in (o, down, ...) by input ("sharded-to-all", which sums across ranks), and the
-module's head counts are divided by the number of ranks. Expert stacks (mlx-lm's SwitchGLU /
-SwitchMLP) are split in place and their output summed across ranks. A module whose roles are
-not all known (fused qkv, low-rank attention, a norm over the full projection) stays
-replicated: slower, never wrong.
+A family's own `shard(group)` is used where mlx-lm has one. It runs once, on the lazily loaded
+model before any weight is read: each block's weights are then read and sliced as that block is
+evaluated, so a rank's peak memory stays its share plus one block, and a shard() that also
+touches what lies outside the blocks (a vocabulary-split head, per-layer gates kept beside the
+blocks) sees the model whole, as it expects.
+
+Elsewhere each block is sharded by projection role with mlx's distributed layers: within a
+module that has both roles, the projections that fan out (q/k/v, gate/up, ...) are split by
+output ("all-to-sharded") and those that fan back in (o, down, ...) by input ("sharded-to-all",
+which sums across ranks), and the module's head counts are divided by the number of ranks.
+Expert stacks (mlx-lm's SwitchGLU / SwitchMLP) are split in place and their output summed
+across ranks. A module whose roles are not all known (fused qkv, low-rank attention, a norm
+over the full projection), or whose forward no longer builds once split (one that reshapes its
+output to the full hidden width), stays replicated: slower, never wrong.
 """
 
 from __future__ import annotations
@@ -18,34 +24,42 @@ from typing import Any
 import mlx.core as mx
 from mlx import nn
 from mlx.nn.layers.distributed import shard_inplace, shard_linear
-from mlx.utils import tree_unflatten
 
-from exod.runner.blocks import Blocks, flat_arrays
+from exod.runner import split_shapes
+from exod.runner.blocks import Blocks
 
 COLUMN = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3", "wq",
-                    "wk", "wv", "query", "key", "value", "fc1", "c_fc", "gate_up_proj"})
+                    "wk", "wv", "query", "key", "value", "fc1", "c_fc", "c_fc_0", "c_fc_1",
+                    "gate_up_proj"})
 ROW = frozenset({"o_proj", "down_proj", "w2", "wo", "out_proj", "fc2", "c_proj", "dense"})
 SEGMENTS = {"gate_up_proj": 2}  # fused projections whose halves are split separately
 HEADS = ("n_heads", "num_heads", "n_head", "num_attention_heads", "n_kv_heads", "num_kv_heads",
          "num_key_value_heads", "n_kv_head")
+KV_HEADS = frozenset({"n_kv_heads", "num_kv_heads", "num_key_value_heads", "n_kv_head"})
 EXPERTS = frozenset({"SwitchGLU", "SwitchMLP"})
 EXPERT_COLUMN = ("gate_proj", "up_proj", "fc1")
 EXPERT_ROW = ("down_proj", "fc2")
 
 
 class CannotShard(Exception):
-    """This model cannot be split across this many ranks (the reason is the message)."""
+    """This model cannot be split across this many ranks (the reason is the message, in words
+    a user understands)."""
 
 
-def block_sharder(model: nn.Module, blocks: Blocks,
-                  group: Any) -> tuple[Callable[[nn.Module], None], Callable[[], None]]:
-    """(shard one block, finish): `finish` runs once after every block, for a family shard()
-    that also touches what lies outside the blocks."""
+def block_sharder(model: nn.Module, blocks: Blocks, group: Any) -> Callable[[nn.Module], None]:
+    """Shard one block (call it on each block before evaluating it). A family's own shard()
+    runs here, at once, on the still unevaluated model; its per-block part is then a no-op."""
     _check_heads(blocks, group.size())
-    own = _family_sharder(model, blocks, group)
-    if own is not None:
-        return own
-    return (lambda block: shard_block(block, group)), (lambda: None)
+    if callable(getattr(model, "shard", None)):
+        model.shard(group)
+        return lambda block: None
+    return lambda block: shard_block(block, group)
+
+
+def heads_problem(module: nn.Module, name: str, value: int, n: int) -> CannotShard:
+    kind = "key/value heads" if name in KV_HEADS else "attention heads"
+    return CannotShard(f"its {value} {kind} do not split across {n} ranks "
+                       f"({type(module).__name__}.{name} = {value})")
 
 
 def _check_heads(blocks: Blocks, n: int) -> None:
@@ -55,8 +69,7 @@ def _check_heads(blocks: Blocks, n: int) -> None:
             for h in HEADS:
                 value = getattr(m, h, None)
                 if isinstance(value, int) and not isinstance(value, bool) and value % n:
-                    raise CannotShard(f"{type(m).__name__}.{h} is {value}, "
-                                      f"not divisible by {n} ranks")
+                    raise heads_problem(m, h, value, n)
 
 
 def shard_block(block: nn.Module, group: Any) -> None:
@@ -84,17 +97,22 @@ def _shard_dense(parent: nn.Module, linears: dict[str, nn.Module], n: int, group
     heads = {h: getattr(parent, h) for h in HEADS if isinstance(getattr(parent, h, None), int)}
     for name, value in heads.items():
         if value % n:
-            raise CannotShard(f"{type(parent).__name__}.{name} is {value}, "
-                              f"not divisible by {n} ranks")
+            raise heads_problem(parent, name, value, n)
     for k in cols:
         seg = SEGMENTS.get(k, 1)
         if _out_dim(linears[k]) % (n * seg):
-            raise CannotShard(f"{k} has {_out_dim(linears[k])} outputs, "
-                              f"not divisible by {n} ranks")
-        setattr(parent, k, shard_linear(linears[k], "all-to-sharded", segments=seg, group=group))
+            raise CannotShard(f"the {_out_dim(linears[k])} outputs of its {k} projection do "
+                              f"not split across {n} ranks")
     for k in rows:
         if any(a.shape[-1] % n for a in _arrays(linears[k])):
-            raise CannotShard(f"{k}'s input is not divisible by {n} ranks")
+            raise CannotShard(f"the inputs of its {k} projection do not split across {n} "
+                              "ranks")
+    if not split_shapes.still_builds(parent, linears, cols, rows, heads, n):
+        return  # e.g. reshapes its output to the full width: stays whole
+    for k in cols:
+        setattr(parent, k, shard_linear(linears[k], "all-to-sharded",
+                                        segments=SEGMENTS.get(k, 1), group=group))
+    for k in rows:
         setattr(parent, k, shard_linear(linears[k], "sharded-to-all", group=group))
     for name, value in heads.items():
         setattr(parent, name, value // n)
@@ -109,7 +127,8 @@ def _shard_experts(parent: nn.Module, group: Any) -> None:
         if k in parent:
             proj = parent[k]
             if any(a.shape[-1] % n for a in _arrays(proj)):
-                raise CannotShard(f"experts' {k} input is not divisible by {n} ranks")
+                raise CannotShard(f"the inputs of its experts' {k} projection do not split "
+                                  f"across {n} ranks")
             shard_inplace(proj, "sharded-to-all", group=group)
             if "bias" in proj:  # summed over the ranks below: each adds its share
                 proj.bias = proj.bias / n
@@ -129,39 +148,3 @@ def _out_dim(linear: nn.Module) -> int:
 
 def _arrays(module: nn.Module) -> list[mx.array]:
     return [v for v in module.values() if isinstance(v, mx.array)]
-
-
-def _family_sharder(model: nn.Module, blocks: Blocks, group: Any
-                    ) -> tuple[Callable[[nn.Module], None], Callable[[], None]] | None:
-    """The family's own shard(), one block at a time when it touches nothing but the blocks
-    (checked by running it on an empty list first), else all at once at the end."""
-    if not callable(getattr(model, "shard", None)):
-        return None
-    everything = list(blocks.items)
-    params = _flat(model)
-    before = {k: id(v) for k, v in params}
-    modules = model.leaf_modules()
-    blocks.owner[blocks.key] = []
-    try:
-        model.shard(group)
-        after = {k: id(v) for k, v in _flat(model)}
-    finally:
-        blocks.owner[blocks.key] = everything
-    if after != {k: v for k, v in before.items() if f".{blocks.key}." not in f".{k}"}:
-        # It shards more than the blocks: undo the trial, then shard everything at the end.
-        model.update_modules(modules)
-        model.update(tree_unflatten(params))
-        return (lambda block: None), (lambda: model.shard(group))
-
-    def one(block: nn.Module) -> None:
-        blocks.owner[blocks.key] = [block]
-        try:
-            model.shard(group)
-        finally:
-            blocks.owner[blocks.key] = everything
-
-    return one, (lambda: None)
-
-
-def _flat(model: nn.Module) -> list[tuple[str, mx.array]]:
-    return flat_arrays(model.parameters())

@@ -25,7 +25,8 @@ from tests.harness import Daemon
 from tests.zoo import OK, make_zoo, refusals, serve_zoo, spec_name
 
 COVERING = ["llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "gemma3", "gemma3_text",
-            "gpt_oss", "lfm2", "smollm3", "cohere2", "mixtral", "qwen3_5", "phi3", "exaone"]
+            "gpt_oss", "lfm2", "smollm3", "cohere2", "mixtral", "qwen3_5", "phi3", "exaone",
+            "iquestloopcoder"]
 
 
 def specs() -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -496,26 +497,34 @@ def test_explain_keys_covers_the_schema() -> None:
     assert "octal file mode; default: 0660" in text
 
 
-@pytest.mark.parametrize("heads,kv_heads,n,fragment", [
-    (4, 2, 2, None),
-    (6, 6, 4, "not divisible by 4 ranks"),
+@pytest.mark.parametrize("spec,n,message", [
+    ({"heads": 4, "kv_heads": 2}, 2, None),
+    # Told by config.json alone, before any probe starts.
+    ({"hidden": 96, "heads": 6, "kv_heads": 6}, 4,
+     "its 6 attention heads do not split across 4 ranks (num_attention_heads in config.json)"),
+    # Told by the probe: the runner's own code, run on the family built with no weights.
+    ({"heads": 8, "kv_heads": 2}, 4,
+     "its 2 key/value heads do not split across 4 ranks (Attention.n_kv_heads = 2)"),
+    ({"intermediate": 258, "kv_heads": 4}, 4,
+     "mlx-lm's own sharding of this family refuses it: Cannot shard the output of size 258 "
+     "across 4 devices. (at mlx_lm/models/llama.py:LINE, in shard)"),
 ])
-def test_tensor_layouts_are_probed_with_the_runners_code(
-        cfg_dir: ConfigDir, heads: int, kv_heads: int, n: int, fragment: str | None) -> None:
+def test_a_tensor_layout_that_cannot_work_is_refused_in_words(
+        cfg_dir: ConfigDir, spec: dict[str, int], n: int, message: str | None) -> None:
     """Whether a layout works is asked of the code that will run it (a probe subprocess that
-    builds the family from config.json with no weights), not guessed from the config."""
+    builds the family from config.json with no weights), and the refusal says why in words."""
     from exod.models.tiny import TinySpec
 
-    config = TinySpec(hidden=96, heads=heads, kv_heads=kv_heads).config()
-    cfg_dir.model("t", config)
+    cfg_dir.model("t", TinySpec(**spec).config())
     main = cfg_dir.write(MAIN, f"instances:\n  t: {{model: t, shards: {n}, "
                                "parallelism: tensor}\n")
-    if fragment is None:
+    if message is None:
         assert load_config(main).instances["t"].shards == n
         return
     (p,) = problems_of(main)
-    assert p.key_path == "instances.t.parallelism" and fragment in p.message, p.message
-    assert p.line == 2
+    assert (p.line, p.col, p.key_path) == (2, 41, "instances.t.parallelism")
+    line = re.sub(r"\.py:\d+", ".py:LINE", p.message)  # lines of mlx-lm's code move
+    assert line == f"tensor over {n} ranks cannot work for this model: {message}"
 
 
 def test_a_config_mlx_lm_cannot_build_is_left_to_the_runner(cfg_dir: ConfigDir) -> None:
