@@ -56,8 +56,14 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
             raise click.ClickException(str(e)) from None
     else:
         path = resolve_config_path(config)
+    def probing(seconds: float) -> None:
+        # The first start may probe new layouts before READY: never longer than the start
+        # timeout the service manager grants (the unit's TimeoutStartSec is 90 s).
+        service.status("checking how the model can be split (probe)")
+        service.extend_timeout(seconds + 30)
+
     try:
-        cfg = load_config(path)
+        cfg = load_config(path, probing)
     except ConfigError as e:
         from loguru import logger
 

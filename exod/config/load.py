@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,11 @@ def resolve_config_path(cli_value: str | None) -> Path:
     return Path(os.path.expanduser(chosen)) if chosen else DEFAULT_CONFIG_PATH
 
 
-def load_config(path: Path) -> Config:
-    """Read, validate and cross-check `path` and the files it includes."""
-    return _Loader(Path(path)).load()
+def load_config(path: Path, on_probe: Callable[[float], None] | None = None) -> Config:
+    """Read, validate and cross-check `path` and the files it includes. `on_probe(seconds)` is
+    called before layouts are probed, with how long the probe may take at most (exod tells its
+    service manager, so a slow first probe never trips a start timeout)."""
+    return _Loader(Path(path), on_probe).load()
 
 
 def _read(path: Path, display: str) -> tuple[Node | None, list[Problem]]:
@@ -78,7 +81,8 @@ def _noun(parent: str) -> str:
 
 
 class _Loader:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, on_probe: Callable[[float], None] | None = None) -> None:
+        self.on_probe = on_probe
         self.path = path
         self.display = str(path)
         self.v = Validator()
@@ -241,7 +245,7 @@ class _Loader:
     def cross_check(self, node_name: str) -> None:
         # One probe process for every layout not yet cached (exod.config.probe).
         probe_answers([(i.model, i.shards, i.parallelism, i.layers)
-                       for i in self.instances.values() if i.shards > 1])
+                       for i in self.instances.values() if i.shards > 1], self.on_probe)
         for instance in self.instances.values():
             for issue in check_sharding(instance, node_name):
                 self.report_issue(instance, issue)

@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 from importlib import metadata
+from collections.abc import Callable
 from pathlib import Path
 
 from exod.paths import cache_dir
@@ -45,9 +46,11 @@ def layout_problem(model: Path, shards: int, parallelism: str,
     return f"{reason} (detail: {detail})" if detail else reason
 
 
-def answers(asks: list[Layout]) -> list[dict[str, object] | None]:
+def answers(asks: list[Layout], on_probe: Callable[[float], None] | None = None
+            ) -> list[dict[str, object] | None]:
     """The probe's answer to each layout: from the cache, else from one subprocess for all
-    the rest (importing mlx-lm once is most of a probe's cost). None: no answer."""
+    the rest (importing mlx-lm once is most of a probe's cost). None: no answer.
+    `on_probe(seconds)`: called before a probe runs, with its time limit."""
     out: list[dict[str, object] | None] = []
     missing: list[tuple[int, Path, Layout]] = []
     for i, ask in enumerate(asks):
@@ -61,6 +64,8 @@ def answers(asks: list[Layout]) -> list[dict[str, object] | None]:
         if out[-1] is None:
             missing.append((i, cached, ask))
     if missing:
+        if on_probe is not None:
+            on_probe(limit(len(missing)))
         got = _run([ask for _, _, ask in missing])
         for (i, cached, _), answer in zip(missing, got, strict=True):
             out[i] = answer
@@ -108,6 +113,11 @@ def _write(path: Path, answer: dict[str, object]) -> None:
         pass  # an unwritable cache only costs a probe next time
 
 
+def limit(layouts: int) -> float:
+    """Seconds a probe of that many layouts may take before it counts as no answer."""
+    return PROBE_TIMEOUT + 5 * layouts
+
+
 def _run(asks: list[Layout]) -> list[dict[str, object] | None]:
     module = os.environ.get("EXOD_PROBE_MODULE") or "exod.runner.probe"
     cmd = [sys.executable, "-m", module, "--batch"]
@@ -117,7 +127,7 @@ def _run(asks: list[Layout]) -> list[dict[str, object] | None]:
     nothing: list[dict[str, object] | None] = [None] * len(asks)
     try:
         done = subprocess.run(cmd, input=payload, capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT + 5 * len(asks), env=env, check=False)
+                              timeout=limit(len(asks)), env=env, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return nothing
     lines = done.stdout.strip().splitlines()

@@ -274,8 +274,13 @@ class Supervisor:
             self.readiness.reloading()
             # Files are read in a thread: a slow disk or a huge file must not stall the loop.
             try:
-                new: Config | ConfigError = await asyncio.to_thread(load_config,
-                                                                    self.config.path)
+                loop = asyncio.get_running_loop()
+
+                def probing(seconds: float) -> None:  # from the loading thread
+                    loop.call_soon_threadsafe(self.service.extend_timeout, seconds + 10)
+
+                new: Config | ConfigError = await asyncio.to_thread(
+                    load_config, self.config.path, probing)
             except ConfigError as e:
                 new = e
             if self.api is not None and not isinstance(new, ConfigError):

@@ -44,6 +44,9 @@ def test_the_daemon_answers_while_a_reload_waits_for_a_slow_probe(
         assert '"steady"' in status.stdout
         assert d.instance("steady")["state"] == "ready"
         assert reload.poll() is None, "the reload must still be waiting for the probe"
+        # The service manager was told the reload may take the probe's time limit.
+        extend = d.listener.wait_for(lambda f: "EXTEND_TIMEOUT_USEC" in f, timeout=30)
+        assert int(extend["EXTEND_TIMEOUT_USEC"]) > 120 * 1_000_000
     finally:
         gate.touch()
         out = reload.communicate(timeout=120)[0]
@@ -51,4 +54,25 @@ def test_the_daemon_answers_while_a_reload_waits_for_a_slow_probe(
     d.until_state("pair", "ready")
     steady = d.instance("steady")
     assert steady["state"] == "ready" and steady["ranks"][0]["pid"] == pid
+    assert d.terminate() == 0
+
+
+def test_a_first_start_that_probes_extends_the_start_timeout(
+        daemons: Callable[..., Daemon], tiny_model: Path, tmp_path: Path) -> None:
+    """Before READY, a first probe of a new layout may take longer than the unit's
+    TimeoutStartSec (90 s): exod asks the service manager for the probe's time limit first."""
+    gate = tmp_path / "gate"
+    d = daemons({"instances": {"pair": {"model": str(tiny_model), "shards": 2}}},
+                env={"EXOD_PROBE_MODULE": "tests.doubles.probe", "EXOD_PROBE_GATE": str(gate),
+                     "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    d.start(wait_ready=False)
+    try:
+        wait_for_file(Path(f"{gate}.started"))
+        extend = d.listener.wait_for(lambda f: "EXTEND_TIMEOUT_USEC" in f, timeout=30)
+        assert int(extend["EXTEND_TIMEOUT_USEC"]) > 120 * 1_000_000
+        assert not any(f.get("READY") == "1" for f in d.listener.fields())
+    finally:
+        gate.touch()
+    d.wait_ready()
+    d.until_state("pair", "ready")
     assert d.terminate() == 0
