@@ -215,9 +215,11 @@ class BatchEngine:
     def _store(self, tokens: list[int], cache: list[Any] | None) -> None:
         if self.cache_bytes and cache and tokens:
             # Extracted from the batch as lazy copies that still reference the whole batch's
-            # buffers: evaluated now, an entry holds only its own rows (and its nbytes, which
-            # the byte cap counts, is then what it really holds).
-            mx.eval([c.state for c in cache])
+            # buffers: once evaluated, an entry holds only its own rows (its nbytes, which the
+            # byte cap counts, comes from its shapes either way). Evaluated in the background:
+            # a synchronous copy here held back every token of this step (tens of ms under
+            # load), and nothing needs the entry before a later request looks it up.
+            mx.async_eval([c.state for c in cache])
             self._cache.insert_cache(CACHE_KEY, list(tokens), cache)
 
     def _size_chunks(self) -> None:

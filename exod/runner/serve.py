@@ -157,8 +157,8 @@ class ServeLoop:
             return self.engine.abort_all("internal", f"{type(e).__name__}: {e}")
 
     def _emit(self, events: list[m.Event]) -> None:
+        self.channel.send_all(events)
         for ev in events:
-            self.channel.send(ev)
             if isinstance(ev, (m.Done, m.Error)):  # the end of that request
                 self.live.discard(ev.id)
                 self.recent.append(ev.id)
