@@ -10,19 +10,28 @@ Fair play: the demo model in float32 on both sides, OpenBLAS on both (exod's run
 it, mlx_lm.server gets LD_PRELOAD), the official openai client, streaming with usage, greedy
 sampling, the same prompts and the same max_tokens. exod runs with max_concurrency 32 (the
 batch width of mlx_lm.server's default --decode-concurrency) and its default prompt cache;
-mlx_lm.server with its defaults. The sides take turns, so a busy moment of the machine does not
-fall on one side only: every figure is measured twice per side, in the order exod,
-mlx_lm.server, mlx_lm.server, exod (the mean of both, or the median for TTFTs). Aggregate =
-completion tokens (from `usage`) of every request / the wall time from the first request sent
-to the last one finished.
+mlx_lm.server with its defaults.
+
+Noise: this bench usually runs on a small machine that other work shares, where the same figure
+can move 2x from one minute to the next. So it runs `ROUNDS` rounds (EXOD_BENCH_ROUNDS), and in
+every round each figure on both sides back to back, exod first in even rounds and mlx_lm.server
+first in odd ones (two rounds make an ABBA). Each figure is the median of its per-round ratios
+exod / mlx_lm.server (two measurements taken next to each other in time), printed with the
+range of those ratios, so a reader sees how far to trust it. The p95 TTFT pools every request
+of every round per side. The second turn runs twice per side and round, ABBA within the round
+(its per-round figure is the mean of the two). Aggregate = completion tokens (from `usage`) of
+every request / the wall time from the first request sent to the last one finished. The load
+average before and after the run is printed too.
 
 `EXOD_BENCH_MODEL=DIR` benchmarks another model directory (default: the demo model).
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +50,7 @@ from tests.harness import Daemon
 MAX_TOKENS = 32
 LEVELS = (1, 8, 32)
 WAVES = {1: 2, 8: 1, 32: 1}  # requests per client at each level
-CHAT_TURNS = 1  # rounds of second-turn measurements (two per side per round, each its own chat)
+ROUNDS = 4  # every figure once per side per round (EXOD_BENCH_ROUNDS); two rounds = ABBA
 
 
 def question(i: int) -> str:
@@ -129,11 +138,21 @@ class PeakRss:
 
 
 def start_sides(path: Path) -> tuple[Side, Side, Callable[[], None]]:
+    # context_tokens: what the memory check reserves per generation; every conversation here
+    # stays under 1.2k tokens, and the default (4k x 32) does not fit a busy shared machine.
     d = Daemon({"ready": "instances", "instances": {"demo": {
-        "model": str(path), "max_concurrency": 32, "max_queue": 64}}}, name="bench-serving")
-    d.start()
-    runner = int(d.instance("demo")["ranks"][0]["pid"])
-    server, srv = start_mlx_lm_server(path)
+        "model": str(path), "max_concurrency": 32, "max_queue": 64,
+        "context_tokens": 1536}}}, name="bench-serving")
+    try:
+        d.start()
+        inst = d.instance("demo")
+        if inst["ranks"][0]["pid"] is None:
+            raise RuntimeError(f"exod's instance did not start: {inst['detail']}")
+        runner = int(inst["ranks"][0]["pid"])
+        server, srv = start_mlx_lm_server(path)
+    except BaseException:
+        d.close()
+        raise
 
     def client(url: str) -> openai.OpenAI:
         # Retries: a pooled keep-alive connection the server has just closed is reset on reuse
@@ -152,62 +171,104 @@ def start_sides(path: Path) -> tuple[Side, Side, Callable[[], None]]:
     return exod, mlx, close
 
 
-def measure(sides: list[Side]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {s.name: {"ttft8": [], "turn2": []} for s in sides}
+def order(r: int, sides: list[Side]) -> list[Side]:
+    """A B in even rounds, B A in odd ones: two rounds make one ABBA."""
+    return sides if r % 2 == 0 else sides[::-1]
+
+
+def warm_up(sides: list[Side]) -> None:
+    """First requests pay one-off costs (allocations, compiled kernels): none is timed."""
     for s in sides:
         s.chat([{"role": "user", "content": "warm up"}], max_tokens=4)
-    abba = [*sides, *reversed(sides)]  # each side once early, once late: drift cancels
-    for level in LEVELS:
-        rates: dict[str, list[float]] = {s.name: [] for s in sides}
-        for s in abba:
-            rate, ttfts = load(s, level, WAVES[level])
-            rates[s.name].append(rate)
-            if level == 8:
-                out[s.name]["ttft8"] += ttfts
-        for name, r in rates.items():
-            out[name][f"rate{level}"] = statistics.mean(r)
-    for i in range(CHAT_TURNS):
-        for s in abba[i % 2 * 2:] + abba[: i % 2 * 2]:
-            out[s.name]["turn2"].append(second_turn(s, i * 10 + len(out[s.name]["turn2"])))
+        load(s, 8, 1)
+
+
+def measure(sides: list[Side], rounds: int) -> dict[str, dict[str, list[float]]]:
+    """Per side, per figure, one value per round (TTFTs at 8: every request's, pooled).
+
+    Every round runs every figure on both sides back to back, the two sides in the order of
+    `order`, so each exod figure has a mlx_lm.server figure taken next to it in time: their
+    ratio is what a moment of heavy load on the machine disturbs least."""
+    out: dict[str, dict[str, list[float]]] = {s.name: collections.defaultdict(list)
+                                              for s in sides}
+    for r in range(rounds):
+        for level in LEVELS:
+            for s in order(r, sides):
+                rate, ttfts = load(s, level, WAVES[level])
+                out[s.name][f"rate{level}"].append(rate)
+                if level == 8:
+                    out[s.name]["ttft8"] += ttfts
+                    out[s.name]["ttft8_median"].append(statistics.median(ttfts))
+        # Two new chats per side, ABBA within the round (the same chats on both sides): the
+        # second-turn figure showed a strong effect of position (the side that had just run
+        # was faster), which a plain A-then-B pair would book to one side.
+        turns: dict[str, list[float]] = collections.defaultdict(list)
+        for k, s in enumerate([*order(r, sides), *order(r + 1, sides)]):
+            turns[s.name].append(second_turn(s, 2 * r + k // len(sides)))
+        for name, ts in turns.items():
+            out[name]["turn2"].append(statistics.mean(ts))
+        print(f"  round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
+    return out
+
+
+def paired(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """(median, lowest, highest) of the per-round ratios a/b."""
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def row(label: str, a: list[float], b: list[float], unit: str, scale: float,
+        higher_is_better: bool) -> tuple[str, str]:
+    med, lo, hi = paired(a, b)
+    ok = med >= 1.0 if higher_is_better else med <= 1.0
+    goal = "≥" if higher_is_better else "≤"
+    return (label, f"exod {statistics.median(a) * scale:7.1f} {unit}  mlx_lm.server "
+                   f"{statistics.median(b) * scale:7.1f} {unit}  ratio {med:.2f}x "
+                   f"(rounds {lo:.2f}-{hi:.2f})  (goal {goal} 1.0x) {verdict(ok)}")
+
+
+def rows(e: dict[str, list[float]], m: dict[str, list[float]],
+         peak: dict[str, int]) -> list[tuple[str, str]]:
+    out = [row(f"aggregate tok/s, {level} client(s)", e[f"rate{level}"], m[f"rate{level}"],
+               "tok/s", 1.0, True) for level in LEVELS]
+    out.append(row("TTFT median, 8 clients", e["ttft8_median"], m["ttft8_median"], "ms", 1e3,
+                   False))
+    a, b = pct(e["ttft8"], 0.95), pct(m["ttft8"], 0.95)
+    out.append(("TTFT p95, 8 clients (pooled)",
+                f"exod {a * 1e3:7.1f} ms  mlx_lm.server {b * 1e3:7.1f} ms  ratio {a / b:.2f}x  "
+                f"(goal ≤ 1.0x) {verdict(a <= b)}"))
+    out.append(row("second-turn TTFT, ~1k-token chat", e["turn2"], m["turn2"], "ms", 1e3,
+                   False))
+    a, b = peak["exod"], peak["mlx_lm.server"]
+    out.append(("peak RSS (exod's runner / mlx_lm.server)",
+                f"exod {a / 2**20:7.0f} MiB  mlx_lm.server {b / 2**20:7.0f} MiB  "
+                f"ratio {a / b:.2f}x  (goal ≤ 1.0x) {verdict(a <= b)}"))
+    own, lo, hi = paired(e["rate8"], e["rate1"])
+    out.append(("exod 8 clients / exod 1 client (aggregate)",
+                f"{own:.2f}x (rounds {lo:.2f}-{hi:.2f})"))
     return out
 
 
 def main() -> None:
     path = Path(os.environ["EXOD_BENCH_MODEL"]) if os.environ.get("EXOD_BENCH_MODEL") \
         else demo_model()
+    rounds = int(os.environ.get("EXOD_BENCH_ROUNDS") or ROUNDS)
     exod, mlx, close = start_sides(path)
+    load_before = os.getloadavg()[0]
     try:
         rss = PeakRss({exod.name: exod.pid, mlx.name: mlx.pid})
         t0 = time.monotonic()
-        res = measure([exod, mlx])
+        warm_up([exod, mlx])
+        res = measure([exod, mlx], rounds)
         peak = rss.stop()
         took = time.monotonic() - t0
     finally:
         close()
-    e, m = res["exod"], res["mlx_lm.server"]
-    rows: list[tuple[str, str]] = []
-    for level in LEVELS:
-        r = e[f"rate{level}"] / m[f"rate{level}"]
-        rows.append((f"aggregate tok/s, {level} client(s)",
-                     f"exod {e[f'rate{level}']:6.1f}  mlx_lm.server {m[f'rate{level}']:6.1f}  "
-                     f"ratio {r:.2f}x  (goal ≥ 1.0x) {verdict(r >= 1.0)}"))
-    for label, q in (("median", 0.5), ("p95", 0.95)):
-        a, b = pct(e["ttft8"], q), pct(m["ttft8"], q)
-        rows.append((f"TTFT {label}, 8 clients",
-                     f"exod {a * 1e3:7.0f} ms  mlx_lm.server {b * 1e3:7.0f} ms  "
-                     f"ratio {a / b:.2f}x  (goal ≤ 1.0x) {verdict(a <= b)}"))
-    a, b = statistics.median(e["turn2"]), statistics.median(m["turn2"])
-    rows.append(("second-turn TTFT, ~1k-token chat",
-                 f"exod {a * 1e3:7.0f} ms  mlx_lm.server {b * 1e3:7.0f} ms  "
-                 f"ratio {a / b:.2f}x  (goal ≤ 1.0x) {verdict(a <= b)}"))
-    a, b = peak["exod"], peak["mlx_lm.server"]
-    rows.append(("peak RSS (exod's runner / mlx_lm.server)",
-                 f"exod {a / 2**20:6.0f} MiB  mlx_lm.server {b / 2**20:6.0f} MiB  "
-                 f"ratio {a / b:.2f}x  (goal ≤ 1.0x) {verdict(a <= b)}"))
-    own = e["rate8"] / e["rate1"]
-    rows.append(("exod 8 clients / exod 1 client (aggregate)", f"{own:.2f}x"))
     report(f"serving under load, {path.name}: max_tokens {MAX_TOKENS}, greedy, OpenBLAS on "
-           f"both, openai client, {took:.0f} s", rows)
+           f"both, openai client; {rounds} rounds (ratios: median of the per-round ratios, and "
+           f"their range), {took:.0f} s, load average {load_before:.1f} -> "
+           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
+           rows(res["exod"], res["mlx_lm.server"], peak))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ For each family one daemon serves the same generated float32 model three ways: 1
 Printed: decode tokens/s and time to first token (p50/p95) through exod's API, each as a ratio
 to the 1-rank instance measured in the same interleaved rounds, and each rank's RSS (now, and
 its peak while loading and serving) as a ratio to the 1-rank figure. On 2 cores no speed-up is
-expected: the figures show the cost of the split.
+expected: the figures show the cost of the split. Then what batching buys a 2-rank group
+(bench.group_batching).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from bench import group_batching
 from bench.api import Http
 from bench.common import CACHE, PY, model, report
 from tests.harness import Daemon
@@ -104,6 +106,7 @@ def main() -> None:
         rows += measure(family, zoo_model(family, config))
     report(f"sharding: 12-layer float32 models (hidden 1024), {ROUNDS} interleaved rounds, "
            "ring backend on loopback, 2 cores", rows)
+    group_batching.main()
 
 
 if __name__ == "__main__":

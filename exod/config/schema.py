@@ -174,14 +174,14 @@ class Instance:
                      "applies while loading", minimum=0.5))
     max_concurrency: int = field(
         default=1, metadata=doc("generations run at once by this instance: the width of its "
-                                "batch (single-rank instances decode them as one batch)",
+                                "batch (decoded as one batch, on every rank of a sharded instance)",
                                 minimum=1, maximum=256)
     )
     prompt_cache_bytes: int = field(
         default=DEFAULT_PROMPT_CACHE_BYTES,
         metadata=doc("bytes of KV cache kept from earlier requests, so a request that extends "
                      "one (the next turn of a chat) prefills only what is new; least recently "
-                     "used entries go first; 0 disables it (single-rank instances only)",
+                     "used entries go first; 0 disables it (a group counts rank 0's bytes)",
                      minimum=0, maximum=1 << 50))
     max_queue: int = field(
         default=16, metadata=doc("requests waiting beyond max_concurrency before 429", minimum=0)

@@ -66,7 +66,7 @@ class Launcher:
             # mx.distributed's own interface: which rank, and where every rank listens.
             group_env = {"MLX_RANK": str(shard.rank), "MLX_HOSTFILE": str(self.hostfile(c.name)),
                          "EXOD_GROUP_CONTROL": self._group_control[c.name],
-                         **rank_addresses.group_secrets(c, self.group_key(c))}
+                         **rank_addresses.group_secrets(self.group_key(c))}
         env = os_seam.runner_env(self.daemon_env, {
             **rank_addresses.thread_split(c, local_ranks, self.daemon_env),
             **c.env,

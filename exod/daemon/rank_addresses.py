@@ -20,11 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exod import trust
-from exod.config.model_dir import model_limits
 from exod.config.schema import Instance
 
 LOOPBACK = "127.0.0.1"
-DEFAULT_MAX_LENGTH = 1 << 17  # positions per header when the model does not say
 
 
 def host_of(inst: Instance, rank: int, this_host: str) -> str:
@@ -94,13 +92,10 @@ def write_hostfile(path: Path, addrs: list[str]) -> None:
     write_private(path, json.dumps([[a] for a in addrs]).encode())
 
 
-def group_secrets(inst: Instance, key_file: Path) -> dict[str, str]:
+def group_secrets(key_file: Path) -> dict[str, str]:
     """What a rank needs to authenticate its group (exod.runner.headers): where the key is (a
-    path: the secret itself never goes through argv or the environment) and the most positions
-    a header may carry (the model's context window)."""
-    _vocab, context = model_limits(inst.model)
-    return {"EXOD_CLUSTER_KEY_FILE": str(key_file),
-            "EXOD_GROUP_MAX_LENGTH": str(context or DEFAULT_MAX_LENGTH)}
+    path: the secret itself never goes through argv or the environment)."""
+    return {"EXOD_CLUSTER_KEY_FILE": str(key_file)}
 
 
 def new_group_key(path: Path) -> None:

@@ -24,6 +24,7 @@ from exod.models.zoo_families import (  # noqa: F401 -- the zoo's public names
     BASE,
     FAMILIES,
     KNOWN_REFUSALS,
+    NOT_SERVED,
     NOT_TINY,
     QUANTIZED,
     VOCAB,

@@ -32,6 +32,7 @@ from exod.runner.log import ERR, WARNING, log
 from exod.runner.report import Reporter
 
 if TYPE_CHECKING:
+    from exod.runner.engine import BatchEngine
     from exod.runner.load import Loaded
     from exod.runner.peers import Group
 
@@ -181,58 +182,37 @@ def ready(r: Runner, loaded: Loaded) -> None:
                    context_length=int(getattr(model_args, "max_position_embeddings", 0) or 0))
 
 
-def serve_alone(r: Runner, loaded: Loaded) -> None:
+def make_engine(r: Runner, model: Any, tokenizer: Any) -> BatchEngine:
     from exod.runner.engine import BatchEngine
-    from exod.runner.sequential import TurnEngine
-    from exod.runner.serve import Engine, ServeLoop
 
-    why = _why_not_batched(loaded.model)
-    engine: Engine
-    if why is None:
-        engine = BatchEngine(loaded.model, loaded.tokenizer, width=r.args.max_concurrency,
-                             cache_bytes=r.args.prompt_cache_bytes,
-                             prefill_step=r.args.prefill_step)
-    else:
-        engine = TurnEngine(loaded.model, loaded.tokenizer, r.args.max_concurrency,
-                            r.args.prefill_step, why=why)
+    return BatchEngine(model, tokenizer, width=r.args.max_concurrency,
+                       cache_bytes=r.args.prompt_cache_bytes, prefill_step=r.args.prefill_step)
+
+
+def serve_alone(r: Runner, loaded: Loaded) -> None:
+    from exod.runner.serve import ServeLoop
+
+    engine = make_engine(r, loaded.model, loaded.tokenizer)
     ready(r, loaded)
     ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat).run()
 
 
-def _why_not_batched(model: Any) -> str | None:
-    """mlx-lm batches requests by merging their caches: a family whose cache cannot merge
-    (deepseek_v41's) is served one request at a time, as a group is."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
-    caches = make_prompt_cache(model)
-    kinds = sorted({type(c).__name__ for c in caches if not hasattr(c, "merge")})
-    if kinds:
-        return ("one request at a time: mlx-lm cannot batch this model's caches "
-                f"({', '.join(kinds)})")
-    # A cache its forward never fills (nemotron-nas makes one for a layer whose attention is
-    # a linear map) cannot be taken out of a batch. Built lazily: nothing is evaluated.
-    model(mx.array([[1]], dtype=mx.int32), cache=caches)
-    if any(getattr(c, "keys", True) is None for c in caches):
-        return "one request at a time: the model leaves some of its caches empty"
-    return None
-
-
 def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:
-    """Rank 0 serves and the others follow its headers (the group has already passed its
-    barrier and a first token: `first_token`)."""
-    from exod.runner.parallel import LeaderModel, worker_loop
+    """Every rank runs the same engine on the same requests: rank 0 serves and sends the
+    others its plans, which they replay (exod.runner.lockstep). The group has already passed
+    its barrier and a first token (`first_token`)."""
+    from exod.runner.lockstep import LeaderEngine, follow
+    from exod.runner.parallel import GroupModel
     from exod.runner.peers import PeerLost
-    from exod.runner.sequential import TurnEngine
     from exod.runner.serve import ServeLoop, Ticker
 
+    model = GroupModel(loaded, group)
     ready(r, loaded)
     if group.rank != 0:
-        worker_loop(loaded, group, r.args.parallelism, r.life)
+        follow(model, loaded.tokenizer, group, r.life)
         return
-    leader = LeaderModel(loaded, group, r.args.parallelism)
-    engine = TurnEngine(leader, loaded.tokenizer, r.args.max_concurrency, r.args.prefill_step)
-    ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat,
+    leader = LeaderEngine(make_engine(r, model, loaded.tokenizer), group)
+    ServeLoop(leader, r.channel, r.life, r.report, r.args.heartbeat,
               tick=Ticker(leader.heartbeat, group.heartbeat_every)).run()
     try:
         leader.shutdown()

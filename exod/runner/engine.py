@@ -1,4 +1,4 @@
-"""The serving engine of a single-rank instance: continuous batching with mlx-lm's own
+"""The serving engine of each rank: continuous batching with mlx-lm's own
 `BatchGenerator`, a prompt (prefix) cache with mlx-lm's `LRUPromptCache`, prefill in chunks.
 
 The serve loop calls `step()` over and over, and between two calls it picks up new requests,
@@ -79,6 +79,7 @@ class BatchEngine:
         self._by_uid: dict[int, _Request] = {}
         self._by_rid: dict[str, _Request] = {}
         self._gen = self._new_generator()
+        self.failed_steps = 0  # a group must not go on after one (exod.runner.lockstep)
 
     def _new_generator(self) -> BatchGenerator:
         eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
@@ -132,6 +133,7 @@ class BatchEngine:
         except Exception as e:  # noqa: BLE001 -- mlx raises many types; the batch is unusable
             # Not abort_all: it would ask the broken generator to remove them. A new one instead.
             log(f"batch step failed: {type(e).__name__}: {e}", ERR)
+            self.failed_steps += 1
             failed: list[m.Event] = [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")
                                      for r in self._by_uid.values()]
             self._by_uid.clear()
@@ -176,6 +178,20 @@ class BatchEngine:
             cache_lookups=c.lookups, cache_hits=c.hits, cached_tokens=c.cached_tokens,
             prompt_tokens=c.prompt_tokens)
 
+    # ---- a group's other ranks follow rank 0's prompt cache (exod.runner.lockstep) ----------
+    # Their entries hold other bytes (other layers, stand-ins), so evicting by their own byte
+    # count would make them hit where rank 0 misses. They evict nothing themselves; rank 0's
+    # entry count after each step is enough to evict the same entries, the oldest first.
+    def follow_cache(self) -> None:
+        self._cache.max_bytes = 1 << 62
+
+    @property
+    def cache_entries(self) -> int:
+        return len(self._cache)
+
+    def trim_cache(self, entries: int) -> None:
+        self._cache.trim_to(n_sequences=entries)
+
     # ---- inside ----------------------------------------------------------------------------
     def _lookup(self, prompt: list[int]) -> tuple[list[Any] | None, list[int]]:
         """The stored KV cache nearest to `prompt` and the tokens it does not cover yet."""
@@ -199,9 +215,11 @@ class BatchEngine:
     def _store(self, tokens: list[int], cache: list[Any] | None) -> None:
         if self.cache_bytes and cache and tokens:
             # Extracted from the batch as lazy copies that still reference the whole batch's
-            # buffers: evaluated now, an entry holds only its own rows (and its nbytes, which
-            # the byte cap counts, is then what it really holds).
-            mx.eval([c.state for c in cache])
+            # buffers: once evaluated, an entry holds only its own rows (its nbytes, which the
+            # byte cap counts, comes from its shapes either way). Evaluated in the background:
+            # a synchronous copy here held back every token of this step (tens of ms under
+            # load), and nothing needs the entry before a later request looks it up.
+            mx.async_eval([c.state for c in cache])
             self._cache.insert_cache(CACHE_KEY, list(tokens), cache)
 
     def _size_chunks(self) -> None:

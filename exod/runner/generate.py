@@ -1,9 +1,8 @@
 """One generation request in the runner, read from its `generate` message: prompt tokens (chat
 template or raw text), a sampler of its own, logit bias, stop sequences.
 
-Both engines (exod.runner.engine.BatchEngine for one rank, exod.runner.sequential.TurnEngine
-for a group's rank 0) build their requests from here, so a request means the same thing
-whichever engine serves it.
+The engine (exod.runner.engine.BatchEngine, on every rank of a group too) builds its requests
+from here.
 """
 
 from __future__ import annotations
@@ -54,7 +53,6 @@ def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
     """Rows of the logits: the model's vocabulary (the tokenizer's may be smaller)."""
-    # parallel.LeaderModel (rank 0 of a group) stands in for the model and knows it as `vocab`.
     n = getattr(getattr(model, "args", None), "vocab_size", getattr(model, "vocab", None))
     return int(n) if isinstance(n, int) and n > 0 else len(tokenizer)
 

@@ -1,16 +1,17 @@
-"""The group's control connections: rank 0 → every other rank, plain TCP, 16-byte headers.
+"""The group's control connections: rank 0 → every other rank, plain TCP: an 8-byte header
+(command, payload length), then the payload (a serving plan, exod.runner.lockstep).
 
 Why not mx.distributed for these too: the ring backend polls while it waits, so a rank idling
 in `recv` burns ~40-60% of a core, forever, on a service meant to idle for months. A blocking
 TCP read costs nothing. Tensors (hidden states, logits, all_sum) still go through MLX; only the
-small "what next" headers, which a worker waits for most of its life, come this way.
+"what next" messages, which a worker waits for most of its life, come this way.
 
 Rank 0 listens on EXOD_GROUP_CONTROL (its own address, one port past the ranks' ports); each
 other rank connects and proves, by an HMAC challenge-response over the group's secret (the file
 named by EXOD_CLUSTER_KEY_FILE), that it belongs to the group and which rank it is; rank 0
 proves the same to it. A connection that fails is closed and rank 0 keeps waiting for the real
-rank: a stranger can neither take a rank's place nor feed a worker headers. Headers are bounds
-checked (EXOD_GROUP_MAX_LENGTH positions at most), and anything odd is ControlLost.
+rank: a stranger can neither take a rank's place nor feed a worker plans. Payloads are bounds
+checked (MAX_PAYLOAD bytes at most, before anything is allocated); anything odd is ControlLost.
 
 The handshake (HMAC-SHA256, labels keep one side's answer from serving as the other's):
   worker → rank 0:  MAGIC, nonce_w (32 bytes)
@@ -29,16 +30,18 @@ import struct
 import time
 from collections.abc import Callable, Collection
 
-HEADER = struct.Struct("!4i")  # command, cache id, sequence length, spare
+HEADER = struct.Struct("!iI")  # command, payload bytes
 HELLO = struct.Struct("!i")  # the connecting rank
-MAGIC = b"EXOD-GROUP-1\n"
+MAGIC = b"EXOD-GROUP-2\n"  # 2: plans; a rank of another version fails the handshake
 NONCE = 32
 MAC = hashlib.sha256().digest_size
 MIN_KEY = 16
 # Rank 0 takes connections one at a time: a silent stranger holds it up this long at most,
 # while a real rank waits its turn (its own wait is bounded by the group's timeout).
 HANDSHAKE_TIMEOUT = 2.0
-DEFAULT_MAX_LENGTH = 1 << 17
+# A plan carries at most a few requests, each no bigger than a daemon frame (64 MiB): rank 0
+# splits a bigger plan, and a worker refuses anything past this before allocating it.
+MAX_PAYLOAD = 256 * 1024 * 1024
 
 
 class ControlLost(Exception):
@@ -78,13 +81,6 @@ def cluster_key() -> bytes:
     if len(key) < MIN_KEY:
         raise ControlLost(f"the group key {path} is shorter than {MIN_KEY} bytes")
     return key
-
-
-def max_length() -> int:
-    try:
-        return max(1, int(os.environ.get("EXOD_GROUP_MAX_LENGTH", DEFAULT_MAX_LENGTH)))
-    except ValueError:
-        return DEFAULT_MAX_LENGTH
 
 
 def _mac(key: bytes, label: bytes, *parts: bytes) -> bytes:
@@ -201,32 +197,33 @@ def connect_to_leader(rank: int, timeout: float) -> socket.socket:
         return _tune(sock)
 
 
-def send(sock: socket.socket, cmd: int, cache_id: int, length: int) -> None:
+def send(sock: socket.socket, cmd: int, payload: bytes = b"") -> None:
+    if len(payload) > MAX_PAYLOAD:
+        raise ControlLost(f"a message of {len(payload)} bytes is past the {MAX_PAYLOAD} limit")
     try:
-        sock.sendall(HEADER.pack(cmd, cache_id, length, 0))
+        sock.sendall(HEADER.pack(cmd, len(payload)) + payload)
     except OSError as e:
         raise ControlLost(str(e)) from None
 
 
-def recv(sock: socket.socket, limit: int | None = None) -> tuple[int, int, int]:
-    """The next header, bounds checked: ControlLost for a negative cache id or a length past
-    `limit` (default EXOD_GROUP_MAX_LENGTH), which no worker may be made to allocate."""
-    cmd, cache_id, length, _ = HEADER.unpack(_read(sock, HEADER.size))
-    top = max_length() if limit is None else limit
-    if cache_id < 0 or not 0 <= length <= top:
-        raise ControlLost(f"bad header from rank 0 (command {cmd}, cache {cache_id}, length "
-                          f"{length}; at most {top} positions)")
-    return cmd, cache_id, length
+def recv(sock: socket.socket, limit: int = MAX_PAYLOAD) -> tuple[int, bytes]:
+    """The next message (command, payload), its length checked against `limit` before any of
+    it is read: ControlLost past it, which no worker may be made to allocate."""
+    cmd, length = HEADER.unpack(_read(sock, HEADER.size))
+    if length > limit:
+        raise ControlLost(f"bad message from rank 0 (command {cmd}, {length} bytes; at most "
+                          f"{limit})")
+    return cmd, _read(sock, length) if length else b""
 
 
 def _read(sock: socket.socket, n: int) -> bytes:
-    buf = b""
+    buf = bytearray()
     while len(buf) < n:
         try:
-            chunk = sock.recv(n - len(buf))
+            chunk = sock.recv(min(n - len(buf), 1 << 20))
         except OSError as e:
             raise ControlLost(str(e)) from None
         if not chunk:
             raise ControlLost("rank 0 closed the group's control connection")
         buf += chunk
-    return buf
+    return bytes(buf)

@@ -36,8 +36,7 @@ class ModelError(Exception):
 
 @dataclass
 class Loaded:
-    # Any, not nn.Module: rank 0 of a group serves through parallel.LeaderModel, a stand-in
-    # for the model that drives the whole group.
+    # Any, not nn.Module: a family's model class, whatever it derives from.
     model: Any
     tokenizer: Any
     shard: Shard

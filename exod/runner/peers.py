@@ -1,10 +1,10 @@
-"""A rank's membership in its group: mx.distributed init, the control headers rank 0 sends to
+"""A rank's membership in its group: mx.distributed init, the control messages rank 0 sends to
 the other ranks, liveness, and what happens when a peer is lost.
 
-Rank 0 drives; the other ranks ("workers") wait for headers: [command, cache id, sequence
-length], sent over the group's control connections (`exod.runner.headers`: plain TCP, since
-MLX's ring backend burns CPU while a rank idles in recv). A worker learns from a header
-everything it must do next; tensors then move through mx.distributed.
+Rank 0 drives; the other ranks ("workers") wait for its messages: a serving plan (what to admit,
+cancel and step next: exod.runner.lockstep), a heartbeat or a shutdown, sent over the group's
+control connections (`exod.runner.headers`: plain TCP, since MLX's ring backend burns CPU while
+a rank idles in recv). Tensors move through mx.distributed, inside the model's forward.
 
 Peers are lost in two ways. A peer process that dies closes its sockets: the next send/recv
 raises, we turn that into PeerLost and the runner exits with EXIT_PEER_LOST (76, EX_PROTOCOL),
@@ -42,11 +42,9 @@ PER_TOKEN = 0.5
 
 
 class Cmd(enum.IntEnum):
-    FORWARD = 1  # cache id, sequence length: run one forward pass
-    NEW_CACHE = 2  # cache id: a new generation starts
-    FREE_CACHE = 3  # cache id: that generation is over
-    HEARTBEAT = 4  # idle liveness check: every rank joins an all_sum
-    SHUTDOWN = 5  # the group stops: barrier, then exit 0
+    PLAN = 1  # payload: what to replay on this rank's engine (exod.runner.lockstep)
+    HEARTBEAT = 2  # idle liveness check: every rank joins an all_sum
+    SHUTDOWN = 3  # the group stops: barrier, then exit 0
 
 
 class PeerLost(BaseException):
@@ -71,28 +69,13 @@ class Group:
     # ---- communication ------------------------------------------------------------------
     # `tokens`: how many positions the step carries. A peer may legitimately take long to
     # answer a long prefill, so the time allowed grows with it (see PER_TOKEN).
-    def send(self, x: mx.array, dst: int, tokens: int = 0) -> None:
-        self._run(lambda: mx.eval(mx.distributed.send(x, dst, group=self.group)), tokens)
-
-    def recv(self, shape: tuple[int, ...], dtype: mx.Dtype, src: int,
-             tokens: int = 0) -> mx.array:
-        out: list[mx.array] = []
-
-        def go() -> None:
-            y = mx.distributed.recv(shape, dtype, src, group=self.group)
-            mx.eval(y)
-            out.append(y)
-
-        self._run(go, tokens)
-        return out[0]
-
     def compute(self, x: mx.array | list[mx.array], tokens: int) -> None:
         """Evaluate a forward pass whose layers talk to the group (tensor parallelism's
         all_sum, a pipeline rank's sends): watched like any communication, and a broken peer
         is PeerLost."""
         self._run(lambda: mx.eval(x), tokens)
 
-    def all_sum(self, x: mx.array) -> mx.array:
+    def all_sum(self, x: mx.array, tokens: int = 0) -> mx.array:
         out: list[mx.array] = []
 
         def go() -> None:
@@ -100,7 +83,7 @@ class Group:
             mx.eval(y)
             out.append(y)
 
-        self._run(go)
+        self._run(go, tokens)
         return out[0]
 
     def _run(self, fn: Callable[[], None], tokens: int = 0) -> None:
@@ -112,19 +95,19 @@ class Group:
         finally:
             self._deadline = None
 
-    def send_header(self, cmd: Cmd, cache_id: int = 0, length: int = 0) -> None:
+    def send_header(self, cmd: Cmd, payload: bytes = b"") -> None:
         def go() -> None:
             for dst in range(1, self.size):
-                headers.send(self.ctrl[dst], int(cmd), cache_id, length)
+                headers.send(self.ctrl[dst], int(cmd), payload)
 
         self._run(go)
 
-    def recv_header(self) -> tuple[Cmd, int, int]:
-        got: list[tuple[int, int, int]] = []
+    def recv_header(self) -> tuple[Cmd, bytes]:
+        got: list[tuple[int, bytes]] = []
         self._run(lambda: got.append(headers.recv(self.ctrl[0])))
-        cmd, cache_id, length = got[0]
+        cmd, payload = got[0]
         try:
-            return Cmd(cmd), cache_id, length
+            return Cmd(cmd), payload
         except ValueError:  # a protocol error, never a crash
             raise PeerLost(f"unknown command {cmd} from rank 0") from None
 

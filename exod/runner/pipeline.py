@@ -126,6 +126,16 @@ def _advance(cache: Any, x: mx.array) -> None:
     if hasattr(cache, "update_and_fetch") and hasattr(cache, "offset") and x.ndim >= 2:
         z = mx.zeros((x.shape[0], 1, x.shape[1], 1), dtype=x.dtype)
         cache.update_and_fetch(z, z)
+    elif isinstance(getattr(cache, "cache", None), list) and hasattr(cache, "advance") \
+            and x.ndim >= 2:
+        # ArraysCache (conv / recurrent state): a tiny state per row, so that the batch's
+        # merges, filters and extractions find one, and its lengths and padding move on as
+        # the real layer's do (the model may build a mask from this very cache).
+        batch = x.shape[0]
+        for i, state in enumerate(cache.cache):
+            if state is None or state.shape[0] != batch:
+                cache.cache[i] = mx.zeros((batch, 1), dtype=x.dtype)
+        cache.advance(x.shape[1])
 
 
 def handoff_problem(blocks: Blocks, forward: Callable[[], Any],

@@ -1,12 +1,13 @@
 """The runner's serve loop: generation requests from the daemon, driven through an engine.
 
-The engine owns the generations (`exod.runner.engine.BatchEngine`: continuous batching on a
-single rank; `exod.runner.sequential.TurnEngine`: one request at a time, for a group's rank 0);
-the loop owns the channel. Between two engine steps, the loop picks up new requests, drops
-cancelled ones (the client went away: cancelled within one step) and, once asked to stop, lets
-in-flight work finish until the drain deadline, then ends it with an error event and returns
-(the runner then exits 0). A step is bounded (one decode step, plus at most one prefill chunk),
-so a stop is always answered quickly, even during a long prompt: the ladder's rung 1 is enough.
+The engine owns the generations (`exod.runner.engine.BatchEngine`: continuous batching; on
+rank 0 of a group, `exod.runner.lockstep.LeaderEngine`, which also tells the other ranks what
+to replay on theirs); the loop owns the channel. Between two engine steps, the loop picks up
+new requests, drops cancelled ones (the client went away: cancelled within one step) and,
+once asked to stop, lets in-flight work finish until the drain deadline, then ends it with an
+error event and returns (the runner then exits 0). A step is bounded (one decode step, plus
+at most one prefill chunk), so a stop is always answered quickly, even during a long prompt:
+the ladder's rung 1 is enough.
 The engine's figures go to the daemon whenever the number of generations changes.
 
 A heartbeat goes to the daemon from this loop, so a stuck loop stops sending it; `tick` lets
@@ -156,8 +157,8 @@ class ServeLoop:
             return self.engine.abort_all("internal", f"{type(e).__name__}: {e}")
 
     def _emit(self, events: list[m.Event]) -> None:
+        self.channel.send_all(events)
         for ev in events:
-            self.channel.send(ev)
             if isinstance(ev, (m.Done, m.Error)):  # the end of that request
                 self.live.discard(ev.id)
                 self.recent.append(ev.id)

@@ -205,29 +205,38 @@ print(p.__name__, bias_processor({3: 1.0})(None, mx.zeros((1, 8))).tolist())
     assert out[1] == "process [[0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]]"
 
 
-def test_worker_turns_bad_headers_into_peer_lost() -> None:
-    """A worker fed an unknown command or an oversized length by its control connection ends
-    as a lost peer (exit 76, restarted by its daemon), never a crash or a huge allocation."""
+def test_worker_turns_bad_messages_into_peer_lost() -> None:
+    """A worker fed an unknown command, an oversized payload or a malformed plan by its
+    control connection ends as a lost peer (exit 76, restarted by its daemon), never a crash
+    or a huge allocation."""
     script = """
-import os, socket
-os.environ["EXOD_GROUP_MAX_LENGTH"] = "4096"
+import socket
+from exod.protocol import ProtocolError
 from exod.runner import headers
+from exod.runner import plan as plan_codec
 from exod.runner.peers import Group, PeerLost
-for cmd, length in ((99, 1), (1, 1 << 30)):
+for cmd, size in ((99, 0), (1, 1 << 30)):
     a, b = socket.socketpair()
     g = Group(None, 1, 2, 5.0, None, ctrl={0: b})
-    headers.send(a, cmd, 0, length)
+    a.sendall(headers.HEADER.pack(cmd, size))
     try:
         g.recv_header()
         print("accepted")
     except PeerLost as e:
         print("peer lost:", e)
+for plan in (b'{"ops": [["rm", "x"]], "keep": 0, "step": true}', b'{"keep": -1}', b"[1",
+             b'{"ops": [["admit", {"type": "generate", "id": 1}]], "keep": 0, "step": true}'):
+    try:
+        plan_codec.decode(plan)
+        print("accepted")
+    except ProtocolError as e:
+        print("refused")
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=120, check=True).stdout.splitlines()
     assert out == ["peer lost: unknown command 99 from rank 0",
-                   "peer lost: bad header from rank 0 (command 1, cache 0, length 1073741824; "
-                   "at most 4096 positions)"], out
+                   "peer lost: bad message from rank 0 (command 1, 1073741824 bytes; at most "
+                   "268435456)"] + ["refused"] * 4, out
 
 
 # ---- malformed input: 4xx, never 500 ---------------------------------------------------------

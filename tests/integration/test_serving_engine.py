@@ -115,14 +115,17 @@ def test_second_turn_hits_the_prompt_cache(daemons: Callable[..., Daemon],
     turn1: list[Any] = [{"role": "user", "content": "What is the capital of France?"}]
     r1 = c.chat.completions.create(model="demo", messages=turn1, max_tokens=12, temperature=0)
     assert r1.usage is not None
-    first = serving(d, "demo")["prompt_cache"]
+    # The engine's figures follow the answer's last event on the channel: waited for.
+    first = d.until_instance("demo", lambda i: i["serving"]["prompt_cache"]["entries"] == 1,
+                             what="the first entry")["serving"]["prompt_cache"]
     assert first["entries"] == 1 and first["bytes"] > 0 and first["hits"] == 0
 
     turn2 = [*turn1, {"role": "assistant", "content": r1.choices[0].message.content},
              {"role": "user", "content": "And of Italy?"}]
     r2 = c.chat.completions.create(model="demo", messages=turn2, max_tokens=12, temperature=0)
     assert r2.usage is not None and r2.usage.prompt_tokens > r1.usage.prompt_tokens
-    cache = serving(d, "demo")["prompt_cache"]
+    cache = d.until_instance("demo", lambda i: i["serving"]["prompt_cache"]["lookups"] == 2,
+                             what="the second lookup")["serving"]["prompt_cache"]
     assert cache["lookups"] == 2 and cache["hits"] == 1 and cache["hit_rate"] == 0.5
     # At least the whole first prompt came from the cache, not from a prefill.
     assert cache["cached_tokens"] >= r1.usage.prompt_tokens
@@ -140,7 +143,8 @@ def test_byte_cap_evicts(daemons: Callable[..., Daemon], tiny_model: Path) -> No
     d.until_state("tiny", "ready")
     prompts = ["apples and pears", "zebras in a field", "quiet morning rain"]
     ask(d, "tiny", prompts[0], **fixed)
-    one = serving(d, "tiny")["prompt_cache"]["bytes"]
+    one = d.until_instance("tiny", lambda i: i["serving"]["prompt_cache"]["entries"] == 1,
+                           what="the first entry")["serving"]["prompt_cache"]["bytes"]
     assert one > 0
 
     cap = one * 3 // 2
@@ -153,7 +157,8 @@ def test_byte_cap_evicts(daemons: Callable[..., Daemon], tiny_model: Path) -> No
                      what="tiny to restart with the new cap")
     for p in prompts:
         ask(d, "tiny", p, **fixed)
-    cache = serving(d, "tiny")["prompt_cache"]
+    cache = d.until_instance("tiny", lambda i: i["serving"]["prompt_cache"]["lookups"] == 3,
+                             what="the third lookup")["serving"]["prompt_cache"]
     assert cache["lookups"] == 3
     assert cache["entries"] == 1 and 0 < cache["bytes"] <= cap
 

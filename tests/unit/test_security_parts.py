@@ -204,15 +204,18 @@ def test_group_handshake_refuses_strangers_and_fake_leaders() -> None:
     b.close()
 
 
-def test_headers_are_bounds_checked() -> None:
+def test_messages_are_bounds_checked() -> None:
     a, b = socket.socketpair()
     with a, b:
-        for cmd, cache, length in ((1, 0, 1 << 30), (1, -1, 1), (1, 0, -1)):
-            headers.send(a, cmd, cache, length)
-            with pytest.raises(headers.ControlLost, match="bad header"):
-                headers.recv(b, limit=4096)
-        headers.send(a, 99, 1, 5)  # an unknown command is for peers.py to refuse
-        assert headers.recv(b, limit=4096) == (99, 1, 5)
+        a.sendall(headers.HEADER.pack(1, 1 << 30))  # refused before anything is allocated
+        with pytest.raises(headers.ControlLost, match="bad message"):
+            headers.recv(b, limit=4096)
+        headers.send(a, 99, b"plan")  # an unknown command is for peers.py to refuse
+        assert headers.recv(b, limit=4096) == (99, b"plan")
+        headers.send(a, 1)
+        assert headers.recv(b) == (1, b"")
+        with pytest.raises(headers.ControlLost, match="past the"):
+            headers.send(a, 1, b"x" * (headers.MAX_PAYLOAD + 1))
 
 
 def test_cluster_key_comes_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,165 @@
+"""The same serving loop on every rank of a group.
+
+Every rank runs its own BatchEngine (exod.runner.engine: continuous batching, prompt cache,
+chunked prefill) over `GroupModel` (exod.runner.parallel), whose forward includes the group's
+communication and returns the same logits on every rank. Rank 0 serves: ServeLoop (exod.runner.
+serve) drives a `LeaderEngine`, which does each engine operation on rank 0's BatchEngine and
+records it. Before each step, rank 0 sends the other ranks a plan: the operations since the
+last step, in order (admit a request, cancel one, end the prompts still being read, end every
+request), the prompt cache's entry count after the last step, and whether to step. The other
+ranks (`follow`) replay each plan on their own BatchEngine and throw the events away: the
+group's engines stay in step, operation for operation, so every forward meets its peers'.
+
+What a rank could decide differently is decided by rank 0 and carried in the plan:
+- a request without a seed gets one from rank 0, so sampling draws the same on every rank;
+- the prompt cache evicts by bytes, and a rank's entries hold other bytes than rank 0's (other
+  layers, stand-ins): the other ranks never evict on their own and keep rank 0's entry count,
+  so the same prompts hit on every rank;
+- cancels, a stop's end of the prompts being read, the drain's end: they are operations.
+The rest is a function of the requests and the tokens, the same on every rank: stop sequences,
+end-of-sequence, max_tokens, which prompts are prefilled together and in what chunks.
+
+A rank whose step fails (not a lost peer: an error inside mlx) can no longer be sure it is in
+step with the others, so the whole group restarts, as after a lost peer (exit 76).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+from typing import Any
+
+from exod import messages as m
+from exod.protocol import ProtocolError
+from exod.runner.engine import BatchEngine
+from exod.runner.headers import MAX_PAYLOAD
+from exod.runner.lifecycle import Lifecycle
+from exod.runner.log import ERR, log
+from exod.runner.peers import Cmd, Group, PeerLost
+from exod.runner.plan import Plan, Settings, decode
+
+
+class LeaderEngine:
+    """Rank 0's engine: its own BatchEngine, each operation also recorded for the plan the
+    other ranks replay (see exod.runner.serve.Engine for the interface)."""
+
+    def __init__(self, engine: BatchEngine, group: Group) -> None:
+        self.engine = engine
+        self.group = group
+        self.pending = Plan(settings=Settings(engine.width, engine.cache_bytes,
+                                              engine.prefill_step))
+        self.size = 0  # bytes of the pending plan's operations, roughly
+
+    @property
+    def active(self) -> int:
+        return self.engine.active
+
+    def admit(self, req: m.Generate) -> None:
+        if req.seed is None:  # drawn here: every rank must draw the same numbers
+            req = dataclasses.replace(req, seed=secrets.randbits(63))
+        self.engine.admit(req)  # a RequestError leaves nothing to replay
+        self._record("admit", m.to_wire(req))
+
+    def cancel(self, rid: str) -> None:
+        self.engine.cancel(rid)
+        self._record("cancel", rid)
+
+    def step(self) -> list[m.Event]:
+        self.flush(step=True)
+        failed = self.engine.failed_steps
+        events = self.engine.step()
+        if self.engine.failed_steps != failed:
+            raise PeerLost("a batch step failed on rank 0 (see above); the group restarts to "
+                           "be in step again")
+        return events
+
+    def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]:
+        self._record("abort_all", None)
+        return self.engine.abort_all(code, message)
+
+    def abort_prefilling(self, code: m.ErrorCode, message: str) -> list[m.Event]:
+        self._record("abort_prefilling", None)
+        return self.engine.abort_prefilling(code, message)
+
+    def serving(self) -> m.Serving:
+        return self.engine.serving()
+
+    # ---- the group ---------------------------------------------------------------------------
+    def flush(self, step: bool = False) -> None:
+        """Send what the other ranks must replay (and whether to step): before each step,
+        before a heartbeat, and when the operations pile up."""
+        plan = self.pending
+        if not plan.ops and not step and plan.settings is None:
+            return
+        plan.step, plan.keep = step, self.engine.cache_entries
+        self.group.send_header(Cmd.PLAN, plan.encode())
+        self.pending, self.size = Plan(), 0
+
+    def heartbeat(self) -> None:
+        self.flush()
+        self.group.send_header(Cmd.HEARTBEAT)
+        self.group.barrier()
+
+    def shutdown(self) -> None:
+        self.group.send_header(Cmd.SHUTDOWN)
+        self.group.barrier()  # so no peer sees a closed socket before everyone is done
+
+    def _record(self, op: str, arg: Any) -> None:
+        cost = len(json.dumps(arg)) + 32
+        if self.size + cost > MAX_PAYLOAD // 2:  # a plan stays far below the workers' limit
+            self.flush()
+        self.pending.ops.append((op, arg))
+        self.size += cost
+
+
+def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle) -> None:
+    """Ranks 1..N-1: replay rank 0's plans until SHUTDOWN (clean) or the group breaks."""
+    engine: BatchEngine | None = None
+    while True:
+        # Idle here is interruptible: a stop request waits briefly for rank 0's SHUTDOWN (the
+        # usual case: the daemon asks every rank at once), then leaves anyway.
+        with life.interruptible(grace=2.0):
+            cmd, payload = group.recv_header()
+        if cmd is Cmd.HEARTBEAT:
+            group.barrier()
+            continue
+        if cmd is Cmd.SHUTDOWN:
+            group.barrier()
+            return
+        try:
+            plan = decode(payload)
+        except ProtocolError as e:
+            raise PeerLost(f"bad plan from rank 0: {e}") from None
+        if engine is None:
+            if plan.settings is None:
+                raise PeerLost("rank 0's first plan has no engine settings")
+            s = plan.settings
+            engine = BatchEngine(model, tokenizer, width=s.width, cache_bytes=s.cache_bytes,
+                                 prefill_step=s.prefill_step)
+            engine.follow_cache()
+        replay(engine, plan)
+
+
+def replay(engine: BatchEngine, plan: Plan) -> None:
+    """One plan on a worker's engine. Any failure means this rank is out of step: PeerLost
+    (rank 0 then loses this peer too, and the whole group restarts)."""
+    try:
+        engine.trim_cache(plan.keep)
+        for op, arg in plan.ops:
+            if op == "admit":
+                engine.admit(arg)
+            elif op == "cancel":
+                engine.cancel(arg)
+            elif op == "abort_prefilling":
+                engine.abort_prefilling("aborted", "")
+            else:
+                engine.abort_all("aborted", "")
+        failed = engine.failed_steps
+        if plan.step:
+            engine.step()
+    except Exception as e:  # noqa: BLE001 -- rank 0 admitted it; this rank cannot: out of step
+        log(f"replaying rank 0's plan failed: {type(e).__name__}: {e}", ERR)
+        raise PeerLost(f"out of step with rank 0 ({type(e).__name__}: {e})") from None
+    if engine.failed_steps != failed:
+        raise PeerLost("a batch step failed on this rank (see above); the group restarts")

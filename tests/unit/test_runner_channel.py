@@ -1,0 +1,57 @@
+"""The runner's channel (exod.runner.channel) over a real socketpair: a batch step's events go
+out in one write, whole and in order, and a channel whose daemon is gone says so."""
+
+from __future__ import annotations
+
+import socket
+
+from exod import messages as m
+from exod.protocol import FrameDecoder
+from exod.runner.channel import Channel
+from exod.runner.lifecycle import Lifecycle
+
+EVENTS: list[m.FromRunner] = [m.Text("r1", "héllo "), m.Prefill("r2", 32, 900),
+                              m.Text("r3", "€"), m.Done("r1", "length", 12, 4)]
+
+
+class Writes:
+    """Counts the writes made on a real socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.calls = 0
+
+    def sendall(self, data: bytes) -> None:
+        self.calls += 1
+        self.sock.sendall(data)
+
+
+def read(sock: socket.socket, n: int) -> list[m.FromRunner]:
+    decoder, got = FrameDecoder(), []
+    sock.settimeout(10)
+    while len(got) < n:
+        got += [m.decode_from_runner(f) for f in decoder.feed(sock.recv(65536))]
+    return got
+
+
+def test_a_steps_events_go_in_one_write_in_order() -> None:
+    ours, daemon = socket.socketpair()
+    with ours, daemon:
+        channel = Channel(None, Lifecycle(None))
+        writes = Writes(ours)
+        channel.sock = writes  # type: ignore[assignment]
+        assert channel.send_all(EVENTS)
+        assert writes.calls == 1
+        assert read(daemon, len(EVENTS)) == EVENTS
+        assert not channel.send_all([])  # nothing to say: no write at all
+        assert writes.calls == 1
+
+
+def test_a_gone_daemon_makes_sending_fail_quietly() -> None:
+    ours, daemon = socket.socketpair()
+    daemon.close()
+    with ours:
+        channel = Channel(None, Lifecycle(None))
+        channel.sock = ours
+        assert not channel.send_all(EVENTS)
+        assert not channel.send(EVENTS[0])
