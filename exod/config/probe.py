@@ -29,7 +29,7 @@ from exod.paths import cache_dir
 PROBE_TIMEOUT = 120.0
 # The sources whose behaviour the answer depends on: a change to any of them is a new answer.
 _SPLITTING_CODE = ("probe.py", "pipeline.py", "tensor.py", "split_shapes.py", "blocks.py",
-                   "failures.py")
+                   "failures.py", "batchable.py")
 
 
 Layout = tuple[Path, int, str, "tuple[int, ...] | None"]

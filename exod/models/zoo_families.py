@@ -252,6 +252,10 @@ KNOWN_REFUSALS: dict[tuple[str, str], str] = {
     ("gemma3n", "pp"): "its last layers read the caches of earlier layers",
     # their layers hand the next one more than the hidden state
     ("deepseek_v41", "pp"): "hyper-connection streams",
+    # mlx-lm's batch cannot hold their caches, and a group serves in one batch
+    ("deepseek_v41", "tp"): "LayerCache has no merge",
+    ("nemotron-nas", "pp"): "a linear-attention layer leaves its cache empty",
+    ("nemotron-nas", "tp"): "a linear-attention layer leaves its cache empty",
     ("gemma4", "pp"): "shared keys and values, per-layer offsets",
     ("gemma4_text", "pp"): "shared keys and values, per-layer offsets",
     ("hunyuan", "pp"): "cross-layer attention: shared keys and values",
@@ -262,11 +266,9 @@ KNOWN_REFUSALS: dict[tuple[str, str], str] = {
 # Families exod loads but cannot yet serve: every request fails (the zoo test checks that they
 # still do, so a fix shows). The serving engine batches with mlx-lm's BatchGenerator, which
 # these families' caches do not support.
-NOT_SERVED: dict[str, str] = {
-    "deepseek_v41": "its LayerCache has no merge: mlx-lm cannot batch it",
-    "nemotron-nas": "a layer whose attention is a linear map leaves its cache empty, which "
-                    "mlx-lm's batch cannot extract",
-}
+# Families exod serves on 1 rank but not split (mlx-lm cannot batch their caches: exod.runner.
+# batchable) are in KNOWN_REFUSALS; none is left unserved.
+NOT_SERVED: dict[str, str] = {}
 
 NOT_TINY: dict[str, str] = {
     "bitnet": "its BitLinear layers run a Metal kernel, with no CPU path (on this CPU mlx "

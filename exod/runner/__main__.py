@@ -165,6 +165,12 @@ def first_token(r: Runner, loaded: Loaded, group: Group | None) -> None:
     from exod.runner.parallel import warm_up
 
     if group is not None:
+        from exod.runner import batchable
+
+        why = batchable.why_not(loaded.model)
+        if why is not None:  # the ranks of a group replay one batch engine in step
+            raise ModelError(f"cannot serve this model split across ranks: {why}; "
+                             "serve it with 1 rank (one request at a time)")
         r.report.status(m.Phase.WAITING,
                         f"waiting for the other {group.size - 1} rank(s) to load")
         group.barrier()
@@ -190,9 +196,18 @@ def make_engine(r: Runner, model: Any, tokenizer: Any) -> BatchEngine:
 
 
 def serve_alone(r: Runner, loaded: Loaded) -> None:
-    from exod.runner.serve import ServeLoop
+    from exod.runner import batchable
+    from exod.runner.sequential import TurnEngine
+    from exod.runner.serve import Engine, ServeLoop
 
-    engine = make_engine(r, loaded.model, loaded.tokenizer)
+    why = batchable.why_not(loaded.model)
+    engine: Engine
+    if why is None:
+        engine = make_engine(r, loaded.model, loaded.tokenizer)
+    else:
+        log(f"serving one request at a time: {why}")
+        engine = TurnEngine(loaded.model, loaded.tokenizer, r.args.max_concurrency,
+                            r.args.prefill_step, why=f"one request at a time: {why}")
     ready(r, loaded)
     ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat).run()
 

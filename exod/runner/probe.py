@@ -44,6 +44,12 @@ def probe(model_dir: Path, shards: int, parallelism: str,
           layers: tuple[int, ...] | None = None) -> dict[str, Any]:
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     kind = str(config.get("model_type") or "?")
+    if shards > 1:
+        unbatchable = _why_not_batchable(config)
+        if unbatchable is not None:
+            return {"ok": False, "model_type": kind,
+                    "reason": f"a group's ranks serve in one batch, and {unbatchable} "
+                              "(1 rank serves it, one request at a time)", "detail": None}
     for rank in sorted({0, shards - 1}):
         try:
             model = _build(config)
@@ -58,6 +64,15 @@ def probe(model_dir: Path, shards: int, parallelism: str,
             why = explain(e, parallelism)
             return {"ok": False, "reason": why.reason, "detail": why.detail, "model_type": kind}
     return {"ok": True, "reason": None, "model_type": kind}
+
+
+def _why_not_batchable(config: dict[str, Any]) -> str | None:
+    from exod.runner import batchable
+
+    try:
+        return batchable.why_not(_build(config))
+    except (Exception, SystemExit):  # noqa: BLE001 -- not this check's question: asked below
+        return None
 
 
 class ProbeError(Exception):

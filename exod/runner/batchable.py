@@ -1,0 +1,28 @@
+"""Whether mlx-lm's BatchGenerator can hold a model's caches.
+
+A batch merges the caches of the requests that join it, filters them when requests leave and
+extracts a finished request's cache for the prompt cache. A family whose cache type has no
+`merge` (deepseek_v41's LayerCache), or whose forward leaves a cache empty (nemotron-nas makes
+one for a layer whose attention is a linear map), cannot be batched: a single rank serves it one
+request at a time (exod.runner.sequential), and a group, whose ranks replay one batch engine in
+step, cannot serve it at all (refused when it loads, before READY).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+
+def why_not(model: Any) -> str | None:
+    """Why the model's caches cannot batch, or None. Builds the graph lazily: no weight read."""
+    caches = make_prompt_cache(model)
+    kinds = sorted({type(c).__name__ for c in caches if not hasattr(c, "merge")})
+    if kinds:
+        return f"mlx-lm cannot batch this model's caches ({', '.join(kinds)})"
+    model(mx.array([[1]], dtype=mx.int32), cache=caches)
+    if any(getattr(c, "keys", True) is None for c in caches):
+        return "the model leaves some of its caches empty, which mlx-lm's batch cannot hold"
+    return None

@@ -1,0 +1,151 @@
+"""The turn-taking engine, for a single rank whose model mlx-lm cannot batch
+(exod.runner.batchable): each request steps through mlx-lm's `stream_generate` on its own, one
+token of each running request per step, with no prompt cache.
+
+The prompt goes through the model here, one chunk per step, before `stream_generate` takes over
+for its last token, so the serve loop can drop the request (a cancel) or end it (a stop) within
+one chunk, as the batch engine does. mlx-lm's own chunked prefill would run the whole prompt
+inside one step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import GenerationResponse, generation_stream, stream_generate
+from mlx_lm.models.cache import make_prompt_cache
+
+from exod import messages as m
+from exod.runner import validate
+from exod.runner.generate import (
+    bias_processors,
+    make_request_sampler,
+    prompt_tokens,
+    vocab_size,
+)
+from exod.runner.log import ERR, log
+from exod.runner.stops import StopMatcher
+
+MIN_CHUNK = 32  # as exod.runner.engine: smaller chunks cost more in overhead than they buy
+
+
+class Generation:
+    def __init__(self, model: Any, tokenizer: Any, req: m.Generate) -> None:
+        self.id = req.id
+        self.model = model
+        prompt = prompt_tokens(tokenizer, req)
+        processors = bias_processors(req.logit_bias, vocab_size(model, tokenizer))
+        self._cache: list[Any] = make_prompt_cache(model)
+        self._pending = prompt[:-1]  # prefilled by `prefill`; the last token by stream_generate
+        self._responses: Iterator[GenerationResponse] = stream_generate(
+            model, tokenizer, mx.array(prompt[-1:]), prompt_cache=self._cache,
+            max_tokens=validate.max_tokens(req.max_tokens),
+            sampler=make_request_sampler(req), logits_processors=processors or None)
+        self._stops = StopMatcher(req.stop)
+        self.prompt_tokens = len(prompt)
+        self.completion_tokens = 0
+        self.prefilled = 0
+        self.started = False  # it has produced a token (its whole prompt has been read)
+
+    @property
+    def prefilling(self) -> bool:
+        return bool(self._pending)
+
+    def prefill(self, chunk: int) -> None:
+        """Run the next `chunk` prompt tokens through the model (and the group) into the cache."""
+        tokens, self._pending = self._pending[:chunk], self._pending[chunk:]
+        self.prefilled += len(tokens)
+        with mx.stream(generation_stream):  # where stream_generate will read the cache
+            self.model(mx.array(tokens)[None], cache=self._cache)
+            mx.eval([c.state for c in self._cache])
+        mx.clear_cache()
+
+    def step(self) -> tuple[str, m.FinishReason | None]:
+        """Generate one token: (text to release now, finish reason or None while going on)."""
+        r = next(self._responses)
+        self.started = True
+        self.completion_tokens = r.generation_tokens
+        text = self._stops.feed(r.text)
+        if self._stops.stopped:
+            self.close()
+            return text, "stop"
+        if r.finish_reason is not None:
+            return text + self._stops.flush(), "length" if r.finish_reason == "length" else "stop"
+        return text, None
+
+    def close(self) -> None:
+        close = getattr(self._responses, "close", None)
+        if close is not None:
+            close()
+
+    def done(self, finish_reason: m.FinishReason) -> m.Done:
+        return m.Done(self.id, finish_reason, self.prompt_tokens, self.completion_tokens)
+
+
+class TurnEngine:
+    """Generations take turns, one token each per step (see exod.runner.serve.Engine)."""
+
+    def __init__(self, model: Any, tokenizer: Any, width: int, prefill_step: int,
+                 why: str) -> None:
+        self.model, self.tokenizer, self.width, self.why = model, tokenizer, width, why
+        self.prefill_step = max(MIN_CHUNK, prefill_step)
+        self.gens: dict[str, Generation] = {}
+
+    @property
+    def active(self) -> int:
+        return len(self.gens)
+
+    def admit(self, req: m.Generate) -> None:
+        self.gens[req.id] = Generation(self.model, self.tokenizer, req)
+
+    def cancel(self, rid: str) -> None:
+        gen = self.gens.pop(rid, None)
+        if gen is not None:
+            gen.close()
+
+    def step(self) -> list[m.Event]:
+        """A token of every generation past its prompt, and one chunk of every prompt being
+        read (sized so that the step prefills at most `prefill_step` tokens in all)."""
+        out: list[m.Event] = []
+        prefilling = sum(g.prefilling for g in self.gens.values())
+        chunk = max(MIN_CHUNK, self.prefill_step // max(1, prefilling))
+        for rid, gen in list(self.gens.items()):
+            try:
+                if gen.prefilling:
+                    gen.prefill(chunk)
+                    # Progress before the first token: hang detection counts it as such.
+                    out.append(m.Prefill(rid, gen.prefilled, gen.prompt_tokens))
+                    continue
+                text, reason = gen.step()
+            except Exception as e:  # noqa: BLE001 -- mlx raises many types: fail this one, go on
+                log(f"generation {rid} failed: {type(e).__name__}: {e}", ERR)
+                self.cancel(rid)
+                out.append(m.Error(rid, "internal", f"{type(e).__name__}: {e}"))
+                continue
+            if text:
+                out.append(m.Text(rid, text))
+            if reason is not None:
+                del self.gens[rid]
+                out.append(gen.done(reason))
+        return out
+
+    def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]:
+        out: list[m.Event] = []
+        for rid in list(self.gens):
+            self.cancel(rid)
+            out.append(m.Error(rid, code, message))
+        return out
+
+    def abort_prefilling(self, code: m.ErrorCode, message: str) -> list[m.Event]:
+        out: list[m.Event] = []
+        for rid, gen in list(self.gens.items()):
+            if not gen.started:
+                self.cancel(rid)
+                out.append(m.Error(rid, code, message))
+        return out
+
+    def serving(self) -> m.Serving:
+        return m.Serving(batching=self.why, width=self.width, active=self.active,
+                         prefill_step=self.prefill_step)
