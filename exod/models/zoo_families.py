@@ -254,6 +254,8 @@ KNOWN_REFUSALS: dict[tuple[str, str], str] = {
     ("deepseek_v41", "pp"): "hyper-connection streams",
     # mlx-lm's batch cannot hold their caches, and a group serves in one batch
     ("deepseek_v41", "tp"): "LayerCache has no merge",
+    ("llama4", "pp"): "ChunkedKVCache has no merge (a prompt-cache hit could not join a batch)",
+    ("llama4", "tp"): "ChunkedKVCache has no merge (a prompt-cache hit could not join a batch)",
     ("nemotron-nas", "pp"): "a linear-attention layer leaves its cache empty",
     ("nemotron-nas", "tp"): "a linear-attention layer leaves its cache empty",
     ("gemma4", "pp"): "shared keys and values, per-layer offsets",

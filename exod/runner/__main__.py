@@ -167,7 +167,9 @@ def first_token(r: Runner, loaded: Loaded, group: Group | None) -> None:
     if group is not None:
         from exod.runner import batchable
 
-        why = batchable.why_not(loaded.model)
+        # Only the cache types here: a trial forward would put this rank's sends in the graph
+        # (`exod check`'s probe asks the full question before any process starts).
+        why = batchable.unmergeable(loaded.model)
         if why is not None:  # the ranks of a group replay one batch engine in step
             raise ModelError(f"cannot serve this model split across ranks: {why}; "
                              "serve it with 1 rank (one request at a time)")

@@ -16,13 +16,25 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 
+def unmergeable(model: Any) -> str | None:
+    """Why the model's cache types cannot batch, or None; builds nothing."""
+    kinds = sorted({type(c).__name__ for c in make_prompt_cache(model)
+                    if not hasattr(c, "merge")})
+    return f"mlx-lm cannot batch this model's caches ({', '.join(kinds)})" if kinds else None
+
+
 def why_not(model: Any) -> str | None:
-    """Why the model's caches cannot batch, or None. Builds the graph lazily: no weight read."""
+    """Why the model's caches cannot batch, or None. A trial forward is built (never
+    evaluated: no weight is read) to see which caches it fills, so only for a whole model
+    on one rank or in the probe, never on a rank whose forward talks to its peers."""
+    why = unmergeable(model)
+    if why is not None:
+        return why
     caches = make_prompt_cache(model)
-    kinds = sorted({type(c).__name__ for c in caches if not hasattr(c, "merge")})
-    if kinds:
-        return f"mlx-lm cannot batch this model's caches ({', '.join(kinds)})"
-    model(mx.array([[1]], dtype=mx.int32), cache=caches)
+    try:
+        model(mx.array([[1]], dtype=mx.int32), cache=caches)
+    except Exception:  # noqa: BLE001 -- a model that cannot run fails its first token instead
+        return None
     if any(getattr(c, "keys", True) is None for c in caches):
         return "the model leaves some of its caches empty, which mlx-lm's batch cannot hold"
     return None

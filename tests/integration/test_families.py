@@ -32,7 +32,7 @@ from tests.zoo import OK, make_zoo, refusals, serve_zoo, spec_name
 COVERING = ["llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "gemma3", "gemma3_text",
             "gpt_oss", "lfm2", "smollm3", "cohere2", "mixtral", "qwen3_5", "phi3", "exaone",
             "iquestloopcoder", "nemotron_h", "jamba", "mimo_v2_flash", "deepseek_v2", "qwen",
-            "plamo", "qwen3_next", "llama4", "granitemoehybrid"]
+            "plamo", "qwen3_next", "granitemoehybrid"]
 SPECS = list(FAMILIES) + [f"{f}:4" for f in QUANTIZED] + ["llama:8"]
 Zoo = dict[str, dict[str, str]]
 
