@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal, Union
 
 from exod.protocol import ProtocolError
 
-VERSION = 3  # 2: Serving; 3: Prefill
+VERSION = 4  # 2: Serving; 3: Prefill; 4: Error.param
 
 
 class Phase(str, enum.Enum):
@@ -192,6 +192,7 @@ class Error:
     id: str
     code: ErrorCode
     message: str
+    param: str | None = None  # the request field at fault, for a `bad_request`
 
 
 # ---- daemon → runner --------------------------------------------------------------------------

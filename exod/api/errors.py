@@ -65,10 +65,11 @@ def queue_full(name: str, limit: int, queue: int) -> ApiError:
                     "rate_limit_error", "queue_full", headers={"Retry-After": "1"})
 
 
-def runner_error(code: str, message: str) -> ApiError:
-    """A generation that failed in (or with) the runner, after it was accepted."""
+def runner_error(code: str, message: str, param: str | None = None) -> ApiError:
+    """A generation that failed in (or with) the runner, after it was accepted; `param`: the
+    field the runner found at fault (checked there against the model as loaded)."""
     if code == "bad_request":
-        return bad_request(message)
+        return bad_request(message, param)
     if code in ("aborted", "stopping", "runner_gone", "hung"):
         return ApiError(503, message, "service_unavailable_error", code,
                         headers={"Retry-After": str(RETRY_AFTER_S)})

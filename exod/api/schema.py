@@ -38,13 +38,16 @@ def parse_chat(body: Any) -> GenRequest:
     messages = b.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("`messages` must be a non-empty array of messages", "messages")
-    max_tokens = b.get("max_completion_tokens", b.get("max_tokens"))
-    param = "max_completion_tokens" if "max_completion_tokens" in b else "max_tokens"
+    # Both are checked; the newer name wins. A null is a field not set (some clients send
+    # every field).
+    old = _max_tokens(b.get("max_tokens"), "max_tokens", DEFAULT_MAX_TOKENS_CHAT)
+    new = b.get("max_completion_tokens")
+    param = "max_completion_tokens" if new is not None else \
+        "max_tokens" if b.get("max_tokens") is not None else None
     gen = Generate(
         id="", kind="chat", messages=[_message(m, i) for i, m in enumerate(messages)],
-        max_tokens=_max_tokens(max_tokens, param, DEFAULT_MAX_TOKENS_CHAT), **_sampling(b))
-    return GenRequest(gen, _model(b), *_streaming(b),
-                      max_tokens_param=param if max_tokens is not None else None)
+        max_tokens=_max_tokens(new, "max_completion_tokens", old), **_sampling(b))
+    return GenRequest(gen, _model(b), *_streaming(b), max_tokens_param=param)
 
 
 def parse_completion(body: Any) -> GenRequest:
@@ -56,6 +59,8 @@ def parse_completion(body: Any) -> GenRequest:
         raise bad_request("`prompt` must be a string (batches and token arrays are not "
                           "supported)", "prompt")
     _text(prompt, "prompt")
+    if not prompt:
+        raise bad_request("`prompt` must not be empty", "prompt")
     if b.get("echo"):
         raise bad_request("`echo` is not supported", "echo")
     gen = Generate(
@@ -156,7 +161,7 @@ def _streaming(b: dict[str, Any]) -> tuple[bool, bool]:
 def _sampling(b: dict[str, Any]) -> dict[str, Any]:
     """The fields of `Generate` common to both endpoints."""
     n = b.get("n")
-    if n is not None and n != 1:
+    if n is not None and (type(n) is not int or n != 1):  # neither True nor 1.0
         raise bad_request("`n` must be 1: exod returns one choice", "n")
     stop = b.get("stop")
     if stop is None:

@@ -24,7 +24,8 @@ from exod.api.on_demand import OnDemand, Stopped
 from exod.api.schema import GenRequest, ModelLimits, apply_limits
 from exod.api.view import Daemon
 from exod.core.states import State
-from exod.daemon.link import RequestStream
+from exod.daemon.link import RequestStream, TooLarge
+from exod.protocol import MAX_FRAME
 
 if TYPE_CHECKING:
     import asyncio
@@ -122,7 +123,11 @@ class Serving:
             link = inst.serving_link()
             if link is None:
                 raise not_ready(inst.name, "its runner is gone")
-            return await self._relay(request, req, inst, link.open(req.gen), meter)
+            try:
+                stream = link.open(req.gen)
+            except TooLarge as e:
+                raise too_large_for_runner(req, e.size) from None
+            return await self._relay(request, req, inst, stream, meter)
         finally:
             gate.leave()
             if inst.config.on_demand:
@@ -155,6 +160,20 @@ async def _events(stream: RequestStream, meter: Meter,
         yield ev
 
 
+def too_large_for_runner(req: GenRequest, size: int) -> ApiError:
+    param = "messages" if req.gen.kind == "chat" else "prompt"
+    return ApiError(413, f"The request is {size} bytes once encoded for the runner, more than "
+                         f"the {MAX_FRAME >> 20} MiB a runner takes: shorten `{param}`.",
+                    "invalid_request_error", "request_too_large", param)
+
+
+def _param(req: GenRequest, ev: m.Error) -> str | None:
+    """The field a runner named, as the client spelled it (`max_completion_tokens`...)."""
+    if ev.param == "max_tokens" and req.max_tokens_param is not None:
+        return req.max_tokens_param
+    return ev.param
+
+
 async def _whole(req: GenRequest, events: AsyncIterator[m.Event]) -> web.Response:
     parts: list[str] = []
     async for ev in events:
@@ -167,7 +186,7 @@ async def _whole(req: GenRequest, events: AsyncIterator[m.Event]) -> web.Respons
             return web.json_response(reply.whole(
                 "".join(parts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens))
         else:
-            raise runner_error(ev.code, ev.message)
+            raise runner_error(ev.code, ev.message, _param(req, ev))
     raise AssertionError("unreachable: the event stream never ends")
 
 
@@ -191,7 +210,7 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
                     await resp.write(sse(reply.usage_chunk(ev.prompt_tokens,
                                                            ev.completion_tokens)))
             else:
-                err = runner_error(ev.code, ev.message)
+                err = runner_error(ev.code, ev.message, _param(req, ev))
                 meter.failed_code = err.status
                 logger.bind(instance=req.model).warning("stream ended by an error: {}",
                                                         err.message)

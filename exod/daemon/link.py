@@ -24,18 +24,27 @@ from typing import Any
 from loguru import logger
 
 from exod import messages as m
-from exod.protocol import HEADER, ProtocolError, encode, parse
+from exod.protocol import HEADER, MAX_FRAME, ProtocolError, encode, parse
 
 MAX_PENDING = 4096  # events waiting for a client: a slow reader beyond this is dropped
 # What the stream buffers ahead of the reader. A frame may still be up to MAX_FRAME (readexactly
 # resumes a paused stream), but a runner that floods small frames faster than the daemon handles
 # them fills at most twice this before it is made to wait, not twice MAX_FRAME.
 READ_AHEAD = 256 * 1024
-# A runner's frames are small (a piece of text, a reason); requests to it may be larger
-# (MAX_FRAME, bounded in practice by api.max_body_kib). A bigger one is a broken runner, refused
-# before it is read into memory.
+# A runner's frames are small (a piece of text, a reason); requests to it may be larger, up to
+# MAX_FRAME (a bigger request is refused here: api.max_body_kib may allow more, and the runner
+# would take such a frame for a broken channel). A bigger frame from a runner is a broken
+# runner, refused before it is read into memory.
 MAX_RUNNER_FRAME = 1024 * 1024
 YIELD_EVERY = 8  # frames read between turns of the loop (bench hostile_runner)
+
+
+class TooLarge(Exception):
+    """A request bigger, once encoded, than a runner takes (MAX_FRAME)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"{size} bytes")
+        self.size = size
 
 
 class RequestStream:
@@ -104,7 +113,11 @@ class Link:
         few (requests are bounded by the API's body limit), so the writer's buffer is enough."""
         if self.closed:
             return False
-        data = encode(m.to_wire(msg))
+        return self._send_frame(encode(m.to_wire(msg)))
+
+    def _send_frame(self, data: bytes) -> bool:
+        if self.closed:
+            return False
         if self._writer is None:
             self._pending.append(data)
         else:
@@ -115,8 +128,10 @@ class Link:
         """Send a generation request (its id is set here); its events arrive on the stream."""
         rid = f"r{next(self._ids)}"
         stream = RequestStream(self, rid)
-        req = m.Generate(**{**_fields(request), "id": rid})
-        if not self.send(req):
+        data = encode(m.to_wire(m.Generate(**{**_fields(request), "id": rid})))
+        if len(data) - HEADER.size > MAX_FRAME:
+            raise TooLarge(len(data) - HEADER.size)
+        if not self._send_frame(data):
             stream._put(m.Error(rid, "runner_gone", "the runner is gone"))
             return stream
         self._streams[rid] = stream

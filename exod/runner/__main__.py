@@ -185,9 +185,11 @@ def first_token(r: Runner, loaded: Loaded, group: Group | None) -> None:
 
 
 def ready(r: Runner, loaded: Loaded) -> None:
+    from exod.runner.generate import context_window
+
     model_args = getattr(loaded.model, "args", None)
     r.report.ready(vocab_size=int(getattr(model_args, "vocab_size", 0) or 0),
-                   context_length=int(getattr(model_args, "max_position_embeddings", 0) or 0))
+                   context_length=context_window(loaded.model) or 0)
 
 
 def make_engine(r: Runner, model: Any, tokenizer: Any) -> BatchEngine:

@@ -28,14 +28,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from exod import messages as m
-from exod.runner import validate
-from exod.runner.generate import (
-    RequestError,
-    bias_processors,
-    make_request_sampler,
-    prompt_tokens,
-    vocab_size,
-)
+from exod.runner.generate import RequestError, check_request, context_window, vocab_size
 from exod.runner.log import ERR, log
 from exod.runner.stops import StopMatcher
 
@@ -74,6 +67,7 @@ class BatchEngine:
         self.prefill_step = max(MIN_CHUNK, prefill_step)
         self.cache_bytes = max(0, cache_bytes)
         self.vocab = vocab_size(model, tokenizer)
+        self.window = context_window(model)
         self._cache = LRUPromptCache(max_size=1 << 30, max_bytes=self.cache_bytes)
         self._counts = CacheStats()
         self._by_uid: dict[int, _Request] = {}
@@ -102,16 +96,15 @@ class BatchEngine:
     def admit(self, req: m.Generate) -> None:
         """Queue a request into the batch; RequestError if it cannot be served as given."""
         rid = req.id
-        prompt = prompt_tokens(self.tokenizer, req)
-        max_tokens = validate.max_tokens(req.max_tokens)
-        processors = bias_processors(req.logit_bias, self.vocab)
-        sampler = make_request_sampler(req)
+        checked = check_request(self.tokenizer, req, self.vocab, self.window)
+        prompt = checked.prompt
         cache, rest = self._lookup(prompt)
         (uid,) = self._gen.insert(
             # None: BatchGenerator makes a fresh cache (its type hint says list, it means this)
-            [rest], max_tokens=[max_tokens], caches=[cache] if cache is not None else None,
-            samplers=[sampler],
-            all_tokens=[prompt[: len(prompt) - len(rest)]], logits_processors=[processors])
+            [rest], max_tokens=[checked.max_tokens],
+            caches=[cache] if cache is not None else None, samplers=[checked.sampler],
+            all_tokens=[prompt[: len(prompt) - len(rest)]],
+            logits_processors=[checked.processors])
         r = _Request(rid, uid, len(prompt), self.tokenizer.detokenizer,
                      StopMatcher(req.stop))
         self._by_uid[uid] = self._by_rid[rid] = r

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -18,8 +19,8 @@ from exod import messages as m
 from exod.runner import validate
 from exod.runner.serve import RequestError
 
-__all__ = ["RequestError", "prompt_tokens", "bias_processors", "make_request_sampler",
-           "vocab_size"]
+__all__ = ["RequestError", "Checked", "check_request", "prompt_tokens", "bias_processors",
+           "context_window", "make_request_sampler", "vocab_size"]
 
 Sampler = Callable[[mx.array], mx.array]
 Processor = Callable[[mx.array, mx.array], mx.array]
@@ -39,7 +40,7 @@ def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
         try:
             tokens = chat_prompt(tokenizer, req.messages or [])
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
-            raise RequestError(f"{type(e).__name__}: {e}") from e
+            raise RequestError(f"{type(e).__name__}: {e}", "messages") from e
     else:
         text = req.prompt or ""
         # BOS as the model wants it, unless the text already starts with it (as mlx-lm does).
@@ -47,8 +48,61 @@ def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
         tokens = list(tokenizer.encode(text, add_special_tokens=bos is None
                                        or not text.startswith(bos))) if text else []
     if not tokens:
-        raise RequestError("the prompt is empty")
+        raise RequestError("the prompt is empty", prompt_param(req))
     return [int(t) for t in tokens]
+
+
+def prompt_param(req: m.Generate) -> str:
+    return "messages" if req.kind == "chat" else "prompt"
+
+
+# Where model configs give the context window (as exod.config.model_dir reads config.json).
+_WINDOW_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length",
+                "max_sequence_length")
+
+
+def context_window(model: Any) -> int | None:
+    """The positions the model takes, from its arguments; None when they do not say. A RoPE
+    scaling factor stretches the window (a checkpoint run past its trained length on purpose);
+    a learned position table (gpt2's) has none, and its rows are the hard limit."""
+    args = getattr(model, "args", None)
+    for obj in (args, getattr(args, "text_config", None)):
+        n = next((v for v in (_arg(obj, k) for k in _WINDOW_KEYS) if _positive(v)), None)
+        if n is not None:
+            scaling = _arg(obj, "rope_scaling")
+            factor = scaling.get("factor") if isinstance(scaling, dict) else None
+            stretch = factor if isinstance(factor, (int, float)) and 1 < factor < 1e6 else 1
+            return int(n * stretch)
+    return None
+
+
+def _arg(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A request as an engine takes it: its prompt, and every number checked for the model."""
+
+    prompt: list[int]
+    max_tokens: int
+    processors: list[Processor]
+    sampler: Sampler
+
+
+def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | None) -> Checked:
+    """Everything of a request that reaches mlx, checked against the model as loaded:
+    RequestError (naming the field) for what it cannot take. The same on every rank."""
+    prompt = prompt_tokens(tokenizer, req)
+    validate.prompt_ids(prompt, vocab, prompt_param(req))
+    max_tokens = validate.fit_window(len(prompt), validate.max_tokens(req.max_tokens), window,
+                                     prompt_param(req))
+    return Checked(prompt, max_tokens, bias_processors(req.logit_bias, vocab),
+                   make_request_sampler(req))
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
@@ -91,6 +145,6 @@ def make_request_sampler(req: m.Generate) -> Sampler:
     whatever sent them: nothing reaches mlx unchecked."""
     temperature = validate.unit_number(req.temperature, "temperature", 1.0, 2.0)
     top_p = validate.unit_number(req.top_p, "top_p", 1.0, 1.0)
-    if temperature <= 0:
+    if validate.greedy_temperature(temperature):
         return greedy_sampler
     return KeyedSampler(temperature, top_p, req.seed)

@@ -18,13 +18,7 @@ from mlx_lm.generate import GenerationResponse, generation_stream, stream_genera
 from mlx_lm.models.cache import make_prompt_cache
 
 from exod import messages as m
-from exod.runner import validate
-from exod.runner.generate import (
-    bias_processors,
-    make_request_sampler,
-    prompt_tokens,
-    vocab_size,
-)
+from exod.runner.generate import check_request, context_window, vocab_size
 from exod.runner.log import ERR, log
 from exod.runner.stops import StopMatcher
 
@@ -35,14 +29,15 @@ class Generation:
     def __init__(self, model: Any, tokenizer: Any, req: m.Generate) -> None:
         self.id = req.id
         self.model = model
-        prompt = prompt_tokens(tokenizer, req)
-        processors = bias_processors(req.logit_bias, vocab_size(model, tokenizer))
+        checked = check_request(tokenizer, req, vocab_size(model, tokenizer),
+                                context_window(model))
+        prompt = checked.prompt
         self._cache: list[Any] = make_prompt_cache(model)
         self._pending = prompt[:-1]  # prefilled by `prefill`; the last token by stream_generate
         self._responses: Iterator[GenerationResponse] = stream_generate(
             model, tokenizer, mx.array(prompt[-1:]), prompt_cache=self._cache,
-            max_tokens=validate.max_tokens(req.max_tokens),
-            sampler=make_request_sampler(req), logits_processors=processors or None)
+            max_tokens=checked.max_tokens, sampler=checked.sampler,
+            logits_processors=checked.processors or None)
         self._stops = StopMatcher(req.stop)
         self.prompt_tokens = len(prompt)
         self.completion_tokens = 0

@@ -31,7 +31,12 @@ from exod.runner.report import Reporter
 
 
 class RequestError(Exception):
-    """The request cannot be served as given (e.g. an empty prompt)."""
+    """The request cannot be served as given (e.g. a prompt past the context window);
+    `param` names the request field at fault, for the client's error."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class Engine(Protocol):
@@ -128,7 +133,8 @@ class ServeLoop:
             self.engine.admit(req)
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
             why = str(e) if isinstance(e, RequestError) else f"{type(e).__name__}: {e}"
-            self._emit([m.Error(req.id, "bad_request", why)])
+            param = e.param if isinstance(e, RequestError) else None
+            self._emit([m.Error(req.id, "bad_request", why, param)])
             return
         self.live.add(req.id)
 
