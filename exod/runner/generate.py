@@ -22,6 +22,8 @@ from exod.runner.serve import RequestError
 __all__ = ["RequestError", "Checked", "check_request", "prompt_tokens", "bias_processors",
            "context_window", "make_request_sampler", "vocab_size"]
 
+context_window = validate.context_window
+
 Sampler = Callable[[mx.array], mx.array]
 Processor = Callable[[mx.array, mx.array], mx.array]
 
@@ -54,34 +56,6 @@ def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
 
 def prompt_param(req: m.Generate) -> str:
     return "messages" if req.kind == "chat" else "prompt"
-
-
-# Where model configs give the context window (as exod.config.model_dir reads config.json).
-_WINDOW_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length",
-                "max_sequence_length")
-
-
-def context_window(model: Any) -> int | None:
-    """The positions the model takes, from its arguments; None when they do not say. A RoPE
-    scaling factor stretches the window (a checkpoint run past its trained length on purpose);
-    a learned position table (gpt2's) has none, and its rows are the hard limit."""
-    args = getattr(model, "args", None)
-    for obj in (args, getattr(args, "text_config", None)):
-        n = next((v for v in (_arg(obj, k) for k in _WINDOW_KEYS) if _positive(v)), None)
-        if n is not None:
-            scaling = _arg(obj, "rope_scaling")
-            factor = scaling.get("factor") if isinstance(scaling, dict) else None
-            stretch = factor if isinstance(factor, (int, float)) and 1 < factor < 1e6 else 1
-            return int(n * stretch)
-    return None
-
-
-def _arg(obj: Any, key: str) -> Any:
-    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
-
-
-def _positive(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 @dataclass(frozen=True)

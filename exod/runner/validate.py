@@ -1,6 +1,7 @@
 """The last check before anything of a request touches mlx: the daemon validates requests
 against the model's config.json, and this checks again against the model as loaded (the real
-width of its logits), so that no token id can index outside the logits, whatever sent it.
+width of its logits, its embedding rows, its context window), so that no token id and no
+position can index outside a table, whatever sent the request. mlx does not check indices.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any
 
 from exod.runner.serve import RequestError
 
-__all__ = ["RequestError", "bias_processor", "check_ids", "fit_window", "greedy_temperature",
-           "logit_bias", "max_tokens", "prompt_ids", "unit_number"]
+__all__ = ["RequestError", "bias_processor", "check_ids", "context_window", "fit_window",
+           "greedy_temperature", "logit_bias", "max_tokens", "prompt_ids", "unit_number"]
 
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")
 # 1 / temperature past this overflows float32: the scaled logits would be inf and NaN.
@@ -72,6 +73,34 @@ def fit_window(prompt: int, max_tokens: int, window: int | None, param: str) -> 
         raise RequestError(f"the prompt is {prompt} tokens: it must leave room for one token "
                            f"in the model's context window of {window}", param)
     return min(max_tokens, window - prompt)
+
+
+# Where model configs give the context window (as exod.config.model_dir reads config.json).
+_WINDOW_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length",
+                "max_sequence_length")
+
+
+def context_window(model: Any) -> int | None:
+    """The positions the model takes, from its arguments; None when they do not say. A RoPE
+    scaling factor stretches the window (a checkpoint run past its trained length on purpose);
+    a learned position table (gpt2's) has none, and its rows are the hard limit."""
+    args = getattr(model, "args", None)  # mlx-lm's ModelArgs: a dataclass, or a dict inside
+    for obj in (args, getattr(args, "text_config", None)):
+        n = next((v for v in (_arg(obj, k) for k in _WINDOW_KEYS) if _positive(v)), None)
+        if n is not None:
+            scaling = _arg(obj, "rope_scaling")
+            factor = scaling.get("factor") if isinstance(scaling, dict) else None
+            stretch = factor if isinstance(factor, (int, float)) and 1 < factor < 1e6 else 1
+            return int(n * stretch)
+    return None
+
+
+def _arg(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 def greedy_temperature(temperature: float) -> bool:

@@ -107,6 +107,9 @@ def test_chat_content_parts_and_developer_role() -> None:
     ({**CHAT, "stop": [""]}, "stop"),
     ({**CHAT, "seed": 1.5}, "seed"),
     ({**CHAT, "n": 2}, "n"),
+    ({**CHAT, "n": True}, "n"),
+    ({**CHAT, "n": 1.0}, "n"),
+    ({**CHAT, "max_completion_tokens": 2, "max_tokens": -5}, "max_tokens"),
     ({**CHAT, "stream": "yes"}, "stream"),
     ({**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
     ({**CHAT, "stream": True, "stream_options": {"include_usage": 1}}, "stream_options"),
@@ -119,6 +122,14 @@ def test_chat_rejects_with_400_naming_the_param(body: object, param: str | None)
     assert e.value.status == 400 and e.value.type == "invalid_request_error"
     assert e.value.param == param
     assert set(e.value.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_null_max_completion_tokens_is_a_field_not_set() -> None:
+    req = parse_chat({**CHAT, "max_completion_tokens": None, "max_tokens": 2})
+    assert req.gen.max_tokens == 2 and req.max_tokens_param == "max_tokens"
+    req = parse_chat({**CHAT, "max_completion_tokens": 3, "max_tokens": 9})
+    assert req.gen.max_tokens == 3 and req.max_tokens_param == "max_completion_tokens"
+    assert parse_chat(CHAT).max_tokens_param is None
 
 
 def test_completion_prompt_forms() -> None:

@@ -106,8 +106,47 @@ def test_runner_checks_again_against_the_real_width() -> None:
     for raw in (0, -1, 1.5, True, None):
         with pytest.raises(validate.RequestError):
             validate.max_tokens(raw)
-    with pytest.raises(validate.RequestError):
+    with pytest.raises(validate.RequestError) as e:
         validate.unit_number(float("inf"), "temperature", 1.0, 2.0)
+    assert e.value.param == "temperature"
+
+
+def test_runner_keeps_every_position_inside_the_context_window() -> None:
+    assert validate.fit_window(10, 5, 512, "prompt") == 5
+    assert validate.fit_window(500, 100, 512, "prompt") == 12  # ends at the window
+    assert validate.fit_window(10**6, 5, None, "prompt") == 5  # the model does not say
+    for prompt in (511, 512, 10**6):
+        allowed = prompt < 512
+        try:
+            assert validate.fit_window(prompt, 1, 512, "messages") == 1 and allowed
+        except validate.RequestError as e:
+            assert not allowed and e.param == "messages" and "window of 512" in str(e)
+    validate.prompt_ids([0, 1023], 1024, "prompt")
+    with pytest.raises(validate.RequestError, match="token id 1024"):
+        validate.prompt_ids([5, 1024], 1024, "prompt")
+
+
+def test_context_window_from_the_model_arguments() -> None:
+    class Model:
+        def __init__(self, args: object) -> None:
+            self.args = args
+
+    class Args:
+        max_position_embeddings = 4096
+        rope_scaling = {"type": "yarn", "factor": 4.0}
+
+    assert validate.context_window(Model(Args())) == 16384  # RoPE stretched on purpose
+    assert validate.context_window(Model({"n_positions": 512})) == 512  # gpt2: a table
+    text = type("A", (), {"text_config": {"max_position_embeddings": 8192}})()
+    assert validate.context_window(Model(text)) == 8192  # under a multimodal model's args
+    assert validate.context_window(Model({"n_positions": True})) is None
+    assert validate.context_window(object()) is None
+
+
+def test_a_temperature_past_float32_is_greedy() -> None:
+    assert validate.greedy_temperature(0.0) and validate.greedy_temperature(1e-39)
+    assert validate.greedy_temperature(5e-324)
+    assert not validate.greedy_temperature(1e-30) and not validate.greedy_temperature(2.0)
 
 
 # ---- browser ---------------------------------------------------------------------------------
