@@ -160,6 +160,12 @@ async def _events(stream: RequestStream, meter: Meter,
         yield ev
 
 
+async def _after(first: m.Event, rest: AsyncIterator[m.Event]) -> AsyncIterator[m.Event]:
+    yield first
+    async for ev in rest:
+        yield ev
+
+
 def too_large_for_runner(req: GenRequest, size: int) -> ApiError:
     param = "messages" if req.gen.kind == "chat" else "prompt"
     return ApiError(413, f"The request is {size} bytes once encoded for the runner, more than "
@@ -192,13 +198,18 @@ async def _whole(req: GenRequest, events: AsyncIterator[m.Event]) -> web.Respons
 
 async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m.Event],
                   meter: Meter) -> web.StreamResponse:
+    # The runner checks a request against the model when it takes it: its refusal is the first
+    # event, and becomes the answer's status (a 400 naming the field), before any header.
+    first = await anext(events)
+    if isinstance(first, m.Error):
+        raise runner_error(first.code, first.message, _param(req, first))
     resp = web.StreamResponse(headers=SSE_HEADERS)
     reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage)
     try:
         await resp.prepare(request)
         if req.gen.kind == "chat":
             await resp.write(sse(reply.chunk(role=True)))
-        async for ev in events:
+        async for ev in _after(first, events):
             if isinstance(ev, m.Prefill):
                 continue  # progress only (see _events)
             if isinstance(ev, m.Text):

@@ -92,6 +92,11 @@ def test_a_prompt_past_the_context_window_is_refused(hostile: Daemon, name: str)
     assert f"context window of {WINDOW}" in why, why
     refused(api, {"model": name, "messages": [{"role": "user", "content": words(200)}]},
             "messages")
+    # Streamed too: a 400 before the stream starts, not a 200 whose stream ends in an error.
+    with pytest.raises(openai.BadRequestError) as e:
+        client(d).chat.completions.create(
+            model=name, messages=[{"role": "user", "content": words(200)}], stream=True)
+    assert e.value.param == "messages"  # type: ignore[attr-defined]
     # A prompt that fits, with room for fewer tokens than asked: generation ends at the window.
     r = client(d).completions.create(model=name, prompt=words(160), max_tokens=100,
                                      temperature=0, logit_bias={EOS: -100})
