@@ -185,10 +185,9 @@ def first_token(r: Runner, loaded: Loaded, group: Group | None) -> None:
 
 
 def ready(r: Runner, loaded: Loaded) -> None:
-    from exod.runner.generate import context_window
+    from exod.runner.validate import context_window, model_vocab
 
-    model_args = getattr(loaded.model, "args", None)
-    r.report.ready(vocab_size=int(getattr(model_args, "vocab_size", 0) or 0),
+    r.report.ready(vocab_size=model_vocab(loaded.model) or 0,
                    context_length=context_window(loaded.model) or 0)
 
 

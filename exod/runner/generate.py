@@ -81,8 +81,8 @@ def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | Non
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
     """Rows of the logits: the model's vocabulary (the tokenizer's may be smaller)."""
-    n = getattr(getattr(model, "args", None), "vocab_size", getattr(model, "vocab", None))
-    return int(n) if isinstance(n, int) and n > 0 else len(tokenizer)
+    n = validate.model_vocab(model)
+    return n if n is not None else len(tokenizer)
 
 
 def bias_processors(bias: dict[str, float], vocab: int) -> list[Processor]:

@@ -14,7 +14,8 @@ from typing import Any
 from exod.runner.serve import RequestError
 
 __all__ = ["RequestError", "bias_processor", "check_ids", "context_window", "fit_window",
-           "greedy_temperature", "logit_bias", "max_tokens", "prompt_ids", "unit_number"]
+           "greedy_temperature", "logit_bias", "max_tokens", "model_vocab", "prompt_ids",
+           "unit_number"]
 
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")
 # 1 / temperature past this overflows float32: the scaled logits would be inf and NaN.
@@ -93,6 +94,15 @@ def context_window(model: Any) -> int | None:
             stretch = factor if isinstance(factor, (int, float)) and 1 < factor < 1e6 else 1
             return int(n * stretch)
     return None
+
+
+def model_vocab(model: Any) -> int | None:
+    """Rows of the model's logits and embeddings, from its arguments (a multimodal model's
+    under `text_config`); None when they do not say."""
+    args = getattr(model, "args", None)
+    found = (_arg(args, "vocab_size"), _arg(_arg(args, "text_config"), "vocab_size"),
+             getattr(model, "vocab", None))
+    return next((n for n in found if _positive(n)), None)
 
 
 def _arg(obj: Any, key: str) -> Any:

@@ -141,6 +141,8 @@ def test_context_window_from_the_model_arguments() -> None:
     assert validate.context_window(Model(text)) == 8192  # under a multimodal model's args
     assert validate.context_window(Model({"n_positions": True})) is None
     assert validate.context_window(object()) is None
+    assert validate.model_vocab(Model({"text_config": {"vocab_size": 1024}})) == 1024
+    assert validate.model_vocab(Model({"vocab_size": 0})) is None
 
 
 def test_a_temperature_past_float32_is_greedy() -> None:
