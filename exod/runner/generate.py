@@ -119,6 +119,7 @@ def make_request_sampler(req: m.Generate) -> Sampler:
     whatever sent them: nothing reaches mlx unchecked."""
     temperature = validate.unit_number(req.temperature, "temperature", 1.0, 2.0)
     top_p = validate.unit_number(req.top_p, "top_p", 1.0, 1.0)
-    if validate.greedy_temperature(temperature):
+    # top_p 0 keeps only the most probable token (mlx-lm takes 0 for "off": the opposite).
+    if validate.greedy_temperature(temperature) or top_p == 0:
         return greedy_sampler
     return KeyedSampler(temperature, top_p, req.seed)

@@ -108,7 +108,7 @@ def test_a_prompt_past_the_context_window_is_refused(hostile: Daemon, name: str)
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_a_temperature_near_zero_is_greedy(hostile: Daemon, name: str) -> None:
+def test_a_temperature_or_top_p_near_zero_is_greedy(hostile: Daemon, name: str) -> None:
     """1 / temperature overflows float32 below ~3e-39: the logits became NaN and the sampler
     drew anything."""
     text = greedy(d := hostile, name)
@@ -117,6 +117,13 @@ def test_a_temperature_near_zero_is_greedy(hostile: Daemon, name: str) -> None:
             model=name, messages=[{"role": "user", "content": "Say hi."}], seed=7,
             **{**GREEDY, "temperature": t})
         assert r.choices[0].message.content == text, t
+    # top_p keeps the fewest tokens whose probabilities reach it: at 0, the most probable one.
+    # 0 used to turn top_p off, so the least random setting drew from the whole vocabulary.
+    for top_p in (1e-9, 0):
+        r = client(d).chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "Say hi."}], seed=7,
+            **{**GREEDY, "temperature": 1.5, "top_p": top_p})
+        assert r.choices[0].message.content == text, top_p
 
 
 def test_max_tokens_fields_and_n(hostile: Daemon) -> None:
