@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection
 
 HEADER = struct.Struct("!iI")  # command, payload bytes
 HELLO = struct.Struct("!i")  # the connecting rank
-MAGIC = b"EXOD-GROUP-2\n"  # 2: plans; a rank of another version fails the handshake
+MAGIC = b"EXOD-GROUP-3\n"  # 2: plans; 3: WAIT; a rank of another version fails the handshake
 NONCE = 32
 MAC = hashlib.sha256().digest_size
 MIN_KEY = 16

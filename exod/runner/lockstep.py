@@ -28,6 +28,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
+import threading
+from types import TracebackType
 from typing import Any
 
 from exod import messages as m
@@ -58,7 +60,8 @@ class LeaderEngine:
     def admit(self, req: m.Generate) -> None:
         if req.seed is None:  # drawn here: every rank must draw the same numbers
             req = dataclasses.replace(req, seed=secrets.randbits(63))
-        self.engine.admit(req)  # a RequestError leaves nothing to replay
+        with StillHere(self.group):  # reading a prompt of megabytes takes seconds
+            self.engine.admit(req)  # a RequestError leaves nothing to replay
         self._record("admit", m.to_wire(req))
 
     def cancel(self, rid: str) -> None:
@@ -113,6 +116,37 @@ class LeaderEngine:
         self.size += cost
 
 
+class StillHere:
+    """While rank 0 works between two steps (tokenizing a long request), the other ranks hear
+    nothing, and wait for a header within peer_timeout: they would take a long read for a lost
+    rank 0. A thread tells them every heartbeat interval that rank 0 is still here (the main
+    thread sends nothing meanwhile). A request read at once sends nothing."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+        self.done = threading.Event()
+        self.failed: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="exod-still-here", daemon=True)
+
+    def __enter__(self) -> StillHere:
+        self.thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.done.set()
+        self.thread.join()
+        if self.failed is not None and e is None:
+            raise self.failed  # a lost peer, seen from this thread
+
+    def _run(self) -> None:
+        try:
+            while not self.done.wait(self.group.heartbeat_every):
+                self.group.send_header(Cmd.WAIT)
+        except BaseException as e:  # noqa: BLE001 -- PeerLost above all: raised in the caller
+            self.failed = e
+
+
 def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle) -> None:
     """Ranks 1..N-1: replay rank 0's plans until SHUTDOWN (clean) or the group breaks."""
     engine: BatchEngine | None = None
@@ -123,6 +157,8 @@ def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle) -> None:
             cmd, payload = group.recv_header()
         if cmd is Cmd.HEARTBEAT:
             group.barrier()
+            continue
+        if cmd is Cmd.WAIT:  # rank 0 is busy reading a request: its silence is not a loss
             continue
         if cmd is Cmd.SHUTDOWN:
             group.barrier()

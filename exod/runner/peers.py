@@ -45,6 +45,7 @@ class Cmd(enum.IntEnum):
     PLAN = 1  # payload: what to replay on this rank's engine (exod.runner.lockstep)
     HEARTBEAT = 2  # idle liveness check: every rank joins an all_sum
     SHUTDOWN = 3  # the group stops: barrier, then exit 0
+    WAIT = 4  # rank 0 is still busy between two steps (reading a long request): not lost
 
 
 class PeerLost(BaseException):
