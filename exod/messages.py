@@ -158,7 +158,8 @@ class Text:
 @dataclass(frozen=True)
 class Prefill:
     """A chunk of a request's prompt went through the model: progress before the first token
-    (a long prompt on a CPU can take minutes), which hang detection counts as such."""
+    (a long prompt on a CPU can take minutes), which hang detection counts as such. 0 of 0:
+    the request is still being read (its template and tokens), not admitted yet."""
 
     type: ClassVar[str] = "prefill"
     id: str

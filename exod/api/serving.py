@@ -201,6 +201,8 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
     # The runner checks a request against the model when it takes it: its refusal is the first
     # event, and becomes the answer's status (a 400 naming the field), before any header.
     first = await anext(events)
+    while isinstance(first, m.Prefill) and first.total == 0:  # still being read (m.Prefill)
+        first = await anext(events)
     if isinstance(first, m.Error):
         raise runner_error(first.code, first.message, _param(req, first))
     resp = web.StreamResponse(headers=SSE_HEADERS)

@@ -28,8 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
-import threading
-from types import TracebackType
 from typing import Any
 
 from exod import messages as m
@@ -38,6 +36,7 @@ from exod.runner.engine import BatchEngine
 from exod.runner.headers import MAX_PAYLOAD
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
+from exod.runner.meanwhile import Meanwhile
 from exod.runner.peers import Cmd, Group, PeerLost
 from exod.runner.plan import Plan, Settings, decode
 
@@ -60,7 +59,9 @@ class LeaderEngine:
     def admit(self, req: m.Generate) -> None:
         if req.seed is None:  # drawn here: every rank must draw the same numbers
             req = dataclasses.replace(req, seed=secrets.randbits(63))
-        with StillHere(self.group):  # reading a prompt of megabytes takes seconds
+        # Reading a prompt of megabytes takes seconds, while the other ranks wait for a header
+        # within peer_timeout: they hear that rank 0 is still here.
+        with Meanwhile(lambda: self.group.send_header(Cmd.WAIT), self.group.heartbeat_every):
             self.engine.admit(req)  # a RequestError leaves nothing to replay
         self._record("admit", m.to_wire(req))
 
@@ -114,37 +115,6 @@ class LeaderEngine:
             self.flush()
         self.pending.ops.append((op, arg))
         self.size += cost
-
-
-class StillHere:
-    """While rank 0 works between two steps (tokenizing a long request), the other ranks hear
-    nothing, and wait for a header within peer_timeout: they would take a long read for a lost
-    rank 0. A thread tells them every heartbeat interval that rank 0 is still here (the main
-    thread sends nothing meanwhile). A request read at once sends nothing."""
-
-    def __init__(self, group: Group) -> None:
-        self.group = group
-        self.done = threading.Event()
-        self.failed: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="exod-still-here", daemon=True)
-
-    def __enter__(self) -> StillHere:
-        self.thread.start()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.done.set()
-        self.thread.join()
-        if self.failed is not None and e is None:
-            raise self.failed  # a lost peer, seen from this thread
-
-    def _run(self) -> None:
-        try:
-            while not self.done.wait(self.group.heartbeat_every):
-                self.group.send_header(Cmd.WAIT)
-        except BaseException as e:  # noqa: BLE001 -- PeerLost above all: raised in the caller
-            self.failed = e
 
 
 def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle) -> None:

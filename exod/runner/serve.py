@@ -27,7 +27,12 @@ from exod import messages as m
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
+from exod.runner.meanwhile import Meanwhile
 from exod.runner.report import Reporter
+
+
+# How often a request being read is reported (hang_after is at least 1s).
+READING_EVERY = 0.4
 
 
 class RequestError(Exception):
@@ -130,7 +135,10 @@ class ServeLoop:
 
     def _admit(self, req: m.Generate) -> None:
         try:
-            self.engine.admit(req)
+            # Reading it may take seconds (megabytes to tokenize): the daemon hears that this
+            # request is being read, so its hang watch does not take the silence for a hang.
+            with Meanwhile(lambda: self.channel.send(m.Prefill(req.id, 0, 0)), READING_EVERY):
+                self.engine.admit(req)
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
             why = str(e) if isinstance(e, RequestError) else f"{type(e).__name__}: {e}"
             param = e.param if isinstance(e, RequestError) else None
