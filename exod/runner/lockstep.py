@@ -51,6 +51,7 @@ class LeaderEngine:
         self.pending = Plan(settings=Settings(engine.width, engine.cache_bytes,
                                               engine.prefill_step))
         self.size = 0  # bytes of the pending plan's operations, roughly
+        self.reading = Meanwhile(group.heartbeat_every)
 
     @property
     def active(self) -> int:
@@ -61,7 +62,7 @@ class LeaderEngine:
             req = dataclasses.replace(req, seed=secrets.randbits(63))
         # Reading a prompt of megabytes takes seconds, while the other ranks wait for a header
         # within peer_timeout: they hear that rank 0 is still here.
-        with Meanwhile(lambda: self.group.send_header(Cmd.WAIT), self.group.heartbeat_every):
+        with self.reading.busy(lambda: self.group.send_header(Cmd.WAIT)):
             self.engine.admit(req)  # a RequestError leaves nothing to replay
         self._record("admit", m.to_wire(req))
 

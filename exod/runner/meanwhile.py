@@ -2,39 +2,66 @@
 two steps (reading a request: a chat template and a tokenizer over megabytes take seconds),
 so that nobody waiting on this rank takes its silence for a hang or a lost peer.
 
-The tokenizer releases the GIL, so a thread speaks on time. It only runs while the loop's own
-thread sends nothing; a call that is over at once never says anything.
+One thread per use site, started on first use, asleep on a condition while nothing is being
+read (an idle runner never wakes for it). The tokenizer releases the GIL, so the thread speaks
+on time. It speaks under the lock the loop's thread takes to end the read, so what it says
+never interleaves with what the loop sends next. A read that is over at once costs two lock
+round trips and says nothing.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from types import TracebackType
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 
 class Meanwhile:
-    def __init__(self, say: Callable[[], object], every: float) -> None:
-        self.say = say
+    def __init__(self, every: float) -> None:
         self.every = every
-        self.done = threading.Event()
-        self.failed: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="exod-meanwhile", daemon=True)
+        self._cond = threading.Condition()
+        self._say: Callable[[], object] | None = None
+        self._since = 0.0  # when it last spoke, or the read began
+        self._read = 0  # reads begun: a new read restarts the clock
+        self._failed: BaseException | None = None
+        self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> Meanwhile:
-        self.thread.start()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.done.set()
-        self.thread.join()
-        if self.failed is not None and e is None:
-            raise self.failed  # e.g. PeerLost, met by this thread: the caller's to handle
+    @contextmanager
+    def busy(self, say: Callable[[], object]) -> Iterator[None]:
+        """Run the block; every `every` seconds it lasts, `say()` from the thread. What `say`
+        raises (e.g. PeerLost) is raised here once the block is over."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="exod-meanwhile",
+                                                daemon=True)
+                self._thread.start()
+            self._say, self._since, self._failed = say, time.monotonic(), None
+            self._read += 1
+            self._cond.notify()
+        try:
+            yield
+        finally:
+            with self._cond:  # waits for a `say` under way
+                self._say = None
+                failed, self._failed = self._failed, None
+                self._cond.notify()
+        if failed is not None:
+            raise failed
 
     def _run(self) -> None:
-        try:
-            while not self.done.wait(self.every):
-                self.say()
-        except BaseException as e:  # noqa: BLE001 -- raised again in the caller's thread
-            self.failed = e
+        with self._cond:
+            while True:
+                while self._say is None:
+                    self._cond.wait()
+                read = self._read
+                while self._say is not None and self._read == read:
+                    left = self._since + self.every - time.monotonic()
+                    if left > 0:
+                        self._cond.wait(left)
+                        continue
+                    try:
+                        self._say()
+                    except BaseException as e:  # noqa: BLE001 -- raised again by `busy`
+                        self._failed, self._say = e, None
+                    self._since = time.monotonic()

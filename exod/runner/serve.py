@@ -97,6 +97,7 @@ class ServeLoop:
         self.shown = -1  # generations in the last status report
         self.live: set[str] = set()
         self.recent: collections.deque[str] = collections.deque(maxlen=256)  # finished ids
+        self.reading = Meanwhile(READING_EVERY)
 
     def run(self) -> None:
         while True:
@@ -137,7 +138,7 @@ class ServeLoop:
         try:
             # Reading it may take seconds (megabytes to tokenize): the daemon hears that this
             # request is being read, so its hang watch does not take the silence for a hang.
-            with Meanwhile(lambda: self.channel.send(m.Prefill(req.id, 0, 0)), READING_EVERY):
+            with self.reading.busy(lambda: self.channel.send(m.Prefill(req.id, 0, 0))):
                 self.engine.admit(req)
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
             why = str(e) if isinstance(e, RequestError) else f"{type(e).__name__}: {e}"

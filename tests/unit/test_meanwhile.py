@@ -9,30 +9,37 @@ import pytest
 from exod.runner.meanwhile import Meanwhile
 
 
-def test_says_nothing_for_a_quick_call() -> None:
+def test_says_nothing_for_a_quick_read() -> None:
     said: list[int] = []
-    with Meanwhile(lambda: said.append(1), every=60):
-        pass
+    m = Meanwhile(every=60)
+    for _ in range(100):
+        with m.busy(lambda: said.append(1)):
+            pass
     assert said == []
 
 
-def test_speaks_on_time_while_the_call_lasts() -> None:
-    twice = threading.Event()
-    said: list[int] = []
+def test_speaks_on_time_while_the_read_lasts_and_never_after() -> None:
+    m = Meanwhile(every=0.01)
+    for _ in range(2):  # one thread serves every read
+        twice = threading.Event()
+        said: list[int] = []
 
-    def say() -> None:
-        said.append(1)
-        if len(said) >= 2:
-            twice.set()
+        def say(said: list[int] = said, twice: threading.Event = twice) -> None:
+            said.append(1)
+            if len(said) >= 2:
+                twice.set()
 
-    with Meanwhile(say, every=0.01):
-        assert twice.wait(30)  # the block lasts until it has been heard twice
-    n = len(said)
-    assert n >= 2
-    assert len(said) == n  # nothing said after the block
+        with m.busy(say):
+            assert twice.wait(30)  # the read lasts until it has been heard twice
+        n = len(said)
+        assert n >= 2
+        with m.busy(lambda: None):
+            pass
+        assert len(said) == n  # nothing said for a read that is over
 
 
-def test_a_failure_to_speak_is_raised_in_the_caller() -> None:
+def test_a_failure_to_speak_is_raised_in_the_reader() -> None:
+    m = Meanwhile(every=0.01)
     failed = threading.Event()
 
     def say() -> None:
@@ -40,5 +47,7 @@ def test_a_failure_to_speak_is_raised_in_the_caller() -> None:
         raise ConnectionError("peer gone")
 
     with pytest.raises(ConnectionError, match="peer gone"):
-        with Meanwhile(say, every=0.01):
+        with m.busy(say):
             assert failed.wait(30)
+    with m.busy(lambda: None):  # the next read starts clean
+        pass
