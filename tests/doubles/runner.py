@@ -28,12 +28,15 @@ Behaviours:
   flood         load, READY, then send 100,000 valid lifecycle frames, Done and Error for
                 request ids it was never given, Ready again, and 8 MiB of stderr without a
                 newline; then behave as cooperative
+  chatty        load, READY, then answer every request with text as fast as the channel takes
+                it, until the request is cancelled (says so on stderr) or the runner stops
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import queue
 import signal
 import socket
 import sys
@@ -98,6 +101,23 @@ MISBEHAVIOURS: dict[str, Callable[[socket.socket, int], None]] = {
 }
 
 
+def chatty(channel: Channel, life: Lifecycle) -> None:
+    live: set[str] = set()
+    while not life.stop.is_set():
+        try:
+            req = channel.inbox.get(block=not live, timeout=0.1)
+            if req is not None:
+                live.add(req.id)
+        except queue.Empty:
+            pass
+        for rid in list(live):
+            if rid in channel.cancelled:
+                live.discard(rid)
+                print(f"double chatty: {rid} cancelled", file=sys.stderr, flush=True)
+            else:
+                channel.send_all([m.Text(rid, "word ")] * 64)
+
+
 def framed(body: bytes) -> bytes:
     return HEADER.pack(len(body)) + body
 
@@ -145,6 +165,8 @@ def main() -> int:
         MISBEHAVIOURS[behaviour](channel.sock, n)
     if behaviour == "stubborn":
         threading.Event().wait()
+    if behaviour == "chatty":
+        chatty(channel, life)
     if behaviour == "storm":
         burst = (encode({"type": "heartbeat"})
                  + encode({"type": "status", "phase": "ready", "text": "x" * 200})) * 500

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ import openai
 import pytest
 
 from tests.harness import Daemon
+from tests.integration.conftest import double_env
 from tests.integration.test_security import Api, tracebacks
 from tests.zoo import make_zoo
 
@@ -265,3 +268,31 @@ def test_a_long_read_is_neither_a_hang_nor_a_lost_peer(daemons: Any, tiny_model:
         assert ranks(d, name) == before
         assert client(d).completions.create(model=name, prompt="hi", max_tokens=2).usage
         assert ranks(d, name) == before
+
+
+def test_a_client_that_never_reads_is_no_hang(daemons: Any, tiny_model: Path) -> None:
+    """A client asks for a stream and never reads it. Its answer piles up in the daemon until
+    it is cut off ("read too slowly"), while its handler waits on a full socket. The hang watch
+    counted progress where the client reads, and kept that stream as in flight: it took the
+    instance for hung and restarted it, for every client."""
+    d = daemons({"instances": {"chatty": {"model": str(tiny_model), "hang_after": "1s",
+                                          "env": double_env("chatty")}}}, name="hostile")
+    d.start()
+    d.until_state("chatty", "ready")
+    before = ranks(d, "chatty")
+    api = Api(d)
+    body = json.dumps({"model": "chatty", "messages": HELLO, "stream": True}).encode()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # a small window, never read
+        s.connect((api.host, api.port))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                  % (len(body), body))
+        deadline = time.monotonic() + 60
+        while "cancelled" not in d.log_text():  # the runner was told: cut off
+            assert time.monotonic() < deadline, d.log_text()[-2000:]
+            time.sleep(0.1)  # a log file has no event to wait on
+        # Proving a negative: the watch would have fired within hang_after (1s) of the cut.
+        time.sleep(3)
+        assert ranks(d, "chatty") == before
+        assert d.instance("chatty")["state"] == "ready"
