@@ -1,7 +1,10 @@
 """Hang detection while serving: requests in flight and no progress for `hang_after`.
 
 Progress is what the runner sends for a request (every generated piece of text, the end), never
-a heartbeat: a runner stuck in a collective can still send those. Nothing is watched while no
+a heartbeat: a runner stuck in a collective can still send those. It counts when it arrives,
+not when the client reads it: a client that stops reading slows nobody's runner, and a request
+the runner is done with (ended, or cut off for a client reading too slowly) is not in flight,
+even while its handler still waits on the client's socket. Nothing is watched while no
 request is in flight, so loading (which has no requests) is never timed, and an idle instance
 costs no timer at all.
 """
@@ -47,13 +50,18 @@ class HangWatch:
         self._timer = None
         if not self.streams:
             return
+        if all(s.finished for s in self.streams):  # handlers waiting on their clients only
+            self.last_progress = self.loop.time()
+            self._schedule()
+            return
         silent = self.loop.time() - self.last_progress
         if silent < self.hang_after:
             self._schedule()  # progress came meanwhile: look again a full window after it
             return
         # Said with the configured window ("no progress for 5m"), which the silence reached.
+        waiting = sum(not s.finished for s in self.streams)
         message = (f"the instance is hung: no progress for {format_duration(self.hang_after)} "
-                   f"with {len(self.streams)} request(s) in flight; it is being restarted")
+                   f"with {waiting} request(s) in flight; it is being restarted")
         for stream in list(self.streams):
             stream.fail("hung", message)
         self.streams.clear()

@@ -138,8 +138,9 @@ class Serving:
         watch = self._watch(inst)
         if watch is not None:
             watch.opened(stream)
+            stream.on_event = watch.progress  # as events arrive, read or not
         try:
-            events = _events(stream, meter, watch)
+            events = _events(stream, meter)
             if req.stream:
                 return await _stream(request, req, events, meter)
             return await _whole(req, events)
@@ -149,14 +150,11 @@ class Serving:
             stream.close()  # cancels the generation unless it finished
 
 
-async def _events(stream: RequestStream, meter: Meter,
-                  watch: HangWatch | None) -> AsyncIterator[m.Event]:
-    """Every event of the request; each one, a prefill chunk included, is progress."""
+async def _events(stream: RequestStream, meter: Meter) -> AsyncIterator[m.Event]:
+    """Every event of the request (progress for the hang watch is counted as they arrive)."""
     while True:
         ev = await stream.next()
         meter.event(ev)
-        if watch is not None:
-            watch.progress()
         yield ev
 
 

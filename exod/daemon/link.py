@@ -54,6 +54,9 @@ class RequestStream:
         self.link = link
         self.id = rid
         self.finished = False
+        # Called for every event the runner sends for it, as it arrives: the runner's progress,
+        # whether or not the client reads it (hang detection, exod.api.hang).
+        self.on_event: Callable[[], None] | None = None
         self._queue: asyncio.Queue[m.Event] = asyncio.Queue()
 
     def _put(self, ev: m.Event) -> None:
@@ -183,6 +186,8 @@ class Link:
             if stream is None:
                 return  # a late event for a request that was cancelled
             stream._put(msg)
+            if stream.on_event is not None:
+                stream.on_event()
             if stream.finished:
                 del self._streams[stream.id]
             return

@@ -48,6 +48,7 @@ def test_followers_see_new_lines_until_they_stop() -> None:
 class FakeStream:
     def __init__(self) -> None:
         self.failed: list[tuple[str, str]] = []
+        self.finished = False
 
     def fail(self, code: str, message: str) -> None:
         self.failed.append((code, message))
@@ -76,6 +77,28 @@ def test_hang_watch_fires_only_without_progress_while_in_flight() -> None:
         idle.opened(s)  # type: ignore[arg-type]
         idle.closed(s)  # type: ignore[arg-type]
         assert idle._timer is None
+
+    asyncio.run(scenario())
+
+
+def test_hang_watch_ignores_requests_the_runner_is_done_with() -> None:
+    """A handler still writing to a client that stopped reading keeps its stream open after
+    the runner finished it (or it was cut off): that is no request in flight."""
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        hung: list[float] = []
+        watch = HangWatch(loop, 0.05, hung.append)
+        stuck = FakeStream()
+        watch.opened(stuck)  # type: ignore[arg-type]
+        stuck.finished = True
+        for _ in range(6):  # several windows of the watch's own pace
+            await asyncio.sleep(0.05)
+        assert hung == [] and watch._timer is not None  # still watching, for new requests
+        late = FakeStream()
+        watch.opened(late)  # type: ignore[arg-type]
+        for _ in range(6):
+            await asyncio.sleep(0.05)
+        assert hung and late.failed and "with 1 request(s) in flight" in late.failed[0][1]
 
     asyncio.run(scenario())
 
