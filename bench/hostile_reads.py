@@ -31,17 +31,18 @@ def gaps(c: openai.OpenAI, name: str, over: threading.Event | None = None,
     it is set (the client then leaves)."""
     out: list[float] = []
     last = None
-    for _ in c.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}],
-                                       max_tokens=100_000, temperature=0, stream=True,
-                                       logit_bias={EOS: -100}):
-        now = time.perf_counter()
-        if last is not None:
-            out.append(now - last)
-        last = now
-        if started is not None and len(out) == 20:
-            started.set()  # under way: the read starts now
-        if (over.is_set() if over is not None else len(out) >= 200):
-            break
+    with c.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}],
+                                   max_tokens=4000, temperature=0, stream=True,
+                                   logit_bias={EOS: -100}) as stream:
+        for _ in stream:
+            now = time.perf_counter()
+            if last is not None:
+                out.append(now - last)
+            last = now
+            if started is not None and len(out) == 20:
+                started.set()  # under way: the read starts now
+            if over.is_set() if over is not None else len(out) >= 200:
+                break  # the client leaves (the stream is closed)
     return out
 
 
@@ -81,10 +82,11 @@ def one(d: Daemon, name: str) -> list[tuple[str, str]]:
 
 def main() -> None:
     path = model("tiny-6", layers=6)
+    short = {"hang_after": "2s", "peer_timeout": "2s", "max_concurrency": 4}
     d = Daemon({"api": {"listen": "127.0.0.1:0", "max_body_kib": 8192},
-                "instances": {"one": {"model": str(path), "hang_after": "2s"},
-                              "pp": {"model": str(path), "shards": 2, "hang_after": "2s",
-                                     "peer_timeout": "2s"}}}, name="bench-reads")
+                "instances": {"one": {"model": str(path), **short},
+                              "pp": {"model": str(path), "shards": 2, **short}}},
+               name="bench-reads")
     try:
         d.start()
         rows: list[tuple[str, str]] = []
