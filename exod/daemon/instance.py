@@ -22,6 +22,7 @@ from exod.config.schema import Instance
 from exod.config.durations import format_duration
 from exod.core.exits import EXIT_PROTOCOL, EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo, Hung
 from exod.core.ladder import LadderRun, Step
+from exod.core.ports import NoFreePorts
 from exod.core.restarts import Decision, GiveUp, Rest, Restart, RestartTracker
 from exod.core.shards import Shard
 from exod.core.states import Machine, State
@@ -197,6 +198,8 @@ class InstanceRuntime:
                 self.seam.prepare(self)
                 return True
             except OSError as e:  # the hostfile or group key cannot be written (disk, perms)
+                refusal = f"cannot prepare the group: {e}"
+            except NoFreePorts as e:
                 refusal = f"cannot prepare the group: {e}"
         self.log.error("not started: {}", refusal)
         self._move(State.STARTING, publish=False)
