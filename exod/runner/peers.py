@@ -21,6 +21,7 @@ import errno
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -152,7 +153,7 @@ def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifec
         report.status(m.Phase.CONNECTING,
                       f"connecting to {size - 1} peer{'s' if size > 2 else ''} "
                       f"(attempt {attempt})", attempt=attempt)
-        if backend == "ring":
+        if backend == "ring" and sys.platform.startswith("linux"):
             check_own_port(rank)
         try:
             with life.interruptible():
@@ -185,7 +186,9 @@ def check_own_port(rank: int) -> None:
     SO_REUSEPORT: it would share the port with another group's rank instead of failing, and
     the two groups would then wait in accept() for each other's connections forever. This
     bind has no SO_REUSEPORT, so any listener there makes it fail (SO_REUSEADDR: a closed
-    connection of an earlier run in TIME_WAIT does not)."""
+    connection of an earlier run in TIME_WAIT does not). Linux only: BSD kernels (macOS) refuse
+    such a bind next to any socket of the earlier run still closing, where MLX's own bind
+    (SO_REUSEPORT) succeeds; there the daemon's bound on forming covers it."""
     where = address_of(rank)
     if where is None:
         return  # MLX reports a missing or bad hostfile itself

@@ -784,6 +784,18 @@ def test_group_that_cannot_be_prepared_fails_before_any_runner(seam: FakeSeam) -
     assert inst.state is S.STARTING and len(seam.spawns) == 1
 
 
+def test_a_group_without_free_ports_fails_with_the_reason(seam: FakeSeam) -> None:
+    from exod.core.ports import NoFreePorts
+
+    seam.prepare_error = NoFreePorts("found 1 of the 3 free ports needed in 20000-32767 after "
+                                     "192 tries")
+    inst = make(seam, ranks=2)
+    inst.start()
+    assert inst.state is S.FAILED and seam.spawns == []
+    assert inst.machine.reason == ("cannot prepare the group: found 1 of the 3 free ports "
+                                   "needed in 20000-32767 after 192 tries")
+
+
 # ---- a group on this host alone that does not form ---------------------------------------------
 def joining(seam: FakeSeam, **kw: Any) -> tuple[InstanceRuntime, list[int]]:
     inst = make(seam, ranks=2, **kw)
