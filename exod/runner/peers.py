@@ -205,7 +205,7 @@ def check_own_port(rank: int) -> None:
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 raise AddressInUse(where) from None
-        except ValueError:
+        except (ValueError, OverflowError):
             return  # not a port: MLX says what is wrong with the hostfile
 
 
