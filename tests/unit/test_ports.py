@@ -199,3 +199,51 @@ def test_macos_range_from_sysctl_and_a_fallback(monkeypatch: pytest.MonkeyPatch)
     assert rank_addresses.ephemeral_range() == ports.FALLBACK_EPHEMERAL
     monkeypatch.setattr(sys, "platform", "sunos5")
     assert rank_addresses.ephemeral_range() == ports.FALLBACK_EPHEMERAL
+
+
+# ---- the rank's side: its own port, checked before MLX binds it ------------------------------
+def hostfile_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, address: str) -> None:
+    path = tmp_path / "hostfile.json"
+    path.write_text(json.dumps([[address], ["127.0.0.1:1"]]))
+    monkeypatch.setenv("MLX_HOSTFILE", str(path))
+
+
+@pytest.mark.parametrize("holder", ["listener", "reuseport-listener", "bound"])
+def test_a_rank_finds_its_port_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    holder: str) -> None:
+    from exod.runner.peers import AddressInUse, check_own_port
+
+    with socket.socket() as other:
+        if holder == "reuseport-listener":  # what MLX would share, then hang
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        if holder != "bound":
+            other.listen()
+        where = f"127.0.0.1:{other.getsockname()[1]}"
+        hostfile_for(tmp_path, monkeypatch, where)
+        with pytest.raises(AddressInUse, match=where):
+            check_own_port(0)
+
+
+def test_a_closed_connection_of_an_earlier_run_does_not_count(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The port of a group restarted with port_base: its old connections linger in TIME_WAIT,
+    which MLX's bind (SO_REUSEADDR) passes, so the check must too."""
+    from exod.runner.peers import check_own_port
+
+    with socket.socket() as srv:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        conn, _ = srv.accept()
+        conn.close()  # the accepted side closes first: it is the one left in TIME_WAIT
+        client.close()
+    hostfile_for(tmp_path, monkeypatch, f"127.0.0.1:{port}")
+    check_own_port(0)
+    hostfile_for(tmp_path, monkeypatch, "127.0.0.1:99999")  # MLX's to report
+    check_own_port(0)
+    monkeypatch.delenv("MLX_HOSTFILE")
+    check_own_port(0)
