@@ -159,8 +159,8 @@ def join_group(r: Runner) -> Group:
 
 
 def first_token(r: Runner, loaded: Loaded, group: Group | None) -> None:
-    """READY means it can generate: one real token goes through every rank first (after a
-    barrier, so no timeout runs while a peer is still loading). Raises ModelError."""
+    """READY means it can generate: one real token goes through every rank first (once every
+    rank has loaded, so no timeout runs while a peer is still loading). Raises ModelError."""
     from exod.runner.load import ModelError
     from exod.runner.parallel import warm_up
 
@@ -175,7 +175,7 @@ def first_token(r: Runner, loaded: Loaded, group: Group | None) -> None:
                              "serve it with 1 rank (one request at a time)")
         r.report.status(m.Phase.WAITING,
                         f"waiting for the other {group.size - 1} rank(s) to load")
-        group.barrier()
+        group.wait_until_loaded(r.life)
         group.arm()
     r.report.status(m.Phase.WAITING, "generating a first token")
     try:

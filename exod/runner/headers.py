@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection
 
 HEADER = struct.Struct("!iI")  # command, payload bytes
 HELLO = struct.Struct("!i")  # the connecting rank
-MAGIC = b"EXOD-GROUP-2\n"  # 2: plans; a rank of another version fails the handshake
+MAGIC = b"EXOD-GROUP-3\n"  # 3: load barrier on these connections; another version fails
 NONCE = 32
 MAC = hashlib.sha256().digest_size
 MIN_KEY = 16
@@ -95,7 +95,7 @@ def leader_handshake(conn: socket.socket, key: bytes, size: int,
                      taken: Collection[int]) -> int:
     """Rank 0's side: the rank the peer proved it is; Refused otherwise."""
     try:
-        hello = _read(conn, len(MAGIC) + NONCE)
+        hello = _read(conn, len(MAGIC) + NONCE, "a would-be rank")
     except ControlLost as e:
         raise Refused(str(e)) from None
     if not hello.startswith(MAGIC):
@@ -103,7 +103,7 @@ def leader_handshake(conn: socket.socket, key: bytes, size: int,
     nonce_w, nonce_0 = hello[len(MAGIC):], os.urandom(NONCE)
     try:
         conn.sendall(nonce_0 + _mac(key, b"exod-leader", nonce_w, nonce_0))
-        reply = _read(conn, HELLO.size + MAC)
+        reply = _read(conn, HELLO.size + MAC, "a would-be rank")
     except (OSError, ControlLost) as e:
         raise Refused(str(e)) from None
     rank_bytes, mac = reply[:HELLO.size], reply[HELLO.size:]
@@ -124,7 +124,7 @@ def worker_handshake(sock: socket.socket, key: bytes, rank: int) -> None:
         sock.sendall(MAGIC + nonce_w)
     except OSError as e:
         raise ControlLost(str(e)) from None
-    answer = _read(sock, NONCE + MAC)
+    answer = _read(sock, NONCE + MAC, "rank 0")
     nonce_0, mac = answer[:NONCE], answer[NONCE:]
     if not hmac.compare_digest(mac, _mac(key, b"exod-leader", nonce_w, nonce_0)):
         raise ControlLost("the process on rank 0's control port failed to prove it holds the "
@@ -206,17 +206,18 @@ def send(sock: socket.socket, cmd: int, payload: bytes = b"") -> None:
         raise ControlLost(str(e)) from None
 
 
-def recv(sock: socket.socket, limit: int = MAX_PAYLOAD) -> tuple[int, bytes]:
-    """The next message (command, payload), its length checked against `limit` before any of
-    it is read: ControlLost past it, which no worker may be made to allocate."""
-    cmd, length = HEADER.unpack(_read(sock, HEADER.size))
+def recv(sock: socket.socket, limit: int = MAX_PAYLOAD, peer: str = "rank 0"
+         ) -> tuple[int, bytes]:
+    """The next message (command, payload) from `peer`, its length checked against `limit`
+    before any of it is read: ControlLost past it, which no rank may be made to allocate."""
+    cmd, length = HEADER.unpack(_read(sock, HEADER.size, peer))
     if length > limit:
-        raise ControlLost(f"bad message from rank 0 (command {cmd}, {length} bytes; at most "
+        raise ControlLost(f"bad message from {peer} (command {cmd}, {length} bytes; at most "
                           f"{limit})")
-    return cmd, _read(sock, length) if length else b""
+    return cmd, _read(sock, length, peer) if length else b""
 
 
-def _read(sock: socket.socket, n: int) -> bytes:
+def _read(sock: socket.socket, n: int, peer: str) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         try:
@@ -224,6 +225,6 @@ def _read(sock: socket.socket, n: int) -> bytes:
         except OSError as e:
             raise ControlLost(str(e)) from None
         if not chunk:
-            raise ControlLost("rank 0 closed the group's control connection")
+            raise ControlLost(f"{peer} closed the group's control connection")
         buf += chunk
     return bytes(buf)

@@ -46,6 +46,8 @@ class Cmd(enum.IntEnum):
     PLAN = 1  # payload: what to replay on this rank's engine (exod.runner.lockstep)
     HEARTBEAT = 2  # idle liveness check: every rank joins an all_sum
     SHUTDOWN = 3  # the group stops: barrier, then exit 0
+    LOADED = 4  # a worker has loaded its shard (to rank 0)
+    GO = 5  # every rank has loaded (to the workers)
 
 
 class PeerLost(BaseException):
@@ -113,7 +115,33 @@ class Group:
             raise PeerLost(f"unknown command {cmd} from rank 0") from None
 
     def barrier(self) -> None:
+        """For peers known to be at hand (a heartbeat, a shutdown): an all_sum, whose ring
+        backend polls while it waits. For a wait of unknown length, see `wait_until_loaded`."""
         self.all_sum(mx.array([1.0]))
+
+    def wait_until_loaded(self, life: Lifecycle) -> None:
+        """Return once every rank has loaded its shard. Over the control connections: a
+        blocking read costs no CPU, where an all_sum would poll a core for as long as the
+        slowest peer loads (minutes for a big model on a slow disk) and, on one host, slow
+        that very load. No timeout, as loading has none: a peer that dies closes its socket
+        (PeerLost), and a stop request ends the wait at once (nothing to clean up yet)."""
+        try:
+            with life.interruptible():
+                if self.rank == 0:
+                    for r in range(1, self.size):
+                        self._expect(r, Cmd.LOADED)
+                    for r in range(1, self.size):
+                        headers.send(self.ctrl[r], int(Cmd.GO))
+                else:
+                    headers.send(self.ctrl[0], int(Cmd.LOADED))
+                    self._expect(0, Cmd.GO)
+        except headers.ControlLost as e:
+            raise PeerLost(f"while waiting for the group to load: {e}") from None
+
+    def _expect(self, rank: int, cmd: Cmd) -> None:
+        got, _ = headers.recv(self.ctrl[rank], limit=0, peer=f"rank {rank}")
+        if got != cmd:
+            raise headers.ControlLost(f"rank {rank} sent command {got}, expected {cmd.name}")
 
     # ---- liveness ---------------------------------------------------------------------------
     def arm(self) -> None:
