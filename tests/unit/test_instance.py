@@ -821,6 +821,11 @@ def test_a_local_group_that_does_not_form_is_restarted_and_counted(seam: FakeSea
     for pid in pids:
         seam.exit(pid, sig=15)
     assert inst.state is S.BACKOFF and inst.tracker.restarts == 1
+    from exod.daemon.status import detail
+
+    assert detail(inst, seam.clock, 60).startswith(
+        "hung connecting: the group did not form within 1m although all its ranks run on this "
+        "host (ports held by another program?); backoff")
     seam.advance(BACKOFF.initial)
     assert inst.state is S.STARTING and inst.hung == "" and len(seam.prepared) == 2
 
