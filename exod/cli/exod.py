@@ -129,9 +129,10 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
         n = len(e.problems)
         click.echo(f"{path}: {n} problem{'s' if n != 1 else ''}", err=True)
         sys.exit(EXIT_CONFIG)
-    from exod.config.safety import warnings
+    from exod.config.safety import ephemeral_overlaps, warnings
+    from exod.daemon.rank_addresses import ephemeral_range
 
-    for warning in warnings(cfg):
+    for warning in warnings(cfg) + ephemeral_overlaps(cfg, ephemeral_range()):
         click.echo(f"warning: {warning}", err=True)
     n = len(cfg.instances)
     worst = ladder.longest(cfg)

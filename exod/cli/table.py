@@ -36,7 +36,11 @@ def render_status(snap: dict[str, Any]) -> str:
         rss = [r["rss_bytes"] for r in ranks if r["rss_bytes"] is not None]
         exits = [r["error"] or (r["last_exit"] or {}).get("text") for r in ranks]
         last = next((e for e in exits if e), "-")
-        if inst["state"] in ("failed", "backoff") and inst["reason"]:
+        if inst["state"] == "backoff" and inst["reason"]:
+            # why the last run ended, before when the next one starts
+            cause = next((r["error"] for r in ranks if r["error"]), None)
+            last = f"{cause}; {inst['reason']}" if cause else inst["reason"]
+        elif inst["state"] == "failed" and inst["reason"]:
             last = inst["reason"]
         state = inst["detail"] if inst["state"] in ("starting", "loading") else inst["state"]
         if inst["detail"].startswith("hung"):  # why it is stopping or backing off

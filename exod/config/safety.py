@@ -60,3 +60,28 @@ def warnings(cfg: Config) -> list[str]:
         out.append("api.cors_origins '*' without api.token_file: any web page the user visits "
                    "can use the models")
     return out
+
+
+def ephemeral_overlaps(cfg: Config, ephemeral: tuple[int, int]) -> list[str]:
+    """Groups whose `port_base` puts a port this host listens on inside its ephemeral range
+    (inclusive): an outgoing connection may hold that port as its source port at the moment
+    the rank binds it. Valid (the rank then fails with its address in use, and retries), but
+    worth moving."""
+    first, last = ephemeral
+    out = []
+    for inst in cfg.instances.values():
+        if inst.port_base is None or inst.shards < 2:
+            continue
+        here = [r for r in range(inst.shards)
+                if not inst.hosts or inst.hosts[r].name == cfg.node.name]
+        ports = [inst.port_base + r for r in here]
+        if 0 in here:
+            ports.append(inst.port_base + inst.shards)  # rank 0's control port
+        inside = [p for p in ports if first <= p <= last]
+        if inside:
+            where = f"{inst.source}: " if inst.source else ""
+            out.append(f"{where}instances.{inst.name}.port_base: port(s) "
+                       f"{', '.join(map(str, inside))} lie in this host's ephemeral port range "
+                       f"{first}-{last}, where outgoing connections take their source ports: "
+                       "one may be taken when a rank needs it (choose a port_base outside it)")
+    return out

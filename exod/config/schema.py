@@ -170,8 +170,10 @@ class Instance:
     peer_timeout: Duration = field(
         default=60.0,
         metadata=doc("once a multi-rank group is ready, silence from it this long means a peer "
-                     "is lost (e.g. a network partition): the ranks restart and regroup. Never "
-                     "applies while loading", minimum=0.5))
+                     "is lost (e.g. a network partition): the ranks restart and regroup. A group "
+                     "whose ranks all run on this host must also form within it (30s at least) "
+                     "once every rank is joining, else it restarts on new ports. Never applies "
+                     "while loading", minimum=0.5))
     max_concurrency: int = field(
         default=1, metadata=doc("generations run at once by this instance: the width of its "
                                 "batch (decoded as one batch, on every rank of a sharded instance)",

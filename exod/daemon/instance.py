@@ -22,9 +22,14 @@ from exod.config.schema import Instance
 from exod.config.durations import format_duration
 from exod.core.exits import EXIT_PROTOCOL, EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo, Hung
 from exod.core.ladder import LadderRun, Step
+from exod.core.ports import NoFreePorts
 from exod.core.restarts import Decision, GiveUp, Rest, Restart, RestartTracker
 from exod.core.shards import Shard
 from exod.core.states import Machine, State
+
+# The least time a group on this host alone may take to form once every rank is joining it:
+# MLX's ring waits up to 8 s between its own connection attempts.
+FORM_WITHIN_AT_LEAST = 30.0
 
 if TYPE_CHECKING:
     from exod.daemon.link import Link
@@ -123,6 +128,7 @@ class InstanceRuntime:
         self._after_stop: list[Continuation] = []  # notifications: always run
         self._start_after_stop: bool | None = None  # deferred start (by operator?), if any
         self._restart_timer: Timer | None = None
+        self._forming_timer: Timer | None = None  # a group on this host alone must form by then
         self.rungs_used: collections.Counter[str] = collections.Counter()  # ladder steps taken
         self.log = logger.bind(instance=self.name)
 
@@ -198,6 +204,8 @@ class InstanceRuntime:
                 return True
             except OSError as e:  # the hostfile or group key cannot be written (disk, perms)
                 refusal = f"cannot prepare the group: {e}"
+            except NoFreePorts as e:
+                refusal = f"cannot prepare the group: {e}"
         self.log.error("not started: {}", refusal)
         self._move(State.STARTING, publish=False)
         self._move(State.FAILED, refusal)
@@ -220,6 +228,7 @@ class InstanceRuntime:
             self.log.info("not started here: every rank runs on another host")
             return
         self._cancel_restart()
+        self._cancel_forming()
         self._pending = None
         self.hung = ""
         if not self._admitted():
@@ -318,6 +327,7 @@ class InstanceRuntime:
             rank.phase, rank.status_text, rank.attempt = msg.phase, _clip(msg.text), msg.attempt
             if (rank.phase, rank.status_text, rank.attempt) == before:
                 return  # a repeat changes nothing anyone sees
+            self._watch_forming()
         elif isinstance(msg, m.Progress):
             self._progress(rank, msg, now)
         elif isinstance(msg, m.Serving):
@@ -359,6 +369,37 @@ class InstanceRuntime:
         self._pending = self.tracker.on_exit(self.seam.now(), ExitInfo(code=EXIT_PROTOCOL), why)
         self._move(State.STOPPING, f"rank {rank.rank}: {why}")
         self._stop_ranks()
+
+    def _watch_forming(self) -> None:
+        """Every rank of a group whose ranks all run on this host is joining it: the group
+        forms within seconds, or something holds its ports (a rank's MLX listener sharing its
+        port with another program's waits in accept() forever). Across hosts, waiting is
+        right: a peer host may be down for hours."""
+        if self._forming_timer is None and self.state is State.STARTING and self._all_joining():
+            within = max(self.config.peer_timeout, FORM_WITHIN_AT_LEAST)
+            self._forming_timer = self.seam.call_at(self.seam.now() + within,
+                                                    lambda: self._not_formed(within))
+
+    def _all_joining(self) -> bool:
+        return len(self.ranks) > 1 and all(
+            r.local and r.pid is not None and r.phase is m.Phase.CONNECTING for r in self.ranks)
+
+    def _not_formed(self, within: float) -> None:
+        self._forming_timer = None
+        if self.state is not State.STARTING or not self._all_joining():
+            return
+        why = (f"the group did not form within {format_duration(within)} although all its "
+               "ranks run on this host (ports held by another program?)")
+        self.hung = f"hung connecting: {why}"
+        self.log.bind(event="hung").error("{}: restarting on new ports", why)
+        self._pending = self.tracker.on_exit(self.seam.now(), Hung(), why)
+        self._move(State.STOPPING, self.hung)
+        self._stop_ranks()
+
+    def _cancel_forming(self) -> None:
+        if self._forming_timer is not None:
+            self._forming_timer.cancel()
+            self._forming_timer = None
 
     def _progress(self, rank: RankRuntime, msg: m.Progress, now: float) -> None:
         rank.layers_loaded, rank.layers_total, rank.last_progress = msg.loaded, msg.total, now

@@ -1,20 +1,23 @@
 """How a runner is started: its argv, its environment and, for a group, the hostfile.
 
-Pure but for the hostfile and the free ports of a group without `port_base`; the supervisor
-hands the result to the process table. What gets exec'd is `exod.runner` unless the daemon's
-own environment names another module in EXOD_RUNNER_MODULE (a development and test hook:
-chosen by whoever starts the daemon, never by a config file).
+Pure but for the hostfile and the free ports of a group without `port_base`, which it keeps
+in a registry while the group's ranks live (so no two groups of this daemon share a port);
+the supervisor hands the result to the process table. What gets exec'd is `exod.runner`
+unless the daemon's own environment names another module in EXOD_RUNNER_MODULE (a development
+and test hook: chosen by whoever starts the daemon, never by a config file).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from exod import messages as m
+from exod.config.checks import port_count
 from exod.config.schema import Instance
+from exod.core import ports
 from exod.core.shards import Shard
 from exod.daemon import rank_addresses
 from exod.daemon import spawn as os_seam
@@ -34,6 +37,13 @@ class Launcher:
         self.daemon_env = daemon_env
         self.module = daemon_env.get("EXOD_RUNNER_MODULE") or os_seam.DEFAULT_MODULE
         self._group_control: dict[str, str] = {}  # instance → rank 0's control address
+        self.ports = ports.Registry()
+        self._last: dict[str, tuple[int, ...]] = {}  # instance → the ports of its last start
+
+    def configure(self, instances: Iterable[Instance]) -> None:
+        """The `port_base` ranges of the config: never handed out to a group without one."""
+        self.ports.configured = ports.configured_ports(
+            (i.port_base, port_count(i)) for i in instances if i.port_base is not None)
 
     def hostfile(self, name: str) -> Path:
         return self.run_dir / "groups" / f"{name}.json"
@@ -42,15 +52,28 @@ class Launcher:
         """The group's secret: the operator's cluster_key_file, else one made at each start."""
         return c.cluster_key_file or self.run_dir / "groups" / f"{c.name}.key"
 
-    def prepare(self, c: Instance) -> None:
+    def prepare(self, c: Instance, owner: Hashable) -> None:
         """A group is about to start: agree on its addresses (write the MLX hostfile) and, for
-        a group on this host alone, make its secret."""
+        a group on this host alone, make its secret. Its ports stay reserved for `owner` until
+        `release`. A restart gets ports other than the last start's: one of those may be what
+        failed. Raises ports.NoFreePorts or OSError."""
         if c.shards > 1:
-            addrs = rank_addresses.addresses(c)
+            chosen = None
+            if c.port_base is None:
+                self.ports.release(owner)
+                avoid = self.ports.reserved() | set(self._last.get(c.name, ()))
+                chosen = rank_addresses.free_ports(c.shards + 1, avoid)
+                self.ports.hold(owner, chosen)
+                self._last[c.name] = tuple(chosen)
+            addrs = rank_addresses.addresses(c, chosen)
             rank_addresses.write_hostfile(self.hostfile(c.name), addrs.ranks)
             if c.cluster_key_file is None:
                 rank_addresses.new_group_key(self.group_key(c))
             self._group_control[c.name] = addrs.control
+
+    def release(self, owner: Hashable) -> None:
+        """`owner`'s ranks are all gone: its ports may go to another group."""
+        self.ports.release(owner)
 
     def launch(self, c: Instance, shard: Shard, local_ranks: int) -> Launch:
         args = ["--model", str(c.model), "--instance", c.name, "--rank", str(shard.rank),

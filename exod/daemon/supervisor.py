@@ -63,6 +63,7 @@ class Supervisor:
         self._listeners: set[Callable[[InstanceRuntime], None]] = set()
         self._reload_lock = asyncio.Lock()  # reloads read files in a thread: one at a time
         self.launcher = Launcher(config.control.socket.parent, os.environ)
+        self.launcher.configure(config.instances.values())
         self.commands = Commands(self)
         self.control = ControlServer(config.control.socket, config.control.mode, self.commands,
                                      config.control.group, config.control.max_connections)
@@ -93,7 +94,7 @@ class Supervisor:
         return self.memory.missing(inst, self.instances.values())
 
     def prepare(self, inst: InstanceRuntime) -> None:
-        self.launcher.prepare(inst.config)
+        self.launcher.prepare(inst.config, owner=inst)
 
     def spawn(self, inst: InstanceRuntime, rank: RankRuntime) -> int:
         launch = self.launcher.launch(inst.config, rank.shard, sum(r.local for r in inst.ranks))
@@ -111,6 +112,8 @@ class Supervisor:
         return self.procs.link(pid)
 
     def changed(self, inst: InstanceRuntime) -> None:
+        if not inst.state.active and not inst.alive():  # no rank listens on its ports now
+            self.launcher.release(inst)
         self._publish(inst)
 
     # ---- status -----------------------------------------------------------------------------
@@ -312,6 +315,7 @@ class Supervisor:
         new = _keep_control(new, self.config)
         self.config = new
         self.memory.headroom = new.defaults.memory_headroom
+        self.launcher.configure(new.instances.values())
         for name in d.removed:
             self._retire(name, replacement=None)
         for name in d.changed:

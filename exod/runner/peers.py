@@ -21,6 +21,7 @@ import errno
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -181,6 +182,8 @@ def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifec
         report.status(m.Phase.CONNECTING,
                       f"connecting to {size - 1} peer{'s' if size > 2 else ''} "
                       f"(attempt {attempt})", attempt=attempt)
+        if backend == "ring" and sys.platform.startswith("linux"):
+            check_own_port(rank)
         try:
             with life.interruptible():
                 g = mx.distributed.init(backend=backend, strict=True)
@@ -205,6 +208,34 @@ def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifec
         except headers.ControlAddressInUse as e:
             raise AddressInUse(str(e)) from None
         return group
+
+
+def check_own_port(rank: int) -> None:
+    """AddressInUse when something already holds this rank's ring address. MLX listens with
+    SO_REUSEPORT: it would share the port with another group's rank instead of failing, and
+    the two groups would then wait in accept() for each other's connections forever. This
+    bind has no SO_REUSEPORT, so any listener there makes it fail (SO_REUSEADDR: a closed
+    connection of an earlier run in TIME_WAIT does not). Linux only: BSD kernels (macOS) refuse
+    such a bind next to any socket of the earlier run still closing, where MLX's own bind
+    (SO_REUSEPORT) succeeds; there the daemon's bound on forming covers it."""
+    where = address_of(rank)
+    if where is None:
+        return  # MLX reports a missing or bad hostfile itself
+    host, _, port = where.rpartition(":")
+    host = host.strip("[]")
+    try:
+        probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError:
+        return
+    with probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise AddressInUse(where) from None
+        except (ValueError, OverflowError):
+            return  # not a port: MLX says what is wrong with the hostfile
 
 
 def _bind_in_use(text: str) -> bool:

@@ -30,6 +30,11 @@ Behaviours:
                 newline; then behave as cooperative
   chatty        load, READY, then answer every request with text as fast as the channel takes
                 it, until the request is cancelled (says so on stderr) or the runner stops
+  squatted      the real runner, but the rank named by EXOD_DOUBLE_SQUAT_RANK first listens on
+                its own ring port the way another group's rank does (SO_REUSEADDR and
+                SO_REUSEPORT), as if the port were taken between the daemon's choice and the
+                rank's bind. Only while EXOD_DOUBLE_MARK names no file (it creates it), so the
+                group's restart runs clean.
 """
 
 from __future__ import annotations
@@ -179,7 +184,36 @@ def main() -> int:
     return 0
 
 
+SQUATS: list[socket.socket] = []  # kept open until the exec, which keeps them too
+
+
+def squat_own_port() -> None:
+    """The squatted behaviour: a listener on this rank's ring address that survives the exec
+    into the real runner (it is the same process, and the kernel judges sockets, not
+    processes)."""
+    import json
+
+    mark = os.environ["EXOD_DOUBLE_MARK"]
+    rank = int(os.environ["MLX_RANK"])
+    if rank != int(os.environ["EXOD_DOUBLE_SQUAT_RANK"]) or os.path.exists(mark):
+        return
+    open(mark, "x").close()
+    with open(os.environ["MLX_HOSTFILE"]) as f:
+        host, _, port = json.load(f)[rank][0].rpartition(":")
+    squat = socket.socket()
+    squat.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squat.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    squat.bind((host, int(port)))
+    squat.listen()
+    squat.set_inheritable(True)
+    SQUATS.append(squat)
+    print(f"double squatted: listening on {host}:{port}", file=sys.stderr, flush=True)
+
+
 if __name__ == "__main__":
+    if os.environ.get("EXOD_DOUBLE") == "squatted":
+        squat_own_port()
+        os.environ.pop("EXOD_DOUBLE")
     if "EXOD_DOUBLE" not in os.environ:  # become the real runner: same pid, same channel fd
         os.execv(sys.executable, [sys.executable, "-m", "exod.runner", *sys.argv[1:]])
     code = main()

@@ -61,7 +61,7 @@ class FakeSeam:
         self.spawn_errors: dict[int, OSError] = {}  # rank -> error raised by spawn
         self.prepared: list[tuple[float, str]] = []  # (time, instance) of each group start
         self.refusal: str | None = None  # what memory admission answers
-        self.prepare_error: OSError | None = None  # raised by prepare (hostfile not writable)
+        self.prepare_error: Exception | None = None  # raised by prepare (hostfile not writable)
 
     # ---- the Seam protocol ------------------------------------------------------------------
     def now(self) -> float:

@@ -782,3 +782,98 @@ def test_group_that_cannot_be_prepared_fails_before_any_runner(seam: FakeSeam) -
     seam.prepare_error = None
     inst.start(operator=True)
     assert inst.state is S.STARTING and len(seam.spawns) == 1
+
+
+def test_a_group_without_free_ports_fails_with_the_reason(seam: FakeSeam) -> None:
+    from exod.core.ports import NoFreePorts
+
+    seam.prepare_error = NoFreePorts("found 1 of the 3 free ports needed in 20000-32767 after "
+                                     "192 tries")
+    inst = make(seam, ranks=2)
+    inst.start()
+    assert inst.state is S.FAILED and seam.spawns == []
+    assert inst.machine.reason == ("cannot prepare the group: found 1 of the 3 free ports "
+                                   "needed in 20000-32767 after 192 tries")
+
+
+# ---- a group on this host alone that does not form ---------------------------------------------
+def joining(seam: FakeSeam, **kw: Any) -> tuple[InstanceRuntime, list[int]]:
+    inst = make(seam, ranks=2, **kw)
+    inst.start()
+    pids = seam.pids(inst)
+    for pid in pids:
+        seam.send(pid, m.Status(m.Phase.CONNECTING, "connecting to 1 peer", attempt=1))
+    return inst, pids
+
+
+def test_a_local_group_that_does_not_form_is_restarted_and_counted(seam: FakeSeam) -> None:
+    """Every rank runs here and is joining, yet no group after peer_timeout (60s by default;
+    never less than 30s): something holds its ports, and waiting will not help."""
+    inst, pids = joining(seam)
+    for pid in pids:  # MLX's own retries: a new attempt does not re-arm the bound
+        seam.advance(20)
+        seam.send(pid, m.Status(m.Phase.CONNECTING, "connecting to 1 peer", attempt=2))
+    assert inst.state is S.STARTING
+    seam.advance(20)  # 60s after every rank was joining
+    assert inst.state is S.STOPPING and inst.hung.startswith(
+        "hung connecting: the group did not form within 1m")
+    assert "ports held by another program" in inst.hung
+    for pid in pids:
+        seam.exit(pid, sig=15)
+    assert inst.state is S.BACKOFF and inst.tracker.restarts == 1
+    from exod.daemon.status import detail
+
+    assert detail(inst, seam.clock, 60).startswith(
+        "hung connecting: the group did not form within 1m although all its ranks run on this "
+        "host (ports held by another program?); backoff")
+    seam.advance(BACKOFF.initial)
+    assert inst.state is S.STARTING and inst.hung == "" and len(seam.prepared) == 2
+
+
+def test_a_group_that_forms_or_spans_hosts_is_never_bounded(seam: FakeSeam) -> None:
+    inst, pids = joining(seam)
+    seam.send(pids[0], m.Progress(0, 2))  # rank 0 is past joining: the group formed
+    seam.advance(3600)
+    assert inst.state is S.LOADING and inst.hung == ""
+
+    remote = make(seam, ranks=2)
+    remote.ranks[1].local, remote.ranks[1].host = False, "other"
+    remote.start()
+    pid = remote.ranks[0].pid
+    assert pid is not None
+    seam.send(pid, m.Status(m.Phase.CONNECTING, "connecting to 1 peer", attempt=1))
+    seam.advance(24 * 3600)  # a peer host may be down for hours
+    assert remote.state is S.STARTING and remote.hung == ""
+
+
+def test_the_bound_is_for_one_run_only(seam: FakeSeam) -> None:
+    """A stop and a start while joining: the old run's bound does not cut the new one short."""
+    inst, pids = joining(seam)
+    seam.advance(25)
+    inst.stop()
+    for pid in pids:
+        seam.exit(pid, code=0)
+    inst.start(operator=True)
+    for pid in seam.pids(inst):
+        seam.send(pid, m.Status(m.Phase.CONNECTING, "connecting to 1 peer", attempt=1))
+    seam.advance(59)  # the old run's bound would have fired 35s ago
+    assert inst.state is S.STARTING and inst.hung == ""
+    seam.advance(1)
+    assert inst.state is S.STOPPING
+
+
+def test_a_short_peer_timeout_still_leaves_mlx_its_own_retries(seam: FakeSeam) -> None:
+    import dataclasses
+
+    inst, pids = joining(seam)
+    inst.config = dataclasses.replace(inst.config, peer_timeout=1.0)
+    inst.stop()
+    for pid in pids:
+        seam.exit(pid, code=0)
+    inst.start(operator=True)
+    for pid in seam.pids(inst):
+        seam.send(pid, m.Status(m.Phase.CONNECTING, "connecting to 1 peer", attempt=1))
+    seam.advance(29)
+    assert inst.state is S.STARTING
+    seam.advance(1)
+    assert inst.state is S.STOPPING and "within 30s" in inst.hung

@@ -139,3 +139,26 @@ def test_exod_check_prints_each_instance_estimate(tmp_path: Path) -> None:
                              "0.4 GiB)") for ln in lines), lines
     assert sum(ln.startswith("two: needs ") and "for rank" in ln for ln in lines) == 2
     assert any(ln.startswith("available now: ") for ln in lines)
+
+
+def test_exod_check_warns_about_a_port_base_in_the_ephemeral_range(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from exod.cli.exod import main
+    from exod.daemon.rank_addresses import ephemeral_range
+
+    (tmp_path / "m").mkdir()
+    model(tmp_path / "m")
+    first, last = ephemeral_range()
+    cfg = tmp_path / "exod.yaml"
+    cfg.write_text(f"control: {{socket: {tmp_path}/c.sock}}\n"
+                   f"instances:\n  two: {{model: {tmp_path}/m, shards: 2, port_base: {first}}}\n"
+                   f"  out: {{model: {tmp_path}/m, shards: 2, port_base: {first - 3}}}\n")
+    out = CliRunner().invoke(main, ["check", "-c", str(cfg)])
+    assert out.exit_code == 0, out.output
+    warned = [ln for ln in out.output.splitlines() if ln.startswith("warning: ")
+              and "port_base" in ln]  # (an installed service file may add its own)
+    assert warned == [f"warning: {cfg}:3:3: instances.two.port_base: port(s) {first}, "
+                      f"{first + 1}, {first + 2} lie in this host's ephemeral port range "
+                      f"{first}-{last}, where outgoing connections take their source ports: one "
+                      "may be taken when a rank needs it (choose a port_base outside it)"], warned

@@ -145,3 +145,22 @@ def test_status_table_says_hung_and_on_demand() -> None:
     assert any(ln.startswith("big ") and "hung (no progress for 5m), stopping" in ln
                for ln in lines), lines
     assert any(ln.startswith("coder ") and "stopped (on demand)" in ln for ln in lines), lines
+
+
+def test_status_table_says_why_a_group_is_backing_off() -> None:
+    from exod.cli.table import render_status
+
+    def rank(error: str | None, exit_text: str) -> dict[str, Any]:
+        return {"layers_loaded": 0, "layers_total": 2, "pid": None, "rss_bytes": None,
+                "error": error, "last_exit": {"text": exit_text}}
+
+    snap = {"daemon": {"pid": 1, "version": "0", "uptime_s": 5, "state": "running",
+                       "summary": "0/1 ready"},
+            "instances": [{"name": "g", "state": "backoff", "detail": "backoff: restart in 2.0s",
+                           "reason": "restart in 2.0s", "autostart": True, "uptime_s": None,
+                           "restarts": 1, "ranks": [
+                               rank(None, "signal 15 (SIGTERM)"),
+                               rank("address 127.0.0.1:21001 is in use", "exit code 75")]}]}
+    line = render_status(snap).splitlines()[-1]
+    assert line.startswith("g ") and line.endswith(
+        "address 127.0.0.1:21001 is in use; restart in 2.0s"), line

@@ -507,3 +507,32 @@ def test_wait_and_watch_queues_are_bounded() -> None:
         _offer(q, overflow, functools.partial(snapshot, i))
     assert q.qsize() == MAX_QUEUED and overflow == [True]
     assert len(made) == MAX_QUEUED  # no snapshot is even made for a client being dropped
+
+
+def test_port_base_in_the_ephemeral_range_is_warned_about(tmp_path: Path) -> None:
+    from exod.config.safety import ephemeral_overlaps
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 4}')
+    key = tmp_path / "cluster.key"
+    key.write_text("k" * 32)
+    key.chmod(0o600)
+    main = write_config(tmp_path, (
+        "node: {name: a}\n"
+        "instances:\n"
+        f"  low: {{model: {model}, shards: 2, port_base: 6100}}\n"
+        f"  high: {{model: {model}, shards: 2, port_base: 40000}}\n"
+        f"  edge: {{model: {model}, shards: 2, port_base: 32766}}\n"
+        f"  remote: {{model: {model}, shards: 2, port_base: 32867, cluster_key_file: {key}, "
+        "hosts: [{name: b, address: 10.0.0.2}, {name: a, address: 10.0.0.1}]}\n"))
+    cfg = load_config(main)
+    got = ephemeral_overlaps(cfg, (32768, 60999))
+    assert [w.split(": ", 2)[1] for w in got] == ["instances.high.port_base",
+                                                  "instances.edge.port_base",
+                                                  "instances.remote.port_base"], got
+    assert got[0].startswith(f"{main}:4:")
+    assert "40000, 40001, 40002 lie in this host's ephemeral port range 32768-60999" in got[0]
+    assert "port(s) 32768 lie" in got[1]  # only rank 0's control port is inside
+    assert "port(s) 32868 lie" in got[2]  # rank 0 and its control port are on host b
+    assert ephemeral_overlaps(cfg, (61000, 65535)) == []
