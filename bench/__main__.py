@@ -6,7 +6,7 @@ import importlib
 import sys
 
 ALL = ["load", "daemon", "api", "serving", "sharding", "families", "systemd", "security",
-       "hostile_runner", "hostile_reads", "ports"]
+       "hostile_runner", "hostile_reads", "ports", "group_start"]
 
 
 def main() -> None:
