@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal, Union
 
 from exod.protocol import ProtocolError
 
-VERSION = 4  # 2: Serving; 3: Prefill; 4: Error.param
+VERSION = 5  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held
 
 
 class Phase(str, enum.Enum):
@@ -171,6 +171,21 @@ class Prefill:
             raise ProtocolError(f"prefill: {self.done} of {self.total} tokens is impossible")
 
 
+@dataclass(frozen=True)
+class Held:
+    """A token was generated but its text is held back (bytes of a character not complete yet,
+    or what may be the start of a stop sequence): progress with no text to show, which hang
+    detection counts as such, so a run of such tokens is never taken for a hung runner."""
+
+    type: ClassVar[str] = "held"
+    id: str
+    tokens: int  # completion tokens so far
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1:
+            raise ProtocolError(f"held: {self.tokens} tokens is impossible")
+
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -231,9 +246,9 @@ class Shutdown:
 
 
 FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
-              | Prefill | Text | Done | Error)
+              | Prefill | Held | Text | Done | Error)
 ToRunner = Generate | Cancel | Shutdown
-Event = Prefill | Text | Done | Error  # a request's stream
+Event = Prefill | Held | Text | Done | Error  # a request's stream
 Message = FromRunner | ToRunner
 
 FROM_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromRunner)}

@@ -72,13 +72,13 @@ class Meter:
         self.instance = instance
         self.arrived = arrived
         self.first: float | None = None
-        self.counted = 0  # text events, each counted as a token until `done` gives the total
+        self.counted = 0  # text and held events: a token each, until `done` gives the total
         self.failed_code: int | None = None  # an error after the 200 went out (streams)
 
     def event(self, ev: m.Event) -> None:
         now = time.monotonic()
         stats = self.metrics.stats[self.instance]
-        if isinstance(ev, m.Text):
+        if isinstance(ev, (m.Text, m.Held)):
             # Counted as they come, so rates are live during a long generation; Done then
             # brings the count to the runner's exact figure (a piece may hold several tokens).
             stats.generated_tokens += 1

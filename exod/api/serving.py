@@ -181,7 +181,7 @@ def _param(req: GenRequest, ev: m.Error) -> str | None:
 async def _whole(req: GenRequest, events: AsyncIterator[m.Event]) -> web.Response:
     parts: list[str] = []
     async for ev in events:
-        if isinstance(ev, m.Prefill):
+        if isinstance(ev, (m.Prefill, m.Held)):
             continue  # progress only (see _events)
         if isinstance(ev, m.Text):
             parts.append(ev.text)
@@ -210,7 +210,7 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
         if req.gen.kind == "chat":
             await resp.write(sse(reply.chunk(role=True)))
         async for ev in _after(first, events):
-            if isinstance(ev, m.Prefill):
+            if isinstance(ev, (m.Prefill, m.Held)):
                 continue  # progress only (see _events)
             if isinstance(ev, m.Text):
                 await resp.write(sse(reply.chunk(ev.text)))

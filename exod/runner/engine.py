@@ -247,6 +247,8 @@ class BatchEngine:
         events: list[m.Event] = []
         if text:
             events.append(m.Text(r.rid, text))
+        elif reason is None:  # a token all the same: progress for the daemon's hang watch
+            events.append(m.Held(r.rid, r.completion_tokens))
         if reason is not None:
             self._forget(r)
             events.append(m.Done(r.rid, "length" if reason == "length" else "stop",

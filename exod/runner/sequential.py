@@ -121,6 +121,8 @@ class TurnEngine:
                 continue
             if text:
                 out.append(m.Text(rid, text))
+            elif reason is None:  # a token all the same: progress for the daemon's hang watch
+                out.append(m.Held(rid, max(1, gen.completion_tokens)))
             if reason is not None:
                 del self.gens[rid]
                 out.append(gen.done(reason))

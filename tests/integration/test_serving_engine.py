@@ -275,3 +275,28 @@ def test_multibyte_characters_are_never_split_across_chunks(
         assert all(set(c) <= {"é", "\ufffd"} for c in chunks), chunks
         answers.append(answer)
     assert answers[0] == answers[1]  # a seed reproduces across engines too
+
+
+def test_tokens_whose_text_is_held_back_are_progress_not_a_hang(
+        daemons: Callable[..., Daemon], tiny_model: Path) -> None:
+    """A generation whose tokens show no text for a while (bytes of a character never
+    completed: the detokenizer holds them) is generating all the same: the hang watch must not
+    restart the instance (it did, after `hang_after`, with every event being text)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
+    byte = next(i for i in range(256, tok.get_vocab_size())
+                if tok.decode([i]) == "\ufffd")  # a lone continuation byte
+    d = daemons({"ready": "instances", "instances": {"t": {
+        "model": str(tiny_model), "hang_after": "1s"}}})
+    d.start()
+    pid = d.instance("t")["ranks"][0]["pid"]
+    t0 = time.monotonic()
+    r = client(d).completions.create(model="t", prompt="hello", max_tokens=1500,
+                                     temperature=0, logit_bias={str(byte): 100})
+    took = time.monotonic() - t0
+    assert r.usage is not None and r.usage.completion_tokens == 1500
+    assert r.choices[0].finish_reason == "length"
+    inst = d.instance("t")
+    assert inst["restarts"] == 0 and inst["ranks"][0]["pid"] == pid
+    assert took > 1.0, f"the generation took {took:.2f}s: too short to show the hang watch"

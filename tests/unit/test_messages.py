@@ -29,6 +29,7 @@ EXAMPLES: list[m.Message] = [
               cached_tokens=600, prompt_tokens=1200),
     m.Serving(batching="one request at a time: …", width=1, active=0),
     m.Prefill("r1", 2048, 5000),
+    m.Held("r1", 3),
     m.Text("r1", "漢字 and emoji 🎉"),
     m.Done("r1", "length", 12, 34),
     m.Error("r1", "aborted", "drain over"),
