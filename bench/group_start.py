@@ -13,23 +13,15 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import statistics
 import time
 
 from bench.common import model, report, verdict
-from tests.harness import Daemon
+from tests.harness import Daemon, waiting_for_a_frozen_peer
 
 GROUPS = 6
 ROUNDS = 2
 WINDOW = 2.0
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def waiting_share() -> float:
@@ -39,19 +31,8 @@ def waiting_share() -> float:
                name="bench-wait")
     try:
         d.start()
-        first = d.until_instance("g", lambda i: i["ranks"][1]["layers_loaded"] >= 1,
-                                 what="rank 1 loading")
-        slow = first["ranks"][1]["pid"]
-        os.kill(slow, signal.SIGSTOP)
-        try:
-            inst = d.until_instance("g", lambda i: i["ranks"][0]["phase"] == "waiting",
-                                    what="rank 0 waiting")
-            pid = inst["ranks"][0]["pid"]
-            before, t0 = cpu_seconds(pid), time.monotonic()
-            time.sleep(WINDOW)  # the measurement window
-            return (cpu_seconds(pid) - before) / (time.monotonic() - t0)
-        finally:
-            os.kill(slow, signal.SIGCONT)
+        share, _ = waiting_for_a_frozen_peer(d, "g", WINDOW)
+        return share
     finally:
         d.close()
 

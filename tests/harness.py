@@ -335,3 +335,34 @@ def wait_pid_gone(pid: int, timeout: float = SAFETY) -> bool:
         return bool(p.poll(timeout * 1000))
     finally:
         os.close(fd)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) `pid` has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_share(pid: int, window: float) -> float:
+    """The share of one core `pid` uses over the next `window` seconds (a measurement window,
+    not a wait for anything)."""
+    before, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(window)
+    return (cpu_seconds(pid) - before) / (time.monotonic() - t0)
+
+
+def waiting_for_a_frozen_peer(d: Daemon, name: str, window: float) -> tuple[float, int]:
+    """Freeze rank 1 of group `name` (SIGSTOP) once it has loaded a layer, measure rank 0 while
+    it waits for it (its share of a core over `window`), then let rank 1 go on: (share, how
+    many layers rank 1 had loaded when measured)."""
+    first = d.until_instance(name, lambda i: i["ranks"][1]["layers_loaded"] >= 1,
+                             what="rank 1 loading")
+    slow = first["ranks"][1]["pid"]
+    os.kill(slow, signal.SIGSTOP)
+    try:
+        inst = d.until_instance(name, lambda i: i["ranks"][0]["phase"] == "waiting",
+                                what="rank 0 waiting for rank 1")
+        return cpu_share(inst["ranks"][0]["pid"], window), inst["ranks"][1]["layers_loaded"]
+    finally:
+        os.kill(slow, signal.SIGCONT)

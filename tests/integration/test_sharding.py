@@ -14,7 +14,7 @@ from collections.abc import Callable
 import openai
 import pytest
 
-from tests.harness import Daemon
+from tests.harness import Daemon, cpu_seconds, waiting_for_a_frozen_peer
 
 PROMPT = [{"role": "user", "content": "def fibonacci(n):"}]
 EOS = "2"
@@ -128,12 +128,6 @@ def test_rank_killed_mid_generation_fails_and_restarts_the_group(
     assert d.terminate() == 0
 
 
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def test_an_idle_group_costs_no_cpu(trio: Daemon) -> None:
     """MLX's ring backend polls while a rank waits in it; idle ranks wait on exod's own TCP
     control connections instead. Measured over a fixed window (a measurement, not a wait):
@@ -153,28 +147,13 @@ def test_a_rank_waiting_for_a_slow_peer_to_load_costs_no_cpu(
         daemons: Callable[..., Daemon], tiny_model_factory: Callable[..., Path]) -> None:
     """Rank 0 loads 1 layer, rank 1 the other 40 and is frozen (SIGSTOP) as it starts them: a
     slow disk, for as long as we like. Rank 0 waits on exod's control connections, not in an
-    MLX all_sum (which polled at ~0.66 of a core, on a host where the peer that is loading
+    MLX all_sum (which polled at ~0.6 of a core, on a host where the peer that is loading
     needs the CPU). Then rank 1 resumes and the group comes up."""
-    import time
-
     model = tiny_model_factory(layers=41, hidden=512, intermediate=2048, heads=8, kv_heads=8)
     d = daemons({"instances": {"pipe": {"model": str(model), "shards": 2, "layers": [1, 40]}}})
     d.start()  # ready: daemon (the default), so the instance is still loading
-    first = d.until_instance("pipe", lambda i: i["ranks"][1]["layers_loaded"] >= 1,
-                             what="rank 1 loading")
-    slow = first["ranks"][1]["pid"]
-    os.kill(slow, signal.SIGSTOP)
-    try:
-        inst = d.until_instance("pipe", lambda i: i["ranks"][0]["phase"] == "waiting",
-                                what="rank 0 waiting for rank 1")
-        assert inst["ranks"][1]["layers_loaded"] < 40, "rank 1 finished before it was stopped"
-        waiting = inst["ranks"][0]["pid"]
-        before = cpu_seconds(waiting)
-        t0 = time.monotonic()
-        time.sleep(2.0)  # a measurement window, not a wait for anything
-        usage = (cpu_seconds(waiting) - before) / (time.monotonic() - t0)
-    finally:
-        os.kill(slow, signal.SIGCONT)
+    usage, loaded = waiting_for_a_frozen_peer(d, "pipe", 2.0)
+    assert loaded < 40, "rank 1 finished loading before it was frozen"
     assert usage < 0.15, f"rank 0 used {usage:.2f} of a core while waiting"
     d.until_instance("pipe", lambda i: i["state"] == "ready", what="the group ready")
 
