@@ -846,16 +846,21 @@ def test_a_group_that_forms_or_spans_hosts_is_never_bounded(seam: FakeSeam) -> N
     assert remote.state is S.STARTING and remote.hung == ""
 
 
-def test_the_bound_is_for_one_run_only(seam: FakeSeam) -> None:
-    """A stop and a start while joining: the old run's bound does not cut the new one short."""
-    inst, pids = joining(seam)
-    seam.advance(25)
+def rejoin(seam: FakeSeam, inst: InstanceRuntime, pids: list[int]) -> None:
+    """Stop a joining group, let its ranks exit, start it again and have every new rank join."""
     inst.stop()
     for pid in pids:
         seam.exit(pid, code=0)
     inst.start(operator=True)
     for pid in seam.pids(inst):
         seam.send(pid, m.Status(m.Phase.CONNECTING, "connecting to 1 peer", attempt=1))
+
+
+def test_the_bound_is_for_one_run_only(seam: FakeSeam) -> None:
+    """A stop and a start while joining: the old run's bound does not cut the new one short."""
+    inst, pids = joining(seam)
+    seam.advance(25)
+    rejoin(seam, inst, pids)
     seam.advance(59)  # the old run's bound would have fired 35s ago
     assert inst.state is S.STARTING and inst.hung == ""
     seam.advance(1)
@@ -867,12 +872,7 @@ def test_a_short_peer_timeout_still_leaves_mlx_its_own_retries(seam: FakeSeam) -
 
     inst, pids = joining(seam)
     inst.config = dataclasses.replace(inst.config, peer_timeout=1.0)
-    inst.stop()
-    for pid in pids:
-        seam.exit(pid, code=0)
-    inst.start(operator=True)
-    for pid in seam.pids(inst):
-        seam.send(pid, m.Status(m.Phase.CONNECTING, "connecting to 1 peer", attempt=1))
+    rejoin(seam, inst, pids)
     seam.advance(29)
     assert inst.state is S.STARTING
     seam.advance(1)
