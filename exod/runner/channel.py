@@ -22,14 +22,16 @@ from exod import messages as m
 from exod.protocol import FrameDecoder, ProtocolError, encode
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
+from exod.runner.reading import Read
 
 
 class Channel:
     def __init__(self, fd: int | None, life: Lifecycle) -> None:
         self.sock = socket.socket(fileno=fd) if fd is not None else None
         self.life = life
-        # None wakes the main thread (a stop); Generate is the only request that queues.
-        self.inbox: queue.Queue[m.Generate | None] = queue.Queue()
+        # None wakes the main thread (a stop); Generate is the only request that queues. The
+        # serve loop's reader hands its requests back here once read (exod.runner.reading).
+        self.inbox: queue.Queue[m.Generate | Read | None] = queue.Queue()
         self.cancelled: set[str] = set()
         self.drain: float | None = None  # seconds the daemon allows in-flight work to finish
         self._send_lock = threading.Lock()

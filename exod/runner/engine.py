@@ -28,8 +28,10 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from exod import messages as m
-from exod.runner.generate import RequestError, check_request, context_window, vocab_size
+from exod.runner.generate import (RequestError, check_request, context_window, read_prompt,
+                                  vocab_size)
 from exod.runner.log import ERR, log
+from exod.runner.reading import Prompt
 from exod.runner.stops import StopMatcher
 
 CACHE_KEY = "model"  # LRUPromptCache keys entries by model too; a runner serves one
@@ -93,10 +95,15 @@ class BatchEngine:
     def active(self) -> int:
         return len(self._by_uid)
 
-    def admit(self, req: m.Generate) -> None:
-        """Queue a request into the batch; RequestError if it cannot be served as given."""
+    def read(self, req: m.Generate) -> Prompt:
+        """Its prompt, read and checked: tokenizer and Python only, safe on any thread."""
+        return read_prompt(self.tokenizer, req, self.vocab, self.window)
+
+    def admit(self, req: m.Generate, read: Prompt | None = None) -> None:
+        """Queue a request into the batch; RequestError if it cannot be served as given.
+        `read`: its prompt as `read` returned it (without: read here)."""
         rid = req.id
-        checked = check_request(self.tokenizer, req, self.vocab, self.window)
+        checked = check_request(self.tokenizer, req, self.vocab, self.window, read)
         prompt = checked.prompt
         cache, rest = self._lookup(prompt)
         (uid,) = self._gen.insert(

@@ -17,10 +17,11 @@ from mlx_lm.sample_utils import apply_top_p, greedy_sampler
 
 from exod import messages as m
 from exod.runner import validate
+from exod.runner.reading import Prompt
 from exod.runner.serve import RequestError
 
-__all__ = ["RequestError", "Checked", "check_request", "prompt_tokens", "bias_processors",
-           "context_window", "make_request_sampler", "vocab_size"]
+__all__ = ["RequestError", "Checked", "read_prompt", "check_request", "prompt_tokens",
+           "bias_processors", "context_window", "make_request_sampler", "vocab_size"]
 
 context_window = validate.context_window
 
@@ -68,16 +69,25 @@ class Checked:
     sampler: Sampler
 
 
-def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | None) -> Checked:
-    """Everything of a request that reaches mlx, checked against the model as loaded:
-    RequestError (naming the field) for what it cannot take. The same on every rank."""
+def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None) -> Prompt:
+    """The long part of taking a request (chat template, tokenizer, a check per token: seconds
+    for megabytes), in pure Python and the tokenizer: safe off the thread that runs mlx."""
     prompt = prompt_tokens(tokenizer, req)
     validate.prompt_ids(prompt, vocab, prompt_param(req))
     max_tokens = validate.fit_window(len(prompt), validate.max_tokens(req.max_tokens), window,
                                      prompt_param(req))
-    return Checked(prompt, max_tokens, bias_processors(req.logit_bias, vocab),
-                   make_request_sampler(req))
+    return Prompt(prompt, max_tokens)
 
+
+def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
+                  read: Prompt | None = None) -> Checked:
+    """Everything of a request that reaches mlx, checked against the model as loaded:
+    RequestError (naming the field) for what it cannot take. The same on every rank. `read`:
+    its prompt, when already read (elsewhere: exod.runner.reading)."""
+    if read is None:
+        read = read_prompt(tokenizer, req, vocab, window)
+    return Checked(read.tokens, read.max_tokens, bias_processors(req.logit_bias, vocab),
+                   make_request_sampler(req))
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
     """Rows of the logits: the model's vocabulary (the tokenizer's may be smaller)."""

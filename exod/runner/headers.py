@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection
 
 HEADER = struct.Struct("!iI")  # command, payload bytes
 HELLO = struct.Struct("!i")  # the connecting rank
-MAGIC = b"EXOD-GROUP-4\n"  # 3: load barrier on these connections; 4: WAIT; another version fails
+MAGIC = b"EXOD-GROUP-5\n"  # 3: load barrier on these connections; 5: no WAIT; another fails
 NONCE = 32
 MAC = hashlib.sha256().digest_size
 MIN_KEY = 16

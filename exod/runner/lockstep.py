@@ -36,9 +36,9 @@ from exod.runner.engine import BatchEngine
 from exod.runner.headers import MAX_PAYLOAD
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
-from exod.runner.meanwhile import Meanwhile
 from exod.runner.peers import Cmd, Group, PeerLost
 from exod.runner.plan import Plan, Settings, decode
+from exod.runner.reading import Prompt
 
 
 class LeaderEngine:
@@ -51,19 +51,21 @@ class LeaderEngine:
         self.pending = Plan(settings=Settings(engine.width, engine.cache_bytes,
                                               engine.prefill_step))
         self.size = 0  # bytes of the pending plan's operations, roughly
-        self.reading = Meanwhile(group.heartbeat_every)
 
     @property
     def active(self) -> int:
         return self.engine.active
 
-    def admit(self, req: m.Generate) -> None:
+    def read(self, req: m.Generate) -> Prompt:
+        # On the serve loop's reader thread: the loop goes on sending plans and heartbeats,
+        # so the other ranks hear from rank 0 however long a prompt of megabytes takes. Only a
+        # request rank 0 admits reaches them (to read again: it then fits the window).
+        return self.engine.read(req)
+
+    def admit(self, req: m.Generate, prompt: Prompt) -> None:
         if req.seed is None:  # drawn here: every rank must draw the same numbers
             req = dataclasses.replace(req, seed=secrets.randbits(63))
-        # Reading a prompt of megabytes takes seconds, while the other ranks wait for a header
-        # within peer_timeout: they hear that rank 0 is still here.
-        with self.reading.busy(lambda: self.group.send_header(Cmd.WAIT)):
-            self.engine.admit(req)  # a RequestError leaves nothing to replay
+        self.engine.admit(req, prompt)  # a RequestError leaves nothing to replay
         self._record("admit", m.to_wire(req))
 
     def cancel(self, rid: str) -> None:
@@ -128,8 +130,6 @@ def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle) -> None:
             cmd, payload = group.recv_header()
         if cmd is Cmd.HEARTBEAT:
             group.barrier()
-            continue
-        if cmd is Cmd.WAIT:  # rank 0 is busy reading a request: its silence is not a loss
             continue
         if cmd is Cmd.SHUTDOWN:
             group.barrier()

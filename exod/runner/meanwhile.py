@@ -1,12 +1,12 @@
-"""Something to say every few seconds while the serve loop is busy with one long thing between
-two steps (reading a request: a chat template and a tokenizer over megabytes take seconds),
-so that nobody waiting on this rank takes its silence for a hang or a lost peer.
+"""Something to say every few seconds while a thread is busy with one long thing (the reader
+reading a request: a chat template and a tokenizer over megabytes take seconds), so that the
+daemon's hang watch does not take the request's silence for a hang.
 
 One thread per use site, started on first use, asleep on a condition while nothing is being
 read (an idle runner never wakes for it). The tokenizer releases the GIL, so the thread speaks
-on time. It speaks under the lock the loop's thread takes to end the read, so what it says
-never interleaves with what the loop sends next. A read that is over at once costs two lock
-round trips and says nothing.
+on time. It speaks under the lock the busy thread takes to end the read, so nothing is said
+for a read after it is over. A read that is over at once costs two lock round trips and says
+nothing.
 """
 
 from __future__ import annotations

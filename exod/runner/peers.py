@@ -9,9 +9,10 @@ a rank idles in recv). Tensors move through mx.distributed, inside the model's f
 Peers are lost in two ways. A peer process that dies closes its sockets: the next send/recv
 raises, we turn that into PeerLost and the runner exits with EXIT_PEER_LOST (76, EX_PROTOCOL),
 so its daemon restarts it with backoff and it waits for the group to form again. A network
-partition closes nothing: once the group is ready, rank 0 sends a heartbeat when idle (and a
-WAIT while it reads a long request between two steps), and a watchdog thread ends a rank whose
-group has been silent for `peer_timeout`. Never while loading: loading stays timeout-free.
+partition closes nothing: once the group is ready, rank 0 sends a heartbeat when idle (its
+serve loop never waits on a request being read: exod.runner.reading), and a watchdog thread
+ends a rank whose group has been silent for `peer_timeout`. Never while loading: loading stays
+timeout-free.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ class Cmd(enum.IntEnum):
     SHUTDOWN = 3  # the group stops: barrier, then exit 0
     LOADED = 4  # a worker has loaded its shard (to rank 0)
     GO = 5  # every rank has loaded (to the workers)
-    WAIT = 6  # rank 0 is still busy between two steps (reading a long request): not lost
 
 
 class PeerLost(BaseException):

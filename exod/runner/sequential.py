@@ -18,19 +18,20 @@ from mlx_lm.generate import GenerationResponse, generation_stream, stream_genera
 from mlx_lm.models.cache import make_prompt_cache
 
 from exod import messages as m
-from exod.runner.generate import check_request, context_window, vocab_size
+from exod.runner.generate import check_request, context_window, read_prompt, vocab_size
 from exod.runner.log import ERR, log
+from exod.runner.reading import Prompt
 from exod.runner.stops import StopMatcher
 
 MIN_CHUNK = 32  # as exod.runner.engine: smaller chunks cost more in overhead than they buy
 
 
 class Generation:
-    def __init__(self, model: Any, tokenizer: Any, req: m.Generate) -> None:
+    def __init__(self, model: Any, tokenizer: Any, req: m.Generate, read: Prompt) -> None:
         self.id = req.id
         self.model = model
         checked = check_request(tokenizer, req, vocab_size(model, tokenizer),
-                                context_window(model))
+                                context_window(model), read)
         prompt = checked.prompt
         self._cache: list[Any] = make_prompt_cache(model)
         self._pending = prompt[:-1]  # prefilled by `prefill`; the last token by stream_generate
@@ -92,8 +93,12 @@ class TurnEngine:
     def active(self) -> int:
         return len(self.gens)
 
-    def admit(self, req: m.Generate) -> None:
-        self.gens[req.id] = Generation(self.model, self.tokenizer, req)
+    def read(self, req: m.Generate) -> Prompt:
+        return read_prompt(self.tokenizer, req, vocab_size(self.model, self.tokenizer),
+                           context_window(self.model))
+
+    def admit(self, req: m.Generate, prompt: Prompt) -> None:
+        self.gens[req.id] = Generation(self.model, self.tokenizer, req, prompt)
 
     def cancel(self, rid: str) -> None:
         gen = self.gens.pop(rid, None)

@@ -2,8 +2,10 @@
 
 The engine owns the generations (`exod.runner.engine.BatchEngine`: continuous batching; on
 rank 0 of a group, `exod.runner.lockstep.LeaderEngine`, which also tells the other ranks what
-to replay on theirs); the loop owns the channel. Between two engine steps, the loop picks up
-new requests, drops cancelled ones (the client went away: cancelled within one step) and,
+to replay on theirs); the loop owns the channel. New requests are read (templated, tokenized,
+checked) on a thread of their own (exod.runner.reading), so a body of megabytes stands neither
+the batch nor a stop still. Between two engine steps, the loop admits the requests read by
+then, drops cancelled ones (the client went away: cancelled within one step) and,
 once asked to stop, lets in-flight work finish until the drain deadline, then ends it with an
 error event and returns (the runner then exits 0). A step is bounded (one decode step, plus
 at most one prefill chunk), so a stop is always answered quickly, even during a long prompt:
@@ -27,8 +29,11 @@ from exod import messages as m
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
-from exod.runner.meanwhile import Meanwhile
+from exod.runner.reading import Prompt, Read, Reader
 from exod.runner.report import Reporter
+
+# What the loop's thread is handed: a request, a request read, or a stop's wake-up.
+Inbox = m.Generate | Read | None
 
 
 # How often a request being read is reported (hang_after is at least 1s).
@@ -50,8 +55,13 @@ class Engine(Protocol):
         """Generations admitted and not finished."""
         ...
 
-    def admit(self, req: m.Generate) -> None:
-        """Take a request; raises RequestError when it cannot be served as given."""
+    def read(self, req: m.Generate) -> Prompt:
+        """Its prompt read and checked (RequestError if it cannot be served as given). Called
+        on the reader's thread: it must not touch mlx or the engine's state."""
+        ...
+
+    def admit(self, req: m.Generate, prompt: Prompt) -> None:
+        """Take a request read by `read`; raises RequestError when it cannot be served."""
         ...
 
     def cancel(self, rid: str) -> None: ...
@@ -94,10 +104,11 @@ class ServeLoop:
         self.report = report
         self.tickers = [Ticker(report.heartbeat, heartbeat_every), *([tick] if tick else [])]
         self.deadline: float | None = None  # end of the drain, once asked to stop
-        self.shown = -1  # generations in the last status report
+        self.shown = (-1, -1)  # (requests, of which being read) in the last status report
         self.live: set[str] = set()
         self.recent: collections.deque[str] = collections.deque(maxlen=256)  # finished ids
-        self.reading = Meanwhile(READING_EVERY)
+        self.reader = Reader(engine.read, channel.inbox.put,
+                             lambda rid: channel.send(m.Prefill(rid, 0, 0)), READING_EVERY)
 
     def run(self) -> None:
         while True:
@@ -105,9 +116,10 @@ class ServeLoop:
                 self.deadline = time.monotonic() + (self.channel.drain or 0.0)
                 # The drain is for streams under way: a prompt not read yet may need minutes
                 # of prefill, which no drain covers, so it ends now.
-                self._emit(self.engine.abort_prefilling(
-                    "aborted", f"aborted: the instance is stopping ({self.life.reason}) "
-                               f"before this request's prompt was read"))
+                why = (f"aborted: the instance is stopping ({self.life.reason}) before this "
+                       f"request's prompt was read")
+                self._emit(self.engine.abort_prefilling("aborted", why))
+                self._emit([m.Error(rid, "aborted", why) for rid in self.reader.drop_all()])
             self._take()
             if self._drain_over():
                 return
@@ -124,28 +136,32 @@ class ServeLoop:
     def _take(self) -> None:
         block = not self.live and self.deadline is None
         wake = min(t.every for t in self.tickers)
-        for req in _drain_queue(self.channel.inbox, block, wake):
-            if req is None:
+        for item in _drain_queue(self.channel.inbox, block, wake):
+            if item is None:
                 continue  # a stop's wake-up
-            if req.id in self.channel.cancelled:  # the client left while it was on its way
-                self.channel.cancelled.discard(req.id)
+            if isinstance(item, Read):
+                if self.reader.take(item):  # not dropped (cancelled, stopping) meanwhile
+                    self._admit(item)
+            elif item.id in self.channel.cancelled:  # the client left while it was on its way
+                self.channel.cancelled.discard(item.id)
             elif self.life.stop.is_set():
-                self._emit([m.Error(req.id, "stopping", "the instance is stopping")])
+                self._emit([m.Error(item.id, "stopping", "the instance is stopping")])
             else:
-                self._admit(req)
+                self.reader.submit(item)
 
-    def _admit(self, req: m.Generate) -> None:
+    def _admit(self, read: Read) -> None:
+        rid = read.req.id
         try:
-            # Reading it may take seconds (megabytes to tokenize): the daemon hears that this
-            # request is being read, so its hang watch does not take the silence for a hang.
-            with self.reading.busy(lambda: self.channel.send(m.Prefill(req.id, 0, 0))):
-                self.engine.admit(req)
+            if read.error is not None:
+                raise read.error
+            assert read.prompt is not None
+            self.engine.admit(read.req, read.prompt)
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
             why = str(e) if isinstance(e, RequestError) else f"{type(e).__name__}: {e}"
             param = e.param if isinstance(e, RequestError) else None
-            self._emit([m.Error(req.id, "bad_request", why, param)])
+            self._emit([m.Error(rid, "bad_request", why, param)])
             return
-        self.live.add(req.id)
+        self.live.add(rid)
 
     def _drain_over(self) -> bool:
         if self.deadline is None or (self.live and time.monotonic() < self.deadline):
@@ -160,6 +176,9 @@ class ServeLoop:
         for rid in cancelled & self.live:
             self.engine.cancel(rid)
             self.live.discard(rid)
+            cancelled.discard(rid)
+        for rid in cancelled & self.reader.pending:  # still being read: thrown away when read
+            self.reader.drop(rid)
             cancelled.discard(rid)
         for rid in cancelled.intersection(self.recent):  # cancels that crossed a `done`
             cancelled.discard(rid)
@@ -182,20 +201,23 @@ class ServeLoop:
     def _show(self) -> None:
         """Status for the rank, and the engine's figures, when the number of generations
         changed (a request came or went: the prompt cache may have changed too)."""
-        n = len(self.live)
-        if n != self.shown:
-            self.shown = n
+        reading = len(self.reader.pending)
+        n = len(self.live) + reading
+        # Both counts: a request read and admitted leaves n as it was, but the engine's
+        # figures (its `active`) have changed.
+        if (n, reading) != self.shown:
+            self.shown = (n, reading)
             self.channel.send(self.engine.serving())
             if n:
-                self.report.status(m.Phase.SERVING, f"serving {n} request(s)", active=n)
+                text = f"serving {n} request(s)" + (f", reading {reading}" if reading else "")
+                self.report.status(m.Phase.SERVING, text, active=n)
             else:
                 self.report.status(m.Phase.READY)
 
 
-def _drain_queue(inbox: queue.Queue[m.Generate | None], block: bool,
-                 timeout: float) -> list[m.Generate | None]:
+def _drain_queue(inbox: queue.Queue[Inbox], block: bool, timeout: float) -> list[Inbox]:
     """Everything waiting in the inbox; when `block`, wait for at least one message first."""
-    out: list[m.Generate | None] = []
+    out: list[Inbox] = []
     try:
         if block:
             out.append(inbox.get(timeout=timeout))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -268,6 +269,69 @@ def test_a_long_read_is_neither_a_hang_nor_a_lost_peer(daemons: Any, tiny_model:
         assert ranks(d, name) == before
         assert client(d).completions.create(model=name, prompt="hi", max_tokens=2).usage
         assert ranks(d, name) == before
+
+
+def _stream_times(c: openai.OpenAI, name: str, over: threading.Event,
+                  started: threading.Event, out: list[float]) -> None:
+    """Stream a long answer, recording when each chunk comes, until `over`."""
+    with c.chat.completions.create(model=name, messages=HELLO, max_tokens=4000,
+                                   temperature=0, stream=True, logit_bias={EOS: -100}) as st:
+        for _ in st:
+            out.append(time.monotonic())
+            if len(out) == 10:
+                started.set()
+            if over.is_set():
+                break
+
+
+def test_a_long_read_stands_neither_the_batch_nor_a_stop_still(daemons: Any,
+                                                                tiny_model: Path) -> None:
+    """A request is read (chat template, tokenizer, checks: seconds for megabytes) on a thread
+    of the runner's own. Read between two steps of the batch, it stood every stream still for
+    as long, and a stop waited for it: with a grace shorter than the read, SIGTERM."""
+    d = daemons({"api": {"listen": "127.0.0.1:0", "max_body_kib": 8192},
+                 "instances": {"one": {"model": str(tiny_model), "stop": {"grace": "1s"}}}},
+                name="hostile")
+    d.start()
+    pid = d.until_state("one", "ready")["ranks"][0]["pid"]
+    # 3.6 MB: read in ~3 s alone on this machine, several times that beside a stream of the
+    # tiny model (its loop is mostly Python, so the two threads share the GIL).
+    body = {"model": "one", "prompt": words(600_000), "max_tokens": 1}
+    c = client(d)
+
+    # 1. A stream goes on while another request is read.
+    times: list[float] = []
+    started, over = threading.Event(), threading.Event()
+    streamer = threading.Thread(target=_stream_times, args=(c, "one", over, started, times))
+    streamer.start()
+    assert started.wait(120)
+    t0 = time.monotonic()
+    status, answer = Api(d).post(body, "/v1/completions", token=None, timeout=120)
+    t1 = time.monotonic()
+    over.set()
+    streamer.join(120)
+    assert status == 400 and answer["error"]["param"] == "prompt", answer
+    during = [b - a for a, b in zip(times, times[1:], strict=False) if b > t0 and a < t1]
+    read = t1 - t0
+    assert read > 3, f"the read took {read:.1f}s: too short to tell anything (a longer body?)"
+    assert len(during) > 10 and max(during) < read / 4, (read, max(during), len(during))
+
+    # 2. A stop during a read: rung 1 at once, though the read outlasts the grace (1s).
+    got: list[tuple[int, Any]] = []
+    reader = threading.Thread(target=lambda: got.append(
+        Api(d).post(body, "/v1/completions", token=None, timeout=120)))
+    reader.start()
+    d.until_instance("one", lambda i: "reading 1" in (i["ranks"][0]["status"] or ""),
+                     what="the runner reading the request")
+    d.ctl("stop", "one")
+    reader.join(120)
+    assert got and got[0][0] != 200, got
+    steps = [e["extra"]["step"] for e in d.events(event="ladder", instance="one")]
+    assert steps == ["ask"], f"must leave at rung 1, ladder: {steps}\n{d.log_text()[-3000:]}"
+    (ex,) = d.events(event="exit", instance="one")
+    assert ex["extra"]["pid"] == pid and ex["extra"]["code"] == 0
+    assert ex["extra"]["signals_sent"] == ["ask"] and ex["extra"]["signal"] is None
+    print(f"read {read:.1f}s; longest stream gap meanwhile {max(during) * 1000:.0f} ms")
 
 
 def test_a_client_that_never_reads_is_no_hang(daemons: Any, tiny_model: Path) -> None:

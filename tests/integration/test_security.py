@@ -60,8 +60,8 @@ class Api:
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: dict[str, str] | None = None, token: str | None = TOKENS[0],
-                ) -> tuple[int, dict[str, str], bytes]:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+                timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         h = {"Content-Type": "application/json", **(headers or {})}
         if token:
             h["Authorization"] = f"Bearer {token}"

@@ -1,4 +1,4 @@
-"""exod.runner.meanwhile: what a busy serve loop says while it reads a long request."""
+"""exod.runner.meanwhile: what the reader says while it reads a long request."""
 
 from __future__ import annotations
 

@@ -1,0 +1,95 @@
+"""Requests are read (chat template, tokenizer, checks) on a thread of their own, in the order
+they came, while the serve loop goes on stepping the batch.
+
+Reading a body of megabytes takes seconds. Done between two steps of the batch, it stood every
+stream still for that long, and a stop that came meanwhile waited for it: a bigger body would
+have outlasted the stop's grace and met SIGTERM. Off the loop's thread, neither waits: the loop
+steps the batch, takes cancels and stops, and admits each request once its prompt is read.
+
+A request is `pending` from `submit` until the loop `take`s its result (or `drop`s it: its
+client left, or the instance is stopping). A dropped request may still be under the tokenizer:
+its result is thrown away when it comes. While one is read, `say(id)` runs every `every` seconds
+(exod.runner.meanwhile), so the daemon's hang watch hears that it is being read.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from exod import messages as m
+from exod.runner.meanwhile import Meanwhile
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A request's prompt as read: its tokens, checked against the model, and the max_tokens
+    that fits the window. No mlx object: it is read on the reader's thread."""
+
+    tokens: list[int]
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Read:
+    """A request, read: its prompt, or why it cannot be served (raised by the reading)."""
+
+    req: m.Generate
+    prompt: Prompt | None
+    error: Exception | None
+
+
+class Reader:
+    def __init__(self, read: Callable[[m.Generate], Prompt], done: Callable[[Read], None],
+                 say: Callable[[str], object], every: float) -> None:
+        self._read, self._done, self._say = read, done, say
+        self._meanwhile = Meanwhile(every)
+        self._queue: queue.SimpleQueue[m.Generate] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        # Touched by both threads: set operations are atomic under the GIL, and the one that
+        # decides (`take`) runs on the loop's thread only.
+        self.pending: set[str] = set()
+
+    def submit(self, req: m.Generate) -> None:
+        if self._thread is None:  # started on first use: a runner that only loads has none
+            self._thread = threading.Thread(target=self._run, name="exod-reader", daemon=True)
+            self._thread.start()
+        self.pending.add(req.id)
+        self._queue.put(req)
+
+    def take(self, read: Read) -> bool:
+        """True when `read` is still wanted (then it is no longer pending)."""
+        if read.req.id not in self.pending:
+            return False
+        self.pending.discard(read.req.id)
+        return True
+
+    def drop(self, rid: str) -> bool:
+        """Forget a pending request; True if it was pending."""
+        if rid not in self.pending:
+            return False
+        self.pending.discard(rid)
+        return True
+
+    def drop_all(self) -> list[str]:
+        dropped, self.pending = sorted(self.pending), set()
+        return dropped
+
+    def _run(self) -> None:
+        while True:
+            req = self._queue.get()
+            if req.id in self.pending:  # not dropped before its turn
+                self._done(self._read_one(req))
+
+    def _read_one(self, req: m.Generate) -> Read:
+        def say() -> None:
+            if req.id in self.pending:  # a dropped request's client has heard the end of it
+                self._say(req.id)
+
+        try:
+            with self._meanwhile.busy(say):
+                return Read(req, self._read(req), None)
+        except Exception as e:  # noqa: BLE001 -- the loop turns it into the client's error
+            return Read(req, None, e)
