@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-ALL = ["load", "daemon", "api", "serving", "sharding", "families", "systemd", "security",
+ALL = ["load", "daemon", "api", "serving", "fused", "sharding", "families", "systemd", "security",
        "hostile_runner", "hostile_reads", "ports", "group_start"]
 
 

@@ -111,8 +111,11 @@ def run(r: Runner) -> tuple[int, str]:
         from exod.runner.load import LoadAborted, ModelError
     except ImportError as e:
         return EXIT_UNAVAILABLE, f"mlx is not usable: {e}"
+    from exod.runner import fused
     from exod.runner.peers import AddressInUse, PeerLost
 
+    if fused.install():
+        blas_msg += "; decode-step rope and norms fused (EXOD_FUSE=0: off)"
     try:
         group = join_group(r) if r.args.world > 1 else None
         loaded = load(r, group)

@@ -1,0 +1,141 @@
+"""exod.runner.fused: on the CPU, decode-shaped rope and norms go through compiled fallbacks,
+and what they compute is bitwise what mlx's own functions compute, in every dtype and for
+every form of their arguments that model code uses. The tokens of whole models against
+in-process mlx-lm are checked by the family tests (tests/integration/test_families.py)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from exod.runner.blas import preload
+
+preload()
+import mlx.core as mx  # noqa: E402 -- after OpenBLAS, as in the runner
+
+from exod.runner import fused  # noqa: E402
+
+DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+
+
+@pytest.fixture
+def both() -> Iterator[Callable[..., tuple[mx.array, mx.array]]]:
+    """both(name, *args, **kw): mx.fast.<name> called with mlx's functions, then with exod's."""
+    assert fused.install()
+    stock = dict(fused._STOCK)
+    ours = {n: getattr(mx.fast, n) for n in stock}
+    assert set(stock) == {"rope", "rms_norm", "layer_norm"}
+    assert all(ours[n] is not stock[n] for n in ours)
+
+    def run(name: str, *args: Any, **kw: Any) -> tuple[mx.array, mx.array]:
+        try:
+            for n, f in stock.items():
+                setattr(mx.fast, n, f)
+            a = getattr(mx.fast, name)(*args, **kw)
+            mx.eval(a)
+            for n, f in ours.items():
+                setattr(mx.fast, n, f)
+            b = getattr(mx.fast, name)(*args, **kw)
+            mx.eval(b)
+            return a, b
+        finally:
+            for n, f in ours.items():
+                setattr(mx.fast, n, f)
+
+    yield run
+    fused.uninstall()
+    assert mx.fast.rope is stock["rope"]
+
+
+def same(a: mx.array, b: mx.array) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and bool(mx.array_equal(a, b).item())
+
+
+def rand(shape: tuple[int, ...], dtype: Any, seed: int) -> mx.array:
+    return (mx.random.normal(shape, key=mx.random.key(seed)) * 3).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rope_is_bitwise_mlx_s(both: Any, dtype: Any) -> None:
+    freqs = mx.exp(mx.arange(0, 32, dtype=mx.float32) / 7.0)
+    cases = itertools.product(
+        [(1, 9, 1, 64), (4, 3, 1, 64), (2, 1, 4, 1, 96)],  # decode: 1 position per sequence
+        [False, True],  # traditional
+        [0, 5, 4095, "array", "batch"],  # offsets: KVCache's int, BatchKVCache's per-row array
+        ["base", "freqs"])
+    for i, (shape, trad, offset, kind) in enumerate(cases):
+        scale = 0.25 if i % 3 == 0 else 1.0
+        x = rand(shape, dtype, i)
+        dims = shape[-1] if i % 2 else shape[-1] // 2  # partial rotary too
+        off: int | mx.array = (mx.array(17) if offset == "array" else
+                               mx.array([3, 0, 99, 1][: shape[0]]) if offset == "batch"
+                               else int(offset))
+        if offset == "batch" and len(shape) != 4:
+            continue
+
+        if kind == "freqs":
+            a, b = both("rope", x, 64, traditional=trad, base=None, scale=scale, offset=off,
+                        freqs=freqs[:32])
+        else:
+            a, b = both("rope", x, dims, traditional=trad, base=10000.0, scale=scale,
+                        offset=off)
+        assert same(a, b), (shape, trad, offset, kind, scale, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_norms_are_bitwise_mlx_s(both: Any, dtype: Any) -> None:
+    for i, shape in enumerate([(1, 1, 576), (7, 1, 64), (2, 1, 8, 128)]):
+        x = rand(shape, dtype, i)
+        w, bias = rand(shape[-1:], dtype, 100 + i), rand(shape[-1:], dtype, 200 + i)
+        for eps in ((1e-5, 1e-6) if i == 0 else (1e-5,)):
+            for name, args, kw in [("rms_norm", (x, w, eps), {}),
+                                   ("rms_norm", (x, None, eps), {}),
+                                   ("rms_norm", (x,), {"weight": w, "eps": eps}),
+                                   ("layer_norm", (x, w, bias, eps), {}),
+                                   ("layer_norm", (x, w, None, eps), {}),
+                                   ("layer_norm", (x, None, bias, eps), {}),
+                                   ("layer_norm", (x, None, None, eps), {})]:
+                a, b = both(name, *args, **kw)
+                assert same(a, b), (name, shape, eps, dtype)
+
+
+def test_only_decode_shapes_are_compiled() -> None:
+    """A prefill chunk (several positions) goes to mlx's own function at every call: mx.compile
+    would keep an entry per chunk length. A decode shape is traced once, then runs compiled."""
+    seen: list[tuple[int, ...]] = []
+
+    def spy(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
+        def f(*a: Any, **kw: Any) -> mx.array:
+            seen.append(tuple(a[0].shape))
+            return original(*a, **kw)
+        return f
+
+    assert fused.install()
+    real = dict(fused._STOCK)
+    try:
+        fused._STOCK["rope"], fused._STOCK["rms_norm"] = spy(real["rope"]), spy(real["rms_norm"])
+        w = mx.ones((64,))
+        for positions in (37, 1):
+            x = rand((1, 4, positions, 64), mx.float32, 1)
+            h = rand((1, positions, 64), mx.float32, 2)
+            for _ in range(3):
+                mx.eval(mx.fast.rope(x, 64, traditional=False, base=1234.5, scale=1.0,
+                                     offset=3),
+                        mx.fast.rms_norm(h, w, 1.5e-5))
+        prefill = [s for s in seen if 37 in s]
+        decode = [s for s in seen if 37 not in s]
+        assert prefill == [(1, 4, 37, 64), (1, 37, 64)] * 3
+        assert decode == [(1, 4, 1, 64), (1, 1, 64)]  # traced once, with these new constants
+    finally:
+        fused._STOCK.update(real)
+        fused.uninstall()
+
+
+def test_off_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXOD_FUSE", "0")
+    before = mx.fast.rope
+    assert not fused.install()
+    assert mx.fast.rope is before
