@@ -17,7 +17,8 @@ can move 2x from one minute to the next. So it runs `ROUNDS` rounds (EXOD_BENCH_
 every round each figure on both sides back to back, exod first in even rounds and mlx_lm.server
 first in odd ones (two rounds make an ABBA). Each figure is the median of its per-round ratios
 exod / mlx_lm.server (two measurements taken next to each other in time), printed with the
-range of those ratios, so a reader sees how far to trust it. The p95 TTFT pools every request
+range of those ratios, so a reader sees how far to trust it. With one client the two sides take
+turns request by request instead (`one_client`). The p95 TTFT pools every request
 of every round per side. The second turn runs twice per side and round, ABBA within the round
 (its per-round figure is the mean of the two). Aggregate = completion tokens (from `usage`) of
 every request / the wall time from the first request sent to the last one finished. The load
@@ -49,7 +50,9 @@ from tests.harness import Daemon
 
 MAX_TOKENS = 32
 LEVELS = (1, 8, 32)
-WAVES = {1: 2, 8: 1, 32: 1}  # requests per client at each level
+# Requests per client at each level. One client's requests alternate between the two sides,
+# request by request (see one_client): 6 pairs a round.
+WAVES = {1: 6, 8: 1, 32: 1}
 ROUNDS = 4  # every figure once per side per round (EXOD_BENCH_ROUNDS); two rounds = ABBA
 
 
@@ -106,6 +109,23 @@ def load(side: Side, clients: int, waves: int) -> tuple[float, list[float]]:
         results = [r for rs in pool.map(client, range(clients)) for r in rs]
     wall = time.perf_counter() - t0
     return sum(r.tokens for r in results) / wall, [r.ttft for r in results]
+
+
+def one_client(sides: list[Side], waves: int, r: int) -> dict[str, float]:
+    """Aggregate tokens/s of one client per side, the sides taking turns request by request
+    (in the order of `order`, turned every request). A whole run of requests on one side,
+    then on the other, left ~20 s between the two halves of a pair: on this shared machine
+    the per-round ratio then ranged 0.83-1.29 for two equal servers; a pair of requests a few
+    seconds apart cancels most of what the machine's load does to both."""
+    tokens = dict.fromkeys((s.name for s in sides), 0)
+    wall = dict.fromkeys(tokens, 0.0)
+    for w in range(waves):
+        for s in order(r + w, sides):
+            t0 = time.perf_counter()
+            res, _ = s.chat([{"role": "user", "content": question(r * 100 + w)}])
+            wall[s.name] += time.perf_counter() - t0
+            tokens[s.name] += res.tokens
+    return {name: tokens[name] / wall[name] for name in tokens}
 
 
 def second_turn(side: Side, i: int) -> float:
@@ -192,7 +212,9 @@ def measure(sides: list[Side], rounds: int) -> dict[str, dict[str, list[float]]]
     out: dict[str, dict[str, list[float]]] = {s.name: collections.defaultdict(list)
                                               for s in sides}
     for r in range(rounds):
-        for level in LEVELS:
+        for name, rate in one_client(sides, WAVES[1], r).items():
+            out[name]["rate1"].append(rate)
+        for level in LEVELS[1:]:
             for s in order(r, sides):
                 rate, ttfts = load(s, level, WAVES[level])
                 out[s.name][f"rate{level}"].append(rate)

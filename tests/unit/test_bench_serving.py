@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.serving import order, paired, row
+from bench.serving import Result, one_client, order, paired, row
 
 
 def test_two_rounds_make_an_abba() -> None:
@@ -27,3 +27,23 @@ def test_the_verdict_looks_the_right_way() -> None:
     assert row("tok/s", [8.0], [10.0], "tok/s", 1.0, True)[1].endswith("MISSED")
     assert row("ttft", [0.8], [1.0], "ms", 1e3, False)[1].endswith("OK")
     assert row("ttft", [1.2], [1.0], "ms", 1e3, False)[1].endswith("MISSED")
+
+
+class FakeSide:
+    def __init__(self, name: str, calls: list[str], tokens: int) -> None:
+        self.name, self.calls, self.tokens = name, calls, tokens
+
+    def chat(self, messages: list[Any]) -> tuple[Result, str]:
+        self.calls.append(self.name)
+        return Result(0.0, self.tokens), "text"
+
+
+def test_one_client_takes_turns_request_by_request() -> None:
+    calls: list[str] = []
+    sides: list[Any] = [FakeSide("exod", calls, 32), FakeSide("mlx", calls, 0)]
+    rates = one_client(sides, 3, 0)
+    assert calls == ["exod", "mlx", "mlx", "exod", "exod", "mlx"]
+    assert rates["exod"] > 0 and rates["mlx"] == 0
+    calls.clear()
+    one_client(sides, 2, 1)  # the next round starts with the other side
+    assert calls == ["mlx", "exod", "exod", "mlx"]
