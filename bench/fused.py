@@ -1,9 +1,11 @@
 """What fusing the decode step's rope and norms buys on the CPU (exod.runner.fused), on the demo
 model in float32 with OpenBLAS.
 
-1. In-process, mlx-lm's BatchGenerator with 1 and with 8 requests: milliseconds per decode
-   step with mlx's own functions and with exod's, the two taking turns run by run in one
-   process (the tokens must be the same: the fused ops are bitwise mlx's).
+1. In-process, mlx-lm's BatchGenerator with 1 and with 8 requests: the time of a decode step
+   with exod's functions over one with mlx's own, the two taking turns every two steps in the
+   same generation (ABBA; the second step of each two is timed, as a step waits for the one
+   before), so each pair is ~0.4 s apart; the tokens must be those of mlx's own alone (the
+   fused ops are bitwise mlx's).
 2. Served: two daemons on the same model, one with EXOD_FUSE=0, one client's requests going to
    each in turn: aggregate tokens/s, fused over stock.
 
@@ -15,18 +17,16 @@ from __future__ import annotations
 import statistics
 import subprocess
 import sys
-import time
 from typing import Any
 
 import openai
 
 from bench.api import demo_model
 from bench.common import PY, report, verdict
-from bench.serving import Side, order, question
+from bench.serving import Side, one_client
 from tests.harness import Daemon
 
-PAIRS = 8
-STEPS = 48
+STEPS = 240  # decode steps of one generation, the two taking turns every two steps
 SERVED_ROUNDS = 4
 SERVED_PAIRS = 6
 
@@ -41,7 +41,7 @@ from exod.runner import fused
 
 model, tok = load(sys.argv[1])
 model.set_dtype(mx.float32)
-pairs, steps = int(sys.argv[2]), int(sys.argv[3])
+steps = int(sys.argv[2])
 prompts = [tok.apply_chat_template([{"role": "user", "content": f"Story {i} about a dragon."}],
                                    add_generation_prompt=True) for i in range(8)]
 fused.install()
@@ -51,31 +51,34 @@ def use(mode):
     for n in ours:
         setattr(mx.fast, n, ours[n] if mode == "fused" else fused._STOCK[n])
 
-def run(width):
+def tokens(width, modes):
     g = BatchGenerator(model, stop_tokens=[], completion_batch_size=32,
                        prefill_batch_size=8, prefill_step_size=256)
-    g.insert(prompts[:width], max_tokens=[steps] * width)
-    times, tokens = [], []
-    while len(times) < steps:
-        _, rs = g.next()
-        if rs:
-            times.append(time.perf_counter())
-            tokens.append([r.token for r in rs])
-    return (times[-1] - times[1]) / (steps - 2), tokens
+    g.insert(prompts[:width], max_tokens=[len(modes) + 1] * width)
+    while not g.next()[1]:  # prefill, and the first token
+        pass
+    times, out = {"fused": [], "stock": []}, []
+    for k, mode in enumerate(modes):
+        use(mode)
+        t0 = time.perf_counter()
+        rs = g.next()[1]
+        # A call builds the next step's graph and waits for the one before: timed only when
+        # both are of the same mode.
+        if k and modes[k - 1] == mode:
+            times[mode].append(time.perf_counter() - t0)
+        out.append([r.token for r in rs])
+    return times, out
 
 out = {}
 for width in (1, 8):
-    for mode in ("fused", "stock"):
-        use(mode); run(width)  # warm: kernels compiled, buffers allocated
-    ratios, same = [], True
-    for p in range(pairs):
-        got = {}
-        for mode in (("fused", "stock") if p % 2 == 0 else ("stock", "fused")):
-            use(mode)
-            got[mode] = run(width)
-        same &= got["fused"][1] == got["stock"][1]
-        ratios.append(got["fused"][0] / got["stock"][0])
-    out[width] = {"ratios": ratios, "same": same, "ms": got["stock"][0] * 1e3}
+    tokens(width, ["fused", "stock"] * 4)  # warm: kernels built, buffers allocated
+    abba = [("fused", "stock", "stock", "fused")[k // 2 % 4] for k in range(steps)]
+    times, mixed = tokens(width, abba)
+    _, alone = tokens(width, ["stock"] * steps)
+    # Steps next to each other in time, in pairs: what the machine's load does to both.
+    ratios = [f / s for f, s in zip(times["fused"], times["stock"])]
+    out[width] = {"ratios": ratios, "same": mixed == alone,
+                  "ms": statistics.median(times["stock"]) * 1e3}
 print(json.dumps(out))
 """
 
@@ -83,17 +86,19 @@ print(json.dumps(out))
 def in_process(path: str) -> list[tuple[str, str]]:
     import json
 
-    res = subprocess.run([PY, "-c", IN_PROCESS, path, str(PAIRS), str(STEPS)],
+    res = subprocess.run([PY, "-c", IN_PROCESS, path, str(STEPS)],
                          capture_output=True, text=True, check=True, timeout=1800)
     got: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
     rows = []
     for width, r in got.items():
         ratios = r["ratios"]
         med = statistics.median(ratios)
+        q1, q3 = statistics.quantiles(ratios, n=4)[0], statistics.quantiles(ratios, n=4)[2]
         rows.append((f"decode step, {width} request(s), fused / mlx's own",
-                     f"{med:.3f}x (pairs {min(ratios):.3f}-{max(ratios):.3f}; mlx's own "
-                     f"{r['ms']:.0f} ms)  (goal < 1.0x) {verdict(med < 1.0)}"))
-        rows.append((f"  same tokens, {width} request(s)", verdict(r["same"])))
+                     f"{med:.3f}x (middle half of the pairs {q1:.3f}-{q3:.3f}; mlx's own "
+                     f"{r['ms']:.0f} ms a step)  (goal < 1.0x) {verdict(med < 1.0)}"))
+        rows.append((f"  same tokens, {width} request(s), taking turns as with mlx's alone",
+                     verdict(r["same"])))
     return rows
 
 
@@ -113,15 +118,8 @@ def served(path: str) -> list[tuple[str, str]]:
             s.chat([{"role": "user", "content": "warm up"}], max_tokens=4)
         ratios = []
         for r in range(SERVED_ROUNDS):
-            tokens = dict.fromkeys((s.name for s in sides), 0)
-            wall = dict.fromkeys(tokens, 0.0)
-            for w in range(SERVED_PAIRS):
-                for s in order(r + w, sides):
-                    t0 = time.perf_counter()
-                    res, _ = s.chat([{"role": "user", "content": question(r * 100 + w)}])
-                    wall[s.name] += time.perf_counter() - t0
-                    tokens[s.name] += res.tokens
-            ratios.append((tokens["fused"] / wall["fused"]) / (tokens["stock"] / wall["stock"]))
+            rate = one_client(sides, SERVED_PAIRS, r)
+            ratios.append(rate["fused"] / rate["stock"])
     finally:
         for d in daemons:
             d.terminate()

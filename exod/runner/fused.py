@@ -2,31 +2,44 @@
 
 mlx has no CPU kernel for `mx.fast.rope`, `mx.fast.rms_norm` and `mx.fast.layer_norm`: there
 each runs as its fallback, a chain of 5-20 primitive ops (positions, frequencies, cos, sin,
-products, a concatenation...), every one of them dispatched and written out to memory on its
-own. A decode step runs them two or three times per layer on a single position, where that
-dispatch is most of their cost: 0.2 ms a rope where the layer's matmuls take ~1 ms (measured
-on the demo model). `mx.compile` of the same fallback runs it as one fused kernel, with
-bitwise-identical results (tests/integration/test_fused.py checks it for every dtype).
+products, a concatenation...), every one dispatched and written out to memory on its own. A
+decode step runs them two or three times per layer on a single position, where that dispatch
+is most of their cost: 0.2 ms a rope where the layer's matmuls take ~1 ms (demo model).
 
-Only decode shapes are compiled (one position per sequence): mx.compile keeps an entry per
-input shape, so prefill chunks of every length would pile up entries for little gain (their
-matmuls dominate). Anything unusual (another stream, a missing weight) goes to mlx as it is.
-On Metal these ops are native kernels: nothing is changed there. EXOD_FUSE=0 turns it off.
+Here each is the same chain of ops, written out with every number that depends on the model
+(eps, 1/width, the rope's scale and frequency exponent) as an input array rather than a
+constant, under `mx.compile`: elementwise runs fuse into one kernel, and one kernel serves every
+model of a dtype. mx.compile of mlx's own fallback would bake those numbers into its kernels,
+and on a CPU mlx builds each new kernel with the system's C++ compiler (~0.7 s): per model,
+and again after every service start (PrivateTmp).
+
+Bitwise mlx's results, checked: the first call of each kind (function, dtype, layout, numbers)
+computes both and keeps ours only if every bit agrees; otherwise that kind stays mlx's own
+(tests/integration/test_fused.py checks the whole grid on the installed mlx). Only decode
+shapes (one position per sequence) go through here: mx.compile keeps an entry per input shape,
+so prefill chunks of every length would pile up entries for little gain (their matmuls
+dominate). On Metal these ops are native kernels and nothing changes. EXOD_FUSE=0: off.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
 
+from exod.runner.log import WARNING, log
+
+F32 = mx.float32
 _STOCK: dict[str, Callable[..., mx.array]] = {}
+_VERDICT: dict[tuple[Any, ...], bool] = {}  # kind of call -> ours is bitwise mlx's
+_NUMBERS: dict[tuple[float, Any], mx.array] = {}  # scalars as arrays, made once
 
 
 def install() -> bool:
-    """Route decode-shaped calls of mlx's fast rope and norms through compiled fallbacks on
+    """Route decode-shaped calls of mlx's fast rope and norms through the compiled chains on
     the CPU. True if installed (idempotent)."""
     if _STOCK:
         return True
@@ -40,82 +53,153 @@ def install() -> bool:
 
 
 def uninstall() -> None:
-    """mlx's own functions back (for tests that compare the two)."""
+    """mlx's own functions back (tests compare the two)."""
     for name, fn in _STOCK.items():
         setattr(mx.fast, name, fn)
     _STOCK.clear()
+    _VERDICT.clear()
 
 
-# ---- the compiled fallbacks: Python numbers are constants of the compiled graph --------------
-def _rope_base(x: mx.array, offset: mx.array, dims: int, traditional: bool, base: float,
-               scale: float) -> mx.array:
-    return _STOCK["rope"](x, dims, traditional=traditional, base=base, scale=scale,
-                          offset=offset)
+# ---- the chains of mlx's fallbacks (mlx 0.32), numbers as inputs ---------------------------
+@mx.compile
+def _rms_chain(x: mx.array, eps: mx.array, inv_n: mx.array, *weight: mx.array) -> mx.array:
+    x32 = x.astype(F32)
+    mean = mx.sum(mx.square(x32), axis=-1, keepdims=True) * inv_n
+    y = (x32 * mx.rsqrt(mean + eps)).astype(x.dtype)
+    return y * weight[0] if weight else y
 
 
-def _rope_freqs(x: mx.array, offset: mx.array, freqs: mx.array, dims: int, traditional: bool,
-                scale: float) -> mx.array:
-    return _STOCK["rope"](x, dims, traditional=traditional, base=None, scale=scale,
-                          offset=offset, freqs=freqs)
+@mx.compile
+def _ln_chain(x: mx.array, eps: mx.array, inv_n: mx.array, *params: mx.array,
+              has_weight: bool, has_bias: bool) -> mx.array:
+    x32 = x.astype(F32)
+    centred = x32 - mx.sum(x32, axis=-1, keepdims=True) * inv_n
+    var = mx.sum(mx.square(centred), axis=-1, keepdims=True) * inv_n
+    y = (centred * mx.rsqrt(var + eps)).astype(x.dtype)
+    if has_weight:
+        y = y * params[0]
+    if has_bias:
+        y = y + params[-1]
+    return y
 
 
-def _rms(x: mx.array, weight: mx.array, eps: float) -> mx.array:
-    return _STOCK["rms_norm"](x, weight, eps)
+@mx.compile
+def _rope_chain(x: mx.array, offset: mx.array, scale: mx.array, freq: mx.array, *,
+                dims: int, traditional: bool, exponent: bool) -> mx.array:
+    """`freq`: the exponent step log(base)/(dims/2) (`exponent`), else the given freqs."""
+    half = dims // 2
+    if offset.size > 1:  # one offset per sequence of the batch
+        offset = offset.reshape(*offset.shape, 1, 1)
+    positions = (mx.arange(x.shape[-2], dtype=F32) + offset.astype(F32)) * scale
+    if exponent:
+        inv_freqs = mx.exp(mx.arange(0, -half, -1, dtype=F32) * freq)
+    else:
+        inv_freqs = mx.reciprocal(freq).astype(F32)
+    theta = positions[..., None] * inv_freqs
+    cos, sin = mx.cos(theta).astype(x.dtype), mx.sin(theta).astype(x.dtype)
+    if traditional:
+        x1, x2 = x[..., 0:dims:2], x[..., 1:dims:2]
+    else:
+        x1, x2 = x[..., :half], x[..., half:dims]
+    a, b = x1 * cos - x2 * sin, x1 * sin + x2 * cos
+    if traditional:
+        out = mx.stack([a, b], axis=-1).reshape(*x.shape[:-1], dims)
+        parts = [out]
+    else:
+        parts = [a, b]
+    if dims < x.shape[-1]:
+        parts.append(x[..., dims:])
+    return mx.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
 
 
-def _ln_wb(x: mx.array, w: mx.array, b: mx.array, eps: float) -> mx.array:
-    return _STOCK["layer_norm"](x, w, b, eps)
+def _number(value: float) -> mx.array:
+    key = (value, F32)
+    got = _NUMBERS.get(key)
+    if got is None:
+        got = _NUMBERS[key] = mx.array(value, dtype=F32)
+    return got
 
 
-def _ln_w(x: mx.array, w: mx.array, eps: float) -> mx.array:
-    return _STOCK["layer_norm"](x, w, None, eps)
+def _checked(kind: tuple[Any, ...], ours: Callable[[], mx.array],
+             theirs: Callable[[], mx.array]) -> mx.array:
+    """The first call of a kind: both computed; ours is kept for that kind only if every bit
+    agrees. Returns mlx's result either way (the same bits, when they agree)."""
+    mine, reference = ours(), theirs()
+    try:
+        same = mine.dtype == reference.dtype and mine.shape == reference.shape and bool(
+            mx.array_equal(mine, reference, equal_nan=True).item())
+    except Exception:  # noqa: BLE001 -- no eval here (inside someone's mx.compile): ask later
+        return reference
+    _VERDICT[kind] = same
+    if not same:
+        log(f"fused {kind[0]} differs from mlx's own for {kind[1:]}: mlx's is kept", WARNING)
+    return reference
 
 
-def _ln_b(x: mx.array, b: mx.array, eps: float) -> mx.array:
-    return _STOCK["layer_norm"](x, None, b, eps)
-
-
-def _ln_none(x: mx.array, eps: float) -> mx.array:
-    return _STOCK["layer_norm"](x, None, None, eps)
-
-
-_compiled_rope_base = mx.compile(_rope_base)
-_compiled_rope_freqs = mx.compile(_rope_freqs)
-_compiled_rms = mx.compile(_rms)
-# One per combination of the parameters present (None is not an array input).
-_compiled_ln: dict[tuple[bool, bool], Callable[..., mx.array]] = {
-    (True, True): mx.compile(_ln_wb), (True, False): mx.compile(_ln_w),
-    (False, True): mx.compile(_ln_b), (False, False): mx.compile(_ln_none)}
-
-
-def _decoding(x: mx.array, axis: int) -> bool:
-    """One position per sequence: the shapes of a decode step (a bounded set)."""
-    return x.ndim >= 3 and x.shape[axis] == 1
-
-
-# ---- what the model code calls: mlx's own signatures -------------------------------------------
+# ---- what the model code calls: mlx's own signatures. Only decode shapes (one position per
+# sequence: a bounded set of shapes) take the chains. -------------------------------------------
 def _rope(a: mx.array, dims: int, *, traditional: bool, base: float | None, scale: float,
           offset: int | mx.array, freqs: mx.array | None = None, stream: Any = None) -> mx.array:
-    if stream is not None or not _decoding(a, -2) or (base is None) == (freqs is None):
+    shape = a.shape
+    if (stream is not None or len(shape) < 3 or shape[-2] != 1 or (base is None) == (freqs is None)
+            or dims % 2 or not 0 < dims <= shape[-1]):
         return _STOCK["rope"](a, dims, traditional=traditional, base=base, scale=scale,
                               offset=offset, freqs=freqs, stream=stream)
-    # An array offset: an int would be a constant, compiled again at every position.
     off = offset if isinstance(offset, mx.array) else mx.array(offset, dtype=mx.int32)
-    if freqs is not None:
-        return _compiled_rope_freqs(a, off, freqs, dims, traditional, scale)
-    return _compiled_rope_base(a, off, dims, traditional, float(base or 0.0), scale)
+    kind = ("rope", a.dtype, len(shape), dims < shape[-1], traditional, base, off.dtype,
+            off.size > 1, scale)
+    verdict = _VERDICT.get(kind)
+    if verdict is False:
+        return _STOCK["rope"](a, dims, traditional=traditional, base=base, scale=scale,
+                              offset=offset, freqs=freqs)
+    freq = _number(math.log(base) / (dims // 2)) if base is not None else freqs
+    assert freq is not None  # one of the two, checked above
+
+    def ours() -> mx.array:
+        return _rope_chain(a, off, _number(scale), freq, dims=dims, traditional=traditional,
+                           exponent=base is not None)
+
+    if verdict:
+        return ours()
+    return _checked(kind, ours, lambda: _STOCK["rope"](
+        a, dims, traditional=traditional, base=base, scale=scale, offset=offset, freqs=freqs))
 
 
 def _rms_norm(x: mx.array, weight: mx.array | None, eps: float, *,
               stream: Any = None) -> mx.array:
-    if stream is not None or weight is None or not _decoding(x, 1):
+    shape = x.shape
+    if stream is not None or len(shape) < 3 or shape[1] != 1:
         return _STOCK["rms_norm"](x, weight, eps, stream=stream)
-    return _compiled_rms(x, weight, eps)
+    kind = ("rms_norm", x.dtype, None if weight is None else weight.dtype, shape[-1], eps)
+    verdict = _VERDICT.get(kind)
+    if verdict is False:
+        return _STOCK["rms_norm"](x, weight, eps)
+    params = () if weight is None else (weight,)
+
+    def ours() -> mx.array:
+        return _rms_chain(x, _number(eps), _number(1.0 / shape[-1]), *params)
+
+    if verdict:
+        return ours()
+    return _checked(kind, ours, lambda: _STOCK["rms_norm"](x, weight, eps))
 
 
 def _layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps: float, *,
                 stream: Any = None) -> mx.array:
-    if stream is not None or not _decoding(x, 1):
+    shape = x.shape
+    if stream is not None or len(shape) < 3 or shape[1] != 1:
         return _STOCK["layer_norm"](x, weight, bias, eps, stream=stream)
-    fn = _compiled_ln[(weight is not None, bias is not None)]
-    return fn(x, *(p for p in (weight, bias) if p is not None), eps)
+    params = tuple(p for p in (weight, bias) if p is not None)
+    kind = ("layer_norm", x.dtype, tuple(p.dtype for p in params), weight is not None,
+            bias is not None, shape[-1], eps)
+    verdict = _VERDICT.get(kind)
+    if verdict is False:
+        return _STOCK["layer_norm"](x, weight, bias, eps)
+
+    def ours() -> mx.array:
+        return _ln_chain(x, _number(eps), _number(1.0 / shape[-1]), *params,
+                         has_weight=weight is not None, has_bias=bias is not None)
+
+    if verdict:
+        return ours()
+    return _checked(kind, ours, lambda: _STOCK["layer_norm"](x, weight, bias, eps))
