@@ -6,9 +6,10 @@ Every family is asked of the probe in a 2-rank pipeline and a 2-rank tensor layo
 subprocess for all: seconds), and the refusals must be exactly the known ones
 (zoo.KNOWN_REFUSALS), so a change in either direction shows here. Then every family is served
 in both split layouts the check accepts (2-rank pipeline and 2-rank tensor), several families
-to a daemon (CHUNK families each). On 1 rank are served the families a split refuses and the
-quantized variants: for the others the split layouts already run everything 1 rank does
-(the family's own forward, batched by the same engine on rank 0, the same loader) and more;
+to a daemon (CHUNK families each). On 1 rank are served llama (first and alone, see `zoo`),
+the families a split refuses and the quantized variants: for the others the split layouts
+already run everything 1 rank does (the family's own forward, batched by the same engine on
+rank 0, the same loader) and more;
 `python -m bench families` serves every family in all three layouts for the README's table.
 About 500 runners in all: each costs ~2 CPU-seconds, most of it importing transformers.
 """
@@ -36,6 +37,12 @@ Zoo = dict[str, dict[str, str]]
 def zoo(tmp_path_factory: pytest.TempPathFactory) -> Zoo:
     made = make_zoo(tmp_path_factory.mktemp("zoo"), SPECS)
     assert sorted(made) == sorted(spec_name(s) for s in SPECS)
+    # llama alone first, on 1 rank: its runner builds the decode step's kernels (mlx's JIT,
+    # kept in $TMPDIR/mlx) that nearly every family uses. Without it, the 30 runners of the
+    # first daemon all find them missing at once and each builds them with the C++ compiler:
+    # minutes of CPU on a clean machine, for the same few files.
+    assert serve_zoo({"llama": made["llama"]}, skip=set(), layouts=("one",)) == \
+        {("llama", "one"): OK}
     return made
 
 
