@@ -93,7 +93,7 @@ def in_process(path: str) -> list[tuple[str, str]]:
     for width, r in got.items():
         ratios = r["ratios"]
         med = statistics.median(ratios)
-        q1, q3 = statistics.quantiles(ratios, n=4)[0], statistics.quantiles(ratios, n=4)[2]
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
         rows.append((f"decode step, {width} request(s), fused / mlx's own",
                      f"{med:.3f}x (middle half of the pairs {q1:.3f}-{q3:.3f}; mlx's own "
                      f"{r['ms']:.0f} ms a step)  (goal < 1.0x) {verdict(med < 1.0)}"))

@@ -120,10 +120,14 @@ def _number(value: float) -> mx.array:
     return got
 
 
-def _checked(kind: tuple[Any, ...], ours: Callable[[], mx.array],
-             theirs: Callable[[], mx.array]) -> mx.array:
-    """The first call of a kind: both computed; ours is kept for that kind only if every bit
-    agrees. Returns mlx's result either way (the same bits, when they agree)."""
+def _route(kind: tuple[Any, ...], ours: Callable[[], mx.array],
+           theirs: Callable[[], mx.array]) -> mx.array:
+    """Ours once the kind is known to agree bit for bit, mlx's once it is known not to. The
+    first call of a kind computes both and records the verdict; it returns mlx's result
+    either way (the same bits, when they agree)."""
+    verdict = _VERDICT.get(kind)
+    if verdict is not None:
+        return ours() if verdict else theirs()
     mine, reference = ours(), theirs()
     try:
         same = mine.dtype == reference.dtype and mine.shape == reference.shape and bool(
@@ -148,20 +152,14 @@ def _rope(a: mx.array, dims: int, *, traditional: bool, base: float | None, scal
     off = offset if isinstance(offset, mx.array) else mx.array(offset, dtype=mx.int32)
     kind = ("rope", a.dtype, len(shape), dims < shape[-1], traditional, base, off.dtype,
             off.size > 1, scale)
-    verdict = _VERDICT.get(kind)
-    if verdict is False:
-        return _STOCK["rope"](a, dims, traditional=traditional, base=base, scale=scale,
-                              offset=offset, freqs=freqs)
-    freq = _number(math.log(base) / (dims // 2)) if base is not None else freqs
-    assert freq is not None  # one of the two, checked above
 
     def ours() -> mx.array:
+        freq = _number(math.log(base) / (dims // 2)) if base is not None else freqs
+        assert freq is not None  # one of the two, checked above
         return _rope_chain(a, off, _number(scale), freq, dims=dims, traditional=traditional,
                            exponent=base is not None)
 
-    if verdict:
-        return ours()
-    return _checked(kind, ours, lambda: _STOCK["rope"](
+    return _route(kind, ours, lambda: _STOCK["rope"](
         a, dims, traditional=traditional, base=base, scale=scale, offset=offset, freqs=freqs))
 
 
@@ -171,17 +169,9 @@ def _rms_norm(x: mx.array, weight: mx.array | None, eps: float, *,
     if stream is not None or len(shape) < 3 or shape[1] != 1:
         return _STOCK["rms_norm"](x, weight, eps, stream=stream)
     kind = ("rms_norm", x.dtype, None if weight is None else weight.dtype, shape[-1], eps)
-    verdict = _VERDICT.get(kind)
-    if verdict is False:
-        return _STOCK["rms_norm"](x, weight, eps)
     params = () if weight is None else (weight,)
-
-    def ours() -> mx.array:
-        return _rms_chain(x, _number(eps), _number(1.0 / shape[-1]), *params)
-
-    if verdict:
-        return ours()
-    return _checked(kind, ours, lambda: _STOCK["rms_norm"](x, weight, eps))
+    return _route(kind, lambda: _rms_chain(x, _number(eps), _number(1.0 / shape[-1]), *params),
+                  lambda: _STOCK["rms_norm"](x, weight, eps))
 
 
 def _layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps: float, *,
@@ -192,14 +182,9 @@ def _layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps
     params = tuple(p for p in (weight, bias) if p is not None)
     kind = ("layer_norm", x.dtype, tuple(p.dtype for p in params), weight is not None,
             bias is not None, shape[-1], eps)
-    verdict = _VERDICT.get(kind)
-    if verdict is False:
-        return _STOCK["layer_norm"](x, weight, bias, eps)
 
     def ours() -> mx.array:
         return _ln_chain(x, _number(eps), _number(1.0 / shape[-1]), *params,
                          has_weight=weight is not None, has_bias=bias is not None)
 
-    if verdict:
-        return ours()
-    return _checked(kind, ours, lambda: _STOCK["layer_norm"](x, weight, bias, eps))
+    return _route(kind, ours, lambda: _STOCK["layer_norm"](x, weight, bias, eps))

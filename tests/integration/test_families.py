@@ -9,8 +9,8 @@ in both split layouts the check accepts (2-rank pipeline and 2-rank tensor), sev
 to a daemon (CHUNK families each). On 1 rank are served llama (first and alone, see `zoo`),
 the families a split refuses and the quantized variants: for the others the split layouts
 already run everything 1 rank does (the family's own forward, batched by the same engine on
-rank 0, the same loader) and more;
-`python -m bench families` serves every family in all three layouts for the README's table.
+rank 0, the same loader) and more. `python -m bench families` serves every family in all
+three layouts for the README's table.
 About 500 runners in all: each costs ~2 CPU-seconds, most of it importing transformers.
 """
 
@@ -62,7 +62,8 @@ def test_every_family_in_every_layout(zoo: Zoo, refused: dict[tuple[str, str], s
     names = sorted(zoo)[chunk * CHUNK:(chunk + 1) * CHUNK]
     assert names, "more chunks than families: lower CHUNKS"
     chosen = {n: zoo[n] for n in names}
-    skip = set(refused) | {(n, "one") for n in chosen if n not in one_rank(refused)}
+    ones = one_rank(refused)
+    skip = set(refused) | {(n, "one") for n in chosen if n not in ones}
     served = serve_zoo(chosen, skip=skip, per_daemon=CHUNK, layouts=tuple(LAYOUTS))
     wrong = {k: v for k, v in served.items() if v != OK}
     assert sorted(n for n, _ in wrong) == sorted(n for n in NOT_SERVED if n in chosen), wrong
