@@ -45,7 +45,7 @@ def ttft_prompt(i: int) -> str:
 
 
 def blas_path() -> str | None:
-    from exod.runner.blas import CANDIDATES
+    from exod.runner.cpu.blas import CANDIDATES
 
     return next((c for c in CANDIDATES if c.startswith("/") and Path(c).exists()), None)
 
@@ -61,7 +61,7 @@ def demo_model() -> Path:
 # ---- 1. in-process: a worker process that takes one request per stdin line ------------------
 IN_PROCESS = r"""
 import json, sys, time
-from exod.runner.blas import preload
+from exod.runner.cpu.blas import preload
 print(preload()[1], file=sys.stderr)
 import mlx.core as mx
 from mlx_lm import load, stream_generate

@@ -1,4 +1,4 @@
-"""What fusing the decode step's rope and norms buys on the CPU (exod.runner.fused), on the demo
+"""What fusing the decode step's rope and norms buys on the CPU (exod.runner.cpu.fused), on the demo
 model in float32 with OpenBLAS.
 
 1. In-process, mlx-lm's BatchGenerator with 1 and with 8 requests: the time of a decode step
@@ -32,12 +32,12 @@ SERVED_PAIRS = 6
 
 IN_PROCESS = r"""
 import json, statistics, sys, time
-from exod.runner.blas import preload
+from exod.runner.cpu.blas import preload
 preload()
 import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.generate import BatchGenerator
-from exod.runner import fused
+from exod.runner.cpu import fused
 
 model, tok = load(sys.argv[1])
 model.set_dtype(mx.float32)

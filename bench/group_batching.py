@@ -1,7 +1,8 @@
 """What batching buys a 2-rank group: aggregate decode tokens/s of 8 concurrent clients against
 1 client, for a 2-rank pipeline and a 2-rank tensor group of a generated float32 llama (the
-demo model's 9 heads do not split in 2). Every rank runs the same batch (exod.runner.lockstep).
-Printed as a ratio per layout; the 1-client and 8-client runs alternate over rounds, so load
+demo model's 9 heads do not split in 2). Every rank runs the same batch
+(exod.runner.group.lockstep). Printed as a ratio per layout; the 1-client and 8-client runs
+alternate over rounds, so load
 from elsewhere on the machine falls on both. Part of `python -m bench sharding`;
 `python -m bench group_batching` runs it alone.
 """

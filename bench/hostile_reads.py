@@ -1,7 +1,8 @@
 """A hostile read: one client sends a prompt of megabytes (refused after tokenizing, as past the
 context window) while another client streams an answer, on 1 rank and on a 2-rank pipeline of
 a generated model. The runner reads (templates and tokenizes) a request on a thread of its own
-(exod.runner.reading) while its batch goes on, so the stream should not stall while it reads.
+(exod.runner.serving.reading) while its batch goes on, so the stream should not stall while it
+reads.
 
 Printed: the stream's longest gap between two chunks during the read, over its median gap
 alone (a ratio: how long the batch stands still; goal: a few, where reading between two steps

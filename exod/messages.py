@@ -117,9 +117,9 @@ class Stopping:
 
 @dataclass(frozen=True)
 class Serving:
-    """How rank 0 serves: `batching` is "continuous" (exod.runner.engine, on every rank of a
-    group), else the reason it runs one request at a time. The cache figures count since the
-    runner started."""
+    """How rank 0 serves: `batching` is "continuous" (exod.runner.serving.batch_engine, on every
+    rank of a group), else the reason it runs one request at a time. The cache figures count since
+    the runner started."""
 
     type: ClassVar[str] = "serving"
     batching: str

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable
 
 from exod.config.durations import format_duration
-from exod.daemon.link import RequestStream
+from exod.daemon.channel import RequestStream
 
 
 class HangWatch:

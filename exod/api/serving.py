@@ -24,7 +24,7 @@ from exod.api.on_demand import OnDemand, Stopped
 from exod.api.schema import GenRequest, ModelLimits, apply_limits
 from exod.api.view import Daemon
 from exod.core.states import State
-from exod.daemon.link import RequestStream, TooLarge
+from exod.daemon.channel import RequestStream, TooLarge
 from exod.protocol import MAX_FRAME
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """Whether a layout (shards, parallelism, layers) of a model works, asked of the code that
-will run it: `python -m exod.runner.probe` in a subprocess, since the daemon and `exod check`
+will run it: `python -m exod.runner.split.probe` in a subprocess, since the daemon and `exod check`
 never import mlx. Answers are cached on disk per (mlx-lm version, model_type, config.json,
 layout, exod's splitting code), so a config is probed once, not at every reload.
 
@@ -8,13 +8,15 @@ gives no answer: the runner then reports the model's own problem when it loads i
 
 The daemon asks from a worker thread (a reload loads the config off its event loop), so a slow
 probe never holds up /health, `exoctl status` or the instances already running. The probe run
-is `exod.runner.probe` unless the environment names another module in EXOD_PROBE_MODULE (a
+is `exod.runner.split.probe` unless the environment names another module in EXOD_PROBE_MODULE (a
 development and test hook, like EXOD_RUNNER_MODULE: chosen by whoever starts the daemon, never
 by a config file).
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import json
 import os
@@ -27,9 +29,10 @@ from pathlib import Path
 from exod.paths import cache_dir
 
 PROBE_TIMEOUT = 120.0
-# The sources whose behaviour the answer depends on: a change to any of them is a new answer.
-_SPLITTING_CODE = ("probe.py", "pipeline.py", "tensor.py", "split_shapes.py", "blocks.py",
-                   "failures.py", "batchable.py")
+# The probe's answer depends on its own module and every exod module it imports, directly or
+# not: the whole `exod.runner.split` package and what it reaches (e.g. serving.can_batch).
+_PROBE_ROOT = "exod.runner.split.probe"
+_PACKAGE = Path(__file__).resolve().parents[1]
 
 
 Layout = tuple[Path, int, str, "tuple[int, ...] | None"]
@@ -53,6 +56,10 @@ def answers(asks: list[Layout], on_probe: Callable[[float], None] | None = None
     `on_probe(seconds)`: called before a probe runs, with its time limit."""
     out: list[dict[str, object] | None] = []
     missing: list[tuple[int, Path, Layout]] = []
+    try:
+        code_digest()
+    except (OSError, SyntaxError):
+        return [None] * len(asks)  # an install missing the probe's code: no answer, never stale
     for i, ask in enumerate(asks):
         try:
             config = (ask[0] / "config.json").read_bytes()
@@ -80,15 +87,59 @@ def _key(config: bytes, shards: int, parallelism: str, layers: tuple[int, ...] |
         version = metadata.version("mlx-lm")
     except metadata.PackageNotFoundError:
         version = "none"
-    runner = Path(__file__).resolve().parent.parent / "runner"
-    for name in _SPLITTING_CODE:
-        try:
-            h.update((runner / name).read_bytes())
-        except OSError:
-            pass
+    h.update(code_digest().encode())
     h.update(json.dumps([version, shards, parallelism, layers]).encode())
     h.update(config)
     return h.hexdigest()[:32]
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """A digest of the probe's code: the sources of every exod module the probe imports, found
+    by reading their imports (nothing is imported, so no mlx here). A module that cannot be
+    read is an error, never skipped: a stale cached verdict would outlive the code."""
+    h = hashlib.sha256()
+    for name in sorted(probe_modules()):
+        h.update(name.encode() + b"\0" + _source(name).read_bytes())
+    return h.hexdigest()
+
+
+def probe_modules() -> set[str]:
+    """exod modules the probe depends on: the split package and its transitive imports."""
+    split = _PACKAGE / "runner" / "split"
+    todo = [_PROBE_ROOT] + [f"exod.runner.split.{p.stem}" for p in split.glob("*.py")
+                            if p.stem != "__init__"]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        tree = ast.parse(_source(name).read_bytes(), str(_source(name)))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's own package upwards
+                    is_package = _source(name).name == "__init__.py"
+                    package = name if is_package else name.rpartition(".")[0]
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                # `from exod.a import b` imports exod.a, and exod.a.b when that is a module.
+                todo += [m for m in (base, *(f"{base}.{a.name}" for a in node.names))
+                         if m.startswith("exod") and _exists(m)]
+            elif isinstance(node, ast.Import):
+                todo += [a.name for a in node.names
+                         if a.name.startswith("exod") and _exists(a.name)]
+    return seen
+
+
+def _source(module: str) -> Path:
+    path = _PACKAGE.parent / module.replace(".", "/")
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def _exists(module: str) -> bool:
+    return _source(module).is_file()
 
 
 def _cache_file(key: str) -> Path:
@@ -119,7 +170,7 @@ def limit(layouts: int) -> float:
 
 
 def _run(asks: list[Layout]) -> list[dict[str, object] | None]:
-    module = os.environ.get("EXOD_PROBE_MODULE") or "exod.runner.probe"
+    module = os.environ.get("EXOD_PROBE_MODULE") or "exod.runner.split.probe"
     cmd = [sys.executable, "-m", module, "--batch"]
     payload = json.dumps([{"model": str(m), "shards": n, "parallelism": p,
                            "layers": list(lay) if lay else None} for m, n, p, lay in asks])

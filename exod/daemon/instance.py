@@ -32,7 +32,7 @@ from exod.core.states import Machine, State
 FORM_WITHIN_AT_LEAST = 30.0
 
 if TYPE_CHECKING:
-    from exod.daemon.link import Link
+    from exod.daemon.channel import RunnerChannel
 
 Continuation = Callable[[], None]
 PERMANENT_SPAWN_ERRORS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR})
@@ -68,7 +68,7 @@ class Seam(Protocol):
 
     def kill(self, pid: int, sig: int) -> bool: ...
 
-    def link(self, pid: int) -> Link | None:
+    def link(self, pid: int) -> RunnerChannel | None:
         """The open channel to a live runner, if any."""
         ...
 
@@ -170,7 +170,7 @@ class InstanceRuntime:
         """The vocabulary and context window of the model as rank 0 loaded it."""
         return self.ranks[0].model_info
 
-    def serving_link(self) -> Link | None:
+    def serving_link(self) -> RunnerChannel | None:
         """The channel requests go through: rank 0's, while the whole instance is ready."""
         pid = self.ranks[0].pid
         if self.state is not State.READY or pid is None:

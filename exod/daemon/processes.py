@@ -20,7 +20,7 @@ from loguru import logger
 from exod import messages as m
 from exod.core.exits import ExitInfo
 from exod.daemon import spawn as os_seam
-from exod.daemon.link import Link
+from exod.daemon.channel import RunnerChannel
 from exod.daemon.logs import split_priority
 
 MAX_LINE = 64 * 1024
@@ -50,7 +50,7 @@ class Proc:
     child: os_seam.Child
     context: dict[str, object]  # instance, rank, pid: bound to every line the runner prints
     handlers: RunnerHandlers
-    link: Link  # the channel: lifecycle reports, requests and their events
+    link: RunnerChannel  # the channel: lifecycle reports, requests and their events
     readers: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -70,7 +70,7 @@ class ProcessTable:
         child = os_seam.spawn(args, env, module)
         pid = child.pid
         ctx = {**context, "pid": pid}
-        link = Link(child.channel, ctx, lambda msg: handlers.on_message(pid, msg),
+        link = RunnerChannel(child.channel, ctx, lambda msg: handlers.on_message(pid, msg),
                     lambda why: handlers.on_broken(pid, why))
         proc = Proc(child, ctx, handlers, link)
         proc.readers = [self.loop.create_task(self._read_lines(proc, fd))
@@ -87,7 +87,7 @@ class ProcessTable:
         proc = self.procs.get(pid)
         return proc is not None and proc.link.send(msg)
 
-    def link(self, pid: int) -> Link | None:
+    def link(self, pid: int) -> RunnerChannel | None:
         proc = self.procs.get(pid)
         return proc.link if proc is not None and not proc.link.closed else None
 

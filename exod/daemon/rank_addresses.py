@@ -136,7 +136,7 @@ def write_hostfile(path: Path, addrs: list[str]) -> None:
 
 
 def group_secrets(key_file: Path) -> dict[str, str]:
-    """What a rank needs to authenticate its group (exod.runner.headers): where the key is (a
+    """What a rank needs to authenticate its group (exod.runner.group.control): where the key is (a
     path: the secret itself never goes through argv or the environment)."""
     return {"EXOD_CLUSTER_KEY_FILE": str(key_file)}
 

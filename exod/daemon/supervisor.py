@@ -30,7 +30,7 @@ from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer
 from exod.daemon.instance import InstanceRuntime, RankRuntime, Timer
 from exod.daemon.launch import Launcher
-from exod.daemon.link import Link
+from exod.daemon.channel import RunnerChannel
 from exod.daemon.log_ring import LogRings
 from exod.daemon.manager_notify import ServiceNotifier
 from exod.daemon.memory_check import MemoryCheck
@@ -108,7 +108,7 @@ class Supervisor:
     def kill(self, pid: int, sig: int) -> bool:
         return self.procs.kill(pid, sig)
 
-    def link(self, pid: int) -> Link | None:
+    def link(self, pid: int) -> RunnerChannel | None:
         return self.procs.link(pid)
 
     def changed(self, inst: InstanceRuntime) -> None:

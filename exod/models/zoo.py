@@ -87,7 +87,7 @@ def _silence_unknown_tokens(model: Any, vocab: int) -> None:
     import mlx.core as mx
     from mlx.utils import tree_unflatten
 
-    from exod.runner.blocks import flat_arrays
+    from exod.runner.split.blocks import flat_arrays
 
     if vocab <= VOCAB:
         return

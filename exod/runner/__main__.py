@@ -32,9 +32,9 @@ from exod.runner.log import ERR, WARNING, log
 from exod.runner.report import Reporter
 
 if TYPE_CHECKING:
-    from exod.runner.engine import BatchEngine
+    from exod.runner.serving.batch_engine import BatchEngine
     from exod.runner.load import Loaded
-    from exod.runner.peers import Group
+    from exod.runner.group.membership import Group
 
 
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(r: Runner) -> tuple[int, str]:
     """Load, then serve until asked to stop: (exit code, why it failed)."""
-    from exod.runner import blas
+    from exod.runner.cpu import blas
 
     have_blas, blas_msg = blas.preload()
     if not have_blas and "not Linux" not in blas_msg:
@@ -111,8 +111,8 @@ def run(r: Runner) -> tuple[int, str]:
         from exod.runner.load import LoadAborted, ModelError
     except ImportError as e:
         return EXIT_UNAVAILABLE, f"mlx is not usable: {e}"
-    from exod.runner import fused
-    from exod.runner.peers import AddressInUse, PeerLost
+    from exod.runner.cpu import fused
+    from exod.runner.group.membership import AddressInUse, PeerLost
 
     if fused.install():
         blas_msg += "; decode-step rope and norms fused (EXOD_FUSE=0: off)"
@@ -153,7 +153,7 @@ def load(r: Runner, group: Group | None) -> Loaded:
 
 
 def join_group(r: Runner) -> Group:
-    from exod.runner.peers import connect
+    from exod.runner.group.membership import connect
 
     args = r.args
     g = connect(args.rank, args.world, args.backend, args.peer_timeout, r.life, r.report)
@@ -165,14 +165,14 @@ def first_token(r: Runner, loaded: Loaded, group: Group | None) -> None:
     """READY means it can generate: one real token goes through every rank first (once every
     rank has loaded, so no timeout runs while a peer is still loading). Raises ModelError."""
     from exod.runner.load import ModelError
-    from exod.runner.parallel import warm_up
+    from exod.runner.group.group_model import warm_up
 
     if group is not None:
-        from exod.runner import batchable
+        from exod.runner.serving import can_batch
 
         # Only the cache types here: a trial forward would put this rank's sends in the graph
         # (`exod check`'s probe asks the full question before any process starts).
-        why = batchable.unmergeable(loaded.model)
+        why = can_batch.unmergeable(loaded.model)
         if why is not None:  # the ranks of a group replay one batch engine in step
             raise ModelError(f"cannot serve this model split across ranks: {why}; "
                              "serve it with 1 rank (one request at a time)")
@@ -188,25 +188,25 @@ def first_token(r: Runner, loaded: Loaded, group: Group | None) -> None:
 
 
 def ready(r: Runner, loaded: Loaded) -> None:
-    from exod.runner.validate import context_window, model_vocab
+    from exod.runner.serving.model_checks import context_window, model_vocab
 
     r.report.ready(vocab_size=model_vocab(loaded.model) or 0,
                    context_length=context_window(loaded.model) or 0)
 
 
 def make_engine(r: Runner, model: Any, tokenizer: Any) -> BatchEngine:
-    from exod.runner.engine import BatchEngine
+    from exod.runner.serving.batch_engine import BatchEngine
 
     return BatchEngine(model, tokenizer, width=r.args.max_concurrency,
                        cache_bytes=r.args.prompt_cache_bytes, prefill_step=r.args.prefill_step)
 
 
 def serve_alone(r: Runner, loaded: Loaded) -> None:
-    from exod.runner import batchable
-    from exod.runner.sequential import TurnEngine
-    from exod.runner.serve import Engine, ServeLoop
+    from exod.runner.serving import can_batch
+    from exod.runner.serving.turn_engine import TurnEngine
+    from exod.runner.serving.loop import Engine, ServeLoop
 
-    why = batchable.why_not(loaded.model)
+    why = can_batch.why_not(loaded.model)
     engine: Engine
     if why is None:
         engine = make_engine(r, loaded.model, loaded.tokenizer)
@@ -220,12 +220,12 @@ def serve_alone(r: Runner, loaded: Loaded) -> None:
 
 def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:
     """Every rank runs the same engine on the same requests: rank 0 serves and sends the
-    others its plans, which they replay (exod.runner.lockstep). The group has already passed
+    others its plans, which they replay (exod.runner.group.lockstep). The group has already passed
     its barrier and a first token (`first_token`)."""
-    from exod.runner.lockstep import LeaderEngine, follow
-    from exod.runner.parallel import GroupModel
-    from exod.runner.peers import PeerLost
-    from exod.runner.serve import ServeLoop, Ticker
+    from exod.runner.group.lockstep import LeaderEngine, follow
+    from exod.runner.group.group_model import GroupModel
+    from exod.runner.group.membership import PeerLost
+    from exod.runner.serving.loop import ServeLoop, Ticker
 
     model = GroupModel(loaded, group)
     ready(r, loaded)

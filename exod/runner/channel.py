@@ -22,7 +22,7 @@ from exod import messages as m
 from exod.protocol import FrameDecoder, ProtocolError, encode
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
-from exod.runner.reading import Read
+from exod.runner.serving.reading import Read
 
 
 class Channel:
@@ -30,7 +30,7 @@ class Channel:
         self.sock = socket.socket(fileno=fd) if fd is not None else None
         self.life = life
         # None wakes the main thread (a stop); Generate is the only request that queues. The
-        # serve loop's reader hands its requests back here once read (exod.runner.reading).
+        # serve loop's reader hands its requests back here once read (exod.runner.serving.reading).
         self.inbox: queue.Queue[m.Generate | Read | None] = queue.Queue()
         self.cancelled: set[str] = set()
         self.drain: float | None = None  # seconds the daemon allows in-flight work to finish

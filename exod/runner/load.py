@@ -18,10 +18,10 @@ import mlx.core as mx
 from mlx import nn
 
 from exod.core.shards import Shard
-from exod.runner import pipeline
-from exod.runner.blocks import Blocks, NoBlocks, find_blocks, flat_arrays
-from exod.runner.pipeline import Link
-from exod.runner.tensor import CannotShard, block_sharder
+from exod.runner.split import pipeline
+from exod.runner.split.blocks import Blocks, NoBlocks, find_blocks, flat_arrays
+from exod.runner.split.pipeline import Link
+from exod.runner.split.tensor import CannotShard, block_sharder
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 

@@ -1,4 +1,4 @@
-"""A probe double: the real probe (exod.runner.probe), held back until the test lets it go.
+"""A probe double: the real probe (exod.runner.split.probe), held back until the test lets it go.
 The daemon runs it in place of the real one when its environment says
 `EXOD_PROBE_MODULE=tests.doubles.probe`. With EXOD_PROBE_GATE naming a file, it first creates
 that file + ".started" (the test waits for it), then waits until the gate file exists (polled),
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from exod.runner.probe import main
+from exod.runner.split.probe import main
 
 if __name__ == "__main__":
     gate = os.environ.get("EXOD_PROBE_GATE")

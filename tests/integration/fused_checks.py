@@ -1,4 +1,4 @@
-"""The checks of exod.runner.fused (run by test_fused.py in a pytest of their own, so that the
+"""The checks of exod.runner.cpu.fused (run by test_fused.py in a pytest of their own, so that the
 suite's process never imports mlx): on the CPU, decode-shaped rope and norms go through compiled
 chains whose results are bitwise mlx's own, in every dtype and for every form of their arguments
 that model code uses; a chain that differs is caught at its first call and mlx's function kept.
@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from exod.runner.blas import preload
+from exod.runner.cpu.blas import preload
 
 preload()
 import mlx.core as mx  # noqa: E402 -- after OpenBLAS, as in the runner
 
-from exod.runner import fused  # noqa: E402
+from exod.runner.cpu import fused  # noqa: E402
 
 DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 Both = Callable[..., tuple[mx.array, mx.array]]

@@ -1,7 +1,7 @@
-"""exod.runner.fused, checked in a pytest process of its own (fused_checks.py): the checks import
-mlx and swap mx.fast's functions, and the suite's own process must stay free of both (the daemon
-and its helpers are shown not to need mlx, e.g. test_models' corrupt_model). One test here per
-check function there, failing with that check's report."""
+"""exod.runner.cpu.fused, checked in a pytest process of its own (fused_checks.py): the checks
+import mlx and swap mx.fast's functions, and the suite's own process must stay free of both (the
+daemon and its helpers are shown not to need mlx, e.g. test_models' corrupt_model). One test here
+per check function there, failing with that check's report."""
 
 from __future__ import annotations
 

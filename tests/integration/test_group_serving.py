@@ -1,5 +1,5 @@
 """A 2-rank group (pipeline and tensor) serves as one rank does: every rank runs the same batch
-engine on the same requests (exod.runner.lockstep), so a group batches, caches prompts and
+engine on the same requests (exod.runner.group.lockstep), so a group batches, caches prompts and
 reproduces seeds. Real runners, the ring backend on loopback, the official openai client, and
 in-process mlx-lm as the reference for the greedy text."""
 

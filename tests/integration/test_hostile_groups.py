@@ -1,5 +1,5 @@
 """Hostile and careless clients against one rank and 2-rank groups (pipeline, tensor), which
-batch with a plan sent from rank 0 to the other ranks every step (exod.runner.lockstep).
+batch with a plan sent from rank 0 to the other ranks every step (exod.runner.group.lockstep).
 
 The model is the zoo's gpt2: its positions are a learned table of `n_positions` rows (512 here),
 so a position past the context window would index outside that table (mlx does not check

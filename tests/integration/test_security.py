@@ -190,7 +190,7 @@ def test_runner_refuses_ids_outside_its_real_logits(tiny_model: Path) -> None:
     """Defence in depth: whatever reaches the runner, no id indexes outside the logits."""
     script = """
 import mlx.core as mx
-from exod.runner.validate import RequestError, bias_processor
+from exod.runner.serving.model_checks import RequestError, bias_processor
 p = bias_processor({1023: 1.0, 1024: 2.0})
 try:
     p(None, mx.zeros((1, 1024)))
@@ -212,13 +212,13 @@ def test_worker_turns_bad_messages_into_peer_lost() -> None:
     script = """
 import socket
 from exod.protocol import ProtocolError
-from exod.runner import headers
-from exod.runner import plan as plan_codec
-from exod.runner.peers import Group, PeerLost
+from exod.runner.group import control
+from exod.runner.group import plan as plan_codec
+from exod.runner.group.membership import Group, PeerLost
 for cmd, size in ((99, 0), (1, 1 << 30)):
     a, b = socket.socketpair()
     g = Group(None, 1, 2, 5.0, None, ctrl={0: b})
-    a.sendall(headers.HEADER.pack(cmd, size))
+    a.sendall(control.HEADER.pack(cmd, size))
     try:
         g.recv_header()
         print("accepted")

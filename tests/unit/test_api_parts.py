@@ -15,7 +15,7 @@ from exod.api.admission import Gate, QueueFull
 from exod.api.errors import ApiError
 from exod.api.objects import DONE, Reply, sse
 from exod.api.schema import parse_chat, parse_completion
-from exod.runner.stops import StopMatcher
+from exod.runner.serving.stop_sequences import StopMatcher
 
 
 # ---- stop sequences ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""exod.runner.meanwhile: what the reader says while it reads a long request."""
+"""exod.runner.serving.busy_notice: what the reader says while it reads a long request."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from exod.runner.meanwhile import Meanwhile
+from exod.runner.serving.busy_notice import Meanwhile
 
 
 def test_says_nothing_for_a_quick_read() -> None:

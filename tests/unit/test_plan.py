@@ -7,7 +7,7 @@ import pytest
 
 from exod import messages as m
 from exod.protocol import ProtocolError
-from exod.runner.plan import Plan, Settings, decode
+from exod.runner.group.plan import Plan, Settings, decode
 
 
 def test_a_plan_round_trips_in_order() -> None:

@@ -211,7 +211,7 @@ def hostfile_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, address: str) 
 @pytest.mark.parametrize("holder", ["listener", "reuseport-listener", "bound"])
 def test_a_rank_finds_its_port_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                     holder: str) -> None:
-    from exod.runner.peers import AddressInUse, check_own_port
+    from exod.runner.group.membership import AddressInUse, check_own_port
 
     with socket.socket() as other:
         if holder == "reuseport-listener":  # what MLX would share, then hang
@@ -230,7 +230,7 @@ def test_a_closed_connection_of_an_earlier_run_does_not_count(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The port of a group restarted with port_base: its old connections linger in TIME_WAIT,
     which MLX's bind (SO_REUSEADDR) passes, so the check must too."""
-    from exod.runner.peers import check_own_port
+    from exod.runner.group.membership import check_own_port
 
     with socket.socket() as srv:
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -1,10 +1,10 @@
-"""How the probe words a layout's failure (exod.runner.failures): real mlx errors, raised from
+"""How the probe words a layout's failure (exod.runner.split.wording): real mlx errors, raised from
 code that sits where mlx-lm's model code does, become a reason a user understands, where in the
 family's code it failed, and the raw error as a detail."""
 
 from __future__ import annotations
 
-from exod.runner.failures import explain
+from exod.runner.split.wording import explain
 
 MODEL_CODE = "/venv/site-packages/mlx_lm/models/fam.py"
 
@@ -62,8 +62,8 @@ def test_anything_else_says_which_split_failed_and_keeps_the_raw_error() -> None
 
 
 def test_no_list_of_layers_and_the_probes_own_refusals_are_already_words() -> None:
-    from exod.runner.blocks import NoBlocks
-    from exod.runner.tensor import CannotShard
+    from exod.runner.split.blocks import NoBlocks
+    from exod.runner.split.tensor import CannotShard
 
     why = explain(NoBlocks("mlx_lm.models.fam has no list of layers"), "pipeline")
     assert why.reason == "the model has no list of layers to divide among ranks"

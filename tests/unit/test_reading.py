@@ -8,8 +8,8 @@ import threading
 import time
 
 from exod import messages as m
-from exod.runner.reading import Prompt, Read, Reader
-from exod.runner.serve import RequestError
+from exod.runner.serving.reading import Prompt, Read, Reader
+from exod.runner.serving.loop import RequestError
 
 
 def gen(rid: str) -> m.Generate:

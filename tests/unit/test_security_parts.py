@@ -29,7 +29,8 @@ from exod.config.safety import is_public, warnings
 from exod.daemon.logs import split_priority
 from exod.daemon.rank_addresses import write_private
 from exod.daemon.ratelog import RateLimitedLog
-from exod.runner import headers, validate
+from exod.runner.group import control
+from exod.runner.serving import model_checks
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 OTHER_UID = 65534  # nobody
@@ -96,34 +97,34 @@ def test_model_limits_read_from_config_json(tmp_path: Path) -> None:
 
 
 def test_runner_checks_again_against_the_real_width() -> None:
-    assert validate.logit_bias({"5": 1}) == {5: 1.0}
+    assert model_checks.logit_bias({"5": 1}) == {5: 1.0}
     for bad in ({"²": 1}, {"5": float("nan")}, {"5": 1000}, {"x": 1}, [1]):
-        with pytest.raises(validate.RequestError):
-            validate.logit_bias(bad)
-    validate.check_ids([0, 1023], 1024)
-    with pytest.raises(validate.RequestError, match="outside the model's vocabulary"):
-        validate.check_ids([1024], 1024)
+        with pytest.raises(model_checks.RequestError):
+            model_checks.logit_bias(bad)
+    model_checks.check_ids([0, 1023], 1024)
+    with pytest.raises(model_checks.RequestError, match="outside the model's vocabulary"):
+        model_checks.check_ids([1024], 1024)
     for raw in (0, -1, 1.5, True, None):
-        with pytest.raises(validate.RequestError):
-            validate.max_tokens(raw)
-    with pytest.raises(validate.RequestError) as e:
-        validate.unit_number(float("inf"), "temperature", 1.0, 2.0)
+        with pytest.raises(model_checks.RequestError):
+            model_checks.max_tokens(raw)
+    with pytest.raises(model_checks.RequestError) as e:
+        model_checks.unit_number(float("inf"), "temperature", 1.0, 2.0)
     assert e.value.param == "temperature"
 
 
 def test_runner_keeps_every_position_inside_the_context_window() -> None:
-    assert validate.fit_window(10, 5, 512, "prompt") == 5
-    assert validate.fit_window(500, 100, 512, "prompt") == 12  # ends at the window
-    assert validate.fit_window(10**6, 5, None, "prompt") == 5  # the model does not say
+    assert model_checks.fit_window(10, 5, 512, "prompt") == 5
+    assert model_checks.fit_window(500, 100, 512, "prompt") == 12  # ends at the window
+    assert model_checks.fit_window(10**6, 5, None, "prompt") == 5  # the model does not say
     for prompt in (511, 512, 10**6):
         allowed = prompt < 512
         try:
-            assert validate.fit_window(prompt, 1, 512, "messages") == 1 and allowed
-        except validate.RequestError as e:
+            assert model_checks.fit_window(prompt, 1, 512, "messages") == 1 and allowed
+        except model_checks.RequestError as e:
             assert not allowed and e.param == "messages" and "window of 512" in str(e)
-    validate.prompt_ids([0, 1023], 1024, "prompt")
-    with pytest.raises(validate.RequestError, match="token id 1024"):
-        validate.prompt_ids([5, 1024], 1024, "prompt")
+    model_checks.prompt_ids([0, 1023], 1024, "prompt")
+    with pytest.raises(model_checks.RequestError, match="token id 1024"):
+        model_checks.prompt_ids([5, 1024], 1024, "prompt")
 
 
 def test_context_window_from_the_model_arguments() -> None:
@@ -135,20 +136,20 @@ def test_context_window_from_the_model_arguments() -> None:
         max_position_embeddings = 4096
         rope_scaling = {"type": "yarn", "factor": 4.0}
 
-    assert validate.context_window(Model(Args())) == 16384  # RoPE stretched on purpose
-    assert validate.context_window(Model({"n_positions": 512})) == 512  # gpt2: a table
+    assert model_checks.context_window(Model(Args())) == 16384  # RoPE stretched on purpose
+    assert model_checks.context_window(Model({"n_positions": 512})) == 512  # gpt2: a table
     text = type("A", (), {"text_config": {"max_position_embeddings": 8192}})()
-    assert validate.context_window(Model(text)) == 8192  # under a multimodal model's args
-    assert validate.context_window(Model({"n_positions": True})) is None
-    assert validate.context_window(object()) is None
-    assert validate.model_vocab(Model({"text_config": {"vocab_size": 1024}})) == 1024
-    assert validate.model_vocab(Model({"vocab_size": 0})) is None
+    assert model_checks.context_window(Model(text)) == 8192  # under a multimodal model's args
+    assert model_checks.context_window(Model({"n_positions": True})) is None
+    assert model_checks.context_window(object()) is None
+    assert model_checks.model_vocab(Model({"text_config": {"vocab_size": 1024}})) == 1024
+    assert model_checks.model_vocab(Model({"vocab_size": 0})) is None
 
 
 def test_a_temperature_past_float32_is_greedy() -> None:
-    assert validate.greedy_temperature(0.0) and validate.greedy_temperature(1e-39)
-    assert validate.greedy_temperature(5e-324)
-    assert not validate.greedy_temperature(1e-30) and not validate.greedy_temperature(2.0)
+    assert model_checks.greedy_temperature(0.0) and model_checks.greedy_temperature(1e-39)
+    assert model_checks.greedy_temperature(5e-324)
+    assert not model_checks.greedy_temperature(1e-30) and not model_checks.greedy_temperature(2.0)
 
 
 # ---- browser ---------------------------------------------------------------------------------
@@ -205,9 +206,9 @@ def handshake(leader_key: bytes, worker_key: bytes, rank: int, size: int = 3,
 
     def worker() -> None:
         try:
-            headers.worker_handshake(b, worker_key, rank)
+            control.worker_handshake(b, worker_key, rank)
             out["worker"] = "ok"
-        except headers.ControlLost as e:
+        except control.ControlLost as e:
             out["worker"] = e
         finally:
             b.close()
@@ -215,8 +216,8 @@ def handshake(leader_key: bytes, worker_key: bytes, rank: int, size: int = 3,
     t = threading.Thread(target=worker)
     t.start()
     try:
-        out["leader"] = headers.leader_handshake(a, leader_key, size, set(taken))
-    except headers.Refused as e:
+        out["leader"] = control.leader_handshake(a, leader_key, size, set(taken))
+    except control.Refused as e:
         out["leader"] = e
     finally:
         a.close()
@@ -230,17 +231,17 @@ def test_group_handshake_accepts_a_rank_that_holds_the_key() -> None:
 
 def test_group_handshake_refuses_strangers_and_fake_leaders() -> None:
     leader, worker = handshake(KEY, b"x" * 32, 1)
-    assert isinstance(worker, headers.ControlLost)  # the worker does not trust rank 0 ...
-    assert isinstance(leader, headers.Refused)  # ... which gets nothing from it
+    assert isinstance(worker, control.ControlLost)  # the worker does not trust rank 0 ...
+    assert isinstance(leader, control.Refused)  # ... which gets nothing from it
     for rank, taken in ((0, ()), (3, ()), (-5, ()), (1, (1,))):
         leader, _ = handshake(KEY, KEY, rank, taken=taken)
-        assert isinstance(leader, headers.Refused), rank
+        assert isinstance(leader, control.Refused), rank
     # The old protocol (a bare 4-byte HELLO) or garbage is refused, not taken as a rank.
     a, b = socket.socketpair()
     a.settimeout(2)
-    b.sendall(headers.HELLO.pack(1) + b"\0" * 60)
-    with pytest.raises(headers.Refused):
-        headers.leader_handshake(a, KEY, 2, set())
+    b.sendall(control.HELLO.pack(1) + b"\0" * 60)
+    with pytest.raises(control.Refused):
+        control.leader_handshake(a, KEY, 2, set())
     a.close()
     b.close()
 
@@ -248,28 +249,28 @@ def test_group_handshake_refuses_strangers_and_fake_leaders() -> None:
 def test_messages_are_bounds_checked() -> None:
     a, b = socket.socketpair()
     with a, b:
-        a.sendall(headers.HEADER.pack(1, 1 << 30))  # refused before anything is allocated
-        with pytest.raises(headers.ControlLost, match="bad message"):
-            headers.recv(b, limit=4096)
-        headers.send(a, 99, b"plan")  # an unknown command is for peers.py to refuse
-        assert headers.recv(b, limit=4096) == (99, b"plan")
-        headers.send(a, 1)
-        assert headers.recv(b) == (1, b"")
-        with pytest.raises(headers.ControlLost, match="past the"):
-            headers.send(a, 1, b"x" * (headers.MAX_PAYLOAD + 1))
+        a.sendall(control.HEADER.pack(1, 1 << 30))  # refused before anything is allocated
+        with pytest.raises(control.ControlLost, match="bad message"):
+            control.recv(b, limit=4096)
+        control.send(a, 99, b"plan")  # an unknown command is for the group membership to refuse
+        assert control.recv(b, limit=4096) == (99, b"plan")
+        control.send(a, 1)
+        assert control.recv(b) == (1, b"")
+        with pytest.raises(control.ControlLost, match="past the"):
+            control.send(a, 1, b"x" * (control.MAX_PAYLOAD + 1))
 
 
 def test_cluster_key_comes_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EXOD_CLUSTER_KEY_FILE", raising=False)
-    with pytest.raises(headers.ControlLost, match="not set"):
-        headers.cluster_key()
+    with pytest.raises(control.ControlLost, match="not set"):
+        control.cluster_key()
     key = tmp_path / "k"
     key.write_bytes(b"short\n")
     monkeypatch.setenv("EXOD_CLUSTER_KEY_FILE", str(key))
-    with pytest.raises(headers.ControlLost, match="shorter"):
-        headers.cluster_key()
+    with pytest.raises(control.ControlLost, match="shorter"):
+        control.cluster_key()
     key.write_bytes(b"a" * 40 + b"\n")
-    assert headers.cluster_key() == b"a" * 40
+    assert control.cluster_key() == b"a" * 40
     key.chmod(0o644)
     assert key_file_problem(key) is not None and "chmod 600" in str(key_file_problem(key))
     key.chmod(0o600)
@@ -430,18 +431,18 @@ def test_rank_0_refuses_impostors_and_takes_the_real_rank(tmp_path: Path,
     monkeypatch.setenv("EXOD_CLUSTER_KEY_FILE", str(key))
     refused: list[str] = []
     got: dict[int, socket.socket] = {}
-    leader = threading.Thread(target=lambda: got.update(headers.accept_workers(2, 30,
+    leader = threading.Thread(target=lambda: got.update(control.accept_workers(2, 30,
                                                                                refused.append)))
     leader.start()
     try:
         first = _connect_when_listening(port)
-        first.sendall(headers.HELLO.pack(1) + b"\0" * 64)  # the old protocol: "I am rank 1"
+        first.sendall(control.HELLO.pack(1) + b"\0" * 64)  # the old protocol: "I am rank 1"
         second = _connect_when_listening(port)
-        with pytest.raises(headers.ControlLost, match="failed to prove"):
-            headers.worker_handshake(second, b"w" * 32, 1)  # the protocol, but not the key
+        with pytest.raises(control.ControlLost, match="failed to prove"):
+            control.worker_handshake(second, b"w" * 32, 1)  # the protocol, but not the key
         second.close()
         third = _connect_when_listening(port)  # connects and says nothing: held 2 s at most
-        real = headers.connect_to_leader(1, 30)
+        real = control.connect_to_leader(1, 30)
     finally:
         leader.join(30)
     assert list(got) == [1] and len(refused) == 3, refused
@@ -472,7 +473,7 @@ def test_exod_raises_its_open_files_limit_to_the_hard_one() -> None:
 # ---- bounded queues: a client that does not read is dropped, never buffered for --------------
 def test_a_request_stream_drops_a_client_that_reads_too_slowly() -> None:
     from exod import messages as m
-    from exod.daemon.link import MAX_PENDING, RequestStream
+    from exod.daemon.channel import MAX_PENDING, RequestStream
 
     sent: list[object] = []
 

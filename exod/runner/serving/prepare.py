@@ -1,8 +1,8 @@
 """One generation request in the runner, read from its `generate` message: prompt tokens (chat
 template or raw text), a sampler of its own, logit bias, stop sequences.
 
-The engine (exod.runner.engine.BatchEngine, on every rank of a group too) builds its requests
-from here.
+The engine (exod.runner.serving.batch_engine.BatchEngine, on every rank of a group too) builds its
+requests from here.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_p, greedy_sampler
 
 from exod import messages as m
-from exod.runner import validate
-from exod.runner.reading import Prompt
-from exod.runner.serve import RequestError
+from exod.runner.serving import model_checks
+from exod.runner.serving.reading import Prompt
+from exod.runner.serving.loop import RequestError
 
 __all__ = ["RequestError", "Checked", "read_prompt", "check_request", "prompt_tokens",
            "bias_processors", "context_window", "make_request_sampler", "vocab_size"]
 
-context_window = validate.context_window
+context_window = model_checks.context_window
 
 Sampler = Callable[[mx.array], mx.array]
 Processor = Callable[[mx.array, mx.array], mx.array]
@@ -73,9 +73,9 @@ def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None)
     """The long part of taking a request (chat template, tokenizer, a check per token: seconds
     for megabytes), in pure Python and the tokenizer: safe off the thread that runs mlx."""
     prompt = prompt_tokens(tokenizer, req)
-    validate.prompt_ids(prompt, vocab, prompt_param(req))
-    max_tokens = validate.fit_window(len(prompt), validate.max_tokens(req.max_tokens), window,
-                                     prompt_param(req))
+    model_checks.prompt_ids(prompt, vocab, prompt_param(req))
+    max_tokens = model_checks.fit_window(len(prompt), model_checks.max_tokens(req.max_tokens),
+                                         window, prompt_param(req))
     return Prompt(prompt, max_tokens)
 
 
@@ -83,7 +83,7 @@ def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | Non
                   read: Prompt | None = None) -> Checked:
     """Everything of a request that reaches mlx, checked against the model as loaded:
     RequestError (naming the field) for what it cannot take. The same on every rank. `read`:
-    its prompt, when already read (elsewhere: exod.runner.reading)."""
+    its prompt, when already read (elsewhere: exod.runner.serving.reading)."""
     if read is None:
         read = read_prompt(tokenizer, req, vocab, window)
     return Checked(read.tokens, read.max_tokens, bias_processors(req.logit_bias, vocab),
@@ -91,7 +91,7 @@ def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | Non
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
     """Rows of the logits: the model's vocabulary (the tokenizer's may be smaller)."""
-    n = validate.model_vocab(model)
+    n = model_checks.model_vocab(model)
     return n if n is not None else len(tokenizer)
 
 
@@ -99,11 +99,11 @@ def bias_processors(bias: dict[str, float], vocab: int) -> list[Processor]:
     """logit_bias as a logits processor. Ids are checked here too, not only by the API: an
     out-of-range index in `logits.at[...]` writes outside the array. The processor checks
     them again against the real width of the logits at its first call."""
-    ids = validate.logit_bias(bias)
+    ids = model_checks.logit_bias(bias)
     if not ids:
         return []
-    validate.check_ids(list(ids), vocab)
-    return [validate.bias_processor(ids)]
+    model_checks.check_ids(list(ids), vocab)
+    return [model_checks.bias_processor(ids)]
 
 
 class KeyedSampler:
@@ -127,9 +127,9 @@ def make_request_sampler(req: m.Generate) -> Sampler:
     """Greedy requests share mlx-lm's one greedy sampler, which lets the batch sample them in
     one call; every sampling request gets a KeyedSampler. The numbers are checked again here,
     whatever sent them: nothing reaches mlx unchecked."""
-    temperature = validate.unit_number(req.temperature, "temperature", 1.0, 2.0)
-    top_p = validate.unit_number(req.top_p, "top_p", 1.0, 1.0)
+    temperature = model_checks.unit_number(req.temperature, "temperature", 1.0, 2.0)
+    top_p = model_checks.unit_number(req.top_p, "top_p", 1.0, 1.0)
     # top_p 0 keeps only the most probable token (mlx-lm takes 0 for "off": the opposite).
-    if validate.greedy_temperature(temperature) or top_p == 0:
+    if model_checks.greedy_temperature(temperature) or top_p == 0:
         return greedy_sampler
     return KeyedSampler(temperature, top_p, req.seed)

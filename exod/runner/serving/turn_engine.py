@@ -1,6 +1,6 @@
 """The turn-taking engine, for a single rank whose model mlx-lm cannot batch
-(exod.runner.batchable): each request steps through mlx-lm's `stream_generate` on its own, one
-token of each running request per step, with no prompt cache.
+(exod.runner.serving.can_batch): each request steps through mlx-lm's `stream_generate` on its own,
+one token of each running request per step, with no prompt cache.
 
 The prompt goes through the model here, one chunk per step, before `stream_generate` takes over
 for its last token, so the serve loop can drop the request (a cancel) or end it (a stop) within
@@ -18,12 +18,13 @@ from mlx_lm.generate import GenerationResponse, generation_stream, stream_genera
 from mlx_lm.models.cache import make_prompt_cache
 
 from exod import messages as m
-from exod.runner.generate import check_request, context_window, read_prompt, vocab_size
+from exod.runner.serving.prepare import check_request, context_window, read_prompt, vocab_size
 from exod.runner.log import ERR, log
-from exod.runner.reading import Prompt
-from exod.runner.stops import StopMatcher
+from exod.runner.serving.reading import Prompt
+from exod.runner.serving.stop_sequences import StopMatcher
 
-MIN_CHUNK = 32  # as exod.runner.engine: smaller chunks cost more in overhead than they buy
+# As exod.runner.serving.batch_engine: smaller chunks cost more in overhead than they buy.
+MIN_CHUNK = 32
 
 
 class Generation:
@@ -81,7 +82,7 @@ class Generation:
 
 
 class TurnEngine:
-    """Generations take turns, one token each per step (see exod.runner.serve.Engine)."""
+    """Generations take turns, one token each per step (see exod.runner.serving.loop.Engine)."""
 
     def __init__(self, model: Any, tokenizer: Any, width: int, prefill_step: int,
                  why: str) -> None:

@@ -1,4 +1,4 @@
-"""The plan rank 0 of a group sends the other ranks before each step (exod.runner.lockstep):
+"""The plan rank 0 of a group sends the other ranks before each step (exod.runner.group.lockstep):
 the engine operations since the last step, in order, the prompt cache's entry count, and
 whether to step. Pure (no mlx): encoded as JSON, and checked field by field when decoded.
 """

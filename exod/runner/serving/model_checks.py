@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from exod.runner.serve import RequestError
+from exod.runner.serving.loop import RequestError
 
 __all__ = ["RequestError", "bias_processor", "check_ids", "context_window", "fit_window",
            "greedy_temperature", "logit_bias", "max_tokens", "model_vocab", "prompt_ids",

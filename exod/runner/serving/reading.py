@@ -9,7 +9,7 @@ steps the batch, takes cancels and stops, and admits each request once its promp
 A request is `pending` from `submit` until the loop `take`s its result (or `drop`s it: its
 client left, or the instance is stopping). A dropped request may still be under the tokenizer:
 its result is thrown away when it comes. While one is read, `say(id)` runs every `every` seconds
-(exod.runner.meanwhile), so the daemon's hang watch hears that it is being read.
+(exod.runner.serving.busy_notice), so the daemon's hang watch hears that it is being read.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from exod import messages as m
-from exod.runner.meanwhile import Meanwhile
+from exod.runner.serving.busy_notice import Meanwhile
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import mlx.core as mx
 from mlx import nn
 
 from exod.core.shards import Shard
-from exod.runner.blocks import Blocks
+from exod.runner.split.blocks import Blocks
 
 _CACHE_NAMES = ("cache", "c", "layer_cache", "kv_cache", "past_key_value", "prompt_cache")
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from exod import messages as m
-from exod.daemon.link import MAX_RUNNER_FRAME, Link
+from exod.daemon.channel import MAX_RUNNER_FRAME, RunnerChannel
 from exod.protocol import FrameDecoder, encode
 
 
@@ -55,11 +55,11 @@ class Recorder:
         self.event.set()
 
 
-def pair() -> tuple[Link, FakeRunner, Recorder]:
+def pair() -> tuple[RunnerChannel, FakeRunner, Recorder]:
     daemon_end, runner_end = socket.socketpair()
     runner_end.settimeout(10)
     rec = Recorder()
-    return Link(daemon_end, {}, rec.on_message, rec.on_broken), FakeRunner(runner_end), rec
+    return RunnerChannel(daemon_end, {}, rec.on_message, rec.on_broken), FakeRunner(runner_end), rec
 
 
 def generate(**kw: Any) -> m.Generate:

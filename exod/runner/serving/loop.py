@@ -1,16 +1,15 @@
 """The runner's serve loop: generation requests from the daemon, driven through an engine.
 
-The engine owns the generations (`exod.runner.engine.BatchEngine`: continuous batching; on
-rank 0 of a group, `exod.runner.lockstep.LeaderEngine`, which also tells the other ranks what
-to replay on theirs); the loop owns the channel. New requests are read (templated, tokenized,
-checked) on a thread of their own (exod.runner.reading), so a body of megabytes stands neither
-the batch nor a stop still. Between two engine steps, the loop admits the requests read by
-then, drops cancelled ones (the client went away: cancelled within one step) and,
-once asked to stop, lets in-flight work finish until the drain deadline, then ends it with an
-error event and returns (the runner then exits 0). A step is bounded (one decode step, plus
-at most one prefill chunk), so a stop is always answered quickly, even during a long prompt:
-the ladder's rung 1 is enough.
-The engine's figures go to the daemon whenever the number of generations changes.
+The engine owns the generations (`exod.runner.serving.batch_engine.BatchEngine`: continuous
+batching; on rank 0 of a group, `exod.runner.group.lockstep.LeaderEngine`, which also tells the
+other ranks what to replay on theirs); the loop owns the channel. New requests are read (templated,
+tokenized, checked) on a thread of their own (exod.runner.serving.reading), so a body of megabytes
+stands neither the batch nor a stop still. Between two engine steps, the loop admits the requests
+read by then, drops cancelled ones (the client went away: cancelled within one step) and, once asked
+to stop, lets in-flight work finish until the drain deadline, then ends it with an error event and
+returns (the runner then exits 0). A step is bounded (one decode step, plus at most one prefill
+chunk), so a stop is always answered quickly, even during a long prompt: the ladder's rung 1 is
+enough. The engine's figures go to the daemon whenever the number of generations changes.
 
 A heartbeat goes to the daemon from this loop, so a stuck loop stops sending it; `tick` lets
 rank 0 of a group keep the group's own heartbeat from here too.
@@ -29,7 +28,7 @@ from exod import messages as m
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
-from exod.runner.reading import Prompt, Read, Reader
+from exod.runner.serving.reading import Prompt, Read, Reader
 from exod.runner.report import Reporter
 
 # What the loop's thread is handed: a request, a request read, or a stop's wake-up.

@@ -2,15 +2,15 @@
 the other ranks, liveness, and what happens when a peer is lost.
 
 Rank 0 drives; the other ranks ("workers") wait for its messages: a serving plan (what to admit,
-cancel and step next: exod.runner.lockstep), a heartbeat or a shutdown, sent over the group's
-control connections (`exod.runner.headers`: plain TCP, since MLX's ring backend burns CPU while
-a rank idles in recv). Tensors move through mx.distributed, inside the model's forward.
+cancel and step next: exod.runner.group.lockstep), a heartbeat or a shutdown, sent over the group's
+control connections (`exod.runner.group.control`: plain TCP, since MLX's ring backend burns CPU
+while a rank idles in recv). Tensors move through mx.distributed, inside the model's forward.
 
 Peers are lost in two ways. A peer process that dies closes its sockets: the next send/recv
 raises, we turn that into PeerLost and the runner exits with EXIT_PEER_LOST (76, EX_PROTOCOL),
 so its daemon restarts it with backoff and it waits for the group to form again. A network
 partition closes nothing: once the group is ready, rank 0 sends a heartbeat when idle (its
-serve loop never waits on a request being read: exod.runner.reading), and a watchdog thread
+serve loop never waits on a request being read: exod.runner.serving.reading), and a watchdog thread
 ends a rank whose group has been silent for `peer_timeout`. Never while loading: loading stays
 timeout-free.
 """
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from exod.core.exits import EXIT_PEER_LOST
-from exod.runner import headers
+from exod.runner.group import control
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, WARNING, log
 from exod import messages as m
@@ -44,7 +44,7 @@ PER_TOKEN = 0.5
 
 
 class Cmd(enum.IntEnum):
-    PLAN = 1  # payload: what to replay on this rank's engine (exod.runner.lockstep)
+    PLAN = 1  # payload: what to replay on this rank's engine (exod.runner.group.lockstep)
     HEARTBEAT = 2  # idle liveness check: every rank joins an all_sum
     SHUTDOWN = 3  # the group stops: barrier, then exit 0
     LOADED = 4  # a worker has loaded its shard (to rank 0)
@@ -94,7 +94,7 @@ class Group:
         self._deadline = time.monotonic() + self.peer_timeout + tokens * PER_TOKEN
         try:
             fn()
-        except (RuntimeError, headers.ControlLost) as e:  # a socket broke, MLX's or ours
+        except (RuntimeError, control.ControlLost) as e:  # a socket broke, MLX's or ours
             raise PeerLost(str(e)) from None
         finally:
             self._deadline = None
@@ -102,13 +102,13 @@ class Group:
     def send_header(self, cmd: Cmd, payload: bytes = b"") -> None:
         def go() -> None:
             for dst in range(1, self.size):
-                headers.send(self.ctrl[dst], int(cmd), payload)
+                control.send(self.ctrl[dst], int(cmd), payload)
 
         self._run(go)
 
     def recv_header(self) -> tuple[Cmd, bytes]:
         got: list[tuple[int, bytes]] = []
-        self._run(lambda: got.append(headers.recv(self.ctrl[0])))
+        self._run(lambda: got.append(control.recv(self.ctrl[0])))
         cmd, payload = got[0]
         try:
             return Cmd(cmd), payload
@@ -132,17 +132,17 @@ class Group:
                     for r in range(1, self.size):
                         self._expect(r, Cmd.LOADED)
                     for r in range(1, self.size):
-                        headers.send(self.ctrl[r], int(Cmd.GO))
+                        control.send(self.ctrl[r], int(Cmd.GO))
                 else:
-                    headers.send(self.ctrl[0], int(Cmd.LOADED))
+                    control.send(self.ctrl[0], int(Cmd.LOADED))
                     self._expect(0, Cmd.GO)
-        except headers.ControlLost as e:
+        except control.ControlLost as e:
             raise PeerLost(f"while waiting for the group to load: {e}") from None
 
     def _expect(self, rank: int, cmd: Cmd) -> None:
-        got, _ = headers.recv(self.ctrl[rank], limit=0, peer=f"rank {rank}")
+        got, _ = control.recv(self.ctrl[rank], limit=0, peer=f"rank {rank}")
         if got != cmd:
-            raise headers.ControlLost(f"rank {rank} sent command {got}, expected {cmd.name}")
+            raise control.ControlLost(f"rank {rank} sent command {got}, expected {cmd.name}")
 
     # ---- liveness ---------------------------------------------------------------------------
     def arm(self) -> None:
@@ -199,13 +199,13 @@ def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifec
         try:
             with life.interruptible():
                 if rank == 0:
-                    group.ctrl = headers.accept_workers(
+                    group.ctrl = control.accept_workers(
                         size, peer_timeout, on_refused=lambda why: log(why, WARNING))
                 else:
-                    group.ctrl = {0: headers.connect_to_leader(rank, peer_timeout)}
-        except headers.ControlLost as e:
+                    group.ctrl = {0: control.connect_to_leader(rank, peer_timeout)}
+        except control.ControlLost as e:
             raise PeerLost(f"control connections: {e}") from None
-        except headers.ControlAddressInUse as e:
+        except control.ControlAddressInUse as e:
             raise AddressInUse(str(e)) from None
         return group
 

@@ -25,8 +25,8 @@ import mlx.core as mx
 from mlx import nn
 from mlx.nn.layers.distributed import shard_inplace, shard_linear
 
-from exod.runner import split_shapes
-from exod.runner.blocks import Blocks
+from exod.runner.split import shapes
+from exod.runner.split.blocks import Blocks
 
 COLUMN = frozenset({"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3", "wq",
                     "wk", "wv", "query", "key", "value", "fc1", "c_fc", "c_fc_0", "c_fc_1",
@@ -114,7 +114,7 @@ def _shard_dense(parent: nn.Module, linears: dict[str, nn.Module], n: int, group
         if any(a.shape[-1] % n for a in _arrays(linears[k])):
             raise CannotShard(f"the inputs of its {k} projection do not split across {n} "
                               "ranks")
-    if not split_shapes.still_builds(parent, linears, cols, rows, heads, n):
+    if not shapes.still_builds(parent, linears, cols, rows, heads, n):
         return  # e.g. reshapes its output to the full width: stays whole
     for k in cols:
         setattr(parent, k, shard_linear(linears[k], "all-to-sharded",

@@ -1,5 +1,5 @@
 """The group's control connections: rank 0 → every other rank, plain TCP: an 8-byte header
-(command, payload length), then the payload (a serving plan, exod.runner.lockstep).
+(command, payload length), then the payload (a serving plan, exod.runner.group.lockstep).
 
 Why not mx.distributed for these too: the ring backend polls while it waits, so a rank idling
 in `recv` burns ~40-60% of a core, forever, on a service meant to idle for months. A blocking

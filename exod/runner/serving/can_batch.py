@@ -1,11 +1,11 @@
 """Whether mlx-lm's BatchGenerator can hold a model's caches.
 
 A batch merges the caches of the requests that join it, filters them when requests leave and
-extracts a finished request's cache for the prompt cache. A family whose cache type has no
-`merge` (deepseek_v41's LayerCache), or whose forward leaves a cache empty (nemotron-nas makes
-one for a layer whose attention is a linear map), cannot be batched: a single rank serves it one
-request at a time (exod.runner.sequential), and a group, whose ranks replay one batch engine in
-step, cannot serve it at all (refused when it loads, before READY).
+extracts a finished request's cache for the prompt cache. A family whose cache type has no `merge`
+(deepseek_v41's LayerCache), or whose forward leaves a cache empty (nemotron-nas makes one for a
+layer whose attention is a linear map), cannot be batched: a single rank serves it one request at a
+time (exod.runner.serving.turn_engine), and a group, whose ranks replay one batch engine in step,
+cannot serve it at all (refused when it loads, before READY).
 """
 
 from __future__ import annotations

@@ -28,11 +28,11 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from exod import messages as m
-from exod.runner.generate import (RequestError, check_request, context_window, read_prompt,
+from exod.runner.serving.prepare import (RequestError, check_request, context_window, read_prompt,
                                   vocab_size)
 from exod.runner.log import ERR, log
-from exod.runner.reading import Prompt
-from exod.runner.stops import StopMatcher
+from exod.runner.serving.reading import Prompt
+from exod.runner.serving.stop_sequences import StopMatcher
 
 CACHE_KEY = "model"  # LRUPromptCache keys entries by model too; a runner serves one
 MIN_CHUNK = 32  # prefill chunks below this waste more in overhead than they buy in latency
@@ -75,7 +75,7 @@ class BatchEngine:
         self._by_uid: dict[int, _Request] = {}
         self._by_rid: dict[str, _Request] = {}
         self._gen = self._new_generator()
-        self.failed_steps = 0  # a group must not go on after one (exod.runner.lockstep)
+        self.failed_steps = 0  # a group must not go on after one (exod.runner.group.lockstep)
 
     def _new_generator(self) -> BatchGenerator:
         eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
@@ -178,7 +178,7 @@ class BatchEngine:
             cache_lookups=c.lookups, cache_hits=c.hits, cached_tokens=c.cached_tokens,
             prompt_tokens=c.prompt_tokens)
 
-    # ---- a group's other ranks follow rank 0's prompt cache (exod.runner.lockstep) ----------
+    # ---- a group's other ranks follow rank 0's prompt cache (exod.runner.group.lockstep) -----
     # Their entries hold other bytes (other layers, stand-ins), so evicting by their own byte
     # count would make them hit where rank 0 misses. They evict nothing themselves; rank 0's
     # entry count after each step is enough to evict the same entries, the oldest first.

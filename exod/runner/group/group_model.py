@@ -1,10 +1,10 @@
 """Running one model across the ranks of a group: pipeline (each rank owns a layer range) or
 tensor parallel (every rank owns a slice of every layer).
 
-Every rank runs the same serving engine on the same request stream (exod.runner.lockstep), so
+Every rank runs the same serving engine on the same request stream (exod.runner.group.lockstep), so
 every rank calls the model the same number of times with the same shapes. `GroupModel` is what
 each rank hands to that engine: the model's own forward (the hidden state travels rank 0 → 1 →
-… → N-1 inside it for a pipeline, see exod.runner.pipeline; a tensor rank's sharded layers
+… → N-1 inside it for a pipeline, see exod.runner.split.pipeline; a tensor rank's sharded layers
 all_sum inside it), then the last position's logits go from the rank that has them to every
 rank, so every rank samples the same token.
 
@@ -23,7 +23,7 @@ import mlx.core as mx
 from mlx import nn
 
 from exod.runner.load import Loaded
-from exod.runner.peers import Group
+from exod.runner.group.membership import Group
 
 
 class GroupModel:

@@ -1,14 +1,14 @@
 """The same serving loop on every rank of a group.
 
-Every rank runs its own BatchEngine (exod.runner.engine: continuous batching, prompt cache,
-chunked prefill) over `GroupModel` (exod.runner.parallel), whose forward includes the group's
-communication and returns the same logits on every rank. Rank 0 serves: ServeLoop (exod.runner.
-serve) drives a `LeaderEngine`, which does each engine operation on rank 0's BatchEngine and
-records it. Before each step, rank 0 sends the other ranks a plan: the operations since the
-last step, in order (admit a request, cancel one, end the prompts still being read, end every
-request), the prompt cache's entry count after the last step, and whether to step. The other
-ranks (`follow`) replay each plan on their own BatchEngine and throw the events away: the
-group's engines stay in step, operation for operation, so every forward meets its peers'.
+Every rank runs its own BatchEngine (exod.runner.serving.batch_engine: continuous batching, prompt
+cache, chunked prefill) over `GroupModel` (exod.runner.group.group_model), whose forward includes
+the group's communication and returns the same logits on every rank. Rank 0 serves: ServeLoop
+(exod.runner. serve) drives a `LeaderEngine`, which does each engine operation on rank 0's
+BatchEngine and records it. Before each step, rank 0 sends the other ranks a plan: the operations
+since the last step, in order (admit a request, cancel one, end the prompts still being read, end
+every request), the prompt cache's entry count after the last step, and whether to step. The other
+ranks (`follow`) replay each plan on their own BatchEngine and throw the events away: the group's
+engines stay in step, operation for operation, so every forward meets its peers'.
 
 What a rank could decide differently is decided by rank 0 and carried in the plan:
 - a request without a seed gets one from rank 0, so sampling draws the same on every rank;
@@ -32,18 +32,18 @@ from typing import Any
 
 from exod import messages as m
 from exod.protocol import ProtocolError
-from exod.runner.engine import BatchEngine
-from exod.runner.headers import MAX_PAYLOAD
+from exod.runner.serving.batch_engine import BatchEngine
+from exod.runner.group.control import MAX_PAYLOAD
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
-from exod.runner.peers import Cmd, Group, PeerLost
-from exod.runner.plan import Plan, Settings, decode
-from exod.runner.reading import Prompt
+from exod.runner.group.membership import Cmd, Group, PeerLost
+from exod.runner.group.plan import Plan, Settings, decode
+from exod.runner.serving.reading import Prompt
 
 
 class LeaderEngine:
     """Rank 0's engine: its own BatchEngine, each operation also recorded for the plan the
-    other ranks replay (see exod.runner.serve.Engine for the interface)."""
+    other ranks replay (see exod.runner.serving.loop.Engine for the interface)."""
 
     def __init__(self, engine: BatchEngine, group: Group) -> None:
         self.engine = engine

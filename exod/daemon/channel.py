@@ -50,7 +50,7 @@ class TooLarge(Exception):
 class RequestStream:
     """The events of one request, in order. The last one is Done or Error."""
 
-    def __init__(self, link: Link, rid: str) -> None:
+    def __init__(self, link: RunnerChannel, rid: str) -> None:
         self.link = link
         self.id = rid
         self.finished = False
@@ -90,7 +90,7 @@ class RequestStream:
             self.link._forget(self.id, cancel=True)
 
 
-class Link:
+class RunnerChannel:
     def __init__(self, sock: socket.socket, context: dict[str, Any],
                  on_message: Callable[[m.FromRunner], None],
                  on_broken: Callable[[str], None]) -> None:

@@ -1,4 +1,4 @@
-"""`python -m exod.runner.probe`: does this layout of this model work? Answered by running the
+"""`python -m exod.runner.split.probe`: does this layout of this model work? Answered by running the
 code that will run, on the family built from config.json with no weights.
 
 mlx builds graphs lazily and checks shapes as it builds them, so the probe constructs the model
@@ -8,9 +8,9 @@ and calls the model's forward on a few tokens with its own cache, without evalua
 A missing list of blocks, head counts that do not divide, a block whose output is not the
 hidden state, a projection reshaped to the full width after sharding: all of them fail there.
 
-Prints one JSON object: {"ok": bool, "reason": str or null, "model_type": str}, with
-"unknown": true when mlx-lm cannot even build the model from that config. A refusal's reason is
-in words (exod.runner.failures); "detail" keeps the raw error it was translated from. The daemon and
+Prints one JSON object: {"ok": bool, "reason": str or null, "model_type": str}, with "unknown": true
+when mlx-lm cannot even build the model from that config. A refusal's reason is in words
+(exod.runner.split.wording); "detail" keeps the raw error it was translated from. The daemon and
 `exod check` run it as a subprocess (they never import mlx) and cache the answer.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
-from exod.runner.failures import explain
+from exod.runner.split.wording import explain
 
 
 class FakeGroup:
@@ -67,10 +67,10 @@ def probe(model_dir: Path, shards: int, parallelism: str,
 
 
 def _why_not_batchable(config: dict[str, Any]) -> str | None:
-    from exod.runner import batchable
+    from exod.runner.serving import can_batch
 
     try:
-        return batchable.why_not(_build(config))
+        return can_batch.why_not(_build(config))
     except (Exception, SystemExit):  # noqa: BLE001 -- not this check's question: asked below
         return None
 
@@ -104,9 +104,9 @@ def _try_rank(model: Any, rank: int, size: int, parallelism: str,
               layers: tuple[int, ...] | None) -> None:
     import mlx.core as mx
 
-    from exod.runner import pipeline
-    from exod.runner.blocks import find_blocks
-    from exod.runner.tensor import block_sharder
+    from exod.runner.split import pipeline
+    from exod.runner.split.blocks import find_blocks
+    from exod.runner.split.tensor import block_sharder
 
     blocks = find_blocks(model)
     total = len(blocks.items)
@@ -148,7 +148,7 @@ def _replace_group(model: Any, fake: FakeGroup, real: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m exod.runner.probe", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m exod.runner.split.probe", description=__doc__)
     p.add_argument("--model", type=Path)
     p.add_argument("--shards", type=int)
     p.add_argument("--parallelism", choices=("pipeline", "tensor"))

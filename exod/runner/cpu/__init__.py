@@ -1,0 +1,2 @@
+"""CPU-only tuning: OpenBLAS for float32 matmuls, and fused decode-step kernels.
+"""
