@@ -214,7 +214,8 @@ class Error:
 # ---- daemon → runner --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Generate:
-    """One generation (fields checked by exod.api.schema before they get here)."""
+    """One generation (fields checked by exod.core.request_rules in the daemon before they get
+    here, and again in the runner)."""
 
     type: ClassVar[str] = "generate"
     id: str

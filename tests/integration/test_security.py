@@ -190,7 +190,8 @@ def test_runner_refuses_ids_outside_its_real_logits(tiny_model: Path) -> None:
     """Defence in depth: whatever reaches the runner, no id indexes outside the logits."""
     script = """
 import mlx.core as mx
-from exod.runner.serving.model_checks import RequestError, bias_processor
+from exod.core.request_rules import RequestError
+from exod.runner.serving.model_checks import bias_processor
 p = bias_processor({1023: 1.0, 1024: 2.0})
 try:
     p(None, mx.zeros((1, 1024)))
@@ -201,7 +202,7 @@ print(p.__name__, bias_processor({3: 1.0})(None, mx.zeros((1, 8))).tolist())
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=120, check=True).stdout.splitlines()
-    assert out[0].startswith("refused: logit_bias: token id 1024 is outside"), out
+    assert out[0].startswith("refused: `logit_bias`: token id 1024 is outside"), out
     assert out[1] == "process [[0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]]"
 
 

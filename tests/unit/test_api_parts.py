@@ -92,31 +92,23 @@ def test_chat_content_parts_and_developer_role() -> None:
     ([], None),
     ({"messages": CHAT["messages"]}, "model"),
     ({"model": "m"}, "messages"),
-    ({"model": "m", "messages": []}, "messages"),
     ({"model": "m", "messages": ["hi"]}, "messages[0]"),
     ({"model": "m", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
-    ({"model": "m", "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
-    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-     "messages[0].content"),
     ({**CHAT, "max_tokens": 0}, "max_tokens"),
-    ({**CHAT, "max_tokens": True}, "max_tokens"),
     ({**CHAT, "max_completion_tokens": "9"}, "max_completion_tokens"),
     ({**CHAT, "temperature": 2.5}, "temperature"),
     ({**CHAT, "top_p": -1}, "top_p"),
     ({**CHAT, "stop": 5}, "stop"),
-    ({**CHAT, "stop": [""]}, "stop"),
     ({**CHAT, "seed": 1.5}, "seed"),
     ({**CHAT, "n": 2}, "n"),
-    ({**CHAT, "n": True}, "n"),
-    ({**CHAT, "n": 1.0}, "n"),
     ({**CHAT, "max_completion_tokens": 2, "max_tokens": -5}, "max_tokens"),
     ({**CHAT, "stream": "yes"}, "stream"),
     ({**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
-    ({**CHAT, "stream": True, "stream_options": {"include_usage": 1}}, "stream_options"),
     ({**CHAT, "logit_bias": {"a": 1}}, "logit_bias"),
-    ({**CHAT, "logit_bias": {"2": -101}}, "logit_bias"),
 ])
 def test_chat_rejects_with_400_naming_the_param(body: object, param: str | None) -> None:
+    """Each field reaches its rule (exod.core.request_rules, tested one by one in
+    test_request_rules), and a broken rule is a 400 in OpenAI's shape naming it."""
     with pytest.raises(ApiError) as e:
         parse_chat(body)
     assert e.value.status == 400 and e.value.type == "invalid_request_error"
@@ -137,7 +129,7 @@ def test_completion_prompt_forms() -> None:
     assert parse_completion({"model": "m", "prompt": ["x"]}).gen.prompt == "x"
     assert parse_completion({"model": "m", "prompt": "x"}).gen.max_tokens == 16
     for bad in ({"model": "m"}, {"model": "m", "prompt": ["a", "b"]},
-                {"model": "m", "prompt": [1, 2]}, {"model": "m", "prompt": "x", "echo": True}):
+                {"model": "m", "prompt": "x", "echo": True}):
         with pytest.raises(ApiError):
             parse_completion(bad)
 

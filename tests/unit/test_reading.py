@@ -9,7 +9,7 @@ import time
 
 from exod import messages as m
 from exod.runner.serving.reading import Prompt, Read, Reader
-from exod.runner.serving.loop import RequestError
+from exod.core.request_rules import RequestError
 
 
 def gen(rid: str) -> m.Generate:

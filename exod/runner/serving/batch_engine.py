@@ -28,8 +28,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from exod import messages as m
-from exod.runner.serving.prepare import (RequestError, check_request, context_window, read_prompt,
-                                  vocab_size)
+from exod.runner.serving.prepare import check_request, context_window, read_prompt, vocab_size
 from exod.runner.log import ERR, log
 from exod.runner.serving.reading import Prompt
 from exod.runner.serving.stop_sequences import StopMatcher
@@ -38,7 +37,7 @@ CACHE_KEY = "model"  # LRUPromptCache keys entries by model too; a runner serves
 MIN_CHUNK = 32  # prefill chunks below this waste more in overhead than they buy in latency
 PREFILL_BATCH = 8  # prompts prefilled together at most (mlx_lm.server's default)
 
-__all__ = ["BatchEngine", "RequestError"]
+__all__ = ["BatchEngine"]
 
 
 @dataclass

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from exod import messages as m
+from exod.core.request_rules import RequestError
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
@@ -37,15 +38,6 @@ Inbox = m.Generate | Read | None
 
 # How often a request being read is reported (hang_after is at least 1s).
 READING_EVERY = 0.4
-
-
-class RequestError(Exception):
-    """The request cannot be served as given (e.g. a prompt past the context window);
-    `param` names the request field at fault, for the client's error."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class Engine(Protocol):

@@ -1,5 +1,7 @@
 """One generation request in the runner, read from its `generate` message: prompt tokens (chat
-template or raw text), a sampler of its own, logit bias, stop sequences.
+template or raw text), a sampler of its own, logit bias, stop sequences. Every field is checked
+again here by the request rules (exod.core.request_rules), with the numbers of the model as
+loaded (exod.runner.serving.model_checks), whatever sent it: nothing reaches mlx unchecked.
 
 The engine (exod.runner.serving.batch_engine.BatchEngine, on every rank of a group too) builds its
 requests from here.
@@ -16,11 +18,12 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_p, greedy_sampler
 
 from exod import messages as m
+from exod.core import request_rules as rules
+from exod.core.request_rules import RequestError
 from exod.runner.serving import model_checks
 from exod.runner.serving.reading import Prompt
-from exod.runner.serving.loop import RequestError
 
-__all__ = ["RequestError", "Checked", "read_prompt", "check_request", "prompt_tokens",
+__all__ = ["Checked", "read_prompt", "check_request", "prompt_tokens",
            "bias_processors", "context_window", "make_request_sampler", "vocab_size"]
 
 context_window = model_checks.context_window
@@ -50,8 +53,6 @@ def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
         bos = getattr(tokenizer, "bos_token", None)
         tokens = list(tokenizer.encode(text, add_special_tokens=bos is None
                                        or not text.startswith(bos))) if text else []
-    if not tokens:
-        raise RequestError("the prompt is empty", prompt_param(req))
     return [int(t) for t in tokens]
 
 
@@ -73,9 +74,9 @@ def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None)
     """The long part of taking a request (chat template, tokenizer, a check per token: seconds
     for megabytes), in pure Python and the tokenizer: safe off the thread that runs mlx."""
     prompt = prompt_tokens(tokenizer, req)
-    model_checks.prompt_ids(prompt, vocab, prompt_param(req))
-    max_tokens = model_checks.fit_window(len(prompt), model_checks.max_tokens(req.max_tokens),
-                                         window, prompt_param(req))
+    rules.prompt_ids(prompt, vocab, prompt_param(req))
+    max_tokens = rules.fit_window(len(prompt), rules.max_tokens(req.max_tokens), window,
+                                  prompt_param(req))
     return Prompt(prompt, max_tokens)
 
 
@@ -89,6 +90,7 @@ def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | Non
     return Checked(read.tokens, read.max_tokens, bias_processors(req.logit_bias, vocab),
                    make_request_sampler(req))
 
+
 def vocab_size(model: Any, tokenizer: Any) -> int:
     """Rows of the logits: the model's vocabulary (the tokenizer's may be smaller)."""
     n = model_checks.model_vocab(model)
@@ -99,10 +101,10 @@ def bias_processors(bias: dict[str, float], vocab: int) -> list[Processor]:
     """logit_bias as a logits processor. Ids are checked here too, not only by the API: an
     out-of-range index in `logits.at[...]` writes outside the array. The processor checks
     them again against the real width of the logits at its first call."""
-    ids = model_checks.logit_bias(bias)
+    ids = rules.logit_bias(bias)
     if not ids:
         return []
-    model_checks.check_ids(list(ids), vocab)
+    rules.bias_ids(list(ids), vocab)
     return [model_checks.bias_processor(ids)]
 
 
@@ -127,8 +129,8 @@ def make_request_sampler(req: m.Generate) -> Sampler:
     """Greedy requests share mlx-lm's one greedy sampler, which lets the batch sample them in
     one call; every sampling request gets a KeyedSampler. The numbers are checked again here,
     whatever sent them: nothing reaches mlx unchecked."""
-    temperature = model_checks.unit_number(req.temperature, "temperature", 1.0, 2.0)
-    top_p = model_checks.unit_number(req.top_p, "top_p", 1.0, 1.0)
+    temperature = rules.number("temperature", req.temperature)
+    top_p = rules.number("top_p", req.top_p)
     # top_p 0 keeps only the most probable token (mlx-lm takes 0 for "off": the opposite).
     if model_checks.greedy_temperature(temperature) or top_p == 0:
         return greedy_sampler

@@ -1,0 +1,276 @@
+"""The rules a generation request must pass: one copy of each, for the daemon and the runner.
+
+The daemon checks every field of a request body here (exod.api.schema turns a RequestError into
+an HTTP 400 naming the field); the runner checks again here, with the numbers of the model as
+loaded, whatever sent the request (exod.runner.serving.prepare: nothing reaches mlx unchecked).
+Pure logic: no I/O, no mlx, nothing of HTTP.
+
+How a rule is written, so that it is written once:
+- One rule = one small function named after its field. It takes the raw value (and the model's
+  numbers when the rule needs them: a vocabulary size, a context window), returns the checked
+  value, or raises `RequestError(message, param)`. Its message is written there and nowhere
+  else: "`field` must be ...", naming the field in backticks, in one line.
+- A number with a default and a range is a row of `NUMBERS` instead of a function: `number(name,
+  raw)` checks it (finite, inside the range; a bool is no number).
+- A limit is a constant here (MAX_...), so the API, the runner and the docs quote one figure.
+- Then wire it: exod.api.schema calls it for the endpoints that take the field; when the runner
+  must check it again before mlx (it indexes a table, or feeds a sampler),
+  exod.runner.serving.prepare calls the same function. tests/unit/test_request_rules.py gets one
+  test for the rule, which fails when the rule is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MAX_TOKENS_CHAT = 1024
+DEFAULT_MAX_TOKENS_COMPLETION = 16  # the OpenAI reference's default for /v1/completions
+MAX_STOPS = 16
+MAX_STOP_CHARS = 1024
+MAX_BIAS = 1024  # entries of logit_bias
+BIAS_LIMIT = 100  # a logit_bias value is from -BIAS_LIMIT to BIAS_LIMIT
+ROLES = ("system", "developer", "user", "assistant", "tool")
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")  # ASCII digits only: str.isdigit() takes '²' too
+
+
+class RequestError(Exception):
+    """The request cannot be served as given; `param` names the field at fault, for the
+    client's error (a 400 from the API, a `bad_request` error event from the runner)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+# ---- numbers with a range ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Range:
+    default: float
+    lo: float
+    hi: float
+
+
+NUMBERS: dict[str, Range] = {
+    "temperature": Range(1.0, 0.0, 2.0),
+    "top_p": Range(1.0, 0.0, 1.0),  # 0 keeps only the most probable token
+}
+
+
+def number(name: str, raw: Any) -> float:
+    """A row of NUMBERS: its default when not set (None), else a finite number in its range."""
+    r = NUMBERS[name]
+    if raw is None:
+        return r.default
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) \
+            or not r.lo <= raw <= r.hi:
+        raise RequestError(f"`{name}` must be a number from {r.lo:g} to {r.hi:g}", name)
+    return float(raw)
+
+
+# ---- the body and its plain fields -------------------------------------------------------------
+def body(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise RequestError("the request body must be a JSON object")
+    return raw
+
+
+def model(raw: Any) -> str:
+    if not isinstance(raw, str) or not raw:
+        raise RequestError("`model` must name an instance", "model")
+    return raw
+
+
+def text(value: str, param: str) -> str:
+    """JSON may spell a lone surrogate (`"\\ud800"`), which is no text at all: it cannot be
+    encoded for the runner, nor tokenized."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(f"`{param}` holds a lone surrogate at character {e.start}, which is "
+                           "not text", param) from None
+    return value
+
+
+def n(raw: Any) -> None:
+    if raw is not None and (type(raw) is not int or raw != 1):  # neither True nor 1.0
+        raise RequestError("`n` must be 1: exod returns one choice", "n")
+
+
+def seed(raw: Any) -> int | None:
+    if raw is not None and (isinstance(raw, bool) or not isinstance(raw, int)):
+        raise RequestError("`seed` must be an integer", "seed")
+    return raw
+
+
+def echo(raw: Any) -> None:
+    if raw:
+        raise RequestError("`echo` is not supported", "echo")
+
+
+def stream(raw: Any) -> bool:
+    if raw is not None and not isinstance(raw, bool):
+        raise RequestError("`stream` must be a boolean", "stream")
+    return bool(raw)
+
+
+def stream_options(raw: Any, streaming: bool) -> bool:
+    """Whether the stream ends with a usage chunk."""
+    if raw is None:
+        return False
+    if not streaming:
+        raise RequestError("`stream_options` is only allowed when `stream` is true",
+                           "stream_options")
+    if not isinstance(raw, dict) or not isinstance(raw.get("include_usage", False), bool):
+        raise RequestError("`stream_options.include_usage` must be a boolean", "stream_options")
+    return bool(raw.get("include_usage", False))
+
+
+def stop(raw: Any) -> list[str]:
+    if raw is None:
+        return []
+    stops = [raw] if isinstance(raw, str) else raw
+    if not (isinstance(stops, list) and len(stops) <= MAX_STOPS
+            and all(isinstance(s, str) for s in stops)):
+        raise RequestError(f"`stop` must be a string or an array of at most {MAX_STOPS} "
+                           "strings", "stop")
+    if any(not s for s in stops):
+        raise RequestError("`stop` sequences must not be empty", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise RequestError(f"`stop` sequences are at most {MAX_STOP_CHARS} characters", "stop")
+    return [text(s, "stop") for s in stops]
+
+
+# ---- what is generated from -------------------------------------------------------------------
+def messages(raw: Any) -> list[dict[str, str]]:
+    if not isinstance(raw, list) or not raw:
+        raise RequestError("`messages` must be a non-empty array of messages", "messages")
+    return [message(m, i) for i, m in enumerate(raw)]
+
+
+def message(raw: Any, i: int) -> dict[str, str]:
+    param = f"messages[{i}]"
+    if not isinstance(raw, dict):
+        raise RequestError(f"`{param}` must be an object", param)
+    role = raw.get("role")
+    if role not in ROLES:
+        raise RequestError(f"`{param}.role` must be one of {', '.join(ROLES)}", f"{param}.role")
+    # Chat templates know `system`; `developer` is OpenAI's newer name for it.
+    return {"role": "system" if role == "developer" else role,
+            "content": content(raw.get("content"), f"{param}.content")}
+
+
+def content(raw: Any, param: str) -> str:
+    """A message's text: a string, or an array of text parts (joined)."""
+    if raw is None:
+        return ""
+    if isinstance(raw, list):
+        parts = []
+        for j, part in enumerate(raw):
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise RequestError(f"`{param}[{j}]`: only text parts are supported", param)
+            parts.append(part["text"])
+        raw = "".join(parts)
+    elif not isinstance(raw, str):
+        raise RequestError(f"`{param}` must be a string or an array of text parts", param)
+    return text(raw, param)
+
+
+def prompt(raw: Any) -> str:
+    """/v1/completions' prompt: one string (or an array of one)."""
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+        raw = raw[0]
+    if not isinstance(raw, str):
+        raise RequestError("`prompt` must be a string (batches and token arrays are not "
+                           "supported)", "prompt")
+    text(raw, "prompt")
+    if not raw:
+        raise RequestError("`prompt` must not be empty", "prompt")
+    return raw
+
+
+def prompt_ids(ids: list[int], vocab: int, param: str) -> None:
+    """The prompt as tokens: not empty, and every token must index the embedding table
+    (`vocab` rows): a tokenizer may know more tokens (added ones) than the model has rows,
+    and a client can spell them."""
+    if not ids:
+        raise RequestError("the prompt is empty", param)
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise RequestError(f"the prompt holds token id {bad[0]}, outside the model's vocabulary "
+                           f"(ids 0 to {vocab - 1})", param)
+
+
+# ---- how much is generated ---------------------------------------------------------------------
+def max_tokens(raw: Any, param: str = "max_tokens", default: int | None = None) -> int:
+    """`max_tokens` / `max_completion_tokens`: `default` when not set (None), if there is one."""
+    if raw is None and default is not None:
+        return default
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise RequestError(f"`{param}` must be an integer of at least 1", param)
+    return raw
+
+
+def max_tokens_cap(value: int, param: str | None, context: int | None, cap: int | None) -> int:
+    """`value` against the model's context window and the instance's `max_tokens_cap` (None:
+    unknown, or none): a value the client set (`param`) past them is refused; a default
+    shrinks to fit."""
+    known = [x for x in (context, cap) if x is not None]
+    if not known or value <= min(known):
+        return value
+    limit = min(known)
+    if param is None:
+        return limit
+    what = "the instance's max_tokens_cap" if limit == cap else "the model's context window"
+    raise RequestError(f"`{param}` is {value}, more than {limit} ({what})", param)
+
+
+def fit_window(prompt: int, max_tokens: int, window: int | None, param: str) -> int:
+    """The tokens a request may generate: no position may pass the model's context window,
+    where a learned position table (gpt2's) would be read out of bounds. A prompt that fills
+    the window is refused; a generation that would pass it ends there (finish reason
+    `length`)."""
+    if window is None:
+        return max_tokens
+    if prompt >= window:
+        raise RequestError(f"the prompt is {prompt} tokens: it must leave room for one token "
+                           f"in the model's context window of {window}", param)
+    return min(max_tokens, window - prompt)
+
+
+# ---- logit_bias --------------------------------------------------------------------------------
+def logit_bias(raw: Any) -> dict[int, float]:
+    """Token ids (decimal strings, as JSON keys are) → finite numbers from -100 to 100. Whether
+    an id is inside the vocabulary is `bias_ids`, against the model."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise RequestError(f"`logit_bias` must map token ids to numbers from -{BIAS_LIMIT} to "
+                           f"{BIAS_LIMIT}", "logit_bias")
+    if len(raw) > MAX_BIAS:
+        raise RequestError(f"`logit_bias` maps at most {MAX_BIAS} token ids (it has "
+                           f"{len(raw)})", "logit_bias")
+    out: dict[int, float] = {}
+    for k, v in raw.items():
+        if not (isinstance(k, str) and _TOKEN_ID.fullmatch(k)):
+            raise RequestError(f"`logit_bias`: {k!r} is not a token id", "logit_bias")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or not -BIAS_LIMIT <= v <= BIAS_LIMIT:
+            raise RequestError(f"`logit_bias[{k}]` must be a number from -{BIAS_LIMIT} to "
+                               f"{BIAS_LIMIT}", "logit_bias")
+        out[int(k)] = float(v)
+    return out
+
+
+def bias_ids(ids: list[int], vocab: int) -> None:
+    """Every biased id must index the logits (`vocab` wide): the model's config.json in the
+    daemon, the real width of the logits in the runner (an out-of-range index in mlx writes
+    outside the array)."""
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise RequestError(f"`logit_bias`: token id {bad[0]} is outside the model's vocabulary "
+                           f"(ids 0 to {vocab - 1})", "logit_bias")

@@ -1,0 +1,169 @@
+"""The request rules (exod.core.request_rules), one test per rule: each refuses what it must,
+naming the field, and takes what it must. How a rule reaches the client is tested with the API's
+parser (test_api_parts, test_security_parts) and on live daemons (integration/test_security)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from exod.core import request_rules as rules
+from exod.core.request_rules import RequestError
+
+
+def refused(fn: Any, *args: Any) -> RequestError:
+    with pytest.raises(RequestError) as e:
+        fn(*args)
+    return e.value
+
+
+def test_numbers_in_their_range() -> None:
+    assert rules.number("temperature", None) == 1.0 and rules.number("top_p", None) == 1.0
+    assert rules.number("temperature", 0) == 0.0 and rules.number("temperature", 2) == 2.0
+    assert rules.number("top_p", 0.5) == 0.5
+    for name, bad in (("temperature", 2.5), ("temperature", -0.1), ("top_p", 1.01),
+                      ("top_p", -1), ("temperature", float("inf")), ("top_p", float("nan")),
+                      ("temperature", True), ("top_p", "1")):
+        e = refused(rules.number, name, bad)
+        assert e.param == name and str(e).startswith(f"`{name}` must be a number from 0 to ")
+
+
+def test_body_is_an_object() -> None:
+    assert rules.body({"a": 1}) == {"a": 1}
+    for bad in ([], "x", None):
+        assert refused(rules.body, bad).param is None
+
+
+def test_model_names_an_instance() -> None:
+    assert rules.model("m") == "m"
+    for bad in (None, "", 3):
+        assert refused(rules.model, bad).param == "model"
+
+
+def test_text_refuses_a_lone_surrogate() -> None:
+    assert rules.text("héllo ☃", "prompt") == "héllo ☃"
+    e = refused(rules.text, "ab\ud800", "stop")
+    assert e.param == "stop" and "character 2" in str(e)
+
+
+def test_n_is_one() -> None:
+    rules.n(None)
+    rules.n(1)
+    for bad in (2, 0, True, 1.0, "1"):
+        assert refused(rules.n, bad).param == "n"
+
+
+def test_seed_is_an_integer() -> None:
+    assert rules.seed(None) is None and rules.seed(-3) == -3 and rules.seed(2**70) == 2**70
+    for bad in (1.5, True, "3"):
+        assert refused(rules.seed, bad).param == "seed"
+
+
+def test_echo_is_refused() -> None:
+    rules.echo(None)
+    rules.echo(False)
+    assert refused(rules.echo, True).param == "echo"
+
+
+def test_stream_and_its_options() -> None:
+    assert rules.stream(None) is False and rules.stream(True) is True
+    assert refused(rules.stream, "yes").param == "stream"
+    assert rules.stream_options(None, False) is False
+    assert rules.stream_options({"include_usage": True}, True) is True
+    assert rules.stream_options({}, True) is False
+    for raw, streaming in (({"include_usage": True}, False), ({"include_usage": 1}, True),
+                           ([], True)):
+        assert refused(rules.stream_options, raw, streaming).param == "stream_options"
+
+
+def test_stop_sequences() -> None:
+    assert rules.stop(None) == [] and rules.stop("\n") == ["\n"]
+    assert rules.stop(["a"] * rules.MAX_STOPS) == ["a"] * rules.MAX_STOPS
+    assert rules.stop(["x" * rules.MAX_STOP_CHARS]) == ["x" * rules.MAX_STOP_CHARS]
+    for bad in (5, ["a"] * (rules.MAX_STOPS + 1), [1], [""], "", "x" * (rules.MAX_STOP_CHARS + 1),
+                ["\udc00"]):
+        assert refused(rules.stop, bad).param == "stop", bad
+
+
+def test_messages_roles_and_content() -> None:
+    got = rules.messages([{"role": "developer", "content": [{"type": "text", "text": "a"},
+                                                            {"type": "text", "text": "b"}]},
+                          {"role": "assistant", "content": None}])
+    assert got == [{"role": "system", "content": "ab"}, {"role": "assistant", "content": ""}]
+    for raw, param in ((None, "messages"), ([], "messages"), (["hi"], "messages[0]"),
+                       ([{"role": "robot", "content": "x"}], "messages[0].role"),
+                       ([{"role": "user", "content": 3}], "messages[0].content"),
+                       ([{"role": "user", "content": [{"type": "image_url"}]}],
+                        "messages[0].content"),
+                       ([{"role": "user", "content": "\ud800"}], "messages[0].content")):
+        assert refused(rules.messages, raw).param == param, raw
+
+
+def test_prompt_is_one_string() -> None:
+    assert rules.prompt("x") == "x" and rules.prompt(["x"]) == "x"
+    for bad in (None, ["a", "b"], [1, 2], "", "\ud800"):
+        assert refused(rules.prompt, bad).param == "prompt", bad
+
+
+def test_prompt_ids_inside_the_vocabulary() -> None:
+    rules.prompt_ids([0, 1023], 1024, "prompt")
+    e = refused(rules.prompt_ids, [5, 1024], 1024, "prompt")
+    assert e.param == "prompt" and "token id 1024" in str(e) and "(ids 0 to 1023)" in str(e)
+    assert "token id -1" in str(refused(rules.prompt_ids, [-1], 1024, "messages"))
+    assert str(refused(rules.prompt_ids, [], 1024, "messages")) == "the prompt is empty"
+
+
+def test_max_tokens_is_a_positive_integer() -> None:
+    assert rules.max_tokens(5) == 5 and rules.max_tokens(None, "max_tokens", 16) == 16
+    for raw in (0, -1, 1.5, True, "9", None):  # None without a default: the runner's case
+        assert refused(rules.max_tokens, raw).param == "max_tokens"
+    e = refused(rules.max_tokens, 0, "max_completion_tokens", 9)
+    assert e.param == "max_completion_tokens" and "at least 1" in str(e)
+
+
+def test_max_tokens_cap_by_context_window_or_config() -> None:
+    assert rules.max_tokens_cap(2048, "max_tokens", 2048, None) == 2048
+    assert rules.max_tokens_cap(10**12, "max_tokens", None, None) == 10**12  # nothing known
+    e = refused(rules.max_tokens_cap, 10**12, "max_tokens", 2048, None)
+    assert e.param == "max_tokens" and "context window" in str(e)
+    e = refused(rules.max_tokens_cap, 9, "max_completion_tokens", 2048, 8)
+    assert e.param == "max_completion_tokens" and "max_tokens_cap" in str(e)
+    # The default shrinks to fit instead of failing a request that asked for nothing.
+    assert rules.max_tokens_cap(1024, None, 100, None) == 100
+    assert rules.max_tokens_cap(1024, None, 100, 50) == 50
+
+
+def test_fit_window_keeps_every_position_inside() -> None:
+    assert rules.fit_window(10, 5, 512, "prompt") == 5
+    assert rules.fit_window(500, 100, 512, "prompt") == 12  # ends at the window
+    assert rules.fit_window(10**6, 5, None, "prompt") == 5  # the model does not say
+    for prompt in (511, 512, 10**6):
+        allowed = prompt < 512
+        try:
+            assert rules.fit_window(prompt, 1, 512, "messages") == 1 and allowed
+        except RequestError as e:
+            assert not allowed and e.param == "messages" and "window of 512" in str(e)
+
+
+@pytest.mark.parametrize("bias", [
+    {"²": 1}, {"-1": 1}, {"1e3": 1}, {" 1": 1}, {"x": 1}, {"1": float("nan")},
+    {"1": float("inf")}, {"1": 101}, {"1": -101}, {"1": True}, {"1": "1"}, {"12345678901": 1},
+    [1, 2], "x", {str(i): 1 for i in range(rules.MAX_BIAS + 1)},
+])
+def test_logit_bias_shapes(bias: object) -> None:
+    assert refused(rules.logit_bias, bias).param == "logit_bias"
+
+
+def test_logit_bias_taken_and_normalised() -> None:
+    assert rules.logit_bias(None) == {} and rules.logit_bias({}) == {}
+    assert rules.logit_bias({"0001": -100, "5": 1}) == {1: -100.0, 5: 1.0}
+    assert len(rules.logit_bias({str(i): 1 for i in range(rules.MAX_BIAS)})) == rules.MAX_BIAS
+
+
+def test_bias_ids_inside_the_vocabulary() -> None:
+    rules.bias_ids([0, 1023], 1024)
+    e = refused(rules.bias_ids, [3, 1024], 1024)
+    assert e.param == "logit_bias"
+    assert str(e) == ("`logit_bias`: token id 1024 is outside the model's vocabulary "
+                      "(ids 0 to 1023)")
