@@ -28,7 +28,8 @@ from typing import Any, ClassVar, Literal, Union
 
 from exod.protocol import ProtocolError
 
-VERSION = 5  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held
+VERSION = 6  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+# 6: Done.stop_sequence, Generate.count_only
 
 
 class Phase(str, enum.Enum):
@@ -196,6 +197,7 @@ class Done:
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
+    stop_sequence: str | None = None  # the one that ended the text (finish_reason "stop")
 
 
 # `hung` is the daemon's own: it ends the requests of a runner that stopped making progress.
@@ -228,6 +230,9 @@ class Generate:
     logit_bias: dict[str, float] = field(default_factory=dict)
     messages: list[dict[str, str]] | None = None
     prompt: str | None = None
+    # Read the prompt (template, tokens, checks) and answer Done with its length, generating
+    # nothing: Anthropic's count_tokens.
+    count_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -344,6 +349,9 @@ def _check(value: Any, hint: Any, where: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool) \
                 and math.isfinite(value):
             return float(value)
+    elif hint is bool:
+        if isinstance(value, bool):
+            return value
     elif hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value

@@ -9,6 +9,9 @@
     GET  /v1/models/{model}
     POST /v1/chat/completions  chat template applied by the runner; stream or not
     POST /v1/completions       raw prompt
+    POST /v1/messages          Anthropic Messages (exod.api.dialects: an adapter over chat)
+    POST /v1/messages/count_tokens
+    POST /v1/responses         OpenAI Responses, stateless (an adapter over chat)
 
 A request goes to an instance only while it is `ready` (for a multi-rank instance: every rank
 is; an on-demand instance is started by the request, which waits in the queue while it loads),
@@ -27,6 +30,8 @@ import json
 import os
 import time
 import weakref
+from datetime import datetime, timezone
+from dataclasses import replace
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +39,10 @@ from aiohttp import web
 from loguru import logger
 
 from exod.api import address, page
+from exod.api.dialects import anthropic_request as anthropic
+from exod.api.dialects import responses_request as responses
+from exod.api.dialects.anthropic_output import AnthropicOutput, CountOutput
+from exod.api.dialects.responses_output import ResponsesOutput
 from exod.api.browser import PREFLIGHT_HEADERS, CorsPolicy, HostPolicy, is_json
 from exod.api.errors import (
     ApiError,
@@ -109,6 +118,9 @@ class ApiServer:
         app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/messages", self.messages)
+        app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
+        app.router.add_post("/v1/responses", self.responses)
         # keepalive_timeout doubles as the deadline for a request head (see exod.api.guard).
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      keepalive_timeout=self.cfg.header_timeout,
@@ -153,15 +165,15 @@ class ApiServer:
         try:
             return await handler(request)
         except ApiError as e:
-            return error_response(e)
+            return error_response(e, request.path)
         except web.HTTPException as e:  # aiohttp's own: unknown route, wrong method, too big
             if e.status < 400:
                 raise
             kind = "invalid_request_error" if e.status < 500 else "server_error"
             message = f"{e.reason}: {request.method} {request.path}"
-            return web.json_response(error_body(message, kind), status=e.status,
-                                     headers={k: v for k, v in e.headers.items()
-                                              if k.lower() == "allow"})
+            allow = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
+            return error_response(ApiError(e.status, message, kind, headers=allow),
+                                  request.path)
         finally:
             self.guard.busy.discard(transport)
 
@@ -199,8 +211,11 @@ class ApiServer:
         if self.tokens and request.path not in PUBLIC:
             given = request.headers.get("Authorization", "")
             scheme, _, value = given.partition(" ")
-            if not given:
-                raise unauthorized("Missing bearer token: send `Authorization: Bearer TOKEN`.")
+            if not given and "X-Api-Key" in request.headers:  # Anthropic's clients send this
+                scheme, value = "bearer", request.headers["X-Api-Key"]
+            elif not given:
+                raise unauthorized("Missing bearer token: send `Authorization: Bearer TOKEN` "
+                                   "(or `x-api-key: TOKEN`).")
             # Header text is what aiohttp decoded (surrogates for bytes that are not UTF-8).
             offered = value.strip().encode("utf-8", "surrogateescape")
             # Every token is compared (no early exit): the time taken tells nothing.
@@ -230,22 +245,29 @@ class ApiServer:
         return web.Response(body=self.metrics.render(),
                             headers={"Content-Type": METRICS_CONTENT_TYPE})
 
-    def _model_json(self, inst: InstanceRuntime) -> dict[str, Any]:
+    async def _model_json(self, inst: InstanceRuntime) -> dict[str, Any]:
+        """One instance in the shapes both OpenAI's and Anthropic's clients read (`object`,
+        `owned_by` / `type`, `display_name`, `created_at`), with its state and context window."""
         gate = self.gates.get(inst)
+        created = datetime.fromtimestamp(self.started_wall, timezone.utc)
         return {"id": inst.name, "object": "model", "created": self.started_wall,
-                "owned_by": "exod", "state": inst.state.value,
+                "owned_by": "exod", "type": "model", "display_name": inst.name,
+                "created_at": created.isoformat().replace("+00:00", "Z"),
+                "state": inst.state.value, "context_length": (await self._limits(inst)).context,
                 "active": gate.active if gate else 0, "queued": gate.waiting if gate else 0}
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list",
-                                  "data": [self._model_json(i) for i in self.sup.ordered()]})
+        data = [await self._model_json(i) for i in self.sup.ordered()]
+        return web.json_response({"object": "list", "data": data, "has_more": False,
+                                  "first_id": data[0]["id"] if data else None,
+                                  "last_id": data[-1]["id"] if data else None})
 
     async def model(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
         inst = self.sup.instance(name)
         if inst is None:
             raise model_not_found(name)
-        return web.json_response(self._model_json(inst))
+        return web.json_response(await self._model_json(inst))
 
     # ---- generation -------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -255,6 +277,22 @@ class ApiServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self.serving.generate(
             request, parse_completion(await self._body(request)), self._limits)
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        req = parse_chat(anthropic.to_chat(await self._body(request)))
+        return await self.serving.generate(request, req, self._limits,
+                                           AnthropicOutput(req.model))
+
+    async def count_tokens(self, request: web.Request) -> web.StreamResponse:
+        req = parse_chat(anthropic.to_chat(await self._body(request), count_only=True))
+        req = replace(req, gen=replace(req.gen, count_only=True, max_tokens=1))
+        return await self.serving.generate(request, req, self._limits, CountOutput())
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        req = parse_chat(responses.to_chat(body))
+        return await self.serving.generate(request, req, self._limits,
+                                           ResponsesOutput(req.model, body))
 
     async def _body(self, request: web.Request) -> Any:
         """The JSON body: refused by its announced size before anything is read, read within
@@ -298,5 +336,9 @@ def parse_json(raw: bytes) -> Any:
         raise bad_request("the request body is not valid JSON: nested too deeply") from None
 
 
-def error_response(e: ApiError) -> web.Response:
+def error_response(e: ApiError, path: str = "") -> web.Response:
+    """In the shape of the dialect the path speaks: Anthropic's under /v1/messages."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return web.json_response(anthropic.error_body(e), status=anthropic.error_status(e),
+                                 headers=e.headers)
     return web.json_response(e.body(), status=e.status, headers=e.headers)

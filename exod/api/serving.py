@@ -19,7 +19,8 @@ from exod.api.errors import (ApiError, model_not_found, not_ready, queue_full, r
                              served_elsewhere)
 from exod.api.hang import HangWatch
 from exod.api.metrics import Meter, Metrics
-from exod.api.objects import DONE, SSE_HEADERS, Reply, sse
+from exod.api.dialects.output import OpenAiOutput, Output
+from exod.api.objects import SSE_HEADERS, Reply
 from exod.api.on_demand import OnDemand, Stopped
 from exod.api.schema import GenRequest, ModelLimits, apply_limits
 from exod.api.view import Daemon
@@ -84,13 +85,15 @@ class Serving:
         return inst
 
     # ---- one request ------------------------------------------------------------------------
-    async def generate(self, request: web.Request, req: GenRequest,
-                       limits: Limits) -> web.StreamResponse:
+    async def generate(self, request: web.Request, req: GenRequest, limits: Limits,
+                       out: Output | None = None) -> web.StreamResponse:
+        """Serve one request; `out`: the dialect its answer is rendered in (OpenAI's chat
+        completions by default, see exod.api.dialects)."""
         known = self.sup.instance(req.model) is not None  # no label for any name a client sends
         meter = self.metrics.meter(req.model)
         status = 499  # the client left (its handler was cancelled)
         try:
-            resp = await self._admitted(request, req, meter, limits)
+            resp = await self._admitted(request, req, meter, limits, out or OpenAiOutput())
             status = resp.status
             return resp
         except ApiError as e:
@@ -104,7 +107,7 @@ class Serving:
                 meter.finish(status)
 
     async def _admitted(self, request: web.Request, req: GenRequest, meter: Meter,
-                        limits: Limits) -> web.StreamResponse:
+                        limits: Limits, out: Output) -> web.StreamResponse:
         inst = self._instance(req.model)
         req = apply_limits(req, await limits(inst))
         gate = self.gate(inst)
@@ -127,34 +130,35 @@ class Serving:
                 stream = link.open(req.gen)
             except TooLarge as e:
                 raise too_large_for_runner(req, e.size) from None
-            return await self._relay(request, req, inst, stream, meter)
+            return await self._relay(request, req, inst, stream, meter, out)
         finally:
             gate.leave()
             if inst.config.on_demand:
                 self.on_demand.used(inst)
 
     async def _relay(self, request: web.Request, req: GenRequest, inst: InstanceRuntime,
-                     stream: RequestStream, meter: Meter) -> web.StreamResponse:
+                     stream: RequestStream, meter: Meter, out: Output) -> web.StreamResponse:
         watch = self._watch(inst)
         if watch is not None:
             watch.opened(stream)
             stream.on_event = watch.progress  # as events arrive, read or not
         try:
-            events = _events(stream, meter)
+            events = _events(stream, meter, out)
             if req.stream:
-                return await _stream(request, req, events, meter)
-            return await _whole(req, events)
+                return await _stream(request, req, events, meter, out)
+            return await _whole(req, events, out)
         finally:
             if watch is not None:
                 watch.closed(stream)
             stream.close()  # cancels the generation unless it finished
 
 
-async def _events(stream: RequestStream, meter: Meter) -> AsyncIterator[m.Event]:
+async def _events(stream: RequestStream, meter: Meter, out: Output) -> AsyncIterator[m.Event]:
     """Every event of the request (progress for the hang watch is counted as they arrive)."""
     while True:
         ev = await stream.next()
         meter.event(ev)
+        out.seen(ev)
         yield ev
 
 
@@ -178,7 +182,7 @@ def _param(req: GenRequest, ev: m.Error) -> str | None:
     return ev.param
 
 
-async def _whole(req: GenRequest, events: AsyncIterator[m.Event]) -> web.Response:
+async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: Output) -> web.Response:
     parts: list[str] = []
     async for ev in events:
         if isinstance(ev, (m.Prefill, m.Held)):
@@ -187,15 +191,15 @@ async def _whole(req: GenRequest, events: AsyncIterator[m.Event]) -> web.Respons
             parts.append(ev.text)
         elif isinstance(ev, m.Done):
             reply = Reply(req.gen.kind, req.model)
-            return web.json_response(reply.whole(
-                "".join(parts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens))
+            return web.json_response(out.whole(reply.whole(
+                "".join(parts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens)))
         else:
             raise runner_error(ev.code, ev.message, _param(req, ev))
     raise AssertionError("unreachable: the event stream never ends")
 
 
 async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m.Event],
-                  meter: Meter) -> web.StreamResponse:
+                  meter: Meter, out: Output) -> web.StreamResponse:
     # The runner checks a request against the model when it takes it: its refusal is the first
     # event, and becomes the answer's status (a 400 naming the field), before any header.
     first = await anext(events)
@@ -207,27 +211,28 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
     reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage)
     try:
         await resp.prepare(request)
+        await resp.write(out.begin())
         if req.gen.kind == "chat":
-            await resp.write(sse(reply.chunk(role=True)))
+            await resp.write(out.chunk(reply.chunk(role=True)))
         async for ev in _after(first, events):
             if isinstance(ev, (m.Prefill, m.Held)):
                 continue  # progress only (see _events)
             if isinstance(ev, m.Text):
-                await resp.write(sse(reply.chunk(ev.text)))
+                await resp.write(out.chunk(reply.chunk(ev.text)))
                 continue
             if isinstance(ev, m.Done):
-                await resp.write(sse(reply.chunk(finish_reason=ev.finish_reason)))
+                await resp.write(out.chunk(reply.chunk(finish_reason=ev.finish_reason)))
                 if req.include_usage:
-                    await resp.write(sse(reply.usage_chunk(ev.prompt_tokens,
-                                                           ev.completion_tokens)))
+                    await resp.write(out.chunk(reply.usage_chunk(ev.prompt_tokens,
+                                                                 ev.completion_tokens)))
             else:
                 err = runner_error(ev.code, ev.message, _param(req, ev))
                 meter.failed_code = err.status
                 logger.bind(instance=req.model).warning("stream ended by an error: {}",
                                                         err.message)
-                await resp.write(sse(err.body()))
+                await resp.write(out.failed(err))
             break
-        await resp.write(DONE)
+        await resp.write(out.end())
         await resp.write_eof()
     except ConnectionError:
         meter.failed_code = 499  # the client left; the caller's `stream.close()` cancels

@@ -258,5 +258,5 @@ class BatchEngine:
         if reason is not None:
             self._forget(r)
             events.append(m.Done(r.rid, "length" if reason == "length" else "stop",
-                                 r.prompt_tokens, r.completion_tokens))
+                                 r.prompt_tokens, r.completion_tokens, r.stops.matched))
         return events

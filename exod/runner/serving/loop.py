@@ -146,6 +146,9 @@ class ServeLoop:
             if read.error is not None:
                 raise read.error
             assert read.prompt is not None
+            if read.req.count_only:  # counted once read: nothing reaches the engine
+                self._emit([m.Done(rid, "stop", len(read.prompt.tokens), 0)])
+                return
             self.engine.admit(read.req, read.prompt)
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
             why = str(e) if isinstance(e, RequestError) else f"{type(e).__name__}: {e}"

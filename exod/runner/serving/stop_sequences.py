@@ -13,6 +13,7 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self._held = ""  # text received but not yet released
         self.stopped = False
+        self.matched: str | None = None  # the stop sequence that ended the text, once stopped
 
     def feed(self, text: str) -> str:
         """Add generated text; return what can be released now (may be "")."""
@@ -22,11 +23,12 @@ class StopMatcher:
         if not self.stops:
             self._held = ""
             return held
-        hits = [i for i in (held.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((held.find(s), s) for s in self.stops) if i >= 0]
         if hits:
+            at, self.matched = min(hits, key=lambda h: h[0])
             self.stopped = True
             self._held = ""
-            return held[: min(hits)]
+            return held[:at]
         keep = self._partial_len(held)
         self._held = held[len(held) - keep :] if keep else ""
         return held[: len(held) - keep]

@@ -78,7 +78,8 @@ class Generation:
             close()
 
     def done(self, finish_reason: m.FinishReason) -> m.Done:
-        return m.Done(self.id, finish_reason, self.prompt_tokens, self.completion_tokens)
+        return m.Done(self.id, finish_reason, self.prompt_tokens, self.completion_tokens,
+                      self._stops.matched)
 
 
 class TurnEngine:

@@ -1,0 +1,209 @@
+"""OpenAI Responses answers, from what the chat completions core renders.
+
+Whole: a `response` object whose `output` holds items in the order they were generated:
+`reasoning` (thinking text), `message` (with an `output_text` part), `function_call`s.
+Streamed: `response.created`, `response.in_progress`, then for each item
+`response.output_item.added`, its parts and deltas (`response.output_text.delta`,
+`response.reasoning_text.delta`, `response.function_call_arguments.delta`), their `...done`
+events and `response.output_item.done`; last `response.completed` (or `response.incomplete`
+when max_output_tokens cut it short). Every event carries a `sequence_number`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any
+
+from exod import messages as m
+from exod.api.errors import ApiError
+
+
+class _Item:
+    """One output item being built: a message, a reasoning item or a function call."""
+
+    def __init__(self, kind: str, index: int, call: dict[str, Any] | None = None) -> None:
+        self.kind = kind
+        self.index = index
+        self.id = f"{'fc' if kind == 'function_call' else kind[:3]}_{secrets.token_hex(12)}"
+        self.text = ""
+        self.call = call or {}
+
+    def json(self, done: bool) -> dict[str, Any]:
+        status = "completed" if done else "in_progress"
+        if self.kind == "message":
+            parts = [{"type": "output_text", "text": self.text, "annotations": [],
+                      "logprobs": []}] if done else []
+            return {"id": self.id, "type": "message", "status": status, "role": "assistant",
+                    "content": parts}
+        if self.kind == "reasoning":
+            content = [{"type": "reasoning_text", "text": self.text}] if done else []
+            return {"id": self.id, "type": "reasoning", "summary": [], "content": content,
+                    "status": status}
+        return {"id": self.id, "type": "function_call", "status": status,
+                "call_id": self.call.get("id") or self.id, "name": self.call.get("name", ""),
+                "arguments": self.text if done else ""}
+
+
+class ResponsesOutput:
+    def __init__(self, model: str, body: dict[str, Any]) -> None:
+        self.model = model
+        self.body = body
+        self.id = f"resp_{secrets.token_hex(12)}"
+        self.created = int(time.time())
+        self._seq = 0
+        self._items: list[_Item] = []
+        self._open: _Item | None = None
+        self._tool_items: dict[int, _Item] = {}
+        self._finish: str | None = None
+
+    def seen(self, ev: m.Event) -> None:
+        pass
+
+    # ---- the response object ---------------------------------------------------------------
+    def _response(self, status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+        b = self.body
+        out: dict[str, Any] = {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status,
+            "model": self.model, "output": [i.json(True) for i in self._items]
+            if status != "in_progress" else [],
+            "error": None, "incomplete_details": {"reason": "max_output_tokens"}
+            if status == "incomplete" else None,
+            "instructions": b.get("instructions"), "metadata": b.get("metadata") or {},
+            "parallel_tool_calls": b.get("parallel_tool_calls", True),
+            "temperature": b.get("temperature"), "top_p": b.get("top_p"),
+            "tool_choice": b.get("tool_choice", "auto"), "tools": b.get("tools") or [],
+            "max_output_tokens": b.get("max_output_tokens"), "previous_response_id": None,
+            "reasoning": b.get("reasoning"), "store": False,
+            "text": b.get("text") or {"format": {"type": "text"}}, "truncation": "disabled",
+            "usage": None}
+        if usage is not None:
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            out["usage"] = {
+                "input_tokens": usage["prompt_tokens"],
+                "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": usage["completion_tokens"],
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
+        return out
+
+    def _status(self) -> str:
+        return "incomplete" if self._finish == "length" else "completed"
+
+    # ---- whole -----------------------------------------------------------------------------
+    def whole(self, obj: dict[str, Any]) -> dict[str, Any]:
+        choice = obj["choices"][0]
+        msg = choice.get("message") or {}
+        self._finish = choice.get("finish_reason")
+        if msg.get("reasoning_content"):
+            self._new("reasoning").text = msg["reasoning_content"]
+        if msg.get("content"):
+            self._new("message").text = msg["content"]
+        for call in msg.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            item = self._new("function_call", {"id": call.get("id"), "name": fn.get("name")})
+            item.text = fn.get("arguments", "")
+        return self._response(self._status(), obj.get("usage"))
+
+    def _new(self, kind: str, call: dict[str, Any] | None = None) -> _Item:
+        item = _Item(kind, len(self._items), call)
+        self._items.append(item)
+        return item
+
+    # ---- streamed --------------------------------------------------------------------------
+    def _event(self, kind: str, **data: Any) -> bytes:
+        body = {"type": kind, "sequence_number": self._seq, **data}
+        self._seq += 1
+        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+        return f"event: {kind}\ndata: {text}\n\n".encode()
+
+    def begin(self) -> bytes:
+        started = self._response("in_progress", None)
+        return self._event("response.created", response=started) + \
+            self._event("response.in_progress", response=started)
+
+    def chunk(self, obj: dict[str, Any]) -> bytes:
+        out = b""
+        for choice in obj.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                out += self._text("reasoning", delta["reasoning_content"])
+            if delta.get("content"):
+                out += self._text("message", delta["content"])
+            for call in delta.get("tool_calls") or []:
+                out += self._call_piece(call)
+            if choice.get("finish_reason"):
+                self._finish = choice["finish_reason"]
+        if obj.get("usage"):
+            out += self._close()
+            kind = "response.incomplete" if self._finish == "length" else "response.completed"
+            out += self._event(kind, response=self._response(self._status(), obj["usage"]))
+        return out
+
+    def _start(self, item: _Item) -> bytes:
+        out = self._close()
+        self._open = item
+        out += self._event("response.output_item.added", output_index=item.index,
+                           item=item.json(False))
+        if item.kind == "message":
+            out += self._event("response.content_part.added", item_id=item.id,
+                               output_index=item.index, content_index=0,
+                               part={"type": "output_text", "text": "", "annotations": []})
+        return out
+
+    def _text(self, kind: str, piece: str) -> bytes:
+        out = b""
+        if self._open is None or self._open.kind != kind:
+            out += self._start(self._new(kind))
+        item = self._open
+        assert item is not None
+        item.text += piece
+        name = "response.output_text.delta" if kind == "message" else \
+            "response.reasoning_text.delta"
+        extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
+        return out + self._event(name, item_id=item.id, output_index=item.index,
+                                 content_index=0, delta=piece, **extra)
+
+    def _call_piece(self, call: dict[str, Any]) -> bytes:
+        out = b""
+        index = int(call.get("index", 0))
+        fn = call.get("function") or {}
+        item = self._tool_items.get(index)
+        if item is None:
+            item = self._tool_items[index] = self._new(
+                "function_call", {"id": call.get("id"), "name": fn.get("name")})
+            out += self._start(item)
+        if fn.get("arguments"):
+            item.text += fn["arguments"]
+            out += self._event("response.function_call_arguments.delta", item_id=item.id,
+                               output_index=item.index, delta=fn["arguments"])
+        return out
+
+    def _close(self) -> bytes:
+        item, self._open = self._open, None
+        if item is None:
+            return b""
+        out = b""
+        where = {"item_id": item.id, "output_index": item.index}
+        if item.kind == "message":
+            part = {"type": "output_text", "text": item.text, "annotations": [], "logprobs": []}
+            out += self._event("response.output_text.done", **where, content_index=0,
+                               text=item.text, logprobs=[])
+            out += self._event("response.content_part.done", **where, content_index=0,
+                               part=part)
+        elif item.kind == "reasoning":
+            out += self._event("response.reasoning_text.done", **where, content_index=0,
+                               text=item.text)
+        else:
+            out += self._event("response.function_call_arguments.done", **where,
+                               name=item.call.get("name", ""), arguments=item.text)
+        return out + self._event("response.output_item.done", output_index=item.index,
+                                 item=item.json(True))
+
+    def failed(self, err: ApiError) -> bytes:
+        return self._close() + self._event("error", code=err.code, message=err.message,
+                                           param=err.param)
+
+    def end(self) -> bytes:
+        return b""  # response.completed (or the error) already ended the stream

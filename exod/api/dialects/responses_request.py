@@ -1,0 +1,240 @@
+"""OpenAI Responses requests (`POST /v1/responses`, stateless) as chat completions bodies,
+which exod.api.schema then checks like any other.
+
+exod keeps no responses: `store: true`, `previous_response_id`, `conversation` and item
+references are refused with the reason, as are OpenAI's built-in tools. A field either maps
+onto the chat request or is refused by name; `NO_EFFECT` lists the few that cannot change an
+answer here (README).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exod.api.errors import bad_request
+
+NO_EFFECT = ("metadata", "user", "safety_identifier", "prompt_cache_key",
+             "prompt_cache_retention", "prompt_cache_options", "service_tier", "stream_options")
+MAPPED = ("model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
+          "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning", "stream",
+          "store", "previous_response_id", "conversation", "background", "include",
+          "truncation")
+STATELESS = "exod's Responses API is stateless: it keeps no responses"
+# A local chat template has one thinking switch (`enable_thinking`), not a scale of effort.
+EFFORT_THINKS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True,
+                 "xhigh": True}
+# Asked for by agents that replay reasoning between turns; exod returns reasoning as text.
+INCLUDE_NO_EFFECT = ("reasoning.encrypted_content",)
+
+
+def to_chat(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    for key in body:
+        if key not in MAPPED + NO_EFFECT:
+            raise bad_request(f"`{key}` is not supported by exod's Responses API", key)
+    _stateless(body)
+    chat: dict[str, Any] = {"model": body.get("model")}
+    messages: list[dict[str, Any]] = []
+    if body.get("instructions") is not None:
+        if not isinstance(body["instructions"], str):
+            raise bad_request("`instructions` must be a string", "instructions")
+        messages.append({"role": "system", "content": body["instructions"]})
+    messages += _input(body.get("input"))
+    chat["messages"] = messages
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    for key in ("temperature", "top_p", "parallel_tool_calls"):
+        if body.get(key) is not None:
+            chat[key] = body[key]
+    if body.get("stream") is not None:
+        chat["stream"] = body["stream"]
+        if body["stream"] is True:  # response.completed carries the usage
+            chat["stream_options"] = {"include_usage": True}
+    _tools(body, chat)
+    _text(body.get("text"), chat)
+    _reasoning(body.get("reasoning"), chat)
+    return chat
+
+
+def _stateless(body: dict[str, Any]) -> None:
+    if body.get("store") is True:
+        raise bad_request(f"`store: true` is not supported: {STATELESS} (send `store: false` "
+                          "and the whole conversation in `input`)", "store")
+    for key in ("previous_response_id", "conversation"):
+        if body.get(key) is not None:
+            raise bad_request(f"`{key}` is not supported: {STATELESS} (send the whole "
+                              "conversation in `input`)", key)
+    if body.get("background") is True:
+        raise bad_request("`background: true` is not supported: responses are answered on "
+                          "the request's own connection", "background")
+    include = body.get("include")
+    if include is not None:
+        if not isinstance(include, list):
+            raise bad_request("`include` must be an array", "include")
+        for i, item in enumerate(include):
+            if item not in INCLUDE_NO_EFFECT:
+                raise bad_request(f"`include[{i}]` {item!r} is not supported", f"include[{i}]")
+    if body.get("truncation") not in (None, "disabled"):
+        raise bad_request("`truncation` must be disabled: exod never drops part of the "
+                          "conversation; a prompt beyond the context window is refused",
+                          "truncation")
+
+
+def _input(value: Any) -> list[dict[str, Any]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise bad_request("`input` must be a string or a non-empty array of items", "input")
+    out: list[dict[str, Any]] = []
+    reasoning: list[str] = []  # a reasoning item belongs to the assistant turn after it
+    for i, item in enumerate(value):
+        param = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise bad_request(f"`{param}` must be an object", param)
+        kind = item.get("type", "message")
+        if kind == "message":
+            msg = _message(item, param)
+            if msg["role"] == "assistant" and reasoning:
+                msg["reasoning_content"] = "".join(reasoning)
+                reasoning = []
+            out.append(msg)
+        elif kind == "function_call":
+            _call(item, param, out, reasoning)
+            reasoning = []
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": _string(item, "call_id", param),
+                        "content": _content(item.get("output"), f"{param}.output")})
+        elif kind == "reasoning":
+            reasoning += [c["text"] for c in item.get("content") or []
+                          if isinstance(c, dict) and isinstance(c.get("text"), str)]
+        elif kind == "item_reference":
+            raise bad_request(f"`{param}`: item references are not supported: {STATELESS}",
+                              f"{param}.type")
+        else:
+            raise bad_request(f"`{param}.type` {kind!r} is not supported (message, "
+                              "function_call, function_call_output and reasoning are)",
+                              f"{param}.type")
+    return out
+
+
+def _string(item: dict[str, Any], key: str, param: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise bad_request(f"`{param}.{key}` must be a string", f"{param}.{key}")
+    return value
+
+
+def _content(value: Any, param: str) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise bad_request(f"`{param}` must be a string or an array of text parts", param)
+    parts = []
+    for j, part in enumerate(value):
+        if not (isinstance(part, dict) and part.get("type") in ("input_text", "output_text")
+                and isinstance(part.get("text"), str)):
+            raise bad_request(f"`{param}[{j}]`: only input_text and output_text parts are "
+                              "supported (exod serves text models)", f"{param}[{j}]")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _message(item: dict[str, Any], param: str) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise bad_request(f"`{param}.role` must be user, assistant, system or developer",
+                          f"{param}.role")
+    return {"role": role, "content": _content(item.get("content"), f"{param}.content")}
+
+
+def _call(item: dict[str, Any], param: str, out: list[dict[str, Any]],
+          reasoning: list[str]) -> None:
+    """A function call joins the assistant turn just before it, or starts one."""
+    call = {"id": _string(item, "call_id", param), "type": "function",
+            "function": {"name": _string(item, "name", param),
+                         "arguments": _string(item, "arguments", param)}}
+    if out and out[-1]["role"] == "assistant":
+        out[-1].setdefault("tool_calls", []).append(call)
+        return
+    turn: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [call]}
+    if reasoning:
+        turn["reasoning_content"] = "".join(reasoning)
+    out.append(turn)
+
+
+def _tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise bad_request("`tools` must be an array of tools", "tools")
+        chat["tools"] = [_tool(t, i) for i, t in enumerate(tools)]
+    choice = body.get("tool_choice")
+    if choice is None:
+        return
+    if choice in ("none", "auto", "required"):
+        chat["tool_choice"] = choice
+    elif isinstance(choice, dict) and choice.get("type") == "function":
+        chat["tool_choice"] = {"type": "function",
+                               "function": {"name": _string(choice, "name", "tool_choice")}}
+    else:
+        raise bad_request("`tool_choice` must be none, auto, required or {type: function, "
+                          "name}", "tool_choice")
+
+
+def _tool(tool: Any, i: int) -> dict[str, Any]:
+    param = f"tools[{i}]"
+    if not isinstance(tool, dict):
+        raise bad_request(f"`{param}` must be an object", param)
+    kind = tool.get("type")
+    if kind != "function":
+        raise bad_request(f"`{param}.type` {kind!r}: OpenAI's built-in tools (web search, file "
+                          "search, code interpreter, ...) are not available here; define a "
+                          "function tool", f"{param}.type")
+    for key in tool:
+        if key not in ("type", "name", "description", "parameters", "strict"):
+            raise bad_request(f"`{param}.{key}` is not supported", f"{param}.{key}")
+    function = {k: tool[k] for k in ("name", "description", "parameters", "strict")
+                if tool.get(k) is not None}
+    return {"type": "function", "function": function}
+
+
+def _text(text: Any, chat: dict[str, Any]) -> None:
+    if text is None:
+        return
+    if not isinstance(text, dict):
+        raise bad_request("`text` must be an object", "text")
+    for key in text:
+        if key not in ("format", "verbosity"):
+            raise bad_request(f"`text.{key}` is not supported", f"text.{key}")
+    if text.get("verbosity") not in (None, "medium"):
+        raise bad_request("`text.verbosity` other than medium is not supported: a local model "
+                          "has no verbosity setting", "text.verbosity")
+    fmt = text.get("format")
+    if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        return
+    if isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        chat["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        chat["response_format"] = {"type": "json_schema", "json_schema": schema}
+    else:
+        raise bad_request("`text.format.type` must be text, json_object or json_schema",
+                          "text.format")
+
+
+def _reasoning(reasoning: Any, chat: dict[str, Any]) -> None:
+    if reasoning is None:
+        return
+    if not isinstance(reasoning, dict):
+        raise bad_request("`reasoning` must be an object", "reasoning")
+    for key in reasoning:
+        if key not in ("effort", "summary", "generate_summary"):
+            raise bad_request(f"`reasoning.{key}` is not supported", f"reasoning.{key}")
+    effort = reasoning.get("effort")
+    if effort is None:
+        return
+    if effort not in EFFORT_THINKS:
+        raise bad_request(f"`reasoning.effort` must be one of {', '.join(EFFORT_THINKS)}",
+                          "reasoning.effort")
+    chat["chat_template_kwargs"] = {"enable_thinking": EFFORT_THINKS[effort]}

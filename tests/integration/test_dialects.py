@@ -1,0 +1,266 @@
+"""The Anthropic Messages and OpenAI Responses dialects end to end, driven by the official
+`anthropic` and `openai` clients against a real daemon and runners of the tiny model. Their
+answers are compared with chat completions' for the same conversation (the core both adapt),
+and their streams with their own whole answers. One daemon serves the module: tests only read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from tests.harness import Daemon
+from tests.integration.test_api import TOKEN, Served, sse_events  # noqa: F401
+
+ASK = "hello there"
+
+
+class Both(Served):
+    def __init__(self, daemon: Daemon, model: Path) -> None:
+        super().__init__(daemon, model)
+        self.claude = anthropic.Anthropic(base_url=self.url, api_key=TOKEN, max_retries=0,
+                                          timeout=60)
+
+    def chat(self, n: int, messages: list[dict[str, Any]] | None = None,
+             **kw: Any) -> openai.types.chat.ChatCompletion:
+        return self.client.chat.completions.create(
+            model="tiny", messages=messages or [{"role": "user", "content": ASK}],  # type: ignore[arg-type]
+            max_tokens=n, temperature=0, **kw)
+
+    def sse(self, path: str, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        """(event name, data) of every event of a raw SSE answer, checking the framing."""
+        resp, raw = self.raw("POST", path, body)
+        assert resp.status == 200, raw
+        out = []
+        for block in raw[:-2].split(b"\n\n"):
+            name, data = block.split(b"\n")
+            assert name.startswith(b"event: ") and data.startswith(b"data: "), block
+            payload = json.loads(data[len(b"data: "):])
+            assert payload["type"] == name[len(b"event: "):].decode()
+            out.append((payload["type"], payload))
+        return out
+
+
+@pytest.fixture(scope="module")
+def both(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Both]:
+    tmp = tmp_path_factory.mktemp("dialects")
+    token_file = tmp / "token"
+    token_file.write_text(TOKEN + "\n")
+    d = Daemon({"api": {"listen": "127.0.0.1:0", "token_file": str(token_file)},
+                "instances": {"tiny": {"model": str(tiny_model)}}})
+    try:
+        d.start()
+        d.watch_until(lambda s: s["instances"][0]["state"] == "ready", what="tiny ready")
+        yield Both(d, tiny_model)
+    finally:
+        d.close()
+
+
+# ---- Anthropic Messages ---------------------------------------------------------------------
+def test_messages_create_gives_chat_completions_greedy_answer(both: Both) -> None:
+    r = both.claude.messages.create(model="tiny", max_tokens=12,
+                                    messages=[{"role": "user", "content": ASK}],
+                                    extra_body={"temperature": 0})
+    assert r.type == "message" and r.role == "assistant" and r.model == "tiny"
+    assert r.id.startswith("msg_")
+    text = "".join(b.text for b in r.content if b.type == "text")
+    plain = both.chat(12)
+    assert text == (plain.choices[0].message.content or "")
+    assert r.usage.input_tokens == plain.usage.prompt_tokens  # type: ignore[union-attr]
+    assert r.usage.output_tokens == plain.usage.completion_tokens  # type: ignore[union-attr]
+    assert r.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[
+        plain.choices[0].finish_reason]
+
+
+def test_sampling_fields_are_honoured_plainly_and_through_extra_body(both: Both) -> None:
+    """The current SDK no longer types temperature/top_p/top_k: clients send them through
+    extra_body, older clients plainly; both reach the sampler (temperature 0 = greedy)."""
+    greedy = both.chat(16).choices[0].message.content
+    resp, raw = both.raw("POST", "/v1/messages", {
+        "model": "tiny", "max_tokens": 16, "temperature": 0,
+        "messages": [{"role": "user", "content": ASK}]})
+    assert resp.status == 200, raw
+    assert json.loads(raw)["content"][0]["text"] == greedy
+    r = both.claude.messages.create(model="tiny", max_tokens=16, extra_body={"temperature": 0},
+                                    messages=[{"role": "user", "content": ASK}])
+    assert r.content[0].text == greedy  # type: ignore[union-attr]
+    resp, raw = both.raw("POST", "/v1/messages", {
+        "model": "tiny", "max_tokens": 16, "temperature": 7,
+        "messages": [{"role": "user", "content": ASK}]})
+    assert resp.status == 400 and json.loads(raw)["error"]["type"] == "invalid_request_error"
+
+
+def test_messages_stream_reassembles_to_the_whole_answer(both: Both) -> None:
+    whole = both.claude.messages.create(model="tiny", max_tokens=20, system="Be brief.",
+                                        extra_body={"temperature": 0},
+                                        messages=[{"role": "user", "content": ASK}])
+    with both.claude.messages.stream(model="tiny", max_tokens=20, system="Be brief.",
+                                     extra_body={"temperature": 0},
+                                     messages=[{"role": "user", "content": ASK}]) as s:
+        pieces = list(s.text_stream)
+        final = s.get_final_message()
+    assert "".join(pieces) == whole.content[0].text  # type: ignore[union-attr]
+    assert final.content[0].text == whole.content[0].text  # type: ignore[union-attr]
+    assert final.stop_reason == whole.stop_reason
+    assert final.usage.input_tokens == whole.usage.input_tokens
+    assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_messages_stream_events_come_in_anthropic_order(both: Both) -> None:
+    events = both.sse("/v1/messages", {"model": "tiny", "max_tokens": 8, "stream": True,
+                                       "temperature": 0,
+                                       "messages": [{"role": "user", "content": ASK}]})
+    names = [n for n, _ in events]
+    assert names[:2] == ["message_start", "ping"]
+    assert names[2] == "content_block_start" and names[-3:] == [
+        "content_block_stop", "message_delta", "message_stop"]
+    assert set(names[3:-3]) == {"content_block_delta"}
+    start = events[0][1]["message"]
+    assert start["content"] == [] and start["stop_reason"] is None
+    delta = events[-2][1]
+    whole = both.chat(8)
+    assert delta["delta"]["stop_reason"] == {"length": "max_tokens", "stop": "end_turn"}[
+        whole.choices[0].finish_reason]
+    assert delta["usage"]["output_tokens"] == whole.usage.completion_tokens  # type: ignore[union-attr]
+    assert delta["usage"]["input_tokens"] > 0
+
+
+def test_a_stop_sequence_is_named(both: Both) -> None:
+    text = both.chat(24).choices[0].message.content or ""
+    stop = text[5:8]
+    assert len(stop) == 3, text
+    r = both.claude.messages.create(model="tiny", max_tokens=24, stop_sequences=[stop, "\x00"],
+                                    extra_body={"temperature": 0},
+                                    messages=[{"role": "user", "content": ASK}])
+    assert r.stop_reason == "stop_sequence" and r.stop_sequence == stop
+    assert r.content[0].text == text[:text.index(stop)]  # type: ignore[union-attr]
+
+
+def test_count_tokens_is_the_prompt_length_after_the_template(both: Both) -> None:
+    convo: list[Any] = [{"role": "user", "content": ASK},
+                        {"role": "assistant", "content": "hi"},
+                        {"role": "user", "content": [{"type": "text", "text": "again"}]}]
+    counted = both.claude.messages.count_tokens(model="tiny", system="Be brief.",
+                                                messages=convo)
+    chat = both.chat(1, [{"role": "system", "content": "Be brief."}, *convo[:2],
+                         {"role": "user", "content": "again"}])
+    assert counted.input_tokens == chat.usage.prompt_tokens  # type: ignore[union-attr]
+
+
+def test_messages_errors_are_in_anthropic_shape(both: Both) -> None:
+    with pytest.raises(anthropic.NotFoundError) as nf:
+        both.claude.messages.create(model="nope", max_tokens=4,
+                                    messages=[{"role": "user", "content": ASK}])
+    assert nf.value.body["type"] == "error"  # type: ignore[index]
+    assert nf.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    bad = anthropic.Anthropic(base_url=both.url, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as au:
+        bad.messages.create(model="tiny", max_tokens=4,
+                            messages=[{"role": "user", "content": ASK}])
+    assert au.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    for body, param in [({"messages": [{"role": "user", "content": ASK}]}, "max_tokens"),
+                        ({"max_tokens": 4, "messages": [{"role": "user", "content": [
+                            {"type": "image", "source": {}}]}]}, "messages[0].content[0].type"),
+                        ({"max_tokens": 4, "container": "x",
+                          "messages": [{"role": "user", "content": ASK}]}, "container"),
+                        ({"max_tokens": 4, "tools": [{"type": "web_search_20250305",
+                                                      "name": "web_search"}],
+                          "messages": [{"role": "user", "content": ASK}]}, "tools[0].type")]:
+        resp, raw = both.raw("POST", "/v1/messages", {"model": "tiny", **body})
+        err = json.loads(raw)
+        assert resp.status == 400 and err["type"] == "error", raw
+        assert err["error"]["type"] == "invalid_request_error" and param in err["error"][
+            "message"], (param, err)
+    resp, raw = both.raw("POST", "/v1/messages/nope", {})
+    assert resp.status == 404 and json.loads(raw)["error"]["type"] == "not_found_error"
+
+
+def test_x_api_key_and_bearer_are_the_same_token(both: Both) -> None:
+    ok = anthropic.Anthropic(base_url=both.url, auth_token=TOKEN, max_retries=0)  # Bearer
+    assert ok.messages.create(model="tiny", max_tokens=2, messages=[
+        {"role": "user", "content": ASK}]).type == "message"
+    resp, raw = both.raw("GET", "/v1/models", token=None)
+    assert resp.status == 401
+
+
+def test_models_list_reads_in_both_clients(both: Both) -> None:
+    (m,) = both.client.models.list().data
+    assert m.id == "tiny" and m.model_extra["state"] == "ready"  # type: ignore[index]
+    assert m.model_extra["context_length"] > 0  # type: ignore[index]
+    (a,) = both.claude.models.list().data
+    assert a.id == "tiny" and a.type == "model" and a.display_name == "tiny"
+
+
+# ---- OpenAI Responses -----------------------------------------------------------------------
+def test_responses_create_gives_chat_completions_greedy_answer(both: Both) -> None:
+    plain = both.chat(12, [{"role": "system", "content": "Be brief."},
+                           {"role": "user", "content": ASK}])
+    r = both.client.responses.create(model="tiny", instructions="Be brief.", input=ASK,
+                                     max_output_tokens=12, temperature=0, store=False)
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == "tiny"
+    assert r.output_text == plain.choices[0].message.content
+    assert r.usage is not None
+    assert r.usage.input_tokens == plain.usage.prompt_tokens  # type: ignore[union-attr]
+    assert r.usage.output_tokens == plain.usage.completion_tokens  # type: ignore[union-attr]
+    done = plain.choices[0].finish_reason
+    assert r.status == ("incomplete" if done == "length" else "completed")
+
+
+def test_responses_items_carry_the_conversation(both: Both) -> None:
+    items: list[Any] = [{"role": "user", "content": [{"type": "input_text", "text": ASK}]},
+                        {"type": "message", "role": "assistant",
+                         "content": [{"type": "output_text", "text": "hi"}]},
+                        {"role": "user", "content": "again"}]
+    r = both.client.responses.create(model="tiny", input=items, max_output_tokens=8,
+                                     temperature=0)
+    plain = both.chat(8, [{"role": "user", "content": ASK},
+                          {"role": "assistant", "content": "hi"},
+                          {"role": "user", "content": "again"}])
+    assert r.output_text == plain.choices[0].message.content
+
+
+def test_responses_stream_events_in_order_and_reassembled(both: Both) -> None:
+    whole = both.client.responses.create(model="tiny", input=ASK, max_output_tokens=10,
+                                         temperature=0)
+    stream = both.client.responses.create(model="tiny", input=ASK, max_output_tokens=10,
+                                          temperature=0, stream=True)
+    events = list(stream)
+    names = [e.type for e in events]
+    assert names[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]
+    assert names[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done",
+                          "response.incomplete" if whole.status == "incomplete"
+                          else "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text
+    last = events[-1].response  # type: ignore[union-attr]
+    assert last.output_text == whole.output_text
+    assert last.usage.output_tokens == whole.usage.output_tokens  # type: ignore[union-attr]
+    with both.client.responses.stream(model="tiny", input=ASK, max_output_tokens=10,
+                                      temperature=0) as s:  # the SDK's own accumulator
+        *_, end = list(s)
+    # Cut short by max_output_tokens, as OpenAI does: response.incomplete, whose response the
+    # SDK fills with the items it accumulated.
+    assert end.type == names[-1]
+    assert end.response.output_text == whole.output_text  # type: ignore[union-attr]
+
+
+def test_responses_refuses_what_a_stateless_server_cannot_do(both: Both) -> None:
+    for kw, param in [({"store": True}, "store"),
+                      ({"previous_response_id": "resp_1"}, "previous_response_id"),
+                      ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+                      ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]},
+                       "tools[0].type"),
+                      ({"truncation": "auto"}, "truncation")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            both.client.responses.create(model="tiny", input=ASK, **kw)
+        assert e.value.status_code == 400
+        assert e.value.body["param"] == param, (kw, e.value.body)  # type: ignore[index]
