@@ -779,3 +779,104 @@ def test_descriptor_exhaustion_backs_off_and_logs_once(daemons: Callable[..., Da
     assert "Traceback" not in d.log_path.read_text()
     d.send_signal(signal.SIGTERM)
     assert d.proc.wait(60) == 0
+
+
+# ---- the other dialects: the same guards, the same fuzzing ----------------------------------
+DIALECT_FIELDS = ("system", "max_tokens", "stop_sequences", "tools", "tool_choice", "thinking",
+                  "output_config", "metadata", "temperature", "top_k", "input", "instructions",
+                  "max_output_tokens", "text", "reasoning", "store", "previous_response_id",
+                  "include", "truncation", "stream")
+BLOCK = st.fixed_dictionaries({"type": st.sampled_from(["text", "tool_use", "tool_result",
+                                                        "thinking", "image", "input_text",
+                                                        "function_call_output"]) | JSON,
+                               "text": st.text(max_size=10) | JSON}) | JSON
+DIALECT_NEAR = {
+    "messages": st.lists(st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system", "tool"]) | JSON,
+         "content": st.text(max_size=20) | st.lists(BLOCK, max_size=3) | JSON}), max_size=3),
+    "input": st.text(max_size=20) | st.lists(st.fixed_dictionaries(
+        {"type": st.sampled_from(["message", "function_call", "function_call_output",
+                                  "reasoning", "item_reference"]) | JSON,
+         "role": st.sampled_from(["user", "assistant", "developer"]) | JSON,
+         "content": st.text(max_size=10) | st.lists(BLOCK, max_size=2) | JSON,
+         "call_id": st.text(max_size=5) | JSON}), max_size=3) | JSON,
+    "tools": st.lists(st.fixed_dictionaries({"type": st.sampled_from(
+        ["custom", "function", "web_search"]) | JSON, "name": st.text(max_size=5) | JSON,
+        "input_schema": JSON, "parameters": JSON}), max_size=2) | JSON,
+    "tool_choice": st.fixed_dictionaries({"type": st.sampled_from(
+        ["auto", "any", "tool", "none", "function"]) | JSON, "name": JSON}) | JSON,
+    "max_tokens": st.integers(-5, 10**13) | JSON,
+    "stream": st.booleans() | JSON,
+}
+
+
+@st.composite
+def dialect_bodies(draw: st.DrawFn) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": draw(st.sampled_from(["capped", "nope"]) | JSON),
+                            "max_tokens": 2, "messages": HELLO, "input": "hi"}
+    for key in draw(st.lists(st.sampled_from(DIALECT_FIELDS + ("messages",)), max_size=4,
+                             unique=True)):
+        body[key] = draw(DIALECT_NEAR.get(key, JSON))
+    if draw(st.booleans()):
+        body.pop(draw(st.sampled_from(sorted(body))))
+    return body
+
+
+def test_fuzz_dialect_bodies(api: Api) -> None:
+    """Anthropic Messages and OpenAI Responses bodies, near-valid and not: never a 5xx, every
+    Messages error in Anthropic's shape."""
+    statuses: dict[int, int] = {}
+
+    @settings(max_examples=900, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(body=dialect_bodies(), path=st.sampled_from(
+        ["/v1/messages", "/v1/messages/count_tokens", "/v1/responses"]))
+    def probe(body: dict[str, Any], path: str) -> None:
+        if path == "/v1/responses":
+            body.pop("messages", None)
+            body.pop("max_tokens", None)
+        else:
+            body.pop("input", None)
+        raw = json.dumps(body, allow_nan=True).encode()
+        try:
+            status, _, answer = api.request("POST", path, raw)
+        except (BrokenPipeError, ConnectionResetError):
+            status, answer = 0, b""  # header_timeout 1 s on a loaded machine (as above)
+        statuses[status] = statuses.get(status, 0) + 1
+        assert status < 500 or status == 529, (status, body)  # 529: an instance restarting
+        if status >= 400 and path.startswith("/v1/messages"):
+            assert json.loads(answer)["type"] == "error", answer
+    probe()
+    assert statuses.get(200, 0) > 0 and statuses.get(400, 0) > 0, statuses
+    assert statuses.get(0, 0) <= sum(statuses.values()) // 20, statuses
+    assert tracebacks(api.d) == []
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens", "/v1/responses"])
+def test_the_dialects_have_the_chat_endpoint_s_guards(api: Api, path: str) -> None:
+    body: dict[str, Any] = {"model": "tiny", "input": "hi"}
+    if "messages" in path:
+        body = {"model": "tiny", "messages": HELLO}
+        if not path.endswith("count_tokens"):
+            body["max_tokens"] = 2
+    raw = json.dumps(body).encode()
+    anthropic_shape = path.startswith("/v1/messages")
+
+    def kind(answer: bytes) -> str:
+        doc = json.loads(answer)
+        return doc["error"]["type"] if anthropic_shape else doc["error"]["code"]
+
+    status, _, answer = api.request("POST", path, raw, token=None)
+    assert status == 401
+    assert kind(answer) == ("authentication_error" if anthropic_shape else "invalid_api_key")
+    status, _, answer = api.request("POST", path, raw,
+                                    headers={"Host": f"attacker.example:{api.port}"})
+    assert status == 421, answer
+    status, _, answer = api.request("POST", path, raw, headers={"Content-Type": "text/plain"})
+    assert status == 415, answer
+    status, _, answer = api.request("POST", path, b"[" * 100_000)
+    assert status == 413
+    assert kind(answer) == ("request_too_large" if anthropic_shape else "request_too_large")
+    status, _, _ = api.request("POST", path, raw, headers={"x-api-key": TOKENS[1]}, token=None)
+    assert status == 200
+    assert tracebacks(api.d) == []
