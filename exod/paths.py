@@ -27,11 +27,27 @@ def default_control_socket() -> Path:
     return runtime_dir() / "control.sock"
 
 
+def user_runtime_dir() -> Path | None:
+    """The caller's XDG runtime folder, where a user service's RuntimeDirectory= lives: from
+    XDG_RUNTIME_DIR, else /run/user/UID when it exists (sudo -u, cron and su leave the variable
+    unset although the user's manager runs)."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg)
+    candidate = Path(f"/run/user/{os.geteuid()}")
+    return candidate if sys.platform != "darwin" and candidate.is_dir() else None
+
+
 def client_socket_candidates() -> list[Path]:
-    """Where exoctl looks, in order: the caller's own daemon, then the system service's."""
+    """Where exoctl looks, in order: the caller's own daemon (a user service or `exod run`),
+    then the system service's; for root, the system service's first. The first that exists
+    wins, so a user service is found by default when no system daemon is there."""
     system = SYSTEM_RUNTIME_DIR / "control.sock"
+    user_dir = user_runtime_dir()
+    user = user_dir / "exod" / "control.sock" if user_dir else None
     own = default_control_socket()
-    return [own] if own == system else [own, system]
+    order = [system, user] if os.geteuid() == 0 else [own, user, system]
+    return list(dict.fromkeys(p for p in order if p is not None))
 
 
 def cache_dir() -> Path:
@@ -41,3 +57,11 @@ def cache_dir() -> Path:
         return Path(state.split(":")[0]) / "cache"
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "exod"
+
+
+def client_socket() -> Path:
+    """exoctl's default: the first candidate that exists; when none does, the one a daemon
+    started the usual way would make (the caller's own, or the system service's for root)."""
+    candidates = client_socket_candidates()
+    return next((p for p in candidates if p.exists()), candidates[0] if os.geteuid() == 0
+                else default_control_socket())

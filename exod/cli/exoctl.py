@@ -86,11 +86,10 @@ class Client:
 
 
 def default_socket() -> str:
-    """The first candidate that exists (a user's own daemon, then the system service)."""
-    from exod.paths import client_socket_candidates
+    """The first candidate that exists (exod.paths.client_socket_candidates)."""
+    from exod.paths import client_socket
 
-    candidates = client_socket_candidates()
-    return str(next((p for p in candidates if p.exists()), candidates[-1]))
+    return str(client_socket())
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -106,8 +106,11 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
               help="Also check this systemd unit (default: the installed exod.service).")
 @click.option("--plist", "plists", multiple=True, type=click.Path(path_type=Path),
               metavar="FILE", help="Also check this launchd plist (default: the installed one).")
+@click.option("--system", "system", is_flag=True,
+              help="Check the installed service as its user will see it (unit, user, folders, "
+                   "config and models readable, port free, stop timeout); needs root.")
 def check(config: str | None, explain: bool, units: tuple[Path, ...],
-          plists: tuple[Path, ...]) -> None:
+          plists: tuple[Path, ...], system: bool) -> None:
     """Validate a config file and its includes; exit 78 (EX_CONFIG) if anything is wrong.
 
     Also warns when the service manager would SIGKILL before exod's termination ladder is
@@ -119,6 +122,9 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
 
     if explain:
         click.echo(explain_keys())
+        return
+    if system:
+        check_system(Path(config) if config else None)
         return
     path = resolve_config_path(config)
     try:
@@ -139,12 +145,29 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
     files = [("unit", u) for u in units] + [("plist", p) for p in plists]
     for kind, f in files or checks.installed():
         check_file = checks.check_unit if kind == "unit" else checks.check_plist
-        for warning in check_file(f, worst):
+        for warning in check_file(f, worst) + checks.check_stamp(f):
             click.echo(f"warning: {warning}", err=True)
     click.echo(f"{path}: OK, {n} instance{'s' if n != 1 else ''}; "
                f"stop ladder worst case {worst:g}s")
     for line in memory_lines(cfg):
         click.echo(line)
+
+
+def check_system(config: Path | None) -> None:
+    """`exod check --system`: one line per problem with its fix, exit 78 if any."""
+    if sys.platform == "darwin":
+        raise click.UsageError("--system checks a systemd installation; on macOS use "
+                               "`exod check` (it checks the installed plist)")
+    from exod.service_files import steps, system_check
+
+    problems, summary = system_check.check_installed(config, steps.run)
+    for p in problems:
+        click.echo(p.line(), err=True)
+    if problems:
+        n = len(problems)
+        click.echo(f"installed service: {n} problem{'s' if n != 1 else ''}", err=True)
+        sys.exit(EXIT_CONFIG)
+    click.echo(summary)
 
 
 def memory_lines(cfg: Config) -> list[str]:
@@ -163,41 +186,6 @@ def memory_lines(cfg: Config) -> list[str]:
     return lines
 
 
-@main.command()
-@click.option("--dry-run", is_flag=True, help="Print every file and its content; write nothing.")
-@click.option("--target", type=click.Choice(["systemd", "launchd"]), default=None,
-              help="Service manager [default: launchd on macOS, else systemd].")
-@click.option("--user", is_flag=True, help="launchd: a per-user LaunchAgent, not a daemon.")
-@click.option("--root", type=click.Path(path_type=Path), default=Path("/"), show_default=True,
-              help="Install under this directory (for packaging).")
-def install(dry_run: bool, target: str | None, user: bool, root: Path) -> None:
-    """Install the service files (systemd unit, sysusers, example config; or launchd plist)."""
-    from exod.service_files import install as inst
-
-    target = target or ("launchd" if sys.platform == "darwin" else "systemd")
-    if user and target != "launchd":
-        raise click.UsageError("--user is for launchd; for systemd use a user unit by hand")
-    try:
-        exod_bin = inst.exod_binary()
-        plan = (inst.systemd_plan(exod_bin, root, inst.interpreter()) if target == "systemd"
-                else inst.launchd_plan(exod_bin, root, user))
-    except inst.InstallError as e:
-        raise click.ClickException(str(e)) from None
-    if dry_run:
-        for item in plan:
-            note = " (only if absent)" if item.keep_existing else ""
-            click.echo(f"--- {item.path} mode {item.mode:04o}{note}")
-            click.echo(item.content.rstrip("\n"))
-        click.echo(f"--- then run: {inst.next_command(target, user, plan)}")
-        return
-    try:
-        for line in inst.write(plan):
-            click.echo(line)
-    except OSError as e:
-        raise click.ClickException(f"{e.filename or ''}: {e.strerror or e}") from None
-    click.echo(f"next: {inst.next_command(target, user, plan)}")
-
-
 @main.command("demo")
 @click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
               help="Where to keep the prepared model [default: ~/.cache/exod].")
@@ -210,6 +198,11 @@ def demo_cmd(cache_dir: Path | None) -> None:
     except RuntimeError as e:
         raise click.ClickException(str(e)) from None
 
+
+from exod.cli.service import install, uninstall  # noqa: E402 (after main)
+
+main.add_command(install)
+main.add_command(uninstall)
 
 if __name__ == "__main__":
     main()

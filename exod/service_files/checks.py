@@ -9,12 +9,15 @@ directly, bypassing the ladder's first rung.
 from __future__ import annotations
 
 import math
+import os
 import plistlib
 import sys
 from pathlib import Path
 
+from exod import __version__
 from exod.core.ladder import STOP_MARGIN
 from exod.config.durations import parse_timespan
+from exod.service_files.stamp import older, read_stamp
 from exod.service_files.unitfile import load_unit
 
 # Room after the last SIGTERM for the SIGKILL rung, the reaping and exod's own exit.
@@ -28,6 +31,24 @@ SYSTEMD_UNITS = (Path("/etc/systemd/system/exod.service"),
                  Path("/lib/systemd/system/exod.service"))
 LAUNCHD_PLISTS = (Path("/Library/LaunchDaemons/io.exod.exod.plist"),
                   Path.home() / "Library/LaunchAgents/io.exod.exod.plist")
+
+
+def user_unit() -> Path:
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".config") / "systemd/user/exod.service"
+
+
+def check_stamp(path: Path) -> list[str]:
+    """A service file written by an older exod: reinstall, then restart (README: Upgrading)."""
+    try:
+        version = read_stamp(path.read_text())
+    except (OSError, UnicodeDecodeError):
+        return []
+    if version is None or not older(version):
+        return []
+    again = "exod install --user" if str(path).startswith(str(Path.home())) else "sudo exod install"
+    return [f"{path} was installed by exod {version}, older than this exod {__version__}: "
+            f"run `{again}`, then restart the service"]
 
 
 def check_unit(path: Path, worst_case: float) -> list[str]:
@@ -83,9 +104,8 @@ def check_plist(path: Path, worst_case: float) -> list[str]:
 
 def installed() -> list[tuple[str, Path]]:
     """The service files found where systemd or launchd would read them."""
-    candidates = LAUNCHD_PLISTS if sys.platform == "darwin" else SYSTEMD_UNITS
-    kind = "plist" if sys.platform == "darwin" else "unit"
-    for p in candidates:
-        if p.exists():
-            return [(kind, p)]
-    return []
+    if sys.platform == "darwin":
+        return [("plist", p) for p in LAUNCHD_PLISTS if p.exists()][:1]
+    system = [("unit", p) for p in SYSTEMD_UNITS if p.exists()][:1]
+    user = [("unit", user_unit())] if os.geteuid() != 0 and user_unit().exists() else []
+    return system + user

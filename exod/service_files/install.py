@@ -1,21 +1,35 @@
-"""`exod install`: put the service files where systemd or launchd reads them.
+"""`exod install`: which service files go where, for systemd (system or user) and launchd.
 
-The shipped unit names /usr/bin/exod and the plists /usr/local/bin/exod; the installed copies
-name the exod that runs this command. An existing config is never overwritten. `--dry-run` prints
-every file and its content instead of writing.
+Pure planning: the plans name every file with its content; writing them (files.py) and telling
+the service manager (steps.py) happen elsewhere. The shipped unit names /usr/bin/exod and the
+plists /usr/local/bin/exod; the installed copies name the exod that runs this command, and carry
+a version stamp (stamp.py). An existing config is never overwritten.
+
+An exod whose Python lies under a home directory (pyenv, uv, pipx, a venv in ~) is hidden by the
+system unit's ProtectHome=yes. Instead of refusing, the plan adds a drop-in that keeps homes
+empty (ProtectHome=tmpfs) and binds exactly the interpreter's prefix and the venv, read-only.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import site
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-PLIST_BIN = "/usr/local/bin/exod"  # what the shipped plists name; the unit names /usr/bin/exod
-# ProtectHome= hides these from the service: a venv there cannot be the service's exod.
-HIDDEN_FROM_SERVICE = ("/home/", "/root/", "/run/user/")
+from exod.service_files.stamp import stamped
+
+PLIST_BIN = "/usr/local/bin/exod"  # what the shipped plists name; the units name /usr/bin/exod
+# ProtectHome= hides these from the system service.
+HIDDEN_BY_PROTECT_HOME = ("/home", "/root", "/run/user")
+SYSTEM_UNIT = "etc/systemd/system/exod.service"
+HOME_DROPIN = "etc/systemd/system/exod.service.d/exod-install-home.conf"
+SYSUSERS = "etc/sysusers.d/exod.conf"
+TMPFILES = "etc/tmpfiles.d/exod.conf"
+SYSTEM_CONFIG = "etc/exod/exod.yaml"
+SERVICE_GROUP = "exod"
 
 
 class InstallError(Exception):
@@ -28,28 +42,30 @@ class Planned:
     content: str
     mode: int = 0o644
     keep_existing: bool = False  # configs: an operator's edits win
+    group: str | None = None  # chgrp once the group exists (the config: readable by exod)
+
+
+def _data_dirs() -> list[Path]:
+    """packaging/ of a source checkout, then what the wheel put under PREFIX/share/exod (a venv,
+    pipx, uv tool), then the user base of `pip install --user`."""
+    return [Path(__file__).resolve().parents[2] / "packaging",
+            Path(sys.prefix) / "share" / "exod",
+            Path(site.getuserbase()) / "share" / "exod"]
 
 
 def packaging_dir() -> Path:
-    """packaging/ of a source checkout, else what the wheel put under PREFIX/share/exod."""
-    for candidate in (Path(__file__).resolve().parents[2] / "packaging",
-                      Path(sys.prefix) / "share" / "exod"):
+    for candidate in _data_dirs():
         if (candidate / "systemd" / "exod.service").is_file():
             return candidate
     raise InstallError("cannot find exod's packaging files (packaging/ or PREFIX/share/exod)")
 
 
 def example_config() -> str:
-    for candidate in (Path(__file__).resolve().parents[2] / "config" / "exod.yaml",
-                      Path(sys.prefix) / "share" / "exod" / "exod.yaml"):
-        if candidate.is_file():
-            return candidate.read_text()
+    for d in _data_dirs():
+        for candidate in (d.parent / "config" / "exod.yaml", d / "exod.yaml"):
+            if candidate.is_file():
+                return candidate.read_text()
     raise InstallError("cannot find the example config (config/exod.yaml)")
-
-
-def interpreter() -> Path:
-    """The real interpreter behind this venv (a venv's python is a symlink to it)."""
-    return Path(os.path.realpath(sys.executable))
 
 
 def exod_binary() -> Path:
@@ -58,74 +74,95 @@ def exod_binary() -> Path:
     return candidate if candidate.exists() else Path(sys.argv[0]).resolve()
 
 
-def hidden_part(exod: Path, interpreter: Path | None) -> Path | None:
-    """The first of exod or the interpreter behind it that ProtectHome= would hide."""
-    for p in (exod, interpreter):
-        if p is not None and str(p).startswith(HIDDEN_FROM_SERVICE):
-            return p
-    return None
+def _under(path: str, prefixes: tuple[str, ...] | list[str]) -> bool:
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in prefixes)
 
 
-def systemd_plan(exod: Path, root: Path, interpreter: Path | None = None) -> list[Planned]:
-    hidden = hidden_part(exod, interpreter)
-    if hidden is not None:
-        raise InstallError(
-            f"{hidden} is under a home directory, which the unit's ProtectHome=yes hides from "
-            f"the service. Install exod (and a Python) system-wide first, e.g. `make install` "
-            f"(a venv in /opt/exod), then run that exod's `install`.")
+def needed_paths() -> list[str]:
+    """What the service must read to run this exod: the interpreter's prefix, the venv, where
+    the exod package itself lies (an editable install's checkout) and the other import paths
+    (.pth additions). sys.path[0] is left out: it is the script's folder or the caller's cwd."""
+    import exod
+
+    candidates = [sys.base_prefix, sys.prefix, str(Path(exod.__file__).resolve().parents[1]),
+                  *sys.path[1:]]
+    return sorted({os.path.realpath(p) for p in candidates if p and os.path.exists(p)})
+
+
+def home_binds(paths: list[str]) -> list[str]:
+    """Those of `paths` that ProtectHome= would hide, without any that lies inside another."""
+    hidden = sorted(p for p in paths if _under(p, HIDDEN_BY_PROTECT_HOME))
+    return [p for p in hidden if not _under(p, [q for q in hidden if q != p])]
+
+
+def _quote(path: str) -> str:
+    return f'"{path}"' if re.search(r"\s", path) else path
+
+
+def home_dropin(binds: list[str]) -> str:
+    return ("# This exod runs from a Python under a home directory, which ProtectHome=yes hides.\n"
+            "# Homes stay empty (a tmpfs) except these folders, bound read-only.\n"
+            "[Service]\nProtectHome=tmpfs\n"
+            f"BindReadOnlyPaths={' '.join(_quote(b) for b in binds)}\n")
+
+
+def with_exec(unit: str, exod: Path) -> str:
+    return re.sub(r"(?m)^(ExecStart=[-@:+!]*)\S*/exod\b", rf"\g<1>{exod}", unit)
+
+
+def systemd_plan(exod: Path, root: Path, binds: list[str] | None = None) -> list[Planned]:
+    """The system service; `binds`: the folders under home directories it needs (home_binds)."""
     pkg = packaging_dir() / "systemd"
-    unit = re.sub(r"(?m)^(ExecStart=[-@:+!]*)\S*/exod\b", rf"\g<1>{exod}",
-                  (pkg / "exod.service").read_text())
-    plan = [
-        Planned(root / "etc/systemd/system/exod.service", unit),
-        Planned(root / "etc/sysusers.d/exod.conf", (pkg / "exod.sysusers").read_text()),
-        Planned(root / "etc/exod/exod.yaml", example_config(), 0o640, keep_existing=True),
+    unit = stamped(with_exec((pkg / "exod.service").read_text(), exod), "unit")
+    plan = [Planned(root / SYSTEM_UNIT, unit)]
+    if binds:
+        plan.append(Planned(root / HOME_DROPIN, stamped(home_dropin(binds), "unit")))
+    plan += [
+        Planned(root / SYSUSERS, (pkg / "exod.sysusers").read_text()),
+        Planned(root / SYSTEM_CONFIG, example_config(), 0o640, keep_existing=True,
+                group=SERVICE_GROUP),
     ]
     tmpfiles = pkg / "exod.tmpfiles"
     if tmpfiles.is_file():
-        plan.append(Planned(root / "etc/tmpfiles.d/exod.conf", tmpfiles.read_text()))
+        plan.append(Planned(root / TMPFILES, tmpfiles.read_text()))
     return plan
 
 
-def launchd_plan(exod: Path, root: Path, user: bool) -> list[Planned]:
+def user_dirs(home: Path) -> tuple[Path, Path]:
+    """(systemd user unit folder, exod's config folder) of a user, honouring XDG_CONFIG_HOME."""
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    config = Path(xdg) if xdg and os.path.isabs(xdg) else home / ".config"
+    return config / "systemd" / "user", config / "exod"
+
+
+def _rooted(root: Path, path: Path) -> Path:
+    return root / str(path).lstrip("/")
+
+
+def systemd_user_plan(exod: Path, root: Path, home: Path) -> list[Planned]:
+    """A systemd user service: the user's own manager runs it as the user, so it reads the
+    user's models; config in ~/.config/exod, socket in $XDG_RUNTIME_DIR/exod."""
+    units, config = user_dirs(home)
+    text = (packaging_dir() / "systemd" / "exod-user.service").read_text()
+    return [Planned(_rooted(root, units / "exod.service"), stamped(with_exec(text, exod), "unit")),
+            Planned(_rooted(root, config / "exod.yaml"), example_config(), 0o600,
+                    keep_existing=True)]
+
+
+def launchd_plan(exod: Path, root: Path, user: bool, home: Path | None = None) -> list[Planned]:
     pkg = packaging_dir() / "launchd"
     if user:
-        home = Path.home()
+        home = home or Path.home()
         text = (pkg / "io.exod.exod.agent.plist").read_text()
         text = text.replace(PLIST_BIN, str(exod)).replace("~/", f"{home}/")
         return [
-            Planned(root / str(home / "Library/LaunchAgents/io.exod.exod.plist").lstrip("/"),
-                    text),
-            Planned(root / str(home / ".config/exod/exod.yaml").lstrip("/"), example_config(),
-                    0o640, keep_existing=True),
+            Planned(_rooted(root, home / "Library/LaunchAgents/io.exod.exod.plist"),
+                    stamped(text, "plist")),
+            Planned(_rooted(root, home / ".config/exod/exod.yaml"), example_config(), 0o640,
+                    keep_existing=True),
         ]
     text = (pkg / "io.exod.exod.plist").read_text().replace(PLIST_BIN, str(exod))
     return [
-        Planned(root / "Library/LaunchDaemons/io.exod.exod.plist", text),
-        Planned(root / "etc/exod/exod.yaml", example_config(), 0o640, keep_existing=True),
+        Planned(root / "Library/LaunchDaemons/io.exod.exod.plist", stamped(text, "plist")),
+        Planned(root / SYSTEM_CONFIG, example_config(), 0o640, keep_existing=True),
     ]
-
-
-def next_command(target: str, user: bool, plan: list[Planned]) -> str:
-    if target == "systemd":
-        return "systemd-sysusers && systemctl daemon-reload && systemctl enable --now exod"
-    plist = plan[0].path
-    if user:
-        return f"launchctl bootstrap gui/{os.getuid()} {plist}"
-    return f"sudo mkdir -p /Library/Logs/exod && sudo launchctl bootstrap system {plist}"
-
-
-def write(plan: list[Planned]) -> list[str]:
-    """Write the files; returns one line per file saying what happened."""
-    out = []
-    for item in plan:
-        if item.keep_existing and item.path.exists():
-            out.append(f"kept     {item.path} (exists)")
-            continue
-        item.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = item.path.with_name(f".{item.path.name}.tmp")
-        tmp.write_text(item.content)
-        os.chmod(tmp, item.mode)
-        os.replace(tmp, item.path)
-        out.append(f"wrote    {item.path}")
-    return out

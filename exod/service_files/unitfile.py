@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-Unit = dict[str, dict[str, str]]  # section → key → last value
+Unit = dict[str, dict[str, str]]  # section → key → last value (lists: every value, joined)
+
+# Settings whose assignments add up (an empty one resets them): kept space-joined.
+LIST_KEYS = frozenset({"BindPaths", "BindReadOnlyPaths", "InaccessiblePaths", "ReadOnlyPaths",
+                       "ReadWritePaths", "SupplementaryGroups", "Environment"})
 
 
 def parse_unit(text: str, into: Unit | None = None) -> Unit:
@@ -30,7 +34,11 @@ def parse_unit(text: str, into: Unit | None = None) -> Unit:
             continue
         key, sep, value = line.partition("=")
         if sep:
-            unit.setdefault(section, {})[key.strip()] = value.strip()
+            key, value = key.strip(), value.strip()
+            settings = unit.setdefault(section, {})
+            if key in LIST_KEYS and value and settings.get(key):
+                value = f"{settings[key]} {value}"
+            settings[key] = value
     return unit
 
 

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import math
+import os
 import plistlib
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,9 @@ import pytest
 from exod.config import load_config
 from exod.config.schema import StopPolicy
 from exod.core.ladder import worst_case
-from exod.service_files import checks, install
+from exod import __version__
+from exod.service_files import checks, files, install, steps
+from exod.service_files.stamp import read_stamp
 from exod.config.durations import parse_timespan
 from exod.service_files.unitfile import load_unit, parse_unit
 
@@ -143,28 +147,71 @@ def test_systemd_install_plan(tmp_path: Path) -> None:
     by_name = {p.path.relative_to(tmp_path).as_posix(): p for p in plan}
     unit = by_name["etc/systemd/system/exod.service"].content
     assert f"ExecStart={exod} run -c /etc/exod/exod.yaml" in unit
+    assert read_stamp(unit) == __version__
     assert "etc/sysusers.d/exod.conf" in by_name
-    assert by_name["etc/exod/exod.yaml"].keep_existing
+    assert not any("exod.service.d" in name for name in by_name)  # nothing hidden: no drop-in
+    config = by_name["etc/exod/exod.yaml"]
+    assert config.keep_existing and config.mode == 0o640 and config.group == "exod"
 
     (tmp_path / "etc/exod").mkdir(parents=True)
     (tmp_path / "etc/exod/exod.yaml").write_text("mine")
-    lines = install.write(plan)
+    changes = {c.path.relative_to(tmp_path).as_posix(): c.what for c in files.write(plan)}
     assert (tmp_path / "etc/exod/exod.yaml").read_text() == "mine"
-    assert any(line.startswith("kept") for line in lines)
+    assert changes == {"etc/systemd/system/exod.service": "created",
+                       "etc/sysusers.d/exod.conf": "created", "etc/exod/exod.yaml": "kept"}
     written = tmp_path / "etc/systemd/system/exod.service"
     assert written.read_text() == unit
     assert checks.check_unit(written, DEFAULT_WORST) == []
+    # Idempotent: the second install changes nothing and says so.
+    assert {c.what for c in files.write(plan)} == {"unchanged", "kept"}
+    written.write_text(unit.replace("TimeoutStopSec=45", "TimeoutStopSec=20"))
+    again = {c.path.name: c.what for c in files.write(plan)}
+    assert again["exod.service"] == "updated" and written.read_text() == unit
 
 
-@pytest.mark.parametrize("home", ["/root/venv/bin/exod", "/home/u/exod/.venv/bin/exod"])
-def test_systemd_install_refuses_a_home_directory_exod(tmp_path: Path, home: str) -> None:
-    with pytest.raises(install.InstallError, match="ProtectHome"):
-        install.systemd_plan(Path(home), tmp_path)
+@pytest.mark.parametrize("home", ["/root/.pyenv/versions/3.11.7", "/home/u/.local/share/uv/py"])
+def test_systemd_install_binds_a_home_directory_python(tmp_path: Path, home: str) -> None:
+    """An exod whose Python lies under a home gets a drop-in: homes stay an empty tmpfs except
+    the interpreter's prefix and the venv, bound read-only (ProtectHome=yes would hide them)."""
+    venv = "/home/u/venvs/exod"
+    binds = install.home_binds([home, f"{home}/lib/python3.11", venv, "/usr/lib/python3"])
+    assert binds == sorted([home, venv])
+    plan = install.systemd_plan(Path(venv, "bin/exod"), tmp_path, binds)
+    dropin = next(p for p in plan if p.path.name == "exod-install-home.conf")
+    assert dropin.path.parent.name == "exod.service.d"
+    svc = parse_unit(dropin.content)["Service"]
+    assert svc == {"ProtectHome": "tmpfs", "BindReadOnlyPaths": " ".join(sorted([home, venv]))}
+    files.write(plan)
+    merged = load_unit(tmp_path / install.SYSTEM_UNIT)["Service"]
+    assert merged["ProtectHome"] == "tmpfs" and merged["ExecStart"].startswith(venv)
+
+
+def test_needed_paths_cover_this_interpreter_and_venv() -> None:
+    need = install.needed_paths()
+    for p in (sys.base_prefix, sys.prefix):
+        assert any(os.path.realpath(p) == n or os.path.realpath(p).startswith(n + "/")
+                   for n in need), (p, need)
+
+
+def test_systemd_user_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    home = Path("/home/u")
+    plan = install.systemd_user_plan(Path("/home/u/.venv/bin/exod"), tmp_path, home)
+    assert [p.path for p in plan] == [tmp_path / "home/u/.config/systemd/user/exod.service",
+                                      tmp_path / "home/u/.config/exod/exod.yaml"]
+    svc = parse_unit(plan[0].content)["Service"]
+    assert svc["ExecStart"] == "/home/u/.venv/bin/exod run -c %E/exod/exod.yaml"
+    assert (svc["Type"], svc["KillMode"], svc["TimeoutStopSec"]) == ("notify", "mixed", "45")
+    assert svc["RuntimeDirectory"] == "exod" and svc["PrivateUsers"] == "yes"
+    assert "User" not in svc  # a user manager runs it as its own user
+    assert parse_unit(plan[0].content)["Install"]["WantedBy"] == "default.target"
+    assert plan[1].keep_existing and plan[1].mode == 0o600
 
 
 def test_launchd_install_plans(tmp_path: Path) -> None:
     exod = Path("/opt/exod/bin/exod")
     daemon = install.launchd_plan(exod, tmp_path, user=False)
+    assert read_stamp(daemon[0].content) == __version__
     plist = plistlib.loads(daemon[0].content.encode())
     assert daemon[0].path == tmp_path / "Library/LaunchDaemons/io.exod.exod.plist"
     assert plist["ProgramArguments"][0] == str(exod)
@@ -173,4 +220,8 @@ def test_launchd_install_plans(tmp_path: Path) -> None:
     home = str(Path.home())
     assert plist["ProgramArguments"] == [str(exod), "run", "-c", f"{home}/.config/exod/exod.yaml"]
     assert plist["StandardErrorPath"].startswith(home)
-    assert "bootstrap gui/" in install.next_command("launchd", True, agent)
+    target = steps.Target("launchd", user=True)
+    assert "bootstrap gui/" in steps.next_steps(target, agent[1].path, agent[0].path, False,
+                                                True)[0]
+    assert steps.before_uninstall(target) == [["launchctl", "bootout",
+                                               f"gui/{os.getuid()}/io.exod.exod"]]

@@ -1,0 +1,185 @@
+"""`exod check --system`: the installed whole, as the service's user will see it at start.
+
+The unit in place and written by this exod (or a newer one), systemd's loaded copy current, the
+service user and group, the runtime and state folders, the config and every model directory
+readable by that user through the sandbox, the API port free, and the stop timeout against the
+ladder. Each problem comes with a one-line fix. Nothing is started; systemd is asked only
+read-only questions, through the `steps.Runner` seam.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from exod import __version__
+from exod.service_files import checks, steps
+from exod.service_files.access import Identity, identity, reach_problem, tree_problem
+from exod.service_files.stamp import older, read_stamp
+from exod.service_files.unitfile import load_unit
+
+
+@dataclass(frozen=True)
+class Problem:
+    what: str
+    fix: str = ""
+
+    def line(self) -> str:
+        return f"problem: {self.what}" + (f"; fix: {self.fix}" if self.fix else "")
+
+
+def unit_problems(path: Path, runner: steps.Runner, live: bool) -> list[Problem]:
+    """The file itself: written by this exod or a newer one, loaded by systemd as it is."""
+    out = []
+    version = read_stamp(path.read_text())
+    if version is not None and older(version):
+        out.append(Problem(f"{path} was installed by exod {version}, older than this exod "
+                           f"{__version__}", "sudo exod install && sudo systemctl restart exod"))
+    if live:
+        code, text = runner(["systemctl", "show", "exod.service", "--property=NeedDaemonReload",
+                             "--value"])
+        if code == 0 and text.strip() == "yes":
+            out.append(Problem("systemd runs an older copy of the unit than the one on disk",
+                               "sudo systemctl daemon-reload"))
+    return out
+
+
+def exec_problems(svc: dict[str, str], who: Identity) -> list[Problem]:
+    """ExecStart's exod and the interpreter of its #! line, reachable by the service."""
+    argv = shlex.split(svc.get("ExecStart", "").lstrip("-@:+!"))
+    if not argv:
+        return [Problem("the unit has no ExecStart=", "sudo exod install")]
+    exe = Path(argv[0])
+    if not os.access(exe, os.X_OK):
+        return [Problem(f"ExecStart names {exe}, which is not an executable file",
+                        "run `exod install` with the exod you mean to run")]
+    paths = [exe]
+    with open(exe, "rb") as f:
+        head = f.readline(4096)
+    if head.startswith(b"#!"):
+        paths.append(Path(head[2:].split()[0].decode()))
+    out = []
+    for p in dict.fromkeys(paths + [Path(os.path.realpath(p)) for p in paths]):
+        problem = reach_problem(p, who, svc)
+        if problem is not None:
+            why, _ = problem
+            out.append(Problem(f"the service cannot run {exe}: {why}",
+                               f"sudo {exe} install  (adds the read-only binds it needs)"))
+            break
+    return out
+
+
+def dir_problems(svc: dict[str, str], who: Identity) -> list[Problem]:
+    """RuntimeDirectory=/StateDirectory= that exist already: owned by the user, in their mode
+    (systemd creates them at start, so absent is fine)."""
+    out = []
+    for key, base in (("RuntimeDirectory", "/run"), ("StateDirectory", "/var/lib")):
+        mode = int(svc.get(f"{key}Mode", "0755"), 8)
+        for name in svc.get(key, "").split():
+            d = Path(base, name)
+            if not d.is_dir():
+                continue
+            st = d.stat()
+            if st.st_uid != who.uid:
+                out.append(Problem(f"{d} belongs to uid {st.st_uid}, not to {who.name}",
+                                   f"sudo chown -R {who.name}: {d}"))
+            elif stat.S_IMODE(st.st_mode) != mode:
+                out.append(Problem(f"{d} has mode {stat.S_IMODE(st.st_mode):04o}, the unit's "
+                                   f"{key}Mode= is {mode:04o}", f"sudo chmod {mode:04o} {d}"))
+    return out
+
+
+def config_path(svc: dict[str, str]) -> Path | None:
+    argv = shlex.split(svc.get("ExecStart", ""))
+    for flag in ("-c", "--config"):
+        if flag in argv[:-1]:
+            return Path(argv[argv.index(flag) + 1])
+    return None
+
+
+def port_problem(listen: str) -> Problem | None:
+    """The API's address must be free for exod to bind it (asked only while exod is stopped)."""
+    if not listen:
+        return None
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, int(port)))
+    except OSError as e:
+        return Problem(f"api.listen {listen} cannot be bound: {e.strerror}",
+                       f"free it (`ss -ltnp 'sport = :{port}'` shows who holds it) or change "
+                       f"api.listen")
+    return None
+
+
+def config_problems(path: Path, svc: dict[str, str], who: Identity, active: bool
+                    ) -> tuple[list[Problem], float | None]:
+    """The config readable by the service, valid, its models readable, its port free. Also
+    returns the ladder's worst case (None when the config cannot be read)."""
+    from exod.config import ConfigError, load_config
+    from exod.core.ladder import longest
+
+    problem = reach_problem(path, who, svc)
+    out = []
+    if problem is not None:
+        why, fix = problem
+        out.append(Problem(f"config {path}: {why}", fix))
+    try:
+        cfg = load_config(path)
+    except ConfigError as e:
+        return out + [Problem(f"config {path} is invalid ({len(e.problems)} problem(s))",
+                              f"exod check -c {path}")], None
+    for name, inst in sorted(cfg.instances.items()):
+        problem = tree_problem(Path(inst.model), who, svc)
+        if problem is not None:
+            why, fix = problem
+            out.append(Problem(f"instance {name}: model {inst.model}: {why}", fix))
+    port = None if active else port_problem(cfg.api.listen)
+    return out + ([port] if port else []), longest(cfg)
+
+
+def _group_exists(name: str) -> bool:
+    import grp
+
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def check_installed(config: Path | None, runner: steps.Runner) -> tuple[list[Problem], str]:
+    """Every problem of the installed system service, and a one-line summary when none."""
+    unit_path = next((p for p in checks.SYSTEMD_UNITS if p.exists()), None)
+    if unit_path is None:
+        return [Problem("no exod.service is installed", "sudo exod install")], ""
+    svc = load_unit(unit_path).get("Service", {})
+    live = steps.systemd_running(False)
+    out = unit_problems(unit_path, runner, live)
+    user = svc.get("User", "root")
+    who = identity(user, svc.get("Group"), svc.get("SupplementaryGroups", "").split())
+    if who is None:
+        return out + [Problem(f"the service user {user} does not exist",
+                              "sudo systemd-sysusers /etc/sysusers.d/exod.conf")], ""
+    group = svc.get("Group")
+    if group and not _group_exists(group):
+        out.append(Problem(f"the service group {group} does not exist",
+                           "sudo systemd-sysusers /etc/sysusers.d/exod.conf"))
+    out += exec_problems(svc, who) + dir_problems(svc, who)
+    active = live and runner(["systemctl", "is-active", "--quiet", "exod.service"])[0] == 0
+    path = config or config_path(svc)
+    if path is None:
+        return out + [Problem("ExecStart= names no config (-c FILE)", "sudo exod install")], ""
+    more, worst = config_problems(path, svc, who, active)
+    out += more
+    if worst is not None:
+        out += [Problem(w) for w in checks.check_unit(unit_path, worst)]
+    return out, (f"{unit_path}: OK for user {user}; config {path} and its models readable; "
+                 f"stop ladder worst case {worst:g}s")
