@@ -26,10 +26,14 @@ $(VENV)/.test-deps: $(VENV)/.run-deps
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
-install: setup  ## as root: exod in /opt/exod (outside home directories), then its service files
-	$(PYTHON) -m venv /opt/exod
-	/opt/exod/bin/python -m pip install -q .
-	/opt/exod/bin/exod install
+# A Python from anywhere will do (pyenv or uv under a home directory too): `exod install` binds
+# what the service needs to read, read-only (README: Running as a service).
+INSTALL_PREFIX ?= /opt/exod
+install:  ## as root: exod in a venv at $(INSTALL_PREFIX), then its service files (exod install)
+	scripts/system-deps.sh run
+	$(PYTHON) -m venv $(INSTALL_PREFIX)
+	$(INSTALL_PREFIX)/bin/python -m pip install -q .
+	$(INSTALL_PREFIX)/bin/exod install
 
 bench: setup-test  ## benchmarks: print ratios against baselines measured in the same run
 	$(BIN)/python -m bench
