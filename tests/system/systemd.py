@@ -148,8 +148,9 @@ for d in /var/lib /var/cache /var/log; do mount -t tmpfs -o mode=0755,nosuid,nod
 mount --bind "$(cat {guest_dir}/console)" /dev/console
 # /dev is the host's: keep the guest's logging out of the host's kernel ring buffer.
 mount --bind /dev/null /dev/kmsg
+{etc_units}
 exec env -i container=exod-test \\
-    SYSTEMD_UNIT_PATH={guest_dir}/units \\
+    SYSTEMD_UNIT_PATH={unit_path} \\
     SYSTEMD_GENERATOR_PATH={guest_dir}/empty \\
     SYSTEMD_ENVIRONMENT_GENERATOR_PATH={guest_dir}/empty \\
     setpriv --bounding-set -sys_module,-sys_time \\
@@ -239,7 +240,7 @@ class SystemdGuest:
     """One throw-away system manager. Use as a context manager, or start()/exit()."""
 
     def __init__(self, workdir: Path, *, host_network: bool = False, journald: bool = True,
-                 boot_timeout: float = SAFETY) -> None:
+                 boot_timeout: float = SAFETY, etc_units: bool = False) -> None:
         global _counter
         _counter += 1
         self.dir = Path(workdir)
@@ -249,6 +250,10 @@ class SystemdGuest:
         self.host_network = host_network
         self.journald = journald
         self.boot_timeout = boot_timeout
+        # etc_units: /etc/systemd/system is an empty tmpfs of the guest's own, and on the
+        # manager's unit path, so that `exod install` and `systemctl enable` work as on a host
+        # (the host's own units there stay invisible).
+        self.etc_units = etc_units
         self.cgroup = cgroup2_root() / f"{CGROUP_PREFIX}.{_owner_tag()}.{_counter}"
         self.pid = 0  # guest PID 1, as the host sees it
         self.boot_seconds = 0.0
@@ -312,7 +317,10 @@ class SystemdGuest:
         (self.dir / "stage2.sh").write_text(STAGE2.format(
             guest_dir=GUEST_DIR, systemd=SYSTEMD, target=DEFAULT_TARGET,
             journald=JOURNALD_SETUP.format(guest_dir=GUEST_DIR) if self.journald else "",
-            keep_before=before, keep_after=after))
+            keep_before=before, keep_after=after,
+            etc_units=("mount -t tmpfs -o mode=0755 tmpfs /etc/systemd/system"
+                       if self.etc_units else ""),
+            unit_path=f"{GUEST_DIR}/units" + (":/etc/systemd/system" if self.etc_units else "")))
 
     def _drain_console(self) -> None:
         with open(self.console_log, "ab", buffering=0) as out:
