@@ -188,8 +188,25 @@ def user_manager(g: SystemdGuest, uid: str) -> str:
     return name
 
 
+def open_root(g: SystemdGuest) -> None:
+    """User dev must reach this test's Python, venv and checkout; those under root's 0700 home
+    are bound back into a 0755 tmpfs /root (in the guest only), as a user's own Python would
+    lie in their home."""
+    keep = sorted({p for p in (BASE, os.path.realpath(sys.prefix), str(REPO))
+                   if p.startswith("/root/")})
+    for i, p in enumerate(keep):
+        g.run("mkdir", "-p", f"/run/exod-keep/{i}", check=True)
+        g.run("mount", "--bind", p, f"/run/exod-keep/{i}", check=True)
+    if keep:
+        g.run("mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", "/root", check=True)
+    for i, p in enumerate(keep):
+        g.run("mkdir", "-p", p, check=True)
+        g.run("mount", "--bind", f"/run/exod-keep/{i}", p, check=True)
+
+
 def test_user_service_reads_the_users_model(installer: SystemdGuest) -> None:
     g = installer
+    open_root(g)
     g.run("useradd", "-M", "-d", HOME, "-U", "dev", check=True)
     g.run("chown", "dev:", HOME, check=True)
     uid = g.run("id", "-u", "dev").stdout.strip()
