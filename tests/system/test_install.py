@@ -6,10 +6,11 @@ with, stopped at rung 1 and uninstalled with nothing left behind; then the same 
 service under a user manager (`exod install --user`), ready, found by exoctl, stopped.
 
 One guest serves the module. Its /etc/systemd/system is its own (etc_units), /home is a tmpfs of
-its own, and the test's Python lies under /root or is bound under /home: whatever this machine's Python is,
-the service runs one under a home directory. exod comes from a wheel built from this checkout
-(`pip wheel`), installed without its dependencies, which a .pth file takes from this checkout's
-venv: installing mlx and the rest afresh would take minutes and prove nothing about exod.
+its own, and the test's Python lies under /root or is bound under /home: whatever this
+machine's Python is, the service runs one under a home directory. exod comes from a wheel
+built from this checkout (`pip wheel`), installed without its dependencies, which a .pth file
+takes from this checkout's venv: installing mlx and the rest afresh would take minutes and
+prove nothing about exod.
 """
 
 from __future__ import annotations

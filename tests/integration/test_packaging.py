@@ -1,0 +1,81 @@
+"""The wheel and sdist built from pyproject (`python -m build`): they hold the man pages, the
+systemd units and the launchd plists, and no test code; installed into a fresh venv, the
+wheel's exod reports its version from the package metadata and installs its service files
+from PREFIX/share/exod (`exod install --root`, `--dry-run`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+from exod import __version__
+from exod.service_files.install import home_binds
+
+REPO = Path(__file__).resolve().parents[2]
+SHARE = ["share/man/man1/exoctl.1", "share/man/man5/exod.yaml.5", "share/man/man8/exod.8",
+         "share/exod/exod.yaml", "share/exod/systemd/exod.service",
+         "share/exod/systemd/exod-user.service", "share/exod/systemd/exod.sysusers",
+         "share/exod/launchd/io.exod.exod.plist", "share/exod/launchd/io.exod.exod.agent.plist"]
+
+
+def run(*argv: str, **kw: str) -> str:
+    res = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=600, **kw)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def no_test_code(names: list[str]) -> None:
+    tests = [n for n in names if "/tests/" in f"/{n}" or Path(n).name.startswith("test_")
+             or "conftest" in n]
+    assert not tests, tests
+
+
+def test_wheel_and_sdist_install_into_a_fresh_venv(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    run(sys.executable, "-m", "build", "--outdir", str(dist), str(REPO))
+    wheel = next(dist.glob("exod-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    data = f"exod-{__version__}.data/data/"
+    assert all(data + s in names for s in SHARE), sorted(n for n in names if data in n)
+    no_test_code(names)
+    with tarfile.open(next(dist.glob("exod-*.tar.gz"))) as sdist:
+        members = [m.split("/", 1)[1] for m in sdist.getnames() if "/" in m]
+    assert {"man/exod.8", "packaging/systemd/exod.service", "packaging/systemd/exod-user.service",
+            "packaging/launchd/io.exod.exod.plist", "config/exod.yaml"} <= set(members)
+    no_test_code(members)
+
+    venv = tmp_path / "venv"
+    run(sys.executable, "-m", "venv", "--without-pip", str(venv))
+    run(sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q",
+        "--no-deps", "--no-index", str(wheel))
+    # The CLI's dependencies from this venv (installing them afresh takes minutes), after the
+    # fresh venv's own site-packages, so that exod itself comes from the wheel.
+    site = next(venv.glob("lib/python*/site-packages"))
+    ours = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    (site / "deps.pth").write_text(ours + "\n")
+    exod = str(venv / "bin/exod")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    assert run(exod, "--version", env=env).strip() == f"exod, version {__version__}"
+
+    root = tmp_path / "root"
+    out = run(exod, "install", "--root", str(root), env=env)
+    assert f"created   {root}/etc/systemd/system/exod.service" in out, out
+    unit = (root / "etc/systemd/system/exod.service").read_text()
+    shipped = (venv / "share/exod/systemd/exod.service").read_text()
+    assert f"ExecStart={exod} run -c /etc/exod/exod.yaml" in unit
+    assert unit.split("\n", 1)[1] == shipped.replace("ExecStart=/usr/bin/exod",
+                                                     f"ExecStart={exod}")
+    dropin = root / "etc/systemd/system/exod.service.d/exod-install-home.conf"
+    binds = home_binds([os.path.realpath(sys.base_prefix), str(venv)])
+    assert dropin.exists() == bool(binds)
+    assert "then:     systemctl enable exod.service" in out
+    again = run(exod, "install", "--root", str(root), env=env)
+    assert "nothing changed" in again, again
+
+    dry = run(exod, "install", "--dry-run", "--root", str(tmp_path / "dry"), env=env)
+    assert f"--- {tmp_path}/dry/etc/systemd/system/exod.service mode 0644" in dry
+    assert not (tmp_path / "dry").exists()
