@@ -6,10 +6,12 @@ and their streams with their own whole answers. One daemon serves the module: te
 
 from __future__ import annotations
 
+import http.client
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anthropic
 import openai
@@ -264,3 +266,27 @@ def test_responses_refuses_what_a_stateless_server_cannot_do(both: Both) -> None
             both.client.responses.create(model="tiny", input=ASK, **kw)
         assert e.value.status_code == 400
         assert e.value.body["param"] == param, (kw, e.value.body)  # type: ignore[index]
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
+def test_a_client_that_leaves_mid_stream_frees_the_runner(both: Both, path: str) -> None:
+    """The dialects share the chat path's cancellation: the runner drops the generation."""
+    window = both.client.models.retrieve("tiny").model_extra["context_length"]  # type: ignore[index]
+    body: dict[str, Any] = {"model": "tiny", "temperature": 0, "stream": True}
+    if path == "/v1/messages":  # greedy never meets the tiny model's end token this soon
+        body.update(max_tokens=window - 64, messages=[{"role": "user", "content": ASK}])
+    else:
+        body.update(max_output_tokens=window - 64, input=ASK)
+    parts = urlsplit(both.url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json",
+                                                  "Authorization": f"Bearer {TOKEN}"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    seen = b""
+    while b"_delta" not in seen:  # a text delta: the generation runs
+        seen += resp.read1(4096)
+    both.d.until_instance("tiny", lambda i: i["ranks"][0]["status"] == "serving 1 request(s)")
+    conn.close()
+    both.d.until_instance("tiny", lambda i: i["ranks"][0]["status"] == "ready", timeout=30,
+                          what="the runner to cancel the generation")
