@@ -2,8 +2,9 @@
 
 One channel per runner: the socketpair it inherits (`--channel-fd`), carrying `exod.protocol`
 frames. Each frame holds one JSON object whose `type` names a dataclass below; its other keys
-are that dataclass's fields, checked here (types, required, no unknown keys) before either end
-acts on them. A runner's first message is `Hello`, whose `version` must equal `VERSION`.
+are that dataclass's fields, checked by `exod.protocol.from_wire` (types, required, no unknown
+keys) before either end acts on them. A runner's first message is `Hello`, whose `version`
+must equal `VERSION`.
 
 Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping;
 and Serving, the engine's figures, whenever the number of generations in flight changes.
@@ -20,13 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
-import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Union
+from typing import Any, ClassVar, Literal
 
 from exod.protocol import ProtocolError
+from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
 VERSION = 6  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only
@@ -261,48 +261,6 @@ FROM_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromRunn
 TO_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(ToRunner)}
 
 
-def to_wire(msg: Message) -> dict[str, Any]:
-    """The JSON object for a frame."""
-    out: dict[str, Any] = {"type": msg.type}
-    for f in dataclasses.fields(msg):
-        value = getattr(msg, f.name)
-        out[f.name] = value.value if isinstance(value, enum.Enum) else value
-    return out
-
-
-def from_wire(obj: dict[str, Any], allowed: dict[str, type[Any]]) -> Any:
-    """The message `obj` holds, checked field by field; ProtocolError otherwise."""
-    kind = obj.get("type")
-    cls = allowed.get(kind) if isinstance(kind, str) else None
-    if cls is None:
-        raise ProtocolError(f"unknown message type {_clip(kind)}")
-    hints, fields = _shape(cls)
-    unknown = set(obj) - set(fields) - {"type"}
-    if unknown:
-        raise ProtocolError(f"{kind}: unknown field(s) {', '.join(sorted(unknown))}")
-    values: dict[str, Any] = {}
-    for name, f in fields.items():
-        if name not in obj:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ProtocolError(f"{kind}: missing field {name!r}")
-            continue
-        values[name] = _check(obj[name], hints[name], f"{kind}.{name}")
-    return cls(**values)
-
-
-_SHAPES: dict[type[Any], tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]] = {}
-
-
-def _shape(cls: type[Any]) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
-    """A message class's field types and fields, worked out once: get_type_hints evaluates
-    every annotation again at each call (~100 µs), which was most of the cost of a frame."""
-    shape = _SHAPES.get(cls)
-    if shape is None:
-        shape = _SHAPES[cls] = (typing.get_type_hints(cls),
-                                {f.name: f for f in dataclasses.fields(cls)})
-    return shape
-
-
 def decode_from_runner(obj: dict[str, Any]) -> FromRunner:
     msg: FromRunner = from_wire(obj, FROM_RUNNER)
     return msg
@@ -311,56 +269,3 @@ def decode_from_runner(obj: dict[str, Any]) -> FromRunner:
 def decode_to_runner(obj: dict[str, Any]) -> ToRunner:
     msg: ToRunner = from_wire(obj, TO_RUNNER)
     return msg
-
-
-def _check(value: Any, hint: Any, where: str) -> Any:
-    """`value` as type `hint` (the few shapes messages use), or ProtocolError."""
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        for option in typing.get_args(hint):
-            try:
-                return _check(value, option, where)
-            except ProtocolError:
-                continue
-        raise ProtocolError(f"{where}: unexpected value {_clip(value)}")
-    if origin is Literal:
-        if value in typing.get_args(hint) and isinstance(value, str):
-            return value
-        raise ProtocolError(f"{where}: unexpected value {_clip(value)}")
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        if not isinstance(value, list):
-            raise ProtocolError(f"{where}: expected a list")
-        return [_check(v, item, where) for v in value]
-    if origin is dict:
-        key, item = typing.get_args(hint)
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{where}: expected an object")
-        return {_check(k, key, where): _check(v, item, where) for k, v in value.items()}
-    if hint is type(None):
-        if value is None:
-            return None
-    elif isinstance(hint, type) and issubclass(hint, enum.Enum):
-        try:
-            return hint(value)
-        except ValueError:
-            pass
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and math.isfinite(value):
-            return float(value)
-    elif hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    raise ProtocolError(f"{where}: unexpected value {_clip(value)}")
-
-
-def _clip(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:59] + "…"
