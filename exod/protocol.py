@@ -196,7 +196,10 @@ def _check(value: Any, hint: Any, where: str) -> Any:
 def _union(value: Any, options: tuple[Any, ...], where: str) -> Any:
     if value is None and type(None) in options:
         return None
-    tagged = _tagged(tuple(o for o in options if o is not type(None)))
+    rest = tuple(o for o in options if o is not type(None))
+    if len(rest) == 1:  # an optional field: its one type says what is wrong
+        return _check(value, rest[0], where)
+    tagged = _tagged(rest)
     if tagged is not None:
         if not isinstance(value, dict):
             raise ProtocolError(f"{where}: expected an object")

@@ -1,51 +1,39 @@
-"""The group's control connections: rank 0 → every other rank, plain TCP: an 8-byte header
-(command, payload length), then the payload (a serving plan, exod.runner.group.lockstep).
+"""The group's control connections: rank 0 → every other rank, plain TCP, carrying the group's
+commands (exod.runner.group.wire) after a handshake (exod.runner.group.handshake).
 
 Why not mx.distributed for these too: the ring backend polls while it waits, so a rank idling
 in `recv` burns ~40-60% of a core, forever, on a service meant to idle for months. A blocking
 TCP read costs nothing. Tensors (hidden states, logits, all_sum) still go through MLX; only the
 "what next" messages, which a worker waits for most of its life, come this way.
 
-Rank 0 listens on EXOD_GROUP_CONTROL (its own address, one port past the ranks' ports); each
-other rank connects and proves, by an HMAC challenge-response over the group's secret (the file
-named by EXOD_CLUSTER_KEY_FILE), that it belongs to the group and which rank it is; rank 0
-proves the same to it. A connection that fails is closed and rank 0 keeps waiting for the real
-rank: a stranger can neither take a rank's place nor feed a worker plans. Payloads are bounds
-checked (MAX_PAYLOAD bytes at most, before anything is allocated); anything odd is ControlLost.
-
-The handshake (HMAC-SHA256, labels keep one side's answer from serving as the other's):
-  worker → rank 0:  MAGIC, nonce_w (32 bytes)
-  rank 0 → worker:  nonce_0 (32), HMAC(key, "exod-leader" nonce_w nonce_0)
-  worker → rank 0:  rank (4), HMAC(key, "exod-worker" nonce_0 nonce_w rank)
+Rank 0 listens on EXOD_GROUP_CONTROL (its own address, one port past the ranks' ports) until
+every other rank has connected and proved it holds the group's key (the file named by
+EXOD_CLUSTER_KEY_FILE), then closes the port. It runs every connection's handshake at once,
+each bounded by HANDSHAKE_TIMEOUT: strangers (a port scanner, a peer of another version), how
+many and however slow, neither delay the real ranks nor take their place. Messages are bounds
+checked before anything is allocated; anything odd is ControlLost.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
-import hmac
 import os
+import selectors
 import socket
-import struct
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
+from dataclasses import dataclass
 
-HEADER = struct.Struct("!iI")  # command, payload bytes
-HELLO = struct.Struct("!i")  # the connecting rank
-MAGIC = b"EXOD-GROUP-5\n"  # 3: load barrier on these connections; 5: no WAIT; another fails
-NONCE = 32
-MAC = hashlib.sha256().digest_size
+from exod import messages as m
+from exod.runner.group.handshake import SAME_VERSION, LeaderHandshake, Refused, worker_handshake
+from exod.runner.group.wire import ControlLost
+from exod.runner.log import WARNING, log
+from exod.runner.report import Reporter
+
 MIN_KEY = 16
-# Rank 0 takes connections one at a time: a silent stranger holds it up this long at most,
-# while a real rank waits its turn (its own wait is bounded by the group's timeout).
-HANDSHAKE_TIMEOUT = 2.0
-# A plan carries at most a few requests, each no bigger than a daemon frame (64 MiB): rank 0
-# splits a bigger plan, and a worker refuses anything past this before allocating it.
-MAX_PAYLOAD = 256 * 1024 * 1024
-
-
-class ControlLost(Exception):
-    pass
+HANDSHAKE_TIMEOUT = 2.0  # a real rank answers in a round trip; a silent stranger goes then
+MAX_HANDSHAKES = 64  # at once; past it the oldest goes (a real rank's takes milliseconds)
+OnRefused = Callable[[str, str], None]  # (peer's address, why)
 
 
 class ControlAddressInUse(Exception):
@@ -62,7 +50,7 @@ def _family(host: str) -> socket.AddressFamily:
 
 
 def _tune(sock: socket.socket) -> socket.socket:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # one small header per step
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # one small frame per step
     sock.settimeout(None)
     return sock
 
@@ -83,95 +71,174 @@ def cluster_key() -> bytes:
     return key
 
 
-def _mac(key: bytes, label: bytes, *parts: bytes) -> bytes:
-    return hmac.new(key, label + b"".join(parts), hashlib.sha256).digest()
-
-
-class Refused(Exception):
-    """One connection failed the handshake (the listener goes on)."""
-
-
-def leader_handshake(conn: socket.socket, key: bytes, size: int,
-                     taken: Collection[int]) -> int:
-    """Rank 0's side: the rank the peer proved it is; Refused otherwise."""
-    try:
-        hello = _read(conn, len(MAGIC) + NONCE, "a would-be rank")
-    except ControlLost as e:
-        raise Refused(str(e)) from None
-    if not hello.startswith(MAGIC):
-        raise Refused("not an exod rank (bad greeting)")
-    nonce_w, nonce_0 = hello[len(MAGIC):], os.urandom(NONCE)
-    try:
-        conn.sendall(nonce_0 + _mac(key, b"exod-leader", nonce_w, nonce_0))
-        reply = _read(conn, HELLO.size + MAC, "a would-be rank")
-    except (OSError, ControlLost) as e:
-        raise Refused(str(e)) from None
-    rank_bytes, mac = reply[:HELLO.size], reply[HELLO.size:]
-    if not hmac.compare_digest(mac, _mac(key, b"exod-worker", nonce_0, nonce_w, rank_bytes)):
-        raise Refused("failed to prove it holds the group's key")
-    (rank,) = HELLO.unpack(rank_bytes)
-    if not 1 <= rank < size:
-        raise Refused(f"claims rank {rank}, outside 1..{size - 1}")
-    if rank in taken:
-        raise Refused(f"claims rank {rank}, which is already connected")
-    return rank
-
-
-def worker_handshake(sock: socket.socket, key: bytes, rank: int) -> None:
-    """A worker's side; ControlLost when the other end is not rank 0 of our group."""
-    nonce_w = os.urandom(NONCE)
-    try:
-        sock.sendall(MAGIC + nonce_w)
-    except OSError as e:
-        raise ControlLost(str(e)) from None
-    answer = _read(sock, NONCE + MAC, "rank 0")
-    nonce_0, mac = answer[:NONCE], answer[NONCE:]
-    if not hmac.compare_digest(mac, _mac(key, b"exod-leader", nonce_w, nonce_0)):
-        raise ControlLost("the process on rank 0's control port failed to prove it holds the "
-                          "group's key (another program, or a different cluster_key_file)")
-    rank_bytes = HELLO.pack(rank)
-    try:
-        sock.sendall(rank_bytes + _mac(key, b"exod-worker", nonce_0, nonce_w, rank_bytes))
-    except OSError as e:
-        raise ControlLost(str(e)) from None
-
-
-def accept_workers(size: int, timeout: float,
-                   on_refused: Callable[[str], None] | None = None) -> dict[int, socket.socket]:
-    """Rank 0: one authenticated connection from each of ranks 1..size-1, within `timeout`
-    (they joined the MLX group moments ago; one that does not connect is as good as lost)."""
-    key = cluster_key()
-    host, port = control_address()
+def _listen(host: str, port: int) -> socket.socket:
     srv = socket.socket(_family(host), socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        try:
-            srv.bind((host, port))
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                raise ControlAddressInUse(f"{host}:{port}") from None
-            raise ControlLost(f"cannot listen on {host}:{port}: {e.strerror}") from None
-        srv.listen(size)
-        deadline = time.monotonic() + timeout
-        out: dict[int, socket.socket] = {}
-        while len(out) < size - 1:
-            srv.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                conn, peer = srv.accept()
-            except TimeoutError:
-                raise ControlLost(f"only {len(out)} of {size - 1} ranks connected to "
-                                  f"{host}:{port} within {timeout:g}s") from None
-            conn.settimeout(max(0.01, min(HANDSHAKE_TIMEOUT, deadline - time.monotonic())))
-            try:
-                rank = leader_handshake(conn, key, size, out)
-            except Refused as e:
+        srv.bind((host, port))
+        srv.listen(128)  # a flood of connects must not crowd a real rank out of the backlog
+    except OSError as e:
+        srv.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ControlAddressInUse(f"{host}:{port}") from None
+        raise ControlLost(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    srv.setblocking(False)
+    return srv
+
+
+@dataclass
+class _Knock:
+    """One connection whose handshake is under way."""
+
+    conn: socket.socket
+    peer: str
+    shake: LeaderHandshake
+    deadline: float
+
+
+class _Acceptor:
+    """Rank 0's listener: every connection's handshake at once, in one thread (no I/O blocks)."""
+
+    def __init__(self, srv: socket.socket, key: bytes, size: int,
+                 on_refused: OnRefused | None) -> None:
+        self.srv, self.key, self.size, self.on_refused = srv, key, size, on_refused
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(srv, selectors.EVENT_READ)
+        self.knocks: dict[socket.socket, _Knock] = {}  # oldest first
+        self.ranks: dict[int, socket.socket] = {}
+
+    def run(self, deadline: float) -> dict[int, socket.socket]:
+        while len(self.ranks) < self.size - 1:
+            now = time.monotonic()
+            if now >= deadline:
+                host, port = self.srv.getsockname()[:2]
+                raise ControlLost(f"only {len(self.ranks)} of {self.size - 1} ranks connected "
+                                  f"to {host}:{port} within the group's timeout")
+            wake = min([deadline, *(k.deadline for k in self.knocks.values())])
+            for key, _ in self.sel.select(max(0.0, wake - now)):
+                if key.fileobj is self.srv:
+                    self._accept()
+                elif key.fileobj in self.knocks:
+                    self._advance(self.knocks[key.fileobj])
+            now = time.monotonic()
+            for k in [k for k in self.knocks.values() if k.deadline <= now]:
+                self._drop(k, f"no handshake within {HANDSHAKE_TIMEOUT:g}s")
+        return self.ranks
+
+    def close(self, keep: bool) -> None:
+        for k in list(self.knocks.values()):
+            self._drop(k, None)
+        if not keep:
+            for conn in self.ranks.values():
                 conn.close()
-                if on_refused is not None:
-                    on_refused(f"refused a control connection from {peer[0]}: {e}")
-                continue
-            out[rank] = _tune(conn)
-        return out
+        self.sel.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, peer = self.srv.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # e.g. out of descriptors: the pending ones get their turn later
+                return
+            conn.setblocking(False)
+            if len(self.knocks) >= MAX_HANDSHAKES:
+                self._drop(next(iter(self.knocks.values())), "too many handshakes at once")
+            self.knocks[conn] = _Knock(conn, str(peer[0]),
+                                       LeaderHandshake(self.key, self.size, self.ranks),
+                                       time.monotonic() + HANDSHAKE_TIMEOUT)
+            self.sel.register(conn, selectors.EVENT_READ)
+
+    def _advance(self, k: _Knock) -> None:
+        try:
+            data = k.conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._drop(k, e.strerror or str(e))
+            return
+        if not data:
+            self._drop(k, "closed the connection during the handshake")
+            return
+        try:
+            reply = k.shake.feed(data)
+        except Refused as e:
+            self._drop(k, str(e), e.reply)
+            return
+        if reply and not self._say(k, reply):
+            return
+        if k.shake.rank is not None:
+            self._forget(k)
+            self.ranks[k.shake.rank] = _tune(k.conn)
+
+    def _say(self, k: _Knock, data: bytes) -> bool:
+        """A handshake's reply, a few hundred bytes into a fresh socket's empty buffer: all
+        of it goes at once, or the peer is not reading as a rank does."""
+        try:
+            sent = k.conn.send(data)
+        except OSError as e:
+            sent, why = 0, e.strerror or str(e)
+        else:
+            why = "does not read its handshake"
+        if sent == len(data):
+            return True
+        self._drop(k, why)
+        return False
+
+    def _forget(self, k: _Knock) -> None:
+        self.sel.unregister(k.conn)
+        del self.knocks[k.conn]
+
+    def _drop(self, k: _Knock, why: str | None, reply: bytes = b"") -> None:
+        self._forget(k)
+        if reply:
+            try:
+                k.conn.send(reply)  # best effort: why, for a rank of ours that can read it
+            except OSError:
+                pass
+        k.conn.close()
+        if why is not None and self.on_refused is not None:
+            self.on_refused(k.peer, why)
+
+
+class Refusals:
+    """What rank 0 says of the connections it refuses while the group forms: a log line per
+    reason at most every LOG_EVERY seconds (a port scanner knocks thousands of times), and a
+    peer of another exod version in the rank's status too, which is what an operator must fix."""
+
+    LOG_EVERY = 10.0
+
+    def __init__(self, report: Reporter, attempt: int, size: int) -> None:
+        self.report, self.attempt, self.size = report, attempt, size
+        self._logged: dict[str, float] = {}
+        self._shown = ""
+
+    def refused(self, peer: str, why: str) -> None:
+        now = time.monotonic()
+        if now - self._logged.get(why, -self.LOG_EVERY) >= self.LOG_EVERY:
+            self._logged[why] = now
+            log(f"refused a control connection from {peer}: {why}", WARNING)
+        if SAME_VERSION in why and why != self._shown:  # a peer of another version
+            self._shown = why
+            self.report.status(m.Phase.CONNECTING, f"connecting to {self.size - 1} peer"
+                               f"{'s' if self.size > 2 else ''} (attempt {self.attempt}); "
+                               f"refused {peer}: {why}", attempt=self.attempt)
+
+
+def accept_workers(size: int, timeout: float,
+                   on_refused: OnRefused | None = None) -> dict[int, socket.socket]:
+    """Rank 0: one authenticated connection from each of ranks 1..size-1, within `timeout`
+    (they joined the MLX group moments ago; one that does not connect is as good as lost)."""
+    key = cluster_key()
+    srv = _listen(*control_address())
+    acceptor = _Acceptor(srv, key, size, on_refused)
+    done = False
+    try:
+        ranks = acceptor.run(time.monotonic() + timeout)
+        done = True
+        return ranks
     finally:
+        acceptor.close(keep=done)
         srv.close()
 
 
@@ -195,36 +262,3 @@ def connect_to_leader(rank: int, timeout: float) -> socket.socket:
             sock.close()
             raise
         return _tune(sock)
-
-
-def send(sock: socket.socket, cmd: int, payload: bytes = b"") -> None:
-    if len(payload) > MAX_PAYLOAD:
-        raise ControlLost(f"a message of {len(payload)} bytes is past the {MAX_PAYLOAD} limit")
-    try:
-        sock.sendall(HEADER.pack(cmd, len(payload)) + payload)
-    except OSError as e:
-        raise ControlLost(str(e)) from None
-
-
-def recv(sock: socket.socket, limit: int = MAX_PAYLOAD, peer: str = "rank 0"
-         ) -> tuple[int, bytes]:
-    """The next message (command, payload) from `peer`, its length checked against `limit`
-    before any of it is read: ControlLost past it, which no rank may be made to allocate."""
-    cmd, length = HEADER.unpack(_read(sock, HEADER.size, peer))
-    if length > limit:
-        raise ControlLost(f"bad message from {peer} (command {cmd}, {length} bytes; at most "
-                          f"{limit})")
-    return cmd, _read(sock, length, peer) if length else b""
-
-
-def _read(sock: socket.socket, n: int, peer: str) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        try:
-            chunk = sock.recv(min(n - len(buf), 1 << 20))
-        except OSError as e:
-            raise ControlLost(str(e)) from None
-        if not chunk:
-            raise ControlLost(f"{peer} closed the group's control connection")
-        buf += chunk
-    return bytes(buf)

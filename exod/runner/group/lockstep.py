@@ -3,12 +3,13 @@
 Every rank runs its own BatchEngine (exod.runner.serving.batch_engine: continuous batching, prompt
 cache, chunked prefill) over `GroupModel` (exod.runner.group.group_model), whose forward includes
 the group's communication and returns the same logits on every rank. Rank 0 serves: ServeLoop
-(exod.runner. serve) drives a `LeaderEngine`, which does each engine operation on rank 0's
-BatchEngine and records it. Before each step, rank 0 sends the other ranks a plan: the operations
-since the last step, in order (admit a request, cancel one, end the prompts still being read, end
-every request), the prompt cache's entry count after the last step, and whether to step. The other
-ranks (`follow`) replay each plan on their own BatchEngine and throw the events away: the group's
-engines stay in step, operation for operation, so every forward meets its peers'.
+(exod.runner.serving.loop) drives a `LeaderEngine`, which does each engine operation on rank 0's
+BatchEngine and records it. Before each step, rank 0 sends the other ranks a plan
+(exod.runner.group.plan): the operations since the last step, in order (admit a request, cancel
+one, end the prompts still being read, end every request), the prompt cache's entry count after
+the last step, and whether to step. The other ranks (`follow`) replay each plan on their own
+BatchEngine and throw the events away: the group's engines stay in step, operation for
+operation, so every forward meets its peers'.
 
 What a rank could decide differently is decided by rank 0 and carried in the plan:
 - a request without a seed gets one from rank 0, so sampling draws the same on every rank;
@@ -31,13 +32,13 @@ import secrets
 from typing import Any
 
 from exod import messages as m
-from exod.protocol import ProtocolError
+from exod.protocol import to_wire
 from exod.runner.serving.batch_engine import BatchEngine
-from exod.runner.group.control import MAX_PAYLOAD
+from exod.runner.group import wire
+from exod.runner.group.plan import AbortAll, AbortPrefilling, Admit, Cancel, Op, Plan, Settings
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
-from exod.runner.group.membership import Cmd, Group, PeerLost
-from exod.runner.group.plan import Plan, Settings, decode
+from exod.runner.group.membership import Group, PeerLost
 from exod.runner.serving.reading import Prompt
 
 
@@ -66,11 +67,11 @@ class LeaderEngine:
         if req.seed is None:  # drawn here: every rank must draw the same numbers
             req = dataclasses.replace(req, seed=secrets.randbits(63))
         self.engine.admit(req, prompt)  # a RequestError leaves nothing to replay
-        self._record("admit", m.to_wire(req))
+        self._record(Admit(req))
 
     def cancel(self, rid: str) -> None:
         self.engine.cancel(rid)
-        self._record("cancel", rid)
+        self._record(Cancel(rid))
 
     def step(self) -> list[m.Event]:
         self.flush(step=True)
@@ -82,11 +83,11 @@ class LeaderEngine:
         return events
 
     def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]:
-        self._record("abort_all", None)
+        self._record(AbortAll())
         return self.engine.abort_all(code, message)
 
     def abort_prefilling(self, code: m.ErrorCode, message: str) -> list[m.Event]:
-        self._record("abort_prefilling", None)
+        self._record(AbortPrefilling())
         return self.engine.abort_prefilling(code, message)
 
     def serving(self) -> m.Serving:
@@ -100,23 +101,23 @@ class LeaderEngine:
         if not plan.ops and not step and plan.settings is None:
             return
         plan.step, plan.keep = step, self.engine.cache_entries
-        self.group.send_header(Cmd.PLAN, plan.encode())
+        self.group.send(plan)
         self.pending, self.size = Plan(), 0
 
     def heartbeat(self) -> None:
         self.flush()
-        self.group.send_header(Cmd.HEARTBEAT)
+        self.group.send(wire.Heartbeat())
         self.group.barrier()
 
     def shutdown(self) -> None:
-        self.group.send_header(Cmd.SHUTDOWN)
+        self.group.send(wire.Shutdown())
         self.group.barrier()  # so no peer sees a closed socket before everyone is done
 
-    def _record(self, op: str, arg: Any) -> None:
-        cost = len(json.dumps(arg)) + 32
-        if self.size + cost > MAX_PAYLOAD // 2:  # a plan stays far below the workers' limit
+    def _record(self, op: Op) -> None:
+        cost = len(json.dumps(to_wire(op))) if isinstance(op, Admit) else 32
+        if self.size + cost > wire.MAX_PAYLOAD // 2:  # a plan stays far below the workers' limit
             self.flush()
-        self.pending.ops.append((op, arg))
+        self.pending.ops.append(op)
         self.size += cost
 
 
@@ -127,17 +128,15 @@ def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle) -> None:
         # Idle here is interruptible: a stop request waits briefly for rank 0's SHUTDOWN (the
         # usual case: the daemon asks every rank at once), then leaves anyway.
         with life.interruptible(grace=2.0):
-            cmd, payload = group.recv_header()
-        if cmd is Cmd.HEARTBEAT:
+            plan = group.recv()
+        if isinstance(plan, wire.Heartbeat):
             group.barrier()
             continue
-        if cmd is Cmd.SHUTDOWN:
+        if isinstance(plan, wire.Shutdown):
             group.barrier()
             return
-        try:
-            plan = decode(payload)
-        except ProtocolError as e:
-            raise PeerLost(f"bad plan from rank 0: {e}") from None
+        if not isinstance(plan, Plan):
+            raise PeerLost(f"rank 0 sent {plan.type} to a rank already serving")
         if engine is None:
             if plan.settings is None:
                 raise PeerLost("rank 0's first plan has no engine settings")
@@ -153,12 +152,12 @@ def replay(engine: BatchEngine, plan: Plan) -> None:
     (rank 0 then loses this peer too, and the whole group restarts)."""
     try:
         engine.trim_cache(plan.keep)
-        for op, arg in plan.ops:
-            if op == "admit":
-                engine.admit(arg)
-            elif op == "cancel":
-                engine.cancel(arg)
-            elif op == "abort_prefilling":
+        for op in plan.ops:
+            if isinstance(op, Admit):
+                engine.admit(op.request)
+            elif isinstance(op, Cancel):
+                engine.cancel(op.id)
+            elif isinstance(op, AbortPrefilling):
                 engine.abort_prefilling("aborted", "")
             else:
                 engine.abort_all("aborted", "")

@@ -4,7 +4,8 @@ the other ranks, liveness, and what happens when a peer is lost.
 Rank 0 drives; the other ranks ("workers") wait for its messages: a serving plan (what to admit,
 cancel and step next: exod.runner.group.lockstep), a heartbeat or a shutdown, sent over the group's
 control connections (`exod.runner.group.control`: plain TCP, since MLX's ring backend burns CPU
-while a rank idles in recv). Tensors move through mx.distributed, inside the model's forward.
+while a rank idles in recv), as the typed commands of `exod.runner.group.wire`. Tensors move
+through mx.distributed, inside the model's forward.
 
 Peers are lost in two ways. A peer process that dies closes its sockets: the next send/recv
 raises, we turn that into PeerLost and the runner exits with EXIT_PEER_LOST (76, EX_PROTOCOL),
@@ -17,7 +18,6 @@ timeout-free.
 
 from __future__ import annotations
 
-import enum
 import errno
 import os
 import re
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from exod.core.exits import EXIT_PEER_LOST
-from exod.runner.group import control
+from exod.runner.group import control, wire
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, WARNING, log
 from exod import messages as m
@@ -41,14 +41,6 @@ from exod.runner.report import Reporter
 # Seconds a peer may take per position of a step, on top of peer_timeout: a 2048-token prefill
 # chunk on a slow host must not look like a lost peer (CPU decode is well above 2 tokens/s).
 PER_TOKEN = 0.5
-
-
-class Cmd(enum.IntEnum):
-    PLAN = 1  # payload: what to replay on this rank's engine (exod.runner.group.lockstep)
-    HEARTBEAT = 2  # idle liveness check: every rank joins an all_sum
-    SHUTDOWN = 3  # the group stops: barrier, then exit 0
-    LOADED = 4  # a worker has loaded its shard (to rank 0)
-    GO = 5  # every rank has loaded (to the workers)
 
 
 class PeerLost(BaseException):
@@ -94,26 +86,25 @@ class Group:
         self._deadline = time.monotonic() + self.peer_timeout + tokens * PER_TOKEN
         try:
             fn()
-        except (RuntimeError, control.ControlLost) as e:  # a socket broke, MLX's or ours
+        except (RuntimeError, wire.ControlLost) as e:  # a socket broke, MLX's or ours
             raise PeerLost(str(e)) from None
         finally:
             self._deadline = None
 
-    def send_header(self, cmd: Cmd, payload: bytes = b"") -> None:
+    def send(self, msg: wire.ToWorker) -> None:
+        """Rank 0: one command to every other rank (encoded once)."""
         def go() -> None:
+            data = wire.frame(msg)
             for dst in range(1, self.size):
-                control.send(self.ctrl[dst], int(cmd), payload)
+                wire.send(self.ctrl[dst], data)
 
         self._run(go)
 
-    def recv_header(self) -> tuple[Cmd, bytes]:
-        got: list[tuple[int, bytes]] = []
-        self._run(lambda: got.append(control.recv(self.ctrl[0])))
-        cmd, payload = got[0]
-        try:
-            return Cmd(cmd), payload
-        except ValueError:  # a protocol error, never a crash
-            raise PeerLost(f"unknown command {cmd} from rank 0") from None
+    def recv(self) -> wire.ToWorker:
+        """A worker: rank 0's next command, checked (anything odd is a lost peer)."""
+        got: list[wire.ToWorker] = []
+        self._run(lambda: got.append(wire.recv(self.ctrl[0], wire.TO_WORKER)))
+        return got[0]
 
     def barrier(self) -> None:
         """For peers known to be at hand (a heartbeat, a shutdown): an all_sum, whose ring
@@ -130,19 +121,19 @@ class Group:
             with life.interruptible():
                 if self.rank == 0:
                     for r in range(1, self.size):
-                        self._expect(r, Cmd.LOADED)
+                        wire.recv(self.ctrl[r], wire.TO_LEADER, limit=64, peer=f"rank {r}")
                     for r in range(1, self.size):
-                        control.send(self.ctrl[r], int(Cmd.GO))
+                        wire.send(self.ctrl[r], wire.frame(wire.Go()))
                 else:
-                    control.send(self.ctrl[0], int(Cmd.LOADED))
-                    self._expect(0, Cmd.GO)
-        except control.ControlLost as e:
+                    wire.send(self.ctrl[0], wire.frame(wire.Loaded()))
+                    self._expect_go()
+        except wire.ControlLost as e:
             raise PeerLost(f"while waiting for the group to load: {e}") from None
 
-    def _expect(self, rank: int, cmd: Cmd) -> None:
-        got, _ = control.recv(self.ctrl[rank], limit=0, peer=f"rank {rank}")
-        if got != cmd:
-            raise control.ControlLost(f"rank {rank} sent command {got}, expected {cmd.name}")
+    def _expect_go(self) -> None:
+        got = wire.recv(self.ctrl[0], wire.TO_WORKER)
+        if not isinstance(got, wire.Go):
+            raise wire.ControlLost(f"rank 0 sent {got.type} before every rank had loaded")
 
     # ---- liveness ---------------------------------------------------------------------------
     def arm(self) -> None:
@@ -199,11 +190,11 @@ def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifec
         try:
             with life.interruptible():
                 if rank == 0:
-                    group.ctrl = control.accept_workers(
-                        size, peer_timeout, on_refused=lambda why: log(why, WARNING))
+                    refusals = control.Refusals(report, attempt, size)
+                    group.ctrl = control.accept_workers(size, peer_timeout, refusals.refused)
                 else:
                     group.ctrl = {0: control.connect_to_leader(rank, peer_timeout)}
-        except control.ControlLost as e:
+        except wire.ControlLost as e:
             raise PeerLost(f"control connections: {e}") from None
         except control.ControlAddressInUse as e:
             raise AddressInUse(str(e)) from None
