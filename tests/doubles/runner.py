@@ -35,6 +35,11 @@ Behaviours:
                 SO_REUSEPORT), as if the port were taken between the daemon's choice and the
                 rank's bind. Only while EXOD_DOUBLE_MARK names no file (it creates it), so the
                 group's restart runs clean.
+  group         the real runner, but the rank named by EXOD_DOUBLE_GROUP_RANK speaks the group
+                protocol version EXOD_DOUBLE_GROUP_VERSION (when set: a rank of another exod
+                release), and waits EXOD_DOUBLE_CONTROL_DELAY seconds (when set) before it
+                connects to rank 0's control port (so a test can knock on that port while the
+                group forms).
 """
 
 from __future__ import annotations
@@ -210,7 +215,34 @@ def squat_own_port() -> None:
     print(f"double squatted: listening on {host}:{port}", file=sys.stderr, flush=True)
 
 
+def other_group() -> None:
+    """The group behaviour: patch this rank's group wire, then run the real runner here."""
+    import runpy
+    import time
+
+    from exod.runner.group import control, handshake, wire
+
+    if os.environ.get("MLX_RANK") == os.environ.get("EXOD_DOUBLE_GROUP_RANK"):
+        version = os.environ.get("EXOD_DOUBLE_GROUP_VERSION")
+        if version:
+            wire.OURS = handshake.OURS = f"EXOD-GROUP-{int(version)}"
+            wire.PREAMBLE = handshake.PREAMBLE = f"EXOD-GROUP-{int(version)}\n".encode()
+        delay = float(os.environ.get("EXOD_DOUBLE_CONTROL_DELAY") or 0)
+        connect = control.connect_to_leader
+
+        def late(rank: int, timeout: float) -> socket.socket:
+            print(f"double group: connecting to rank 0 in {delay:g}s", file=sys.stderr,
+                  flush=True)
+            time.sleep(delay)  # the window a test knocks in
+            return connect(rank, timeout)
+
+        control.connect_to_leader = late
+    runpy.run_module("exod.runner", run_name="__main__", alter_sys=True)
+
+
 if __name__ == "__main__":
+    if os.environ.get("EXOD_DOUBLE") == "group":
+        other_group()
     if os.environ.get("EXOD_DOUBLE") == "squatted":
         squat_own_port()
         os.environ.pop("EXOD_DOUBLE")

@@ -1,6 +1,6 @@
 """The pure parts of exod's defences (issue #11): request limits against the model (the rules
 themselves: test_request_rules; here, what the API and the runner give them), browser
-policies, rate-limited logs, the group handshake and header bounds, trust in directories and
+policies, rate-limited logs, the group's key, trust in directories and
 sockets, config safety. Sockets here are socketpairs and files in tmp dirs; no daemon, no mlx.
 The same attacks against a live daemon are in tests/integration/test_security.py."""
 
@@ -147,73 +147,7 @@ def test_runner_log_prefix_never_raises(line: str, level: str, text: str) -> Non
     assert split_priority(line) == (level, text)
 
 
-# ---- the group's handshake and headers -----------------------------------------------------
-KEY = b"k" * 32
-
-
-def handshake(leader_key: bytes, worker_key: bytes, rank: int, size: int = 3,
-              taken: tuple[int, ...] = ()) -> tuple[object, object]:
-    a, b = socket.socketpair()
-    a.settimeout(5)
-    b.settimeout(5)
-    out: dict[str, object] = {}
-
-    def worker() -> None:
-        try:
-            control.worker_handshake(b, worker_key, rank)
-            out["worker"] = "ok"
-        except control.ControlLost as e:
-            out["worker"] = e
-        finally:
-            b.close()
-
-    t = threading.Thread(target=worker)
-    t.start()
-    try:
-        out["leader"] = control.leader_handshake(a, leader_key, size, set(taken))
-    except control.Refused as e:
-        out["leader"] = e
-    finally:
-        a.close()
-    t.join(10)
-    return out["leader"], out.get("worker")
-
-
-def test_group_handshake_accepts_a_rank_that_holds_the_key() -> None:
-    assert handshake(KEY, KEY, 2) == (2, "ok")
-
-
-def test_group_handshake_refuses_strangers_and_fake_leaders() -> None:
-    leader, worker = handshake(KEY, b"x" * 32, 1)
-    assert isinstance(worker, control.ControlLost)  # the worker does not trust rank 0 ...
-    assert isinstance(leader, control.Refused)  # ... which gets nothing from it
-    for rank, taken in ((0, ()), (3, ()), (-5, ()), (1, (1,))):
-        leader, _ = handshake(KEY, KEY, rank, taken=taken)
-        assert isinstance(leader, control.Refused), rank
-    # The old protocol (a bare 4-byte HELLO) or garbage is refused, not taken as a rank.
-    a, b = socket.socketpair()
-    a.settimeout(2)
-    b.sendall(control.HELLO.pack(1) + b"\0" * 60)
-    with pytest.raises(control.Refused):
-        control.leader_handshake(a, KEY, 2, set())
-    a.close()
-    b.close()
-
-
-def test_messages_are_bounds_checked() -> None:
-    a, b = socket.socketpair()
-    with a, b:
-        a.sendall(control.HEADER.pack(1, 1 << 30))  # refused before anything is allocated
-        with pytest.raises(control.ControlLost, match="bad message"):
-            control.recv(b, limit=4096)
-        control.send(a, 99, b"plan")  # an unknown command is for the group membership to refuse
-        assert control.recv(b, limit=4096) == (99, b"plan")
-        control.send(a, 1)
-        assert control.recv(b) == (1, b"")
-        with pytest.raises(control.ControlLost, match="past the"):
-            control.send(a, 1, b"x" * (control.MAX_PAYLOAD + 1))
-
-
+# ---- the group's key (its handshake and messages: tests/unit/test_group_wire.py) -----------
 def test_cluster_key_comes_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EXOD_CLUSTER_KEY_FILE", raising=False)
     with pytest.raises(control.ControlLost, match="not set"):
