@@ -58,6 +58,7 @@ from exod.api.schema import ModelLimits, parse_chat, parse_completion
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
 from exod.config.model_dir import model_limits
+from exod.control_messages import ApiStatus
 from exod.api.view import Daemon
 from exod.config.schema import Api
 from exod.core.states import State
@@ -149,10 +150,10 @@ class ApiServer:
     def url(self) -> str:
         return address.url(self.host, self.port)
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> ApiStatus:
         """For the status snapshot: where exoctl (and people) find the API."""
-        return {"listen": self.cfg.listen, "url": self.url, "auth": self.token,
-                "token_file": str(self.cfg.token_file) if self.cfg.token_file else None}
+        return ApiStatus(listen=self.cfg.listen, url=self.url, auth=self.token,
+                         token_file=str(self.cfg.token_file) if self.cfg.token_file else None)
 
     def instance_changed(self, inst: InstanceRuntime) -> None:
         self.serving.instance_changed(inst)

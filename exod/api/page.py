@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from exod.protocol import to_wire
+
 if TYPE_CHECKING:
     from exod.api.serving import Serving
     from exod.api.view import Daemon
@@ -28,7 +30,7 @@ async def index(request: web.Request) -> web.Response:
 
 
 def status_json(sup: Daemon, serving: Serving) -> dict[str, Any]:
-    snap = sup.snapshot()
+    snap = to_wire(sup.snapshot())
     figures: dict[str, Any] = {}
     for inst in sup.ordered():
         gate = serving.gates.get(inst)

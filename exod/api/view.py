@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from exod.daemon.instance import InstanceRuntime
+    from exod.control_messages import Snapshot
     from exod.daemon.log_ring import LogRings
 
 
@@ -40,7 +41,7 @@ class Daemon(Protocol):
 
     def ordered(self) -> Sequence[InstanceRuntime]: ...
 
-    def snapshot(self) -> dict[str, Any]: ...
+    def snapshot(self) -> Snapshot: ...
 
     def listen(self, fn: Callable[[InstanceRuntime], None]) -> Callable[[], None]: ...
 

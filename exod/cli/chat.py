@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 
 import click
 
+from exod.control_messages import Snapshot
+
 
 @dataclass
 class ChatClient:
@@ -65,22 +67,22 @@ def _error_text(status: int, raw: bytes) -> str:
         return f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}"
 
 
-def api_from_status(status: dict[str, Any]) -> tuple[str, str | None]:
+def api_from_status(status: Snapshot) -> tuple[str, str | None]:
     """(url, token) from `exoctl status`'s daemon.api; the token from EXOD_API_TOKEN, else the
     configured token file when this user can read it."""
-    api = status.get("daemon", {}).get("api")
+    api = status.daemon.api
     if not api:
         raise click.ClickException("exod's HTTP API is off (api.listen is empty)")
     token = os.environ.get("EXOD_API_TOKEN")
-    if not token and api.get("token_file"):
+    if not token and api.token_file:
         from exod.api.token import read_token
 
         try:
-            token = read_token(api["token_file"])
+            token = read_token(api.token_file)
         except OSError as e:
             raise click.ClickException(f"the API needs a token: set EXOD_API_TOKEN or make "
-                                       f"{api['token_file']} usable ({e.strerror})") from None
-    return str(api["url"]), token
+                                       f"{api.token_file} usable ({e.strerror})") from None
+    return api.url, token
 
 
 def answer(client: ChatClient, model: str, messages: list[dict[str, str]], as_json: bool,

@@ -12,11 +12,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
+from exod import control_messages as cm
 from exod.core.exits import EXIT_NOT_RUNNING
+from exod.protocol import ProtocolError, to_wire
 
 EXIT_TIMEOUT = 4
 
@@ -30,14 +32,15 @@ class Client:
         self.path = path
         self.timeout = timeout
 
-    def stream(self, req: dict[str, Any], timeout: float | None = None) -> Iterator[dict[str, Any]]:
-        """Send one request; yield each answer line. `timeout` bounds the whole exchange
-        (None: the client's default; float('inf'): no bound). Raises TimeoutError."""
+    def stream(self, req: cm.Request, timeout: float | None = None
+               ) -> Iterator[cm.Event | cm.Reply]:
+        """Send one request; yield each answer line, checked. `timeout` bounds the whole
+        exchange (None: the client's default; float('inf'): no bound). Raises TimeoutError."""
         limit = self.timeout if timeout is None else timeout
         deadline = None if limit is None or limit == float("inf") else time.monotonic() + limit
         sock = self._connect(limit if deadline is not None else None)
         with sock, sock.makefile("rwb") as f:
-            f.write(json.dumps(req).encode() + b"\n")
+            f.write(json.dumps(to_wire(req, cm.REQUEST_TAG)).encode() + b"\n")
             f.flush()
             while True:
                 if deadline is not None:
@@ -45,7 +48,7 @@ class Client:
                 line = f.readline()
                 if not line:
                     return
-                yield json.loads(line)
+                yield decode_line(line, req)
 
     def _connect(self, timeout: float | None) -> socket.socket:
         """A connection to a daemon we trust (see exod.trust), or a ClickException saying why
@@ -76,13 +79,25 @@ class Client:
                                        "neither you, root nor exod's user: not talking to it")
         return sock
 
-    def call(self, req: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        last: dict[str, Any] = {}
+    def call(self, req: cm.Request, timeout: float | None = None) -> cm.Reply:
         for msg in self.stream(req, timeout):
-            last = msg
-        if not last:
-            raise click.ClickException("exod closed the connection without an answer")
-        return last
+            if not isinstance(msg, cm.EVENT_TYPES):
+                return msg
+        raise click.ClickException("exod closed the connection without an answer")
+
+
+def decode_line(line: bytes, req: cm.Request) -> cm.Event | cm.Reply:
+    """One line from exod, checked; a ClickException when it is not what this exoctl knows
+    (an exod of another version, still running after an upgrade)."""
+    try:
+        obj = json.loads(line)
+        if not isinstance(obj, dict):
+            raise ProtocolError("not a JSON object")
+        return cm.decode_line(obj, req)
+    except (ValueError, RecursionError, ProtocolError) as e:
+        raise click.ClickException(f"exod's answer is not what this exoctl expects ({e}): "
+                                   "is exod of another version? (restart it after an "
+                                   "upgrade)") from None
 
 
 def default_socket() -> str:
@@ -109,8 +124,8 @@ def complete_instance(ctx: click.Context, param: click.Parameter,
     root = ctx.find_root()
     path = root.params.get("socket_path") or default_socket()
     try:
-        answer = Client(Path(path), timeout=2.0).call({"cmd": "status"})
-        names = [str(i["name"]) for i in answer.get("instances", [])]
+        answer = Client(Path(path), timeout=2.0).call(cm.GetStatus())
+        names = [i.name for i in answer.instances] if isinstance(answer, cm.StatusReply) else []
     except Exception:  # noqa: BLE001 -- any failure means "nothing to offer"
         return []
     return [n for n in names if n.startswith(incomplete)]
@@ -120,11 +135,16 @@ def name_argument() -> Any:
     return click.argument("name", shell_complete=complete_instance)
 
 
-def ok_or_fail(answer: dict[str, Any]) -> dict[str, Any]:
-    if not answer.get("ok"):
-        for p in answer.get("problems", []):
+R = TypeVar("R")
+
+
+def ok_or_fail(answer: cm.Event | cm.Reply, expect: type[R]) -> R:
+    if isinstance(answer, cm.Failure):
+        for p in answer.problems:
             click.echo(p, err=True)
-        raise click.ClickException(answer.get("error", "failed"))
+        raise click.ClickException(answer.error)
+    if not isinstance(answer, expect):  # cm.decode_line gives each request its own answer
+        raise click.ClickException(f"exod answered with {type(answer).__name__}")
     return answer
 
 
@@ -133,19 +153,15 @@ def ok_or_fail(answer: dict[str, Any]) -> dict[str, Any]:
 @click.pass_obj
 def status(client: Client, as_json: bool) -> None:
     """A table of every instance: state, layers, pids, uptime, restarts, RSS, last exit."""
-    answer = ok_or_fail(client.call({"cmd": "status"}))
-    answer.pop("ok", None)
+    answer = ok_or_fail(client.call(cm.GetStatus()), cm.StatusReply)
     if as_json:
-        click.echo(json.dumps(answer, indent=2))
+        obj = to_wire(answer)
+        obj.pop("ok", None)
+        click.echo(json.dumps(obj, indent=2))
         return
     from exod.cli.table import render_status
 
-    try:
-        table = render_status(answer)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:  # another exod version?
-        raise click.ClickException(f"exod's status is not what this exoctl expects ({e!r}); "
-                                   "try --json") from None
-    click.echo(table)
+    click.echo(render_status(answer))
 
 
 @main.command()
@@ -153,8 +169,8 @@ def status(client: Client, as_json: bool) -> None:
 @click.pass_obj
 def start(client: Client, name: str) -> None:
     """Start NAME (also clears a failed state)."""
-    answer = ok_or_fail(client.call({"cmd": "start", "name": name}))
-    click.echo(f"{name}: {answer['state']}")
+    answer = ok_or_fail(client.call(cm.Start(name)), cm.StateReply)
+    click.echo(f"{name}: {answer.state}")
 
 
 @main.command()
@@ -162,8 +178,8 @@ def start(client: Client, name: str) -> None:
 @click.pass_obj
 def stop(client: Client, name: str) -> None:
     """Stop NAME through the termination ladder; returns once every runner is gone."""
-    answer = ok_or_fail(client.call({"cmd": "stop", "name": name}, timeout=float("inf")))
-    click.echo(f"{name}: {answer['state']}")
+    answer = ok_or_fail(client.call(cm.Stop(name), timeout=float("inf")), cm.StateReply)
+    click.echo(f"{name}: {answer.state}")
 
 
 @main.command()
@@ -171,16 +187,18 @@ def stop(client: Client, name: str) -> None:
 @click.pass_obj
 def restart(client: Client, name: str) -> None:
     """Stop NAME through the ladder, then start it again."""
-    answer = ok_or_fail(client.call({"cmd": "restart", "name": name}, timeout=float("inf")))
-    click.echo(f"{name}: {answer['state']}")
+    answer = ok_or_fail(client.call(cm.Restart(name), timeout=float("inf")), cm.StateReply)
+    click.echo(f"{name}: {answer.state}")
 
 
 @main.command()
 @click.pass_obj
 def reload(client: Client) -> None:
     """Re-read the config: start added, stop removed, restart changed; keep the rest."""
-    answer = ok_or_fail(client.call({"cmd": "reload"}, timeout=float("inf")))
-    parts = [f"{k}: {', '.join(answer[k])}" for k in ("added", "removed", "changed") if answer[k]]
+    answer = ok_or_fail(client.call(cm.Reload(), timeout=float("inf")), cm.ReloadReply)
+    parts = [f"{k}: {', '.join(names)}" for k, names in (
+        ("added", answer.added), ("removed", answer.removed), ("changed", answer.changed))
+        if names]
     click.echo("reloaded" + (f" ({'; '.join(parts)})" if parts else ", nothing changed"))
 
 
@@ -201,16 +219,15 @@ def wait(client: Client, name: str, timeout: float | None, quiet: bool) -> None:
         if timeout is not None:
             wait_for_daemon(client, start + timeout)
         limit = float("inf") if timeout is None else max(0.001, start + timeout - time.monotonic())
-        for msg in client.stream({"cmd": "wait", "name": name}, timeout=limit):
-            if "event" in msg:
-                bar.update(msg["instance"])
+        for msg in client.stream(cm.Wait(name), timeout=limit):
+            if isinstance(msg, cm.ProgressEvent):
+                bar.update(msg.instance)
                 continue
             bar.finish()
-            if msg.get("ok"):
-                if not quiet:
-                    click.echo(f"{name}: ready")
-                return
-            raise click.ClickException(msg.get("error", "failed"))
+            ok_or_fail(msg, cm.WaitReply)
+            if not quiet:
+                click.echo(f"{name}: ready")
+            return
     except TimeoutError:
         bar.finish()
         click.echo(f"{name}: not ready after {timeout:g}s", err=True)
@@ -225,7 +242,7 @@ def wait_for_daemon(client: Client, deadline: float) -> None:
     model); raises TimeoutError at the deadline."""
     while True:
         try:
-            client.call({"cmd": "status"}, timeout=max(0.001, deadline - time.monotonic()))
+            client.call(cm.GetStatus(), timeout=max(0.001, deadline - time.monotonic()))
             return
         except NotRunning:
             if time.monotonic() >= deadline:
@@ -245,23 +262,24 @@ def wait_for_daemon(client: Client, deadline: float) -> None:
 def logs(client: Client, name: str, lines: int, follow: bool, rank: int | None,
          as_json: bool) -> None:
     """A runner's recent output, from the daemon's memory (the last 1000 lines per rank)."""
-    req = {"cmd": "logs", "name": name, "lines": lines, "rank": rank, "follow": follow}
+    req = cm.Logs(name, lines=lines, rank=rank, follow=follow)
     try:
         for msg in client.stream(req, timeout=float("inf") if follow else None):
-            if msg.get("event") == "line":
-                click.echo(json.dumps(msg) if as_json else format_line(msg))
+            if isinstance(msg, cm.LineEvent):
+                click.echo(json.dumps(to_wire(msg, cm.EVENT_TAG)) if as_json
+                           else format_line(msg))
                 continue
-            ok_or_fail(msg)
+            ok_or_fail(msg, cm.Done)
             return
     except KeyboardInterrupt:
         return
     raise click.ClickException("exod closed the connection before an answer")
 
 
-def format_line(msg: dict[str, Any]) -> str:
-    stamp = time.strftime("%H:%M:%S", time.localtime(float(msg["time"])))
-    level = "" if msg["level"] == "INFO" else f"{msg['level']}: "
-    return f"{stamp} {msg['instance']}/{msg['rank']} | {level}{msg['text']}"
+def format_line(msg: cm.LineEvent) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(msg.time))
+    level = "" if msg.level == "INFO" else f"{msg.level}: "
+    return f"{stamp} {msg.instance}/{msg.rank} | {level}{msg.text}"
 
 
 @main.command()
@@ -280,7 +298,7 @@ def chat(client: Client, name: str, prompt: str | None, as_json: bool, system: s
     (with history) until end of input."""
     from exod.cli.chat import ChatClient, api_from_status, run_chat
 
-    url, token = api_from_status(ok_or_fail(client.call({"cmd": "status"})))
+    url, token = api_from_status(ok_or_fail(client.call(cm.GetStatus()), cm.StatusReply))
     options = {k: v for k, v in (("max_tokens", max_tokens), ("temperature", temperature),
                                  ("seed", seed)) if v is not None}
     run_chat(ChatClient(url, token, options=options), name, prompt, system, as_json)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from typing import Any
+from exod.control_messages import InstanceStatus
 
 
 class Progress:
@@ -12,13 +12,12 @@ class Progress:
         self.enabled = enabled
         self._drawn = False
 
-    def update(self, inst: dict[str, Any]) -> None:
+    def update(self, inst: InstanceStatus) -> None:
         if not self.enabled:
             return
-        ranks = inst.get("ranks", [])
-        done = sum(r.get("layers_loaded") or 0 for r in ranks)
-        total = sum(r.get("layers_total") or 0 for r in ranks)
-        label = f"{inst['name']}: {inst['detail']}"
+        done = sum(r.layers_loaded for r in inst.ranks)
+        total = sum(r.layers_total for r in inst.ranks)
+        label = f"{inst.name}: {inst.detail}"
         width = max(10, min(40, shutil.get_terminal_size().columns - len(label) - 4))
         filled = int(width * done / total) if total else 0
         sys.stdout.write(f"\r\x1b[K[{'#' * filled}{'.' * (width - filled)}] {label}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from exod import control_messages as cm
 
 
 def human_bytes(n: int | None) -> str:
@@ -23,57 +23,56 @@ def human_duration(s: float | None) -> str:
     return format_duration(float(int(s)))  # whole seconds: an uptime, not a measurement
 
 
-def render_status(snap: dict[str, Any]) -> str:
-    d = snap["daemon"]
-    head = (f"exod {d['version']} pid {d['pid']}, up {human_duration(d['uptime_s'])}, "
-            f"{d['state']}: {d['summary']}")
+def render_status(snap: cm.Snapshot) -> str:
+    d = snap.daemon
+    head = (f"exod {d.version} pid {d.pid}, up {human_duration(d.uptime_s)}, "
+            f"{d.state}: {d.summary}")
     rows = [("INSTANCE", "STATE", "LAYERS", "PIDS", "UPTIME", "RESTARTS", "RSS", "LAST EXIT")]
-    for inst in snap["instances"]:
-        ranks = inst["ranks"]
-        loaded = sum(r["layers_loaded"] for r in ranks)
-        total = sum(r["layers_total"] for r in ranks)
-        pids = ",".join(str(r["pid"]) for r in ranks if r["pid"]) or "-"
-        rss = [r["rss_bytes"] for r in ranks if r["rss_bytes"] is not None]
-        exits = [r["error"] or (r["last_exit"] or {}).get("text") for r in ranks]
+    for inst in snap.instances:
+        ranks = inst.ranks
+        loaded = sum(r.layers_loaded for r in ranks)
+        total = sum(r.layers_total for r in ranks)
+        pids = ",".join(str(r.pid) for r in ranks if r.pid) or "-"
+        rss = [r.rss_bytes for r in ranks if r.rss_bytes is not None]
+        exits = [r.error or (r.last_exit.text if r.last_exit else None) for r in ranks]
         last = next((e for e in exits if e), "-")
-        if inst["state"] == "backoff" and inst["reason"]:
+        if inst.state == "backoff" and inst.reason:
             # why the last run ended, before when the next one starts
-            cause = next((r["error"] for r in ranks if r["error"]), None)
-            last = f"{cause}; {inst['reason']}" if cause else inst["reason"]
-        elif inst["state"] == "failed" and inst["reason"]:
-            last = inst["reason"]
-        state = inst["detail"] if inst["state"] in ("starting", "loading") else inst["state"]
-        if inst["detail"].startswith("hung"):  # why it is stopping or backing off
-            state = f"{inst['detail'].partition(';')[0]}, {inst['state']}"
-        elif inst["autostart"] == "on-demand" and inst["state"] == "stopped":
+            cause = next((r.error for r in ranks if r.error), None)
+            last = f"{cause}; {inst.reason}" if cause else inst.reason
+        elif inst.state == "failed" and inst.reason:
+            last = inst.reason
+        state = inst.detail if inst.state in ("starting", "loading") else inst.state
+        if inst.detail.startswith("hung"):  # why it is stopping or backing off
+            state = f"{inst.detail.partition(';')[0]}, {inst.state}"
+        elif inst.autostart == "on-demand" and inst.state == "stopped":
             state = "stopped (on demand)"
-        rows.append((inst["name"], state, f"{loaded}/{total}", pids,
-                     human_duration(inst["uptime_s"]), str(inst["restarts"]),
+        rows.append((inst.name, state, f"{loaded}/{total}", pids,
+                     human_duration(inst.uptime_s), str(inst.restarts),
                      human_bytes(sum(rss)) if rss else "-", last))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = [head, ""]
     for r in rows:
         # widths covers every column but the last, which is not padded: zip stops before it.
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
-    notes = [f"{inst['name']}: {note}" for inst in snap["instances"]
-             if (note := serving_note(inst.get("serving")))]
+    notes = [f"{inst.name}: {note}" for inst in snap.instances
+             if (note := serving_note(inst.serving))]
     if notes:
         lines += ["", *notes]
     return "\n".join(line.rstrip() for line in lines)
 
 
-def serving_note(serving: dict[str, Any] | None) -> str:
+def serving_note(serving: cm.ServingStatus | None) -> str:
     """e.g. `batch 3/8, prompt cache 2 entries 91.3MiB, hit rate 50%`."""
     if not serving:
         return ""
-    if serving.get("batching") != "continuous":
-        return str(serving.get("batching") or "")
-    text = f"batch {serving.get('active', 0)}/{serving.get('width', '?')}"
-    cache = serving.get("prompt_cache") or {}
-    if cache.get("max_bytes"):
-        rate = cache.get("hit_rate")
-        text += (f", prompt cache {cache.get('entries', 0)} entries "
-                 f"{human_bytes(cache.get('bytes'))}"
+    if serving.batching != "continuous":
+        return serving.batching
+    text = f"batch {serving.active}/{serving.width}"
+    cache = serving.prompt_cache
+    if cache is not None and cache.max_bytes:
+        rate = cache.hit_rate
+        text += (f", prompt cache {cache.entries} entries {human_bytes(cache.bytes)}"
                  f", hit rate {'-' if rate is None else f'{rate:.0%}'}")
     else:
         text += ", no prompt cache"

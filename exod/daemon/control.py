@@ -2,7 +2,9 @@
 
 A request is one line, `{"cmd": "status"}` / `{"cmd": "start", "name": "big"}` / … ; the answer is
 one line `{"ok": true, …}` or `{"ok": false, "error": "…"}`. `wait` streams `{"event": …}` lines
-until its final answer. The socket file gets `control.mode` (0660 by default) so that a group can
+until its final answer. Every one is a typed message of exod.control_messages: a request is
+checked field by field before any command sees it (why lines, not exod.protocol's frames: see
+there). The socket file gets `control.mode` (0660 by default) so that a group can
 be allowed to drive exod without being root; each client's uid is checked on the connection too
 (exod.trust). The request line must arrive within REQUEST_TIMEOUT; at most `max_connections`
 are open at once, beyond which the oldest one still silent is dropped.
@@ -21,14 +23,15 @@ from typing import Any, Protocol
 
 from loguru import logger
 
+from exod import control_messages as cm
 from exod import trust
 from exod.daemon.ratelog import RateLimitedLog
+from exod.protocol import ProtocolError, to_wire
 
 MAX_REQUEST = 64 * 1024
 REQUEST_TIMEOUT = 10.0
 MAX_CONNECTIONS = 64
 SEND_TIMEOUT = 30.0
-STREAMING = ("wait", "watch", "logs")
 
 
 class SocketInUse(OSError):
@@ -41,12 +44,11 @@ class CommandError(Exception):
 
 
 class Backend(Protocol):
-    async def command(self, cmd: str, req: dict[str, Any],
-                      emit: Emit) -> dict[str, Any]: ...
+    async def command(self, req: cm.Request, emit: Emit) -> cm.Reply: ...
 
 
 class Emit(Protocol):
-    async def __call__(self, msg: dict[str, Any]) -> None: ...
+    async def __call__(self, msg: cm.Event) -> None: ...
 
 
 def prepare_path(path: Path, group_access: bool = True, gid: int | None = None) -> None:
@@ -150,32 +152,38 @@ class ControlServer:
         return (f"permission denied: uid {creds[0]} may not use exod's control socket (only "
                 "exod's user, root and members of control.group may)")
 
-    async def _run(self, req: dict[str, Any], reader: asyncio.StreamReader,
-                   emit: Emit) -> dict[str, Any] | None:
+    async def _run(self, req: cm.Request, reader: asyncio.StreamReader,
+                   emit: Emit) -> cm.Reply | None:
         """The command's answer; None when the client left first. A client that leaves a
         `wait` or `watch` ends it at once (else its connection would stay open until the next
         change); other commands finish anyway (an interrupted `exoctl reload` still reloads)."""
-        task = asyncio.ensure_future(self.backend.command(req["cmd"], req, emit))
+        task = asyncio.ensure_future(self.backend.command(req, emit))
         gone = asyncio.ensure_future(reader.read(1))  # nothing more is sent: EOF = gone
         try:
             await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
         if not task.done():
-            if req["cmd"] in STREAMING:
+            if isinstance(req, cm.STREAMING):
                 task.cancel()
                 return None
             await asyncio.shield(task)
         try:
             return task.result()
         except CommandError as e:
-            return {"ok": False, "error": str(e)}
+            return cm.Failure(str(e))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async def emit(msg: dict[str, Any]) -> None:
-            writer.write(json.dumps(msg).encode() + b"\n")
+        async def send(obj: dict[str, Any]) -> None:
+            writer.write(json.dumps(obj).encode() + b"\n")
             # A client that stops reading is dropped, not buffered for without end.
             await asyncio.wait_for(writer.drain(), SEND_TIMEOUT)
+
+        async def emit(msg: cm.Event) -> None:
+            await send(to_wire(msg, cm.EVENT_TAG))
+
+        async def answer(msg: cm.Reply) -> None:
+            await send(to_wire(msg))
 
         if not self._admit(writer):
             writer.close()
@@ -183,30 +191,27 @@ class ControlServer:
         try:
             denied = self._allowed(writer)
             if denied is not None:
-                await emit({"ok": False, "error": denied})
+                await answer(cm.Failure(denied))
                 return
             try:
                 line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT)
             except asyncio.TimeoutError:
                 return
             except (ValueError, asyncio.LimitOverrunError):
-                await emit({"ok": False, "error": f"bad request: longer than {MAX_REQUEST} "
-                                                  "bytes"})
+                await answer(cm.Failure(f"bad request: longer than {MAX_REQUEST} bytes"))
                 return
             finally:
                 self._silent.pop(writer, None)
             if not line:
                 return
             try:
-                req = json.loads(line)
-                if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
-                    raise ValueError("a request is a JSON object with a string 'cmd'")
-            except (ValueError, RecursionError) as e:
-                await emit({"ok": False, "error": f"bad request: {e}"})
+                req = parse_request(line)
+            except ProtocolError as e:
+                await answer(cm.Failure(f"bad request: {e}"))
                 return
-            answer = await self._run(req, reader, emit)
-            if answer is not None:
-                await emit(answer)
+            reply = await self._run(req, reader, emit)
+            if reply is not None:
+                await answer(reply)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 asyncio.TimeoutError):
             pass  # the client went away (exoctl wait interrupted) or stopped reading
@@ -218,3 +223,18 @@ class ControlServer:
             self._silent.pop(writer, None)
             self._open -= 1
             writer.close()
+
+
+def parse_request(line: bytes) -> cm.Request:
+    """One request line, checked; ProtocolError says what is wrong with it."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError) as e:
+        raise ProtocolError("not JSON" if isinstance(e, RecursionError) else str(e)) from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("a request is a JSON object with a string 'cmd'")
+    if not isinstance(obj.get("cmd"), str):
+        raise ProtocolError("a request is a JSON object with a string 'cmd'")
+    if obj["cmd"] not in cm.REQUESTS:
+        raise ProtocolError(f"unknown command {obj['cmd'][:60]!r}")
+    return cm.decode_request(obj)

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from exod.control_messages import LineEvent
+
 LINES_PER_RANK = 1000
 MAX_TEXT = 4096  # longer lines are cut in the ring (the log itself keeps them whole)
 
@@ -26,7 +28,12 @@ class Line:
     level: str
     text: str
 
+    def event(self) -> LineEvent:
+        return LineEvent(time=round(self.time, 3), instance=self.instance, rank=self.rank,
+                         pid=self.pid, level=self.level, text=self.text)
+
     def to_json(self) -> dict[str, object]:
+        """For the status page."""
         return {"time": round(self.time, 3), "instance": self.instance, "rank": self.rank,
                 "pid": self.pid, "level": self.level, "text": self.text}
 

@@ -1,10 +1,10 @@
-"""Status snapshots: the JSON that `exoctl status --json` prints, and the one-line summary that
-goes to the service manager's STATUS=. Built on demand from the runtimes; nothing is cached."""
+"""Status snapshots: what `exoctl status` shows (typed: exod.control_messages), and the one-line
+summary that goes to the service manager's STATUS=. Built on demand from the runtimes; nothing
+is cached."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from exod import control_messages as cm
 from exod.config.durations import format_duration
 from exod.messages import Phase, Serving
 from exod.core.states import State
@@ -63,70 +63,69 @@ def _detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
     return str(state)
 
 
-def rank_json(rank: RankRuntime, now: float, stall_after: float) -> dict[str, Any]:
+def rank_status(rank: RankRuntime, now: float, stall_after: float) -> cm.RankStatus:
     stall = stalled_for(rank, now, stall_after)
-    return {
-        "rank": rank.rank,
-        "host": rank.host,
-        "remote": not rank.local,
-        "pid": rank.pid,
-        "state": rank.state.value,
-        "layers": [rank.shard.start, rank.shard.end],
-        "layers_loaded": rank.layers_loaded,
-        "layers_total": rank.layers_total,
-        "rss_bytes": rss_bytes(rank.pid) if rank.pid is not None else None,
-        "uptime_s": round(now - rank.started_at, 3) if rank.pid and rank.started_at else None,
-        "last_exit": rank.last_exit.to_json() if rank.last_exit else None,
-        "status": rank.status_text if rank.local else f"remote: run by exod on {rank.host}",
-        "phase": rank.phase.value if rank.phase is not None and rank.local else None,
-        "error": rank.error or None,
-        "no_progress_s": round(stall, 1) if stall is not None else None,
+    exit_ = rank.last_exit
+    return cm.RankStatus(
+        rank=rank.rank,
+        host=rank.host,
+        remote=not rank.local,
+        pid=rank.pid,
+        state=rank.state.value,
+        layers=[rank.shard.start, rank.shard.end],
+        layers_loaded=rank.layers_loaded,
+        layers_total=rank.layers_total,
+        rss_bytes=rss_bytes(rank.pid) if rank.pid is not None else None,
+        uptime_s=round(now - rank.started_at, 3) if rank.pid and rank.started_at else None,
+        last_exit=cm.ExitStatus(exit_.code, exit_.signal, str(exit_)) if exit_ else None,
+        status=rank.status_text if rank.local else f"remote: run by exod on {rank.host}",
+        phase=rank.phase.value if rank.phase is not None and rank.local else None,
+        error=rank.error or None,
+        no_progress_s=round(stall, 1) if stall is not None else None,
         # Serving runners send a heartbeat from their main loop every few seconds.
-        "heartbeat_age_s": (round(now - rank.last_heartbeat, 1)
-                            if rank.last_heartbeat is not None else None),
-        "ladder": ({"rung": rank.ladder.current.value,
-                    "sigkill_in_s": round(rank.ladder.time_to_kill(now), 1)}
-                   if rank.ladder is not None else None),
-    }
+        heartbeat_age_s=(round(now - rank.last_heartbeat, 1)
+                         if rank.last_heartbeat is not None else None),
+        ladder=(cm.LadderStatus(rank.ladder.current.value,
+                                round(rank.ladder.time_to_kill(now), 1))
+                if rank.ladder is not None else None),
+    )
 
 
-def serving_json(s: Serving | None) -> dict[str, Any] | None:
+def serving_status(s: Serving | None) -> cm.ServingStatus | None:
     """How the serving rank serves, as its runner last reported (None before that), with the
     prompt cache's hit rate (hits per lookup)."""
     if s is None:
         return None
-    out: dict[str, Any] = {"batching": s.batching, "width": s.width, "active": s.active}
-    if s.batching == "continuous":
-        rate = round(s.cache_hits / s.cache_lookups, 4) if s.cache_lookups else None
-        out["prefill_step"] = s.prefill_step
-        out["prompt_cache"] = {
-            "entries": s.cache_entries, "bytes": s.cache_bytes, "max_bytes": s.cache_max_bytes,
-            "lookups": s.cache_lookups, "hits": s.cache_hits, "hit_rate": rate,
-            "cached_tokens": s.cached_tokens, "prompt_tokens": s.prompt_tokens}
-    return out
+    if s.batching != "continuous":
+        return cm.ServingStatus(s.batching, s.width, s.active)
+    rate = round(s.cache_hits / s.cache_lookups, 4) if s.cache_lookups else None
+    return cm.ServingStatus(s.batching, s.width, s.active, s.prefill_step, cm.PromptCacheStatus(
+        entries=s.cache_entries, bytes=s.cache_bytes, max_bytes=s.cache_max_bytes,
+        lookups=s.cache_lookups, hits=s.cache_hits, hit_rate=rate,
+        cached_tokens=s.cached_tokens, prompt_tokens=s.prompt_tokens))
 
 
-def instance_json(inst: InstanceRuntime, now: float, stall_after: float) -> dict[str, Any]:
+def instance_status(inst: InstanceRuntime, now: float, stall_after: float) -> cm.InstanceStatus:
     c = inst.config
     active = inst.state.active
-    return {
-        "name": inst.name,
-        "state": inst.state.value,
-        "detail": detail(inst, now, stall_after),
-        "reason": inst.machine.reason or None,
-        "since_s": round(now - inst.machine.since, 3),
-        "uptime_s": round(now - inst.started_at, 3) if active and inst.started_at else None,
-        "model": str(c.model),
-        "shards": c.shards,
-        "parallelism": c.parallelism,
-        "autostart": c.autostart,
-        "restart": c.restart,
-        "restarts": inst.tracker.restarts,
-        "source": c.source,
+    return cm.InstanceStatus(
+        name=inst.name,
+        state=inst.state.value,
+        detail=detail(inst, now, stall_after),
+        reason=inst.machine.reason or None,
+        since_s=round(now - inst.machine.since, 3),
+        uptime_s=round(now - inst.started_at, 3) if active and inst.started_at else None,
+        model=str(c.model),
+        shards=c.shards,
+        parallelism=c.parallelism,
+        autostart=c.autostart,
+        restart=c.restart,
+        restarts=inst.tracker.restarts,
+        source=c.source,
         # Rank 0 serves (the others follow it): its engine is the instance's.
-        "serving": serving_json(inst.ranks[0].serving) if inst.ranks else None,
-        "ranks": [rank_json(r, now, stall_after) for r in inst.ranks],
-    }
+        serving=serving_status(inst.ranks[0].serving) if inst.ranks else None,
+        ranks=[rank_status(r, now, stall_after) for r in inst.ranks],
+    )
 
 
 def summary(instances: list[InstanceRuntime], now: float, stall_after: float) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 from loguru import logger
 
 from exod import __version__
+from exod import control_messages as cm
 from exod.config import ConfigError, diff, load_config, model_layer_count
 from exod.config.schema import Config, Instance
 from exod.core import ladder
@@ -135,28 +136,28 @@ class Supervisor:
     def instance(self, name: str) -> InstanceRuntime | None:
         return self.instances.get(name)
 
-    def instance_json(self, inst: InstanceRuntime) -> dict[str, Any]:
-        return status.instance_json(inst, self.now(), self.config.defaults.stall_after)
+    def instance_status(self, inst: InstanceRuntime) -> cm.InstanceStatus:
+        return status.instance_status(inst, self.now(), self.config.defaults.stall_after)
 
     def summary(self) -> str:
         return status.summary(self.ordered(), self.now(), self.config.defaults.stall_after)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> cm.Snapshot:
         now, stall = self.now(), self.config.defaults.stall_after
-        return {
-            "daemon": {
-                "pid": os.getpid(),
-                "version": __version__,
-                "uptime_s": round(time.monotonic() - self.started, 3),
-                "state": self.phase,
-                "config": str(self.config.path),
-                "control_socket": str(self.config.control.socket),
-                "summary": self.readiness.line(self),
-                "api": self.api.info() if self.api is not None else None,
-                "stop_worst_case_s": ladder.longest(self.config),
-            },
-            "instances": [status.instance_json(i, now, stall) for i in self.ordered()],
-        }
+        return cm.Snapshot(
+            daemon=cm.DaemonStatus(
+                pid=os.getpid(),
+                version=__version__,
+                uptime_s=round(time.monotonic() - self.started, 3),
+                state=self.phase,
+                config=str(self.config.path),
+                control_socket=str(self.config.control.socket),
+                summary=self.readiness.line(self),
+                api=self.api.info() if self.api is not None else None,
+                stop_worst_case_s=ladder.longest(self.config),
+            ),
+            instances=[status.instance_status(i, now, stall) for i in self.ordered()],
+        )
 
     # ---- running ------------------------------------------------------------------------
     async def run(self) -> int:
@@ -270,10 +271,10 @@ class Supervisor:
         logger.info("SIGHUP: reloading {}", self.config.path)
         self.loop.create_task(self.reload())
 
-    async def reload(self) -> dict[str, Any]:
+    async def reload(self) -> cm.ReloadReply | cm.Failure:
         async with self._reload_lock:
             if self.stopping:
-                return {"ok": False, "error": "exod is stopping"}
+                return cm.Failure("exod is stopping")
             self.readiness.reloading()
             # Files are read in a thread: a slow disk or a huge file must not stall the loop.
             try:
@@ -293,9 +294,9 @@ class Supervisor:
                     logger.error("reload: {}; the API keeps its previous tokens", e.strerror)
             return self._reload(new)
 
-    def _reload(self, new: Config | ConfigError) -> dict[str, Any]:
+    def _reload(self, new: Config | ConfigError) -> cm.ReloadReply | cm.Failure:
         if self.stopping:
-            return {"ok": False, "error": "exod is stopping"}
+            return cm.Failure("exod is stopping")
         if isinstance(new, ConfigError):
             problems = str(new).splitlines()
             for line in problems:
@@ -305,8 +306,7 @@ class Supervisor:
             self.config_errors += len(problems)
             self.readiness.reloaded(self, self.now(),
                                     f"reload failed ({len(problems)} problem(s)): {problems[0]}")
-            return {"ok": False, "error": "invalid configuration; nothing was changed",
-                    "problems": problems}
+            return cm.Failure("invalid configuration; nothing was changed", problems)
         d = diff(self.config, new)
         if d.daemon_changed:
             logger.warning("control.socket changed: takes effect at the next restart of exod")
@@ -331,8 +331,8 @@ class Supervisor:
         logger.info("reloaded: {} added, {} removed, {} changed, {} unchanged",
                     len(d.added), len(d.removed), len(d.changed), len(d.unchanged))
         self.readiness.reloaded(self, self.now(), None)
-        return {"ok": True, "added": list(d.added), "removed": list(d.removed),
-                "changed": list(d.changed), "unchanged": list(d.unchanged)}
+        return cm.ReloadReply(added=list(d.added), removed=list(d.removed),
+                              changed=list(d.changed), unchanged=list(d.unchanged))
 
     def _retire(self, name: str, replacement: Instance | None) -> None:
         """Stop through the ladder; drop (or replace) only once every runner is gone. A reload

@@ -245,6 +245,27 @@ def test_strangers_holding_the_port_open_do_not_delay_the_real_ranks(group_env: 
     assert "not an exod rank (bad greeting)" in reasons, reasons
 
 
+def test_rank_0_refuses_impostors_and_takes_the_real_rank(group_env: int) -> None:
+    """Strangers reach rank 0's control port first (the old protocol's rank 1, one of ours
+    without the key, one that says nothing): the rank that holds the key is the one taken."""
+    t, out, refused = listen(2, 30.0)
+    first = knock(group_env, b"\x00\x00\x00\x01" + b"\0" * 64)  # the old "I am rank 1"
+    with knock(group_env) as second:
+        second.settimeout(10)
+        with pytest.raises(wire.ControlLost, match="failed to prove"):
+            worker_handshake(second, b"w" * 32, 1)  # the protocol, but not the key
+    third = knock(group_env)  # says nothing: no longer waited for
+    real = control.connect_to_leader(1, 30)
+    t.join(30)
+    assert list(out["ranks"]) == [1]
+    assert sorted(refused) == [("127.0.0.1", "closed the connection during the handshake"),
+                               ("127.0.0.1", "not an exod rank (bad greeting)")], refused
+    out["ranks"][1].sendall(b"ping")
+    assert real.recv(4) == b"ping"  # the connection kept is the real rank's
+    for s in (first, third, real, out["ranks"][1]):
+        s.close()
+
+
 def test_a_silent_stranger_is_dropped_in_time_and_a_flood_of_them_too(group_env: int) -> None:
     t, out, refused = listen(2, 30.0)
     silent = knock(group_env)

@@ -716,15 +716,15 @@ def test_blas_threads_are_split_among_the_local_ranks_of_a_group() -> None:
 
 
 def test_status_says_when_a_stop_would_turn_to_sigkill(seam: FakeSeam) -> None:
-    from exod.daemon.status import detail, rank_json
+    from exod.control_messages import LadderStatus
+    from exod.daemon.status import detail, rank_status
 
     inst, (pid,) = ready(seam)
     inst.stop()
     assert detail(inst, seam.clock, 60) == "stopping (SIGKILL in 25s if still running)"
     seam.advance(12)  # grace over, one SIGTERM sent
     assert detail(inst, seam.clock, 60) == "stopping (SIGKILL in 13s if still running)"
-    assert rank_json(inst.ranks[0], seam.clock, 60)["ladder"] == {"rung": "SIGTERM",
-                                                                  "sigkill_in_s": 13.0}
+    assert rank_status(inst.ranks[0], seam.clock, 60).ladder == LadderStatus("SIGTERM", 13.0)
     seam.advance(13)
     assert detail(inst, seam.clock, 60) == "stopping (SIGKILL being sent)"
     seam.exit(pid, sig=9)

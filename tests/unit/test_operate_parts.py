@@ -7,8 +7,9 @@ import asyncio
 import itertools
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
+from exod import control_messages as cm
 from exod.api.admission import Gate
 from exod.api.hang import HangWatch
 from exod.api.on_demand import OnDemand
@@ -127,20 +128,38 @@ def test_eviction_takes_idle_on_demand_instances_least_recently_used_first() -> 
     assert od._victims(new, 61) == []  # even all idle on-demand ones would not make room
 
 
+def status_rank(error: str | None = None, exit_text: str | None = None,
+                layers_total: int = 4) -> cm.RankStatus:
+    return cm.RankStatus(
+        rank=0, host="127.0.0.1", remote=False, pid=None, state="stopped", layers=[0, 4],
+        layers_loaded=0, layers_total=layers_total, rss_bytes=None, uptime_s=None,
+        last_exit=cm.ExitStatus(None, None, exit_text) if exit_text else None, status="",
+        phase=None, error=error, no_progress_s=None, heartbeat_age_s=None, ladder=None)
+
+
+def status_instance(name: str, state: str, detail: str, ranks: list[cm.RankStatus],
+                    autostart: bool | Literal["on-demand"] = True,
+                    reason: str | None = None) -> cm.InstanceStatus:
+    return cm.InstanceStatus(
+        name=name, state=state, detail=detail, reason=reason, since_s=1.0, uptime_s=None,
+        model="/m", shards=len(ranks), parallelism="pipeline", autostart=autostart,
+        restart="on-failure", restarts=1, source="", serving=None, ranks=ranks)
+
+
+def status_snapshot(summary: str, instances: list[cm.InstanceStatus]) -> cm.Snapshot:
+    return cm.Snapshot(cm.DaemonStatus(
+        pid=1, version="0", uptime_s=5, state="running", config="/c", control_socket="/s",
+        summary=summary, api=None, stop_worst_case_s=30.0), instances)
+
+
 def test_status_table_says_hung_and_on_demand() -> None:
     from exod.cli.table import render_status
 
-    def inst(name: str, state: str, detail: str, autostart: object = True) -> dict[str, Any]:
-        return {"name": name, "state": state, "detail": detail, "reason": None,
-                "autostart": autostart, "uptime_s": None, "restarts": 1, "ranks": [
-                    {"layers_loaded": 0, "layers_total": 4, "pid": None, "rss_bytes": None,
-                     "error": None, "last_exit": None}]}
-
-    snap = {"daemon": {"pid": 1, "version": "0", "uptime_s": 5, "state": "running",
-                       "summary": "0/2 ready"},
-            "instances": [inst("big", "stopping", "hung (no progress for 5m); stopping "
-                                                  "(SIGKILL in 20s if still running)"),
-                          inst("coder", "stopped", "stopped (starts on demand)", "on-demand")]}
+    snap = status_snapshot("0/2 ready", [
+        status_instance("big", "stopping", "hung (no progress for 5m); stopping "
+                                           "(SIGKILL in 20s if still running)", [status_rank()]),
+        status_instance("coder", "stopped", "stopped (starts on demand)", [status_rank()],
+                        autostart="on-demand")])
     lines = render_status(snap).splitlines()
     assert any(ln.startswith("big ") and "hung (no progress for 5m), stopping" in ln
                for ln in lines), lines
@@ -150,17 +169,10 @@ def test_status_table_says_hung_and_on_demand() -> None:
 def test_status_table_says_why_a_group_is_backing_off() -> None:
     from exod.cli.table import render_status
 
-    def rank(error: str | None, exit_text: str) -> dict[str, Any]:
-        return {"layers_loaded": 0, "layers_total": 2, "pid": None, "rss_bytes": None,
-                "error": error, "last_exit": {"text": exit_text}}
-
-    snap = {"daemon": {"pid": 1, "version": "0", "uptime_s": 5, "state": "running",
-                       "summary": "0/1 ready"},
-            "instances": [{"name": "g", "state": "backoff", "detail": "backoff: restart in 2.0s",
-                           "reason": "restart in 2.0s", "autostart": True, "uptime_s": None,
-                           "restarts": 1, "ranks": [
-                               rank(None, "signal 15 (SIGTERM)"),
-                               rank("address 127.0.0.1:21001 is in use", "exit code 75")]}]}
+    snap = status_snapshot("0/1 ready", [status_instance(
+        "g", "backoff", "backoff: restart in 2.0s", reason="restart in 2.0s", ranks=[
+            status_rank(None, "signal 15 (SIGTERM)", 2),
+            status_rank("address 127.0.0.1:21001 is in use", "exit code 75", 2)])])
     line = render_status(snap).splitlines()[-1]
     assert line.startswith("g ") and line.endswith(
         "address 127.0.0.1:21001 is in use; restart in 2.0s"), line

@@ -13,7 +13,6 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -304,50 +303,6 @@ def test_token_file_holds_several_tokens(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="printable ASCII") as e:
         read_tokens(f)
     assert "tök" not in str(e.value)
-
-
-def test_rank_0_refuses_impostors_and_takes_the_real_rank(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Real sockets on loopback: three strangers reach rank 0's control port first (one of
-    them silent); all are refused, and the rank that holds the key is the one taken."""
-    key = tmp_path / "key"
-    key.write_bytes(b"s" * 32)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    monkeypatch.setenv("EXOD_GROUP_CONTROL", f"127.0.0.1:{port}")
-    monkeypatch.setenv("EXOD_CLUSTER_KEY_FILE", str(key))
-    refused: list[str] = []
-    got: dict[int, socket.socket] = {}
-    leader = threading.Thread(target=lambda: got.update(control.accept_workers(2, 30,
-                                                                               refused.append)))
-    leader.start()
-    try:
-        first = _connect_when_listening(port)
-        first.sendall(control.HELLO.pack(1) + b"\0" * 64)  # the old protocol: "I am rank 1"
-        second = _connect_when_listening(port)
-        with pytest.raises(control.ControlLost, match="failed to prove"):
-            control.worker_handshake(second, b"w" * 32, 1)  # the protocol, but not the key
-        second.close()
-        third = _connect_when_listening(port)  # connects and says nothing: held 2 s at most
-        real = control.connect_to_leader(1, 30)
-    finally:
-        leader.join(30)
-    assert list(got) == [1] and len(refused) == 3, refused
-    assert all("refused a control connection from 127.0.0.1" in r for r in refused)
-    got[1].sendall(b"ping")
-    assert real.recv(4) == b"ping"  # the connection kept is the real rank's
-    for s in (first, third, real, got[1]):
-        s.close()
-
-
-def _connect_when_listening(port: int) -> socket.socket:
-    for _ in range(500):
-        try:
-            return socket.create_connection(("127.0.0.1", port), timeout=5)
-        except ConnectionRefusedError:
-            threading.Event().wait(0.01)  # the leader thread binds moments after it starts
-    raise AssertionError("rank 0 never listened")
 
 
 def test_exod_raises_its_open_files_limit_to_the_hard_one() -> None:

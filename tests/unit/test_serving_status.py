@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from exod.cli.table import serving_note
 from exod.messages import Serving
-from exod.daemon.status import serving_json
+from exod.daemon.status import serving_status
 
 BATCH = Serving(batching="continuous", width=8, active=3, prefill_step=256, cache_entries=2,
                 cache_bytes=3 * 2**20, cache_max_bytes=2**30, cache_lookups=4, cache_hits=1,
@@ -14,18 +14,19 @@ BATCH = Serving(batching="continuous", width=8, active=3, prefill_step=256, cach
 
 
 def test_hit_rate_is_hits_per_lookup_and_null_before_any() -> None:
-    out = serving_json(BATCH)
-    assert out is not None and out["prompt_cache"]["hit_rate"] == 0.25
-    fresh = serving_json(replace(BATCH, cache_lookups=0, cache_hits=0))
-    assert fresh is not None and fresh["prompt_cache"]["hit_rate"] is None
-    assert serving_json(None) is None
+    out = serving_status(BATCH)
+    assert out is not None and out.prompt_cache is not None and out.prompt_cache.hit_rate == 0.25
+    fresh = serving_status(replace(BATCH, cache_lookups=0, cache_hits=0))
+    assert fresh is not None and fresh.prompt_cache is not None
+    assert fresh.prompt_cache.hit_rate is None
+    assert serving_status(None) is None
 
 
 def test_table_line_shows_batch_and_cache_or_why_there_is_no_batch() -> None:
-    assert serving_note(serving_json(BATCH)) == (
+    assert serving_note(serving_status(BATCH)) == (
         "batch 3/8, prompt cache 2 entries 3.0MiB, hit rate 25%")
     off = replace(BATCH, cache_max_bytes=0)
-    assert serving_note(serving_json(off)) == "batch 3/8, no prompt cache"
+    assert serving_note(serving_status(off)) == "batch 3/8, no prompt cache"
     why = "one request at a time: a multi-rank group's forward carries one sequence"
-    assert serving_note(serving_json(Serving(batching=why, width=2, active=0))) == why
+    assert serving_note(serving_status(Serving(batching=why, width=2, active=0))) == why
     assert serving_note(None) == ""

@@ -1,0 +1,297 @@
+"""Every request and answer on the control socket between exoctl and the daemon, defined once
+for both ends, each checked field by field on arrival by exod.protocol's decoder.
+
+The socket carries one JSON object per line rather than exod.protocol's length-prefixed frames:
+exoctl(1) documents this protocol for people, who script it with `socat`/`nc -U` and read its
+answers as they come; a binary length in front of each object would end that. The objects are
+the same kind of typed messages all the same.
+
+A request names its command under "cmd" (`{"cmd": "stop", "name": "big"}`). The final answer
+is `{"ok": true, ...}` with the command's fields, or `Failure` (`{"ok": false, "error": ...}`);
+the streaming commands (wait, watch, logs) send events first, named under "event". Imports
+nothing heavy: exoctl starts in well under 0.3 s.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from exod.protocol import ProtocolError, decode_as, from_wire
+
+REQUEST_TAG, EVENT_TAG = "cmd", "event"
+
+
+# ---- requests -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GetStatus:
+    type: ClassVar[str] = "status"
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start NAME (also clears a failed state)."""
+
+    type: ClassVar[str] = "start"
+    name: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    type: ClassVar[str] = "stop"
+    name: str
+
+
+@dataclass(frozen=True)
+class Restart:
+    type: ClassVar[str] = "restart"
+    name: str
+
+
+@dataclass(frozen=True)
+class Reload:
+    type: ClassVar[str] = "reload"
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Progress events until NAME is ready (ok) or settles otherwise (not ok)."""
+
+    type: ClassVar[str] = "wait"
+    name: str
+
+
+@dataclass(frozen=True)
+class Watch:
+    """A snapshot event at every change, until the client goes away."""
+
+    type: ClassVar[str] = "watch"
+
+
+@dataclass(frozen=True)
+class Logs:
+    """The last `lines` lines as line events, then (follow) each new one until the client
+    goes away."""
+
+    type: ClassVar[str] = "logs"
+    name: str
+    lines: int = 20
+    rank: int | None = None
+    follow: bool = False
+
+    def __post_init__(self) -> None:
+        if self.lines < 0:
+            raise ProtocolError(f"lines must be a whole number >= 0, got {self.lines}")
+
+
+Request = GetStatus | Start | Stop | Restart | Reload | Wait | Watch | Logs
+REQUESTS: dict[str, type[Any]] = {c.type: c for c in typing.get_args(Request)}
+STREAMING = (Wait, Watch, Logs)  # they end when their client goes away
+
+
+def decode_request(obj: dict[str, Any]) -> Request:
+    msg: Request = from_wire(obj, REQUESTS, REQUEST_TAG)
+    return msg
+
+
+# ---- what status says ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExitStatus:
+    code: int | None
+    signal: int | None
+    text: str
+
+
+@dataclass(frozen=True)
+class LadderStatus:
+    rung: str
+    sigkill_in_s: float
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    rank: int
+    host: str
+    remote: bool
+    pid: int | None
+    state: str
+    layers: list[int]  # [start, end)
+    layers_loaded: int
+    layers_total: int
+    rss_bytes: int | None
+    uptime_s: float | None
+    last_exit: ExitStatus | None
+    status: str
+    phase: str | None
+    error: str | None
+    no_progress_s: float | None
+    heartbeat_age_s: float | None
+    ladder: LadderStatus | None
+
+
+@dataclass(frozen=True)
+class PromptCacheStatus:
+    entries: int
+    bytes: int
+    max_bytes: int
+    lookups: int
+    hits: int
+    hit_rate: float | None  # hits per lookup; None before any
+    cached_tokens: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class ServingStatus:
+    """How rank 0 serves: `batching` is "continuous", else why one request at a time."""
+
+    batching: str
+    width: int
+    active: int
+    prefill_step: int | None = None  # continuous batching only
+    prompt_cache: PromptCacheStatus | None = None  # continuous batching only
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    name: str
+    state: str
+    detail: str
+    reason: str | None
+    since_s: float
+    uptime_s: float | None
+    model: str
+    shards: int
+    parallelism: str
+    autostart: bool | Literal["on-demand"]
+    restart: str
+    restarts: int
+    source: str
+    serving: ServingStatus | None
+    ranks: list[RankStatus]
+
+
+@dataclass(frozen=True)
+class ApiStatus:
+    listen: str
+    url: str
+    auth: bool
+    token_file: str | None
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    pid: int
+    version: str
+    uptime_s: float
+    state: str
+    config: str
+    control_socket: str
+    summary: str
+    api: ApiStatus | None
+    stop_worst_case_s: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    daemon: DaemonStatus
+    instances: list[InstanceStatus]
+
+
+# ---- answers ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Failure:
+    error: str
+    problems: list[str] = field(default_factory=list)  # a reload's, one per line
+    instance: InstanceStatus | None = None  # a wait's instance, as it settled
+    ok: bool = False
+
+
+@dataclass(frozen=True)
+class StatusReply(Snapshot):
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class StateReply:
+    """After start, stop, restart: the instance's state."""
+
+    state: str
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class ReloadReply:
+    added: list[str]
+    removed: list[str]
+    changed: list[str]
+    unchanged: list[str]
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class WaitReply:
+    instance: InstanceStatus
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class Done:
+    """The end of a stream that has nothing more to say (logs)."""
+
+    ok: bool = True
+
+
+Reply = Failure | StatusReply | StateReply | ReloadReply | WaitReply | Done
+
+
+def decode_reply(obj: dict[str, Any], expect: type[Any]) -> Any:
+    """The final answer to a request whose success is `expect`, or a Failure."""
+    if obj.get("ok") is False:
+        return decode_as(obj, Failure, "failure")
+    if obj.get("ok") is not True:
+        raise ProtocolError("an answer must say ok: true or false")
+    return decode_as(obj, expect, expect.__name__)
+
+
+# ---- events, before a stream's answer -----------------------------------------------------------
+@dataclass(frozen=True)
+class ProgressEvent:
+    type: ClassVar[str] = "progress"
+    instance: InstanceStatus
+
+
+@dataclass(frozen=True)
+class SnapshotEvent(Snapshot):
+    type: ClassVar[str] = "snapshot"
+
+
+@dataclass(frozen=True)
+class LineEvent:
+    """One line of a runner's output (exod.daemon.log_ring)."""
+
+    type: ClassVar[str] = "line"
+    time: float
+    instance: str
+    rank: int
+    pid: int
+    level: str
+    text: str
+
+
+Event = ProgressEvent | SnapshotEvent | LineEvent
+EVENT_TYPES = (ProgressEvent, SnapshotEvent, LineEvent)
+EVENTS: dict[str, type[Any]] = {c.type: c for c in typing.get_args(Event)}
+EXPECTS: dict[type[Any], type[Any]] = {  # each request's answer, when it succeeds
+    GetStatus: StatusReply, Start: StateReply, Stop: StateReply, Restart: StateReply,
+    Reload: ReloadReply, Wait: WaitReply, Watch: Done, Logs: Done}
+
+
+def decode_line(obj: dict[str, Any], request: Request) -> Event | Reply:
+    """One line of the answer to `request`: an event, or the final answer."""
+    if EVENT_TAG in obj:
+        event: Event = from_wire(obj, EVENTS, EVENT_TAG)
+        return event
+    reply: Reply = decode_reply(obj, EXPECTS[type(request)])
+    return reply
