@@ -48,7 +48,7 @@ def test_the_wire_form_names_each_operation() -> None:
                 {"type": "admit", "request": {
                     "type": "generate", "id": "r2", "kind": "completion", "max_tokens": 1,
                     "temperature": 1.0, "top_p": 1.0, "stop": [], "seed": None,
-                    "logit_bias": {}, "messages": None, "prompt": "x"}}]}
+                    "logit_bias": {}, "messages": None, "prompt": "x", "count_only": False}}]}
 
 
 @pytest.mark.parametrize("msg", [wire.Heartbeat(), wire.Shutdown(), wire.Go()])
