@@ -24,6 +24,7 @@ import math
 import struct
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, Literal, Union
 
 HEADER = struct.Struct("!I")
@@ -152,64 +153,95 @@ def _shape(cls: type[Any]) -> tuple[dict[str, Any], dict[str, dataclasses.Field[
     return shape
 
 
+Checker = Callable[[Any, str], Any]
+_CHECKERS: dict[Any, Checker] = {}
+
+
+def _check(value: Any, hint: Any, where: str) -> Any:
+    """`value` as type `hint` (the few shapes messages use), or ProtocolError. Each hint's
+    check is worked out once (this runs for every field of every frame)."""
+    fn = _CHECKERS.get(hint)
+    if fn is None:
+        fn = _CHECKERS[hint] = _checker(hint)
+    return fn(value, where)
+
+
+def _bad(value: Any, where: str) -> ProtocolError:
+    return ProtocolError(f"{where}: unexpected value {_clip(value)}")
+
+
+def _checker(hint: Any) -> Checker:
+    scalar = _SCALARS.get(hint)
+    if scalar is not None:
+        return scalar
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        return _union(args)
+    if origin is Literal:
+        def literal(value: Any, where: str) -> Any:
+            if isinstance(value, str) and value in args:
+                return value
+            raise _bad(value, where)
+        return literal
+    if origin is list:
+        return _list(args[0])
+    if origin is dict:
+        return _dict(*args)
+    if dataclasses.is_dataclass(hint):
+        return lambda value, where: _nested(value, hint, where)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        def member(value: Any, where: str) -> Any:
+            try:
+                return hint(value)
+            except ValueError:
+                raise _bad(value, where) from None
+        return member
+    raise TypeError(f"no wire form for {hint!r}")
+
+
+def _list(item: Any) -> Checker:
+    def check(value: Any, where: str) -> Any:
+        if not isinstance(value, list):
+            raise ProtocolError(f"{where}: expected a list")
+        return [_check(v, item, where) for v in value]
+    return check
+
+
+def _dict(key: Any, item: Any) -> Checker:
+    def check(value: Any, where: str) -> Any:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected an object")
+        return {_check(k, key, where): _check(v, item, where) for k, v in value.items()}
+    return check
+
+
+def _union(options: tuple[Any, ...]) -> Checker:
+    optional = type(None) in options
+    rest = tuple(o for o in options if o is not type(None))
+    tagged = _tagged(rest) if len(rest) > 1 else None
+
+    def check(value: Any, where: str) -> Any:
+        if value is None and optional:
+            return None
+        if len(rest) == 1:  # an optional field: its one type says what is wrong
+            return _check(value, rest[0], where)
+        if tagged is not None:
+            return _nested(value, tagged, where)
+        for option in rest:
+            try:
+                return _check(value, option, where)
+            except ProtocolError:
+                continue
+        raise _bad(value, where)
+    return check
+
+
 def _tagged(options: tuple[Any, ...]) -> dict[str, type[Any]] | None:
     """A union of tagged messages, by tag (one of them is told by its `type`, not by trial)."""
     if not all(dataclasses.is_dataclass(o) and isinstance(getattr(o, "type", None), str)
                for o in options):
         return None
     return {o.type: o for o in options}
-
-
-def _check(value: Any, hint: Any, where: str) -> Any:
-    """`value` as type `hint` (the few shapes messages use), or ProtocolError."""
-    origin = typing.get_origin(hint)
-    if origin in (Union, types.UnionType):
-        return _union(value, typing.get_args(hint), where)
-    if origin is Literal:
-        if value in typing.get_args(hint) and isinstance(value, str):
-            return value
-    elif origin is list:
-        (item,) = typing.get_args(hint)
-        if not isinstance(value, list):
-            raise ProtocolError(f"{where}: expected a list")
-        return [_check(v, item, where) for v in value]
-    elif origin is dict:
-        key, item = typing.get_args(hint)
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{where}: expected an object")
-        return {_check(k, key, where): _check(v, item, where) for k, v in value.items()}
-    elif dataclasses.is_dataclass(hint):
-        return _nested(value, hint, where)
-    elif hint is type(None):
-        if value is None:
-            return None
-    elif isinstance(hint, type) and issubclass(hint, enum.Enum):
-        try:
-            return hint(value)
-        except ValueError:
-            pass
-    else:
-        return _scalar(value, hint, where)
-    raise ProtocolError(f"{where}: unexpected value {_clip(value)}")
-
-
-def _union(value: Any, options: tuple[Any, ...], where: str) -> Any:
-    if value is None and type(None) in options:
-        return None
-    rest = tuple(o for o in options if o is not type(None))
-    if len(rest) == 1:  # an optional field: its one type says what is wrong
-        return _check(value, rest[0], where)
-    tagged = _tagged(rest)
-    if tagged is not None:
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{where}: expected an object")
-        return _nested(value, tagged, where)
-    for option in options:
-        try:
-            return _check(value, option, where)
-        except ProtocolError:
-            continue
-    raise ProtocolError(f"{where}: unexpected value {_clip(value)}")
 
 
 def _nested(value: Any, hint: Any, where: str) -> Any:
@@ -226,21 +258,38 @@ def _nested(value: Any, hint: Any, where: str) -> Any:
     return decode_as(value, hint, where)
 
 
-def _scalar(value: Any, hint: Any, where: str) -> Any:
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and math.isfinite(value):
-            return float(value)
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif hint is str:
-        if isinstance(value, str):
-            return value
-    raise ProtocolError(f"{where}: unexpected value {_clip(value)}")
+def _none(value: Any, where: str) -> Any:
+    if value is None:
+        return None
+    raise _bad(value, where)
+
+
+def _bool(value: Any, where: str) -> Any:
+    if isinstance(value, bool):
+        return value
+    raise _bad(value, where)
+
+
+def _float(value: Any, where: str) -> Any:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    raise _bad(value, where)
+
+
+def _int(value: Any, where: str) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise _bad(value, where)
+
+
+def _str(value: Any, where: str) -> Any:
+    if isinstance(value, str):
+        return value
+    raise _bad(value, where)
+
+
+_SCALARS: dict[Any, Checker] = {type(None): _none, bool: _bool, float: _float, int: _int,
+                                str: _str}
 
 
 def _clip(value: Any) -> str:
