@@ -12,19 +12,21 @@ from collections.abc import Callable
 
 CACHE = Path(os.environ.get("EXOD_BENCH_CACHE") or Path.home() / ".cache" / "exod-bench")
 PY = sys.executable
+# The model generators are tests.models.*: run from the checkout, whatever the caller's cwd.
+REPO = Path(__file__).resolve().parent.parent
 
 
 def model(name: str, **params: object) -> Path:
     """A generated model, built once per parameter set (in a subprocess: we never import mlx)."""
     out = CACHE / name
     args = [f"--{k.replace('_', '-')}={v}" for k, v in params.items()]
-    res = subprocess.run([PY, "-m", "exod.models.tiny", str(out), *args], capture_output=True,
-                         text=True, check=True)
+    res = subprocess.run([PY, "-m", "tests.models.tiny", str(out), *args], capture_output=True,
+                         text=True, check=True, cwd=REPO)
     return Path(res.stdout.strip().splitlines()[-1])
 
 
 def big_model() -> Path:
-    from exod.models.tiny import BENCH_PARAMS
+    from tests.models.tiny import BENCH_PARAMS
 
     return model("big-1.6g", **BENCH_PARAMS)
 

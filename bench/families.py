@@ -1,6 +1,6 @@
 """Families: which mlx-lm text families exod serves, in which layouts, with mlx-lm's tokens.
 
-Every family of the zoo (exod.models.zoo: tiny models built from mlx-lm's own classes) and
+Every family of the zoo (tests.models.zoo: tiny models built from mlx-lm's own classes) and
 its 4-bit variants is served by real daemons in 1 rank, a 2-rank pipeline and 2-rank tensor
 parallelism; each answer is compared with in-process mlx-lm's greedy output. Prints the
 README's supported-models table (markdown): ✅ identical tokens; otherwise the config check's
@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from exod.models.zoo import FAMILIES, NOT_TINY, QUANTIZED
+from tests.models.zoo import FAMILIES, NOT_TINY, QUANTIZED
 from tests.zoo import LAYOUTS, OK, make_zoo, refusals, serve_zoo
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -64,7 +64,7 @@ def footer() -> str:
     text = "Not in the zoo: " + "; ".join(f"{k} ({v})" for k, v in sorted(NOT_TINY.items()))
     if untried:
         text += (". Not tried yet (each needs a tiny config of its own in "
-                 "exod/models/zoo_families.py): " + ", ".join(untried))
+                 "tests/models/zoo_families.py): " + ", ".join(untried))
     return text + "."
 
 

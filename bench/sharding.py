@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench import group_batching
 from bench.api import Http
-from bench.common import CACHE, PY, model, report
+from bench.common import CACHE, PY, REPO, model, report
 from tests.harness import Daemon
 
 ROUNDS = 4
@@ -51,8 +51,8 @@ def peak_rss(pid: int) -> int:
 def zoo_model(family: str, config: Mapping[str, object]) -> Path:
     """A zoo family at benchmark size, built once (in a subprocess: we never import mlx)."""
     sets = [f"--set={k}={json.dumps(v)}" for k, v in config.items()]
-    res = subprocess.run([PY, "-m", "exod.models.zoo", str(CACHE / "zoo-570m"), family, *sets],
-                         capture_output=True, text=True, check=True)
+    res = subprocess.run([PY, "-m", "tests.models.zoo", str(CACHE / "zoo-570m"), family, *sets],
+                         capture_output=True, text=True, check=True, cwd=REPO)
     return Path(json.loads(res.stdout.strip().splitlines()[-1])[family]["path"])
 
 

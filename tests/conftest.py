@@ -14,7 +14,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run_model_cli(args: list[str], timeout: float) -> Path:
-    """Run a `python -m exod.models.*` CLI; its last stdout line is the model directory."""
+    """Run a model CLI (`python -m tests.models.tiny`, `exod.models.demo`): its last stdout line
+    is the model directory."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", *args], check=False, cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -34,7 +35,7 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[...
         if key not in made:
             options = [f"--{k.replace('_', '-')}={v}" for k, v in key]
             name = "-".join(f"{k}{v}" for k, v in key)
-            made[key] = _run_model_cli(["exod.models.tiny", str(root / name), *options], 300)
+            made[key] = _run_model_cli(["tests.models.tiny", str(root / name), *options], 300)
         return made[key]
 
     return make

@@ -1,4 +1,4 @@
-"""Serving the zoo (exod.models.zoo) through real daemons and comparing with in-process mlx-lm:
+"""Serving the zoo (tests.models.zoo) through real daemons and comparing with in-process mlx-lm:
 shared by the zoo test (a representative set) and `python -m bench families` (every family,
 which writes the README's supported-models table). The calling process never imports mlx."""
 
@@ -14,7 +14,7 @@ from typing import Any
 import openai
 
 from exod.config.probe import answers as probe_answers
-from exod.models.zoo import zoo_name
+from tests.models.zoo import zoo_name
 from tests.harness import REPO, SAFETY, Daemon
 
 PROMPT = "def fibonacci(n):\n    return"
@@ -36,7 +36,7 @@ def spec_name(spec: str) -> str:
 def make_zoo(root: Path, specs: list[str]) -> dict[str, dict[str, str]]:
     """name -> {"path", "text": in-process mlx-lm's greedy output}, made in a subprocess."""
     proc = subprocess.run(
-        [sys.executable, "-m", "exod.models.zoo", str(root), *specs, "--prompt", PROMPT,
+        [sys.executable, "-m", "tests.models.zoo", str(root), *specs, "--prompt", PROMPT,
          "--max-tokens", str(MAX_TOKENS), "--ban", str(EOS)],
         cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
         timeout=900, check=False)

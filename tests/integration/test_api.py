@@ -21,7 +21,7 @@ import openai
 import pytest
 import tokenizers
 
-from exod.models.tiny import corrupt_model
+from tests.models.tiny import corrupt_model
 from tests.harness import EXOCTL, Daemon
 
 TOKEN = "s3cret-token"

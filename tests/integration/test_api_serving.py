@@ -26,7 +26,7 @@ from tests.harness import EXOCTL, Daemon, free_port
 
 EOS = "2"  # the tiny model's end token: logit_bias {EOS: -100} keeps it generating
 HELLO = [{"role": "user", "content": "hello"}]
-ENDLESS = {"max_tokens": 100_000,  # within the window (exod.models.tiny.CONTEXT)
+ENDLESS = {"max_tokens": 100_000,  # within the window (tests.models.tiny.CONTEXT)
            "logit_bias": {EOS: -100}}
 
 

@@ -1,4 +1,4 @@
-"""The zoo: tiny models built from mlx-lm's own classes at test time (exod.models.zoo), one per
+"""The zoo: tiny models built from mlx-lm's own classes at test time (tests.models.zoo), one per
 text family mlx-lm ships, plus 4-bit and 8-bit variants, served by real daemons with the same
 greedy text as in-process mlx-lm.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from exod.models.zoo import FAMILIES, KNOWN_REFUSALS, NOT_SERVED, QUANTIZED
+from tests.models.zoo import FAMILIES, KNOWN_REFUSALS, NOT_SERVED, QUANTIZED
 from tests.harness import Daemon
 from tests.zoo import LAYOUTS, OK, make_zoo, refusals, serve_zoo, spec_name
 

@@ -29,7 +29,7 @@ from typing import Any
 import openai
 import pytest
 
-from exod.models.tiny import corrupt_model
+from tests.models.tiny import corrupt_model
 from tests.harness import Daemon, wait_pid_gone
 from tests.integration.conftest import double_env
 

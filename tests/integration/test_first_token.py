@@ -12,7 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from exod.models.tiny import corrupt_model
+from tests.models.tiny import corrupt_model
 from tests.harness import Daemon
 
 LAYOUTS = {"alone": {}, "pipe": {"shards": 2}, "tensor": {"shards": 2, "parallelism": "tensor"}}

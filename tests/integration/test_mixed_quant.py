@@ -21,7 +21,7 @@ FAMILIES = ["llama", "qwen3_moe"]  # a family's own shard(); MoE experts (Switch
 REFERENCE = """
 import json, sys
 from pathlib import Path
-from exod.models.zoo import reference_text
+from tests.models.zoo import reference_text
 print(json.dumps(reference_text(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]),
                                 int(sys.argv[4]))))
 """

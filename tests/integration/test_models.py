@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from exod.models.tiny import corrupt_model
+from tests.models.tiny import corrupt_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,7 +97,7 @@ def test_same_parameters_give_identical_files_and_a_cached_rerun(
     tiny_model: Path, tmp_path: Path
 ) -> None:
     again = tmp_path / "again"
-    cli = ["-m", "exod.models.tiny", str(again)]
+    cli = ["-m", "tests.models.tiny", str(again)]
     made = _python(*cli)
     assert made.returncode == 0, made.stderr
     assert Path(made.stdout.splitlines()[-1]) == again
@@ -111,7 +111,7 @@ def test_same_parameters_give_identical_files_and_a_cached_rerun(
 
 def test_tiny_cli_refuses_to_replace_a_directory_it_did_not_make(tmp_path: Path) -> None:
     (tmp_path / "precious.txt").write_text("keep me")
-    proc = _python("-m", "exod.models.tiny", str(tmp_path))
+    proc = _python("-m", "tests.models.tiny", str(tmp_path))
     assert proc.returncode == 2, proc.stderr  # click usage error
     assert "not made by exod" in proc.stderr
     assert (tmp_path / "precious.txt").read_text() == "keep me"

@@ -31,7 +31,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exod.models.tiny import CONTEXT
+from tests.models.tiny import CONTEXT
 from tests.harness import EXOCTL, EXOD, Daemon, free_port
 
 TOKENS = ("first-token", "second-token")

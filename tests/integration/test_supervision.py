@@ -98,7 +98,7 @@ def test_start_limit_leads_to_failed_until_started_again(daemons: Callable[..., 
 def test_corrupt_model_fails_at_once_with_a_readable_reason(daemons: Callable[..., Daemon],
                                                            tiny_model: Path,
                                                            tmp_path: Path) -> None:
-    from exod.models.tiny import corrupt_model
+    from tests.models.tiny import corrupt_model
 
     bad = corrupt_model(tiny_model, tmp_path / "corrupt")
     d = daemons({"instances": {"broken": {"model": str(bad)}}})

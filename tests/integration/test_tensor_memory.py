@@ -30,7 +30,7 @@ def test_a_tensor_ranks_peak_memory_is_its_share(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     root = tmp_path_factory.mktemp("big-qwen3_5")
     sets = [f"--set={k}={json.dumps(v)}" for k, v in BIG.items()]
-    made = subprocess.run([sys.executable, "-m", "exod.models.zoo", str(root), "qwen3_5", *sets],
+    made = subprocess.run([sys.executable, "-m", "tests.models.zoo", str(root), "qwen3_5", *sets],
                           cwd=REPO, capture_output=True, text=True, timeout=600, check=True)
     model = json.loads(made.stdout.strip().splitlines()[-1])["qwen3_5"]["path"]
     d = Daemon({"ready": "instances", "instances": {

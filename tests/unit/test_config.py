@@ -513,7 +513,7 @@ def test_a_tensor_layout_that_cannot_work_is_refused_in_words(
         cfg_dir: ConfigDir, spec: dict[str, int], n: int, message: str | None) -> None:
     """Whether a layout works is asked of the code that will run it (a probe subprocess that
     builds the family from config.json with no weights), and the refusal says why in words."""
-    from exod.models.tiny import TinySpec
+    from tests.models.tiny import TinySpec
 
     cfg_dir.model("t", TinySpec(**spec).config())
     main = cfg_dir.write(MAIN, f"instances:\n  t: {{model: t, shards: {n}, "

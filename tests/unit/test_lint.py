@@ -22,5 +22,5 @@ def test_ruff_is_clean() -> None:
 
 
 def test_mypy_is_clean() -> None:
-    res = run("mypy", "exod")
+    res = run("mypy", "exod", "tests/models")  # the model generators moved out of exod/
     assert res.returncode == 0, f"mypy failed:\n{res.stdout}{res.stderr}"

@@ -1,9 +1,10 @@
 """A zoo of tiny models, one per mlx-lm text family, made from mlx-lm's own classes.
 
-Each family's model is built with `mlx_lm.utils._get_classes(config)` from a small config
-(a shared base plus what the family needs), given seeded random weights, optionally quantized,
-and saved as a real model directory next to the tiny test tokenizer (exod.models.tiny), so
-`mlx_lm.load` loads it as it would a checkpoint. Nothing is downloaded and nothing binary is
+Each family's model is built from a small config (a shared base plus what the family needs)
+with the `Model` and `ModelArgs` of the mlx-lm module that mlx_lm.load would pick for it
+(`model_classes`), given seeded random weights, optionally quantized, and saved as a real model
+directory next to the tiny test tokenizer (tests.models.tiny), so `mlx_lm.load` loads it as it
+would a checkpoint. Nothing is downloaded and nothing binary is
 kept in the repository: tests and `python -m bench families` make the zoo when they need it.
 
 `FAMILIES` maps each family exod tests to its config; `NOT_TINY` lists mlx-lm modules that are
@@ -12,6 +13,7 @@ not in the zoo, with the reason.
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 import click
 
 from exod.models._io import build_atomically, write_json
-from exod.models.zoo_families import (  # noqa: F401 -- the zoo's public names
+from tests.models.zoo_families import (  # noqa: F401 -- the zoo's public names
     BASE,
     FAMILIES,
     KNOWN_REFUSALS,
@@ -52,7 +54,7 @@ def make_family_model(out_dir: Path, family: str, *, bits: int | None = None,
     `overrides` change its config (benchmarks make bigger ones)."""
     if family not in FAMILIES:
         raise ValueError(f"no tiny config for family {family!r}")
-    params = {"generator": "exod.models.zoo", "version": GENERATOR_VERSION, "family": family,
+    params = {"generator": "tests.models.zoo", "version": GENERATOR_VERSION, "family": family,
               "bits": bits, "seed": seed, "config": FAMILIES[family],
               "overrides": overrides or {}}
     return build_atomically(Path(out_dir), params,
@@ -64,10 +66,9 @@ def _build(family: str, bits: int | None, seed: int, overrides: dict[str, Any] |
     import mlx.core as mx
     from mlx import nn
     from mlx.utils import tree_flatten
-    from mlx_lm.utils import _get_classes
 
     config = family_config(family, overrides)
-    model_cls, args_cls = _get_classes(config)
+    model_cls, args_cls = model_classes(config["model_type"])
     mx.random.seed(seed)
     model = model_cls(args_cls.from_dict(config))
     _silence_unknown_tokens(model, int(config.get("vocab_size") or VOCAB))
@@ -78,6 +79,22 @@ def _build(family: str, bits: int | None, seed: int, overrides: dict[str, Any] |
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     write_json(out / "config.json", config)
     _copy_tokenizer(out)
+
+
+def model_classes(model_type: str) -> tuple[Any, Any]:
+    """(Model, ModelArgs) of the mlx-lm module that serves `model_type`, chosen as mlx_lm.load
+    chooses it: by module name, after mlx-lm's public MODEL_REMAPPING (mistral is llama's).
+    Its architecture-based remapping is left out: no zoo config names an architecture."""
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    name = MODEL_REMAPPING.get(model_type, model_type)
+    try:
+        module = importlib.import_module(f"mlx_lm.models.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"mlx_lm.models.{name}":
+            raise  # the module exists but needs a package that is missing
+        raise ValueError(f"mlx-lm has no module for model type {model_type!r}") from e
+    return module.Model, module.ModelArgs
 
 
 def _silence_unknown_tokens(model: Any, vocab: int) -> None:
@@ -99,7 +116,7 @@ def _silence_unknown_tokens(model: Any, vocab: int) -> None:
 
 def _copy_tokenizer(out: Path) -> None:
     """The tiny test tokenizer (vocab 1024), trained once and copied into every model."""
-    from exod.models.tiny import _write_tokenizer
+    from tests.models.tiny import _write_tokenizer
 
     cache = out.parent / ".zoo-tokenizer"
     if not (cache / "tokenizer_config.json").is_file():

@@ -1,6 +1,6 @@
 """The zoo's tiny configs: one per mlx-lm text family (the facts come from each family's
 ModelArgs in mlx_lm/models/NAME.py), and the mlx-lm modules that are not in the zoo, with the
-reason. exod.models.zoo builds models from them.
+reason. tests.models.zoo builds models from them.
 
 Every config is BASE plus what its family needs: 4 layers of width 64 (4 heads of 16, so a
 tensor split in 2 is possible), a 1024-token vocabulary (the tiny test tokenizer), sliding

@@ -11,12 +11,12 @@ Suggested sizes:
 - benchmarks, a 1.6 GB model in four shards (about 400M parameters, float32 since that is the
   fast path on CPU)::
 
-      python -m exod.models.tiny OUT --layers 32 --hidden 1024 --intermediate 2560 \\
+      python -m tests.models.tiny OUT --layers 32 --hidden 1024 --intermediate 2560 \\
           --heads 16 --kv-heads 4 --vocab 32000 --shards-files 4
 
   (`BENCH_PARAMS` holds these; hidden 1536 / intermediate 4096 would be 3.6 GB in float32.)
 
-CLI: ``python -m exod.models.tiny OUT_DIR [--layers N ...] [--force]`` prints the model
+CLI: ``python -m tests.models.tiny OUT_DIR [--layers N ...] [--force]`` prints the model
 directory as the last line of stdout. mlx, mlx-lm and tokenizers are imported only when a model
 is actually built, so the cached case and `corrupt_model` stay cheap for callers that must not
 import them (the test process, the daemon).
@@ -142,7 +142,7 @@ def make_tiny_model(
     spec = TinySpec(layers, hidden, intermediate, heads, kv_heads, vocab, seed,
                     dtype, shards_files)  # type: ignore[arg-type]  # checked by validate()
     spec.validate()
-    params = {"generator": "exod.models.tiny", "version": GENERATOR_VERSION, **asdict(spec)}
+    params = {"generator": "tests.models.tiny", "version": GENERATOR_VERSION, **asdict(spec)}
     return build_atomically(Path(out_dir), params, lambda d: _build(spec, d), force=force)
 
 
