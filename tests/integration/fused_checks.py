@@ -8,6 +8,7 @@ The tokens of whole models against in-process mlx-lm are checked by the family t
 from __future__ import annotations
 
 import itertools
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -152,3 +153,97 @@ def test_off_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     before = mx.fast.rope
     assert not fused.install()
     assert mx.fast.rope is before
+
+
+def changed_rope(a: mx.array, dims: int, *, traditional: bool, theta: float | None,
+                 scale: float, offset: Any, freqs: Any = None, stream: Any = None) -> mx.array:
+    """mx.fast.rope as another mlx might have it: `base` renamed."""
+    return mx.array(0.0)
+
+
+def other_rms_norm(x: mx.array, weight: mx.array | None, eps: float, *,
+                   stream: Any = None) -> mx.array:
+    """mx.fast.rms_norm as another mlx might compute it (a fallback that is not ours)."""
+    return x * 2
+
+
+@pytest.mark.parametrize(("name", "theirs", "why"), [
+    ("rope", changed_rope, "TypeError"),
+    ("rms_norm", other_rms_norm, "differs from mlx's own"),
+])
+def test_an_mlx_that_differs_keeps_its_own_functions(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str,
+        theirs: Callable[..., mx.array], why: str) -> None:
+    """A stand-in mx.fast whose function takes other arguments, or computes otherwise: the
+    self-test fails, the patch is removed, one line says so, and mx.fast holds that mlx's
+    own functions, which the models then call."""
+    fast = types.SimpleNamespace(rope=mx.fast.rope, rms_norm=mx.fast.rms_norm,
+                                 layer_norm=mx.fast.layer_norm)
+    setattr(fast, name, theirs)
+    before = dict(vars(fast))
+    monkeypatch.setattr(mx, "fast", fast)
+    assert not fused.install()
+    assert vars(fast) == before
+    assert not fused._STOCK and not fused._VERDICT
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("<4>decode-step rope and norms not fused: the self-test failed")
+    assert why in lines[0] and lines[0].endswith("mlx's own functions run")
+    assert fused.install() is False  # and again, from scratch: nothing half-installed
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.31.9", "1.32.0", "0.32-custom", "dev"])
+def test_an_mlx_outside_the_checked_versions_is_not_patched(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        version: str) -> None:
+    stock = mx.fast.rope, mx.fast.rms_norm, mx.fast.layer_norm
+    monkeypatch.setattr(mx, "__version__", version)
+    accepted = version.startswith("0.32")
+    assert fused.install() is accepted
+    try:
+        lines = capsys.readouterr().err.splitlines()
+        if accepted:
+            assert lines == [] and mx.fast.rope is not stock[0]
+        else:
+            assert (mx.fast.rope, mx.fast.rms_norm, mx.fast.layer_norm) == stock
+            assert len(lines) == 1 and version in lines[0], lines
+            assert "checked on mlx >=0.32,<0.33" in lines[0]
+    finally:
+        fused.uninstall()
+
+
+def test_the_versions_checked_include_the_installed_one() -> None:
+    assert fused.unchecked_version(mx.__version__) == ""
+
+
+def test_the_self_test_runs_every_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It compares the chains themselves (their verdicts are then dropped, so that the
+    compiled kernels are compared at their first real call)."""
+    calls: dict[str, int] = {}
+
+    def counted(name: str, chain: Callable[..., mx.array]) -> Callable[..., mx.array]:
+        def f(*a: Any, **kw: Any) -> mx.array:
+            calls[name] = calls.get(name, 0) + 1
+            return chain(*a, **kw)
+        return f
+
+    for name in ("_rope_chain", "_rms_chain", "_ln_chain"):
+        monkeypatch.setattr(fused, name, counted(name, getattr(fused, name)))
+    assert fused.install()
+    try:
+        assert set(calls) == {"_rope_chain", "_rms_chain", "_ln_chain"}, calls
+        assert fused._VERDICT == {}
+    finally:
+        fused.uninstall()
+
+
+def test_a_chain_that_raises_at_its_first_call_is_mlx_s(monkeypatch: pytest.MonkeyPatch,
+                                                        both: Both) -> None:
+    def broken(*a: Any, **kw: Any) -> mx.array:
+        raise ValueError("mx.compile refused it")
+
+    monkeypatch.setattr(fused, "_ln_chain", broken)
+    x, w = rand((3, 1, 64), mx.float32, 1), rand((64,), mx.float32, 2)
+    a, b = both("layer_norm", x, w, None, 1e-5)
+    assert same(a, b)
+    assert list(fused._VERDICT.values()) == [False]
