@@ -218,7 +218,8 @@ def test_the_versions_checked_include_the_installed_one() -> None:
 
 def test_the_self_test_runs_every_chain(monkeypatch: pytest.MonkeyPatch) -> None:
     """It compares the chains themselves (their verdicts are then dropped, so that the
-    compiled kernels are compared at their first real call)."""
+    compiled kernels are compared at their first real call), with mx.compile off, and turns
+    it back on."""
     calls: dict[str, int] = {}
 
     def counted(name: str, chain: Callable[..., mx.array]) -> Callable[..., mx.array]:
@@ -233,6 +234,15 @@ def test_the_self_test_runs_every_chain(monkeypatch: pytest.MonkeyPatch) -> None
     try:
         assert set(calls) == {"_rope_chain", "_rms_chain", "_ln_chain"}, calls
         assert fused._VERDICT == {}
+        traced: list[int] = []
+
+        def body(x: mx.array) -> mx.array:
+            traced.append(1)
+            return x + 1
+
+        f, x = mx.compile(body), mx.ones((3,))
+        mx.eval(f(x), f(x))
+        assert traced == [1]  # traced once: it ran uncompiled, and compiling is back on
     finally:
         fused.uninstall()
 
