@@ -154,6 +154,23 @@ class ServingStatus:
 
 
 @dataclass(frozen=True)
+class DownloadStatus:
+    """The download of a hub model an instance waits for (exod.daemon.downloads)."""
+
+    repo: str
+    revision: str
+    pid: int | None
+    done_bytes: int
+    total_bytes: int
+    bytes_per_s: int | None
+    verifying: bool
+    stalled: bool
+    attempt: int
+    error: str | None
+    retry_in_s: float | None
+
+
+@dataclass(frozen=True)
 class InstanceStatus:
     name: str
     state: str
@@ -170,6 +187,8 @@ class InstanceStatus:
     source: str
     serving: ServingStatus | None
     ranks: list[RankStatus]
+    hub: str | None = None  # hf:ORG/NAME[@REVISION], for a model named by hub repository
+    download: DownloadStatus | None = None  # while downloading
 
 
 @dataclass(frozen=True)

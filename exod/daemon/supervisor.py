@@ -9,11 +9,13 @@ diff. Never imports mlx: runners do that, in their own processes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -34,7 +36,10 @@ from exod.daemon.launch import Launcher
 from exod.daemon.channel import RunnerChannel
 from exod.daemon.log_ring import LogRings
 from exod.daemon.manager_notify import ServiceNotifier
+from exod.daemon.downloads import Download, Downloads
 from exod.daemon.memory_check import MemoryCheck
+from exod.daemon.spawn import runner_env
+from exod.hub import cache as hub_cache
 from exod.daemon.processes import ProcessTable, RunnerHandlers
 from exod.daemon.readiness import Readiness
 from exod.daemon.manager_notify import watchdog_interval
@@ -62,6 +67,7 @@ class Supervisor:
         self._done: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: set[Callable[[InstanceRuntime], None]] = set()
+        self._download_listeners: set[Callable[[Download], None]] = set()
         self._reload_lock = asyncio.Lock()  # reloads read files in a thread: one at a time
         self.launcher = Launcher(config.control.socket.parent, os.environ)
         self.launcher.configure(config.instances.values())
@@ -74,6 +80,8 @@ class Supervisor:
         self.logs = LogRings()
         self.memory = MemoryCheck(config.defaults.memory_headroom)
         self.reloads = {"ok": 0, "failed": 0}
+        self.downloads = Downloads(self, config.hub.stall_after, config.defaults.stop,
+                                   config.defaults.backoff)
         self.config_errors = 0  # problems found by failed reloads, all told
 
     # ---- Seam for InstanceRuntime -------------------------------------------------------
@@ -116,6 +124,64 @@ class Supervisor:
         if not inst.state.active and not inst.alive():  # no rank listens on its ports now
             self.launcher.release(inst)
         self._publish(inst)
+
+    # ---- models named by hub repository (Seam for InstanceRuntime and for Downloads) -------
+    @property
+    def hub_cache(self) -> Path:
+        return self.config.hub.cache or hub_cache.default_cache(os.environ, os.geteuid())
+
+    @property
+    def offline(self) -> bool:
+        return self.config.hub.offline or os.environ.get("HF_HUB_OFFLINE", "").lower() in (
+            "1", "true", "yes", "on")
+
+    def cached(self, inst: InstanceRuntime) -> bool:
+        assert inst.config.hub is not None
+        found = hub_cache.cached(self.hub_cache, inst.config.hub)
+        if found is None or not found.checked:
+            return False
+        self.use_model(inst, found.path)
+        return True
+
+    def fetch(self, inst: InstanceRuntime) -> None:
+        ref = inst.config.hub
+        assert ref is not None
+        d = self.downloads.want(ref, inst, inst.fetched, hub_cache.commit_of(self.hub_cache, ref))
+        if inst.state is State.DOWNLOADING:  # not failed at once (the fetcher cannot start)
+            inst.download = d
+
+    def unfetch(self, inst: InstanceRuntime, then: Callable[[], None]) -> None:
+        self.downloads.leave(inst, then)
+
+    def use_model(self, inst: InstanceRuntime, path: Path) -> None:
+        inst.config = dataclasses.replace(inst.config, model=path)
+        shards = plan_shards(inst.config)
+        if [r.shard for r in inst.ranks] != shards:
+            inst.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
+            self._place(inst)
+
+    def spawn_fetcher(self, d: Download) -> int:
+        args = ["--repo", d.ref.repo, "--revision", d.ref.revision, "--cache",
+                str(self.hub_cache)]
+        if d.commit:
+            args += ["--commit", d.commit]
+        if self.offline:
+            args.append("--offline")
+        if self.config.hub.hf_token_file is not None:
+            args += ["--token-file", str(self.config.hub.hf_token_file)]
+        env = {k: v for k, v in runner_env(os.environ, {"PYTHONUNBUFFERED": "1"}).items()
+               if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+        return self.procs.spawn("exod.hub", args, env, {"instance": f"fetch {d.ref}"},
+                                RunnerHandlers(on_exit=self.downloads.on_exit,
+                                               on_message=self.downloads.on_message,
+                                               on_broken=self.downloads.on_broken))
+
+    def download_changed(self, d: Download) -> None:
+        for owner in list(d.waiters):
+            if isinstance(owner, InstanceRuntime):
+                self._publish(owner)
+        for fn in list(self._download_listeners):
+            fn(d)
 
     # ---- status -----------------------------------------------------------------------------
     def listen(self, fn: Callable[[InstanceRuntime], None]) -> Callable[[], None]:
@@ -216,11 +282,14 @@ class Supervisor:
             shards = [Shard(0, 1, 0, 0, 0)]
             logger.bind(instance=cfg.name).error("cannot split {}: {}", cfg.name, e)
         inst = InstanceRuntime(cfg, shards, self)
-        for rank in inst.ranks:
-            rank.host = rank_addresses.host_of(cfg, rank.rank, self.config.node.name)
-            rank.local = rank.host == self.config.node.name
+        self._place(inst)
         self.instances[cfg.name] = inst
         return inst
+
+    def _place(self, inst: InstanceRuntime) -> None:
+        for rank in inst.ranks:
+            rank.host = rank_addresses.host_of(inst.config, rank.rank, self.config.node.name)
+            rank.local = rank.host == self.config.node.name
 
     def _start_watchdog(self) -> None:
         interval = watchdog_interval()
@@ -259,6 +328,7 @@ class Supervisor:
         self.service.extend_timeout(worst + ladder.STOP_MARGIN)
         for inst in self.ordered():
             inst.stop()
+        self.downloads.stop_all()  # what `exoctl pull` or a reload fetches ahead
         self.loop.create_task(self._finish_shutdown())
 
     async def _finish_shutdown(self) -> None:
