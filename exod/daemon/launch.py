@@ -18,7 +18,8 @@ from exod import messages as m
 from exod.config.checks import port_count
 from exod.config.schema import Instance
 from exod.core import ports
-from exod.core.shards import Shard
+from exod.config import model_layer_count
+from exod.core.shards import Shard, pipeline_shards, tensor_shards
 from exod.daemon import rank_addresses
 from exod.daemon import spawn as os_seam
 
@@ -100,3 +101,13 @@ class Launcher:
             "EXOD_RANK": str(shard.rank),
         })
         return Launch(self.module, args, env)
+
+
+def plan_shards(inst: Instance) -> list[Shard]:
+    """Layer ranges per rank. An unknown layer count (0) lets the runner load everything."""
+    total = model_layer_count(inst.model) or 0
+    if total == 0:
+        return [Shard(r, inst.shards, 0, 0, 0) for r in range(inst.shards)]
+    if inst.parallelism == "tensor":
+        return tensor_shards(total, inst.shards)
+    return pipeline_shards(total, inst.shards, inst.layers)

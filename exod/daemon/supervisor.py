@@ -9,53 +9,40 @@ diff. Never imports mlx: runners do that, in their own processes.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import errno
 import os
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
 from exod import __version__
 from exod import control_messages as cm
-from exod.config import ConfigError, diff, load_config, model_layer_count
+from exod.config import ConfigError, diff, load_config
 from exod.config.schema import Config, Instance
 from exod.core import ladder
-from exod.core.shards import Shard, ShardError, pipeline_shards, tensor_shards
+from exod.core.shards import Shard, ShardError
 from exod.core.states import State
 from exod import messages as m
 from exod.daemon import rank_addresses, status
 from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer
 from exod.daemon.instance import InstanceRuntime, RankRuntime, Timer
-from exod.daemon.launch import Launcher
+from exod.daemon.launch import Launcher, plan_shards
 from exod.daemon.channel import RunnerChannel
 from exod.daemon.log_ring import LogRings
 from exod.daemon.manager_notify import ServiceNotifier
 from exod.daemon.downloads import Download, Downloads
+from exod.daemon.hub_seam import HubSeam
 from exod.daemon.memory_check import MemoryCheck
-from exod.daemon.spawn import runner_env
-from exod.hub import cache as hub_cache
 from exod.daemon.processes import ProcessTable, RunnerHandlers
 from exod.daemon.readiness import Readiness
 from exod.daemon.manager_notify import watchdog_interval
 
 
-def plan_shards(inst: Instance) -> list[Shard]:
-    """Layer ranges per rank. An unknown layer count (0) lets the runner load everything."""
-    total = model_layer_count(inst.model) or 0
-    if total == 0:
-        return [Shard(r, inst.shards, 0, 0, 0) for r in range(inst.shards)]
-    if inst.parallelism == "tensor":
-        return tensor_shards(total, inst.shards)
-    return pipeline_shards(total, inst.shards, inst.layers)
-
-
-class Supervisor:
+class Supervisor(HubSeam):
     def __init__(self, config: Config, service: ServiceNotifier | None = None) -> None:
         self.config = config
         self.service = service or ServiceNotifier()
@@ -68,6 +55,7 @@ class Supervisor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: set[Callable[[InstanceRuntime], None]] = set()
         self._download_listeners: set[Callable[[Download], None]] = set()
+        self._prefetch: dict[str, Instance] = {}
         self._reload_lock = asyncio.Lock()  # reloads read files in a thread: one at a time
         self.launcher = Launcher(config.control.socket.parent, os.environ)
         self.launcher.configure(config.instances.values())
@@ -124,64 +112,6 @@ class Supervisor:
         if not inst.state.active and not inst.alive():  # no rank listens on its ports now
             self.launcher.release(inst)
         self._publish(inst)
-
-    # ---- models named by hub repository (Seam for InstanceRuntime and for Downloads) -------
-    @property
-    def hub_cache(self) -> Path:
-        return self.config.hub.cache or hub_cache.default_cache(os.environ, os.geteuid())
-
-    @property
-    def offline(self) -> bool:
-        return self.config.hub.offline or os.environ.get("HF_HUB_OFFLINE", "").lower() in (
-            "1", "true", "yes", "on")
-
-    def cached(self, inst: InstanceRuntime) -> bool:
-        assert inst.config.hub is not None
-        found = hub_cache.cached(self.hub_cache, inst.config.hub)
-        if found is None or not found.checked:
-            return False
-        self.use_model(inst, found.path)
-        return True
-
-    def fetch(self, inst: InstanceRuntime) -> None:
-        ref = inst.config.hub
-        assert ref is not None
-        d = self.downloads.want(ref, inst, inst.fetched, hub_cache.commit_of(self.hub_cache, ref))
-        if inst.state is State.DOWNLOADING:  # not failed at once (the fetcher cannot start)
-            inst.download = d
-
-    def unfetch(self, inst: InstanceRuntime, then: Callable[[], None]) -> None:
-        self.downloads.leave(inst, then)
-
-    def use_model(self, inst: InstanceRuntime, path: Path) -> None:
-        inst.config = dataclasses.replace(inst.config, model=path)
-        shards = plan_shards(inst.config)
-        if [r.shard for r in inst.ranks] != shards:
-            inst.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
-            self._place(inst)
-
-    def spawn_fetcher(self, d: Download) -> int:
-        args = ["--repo", d.ref.repo, "--revision", d.ref.revision, "--cache",
-                str(self.hub_cache)]
-        if d.commit:
-            args += ["--commit", d.commit]
-        if self.offline:
-            args.append("--offline")
-        if self.config.hub.hf_token_file is not None:
-            args += ["--token-file", str(self.config.hub.hf_token_file)]
-        env = {k: v for k, v in runner_env(os.environ, {"PYTHONUNBUFFERED": "1"}).items()
-               if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
-        return self.procs.spawn("exod.hub", args, env, {"instance": f"fetch {d.ref}"},
-                                RunnerHandlers(on_exit=self.downloads.on_exit,
-                                               on_message=self.downloads.on_message,
-                                               on_broken=self.downloads.on_broken))
-
-    def download_changed(self, d: Download) -> None:
-        for owner in list(d.waiters):
-            if isinstance(owner, InstanceRuntime):
-                self._publish(owner)
-        for fn in list(self._download_listeners):
-            fn(d)
 
     # ---- status -----------------------------------------------------------------------------
     def listen(self, fn: Callable[[InstanceRuntime], None]) -> Callable[[], None]:
@@ -388,8 +318,10 @@ class Supervisor:
         self.launcher.configure(new.instances.values())
         for name in d.removed:
             self._retire(name, replacement=None)
+        for name in d.removed:
+            self.cancel_prefetch(name)
         for name in d.changed:
-            self._retire(name, replacement=new.instances[name])
+            self.replace_after_fetch(name, new.instances[name])
         for name in d.added:
             if name in self._swaps:  # removed by an earlier reload and still stopping
                 self._retire(name, replacement=new.instances[name])
