@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -73,10 +74,13 @@ class Hub:
         _git(work, "commit", "-q", "--allow-empty", "-m", "publish")
         return _git(work, "rev-parse", "HEAD")
 
-    def start(self) -> Hub:
+    def start(self, netloc: str | None = None) -> Hub:
+        """`netloc`: the HOST:PORT olah names in the links it hands out (a proxy's)."""
         config = self.root / "olah.toml"
+        links = f"mirror-netloc = \"{netloc}\"\nmirror-lfs-netloc = \"{netloc}\"\n" \
+            if netloc else ""
         config.write_text(
-            "[basic]\nhost = \"127.0.0.1\"\n"
+            "[basic]\nhost = \"127.0.0.1\"\n" + links +
             f"port = {self.port}\nrepos-path = \"{self.root / 'olah-repos'}\"\n"
             f"mirrors-path = [\"{self.mirrors}\"]\nmetadata-cache-ttl = 0\n"
             "[accessibility]\noffline = true\n")
@@ -116,6 +120,7 @@ class Throttle:
         self.rate = rate
         self.connections = 0
         self.bytes = 0
+        self.ranges: list[str] = []  # the Range headers of the requests that went through
         self._lock = threading.Lock()
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
@@ -142,6 +147,8 @@ class Throttle:
     def _pipe(self, src: socket.socket, dst: socket.socket, down: bool) -> None:
         try:
             while data := src.recv(8192 if down and self.rate else 65536):
+                if not down:
+                    self.ranges += [r.decode() for r in re.findall(rb"(?im)^range: *(\S+)", data)]
                 if down:
                     with self._lock:
                         self.bytes += len(data)

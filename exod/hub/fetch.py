@@ -26,6 +26,8 @@ from exod.hub.ref import HubRef
 from exod.hub.verify import digest
 
 TICK = 0.5  # seconds between two progress reports while bytes arrive
+CHUNK = 1 << 16
+READ_TIMEOUT = 60.0  # no byte for this long: a network error (the daemon retries with backoff)
 
 
 class Refused(Exception):
@@ -134,7 +136,9 @@ class Reporter:
 
 def download(job: Job, manifest: hc.Manifest) -> None:
     snap = hc.snapshot_dir(job.cache, job.ref, manifest.commit)
-    if all((snap / n).exists() for n in manifest.files):
+    missing = sorted((n for n in manifest.files if not (snap / n).exists()),
+                     key=lambda n: manifest.files[n].size)
+    if not missing:
         return
     if job.offline:
         raise Refused(f"{job.ref} is only partly in the cache at {job.cache}, and exod is "
@@ -144,11 +148,51 @@ def download(job: Job, manifest: hc.Manifest) -> None:
     problem = disk_problem(str(job.ref), need, free_space(job.cache), str(job.cache))
     if problem:
         raise Refused(problem)
-    from huggingface_hub import snapshot_download
-
     with Reporter(job, manifest):
-        snapshot_download(job.ref.repo, revision=manifest.commit, cache_dir=job.cache,
-                          allow_patterns=sorted(manifest.files), token=job.token)
+        for name in missing:
+            fetch_file(job, manifest.commit, name, manifest.files[name])
+
+
+def fetch_file(job: Job, commit: str, name: str, rec: hc.FileRecord) -> None:
+    """One file into `blobs/ETAG` and its link in the snapshot, resuming `ETAG.incomplete`.
+
+    huggingface_hub's own download starts every process on a fresh temporary file, so a
+    download stopped (or killed) midway would start again from its first byte: exod keeps one
+    partial file per blob and asks the hub for the rest (an HTTP Range request)."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    blobs = hc.repo_dir(job.cache, job.ref) / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    blob, part = blobs / rec.blob, blobs / f"{rec.blob}.incomplete"
+    if not blob.exists():
+        have = part.stat().st_size if part.exists() else 0
+        if have < rec.size:
+            headers = build_hf_headers(token=job.token)
+            if have:
+                headers["Range"] = f"bytes={have}-"
+            url = hf_hub_url(job.ref.repo, name, revision=commit)
+            with get_session().stream("GET", url, headers=headers, follow_redirects=True,
+                                      timeout=READ_TIMEOUT) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    hf_raise_for_status(r)
+                # 206: the rest, after what is on disk. 200: a server that ignores ranges
+                # sends it all again; what is on disk is kept, and only what follows written.
+                skip = have if r.status_code == 200 else 0
+                with open(part, "ab") as f:
+                    for chunk in r.iter_bytes(CHUNK):
+                        if skip:
+                            cut = min(skip, len(chunk))
+                            chunk, skip = chunk[cut:], skip - cut
+                        f.write(chunk)
+        os.replace(part, blob)
+    link = hc.snapshot_dir(job.cache, job.ref, commit) / name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.exists():
+        if link.is_symlink():
+            link.unlink()
+        os.symlink(os.path.relpath(blob, link.parent), link)
 
 
 def check(job: Job, manifest: hc.Manifest) -> list[str]:
