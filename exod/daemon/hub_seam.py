@@ -21,6 +21,7 @@ from exod.daemon.launch import plan_shards
 from exod.daemon.processes import RunnerHandlers
 from exod.daemon.spawn import runner_env
 from exod.hub import cache as hub_cache
+from exod.hub.ref import HubRef
 
 if TYPE_CHECKING:
     from exod.daemon.processes import ProcessTable
@@ -97,6 +98,15 @@ class HubSeam:
                 self._publish(owner)
         for fn in list(self._download_listeners):
             fn(d)
+
+    # ---- exoctl pull -----------------------------------------------------------------------
+    def pull(self, ref: HubRef, owner: object, on_done: Callable[[Outcome], None]) -> Download:
+        """Fetch `ref` ahead of time; a branch or tag is looked up again (it may have moved)."""
+        return self.downloads.want(ref, owner, on_done)
+
+    def listen_downloads(self, fn: Callable[[Download], None]) -> Callable[[], None]:
+        self._download_listeners.add(fn)
+        return lambda: self._download_listeners.discard(fn)
 
     # ---- reloads ---------------------------------------------------------------------------
     def replace_after_fetch(self, name: str, cfg: Instance) -> None:

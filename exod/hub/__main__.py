@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from exod.core.exits import EXIT_UNAVAILABLE
-from exod.hub.fetch import Job, main
+from exod.hub.fetch import Job, main, plan_only
 from exod.hub.link import Link
 from exod.hub.ref import make
 
@@ -26,6 +26,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--offline", action="store_true")
     p.add_argument("--token-file", type=Path, default=None)
     p.add_argument("--channel-fd", type=int, default=None)
+    p.add_argument("--plan", action="store_true",
+                   help="print the files' total size and what is still missing (JSON), as "
+                        "`exod check` shows them; download nothing")
     return p.parse_args(argv)
 
 
@@ -51,7 +54,7 @@ def entry(argv: list[str] | None = None) -> int:
         print(f"cannot read the token file {args.token_file}: {e.strerror}", flush=True)
         return EXIT_UNAVAILABLE
     job = Job(make(args.repo, args.revision), args.cache, args.offline, token, args.commit, link)
-    return main(job)
+    return plan_only(job) if args.plan else main(job)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ hub's hashes (a bad one is fetched again, once), record the snapshot, say `Fetch
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -271,6 +272,20 @@ def refusal(e: Exception) -> str | None:
         return f"no access (HTTP {status}; a gated or private repository needs " \
                "hub.hf_token_file)"
     return None
+
+
+def plan_only(job: Job) -> int:
+    """`--plan`: one JSON line (commit, size, missing bytes, free bytes), or the refusal."""
+    try:
+        manifest = plan(job)
+    except Exception as e:  # noqa: BLE001 -- reported as one line, as main does
+        print(json.dumps({"error": refusal(e) or f"{type(e).__name__}: {e}"}))
+        return EXIT_UNAVAILABLE
+    missing = manifest.size - hc.partial_bytes(
+        job.cache, job.ref, {r.blob: r.size for r in manifest.files.values()})
+    print(json.dumps({"commit": manifest.commit, "size": manifest.size, "missing": missing,
+                      "free": free_space(job.cache)}))
+    return 0
 
 
 def main(job: Job) -> int:

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Daemon, pid_alive, wait_pid_gone
+from tests.harness import EXOD, Daemon, pid_alive, wait_pid_gone
 from tests.hub import Hub, Throttle
 
 COOPERATIVE = {"EXOD_DOUBLE": "cooperative"}  # a runner that loads nothing: the download is tested
@@ -211,3 +212,28 @@ def yaml_config(d: Daemon) -> dict[str, Any]:
 
     data: dict[str, Any] = yaml.safe_load(d.config_path.read_text())
     return data
+
+
+def test_check_pull_list_and_remove_without_any_instance_running(
+        daemons: Callable[..., Daemon], hub: tuple[Hub, dict[str, str]], throttle: Throttle,
+        tmp_path: Path) -> None:
+    _, commits = hub
+    cache = tmp_path / "cache"
+    d = hub_daemon(daemons, cache, throttle.url, {"a": {"model": "hf:org/tiny",
+                                                        "autostart": False}})
+    env = {**os.environ, "HF_ENDPOINT": throttle.url}
+    check = subprocess.run([*EXOD, "check", "-c", str(d.config_path)], env=env,
+                           capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "a: hf:org/tiny: not in the cache; fetched at its first start: 3.5 MB" in check, check
+    assert "fits on disk" in check and throttle.bytes < 100_000  # sizes only, no weights
+    d.start()
+    pulled = d.ctl("pull", "hf:org/tiny").stdout
+    assert f"commit {commits['v2']}" in pulled
+    listed = d.ctl("models").stdout
+    assert "hf:org/tiny" in listed and "main=" in listed and "a (stopped)" in listed, listed
+    check = subprocess.run([*EXOD, "check", "-c", str(d.config_path)], env=env,
+                           capture_output=True, text=True, timeout=120, check=True).stdout
+    assert f"a: hf:org/tiny: cached (3.5 MB, commit {commits['v2'][:12]})" in check, check
+    assert "a: needs " in check  # the memory estimate, from the cached snapshot
+    assert d.ctl("models", "--remove", "hf:org/tiny").returncode == 0
+    assert not (cache / "models--org--tiny").exists()
