@@ -18,6 +18,8 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.harness import BIN, SAFETY, free_port
@@ -168,3 +170,20 @@ class Throttle:
 
     def close(self) -> None:
         self.sock.close()
+
+
+@contextmanager
+def serving(root: Path, make_model: Callable[..., Path]
+            ) -> Iterator[tuple[Hub, Throttle, dict[str, str]]]:
+    """olah serving org/tiny (two commits: seed 0, then seed 1) and org/huge (10 TB listed),
+    reached through a throttle (olah's links name the throttle too)."""
+    h = Hub(root)
+    commits = {"v1": h.publish(make_model()), "v2": h.publish(make_model(seed=1))}
+    h.publish(make_model(), "org/huge", fake_sizes={"model-2.safetensors": 10**13})
+    t = Throttle(h.port)
+    try:
+        h.start(f"127.0.0.1:{t.port}")
+        yield h, t, commits
+    finally:
+        t.close()
+        h.close()

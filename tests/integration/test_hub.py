@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.harness import EXOD, Daemon, pid_alive, wait_pid_gone
-from tests.hub import Hub, Throttle
+from tests.hub import Hub, Throttle, serving
 
 COOPERATIVE = {"EXOD_DOUBLE": "cooperative"}  # a runner that loads nothing: the download is tested
 
@@ -25,19 +25,8 @@ COOPERATIVE = {"EXOD_DOUBLE": "cooperative"}  # a runner that loads nothing: the
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, tiny_model_factory: Callable[..., Path]
            ) -> Iterator[tuple[Hub, Throttle, dict[str, str]]]:
-    """olah serving org/tiny (two commits: seed 0, then seed 1) and org/huge (10 TB listed),
-    reached through a throttle (olah's links name the throttle too)."""
-    h = Hub(tmp_path_factory.mktemp("hub"))
-    commits = {"v1": h.publish(tiny_model_factory()),
-               "v2": h.publish(tiny_model_factory(seed=1))}
-    h.publish(tiny_model_factory(), "org/huge", fake_sizes={"model-2.safetensors": 10**13})
-    t = Throttle(h.port)
-    h.start(f"127.0.0.1:{t.port}")
-    try:
-        yield h, t, commits
-    finally:
-        t.close()
-        h.close()
+    with serving(tmp_path_factory.mktemp("hub"), tiny_model_factory) as it:
+        yield it
 
 
 @pytest.fixture
