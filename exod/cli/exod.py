@@ -181,7 +181,8 @@ def memory_lines(cfg: Config) -> list[str]:
 
     lines, estimate = hub_check.lines(cfg)
     lines += [line for inst in estimate
-              for line in describe(inst, plan_shards(inst), cfg.node.name)]
+              for line in describe(inst, plan_shards(inst), cfg.node.name,
+                                   cfg.defaults.memory_headroom)]
     available = available_bytes()
     if lines and available is not None:
         lines.append(f"available now: {format_size(available)} (less memory_headroom "

@@ -181,10 +181,13 @@ class Instance:
                      "whose ranks all run on this host must also form within it (30s at least) "
                      "once every rank is joining, else it restarts on new ports. Never applies "
                      "while loading", minimum=0.5))
-    max_concurrency: int = field(
-        default=1, metadata=doc("generations run at once by this instance: the width of its "
-                                "batch (decoded as one batch, on every rank of a sharded instance)",
-                                minimum=1, maximum=256)
+    max_concurrency: int | None = field(
+        default=None, metadata=doc("generations run at once by this instance: the width of its "
+                                   "batch (decoded as one batch, on every rank of a sharded "
+                                   "instance); default: sized by memory admission at each start, "
+                                   "as many as the KV cache of `context_tokens` each fits beside "
+                                   "the weights (at most 16, at least 1)",
+                                   minimum=1, maximum=256)
     )
     prompt_cache_bytes: int = field(
         default=DEFAULT_PROMPT_CACHE_BYTES,

@@ -150,12 +150,18 @@ class InstanceRuntime:
         self._forming_timer: Timer | None = None  # a group on this host alone must form by then
         self.rungs_used: collections.Counter[str] = collections.Counter()  # ladder steps taken
         self.download: Download | None = None  # while downloading: the download it waits for
+        self.auto_width: int | None = None  # max_concurrency unset: what memory admission chose
         self.log = logger.bind(instance=self.name)
 
     # ---- queries -------------------------------------------------------------------------
     @property
     def state(self) -> State:
         return self.machine.state
+
+    @property
+    def width(self) -> int:
+        """Generations at once: max_concurrency, else as sized by memory admission."""
+        return self.config.max_concurrency or self.auto_width or 1
 
     def alive(self) -> list[RankRuntime]:
         return [r for r in self.ranks if r.pid is not None]

@@ -76,11 +76,11 @@ class Launcher:
         """`owner`'s ranks are all gone: its ports may go to another group."""
         self.ports.release(owner)
 
-    def launch(self, c: Instance, shard: Shard, local_ranks: int) -> Launch:
+    def launch(self, c: Instance, shard: Shard, local_ranks: int, width: int) -> Launch:
         args = ["--model", str(c.model), "--instance", c.name, "--rank", str(shard.rank),
                 "--world", str(shard.world), "--parallelism", c.parallelism, "--dtype", c.dtype,
                 "--parent-pid", str(os.getpid()), "--heartbeat", f"{m.HEARTBEAT_EVERY:g}",
-                "--max-concurrency", str(c.max_concurrency),
+                "--max-concurrency", str(width),
                 "--prompt-cache-bytes", str(c.prompt_cache_bytes)]
         if shard.total:
             args += ["--layers", shard.arg(), "--total-layers", str(shard.total)]

@@ -94,7 +94,8 @@ class Supervisor(HubSeam):
         self.launcher.prepare(inst.config, owner=inst)
 
     def spawn(self, inst: InstanceRuntime, rank: RankRuntime) -> int:
-        launch = self.launcher.launch(inst.config, rank.shard, sum(r.local for r in inst.ranks))
+        launch = self.launcher.launch(inst.config, rank.shard, sum(r.local for r in inst.ranks),
+                                      inst.width)
         context = {"instance": inst.name, "rank": rank.rank}
         return self.procs.spawn(launch.module, launch.args, launch.env, context, RunnerHandlers(
             on_exit=inst.on_exit, on_message=inst.on_message, on_broken=inst.on_broken))
