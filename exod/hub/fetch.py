@@ -24,7 +24,7 @@ from exod.hub import cache as hc
 from exod.hub.files import disk_problem, wanted
 from exod.hub.link import Link
 from exod.hub.ref import HubRef
-from exod.hub.verify import digest
+from exod.hub.verify import Hasher, digest
 
 TICK = 0.5  # seconds between two progress reports while bytes arrive
 CHUNK = 1 << 16
@@ -151,42 +151,35 @@ def download(job: Job, manifest: hc.Manifest) -> None:
         raise Refused(problem)
     with Reporter(job, manifest):
         for name in missing:
-            fetch_file(job, manifest.commit, name, manifest.files[name])
+            good = fetch_file(job, manifest.commit, name, manifest.files[name])
+            if good:  # hashed as it came: no second read of the file
+                stamp = hc.stamp(snap / name)
+                if stamp is not None:
+                    manifest.checked[name] = stamp
 
 
-def fetch_file(job: Job, commit: str, name: str, rec: hc.FileRecord) -> None:
-    """One file into `blobs/ETAG` and its link in the snapshot, resuming `ETAG.incomplete`.
+def fetch_file(job: Job, commit: str, name: str, rec: hc.FileRecord) -> bool | None:
+    """One file into `blobs/ETAG` and its link in the snapshot, resuming `ETAG.incomplete`;
+    whether it matches the hub's hash (hashed as it is written), None if not fetched here.
 
     huggingface_hub's own download starts every process on a fresh temporary file, so a
     download stopped (or killed) midway would start again from its first byte: exod keeps one
     partial file per blob and asks the hub for the rest (an HTTP Range request)."""
-    from huggingface_hub import hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
-
     blobs = hc.repo_dir(job.cache, job.ref) / "blobs"
     blobs.mkdir(parents=True, exist_ok=True)
     blob, part = blobs / rec.blob, blobs / f"{rec.blob}.incomplete"
+    good = None
     if not blob.exists():
+        hasher = Hasher(rec)
         have = part.stat().st_size if part.exists() else 0
+        if have > rec.size:
+            part.unlink()
+            have = 0
+        if have:
+            hasher.feed(part)
         if have < rec.size:
-            headers = build_hf_headers(token=job.token)
-            if have:
-                headers["Range"] = f"bytes={have}-"
-            url = hf_hub_url(job.ref.repo, name, revision=commit)
-            with get_session().stream("GET", url, headers=headers, follow_redirects=True,
-                                      timeout=READ_TIMEOUT) as r:
-                if r.status_code >= 400:
-                    r.read()
-                    hf_raise_for_status(r)
-                # 206: the rest, after what is on disk. 200: a server that ignores ranges
-                # sends it all again; what is on disk is kept, and only what follows written.
-                skip = have if r.status_code == 200 else 0
-                with open(part, "ab") as f:
-                    for chunk in r.iter_bytes(CHUNK):
-                        if skip:
-                            cut = min(skip, len(chunk))
-                            chunk, skip = chunk[cut:], skip - cut
-                        f.write(chunk)
+            get_rest(job, commit, name, part, have, hasher)
+        good = hasher.matches
         os.replace(part, blob)
     link = hc.snapshot_dir(job.cache, job.ref, commit) / name
     link.parent.mkdir(parents=True, exist_ok=True)
@@ -194,6 +187,33 @@ def fetch_file(job: Job, commit: str, name: str, rec: hc.FileRecord) -> None:
         if link.is_symlink():
             link.unlink()
         os.symlink(os.path.relpath(blob, link.parent), link)
+    return good
+
+
+def get_rest(job: Job, commit: str, name: str, part: Path, have: int, hasher: Hasher) -> None:
+    """Append to `part` what follows its first `have` bytes."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    headers = build_hf_headers(token=job.token)
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    url = hf_hub_url(job.ref.repo, name, revision=commit)
+    with get_session().stream("GET", url, headers=headers, follow_redirects=True,
+                              timeout=READ_TIMEOUT) as r:
+        if r.status_code >= 400:
+            r.read()
+            hf_raise_for_status(r)
+        # 206: the rest, after what is on disk. 200: a server that ignores ranges sends it
+        # all again; what is on disk is kept, and only what follows written.
+        skip = have if r.status_code == 200 else 0
+        with open(part, "ab") as f:
+            for chunk in r.iter_bytes(CHUNK):
+                if skip:
+                    cut = min(skip, len(chunk))
+                    chunk, skip = chunk[cut:], skip - cut
+                f.write(chunk)
+                hasher.update(chunk)
 
 
 def check(job: Job, manifest: hc.Manifest) -> list[str]:

@@ -12,20 +12,37 @@ from exod.hub.cache import FileRecord
 CHUNK = 1 << 20
 
 
+class Hasher:
+    """The hub's hash of a file, fed as its bytes come (from the network or from disk)."""
+
+    def __init__(self, rec: FileRecord) -> None:
+        self.rec = rec
+        if rec.sha256:
+            self.h = hashlib.sha256()
+        else:
+            self.h = hashlib.sha1(usedforsecurity=False)
+            self.h.update(f"blob {rec.size}\0".encode())
+        self.size = 0
+
+    def update(self, chunk: bytes) -> None:
+        self.h.update(chunk)
+        self.size += len(chunk)
+
+    def feed(self, path: Path, on_bytes: Callable[[int], None] | None = None) -> None:
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                self.update(chunk)
+                if on_bytes is not None:
+                    on_bytes(len(chunk))
+
+    @property
+    def matches(self) -> bool:
+        want = self.rec.sha256 or self.rec.git_sha1
+        return self.size == self.rec.size and self.h.hexdigest() == want
+
+
 def digest(path: Path, rec: FileRecord, on_bytes: Callable[[int], None] | None = None) -> bool:
     """True when `path` holds what the hub says `rec` holds."""
-    if rec.sha256:
-        h = hashlib.sha256()
-        want = rec.sha256
-    else:
-        h = hashlib.sha1(usedforsecurity=False)
-        h.update(f"blob {rec.size}\0".encode())
-        want = rec.git_sha1
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-            if on_bytes is not None:
-                on_bytes(len(chunk))
-    return size == rec.size and h.hexdigest() == want
+    h = Hasher(rec)
+    h.feed(path, on_bytes)
+    return h.matches
