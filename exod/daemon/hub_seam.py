@@ -85,8 +85,7 @@ class HubSeam:
             args.append("--offline")
         if self.config.hub.hf_token_file is not None:
             args += ["--token-file", str(self.config.hub.hf_token_file)]
-        env = {k: v for k, v in runner_env(os.environ, {"PYTHONUNBUFFERED": "1"}).items()
-               if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+        env = runner_env(os.environ, {"PYTHONUNBUFFERED": "1"})
         return self.procs.spawn("exod.hub", args, env, {"instance": f"fetch {d.ref}"},
                                 RunnerHandlers(on_exit=self.downloads.on_exit,
                                                on_message=self.downloads.on_message,

@@ -230,3 +230,25 @@ def test_a_network_error_is_retried_a_refusal_fails_with_its_reason() -> None:
     seam.exit(pid, code=EXIT_UNAVAILABLE)
     assert a.state is State.FAILED and a.machine.reason == why
     assert len(seam.fetchers) == 2 and not seam.pending()
+
+
+# ---- the token ---------------------------------------------------------------------------------
+def test_the_token_file_must_be_private_and_no_child_inherits_a_token(tmp_path: Path) -> None:
+    from exod.config import ConfigError, load_config
+    from exod.daemon.spawn import runner_env
+
+    token = tmp_path / "hf-token"
+    token.write_text("hf_secret\n")
+    token.chmod(0o644)
+    cfg = tmp_path / "exod.yaml"
+    cfg.write_text(f"control: {{socket: {tmp_path}/c.sock}}\nhub: {{hf_token_file: {token}}}\n"
+                   "instances:\n  a: {model: hf:org/tiny}\n")
+    with pytest.raises(ConfigError, match=r"hub.hf_token_file: .* has mode 0644: a token file "
+                                          r"must be readable by its owner only"):
+        load_config(cfg)
+    token.chmod(0o600)
+    loaded = load_config(cfg)
+    assert loaded.hub.hf_token_file == token
+    assert loaded.instances["a"].hub == REF
+    env = runner_env({"HF_TOKEN": "x", "HUGGING_FACE_HUB_TOKEN": "y", "PATH": "/bin"}, {})
+    assert env == {"PATH": "/bin"}
