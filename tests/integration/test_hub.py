@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -209,7 +210,7 @@ def test_check_pull_list_and_remove_without_any_instance_running(
     _, commits = hub
     cache = tmp_path / "cache"
     d = hub_daemon(daemons, cache, throttle.url, {"a": {"model": "hf:org/tiny",
-                                                        "autostart": False}})
+                                                        "autostart": False, "env": COOPERATIVE}})
     env = {**os.environ, "HF_ENDPOINT": throttle.url}
     check = subprocess.run([*EXOD, "check", "-c", str(d.config_path)], env=env,
                            capture_output=True, text=True, timeout=120, check=True).stdout
@@ -226,3 +227,13 @@ def test_check_pull_list_and_remove_without_any_instance_running(
     assert "a: needs " in check  # the memory estimate, from the cached snapshot
     assert d.ctl("models", "--remove", "hf:org/tiny").returncode == 0
     assert not (cache / "models--org--tiny").exists()
+
+    # What huggingface_hub (mlx-lm) already downloaded into a shared cache is not fetched again:
+    # it is checked against the hub's hashes, and used.
+    subprocess.run([sys.executable, "-c", "import sys; from huggingface_hub import "
+                    "snapshot_download as s; s('org/tiny', cache_dir=sys.argv[1])", str(cache)],
+                   env=env, check=True, capture_output=True, timeout=120)
+    before = throttle.bytes
+    d.ctl("start", "a")
+    d.until_state("a", "ready")
+    assert throttle.bytes - before < 100_000, throttle.bytes - before
