@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from exod.config.schema import Config, Instance
+from exod.core.memory import RUNTIME_BYTES
 from exod.hub import cache as hub_cache
 from exod.hub.files import disk_problem, progress_text
 from exod.hub.ref import HubRef
@@ -47,6 +48,20 @@ def plan(cfg: Config, ref: HubRef) -> dict[str, Any]:
         return {"error": f"cannot look it up: {e}"}
 
 
+def memory_text(cfg: Config, weights: int) -> str:
+    """Before the files are here, the weights as stored are the floor of what a rank needs
+    (the full estimate, with dtype and KV cache, is made from the headers once fetched)."""
+    from exod.daemon.procinfo import available_bytes
+
+    available = available_bytes(0)
+    if available is None:
+        return "memory is estimated once fetched"
+    free = available - cfg.defaults.memory_headroom
+    verdict = "fit" if weights + RUNTIME_BYTES <= free else "do NOT fit"
+    return (f"its files ({size_text(weights)}) {verdict} in the memory available now "
+            f"({size_text(max(0, free))}); the full estimate is made once fetched")
+
+
 def lines(cfg: Config) -> tuple[list[str], list[Instance]]:
     """The lines, and the instances to estimate memory for (cached ones, at their snapshot)."""
     out: list[str] = []
@@ -75,5 +90,5 @@ def lines(cfg: Config) -> tuple[list[str], list[Instance]]:
         out.append(f"{inst.name}: {ref}: not in the cache; fetched at its first start: "
                    f"{size_text(p['size'])} (commit {p['commit'][:12]}), "
                    + (fits or f"fits on disk ({size_text(p['free'])} free)")
-                   + "; memory is estimated once fetched")
+                   + "; " + memory_text(cfg, p["size"]))
     return out, estimate

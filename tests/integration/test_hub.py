@@ -216,6 +216,7 @@ def test_check_pull_list_and_remove_without_any_instance_running(
                            capture_output=True, text=True, timeout=120, check=True).stdout
     assert "a: hf:org/tiny: not in the cache; fetched at its first start: 3.5 MB" in check, check
     assert "fits on disk" in check and throttle.bytes < 100_000  # sizes only, no weights
+    assert "its files (3.5 MB) fit in the memory available now" in check, check
     d.start()
     pulled = d.ctl("pull", "hf:org/tiny").stdout
     assert f"commit {commits['v2']}" in pulled
