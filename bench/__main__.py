@@ -6,7 +6,7 @@ import importlib
 import sys
 
 ALL = ["load", "daemon", "api", "serving", "fused", "sharding", "families", "systemd", "security",
-       "hostile_runner", "hostile_reads", "ports", "group_start"]
+       "hostile_runner", "hostile_reads", "ports", "group_start", "models"]
 
 
 def main() -> None:

@@ -85,9 +85,34 @@ class Logs:
             raise ProtocolError(f"lines must be a whole number >= 0, got {self.lines}")
 
 
-Request = GetStatus | Start | Stop | Restart | Reload | Wait | Watch | Logs
+@dataclass(frozen=True)
+class Pull:
+    """Fetch the hub model NAME (hf:ORG/NAME[@REVISION]) ahead of time: download events, then
+    where it is."""
+
+    type: ClassVar[str] = "pull"
+    name: str
+
+
+@dataclass(frozen=True)
+class Models:
+    """The hub models in exod's cache."""
+
+    type: ClassVar[str] = "models"
+
+
+@dataclass(frozen=True)
+class RemoveModel:
+    """Delete the hub model NAME from the cache (refused while an instance uses it)."""
+
+    type: ClassVar[str] = "remove_model"
+    name: str
+
+
+Request = (GetStatus | Start | Stop | Restart | Reload | Wait | Watch | Logs | Pull | Models
+           | RemoveModel)
 REQUESTS: dict[str, type[Any]] = {c.type: c for c in typing.get_args(Request)}
-STREAMING = (Wait, Watch, Logs)  # they end when their client goes away
+STREAMING = (Wait, Watch, Logs, Pull)  # they end when their client goes away
 
 
 def decode_request(obj: dict[str, Any]) -> Request:
@@ -154,6 +179,23 @@ class ServingStatus:
 
 
 @dataclass(frozen=True)
+class DownloadStatus:
+    """The download of a hub model an instance waits for (exod.daemon.downloads)."""
+
+    repo: str
+    revision: str
+    pid: int | None
+    done_bytes: int
+    total_bytes: int
+    bytes_per_s: int | None
+    verifying: bool
+    stalled: bool
+    attempt: int
+    error: str | None
+    retry_in_s: float | None
+
+
+@dataclass(frozen=True)
 class InstanceStatus:
     name: str
     state: str
@@ -170,6 +212,8 @@ class InstanceStatus:
     source: str
     serving: ServingStatus | None
     ranks: list[RankStatus]
+    hub: str | None = None  # hf:ORG/NAME[@REVISION], for a model named by hub repository
+    download: DownloadStatus | None = None  # while downloading
 
 
 @dataclass(frozen=True)
@@ -243,7 +287,45 @@ class Done:
     ok: bool = True
 
 
-Reply = Failure | StatusReply | StateReply | ReloadReply | WaitReply | Done
+@dataclass(frozen=True)
+class PullReply:
+    path: str  # the snapshot in the cache
+    commit: str
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class ModelUser:
+    name: str  # an instance naming the repository
+    state: str
+    revision: str
+
+
+@dataclass(frozen=True)
+class CachedModel:
+    repo: str
+    revisions: dict[str, str]  # ref (branch, tag) → commit
+    commits: list[str]
+    size_bytes: int
+    partial_bytes: int  # of unfinished downloads
+    instances: list[ModelUser]
+
+
+@dataclass(frozen=True)
+class ModelsReply:
+    cache: str
+    models: list[CachedModel]
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class RemovedReply:
+    removed: str
+    ok: bool = True
+
+
+Reply = (Failure | StatusReply | StateReply | ReloadReply | WaitReply | Done | PullReply
+         | ModelsReply | RemovedReply)
 
 
 def decode_reply(obj: dict[str, Any], expect: type[Any]) -> Any:
@@ -280,12 +362,21 @@ class LineEvent:
     text: str
 
 
-Event = ProgressEvent | SnapshotEvent | LineEvent
-EVENT_TYPES = (ProgressEvent, SnapshotEvent, LineEvent)
+@dataclass(frozen=True)
+class DownloadEvent:
+    """A pull's progress, e.g. `downloading 1.2 of 4.5 GB (27%, 38 MB/s)`."""
+
+    type: ClassVar[str] = "download"
+    detail: str
+
+
+Event = ProgressEvent | SnapshotEvent | LineEvent | DownloadEvent
+EVENT_TYPES = (ProgressEvent, SnapshotEvent, LineEvent, DownloadEvent)
 EVENTS: dict[str, type[Any]] = {c.type: c for c in typing.get_args(Event)}
 EXPECTS: dict[type[Any], type[Any]] = {  # each request's answer, when it succeeds
     GetStatus: StatusReply, Start: StateReply, Stop: StateReply, Restart: StateReply,
-    Reload: ReloadReply, Wait: WaitReply, Watch: Done, Logs: Done}
+    Reload: ReloadReply, Wait: WaitReply, Watch: Done, Logs: Done, Pull: PullReply,
+    Models: ModelsReply, RemoveModel: RemovedReply}
 
 
 def decode_line(obj: dict[str, Any], request: Request) -> Event | Reply:

@@ -8,6 +8,7 @@ must equal `VERSION`.
 
 Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping;
 and Serving, the engine's figures, whenever the number of generations in flight changes.
+Fetcher (`python -m exod.hub`) → daemon: Hello, Status, Download, Failed, Fetched.
 Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
 Prefill (while the prompt goes through the model, before the first Text), Text, Done, Error.
 Daemon → runner: Generate, Cancel, Shutdown.
@@ -28,8 +29,8 @@ from typing import Any, ClassVar, Literal
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 6  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
-# 6: Done.stop_sequence, Generate.count_only
+VERSION = 7  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+# 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages)
 
 
 class Phase(str, enum.Enum):
@@ -146,6 +147,30 @@ class Serving:
                 raise ProtocolError(f"serving: {f.name} is negative")
 
 
+# ---- fetcher → daemon (`python -m exod.hub`, on the same kind of channel) -------------------
+@dataclass(frozen=True)
+class Download:
+    """`done` of `total` bytes of a model's files are on disk (`verifying`: hashed)."""
+
+    type: ClassVar[str] = "download"
+    done: int
+    total: int
+    verifying: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.done <= self.total:
+            raise ProtocolError(f"download: {self.done} of {self.total} bytes is impossible")
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """Every file is in the cache and matches the hub's hashes: the snapshot at `path`."""
+
+    type: ClassVar[str] = "fetched"
+    path: str
+    commit: str
+
+
 # ---- runner → daemon: work ------------------------------------------------------------------
 @dataclass(frozen=True)
 class Text:
@@ -252,7 +277,7 @@ class Shutdown:
 
 
 FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
-              | Prefill | Held | Text | Done | Error)
+              | Download | Fetched | Prefill | Held | Text | Done | Error)
 ToRunner = Generate | Cancel | Shutdown
 Event = Prefill | Held | Text | Done | Error  # a request's stream
 Message = FromRunner | ToRunner

@@ -47,6 +47,15 @@ class Gate:
                 self.leave()  # the slot came just as the client left: pass it on
             raise
 
+    def resize(self, limit: int) -> None:
+        """A new width (set by memory admission at a start): waiters take the new slots."""
+        self.limit = limit
+        while self.active < self.limit and self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.active += 1
+                fut.set_result(None)
+
     def leave(self) -> None:
         while self._waiters:
             fut = self._waiters.popleft()

@@ -148,7 +148,25 @@ class LiveCollector(Collector):
             loaded.add_metric([name], sum(r.layers_loaded for r in local))
             total.add_metric([name], sum(r.layers_total for r in local))
         yield from (state, restarts, rungs, queued, active, loaded, total)
+        yield from self._downloads(instances)
         yield from self._prompt_cache(instances)
+
+    def _downloads(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
+        """The model download an instance waits for (only while it is downloading)."""
+        label = ["instance"]
+        done = GaugeMetricFamily("exod_download_bytes", "Bytes of the model on disk, while "
+                                 "downloading", labels=label)
+        total = GaugeMetricFamily("exod_download_total_bytes", "Bytes of the model files, while "
+                                  "downloading", labels=label)
+        rate = GaugeMetricFamily("exod_download_bytes_per_second", "Download rate over the last "
+                                 "seconds", labels=label)
+        for inst in instances:
+            d = inst.download
+            if d is not None:
+                done.add_metric([inst.name], d.done)
+                total.add_metric([inst.name], d.total)
+                rate.add_metric([inst.name], d.rate() or 0.0)
+        yield from (done, total, rate)
 
     def _prompt_cache(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
         """Rank 0's prompt cache, as its runner last reported (counted since it started)."""

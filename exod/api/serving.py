@@ -59,7 +59,9 @@ class Serving:
     def gate(self, inst: InstanceRuntime) -> Gate:
         gate = self.gates.get(inst)
         if gate is None:
-            gate = self.gates[inst] = Gate(inst.config.max_concurrency, inst.config.max_queue)
+            gate = self.gates[inst] = Gate(inst.width, inst.config.max_queue)
+        elif gate.limit != inst.width:
+            gate.resize(inst.width)
         return gate
 
     def _watch(self, inst: InstanceRuntime) -> HangWatch | None:

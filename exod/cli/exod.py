@@ -175,10 +175,14 @@ def memory_lines(cfg: Config) -> list[str]:
     from exod.config.sizes import format_size
     from exod.daemon.memory_check import describe
     from exod.daemon.procinfo import available_bytes
-    from exod.daemon.supervisor import plan_shards
+    from exod.daemon.launch import plan_shards
 
-    lines = [line for inst in cfg.instances.values()
-             for line in describe(inst, plan_shards(inst), cfg.node.name)]
+    from exod.cli import hub_check
+
+    lines, estimate = hub_check.lines(cfg)
+    lines += [line for inst in estimate
+              for line in describe(inst, plan_shards(inst), cfg.node.name,
+                                   cfg.defaults.memory_headroom)]
     available = available_bytes()
     if lines and available is not None:
         lines.append(f"available now: {format_size(available)} (less memory_headroom "

@@ -16,6 +16,7 @@ from exod.config.checks import (Issue, check_layout, check_on_demand, check_port
                                 check_sharding)
 from exod.config.probe import answers as probe_answers
 from exod.config.errors import ConfigError, Mark, Problem
+from exod.config.hub_model import names_hub, parse_model, placeholder, token_file_problem
 from exod.config.model_dir import model_layer_count
 from exod.config.safety import control_socket_problem
 from exod.config.schema import DEFAULT_CONFIG_PATH, Config, Defaults, Instance
@@ -130,6 +131,10 @@ class _Loader:
             problem = control_socket_problem(config)
             if problem:
                 self.v.report(_mark_of(root, "control", "socket"), "control.socket", problem)
+            problem = token_file_problem(config.hub.hf_token_file)
+            if problem:
+                self.v.report(_mark_of(root, "hub", "hf_token_file"), "hub.hf_token_file",
+                              problem)
         if self.v.problems:
             raise ConfigError(self.sorted_problems())
         assert isinstance(config, Config)
@@ -230,8 +235,16 @@ class _Loader:
                               f"duplicate instance {name!r} (first defined at {first})")
                 continue
             self.first_seen[name] = e.key_mark
-            instance = self.v.build(Instance, e.value, path, e.key_mark,
-                                    given={"name": name, "source": str(e.key_mark)},
+            given: dict[str, object] = {"name": name, "source": str(e.key_mark)}
+            model = e.value.entries.get("model") if isinstance(e.value, MapNode) else None
+            if model is not None and names_hub(model.value):
+                ref, problems = parse_model(model.value, f"{path}.model")
+                for mark, key, message in problems:
+                    self.v.report(mark, key, message)
+                if ref is None:
+                    continue
+                given.update(model=placeholder(ref), hub=ref)
+            instance = self.v.build(Instance, e.value, path, e.key_mark, given=given,
                                     inherit_from=inherit_from)
             if instance is INVALID or bad_name:
                 continue

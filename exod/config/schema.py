@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from exod.core.serving import DEFAULT_PROMPT_CACHE_BYTES
+from exod.hub.ref import HubRef
 from exod.config.types import Duration, DurationOrNever, InstanceName, ModelDir, Octal, Size
 from exod.paths import default_control_socket
 
@@ -112,7 +113,13 @@ class Instance:
         kw_only=True,
         metadata=doc("FILE:LINE:COL of the definition", internal=True),
     )
-    model: ModelDir = field(metadata=doc("local mlx-lm model directory (holds config.json)"))
+    model: ModelDir = field(
+        metadata=doc("local mlx-lm model directory (holds config.json); or a hub repository: "
+                     "`hf:ORG/NAME`, `hf:ORG/NAME@REVISION`, or a mapping with `repo:` and "
+                     "`revision:` (a branch, tag or commit), fetched into the cache at start"))
+    hub: HubRef | None = field(
+        default=None, kw_only=True,
+        metadata=doc("the hub repository `model` names, if any", internal=True))
     shards: int = field(default=1, metadata=doc("number of ranks", minimum=1, maximum=64))
     parallelism: Parallelism = field(default="pipeline", metadata=doc("how ranks split the model"))
     layers: tuple[int, ...] | None = field(
@@ -174,10 +181,13 @@ class Instance:
                      "whose ranks all run on this host must also form within it (30s at least) "
                      "once every rank is joining, else it restarts on new ports. Never applies "
                      "while loading", minimum=0.5))
-    max_concurrency: int = field(
-        default=1, metadata=doc("generations run at once by this instance: the width of its "
-                                "batch (decoded as one batch, on every rank of a sharded instance)",
-                                minimum=1, maximum=256)
+    max_concurrency: int | None = field(
+        default=None, metadata=doc("generations run at once by this instance: the width of its "
+                                   "batch (decoded as one batch, on every rank of a sharded "
+                                   "instance); default: sized by memory admission at each start, "
+                                   "as many as the KV cache of `context_tokens` each fits beside "
+                                   "the weights (at most 16, at least 1)",
+                                   minimum=1, maximum=256)
     )
     prompt_cache_bytes: int = field(
         default=DEFAULT_PROMPT_CACHE_BYTES,
@@ -226,6 +236,32 @@ class Defaults:
         metadata=doc("memory admission: a rank starts only if its estimated need fits in what "
                      "the host has available (MemAvailable on Linux) less this much", minimum=0),
     )
+
+
+@dataclass(frozen=True)
+class Hub:
+    """Models named by hub repository (`model: hf:ORG/NAME`)."""
+
+    cache: Path | None = field(
+        default=None,
+        metadata=doc("huggingface_hub cache folder models are fetched into; default: "
+                     "$HF_HUB_CACHE, else the service's state directory (StateDirectory=, "
+                     "/var/lib/exod/hub as root), else the user's own cache (~/.cache/"
+                     "huggingface/hub), shared with mlx-lm"))
+    offline: bool = field(
+        default=False,
+        metadata=doc("never contact the hub: a cached model starts with no request, a missing "
+                     "one fails with the reason (also when exod's environment sets "
+                     "HF_HUB_OFFLINE=1)"))
+    hf_token_file: Path | None = field(
+        default=None,
+        metadata=doc("file holding the access token for gated or private repositories (mode "
+                     "0600, owned by exod's user); read by the fetcher only, never put in an "
+                     "argv, an environment, a log or status"))
+    stall_after: Duration = field(
+        default=60.0,
+        metadata=doc("a download with no new byte for this long is shown as stalled and "
+                     "retried with backoff (never given up)", minimum=1))
 
 
 @dataclass(frozen=True)
@@ -317,6 +353,7 @@ class Config:
                      "instance ready"),
     )
     api: Api = field(default_factory=Api, metadata=doc("the HTTP API"))
+    hub: Hub = field(default_factory=Hub, metadata=doc("models named by hub repository"))
     defaults: Defaults = field(default_factory=Defaults, metadata=doc("daemon-wide defaults"))
     include: tuple[str, ...] = field(
         default=(), metadata=doc("glob patterns of drop-in files holding `instances:`")

@@ -184,6 +184,20 @@ def estimate(tensors: list[Tensor], config: dict[str, object], shard: Shard, par
     )
 
 
+AUTO_WIDTH_MAX = 16  # mlx_lm.server batches 32; a CPU host rarely gains past 16
+
+
+def auto_width(one: list[Estimate], free: int, cap: int = AUTO_WIDTH_MAX) -> int:
+    """The batch width memory admits when `max_concurrency` is not set: as many generations as
+    their KV cache (estimated for one in `one`, per rank) fits in `free` bytes beside the
+    weights and the runtime; 1 to `cap`."""
+    base = sum(e.weights + e.runtime for e in one)
+    per = sum(e.kv for e in one)
+    if per <= 0:
+        return cap
+    return max(1, min(cap, (free - base) // per))
+
+
 def refusal(needs: int, available: int, headroom: int, reserved: int) -> str | None:
     """None when `needs` fits in what is available, less the headroom and what running
     instances may still take; else the reason, with the figures."""

@@ -1,8 +1,10 @@
 """The one state machine of exod, used for every rank and every instance.
 
 `stopped → starting → loading → ready → stopping → stopped`, plus `backoff` (waiting to restart)
-and `failed` (stays put until an operator says `exoctl start`). All legal moves are in
-TRANSITIONS; `Machine.move` is the only way to change a state. Pure: no I/O, time is passed in.
+and `failed` (stays put until an operator says `exoctl start`). An instance whose model is named
+by hub repository and not yet in the cache goes through `downloading` before `starting`. All
+legal moves are in TRANSITIONS; `Machine.move` is the only way to change a state. Pure: no I/O,
+time is passed in.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 class State(str, enum.Enum):
     STOPPED = "stopped"
+    DOWNLOADING = "downloading"  # fetching the model's files; no runner exists yet
     STARTING = "starting"  # process spawned, not yet reporting progress
     LOADING = "loading"  # reporting layers n/N
     READY = "ready"  # READY=1 received (for an instance: from every rank)
@@ -29,11 +32,15 @@ class State(str, enum.Enum):
         return self in _ACTIVE
 
 
-_ACTIVE = frozenset({State.STARTING, State.LOADING, State.READY, State.STOPPING})
+_ACTIVE = frozenset({State.DOWNLOADING, State.STARTING, State.LOADING, State.READY, State.STOPPING})
 
 S = State
 TRANSITIONS: dict[State, frozenset[State]] = {
-    S.STOPPED: frozenset({S.STARTING}),
+    S.STOPPED: frozenset({S.STARTING, S.DOWNLOADING}),
+    # A download is never timed out; it ends fetched (→ starting), refused (→ failed: not
+    # found, no access, disk too small), or stopped (through its own ladder, or at once when
+    # another instance still waits for the same download).
+    S.DOWNLOADING: frozenset({S.STARTING, S.STOPPING, S.STOPPED, S.FAILED}),
     # A runner may send READY=1 without any progress (a model with nothing to load).
     S.STARTING: frozenset({S.LOADING, S.READY, S.STOPPING, S.BACKOFF, S.FAILED, S.STOPPED}),
     S.LOADING: frozenset({S.READY, S.STOPPING, S.BACKOFF, S.FAILED, S.STOPPED}),
@@ -42,8 +49,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     # the group then goes to backoff (restart) or failed (given up).
     S.STOPPING: frozenset({S.STOPPED, S.BACKOFF, S.FAILED}),
     # A stop during backoff cancels the restart; the start limit can fail it.
-    S.BACKOFF: frozenset({S.STARTING, S.STOPPED, S.FAILED}),
-    S.FAILED: frozenset({S.STARTING, S.STOPPED}),
+    S.BACKOFF: frozenset({S.STARTING, S.DOWNLOADING, S.STOPPED, S.FAILED}),
+    S.FAILED: frozenset({S.STARTING, S.DOWNLOADING, S.STOPPED}),
 }
 
 

@@ -11,6 +11,7 @@ from typing import Protocol, TypeVar
 
 from exod import control_messages as cm
 from exod.core.states import State
+from exod.daemon import hub_commands
 from exod.daemon.control import CommandError, Emit
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.log_ring import Line, LogRings
@@ -95,6 +96,8 @@ class Commands:
             return await self._wait(self._get(req.name), emit)
         if isinstance(req, cm.Watch):
             return await self._watch(emit)
+        if isinstance(req, (cm.Pull, cm.Models, cm.RemoveModel)):
+            return await hub_commands.run(sup, req, emit)  # type: ignore[arg-type]
         return await self._logs(req, emit)
 
     async def _stopped(self, inst: InstanceRuntime, operator: bool) -> None:

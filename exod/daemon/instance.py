@@ -13,6 +13,7 @@ import errno
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from loguru import logger
@@ -33,6 +34,7 @@ FORM_WITHIN_AT_LEAST = 30.0
 
 if TYPE_CHECKING:
     from exod.daemon.channel import RunnerChannel
+    from exod.daemon.downloads import Download, Outcome
 
 Continuation = Callable[[], None]
 PERMANENT_SPAWN_ERRORS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR})
@@ -74,6 +76,23 @@ class Seam(Protocol):
 
     def changed(self, inst: InstanceRuntime) -> None:
         """State or progress changed: refresh status, wake waiters."""
+        ...
+
+    def cached(self, inst: InstanceRuntime) -> bool:
+        """A hub model is in the cache, checked: `inst.config.model` now names its snapshot."""
+        ...
+
+    def fetch(self, inst: InstanceRuntime) -> None:
+        """Fetch a hub model (sharing a download in progress); `inst.fetched` is called when
+        it is done, with the snapshot or the reason it cannot be fetched."""
+        ...
+
+    def unfetch(self, inst: InstanceRuntime, then: Continuation) -> None:
+        """`inst` no longer waits for its download; `then` once no fetcher runs for it."""
+        ...
+
+    def use_model(self, inst: InstanceRuntime, path: Path) -> None:
+        """The model's files are at `path`: plan the ranks from its config.json."""
         ...
 
 
@@ -130,12 +149,19 @@ class InstanceRuntime:
         self._restart_timer: Timer | None = None
         self._forming_timer: Timer | None = None  # a group on this host alone must form by then
         self.rungs_used: collections.Counter[str] = collections.Counter()  # ladder steps taken
+        self.download: Download | None = None  # while downloading: the download it waits for
+        self.auto_width: int | None = None  # max_concurrency unset: what memory admission chose
         self.log = logger.bind(instance=self.name)
 
     # ---- queries -------------------------------------------------------------------------
     @property
     def state(self) -> State:
         return self.machine.state
+
+    @property
+    def width(self) -> int:
+        """Generations at once: max_concurrency, else as sized by memory admission."""
+        return self.config.max_concurrency or self.auto_width or 1
 
     def alive(self) -> list[RankRuntime]:
         return [r for r in self.ranks if r.pid is not None]
@@ -231,10 +257,31 @@ class InstanceRuntime:
         self._cancel_forming()
         self._pending = None
         self.hung = ""
+        why = "started by operator" if operator else ""
+        if self.config.hub is not None and not self.seam.cached(self):
+            self._move(State.DOWNLOADING, why)
+            self.seam.fetch(self)
+            return
+        self._launch(why)
+
+    def fetched(self, outcome: Outcome) -> None:
+        """The download this instance waited for is over."""
+        self.download = None
+        if self.state is not State.DOWNLOADING:
+            return
+        if outcome.path is None:
+            self.log.error("not started: {}", outcome.error)
+            self._move(State.FAILED, outcome.error)
+            return
+        self.seam.use_model(self, outcome.path)
+        self._launch("model fetched")
+
+    def _launch(self, why: str) -> None:
+        """Admission, then spawn every local rank."""
         if not self._admitted():
             return
         self._remote_follow(State.STARTING, "remote")
-        self._move(State.STARTING, "started by operator" if operator else "")
+        self._move(State.STARTING, why)
         failed: list[tuple[RankRuntime, str, int]] = []
         for rank in self.ranks:
             if not rank.local:
@@ -282,8 +329,17 @@ class InstanceRuntime:
             return
         if self.state is State.STOPPING:
             return
+        downloading = self.state is State.DOWNLOADING
         self._move(State.STOPPING, "stop requested")
+        if downloading:  # no runner exists yet: only the fetcher, if nobody else waits for it
+            self.download = None
+            self.seam.unfetch(self, self._fetch_gone)
+            return
         self._stop_ranks()
+
+    def _fetch_gone(self) -> None:
+        if self.state is State.STOPPING and not self.alive():
+            self._finish_stop()
 
     def restart(self) -> None:
         self.stop()

@@ -18,7 +18,8 @@ from exod import messages as m
 from exod.config.checks import port_count
 from exod.config.schema import Instance
 from exod.core import ports
-from exod.core.shards import Shard
+from exod.config import model_layer_count
+from exod.core.shards import Shard, pipeline_shards, tensor_shards
 from exod.daemon import rank_addresses
 from exod.daemon import spawn as os_seam
 
@@ -75,11 +76,11 @@ class Launcher:
         """`owner`'s ranks are all gone: its ports may go to another group."""
         self.ports.release(owner)
 
-    def launch(self, c: Instance, shard: Shard, local_ranks: int) -> Launch:
+    def launch(self, c: Instance, shard: Shard, local_ranks: int, width: int) -> Launch:
         args = ["--model", str(c.model), "--instance", c.name, "--rank", str(shard.rank),
                 "--world", str(shard.world), "--parallelism", c.parallelism, "--dtype", c.dtype,
                 "--parent-pid", str(os.getpid()), "--heartbeat", f"{m.HEARTBEAT_EVERY:g}",
-                "--max-concurrency", str(c.max_concurrency),
+                "--max-concurrency", str(width),
                 "--prompt-cache-bytes", str(c.prompt_cache_bytes)]
         if shard.total:
             args += ["--layers", shard.arg(), "--total-layers", str(shard.total)]
@@ -100,3 +101,13 @@ class Launcher:
             "EXOD_RANK": str(shard.rank),
         })
         return Launch(self.module, args, env)
+
+
+def plan_shards(inst: Instance) -> list[Shard]:
+    """Layer ranges per rank. An unknown layer count (0) lets the runner load everything."""
+    total = model_layer_count(inst.model) or 0
+    if total == 0:
+        return [Shard(r, inst.shards, 0, 0, 0) for r in range(inst.shards)]
+    if inst.parallelism == "tensor":
+        return tensor_shards(total, inst.shards)
+    return pipeline_shards(total, inst.shards, inst.layers)

@@ -14,21 +14,30 @@ from collections.abc import Callable, Iterable
 
 from exod.config.model_dir import model_config
 from exod.config.schema import Instance
-from exod.core.memory import Estimate, HeaderError, estimate, model_tensors, refusal
+from exod.core.memory import (Estimate, HeaderError, auto_width, estimate, model_tensors,
+                              refusal)
 from exod.core.shards import Shard
 from exod.core.states import State
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.procinfo import available_bytes, rss_bytes
 
 ON_CPU = sys.platform != "darwin"  # mlx runs on the CPU on Linux, on the GPU on macOS
+AUTO_FREE_UNKNOWN = 0  # what is free cannot be told: an unset max_concurrency stays at 1
 
 
-def estimates(cfg: Instance, shards: Iterable[Shard]) -> list[Estimate]:
-    """Per rank; raises HeaderError or OSError when the weights cannot be read."""
+def estimates(cfg: Instance, shards: Iterable[Shard], width: int | None = None
+              ) -> list[Estimate]:
+    """Per rank, for `width` generations (default max_concurrency, else one); raises
+    HeaderError or OSError when the weights cannot be read."""
     tensors = model_tensors(cfg.model)
     config = model_config(cfg.model)
     return [estimate(tensors, config, s, cfg.parallelism, cfg.dtype, ON_CPU,
-                     cfg.max_concurrency, cfg.context_tokens) for s in shards]
+                     width or cfg.max_concurrency or 1, cfg.context_tokens) for s in shards]
+
+
+def scaled(one: list[Estimate], width: int) -> int:
+    """Bytes for `width` generations, from estimates made for one."""
+    return sum(e.weights + e.runtime + width * e.kv for e in one)
 
 
 class MemoryCheck:
@@ -39,12 +48,12 @@ class MemoryCheck:
         self.available = available
         self.rss = rss
 
-    def need(self, inst: InstanceRuntime) -> int | None:
-        """Bytes this host's ranks of `inst` need; None when it cannot be estimated (the runner
-        will then report what is wrong with the weights itself)."""
+    def need(self, inst: InstanceRuntime) -> list[Estimate] | None:
+        """This host's ranks' estimates for one generation each (the width scales the KV
+        cache); None when it cannot be estimated (the runner will then report what is wrong
+        with the weights itself)."""
         try:
-            return sum(e.total for e in estimates(inst.config, [r.shard for r in inst.ranks
-                                                                if r.local]))
+            return estimates(inst.config, [r.shard for r in inst.ranks if r.local], 1)
         except (HeaderError, OSError) as e:
             inst.log.warning("no memory estimate: {}", e)
             return None
@@ -53,18 +62,26 @@ class MemoryCheck:
                 others: Iterable[InstanceRuntime]) -> tuple[int, int, int] | None:
         """(need, available, reserved by other loads) in bytes; None if it cannot be told."""
         others = list(others)
-        inst.memory_need = need = self.need(inst)
-        if need is None:
+        one = self.need(inst)
+        inst.memory_need = None
+        if one is None:
             return None
         live = [r.pid for o in others for r in o.ranks if r.pid is not None]
         try:
             available = self.available(sum(self.rss(p) or 0 for p in live))
         except ValueError as e:  # a bad EXOD_MEMORY_AVAILABLE
             inst.log.warning("no memory check: EXOD_MEMORY_AVAILABLE: {}", e)
-            return None
+            available = None
+        reserved = sum(self.still_to_take(o) for o in others if o is not inst)
+        if inst.config.max_concurrency is None:
+            free = AUTO_FREE_UNKNOWN if available is None else \
+                available - self.headroom - reserved
+            inst.auto_width = auto_width(one, free)
+            inst.log.info("batch width {} (sized by memory admission)", inst.auto_width)
+        inst.memory_need = need = scaled(one, inst.width)
         if available is None:
             return None
-        return need, available, sum(self.still_to_take(o) for o in others if o is not inst)
+        return need, available, reserved
 
     def refuse(self, inst: InstanceRuntime, others: Iterable[InstanceRuntime]) -> str | None:
         f = self.figures(inst, others)
@@ -84,7 +101,7 @@ class MemoryCheck:
         return max(0, inst.memory_need - taken)
 
 
-def describe(cfg: Instance, shards: list[Shard], node: str) -> list[str]:
+def describe(cfg: Instance, shards: list[Shard], node: str, headroom: int = 0) -> list[str]:
     """`exod check`'s lines for one instance: each local rank's estimate."""
     from exod.daemon.rank_addresses import host_of
 
@@ -92,9 +109,16 @@ def describe(cfg: Instance, shards: list[Shard], node: str) -> list[str]:
     if not local:
         return [f"{cfg.name}: every rank runs on another host"]
     try:
-        per_rank = estimates(cfg, local)
+        width = cfg.max_concurrency
+        note = ""
+        if width is None:
+            free = (available_bytes(0) or AUTO_FREE_UNKNOWN) - headroom
+            width = auto_width(estimates(cfg, local, 1), free)
+            note = (f"; batch width {width} (max_concurrency unset: sized by memory, KV for "
+                    f"{width} × {cfg.context_tokens} tokens)")
+        per_rank = estimates(cfg, local, width)
     except (HeaderError, OSError) as e:
         return [f"{cfg.name}: no memory estimate: {e}"]
     return [f"{cfg.name}: needs {e.describe()}" + (f" for rank {s.rank}" if cfg.shards > 1
-                                                    else "")
+                                                    else "") + note
             for s, e in zip(local, per_rank, strict=True)]

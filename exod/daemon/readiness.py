@@ -2,11 +2,11 @@
 
 Policy `daemon`: ready once the control socket is up and every autostart instance is spawned.
 Policy `instances`: ready once every autostart instance has settled (ready, or failed: then
-STATUS says which). Meanwhile, for as long as an autostart instance is starting or loading and
-one of its runners is alive, the start timeout is extended on a fixed tick from the spawn on:
-the import, the wait for peers, a layer that takes an hour. A start then lasts as long as the
-load, and the unit's TimeoutStartSec only fires when exod itself is stuck (no tick comes).
-exod itself never times a load out.
+STATUS says which). Meanwhile, for as long as an autostart instance is downloading its model, or
+is starting or loading and one of its runners is alive, the start timeout is extended on a fixed
+tick: the download, the import, the wait for peers, a layer that takes an hour. A start then
+lasts as long as the download and the load, and the unit's TimeoutStartSec only fires when exod
+itself is stuck (no tick comes). exod itself never times a download or a load out.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ class Readiness:
         self._tick = None
         if self.ready_sent or sup.stopping:
             return
-        if any(i.config.always_on and i.state in LOADING and i.alive() for i in sup.ordered()):
+        if any(i.config.always_on and (i.state in LOADING and i.alive() or i.download)
+               for i in sup.ordered()):
             self.service.extend_timeout(EXTEND_BY)
             self._tick = sup.loop.call_later(TICK, self._on_tick, sup)
 

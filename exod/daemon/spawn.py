@@ -22,6 +22,9 @@ from exod.core.exits import ExitInfo
 SERVICE_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
                "LISTEN_FDNAMES", "JOURNAL_STREAM")
 
+# Hub tokens: exod's fetcher reads its token from hub.hf_token_file; no child inherits one.
+TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
 # Python ignores SIGPIPE and the daemon handles others; the runner starts from the defaults.
 RESET_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD,
                  signal.SIGUSR1, signal.SIGUSR2)
@@ -36,7 +39,8 @@ class Child:
 
 
 def runner_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if k not in SERVICE_ENV and not k.startswith("LISTEN_")}
+    env = {k: v for k, v in base.items()
+           if k not in SERVICE_ENV and k not in TOKEN_ENV and not k.startswith("LISTEN_")}
     env.update(extra)
     return env
 

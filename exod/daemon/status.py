@@ -37,6 +37,8 @@ def _detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
     state = inst.state
     if not inst.has_local_ranks:
         return "remote: every rank runs on another host"
+    if state is State.DOWNLOADING:
+        return inst.download.describe(now) if inst.download is not None else "downloading"
     if state in (State.STARTING, State.LOADING):
         local = [r for r in inst.ranks if r.local]
         done = sum(r.layers_loaded for r in local)
@@ -125,6 +127,8 @@ def instance_status(inst: InstanceRuntime, now: float, stall_after: float) -> cm
         # Rank 0 serves (the others follow it): its engine is the instance's.
         serving=serving_status(inst.ranks[0].serving) if inst.ranks else None,
         ranks=[rank_status(r, now, stall_after) for r in inst.ranks],
+        hub=str(c.hub) if c.hub is not None else None,
+        download=inst.download.status(now) if inst.download is not None else None,
     )
 
 

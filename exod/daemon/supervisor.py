@@ -20,37 +20,29 @@ from loguru import logger
 
 from exod import __version__
 from exod import control_messages as cm
-from exod.config import ConfigError, diff, load_config, model_layer_count
+from exod.config import ConfigError, diff, load_config
 from exod.config.schema import Config, Instance
 from exod.core import ladder
-from exod.core.shards import Shard, ShardError, pipeline_shards, tensor_shards
+from exod.core.shards import Shard, ShardError
 from exod.core.states import State
 from exod import messages as m
 from exod.daemon import rank_addresses, status
 from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer
 from exod.daemon.instance import InstanceRuntime, RankRuntime, Timer
-from exod.daemon.launch import Launcher
+from exod.daemon.launch import Launcher, plan_shards
 from exod.daemon.channel import RunnerChannel
 from exod.daemon.log_ring import LogRings
 from exod.daemon.manager_notify import ServiceNotifier
+from exod.daemon.downloads import Download, Downloads
+from exod.daemon.hub_seam import HubSeam
 from exod.daemon.memory_check import MemoryCheck
 from exod.daemon.processes import ProcessTable, RunnerHandlers
 from exod.daemon.readiness import Readiness
 from exod.daemon.manager_notify import watchdog_interval
 
 
-def plan_shards(inst: Instance) -> list[Shard]:
-    """Layer ranges per rank. An unknown layer count (0) lets the runner load everything."""
-    total = model_layer_count(inst.model) or 0
-    if total == 0:
-        return [Shard(r, inst.shards, 0, 0, 0) for r in range(inst.shards)]
-    if inst.parallelism == "tensor":
-        return tensor_shards(total, inst.shards)
-    return pipeline_shards(total, inst.shards, inst.layers)
-
-
-class Supervisor:
+class Supervisor(HubSeam):
     def __init__(self, config: Config, service: ServiceNotifier | None = None) -> None:
         self.config = config
         self.service = service or ServiceNotifier()
@@ -62,6 +54,8 @@ class Supervisor:
         self._done: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: set[Callable[[InstanceRuntime], None]] = set()
+        self._download_listeners: set[Callable[[Download], None]] = set()
+        self._prefetch: dict[str, Instance] = {}
         self._reload_lock = asyncio.Lock()  # reloads read files in a thread: one at a time
         self.launcher = Launcher(config.control.socket.parent, os.environ)
         self.launcher.configure(config.instances.values())
@@ -74,6 +68,8 @@ class Supervisor:
         self.logs = LogRings()
         self.memory = MemoryCheck(config.defaults.memory_headroom)
         self.reloads = {"ok": 0, "failed": 0}
+        self.downloads = Downloads(self, config.hub.stall_after, config.defaults.stop,
+                                   config.defaults.backoff)
         self.config_errors = 0  # problems found by failed reloads, all told
 
     # ---- Seam for InstanceRuntime -------------------------------------------------------
@@ -98,7 +94,8 @@ class Supervisor:
         self.launcher.prepare(inst.config, owner=inst)
 
     def spawn(self, inst: InstanceRuntime, rank: RankRuntime) -> int:
-        launch = self.launcher.launch(inst.config, rank.shard, sum(r.local for r in inst.ranks))
+        launch = self.launcher.launch(inst.config, rank.shard, sum(r.local for r in inst.ranks),
+                                      inst.width)
         context = {"instance": inst.name, "rank": rank.rank}
         return self.procs.spawn(launch.module, launch.args, launch.env, context, RunnerHandlers(
             on_exit=inst.on_exit, on_message=inst.on_message, on_broken=inst.on_broken))
@@ -216,11 +213,14 @@ class Supervisor:
             shards = [Shard(0, 1, 0, 0, 0)]
             logger.bind(instance=cfg.name).error("cannot split {}: {}", cfg.name, e)
         inst = InstanceRuntime(cfg, shards, self)
-        for rank in inst.ranks:
-            rank.host = rank_addresses.host_of(cfg, rank.rank, self.config.node.name)
-            rank.local = rank.host == self.config.node.name
+        self._place(inst)
         self.instances[cfg.name] = inst
         return inst
+
+    def _place(self, inst: InstanceRuntime) -> None:
+        for rank in inst.ranks:
+            rank.host = rank_addresses.host_of(inst.config, rank.rank, self.config.node.name)
+            rank.local = rank.host == self.config.node.name
 
     def _start_watchdog(self) -> None:
         interval = watchdog_interval()
@@ -259,6 +259,7 @@ class Supervisor:
         self.service.extend_timeout(worst + ladder.STOP_MARGIN)
         for inst in self.ordered():
             inst.stop()
+        self.downloads.stop_all()  # what `exoctl pull` or a reload fetches ahead
         self.loop.create_task(self._finish_shutdown())
 
     async def _finish_shutdown(self) -> None:
@@ -318,8 +319,10 @@ class Supervisor:
         self.launcher.configure(new.instances.values())
         for name in d.removed:
             self._retire(name, replacement=None)
+        for name in d.removed:
+            self.cancel_prefetch(name)
         for name in d.changed:
-            self._retire(name, replacement=new.instances[name])
+            self.replace_after_fetch(name, new.instances[name])
         for name in d.added:
             if name in self._swaps:  # removed by an earlier reload and still stopping
                 self._retire(name, replacement=new.instances[name])

@@ -137,10 +137,19 @@ def config_problems(path: Path, svc: dict[str, str], who: Identity, active: bool
         return out + [Problem(f"config {path} is invalid ({len(e.problems)} problem(s))",
                               f"exod check -c {path}")], None
     for name, inst in sorted(cfg.instances.items()):
+        if inst.hub is not None:
+            continue  # fetched at its start into hub.cache (checked once, below)
         problem = tree_problem(Path(inst.model), who, svc)
         if problem is not None:
             why, fix = problem
             out.append(Problem(f"instance {name}: model {inst.model}: {why}", fix))
+    hub_cache = cfg.hub.cache
+    if hub_cache is not None and any(i.hub for i in cfg.instances.values()):
+        # The default (the service's StateDirectory) is its own; a configured one may not be.
+        problem = reach_problem(hub_cache, who, svc)
+        if problem is not None:
+            why, fix = problem
+            out.append(Problem(f"hub.cache {hub_cache}: {why}", fix))
     port = None if active else port_problem(cfg.api.listen)
     return out + ([port] if port else []), longest(cfg)
 

@@ -14,8 +14,13 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import dataclasses
+from pathlib import Path
+
+from exod.config.schema import BackoffPolicy, StopPolicy
 from exod.core.exits import ExitInfo
-from exod.daemon.instance import InstanceRuntime, RankRuntime
+from exod.daemon.downloads import Download, Downloads
+from exod.daemon.instance import Continuation, InstanceRuntime, RankRuntime
 from exod import messages as m
 
 ASK = "ask"
@@ -62,6 +67,13 @@ class FakeSeam:
         self.prepared: list[tuple[float, str]] = []  # (time, instance) of each group start
         self.refusal: str | None = None  # what memory admission answers
         self.prepare_error: Exception | None = None  # raised by prepare (hostfile not writable)
+        # Hub models: what the cache holds (repo -> snapshot), and the fetchers spawned.
+        self.cache: dict[str, Path] = {}
+        self.fetchers: list[tuple[float, int, str]] = []  # (time, pid, repo)
+        self.downloads = Downloads(self, stall_after=60.0, stop=StopPolicy(
+            grace=10.0, drain=0.0, attempts=2, interval=5.0, kill_interval=1.0),
+            backoff=BackoffPolicy(initial=2.0, multiplier=2.0, max=30.0, jitter=0.0))
+        self.download_changes = 0
 
     # ---- the Seam protocol ------------------------------------------------------------------
     def now(self) -> float:
@@ -105,6 +117,34 @@ class FakeSeam:
     def changed(self, inst: InstanceRuntime) -> None:
         self.changes.append((self.clock, inst.state.value))
 
+    def cached(self, inst: InstanceRuntime) -> bool:
+        assert inst.config.hub is not None
+        path = self.cache.get(inst.config.hub.repo)
+        if path is not None:
+            self.use_model(inst, path)
+        return path is not None
+
+    def fetch(self, inst: InstanceRuntime) -> None:
+        assert inst.config.hub is not None
+        d = self.downloads.want(inst.config.hub, inst, inst.fetched)
+        if inst.state.value == "downloading":
+            inst.download = d
+
+    def unfetch(self, inst: InstanceRuntime, then: Continuation) -> None:
+        self.downloads.leave(inst, then)
+
+    def use_model(self, inst: InstanceRuntime, path: Path) -> None:
+        inst.config = dataclasses.replace(inst.config, model=path)
+
+    def spawn_fetcher(self, d: Download) -> int:
+        pid = next(self._pids)
+        self.live.add(pid)
+        self.fetchers.append((self.clock, pid, d.ref.repo))
+        return pid
+
+    def download_changed(self, d: Download) -> None:
+        self.download_changes += 1
+
     # ---- the clock ----------------------------------------------------------------------------
     def advance(self, dt: float) -> None:
         """Move the clock by dt, firing every due timer in (time, scheduling) order."""
@@ -135,7 +175,10 @@ class FakeSeam:
 
     # ---- playing the runners --------------------------------------------------------------------
     def send(self, pid: int, msg: m.FromRunner) -> None:
-        """A message from the runner's channel."""
+        """A message from the runner's (or a fetcher's) channel."""
+        if pid in self.downloads.by_pid:
+            self.downloads.on_message(pid, msg)
+            return
         self.owner[pid].on_message(pid, msg)
 
     def load(self, pid: int, layers: int = 4) -> None:
@@ -148,6 +191,9 @@ class FakeSeam:
         """The process is reaped: deliver its exit to its instance."""
         assert (code is None) != (sig is None), "exactly one of code and sig"
         self.live.discard(pid)
+        if pid in self.downloads.by_pid:
+            self.downloads.on_exit(pid, ExitInfo(code=code, signal=sig))
+            return
         self.owner[pid].on_exit(pid, ExitInfo(code=code, signal=sig))
 
     # ---- queries --------------------------------------------------------------------------------

@@ -204,6 +204,23 @@ def test_gate_limits_queues_refuses_and_hands_over_in_order() -> None:
     asyncio.run(scenario())
 
 
+def test_gate_widened_by_memory_admission_lets_waiters_in() -> None:
+    async def scenario() -> None:
+        gate = Gate(limit=1, queue=4)  # an on-demand instance: its width is known at its start
+        await gate.enter()
+        waiters = [asyncio.create_task(gate.enter()) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert gate.waiting == 3
+        gate.resize(3)
+        await asyncio.gather(*waiters[:2])
+        assert gate.active == 3 and gate.waiting == 1
+        gate.leave()
+        await waiters[2]
+        assert gate.active == 3
+
+    asyncio.run(scenario())
+
+
 def test_gate_cancelled_waiter_leaves_and_rejection_fails_waiters() -> None:
     async def scenario() -> None:
         gate = Gate(limit=1, queue=4)

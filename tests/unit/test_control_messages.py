@@ -35,7 +35,8 @@ DAEMON = cm.DaemonStatus(
 
 REQUESTS: list[cm.Request] = [
     cm.GetStatus(), cm.Start("big"), cm.Stop("big"), cm.Restart("big"), cm.Reload(),
-    cm.Wait("big"), cm.Watch(), cm.Logs("big"), cm.Logs("big", lines=0, rank=1, follow=True)]
+    cm.Wait("big"), cm.Watch(), cm.Logs("big"), cm.Logs("big", lines=0, rank=1, follow=True),
+    cm.Pull("hf:org/tiny@v1"), cm.Models(), cm.RemoveModel("hf:org/tiny")]
 ANSWERS: list[tuple[cm.Request, Any]] = [
     (cm.GetStatus(), cm.StatusReply(DAEMON, [INSTANCE])),
     (cm.Start("big"), cm.StateReply("starting")),
@@ -47,6 +48,12 @@ ANSWERS: list[tuple[cm.Request, Any]] = [
     (cm.Watch(), cm.SnapshotEvent(DAEMON, [])),
     (cm.Logs("big"), cm.LineEvent(1.5, "big", 0, 42, "WARNING", "héllo")),
     (cm.Logs("big"), cm.Done()),
+    (cm.Pull("hf:org/tiny"), cm.DownloadEvent("downloading 1.2 of 4.5 GB (27%, 38 MB/s)")),
+    (cm.Pull("hf:org/tiny"), cm.PullReply("/c/models--org--tiny/snapshots/abc", "abc")),
+    (cm.Models(), cm.ModelsReply("/c", [cm.CachedModel(
+        "org/tiny", {"main": "abc"}, ["abc"], 3_500_000, 0,
+        [cm.ModelUser("a", "ready", "main")])])),
+    (cm.RemoveModel("hf:org/tiny"), cm.RemovedReply("org/tiny")),
 ]
 
 

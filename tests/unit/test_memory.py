@@ -135,8 +135,9 @@ def test_exod_check_prints_each_instance_estimate(tmp_path: Path) -> None:
     out = CliRunner().invoke(main, ["check", "-c", str(cfg)])
     assert out.exit_code == 0, out.output
     lines = out.output.splitlines()
-    assert any(ln.startswith("one: needs 0.4 GiB (weights 0.0 GiB, KV cache 0.0 GiB, runtime "
-                             "0.4 GiB)") for ln in lines), lines
+    assert any(ln.startswith("one: needs 0.4 GiB (weights 0.0 GiB, KV cache ")
+               and "batch width 16 (max_concurrency unset: sized by memory, KV for 16 × 4096 "
+               "tokens)" in ln for ln in lines), lines
     assert sum(ln.startswith("two: needs ") and "for rank" in ln for ln in lines) == 2
     assert any(ln.startswith("available now: ") for ln in lines)
 
@@ -162,3 +163,14 @@ def test_exod_check_warns_about_a_port_base_in_the_ephemeral_range(tmp_path: Pat
                       f"{first + 1}, {first + 2} lie in this host's ephemeral port range "
                       f"{first}-{last}, where outgoing connections take their source ports: one "
                       "may be taken when a rank needs it (choose a port_base outside it)"], warned
+
+
+def test_an_unset_max_concurrency_is_sized_by_memory() -> None:
+    from exod.core.memory import AUTO_WIDTH_MAX, Estimate, auto_width
+
+    one = [Estimate(weights=4 * GIB, kv=GIB // 2, runtime=GIB // 2)]
+    assert auto_width(one, 4 * GIB) == 1  # not even the weights fit: admission will refuse
+    assert auto_width(one, 6 * GIB) == 3
+    assert auto_width(one, 1000 * GIB) == AUTO_WIDTH_MAX
+    two_ranks = one * 2  # a group on this host: every rank's KV grows with the width
+    assert auto_width(two_ranks, 12 * GIB) == 3  # (12 - 2 × 4.5) / (2 × 0.5)

@@ -69,7 +69,7 @@ def test_no_self_transitions(s: State) -> None:
 
 def test_active_states() -> None:
     assert {s for s in State if s.active} == {
-        State.STARTING, State.LOADING, State.READY, State.STOPPING}
+        State.DOWNLOADING, State.STARTING, State.LOADING, State.READY, State.STOPPING}
 
 
 def test_state_str_and_value() -> None:

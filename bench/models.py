@@ -1,0 +1,106 @@
+"""Models by hub name, against the same local hub-compatible server (olah, tests/hub.py):
+
+- download: exod's fetcher (`python -m exod.hub`, resumable files, hashed as they come) vs
+  huggingface_hub's own `snapshot_download` of the same files, each in a fresh process into a
+  fresh cache, rounds in ABBA order. Goal: exod's throughput ≥ 0.95× huggingface_hub's.
+- time to ready of an instance whose model is a cached hub name vs the same files named by a
+  local path (`exod run` with `ready: instances` → READY=1). Goal ≤ 1.05×.
+
+Speculative decoding (issue 23, item 6) is not implemented yet: not measured here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import PY, median, model, report, verdict
+from tests.harness import Daemon
+from tests.hub import Hub
+
+SNAPSHOT = """
+import sys
+from huggingface_hub import snapshot_download
+snapshot_download(sys.argv[1], cache_dir=sys.argv[2], allow_patterns=sys.argv[3:])
+"""
+FILES = ["*.safetensors", "*.json", "*.jinja", "tokenizer.model", "tiktoken.model",
+         "*.tiktoken", "*.txt", "*.jsonl"]
+
+
+def fetch_exod(env: dict[str, str], cache: Path) -> float:
+    t = time.perf_counter()
+    subprocess.run([PY, "-m", "exod.hub", "--repo", "org/bench", "--cache", str(cache)],
+                   env=env, check=True, capture_output=True)
+    return time.perf_counter() - t
+
+
+def fetch_hf(env: dict[str, str], cache: Path) -> float:
+    t = time.perf_counter()
+    subprocess.run([PY, "-c", SNAPSHOT, "org/bench", str(cache), *FILES], env=env, check=True,
+                   capture_output=True)
+    return time.perf_counter() - t
+
+
+def ready_time(instance: dict[str, object], env: dict[str, str], hub: dict[str, object]
+               ) -> float:
+    d = Daemon({"ready": "instances", "hub": hub, "instances": {"m": instance}}, env=env,
+               name="bench")
+    try:
+        t = time.perf_counter()
+        d.start(wait_ready=True)
+        elapsed = time.perf_counter() - t
+        assert d.instance("m")["state"] == "ready"
+        d.terminate()
+        return elapsed
+    finally:
+        d.close()
+
+
+def main(rounds: int = 4) -> None:
+    weights = model("hub-230m", layers=8, hidden=512, intermediate=1536, heads=8, kv_heads=4,
+                    vocab=32000, shards_files=2)
+    size = sum(f.stat().st_size for f in weights.iterdir() if not f.name.startswith("."))
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        h = Hub(root / "hub")
+        h.publish(weights, "org/bench")
+        h.start()
+        env = {**os.environ, "HF_ENDPOINT": h.url, "HF_HUB_DISABLE_TELEMETRY": "1"}
+        try:
+            ours, theirs = [], []
+            for i in range(rounds):
+                order = (fetch_exod, fetch_hf) if i % 2 == 0 else (fetch_hf, fetch_exod)
+                for fn in order:
+                    cache = root / f"cache-{fn.__name__}"
+                    shutil.rmtree(cache, ignore_errors=True)
+                    (ours if fn is fetch_exod else theirs).append(fn(env, cache))
+            kept = root / "cache-fetch_exod"  # the last exod fetch: a cached model
+            by_name, by_path = [], []
+            for i in range(rounds):
+                pair = [("hub", {"model": "hf:org/bench"}), ("path", {"model": str(weights)})]
+                for what, inst in pair if i % 2 == 0 else reversed(pair):
+                    t = ready_time(inst, env, {"cache": str(kept), "offline": True})
+                    (by_name if what == "hub" else by_path).append(t)
+        finally:
+            h.close()
+    o, t = median(ours), median(theirs)
+    n, p = median(by_name), median(by_path)
+    report(f"models: {size / 1e6:.0f} MB model from a local olah, median of {rounds} rounds", [
+        ("huggingface_hub snapshot_download", f"{t:.2f} s ({size / t / 1e6:.0f} MB/s)"),
+        ("exod fetcher (resumable, hashed)", f"{o:.2f} s ({size / o / 1e6:.0f} MB/s)"),
+        ("  throughput exod / huggingface_hub", f"{t / o:.3f}x  (goal ≥ 0.95x) "
+                                                f"{verdict(t / o >= 0.95)}"),
+        ("exod run → ready, model by local path", f"{p:.2f} s"),
+        ("exod run → ready, cached hub name", f"{n:.2f} s"),
+        ("  ratio hub name / local path", f"{n / p:.3f}x  (goal ≤ 1.05x) "
+                                          f"{verdict(n / p <= 1.05)}"),
+        ("speculative decoding", "not measured: draft_model is not implemented yet"),
+    ])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""`exod check`'s lines for models named by hub repository: cached or not, the size, and whether
+it fits in memory and on disk. Nothing is downloaded: a model not in the cache is looked up by
+`python -m exod.hub --plan` (file sizes only), unless exod is offline."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from exod.config.schema import Config, Instance
+from exod.core.memory import RUNTIME_BYTES
+from exod.hub import cache as hub_cache
+from exod.hub.files import disk_problem, progress_text
+from exod.hub.ref import HubRef
+
+PLAN_TIMEOUT = 120.0
+
+
+def cache_of(cfg: Config) -> Path:
+    return cfg.hub.cache or hub_cache.default_cache(os.environ, os.geteuid())
+
+
+def offline(cfg: Config) -> bool:
+    return cfg.hub.offline or os.environ.get("HF_HUB_OFFLINE", "").lower() in (
+        "1", "true", "yes", "on")
+
+
+def size_text(n: int) -> str:
+    return progress_text(n, n, None, "").split(" of ", 1)[1].split(" (")[0]
+
+
+def plan(cfg: Config, ref: HubRef) -> dict[str, Any]:
+    args = [sys.executable, "-m", "exod.hub", "--plan", "--repo", ref.repo, "--revision",
+            ref.revision, "--cache", str(cache_of(cfg))]
+    if cfg.hub.hf_token_file is not None:
+        args += ["--token-file", str(cfg.hub.hf_token_file)]
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=PLAN_TIMEOUT,
+                             check=False).stdout
+        answer: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        return answer
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
+        return {"error": f"cannot look it up: {e}"}
+
+
+def memory_text(cfg: Config, weights: int) -> str:
+    """Before the files are here, the weights as stored are the floor of what a rank needs
+    (the full estimate, with dtype and KV cache, is made from the headers once fetched)."""
+    from exod.daemon.procinfo import available_bytes
+
+    available = available_bytes(0)
+    if available is None:
+        return "memory is estimated once fetched"
+    free = available - cfg.defaults.memory_headroom
+    verdict = "fit" if weights + RUNTIME_BYTES <= free else "do NOT fit"
+    return (f"its files ({size_text(weights)}) {verdict} in the memory available now "
+            f"({size_text(max(0, free))}); the full estimate is made once fetched")
+
+
+def lines(cfg: Config) -> tuple[list[str], list[Instance]]:
+    """The lines, and the instances to estimate memory for (cached ones, at their snapshot)."""
+    out: list[str] = []
+    estimate: list[Instance] = []
+    cache = cache_of(cfg)
+    for inst in cfg.instances.values():
+        ref = inst.hub
+        if ref is None:
+            estimate.append(inst)
+            continue
+        found = hub_cache.cached(cache, ref)
+        if found is not None:
+            out.append(f"{inst.name}: {ref}: cached ({size_text(found.size)}, commit "
+                       f"{found.commit[:12]}) in {cache}")
+            estimate.append(dataclasses.replace(inst, model=found.path))
+            continue
+        if offline(cfg):
+            out.append(f"{inst.name}: {ref}: not in the cache at {cache}; exod is offline, so "
+                       "it will not start")
+            continue
+        p = plan(cfg, ref)
+        if "error" in p:
+            out.append(f"{inst.name}: {ref}: not in the cache at {cache}; {p['error']}")
+            continue
+        fits = disk_problem(str(ref), p["missing"], p["free"], str(cache))
+        out.append(f"{inst.name}: {ref}: not in the cache; fetched at its first start: "
+                   f"{size_text(p['size'])} (commit {p['commit'][:12]}), "
+                   + (fits or f"fits on disk ({size_text(p['free'])} free)")
+                   + "; " + memory_text(cfg, p["size"]))
+    return out, estimate

@@ -1,0 +1,138 @@
+"""The supervisor's part in models named by hub repository: the Seam methods InstanceRuntime
+and Downloads call (is it cached, fetch it, stop waiting, start a fetcher), and a reload that
+changes an instance's model fetching the new one before the running instance is replaced.
+A mixin of `exod.daemon.supervisor.Supervisor`, kept apart so each module stays one job."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from loguru import logger
+
+from exod.config.schema import Config, Instance
+from exod.core.states import State
+from exod.daemon.downloads import Download, Downloads, Outcome
+from exod.daemon.instance import InstanceRuntime, RankRuntime
+from exod.daemon.launch import plan_shards
+from exod.daemon.processes import RunnerHandlers
+from exod.daemon.spawn import runner_env
+from exod.hub import cache as hub_cache
+from exod.hub.ref import HubRef
+
+if TYPE_CHECKING:
+    from exod.daemon.processes import ProcessTable
+
+
+class HubSeam:
+    config: Config
+    instances: dict[str, InstanceRuntime]
+    downloads: Downloads
+    procs: ProcessTable
+    stopping: bool
+    _download_listeners: set[Callable[[Download], None]]
+    _prefetch: dict[str, Instance]  # a reload's new config, waiting for its model
+
+    def _publish(self, inst: InstanceRuntime) -> None: ...
+
+    def _place(self, inst: InstanceRuntime) -> None: ...
+
+    def _retire(self, name: str, replacement: Instance | None) -> None: ...
+
+    @property
+    def hub_cache(self) -> Path:
+        return self.config.hub.cache or hub_cache.default_cache(os.environ, os.geteuid())
+
+    @property
+    def offline(self) -> bool:
+        return self.config.hub.offline or os.environ.get("HF_HUB_OFFLINE", "").lower() in (
+            "1", "true", "yes", "on")
+
+    def cached(self, inst: InstanceRuntime) -> bool:
+        assert inst.config.hub is not None
+        found = hub_cache.cached(self.hub_cache, inst.config.hub)
+        if found is None or not found.checked:
+            return False
+        self.use_model(inst, found.path)
+        return True
+
+    def fetch(self, inst: InstanceRuntime) -> None:
+        ref = inst.config.hub
+        assert ref is not None
+        d = self.downloads.want(ref, inst, inst.fetched, hub_cache.commit_of(self.hub_cache, ref))
+        if inst.state is State.DOWNLOADING:  # not failed at once (the fetcher cannot start)
+            inst.download = d
+
+    def unfetch(self, inst: InstanceRuntime, then: Callable[[], None]) -> None:
+        self.downloads.leave(inst, then)
+
+    def use_model(self, inst: InstanceRuntime, path: Path) -> None:
+        inst.config = dataclasses.replace(inst.config, model=path)
+        shards = plan_shards(inst.config)
+        if [r.shard for r in inst.ranks] != shards:
+            inst.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
+            self._place(inst)
+
+    def spawn_fetcher(self, d: Download) -> int:
+        args = ["--repo", d.ref.repo, "--revision", d.ref.revision, "--cache",
+                str(self.hub_cache)]
+        if d.commit:
+            args += ["--commit", d.commit]
+        if self.offline:
+            args.append("--offline")
+        if self.config.hub.hf_token_file is not None:
+            args += ["--token-file", str(self.config.hub.hf_token_file)]
+        env = runner_env(os.environ, {"PYTHONUNBUFFERED": "1"})
+        return self.procs.spawn("exod.hub", args, env, {"instance": f"fetch {d.ref}"},
+                                RunnerHandlers(on_exit=self.downloads.on_exit,
+                                               on_message=self.downloads.on_message,
+                                               on_broken=self.downloads.on_broken))
+
+    def download_changed(self, d: Download) -> None:
+        for owner in list(d.waiters):
+            if isinstance(owner, InstanceRuntime):
+                self._publish(owner)
+        for fn in list(self._download_listeners):
+            fn(d)
+
+    # ---- exoctl pull -----------------------------------------------------------------------
+    def pull(self, ref: HubRef, owner: object, on_done: Callable[[Outcome], None]) -> Download:
+        """Fetch `ref` ahead of time; a branch or tag is looked up again (it may have moved)."""
+        return self.downloads.want(ref, owner, on_done)
+
+    def listen_downloads(self, fn: Callable[[Download], None]) -> Callable[[], None]:
+        self._download_listeners.add(fn)
+        return lambda: self._download_listeners.discard(fn)
+
+    # ---- reloads ---------------------------------------------------------------------------
+    def replace_after_fetch(self, name: str, cfg: Instance) -> None:
+        """A changed instance whose new model is not in the cache keeps serving while it is
+        fetched; it is replaced (through the ladder) once the files are there, or failed to
+        come (the new instance then fails, saying why)."""
+        self.cancel_prefetch(name)
+        old, ref = self.instances.get(name), cfg.hub
+        found = hub_cache.cached(self.hub_cache, ref) if ref is not None else None
+        if (ref is None or old is None or not old.state.active or old.config.hub == ref
+                or (found is not None and found.checked)):
+            self._retire(name, replacement=cfg)
+            return
+        self._prefetch[name] = cfg
+
+        def done(outcome: Outcome) -> None:
+            latest = self._prefetch.pop(name, None)
+            if latest is None or self.stopping:
+                return
+            if outcome.path is None:
+                logger.bind(instance=name).error("reload: cannot fetch {}: {}", ref,
+                                                 outcome.error)
+            self._retire(name, replacement=latest)
+
+        logger.bind(instance=name).info("reload: fetching {} before replacing {}", ref, name)
+        self.downloads.want(ref, ("reload", name), done, hub_cache.commit_of(self.hub_cache, ref))
+
+    def cancel_prefetch(self, name: str) -> None:
+        if self._prefetch.pop(name, None) is not None:
+            self.downloads.leave(("reload", name), lambda: None)

@@ -1,0 +1,230 @@
+"""huggingface_hub's cache layout, read and written with plain file operations.
+
+`CACHE/models--ORG--NAME/{blobs/HASH, refs/REVISION, snapshots/COMMIT/FILE → ../../blobs/HASH}`.
+exod adds one record per snapshot it fetched, `exod/COMMIT.json`: the files a runner needs with
+the hub's hashes, and the size and mtime each had when its hash was last checked, so a start from
+the cache costs a few stat() calls, not a read of every byte. The daemon uses this module (it
+never imports huggingface_hub); huggingface_hub itself ignores the extra folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exod.hub.ref import COMMIT_RE, HubRef
+
+SYSTEM_STATE = Path("/var/lib/exod")
+
+
+def default_cache(env: Mapping[str, str], euid: int) -> Path:
+    """A service with a state directory (systemd's StateDirectory=, root's /var/lib/exod) keeps
+    its own cache there; a user's exod shares the user's huggingface_hub cache, so what mlx-lm
+    already downloaded is not fetched twice."""
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"])
+    state = env.get("STATE_DIRECTORY")
+    if state:
+        return Path(state.split(":")[0]) / "hub"
+    if euid == 0:
+        return SYSTEM_STATE / "hub"
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]) / "hub"
+    xdg = env.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub"
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    size: int
+    blob: str  # the blob's name in the cache: the hub's ETag
+    sha256: str = ""  # LFS files
+    git_sha1: str = ""  # the others: the git blob id
+
+
+@dataclass
+class Manifest:
+    commit: str
+    files: dict[str, FileRecord]
+    checked: dict[str, tuple[int, int]] = field(default_factory=dict)  # path → (size, mtime_ns)
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"commit": self.commit,
+                "files": {p: vars(f) for p, f in sorted(self.files.items())},
+                "checked": {p: list(v) for p, v in sorted(self.checked.items())}}
+
+    @staticmethod
+    def from_json(data: Any) -> Manifest:
+        files = {str(p): FileRecord(**f) for p, f in data["files"].items()}
+        checked = {str(p): (int(v[0]), int(v[1])) for p, v in data.get("checked", {}).items()}
+        return Manifest(str(data["commit"]), files, checked)
+
+
+@dataclass(frozen=True)
+class Cached:
+    """A snapshot of a repository in the cache, with everything a runner needs."""
+
+    path: Path
+    commit: str
+    size: int
+    checked: bool  # every file is as it was when its hash was last checked
+
+
+def repo_dir(cache: Path, ref: HubRef) -> Path:
+    return cache / ref.folder
+
+
+def manifest_path(cache: Path, ref: HubRef, commit: str) -> Path:
+    return repo_dir(cache, ref) / "exod" / f"{commit}.json"
+
+
+def snapshot_dir(cache: Path, ref: HubRef, commit: str) -> Path:
+    return repo_dir(cache, ref) / "snapshots" / commit
+
+
+def commit_of(cache: Path, ref: HubRef) -> str | None:
+    """The commit the cache holds for `ref`'s revision (a branch or tag is read from refs/)."""
+    if ref.pinned:
+        return ref.revision
+    try:
+        text = (repo_dir(cache, ref) / "refs" / ref.revision).read_text().strip()
+    except (OSError, ValueError):
+        return None
+    return text if COMMIT_RE.fullmatch(text) else None
+
+
+def write_ref(cache: Path, ref: HubRef, commit: str) -> None:
+    if ref.pinned:
+        return
+    path = repo_dir(cache, ref) / "refs" / ref.revision
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".exod-tmp")
+    tmp.write_text(commit)
+    os.replace(tmp, path)
+
+
+def read_manifest(cache: Path, ref: HubRef, commit: str) -> Manifest | None:
+    try:
+        return Manifest.from_json(json.loads(manifest_path(cache, ref, commit).read_text()))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
+def write_manifest(cache: Path, ref: HubRef, manifest: Manifest) -> None:
+    path = manifest_path(cache, ref, manifest.commit)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(manifest.to_json(), indent=1))
+    os.replace(tmp, path)
+
+
+def stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()  # follows the snapshot's symlink to the blob
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def cached(cache: Path, ref: HubRef) -> Cached | None:
+    """The complete snapshot of `ref` in the cache, or None (never fetched, or files missing)."""
+    commit = commit_of(cache, ref)
+    if commit is None:
+        return None
+    manifest = read_manifest(cache, ref, commit)
+    if manifest is None:
+        return None
+    snap = snapshot_dir(cache, ref, commit)
+    checked = True
+    for name, rec in manifest.files.items():
+        now = stamp(snap / name)
+        if now is None or now[0] != rec.size:
+            return None
+        checked = checked and manifest.checked.get(name) == now
+    return Cached(snap, commit, manifest.size, checked)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One repository in the cache, as `exoctl models` lists it."""
+
+    repo: str
+    revisions: dict[str, str]  # ref → commit
+    commits: tuple[str, ...]
+    size: int  # bytes of its blobs, partial downloads included
+    partial: int  # bytes of unfinished downloads
+
+
+def _blob_sizes(folder: Path) -> tuple[int, int]:
+    total = partial = 0
+    try:
+        blobs = list((folder / "blobs").iterdir())
+    except OSError:
+        return 0, 0
+    for blob in blobs:
+        try:
+            size = blob.stat().st_size
+        except OSError:
+            continue
+        total += size
+        if blob.name.endswith(".incomplete"):
+            partial += size
+    return total, partial
+
+
+def entries(cache: Path) -> list[Entry]:
+    try:
+        folders = sorted(p for p in cache.iterdir() if p.name.startswith("models--"))
+    except OSError:
+        return []
+    out = []
+    for folder in folders:
+        repo = folder.name.removeprefix("models--").replace("--", "/", 1)
+        revisions: dict[str, str] = {}
+        refs = folder / "refs"
+        if refs.is_dir():
+            for ref in sorted(refs.rglob("*")):
+                if ref.is_file():
+                    try:
+                        revisions[str(ref.relative_to(refs))] = ref.read_text().strip()
+                    except OSError:
+                        continue
+        try:
+            commits = tuple(sorted(p.name for p in (folder / "snapshots").iterdir()))
+        except OSError:
+            commits = ()
+        size, partial = _blob_sizes(folder)
+        out.append(Entry(repo, revisions, commits, size, partial))
+    return out
+
+
+def remove(cache: Path, ref: HubRef) -> bool:
+    """Delete a repository from the cache; False when it was not there."""
+    folder = repo_dir(cache, ref)
+    if not folder.is_dir():
+        return False
+    shutil.rmtree(folder)
+    return True
+
+
+def partial_bytes(cache: Path, ref: HubRef, blobs: Mapping[str, int]) -> int:
+    """Bytes of `blobs` (name → size) already on disk, whole or in part."""
+    base = repo_dir(cache, ref) / "blobs"
+    done = 0
+    for blob, size in blobs.items():
+        for name in (blob, blob + ".incomplete"):
+            try:
+                done += min(size, (base / name).stat().st_size)
+                break
+            except OSError:
+                continue
+    return done

@@ -1,0 +1,240 @@
+"""Models named by hub repository, fetched from a real hub-compatible server (olah, offline, on
+this host: tests/hub.py) through a throttling proxy: progress, sharing, stop at rung 1, resume
+after kill -9, verification, offline starts, a disk too small, a reload to a new revision."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import EXOD, Daemon, pid_alive, wait_pid_gone
+from tests.hub import Hub, Throttle, serving
+
+COOPERATIVE = {"EXOD_DOUBLE": "cooperative"}  # a runner that loads nothing: the download is tested
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, tiny_model_factory: Callable[..., Path]
+           ) -> Iterator[tuple[Hub, Throttle, dict[str, str]]]:
+    with serving(tmp_path_factory.mktemp("hub"), tiny_model_factory) as it:
+        yield it
+
+
+@pytest.fixture
+def hub(served: tuple[Hub, Throttle, dict[str, str]]) -> tuple[Hub, dict[str, str]]:
+    return served[0], served[2]
+
+
+@pytest.fixture
+def throttle(served: tuple[Hub, Throttle, dict[str, str]]) -> Iterator[Throttle]:
+    t = served[1]
+    t.rate, t.connections, t.bytes = None, 0, 0
+    yield t
+    t.rate = None
+
+
+def hub_daemon(daemons: Callable[..., Daemon], cache: Path, url: str,
+               instances: dict[str, Any], **hub_keys: Any) -> Daemon:
+    return daemons({"hub": {"cache": str(cache), "stall_after": "30s", **hub_keys},
+                    "defaults": {"stop": {"grace": "10s"}}, "instances": instances},
+                   env={"HF_ENDPOINT": url})
+
+
+def blob_of(cache: Path, commit: str, name: str = "model.safetensors") -> Path:
+    return (cache / "models--org--tiny" / "snapshots" / commit / name).resolve()
+
+
+def test_first_start_downloads_with_progress_then_loads_and_serves(
+        daemons: Callable[..., Daemon], hub: tuple[Hub, dict[str, str]], throttle: Throttle,
+        tmp_path: Path) -> None:
+    _, commits = hub
+    throttle.rate = 400_000  # ~9 s for the model: progress is seen several times
+    cache = tmp_path / "cache"
+    d = hub_daemon(daemons, cache, throttle.url, {
+        "a": {"model": "hf:org/tiny"},
+        "b": {"model": {"repo": "org/tiny"}, "env": COOPERATIVE},
+    }).start()
+    seen = d.until_instance("a", lambda i: i["state"] == "downloading" and "B/s)" in i["detail"]
+                            and i["download"]["done_bytes"] > 0, what="download progress")
+    assert seen["detail"].startswith("downloading ") and "% " in seen["detail"].replace(
+        "%,", "% "), seen["detail"]
+    assert seen["download"]["total_bytes"] > 3_000_000
+    status = d.ctl("status").stdout
+    assert "downloading" in status and "B/s" in status, status
+    assert any("downloading" in f.get("STATUS", "") for f in d.listener.fields())
+    metrics = urllib.request.urlopen(f"{d.api_url()}/metrics", timeout=30).read().decode()
+    assert 'exod_download_total_bytes{instance="a"}' in metrics
+    d.until_state("a", "ready")
+    d.until_state("b", "ready")
+    # Both instances named the repository: one fetcher served them.
+    assert len(d.events(event="download", repo="org/tiny")) >= 1
+    assert sum("fetching" in r["message"] for r in d.events(event="download")) == 1
+    a = d.instance("a")
+    assert a["model"] == str(cache / "models--org--tiny" / "snapshots" / commits["v2"])
+    reply = json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"{d.api_url()}/v1/completions", json.dumps(
+            {"model": "a", "prompt": "def", "max_tokens": 4}).encode(),
+        {"Content-Type": "application/json"}), timeout=60).read())
+    assert reply["usage"]["completion_tokens"] >= 1
+    assert d.terminate() == 0
+
+    # Offline: the cached model starts without a single request; a missing one fails, saying why.
+    before = throttle.connections
+    off = hub_daemon(daemons, cache, throttle.url, {
+        "a": {"model": "hf:org/tiny", "env": COOPERATIVE},
+        "gone": {"model": "hf:org/nope"}}, offline=True).start()
+    off.until_state("a", "ready")
+    gone = off.until_state("gone", "failed")
+    assert "hf:org/nope is not in the cache" in gone["detail"] and "offline" in gone["detail"]
+    assert "\n" not in gone["detail"]
+    assert throttle.connections == before
+
+
+def test_stop_mid_download_at_rung_1_then_resume_after_kill_9(
+        daemons: Callable[..., Daemon], hub: tuple[Hub, dict[str, str]], throttle: Throttle,
+        tmp_path: Path) -> None:
+    throttle.rate = 150_000
+    cache = tmp_path / "cache"
+    d = hub_daemon(daemons, cache, throttle.url, {"a": {"model": "hf:org/tiny",
+                                                        "env": COOPERATIVE}}).start()
+    d.until_instance("a", lambda i: (i["download"] or {}).get("done_bytes", 0) > 300_000,
+                     what="bytes on disk")
+    d.ctl("stop", "a")
+    assert d.instance("a")["state"] == "stopped"
+    ladder = [r["message"] for r in d.events(event="ladder", repo="org/tiny")]
+    assert ladder and all("SIGTERM" not in m and "SIGKILL" not in m for m in ladder), ladder
+    partial = list((cache / "models--org--tiny" / "blobs").glob("*.incomplete"))
+    assert partial and partial[0].stat().st_size > 0
+
+    d.ctl("start", "a")
+    fetcher = d.until_instance("a", lambda i: (i["download"] or {}).get("pid") is not None and
+                               i["download"]["done_bytes"] > 600_000, what="the download again")
+    pid = fetcher["download"]["pid"]
+    assert d.proc is not None
+    os.kill(d.proc.pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
+    d.proc.wait(30)
+    assert wait_pid_gone(pid)
+    (part,) = (cache / "models--org--tiny" / "blobs").glob("*.incomplete")
+    kept = part.stat().st_size
+    assert kept > 300_000
+
+    throttle.rate = None
+    again = hub_daemon(daemons, cache, throttle.url, {"a": {"model": "hf:org/tiny",
+                                                            "env": COOPERATIVE}}).start()
+    ready = again.until_state("a", "ready")
+    # Resumed: the rest was asked for from where the partial file ends (olah serving a local
+    # mirror answers a range with the whole file; the fetcher then keeps what it has and
+    # writes only what follows), and the whole matches the hub's hash.
+    assert f"bytes={kept}-" in throttle.ranges, throttle.ranges
+    blob = blob_of(cache, ready["model"].rsplit("/", 1)[1])
+    assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name
+    assert not pid_alive(pid)
+
+
+def test_a_corrupted_byte_is_caught_and_fetched_again(
+        daemons: Callable[..., Daemon], hub: tuple[Hub, dict[str, str]], throttle: Throttle,
+        tmp_path: Path) -> None:
+    _, commits = hub
+    cache = tmp_path / "cache"
+    ref = f"hf:org/tiny@{commits['v1']}"
+    d = hub_daemon(daemons, cache, throttle.url, {"a": {"model": ref, "env": COOPERATIVE}})
+    d.start()
+    d.until_state("a", "ready")
+    d.ctl("stop", "a")
+    blob = blob_of(cache, commits["v1"])
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    blob.write_bytes(data)
+    d.ctl("start", "a")
+    d.until_state("a", "ready")
+    assert "does not match the hub's hash: fetching it again" in d.log_text()
+    assert hashlib.sha256(blob_of(cache, commits["v1"]).read_bytes()).hexdigest() == blob.name
+
+
+def test_a_repository_too_big_for_the_disk_is_refused_before_the_first_byte(
+        daemons: Callable[..., Daemon], hub: tuple[Hub, dict[str, str]], throttle: Throttle,
+        tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    d = hub_daemon(daemons, cache, throttle.url, {"big": {"model": "hf:org/huge"}}).start()
+    failed = d.until_state("big", "failed")
+    assert "not enough disk space for hf:org/huge" in failed["detail"], failed
+    assert "still to download" in failed["detail"] and "free on" in failed["detail"]
+    assert not list(cache.glob("models--org--huge/blobs/*"))
+
+
+def test_a_reload_to_a_new_revision_fetches_it_before_replacing_the_instance(
+        daemons: Callable[..., Daemon], hub: tuple[Hub, dict[str, str]], throttle: Throttle,
+        tmp_path: Path) -> None:
+    _, commits = hub
+    cache = tmp_path / "cache"
+    d = hub_daemon(daemons, cache, throttle.url, {"a": {
+        "model": {"repo": "org/tiny", "revision": commits["v1"]}, "env": COOPERATIVE}}).start()
+    first = d.until_state("a", "ready")
+    assert first["model"].endswith(commits["v1"])
+    throttle.rate = 1_000_000
+    config = yaml_config(d)
+    config["instances"]["a"]["model"]["revision"] = commits["v2"]
+    d.write_config(config)
+    d.ctl("reload")
+    # The old revision serves while the new one downloads.
+    d.watch_until(lambda s: any("fetching" in r["message"] for r in d.events(event="download"))
+                  and s["instances"][0]["state"] == "ready", what="download during service")
+    d.until_instance("a", lambda i: i["state"] == "ready" and i["model"].endswith(commits["v2"]),
+                     what="the new revision")
+    states = [r["message"] for r in d.events(instance="a", event="state")]
+    after = states[states.index("ready → stopping (stop requested)"):]
+    assert not any("downloading" in m for m in after), states
+
+
+def yaml_config(d: Daemon) -> dict[str, Any]:
+    import yaml
+
+    data: dict[str, Any] = yaml.safe_load(d.config_path.read_text())
+    return data
+
+
+def test_check_pull_list_and_remove_without_any_instance_running(
+        daemons: Callable[..., Daemon], hub: tuple[Hub, dict[str, str]], throttle: Throttle,
+        tmp_path: Path) -> None:
+    _, commits = hub
+    cache = tmp_path / "cache"
+    d = hub_daemon(daemons, cache, throttle.url, {"a": {"model": "hf:org/tiny",
+                                                        "autostart": False, "env": COOPERATIVE}})
+    env = {**os.environ, "HF_ENDPOINT": throttle.url}
+    check = subprocess.run([*EXOD, "check", "-c", str(d.config_path)], env=env,
+                           capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "a: hf:org/tiny: not in the cache; fetched at its first start: 3.5 MB" in check, check
+    assert "fits on disk" in check and throttle.bytes < 100_000  # sizes only, no weights
+    assert "its files (3.5 MB) fit in the memory available now" in check, check
+    d.start()
+    pulled = d.ctl("pull", "hf:org/tiny").stdout
+    assert f"commit {commits['v2']}" in pulled
+    listed = d.ctl("models").stdout
+    assert "hf:org/tiny" in listed and "main=" in listed and "a (stopped)" in listed, listed
+    check = subprocess.run([*EXOD, "check", "-c", str(d.config_path)], env=env,
+                           capture_output=True, text=True, timeout=120, check=True).stdout
+    assert f"a: hf:org/tiny: cached (3.5 MB, commit {commits['v2'][:12]})" in check, check
+    assert "a: needs " in check  # the memory estimate, from the cached snapshot
+    assert d.ctl("models", "--remove", "hf:org/tiny").returncode == 0
+    assert not (cache / "models--org--tiny").exists()
+
+    # What huggingface_hub (mlx-lm) already downloaded into a shared cache is not fetched again:
+    # it is checked against the hub's hashes, and used.
+    subprocess.run([sys.executable, "-c", "import sys; from huggingface_hub import "
+                    "snapshot_download as s; s('org/tiny', cache_dir=sys.argv[1])", str(cache)],
+                   env=env, check=True, capture_output=True, timeout=120)
+    before = throttle.bytes
+    d.ctl("start", "a")
+    d.until_state("a", "ready")
+    assert throttle.bytes - before < 100_000, throttle.bytes - before
