@@ -10,7 +10,8 @@ Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat,
 and Serving, the engine's figures, whenever the number of generations in flight changes.
 Fetcher (`python -m exod.hub`) → daemon: Hello, Status, Download, Failed, Fetched.
 Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
-Prefill (while the prompt goes through the model, before the first Text), Text, Done, Error.
+Prefill (while the prompt goes through the model, before the first Text), Text, ToolCall,
+Done, Error.
 Daemon → runner: Generate, Cancel, Shutdown.
 
 Imports nothing heavy: the daemon and the runner both use it. A field added to a message is a
@@ -29,8 +30,9 @@ from typing import Any, ClassVar, Literal
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 7  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
-# 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages)
+VERSION = 8  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+# 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
+# 8: Generate's tools fields, ToolCall
 
 
 class Phase(str, enum.Enum):
@@ -212,7 +214,18 @@ class Held:
             raise ProtocolError(f"held: {self.tokens} tokens is impossible")
 
 
-FinishReason = Literal["stop", "length"]
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call the model made, found in its output by the model's own parser
+    (exod.runner.serving.tool_calls): `arguments` is a JSON object's text."""
+
+    type: ClassVar[str] = "tool_call"
+    id: str
+    name: str
+    arguments: str
+
+
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 @dataclass(frozen=True)
@@ -239,6 +252,9 @@ class Error:
 
 
 # ---- daemon → runner --------------------------------------------------------------------------
+ToolChoice = Literal["none", "auto", "required", "function"]
+
+
 @dataclass(frozen=True)
 class Generate:
     """One generation (fields checked by exod.core.request_rules in the daemon before they get
@@ -253,11 +269,29 @@ class Generate:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     logit_bias: dict[str, float] = field(default_factory=dict)
-    messages: list[dict[str, str]] | None = None
+    # Chat turns as the chat template takes them (an assistant's `tool_calls`, a tool's
+    # `tool_call_id` kept); checked by exod.api.tool_request.
+    messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
     # Read the prompt (template, tokens, checks) and answer Done with its length, generating
     # nothing: Anthropic's count_tokens.
     count_only: bool = False
+    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's `tools`, checked
+    tool_choice: ToolChoice = "auto"
+    tool_name: str | None = None  # tool_choice "function": the one tool to call
+    parallel_tool_calls: bool = True
+    # None, {"type": "json_object"} or {"type": "json_schema", "schema": {...}, "strict": b}
+    response_format: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # What the runner reads of every turn without looking further; the rest (tool calls)
+        # goes to the chat template as the API checked it.
+        for msg in self.messages or []:
+            if not (isinstance(msg.get("role"), str) and isinstance(msg.get("content"), str)):
+                raise ProtocolError("generate.messages: a message without a text role and "
+                                    "content")
+        if (self.tool_choice == "function") != (self.tool_name is not None):
+            raise ProtocolError("generate.tool_name: set exactly when tool_choice is function")
 
 
 @dataclass(frozen=True)
@@ -277,9 +311,9 @@ class Shutdown:
 
 
 FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
-              | Download | Fetched | Prefill | Held | Text | Done | Error)
+              | Download | Fetched | Prefill | Held | Text | ToolCall | Done | Error)
 ToRunner = Generate | Cancel | Shutdown
-Event = Prefill | Held | Text | Done | Error  # a request's stream
+Event = Prefill | Held | Text | ToolCall | Done | Error  # a request's stream
 Message = FromRunner | ToRunner
 
 FROM_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromRunner)}

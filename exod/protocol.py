@@ -288,8 +288,28 @@ def _str(value: Any, where: str) -> Any:
     raise _bad(value, where)
 
 
+def _json(value: Any, where: str) -> Any:
+    """Any JSON value (a schema, a tool's parameters, as the API checked them): finite numbers,
+    string keys, nested at most 1000 deep. Walked without recursion."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > 1000:
+            raise ProtocolError(f"{where}: nested too deeply")
+        if isinstance(v, dict):
+            if not all(isinstance(k, str) for k in v):
+                raise _bad(value, where)
+            stack.extend((x, depth + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, depth + 1) for x in v)
+        elif not (v is None or isinstance(v, (str, int, bool))
+                  or (isinstance(v, float) and math.isfinite(v))):
+            raise _bad(value, where)
+    return value
+
+
 _SCALARS: dict[Any, Checker] = {type(None): _none, bool: _bool, float: _float, int: _int,
-                                str: _str}
+                                str: _str, Any: _json}
 
 
 def _clip(value: Any) -> str:

@@ -319,12 +319,13 @@ class ApiServer:
         else from its config.json (read once per instance, off the loop); and the instance's
         max_tokens_cap."""
         info, cap = inst.model_info, inst.config.max_tokens_cap
+        schema = inst.config.grammar.max_schema_kib * 1024
         if info is not None and info.vocab_size > 0 and info.context_length > 0:
-            return ModelLimits(info.vocab_size, info.context_length, cap)
+            return ModelLimits(info.vocab_size, info.context_length, cap, schema)
         limits = self.limits.get(inst)
         if limits is None:
             vocab, context = await asyncio.to_thread(model_limits, inst.config.model)
-            limits = self.limits[inst] = ModelLimits(vocab, context, cap)
+            limits = self.limits[inst] = ModelLimits(vocab, context, cap, schema)
         return limits
 
 

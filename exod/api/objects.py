@@ -48,8 +48,10 @@ class Reply:
 
     # ---- streaming ------------------------------------------------------------------------
     def chunk(self, text: str | None = None, finish_reason: str | None = None,
-              role: bool = False) -> dict[str, Any]:
-        """One chunk carrying a piece of text, the role (first chunk), or the finish reason."""
+              role: bool = False, tool_calls: list[dict[str, Any]] | None = None
+              ) -> dict[str, Any]:
+        """One chunk carrying a piece of text, the role (first chunk), a piece of tool calls
+        (exod.api.tool_output), or the finish reason."""
         if self.kind == "chat":
             delta: dict[str, Any] = {}
             if role:
@@ -57,6 +59,8 @@ class Reply:
                 delta["content"] = ""
             if text is not None:
                 delta["content"] = text
+            if tool_calls is not None:
+                delta["tool_calls"] = tool_calls
             choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
                                       "finish_reason": finish_reason}
             out = self._head("chat.completion.chunk")
@@ -77,11 +81,15 @@ class Reply:
 
     # ---- whole ----------------------------------------------------------------------------
     def whole(self, text: str, finish_reason: str, prompt_tokens: int,
-              completion_tokens: int) -> dict[str, Any]:
+              completion_tokens: int, tool_calls: list[dict[str, Any]] | None = None
+              ) -> dict[str, Any]:
         if self.kind == "chat":
-            choice: dict[str, Any] = {
-                "index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None, "finish_reason": finish_reason}
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+            if tool_calls:  # as OpenAI: no content beside calls is null, not ""
+                message["tool_calls"] = tool_calls
+                message["content"] = text or None
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                                      "finish_reason": finish_reason}
             out = self._head("chat.completion")
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}

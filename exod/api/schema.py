@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+import json
 from dataclasses import dataclass, replace
 from typing import Any, ParamSpec, TypeVar
 
@@ -39,6 +40,7 @@ class ModelLimits:
     vocab: int | None = None
     context: int | None = None  # the model's context window
     cap: int | None = None  # the instance's own `max_tokens_cap`
+    schema_bytes: int = rules.MAX_SCHEMA_BYTES  # the instance's grammar.max_schema_kib
 
 
 def _http(fn: Callable[P, T]) -> Callable[P, T]:
@@ -63,7 +65,8 @@ def parse_chat(raw: Any) -> GenRequest:
     param = "max_completion_tokens" if new is not None else \
         "max_tokens" if b.get("max_tokens") is not None else None
     gen = Generate(id="", kind="chat", messages=msgs,
-                   max_tokens=rules.max_tokens(new, "max_completion_tokens", old), **_sampling(b))
+                   max_tokens=rules.max_tokens(new, "max_completion_tokens", old), **_sampling(b),
+                   **_agent(b))
     return GenRequest(gen, rules.model(b.get("model")), *_streaming(b), max_tokens_param=param)
 
 
@@ -78,6 +81,25 @@ def parse_completion(raw: Any) -> GenRequest:
                    **_sampling(b))
     return GenRequest(gen, rules.model(b.get("model")), *_streaming(b),
                       max_tokens_param="max_tokens" if b.get("max_tokens") is not None else None)
+
+
+def _agent(b: dict[str, Any]) -> dict[str, Any]:
+    """The fields of `Generate` an agent sends: tools and structured output."""
+    listed = rules.tools(b.get("tools"))
+    choice, function = rules.tool_choice(b.get("tool_choice"), listed)
+    return {"tools": listed, "tool_choice": choice, "tool_name": function,
+            "parallel_tool_calls": rules.flag(b.get("parallel_tool_calls"),
+                                              "parallel_tool_calls", True),
+            "response_format": rules.response_format(b.get("response_format"), choice)}
+
+
+def _schema_size(gen: Generate) -> tuple[int, str]:
+    """Compact JSON bytes of the schemas a request's grammar is compiled from, and the field."""
+    fmt = gen.response_format
+    if fmt is not None and "schema" in fmt:
+        return len(json.dumps(fmt["schema"], separators=(",", ":"))), "response_format"
+    params = [t["function"].get("parameters") for t in gen.tools]
+    return sum(len(json.dumps(p, separators=(",", ":"))) for p in params if p), "tools"
 
 
 def _streaming(b: dict[str, Any]) -> tuple[bool, bool]:
@@ -109,5 +131,7 @@ def apply_limits(req: GenRequest, limits: ModelLimits) -> GenRequest:
     gen = req.gen
     if limits.vocab is not None:
         rules.bias_ids([int(k) for k in gen.logit_bias], limits.vocab)
+    size, param = _schema_size(gen)
+    rules.schema_bytes(size, limits.schema_bytes, param)
     n = rules.max_tokens_cap(gen.max_tokens, req.max_tokens_param, limits.context, limits.cap)
     return req if n == gen.max_tokens else replace(req, gen=replace(gen, max_tokens=n))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from loguru import logger
@@ -22,6 +22,7 @@ from exod.api.metrics import Meter, Metrics
 from exod.api.dialects.output import OpenAiOutput, Output
 from exod.api.objects import SSE_HEADERS, Reply
 from exod.api.on_demand import OnDemand, Stopped
+from exod.api.tool_output import streamed_call, whole_call
 from exod.api.schema import GenRequest, ModelLimits, apply_limits
 from exod.api.view import Daemon
 from exod.core.states import State
@@ -186,15 +187,19 @@ def _param(req: GenRequest, ev: m.Error) -> str | None:
 
 async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: Output) -> web.Response:
     parts: list[str] = []
+    calls: list[dict[str, Any]] = []
     async for ev in events:
         if isinstance(ev, (m.Prefill, m.Held)):
             continue  # progress only (see _events)
         if isinstance(ev, m.Text):
             parts.append(ev.text)
+        elif isinstance(ev, m.ToolCall):
+            calls.append(whole_call(ev))
         elif isinstance(ev, m.Done):
             reply = Reply(req.gen.kind, req.model)
             return web.json_response(out.whole(reply.whole(
-                "".join(parts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens)))
+                "".join(parts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens,
+                calls)))
         else:
             raise runner_error(ev.code, ev.message, _param(req, ev))
     raise AssertionError("unreachable: the event stream never ends")
@@ -216,11 +221,17 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
         await resp.write(out.begin())
         if req.gen.kind == "chat":
             await resp.write(out.chunk(reply.chunk(role=True)))
+        calls = 0
         async for ev in _after(first, events):
             if isinstance(ev, (m.Prefill, m.Held)):
                 continue  # progress only (see _events)
             if isinstance(ev, m.Text):
                 await resp.write(out.chunk(reply.chunk(ev.text)))
+                continue
+            if isinstance(ev, m.ToolCall):
+                for piece in streamed_call(ev, calls):
+                    await resp.write(out.chunk(reply.chunk(tool_calls=piece)))
+                calls += 1
                 continue
             if isinstance(ev, m.Done):
                 await resp.write(out.chunk(reply.chunk(finish_reason=ev.finish_reason)))

@@ -94,6 +94,29 @@ class StartLimit:
 
 
 @dataclass(frozen=True)
+class GrammarLimits:
+    """Bounds on the grammars of constrained decoding (response_format json_schema, forced tool
+    calls): a schema past them is refused with a 400, in bounded time and memory."""
+
+    max_schema_kib: int = field(
+        default=64, metadata=doc("KiB of a request's schemas (response_format's schema, or all "
+                                 "tools' parameters) as compact JSON", minimum=1,
+                                 maximum=1 << 20))
+    max_size: int = field(
+        default=200_000, metadata=doc("symbols of a compiled grammar (llguidance's "
+                                      "max_grammar_size)", minimum=1000, maximum=10_000_000))
+    max_lexer_states: int = field(
+        default=50_000, metadata=doc("states of a grammar's lexer, about 1-2 KB of memory each",
+                                     minimum=1000, maximum=10_000_000))
+    compile_fuel: int = field(
+        default=1_000_000, metadata=doc("lexer work to compile a grammar (about 50,000 a "
+                                        "millisecond)", minimum=10_000, maximum=1_000_000_000))
+    step_fuel: int = field(
+        default=200_000, metadata=doc("lexer work to compute one token's mask (about 14,000 a "
+                                      "millisecond)", minimum=10_000, maximum=1_000_000_000))
+
+
+@dataclass(frozen=True)
 class Host:
     name: str = field(
         metadata=doc("host name; compared with node.name", pattern=r"^[A-Za-z0-9._-]{1,253}$")
@@ -195,6 +218,9 @@ class Instance:
                      "one (the next turn of a chat) prefills only what is new; least recently "
                      "used entries go first; 0 disables it (a group counts rank 0's bytes)",
                      minimum=0, maximum=1 << 50))
+    grammar: GrammarLimits = field(
+        default_factory=GrammarLimits,
+        metadata=doc("bounds of constrained decoding (response_format, forced tool calls)"))
     max_queue: int = field(
         default=16, metadata=doc("requests waiting beyond max_concurrency before 429", minimum=0)
     )

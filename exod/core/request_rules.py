@@ -21,6 +21,7 @@ How a rule is written, so that it is written once:
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -145,13 +146,13 @@ def stop(raw: Any) -> list[str]:
 
 
 # ---- what is generated from -------------------------------------------------------------------
-def messages(raw: Any) -> list[dict[str, str]]:
+def messages(raw: Any) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
         raise RequestError("`messages` must be a non-empty array of messages", "messages")
     return [message(m, i) for i, m in enumerate(raw)]
 
 
-def message(raw: Any, i: int) -> dict[str, str]:
+def message(raw: Any, i: int) -> dict[str, Any]:
     param = f"messages[{i}]"
     if not isinstance(raw, dict):
         raise RequestError(f"`{param}` must be an object", param)
@@ -160,7 +161,8 @@ def message(raw: Any, i: int) -> dict[str, str]:
         raise RequestError(f"`{param}.role` must be one of {', '.join(ROLES)}", f"{param}.role")
     # Chat templates know `system`; `developer` is OpenAI's newer name for it.
     return {"role": "system" if role == "developer" else role,
-            "content": content(raw.get("content"), f"{param}.content")}
+            "content": content(raw.get("content"), f"{param}.content"),
+            **turn(raw, role, param)}
 
 
 def content(raw: Any, param: str) -> str:
@@ -274,3 +276,169 @@ def bias_ids(ids: list[int], vocab: int) -> None:
     if bad:
         raise RequestError(f"`logit_bias`: token id {bad[0]} is outside the model's vocabulary "
                            f"(ids 0 to {vocab - 1})", "logit_bias")
+
+
+# ---- tools and structured output (what the model can take is the runner's: its template, the
+# grammar engine) ------------------------------------------------------------------------------
+MAX_TOOLS = 128  # OpenAI's own limit on `tools`
+MAX_SCHEMA_DEPTH = 64  # nesting of a schema or of a call's arguments
+MAX_SCHEMA_BYTES = 64 * 1024  # default of an instance's grammar.max_schema_kib
+TOOL_CHOICES = ("none", "auto", "required")
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # OpenAI's rule for function and schema names
+
+
+def name(raw: Any, param: str) -> str:
+    if not isinstance(raw, str) or not _NAME.fullmatch(raw):
+        raise RequestError(f"`{param}` must be 1 to 64 letters, digits, _ . or -", param)
+    return raw
+
+
+def depth(raw: Any, param: str) -> Any:
+    """A JSON value nested at most MAX_SCHEMA_DEPTH deep (walked without recursion)."""
+    stack = [(raw, 1)]
+    while stack:
+        v, d = stack.pop()
+        if d > MAX_SCHEMA_DEPTH:
+            raise RequestError(f"`{param}` is nested more than {MAX_SCHEMA_DEPTH} levels deep",
+                               param)
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
+        stack.extend((x, d + 1) for x in children)
+    return raw
+
+
+def schema(raw: Any, param: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise RequestError(f"`{param}` must be a JSON schema (an object)", param)
+    return depth(raw, param)
+
+
+def tools(raw: Any) -> list[dict[str, Any]]:
+    """`tools`: functions with unique names; what the chat template receives."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
+        raise RequestError(f"`tools` must be an array of at most {MAX_TOOLS} tools", "tools")
+    out = [tool(t, f"tools[{i}]") for i, t in enumerate(raw)]
+    names = [t["function"]["name"] for t in out]
+    if len(set(names)) < len(names):
+        raise RequestError("`tools`: two tools have the same name", "tools")
+    return out
+
+
+def tool(raw: Any, param: str) -> dict[str, Any]:
+    f = raw.get("function") if isinstance(raw, dict) and raw.get("type") == "function" else None
+    if not isinstance(f, dict):
+        raise RequestError(f'`{param}` must be {{"type": "function", "function": {{...}}}}',
+                           param)
+    fn: dict[str, Any] = {"name": name(f.get("name"), f"{param}.function.name")}
+    if f.get("description") is not None:
+        fn["description"] = text_field(f["description"], f"{param}.function.description")
+    if f.get("parameters") is not None:
+        fn["parameters"] = schema(f["parameters"], f"{param}.function.parameters")
+    flag(f.get("strict"), f"{param}.function.strict")
+    return {"type": "function", "function": fn}
+
+
+def text_field(raw: Any, param: str) -> str:
+    if not isinstance(raw, str):
+        raise RequestError(f"`{param}` must be a string", param)
+    return text(raw, param)
+
+
+def flag(raw: Any, param: str, default: bool = False) -> bool:
+    if raw is not None and not isinstance(raw, bool):
+        raise RequestError(f"`{param}` must be a boolean", param)
+    return default if raw is None else raw
+
+
+def tool_choice(raw: Any, listed: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """("none" | "auto" | "required" | "function", the named function or None)."""
+    if raw is None or raw in TOOL_CHOICES:
+        choice = raw or "auto"
+        if choice == "required" and not listed:
+            raise RequestError("`tool_choice` is required but `tools` is empty", "tool_choice")
+        return choice, None
+    f = raw.get("function") if isinstance(raw, dict) and raw.get("type") == "function" else None
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+        raise RequestError('`tool_choice` must be "none", "auto", "required" or {"type": '
+                           '"function", "function": {"name": ...}}', "tool_choice")
+    if f["name"] not in {t["function"]["name"] for t in listed}:
+        raise RequestError(f"`tool_choice` names {f['name'][:64]!r}, which is not in `tools`",
+                           "tool_choice")
+    return "function", f["name"]
+
+
+def response_format(raw: Any, choice: str) -> dict[str, Any] | None:
+    """None (text), {"type": "json_object"}, or {"type": "json_schema", "schema", "strict"}."""
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if raw is None or kind == "text":
+        return None
+    if kind not in ("json_object", "json_schema"):
+        raise RequestError('`response_format.type` must be "text", "json_object" or '
+                           '"json_schema"', "response_format")
+    if choice in ("required", "function"):  # the call's arguments follow the tool's parameters
+        raise RequestError("`response_format` cannot be combined with a `tool_choice` that "
+                           "forces a tool call", "response_format")
+    if kind == "json_object":
+        return {"type": "json_object"}
+    spec, param = raw.get("json_schema"), "response_format.json_schema"
+    if not isinstance(spec, dict):
+        raise RequestError(f"`{param}` must be an object with `name` and `schema`", param)
+    name(spec.get("name"), f"{param}.name")
+    return {"type": "json_schema", "strict": flag(spec.get("strict"), f"{param}.strict"),
+            "schema": schema(spec.get("schema", {}), f"{param}.schema")}
+
+
+def schema_bytes(size: int, limit: int, param: str) -> None:
+    """A request's schemas (compact JSON bytes) within the instance's grammar.max_schema_kib."""
+    if size > limit:
+        raise RequestError(f"`{param}`: the schemas are {size} bytes as compact JSON, more than "
+                           f"this instance's grammar.max_schema_kib ({limit >> 10} KiB)", param)
+
+
+def turn(raw: dict[str, Any], role: str, param: str) -> dict[str, Any]:
+    """A message's tool structure, kept for the chat template: an assistant's `tool_calls`, a
+    tool message's `tool_call_id`, a `name`."""
+    out: dict[str, Any] = {}
+    if raw.get("tool_calls") is not None:
+        out["tool_calls"] = past_calls(raw["tool_calls"], role, f"{param}.tool_calls")
+    call_id = raw.get("tool_call_id")
+    if role == "tool" and not (isinstance(call_id, str) and call_id):
+        raise RequestError(f"`{param}.tool_call_id` must name the call this message answers",
+                           f"{param}.tool_call_id")
+    if call_id is not None:
+        if role != "tool":
+            raise RequestError(f"`{param}.tool_call_id` belongs to a tool message",
+                               f"{param}.tool_call_id")
+        out["tool_call_id"] = call_id
+    if raw.get("name") is not None:
+        out["name"] = name(raw["name"], f"{param}.name")
+    return out
+
+
+def past_calls(raw: Any, role: str, param: str) -> list[dict[str, Any]]:
+    if role != "assistant":
+        raise RequestError(f"`{param}`: only an assistant message has tool calls", param)
+    if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
+        raise RequestError(f"`{param}` must be an array of at most {MAX_TOOLS} calls", param)
+    return [past_call(c, f"{param}[{i}]") for i, c in enumerate(raw)]
+
+
+def past_call(raw: Any, param: str) -> dict[str, Any]:
+    """A call made earlier, as templates take it: arguments as an object (clients send them as
+    JSON text, or as the object)."""
+    f = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(f, dict):
+        raise RequestError(f'`{param}` must be {{"type": "function", "function": {{"name": '
+                           '..., "arguments": ...}}}}', param)
+    args, where = f.get("arguments", {}), f"{param}.function.arguments"
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except (ValueError, RecursionError):
+            args = None
+    if not isinstance(args, dict):
+        raise RequestError(f"`{where}` must be a JSON object (as text or as is)", where)
+    out = {"type": "function", "function": {"name": name(f.get("name"), f"{param}.function.name"),
+                                            "arguments": depth(args, where)}}
+    return {**out, "id": raw["id"]} if isinstance(raw.get("id"), str) else out

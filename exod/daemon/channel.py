@@ -181,7 +181,7 @@ class RunnerChannel:
                                     f"{m.VERSION} (a stale install? restart exod)")
             self.hello = msg
             return
-        if isinstance(msg, (m.Prefill, m.Held, m.Text, m.Done, m.Error)):
+        if isinstance(msg, (m.Prefill, m.Held, m.Text, m.ToolCall, m.Done, m.Error)):
             stream = self._streams.get(msg.id)
             if stream is None:
                 return  # a late event for a request that was cancelled

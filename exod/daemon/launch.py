@@ -19,6 +19,7 @@ from exod.config.checks import port_count
 from exod.config.schema import Instance
 from exod.core import ports
 from exod.config import model_layer_count
+from exod.core.grammar_limits import EngineLimits
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
 from exod.daemon import rank_addresses
 from exod.daemon import spawn as os_seam
@@ -81,7 +82,10 @@ class Launcher:
                 "--world", str(shard.world), "--parallelism", c.parallelism, "--dtype", c.dtype,
                 "--parent-pid", str(os.getpid()), "--heartbeat", f"{m.HEARTBEAT_EVERY:g}",
                 "--max-concurrency", str(width),
-                "--prompt-cache-bytes", str(c.prompt_cache_bytes)]
+                "--prompt-cache-bytes", str(c.prompt_cache_bytes),
+                "--grammar-limits", EngineLimits(
+                    c.grammar.max_size, c.grammar.max_lexer_states, c.grammar.compile_fuel,
+                    c.grammar.step_fuel).arg()]
         if shard.total:
             args += ["--layers", shard.arg(), "--total-layers", str(shard.total)]
         group_env: dict[str, str] = {}

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exod import messages as m
+from exod.core.grammar_limits import EngineLimits
 from exod.core.exits import (
     EXIT_MODEL,
     EXIT_OK,
@@ -69,6 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="cap of the prompt cache (0: no prompt cache)")
     p.add_argument("--prefill-step", type=int, default=DEFAULT_PREFILL_STEP,
                    help="prompt tokens prefilled per step at most, over all requests")
+    p.add_argument("--grammar-limits", type=EngineLimits.parse, default=EngineLimits(),
+                   help="bounds of constrained decoding: SIZE:STATES:FUEL:STEP_FUEL")
     return p.parse_args(argv)
 
 
@@ -198,7 +201,8 @@ def make_engine(r: Runner, model: Any, tokenizer: Any) -> BatchEngine:
     from exod.runner.serving.batch_engine import BatchEngine
 
     return BatchEngine(model, tokenizer, width=r.args.max_concurrency,
-                       cache_bytes=r.args.prompt_cache_bytes, prefill_step=r.args.prefill_step)
+                       cache_bytes=r.args.prompt_cache_bytes, prefill_step=r.args.prefill_step,
+                       grammar_limits=r.args.grammar_limits)
 
 
 def serve_alone(r: Runner, loaded: Loaded) -> None:
@@ -213,7 +217,8 @@ def serve_alone(r: Runner, loaded: Loaded) -> None:
     else:
         log(f"serving one request at a time: {why}")
         engine = TurnEngine(loaded.model, loaded.tokenizer, r.args.max_concurrency,
-                            r.args.prefill_step, why=f"one request at a time: {why}")
+                            r.args.prefill_step, why=f"one request at a time: {why}",
+                            grammar_limits=r.args.grammar_limits)
     ready(r, loaded)
     ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat).run()
 
@@ -230,7 +235,7 @@ def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:
     model = GroupModel(loaded, group)
     ready(r, loaded)
     if group.rank != 0:
-        follow(model, loaded.tokenizer, group, r.life)
+        follow(model, loaded.tokenizer, group, r.life, r.args.grammar_limits)
         return
     leader = LeaderEngine(make_engine(r, model, loaded.tokenizer), group)
     ServeLoop(leader, r.channel, r.life, r.report, r.args.heartbeat,

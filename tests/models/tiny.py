@@ -50,6 +50,33 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# ChatML with tools, in the JSON-in-tags way many models call tools (Qwen 2.5, Hermes): the tool
+# list in the system turn, each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call>,
+# each result in a <tool_response> of a user turn. mlx-lm reads it as its `json_tools` format.
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "Tools you may call:\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n"
+    "Call one by writing <tool_call>\n{\"name\": ..., \"arguments\": {...}}\n</tool_call>"
+    "<|im_end|>\n"
+    "{% elif messages[0].role == 'system' %}"
+    "<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n{{ message.content }}"
+    "{% for tool_call in message.tool_calls or [] %}"
+    "{% if tool_call.function is defined %}{% set tool_call = tool_call.function %}{% endif %}"
+    "<tool_call>\n{\"name\": \"{{ tool_call.name }}\", \"arguments\": "
+    "{{ tool_call.arguments | tojson }}}\n</tool_call>"
+    "{% endfor %}<|im_end|>\n"
+    "{% elif message.role != 'system' or not loop.first %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 # Stdlib modules present in every CPython 3.10+ (as foo.py or foo/__init__.py). Their text differs
 # between Python versions, so the tokenizer is deterministic per interpreter, not across them.
 CORPUS_MODULES = (
@@ -230,6 +257,17 @@ def _write_weights(spec: TinySpec, config: dict[str, Any], out: Path) -> None:
     if n > 1:
         write_json(out / "model.safetensors.index.json",
                    {"metadata": {"total_size": total}, "weight_map": weight_map})
+
+
+def with_tool_template(src_dir: Path, out_dir: Path) -> Path:
+    """A copy of a model whose chat template takes tools (TOOL_CHAT_TEMPLATE)."""
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    shutil.copytree(src_dir, out_dir, ignore=shutil.ignore_patterns(".exod-*"))
+    path = out_dir / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["chat_template"] = TOOL_CHAT_TEMPLATE
+    write_json(path, config)
+    return out_dir
 
 
 def corrupt_model(

@@ -32,10 +32,22 @@ EXAMPLES: list[m.Message] = [
     m.Held("r1", 3),
     m.Text("r1", "漢字 and emoji 🎉"),
     m.Done("r1", "length", 12, 34),
+    m.ToolCall("r1", "get_weather", '{"city": "Oslo"}'),
+    m.Done("r1", "tool_calls", 12, 34),
     m.Error("r1", "aborted", "drain over"),
     m.Generate(id="r2", kind="chat", max_tokens=5, temperature=0.0, stop=["\n"], seed=7,
                logit_bias={"12": -100.0}, messages=[{"role": "user", "content": "hi"}]),
     m.Generate(id="r3", kind="completion", max_tokens=16, prompt="Once"),
+    m.Generate(id="r4", kind="chat", max_tokens=64, messages=[
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}}],
+        tool_choice="function", tool_name="get_weather", parallel_tool_calls=False,
+        response_format={"type": "json_schema", "schema": {"type": "object"}, "strict": True}),
     m.Cancel("r2"),
     m.Shutdown(drain=4.0),
 ]
@@ -100,6 +112,14 @@ def test_malformed_from_the_runner(obj: dict[str, Any], fragment: str) -> None:
     ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1,
       "messages": [{"role": 1}]}, "generate.messages"),
     ({"type": "generate", "id": "r", "kind": "poem", "max_tokens": 1}, "generate.kind"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1, "tool_choice": "any"},
+     "generate.tool_choice"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1,
+      "tool_choice": "function"}, "generate.tool_name"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1,
+      "parallel_tool_calls": 1}, "generate.parallel_tool_calls"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1,
+      "tools": [{"x": math.nan}]}, "generate.tools"),
     ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1, "stop": "x"},
      "generate.stop"),
 ], ids=str)

@@ -32,6 +32,7 @@ import secrets
 from typing import Any
 
 from exod import messages as m
+from exod.core.grammar_limits import EngineLimits
 from exod.protocol import to_wire
 from exod.runner.serving.batch_engine import BatchEngine
 from exod.runner.group import wire
@@ -121,7 +122,8 @@ class LeaderEngine:
         self.size += cost
 
 
-def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle) -> None:
+def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
+           grammar_limits: EngineLimits | None = None) -> None:
     """Ranks 1..N-1: replay rank 0's plans until SHUTDOWN (clean) or the group breaks."""
     engine: BatchEngine | None = None
     while True:
@@ -142,7 +144,7 @@ def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle) -> None:
                 raise PeerLost("rank 0's first plan has no engine settings")
             s = plan.settings
             engine = BatchEngine(model, tokenizer, width=s.width, cache_bytes=s.cache_bytes,
-                                 prefill_step=s.prefill_step)
+                                 prefill_step=s.prefill_step, grammar_limits=grammar_limits)
             engine.follow_cache()
         replay(engine, plan)
 

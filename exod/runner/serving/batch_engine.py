@@ -28,8 +28,11 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from exod import messages as m
+from exod.core.grammar_limits import EngineLimits
 from exod.runner.serving.prepare import check_request, context_window, read_prompt, vocab_size
 from exod.runner.log import ERR, log
+from exod.runner.serving import tool_calls
+from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.reading import Prompt
 from exod.runner.serving.stop_sequences import StopMatcher
 
@@ -47,6 +50,7 @@ class _Request:
     prompt_tokens: int
     detokenizer: Any
     stops: StopMatcher
+    calls: tool_calls.ToolCallSplitter | None = None
     completion_tokens: int = 0
     prefilling: bool = True
     prefilled: int = 0  # prompt tokens through the model so far (as reported, approximately)
@@ -62,13 +66,14 @@ class CacheStats:
 
 class BatchEngine:
     def __init__(self, model: Any, tokenizer: Any, *, width: int, cache_bytes: int,
-                 prefill_step: int = 256) -> None:
+                 prefill_step: int = 256, grammar_limits: EngineLimits | None = None) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.width = max(1, width)
         self.prefill_step = max(MIN_CHUNK, prefill_step)
         self.cache_bytes = max(0, cache_bytes)
         self.vocab = vocab_size(model, tokenizer)
         self.window = context_window(model)
+        self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or EngineLimits())
         self._cache = LRUPromptCache(max_size=1 << 30, max_bytes=self.cache_bytes)
         self._counts = CacheStats()
         self._by_uid: dict[int, _Request] = {}
@@ -96,13 +101,14 @@ class BatchEngine:
 
     def read(self, req: m.Generate) -> Prompt:
         """Its prompt, read and checked: tokenizer and Python only, safe on any thread."""
-        return read_prompt(self.tokenizer, req, self.vocab, self.window)
+        return read_prompt(self.tokenizer, req, self.vocab, self.window, self.grammars)
 
     def admit(self, req: m.Generate, read: Prompt | None = None) -> None:
         """Queue a request into the batch; RequestError if it cannot be served as given.
         `read`: its prompt as `read` returned it (without: read here)."""
         rid = req.id
-        checked = check_request(self.tokenizer, req, self.vocab, self.window, read)
+        checked = check_request(self.tokenizer, req, self.vocab, self.window, read,
+                                self.grammars)
         prompt = checked.prompt
         cache, rest = self._lookup(prompt)
         (uid,) = self._gen.insert(
@@ -112,7 +118,7 @@ class BatchEngine:
             all_tokens=[prompt[: len(prompt) - len(rest)]],
             logits_processors=[checked.processors])
         r = _Request(rid, uid, len(prompt), self.tokenizer.detokenizer,
-                     StopMatcher(req.stop))
+                     StopMatcher(req.stop), tool_calls.splitter(self.tokenizer, req))
         self._by_uid[uid] = self._by_rid[rid] = r
 
     def cancel(self, rid: str) -> None:
@@ -242,21 +248,24 @@ class BatchEngine:
         if reason is not None:
             detok.finalize()
         text = r.stops.feed(detok.last_segment)
-        if r.stops.stopped:  # a stop sequence: the request leaves the batch now
+        pieces: list[tool_calls.Piece] = r.calls.feed(text) if r.calls else [text]
+        # A stop sequence, or the one call a request without parallel_tool_calls wanted: the
+        # request leaves the batch now.
+        if r.stops.stopped or (r.calls and r.calls.done):
             caches = self._gen.remove([r.uid], return_prompt_caches=True)
             cache, tokens = caches.get(r.uid, (None, []))
             self._store(tokens, cache)
+            pieces += r.calls.flush() if r.calls else []
             reason = "stop"
         elif reason is not None:
-            text += r.stops.flush()
+            end = r.stops.flush()
+            pieces += r.calls.feed(end) + r.calls.flush() if r.calls else [end]
             self._store(resp.all_tokens or [], resp.prompt_cache)
-        events: list[m.Event] = []
-        if text:
-            events.append(m.Text(r.rid, text))
-        elif reason is None:  # a token all the same: progress for the daemon's hang watch
+        events = tool_calls.events(r.rid, pieces)
+        if not events and reason is None:  # a token all the same: progress for the hang watch
             events.append(m.Held(r.rid, r.completion_tokens))
         if reason is not None:
             self._forget(r)
-            events.append(m.Done(r.rid, "length" if reason == "length" else "stop",
+            events.append(m.Done(r.rid, tool_calls.finish_reason(reason, r.calls),
                                  r.prompt_tokens, r.completion_tokens, r.stops.matched))
         return events

@@ -20,7 +20,8 @@ from mlx_lm.sample_utils import apply_top_p, greedy_sampler
 from exod import messages as m
 from exod.core import request_rules as rules
 from exod.core.request_rules import RequestError
-from exod.runner.serving import model_checks
+from exod.runner.serving import model_checks, tool_calls
+from exod.runner.serving.grammar import Constraint, Grammars
 from exod.runner.serving.reading import Prompt
 
 __all__ = ["Checked", "read_prompt", "check_request", "prompt_tokens",
@@ -32,9 +33,12 @@ Sampler = Callable[[mx.array], mx.array]
 Processor = Callable[[mx.array, mx.array], mx.array]
 
 
-def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None = None) -> list[int]:
     if getattr(tokenizer, "has_chat_template", True):
-        tokens = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        # The tools go to the model's own template, which knows how the model wants them.
+        tokens = tokenizer.apply_chat_template(messages, tools=tools or None,
+                                               add_generation_prompt=True)
         return [int(t) for t in tokens]
     # No template in the model: plain "role: content" lines, then the assistant's turn.
     text = "".join(f"{msg['role']}: {msg['content']}\n" for msg in messages) + "assistant: "
@@ -44,7 +48,7 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
 def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
     if req.kind == "chat":
         try:
-            tokens = chat_prompt(tokenizer, req.messages or [])
+            tokens = chat_prompt(tokenizer, req.messages or [], req.tools)
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
             raise RequestError(f"{type(e).__name__}: {e}", "messages") from e
     else:
@@ -70,25 +74,48 @@ class Checked:
     sampler: Sampler
 
 
-def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None) -> Prompt:
+def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
+                grammars: Grammars | None = None) -> Prompt:
     """The long part of taking a request (chat template, tokenizer, a check per token: seconds
-    for megabytes), in pure Python and the tokenizer: safe off the thread that runs mlx."""
+    for megabytes; its grammar compiled), in Python, the tokenizer and the grammar engine: safe
+    off the thread that runs mlx."""
+    fmt = tool_calls.ToolFormat.of(tokenizer)
+    tool_calls.check(fmt, req)
     prompt = prompt_tokens(tokenizer, req)
     rules.prompt_ids(prompt, vocab, prompt_param(req))
     max_tokens = rules.fit_window(len(prompt), rules.max_tokens(req.max_tokens), window,
                                   prompt_param(req))
-    return Prompt(prompt, max_tokens)
+    return Prompt(prompt, max_tokens, constraint(grammars, fmt, req))
+
+
+def constraint(grammars: Grammars | None, fmt: tool_calls.ToolFormat | None,
+               req: m.Generate) -> Constraint | None:
+    """The grammar a request's output must follow: a forced tool call, or its response_format."""
+    forced = req.tool_choice in ("required", "function") and req.tools
+    if not forced and req.response_format is None:
+        return None
+    if grammars is None:
+        raise RequestError("constrained decoding is not available on this engine",
+                           "tool_choice" if forced else "response_format")
+    if forced:
+        assert fmt is not None  # tool_calls.check refused tools on a model without a format
+        grammar = tool_calls.forced_grammar(fmt, req, lambda s: grammars.literal(s, "tools"))
+        return grammars.compile(grammar, "tools")
+    assert req.response_format is not None
+    return grammars.json_schema(req.response_format)
 
 
 def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
-                  read: Prompt | None = None) -> Checked:
+                  read: Prompt | None = None, grammars: Grammars | None = None) -> Checked:
     """Everything of a request that reaches mlx, checked against the model as loaded:
     RequestError (naming the field) for what it cannot take. The same on every rank. `read`:
     its prompt, when already read (elsewhere: exod.runner.serving.reading)."""
     if read is None:
-        read = read_prompt(tokenizer, req, vocab, window)
-    return Checked(read.tokens, read.max_tokens, bias_processors(req.logit_bias, vocab),
-                   make_request_sampler(req))
+        read = read_prompt(tokenizer, req, vocab, window, grammars)
+    processors = bias_processors(req.logit_bias, vocab)
+    if read.constraint is not None:  # last: nothing after it may allow a token it forbids
+        processors.append(read.constraint)
+    return Checked(read.tokens, read.max_tokens, processors, make_request_sampler(req))
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:

@@ -18,6 +18,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from exod import messages as m
 from exod.runner.serving.busy_notice import Meanwhile
@@ -30,6 +31,7 @@ class Prompt:
 
     tokens: list[int]
     max_tokens: int
+    constraint: Any = None  # its grammar, compiled (exod.runner.serving.grammar.Constraint)
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,11 @@ from mlx_lm.generate import GenerationResponse, generation_stream, stream_genera
 from mlx_lm.models.cache import make_prompt_cache
 
 from exod import messages as m
+from exod.core.grammar_limits import EngineLimits
 from exod.runner.serving.prepare import check_request, context_window, read_prompt, vocab_size
 from exod.runner.log import ERR, log
+from exod.runner.serving import tool_calls
+from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.reading import Prompt
 from exod.runner.serving.stop_sequences import StopMatcher
 
@@ -33,6 +36,7 @@ class Generation:
         self.model = model
         checked = check_request(tokenizer, req, vocab_size(model, tokenizer),
                                 context_window(model), read)
+        self._calls = tool_calls.splitter(tokenizer, req)
         prompt = checked.prompt
         self._cache: list[Any] = make_prompt_cache(model)
         self._pending = prompt[:-1]  # prefilled by `prefill`; the last token by stream_generate
@@ -59,18 +63,24 @@ class Generation:
             mx.eval([c.state for c in self._cache])
         mx.clear_cache()
 
-    def step(self) -> tuple[str, m.FinishReason | None]:
-        """Generate one token: (text to release now, finish reason or None while going on)."""
+    def step(self) -> tuple[list[tool_calls.Piece], m.FinishReason | None]:
+        """Generate one token: (text and calls to release now, finish reason or None while
+        going on)."""
         r = next(self._responses)
         self.started = True
         self.completion_tokens = r.generation_tokens
+        calls = self._calls
         text = self._stops.feed(r.text)
-        if self._stops.stopped:
+        pieces: list[tool_calls.Piece] = calls.feed(text) if calls else [text]
+        if self._stops.stopped or (calls and calls.done):
             self.close()
-            return text, "stop"
+            return pieces + (calls.flush() if calls else []), \
+                tool_calls.finish_reason("stop", calls)
         if r.finish_reason is not None:
-            return text + self._stops.flush(), "length" if r.finish_reason == "length" else "stop"
-        return text, None
+            end = self._stops.flush()
+            pieces += calls.feed(end) + calls.flush() if calls else [end]
+            return pieces, tool_calls.finish_reason(r.finish_reason, calls)
+        return pieces, None
 
     def close(self) -> None:
         close = getattr(self._responses, "close", None)
@@ -86,8 +96,10 @@ class TurnEngine:
     """Generations take turns, one token each per step (see exod.runner.serving.loop.Engine)."""
 
     def __init__(self, model: Any, tokenizer: Any, width: int, prefill_step: int,
-                 why: str) -> None:
+                 why: str, grammar_limits: EngineLimits | None = None) -> None:
         self.model, self.tokenizer, self.width, self.why = model, tokenizer, width, why
+        self.grammars = Grammars(tokenizer, vocab_size(model, tokenizer),
+                                 grammar_limits or EngineLimits())
         self.prefill_step = max(MIN_CHUNK, prefill_step)
         self.gens: dict[str, Generation] = {}
 
@@ -97,7 +109,7 @@ class TurnEngine:
 
     def read(self, req: m.Generate) -> Prompt:
         return read_prompt(self.tokenizer, req, vocab_size(self.model, self.tokenizer),
-                           context_window(self.model))
+                           context_window(self.model), self.grammars)
 
     def admit(self, req: m.Generate, prompt: Prompt) -> None:
         self.gens[req.id] = Generation(self.model, self.tokenizer, req, prompt)
@@ -120,15 +132,15 @@ class TurnEngine:
                     # Progress before the first token: hang detection counts it as such.
                     out.append(m.Prefill(rid, gen.prefilled, gen.prompt_tokens))
                     continue
-                text, reason = gen.step()
+                pieces, reason = gen.step()
             except Exception as e:  # noqa: BLE001 -- mlx raises many types: fail this one, go on
                 log(f"generation {rid} failed: {type(e).__name__}: {e}", ERR)
                 self.cancel(rid)
                 out.append(m.Error(rid, "internal", f"{type(e).__name__}: {e}"))
                 continue
-            if text:
-                out.append(m.Text(rid, text))
-            elif reason is None:  # a token all the same: progress for the daemon's hang watch
+            events = tool_calls.events(rid, pieces)
+            out += events
+            if not events and reason is None:  # a token all the same: progress (hang watch)
                 out.append(m.Held(rid, max(1, gen.completion_tokens)))
             if reason is not None:
                 del self.gens[rid]

@@ -1,0 +1,310 @@
+"""Tools and constrained decoding end to end, with the official `openai` client, against real
+runners of random-weight tiny models: forced tool calls that validate against the tool's
+parameters, schema-valid JSON across many schemas, streamed tool-call deltas that reassemble, a
+tool round trip whose result reaches the prompt, a batch mixing constrained and free requests
+(each gets its solo tokens), a 2-rank group, and hostile schemas (4xx in seconds, never 5xx).
+
+A random model rarely closes a free string on its own: schemas here bound their strings
+(maxLength, enum, pattern) and close their objects (additionalProperties false); where a
+string is free, `logit_bias` favours the characters that close it, as a real model would. The
+grammar alone decides validity: a bias cannot lift its mask.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from exod.models.tiny import with_tool_template
+from tests.harness import Daemon
+
+HELLO = [{"role": "user", "content": "hello"}]
+# The tiny tokenizer's `"`, `}`, `]` and end of sequence (allowed by a grammar only once its
+# output is complete).
+CLOSERS = {"4": 8.0, "95": 8.0, "63": 8.0, "2": 8.0}
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 12},
+    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+    "required": ["city", "unit"], "additionalProperties": False}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                      "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer", "maximum": 999},
+                                         "b": {"type": "integer", "maximum": 999}},
+        "required": ["a", "b"], "additionalProperties": False}}},
+]
+PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+SCHEMAS: list[dict[str, Any]] = [
+    {"type": "object", "properties": {"n": {"type": "integer", "maximum": 10 ** 6}},
+     "required": ["n"], "additionalProperties": False},
+    {"type": "object", "properties": {
+        "ok": {"type": "boolean"}, "kind": {"enum": ["a", "b", "c"]},
+        "score": {"type": "number", "minimum": 0, "maximum": 1}},
+     "required": ["ok", "kind", "score"], "additionalProperties": False},
+    {"type": "object", "properties": {"tags": {
+        "type": "array", "items": {"enum": ["x", "y", "z"]}, "minItems": 1, "maxItems": 4}},
+     "required": ["tags"], "additionalProperties": False},
+    {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-z]{2,6}-[0-9]{3}$"},
+                                      "note": {"type": "string", "maxLength": 8}},
+     "required": ["id", "note"], "additionalProperties": False},
+    {"type": "object", "properties": {"v": {"anyOf": [{"type": "integer", "maximum": 99},
+                                                      {"type": "null"},
+                                                      {"const": "none"}]}},
+     "required": ["v"], "additionalProperties": False},
+    {"type": "object", "properties": {"outer": {
+        "type": "object", "properties": {"inner": {
+            "type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+            "maxItems": 3}}, "required": ["inner"], "additionalProperties": False}},
+     "required": ["outer"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "object", "properties": {
+        "k": {"type": "string", "maxLength": 3}}, "required": ["k"],
+        "additionalProperties": False}, "minItems": 2, "maxItems": 2},
+    {"type": "object", "properties": {"mode": {"const": "fast"},
+                                      "level": {"type": "integer", "enum": [1, 2, 3]}},
+     "required": ["mode", "level"], "additionalProperties": False},
+]
+
+
+class Agent:
+    def __init__(self, d: Daemon, model: Path) -> None:
+        self.d, self.model = d, model
+        self.client = openai.OpenAI(base_url=d.api_url() + "/v1", api_key="x", max_retries=0,
+                                    timeout=120)
+
+    def chat(self, model: str = "tools", **kw: Any) -> Any:
+        kw.setdefault("messages", HELLO)
+        kw.setdefault("max_tokens", 160)
+        return self.client.chat.completions.create(model=model, **kw)
+
+
+@pytest.fixture(scope="module")
+def agent(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    tools_model = with_tool_template(tiny_model, tmp_path_factory.mktemp("agent") / "tools")
+    d = Daemon({"api": {"listen": "127.0.0.1:0"}, "instances": {
+        "tools": {"model": str(tools_model), "max_concurrency": 4,
+                  "grammar": {"max_schema_kib": 512, "max_size": 4000}},
+        "plain": {"model": str(tiny_model)},
+        "group": {"model": str(tools_model), "shards": 2, "max_concurrency": 2}}})
+    try:
+        d.start()
+        d.watch_until(lambda s: all(i["state"] == "ready" for i in s["instances"]),
+                      what="every instance ready")
+        yield Agent(d, tools_model)
+    finally:
+        d.close()
+
+
+def check_calls(choice: Any, allowed: set[str]) -> list[tuple[str, dict[str, Any]]]:
+    assert choice.finish_reason == "tool_calls", choice
+    calls = choice.message.tool_calls
+    assert calls and choice.message.content is None
+    out = []
+    for c in calls:
+        assert c.type == "function" and c.id.startswith("call_") and c.function.name in allowed
+        args = json.loads(c.function.arguments)
+        jsonschema.validate(args, PARAMS[c.function.name])
+        out.append((c.function.name, args))
+    return out
+
+
+# ---- tools --------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(4))
+def test_required_tool_choice_gives_valid_calls(agent: Agent, seed: int) -> None:
+    r = agent.chat(tools=TOOLS, tool_choice="required", seed=seed, logit_bias=CLOSERS)
+    check_calls(r.choices[0], {"get_weather", "add"})
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_named_tool_choice_calls_that_tool_once(agent: Agent, seed: int) -> None:
+    r = agent.chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}},
+                   parallel_tool_calls=False, seed=seed, temperature=1.0)
+    assert [name for name, _ in check_calls(r.choices[0], {"add"})] == ["add"]
+
+
+def test_streamed_tool_call_deltas_reassemble(agent: Agent) -> None:
+    kw: dict[str, Any] = {"tools": TOOLS, "tool_choice": "required", "seed": 11,
+                          "logit_bias": CLOSERS}
+    whole = agent.chat(**kw).choices[0]
+    calls: dict[int, dict[str, Any]] = {}
+    finish = None
+    first_of: dict[int, Any] = {}
+    for chunk in agent.chat(stream=True, **kw):
+        choice = chunk.choices[0]
+        finish = choice.finish_reason or finish
+        for d in choice.delta.tool_calls or []:
+            if d.index not in first_of:
+                first_of[d.index] = d  # the id and the name come first
+                calls[d.index] = {"id": d.id, "name": d.function.name, "arguments": ""}
+            calls[d.index]["arguments"] += d.function.arguments or ""
+    assert finish == "tool_calls"
+    assert all(d.id and d.function.name for d in first_of.values())
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls]
+
+
+def test_a_tool_round_trip_reaches_the_prompt(agent: Agent) -> None:
+    from transformers import AutoTokenizer
+
+    result = "RESULT-7781 sunny and 21 degrees"
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function", "function": {
+                "name": "get_weather", "arguments": '{"city": "Oslo", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": result}]
+    r = agent.chat(messages=messages, tools=TOOLS, max_tokens=1, temperature=0)
+    tok = AutoTokenizer.from_pretrained(agent.model)
+    templated = [dict(m) for m in messages]
+    templated[1] = {**messages[1], "content": "", "tool_calls": [{
+        "id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}}]}
+    text = tok.apply_chat_template(templated, tools=TOOLS, add_generation_prompt=True,
+                                   tokenize=False)
+    assert result in text and '"name": "get_weather"' in text and '"city": "Oslo"' in text
+    assert r.usage.prompt_tokens == len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def test_a_model_without_tool_support_refuses_tools(agent: Agent) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        agent.chat(model="plain", tools=TOOLS)
+    assert e.value.status_code == 400 and e.value.body["param"] == "tools"  # type: ignore
+
+
+# ---- constrained decoding ---------------------------------------------------------------------
+@pytest.mark.parametrize("i", range(len(SCHEMAS)))
+def test_json_schema_output_validates(agent: Agent, i: int) -> None:
+    for seed in range(3):
+        r = agent.chat(seed=seed, max_tokens=200, logit_bias=CLOSERS, response_format={
+            "type": "json_schema", "json_schema": {"name": f"s{i}", "schema": SCHEMAS[i],
+                                                   "strict": True}})
+        assert r.choices[0].finish_reason == "stop", r
+        jsonschema.validate(json.loads(r.choices[0].message.content or ""), SCHEMAS[i])
+
+
+def test_json_object_output_is_an_object(agent: Agent) -> None:
+    for seed in range(3):
+        r = agent.chat(seed=seed, max_tokens=300, logit_bias=CLOSERS,
+                       response_format={"type": "json_object"})
+        assert r.choices[0].finish_reason == "stop", r
+        assert isinstance(json.loads(r.choices[0].message.content or ""), dict)
+
+
+def test_a_batch_mixing_constrained_and_free_gives_each_its_solo_tokens(agent: Agent) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMAS[1]}}
+    reqs: list[dict[str, Any]] = [
+        {"seed": 1, "response_format": fmt, "logit_bias": CLOSERS},
+        {"seed": 2, "max_tokens": 24},
+        {"seed": 3, "tools": TOOLS, "tool_choice": "required", "logit_bias": CLOSERS},
+        {"temperature": 0, "max_tokens": 24},
+    ]
+
+    def answer(kw: dict[str, Any]) -> Any:
+        msg = agent.chat(**kw).choices[0].message
+        return msg.content, [(c.function.name, c.function.arguments)
+                             for c in msg.tool_calls or []]
+
+    solo = [answer(kw) for kw in reqs]
+    together: list[Any] = [None] * len(reqs)
+    threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, answer(reqs[i])))
+               for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == solo
+
+
+def test_a_two_rank_group_enforces_the_grammar(agent: Agent) -> None:
+    for seed in range(2):
+        r = agent.chat(model="group", tools=TOOLS, tool_choice="required", seed=seed,
+                       logit_bias=CLOSERS)
+        check_calls(r.choices[0], {"get_weather", "add"})
+        r = agent.chat(model="group", seed=seed, logit_bias=CLOSERS, response_format={
+            "type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMAS[2]}})
+        jsonschema.validate(json.loads(r.choices[0].message.content or ""), SCHEMAS[2])
+    same = {"tools": TOOLS, "tool_choice": "required", "seed": 5, "logit_bias": CLOSERS}
+    assert agent.chat(model="group", **same).choices[0].message.tool_calls[0].function == \
+        agent.chat(**same).choices[0].message.tool_calls[0].function
+
+
+# ---- hostile input ------------------------------------------------------------------------------
+def deep(n: int) -> dict[str, Any]:
+    s: dict[str, Any] = {"type": "string"}
+    for _ in range(n):
+        s = {"type": "object", "properties": {"a": s}, "required": ["a"]}
+    return s
+
+
+def _schema_format(schema: Any) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "h", "schema": schema,
+                                                   "strict": True}}
+
+
+HOSTILE: list[tuple[str, dict[str, Any], str]] = [
+    ("nested 300 deep", {"response_format": _schema_format(deep(300))},
+     "response_format.json_schema.schema"),
+    ("enum of 50,000", {"response_format": _schema_format(
+        {"enum": [f"value-{i}" for i in range(50_000)]})}, "response_format"),  # max_schema_kib
+    ("anyOf of 3000 objects", {"response_format": _schema_format({"anyOf": [
+        {"type": "object", "properties": {f"k{i}": {"type": "integer"}, "n": {"const": i}},
+         "required": [f"k{i}", "n"], "additionalProperties": False} for i in range(3000)]})},
+     "response_format.json_schema.schema"),  # past the engine's max_size
+    ("lookahead regex", {"response_format": _schema_format(
+        {"type": "string", "pattern": "^(?=a)b$"})}, "response_format.json_schema.schema"),
+    ("a keyword the engine lacks, strict", {"response_format": _schema_format(
+        {"type": "array", "uniqueItems": True})},
+     "response_format.json_schema.schema"),
+    ("3000 tools", {"tools": [{"type": "function", "function": {"name": f"t{i}"}}
+                              for i in range(3000)]}, "tools"),
+    ("a named tool not in the list", {"tools": TOOLS, "tool_choice": {
+        "type": "function", "function": {"name": "launch"}}}, "tool_choice"),
+    ("a past call's arguments not JSON", {"messages": [
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",
+         "function": {"name": "add", "arguments": "{" * 100_000}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
+    ("tool_choice required with no tools", {"tool_choice": "required"}, "tool_choice"),
+    ("response_format of an unknown type", {"response_format": {"type": "yaml"}},
+     "response_format"),
+]
+
+
+@pytest.mark.parametrize("body, param", [(b, p) for _, b, p in HOSTILE],
+                         ids=[n for n, _, _ in HOSTILE])
+def test_hostile_agent_fields_get_a_4xx_within_seconds(agent: Agent, body: dict[str, Any],
+                                                       param: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(openai.BadRequestError) as e:
+        agent.chat(**body)
+    assert time.monotonic() - started < 10
+    assert e.value.status_code == 400 and e.value.body["param"] == param  # type: ignore
+
+
+def test_pathological_regexes_are_enforced_not_feared(agent: Agent) -> None:
+    for pattern in ("^(a+)+$", "^(a|aa)*b?$", "^([a-z]+.)+[A-Z]$"):
+        schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern,
+                                                         "maxLength": 12}},
+                  "required": ["s"], "additionalProperties": False}
+        r = agent.chat(seed=1, logit_bias=CLOSERS, response_format=_schema_format(schema))
+        jsonschema.validate(json.loads(r.choices[0].message.content or ""), schema)
+
+
+def test_huge_arguments_in_a_past_call_are_served(agent: Agent) -> None:
+    args = json.dumps({"city": "x " * 4_000, "unit": "celsius"})
+    r = agent.chat(max_tokens=1, messages=[
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",
+         "function": {"name": "get_weather", "arguments": args}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "done"}], tools=TOOLS)
+    assert r.usage.prompt_tokens > 4_000
