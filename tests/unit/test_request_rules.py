@@ -167,3 +167,121 @@ def test_bias_ids_inside_the_vocabulary() -> None:
     assert e.param == "logit_bias"
     assert str(e) == ("`logit_bias`: token id 1024 is outside the model's vocabulary "
                       "(ids 0 to 1023)")
+
+
+# ---- tools and structured output ----------------------------------------------------------------
+FN = {"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}
+
+
+def test_name_is_openais_function_name() -> None:
+    assert rules.name("get_weather.v2-x", "p") == "get_weather.v2-x"
+    for bad in (None, "", "a b", "x" * 65, "é"):
+        assert refused(rules.name, bad, "p").param == "p", bad
+
+
+def test_depth_refuses_deep_nesting_without_recursion() -> None:
+    deep: Any = "x"
+    for _ in range(100_000):  # far past Python's recursion limit
+        deep = [deep]
+    assert refused(rules.depth, deep, "p").param == "p"
+    rules.depth([[{"a": [1]}]], "p")
+
+
+def test_schema_is_an_object_not_too_deep() -> None:
+    assert rules.schema({"type": "object"}, "p") == {"type": "object"}
+    for bad in (None, "x", [], True):
+        assert refused(rules.schema, bad, "p").param == "p", bad
+
+
+def test_tools_at_most_128_functions_with_unique_names() -> None:
+    assert rules.tools(None) == []
+    assert rules.tools([{**FN, "function": {**FN["function"], "description": "d",
+                                            "strict": True}}]) == [
+        {"type": "function", "function": {"name": "get", "description": "d",
+                                          "parameters": {"type": "object"}}}]
+    assert refused(rules.tools, [FN] * 2).param == "tools"
+    assert refused(rules.tools, [FN] * 129).param == "tools"
+    assert refused(rules.tools, "x").param == "tools"
+
+
+def test_tool_is_a_function() -> None:
+    for bad, param in (({"type": "x"}, "t"), ({"type": "function", "function": {}},
+                                               "t.function.name"),
+                       ({"type": "function", "function": {"name": "a", "parameters": 3}},
+                        "t.function.parameters"),
+                       ({"type": "function", "function": {"name": "a", "strict": 1}},
+                        "t.function.strict"),
+                       ({"type": "function", "function": {"name": "a", "description": 1}},
+                        "t.function.description")):
+        assert refused(rules.tool, bad, "t").param == param, bad
+
+
+def test_flag_is_a_boolean() -> None:
+    assert rules.flag(None, "p", True) is True and rules.flag(False, "p") is False
+    assert refused(rules.flag, 1, "p").param == "p"
+
+
+def test_text_field_is_text() -> None:
+    assert rules.text_field("x", "p") == "x"
+    for bad in (1, "\ud800"):
+        assert refused(rules.text_field, bad, "p").param == "p"
+
+
+def test_tool_choice_none_auto_required_or_a_listed_function() -> None:
+    assert rules.tool_choice(None, []) == ("auto", None)
+    assert rules.tool_choice("required", [FN]) == ("required", None)
+    assert rules.tool_choice({"type": "function", "function": {"name": "get"}}, [FN]) == \
+        ("function", "get")
+    for bad, listed in (("required", []), ("any", [FN]),
+                        ({"type": "function", "function": {"name": "launch"}}, [FN])):
+        assert refused(rules.tool_choice, bad, listed).param == "tool_choice", bad
+
+
+def test_response_format_text_object_or_schema() -> None:
+    assert rules.response_format(None, "auto") is None
+    assert rules.response_format({"type": "text"}, "auto") is None
+    assert rules.response_format({"type": "json_object"}, "auto") == {"type": "json_object"}
+    assert rules.response_format({"type": "json_schema", "json_schema": {
+        "name": "s", "schema": {"type": "object"}, "strict": True}}, "auto") == {
+        "type": "json_schema", "schema": {"type": "object"}, "strict": True}
+    for bad, choice, param in (
+            ({"type": "yaml"}, "auto", "response_format"),
+            ({"type": "json_object"}, "required", "response_format"),
+            ({"type": "json_schema"}, "auto", "response_format.json_schema"),
+            ({"type": "json_schema", "json_schema": {"name": "a b"}}, "auto",
+             "response_format.json_schema.name"),
+            ({"type": "json_schema", "json_schema": {"name": "s", "schema": 1}}, "auto",
+             "response_format.json_schema.schema")):
+        assert refused(rules.response_format, bad, choice).param == param, bad
+
+
+def test_schema_bytes_within_the_instance_limit() -> None:
+    rules.schema_bytes(1024, 1024, "tools")
+    assert refused(rules.schema_bytes, 1025, 1024, "tools").param == "tools"
+
+
+def test_turn_keeps_tool_structure() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "get", "arguments": '{"a": 1}'}}
+    assert rules.turn({"tool_calls": [call]}, "assistant", "m") == {"tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get", "arguments": {"a": 1}}}]}
+    assert rules.turn({"tool_call_id": "c1"}, "tool", "m") == {"tool_call_id": "c1"}
+    for raw, role, param in (({}, "tool", "m.tool_call_id"),
+                             ({"tool_call_id": "c"}, "user", "m.tool_call_id"),
+                             ({"name": "a b"}, "user", "m.name")):
+        assert refused(rules.turn, raw, role, "m").param == param, raw
+
+
+def test_past_calls_only_from_the_assistant() -> None:
+    assert refused(rules.past_calls, [], "user", "p").param == "p"
+    assert refused(rules.past_calls, [{}] * 129, "assistant", "p").param == "p"
+
+
+def test_past_call_arguments_as_text_or_object() -> None:
+    f = {"name": "get", "arguments": {"a": [1]}}
+    assert rules.past_call({"function": f}, "p")["function"] == f
+    assert rules.past_call({"function": {"name": "get", "arguments": ""}}, "p")[
+        "function"]["arguments"] == {}
+    for args in ("{", "[1]", 3, "[" * 100_000):
+        e = refused(rules.past_call, {"function": {"name": "get", "arguments": args}}, "p")
+        assert e.param == "p.function.arguments", args
+    assert refused(rules.past_call, {"function": "x"}, "p").param == "p"

@@ -1,0 +1,79 @@
+"""The tool-call splitter (exod.runner.serving.tool_calls): text and calls out of streamed text,
+in pieces cut anywhere, with the model's own parser handed in (here json_tools' rule: the JSON
+between the markers). A call that does not parse comes back as the text it was."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from exod import messages as m
+from exod.runner.serving.tool_calls import Call, ToolCallSplitter, ToolFormat, forced_grammar
+
+FMT = ToolFormat("<tool_call>", "</tool_call>", lambda text, tools: json.loads(text),
+                 "json_tools")
+TEXT = ('Let me look. <tool_call>\n{"name": "get", "arguments": {"city": "Oslo"}}\n</tool_call>'
+        '\n<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call>\n')
+
+
+def run(text: str, cut: int, fmt: ToolFormat = FMT, single: bool = False) -> list[Any]:
+    s = ToolCallSplitter(fmt, [], single)
+    out: list[Any] = []
+    for i in range(0, len(text), cut):
+        out += s.feed(text[i:i + cut])
+    out += s.flush()
+    merged: list[Any] = []
+    for p in out:  # pieces of text may come in several parts
+        if isinstance(p, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += p
+        else:
+            merged.append(p)
+    return merged
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3, 7, 1000])
+def test_calls_found_in_text_cut_anywhere(cut: int) -> None:
+    # The whitespace between and after calls is no content.
+    assert run(TEXT, cut) == ["Let me look. ", Call("get", '{"city": "Oslo"}'),
+                              Call("add", '{"a": 1}')]
+
+
+def test_a_call_that_does_not_parse_is_returned_as_text() -> None:
+    text = "a <tool_call>{not json}</tool_call> b"
+    assert run(text, 4) == [text]
+
+
+def test_a_call_cut_off_by_the_end_is_parsed_or_returned() -> None:
+    assert run('<tool_call>{"name": "x", "arguments": {}}', 5) == [Call("x", "{}")]
+    assert run('<tool_call>{"name": "x", "argu', 5) == ['<tool_call>{"name": "x", "argu']
+
+
+def test_a_marker_prefix_is_text_once_it_cannot_be_one() -> None:
+    assert run("a <tool b <tool_cal", 2) == ["a <tool b <tool_cal"]
+
+
+def test_single_stops_after_the_first_call() -> None:
+    s = ToolCallSplitter(FMT, [], single=True)
+    assert s.feed(TEXT) == ["Let me look. ", Call("get", '{"city": "Oslo"}')] and s.done
+
+
+def test_an_empty_end_marker_means_calls_run_to_the_end() -> None:
+    fmt = ToolFormat("[TOOL_CALLS]", "", lambda text, tools: json.loads(text), "mistral")
+    assert run('hi [TOOL_CALLS][{"name": "a", "arguments": {}}, {"name": "b"}]', 3, fmt) == [
+        "hi ", Call("a", "{}"), Call("b", "{}")]
+
+
+def test_forced_grammar_is_the_models_format() -> None:
+    tools = [{"type": "function", "function": {"name": "get", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}}}},
+             {"type": "function", "function": {"name": "add"}}]
+    req = m.Generate(id="r", kind="chat", max_tokens=9, tools=tools, tool_choice="function",
+                     tool_name="get", parallel_tool_calls=False)
+    lark = forced_grammar(FMT, req, json.dumps)
+    assert lark.startswith('start: call\ncall: "<tool_call>" "\\n" body "\\n" "</tool_call>"')
+    assert '"const": "get"' in lark and '"add"' not in lark
+    many = forced_grammar(FMT, m.Generate(id="r", kind="chat", max_tokens=9, tools=tools,
+                                          tool_choice="required"), json.dumps)
+    assert many.startswith('start: call ("\\n" call)*') and '"anyOf"' in many
