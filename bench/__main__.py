@@ -6,7 +6,8 @@ import importlib
 import sys
 
 ALL = ["load", "daemon", "api", "serving", "fused", "sharding", "families", "systemd", "security",
-       "hostile_runner", "hostile_reads", "ports", "group_start", "models"]
+       "hostile_runner", "hostile_reads", "ports", "group_start", "models",
+       "agent_constrained"]
 
 
 def main() -> None:
