@@ -294,13 +294,17 @@ def name(raw: Any, param: str) -> str:
 
 
 def depth(raw: Any, param: str) -> Any:
-    """A JSON value nested at most MAX_SCHEMA_DEPTH deep (walked without recursion)."""
+    """A JSON value nested at most MAX_SCHEMA_DEPTH deep, its numbers finite (Python's JSON
+    reads `Infinity` and `NaN`, which no message to a runner may carry). Walked without
+    recursion."""
     stack = [(raw, 1)]
     while stack:
         v, d = stack.pop()
         if d > MAX_SCHEMA_DEPTH:
             raise RequestError(f"`{param}` is nested more than {MAX_SCHEMA_DEPTH} levels deep",
                                param)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise RequestError(f"`{param}` holds {v}, which is no JSON number", param)
         children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
         stack.extend((x, d + 1) for x in children)
     return raw

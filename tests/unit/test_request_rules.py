@@ -185,6 +185,8 @@ def test_depth_refuses_deep_nesting_without_recursion() -> None:
         deep = [deep]
     assert refused(rules.depth, deep, "p").param == "p"
     rules.depth([[{"a": [1]}]], "p")
+    for number in (float("inf"), float("nan")):
+        assert refused(rules.depth, {"maximum": [number]}, "p").param == "p"
 
 
 def test_schema_is_an_object_not_too_deep() -> None:
