@@ -93,12 +93,13 @@ def compile_time(model: Path) -> tuple[float, float]:
     grammar and its first mask), in a subprocess: this process never imports mlx."""
     code = f"""
 import json, statistics, time
+from pathlib import Path
 from mlx_lm.tokenizer_utils import load
 from exod import messages as m
 from exod.core.grammar_limits import EngineLimits
 from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.tool_calls import ToolFormat, forced_grammar
-tok = load({str(model)!r})
+tok = load(Path({str(model)!r}))
 g = Grammars(tok, json.load(open({str(model / "config.json")!r}))["vocab_size"], EngineLimits())
 t = time.perf_counter(); g.ll_tokenizer("tools"); setup = time.perf_counter() - t
 req = m.Generate(id="r", kind="chat", max_tokens=9, tools={TOOLS!r}, tool_choice="required")
@@ -162,8 +163,8 @@ def against_mlx_lm_server(client: openai.OpenAI, model: Path) -> list[tuple[str,
 
 
 def section(client: openai.OpenAI, model: Path) -> list[tuple[str, str]]:
-    rows, step = constrained_vs_free(client)
     setup, compiled = compile_time(model)
+    rows, step = constrained_vs_free(client)
     rows += [("grammar compile (typical tool schema) / one decode step",
               f"{compiled / step:.3f}x ({compiled * 1e3:.2f} ms / {step * 1e3:.2f} ms)"),
              ("grammar engine's tokenizer, built once per runner", f"{setup:.2f} s")]
