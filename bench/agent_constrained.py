@@ -31,7 +31,7 @@ import openai
 
 from bench.api import demo_model
 from bench.common import PY, report, verdict
-from tests.harness import Daemon, free_port
+from tests.harness import Daemon
 
 MAX_TOKENS = 64
 LEVELS = (1, 8)
@@ -137,22 +137,13 @@ def valid_calls(client: openai.OpenAI, model: str) -> tuple[int, float]:
 
 
 def against_mlx_lm_server(client: openai.OpenAI, model: Path) -> list[tuple[str, str]]:
+    from bench.api import start_mlx_lm_server
+
     ours, our_time = valid_calls(client, "agent")
-    port = free_port()
-    server = subprocess.Popen([PY, "-m", "mlx_lm", "server", "--model", str(model), "--port",
-                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, http = start_mlx_lm_server(model)
     try:
-        other = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-",
+        other = openai.OpenAI(base_url=f"http://127.0.0.1:{http.port}/v1", api_key="-",
                               max_retries=0, timeout=600)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                other.models.list()
-                break
-            except openai.APIConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
         theirs, their_time = valid_calls(other, str(model))
     finally:
         server.terminate()
@@ -168,7 +159,8 @@ def section(client: openai.OpenAI, model: Path) -> list[tuple[str, str]]:
     rows += [("grammar compile (typical tool schema) / one decode step",
               f"{compiled / step:.3f}x ({compiled * 1e3:.2f} ms / {step * 1e3:.2f} ms)"),
              ("grammar engine's tokenizer, built once per runner", f"{setup:.2f} s")]
-    return rows + against_mlx_lm_server(client, model)
+    report("agent: constrained decoding", rows)
+    return against_mlx_lm_server(client, model)
 
 
 def main() -> None:
@@ -185,7 +177,7 @@ def main() -> None:
             d.until_state("agent", "ready")
             client = openai.OpenAI(base_url=d.api_url() + "/v1", api_key="-", max_retries=0,
                                    timeout=600)
-            report("agent: constrained decoding", section(client, model))
+            report("agent: tool calls, exod vs mlx_lm.server", section(client, model))
         finally:
             d.close()
 
