@@ -1,5 +1,5 @@
 """Constrained decoding (issue 21): what a grammar costs, and what it buys. One daemon serving
-the demo model with a tool-calling chat template (exod.models.tiny.with_tool_template).
+the demo model with a tool-calling chat template (tests.models.tiny.with_tool_template).
 
 - constrained / free: aggregate decode tokens/s of requests whose output follows a JSON
   schema (response_format) against the same requests unconstrained, at 1 and 8 concurrent
@@ -167,7 +167,7 @@ def section(client: openai.OpenAI, model: Path) -> list[tuple[str, str]]:
 
 
 def main() -> None:
-    from exod.models.tiny import with_tool_template
+    from tests.models.tiny import with_tool_template
 
     base = Path(os.environ["EXOD_BENCH_MODEL"]) if os.environ.get("EXOD_BENCH_MODEL") \
         else demo_model()

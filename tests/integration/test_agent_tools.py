@@ -23,7 +23,7 @@ import jsonschema
 import openai
 import pytest
 
-from exod.models.tiny import with_tool_template
+from tests.models.tiny import with_tool_template
 from tests.harness import Daemon
 
 HELLO = [{"role": "user", "content": "hello"}]
