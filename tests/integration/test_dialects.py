@@ -14,10 +14,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anthropic
+import jsonschema
 import openai
 import pytest
 
 from tests.harness import Daemon
+from tests.integration.test_agent_tools import SCHEMAS, WEATHER
+from tests.models.tiny import with_tool_template
 from tests.integration.test_api import TOKEN, Served, sse_events  # noqa: F401
 
 ASK = "hello there"
@@ -54,11 +57,14 @@ def both(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     tmp = tmp_path_factory.mktemp("dialects")
     token_file = tmp / "token"
     token_file.write_text(TOKEN + "\n")
+    tools_model = with_tool_template(tiny_model, tmp / "tools")
     d = Daemon({"api": {"listen": "127.0.0.1:0", "token_file": str(token_file)},
-                "instances": {"tiny": {"model": str(tiny_model)}}})
+                "instances": {"tiny": {"model": str(tiny_model), "max_concurrency": 1},
+                              "tools": {"model": str(tools_model), "max_concurrency": 1}}})
     try:
         d.start()
-        d.watch_until(lambda s: s["instances"][0]["state"] == "ready", what="tiny ready")
+        d.watch_until(lambda s: all(i["state"] == "ready" for i in s["instances"]),
+                      what="tiny and tools ready")
         yield Both(d, tiny_model)
     finally:
         d.close()
@@ -192,10 +198,10 @@ def test_x_api_key_and_bearer_are_the_same_token(both: Both) -> None:
 
 
 def test_models_list_reads_in_both_clients(both: Both) -> None:
-    (m,) = both.client.models.list().data
+    m, _ = both.client.models.list().data
     assert m.id == "tiny" and m.model_extra["state"] == "ready"  # type: ignore[index]
     assert m.model_extra["context_length"] > 0  # type: ignore[index]
-    (a,) = both.claude.models.list().data
+    a, _ = both.claude.models.list().data
     assert a.id == "tiny" and a.type == "model" and a.display_name == "tiny"
 
 
@@ -292,3 +298,83 @@ def test_a_client_that_leaves_mid_stream_frees_the_runner(both: Both, path: str)
     conn.close()
     both.d.until_instance("tiny", lambda i: i["ranks"][0]["status"] == "ready", timeout=30,
                           what="the runner to cancel the generation")
+
+
+# ---- tools and structured output through both dialects ----------------------------------------
+WEATHER_TOOL: dict[str, Any] = {"name": "get_weather", "description": "Weather",
+                                "input_schema": WEATHER}
+
+
+def test_messages_forced_tool_use_validates_streams_and_round_trips(both: Both) -> None:
+    ask: Any = [{"role": "user", "content": ASK}]
+    kw: Any = {"model": "tools", "max_tokens": 160, "tools": [WEATHER_TOOL],
+               "tool_choice": {"type": "tool", "name": "get_weather",
+                               "disable_parallel_tool_use": True},
+               "extra_body": {"temperature": 0}}
+    r = both.claude.messages.create(messages=ask, **kw)
+    assert r.stop_reason == "tool_use", r
+    (call,) = [b for b in r.content if b.type == "tool_use"]
+    assert call.name == "get_weather" and call.id
+    jsonschema.validate(call.input, WEATHER)
+    with both.claude.messages.stream(messages=ask, **kw) as s:
+        kinds = [e.delta.type for e in s if e.type == "content_block_delta"]
+        final = s.get_final_message()
+    assert set(kinds) == {"input_json_delta"}
+    (streamed,) = [b for b in final.content if b.type == "tool_use"]
+    assert streamed.input == call.input and final.stop_reason == "tool_use"
+    # `any` is OpenAI's `required`: some tool is called.
+    anyone = both.claude.messages.create(messages=ask, **{**kw, "tool_choice": {
+        "type": "any", "disable_parallel_tool_use": True}})
+    assert [b.name for b in anyone.content if b.type == "tool_use"] == ["get_weather"]
+
+    def turn(result: str) -> list[Any]:
+        return [*ask, {"role": "assistant", "content": [
+            {"type": "tool_use", "id": call.id, "name": call.name, "input": call.input}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                          "content": result}]}]
+    short = both.claude.messages.count_tokens(model="tools", messages=turn("sunny"),
+                                              tools=[WEATHER_TOOL])
+    long = both.claude.messages.count_tokens(model="tools", messages=turn("sunny " * 40),
+                                             tools=[WEATHER_TOOL])
+    assert long.input_tokens > short.input_tokens + 30  # the result reaches the template
+    after = both.claude.messages.create(model="tools", max_tokens=8, messages=turn("sunny"),
+                                        tools=[WEATHER_TOOL], extra_body={"temperature": 0})
+    assert after.usage.input_tokens == short.input_tokens
+
+
+def test_messages_output_format_is_enforced(both: Both) -> None:
+    schema = SCHEMAS[1]
+    r = both.claude.messages.create(
+        model="tiny", max_tokens=120, messages=[{"role": "user", "content": ASK}],
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+        extra_body={"temperature": 0})
+    jsonschema.validate(json.loads(r.content[0].text), schema)  # type: ignore[union-attr]
+
+
+def test_responses_function_calls_and_text_format(both: Both) -> None:
+    tool: Any = {"type": "function", "name": "get_weather", "parameters": WEATHER}
+    kw: Any = {"model": "tools", "input": ASK, "tools": [tool], "tool_choice": "required",
+               "parallel_tool_calls": False, "max_output_tokens": 160, "temperature": 0}
+    r = both.client.responses.create(**kw)
+    (call,) = [i for i in r.output if i.type == "function_call"]
+    assert call.name == "get_weather" and call.call_id
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    events = list(both.client.responses.create(stream=True, **kw))
+    pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert pieces and "".join(pieces) == call.arguments
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert [d.arguments for d in done] == [call.arguments]
+    # The call and its output go back as items: the next turn is served.
+    nxt = both.client.responses.create(model="tools", tools=[tool], max_output_tokens=4,
+                                       temperature=0, input=[
+        {"role": "user", "content": ASK},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name,
+         "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    assert nxt.status in ("completed", "incomplete")
+    schema = SCHEMAS[7]
+    fmt = both.client.responses.create(model="tiny", input=ASK, max_output_tokens=120,
+                                       temperature=0, text={"format": {
+                                           "type": "json_schema", "name": "out",
+                                           "schema": schema, "strict": True}})
+    jsonschema.validate(json.loads(fmt.output_text), schema)
