@@ -10,10 +10,12 @@ test process never imports mlx.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -269,3 +271,49 @@ def test_fields_that_cannot_change_the_answer_are_accepted(served: Served) -> No
     with pytest.raises(openai.BadRequestError) as e:
         served.client.completions.create(model="tiny", prompt="x", max_tokens=1, suffix="y")
     assert e.value.body["param"] == "suffix"  # type: ignore[index]
+
+
+# ---- hostile values --------------------------------------------------------------------------
+HOSTILE: list[tuple[str, dict[str, Any], str | None]] = [
+    ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("chat", {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+    ("chat", {"top_logprobs": 5}, "top_logprobs"),  # without logprobs
+    ("chat", {"logprobs": True, "top_logprobs": 10**30}, "top_logprobs"),
+    ("completion", {"logprobs": 10**9}, "logprobs"),
+    ("chat", {"presence_penalty": "NaN"}, "presence_penalty"),
+    ("chat", {"frequency_penalty": "-Infinity"}, "frequency_penalty"),
+    ("chat", {"repetition_penalty": -1.0}, "repetition_penalty"),
+    ("chat", {"repetition_penalty": 0}, "repetition_penalty"),
+    ("chat", {"repetition_penalty": "1e999"}, "repetition_penalty"),
+    ("completion", {"min_p": "NaN"}, "min_p"),
+    ("completion", {"top_k": 10**40}, "top_k"),
+    ("completion", {"repetition_context_size": 10**12}, "repetition_context_size"),
+    ("chat", {"chat_template_kwargs": {"chat_template": "{% for i in range(10**9) %}x"
+                                                        "{% endfor %}"}}, "chat_template_kwargs"),
+    ("chat", {"chat_template_kwargs": {"deep": "DEEP"}}, None),  # the body's own JSON check
+    ("chat", {"chat_template_kwargs": {"k": "x" * 100_000}}, "chat_template_kwargs"),
+]
+
+
+def test_hostile_values_get_a_4xx_within_seconds(served: Served) -> None:
+    """Raw HTTP (NaN and infinities as JSON numbers, as Python's json writes them), each answered
+    with a 400 naming the field, fast; the instance serves on."""
+    url = served.d.api_url()
+    host, port = url.removeprefix("http://").split(":")
+    for endpoint, fields, param in HOSTILE:
+        body = {"model": "tiny", "max_tokens": 4, **fields}
+        body.update({"messages": HELLO} if endpoint == "chat" else {"prompt": "x"})
+        raw = json.dumps(body).replace('"NaN"', "NaN").replace('"-Infinity"', "-Infinity") \
+            .replace('"1e999"', "1e999").replace('"DEEP"', "[" * 5000 + "]" * 5000)
+        path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        t0 = time.monotonic()
+        conn.request("POST", path, raw.encode(), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        answer = json.loads(resp.read())
+        took = time.monotonic() - t0
+        conn.close()
+        assert resp.status == 400, (fields, resp.status, answer)
+        assert answer["error"]["param"] == param, (fields, answer)
+        assert took < 5, (fields, took)
+    assert served.chat(max_tokens=2, temperature=0).choices[0].finish_reason
