@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from openai.types import completion_create_params as completion_params
@@ -20,8 +20,12 @@ from exod.api import fields
 from exod.api.errors import ApiError
 from exod.api.objects import Reply
 from exod.api.schema import parse_chat, parse_completion, with_template_defaults
+from exod.config import ConfigError, load_config
 from exod.core.request_rules import RequestError
 from exod.runner.serving.output import Output, opens_thinking
+
+if TYPE_CHECKING:
+    from tests.unit.conftest import ConfigDir
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -181,3 +185,19 @@ def test_completion_logprobs_in_the_legacy_shape() -> None:
         "tokens": ["Hi"], "token_logprobs": [-0.5],
         "top_logprobs": [{"Hi": -0.5, "Ho": -1.5}], "text_offset": [0]}
     assert second["choices"][0]["logprobs"]["text_offset"] == [2]  # counted across chunks
+
+
+# ---- the per-instance default ----------------------------------------------------------------
+def test_instance_chat_template_kwargs_in_the_config(cfg_dir: ConfigDir) -> None:
+    base = "instances:\n  x:\n    model: m\n    chat_template_kwargs: "
+    config = load_config(cfg_dir.write("exod.yaml", base + "{enable_thinking: false, "
+                                                            "style: [a, 1, {b: null}]}\n"))
+    assert config.instances["x"].chat_template_kwargs == {"enable_thinking": False,
+                                                          "style": ["a", 1, {"b": None}]}
+    for bad, fragment in (("{tools: []}", "is not a template variable"),
+                          ("{when: 2020-01-01}", "expected plain data (JSON)"),
+                          ("[enable_thinking]", "expected a mapping")):
+        with pytest.raises(ConfigError) as e:
+            load_config(cfg_dir.write("exod.yaml", base + bad + "\n"))
+        (problem,) = e.value.problems
+        assert "instances.x.chat_template_kwargs" in str(problem) and fragment in str(problem)
