@@ -1,5 +1,5 @@
-"""Logprob entries (exod.messages.TokenLogprob) for the tokens a step generated, computed for
-all the requests that asked, in one evaluation per step.
+"""Logprob entries (exod.messages.TokenLogprob) for the tokens a step generated, for the
+requests that asked.
 
 The log-probabilities are the rows mlx-lm's generators return with each token: the model's
 distribution after logit_bias and the penalties (the logits processors), before temperature and
@@ -16,6 +16,7 @@ import functools
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from exod import messages as m
 from exod.core import request_rules as rules
@@ -69,36 +70,25 @@ class TokenText:
 
 def entries(rows: list[mx.array], tokens: list[int], tops: list[int],
             text: TokenText) -> list[m.TokenLogprob]:
-    """One entry per (row, token), with the row's `tops[i]` most probable tokens."""
-    if not rows:
-        return []
-    stacked = mx.stack([r.reshape(-1) for r in rows]).astype(mx.float32)
-    chosen = mx.take_along_axis(stacked, mx.array(tokens)[:, None], axis=-1)[:, 0]
-    k = min(max(tops), rules.MAX_TOP_LOGPROBS, stacked.shape[-1])
-    top_ids: list[list[int]] = []
-    top_values: list[list[float]] = []
-    if k > 0:
-        ids = mx.argpartition(-stacked, kth=k - 1, axis=-1)[:, :k]
-        values = mx.take_along_axis(stacked, ids, axis=-1)
-        mx.eval(chosen, ids, values)
-        top_ids, top_values = _rows(ids), _rows(values)
-    else:
-        mx.eval(chosen)
-    chosen_values: list[float] = chosen.tolist()  # type: ignore[assignment]
+    """One entry per (row, token), with the row's `tops[i]` most probable tokens.
+
+    In numpy, on rows mlx has already evaluated: an mlx operation here would be queued behind
+    the next decode step, which the generator has already started, and wait for it, so the
+    work that should overlap that step (detokenizing, sending) would follow it instead."""
     out = []
-    for i, (token, logprob) in enumerate(zip(tokens, chosen_values, strict=True)):
-        top: list[m.TopLogprob] = []
-        if tops[i] > 0:
-            ranked = sorted(zip(top_values[i], top_ids[i], strict=True), key=lambda p: -p[0])
-            top = [_top(text, t, v) for v, t in ranked[:tops[i]]]
+    for row, token, top in zip(rows, tokens, tops, strict=True):
+        if row.dtype != mx.float32:  # numpy has no bfloat16: a conversion (which waits)
+            row = row.astype(mx.float32)
+        lp = np.asarray(row).reshape(-1)
+        best: list[m.TopLogprob] = []
+        k = min(top, rules.MAX_TOP_LOGPROBS, lp.size)
+        if k > 0:
+            ids = np.argpartition(-lp, k - 1)[:k]
+            ids = ids[np.lexsort((ids, -lp[ids]))]  # ties: the lower id first, as argmax
+            best = [_top(text, int(t), float(lp[t])) for t in ids]
         word, raw = text(token)
-        out.append(m.TokenLogprob(word, _finite(logprob), raw, top))
+        out.append(m.TokenLogprob(word, _finite(float(lp[token])), raw, best))
     return out
-
-
-def _rows(a: mx.array) -> list[Any]:
-    rows: list[Any] = a.tolist()  # type: ignore[assignment]
-    return rows
 
 
 def _top(text: TokenText, token: int, logprob: float) -> m.TopLogprob:
