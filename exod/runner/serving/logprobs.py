@@ -83,7 +83,7 @@ def entries(rows: list[mx.array], tokens: list[int], tops: list[int],
         best: list[m.TopLogprob] = []
         k = min(top, rules.MAX_TOP_LOGPROBS, lp.size)
         if k > 0:
-            ids = np.argpartition(-lp, k - 1)[:k]
+            ids = np.argpartition(lp, lp.size - k)[lp.size - k:]
             ids = ids[np.lexsort((ids, -lp[ids]))]  # ties: the lower id first, as argmax
             best = [_top(text, int(t), float(lp[t])) for t in ids]
         word, raw = text(token)
