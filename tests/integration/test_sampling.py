@@ -251,8 +251,6 @@ def test_cached_tokens_come_from_the_prompt_cache(served: Served) -> None:
     ("best_of_all", 1), ("ignore_eos", True), ("audio", {"voice": "alloy", "format": "mp3"}),
     ("modalities", ["text", "audio"]), ("reasoning_effort", "high"), ("verbosity", "low"),
     ("web_search_options", {}), ("functions", [{"name": "f"}]), ("moderation", {"model": "x"}),
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("response_format", {"type": "json_object"}), ("tool_choice", "required"),
 ])
 def test_fields_exod_does_not_serve_are_refused_by_name(served: Served, field: str,
                                                         value: Any) -> None:

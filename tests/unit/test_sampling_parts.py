@@ -49,8 +49,8 @@ def test_the_readme_table_says_what_exod_does_with_every_field() -> None:
 
 
 def test_unknown_and_unserved_fields_are_refused_by_name() -> None:
-    for extra in ({"ignore_eos": True}, {"tools": [{"type": "function"}]},
-                  {"reasoning_effort": "low"}, {"modalities": ["audio"]}, {"prompt": "x"}):
+    for extra in ({"ignore_eos": True}, {"reasoning_effort": "low"}, {"modalities": ["audio"]},
+                  {"prompt": "x"}, {"web_search_options": {}}):
         with pytest.raises(ApiError) as e:
             parse_chat({**CHAT, **extra})
         assert e.value.param == next(iter(extra))
