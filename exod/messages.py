@@ -30,9 +30,10 @@ from typing import Any, ClassVar, Literal
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 8  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 9  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
-# 8: Generate's tools fields, ToolCall
+# 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
+# reasoning, chat_template_kwargs, cached_tokens
 
 
 class Phase(str, enum.Enum):
@@ -175,12 +176,38 @@ class Fetched:
 
 # ---- runner → daemon: work ------------------------------------------------------------------
 @dataclass(frozen=True)
+class TopLogprob:
+    """One of the most probable tokens at a position (a part of `TokenLogprob`)."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability, and the `top` most probable at its position. The
+    distribution is the one sampled from after logit_bias and the penalties, before temperature
+    and the top-k/top-p/min-p filters (OpenAI's definition). `bytes`: the token's own UTF-8
+    bytes (a character may span tokens; `token` then holds U+FFFD for the missing part)."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+    top: list[TopLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Text:
-    """The next piece of a generation's text, as soon as it is decoded."""
+    """The next piece of a generation's text, as soon as it is decoded. `reasoning`: text
+    inside a think block (the model's tokenizer knows its markers), apart from the answer.
+    `logprobs`: one per token of `text`, when the request asked for them."""
 
     type: ClassVar[str] = "text"
     id: str
     text: str
+    reasoning: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -236,6 +263,7 @@ class Done:
     prompt_tokens: int
     completion_tokens: int
     stop_sequence: str | None = None  # the one that ended the text (finish_reason "stop")
+    cached_tokens: int = 0  # prompt tokens taken from the prompt cache, not prefilled
 
 
 # `hung` is the daemon's own: it ends the requests of a runner that stopped making progress.
@@ -282,6 +310,20 @@ class Generate:
     parallel_tool_calls: bool = True
     # None, {"type": "json_object"} or {"type": "json_schema", "schema": {...}, "strict": b}
     response_format: dict[str, Any] | None = None
+
+    # The rest of the sampling set (exod.runner.serving.sampling); defaults leave each off.
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    repetition_context_size: int = 20  # tokens each penalty looks back on (mlx-lm's default)
+    presence_penalty: float = 0.0
+    presence_context_size: int = 20
+    frequency_penalty: float = 0.0
+    frequency_context_size: int = 20
+    logprobs: bool = False
+    top_logprobs: int = 0  # with `logprobs`: how many of the most probable tokens to add
+    # Extra variables for the chat template (e.g. enable_thinking), checked by the daemon.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # What the runner reads of every turn without looking further; the rest (tool calls)

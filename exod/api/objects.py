@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exod import __version__
+from exod import messages as m
 
 FINGERPRINT = f"exod-{__version__}"
 DONE = b"data: [DONE]\n\n"
@@ -23,20 +24,32 @@ def sse(obj: dict[str, Any]) -> bytes:
         + b"\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+          ) -> dict[str, Any]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def _entry(e: m.TokenLogprob) -> dict[str, Any]:
+    return {"token": e.token, "logprob": e.logprob, "bytes": e.bytes,
+            "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes}
+                             for t in e.top]}
 
 
 @dataclass
 class Reply:
-    """Builds every object of one response: all share the id, `created` and model."""
+    """Builds every object of one response: all share the id, `created` and model.
+    `logprobs`: the request asked for them (chat: `logprobs: true`; completions: `logprobs: N`),
+    so each choice carries them, in the endpoint's own shape."""
 
     kind: str  # "chat" | "completion"
     model: str
     include_usage: bool = False
+    logprobs: bool = False
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    _offset: int = 0  # characters of text sent so far (the legacy shape's text_offset)
 
     def __post_init__(self) -> None:
         prefix = "chatcmpl" if self.kind == "chat" else "cmpl"
@@ -46,12 +59,28 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": FINGERPRINT}
 
+    def _logprobs(self, entries: list[m.TokenLogprob] | None) -> dict[str, Any] | None:
+        if not self.logprobs or entries is None:
+            return None
+        if self.kind == "chat":
+            return {"content": [_entry(e) for e in entries], "refusal": None}
+        offsets = []
+        for e in entries:  # where each token starts in the text (its own text, as sent)
+            offsets.append(self._offset)
+            self._offset += len(e.token)
+        return {"tokens": [e.token for e in entries],
+                "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{t.token: t.logprob for t in e.top} for e in entries],
+                "text_offset": offsets}
+
     # ---- streaming ------------------------------------------------------------------------
     def chunk(self, text: str | None = None, finish_reason: str | None = None,
-              role: bool = False, tool_calls: list[dict[str, Any]] | None = None
+              role: bool = False, tool_calls: list[dict[str, Any]] | None = None,
+              reasoning: str = "", logprobs: list[m.TokenLogprob] | None = None
               ) -> dict[str, Any]:
-        """One chunk carrying a piece of text, the role (first chunk), a piece of tool calls
-        (exod.api.tool_output), or the finish reason."""
+        """One chunk carrying a piece of text (and of reasoning, and the logprobs of its
+        tokens), the role (first chunk), a piece of tool calls (exod.api.tool_output), or the
+        finish reason."""
         if self.kind == "chat":
             delta: dict[str, Any] = {}
             if role:
@@ -61,11 +90,14 @@ class Reply:
                 delta["content"] = text
             if tool_calls is not None:
                 delta["tool_calls"] = tool_calls
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
+            if reasoning:
+                delta["reasoning_content"] = reasoning
+            choice: dict[str, Any] = {"index": 0, "delta": delta,
+                                      "logprobs": self._logprobs(logprobs),
                                       "finish_reason": finish_reason}
             out = self._head("chat.completion.chunk")
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None,
+            choice = {"index": 0, "text": text or "", "logprobs": self._logprobs(logprobs),
                       "finish_reason": finish_reason}
             out = self._head("text_completion")
         out["choices"] = [choice]
@@ -73,27 +105,33 @@ class Reply:
             out["usage"] = None
         return out
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
+                    cached_tokens: int = 0) -> dict[str, Any]:
         """The extra last chunk of `stream_options.include_usage`: no choices, the usage."""
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         return {**self._head(obj), "choices": [],
-                "usage": usage(prompt_tokens, completion_tokens)}
+                "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
     # ---- whole ----------------------------------------------------------------------------
     def whole(self, text: str, finish_reason: str, prompt_tokens: int,
-              completion_tokens: int, tool_calls: list[dict[str, Any]] | None = None
-              ) -> dict[str, Any]:
+              completion_tokens: int, tool_calls: list[dict[str, Any]] | None = None, *,
+              reasoning: str = "", logprobs: list[m.TokenLogprob] | None = None,
+              cached_tokens: int = 0) -> dict[str, Any]:
         if self.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
             if tool_calls:  # as OpenAI: no content beside calls is null, not ""
                 message["tool_calls"] = tool_calls
                 message["content"] = text or None
-            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            choice: dict[str, Any] = {"index": 0, "message": message,
+                                      "logprobs": self._logprobs(logprobs or []),
                                       "finish_reason": finish_reason}
             out = self._head("chat.completion")
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": self._logprobs(logprobs or []),
+                      "finish_reason": finish_reason}
             out = self._head("text_completion")
         out["choices"] = [choice]
-        out["usage"] = usage(prompt_tokens, completion_tokens)
+        out["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         return out

@@ -1,19 +1,20 @@
 """Request bodies of /v1/chat/completions and /v1/completions, checked into a `GenRequest`
 (what the runner receives). Which fields each endpoint takes is said here; every rule a field
 must pass, and its message, is in exod.core.request_rules (the runner checks the same rules
-again). A broken rule is a 400 naming the `param`. Fields exod does not use are ignored, as
-clients send many; fields it uses must be valid.
+again). A broken rule is a 400 naming the `param`. No field is ignored silently: what exod does
+with each field of OpenAI's requests is exod.api.fields.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ParamSpec, TypeVar
 
 from exod.api.errors import bad_request
+from exod.api.fields import check_fields
 from exod.core import request_rules as rules
 from exod.core.request_rules import RequestError
 from exod.messages import Generate
@@ -57,6 +58,7 @@ def _http(fn: Callable[P, T]) -> Callable[P, T]:
 @_http
 def parse_chat(raw: Any) -> GenRequest:
     b = rules.body(raw)
+    check_fields(b, "chat")
     msgs = rules.messages(b.get("messages"))
     # Both are checked; the newer name wins. A null is a field not set (some clients send
     # every field).
@@ -64,8 +66,12 @@ def parse_chat(raw: Any) -> GenRequest:
     new = b.get("max_completion_tokens")
     param = "max_completion_tokens" if new is not None else \
         "max_tokens" if b.get("max_tokens") is not None else None
+    logprobs = rules.logprobs(b.get("logprobs"))
     gen = Generate(id="", kind="chat", messages=msgs,
                    max_tokens=rules.max_tokens(new, "max_completion_tokens", old), **_sampling(b),
+                   logprobs=logprobs,
+                   top_logprobs=rules.top_logprobs(b.get("top_logprobs"), logprobs),
+                   chat_template_kwargs=rules.chat_template_kwargs(b.get("chat_template_kwargs")),
                    **_agent(b))
     return GenRequest(gen, rules.model(b.get("model")), *_streaming(b), max_tokens_param=param)
 
@@ -73,12 +79,14 @@ def parse_chat(raw: Any) -> GenRequest:
 @_http
 def parse_completion(raw: Any) -> GenRequest:
     b = rules.body(raw)
+    check_fields(b, "completion")
     prompt = rules.prompt(b.get("prompt"))
     rules.echo(b.get("echo"))
+    top = rules.completion_logprobs(b.get("logprobs"))
     gen = Generate(id="", kind="completion", prompt=prompt,
                    max_tokens=rules.max_tokens(b.get("max_tokens"), "max_tokens",
                                                rules.DEFAULT_MAX_TOKENS_COMPLETION),
-                   **_sampling(b))
+                   **_sampling(b), logprobs=top is not None, top_logprobs=top or 0)
     return GenRequest(gen, rules.model(b.get("model")), *_streaming(b),
                       max_tokens_param="max_tokens" if b.get("max_tokens") is not None else None)
 
@@ -120,6 +128,12 @@ def _sampling(b: dict[str, Any]) -> dict[str, Any]:
         "seed": seed,
         # The wire's keys are strings (JSON's): the ids, normalised ("0001" is "1").
         "logit_bias": {str(k): v for k, v in rules.logit_bias(b.get("logit_bias")).items()},
+        "top_k": rules.top_k(b.get("top_k")),
+        "min_p": rules.number("min_p", b.get("min_p")),
+        "repetition_penalty": rules.repetition_penalty(b.get("repetition_penalty")),
+        "presence_penalty": rules.number("presence_penalty", b.get("presence_penalty")),
+        "frequency_penalty": rules.number("frequency_penalty", b.get("frequency_penalty")),
+        **{name: rules.context_size(name, b.get(name)) for name in rules.CONTEXT_SIZES},
     }
 
 
@@ -135,3 +149,11 @@ def apply_limits(req: GenRequest, limits: ModelLimits) -> GenRequest:
     rules.schema_bytes(size, limits.schema_bytes, param)
     n = rules.max_tokens_cap(gen.max_tokens, req.max_tokens_param, limits.context, limits.cap)
     return req if n == gen.max_tokens else replace(req, gen=replace(gen, max_tokens=n))
+
+
+def with_template_defaults(req: GenRequest, defaults: Mapping[str, Any]) -> GenRequest:
+    """A chat request with the instance's chat_template_kwargs under its own."""
+    if req.gen.kind != "chat" or not defaults:
+        return req
+    merged = {**defaults, **req.gen.chat_template_kwargs}
+    return replace(req, gen=replace(req.gen, chat_template_kwargs=merged))

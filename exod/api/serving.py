@@ -23,7 +23,7 @@ from exod.api.dialects.output import OpenAiOutput, Output
 from exod.api.objects import SSE_HEADERS, Reply
 from exod.api.on_demand import OnDemand, Stopped
 from exod.api.tool_output import streamed_call, whole_call
-from exod.api.schema import GenRequest, ModelLimits, apply_limits
+from exod.api.schema import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import Daemon
 from exod.core.states import State
 from exod.daemon.channel import RequestStream, TooLarge
@@ -113,6 +113,7 @@ class Serving:
                         limits: Limits, out: Output) -> web.StreamResponse:
         inst = self._instance(req.model)
         req = apply_limits(req, await limits(inst))
+        req = with_template_defaults(req, inst.config.chat_template_kwargs)
         gate = self.gate(inst)
         try:
             await gate.enter()
@@ -188,18 +189,23 @@ def _param(req: GenRequest, ev: m.Error) -> str | None:
 async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: Output) -> web.Response:
     parts: list[str] = []
     calls: list[dict[str, Any]] = []
+    thoughts: list[str] = []
+    logprobs: list[m.TokenLogprob] = []
     async for ev in events:
         if isinstance(ev, (m.Prefill, m.Held)):
             continue  # progress only (see _events)
         if isinstance(ev, m.Text):
             parts.append(ev.text)
+            thoughts.append(ev.reasoning)
+            logprobs += ev.logprobs
         elif isinstance(ev, m.ToolCall):
             calls.append(whole_call(ev))
         elif isinstance(ev, m.Done):
-            reply = Reply(req.gen.kind, req.model)
+            reply = Reply(req.gen.kind, req.model, logprobs=req.gen.logprobs)
             return web.json_response(out.whole(reply.whole(
                 "".join(parts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens,
-                calls)))
+                calls, reasoning="".join(thoughts), logprobs=logprobs,
+                cached_tokens=ev.cached_tokens)))
         else:
             raise runner_error(ev.code, ev.message, _param(req, ev))
     raise AssertionError("unreachable: the event stream never ends")
@@ -215,7 +221,8 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
     if isinstance(first, m.Error):
         raise runner_error(first.code, first.message, _param(req, first))
     resp = web.StreamResponse(headers=SSE_HEADERS)
-    reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage)
+    reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage,
+                  logprobs=req.gen.logprobs)
     try:
         await resp.prepare(request)
         await resp.write(out.begin())
@@ -226,7 +233,9 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
             if isinstance(ev, (m.Prefill, m.Held)):
                 continue  # progress only (see _events)
             if isinstance(ev, m.Text):
-                await resp.write(out.chunk(reply.chunk(ev.text)))
+                await resp.write(out.chunk(reply.chunk(
+                    ev.text if ev.text or not ev.reasoning else None, reasoning=ev.reasoning,
+                    logprobs=ev.logprobs)))
                 continue
             if isinstance(ev, m.ToolCall):
                 for piece in streamed_call(ev, calls):
@@ -236,8 +245,8 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
             if isinstance(ev, m.Done):
                 await resp.write(out.chunk(reply.chunk(finish_reason=ev.finish_reason)))
                 if req.include_usage:
-                    await resp.write(out.chunk(reply.usage_chunk(ev.prompt_tokens,
-                                                                 ev.completion_tokens)))
+                    await resp.write(out.chunk(reply.usage_chunk(
+                        ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)))
             else:
                 err = runner_error(ev.code, ev.message, _param(req, ev))
                 meter.failed_code = err.status

@@ -13,6 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from exod.core import request_rules
 from exod.config.model_dir import model_heads, model_layer_count
 from exod.config.probe import layout_problem
 from exod.config.schema import Instance
@@ -112,6 +113,16 @@ def check_on_demand(instance: Instance, written: Collection[str]) -> list[Issue]
     if "idle_stop_after" in written and not instance.on_demand:
         return [Issue("idle_stop_after", "applies only to `autostart: on-demand` instances "
                                          "(nothing would start it again)")]
+    return []
+
+
+def check_template_kwargs(instance: Instance) -> list[Issue]:
+    """The instance's chat_template_kwargs pass the rule a request's own pass."""
+    try:
+        request_rules.chat_template_kwargs(dict(instance.chat_template_kwargs))
+    except request_rules.RequestError as e:
+        return [Issue("chat_template_kwargs", str(e).replace("`chat_template_kwargs`", "")
+                      .lstrip(": ") or str(e))]
     return []
 
 

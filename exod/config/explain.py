@@ -21,6 +21,7 @@ _KIND_NAMES = {
     Kind.OCTAL: "octal file mode",
     Kind.SIZE: "size in bytes (512MiB, 2GiB, 800MB)",
     Kind.DURATION_OR_NEVER: "duration or never",
+    Kind.JSON: "any value (plain data, as JSON has it)",
 }
 
 _PREAMBLE = [

@@ -18,7 +18,8 @@ from typing import Literal
 
 from exod.core.serving import DEFAULT_PROMPT_CACHE_BYTES
 from exod.hub.ref import HubRef
-from exod.config.types import Duration, DurationOrNever, InstanceName, ModelDir, Octal, Size
+from exod.config.types import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir, Octal,
+                               Size)
 from exod.paths import default_control_socket
 
 RestartMode = Literal["no", "on-failure", "always"]
@@ -229,6 +230,10 @@ class Instance:
         metadata=doc("the most tokens one request may ask for (max_tokens); default and upper "
                      "bound: the model's context window", minimum=1),
     )
+    chat_template_kwargs: Mapping[str, JsonValue] = field(
+        default_factory=dict,
+        metadata=doc("extra variables for the model's chat template, e.g. {enable_thinking: "
+                     "false}; a request's own `chat_template_kwargs` override them key by key"))
     cluster_key_file: Path | None = field(
         default=None,
         metadata=doc("file holding the group's shared secret (at least 16 bytes; the same file "

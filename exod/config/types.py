@@ -15,6 +15,7 @@ class Kind(enum.Enum):
     OCTAL = "octal"  # file mode: 0660 / '0660' / 432
     SIZE = "size"  # '512MiB', '2GiB', '800MB' or a number of bytes -> int bytes
     DURATION_OR_NEVER = "duration_or_never"  # a duration, or `never` -> math.inf
+    JSON = "json"  # plain data as JSON has it: null, true, numbers, strings, lists, mappings
 
 
 Duration = Annotated[float, Kind.DURATION]
@@ -23,5 +24,6 @@ InstanceName = Annotated[str, Kind.INSTANCE_NAME]
 Octal = Annotated[int, Kind.OCTAL]
 Size = Annotated[int, Kind.SIZE]
 DurationOrNever = Annotated[float, Kind.DURATION_OR_NEVER]
+JsonValue = Annotated[object, Kind.JSON]
 
 INSTANCE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"

@@ -361,6 +361,8 @@ class Validator:
                 return self.report(node.mark, path, str(e))
         if kind is Kind.OCTAL:
             return self.octal(node, path)
+        if kind is Kind.JSON:
+            return self.plain_data(node, path)
         value = self.scalar(Path if kind in (Kind.PATH, Kind.MODEL_DIR) else str, node, path, meta)
         if value is INVALID:
             return INVALID
@@ -371,6 +373,23 @@ class Validator:
             problem = instance_name_problem(value)
             return self.report(node.mark, path, problem) if problem else value
         return value
+
+    def plain_data(self, node: Node, path: str) -> Any:
+        """A YAML value as JSON has it (what a client could send in a request body)."""
+        if isinstance(node, Broken):
+            return INVALID
+        if isinstance(node, Scalar):
+            v = node.value
+            if v is None or isinstance(v, (bool, int, str)) or (
+                    isinstance(v, float) and math.isfinite(v)):
+                return v
+            return self.report(node.mark, path, f"expected plain data (JSON), got "
+                                                f"{describe(node)}")
+        if isinstance(node, SeqNode):
+            items = [self.plain_data(n, f"{path}[{i}]") for i, n in enumerate(node.items)]
+            return INVALID if any(v is INVALID for v in items) else items
+        out = {k: self.plain_data(e.value, join_path(path, k)) for k, e in node.entries.items()}
+        return INVALID if any(v is INVALID for v in out.values()) else out
 
     def path(self, text: str, node: Node, path: str) -> Any:
         if not text:

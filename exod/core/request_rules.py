@@ -35,6 +35,21 @@ MAX_STOP_CHARS = 1024
 MAX_BIAS = 1024  # entries of logit_bias
 BIAS_LIMIT = 100  # a logit_bias value is from -BIAS_LIMIT to BIAS_LIMIT
 ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_TOP_K = (1 << 31) - 1  # top_k at or past the vocabulary keeps every token
+MAX_REPETITION_PENALTY = 10.0  # a factor on the logits of tokens seen; 1: off
+MAX_CONTEXT_SIZE = 1 << 20  # tokens a penalty looks back on
+DEFAULT_CONTEXT_SIZE = 20  # mlx-lm's
+CONTEXT_SIZES = ("repetition_context_size", "presence_context_size", "frequency_context_size")
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+MAX_TEMPLATE_KWARGS = 32
+MAX_TEMPLATE_KWARGS_CHARS = 16 * 1024  # as JSON
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+# Arguments of the chat template call itself, never template variables a client may set
+# (`chat_template` would be a template of the client's own).
+RESERVED_TEMPLATE_KWARGS = frozenset((
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"))
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")  # ASCII digits only: str.isdigit() takes '²' too
 
 
@@ -58,6 +73,9 @@ class Range:
 NUMBERS: dict[str, Range] = {
     "temperature": Range(1.0, 0.0, 2.0),
     "top_p": Range(1.0, 0.0, 1.0),  # 0 keeps only the most probable token
+    "min_p": Range(0.0, 0.0, 1.0),  # 0: off
+    "presence_penalty": Range(0.0, -2.0, 2.0),  # OpenAI's range; 0: off
+    "frequency_penalty": Range(0.0, -2.0, 2.0),
 }
 
 
@@ -127,6 +145,12 @@ def stream_options(raw: Any, streaming: bool) -> bool:
                            "stream_options")
     if not isinstance(raw, dict) or not isinstance(raw.get("include_usage", False), bool):
         raise RequestError("`stream_options.include_usage` must be a boolean", "stream_options")
+    # include_obfuscation pads chunks against length side channels: it cannot change the
+    # answer, and exod's chunks carry no padding either way.
+    if set(raw) - {"include_usage", "include_obfuscation"} or \
+            not isinstance(raw.get("include_obfuscation", True), bool):
+        raise RequestError("`stream_options` takes `include_usage` and `include_obfuscation`, "
+                           "booleans", "stream_options")
     return bool(raw.get("include_usage", False))
 
 
@@ -446,3 +470,83 @@ def past_call(raw: Any, param: str) -> dict[str, Any]:
     out = {"type": "function", "function": {"name": name(f.get("name"), f"{param}.function.name"),
                                             "arguments": depth(args, where)}}
     return {**out, "id": raw["id"]} if isinstance(raw.get("id"), str) else out
+
+
+# ---- the rest of the sampling set --------------------------------------------------------------
+def integer(raw: Any, param: str, default: int, lo: int, hi: int) -> int:
+    """An integer field: `default` when not set (None), else an int (not a bool) in range."""
+    if raw is None:
+        return default
+    if isinstance(raw, bool) or not isinstance(raw, int) or not lo <= raw <= hi:
+        raise RequestError(f"`{param}` must be an integer from {lo} to {hi}", param)
+    return raw
+
+
+def top_k(raw: Any) -> int:
+    """Sample from the k most probable tokens; 0 or -1 (vLLM's spelling): off."""
+    return integer(raw, "top_k", 0, -1, MAX_TOP_K)
+
+
+def repetition_penalty(raw: Any) -> float:
+    """A factor dividing (multiplying, when negative) the logits of tokens seen lately; 1: off.
+    0 would divide by zero."""
+    if raw is None:
+        return 1.0
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) \
+            or not 0 < raw <= MAX_REPETITION_PENALTY:
+        raise RequestError(f"`repetition_penalty` must be a number more than 0 and at most "
+                           f"{MAX_REPETITION_PENALTY:g} (1: off)", "repetition_penalty")
+    return float(raw)
+
+
+def context_size(name: str, raw: Any) -> int:
+    """How many of the latest tokens a penalty looks at (one of CONTEXT_SIZES)."""
+    return integer(raw, name, DEFAULT_CONTEXT_SIZE, 1, MAX_CONTEXT_SIZE)
+
+
+# ---- what comes back besides the text ----------------------------------------------------------
+def logprobs(raw: Any) -> bool:
+    """The chat endpoint's `logprobs`: a boolean."""
+    if raw is not None and not isinstance(raw, bool):
+        raise RequestError("`logprobs` must be a boolean", "logprobs")
+    return bool(raw)
+
+
+def top_logprobs(raw: Any, with_logprobs: bool) -> int:
+    """How many of the most probable tokens come with each token's logprob; needs logprobs."""
+    top = integer(raw, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    if raw is not None and not with_logprobs:
+        raise RequestError("`top_logprobs` needs `logprobs: true`", "top_logprobs")
+    return top
+
+
+def completion_logprobs(raw: Any) -> int | None:
+    """/v1/completions' `logprobs`: how many of the most probable tokens come with each token
+    (0: only the token's own); None: no logprobs."""
+    if raw is None:
+        return None
+    return integer(raw, "logprobs", 0, 0, MAX_TOP_LOGPROBS)
+
+
+def chat_template_kwargs(raw: Any, param: str = "chat_template_kwargs") -> dict[str, Any]:
+    """Extra variables for the chat template: names that are variables, not the template
+    call's own arguments; plain JSON values, small."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping) or len(raw) > MAX_TEMPLATE_KWARGS:
+        raise RequestError(f"`{param}` must be an object of at most {MAX_TEMPLATE_KWARGS} "
+                           "variables", param)
+    for k in raw:
+        if not isinstance(k, str) or not _VARIABLE.fullmatch(k) \
+                or k in RESERVED_TEMPLATE_KWARGS:
+            raise RequestError(f"`{param}`: {str(k)[:60]!r} is not a template variable (a name "
+                               "of letters, digits and _, not an argument of the template call "
+                               "itself)", param)
+    try:
+        size = len(json.dumps(raw, ensure_ascii=False, allow_nan=False))
+    except (ValueError, TypeError, RecursionError):
+        raise RequestError(f"`{param}` must hold plain JSON values", param) from None
+    if size > MAX_TEMPLATE_KWARGS_CHARS:
+        raise RequestError(f"`{param}` is more than {MAX_TEMPLATE_KWARGS_CHARS} characters as "
+                           "JSON", param)
+    return dict(raw)

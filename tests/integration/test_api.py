@@ -223,7 +223,12 @@ def test_completions_and_prompt_token_count(served: Served) -> None:
     assert all(c.object == "text_completion" and c.id == chunks[0].id for c in chunks)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
-    assert chunks[-1].choices == [] and chunks[-1].usage == r.usage
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (r.usage.prompt_tokens, 8)
+    # The same prompt again: all of it but its last token comes from the prompt cache.
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1
 
 
 # ---- stop sequences -------------------------------------------------------------------------

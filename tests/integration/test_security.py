@@ -374,7 +374,11 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
                     lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
 FIELDS = ("model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature",
-          "top_p", "stop", "seed", "logit_bias", "stream", "stream_options", "n", "echo")
+          "top_p", "stop", "seed", "logit_bias", "stream", "stream_options", "n", "echo",
+          "top_k", "min_p", "repetition_penalty", "repetition_context_size", "presence_penalty",
+          "frequency_penalty", "logprobs", "top_logprobs", "chat_template_kwargs", "tools",
+          "user", "reasoning_effort")
+NUMBER = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-10**20, 10**20)
 NEAR = {"model": st.sampled_from(["capped", "nope", ""]) | JSON,
         "messages": st.lists(st.fixed_dictionaries(
             {"role": st.sampled_from(["user", "system", "bogus"]) | JSON,
@@ -382,7 +386,14 @@ NEAR = {"model": st.sampled_from(["capped", "nope", ""]) | JSON,
         "logit_bias": st.dictionaries(st.text("0123456789²-", min_size=1, max_size=6),
                                       st.floats(-200, 200) | JSON, max_size=3) | JSON,
         "max_tokens": st.integers(-5, 10**13) | JSON,
-        "stream": st.booleans() | JSON}
+        "stream": st.booleans() | JSON,
+        **dict.fromkeys(("top_k", "min_p", "repetition_penalty", "repetition_context_size",
+                         "presence_penalty", "frequency_penalty"), NUMBER | JSON),
+        "logprobs": st.booleans() | st.integers(-2, 30) | JSON,
+        "top_logprobs": st.integers(-2, 30) | JSON,
+        "chat_template_kwargs": st.dictionaries(
+            st.sampled_from(["enable_thinking", "chat_template", "tools", "x-y", ""]) | st.text(),
+            JSON, max_size=3) | JSON}
 
 
 @st.composite
@@ -402,6 +413,8 @@ def test_fuzz_http_json_bodies(api: Api) -> None:
               suppress_health_check=list(HealthCheck))
     @given(body=bodies(), path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
     def probe(body: dict[str, Any], path: str) -> None:
+        # Each endpoint refuses the other's text field by name: keep only its own.
+        body.pop("prompt" if path == "/v1/chat/completions" else "messages", None)
         raw = json.dumps(body, allow_nan=True).encode()
         try:
             status, _, _ = api.request("POST", path, raw)

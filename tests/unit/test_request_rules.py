@@ -287,3 +287,67 @@ def test_past_call_arguments_as_text_or_object() -> None:
         e = refused(rules.past_call, {"function": {"name": "get", "arguments": args}}, "p")
         assert e.param == "p.function.arguments", args
     assert refused(rules.past_call, {"function": "x"}, "p").param == "p"
+
+
+# ---- the rest of the sampling set, logprobs, chat_template_kwargs ------------------------------
+def test_min_p_and_the_openai_penalties_are_numbers_in_range() -> None:
+    assert rules.number("min_p", None) == 0.0 and rules.number("min_p", 1) == 1.0
+    assert rules.number("presence_penalty", -2) == -2.0
+    assert rules.number("frequency_penalty", None) == 0.0
+    for name, bad in (("min_p", 1.5), ("min_p", -0.1), ("presence_penalty", 2.01),
+                      ("frequency_penalty", float("nan")), ("presence_penalty", float("-inf")),
+                      ("frequency_penalty", 1e308), ("min_p", True)):
+        assert refused(rules.number, name, bad).param == name
+
+
+def test_top_k_is_an_integer_0_or_minus_1_for_off() -> None:
+    assert rules.top_k(None) == 0 and rules.top_k(-1) == -1 and rules.top_k(50) == 50
+    assert rules.top_k(rules.MAX_TOP_K) == rules.MAX_TOP_K
+    for bad in (-2, 1.5, True, "5", rules.MAX_TOP_K + 1, 10**30):
+        assert refused(rules.top_k, bad).param == "top_k"
+
+
+def test_repetition_penalty_is_a_positive_factor() -> None:
+    assert rules.repetition_penalty(None) == 1.0 and rules.repetition_penalty(1.3) == 1.3
+    for bad in (0, -1, 10.5, float("nan"), float("inf"), True, "1"):
+        assert refused(rules.repetition_penalty, bad).param == "repetition_penalty"
+
+
+def test_context_sizes_are_positive_integers() -> None:
+    for name in rules.CONTEXT_SIZES:
+        assert rules.context_size(name, None) == 20 and rules.context_size(name, 1) == 1
+        for bad in (0, -5, 2.0, True, rules.MAX_CONTEXT_SIZE + 1):
+            assert refused(rules.context_size, name, bad).param == name
+
+
+def test_logprobs_and_top_logprobs() -> None:
+    assert rules.logprobs(None) is False and rules.logprobs(True) is True
+    assert refused(rules.logprobs, 1).param == "logprobs"
+    assert rules.top_logprobs(None, False) == 0 and rules.top_logprobs(20, True) == 20
+    for bad in (-1, 21, 10**9, 2.0, True):
+        assert refused(rules.top_logprobs, bad, True).param == "top_logprobs"
+    assert "needs `logprobs: true`" in str(refused(rules.top_logprobs, 3, False))
+
+
+def test_completion_logprobs_is_a_count() -> None:
+    assert rules.completion_logprobs(None) is None and rules.completion_logprobs(0) == 0
+    assert rules.completion_logprobs(5) == 5
+    for bad in (-1, 21, True, 1.0, "5"):
+        assert refused(rules.completion_logprobs, bad).param == "logprobs"
+
+
+def test_chat_template_kwargs_are_small_plain_variables() -> None:
+    assert rules.chat_template_kwargs(None) == {}
+    ok = {"enable_thinking": False, "effort": ["a", 1, {"b": None}]}
+    assert rules.chat_template_kwargs(ok) == ok
+    for bad in ([], "x", {"chat_template": "{{ 7*7 }}"}, {"tools": []},
+                {"add_generation_prompt": False}, {"1x": 1}, {"a-b": 1}, {"": 1},
+                {f"k{i}": i for i in range(rules.MAX_TEMPLATE_KWARGS + 1)},
+                {"big": "x" * rules.MAX_TEMPLATE_KWARGS_CHARS}, {"nan": float("nan")}):
+        assert refused(rules.chat_template_kwargs, bad).param == "chat_template_kwargs"
+
+
+def test_stream_options_take_include_obfuscation_and_nothing_else() -> None:
+    assert rules.stream_options({"include_usage": True, "include_obfuscation": False}, True)
+    for bad in ({"include_obfuscation": "no"}, {"other": True}):
+        assert refused(rules.stream_options, bad, True).param == "stream_options"

@@ -9,8 +9,9 @@ prompts in flight: a cancel or a stop is therefore seen within one bounded step,
 very long prompt.
 
 Requests join the running batch as they come (up to `width`, the instance's max_concurrency)
-and leave it when they finish; each keeps its own sampler (a seed reproduces per request), logit
-bias, stop sequences and streaming detokenizer (text is released whole characters at a time).
+and leave it when they finish; each keeps its own sampler (a seed reproduces per request), logits
+processors (logit bias, penalties, a grammar), and output (exod.runner.serving.output: streaming
+detokenizer, stop sequences, reasoning apart, logprobs; then its tool calls).
 
 Prompt cache: when a request ends, the KV cache of its prompt and completion is stored under
 those tokens; a later request that shares a prefix with a stored entry (the next turn of a chat)
@@ -33,8 +34,9 @@ from exod.runner.serving.prepare import check_request, context_window, read_prom
 from exod.runner.log import ERR, log
 from exod.runner.serving import tool_calls
 from exod.runner.serving.grammar import Grammars
+from exod.runner.serving.logprobs import TokenText, entries
+from exod.runner.serving.output import Output, with_pieces
 from exod.runner.serving.reading import Prompt
-from exod.runner.serving.stop_sequences import StopMatcher
 
 CACHE_KEY = "model"  # LRUPromptCache keys entries by model too; a runner serves one
 MIN_CHUNK = 32  # prefill chunks below this waste more in overhead than they buy in latency
@@ -48,9 +50,10 @@ class _Request:
     rid: str
     uid: int
     prompt_tokens: int
-    detokenizer: Any
-    stops: StopMatcher
+    out: Output
     calls: tool_calls.ToolCallSplitter | None = None
+    top_logprobs: int | None = None  # None: no logprobs asked
+    cached_tokens: int = 0
     completion_tokens: int = 0
     prefilling: bool = True
     prefilled: int = 0  # prompt tokens through the model so far (as reported, approximately)
@@ -73,6 +76,7 @@ class BatchEngine:
         self.cache_bytes = max(0, cache_bytes)
         self.vocab = vocab_size(model, tokenizer)
         self.window = context_window(model)
+        self.text = TokenText(tokenizer)
         self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or EngineLimits())
         self._cache = LRUPromptCache(max_size=1 << 30, max_bytes=self.cache_bytes)
         self._counts = CacheStats()
@@ -117,8 +121,9 @@ class BatchEngine:
             caches=[cache] if cache is not None else None, samplers=[checked.sampler],
             all_tokens=[prompt[: len(prompt) - len(rest)]],
             logits_processors=[checked.processors])
-        r = _Request(rid, uid, len(prompt), self.tokenizer.detokenizer,
-                     StopMatcher(req.stop), tool_calls.splitter(self.tokenizer, req))
+        out = Output(self.tokenizer.detokenizer, req.stop, checked.markers, checked.thinking)
+        r = _Request(rid, uid, len(prompt), out, tool_calls.splitter(self.tokenizer, req),
+                     checked.top_logprobs, cached_tokens=len(prompt) - len(rest))
         self._by_uid[uid] = self._by_rid[rid] = r
 
     def cancel(self, rid: str) -> None:
@@ -146,10 +151,11 @@ class BatchEngine:
             self._gen = self._new_generator()
             return failed
         events: list[m.Event] = []
+        logprobs = self._logprobs(responses)
         for resp in responses:
             r = self._by_uid.get(resp.uid)
             if r is not None:
-                events += self._on_token(r, resp)
+                events += self._on_token(r, resp, logprobs.get(resp.uid))
         # Progress of prompts still going through the model (no token yet): hang detection in
         # the daemon counts it, so a long prompt is never taken for a hung runner.
         for r in prefilling:
@@ -238,34 +244,43 @@ class BatchEngine:
         self._by_uid.pop(r.uid, None)
         self._by_rid.pop(r.rid, None)
 
-    def _on_token(self, r: _Request, resp: Any) -> list[m.Event]:
+    def _logprobs(self, responses: list[Any]) -> dict[int, m.TokenLogprob]:
+        """The entries of this step's tokens, for the requests that asked."""
+        wanted = [(resp, r) for resp in responses
+                  if (r := self._by_uid.get(resp.uid)) is not None and r.top_logprobs is not None]
+        if not wanted:
+            return {}
+        got = entries([resp.logprobs for resp, _ in wanted], [resp.token for resp, _ in wanted],
+                      [r.top_logprobs or 0 for _, r in wanted], self.text)
+        return {resp.uid: e for (resp, _), e in zip(wanted, got, strict=True)}
+
+    def _on_token(self, r: _Request, resp: Any, entry: m.TokenLogprob | None) -> list[m.Event]:
         r.prefilling = False
         r.completion_tokens += 1
         reason = resp.finish_reason
-        detok = r.detokenizer
-        if reason != "stop":  # an end-of-sequence token is never shown (as stream_generate)
-            detok.add_token(resp.token)
-        if reason is not None:
-            detok.finalize()
-        text = r.stops.feed(detok.last_segment)
-        pieces: list[tool_calls.Piece] = r.calls.feed(text) if r.calls else [text]
+        # An end-of-sequence token is never shown (as stream_generate).
+        piece = r.out.add(resp.token, entry, eos=reason == "stop", last=reason is not None)
+        pieces: list[tool_calls.Piece] = r.calls.feed(piece.text) if r.calls else [piece.text]
         # A stop sequence, or the one call a request without parallel_tool_calls wanted: the
         # request leaves the batch now.
-        if r.stops.stopped or (r.calls and r.calls.done):
-            caches = self._gen.remove([r.uid], return_prompt_caches=True)
-            cache, tokens = caches.get(r.uid, (None, []))
-            self._store(tokens, cache)
+        if r.out.stopped or (r.calls and r.calls.done):
+            if reason is None:
+                caches = self._gen.remove([r.uid], return_prompt_caches=True)
+                cache, tokens = caches.get(r.uid, (None, []))
+                self._store(tokens, cache)
+            else:
+                self._store(resp.all_tokens or [], resp.prompt_cache)
             pieces += r.calls.flush() if r.calls else []
             reason = "stop"
         elif reason is not None:
-            end = r.stops.flush()
-            pieces += r.calls.feed(end) + r.calls.flush() if r.calls else [end]
+            pieces += r.calls.flush() if r.calls else []
             self._store(resp.all_tokens or [], resp.prompt_cache)
-        events = tool_calls.events(r.rid, pieces)
+        events = with_pieces(r.rid, piece, tool_calls.events(r.rid, pieces))
         if not events and reason is None:  # a token all the same: progress for the hang watch
             events.append(m.Held(r.rid, r.completion_tokens))
         if reason is not None:
             self._forget(r)
             events.append(m.Done(r.rid, tool_calls.finish_reason(reason, r.calls),
-                                 r.prompt_tokens, r.completion_tokens, r.stops.matched))
+                                 r.prompt_tokens, r.completion_tokens, r.out.stops.matched,
+                                 r.cached_tokens))
         return events

@@ -1,7 +1,9 @@
 """One generation request in the runner, read from its `generate` message: prompt tokens (chat
-template or raw text), a sampler of its own, logit bias, stop sequences. Every field is checked
-again here by the request rules (exod.core.request_rules), with the numbers of the model as
-loaded (exod.runner.serving.model_checks), whatever sent it: nothing reaches mlx unchecked.
+template or raw text), a sampler of its own (exod.runner.serving.sampling), logits processors
+(logit bias, penalties), stop sequences, and what it shows (exod.runner.serving.output: think
+markers, logprobs). Every field is checked again here by the request rules
+(exod.core.request_rules), with the numbers of the model as loaded
+(exod.runner.serving.model_checks), whatever sent it: nothing reaches mlx unchecked.
 
 The engine (exod.runner.serving.batch_engine.BatchEngine, on every rank of a group too) builds its
 requests from here.
@@ -9,20 +11,20 @@ requests from here.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_top_p, greedy_sampler
 
 from exod import messages as m
 from exod.core import request_rules as rules
 from exod.core.request_rules import RequestError
 from exod.runner.serving import model_checks, tool_calls
 from exod.runner.serving.grammar import Constraint, Grammars
+from exod.runner.serving.output import Markers, opens_thinking, think_markers
 from exod.runner.serving.reading import Prompt
+from exod.runner.serving.sampling import make_request_sampler, penalty_processors
 
 __all__ = ["Checked", "read_prompt", "check_request", "prompt_tokens",
            "bias_processors", "context_window", "make_request_sampler", "vocab_size"]
@@ -34,11 +36,13 @@ Processor = Callable[[mx.array, mx.array], mx.array]
 
 
 def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]],
-                tools: list[dict[str, Any]] | None = None) -> list[int]:
+                tools: list[dict[str, Any]] | None = None,
+                template_kwargs: dict[str, Any] | None = None) -> list[int]:
     if getattr(tokenizer, "has_chat_template", True):
+        extra = rules.chat_template_kwargs(template_kwargs or None)
         # The tools go to the model's own template, which knows how the model wants them.
         tokens = tokenizer.apply_chat_template(messages, tools=tools or None,
-                                               add_generation_prompt=True)
+                                               add_generation_prompt=True, **extra)
         return [int(t) for t in tokens]
     # No template in the model: plain "role: content" lines, then the assistant's turn.
     text = "".join(f"{msg['role']}: {msg['content']}\n" for msg in messages) + "assistant: "
@@ -48,7 +52,10 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]],
 def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
     if req.kind == "chat":
         try:
-            tokens = chat_prompt(tokenizer, req.messages or [], req.tools)
+            tokens = chat_prompt(tokenizer, req.messages or [], req.tools,
+                                 req.chat_template_kwargs)
+        except RequestError:
+            raise
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
             raise RequestError(f"{type(e).__name__}: {e}", "messages") from e
     else:
@@ -72,6 +79,9 @@ class Checked:
     max_tokens: int
     processors: list[Processor]
     sampler: Sampler
+    top_logprobs: int | None = None  # None: no logprobs; else how many top tokens with each
+    markers: Markers | None = None  # the think markers, for a chat
+    thinking: bool = False  # the prompt ends inside a think block
 
 
 def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
@@ -112,10 +122,15 @@ def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | Non
     its prompt, when already read (elsewhere: exod.runner.serving.reading)."""
     if read is None:
         read = read_prompt(tokenizer, req, vocab, window, grammars)
-    processors = bias_processors(req.logit_bias, vocab)
+    processors = bias_processors(req.logit_bias, vocab) + penalty_processors(req)
     if read.constraint is not None:  # last: nothing after it may allow a token it forbids
         processors.append(read.constraint)
-    return Checked(read.tokens, read.max_tokens, processors, make_request_sampler(req))
+    logprobs = rules.logprobs(req.logprobs)
+    top = rules.top_logprobs(req.top_logprobs or None, logprobs)
+    markers = think_markers(tokenizer) if req.kind == "chat" else None
+    return Checked(read.tokens, read.max_tokens, processors, make_request_sampler(req, vocab),
+                   top_logprobs=top if logprobs else None, markers=markers,
+                   thinking=opens_thinking(read.tokens, markers))
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
@@ -133,32 +148,3 @@ def bias_processors(bias: dict[str, float], vocab: int) -> list[Processor]:
         return []
     rules.bias_ids(list(ids), vocab)
     return [model_checks.bias_processor(ids)]
-
-
-class KeyedSampler:
-    """Temperature / top-p sampling from a random key of this request's own, split once per
-    token. A seed then reproduces the request whatever else runs beside it: nothing reseeds
-    the process-wide generator, so one client's seed never touches another's draws."""
-
-    def __init__(self, temperature: float, top_p: float, seed: int | None) -> None:
-        self.scale = 1.0 / temperature
-        self.top_p = top_p
-        self.key = mx.random.key(secrets.randbits(63) if seed is None else seed % (1 << 64))
-
-    def __call__(self, logprobs: mx.array) -> mx.array:
-        self.key, sub = mx.random.split(self.key)
-        if 0 < self.top_p < 1:
-            logprobs = apply_top_p(logprobs, self.top_p)
-        return mx.random.categorical(logprobs * self.scale, key=sub)
-
-
-def make_request_sampler(req: m.Generate) -> Sampler:
-    """Greedy requests share mlx-lm's one greedy sampler, which lets the batch sample them in
-    one call; every sampling request gets a KeyedSampler. The numbers are checked again here,
-    whatever sent them: nothing reaches mlx unchecked."""
-    temperature = rules.number("temperature", req.temperature)
-    top_p = rules.number("top_p", req.top_p)
-    # top_p 0 keeps only the most probable token (mlx-lm takes 0 for "off": the opposite).
-    if model_checks.greedy_temperature(temperature) or top_p == 0:
-        return greedy_sampler
-    return KeyedSampler(temperature, top_p, req.seed)

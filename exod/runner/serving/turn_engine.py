@@ -1,11 +1,12 @@
 """The turn-taking engine, for a single rank whose model mlx-lm cannot batch
-(exod.runner.serving.can_batch): each request steps through mlx-lm's `stream_generate` on its own,
+(exod.runner.serving.can_batch): each request steps through mlx-lm's `generate_step` on its own,
 one token of each running request per step, with no prompt cache.
 
-The prompt goes through the model here, one chunk per step, before `stream_generate` takes over
+The prompt goes through the model here, one chunk per step, before `generate_step` takes over
 for its last token, so the serve loop can drop the request (a cancel) or end it (a stop) within
 one chunk, as the batch engine does. mlx-lm's own chunked prefill would run the whole prompt
-inside one step.
+inside one step. What a generation shows (text, reasoning, logprobs, then tool calls) comes
+from exod.runner.serving.output, as in the batch engine.
 """
 
 from __future__ import annotations
@@ -14,24 +15,27 @@ from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import GenerationResponse, generation_stream, stream_generate
+from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 from exod import messages as m
 from exod.core.grammar_limits import EngineLimits
-from exod.runner.serving.prepare import check_request, context_window, read_prompt, vocab_size
+from exod.runner.serving.prepare import (Processor, check_request, context_window, read_prompt,
+                                         vocab_size)
 from exod.runner.log import ERR, log
 from exod.runner.serving import tool_calls
 from exod.runner.serving.grammar import Grammars
+from exod.runner.serving.logprobs import TokenText, entries
+from exod.runner.serving.output import Output, with_pieces
 from exod.runner.serving.reading import Prompt
-from exod.runner.serving.stop_sequences import StopMatcher
 
 # As exod.runner.serving.batch_engine: smaller chunks cost more in overhead than they buy.
 MIN_CHUNK = 32
 
 
 class Generation:
-    def __init__(self, model: Any, tokenizer: Any, req: m.Generate, read: Prompt) -> None:
+    def __init__(self, model: Any, tokenizer: Any, req: m.Generate, read: Prompt,
+                 text: TokenText) -> None:
         self.id = req.id
         self.model = model
         checked = check_request(tokenizer, req, vocab_size(model, tokenizer),
@@ -39,12 +43,16 @@ class Generation:
         self._calls = tool_calls.splitter(tokenizer, req)
         prompt = checked.prompt
         self._cache: list[Any] = make_prompt_cache(model)
-        self._pending = prompt[:-1]  # prefilled by `prefill`; the last token by stream_generate
-        self._responses: Iterator[GenerationResponse] = stream_generate(
-            model, tokenizer, mx.array(prompt[-1:]), prompt_cache=self._cache,
+        self._pending = prompt[:-1]  # prefilled by `prefill`; the last token by generate_step
+        self._tokens: Iterator[tuple[Any, mx.array]] = generate_step(
+            mx.array(prompt[-1:]), model, prompt_cache=self._cache,
             max_tokens=checked.max_tokens, sampler=checked.sampler,
-            logits_processors=checked.processors or None)
-        self._stops = StopMatcher(req.stop)
+            logits_processors=_seeing(prompt[:-1], checked.processors))
+        self._eos = set(int(t) for t in tokenizer.eos_token_ids)
+        self._max_tokens = checked.max_tokens
+        self._top = checked.top_logprobs
+        self._text = text
+        self._out = Output(tokenizer.detokenizer, req.stop, checked.markers, checked.thinking)
         self.prompt_tokens = len(prompt)
         self.completion_tokens = 0
         self.prefilled = 0
@@ -58,38 +66,43 @@ class Generation:
         """Run the next `chunk` prompt tokens through the model (and the group) into the cache."""
         tokens, self._pending = self._pending[:chunk], self._pending[chunk:]
         self.prefilled += len(tokens)
-        with mx.stream(generation_stream):  # where stream_generate will read the cache
+        with mx.stream(generation_stream):  # where generate_step will read the cache
             self.model(mx.array(tokens)[None], cache=self._cache)
             mx.eval([c.state for c in self._cache])
         mx.clear_cache()
 
-    def step(self) -> tuple[list[tool_calls.Piece], m.FinishReason | None]:
-        """Generate one token: (text and calls to release now, finish reason or None while
-        going on)."""
-        r = next(self._responses)
+    def step(self) -> tuple[list[m.Event], m.FinishReason | None]:
+        """Generate one token: (what it shows now, finish reason or None while going on)."""
+        token, logprobs = next(self._tokens)
+        token = int(token)
         self.started = True
-        self.completion_tokens = r.generation_tokens
+        self.completion_tokens += 1
+        eos = token in self._eos
+        last = eos or self.completion_tokens >= self._max_tokens
+        entry = None
+        if self._top is not None and not eos:
+            (entry,) = entries([logprobs], [token], [self._top], self._text)
+        piece = self._out.add(token, entry, eos=eos, last=last)
         calls = self._calls
-        text = self._stops.feed(r.text)
-        pieces: list[tool_calls.Piece] = calls.feed(text) if calls else [text]
-        if self._stops.stopped or (calls and calls.done):
+        pieces: list[tool_calls.Piece] = calls.feed(piece.text) if calls else [piece.text]
+        reason: m.FinishReason | None = None
+        if self._out.stopped or (calls and calls.done):
             self.close()
-            return pieces + (calls.flush() if calls else []), \
-                tool_calls.finish_reason("stop", calls)
-        if r.finish_reason is not None:
-            end = self._stops.flush()
-            pieces += calls.feed(end) + calls.flush() if calls else [end]
-            return pieces, tool_calls.finish_reason(r.finish_reason, calls)
-        return pieces, None
+            reason = tool_calls.finish_reason("stop", calls)
+        elif last:
+            reason = tool_calls.finish_reason("stop" if eos else "length", calls)
+        if reason is not None:
+            pieces += calls.flush() if calls else []
+        return with_pieces(self.id, piece, tool_calls.events(self.id, pieces)), reason
 
     def close(self) -> None:
-        close = getattr(self._responses, "close", None)
+        close = getattr(self._tokens, "close", None)
         if close is not None:
             close()
 
     def done(self, finish_reason: m.FinishReason) -> m.Done:
         return m.Done(self.id, finish_reason, self.prompt_tokens, self.completion_tokens,
-                      self._stops.matched)
+                      self._out.stops.matched)
 
 
 class TurnEngine:
@@ -102,6 +115,7 @@ class TurnEngine:
                                  grammar_limits or EngineLimits())
         self.prefill_step = max(MIN_CHUNK, prefill_step)
         self.gens: dict[str, Generation] = {}
+        self.text = TokenText(tokenizer)
 
     @property
     def active(self) -> int:
@@ -112,7 +126,7 @@ class TurnEngine:
                            context_window(self.model), self.grammars)
 
     def admit(self, req: m.Generate, prompt: Prompt) -> None:
-        self.gens[req.id] = Generation(self.model, self.tokenizer, req, prompt)
+        self.gens[req.id] = Generation(self.model, self.tokenizer, req, prompt, self.text)
 
     def cancel(self, rid: str) -> None:
         gen = self.gens.pop(rid, None)
@@ -132,13 +146,12 @@ class TurnEngine:
                     # Progress before the first token: hang detection counts it as such.
                     out.append(m.Prefill(rid, gen.prefilled, gen.prompt_tokens))
                     continue
-                pieces, reason = gen.step()
+                events, reason = gen.step()
             except Exception as e:  # noqa: BLE001 -- mlx raises many types: fail this one, go on
                 log(f"generation {rid} failed: {type(e).__name__}: {e}", ERR)
                 self.cancel(rid)
                 out.append(m.Error(rid, "internal", f"{type(e).__name__}: {e}"))
                 continue
-            events = tool_calls.events(rid, pieces)
             out += events
             if not events and reason is None:  # a token all the same: progress (hang watch)
                 out.append(m.Held(rid, max(1, gen.completion_tokens)))
@@ -165,3 +178,18 @@ class TurnEngine:
     def serving(self) -> m.Serving:
         return m.Serving(batching=self.why, width=self.width, active=self.active,
                          prefill_step=self.prefill_step)
+
+
+def _seeing(prefilled: list[int], processors: list[Processor]) -> list[Processor] | None:
+    """The processors, shown the whole prompt before the tokens generate_step gives them: it
+    is handed only the prompt's last token (the rest went through `prefill`), and a penalty
+    must see what mlx-lm's own generate shows it."""
+    if not processors:
+        return None
+    head = mx.array(prefilled, dtype=mx.uint32)
+
+    def whole(process: Processor) -> Processor:
+        return lambda tokens, logits: process(mx.concatenate([head, tokens.astype(head.dtype)]),
+                                              logits)
+
+    return [whole(p) for p in processors]

@@ -1,0 +1,61 @@
+"""A thinking model for tests: a copy of a tiny model (tests.models.tiny) whose tokenizer knows
+`<think>` and `</think>` (each one token, as Qwen3's: mlx-lm's tokenizer wrapper then finds them)
+and whose chat template opens a think block for the answer, as thinking models' templates do;
+`enable_thinking: false` gets an empty block instead. Its weights are the tiny model's, random:
+it thinks only as long as it writes no `</think>`, which a test can make it write with
+`logit_bias`.
+
+The two marker tokens take the ids of the tokenizer's last two merges (the rarest pieces), so
+the vocabulary keeps its size and every id still has a row in the embedding.
+
+CLI: ``python -m tests.models.thinking TINY_DIR OUT_DIR`` prints OUT_DIR as the last line of
+stdout. Plain file work: no mlx.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+THINK = ("<think>", "</think>")
+# ChatML, as the tiny model's, with a think block opened for the answer.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and not enable_thinking %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{% else %}{{ '<think>\\n' }}{% endif %}"
+    "{% endif %}"
+)
+
+
+def make_thinking_model(tiny: Path, out: Path) -> Path:
+    """Copy `tiny` to `out` (replaced if there) as the thinking model; returns `out`."""
+    tiny, out = Path(tiny), Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(tiny, tmp, ignore=shutil.ignore_patterns(".exod-*"))
+    path = tmp / "tokenizer.json"
+    tok = json.loads(path.read_text())
+    model = tok["model"]
+    for marker in THINK:
+        first, second = model["merges"].pop()
+        piece = first + second
+        tok["added_tokens"].append({
+            "id": model["vocab"].pop(piece), "content": marker, "single_word": False,
+            "lstrip": False, "rstrip": False, "normalized": False, "special": False})
+    path.write_text(json.dumps(tok, ensure_ascii=False))
+    config_path = tmp / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    config_path.write_text(json.dumps(config, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+if __name__ == "__main__":
+    print(make_thinking_model(Path(sys.argv[1]), Path(sys.argv[2])))
