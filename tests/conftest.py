@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.shared import shared_dir
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -26,7 +28,7 @@ def _run_model_cli(args: list[str], timeout: float) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """make(layers=4, **kw) -> directory of a tiny model; kw are make_tiny_model's parameters."""
-    root = tmp_path_factory.mktemp("tiny-models")
+    root = shared_dir(tmp_path_factory, "tiny-models")  # made once per run, not per worker
     made: dict[tuple[tuple[str, object], ...], Path] = {}
 
     def make(layers: int = 4, **kw: object) -> Path:
@@ -50,3 +52,16 @@ def demo_model() -> Path:
     """The demo model, converted once into a cache that outlives the session."""
     cache = os.environ.get("EXOD_TEST_CACHE") or str(Path.home() / ".cache" / "exod-test")
     return _run_model_cli(["exod.models.demo", "--cache-dir", cache], 900)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """pytest-xdist (`make test`: `--dist loadgroup`): a module whose tests share a module-scoped
+    fixture (a daemon serving several tests, a made zoo) runs on one worker, so the fixture is
+    made once; tests that name an xdist_group keep it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d.scope == "module" for chain in defs for d in chain):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else ""))

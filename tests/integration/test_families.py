@@ -25,6 +25,7 @@ import pytest
 
 from exod.models.zoo import FAMILIES, KNOWN_REFUSALS, NOT_SERVED, QUANTIZED
 from tests.harness import Daemon
+from tests.shared import made_once
 from tests.zoo import LAYOUTS, OK, make_zoo, refusals, serve_zoo, spec_name
 
 SPECS = list(FAMILIES) + [f"{f}:4" for f in QUANTIZED] + ["llama:8"]
@@ -35,7 +36,12 @@ Zoo = dict[str, dict[str, str]]
 
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory: pytest.TempPathFactory) -> Zoo:
-    made = make_zoo(tmp_path_factory.mktemp("zoo"), SPECS)
+    made: Zoo = made_once(tmp_path_factory, "zoo", make)  # once per run: ~80 s of CPU
+    return made
+
+
+def make(root: Path) -> Zoo:
+    made = make_zoo(root, SPECS)
     assert sorted(made) == sorted(spec_name(s) for s in SPECS)
     # llama alone first, on 1 rank: its runner builds the decode step's kernels (mlx's JIT,
     # kept in $TMPDIR/mlx) that nearly every family uses. Without it, the 30 runners of the
@@ -47,8 +53,10 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> Zoo:
 
 
 @pytest.fixture(scope="module")
-def refused(zoo: Zoo) -> dict[tuple[str, str], str]:
-    return refusals(zoo)
+def refused(zoo: Zoo, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], str]:
+    listed = made_once(tmp_path_factory, "zoo-refusals",
+                       lambda _: [[*k, v] for k, v in refusals(zoo).items()])
+    return {(name, layout): reason for name, layout, reason in listed}
 
 
 def test_the_check_refuses_exactly_the_known_layouts(refused: dict[tuple[str, str], str]
