@@ -14,6 +14,13 @@ from tests.shared import shared_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # In parallel (`make test`: more workers than cores), one BLAS thread per process, in every
+    # daemon, runner and subprocess the tests start (an operator's setting, which exod keeps):
+    # BLAS threads spin while they wait for each other, and on oversubscribed cores that made
+    # a demo-model decode 1.7x slower for the same CPU time (see exod.daemon.rank_addresses).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 
 def _run_model_cli(args: list[str], timeout: float) -> Path:
     """Run a `python -m exod.models.*` CLI; its last stdout line is the model directory."""
