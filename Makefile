@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # pytest-xdist workers. Most integration tests wait on daemons, runners and ladders more than
 # they compute, so more workers than cores keep both of a 2-core machine's cores busy.
 WORKERS ?= 4
-PYTEST := $(BIN)/pytest -n $(WORKERS) --dist loadgroup
+PYTEST := $(BIN)/pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: run test test-unit test-integration test-system warm setup setup-test install bench lint \
 	clean

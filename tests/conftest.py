@@ -61,14 +61,43 @@ def demo_model() -> Path:
     return _run_model_cli(["exod.models.demo", "--cache-dir", cache], 900)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """pytest-xdist (`make test`: `--dist loadgroup`): a module whose tests share a module-scoped
-    fixture (a daemon serving several tests, a made zoo) runs on one worker, so the fixture is
-    made once; tests that name an xdist_group keep it."""
+    """For pytest-xdist (`make test`: `--dist loadgroup --no-loadscope-reorder`): groups, then
+    the order in which workers take the tests.
+
+    - A module whose tests share a module-scoped fixture (a daemon serving several tests) runs
+      on one worker, so the fixture is made once; the real-systemd tier runs on one worker, one
+      guest at a time. Tests that name an xdist_group keep it.
+    - Longest chains first, so that no worker is left with one at the end: the test that makes
+      the zoo (the other workers' zoo chunks then find it made), the systemd tier, the modules
+      that share a daemon, then single integration tests, and the unit tier last, filling gaps.
+    """
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d.scope == "module" for chain in defs for d in chain):
+        if SYSTEM in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("systemd"))
+        elif _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else ""))
+    items.sort(key=_turn)
+
+
+SYSTEM = REPO_ROOT / "tests" / "system"
+FIRST = {"tests/integration/test_families.py::test_the_check_refuses_exactly_the_known_layouts"}
+
+
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d.scope == "module" for chain in defs for d in chain)
+
+
+def _turn(item: pytest.Item) -> int:
+    if item.nodeid in FIRST:
+        return 0
+    if SYSTEM in item.path.parents:
+        return 1
+    if REPO_ROOT / "tests" / "unit" in item.path.parents:
+        return 4
+    return 2 if item.get_closest_marker("xdist_group") is not None else 3
