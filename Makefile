@@ -3,13 +3,32 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test setup setup-test install bench lint clean
+# pytest-xdist workers. Most integration tests wait on daemons, runners and ladders more than
+# they compute, so more workers than cores keep both of a 2-core machine's cores busy.
+WORKERS ?= 4
+PYTEST := $(BIN)/pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+
+.PHONY: run test test-unit test-integration test-system warm setup setup-test install bench lint \
+	clean
 
 run: setup  ## set up, then run the daemon in the foreground on the built-in demo model
 	$(BIN)/exod run --demo
 
-test: setup-test  ## set up, then run the whole test suite
-	$(BIN)/pytest
+test: setup-test  ## set up; lint and warm (side by side); then every tier, in parallel
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint warm
+	$(PYTEST) tests
+
+test-unit: setup-test  ## the unit tier: no processes, no mlx (tens of seconds)
+	$(PYTEST) tests/unit
+
+test-integration: setup-test warm  ## the integration tier: real daemons, runners and mlx
+	$(PYTEST) tests/integration
+
+test-system: setup-test  ## the system tier: exod under a real systemd in private namespaces
+	$(PYTEST) tests/system
+
+warm: setup-test  ## mlx's kernel cache, the demo model: once, before tests run in parallel
+	$(BIN)/python -m tests.warm
 
 setup: $(VENV)/.run-deps
 setup-test: $(VENV)/.test-deps
@@ -40,7 +59,7 @@ bench: setup-test  ## benchmarks: print ratios against baselines measured in the
 
 lint: setup-test
 	$(BIN)/ruff check exod tests bench
-	$(BIN)/mypy exod
+	$(BIN)/mypy exod tests/models
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.shared import shared_dir
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # In parallel (`make test`: more workers than cores), one BLAS thread per process, in every
+    # daemon, runner and subprocess the tests start (an operator's setting, which exod keeps):
+    # BLAS threads spin while they wait for each other, and on oversubscribed cores that made
+    # a demo-model decode 1.7x slower for the same CPU time (see exod.daemon.rank_addresses).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def _run_model_cli(args: list[str], timeout: float) -> Path:
@@ -27,7 +36,7 @@ def _run_model_cli(args: list[str], timeout: float) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """make(layers=4, **kw) -> directory of a tiny model; kw are make_tiny_model's parameters."""
-    root = tmp_path_factory.mktemp("tiny-models")
+    root = shared_dir(tmp_path_factory, "tiny-models")  # made once per run, not per worker
     made: dict[tuple[tuple[str, object], ...], Path] = {}
 
     def make(layers: int = 4, **kw: object) -> Path:
@@ -51,3 +60,45 @@ def demo_model() -> Path:
     """The demo model, converted once into a cache that outlives the session."""
     cache = os.environ.get("EXOD_TEST_CACHE") or str(Path.home() / ".cache" / "exod-test")
     return _run_model_cli(["exod.models.demo", "--cache-dir", cache], 900)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """For pytest-xdist (`make test`: `--dist loadgroup --no-loadscope-reorder`): groups, then
+    the order in which workers take the tests.
+
+    - A module whose tests share a module-scoped fixture (a daemon serving several tests) runs
+      on one worker, so the fixture is made once; the real-systemd tier runs on one worker, one
+      guest at a time. Tests that name an xdist_group keep it.
+    - Longest chains first, so that no worker is left with one at the end: the test that makes
+      the zoo (the other workers' zoo chunks then find it made), the systemd tier, the modules
+      that share a daemon, then single integration tests, and the unit tier last, filling gaps.
+    """
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        if SYSTEM in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("systemd"))
+        elif _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else ""))
+    items.sort(key=_turn)
+
+
+SYSTEM = REPO_ROOT / "tests" / "system"
+FIRST = {"tests/integration/test_families.py::test_the_check_refuses_exactly_the_known_layouts"}
+
+
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d.scope == "module" for chain in defs for d in chain)
+
+
+def _turn(item: pytest.Item) -> int:
+    if item.nodeid in FIRST:
+        return 0
+    if SYSTEM in item.path.parents:
+        return 1
+    if REPO_ROOT / "tests" / "unit" in item.path.parents:
+        return 4
+    return 2 if item.get_closest_marker("xdist_group") is not None else 3

@@ -105,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(r: Runner) -> tuple[int, str]:
     """Load, then serve until asked to stop: (exit code, why it failed)."""
+    from exod.runner import import_table
     from exod.runner.cpu import blas
 
+    import_table.install()  # before mlx_lm imports transformers
     have_blas, blas_msg = blas.preload()
     if not have_blas and "not Linux" not in blas_msg:
         log(blas_msg, WARNING)

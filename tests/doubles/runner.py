@@ -2,7 +2,8 @@
 its channel, exit codes) but loads nothing, and misbehaves on purpose. The daemon execs it in
 place of exod.runner when its own environment says `EXOD_RUNNER_MODULE=tests.doubles.runner`
 (see tests/harness.py); an instance then picks a behaviour with `env: {EXOD_DOUBLE: <name>}`.
-Without EXOD_DOUBLE it execs the real runner, so one daemon can mix real runners and doubles.
+Without EXOD_DOUBLE it runs the real runner (in its own process), so one daemon can mix real
+runners and doubles.
 
 Behaviours:
   stubborn      load, READY, then ignore the shutdown request, SIGTERM and SIGINT
@@ -42,14 +43,27 @@ Behaviours:
                 group forms).
 """
 
+# ruff: noqa: E402 -- the real runner starts before the imports only the doubles need
+
 from __future__ import annotations
 
-import argparse
 import os
+import runpy
+import sys
+
+if __name__ == "__main__" and "EXOD_DOUBLE" not in os.environ:
+    # The real runner, in this process (same pid, same channel fd), and as a production venv
+    # runs it: a test venv also holds trio (selenium's dependency, for the status page test),
+    # which httpcore2 imports whenever it is installed: ~0.13 CPU-s a runner, ~65 s over the
+    # family zoo's ~500 runners. Neither exec nor this module's imports: ~0.05 CPU-s more.
+    sys.modules["trio"] = None  # type: ignore[assignment]
+    runpy.run_module("exod.runner", run_name="__main__", alter_sys=True)
+    sys.exit("exod.runner returned instead of exiting")  # it ends with os._exit
+
+import argparse
 import queue
 import signal
 import socket
-import sys
 import threading
 from collections.abc import Callable
 

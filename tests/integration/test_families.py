@@ -11,7 +11,8 @@ the families a split refuses and the quantized variants: for the others the spli
 already run everything 1 rank does (the family's own forward, batched by the same engine on
 rank 0, the same loader) and more. `python -m bench families` serves every family in all
 three layouts for the README's table.
-About 500 runners in all: each costs ~2 CPU-seconds, most of it importing transformers.
+About 500 runners in all: each costs ~0.8 CPU-seconds, most of it importing mlx-lm (~1.9 before
+exod.runner.import_table). The zoo is made once per run; its chunks run on any xdist worker.
 """
 
 from __future__ import annotations
@@ -25,17 +26,25 @@ import pytest
 
 from tests.models.zoo import FAMILIES, KNOWN_REFUSALS, NOT_SERVED, QUANTIZED
 from tests.harness import Daemon
+from tests.shared import made_once
 from tests.zoo import LAYOUTS, OK, make_zoo, refusals, serve_zoo, spec_name
 
 SPECS = list(FAMILIES) + [f"{f}:4" for f in QUANTIZED] + ["llama:8"]
-CHUNK = 6  # families per daemon: 6 x (1 + 2 + 2) = 30 runners at most
+CHUNK = 4  # families per daemon: 4 x (1 + 2 + 2) = 20 runners at most (a chunk per worker)
 CHUNKS = -(-len(SPECS) // CHUNK)
 Zoo = dict[str, dict[str, str]]
 
 
-@pytest.fixture(scope="module")
+# Session-scoped, not module: the zoo is made once per run (made_once) and its chunks are spread
+# over every pytest-xdist worker, which a module-scoped fixture would keep on one.
+@pytest.fixture(scope="session")
 def zoo(tmp_path_factory: pytest.TempPathFactory) -> Zoo:
-    made = make_zoo(tmp_path_factory.mktemp("zoo"), SPECS)
+    made: Zoo = made_once(tmp_path_factory, "zoo", make)  # once per run: ~80 s of CPU
+    return made
+
+
+def make(root: Path) -> Zoo:
+    made = make_zoo(root, SPECS)
     assert sorted(made) == sorted(spec_name(s) for s in SPECS)
     # llama alone first, on 1 rank: its runner builds the decode step's kernels (mlx's JIT,
     # kept in $TMPDIR/mlx) that nearly every family uses. Without it, the 30 runners of the
@@ -46,9 +55,11 @@ def zoo(tmp_path_factory: pytest.TempPathFactory) -> Zoo:
     return made
 
 
-@pytest.fixture(scope="module")
-def refused(zoo: Zoo) -> dict[tuple[str, str], str]:
-    return refusals(zoo)
+@pytest.fixture(scope="session")
+def refused(zoo: Zoo, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], str]:
+    listed = made_once(tmp_path_factory, "zoo-refusals",
+                       lambda _: [[*k, v] for k, v in refusals(zoo).items()])
+    return {(name, layout): reason for name, layout, reason in listed}
 
 
 def test_the_check_refuses_exactly_the_known_layouts(refused: dict[tuple[str, str], str]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
+from exod.runner import import_table
 from exod.runner.split.wording import explain
 
 
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="read a JSON list of {model, shards, parallelism, layers} on stdin; "
                         "print a JSON list of answers")
     args = p.parse_args(argv)
+    import_table.install()  # before mlx_lm imports transformers
     if args.batch:
         asks = json.load(sys.stdin)
         print(json.dumps([_answer(Path(a["model"]), int(a["shards"]), str(a["parallelism"]),

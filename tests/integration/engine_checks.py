@@ -1,0 +1,146 @@
+"""The batch engine (exod.runner.serving.batch_engine.BatchEngine) driven directly, in this
+process, on models loaded as a runner loads them: continuous batching gives each request the
+tokens it gets alone, a seed reproduces per request under overlap, the second turn of a chat hits
+the prompt cache, the cache's byte cap evicts, and a cancel during a long prefill frees the batch
+within a step. Run by test_engine.py in a pytest of its own (this imports mlx); the models come
+from its environment (EXOD_TEST_TINY, EXOD_TEST_DEMO). What only a daemon shows (the API, the
+ladder, status and reload) stays in test_serving_engine.py."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exod import messages as m
+from exod.core.shards import Shard
+from exod.runner.cpu import blas
+
+blas.preload()  # before mlx, as in the runner
+from exod.runner.cpu import fused  # noqa: E402
+from exod.runner.load import Loaded, load_shard  # noqa: E402
+from exod.runner.serving.batch_engine import BatchEngine  # noqa: E402
+
+QUESTIONS = ["What is the capital of France?", "Count to five.", "Name a colour.", "Say hi.",
+             "What is 2+2?", "Tell a joke about cats.", "Why is the sky blue?",
+             "Write a haiku about rain."]
+# ~6k tokens: minutes of prefill for the demo model on this CPU if it ran as one step.
+LONG = "Please summarise the following text. " + "The quick brown fox jumps over it. " * 700
+ids = itertools.count()
+
+
+def load(env: str) -> Loaded:
+    path = Path(os.environ[env])
+    from exod.config.model_dir import model_layer_count
+
+    n = model_layer_count(path) or 0
+    fused.install()  # as the runner serves
+    return load_shard(path, Shard(0, 1, 0, n, n), progress=lambda i, n: None,
+                      should_stop=lambda: False)
+
+
+@pytest.fixture(scope="module")
+def demo() -> Loaded:
+    return load("EXOD_TEST_DEMO")
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Loaded:
+    return load("EXOD_TEST_TINY")
+
+
+def engine(loaded: Loaded, width: int = 1, cache_bytes: int = 1 << 30) -> BatchEngine:
+    return BatchEngine(loaded.model, loaded.tokenizer, width=width, cache_bytes=cache_bytes)
+
+
+def chat(content: str | list[dict[str, str]], **kw: Any) -> m.Generate:
+    messages = [{"role": "user", "content": content}] if isinstance(content, str) else content
+    return m.Generate(id=f"r{next(ids)}", kind="chat", messages=messages, **kw)
+
+
+def run(e: BatchEngine, *reqs: m.Generate) -> list[tuple[str, m.Done]]:
+    """Admit them all at once, step until every one is done: (text, Done) of each, in order."""
+    for r in reqs:
+        e.admit(r)
+    texts = {r.id: "" for r in reqs}
+    done: dict[str, m.Done] = {}
+    while e.busy:
+        for ev in e.step():
+            assert not isinstance(ev, m.Error), ev
+            if isinstance(ev, m.Text):
+                texts[ev.id] += ev.text
+            elif isinstance(ev, m.Done):
+                done[ev.id] = ev
+    return [(texts[r.id], done[r.id]) for r in reqs]
+
+
+def test_overlapping_requests_get_what_each_gets_alone(demo: Loaded) -> None:
+    """Greedy: token for token the same. Padding never enters here: BatchGenerator prefills
+    each prompt as its own rows and masks nothing into a row from another, and on this model
+    the 8 answers match exactly (were a near-tie ever flipped by a different matmul shape, it
+    would show here as one differing answer). Sampling with a seed: the same text alone and
+    beside others, because each request draws from a random key of its own."""
+    e = engine(demo, width=8, cache_bytes=0)
+    greedy: dict[str, Any] = {"max_tokens": 24, "temperature": 0}
+    seeded: dict[str, Any] = {"max_tokens": 16, "temperature": 1.0, "seed": 1234}
+    alone = [run(e, chat(q, **greedy))[0][0] for q in QUESTIONS]
+    seeded_alone = run(e, chat(QUESTIONS[0], **seeded))[0][0]
+    together = [t for t, _ in run(e, *[chat(q, **greedy) for q in QUESTIONS],
+                                  chat(QUESTIONS[0], **seeded), chat(QUESTIONS[0], **seeded))]
+    assert together[:8] == alone
+    assert together[8] == together[9] == seeded_alone
+    assert all(alone) and len(set(alone)) == 8
+
+
+def test_second_turn_hits_the_prompt_cache(demo: Loaded) -> None:
+    e = engine(demo)
+    turn1 = [{"role": "user", "content": "What is the capital of France?"}]
+    ((answer, done1),) = run(e, chat(turn1, max_tokens=12, temperature=0))
+    first = e.serving()
+    assert first.cache_entries == 1 and first.cache_bytes > 0 and first.cache_hits == 0
+
+    turn2 = [*turn1, {"role": "assistant", "content": answer},
+             {"role": "user", "content": "And of Italy?"}]
+    ((_, done2),) = run(e, chat(turn2, max_tokens=12, temperature=0))
+    assert done2.prompt_tokens > done1.prompt_tokens
+    s = e.serving()
+    assert s.cache_lookups == 2 and s.cache_hits == 1
+    # At least the whole first prompt came from the cache, not from a prefill.
+    assert s.cached_tokens >= done1.prompt_tokens
+
+
+def test_byte_cap_evicts(tiny: Loaded) -> None:
+    """Learn one entry's size with a roomy cap, then cap the cache at 1.5 entries: after three
+    requests of the same size one entry is left, within the cap."""
+    # logit_bias on the tiny model's end token: every answer has exactly max_tokens tokens.
+    fixed: dict[str, Any] = {"max_tokens": 20, "temperature": 0, "logit_bias": {"2": -100}}
+    prompts = ["apples and pears", "zebras in a field", "quiet morning rain"]
+    roomy = engine(tiny)
+    run(roomy, chat(prompts[0], **fixed))
+    one = roomy.serving().cache_bytes
+    assert one > 0 and roomy.serving().cache_entries == 1
+
+    cap = one * 3 // 2
+    capped = engine(tiny, cache_bytes=cap)
+    for p in prompts:
+        run(capped, chat(p, **fixed))
+    s = capped.serving()
+    assert s.cache_lookups == 3 and s.cache_max_bytes == cap
+    assert s.cache_entries == 1 and 0 < s.cache_bytes <= cap
+
+
+def test_a_cancel_during_prefill_frees_the_batch_within_a_step(demo: Loaded) -> None:
+    e = engine(demo)
+    long = chat(LONG, max_tokens=4)
+    e.admit(long)
+    events = e.step()  # one bounded chunk of the prompt, far from its end
+    assert [type(ev) for ev in events] == [m.Prefill], events
+    assert e.active == 1
+    e.cancel(long.id)
+    assert e.active == 0 and not e.busy and e.step() == []
+    assert e.serving().cache_entries == 0  # a cancel stores nothing
+    ((text, done),) = run(e, chat("Say hi.", max_tokens=3, temperature=0))
+    assert text and done.completion_tokens <= 3
