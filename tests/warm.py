@@ -75,7 +75,7 @@ def main() -> None:
     cache = os.environ.get("EXOD_TEST_CACHE") or str(Path.home() / ".cache" / "exod-test")
     demo = model_cli("exod.models.demo", "--cache-dir", cache)
     with tempfile.TemporaryDirectory(prefix="exod-warm-") as tmp:
-        tiny = model_cli("exod.models.tiny", str(Path(tmp) / "tiny"))
+        tiny = model_cli("tests.models.tiny", str(Path(tmp) / "tiny"))
         # One runner first: the kernels every model uses, compiled once, not by every runner.
         serve({"tiny": {"model": tiny, "max_concurrency": 4}})
         group = {"model": tiny, "shards": 2, "max_concurrency": 4}
