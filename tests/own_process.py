@@ -25,9 +25,10 @@ def run_checks(checks: Path, tmp: Path, env: dict[str, str] | None = None,
     report = tmp / "report.xml"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", str(checks), "-q", "-p", "no:cacheprovider",
-         "-p", "no:xdist", f"--junitxml={report}"],
+         f"--junitxml={report}"],
         check=False, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, **(env or {})})
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},
+             **(env or {})})  # a pytest of its own, not another xdist worker
     assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     found: dict[str, list[str]] = {}
     for case in ET.parse(report).getroot().iter("testcase"):
