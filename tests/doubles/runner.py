@@ -2,8 +2,7 @@
 its channel, exit codes) but loads nothing, and misbehaves on purpose. The daemon execs it in
 place of exod.runner when its own environment says `EXOD_RUNNER_MODULE=tests.doubles.runner`
 (see tests/harness.py); an instance then picks a behaviour with `env: {EXOD_DOUBLE: <name>}`.
-Without EXOD_DOUBLE it runs the real runner (in its own process), so one daemon can mix real
-runners and doubles.
+Without EXOD_DOUBLE it execs the real runner, so one daemon can mix real runners and doubles.
 
 Behaviours:
   stubborn      load, READY, then ignore the shutdown request, SIGTERM and SIGINT
@@ -48,17 +47,21 @@ Behaviours:
 from __future__ import annotations
 
 import os
-import runpy
 import sys
 
+# On the real runner's path: a trio that cannot be imported (see no_trio/trio/__init__.py).
+NO_TRIO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_trio")
+
+
+def become_the_real_runner() -> None:
+    """exec exod.runner: same pid, same channel fd, its own command line."""
+    path = os.pathsep.join(p for p in (NO_TRIO, os.environ.get("PYTHONPATH")) if p)
+    os.execve(sys.executable, [sys.executable, "-m", "exod.runner", *sys.argv[1:]],
+              {**os.environ, "PYTHONPATH": path})
+
+
 if __name__ == "__main__" and "EXOD_DOUBLE" not in os.environ:
-    # The real runner, in this process (same pid, same channel fd), and as a production venv
-    # runs it: a test venv also holds trio (selenium's dependency, for the status page test),
-    # which httpcore2 imports whenever it is installed: ~0.13 CPU-s a runner, ~65 s over the
-    # family zoo's ~500 runners. Neither exec nor this module's imports: ~0.05 CPU-s more.
-    sys.modules["trio"] = None  # type: ignore[assignment]
-    runpy.run_module("exod.runner", run_name="__main__", alter_sys=True)
-    sys.exit("exod.runner returned instead of exiting")  # it ends with os._exit
+    become_the_real_runner()  # before the imports below: ~0.05 CPU-s a runner
 
 import argparse
 import queue
@@ -260,8 +263,8 @@ if __name__ == "__main__":
     if os.environ.get("EXOD_DOUBLE") == "squatted":
         squat_own_port()
         os.environ.pop("EXOD_DOUBLE")
-    if "EXOD_DOUBLE" not in os.environ:  # become the real runner: same pid, same channel fd
-        os.execv(sys.executable, [sys.executable, "-m", "exod.runner", *sys.argv[1:]])
+    if "EXOD_DOUBLE" not in os.environ:
+        become_the_real_runner()
     code = main()
     sys.stderr.flush()
     os._exit(code)
