@@ -6,7 +6,10 @@ BIN    := $(VENV)/bin
 # pytest-xdist workers. Most integration tests wait on daemons, runners and ladders more than
 # they compute, so more workers than cores keep both of a 2-core machine's cores busy.
 WORKERS ?= 4
-PYTEST := $(BIN)/pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+PYTEST := $(BIN)/pytest --dist loadgroup --no-loadscope-reorder
+# The quiet phase: the systemd tier and the tests with a timing bound (marked `timing`), one at
+# a time on one worker, beside the unit tier on the other; never beside the integration tier.
+QUIET := -m "not integration or timing"
 
 .PHONY: run test test-unit test-integration test-system warm setup setup-test install bench lint \
 	clean
@@ -14,18 +17,20 @@ PYTEST := $(BIN)/pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 run: setup  ## set up, then run the daemon in the foreground on the built-in demo model
 	$(BIN)/exod run --demo
 
-test: setup-test  ## set up; lint and warm (side by side); then every tier, in parallel
+test: setup-test  ## set up; lint beside warm; the integration tier; then the quiet phase
 	$(MAKE) --no-print-directory -j2 --output-sync=target lint warm
-	$(PYTEST) tests
+	$(PYTEST) -n $(WORKERS) -m "not timing" tests/integration
+	$(PYTEST) -n 2 $(QUIET) tests
 
 test-unit: setup-test  ## the unit tier: no processes, no mlx (tens of seconds)
-	$(PYTEST) tests/unit
+	$(PYTEST) -n $(WORKERS) tests/unit
 
 test-integration: setup-test warm  ## the integration tier: real daemons, runners and mlx
-	$(PYTEST) tests/integration
+	$(PYTEST) -n $(WORKERS) -m "not timing" tests/integration
+	$(PYTEST) -n 1 -m timing tests/integration
 
 test-system: setup-test  ## the system tier: exod under a real systemd in private namespaces
-	$(PYTEST) tests/system
+	$(PYTEST) -n 1 tests/system
 
 warm: setup-test  ## mlx's kernel cache, the demo model: once, before tests run in parallel
 	$(BIN)/python -m tests.warm

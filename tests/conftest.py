@@ -64,28 +64,36 @@ def demo_model() -> Path:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """For pytest-xdist (`make test`: `--dist loadgroup --no-loadscope-reorder`): groups, then
-    the order in which workers take the tests.
+    """Tiers, groups and order, for pytest-xdist (`make test`: `--dist loadgroup
+    --no-loadscope-reorder`, see the Makefile).
 
+    - Each test is marked with its tier (unit, integration, system) from its path.
+    - Quiet: the systemd tier and the tests marked `timing` run on one worker, one at a time;
+      `make test` runs them after the integration tier, beside the unit tier only.
     - A module whose tests share a module-scoped fixture (a daemon serving several tests) runs
-      on one worker, so the fixture is made once; the real-systemd tier runs on one worker, one
-      guest at a time. Tests that name an xdist_group keep it.
+      on one worker, so the fixture is made once. Tests that name an xdist_group keep it.
     - Longest chains first, so that no worker is left with one at the end: the test that makes
-      the zoo (the other workers' zoo chunks then find it made), the systemd tier, the modules
+      the zoo (the other workers' zoo chunks then find it made), the quiet group, the modules
       that share a daemon, then single integration tests, and the unit tier last, filling gaps.
     """
     for item in items:
+        tier = _tier(item)
+        item.add_marker(tier)
         if item.get_closest_marker("xdist_group") is not None:
             continue
-        if SYSTEM in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group("systemd"))
+        if tier == "system" or item.get_closest_marker("timing") is not None:
+            item.add_marker(pytest.mark.xdist_group("quiet"))
         elif _shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else ""))
     items.sort(key=_turn)
 
 
-SYSTEM = REPO_ROOT / "tests" / "system"
+TIERS = {REPO_ROOT / "tests" / tier: tier for tier in ("unit", "integration", "system")}
 FIRST = {"tests/integration/test_families.py::test_the_check_refuses_exactly_the_known_layouts"}
+
+
+def _tier(item: pytest.Item) -> str:
+    return next((TIERS[p] for p in item.path.parents if p in TIERS), "unit")
 
 
 def _shares_a_module_fixture(item: pytest.Item) -> bool:
@@ -97,8 +105,9 @@ def _shares_a_module_fixture(item: pytest.Item) -> bool:
 def _turn(item: pytest.Item) -> int:
     if item.nodeid in FIRST:
         return 0
-    if SYSTEM in item.path.parents:
+    group = item.get_closest_marker("xdist_group")
+    if group is not None and group.args == ("quiet",):
         return 1
-    if REPO_ROOT / "tests" / "unit" in item.path.parents:
+    if _tier(item) == "unit":
         return 4
-    return 2 if item.get_closest_marker("xdist_group") is not None else 3
+    return 2 if group is not None else 3

@@ -129,6 +129,7 @@ def test_50_concurrent_requests_complete_or_get_429_and_rss_is_stable(
 
 
 # ---- a client that leaves ------------------------------------------------------------------
+@pytest.mark.timing  # the next request within 5 s
 def test_disconnect_mid_stream_frees_the_runner_at_once(daemons: Callable[..., Daemon],
                                                         tiny_model: Path) -> None:
     d = daemons({"instances": {"tiny": {"model": str(tiny_model)}}})  # max_concurrency 1

@@ -293,6 +293,7 @@ HOSTILE: list[tuple[str, dict[str, Any], str | None]] = [
 ]
 
 
+@pytest.mark.timing  # each answer within 5 s
 def test_hostile_values_get_a_4xx_within_seconds(served: Served) -> None:
     """Raw HTTP (NaN and infinities as JSON numbers, as Python's json writes them), each answered
     with a 400 naming the field, fast; the instance serves on."""
