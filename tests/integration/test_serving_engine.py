@@ -4,9 +4,9 @@ long prompt's prefill can be cancelled by the client leaving or stopped between 
 no signal), on one rank and in a group; the second turn of a chat hits the prompt cache and
 `exoctl status` says so; a reload brings a new cache cap to the runner; streaming never splits a
 character; tokens whose text is held back are progress. One daemon serves every test here, an
-instance each. The engine's own behaviour (batching token for token on the demo model, the
-prompt cache, eviction by the byte cap, a cancel within a step) is checked on the engine
-directly: test_engine.py."""
+instance each, but the hang watch's (1 s: a daemon of its own, in the quiet phase). The
+engine's own behaviour (batching token for token on the demo model, the prompt cache, eviction
+by the byte cap, a cancel within a step) is checked on the engine directly: test_engine.py."""
 
 from __future__ import annotations
 
@@ -50,11 +50,10 @@ def d(demo_model: Path, tiny_model: Path,
         "g-cancel": group,
         "one": {"model": six},
         "pipe": group,
-        "held": {"model": tiny, "hang_after": "1s"},
     }}, name="engine")
     try:
         daemon.start(wait_ready=False)
-        daemon.wait_ready(timeout=600)  # 17 runners load at once: a bound only
+        daemon.wait_ready(timeout=600)  # 16 runners load at once: a bound only
         yield daemon
     finally:
         daemon.close()
@@ -254,8 +253,9 @@ def test_multibyte_characters_are_never_split_across_chunks(d: Daemon) -> None:
     assert answers[0] == answers[1]  # a seed reproduces across engines too
 
 
+@pytest.mark.timing  # a 1 s hang watch: a daemon of its own, in the quiet phase
 def test_tokens_whose_text_is_held_back_are_progress_not_a_hang(
-        d: Daemon, tiny_model: Path) -> None:
+        daemons: Callable[..., Daemon], tiny_model: Path) -> None:
     """A generation whose tokens show no text for a while (bytes of a character never
     completed: the detokenizer holds them) is generating all the same: the hang watch must not
     restart the instance (it did, after `hang_after`, with every event being text)."""
@@ -264,6 +264,9 @@ def test_tokens_whose_text_is_held_back_are_progress_not_a_hang(
     tok = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
     byte = next(i for i in range(256, tok.get_vocab_size())
                 if tok.decode([i]) == "\ufffd")  # a lone continuation byte
+    d = daemons({"ready": "instances", "instances": {"held": {
+        "model": str(tiny_model), "hang_after": "1s"}}})
+    d.start()
     pid = d.instance("held")["ranks"][0]["pid"]
     t0 = time.monotonic()
     r = client(d).completions.create(model="held", prompt="hello", max_tokens=1500,
