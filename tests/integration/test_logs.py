@@ -21,6 +21,8 @@ def run_daemon(tmp_path: Path, fake_model: Path, journal: bool) -> list[str]:
     cfg = tmp_path / "exod.yaml"
     cfg.write_text(yaml.safe_dump({
         "control": {"socket": str(tmp_path / "c.sock")},
+        # A port the kernel picks: this module's two tests may run at once on two workers.
+        "api": {"listen": "127.0.0.1:0"},
         "instances": {"crashy": {"model": str(fake_model), "env": double_env("crash"),
                                  "restart": "no"}}}))
     log = tmp_path / "log"
