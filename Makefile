@@ -51,7 +51,8 @@ $(VENV)/.test-deps: $(VENV)/.run-deps
 	touch $@
 
 # A Python from anywhere will do (pyenv or uv under a home directory too): `exod install` binds
-# what the service needs to read, read-only (README: Running as a service).
+# what the service needs to read, read-only (README: Running as a service). sudo's path has no
+# pyenv shim: name the interpreter (`sudo make install PYTHON=~/.pyenv/versions/X/bin/python3`).
 INSTALL_PREFIX ?= /opt/exod
 install:  ## as root: exod in a venv at $(INSTALL_PREFIX), then its service files (exod install)
 	scripts/system-deps.sh run

@@ -108,7 +108,8 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
               metavar="FILE", help="Also check this launchd plist (default: the installed one).")
 @click.option("--system", "system", is_flag=True,
               help="Check the installed service as its user will see it (unit, user, folders, "
-                   "config and models readable, port free, stop timeout); needs root.")
+                   "config and models readable, its ports and its ranks' free, stop timeout); "
+                   "needs root.")
 def check(config: str | None, explain: bool, units: tuple[Path, ...],
           plists: tuple[Path, ...], system: bool) -> None:
     """Validate a config file and its includes; exit 78 (EX_CONFIG) if anything is wrong.

@@ -57,7 +57,21 @@ user_option = click.option(
 @click.option("--root", type=click.Path(path_type=Path), default=Path("/"), show_default=True,
               help="Install under this directory (for packaging); runs no command.")
 def install(dry_run: bool, target: str | None, user: bool, root: Path) -> None:
-    """Install the service files, then have the manager load them; print what changed."""
+    """Install the service files, then have the manager load them; print what changed.
+
+    A system service needs root, and sudo's path holds neither ~/.local/bin (pipx, uv tool)
+    nor a venv's bin: run `sudo "$(command -v exod)" install`.
+
+    \b
+    systemd:  /etc/systemd/system/exod.service, /etc/sysusers.d/exod.conf,
+              /etc/exod/exod.yaml (kept if present), and for a Python under a home
+              /etc/systemd/system/exod.service.d/exod-install-home.conf
+    --user:   ~/.config/systemd/user/exod.service, ~/.config/exod/exod.yaml
+              (control socket $XDG_RUNTIME_DIR/exod/control.sock)
+    launchd:  /Library/LaunchDaemons/io.exod.exod.plist, /etc/exod/exod.yaml,
+              the log folder /Library/Logs/exod
+    --user:   ~/Library/LaunchAgents/io.exod.exod.plist, ~/.config/exod/exod.yaml
+    """
     t = _target(target, user)
     try:
         plan = _plan(t, root)
@@ -70,6 +84,9 @@ def install(dry_run: bool, target: str | None, user: bool, root: Path) -> None:
     live = root == Path("/") and t.manager == "systemd" and steps.systemd_running(t.user)
     if dry_run:
         for item in plan:
+            if item.folder:
+                click.echo(f"--- {item.path}/ (folder) mode {item.mode:04o} (only if absent)")
+                continue
             note = " (only if absent)" if item.keep_existing else ""
             click.echo(f"--- {item.path} mode {item.mode:04o}{note}")
             click.echo(item.content.rstrip("\n"))
@@ -113,7 +130,7 @@ def uninstall(target: str | None, user: bool, purge: bool) -> None:
     except inst.InstallError as e:
         raise click.ClickException(str(e)) from None
     config = next(p.path for p in plan if p.keep_existing)
-    owned = [p.path for p in plan if not p.keep_existing]
+    owned = [p.path for p in plan if not p.keep_existing and not p.folder]
     if t.manager == "systemd" and not t.user:
         owned.append(Path("/") / inst.HOME_DROPIN)  # written only when it was needed
     present = [p for p in owned if p.exists()]
@@ -146,4 +163,6 @@ def _purge_trees(t: steps.Target, config: Path) -> tuple[Path, ...]:
 
     if t.user:
         return (config.parent, cache_dir())
+    if t.manager == "launchd":
+        return (config.parent, Path("/", inst.LAUNCHD_LOGS))
     return (config.parent, Path("/var/lib/exod"), Path("/var/cache/exod"))

@@ -17,6 +17,7 @@ from pathlib import Path
 from exod import __version__
 from exod.core.ladder import STOP_MARGIN
 from exod.config.durations import parse_timespan
+from exod.service_files.install import exod_command
 from exod.service_files.stamp import older, read_stamp
 from exod.service_files.unitfile import load_unit
 
@@ -46,7 +47,8 @@ def check_stamp(path: Path) -> list[str]:
         return []
     if version is None or not older(version):
         return []
-    again = "exod install --user" if str(path).startswith(str(Path.home())) else "sudo exod install"
+    user = str(path).startswith(str(Path.home()))
+    again = exod_command("install --user" if user else "install", sudo=not user)
     return [f"{path} was installed by exod {version}, older than this exod {__version__}: "
             f"run `{again}`, then restart the service"]
 

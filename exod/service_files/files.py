@@ -41,6 +41,9 @@ def _current(path: Path) -> tuple[str, int] | None:
 def write(plan: list[Planned]) -> list[Change]:
     out = []
     for item in plan:
+        if item.folder:
+            out.append(_make_folder(item))
+            continue
         existed = item.path.exists()
         existing = _current(item.path) if existed else None
         if existed and item.keep_existing:
@@ -56,6 +59,16 @@ def write(plan: list[Planned]) -> list[Change]:
         os.replace(tmp, item.path)
         out.append(Change(item.path, "updated" if existed else "created"))
     return out
+
+
+def _make_folder(item: Planned) -> Change:
+    """A folder the service needs and its manager will not make (launchd's log folder): made
+    with its mode if absent; an existing one is left as it is (the operator's, or ours)."""
+    if item.path.is_dir():
+        return Change(item.path, "unchanged")
+    item.path.mkdir(parents=True)
+    os.chmod(item.path, item.mode)
+    return Change(item.path, "created")
 
 
 def set_groups(plan: list[Planned], changes: list[Change]) -> list[str]:

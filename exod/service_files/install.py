@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import site
 import sys
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ SYSUSERS = "etc/sysusers.d/exod.conf"
 TMPFILES = "etc/tmpfiles.d/exod.conf"
 SYSTEM_CONFIG = "etc/exod/exod.yaml"
 SERVICE_GROUP = "exod"
+# The LaunchDaemon logs here; launchd opens StandardOutPath but makes no folder for it.
+LAUNCHD_LOGS = "Library/Logs/exod"
 
 
 class InstallError(Exception):
@@ -43,6 +46,7 @@ class Planned:
     mode: int = 0o644
     keep_existing: bool = False  # configs: an operator's edits win
     group: str | None = None  # chgrp once the group exists (the config: readable by exod)
+    folder: bool = False  # a folder to make (no content), kept by `exod uninstall`
 
 
 def _data_dirs() -> list[Path]:
@@ -72,6 +76,12 @@ def exod_binary() -> Path:
     """The `exod` script of this installation (next to the running interpreter)."""
     candidate = Path(sys.executable).parent / "exod"
     return candidate if candidate.exists() else Path(sys.argv[0]).resolve()
+
+
+def exod_command(args: str, sudo: bool = True) -> str:
+    """A command line that runs this exod by its full path: sudo's secure_path holds neither
+    ~/.local/bin (pipx, uv tool) nor a venv's bin, so `sudo exod` finds no exod there."""
+    return f"{'sudo ' if sudo else ''}{shlex.quote(str(exod_binary()))} {args}"
 
 
 def _under(path: str, prefixes: tuple[str, ...] | list[str]) -> bool:
@@ -165,4 +175,5 @@ def launchd_plan(exod: Path, root: Path, user: bool, home: Path | None = None) -
     return [
         Planned(root / "Library/LaunchDaemons/io.exod.exod.plist", stamped(text, "plist")),
         Planned(root / SYSTEM_CONFIG, example_config(), 0o640, keep_existing=True),
+        Planned(root / LAUNCHD_LOGS, "", 0o755, folder=True),
     ]

@@ -83,8 +83,7 @@ def next_steps(t: Target, config: Path, plist: Path, active: bool, changed: bool
     if t.manager == "launchd":
         if t.user:
             return [f"start: launchctl bootstrap gui/{os.getuid()} {plist}"]
-        return [f"start: sudo mkdir -p /Library/Logs/exod && sudo launchctl bootstrap system "
-                f"{plist}"]
+        return [f"start: sudo launchctl bootstrap system {plist}"]
     ctl = " ".join(t.systemctl)
     out = [f"config: {config} (check it: exod check -c {config})"]
     if active and changed:

@@ -22,8 +22,8 @@ SHARE = ["share/man/man1/exoctl.1", "share/man/man5/exod.yaml.5", "share/man/man
          "share/exod/launchd/io.exod.exod.plist", "share/exod/launchd/io.exod.exod.agent.plist"]
 
 
-def run(*argv: str, **kw: str) -> str:
-    res = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=600, **kw)
+def run(*argv: str, env: dict[str, str] | None = None) -> str:
+    res = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout
 
@@ -79,3 +79,39 @@ def test_wheel_and_sdist_install_into_a_fresh_venv(tmp_path: Path) -> None:
     dry = run(exod, "install", "--dry-run", "--root", str(tmp_path / "dry"), env=env)
     assert f"--- {tmp_path}/dry/etc/systemd/system/exod.service mode 0644" in dry
     assert not (tmp_path / "dry").exists()
+
+
+def test_make_install_from_a_python_under_a_home(tmp_path: Path) -> None:
+    """`make install`'s steps, and what they give when the Python lies under a home (this
+    machine's often does: pyenv under /root): a venv at INSTALL_PREFIX made by that Python,
+    whose `exod install` binds the Python's prefix read-only and nothing else (the venv itself
+    is outside every home). The venv is made as the Makefile makes it, but exod and its
+    dependencies come from this checkout through a .pth, and its `exod` script is written as
+    pip writes it: `pip install .` of mlx and the rest would take minutes and prove nothing
+    about the target."""
+    prefix = tmp_path / "opt-exod"
+    python = os.path.join(os.path.realpath(sys.base_prefix), "bin", "python3")
+    steps = run("make", "-n", "-s", "-C", str(REPO), "install", f"PYTHON={python}",
+                f"INSTALL_PREFIX={prefix}").splitlines()
+    assert steps == ["scripts/system-deps.sh run", f"{python} -m venv {prefix}",
+                     f"{prefix}/bin/python -m pip install -q .", f"{prefix}/bin/exod install"]
+
+    run(python, "-m", "venv", "--without-pip", str(prefix))
+    site = next(prefix.glob("lib/python*/site-packages"))
+    ours = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    (site / "exod-test.pth").write_text(f"{REPO}\n{ours}\n")
+    exod = prefix / "bin/exod"
+    exod.write_text(f"#!{prefix}/bin/python\nimport sys\nfrom exod.cli.exod import main\n"
+                    "sys.exit(main())\n")
+    exod.chmod(0o755)
+    root = tmp_path / "root"
+    out = run(str(exod), "install", "--root", str(root),
+              env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    unit = (root / "etc/systemd/system/exod.service").read_text()
+    assert f"ExecStart={exod} run -c /etc/exod/exod.yaml" in unit, unit
+    dropin = root / "etc/systemd/system/exod.service.d/exod-install-home.conf"
+    base = os.path.realpath(sys.base_prefix)
+    if home_binds([base]):
+        assert f"BindReadOnlyPaths={base}\n" in dropin.read_text(), out
+    else:
+        assert not dropin.exists(), out
