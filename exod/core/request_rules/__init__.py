@@ -26,7 +26,7 @@ How a rule is written, so that it is written once:
 from __future__ import annotations
 
 from exod.core.request_rules.base import (  # noqa: F401
-    MAX_SCHEMA_DEPTH, RequestError, text, name, depth, text_field, flag, integer,
+    MAX_SCHEMA_DEPTH, RequestError, text, name, depth, text_field, flag, integer, known_keys,
 )
 from exod.core.request_rules.generation import (  # noqa: F401
     DEFAULT_MAX_TOKENS_CHAT, DEFAULT_MAX_TOKENS_COMPLETION, MAX_STOPS, MAX_STOP_CHARS,
@@ -38,9 +38,10 @@ from exod.core.request_rules.generation import (  # noqa: F401
     completion_logprobs, chat_template_kwargs,
 )
 from exod.core.request_rules.messages import (  # noqa: F401
-    ROLES, messages, message, content, prompt, prompt_ids, turn, past_calls, past_call,
+    ROLES, MESSAGE_KEYS, ECHOED, PART_KEYS, CALL_KEYS, CALL_FUNCTION_KEYS, messages, message,
+    message_keys, content, prompt, prompt_ids, turn, reasoning, past_calls, past_call,
 )
 from exod.core.request_rules.tools import (  # noqa: F401
-    MAX_TOOLS, MAX_SCHEMA_BYTES, TOOL_CHOICES, schema, tools, tool, tool_choice,
-    response_format, schema_bytes,
+    MAX_TOOLS, MAX_SCHEMA_BYTES, TOOL_CHOICES, TOOL_KEYS, FUNCTION_KEYS, schema, tools, tool,
+    strict_tools, tool_choice, response_format, schema_bytes,
 )

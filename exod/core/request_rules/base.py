@@ -73,3 +73,13 @@ def integer(raw: Any, param: str, default: int, lo: int, hi: int) -> int:
     if isinstance(raw, bool) or not isinstance(raw, int) or not lo <= raw <= hi:
         raise RequestError(f"`{param}` must be an integer from {lo} to {hi}", param)
     return raw
+
+
+def known_keys(raw: dict[str, Any], allowed: tuple[str, ...], param: str) -> None:
+    """Every key of an object is one exod reads: another (a typo, another server's option) is
+    refused by name, never dropped."""
+    for key in raw:
+        if key not in allowed:
+            where = f"{param}.{str(key)[:64]}"
+            raise RequestError(f"`{where}` is not a field exod knows (it takes "
+                               f"{', '.join(allowed)})", where)

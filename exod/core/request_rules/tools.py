@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from exod.core.request_rules.base import RequestError, depth, flag, name, text_field
+from exod.core.request_rules.base import RequestError, depth, flag, known_keys, name, text_field
 
 MAX_TOOLS = 128  # OpenAI's own limit on `tools`
 MAX_SCHEMA_BYTES = 64 * 1024  # default of an instance's grammar.max_schema_kib
 TOOL_CHOICES = ("none", "auto", "required")
+TOOL_KEYS = ("type", "function")
+FUNCTION_KEYS = ("name", "description", "parameters", "strict")
 
 
 def schema(raw: Any, param: str) -> dict[str, Any]:
@@ -36,13 +38,23 @@ def tool(raw: Any, param: str) -> dict[str, Any]:
     if not isinstance(f, dict):
         raise RequestError(f'`{param}` must be {{"type": "function", "function": {{...}}}}',
                            param)
+    known_keys(raw, TOOL_KEYS, param)
+    known_keys(f, FUNCTION_KEYS, f"{param}.function")
     fn: dict[str, Any] = {"name": name(f.get("name"), f"{param}.function.name")}
     if f.get("description") is not None:
         fn["description"] = text_field(f["description"], f"{param}.function.description")
     if f.get("parameters") is not None:
         fn["parameters"] = schema(f["parameters"], f"{param}.function.parameters")
+    # Not for the template: the runner reads it from `strict_tools`.
     flag(f.get("strict"), f"{param}.function.strict")
     return {"type": "function", "function": fn}
+
+
+def strict_tools(raw: Any) -> list[str]:
+    """The names of the tools marked `strict: true` (once `tools` has checked them): a call's
+    arguments must follow the tool's parameters, forced or validated (exod.runner.serving.
+    strict_args); the parameters must be enforceable whole by the grammar engine."""
+    return [t["function"]["name"] for t in raw or [] if t["function"].get("strict") is True]
 
 
 def tool_choice(raw: Any, listed: list[dict[str, Any]]) -> tuple[str, str | None]:
@@ -75,9 +87,11 @@ def response_format(raw: Any, choice: str) -> dict[str, Any] | None:
                            "forces a tool call", "response_format")
     if kind == "json_object":
         return {"type": "json_object"}
+    known_keys(raw, ("type", "json_schema"), "response_format")
     spec, param = raw.get("json_schema"), "response_format.json_schema"
     if not isinstance(spec, dict):
         raise RequestError(f"`{param}` must be an object with `name` and `schema`", param)
+    known_keys(spec, ("name", "description", "schema", "strict"), param)
     name(spec.get("name"), f"{param}.name")
     return {"type": "json_schema", "strict": flag(spec.get("strict"), f"{param}.strict"),
             "schema": schema(spec.get("schema", {}), f"{param}.schema")}
