@@ -30,10 +30,10 @@ from typing import Any, ClassVar, Literal
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 9  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 10  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
-# reasoning, chat_template_kwargs, cached_tokens
+# reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools
 
 
 class Phase(str, enum.Enum):
@@ -305,6 +305,8 @@ class Generate:
     # nothing: Anthropic's count_tokens.
     count_only: bool = False
     tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's `tools`, checked
+    # The tools marked `strict: true`: a call's arguments must validate against its parameters.
+    strict_tools: list[str] = field(default_factory=list)
     tool_choice: ToolChoice = "auto"
     tool_name: str | None = None  # tool_choice "function": the one tool to call
     parallel_tool_calls: bool = True

@@ -95,7 +95,8 @@ def _agent(b: dict[str, Any]) -> dict[str, Any]:
     """The fields of `Generate` an agent sends: tools and structured output."""
     listed = rules.tools(b.get("tools"))
     choice, function = rules.tool_choice(b.get("tool_choice"), listed)
-    return {"tools": listed, "tool_choice": choice, "tool_name": function,
+    return {"tools": listed, "strict_tools": rules.strict_tools(b.get("tools")),
+            "tool_choice": choice, "tool_name": function,
             "parallel_tool_calls": rules.flag(b.get("parallel_tool_calls"),
                                               "parallel_tool_calls", True),
             "response_format": rules.response_format(b.get("response_format"), choice)}

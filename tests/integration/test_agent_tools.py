@@ -275,6 +275,13 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
          "function": {"name": "add", "arguments": "{" * 100_000}}]}]},
      "messages[0].tool_calls[0].function.arguments"),
     ("tool_choice required with no tools", {"tool_choice": "required"}, "tool_choice"),
+    ("a strict tool with a keyword the engine lacks", {"tools": [{"type": "function", "function": {
+        "name": "t", "strict": True, "parameters": {"type": "array", "uniqueItems": True}}}]},
+     "tools[0].function.parameters"),
+    ("a strict tool with a lookahead regex", {"tools": [TOOLS[0], {"type": "function",
+        "function": {"name": "t", "strict": True, "parameters": {
+            "type": "object", "properties": {"s": {"type": "string", "pattern": "^(?=a)b$"}}}}}],
+        "tool_choice": "required"}, "tools[1].function.parameters"),
     ("response_format of an unknown type", {"response_format": {"type": "yaml"}},
      "response_format"),
 ]
@@ -298,6 +305,26 @@ def test_pathological_regexes_are_enforced_not_feared(agent: Agent) -> None:
                   "required": ["s"], "additionalProperties": False}
         r = agent.chat(seed=1, logit_bias=CLOSERS, response_format=_schema_format(schema))
         jsonschema.validate(json.loads(r.choices[0].message.content or ""), schema)
+
+
+def test_strict_decides_whether_a_keyword_the_engine_lacks_is_refused_or_left_out(
+        agent: Agent) -> None:
+    """As response_format's `strict`: a strict tool's parameters must be enforceable whole
+    (else 400, whatever tool_choice is); a tool not strict gets the rest of them enforced."""
+    tags = {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 2}
+    params = {"type": "object", "properties": {"tags": {**tags, "uniqueItems": True}},
+              "required": ["tags"], "additionalProperties": False}
+    tool: dict[str, Any] = {"type": "function", "function": {"name": "tag", "parameters": params}}
+    r = agent.chat(tools=[tool], tool_choice="required", parallel_tool_calls=False, seed=0,
+                   logit_bias=CLOSERS)
+    (call,) = r.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), {**params, "properties": {
+        "tags": tags}})
+    strict = {**tool, "function": {**tool["function"], "strict": True}}
+    for choice in ("auto", "required"):
+        with pytest.raises(openai.BadRequestError) as e:
+            agent.chat(tools=[strict], tool_choice=choice)
+        assert e.value.body["param"] == "tools[0].function.parameters"  # type: ignore[index]
 
 
 def test_huge_arguments_in_a_past_call_are_served(agent: Agent) -> None:

@@ -364,17 +364,70 @@ def test_responses_function_calls_and_text_format(both: Both) -> None:
     assert pieces and "".join(pieces) == call.arguments
     done = [e for e in events if e.type == "response.function_call_arguments.done"]
     assert [d.arguments for d in done] == [call.arguments]
-    # The call and its output go back as items: the next turn is served.
-    nxt = both.client.responses.create(model="tools", tools=[tool], max_output_tokens=4,
-                                       temperature=0, input=[
-        {"role": "user", "content": ASK},
-        {"type": "function_call", "call_id": call.call_id, "name": call.name,
-         "arguments": call.arguments},
-        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
-    assert nxt.status in ("completed", "incomplete")
+    # The call and its output go back as items: the next turn is served, and the output
+    # reaches the template (a longer one makes a longer prompt, by about its length).
+    def turn(output: str) -> int:
+        nxt = both.client.responses.create(model="tools", tools=[tool], max_output_tokens=4,
+                                           temperature=0, input=[
+            {"role": "user", "content": ASK},
+            {"type": "function_call", "call_id": call.call_id, "name": call.name,
+             "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": call.call_id, "output": output}])
+        assert nxt.status in ("completed", "incomplete") and nxt.usage is not None
+        return nxt.usage.input_tokens
+    assert turn("sunny " * 40) > turn("sunny") + 30
     schema = SCHEMAS[7]
     fmt = both.client.responses.create(model="tiny", input=ASK, max_output_tokens=120,
                                        temperature=0, text={"format": {
                                            "type": "json_schema", "name": "out",
                                            "schema": schema, "strict": True}})
     jsonschema.validate(json.loads(fmt.output_text), schema)
+
+
+# ---- reasoning history ------------------------------------------------------------------------
+THOUGHT = "the user greets me, so I greet them back and ask what they need " * 3
+
+
+def test_reasoning_history_reaches_the_template_in_every_dialect(both: Both) -> None:
+    """An earlier assistant turn's reasoning (chat's `reasoning_content`, Anthropic's `thinking`
+    blocks, Responses' `reasoning` items) reaches the chat template as that turn's
+    `reasoning_content`, which the tools model's template shows in a think block, as Qwen3's
+    does: the prompt grows by it, the same in the three dialects."""
+    def chat(**assistant: Any) -> int:
+        r = both.client.chat.completions.create(model="tools", max_tokens=1, temperature=0,
+                                                messages=[  # type: ignore[misc]
+            {"role": "user", "content": ASK}, {"role": "assistant", "content": "hi",
+                                               **assistant},
+            {"role": "user", "content": "again"}])
+        assert r.usage is not None
+        return r.usage.prompt_tokens
+    plain, thought = chat(), chat(reasoning_content=THOUGHT)
+    assert thought > plain + 30
+    # The answer message as the openai client gives it back, replayed unchanged: its empty
+    # fields hold nothing; a non-empty one exod cannot replay is refused by name.
+    assert chat(refusal=None, annotations=None, audio=None, function_call=None,
+                tool_calls=None, reasoning_content=THOUGHT) == thought
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(audio={"id": "audio_1"})
+    assert e.value.body["param"] == "messages[1].audio"  # type: ignore[index]
+
+    def claude(blocks: list[Any]) -> int:
+        return both.claude.messages.count_tokens(model="tools", messages=[
+            {"role": "user", "content": ASK}, {"role": "assistant", "content": blocks},
+            {"role": "user", "content": "again"}]).input_tokens
+    hi = {"type": "text", "text": "hi"}
+    assert claude([hi]) == plain
+    assert claude([{"type": "thinking", "thinking": THOUGHT, "signature": "s"}, hi]) == thought
+
+    def responses(*before: Any) -> int:
+        r = both.client.responses.create(model="tools", max_output_tokens=1, temperature=0,
+                                         input=[
+            {"role": "user", "content": ASK}, *before,
+            {"type": "message", "role": "assistant",
+             "content": [{"type": "output_text", "text": "hi"}]},
+            {"role": "user", "content": "again"}])
+        assert r.usage is not None
+        return r.usage.input_tokens
+    assert responses() == plain
+    assert responses({"type": "reasoning", "id": "rs_1", "summary": [], "content": [
+        {"type": "reasoning_text", "text": THOUGHT}]}) == thought

@@ -52,7 +52,8 @@ CHAT_TEMPLATE = (
 
 # ChatML with tools, in the JSON-in-tags way many models call tools (Qwen 2.5, Hermes): the tool
 # list in the system turn, each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call>,
-# each result in a <tool_response> of a user turn. mlx-lm reads it as its `json_tools` format.
+# each result in a <tool_response> of a user turn, an assistant's reasoning_content in a think
+# block before its text (as Qwen3's template shows it). mlx-lm reads it as its `json_tools` format.
 TOOL_CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n"
     "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
@@ -65,7 +66,9 @@ TOOL_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message.role == 'tool' %}"
     "<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
-    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n{{ message.content }}"
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n"
+    "{% if message.reasoning_content %}<think>\n{{ message.reasoning_content }}\n</think>\n\n"
+    "{% endif %}{{ message.content }}"
     "{% for tool_call in message.tool_calls or [] %}"
     "{% if tool_call.function is defined %}{% set tool_call = tool_call.function %}{% endif %}"
     "<tool_call>\n{\"name\": \"{{ tool_call.name }}\", \"arguments\": "

@@ -100,6 +100,54 @@ def test_messages_roles_and_content() -> None:
         assert refused(rules.messages, raw).param == param, raw
 
 
+# What the openai client's ChatCompletionMessage.model_dump() gives for exod's own answer: a
+# client that replays the turn sends it back as it came.
+ECHOED_ANSWER = {"content": "hi", "refusal": None, "role": "assistant", "annotations": None,
+                 "audio": None, "function_call": None, "tool_calls": None,
+                 "reasoning_content": "because"}
+
+
+def test_message_keys_reach_the_template_are_echoed_empty_or_are_refused() -> None:
+    assert rules.message(ECHOED_ANSWER, 0) == {"role": "assistant", "content": "hi",
+                                               "reasoning_content": "because"}
+    assert rules.message({**ECHOED_ANSWER, "annotations": [], "refusal": "",
+                          "tool_calls": []}, 0)["content"] == "hi"
+    for key, value in (("audio", {"id": "a1"}), ("refusal", "I cannot"),
+                       ("annotations", [{"type": "url_citation"}]),
+                       ("function_call", {"name": "f", "arguments": "{}"}),
+                       ("reasoning", "x"), ("cache_control", {"type": "ephemeral"})):
+        e = refused(rules.message, {**ECHOED_ANSWER, key: value}, 2)
+        assert e.param == f"messages[2].{key}" and f"`messages[2].{key}`" in str(e), key
+
+
+def test_message_keys_name_the_unknown_key() -> None:
+    rules.message_keys({"role": "user", "content": "x", "refusal": None}, "m")
+    assert refused(rules.message_keys, {"contnet": "x"}, "m").param == "m.contnet"
+    assert refused(rules.message_keys, {"audio": {"id": "a"}}, "m").param == "m.audio"
+
+
+def test_known_keys_names_the_first_unknown_key() -> None:
+    rules.known_keys({"a": 1}, ("a", "b"), "p")
+    e = refused(rules.known_keys, {"a": 1, "c": 2}, ("a", "b"), "p")
+    assert e.param == "p.c" and "takes a, b" in str(e)
+
+
+def test_content_parts_are_text_parts_only() -> None:
+    assert rules.content([{"type": "text", "text": "a"}], "c") == "a"
+    assert refused(rules.content, [{"type": "text", "text": "a", "cache_control": {}}],
+                   "c").param == "c[0].cache_control"
+
+
+def test_reasoning_content_only_on_an_assistant_turn() -> None:
+    assert rules.reasoning("r", "assistant", "p") == "r"
+    assert refused(rules.reasoning, "r", "user", "p").param == "p"
+    assert refused(rules.reasoning, 3, "assistant", "p").param == "p"
+    assert refused(rules.message, {"role": "user", "content": "x", "reasoning_content": "r"},
+                   1).param == "messages[1].reasoning_content"
+    assert "reasoning_content" not in rules.message(
+        {"role": "user", "content": "x", "reasoning_content": None}, 1)
+
+
 def test_prompt_is_one_string() -> None:
     assert rules.prompt("x") == "x" and rules.prompt(["x"]) == "x"
     for bad in (None, ["a", "b"], [1, 2], "", "\ud800"):
@@ -214,8 +262,19 @@ def test_tool_is_a_function() -> None:
                        ({"type": "function", "function": {"name": "a", "strict": 1}},
                         "t.function.strict"),
                        ({"type": "function", "function": {"name": "a", "description": 1}},
-                        "t.function.description")):
+                        "t.function.description"),
+                       ({"type": "function", "function": {"name": "a", "strcit": True}},
+                        "t.function.strcit"),
+                       ({"type": "function", "function": {"name": "a"}, "cache_control": {}},
+                        "t.cache_control")):
         assert refused(rules.tool, bad, "t").param == param, bad
+
+
+def test_strict_tools_are_named_apart_from_the_template_tools() -> None:
+    tools = [FN, {"type": "function", "function": {"name": "s", "strict": True}},
+             {"type": "function", "function": {"name": "n", "strict": False}}]
+    assert all("strict" not in t["function"] for t in rules.tools(tools))
+    assert rules.strict_tools(tools) == ["s"] and rules.strict_tools(None) == []
 
 
 def test_flag_is_a_boolean() -> None:
@@ -253,7 +312,9 @@ def test_response_format_text_object_or_schema() -> None:
             ({"type": "json_schema", "json_schema": {"name": "a b"}}, "auto",
              "response_format.json_schema.name"),
             ({"type": "json_schema", "json_schema": {"name": "s", "schema": 1}}, "auto",
-             "response_format.json_schema.schema")):
+             "response_format.json_schema.schema"),
+            ({"type": "json_schema", "json_schema": {"name": "s", "schema": {}, "strcit": 1}},
+             "auto", "response_format.json_schema.strcit")):
         assert refused(rules.response_format, bad, choice).param == param, bad
 
 
@@ -287,6 +348,16 @@ def test_past_call_arguments_as_text_or_object() -> None:
         e = refused(rules.past_call, {"function": {"name": "get", "arguments": args}}, "p")
         assert e.param == "p.function.arguments", args
     assert refused(rules.past_call, {"function": "x"}, "p").param == "p"
+
+
+def test_past_call_keys_are_a_function_call() -> None:
+    f = {"name": "get", "arguments": "{}"}
+    assert rules.past_call({"id": "c", "type": "function", "index": 0, "function": f}, "p")[
+        "id"] == "c"  # index: a call reassembled from a stream
+    assert refused(rules.past_call, {"type": "custom", "function": f}, "p").param == "p"
+    assert refused(rules.past_call, {"function": f, "extra": 1}, "p").param == "p.extra"
+    assert refused(rules.past_call, {"function": {**f, "parsed": 1}}, "p").param == \
+        "p.function.parsed"
 
 
 # ---- the rest of the sampling set, logprobs, chat_template_kwargs ------------------------------

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from exod import messages as m
+from exod.core.grammar_limits import EngineLimits
+from exod.runner.serving.strict_args import ArgsCheck
 from exod.runner.serving.tool_calls import Call, ToolCallSplitter, ToolFormat, forced_grammar
 
 FMT = ToolFormat("<tool_call>", "</tool_call>", lambda text, tools: json.loads(text),
@@ -77,3 +79,20 @@ def test_forced_grammar_is_the_models_format() -> None:
     many = forced_grammar(FMT, m.Generate(id="r", kind="chat", max_tokens=9, tools=tools,
                                           tool_choice="required"), json.dumps)
     assert many.startswith('start: call ("\\n" call)*') and '"anyOf"' in many
+
+
+def test_a_strict_tools_call_that_does_not_validate_is_returned_as_text() -> None:
+    """`strict: true` under `auto`: a call is checked against its tool's parameters once parsed
+    (keys in any order); one that does not validate comes back as the text it was."""
+    params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                               "days": {"type": "integer", "maximum": 14}},
+              "required": ["city"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "get", "parameters": params}},
+             {"type": "function", "function": {"name": "add", "parameters": params}}]
+    check = ArgsCheck(tools, ["get"], EngineLimits())
+    good = '<tool_call>{"name": "get", "arguments": {"days": 3, "city": "Oslo"}}</tool_call>'
+    bad = '<tool_call>{"name": "get", "arguments": {"city": "Oslo", "days": 99}}</tool_call>'
+    loose = '<tool_call>{"name": "add", "arguments": {"days": 99}}</tool_call>'  # not strict
+    s = ToolCallSplitter(FMT, tools, False, check=check)
+    assert s.feed(good + bad + loose) + s.flush() == [
+        Call("get", '{"days": 3, "city": "Oslo"}'), bad, Call("add", '{"days": 99}')]

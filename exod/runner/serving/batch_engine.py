@@ -122,7 +122,8 @@ class BatchEngine:
             all_tokens=[prompt[: len(prompt) - len(rest)]],
             logits_processors=[checked.processors])
         out = Output(self.tokenizer.detokenizer, req.stop, checked.markers, checked.thinking)
-        r = _Request(rid, uid, len(prompt), out, tool_calls.splitter(self.tokenizer, req),
+        calls = tool_calls.splitter(self.tokenizer, req, checked.args_check)
+        r = _Request(rid, uid, len(prompt), out, calls,
                      checked.top_logprobs, cached_tokens=len(prompt) - len(rest))
         self._by_uid[uid] = self._by_rid[rid] = r
 

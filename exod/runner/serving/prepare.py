@@ -25,6 +25,7 @@ from exod.runner.serving.grammar import Constraint, Grammars
 from exod.runner.serving.output import Markers, opens_thinking, think_markers
 from exod.runner.serving.reading import Prompt
 from exod.runner.serving.sampling import make_request_sampler, penalty_processors
+from exod.runner.serving.strict_args import ArgsCheck
 
 __all__ = ["Checked", "read_prompt", "check_request", "prompt_tokens",
            "bias_processors", "context_window", "make_request_sampler", "vocab_size"]
@@ -82,6 +83,7 @@ class Checked:
     top_logprobs: int | None = None  # None: no logprobs; else how many top tokens with each
     markers: Markers | None = None  # the think markers, for a chat
     thinking: bool = False  # the prompt ends inside a think block
+    args_check: ArgsCheck | None = None  # its strict tools, whose calls are checked
 
 
 def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
@@ -95,7 +97,19 @@ def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
     rules.prompt_ids(prompt, vocab, prompt_param(req))
     max_tokens = rules.fit_window(len(prompt), rules.max_tokens(req.max_tokens), window,
                                   prompt_param(req))
-    return Prompt(prompt, max_tokens, constraint(grammars, fmt, req))
+    strict = args_check(grammars, req)  # first: a 400 names the strict tool at fault
+    return Prompt(prompt, max_tokens, constraint(grammars, fmt, req), strict)
+
+
+def args_check(grammars: Grammars | None, req: m.Generate) -> ArgsCheck | None:
+    """The strict tools' parameters, compiled whole (else RequestError naming them), with the
+    instance's grammar bounds: a call to one is checked against them once parsed."""
+    if not req.strict_tools or not req.tools or req.tool_choice == "none":
+        return None
+    if grammars is None:
+        raise RequestError("`strict` tools need the grammar engine, which this engine lacks",
+                           "tools")
+    return ArgsCheck(req.tools, req.strict_tools, grammars.limits)
 
 
 def constraint(grammars: Grammars | None, fmt: tool_calls.ToolFormat | None,
@@ -130,7 +144,7 @@ def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | Non
     markers = think_markers(tokenizer) if req.kind == "chat" else None
     return Checked(read.tokens, read.max_tokens, processors, make_request_sampler(req, vocab),
                    top_logprobs=top if logprobs else None, markers=markers,
-                   thinking=opens_thinking(read.tokens, markers))
+                   thinking=opens_thinking(read.tokens, markers), args_check=read.args_check)
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:

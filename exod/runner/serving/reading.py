@@ -32,6 +32,8 @@ class Prompt:
     tokens: list[int]
     max_tokens: int
     constraint: Any = None  # its grammar, compiled (exod.runner.serving.grammar.Constraint)
+    # Its strict tools, compiled (exod.runner.serving.strict_args.ArgsCheck), or None.
+    args_check: Any = None
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from exod import messages as m
-from exod.runner.log import WARNING, log
 from exod.core.request_rules import RequestError
+from exod.runner.log import WARNING, log
+from exod.runner.serving.strict_args import ArgsCheck
 
 # The formats whose calls a grammar can write: the parser's module in mlx_lm.tool_parsers →
 # how the calls sit between the markers. Others are parsed, not forced.
@@ -80,8 +81,10 @@ def _call_schema(f: dict[str, Any]) -> dict[str, Any]:
 
 
 def _json(schema: dict[str, Any]) -> str:
-    # Compact JSON inside the call too (see exod.runner.serving.grammar).
-    return json.dumps({**schema, "x-guidance": {"whitespace_flexible": False}})
+    # Compact JSON inside the call too (see exod.runner.serving.grammar). Lenient: keywords the
+    # engine does not implement are left out, unless the tool is strict, in which case its
+    # parameters were compiled whole first (exod.runner.serving.strict_args: else a 400).
+    return json.dumps({**schema, "x-guidance": {"whitespace_flexible": False, "lenient": True}})
 
 
 @dataclass(frozen=True)
@@ -97,11 +100,14 @@ class ToolCallSplitter:
     """Streamed text in, text and calls out. Text between the markers is held until the call's
     end marker, then parsed; a call that does not parse is released as the text it was (markers
     included) and logged, never dropped. A model whose end marker is empty writes its calls
-    last: they are parsed at the end. `single`: the first call ends the generation (`done`)."""
+    last: they are parsed at the end. `single`: the first call ends the generation (`done`).
+    `check`: the strict tools, whose calls must also validate against their parameters (else
+    they are text too)."""
 
     def __init__(self, fmt: ToolFormat, tools: list[dict[str, Any]], single: bool,
-                 rid: str = "") -> None:
+                 rid: str = "", check: ArgsCheck | None = None) -> None:
         self.fmt, self.tools, self.single, self.rid = fmt, tools, single, rid
+        self.check = check
         self._held = ""  # text that may be the start of a start marker
         self._call: str | None = None  # text of the call under way
         self._gap = ""  # whitespace after a call: dropped if only calls or nothing follow
@@ -158,6 +164,11 @@ class ToolCallSplitter:
             calls = [_call(c) for c in (parsed if isinstance(parsed, list) else [parsed])]
             if not calls:
                 raise ValueError("no call in it")
+            for c in calls:
+                why = self.check.error(c.name, c.arguments) if self.check else None
+                if why is not None:
+                    raise ValueError(f"the arguments of {c.name[:64]!r}, a strict tool, do not "
+                                     f"validate against its parameters: {why}")
         except Exception as e:  # noqa: BLE001 -- each parser raises its own kinds
             log(f"request {self.rid}: a tool call did not parse ({type(e).__name__}: "
                 f"{str(e)[:200]}); returned as text", WARNING)
@@ -196,12 +207,13 @@ def _merge(pieces: list[Piece]) -> list[Piece]:
     return out
 
 
-def splitter(tokenizer: Any, req: m.Generate) -> ToolCallSplitter | None:
+def splitter(tokenizer: Any, req: m.Generate,
+             check: ArgsCheck | None = None) -> ToolCallSplitter | None:
     """The splitter of a request's output: one when it may call its tools."""
     fmt = ToolFormat.of(tokenizer)
     if fmt is None or not req.tools or req.tool_choice == "none":
         return None
-    return ToolCallSplitter(fmt, req.tools, not req.parallel_tool_calls, req.id)
+    return ToolCallSplitter(fmt, req.tools, not req.parallel_tool_calls, req.id, check)
 
 
 def events(rid: str, pieces: list[Piece]) -> list[m.Event]:

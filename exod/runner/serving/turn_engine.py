@@ -40,7 +40,7 @@ class Generation:
         self.model = model
         checked = check_request(tokenizer, req, vocab_size(model, tokenizer),
                                 context_window(model), read)
-        self._calls = tool_calls.splitter(tokenizer, req)
+        self._calls = tool_calls.splitter(tokenizer, req, checked.args_check)
         prompt = checked.prompt
         self._cache: list[Any] = make_prompt_cache(model)
         self._pending = prompt[:-1]  # prefilled by `prefill`; the last token by generate_step

@@ -1,0 +1,47 @@
+"""The rules a generation request must pass: one copy of each, for the daemon and the runner.
+One module per topic (base: what every rule shares; generation: the body, lengths, sampling and
+what comes back; messages: what a chat is generated from; tools: tools and structured output),
+all of it importable from here (`rules.max_tokens`, `rules.RequestError`).
+
+The daemon checks every field of a request body here (exod.api.schema turns a RequestError into
+an HTTP 400 naming the field); the runner checks again here, with the numbers of the model as
+loaded, whatever sent the request (exod.runner.serving.prepare: nothing reaches mlx unchecked).
+Pure logic: no I/O, no mlx, nothing of HTTP.
+
+How a rule is written, so that it is written once:
+- One rule = one small function named after its field. It takes the raw value (and the model's
+  numbers when the rule needs them: a vocabulary size, a context window), returns the checked
+  value, or raises `RequestError(message, param)`. Its message is written there and nowhere
+  else: "`field` must be ...", naming the field in backticks, in one line.
+- A number with a default and a range is a row of `NUMBERS` instead of a function: `number(name,
+  raw)` checks it (finite, inside the range; a bool is no number).
+- A limit is a constant of its module (MAX_...), so the API, the runner and the docs quote one
+  figure.
+- Then wire it: exod.api.schema calls it for the endpoints that take the field; when the runner
+  must check it again before mlx (it indexes a table, or feeds a sampler),
+  exod.runner.serving.prepare calls the same function. tests/unit/test_request_rules.py gets one
+  test for the rule, which fails when the rule is dropped.
+"""
+
+from __future__ import annotations
+
+from exod.core.request_rules.base import (  # noqa: F401
+    MAX_SCHEMA_DEPTH, RequestError, text, name, depth, text_field, flag, integer, known_keys,
+)
+from exod.core.request_rules.generation import (  # noqa: F401
+    DEFAULT_MAX_TOKENS_CHAT, DEFAULT_MAX_TOKENS_COMPLETION, MAX_STOPS, MAX_STOP_CHARS,
+    MAX_BIAS, BIAS_LIMIT, MAX_TOP_K, MAX_REPETITION_PENALTY, MAX_CONTEXT_SIZE,
+    DEFAULT_CONTEXT_SIZE, CONTEXT_SIZES, MAX_TOP_LOGPROBS, MAX_TEMPLATE_KWARGS,
+    MAX_TEMPLATE_KWARGS_CHARS, RESERVED_TEMPLATE_KWARGS, Range, NUMBERS, number, body, model,
+    n, seed, echo, stream, stream_options, stop, max_tokens, max_tokens_cap, fit_window,
+    logit_bias, bias_ids, top_k, repetition_penalty, context_size, logprobs, top_logprobs,
+    completion_logprobs, chat_template_kwargs,
+)
+from exod.core.request_rules.messages import (  # noqa: F401
+    ROLES, MESSAGE_KEYS, ECHOED, PART_KEYS, CALL_KEYS, CALL_FUNCTION_KEYS, messages, message,
+    message_keys, content, prompt, prompt_ids, turn, reasoning, past_calls, past_call,
+)
+from exod.core.request_rules.tools import (  # noqa: F401
+    MAX_TOOLS, MAX_SCHEMA_BYTES, TOOL_CHOICES, TOOL_KEYS, FUNCTION_KEYS, schema, tools, tool,
+    strict_tools, tool_choice, response_format, schema_bytes,
+)

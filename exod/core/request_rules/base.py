@@ -1,0 +1,85 @@
+"""What every rule shares: the error, and the checks of text, names, flags, integers and nested
+JSON that fields of every topic use."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+MAX_SCHEMA_DEPTH = 64  # nesting of a schema or of a call's arguments
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # OpenAI's rule for function and schema names
+
+
+class RequestError(Exception):
+    """The request cannot be served as given; `param` names the field at fault, for the
+    client's error (a 400 from the API, a `bad_request` error event from the runner)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def text(value: str, param: str) -> str:
+    """JSON may spell a lone surrogate (`"\\ud800"`), which is no text at all: it cannot be
+    encoded for the runner, nor tokenized."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(f"`{param}` holds a lone surrogate at character {e.start}, which is "
+                           "not text", param) from None
+    return value
+
+
+def name(raw: Any, param: str) -> str:
+    if not isinstance(raw, str) or not _NAME.fullmatch(raw):
+        raise RequestError(f"`{param}` must be 1 to 64 letters, digits, _ . or -", param)
+    return raw
+
+
+def depth(raw: Any, param: str) -> Any:
+    """A JSON value nested at most MAX_SCHEMA_DEPTH deep, its numbers finite (Python's JSON
+    reads `Infinity` and `NaN`, which no message to a runner may carry). Walked without
+    recursion."""
+    stack = [(raw, 1)]
+    while stack:
+        v, d = stack.pop()
+        if d > MAX_SCHEMA_DEPTH:
+            raise RequestError(f"`{param}` is nested more than {MAX_SCHEMA_DEPTH} levels deep",
+                               param)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise RequestError(f"`{param}` holds {v}, which is no JSON number", param)
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
+        stack.extend((x, d + 1) for x in children)
+    return raw
+
+
+def text_field(raw: Any, param: str) -> str:
+    if not isinstance(raw, str):
+        raise RequestError(f"`{param}` must be a string", param)
+    return text(raw, param)
+
+
+def flag(raw: Any, param: str, default: bool = False) -> bool:
+    if raw is not None and not isinstance(raw, bool):
+        raise RequestError(f"`{param}` must be a boolean", param)
+    return default if raw is None else raw
+
+
+def integer(raw: Any, param: str, default: int, lo: int, hi: int) -> int:
+    """An integer field: `default` when not set (None), else an int (not a bool) in range."""
+    if raw is None:
+        return default
+    if isinstance(raw, bool) or not isinstance(raw, int) or not lo <= raw <= hi:
+        raise RequestError(f"`{param}` must be an integer from {lo} to {hi}", param)
+    return raw
+
+
+def known_keys(raw: dict[str, Any], allowed: tuple[str, ...], param: str) -> None:
+    """Every key of an object is one exod reads: another (a typo, another server's option) is
+    refused by name, never dropped."""
+    for key in raw:
+        if key not in allowed:
+            where = f"{param}.{str(key)[:64]}"
+            raise RequestError(f"`{where}` is not a field exod knows (it takes "
+                               f"{', '.join(allowed)})", where)

@@ -1,0 +1,274 @@
+"""How a request generates: the body and its plain fields, how many tokens, the sampling set,
+and what comes back besides the text."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exod.core.request_rules.base import RequestError, integer, text
+
+DEFAULT_MAX_TOKENS_CHAT = 1024
+DEFAULT_MAX_TOKENS_COMPLETION = 16  # the OpenAI reference's default for /v1/completions
+MAX_STOPS = 16
+MAX_STOP_CHARS = 1024
+MAX_BIAS = 1024  # entries of logit_bias
+BIAS_LIMIT = 100  # a logit_bias value is from -BIAS_LIMIT to BIAS_LIMIT
+MAX_TOP_K = (1 << 31) - 1  # top_k at or past the vocabulary keeps every token
+MAX_REPETITION_PENALTY = 10.0  # a factor on the logits of tokens seen; 1: off
+MAX_CONTEXT_SIZE = 1 << 20  # tokens a penalty looks back on
+DEFAULT_CONTEXT_SIZE = 20  # mlx-lm's
+CONTEXT_SIZES = ("repetition_context_size", "presence_context_size", "frequency_context_size")
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+MAX_TEMPLATE_KWARGS = 32
+MAX_TEMPLATE_KWARGS_CHARS = 16 * 1024  # as JSON
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+# Arguments of the chat template call itself, never template variables a client may set
+# (`chat_template` would be a template of the client's own).
+RESERVED_TEMPLATE_KWARGS = frozenset((
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"))
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")  # ASCII digits only: str.isdigit() takes '²' too
+
+
+# ---- numbers with a range ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Range:
+    default: float
+    lo: float
+    hi: float
+
+
+NUMBERS: dict[str, Range] = {
+    "temperature": Range(1.0, 0.0, 2.0),
+    "top_p": Range(1.0, 0.0, 1.0),  # 0 keeps only the most probable token
+    "min_p": Range(0.0, 0.0, 1.0),  # 0: off
+    "presence_penalty": Range(0.0, -2.0, 2.0),  # OpenAI's range; 0: off
+    "frequency_penalty": Range(0.0, -2.0, 2.0),
+}
+
+
+def number(name: str, raw: Any) -> float:
+    """A row of NUMBERS: its default when not set (None), else a finite number in its range."""
+    r = NUMBERS[name]
+    if raw is None:
+        return r.default
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) \
+            or not r.lo <= raw <= r.hi:
+        raise RequestError(f"`{name}` must be a number from {r.lo:g} to {r.hi:g}", name)
+    return float(raw)
+
+
+# ---- the body and its plain fields -------------------------------------------------------------
+def body(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise RequestError("the request body must be a JSON object")
+    return raw
+
+
+def model(raw: Any) -> str:
+    if not isinstance(raw, str) or not raw:
+        raise RequestError("`model` must name an instance", "model")
+    return raw
+
+
+def n(raw: Any) -> None:
+    if raw is not None and (type(raw) is not int or raw != 1):  # neither True nor 1.0
+        raise RequestError("`n` must be 1: exod returns one choice", "n")
+
+
+def seed(raw: Any) -> int | None:
+    if raw is not None and (isinstance(raw, bool) or not isinstance(raw, int)):
+        raise RequestError("`seed` must be an integer", "seed")
+    return raw
+
+
+def echo(raw: Any) -> None:
+    if raw:
+        raise RequestError("`echo` is not supported", "echo")
+
+
+def stream(raw: Any) -> bool:
+    if raw is not None and not isinstance(raw, bool):
+        raise RequestError("`stream` must be a boolean", "stream")
+    return bool(raw)
+
+
+def stream_options(raw: Any, streaming: bool) -> bool:
+    """Whether the stream ends with a usage chunk."""
+    if raw is None:
+        return False
+    if not streaming:
+        raise RequestError("`stream_options` is only allowed when `stream` is true",
+                           "stream_options")
+    if not isinstance(raw, dict) or not isinstance(raw.get("include_usage", False), bool):
+        raise RequestError("`stream_options.include_usage` must be a boolean", "stream_options")
+    # include_obfuscation pads chunks against length side channels: it cannot change the
+    # answer, and exod's chunks carry no padding either way.
+    if set(raw) - {"include_usage", "include_obfuscation"} or \
+            not isinstance(raw.get("include_obfuscation", True), bool):
+        raise RequestError("`stream_options` takes `include_usage` and `include_obfuscation`, "
+                           "booleans", "stream_options")
+    return bool(raw.get("include_usage", False))
+
+
+def stop(raw: Any) -> list[str]:
+    if raw is None:
+        return []
+    stops = [raw] if isinstance(raw, str) else raw
+    if not (isinstance(stops, list) and len(stops) <= MAX_STOPS
+            and all(isinstance(s, str) for s in stops)):
+        raise RequestError(f"`stop` must be a string or an array of at most {MAX_STOPS} "
+                           "strings", "stop")
+    if any(not s for s in stops):
+        raise RequestError("`stop` sequences must not be empty", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise RequestError(f"`stop` sequences are at most {MAX_STOP_CHARS} characters", "stop")
+    return [text(s, "stop") for s in stops]
+
+
+# ---- how much is generated ---------------------------------------------------------------------
+def max_tokens(raw: Any, param: str = "max_tokens", default: int | None = None) -> int:
+    """`max_tokens` / `max_completion_tokens`: `default` when not set (None), if there is one."""
+    if raw is None and default is not None:
+        return default
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise RequestError(f"`{param}` must be an integer of at least 1", param)
+    return raw
+
+
+def max_tokens_cap(value: int, param: str | None, context: int | None, cap: int | None) -> int:
+    """`value` against the model's context window and the instance's `max_tokens_cap` (None:
+    unknown, or none): a value the client set (`param`) past them is refused; a default
+    shrinks to fit."""
+    known = [x for x in (context, cap) if x is not None]
+    if not known or value <= min(known):
+        return value
+    limit = min(known)
+    if param is None:
+        return limit
+    what = "the instance's max_tokens_cap" if limit == cap else "the model's context window"
+    raise RequestError(f"`{param}` is {value}, more than {limit} ({what})", param)
+
+
+def fit_window(prompt: int, max_tokens: int, window: int | None, param: str) -> int:
+    """The tokens a request may generate: no position may pass the model's context window,
+    where a learned position table (gpt2's) would be read out of bounds. A prompt that fills
+    the window is refused; a generation that would pass it ends there (finish reason
+    `length`)."""
+    if window is None:
+        return max_tokens
+    if prompt >= window:
+        raise RequestError(f"the prompt is {prompt} tokens: it must leave room for one token "
+                           f"in the model's context window of {window}", param)
+    return min(max_tokens, window - prompt)
+
+
+# ---- logit_bias --------------------------------------------------------------------------------
+def logit_bias(raw: Any) -> dict[int, float]:
+    """Token ids (decimal strings, as JSON keys are) → finite numbers from -100 to 100. Whether
+    an id is inside the vocabulary is `bias_ids`, against the model."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise RequestError(f"`logit_bias` must map token ids to numbers from -{BIAS_LIMIT} to "
+                           f"{BIAS_LIMIT}", "logit_bias")
+    if len(raw) > MAX_BIAS:
+        raise RequestError(f"`logit_bias` maps at most {MAX_BIAS} token ids (it has "
+                           f"{len(raw)})", "logit_bias")
+    out: dict[int, float] = {}
+    for k, v in raw.items():
+        if not (isinstance(k, str) and _TOKEN_ID.fullmatch(k)):
+            raise RequestError(f"`logit_bias`: {k!r} is not a token id", "logit_bias")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or not -BIAS_LIMIT <= v <= BIAS_LIMIT:
+            raise RequestError(f"`logit_bias[{k}]` must be a number from -{BIAS_LIMIT} to "
+                               f"{BIAS_LIMIT}", "logit_bias")
+        out[int(k)] = float(v)
+    return out
+
+
+def bias_ids(ids: list[int], vocab: int) -> None:
+    """Every biased id must index the logits (`vocab` wide): the model's config.json in the
+    daemon, the real width of the logits in the runner (an out-of-range index in mlx writes
+    outside the array)."""
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise RequestError(f"`logit_bias`: token id {bad[0]} is outside the model's vocabulary "
+                           f"(ids 0 to {vocab - 1})", "logit_bias")
+
+
+# ---- the rest of the sampling set --------------------------------------------------------------
+def top_k(raw: Any) -> int:
+    """Sample from the k most probable tokens; 0 or -1 (vLLM's spelling): off."""
+    return integer(raw, "top_k", 0, -1, MAX_TOP_K)
+
+
+def repetition_penalty(raw: Any) -> float:
+    """A factor dividing (multiplying, when negative) the logits of tokens seen lately; 1: off.
+    0 would divide by zero."""
+    if raw is None:
+        return 1.0
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) \
+            or not 0 < raw <= MAX_REPETITION_PENALTY:
+        raise RequestError(f"`repetition_penalty` must be a number more than 0 and at most "
+                           f"{MAX_REPETITION_PENALTY:g} (1: off)", "repetition_penalty")
+    return float(raw)
+
+
+def context_size(name: str, raw: Any) -> int:
+    """How many of the latest tokens a penalty looks at (one of CONTEXT_SIZES)."""
+    return integer(raw, name, DEFAULT_CONTEXT_SIZE, 1, MAX_CONTEXT_SIZE)
+
+
+# ---- what comes back besides the text ----------------------------------------------------------
+def logprobs(raw: Any) -> bool:
+    """The chat endpoint's `logprobs`: a boolean."""
+    if raw is not None and not isinstance(raw, bool):
+        raise RequestError("`logprobs` must be a boolean", "logprobs")
+    return bool(raw)
+
+
+def top_logprobs(raw: Any, with_logprobs: bool) -> int:
+    """How many of the most probable tokens come with each token's logprob; needs logprobs."""
+    top = integer(raw, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    if raw is not None and not with_logprobs:
+        raise RequestError("`top_logprobs` needs `logprobs: true`", "top_logprobs")
+    return top
+
+
+def completion_logprobs(raw: Any) -> int | None:
+    """/v1/completions' `logprobs`: how many of the most probable tokens come with each token
+    (0: only the token's own); None: no logprobs."""
+    if raw is None:
+        return None
+    return integer(raw, "logprobs", 0, 0, MAX_TOP_LOGPROBS)
+
+
+def chat_template_kwargs(raw: Any, param: str = "chat_template_kwargs") -> dict[str, Any]:
+    """Extra variables for the chat template: names that are variables, not the template
+    call's own arguments; plain JSON values, small."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping) or len(raw) > MAX_TEMPLATE_KWARGS:
+        raise RequestError(f"`{param}` must be an object of at most {MAX_TEMPLATE_KWARGS} "
+                           "variables", param)
+    for k in raw:
+        if not isinstance(k, str) or not _VARIABLE.fullmatch(k) \
+                or k in RESERVED_TEMPLATE_KWARGS:
+            raise RequestError(f"`{param}`: {str(k)[:60]!r} is not a template variable (a name "
+                               "of letters, digits and _, not an argument of the template call "
+                               "itself)", param)
+    try:
+        size = len(json.dumps(raw, ensure_ascii=False, allow_nan=False))
+    except (ValueError, TypeError, RecursionError):
+        raise RequestError(f"`{param}` must hold plain JSON values", param) from None
+    if size > MAX_TEMPLATE_KWARGS_CHARS:
+        raise RequestError(f"`{param}` is more than {MAX_TEMPLATE_KWARGS_CHARS} characters as "
+                           "JSON", param)
+    return dict(raw)

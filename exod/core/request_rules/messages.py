@@ -1,0 +1,169 @@
+"""What a chat is generated from: its messages, as the chat template receives them (roles,
+text, tool calls and their results, reasoning), and /v1/completions' prompt."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from exod.core.request_rules.base import RequestError, depth, known_keys, name, text, text_field
+from exod.core.request_rules.tools import MAX_TOOLS
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+# The keys of a message that reach the chat template. `reasoning_content` is an assistant's
+# thinking, the key Qwen3's and DeepSeek's templates read (what they do with it is theirs: Qwen3
+# shows only the thinking after the last user turn).
+MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content")
+# Keys of OpenAI's answer message, which a client sends back as it came when it replays a turn.
+# Empty (null, "", [], {}) they hold nothing to lose; holding something, exod cannot replay it
+# to the model, and refuses them by name.
+ECHOED = {
+    "refusal": "a refusal cannot be replayed to a local model; send its text as `content`",
+    "annotations": "annotations (OpenAI's citations) are not supported",
+    "audio": "audio is not supported",
+    "function_call": "the deprecated `function_call` is not supported; send `tool_calls`",
+}
+PART_KEYS = ("type", "text")
+CALL_KEYS = ("id", "type", "function", "index")  # index: a streamed call's place, no effect
+CALL_FUNCTION_KEYS = ("name", "arguments")
+
+
+def messages(raw: Any) -> list[dict[str, Any]]:
+    if not isinstance(raw, list) or not raw:
+        raise RequestError("`messages` must be a non-empty array of messages", "messages")
+    return [message(m, i) for i, m in enumerate(raw)]
+
+
+def message(raw: Any, i: int) -> dict[str, Any]:
+    param = f"messages[{i}]"
+    if not isinstance(raw, dict):
+        raise RequestError(f"`{param}` must be an object", param)
+    role = raw.get("role")
+    if role not in ROLES:
+        raise RequestError(f"`{param}.role` must be one of {', '.join(ROLES)}", f"{param}.role")
+    message_keys(raw, param)
+    # Chat templates know `system`; `developer` is OpenAI's newer name for it.
+    return {"role": "system" if role == "developer" else role,
+            "content": content(raw.get("content"), f"{param}.content"),
+            **turn(raw, role, param)}
+
+
+def message_keys(raw: dict[str, Any], param: str) -> None:
+    """Every key of a message reaches the template (MESSAGE_KEYS), or is one of the keys of
+    an echoed answer holding nothing (ECHOED); any other is refused by name."""
+    for key, value in raw.items():
+        if key in MESSAGE_KEYS:
+            continue
+        where = f"{param}.{str(key)[:64]}"
+        why = ECHOED.get(key)
+        if why is None:
+            raise RequestError(f"`{where}` is not a field exod knows (a message takes "
+                               f"{', '.join(MESSAGE_KEYS)}; {', '.join(ECHOED)} only empty)",
+                               where)
+        if value is not None and value not in ("", [], {}):
+            raise RequestError(f"`{where}`: {why}", where)
+
+
+def content(raw: Any, param: str) -> str:
+    """A message's text: a string, or an array of text parts (joined)."""
+    if raw is None:
+        return ""
+    if isinstance(raw, list):
+        parts = []
+        for j, part in enumerate(raw):
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise RequestError(f"`{param}[{j}]`: only text parts are supported", param)
+            known_keys(part, PART_KEYS, f"{param}[{j}]")
+            parts.append(part["text"])
+        raw = "".join(parts)
+    elif not isinstance(raw, str):
+        raise RequestError(f"`{param}` must be a string or an array of text parts", param)
+    return text(raw, param)
+
+
+def prompt(raw: Any) -> str:
+    """/v1/completions' prompt: one string (or an array of one)."""
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+        raw = raw[0]
+    if not isinstance(raw, str):
+        raise RequestError("`prompt` must be a string (batches and token arrays are not "
+                           "supported)", "prompt")
+    text(raw, "prompt")
+    if not raw:
+        raise RequestError("`prompt` must not be empty", "prompt")
+    return raw
+
+
+def prompt_ids(ids: list[int], vocab: int, param: str) -> None:
+    """The prompt as tokens: not empty, and every token must index the embedding table
+    (`vocab` rows): a tokenizer may know more tokens (added ones) than the model has rows,
+    and a client can spell them."""
+    if not ids:
+        raise RequestError("the prompt is empty", param)
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise RequestError(f"the prompt holds token id {bad[0]}, outside the model's vocabulary "
+                           f"(ids 0 to {vocab - 1})", param)
+
+
+def turn(raw: dict[str, Any], role: str, param: str) -> dict[str, Any]:
+    """A message's structure, kept for the chat template: an assistant's `tool_calls` and
+    `reasoning_content`, a tool message's `tool_call_id`, a `name`."""
+    out: dict[str, Any] = {}
+    if raw.get("tool_calls") is not None:
+        calls = past_calls(raw["tool_calls"], role, f"{param}.tool_calls")
+        if calls:  # an empty list (an echoed answer without calls) is no calls
+            out["tool_calls"] = calls
+    if raw.get("reasoning_content") not in (None, ""):
+        out["reasoning_content"] = reasoning(raw["reasoning_content"], role,
+                                             f"{param}.reasoning_content")
+    call_id = raw.get("tool_call_id")
+    if role == "tool" and not (isinstance(call_id, str) and call_id):
+        raise RequestError(f"`{param}.tool_call_id` must name the call this message answers",
+                           f"{param}.tool_call_id")
+    if call_id is not None:
+        if role != "tool":
+            raise RequestError(f"`{param}.tool_call_id` belongs to a tool message",
+                               f"{param}.tool_call_id")
+        out["tool_call_id"] = call_id
+    if raw.get("name") is not None:
+        out["name"] = name(raw["name"], f"{param}.name")
+    return out
+
+
+def reasoning(raw: Any, role: str, param: str) -> str:
+    """An assistant's thinking of an earlier turn, for templates that show it again."""
+    if role != "assistant":
+        raise RequestError(f"`{param}`: only an assistant message has reasoning", param)
+    return text_field(raw, param)
+
+
+def past_calls(raw: Any, role: str, param: str) -> list[dict[str, Any]]:
+    if role != "assistant":
+        raise RequestError(f"`{param}`: only an assistant message has tool calls", param)
+    if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
+        raise RequestError(f"`{param}` must be an array of at most {MAX_TOOLS} calls", param)
+    return [past_call(c, f"{param}[{i}]") for i, c in enumerate(raw)]
+
+
+def past_call(raw: Any, param: str) -> dict[str, Any]:
+    """A call made earlier, as templates take it: arguments as an object (clients send them as
+    JSON text, or as the object)."""
+    f = raw.get("function") if isinstance(raw, dict) else None
+    if not isinstance(f, dict) or raw.get("type", "function") != "function":
+        raise RequestError(f'`{param}` must be {{"type": "function", "function": {{"name": '
+                           '..., "arguments": ...}}}}', param)
+    known_keys(raw, CALL_KEYS, param)
+    known_keys(f, CALL_FUNCTION_KEYS, f"{param}.function")
+    args, where = f.get("arguments", {}), f"{param}.function.arguments"
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except (ValueError, RecursionError):
+            args = None
+    if not isinstance(args, dict):
+        raise RequestError(f"`{where}` must be a JSON object (as text or as is)", where)
+    out = {"type": "function", "function": {"name": name(f.get("name"), f"{param}.function.name"),
+                                            "arguments": depth(args, where)}}
+    return {**out, "id": raw["id"]} if isinstance(raw.get("id"), str) else out
