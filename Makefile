@@ -7,8 +7,9 @@ BIN    := $(VENV)/bin
 # they compute, so more workers than cores keep both of a 2-core machine's cores busy.
 WORKERS ?= 4
 PYTEST := $(BIN)/pytest --dist loadgroup --no-loadscope-reorder
-# The quiet phase: the systemd tier and the tests with a timing bound (marked `timing`), one at
-# a time on one worker, beside the unit tier on the other; never beside the integration tier.
+# The quiet phase: the systemd tier and the tests with a timing bound (marked `timing`), in two
+# groups, each one test at a time on a worker of its own, beside the unit tier on the third;
+# never beside the integration tier (tests/conftest.py: QUIET_PAIR).
 QUIET := -m "not integration or timing"
 
 .PHONY: run test test-unit test-integration test-system warm setup setup-test install bench lint \
@@ -20,7 +21,7 @@ run: setup  ## set up, then run the daemon in the foreground on the built-in dem
 test: setup-test  ## set up; lint beside warm; the integration tier; then the quiet phase
 	$(MAKE) --no-print-directory -j2 --output-sync=target lint warm
 	$(PYTEST) -n $(WORKERS) -m "not timing" tests/integration
-	$(PYTEST) -n 2 $(QUIET) tests
+	$(PYTEST) -n 3 $(QUIET) tests
 
 test-unit: setup-test  ## the unit tier: no processes, no mlx (tens of seconds)
 	$(PYTEST) -n $(WORKERS) tests/unit

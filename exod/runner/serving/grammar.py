@@ -34,6 +34,7 @@ from exod.core.request_rules import RequestError
 # JSON is compact (whitespace_flexible off: no whitespace between tokens): a model, above all a
 # random one, would otherwise be free to emit whitespace forever between two values.
 MAX_ERROR = 300  # characters of the engine's message in a 400
+_SHIFTS = mx.arange(32, dtype=mx.uint32)  # a mask word's bits, least significant first
 
 
 class Grammars:
@@ -120,17 +121,23 @@ class Constraint:
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._started:
+            # The mask needs the token just chosen, and waiting for it stalls the pipeline mlx-lm
+            # keeps (this step's forward is built but not yet started). Start the forward first:
+            # it runs while the mask is computed on this thread, as it would without a grammar.
+            mx.async_eval(logits)
             last: Any = tokens.reshape(-1)[-1].item()
             if not self.matcher.consume_token(int(last)):
                 self._fail()
             self._fill()
         self._started = True
-        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")
+        # The mask as llguidance leaves it (a bit per token, 32 to a word), unpacked inside the
+        # graph: a few KB cross into mlx instead of a byte per token.
         width = logits.shape[-1]
-        allowed = np.zeros(width, dtype=bool)
-        n = min(width, self.vocab)
-        allowed[:n] = bits[:n].astype(bool)
-        return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
+        bits = (mx.array(self._words)[:, None] >> _SHIFTS) & 1
+        allowed = bits.reshape(-1)[: min(width, self.vocab)].astype(mx.bool_)
+        if width > self.vocab:  # logits wider than the tokenizer (padding rows): never allowed
+            allowed = mx.concatenate([allowed, mx.zeros(width - self.vocab, dtype=mx.bool_)])
+        return mx.where(allowed, logits, mx.array(-mx.inf, dtype=logits.dtype))
 
     @property
     def error(self) -> str | None:
