@@ -152,6 +152,11 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
                f"stop ladder worst case {worst:g}s")
     for line in memory_lines(cfg):
         click.echo(line)
+    from exod.config.mlx_options import describe as describe_options
+
+    for inst in cfg.instances.values():
+        for line in describe_options(inst):
+            click.echo(line)
 
 
 def check_system(config: Path | None) -> None:

@@ -17,6 +17,7 @@ from exod.config.checks import (Issue, check_layout, check_on_demand, check_port
 from exod.config.probe import answers as probe_answers
 from exod.config.errors import ConfigError, Mark, Problem
 from exod.config.hub_model import names_hub, parse_model, placeholder, token_file_problem
+from exod.config.mlx_options import check_mlx_options
 from exod.config.model_dir import model_layer_count
 from exod.config.safety import control_socket_problem
 from exod.config.schema import DEFAULT_CONFIG_PATH, Config, Defaults, Instance
@@ -244,6 +245,14 @@ class _Loader:
                 if ref is None:
                     continue
                 given.update(model=placeholder(ref), hub=ref)
+            draft = e.value.entries.get("draft_model") if isinstance(e.value, MapNode) else None
+            if draft is not None and names_hub(draft.value):
+                ref, problems = parse_model(draft.value, f"{path}.draft_model")
+                for mark, key, message in problems:
+                    self.v.report(mark, key, message)
+                if ref is None:
+                    continue
+                given.update(draft_model=placeholder(ref), draft_hub=ref)
             instance = self.v.build(Instance, e.value, path, e.key_mark, given=given,
                                     inherit_from=inherit_from)
             if instance is INVALID or bad_name:
@@ -253,7 +262,8 @@ class _Loader:
             self.nodes[name] = body
             for issue in [*check_layout(instance, body.entries),
                           *check_on_demand(instance, body.entries),
-                          *check_template_kwargs(instance)]:
+                          *check_template_kwargs(instance),
+                          *check_mlx_options(instance, body.entries)]:
                 self.report_issue(instance, issue)
 
     def cross_check(self, node_name: str) -> None:

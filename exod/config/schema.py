@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from exod.core.serving import DEFAULT_PROMPT_CACHE_BYTES
+from exod.core.serving import (DEFAULT_KV_GROUP_SIZE, DEFAULT_NUM_DRAFT_TOKENS,
+                               DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_QUANTIZED_KV_START)
 from exod.hub.ref import HubRef
 from exod.config.types import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir, Octal,
                                Size)
@@ -28,6 +29,8 @@ ReadyPolicy = Literal["daemon", "instances"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Backend = Literal["ring", "mpi"]
 Autostart = Literal[True, False, "on-demand"]
+KvBits = Literal[2, 3, 4, 5, 6, 8]  # what mx.quantize takes
+KvGroupSize = Literal[32, 64, 128]
 
 DEFAULT_CONFIG_PATH = Path("/etc/exod/exod.yaml")
 DEFAULT_API_PORT = 52415  # exo's port: users of exo find exod where they expect it
@@ -234,6 +237,49 @@ class Instance:
         default_factory=dict,
         metadata=doc("extra variables for the model's chat template, e.g. {enable_thinking: "
                      "false}; a request's own `chat_template_kwargs` override them key by key"))
+    # mlx-lm's generation options (exod.config.mlx_options checks what goes with what).
+    kv_bits: KvBits | None = field(
+        default=None,
+        metadata=doc("quantize the KV cache to this many bits (mlx-lm's kv_bits; 4 or 8 are "
+                     "usual): less memory per token, counted so by memory admission. mlx-lm "
+                     "cannot batch a quantized cache: the instance serves its requests by turns "
+                     "(status says so); null: float cache"))
+    kv_group_size: KvGroupSize = field(
+        default=DEFAULT_KV_GROUP_SIZE,
+        metadata=doc("with kv_bits: values quantized together (must divide the model's head "
+                     "dimension)"))
+    quantized_kv_start: int = field(
+        default=DEFAULT_QUANTIZED_KV_START,
+        metadata=doc("with kv_bits: a generation's cache stays in float until it holds this "
+                     "many tokens, then is quantized", minimum=0))
+    max_kv_size: int | None = field(
+        default=None,
+        metadata=doc("a rotating KV cache of this many tokens per generation (mlx-lm's "
+                     "max_kv_size): older tokens but the first 4 are overwritten, so a "
+                     "generation may run past it in bounded memory; null: the cache grows",
+                     minimum=8))
+    draft_model: ModelDir | None = field(
+        default=None,
+        metadata=doc("speculative decoding: a small model of the same vocabulary drafts "
+                     "tokens the model checks, giving the same tokens faster (mlx-lm's "
+                     "draft_model). A directory or a hub name (`hf:ORG/NAME[@REVISION]`, "
+                     "fetched as `model` is). mlx-lm cannot batch it: the instance serves its "
+                     "requests by turns (status says so)"))
+    draft_hub: HubRef | None = field(
+        default=None, kw_only=True,
+        metadata=doc("the hub repository `draft_model` names, if any", internal=True))
+    num_draft_tokens: int = field(
+        default=DEFAULT_NUM_DRAFT_TOKENS,
+        metadata=doc("with draft_model: tokens drafted per step", minimum=1, maximum=64))
+    adapters: Path | None = field(
+        default=None,
+        metadata=doc("a LoRA adapter directory (adapter_config.json and adapters.safetensors, as "
+                     "mlx_lm.lora writes them), applied at load (mlx-lm's adapter_path)"))
+    wired_limit: Size | None = field(
+        default=None,
+        metadata=doc("macOS (Metal) only: bytes of memory mlx keeps wired (mx.set_wired_limit); "
+                     "null: the GPU's recommended working set, as mlx_lm.server sets it; 0: "
+                     "leave the system's own limit. Refused on other systems, which have none"))
     cluster_key_file: Path | None = field(
         default=None,
         metadata=doc("file holding the group's shared secret (at least 16 bytes; the same file "

@@ -8,7 +8,9 @@ in milliseconds. A rank holds
     on the last when the head is tied; the head on the last; norms everywhere);
   - in the dtype it runs in: `auto` is float32 on a CPU, so bfloat16 and float16 weights
     double; integer tensors (quantized weights) keep their size;
-  - KV cache headroom for `max_concurrency` generations of `context_tokens` each;
+  - KV cache headroom for `max_concurrency` generations of `context_tokens` each (at most
+    `max_kv_size`, a rotating cache), in the size a `kv_bits` cache takes once quantized;
+  - a draft model of speculative decoding, whole, with its own KV cache;
   - the runtime itself (Python, mlx, the tokenizer).
 Pure, apart from reading headers.
 """
@@ -46,6 +48,16 @@ class Tensor:
     def layer(self) -> int | None:
         m = _LAYER.search(self.name)
         return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class KvSpec:
+    """The instance's KV cache options (exod.config.schema.Instance's keys of these names)."""
+
+    bits: int | None = None  # quantized to this many bits once `start` tokens are held
+    group_size: int = 64  # values sharing a scale and a bias
+    start: int = 5000
+    max_size: int | None = None  # a rotating cache holds this many tokens at most
 
 
 @dataclass(frozen=True)
@@ -148,7 +160,7 @@ def weight_bytes(tensors: Iterable[Tensor], shard: Shard, parallelism: str, cast
 
 
 def kv_bytes(config: dict[str, object], shard: Shard, parallelism: str, elem_size: int,
-             tokens: int, concurrency: int) -> int:
+             tokens: int, concurrency: int, kv: KvSpec = KvSpec()) -> int:
     """Keys and values of every layer this rank runs, for `concurrency` × `tokens`."""
     heads = _int(config.get("num_attention_heads"))
     kv_heads = _int(config.get("num_key_value_heads")) or heads
@@ -159,10 +171,32 @@ def kv_bytes(config: dict[str, object], shard: Shard, parallelism: str, elem_siz
     limit = _int(config.get("max_position_embeddings"))
     if limit:
         tokens = min(tokens, limit)
-    per_token = 2 * kv_heads * head_dim * elem_size * layers
+    if kv.max_size:
+        tokens = min(tokens, kv.max_size)
+    values = 2 * kv_heads * head_dim * layers  # per token
     if parallelism == "tensor":
-        per_token //= max(1, shard.world)
-    return per_token * tokens * concurrency
+        values //= max(1, shard.world)
+    return cache_bytes(values, elem_size, tokens, kv) * concurrency
+
+
+def cache_bytes(values: int, elem_size: int, tokens: int, kv: KvSpec) -> int:
+    """One generation's cache of `tokens` tokens, `values` values each. A quantized cache packs
+    `bits` per value plus a scale and a bias (in the float dtype) per group; it is float until
+    it holds `start` tokens, and both forms live for a moment when it is converted (mlx-lm's
+    maybe_quantize_kv_cache)."""
+    def floats(n: int) -> int:
+        return values * elem_size * n
+
+    bits = kv.bits
+    if bits is None:
+        return floats(tokens)
+
+    def packed(n: int) -> int:
+        return -(-values * n * bits // 8) + values * n * 2 * elem_size // kv.group_size
+
+    if tokens < kv.start:
+        return floats(tokens)
+    return max(floats(kv.start) + packed(kv.start), packed(tokens))
 
 
 def elem_size(config: dict[str, object], cast_to: str | None) -> int:
@@ -173,15 +207,23 @@ def elem_size(config: dict[str, object], cast_to: str | None) -> int:
 
 
 def estimate(tensors: list[Tensor], config: dict[str, object], shard: Shard, parallelism: str,
-             dtype: str, on_cpu: bool, concurrency: int, context_tokens: int) -> Estimate:
+             dtype: str, on_cpu: bool, concurrency: int, context_tokens: int,
+             kv: KvSpec = KvSpec(),
+             draft: tuple[list[Tensor], dict[str, object]] | None = None) -> Estimate:
+    """draft: the draft model's tensors and config.json (speculative decoding): its weights
+    and KV cache are added, with the same options."""
     cast_to = run_dtype(dtype, on_cpu)
     tied = bool(config.get("tie_word_embeddings", False))
-    return Estimate(
-        weights=weight_bytes(tensors, shard, parallelism, cast_to, tied),
-        kv=kv_bytes(config, shard, parallelism, elem_size(config, cast_to), context_tokens,
-                    concurrency),
-        runtime=RUNTIME_BYTES,
-    )
+    weights = weight_bytes(tensors, shard, parallelism, cast_to, tied)
+    cache = kv_bytes(config, shard, parallelism, elem_size(config, cast_to), context_tokens,
+                     concurrency, kv)
+    if draft is not None:
+        d_tensors, d_config = draft
+        whole = Shard(0, 1, 0, 0, 0)
+        weights += weight_bytes(d_tensors, whole, "pipeline", cast_to, False)
+        cache += kv_bytes(d_config, whole, "pipeline", elem_size(d_config, cast_to),
+                          context_tokens, concurrency, kv)
+    return Estimate(weights=weights, kv=cache, runtime=RUNTIME_BYTES)
 
 
 AUTO_WIDTH_MAX = 16  # mlx_lm.server batches 32; a CPU host rarely gains past 16

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 # Stored KV caches of earlier requests, per instance: a 1k-token chat turn of the demo model
 # (SmolLM2-135M, float32) holds ~46 MiB, of an 8B model in float16 ~128 MiB.
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
@@ -10,3 +12,8 @@ DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
 # waits at most one step; on a 2-core CPU 256 tokens of the demo model take well under a
 # second, and far less than the 5 s default drain.
 DEFAULT_PREFILL_STEP = 256
+
+# mlx-lm's own defaults for the options an instance may tune (mlx_lm.generate, mlx_lm.server).
+DEFAULT_KV_GROUP_SIZE: Final = 64
+DEFAULT_QUANTIZED_KV_START = 5000  # tokens in a cache before it is quantized
+DEFAULT_NUM_DRAFT_TOKENS = 3  # mlx_lm.server's --num-draft-tokens

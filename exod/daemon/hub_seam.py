@@ -52,17 +52,37 @@ class HubSeam:
             "1", "true", "yes", "on")
 
     def cached(self, inst: InstanceRuntime) -> bool:
-        assert inst.config.hub is not None
-        found = hub_cache.cached(self.hub_cache, inst.config.hub)
-        if found is None or not found.checked:
-            return False
-        self.use_model(inst, found.path)
+        """Its hub model and hub draft model, whichever it names, are in the cache, checked:
+        the config now names their snapshots."""
+        if inst.config.hub is not None:
+            found = hub_cache.cached(self.hub_cache, inst.config.hub)
+            if found is None or not found.checked:
+                return False
+            self.use_model(inst, found.path)
+        if inst.config.draft_hub is not None:
+            found = hub_cache.cached(self.hub_cache, inst.config.draft_hub)
+            if found is None or not found.checked:
+                return False
+            inst.config = dataclasses.replace(inst.config, draft_model=found.path)
         return True
 
     def fetch(self, inst: InstanceRuntime) -> None:
+        """The model first, then the draft model (the instance calls again once the first is
+        fetched)."""
         ref = inst.config.hub
+        on_done: Callable[[Outcome], None] = inst.fetched
+        main = hub_cache.cached(self.hub_cache, ref) if ref is not None else None
+        if ref is None or (main is not None and main.checked):
+            ref = inst.config.draft_hub
+
+            def draft_done(outcome: Outcome) -> None:
+                if outcome.path is not None:
+                    inst.config = dataclasses.replace(inst.config, draft_model=outcome.path)
+                inst.fetched(outcome, draft=True)
+
+            on_done = draft_done
         assert ref is not None
-        d = self.downloads.want(ref, inst, inst.fetched, hub_cache.commit_of(self.hub_cache, ref))
+        d = self.downloads.want(ref, inst, on_done, hub_cache.commit_of(self.hub_cache, ref))
         if inst.state is State.DOWNLOADING:  # not failed at once (the fetcher cannot start)
             inst.download = d
 

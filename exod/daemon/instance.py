@@ -258,14 +258,20 @@ class InstanceRuntime:
         self._pending = None
         self.hung = ""
         why = "started by operator" if operator else ""
-        if self.config.hub is not None and not self.seam.cached(self):
+        if self.names_hub and not self.seam.cached(self):
             self._move(State.DOWNLOADING, why)
             self.seam.fetch(self)
             return
         self._launch(why)
 
-    def fetched(self, outcome: Outcome) -> None:
-        """The download this instance waited for is over."""
+    @property
+    def names_hub(self) -> bool:
+        """Its model or its draft model is a hub repository."""
+        return self.config.hub is not None or self.config.draft_hub is not None
+
+    def fetched(self, outcome: Outcome, draft: bool = False) -> None:
+        """The download this instance waited for is over (its draft model's: `draft`, whose
+        path the seam has already put in the config)."""
         self.download = None
         if self.state is not State.DOWNLOADING:
             return
@@ -273,7 +279,11 @@ class InstanceRuntime:
             self.log.error("not started: {}", outcome.error)
             self._move(State.FAILED, outcome.error)
             return
-        self.seam.use_model(self, outcome.path)
+        if not draft:
+            self.seam.use_model(self, outcome.path)
+        if self.config.draft_hub is not None and not self.seam.cached(self):
+            self.seam.fetch(self)  # the draft model next, still downloading
+            return
         self._launch("model fetched")
 
     def _launch(self, why: str) -> None:

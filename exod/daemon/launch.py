@@ -88,6 +88,7 @@ class Launcher:
                     c.grammar.step_fuel).arg()]
         if shard.total:
             args += ["--layers", shard.arg(), "--total-layers", str(shard.total)]
+        args += generation_args(c)
         group_env: dict[str, str] = {}
         if shard.world > 1:
             args += ["--backend", c.backend, "--peer-timeout", f"{c.peer_timeout:g}"]
@@ -115,3 +116,21 @@ def plan_shards(inst: Instance) -> list[Shard]:
     if inst.parallelism == "tensor":
         return tensor_shards(total, inst.shards)
     return pipeline_shards(total, inst.shards, inst.layers)
+
+
+def generation_args(c: Instance) -> list[str]:
+    """mlx-lm's generation options, as the runner takes them (only those set)."""
+    args: list[str] = []
+    if c.kv_bits is not None:
+        args += ["--kv-bits", str(c.kv_bits), "--kv-group-size", str(c.kv_group_size),
+                 "--quantized-kv-start", str(c.quantized_kv_start)]
+    if c.max_kv_size is not None:
+        args += ["--max-kv-size", str(c.max_kv_size)]
+    if c.draft_model is not None:
+        args += ["--draft-model", str(c.draft_model),
+                 "--num-draft-tokens", str(c.num_draft_tokens)]
+    if c.adapters is not None:
+        args += ["--adapters", str(c.adapters)]
+    if c.wired_limit is not None:
+        args += ["--wired-limit", str(c.wired_limit)]
+    return args

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 
 from exod.config.model_dir import model_config
 from exod.config.schema import Instance
-from exod.core.memory import (Estimate, HeaderError, auto_width, estimate, model_tensors,
-                              refusal)
+from exod.core.memory import (Estimate, HeaderError, KvSpec, auto_width, estimate,
+                              model_tensors, refusal)
 from exod.core.shards import Shard
 from exod.core.states import State
 from exod.daemon.instance import InstanceRuntime
@@ -31,8 +31,13 @@ def estimates(cfg: Instance, shards: Iterable[Shard], width: int | None = None
     HeaderError or OSError when the weights cannot be read."""
     tensors = model_tensors(cfg.model)
     config = model_config(cfg.model)
+    kv = KvSpec(cfg.kv_bits, cfg.kv_group_size, cfg.quantized_kv_start, cfg.max_kv_size)
+    draft = None
+    if cfg.draft_model is not None and cfg.draft_model.is_dir():  # not a hub name not fetched
+        draft = (model_tensors(cfg.draft_model), model_config(cfg.draft_model))
     return [estimate(tensors, config, s, cfg.parallelism, cfg.dtype, ON_CPU,
-                     width or cfg.max_concurrency or 1, cfg.context_tokens) for s in shards]
+                     width or cfg.max_concurrency or 1, cfg.context_tokens, kv, draft)
+            for s in shards]
 
 
 def scaled(one: list[Estimate], width: int) -> int:

@@ -25,7 +25,9 @@ from exod.core.exits import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
-from exod.core.serving import DEFAULT_PREFILL_STEP, DEFAULT_PROMPT_CACHE_BYTES
+from exod.core.serving import (DEFAULT_KV_GROUP_SIZE, DEFAULT_NUM_DRAFT_TOKENS,
+                               DEFAULT_PREFILL_STEP, DEFAULT_PROMPT_CACHE_BYTES,
+                               DEFAULT_QUANTIZED_KV_START)
 from exod.core.shards import Shard
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from exod.runner.serving.batch_engine import BatchEngine
     from exod.runner.load import Loaded
     from exod.runner.group.membership import Group
+    from exod.runner.serving.gen_options import Draft, KvOptions
 
 
 
@@ -72,6 +75,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="prompt tokens prefilled per step at most, over all requests")
     p.add_argument("--grammar-limits", type=EngineLimits.parse, default=EngineLimits(),
                    help="bounds of constrained decoding: SIZE:STATES:FUEL:STEP_FUEL")
+    # mlx-lm's generation options (the config's keys of the same names).
+    p.add_argument("--kv-bits", type=int, default=None)
+    p.add_argument("--kv-group-size", type=int, default=DEFAULT_KV_GROUP_SIZE)
+    p.add_argument("--quantized-kv-start", type=int, default=DEFAULT_QUANTIZED_KV_START)
+    p.add_argument("--max-kv-size", type=int, default=None)
+    p.add_argument("--draft-model", type=Path, default=None)
+    p.add_argument("--num-draft-tokens", type=int, default=DEFAULT_NUM_DRAFT_TOKENS)
+    p.add_argument("--adapters", type=Path, default=None)
+    p.add_argument("--wired-limit", type=int, default=None,
+                   help="bytes (macOS); default: the recommended working set")
     return p.parse_args(argv)
 
 
@@ -126,9 +139,15 @@ def run(r: Runner) -> tuple[int, str]:
         loaded = load(r, group)
         log(f"loaded {loaded.shard.count} layers in {loaded.seconds:.2f}s as {loaded.dtype}; "
             f"{blas_msg}")
+        if group is None:
+            options = generation_options(r, loaded)  # the draft loads here, before READY
+        elif any(v is not None for v in (options_reason(r.args), r.args.max_kv_size,
+                                         r.args.adapters)):
+            raise ModelError("kv_bits, max_kv_size, draft_model and adapters are not "
+                             "supported with shards > 1")
         first_token(r, loaded, group)
         if group is None:
-            serve_alone(r, loaded)
+            serve_alone(r, loaded, *options)
         else:
             serve_group(r, loaded, group)
     except LoadAborted:
@@ -153,7 +172,7 @@ def load(r: Runner, group: Group | None) -> Loaded:
     return load_shard(
         args.model, shard, parallelism=args.parallelism, dtype=args.dtype,
         progress=r.report.progress, should_stop=r.life.stop.is_set,
-        group=group.group if group is not None else None,
+        group=group.group if group is not None else None, adapters=args.adapters,
     )
 
 
@@ -204,25 +223,69 @@ def make_engine(r: Runner, model: Any, tokenizer: Any) -> BatchEngine:
 
     return BatchEngine(model, tokenizer, width=r.args.max_concurrency,
                        cache_bytes=r.args.prompt_cache_bytes, prefill_step=r.args.prefill_step,
-                       grammar_limits=r.args.grammar_limits)
+                       grammar_limits=r.args.grammar_limits, max_kv_size=r.args.max_kv_size,
+                       on_new_generator=lambda: set_wired_limit(r))
 
 
-def serve_alone(r: Runner, loaded: Loaded) -> None:
+def set_wired_limit(r: Runner) -> None:
+    from exod.runner import wired
+    from exod.runner.load import ModelError
+
+    try:
+        wired.apply(r.args.wired_limit)
+    except wired.WiredLimitError as e:
+        raise ModelError(str(e)) from e
+
+
+def serve_alone(r: Runner, loaded: Loaded, kv: KvOptions, draft: Draft | None) -> None:
     from exod.runner.serving import can_batch
     from exod.runner.serving.turn_engine import TurnEngine
     from exod.runner.serving.loop import Engine, ServeLoop
 
-    why = can_batch.why_not(loaded.model)
+    why = can_batch.why_not(loaded.model) or options_reason(r.args)
     engine: Engine
+    set_wired_limit(r)
     if why is None:
         engine = make_engine(r, loaded.model, loaded.tokenizer)
     else:
         log(f"serving one request at a time: {why}")
         engine = TurnEngine(loaded.model, loaded.tokenizer, r.args.max_concurrency,
                             r.args.prefill_step, why=f"one request at a time: {why}",
-                            grammar_limits=r.args.grammar_limits)
+                            grammar_limits=r.args.grammar_limits, kv=kv, draft=draft)
     ready(r, loaded)
     ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat).run()
+
+
+def options_reason(args: argparse.Namespace) -> str | None:
+    """An option mlx-lm runs only without batching (as exod.config.mlx_options.turn_reason)."""
+    if args.draft_model is not None:
+        return "speculative decoding (draft_model): mlx-lm does not batch it"
+    if args.kv_bits is not None:
+        return "quantized KV cache (kv_bits): mlx-lm cannot batch it"
+    return None
+
+
+def generation_options(r: Runner, loaded: Loaded) -> tuple[KvOptions, Draft | None]:
+    """The KV cache options and the draft model, each checked against the model (a
+    ModelError says why one cannot work, before READY)."""
+    from exod.runner.load import ModelError, load_draft
+    from exod.runner.serving.gen_options import Draft, KvOptions
+    from exod.runner.serving.model_checks import model_vocab
+
+    args = r.args
+    kv = KvOptions(args.kv_bits, args.kv_group_size, args.quantized_kv_start, args.max_kv_size)
+    why = kv.problem(loaded.model)
+    if why is not None:
+        raise ModelError(why)
+    if args.draft_model is None:
+        return kv, None
+    r.report.status(m.Phase.LOADING, f"loading the draft model {args.draft_model}")
+    draft = Draft(load_draft(args.draft_model, loaded.dtype), args.num_draft_tokens)
+    why = draft.problem(loaded.model, model_vocab(loaded.model), model_vocab(draft.model))
+    if why is not None:
+        raise ModelError(why)
+    log(f"speculative decoding with {args.draft_model}, {args.num_draft_tokens} draft tokens")
+    return kv, draft
 
 
 def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:

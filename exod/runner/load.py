@@ -62,16 +62,20 @@ def load_shard(
     progress: Callable[[int, int], None],
     should_stop: Callable[[], bool],
     group: Any = None,
+    adapters: Path | None = None,
 ) -> Loaded:
-    """`group` (an mx.distributed.Group) is needed for tensor parallelism, to shard."""
+    """`group` (an mx.distributed.Group) is needed for tensor parallelism, to shard.
+    `adapters`: a LoRA adapter folder, applied as mlx-lm's load applies it (adapter_path)."""
     from mlx_lm.utils import load  # heavy (imports transformers): only here, only in the runner
 
     t0 = time.monotonic()
     try:
         # Without return_config, load returns (model, tokenizer); its type admits a 3-tuple.
-        model, tokenizer = cast("tuple[nn.Module, Any]", load(str(path), lazy=True))
+        model, tokenizer = cast("tuple[nn.Module, Any]", load(
+            str(path), lazy=True, adapter_path=str(adapters) if adapters else None))
     except Exception as e:  # mlx-lm raises many types for a bad model directory
-        raise ModelError(f"{type(e).__name__}: {e}") from e
+        what = "adapters: " if adapters and "adapter" in str(e).lower() else ""
+        raise ModelError(f"{what}{type(e).__name__}: {e}") from e
 
     try:
         blocks = find_blocks(model)
@@ -141,3 +145,18 @@ def _outside_blocks(model: nn.Module, blocks: list[nn.Module], shard: Shard,
         return []
     in_blocks = {id(a) for block in blocks for _, a in flat_arrays(block.parameters())}
     return [a for _, a in flat_arrays(model.parameters()) if id(a) not in in_blocks]
+
+
+def load_draft(path: Path, dtype: str) -> Any:
+    """The draft model of speculative decoding, whole, in the dtype the model runs in (the two
+    meet in one generate loop). Its tokenizer is the model's: only its vocabulary size counts."""
+    from mlx_lm.utils import load
+
+    try:
+        model, _ = cast("tuple[nn.Module, Any]", load(str(path), lazy=True))
+        if dtype != "keep":
+            model.set_dtype(DTYPES[dtype])
+        mx.eval(model.parameters())
+    except Exception as e:  # as load_shard: a bad directory or weights surface as many types
+        raise ModelError(f"draft_model {path}: {type(e).__name__}: {e}") from e
+    return model

@@ -21,6 +21,7 @@ their bytes pass `cache_bytes`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,8 +70,15 @@ class CacheStats:
 
 class BatchEngine:
     def __init__(self, model: Any, tokenizer: Any, *, width: int, cache_bytes: int,
-                 prefill_step: int = 256, grammar_limits: EngineLimits | None = None) -> None:
+                 prefill_step: int = 256, grammar_limits: EngineLimits | None = None,
+                 max_kv_size: int | None = None,
+                 on_new_generator: Callable[[], None] | None = None) -> None:
+        """max_kv_size: a rotating cache of that many tokens per request (mlx-lm's own).
+        on_new_generator: called after each BatchGenerator is made (mlx-lm's sets the wired
+        limit of Metal as it is made; the instance's own setting goes back on after it)."""
         self.model, self.tokenizer = model, tokenizer
+        self.max_kv_size = max_kv_size
+        self._on_new_generator = on_new_generator
         self.width = max(1, width)
         self.prefill_step = max(MIN_CHUNK, prefill_step)
         self.cache_bytes = max(0, cache_bytes)
@@ -87,12 +95,16 @@ class BatchEngine:
 
     def _new_generator(self) -> BatchGenerator:
         eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
-        return BatchGenerator(
+        gen = BatchGenerator(
             self.model, stop_tokens=[[t] for t in eos],
             completion_batch_size=self.width,
             prefill_batch_size=min(self.width, PREFILL_BATCH),
             prefill_step_size=self.prefill_step,
+            max_kv_size=self.max_kv_size,
         )
+        if self._on_new_generator is not None:
+            self._on_new_generator()
+        return gen
 
     # ---- the interface the serve loop uses ------------------------------------------------
     @property

@@ -5,8 +5,12 @@ one token of each running request per step, with no prompt cache.
 The prompt goes through the model here, one chunk per step, before `generate_step` takes over
 for its last token, so the serve loop can drop the request (a cancel) or end it (a stop) within
 one chunk, as the batch engine does. mlx-lm's own chunked prefill would run the whole prompt
-inside one step. What a generation shows (text, reasoning, logprobs, then tool calls) comes
-from exod.runner.serving.output, as in the batch engine.
+inside one step. The instance's KV cache options (quantized, rotating) and speculative
+decoding with a draft model (exod.runner.serving.gen_options) run here, as mlx-lm runs them
+only without batching: the prompt goes through the draft model too, and
+`speculative_generate_step` takes over for the last token. What a generation shows (text,
+reasoning, logprobs, then tool calls) comes from exod.runner.serving.output, as in the batch
+engine.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import generate_step, generation_stream
+from mlx_lm.generate import generate_step, generation_stream, speculative_generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from exod import messages as m
@@ -24,6 +28,7 @@ from exod.runner.serving.prepare import (Processor, check_request, context_windo
                                          vocab_size)
 from exod.runner.log import ERR, log
 from exod.runner.serving import tool_calls
+from exod.runner.serving.gen_options import Draft, KvOptions
 from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.logprobs import TokenText, entries
 from exod.runner.serving.output import Output, with_pieces
@@ -35,19 +40,31 @@ MIN_CHUNK = 32
 
 class Generation:
     def __init__(self, model: Any, tokenizer: Any, req: m.Generate, read: Prompt,
-                 text: TokenText) -> None:
+                 text: TokenText, kv: KvOptions | None = None, draft: Draft | None = None
+                 ) -> None:
         self.id = req.id
         self.model = model
+        self._kv = kv = kv or KvOptions()
+        self._draft = draft
         checked = check_request(tokenizer, req, vocab_size(model, tokenizer),
                                 context_window(model), read)
         self._calls = tool_calls.splitter(tokenizer, req, checked.args_check)
         prompt = checked.prompt
-        self._cache: list[Any] = make_prompt_cache(model)
+        self._cache: list[Any] = kv.make(model)
+        # The draft's cache follows the model's in the list speculative_generate_step takes.
+        self._draft_cache: list[Any] = [] if draft is None else make_prompt_cache(draft.model)
         self._pending = prompt[:-1]  # prefilled by `prefill`; the last token by generate_step
-        self._tokens: Iterator[tuple[Any, mx.array]] = generate_step(
-            mx.array(prompt[-1:]), model, prompt_cache=self._cache,
-            max_tokens=checked.max_tokens, sampler=checked.sampler,
-            logits_processors=_seeing(prompt[:-1], checked.processors))
+        last, seeing = mx.array(prompt[-1:]), _seeing(prompt[:-1], checked.processors)
+        self._tokens: Iterator[tuple[Any, ...]]
+        if draft is None:
+            self._tokens = generate_step(
+                last, model, prompt_cache=self._cache, max_tokens=checked.max_tokens,
+                sampler=checked.sampler, logits_processors=seeing, **kv.generate_kwargs())
+        else:
+            self._tokens = speculative_generate_step(
+                last, model, draft.model, prompt_cache=self._cache + self._draft_cache,
+                num_draft_tokens=draft.tokens, max_tokens=checked.max_tokens,
+                sampler=checked.sampler, logits_processors=seeing, **kv.generate_kwargs())
         self._eos = set(int(t) for t in tokenizer.eos_token_ids)
         self._max_tokens = checked.max_tokens
         self._top = checked.top_logprobs
@@ -67,14 +84,24 @@ class Generation:
         tokens, self._pending = self._pending[:chunk], self._pending[chunk:]
         self.prefilled += len(tokens)
         with mx.stream(generation_stream):  # where generate_step will read the cache
-            self.model(mx.array(tokens)[None], cache=self._cache)
-            mx.eval([c.state for c in self._cache])
+            pairs = [(self.model, self._cache)]
+            if self._draft is not None:
+                pairs.append((self._draft.model, self._draft_cache))
+            for model, cache in pairs:
+                model(mx.array(tokens)[None], cache=cache)
+                self._kv.after_chunk(cache)  # as generate_step does after each chunk
+                mx.eval([c.state for c in cache])
         mx.clear_cache()
 
     def step(self) -> tuple[list[m.Event], m.FinishReason | None]:
         """Generate one token: (what it shows now, finish reason or None while going on)."""
-        token, logprobs = next(self._tokens)
+        token, logprobs, *drafted = next(self._tokens)
         token = int(token)
+        if self._draft is not None:  # speculative_generate_step says whether the draft's
+            if drafted[0]:
+                self._draft.accepted += 1
+            else:  # the model's own token ends each round of drafts
+                self._draft.drafted += self._draft.tokens
         self.started = True
         self.completion_tokens += 1
         eos = token in self._eos
@@ -109,8 +136,10 @@ class TurnEngine:
     """Generations take turns, one token each per step (see exod.runner.serving.loop.Engine)."""
 
     def __init__(self, model: Any, tokenizer: Any, width: int, prefill_step: int,
-                 why: str, grammar_limits: EngineLimits | None = None) -> None:
+                 why: str, grammar_limits: EngineLimits | None = None,
+                 kv: KvOptions | None = None, draft: Draft | None = None) -> None:
         self.model, self.tokenizer, self.width, self.why = model, tokenizer, width, why
+        self.kv, self.draft = kv or KvOptions(), draft
         self.grammars = Grammars(tokenizer, vocab_size(model, tokenizer),
                                  grammar_limits or EngineLimits())
         self.prefill_step = max(MIN_CHUNK, prefill_step)
@@ -126,7 +155,8 @@ class TurnEngine:
                            context_window(self.model), self.grammars)
 
     def admit(self, req: m.Generate, prompt: Prompt) -> None:
-        self.gens[req.id] = Generation(self.model, self.tokenizer, req, prompt, self.text)
+        self.gens[req.id] = Generation(self.model, self.tokenizer, req, prompt, self.text,
+                                       self.kv, self.draft)
 
     def cancel(self, rid: str) -> None:
         gen = self.gens.pop(rid, None)
@@ -176,7 +206,8 @@ class TurnEngine:
         return out
 
     def serving(self) -> m.Serving:
-        return m.Serving(batching=self.why, width=self.width, active=self.active,
+        why = self.why if self.draft is None else f"{self.why}; {self.draft.describe()}"
+        return m.Serving(batching=why, width=self.width, active=self.active,
                          prefill_step=self.prefill_step)
 
 

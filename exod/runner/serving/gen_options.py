@@ -1,0 +1,80 @@
+"""mlx-lm's generation options of an instance, on the runner's side: the KV cache a generation
+gets (float, quantized past a number of tokens, or rotating) and the draft model of speculative
+decoding. Each says up front, at load, why a model cannot take it (a ModelError then, before
+READY), so an option is never accepted and silently ignored by mlx-lm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_lm.generate import maybe_quantize_kv_cache
+from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache
+
+from exod.core.serving import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START
+
+
+@dataclass(frozen=True)
+class KvOptions:
+    bits: int | None = None  # None: a float cache
+    group_size: int = DEFAULT_KV_GROUP_SIZE
+    start: int = DEFAULT_QUANTIZED_KV_START  # tokens held before the cache is quantized
+    max_size: int | None = None  # a rotating cache of this many tokens
+
+    def make(self, model: Any) -> list[Any]:
+        return make_prompt_cache(model, self.max_size)
+
+    def after_chunk(self, cache: list[Any]) -> None:
+        """What mlx-lm's generate_step does after each prefill chunk: quantize the cache in
+        place once it holds `start` tokens."""
+        maybe_quantize_kv_cache(cache, self.start, self.group_size, self.bits)
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """generate_step's and speculative_generate_step's own arguments for the cache."""
+        if self.bits is None:
+            return {}
+        return {"kv_bits": self.bits, "kv_group_size": self.group_size,
+                "quantized_kv_start": self.start}
+
+    def problem(self, model: Any) -> str | None:
+        """Why `model` cannot take these options, or None."""
+        if self.max_size is not None and hasattr(model, "make_cache"):
+            kinds = sorted({type(c).__name__ for c in make_prompt_cache(model)})
+            return (f"max_kv_size: this model family makes its own caches ({', '.join(kinds)}), "
+                    "which mlx-lm's max_kv_size does not change; remove max_kv_size")
+        if self.bits is not None:
+            odd = sorted({type(c).__name__ for c in self.make(model)
+                          if not isinstance(c, KVCache)})
+            if odd:
+                return (f"kv_bits: mlx-lm quantizes only plain KV caches, and this model uses "
+                        f"{', '.join(odd)}; remove kv_bits")
+        return None
+
+
+@dataclass
+class Draft:
+    """Speculative decoding: the draft model and how many tokens it drafts a step."""
+
+    model: Any
+    tokens: int
+    drafted: int = 0  # draft tokens checked by the model, since the runner started
+    accepted: int = 0
+
+    def problem(self, model: Any, vocab: int | None, draft_vocab: int | None) -> str | None:
+        if vocab is not None and draft_vocab is not None and vocab != draft_vocab:
+            return (f"draft_model: its vocabulary ({draft_vocab} tokens) is not the model's "
+                    f"({vocab}); a draft model must share the model's tokenizer")
+        for name, m in (("the model", model), ("the draft model", self.model)):
+            if not can_trim_prompt_cache(make_prompt_cache(m)):
+                kinds = sorted({type(c).__name__ for c in make_prompt_cache(m)
+                                if not c.is_trimmable()})
+                return (f"draft_model: speculative decoding rewinds the caches after a "
+                        f"rejected draft, and {name}'s ({', '.join(kinds)}) cannot be rewound")
+        return None
+
+    def describe(self) -> str:
+        if not self.drafted:
+            return f"{self.tokens} draft tokens a step"
+        return (f"{self.accepted} of {self.drafted} drafted tokens accepted "
+                f"({100 * self.accepted / self.drafted:.0f}%)")
