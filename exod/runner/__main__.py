@@ -218,12 +218,13 @@ def ready(r: Runner, loaded: Loaded) -> None:
                    context_length=context_window(loaded.model) or 0)
 
 
-def make_engine(r: Runner, model: Any, tokenizer: Any) -> BatchEngine:
+def make_engine(r: Runner, model: Any, tokenizer: Any, kv: KvOptions | None = None
+                ) -> BatchEngine:
     from exod.runner.serving.batch_engine import BatchEngine
 
     return BatchEngine(model, tokenizer, width=r.args.max_concurrency,
                        cache_bytes=r.args.prompt_cache_bytes, prefill_step=r.args.prefill_step,
-                       grammar_limits=r.args.grammar_limits, max_kv_size=r.args.max_kv_size,
+                       grammar_limits=r.args.grammar_limits, kv=kv,
                        on_new_generator=lambda: set_wired_limit(r))
 
 
@@ -246,7 +247,7 @@ def serve_alone(r: Runner, loaded: Loaded, kv: KvOptions, draft: Draft | None) -
     engine: Engine
     set_wired_limit(r)
     if why is None:
-        engine = make_engine(r, loaded.model, loaded.tokenizer)
+        engine = make_engine(r, loaded.model, loaded.tokenizer, kv)
     else:
         log(f"serving one request at a time: {why}")
         engine = TurnEngine(loaded.model, loaded.tokenizer, r.args.max_concurrency,

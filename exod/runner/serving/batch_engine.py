@@ -34,6 +34,7 @@ from exod.core.grammar_limits import EngineLimits
 from exod.runner.serving.prepare import check_request, context_window, read_prompt, vocab_size
 from exod.runner.log import ERR, log
 from exod.runner.serving import tool_calls
+from exod.runner.serving.gen_options import KvOptions
 from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.logprobs import TokenText, entries
 from exod.runner.serving.output import Output, with_pieces
@@ -71,13 +72,13 @@ class CacheStats:
 class BatchEngine:
     def __init__(self, model: Any, tokenizer: Any, *, width: int, cache_bytes: int,
                  prefill_step: int = 256, grammar_limits: EngineLimits | None = None,
-                 max_kv_size: int | None = None,
+                 kv: KvOptions | None = None,
                  on_new_generator: Callable[[], None] | None = None) -> None:
-        """max_kv_size: a rotating cache of that many tokens per request (mlx-lm's own).
+        """kv: the caches' options (here, max_kv_size: a rotating cache per request).
         on_new_generator: called after each BatchGenerator is made (mlx-lm's sets the wired
         limit of Metal as it is made; the instance's own setting goes back on after it)."""
         self.model, self.tokenizer = model, tokenizer
-        self.max_kv_size = max_kv_size
+        self.kv = kv or KvOptions()
         self._on_new_generator = on_new_generator
         self.width = max(1, width)
         self.prefill_step = max(MIN_CHUNK, prefill_step)
@@ -100,7 +101,6 @@ class BatchEngine:
             completion_batch_size=self.width,
             prefill_batch_size=min(self.width, PREFILL_BATCH),
             prefill_step_size=self.prefill_step,
-            max_kv_size=self.max_kv_size,
         )
         if self._on_new_generator is not None:
             self._on_new_generator()
@@ -127,6 +127,8 @@ class BatchEngine:
                                 self.grammars)
         prompt = checked.prompt
         cache, rest = self._lookup(prompt)
+        if cache is None and self.kv.max_size is not None:
+            cache = self.kv.make(self.model)  # BatchGenerator's own would not rotate (llama)
         (uid,) = self._gen.insert(
             # None: BatchGenerator makes a fresh cache (its type hint says list, it means this)
             [rest], max_tokens=[checked.max_tokens],

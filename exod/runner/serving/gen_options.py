@@ -10,9 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlx_lm.generate import maybe_quantize_kv_cache
-from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache
+from mlx_lm.models.cache import (KVCache, RotatingKVCache, can_trim_prompt_cache,
+                                  make_prompt_cache)
 
 from exod.core.serving import DEFAULT_KV_GROUP_SIZE, DEFAULT_QUANTIZED_KV_START
+
+KEEP = 4  # tokens a rotating cache never overwrites (mlx-lm's make_prompt_cache keeps 4)
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,14 @@ class KvOptions:
     max_size: int | None = None  # a rotating cache of this many tokens
 
     def make(self, model: Any) -> list[Any]:
-        return make_prompt_cache(model, self.max_size)
+        """A generation's cache. mlx-lm's make_prompt_cache ignores max_kv_size for the many
+        families that make their own caches (llama among them): there each plain KVCache
+        becomes the rotating cache mlx-lm would have made, and a family's own rotating
+        (sliding-window) or state caches stay as they are."""
+        if self.max_size is None or not hasattr(model, "make_cache"):
+            return make_prompt_cache(model, self.max_size)
+        return [RotatingKVCache(max_size=self.max_size, keep=KEEP) if type(c) is KVCache else c
+                for c in make_prompt_cache(model)]
 
     def after_chunk(self, cache: list[Any]) -> None:
         """What mlx-lm's generate_step does after each prefill chunk: quantize the cache in
@@ -39,10 +49,11 @@ class KvOptions:
 
     def problem(self, model: Any) -> str | None:
         """Why `model` cannot take these options, or None."""
-        if self.max_size is not None and hasattr(model, "make_cache"):
-            kinds = sorted({type(c).__name__ for c in make_prompt_cache(model)})
-            return (f"max_kv_size: this model family makes its own caches ({', '.join(kinds)}), "
-                    "which mlx-lm's max_kv_size does not change; remove max_kv_size")
+        if self.max_size is not None:
+            kinds = {type(c).__name__ for c in make_prompt_cache(model)}
+            if "KVCache" not in kinds and hasattr(model, "make_cache"):
+                return (f"max_kv_size: this model's caches ({', '.join(sorted(kinds))}) hold no "
+                        "plain KV cache for a rotating one to replace; remove max_kv_size")
         if self.bits is not None:
             odd = sorted({type(c).__name__ for c in self.make(model)
                           if not isinstance(c, KVCache)})

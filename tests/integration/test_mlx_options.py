@@ -1,0 +1,122 @@
+"""mlx-lm's options an instance tunes, served by real runners and compared with in-process
+mlx-lm (tests/integration/mlx_options_reference.py, in a subprocess: the test process never
+imports mlx). One daemon serves the module, an instance per option:
+
+- speculative decoding (a draft of another seed, same tokenizer): mlx-lm's own greedy tokens,
+  alone and two at once (by turns), with the acceptance rate in status;
+- a quantized KV cache (8 bits, group 32, from the first token): mlx-lm's tokens with the same
+  cache, and within TOLERANCE of the float cache's logprobs (yet not equal to them);
+- a rotating cache (max_kv_size 16): mlx-lm's BatchGenerator's tokens with its RotatingKVCache,
+  not the plain cache's;
+- a LoRA adapter made with mlx-lm's own LoRA layers and saving: mlx-lm's output with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.harness import REPO, Daemon
+
+# Tokens of an 8-bit KV cache against the float cache's, as the chosen token's logprob; measured
+# on the tiny model: at most 0.004 (4 bits: 0.43, which is why the test runs 8).
+TOLERANCE = 0.02
+CASE: dict[str, Any] = {"prompt": "def fibonacci(n):", "max_tokens": 40,
+                        "logit_bias": {"2": -100},  # no end of sequence: all 40 tokens
+                        "kv_bits": 8, "kv_group_size": 32, "max_kv_size": 16}
+
+
+class Served:
+    def __init__(self, d: Daemon, ref: dict[str, Any]) -> None:
+        self.d, self.ref = d, ref
+        self.client = openai.OpenAI(base_url=d.api_url() + "/v1", api_key="-", max_retries=0,
+                                    timeout=120)
+
+    def complete(self, model: str, logprobs: bool = False) -> Any:
+        return self.client.completions.create(
+            model=model, prompt=CASE["prompt"], max_tokens=CASE["max_tokens"], temperature=0,
+            logit_bias=CASE["logit_bias"], logprobs=1 if logprobs else None).choices[0]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model: Path, tiny_model_factory: Callable[..., Path],
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    adapter = tmp_path_factory.mktemp("lora") / "adapter"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests/integration/mlx_options_reference.py"),
+         str(tiny_model), str(adapter), json.dumps(CASE)], cwd=REPO,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+        timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref = json.loads(proc.stdout.strip().splitlines()[-1])
+    draft = tiny_model_factory(layers=2, seed=1)  # another model, the same tokenizer
+    d = Daemon({"instances": {
+        "spec": {"model": str(tiny_model), "draft_model": str(draft), "num_draft_tokens": 3,
+                 "max_concurrency": 2},
+        "kv": {"model": str(tiny_model), "kv_bits": CASE["kv_bits"],
+               "kv_group_size": CASE["kv_group_size"], "quantized_kv_start": 0},
+        "rot": {"model": str(tiny_model), "max_kv_size": CASE["max_kv_size"],
+                "max_concurrency": 2},
+        "lora": {"model": str(tiny_model), "adapters": str(adapter)},
+    }}, name="mlxopts")
+    try:
+        d.start()
+        d.watch_until(lambda s: all(i["state"] == "ready" for i in s["instances"]),
+                      what="every instance ready")
+        yield Served(d, ref)
+    finally:
+        d.close()
+
+
+def serving(d: Daemon, name: str) -> dict[str, Any]:
+    inst = next(i for i in d.status()["instances"] if i["name"] == name)
+    return inst["serving"] or {}
+
+
+def test_speculative_decoding_gives_the_greedy_tokens(served: Served) -> None:
+    plain = served.ref["plain"]
+    assert served.complete("spec").text == plain
+    with ThreadPoolExecutor(2) as pool:  # by turns: two generations at once, each its own
+        assert list(pool.map(lambda _: served.complete("spec").text, range(2))) == [plain] * 2
+    assert "speculative decoding" in serving(served.d, "spec")["batching"]
+    served.d.watch_until(lambda s: "drafted tokens accepted" in serving(served.d, "spec").get(
+        "batching", ""), what="the acceptance rate in status")
+
+
+def test_a_quantized_kv_cache_is_mlx_lms_and_near_the_float_cache(served: Served) -> None:
+    choice = served.complete("kv", logprobs=True)
+    assert choice.text == served.ref["kv"]
+    got = choice.logprobs.token_logprobs
+    assert got == pytest.approx(served.ref["kv_logprobs"], abs=1e-4)
+    float_lp = served.ref["plain_logprobs"]
+    assert max(abs(a - b) for a, b in zip(got, float_lp, strict=True)) <= TOLERANCE
+    assert got != pytest.approx(float_lp, abs=1e-6)  # the cache is quantized indeed
+    assert "quantized KV cache" in serving(served.d, "kv")["batching"]
+
+
+def test_max_kv_size_rotates_as_mlx_lms_rotating_cache(served: Served) -> None:
+    """The batch engine's: what mlx-lm's BatchGenerator gives with the same rotating caches
+    (from the 17th token on it differs from mlx-lm's generate_step with them: mlx-lm's
+    BatchRotatingKVCache and RotatingKVCache do not rotate alike)."""
+    ref = served.ref
+    assert ref["rotating"] != ref["plain"]  # the prompt and answer pass 16 tokens: it rotates
+    assert ref["rotating_batch"][0] != ref["plain"]
+    assert served.complete("rot").text == ref["rotating_batch"][0]
+    with ThreadPoolExecutor(2) as pool:  # in one batch
+        assert list(pool.map(lambda _: served.complete("rot").text, range(2))) == \
+            ref["rotating_batch"]
+    assert serving(served.d, "rot")["batching"] == "continuous"
+
+
+def test_a_lora_adapter_gives_mlx_lms_output_with_it(served: Served) -> None:
+    assert served.ref["lora"] != served.ref["plain"]
+    assert served.complete("lora").text == served.ref["lora"]
