@@ -279,7 +279,8 @@ class Instance:
         default=None,
         metadata=doc("macOS (Metal) only: bytes of memory mlx keeps wired (mx.set_wired_limit); "
                      "null: the GPU's recommended working set, as mlx_lm.server sets it; 0: "
-                     "leave the system's own limit. Refused on other systems, which have none"))
+                     "nothing kept wired (mlx's own default). Refused on other systems, which "
+                     "have none"))
     cluster_key_file: Path | None = field(
         default=None,
         metadata=doc("file holding the group's shared secret (at least 16 bytes; the same file "
