@@ -6,19 +6,27 @@
 - time to ready of an instance whose model is a cached hub name vs the same files named by a
   local path (`exod run` with `ready: instances` → READY=1). Goal ≤ 1.05×.
 
-Speculative decoding (issue 23, item 6) is not implemented yet: not measured here.
+- speculative decoding: an instance with `draft_model` vs the same model without, greedy
+  tok/s of one chat at a time (rounds in ABBA order), with the share of drafted tokens the
+  model accepted (from `exoctl status`). The pair: the demo model (SmolLM2-135M) drafts for a
+  deeper copy of itself (tests.models.deep: 90 more layers that nudge it, about 3x the cost a
+  token), as a small model drafts for a large one of its family; no hub is reachable here for
+  a trained pair. The two answers must be the same text.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import PY, median, model, report, verdict
+import openai
+
+from bench.common import CACHE, PY, REPO, median, model, report, verdict
 from tests.harness import Daemon
 from tests.hub import Hub
 
@@ -60,6 +68,62 @@ def ready_time(instance: dict[str, object], env: dict[str, str], hub: dict[str, 
         d.close()
 
 
+SPEC_PROMPT = [{"role": "user", "content": "Write a Python function that returns the n-th "
+                                           "Fibonacci number, with a docstring."}]
+SPEC_TOKENS = 64
+
+
+def made(*args: str) -> Path:
+    """A model made by a generator module (in a subprocess: the bench never imports mlx)."""
+    res = subprocess.run([PY, "-m", *args], capture_output=True, text=True, check=True,
+                         cwd=REPO)
+    return Path(res.stdout.strip().splitlines()[-1])
+
+
+def speculative(rounds: int) -> list[tuple[str, str]]:
+    draft = made("exod.models.demo", "--cache-dir", str(CACHE))
+    deep = made("tests.models.deep", str(draft), str(CACHE / "deep-smollm2"))
+    d = Daemon({"instances": {
+        "plain": {"model": str(deep), "max_concurrency": 1},
+        "spec": {"model": str(deep), "draft_model": str(draft), "num_draft_tokens": 3},
+    }}, name="bench-spec")
+    try:
+        d.start()
+        d.watch_until(lambda s: all(i["state"] == "ready" for i in s["instances"]),
+                      what="both instances ready")
+        client = openai.OpenAI(base_url=d.api_url() + "/v1", api_key="-", max_retries=0,
+                               timeout=1200)
+
+        def rate(name: str) -> tuple[float, str]:
+            t = time.perf_counter()
+            r = client.chat.completions.create(model=name, messages=SPEC_PROMPT,  # type: ignore[arg-type]
+                                               max_tokens=SPEC_TOKENS, temperature=0)
+            assert r.usage is not None
+            return r.usage.completion_tokens / (time.perf_counter() - t), \
+                r.choices[0].message.content or ""
+
+        rates: dict[str, list[float]] = {"plain": [], "spec": []}
+        texts: dict[str, set[str]] = {"plain": set(), "spec": set()}
+        for i in range(rounds):
+            for name in ("plain", "spec") if i % 2 == 0 else ("spec", "plain"):
+                tok_s, text = rate(name)
+                rates[name].append(tok_s)
+                texts[name].add(text)
+        serving = (d.instance("spec").get("serving") or {}).get("batching", "")
+    finally:
+        d.close()
+    assert texts["plain"] == texts["spec"] and len(texts["plain"]) == 1, texts
+    accepted = re.search(r"(\d+) of (\d+) drafted tokens accepted \((\d+)%\)", serving)
+    p, s = median(rates["plain"]), median(rates["spec"])
+    return [
+        ("plain decoding (deep copy of SmolLM2)", f"{p:.2f} tok/s"),
+        ("speculative, SmolLM2 drafts 3 a step", f"{s:.2f} tok/s (same text)"),
+        ("  ratio speculative / plain", f"{s / p:.2f}x"),
+        ("  drafted tokens accepted", f"{accepted[3]}% ({accepted[1]} of {accepted[2]})"
+                                      if accepted else f"? ({serving!r})"),
+    ]
+
+
 def main(rounds: int = 4) -> None:
     weights = model("hub-230m", layers=8, hidden=512, intermediate=1536, heads=8, kv_heads=4,
                     vocab=32000, shards_files=2)
@@ -98,8 +162,7 @@ def main(rounds: int = 4) -> None:
         ("exod run → ready, cached hub name", f"{n:.2f} s"),
         ("  ratio hub name / local path", f"{n / p:.3f}x  (goal ≤ 1.05x) "
                                           f"{verdict(n / p <= 1.05)}"),
-        ("speculative decoding", "not measured: draft_model is not implemented yet"),
-    ])
+    ] + speculative(2))
 
 
 if __name__ == "__main__":
