@@ -8,10 +8,11 @@
 
 - speculative decoding: an instance with `draft_model` vs the same model without, greedy
   tok/s of one chat at a time (rounds in ABBA order), with the share of drafted tokens the
-  model accepted (from `exoctl status`). The pair: the demo model (SmolLM2-135M) drafts for a
-  deeper copy of itself (tests.models.deep: 90 more layers that nudge it, about 3x the cost a
-  token), as a small model drafts for a large one of its family; no hub is reachable here for
-  a trained pair. The two answers must be the same text.
+  model accepted (from `exoctl status`). The pair: the demo model (SmolLM2-135M) drafts 2
+  tokens a step (mlx-lm's speculative_generate_step default) for a deeper copy of itself
+  (tests.models.deep: 150 more layers that nudge it, about 5x the cost a token), as a small
+  model drafts for a large one of its family; no hub is reachable here for a trained pair.
+  The two answers must be the same text.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def ready_time(instance: dict[str, object], env: dict[str, str], hub: dict[str, 
 
 SPEC_PROMPT = [{"role": "user", "content": "Write a Python function that returns the n-th "
                                            "Fibonacci number, with a docstring."}]
-SPEC_TOKENS = 64
+SPEC_TOKENS = 48
+SPEC_DRAFT_TOKENS = 2
 
 
 def made(*args: str) -> Path:
@@ -82,10 +84,12 @@ def made(*args: str) -> Path:
 
 def speculative(rounds: int) -> list[tuple[str, str]]:
     draft = made("exod.models.demo", "--cache-dir", str(CACHE))
-    deep = made("tests.models.deep", str(draft), str(CACHE / "deep-smollm2"))
+    deep = made("tests.models.deep", str(draft), str(CACHE / "deep-smollm2"), "--extra", "150",
+                "--scale", "0.03")
     d = Daemon({"instances": {
         "plain": {"model": str(deep), "max_concurrency": 1},
-        "spec": {"model": str(deep), "draft_model": str(draft), "num_draft_tokens": 3},
+        "spec": {"model": str(deep), "draft_model": str(draft),
+                 "num_draft_tokens": SPEC_DRAFT_TOKENS},
     }}, name="bench-spec")
     try:
         d.start()
@@ -117,7 +121,7 @@ def speculative(rounds: int) -> list[tuple[str, str]]:
     p, s = median(rates["plain"]), median(rates["spec"])
     return [
         ("plain decoding (deep copy of SmolLM2)", f"{p:.2f} tok/s"),
-        ("speculative, SmolLM2 drafts 3 a step", f"{s:.2f} tok/s (same text)"),
+        (f"speculative, SmolLM2 drafts {SPEC_DRAFT_TOKENS} a step", f"{s:.2f} tok/s (same text)"),
         ("  ratio speculative / plain", f"{s / p:.2f}x"),
         ("  drafted tokens accepted", f"{accepted[3]}% ({accepted[1]} of {accepted[2]})"
                                       if accepted else f"? ({serving!r})"),
