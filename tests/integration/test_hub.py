@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 from tests.harness import EXOD, Daemon, pid_alive, wait_pid_gone
@@ -195,6 +196,34 @@ def test_a_reload_to_a_new_revision_fetches_it_before_replacing_the_instance(
     states = [r["message"] for r in d.events(instance="a", event="state")]
     after = states[states.index("ready → stopping (stop requested)"):]
     assert not any("downloading" in m for m in after), states
+
+
+def test_a_draft_model_by_name_is_fetched_after_the_model_then_drafts(
+        daemons: Callable[..., Daemon], hub: tuple[Hub, dict[str, str]], throttle: Throttle,
+        tmp_path: Path, tiny_model: Path) -> None:
+    """Speculative decoding with both models named on the hub: the model, then its draft (the
+    next commit, of the same tokenizer), each fetched as a model is; the answer is the model's
+    own, as a plain instance of the same files gives it."""
+    _, commits = hub
+    cache = tmp_path / "cache"
+    d = hub_daemon(daemons, cache, throttle.url, {
+        "spec": {"model": f"hf:org/tiny@{commits['v1']}", "draft_model": "hf:org/tiny",
+                 "num_draft_tokens": 2},
+        "plain": {"model": str(tiny_model)},
+    }).start()
+    d.until_state("spec", "ready")
+    d.until_state("plain", "ready")
+    fetched = [r["message"] for r in d.events(event="download")]
+    assert len([m for m in fetched if "fetching" in m]) >= 2, fetched
+    assert d.instance("spec")["model"].endswith(commits["v1"])
+    client = openai.OpenAI(base_url=d.api_url() + "/v1", api_key="-", max_retries=0,
+                           timeout=120)
+    answers = [client.completions.create(model=name, prompt="def fib(n):", max_tokens=24,
+                                         temperature=0).choices[0].text
+               for name in ("spec", "plain")]
+    assert answers[0] == answers[1] and answers[0], answers
+    d.until_instance("spec", lambda i: "speculative decoding" in (i["serving"] or {}).get(
+        "batching", ""), what="speculative decoding in status")
 
 
 def yaml_config(d: Daemon) -> dict[str, Any]:
