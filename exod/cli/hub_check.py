@@ -63,32 +63,42 @@ def memory_text(cfg: Config, weights: int) -> str:
 
 
 def lines(cfg: Config) -> tuple[list[str], list[Instance]]:
-    """The lines, and the instances to estimate memory for (cached ones, at their snapshot)."""
+    """The lines, and the instances to estimate memory for (cached ones, at their snapshot;
+    a draft model named on the hub counts once it is cached)."""
     out: list[str] = []
     estimate: list[Instance] = []
     cache = cache_of(cfg)
     for inst in cfg.instances.values():
-        ref = inst.hub
-        if ref is None:
+        if inst.draft_hub is not None:
+            line, found = ref_line(cfg, cache, f"{inst.name}: draft_model", inst.draft_hub)
+            out.append(line)
+            if found is not None:
+                inst = dataclasses.replace(inst, draft_model=found.path)
+        if inst.hub is None:
             estimate.append(inst)
             continue
-        found = hub_cache.cached(cache, ref)
+        line, found = ref_line(cfg, cache, inst.name, inst.hub)
+        out.append(line)
         if found is not None:
-            out.append(f"{inst.name}: {ref}: cached ({size_text(found.size)}, commit "
-                       f"{found.commit[:12]}) in {cache}")
             estimate.append(dataclasses.replace(inst, model=found.path))
-            continue
-        if offline(cfg):
-            out.append(f"{inst.name}: {ref}: not in the cache at {cache}; exod is offline, so "
-                       "it will not start")
-            continue
-        p = plan(cfg, ref)
-        if "error" in p:
-            out.append(f"{inst.name}: {ref}: not in the cache at {cache}; {p['error']}")
-            continue
-        fits = disk_problem(str(ref), p["missing"], p["free"], str(cache))
-        out.append(f"{inst.name}: {ref}: not in the cache; fetched at its first start: "
-                   f"{size_text(p['size'])} (commit {p['commit'][:12]}), "
-                   + (fits or f"fits on disk ({size_text(p['free'])} free)")
-                   + "; " + memory_text(cfg, p["size"]))
     return out, estimate
+
+
+def ref_line(cfg: Config, cache: Path, label: str, ref: HubRef
+             ) -> tuple[str, hub_cache.Cached | None]:
+    """What `exod check` says of one repository, and its snapshot when cached."""
+    found = hub_cache.cached(cache, ref)
+    if found is not None:
+        return (f"{label}: {ref}: cached ({size_text(found.size)}, commit "
+                f"{found.commit[:12]}) in {cache}", found)
+    if offline(cfg):
+        return (f"{label}: {ref}: not in the cache at {cache}; exod is offline, so it will "
+                "not start", None)
+    p = plan(cfg, ref)
+    if "error" in p:
+        return f"{label}: {ref}: not in the cache at {cache}; {p['error']}", None
+    fits = disk_problem(str(ref), p["missing"], p["free"], str(cache))
+    return (f"{label}: {ref}: not in the cache; fetched at its first start: "
+            f"{size_text(p['size'])} (commit {p['commit'][:12]}), "
+            + (fits or f"fits on disk ({size_text(p['free'])} free)")
+            + "; " + memory_text(cfg, p["size"]), None)
