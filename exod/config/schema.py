@@ -242,8 +242,8 @@ class Instance:
         default=None,
         metadata=doc("quantize the KV cache to this many bits (mlx-lm's kv_bits; 4 or 8 are "
                      "usual): less memory per token, counted so by memory admission. mlx-lm "
-                     "cannot batch a quantized cache: the instance serves its requests by turns "
-                     "(status says so); null: float cache"))
+                     "cannot batch a quantized cache: the instance serves its requests by turns, "
+                     "with no prompt cache (status says so); null: float cache"))
     kv_group_size: KvGroupSize = field(
         default=DEFAULT_KV_GROUP_SIZE,
         metadata=doc("with kv_bits: values quantized together (must divide the model's head "
@@ -264,7 +264,7 @@ class Instance:
                      "tokens the model checks, giving the same tokens faster (mlx-lm's "
                      "draft_model). A directory or a hub name (`hf:ORG/NAME[@REVISION]`, "
                      "fetched as `model` is). mlx-lm cannot batch it: the instance serves its "
-                     "requests by turns (status says so)"))
+                     "requests by turns, with no prompt cache (status says so)"))
     draft_hub: HubRef | None = field(
         default=None, kw_only=True,
         metadata=doc("the hub repository `draft_model` names, if any", internal=True))

@@ -54,6 +54,8 @@ BAD = [
                              "not the model's (1024)"),
     ("adapters: nowhere\n", "4:15: instances.x.adapters: {d}/nowhere is not a directory"),
     ("adapters: half\n", "4:15: instances.x.adapters: {d}/half has no adapters.safetensors"),
+    ("kv_bits: 8\nkv_group_size: 32\nprompt_cache_bytes: 1000000\n",
+     "6:25: instances.x.prompt_cache_bytes: has no effect here: the instance serves by turns"),
     ("wired_limit: 8GiB\n", "4:18: instances.x.wired_limit: applies only on macOS"),
     ("shards: 2\ndraft_model: m\n", "5:18: instances.x.draft_model: not with shards > 1"),
     ("shards: 2\nkv_bits: 8\nkv_group_size: 32\n", "5:14: instances.x.kv_bits: not with "
