@@ -129,14 +129,13 @@ class HubSeam:
 
     # ---- reloads ---------------------------------------------------------------------------
     def replace_after_fetch(self, name: str, cfg: Instance) -> None:
-        """A changed instance whose new model is not in the cache keeps serving while it is
-        fetched; it is replaced (through the ladder) once the files are there, or failed to
-        come (the new instance then fails, saying why)."""
+        """A changed instance whose new model (or new draft model) is not in the cache keeps
+        serving while it is fetched; it is replaced (through the ladder) once the files are
+        there, or failed to come (the new instance then fails, saying why)."""
         self.cancel_prefetch(name)
-        old, ref = self.instances.get(name), cfg.hub
-        found = hub_cache.cached(self.hub_cache, ref) if ref is not None else None
-        if (ref is None or old is None or not old.state.active or old.config.hub == ref
-                or (found is not None and found.checked)):
+        old = self.instances.get(name)
+        ref = None if old is None or not old.state.active else self._to_fetch(cfg, old.config)
+        if ref is None:
             self._retire(name, replacement=cfg)
             return
         self._prefetch[name] = cfg
@@ -148,10 +147,22 @@ class HubSeam:
             if outcome.path is None:
                 logger.bind(instance=name).error("reload: cannot fetch {}: {}", ref,
                                                  outcome.error)
-            self._retire(name, replacement=latest)
+                self._retire(name, replacement=latest)
+                return
+            self.replace_after_fetch(name, latest)  # the draft next, else replace it now
 
         logger.bind(instance=name).info("reload: fetching {} before replacing {}", ref, name)
         self.downloads.want(ref, ("reload", name), done, hub_cache.commit_of(self.hub_cache, ref))
+
+    def _to_fetch(self, new: Instance, old: Instance) -> HubRef | None:
+        """The first hub repository the new config names anew that the cache lacks."""
+        for ref, before in ((new.hub, old.hub), (new.draft_hub, old.draft_hub)):
+            if ref is None or ref == before:
+                continue
+            found = hub_cache.cached(self.hub_cache, ref)
+            if found is None or not found.checked:
+                return ref
+        return None
 
     def cancel_prefetch(self, name: str) -> None:
         if self._prefetch.pop(name, None) is not None:

@@ -198,6 +198,32 @@ def test_a_reload_to_a_new_revision_fetches_it_before_replacing_the_instance(
     assert not any("downloading" in m for m in after), states
 
 
+def test_a_reload_to_a_new_draft_revision_fetches_it_before_replacing_the_instance(
+        daemons: Callable[..., Daemon], hub: tuple[Hub, dict[str, str]], throttle: Throttle,
+        tmp_path: Path) -> None:
+    _, commits = hub
+    cache = tmp_path / "cache"
+    model = {"repo": "org/tiny", "revision": commits["v1"]}
+    d = hub_daemon(daemons, cache, throttle.url, {"a": {
+        "model": model, "draft_model": f"hf:org/tiny@{commits['v1']}",
+        "env": COOPERATIVE}}).start()
+    d.until_state("a", "ready")
+    throttle.rate = 1_000_000
+    config = yaml_config(d)
+    config["instances"]["a"]["draft_model"] = f"hf:org/tiny@{commits['v2']}"
+    d.write_config(config)
+    d.ctl("reload")
+    d.watch_until(lambda s: any(f"fetching hf:org/tiny@{commits['v2']}" in r["message"]
+                                for r in d.events(event="download"))
+                  and s["instances"][0]["state"] == "ready", what="download during service")
+    d.watch_until(lambda s: any("ready → stopping" in r["message"]
+                                for r in d.events(instance="a", event="state"))
+                  and s["instances"][0]["state"] == "ready", what="the replacement ready")
+    states = [r["message"] for r in d.events(instance="a", event="state")]
+    after = states[states.index("ready → stopping (stop requested)"):]
+    assert not any("downloading" in m for m in after), states
+
+
 def test_a_draft_model_by_name_is_fetched_after_the_model_then_drafts(
         daemons: Callable[..., Daemon], hub: tuple[Hub, dict[str, str]], throttle: Throttle,
         tmp_path: Path, tiny_model: Path) -> None:
