@@ -42,6 +42,7 @@ from exod.api import address, page
 from exod.api.dialects import anthropic_request as anthropic
 from exod.api.dialects import responses_request as responses
 from exod.api.dialects.anthropic_output import AnthropicOutput, CountOutput
+from exod.api.dialects.names import Origin
 from exod.api.dialects.responses_output import ResponsesOutput
 from exod.api.browser import PREFLIGHT_HEADERS, CorsPolicy, HostPolicy, is_json
 from exod.api.errors import (
@@ -280,20 +281,35 @@ class ApiServer:
             request, parse_completion(await self._body(request)), self._limits)
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        req = parse_chat(anthropic.to_chat(await self._body(request)))
-        return await self.serving.generate(request, req, self._limits,
-                                           AnthropicOutput(req.model))
+        origins: list[Origin] = []
+        chat = anthropic.to_chat(await self._body(request), origins=origins)
+        try:  # the core's errors name the fields the client sent (tools[0].input_schema)
+            req = parse_chat(chat)
+            return await self.serving.generate(request, req, self._limits,
+                                               AnthropicOutput(req.model))
+        except ApiError as e:
+            raise anthropic.renamed(e, origins) from None
 
     async def count_tokens(self, request: web.Request) -> web.StreamResponse:
-        req = parse_chat(anthropic.to_chat(await self._body(request), count_only=True))
-        req = replace(req, gen=replace(req.gen, count_only=True, max_tokens=1))
-        return await self.serving.generate(request, req, self._limits, CountOutput())
+        origins: list[Origin] = []
+        chat = anthropic.to_chat(await self._body(request), count_only=True, origins=origins)
+        try:
+            req = parse_chat(chat)
+            req = replace(req, gen=replace(req.gen, count_only=True, max_tokens=1))
+            return await self.serving.generate(request, req, self._limits, CountOutput())
+        except ApiError as e:
+            raise anthropic.renamed(e, origins) from None
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
-        req = parse_chat(responses.to_chat(body))
-        return await self.serving.generate(request, req, self._limits,
-                                           ResponsesOutput(req.model, body))
+        origins: list[Origin] = []
+        chat = responses.to_chat(body, origins=origins)
+        try:
+            req = parse_chat(chat)
+            return await self.serving.generate(request, req, self._limits,
+                                               ResponsesOutput(req.model, body))
+        except ApiError as e:
+            raise responses.renamed(e, origins) from None
 
     async def _body(self, request: web.Request) -> Any:
         """The JSON body: refused by its announced size before anything is read, read within

@@ -20,6 +20,7 @@ import pytest
 
 from tests.harness import Daemon
 from tests.integration.test_agent_tools import SCHEMAS, WEATHER
+from tests.models.thinking import make_thinking_model
 from tests.models.tiny import with_tool_template
 from tests.integration.test_api import TOKEN, Served, sse_events  # noqa: F401
 
@@ -58,13 +59,19 @@ def both(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     token_file = tmp / "token"
     token_file.write_text(TOKEN + "\n")
     tools_model = with_tool_template(tiny_model, tmp / "tools")
+    think_model = make_thinking_model(tiny_model, tmp / "think")
+    # `spare` is there to be filled (429), then stopped (an error mid-stream, then 529).
     d = Daemon({"api": {"listen": "127.0.0.1:0", "token_file": str(token_file)},
                 "instances": {"tiny": {"model": str(tiny_model), "max_concurrency": 1},
-                              "tools": {"model": str(tools_model), "max_concurrency": 1}}})
+                              "tools": {"model": str(tools_model), "max_concurrency": 1},
+                              "think": {"model": str(think_model), "max_concurrency": 1},
+                              "spare": {"model": str(tiny_model), "max_concurrency": 2,
+                                        "max_queue": 0,
+                                        "stop": {"grace": "60s", "drain": "1s"}}}})
     try:
         d.start()
         d.watch_until(lambda s: all(i["state"] == "ready" for i in s["instances"]),
-                      what="tiny and tools ready")
+                      what="every instance ready")
         yield Both(d, tiny_model)
     finally:
         d.close()
@@ -198,11 +205,11 @@ def test_x_api_key_and_bearer_are_the_same_token(both: Both) -> None:
 
 
 def test_models_list_reads_in_both_clients(both: Both) -> None:
-    m, _ = both.client.models.list().data
-    assert m.id == "tiny" and m.model_extra["state"] == "ready"  # type: ignore[index]
+    (m,) = [m for m in both.client.models.list().data if m.id == "tiny"]
+    assert m.model_extra["state"] == "ready"  # type: ignore[index]
     assert m.model_extra["context_length"] > 0  # type: ignore[index]
-    a, _ = both.claude.models.list().data
-    assert a.id == "tiny" and a.type == "model" and a.display_name == "tiny"
+    (a,) = [a for a in both.claude.models.list().data if a.id == "tiny"]
+    assert a.type == "model" and a.display_name == "tiny"
 
 
 # ---- OpenAI Responses -----------------------------------------------------------------------
@@ -431,3 +438,212 @@ def test_reasoning_history_reaches_the_template_in_every_dialect(both: Both) -> 
     assert responses() == plain
     assert responses({"type": "reasoning", "id": "rs_1", "summary": [], "content": [
         {"type": "reasoning_text", "text": THOUGHT}]}) == thought
+
+
+# ---- thinking ---------------------------------------------------------------------------------
+def _chat_thinking(both: Both, n: int, thinks: bool) -> Any:
+    """Chat completions' answer of the thinking model (its template opens a think block)."""
+    return both.client.chat.completions.create(
+        model="think", messages=[{"role": "user", "content": ASK}], max_tokens=n, temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": thinks}}).choices[0].message
+
+
+def _blocks(events: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, list[str]]]:
+    """Each content block's type and the types of its deltas, checking start/stop pairs."""
+    out: list[tuple[str, list[str]]] = []
+    for name, data in events:
+        if name == "content_block_start":
+            assert data["index"] == len(out)
+            out.append((data["content_block"]["type"], []))
+        elif name == "content_block_delta":
+            assert data["index"] == len(out) - 1
+            out[-1][1].append(data["delta"]["type"])
+        elif name == "content_block_stop":
+            assert data["index"] == len(out) - 1
+    return out
+
+
+def test_messages_thinking_switch_blocks_and_stream(both: Both) -> None:
+    """`thinking` enabled (or a high `output_config.effort`) opens the template's think block:
+    the answer is a thinking block holding chat's reasoning_content, streamed as thinking_delta
+    pieces then signature_delta; disabled (or low effort) gives chat's plain answer."""
+    loud, quiet = _chat_thinking(both, 12, True), _chat_thinking(both, 12, False)
+    assert loud.reasoning_content and quiet.content  # type: ignore[attr-defined]
+    ask: Any = [{"role": "user", "content": ASK}]
+    kw: Any = {"model": "think", "max_tokens": 12, "messages": ask,
+               "extra_body": {"temperature": 0}}
+    on = both.claude.messages.create(thinking={"type": "enabled", "budget_tokens": 8}, **kw)
+    thinking = [b.thinking for b in on.content if b.type == "thinking"]
+    assert thinking == [loud.reasoning_content]  # type: ignore[attr-defined]
+    assert "".join(b.text for b in on.content if b.type == "text") == (loud.content or "")
+    effort = both.claude.messages.create(output_config={"effort": "high"}, **kw)
+    assert effort.content == on.content
+    with both.claude.messages.stream(thinking={"type": "enabled", "budget_tokens": 8},
+                                     **kw) as s:
+        pieces = [e.delta.thinking for e in s  # type: ignore[union-attr]
+                  if e.type == "content_block_delta" and e.delta.type == "thinking_delta"]
+        final = s.get_final_message()
+    assert "".join(pieces) == thinking[0] and final.content == on.content
+    events = both.sse("/v1/messages", {"model": "think", "max_tokens": 12, "stream": True,
+                                       "temperature": 0, "messages": ask,
+                                       "thinking": {"type": "enabled", "budget_tokens": 8}})
+    blocks = _blocks(events)
+    assert blocks[0][0] == "thinking" and blocks[0][1][-1] == "signature_delta"
+    assert set(blocks[0][1][:-1]) == {"thinking_delta"}
+    for off in ({"thinking": {"type": "disabled"}}, {"output_config": {"effort": "low"}}):
+        plain = both.claude.messages.create(**off, **kw)
+        assert [b.type for b in plain.content] == ["text"], off
+        assert plain.content[0].text == quiet.content  # type: ignore[union-attr]
+    # budget_tokens is checked as Anthropic checks it (below max_tokens), not enforced (README).
+    with pytest.raises(anthropic.BadRequestError) as e:
+        both.claude.messages.create(thinking={"type": "enabled", "budget_tokens": 12}, **kw)
+    assert "thinking.budget_tokens" in e.value.message
+
+
+def test_responses_reasoning_items_and_events(both: Both) -> None:
+    loud, quiet = _chat_thinking(both, 12, True), _chat_thinking(both, 12, False)
+    kw: Any = {"model": "think", "input": ASK, "max_output_tokens": 12, "temperature": 0}
+    r = both.client.responses.create(reasoning={"effort": "high"}, **kw)
+    (item, *rest) = r.output
+    assert item.type == "reasoning" and item.content is not None
+    assert [c.text for c in item.content] == [loud.reasoning_content]  # type: ignore[attr-defined]
+    assert r.output_text == (loud.content or "")
+    events = list(both.client.responses.create(reasoning={"effort": "high"}, stream=True, **kw))
+    names = [e.type for e in events]
+    assert names[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]
+    first_done = names.index("response.reasoning_text.done")
+    assert set(names[4:first_done]) == {"response.reasoning_text.delta"}
+    assert names[first_done:first_done + 3] == ["response.reasoning_text.done",
+                                                "response.content_part.done",
+                                                "response.output_item.done"]
+    assert events[3].part.type == "reasoning_text"  # type: ignore[union-attr]
+    assert "".join(e.delta for e in events  # type: ignore[union-attr]
+                   if e.type == "response.reasoning_text.delta") == loud.reasoning_content  # type: ignore[attr-defined]
+    streamed = events[-1].response.output  # type: ignore[union-attr]
+    assert [i.model_dump(exclude={"id"}) for i in streamed] == [
+        i.model_dump(exclude={"id"}) for i in [item, *rest]]
+    for effort in ("none", "minimal"):
+        plain = both.client.responses.create(reasoning={"effort": effort}, **kw)
+        assert [i.type for i in plain.output] == ["message"]
+        assert plain.output_text == quiet.content
+
+
+# ---- errors in each dialect's shape -------------------------------------------------------------
+def test_queue_full_mid_stream_error_and_overloaded_in_each_dialect(both: Both) -> None:
+    """`spare` runs two requests and queues none: a third is 429 (rate_limit_error, with
+    retry-after). Stopping it aborts the two streams after the drain: an `error` event ends
+    the Messages one, `error` then `response.failed` the Responses one. Stopped, it is
+    Anthropic's 529 overloaded_error (OpenAI's 503)."""
+    window = both.client.models.retrieve("spare").model_extra["context_length"]  # type: ignore[index]
+    ask: Any = [{"role": "user", "content": ASK}]  # greedy: no end token within the window
+    with both.claude.messages.stream(model="spare", max_tokens=window - 64, messages=ask,
+                                     extra_body={"temperature": 0}) as claude_stream:
+        claude_events = iter(claude_stream)
+        assert any(e.type == "content_block_delta" for e in claude_events)
+        responses_stream = both.client.responses.create(
+            model="spare", input=ASK, max_output_tokens=window - 64, temperature=0, stream=True)
+        openai_events = iter(responses_stream)
+        assert any(e.type == "response.output_text.delta" for e in openai_events)
+        with pytest.raises(anthropic.RateLimitError) as full:
+            both.claude.messages.create(model="spare", max_tokens=4, messages=ask)
+        assert full.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+        assert full.value.response.headers["retry-after"] == "1"
+        with pytest.raises(openai.RateLimitError) as full_openai:
+            both.client.responses.create(model="spare", input=ASK, max_output_tokens=4)
+        assert full_openai.value.code == "queue_full"
+        both.d.ctl("stop", "spare")
+        with pytest.raises(anthropic.APIStatusError) as mid:
+            list(claude_events)
+        assert mid.value.body["type"] == "error"  # type: ignore[index]
+        assert mid.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+        *_, error, failed = list(openai_events)
+        assert error.type == "error" and error.code == "aborted"  # type: ignore[union-attr]
+        assert failed.type == "response.failed"
+        assert failed.response.status == "failed"  # type: ignore[union-attr]
+        assert failed.response.error.code == "server_error"  # type: ignore[union-attr]
+    with pytest.raises(anthropic.OverloadedError) as over:
+        both.claude.messages.create(model="spare", max_tokens=4, messages=ask)
+    assert over.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+    assert over.value.response.headers["retry-after"] == "5"
+    with pytest.raises(openai.InternalServerError) as gone:
+        both.client.responses.create(model="spare", input=ASK, max_output_tokens=4)
+    assert gone.value.status_code == 503
+
+
+def test_a_tool_result_s_is_error_reaches_the_prompt(both: Both) -> None:
+    def turn(**result: Any) -> list[Any]:
+        return [{"role": "user", "content": ASK},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1",
+                                                   "name": "get_weather", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                              "content": "no such city", **result}]}]
+    def count(**result: Any) -> int:
+        return both.claude.messages.count_tokens(model="tools", messages=turn(**result),
+                                                 tools=[WEATHER_TOOL]).input_tokens
+    ok, failed = count(), count(is_error=True)
+    assert count(is_error=False) == ok and failed > ok
+    r = both.client.chat.completions.create(  # the same turn, as chat completions sends it
+        model="tools", max_tokens=1, messages=[  # type: ignore[list-item]
+            {"role": "user", "content": ASK},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "t1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "t1", "content": "Error: no such city"}],
+        tools=[{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                                 "parameters": WEATHER}}])
+    assert r.usage.prompt_tokens == failed  # type: ignore[union-attr]
+
+
+# ---- every key works, is harmless or is refused by name ---------------------------------------
+def test_block_and_item_keys_work_or_are_refused_by_name(both: Both) -> None:
+    """Claude Code's `cache_control` on blocks and tools is accepted (exod's prompt cache needs
+    no hint); a key that would change the answer is refused naming it. Responses output items
+    sent back as they came (`id`, `status`) are accepted."""
+    cached = {"type": "ephemeral"}
+    plain = both.claude.messages.count_tokens(
+        model="tools", tools=[WEATHER_TOOL], system=[{"type": "text", "text": "Be brief."}],
+        messages=[{"role": "user", "content": [{"type": "text", "text": ASK}]}])
+    hinted = both.claude.messages.count_tokens(
+        model="tools", tools=[{**WEATHER_TOOL, "cache_control": cached}],  # type: ignore[list-item]
+        system=[{"type": "text", "text": "Be brief.", "cache_control": cached}],
+        messages=[{"role": "user", "content": [{"type": "text", "text": ASK,
+                                                "cache_control": cached}]}])
+    assert hinted.input_tokens == plain.input_tokens
+    for block, param in [({"type": "text", "text": ASK, "citations": [
+                              {"type": "char_location", "cited_text": "x", "document_index": 0,
+                               "start_char_index": 0, "end_char_index": 1}]},
+                          "messages[0].content[0].citations"),
+                         ({"type": "text", "text": ASK, "colour": "red"},
+                          "messages[0].content[0].colour")]:
+        with pytest.raises(anthropic.BadRequestError) as e:
+            both.claude.messages.create(model="tiny", max_tokens=2, messages=[
+                {"role": "user", "content": [block]}])  # type: ignore[list-item]
+        assert f"`{param}`" in e.value.message, e.value.message
+    first = both.client.responses.create(model="tiny", input=ASK, max_output_tokens=4,
+                                         temperature=0)
+    again = both.client.responses.create(
+        model="tiny", max_output_tokens=4, temperature=0,
+        input=[{"role": "user", "content": ASK}, *first.output,  # type: ignore[list-item]
+               {"role": "user", "content": "again"}])
+    plain_again = both.chat(4, [{"role": "user", "content": ASK},
+                                {"role": "assistant", "content": first.output_text},
+                                {"role": "user", "content": "again"}])
+    assert again.output_text == plain_again.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as bad:
+        both.client.responses.create(model="tiny", max_output_tokens=4, input=[
+            {"type": "message", "role": "user", "content": ASK, "colour": "red"}])  # type: ignore[list-item]
+    assert bad.value.body["param"] == "input[0].colour"  # type: ignore[index]
+
+
+def test_errors_name_the_dialect_s_own_fields(both: Both) -> None:
+    """The core checks the translated request; its errors name what the client sent."""
+    with pytest.raises(anthropic.BadRequestError) as e:
+        both.claude.messages.create(model="tiny", max_tokens=2, messages=[
+            {"role": "user", "content": ASK}], tools=[
+            {"name": "no spaces allowed", "input_schema": {"type": "object"}}])
+    assert "`tools[0].name`" in e.value.message and "function" not in e.value.message
+    with pytest.raises(openai.BadRequestError) as o:
+        both.client.responses.create(model="tiny", input=ASK, max_output_tokens=-1)
+    assert o.value.body["param"] == "max_output_tokens"  # type: ignore[index]
+    assert "`max_output_tokens`" in o.value.message

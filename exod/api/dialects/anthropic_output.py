@@ -3,8 +3,9 @@
 Whole: a `message` object with content blocks (thinking, text, tool_use), `stop_reason` and
 usage. Streamed: Anthropic's named server-sent events in their order: `message_start`, `ping`,
 then for each block `content_block_start`, its deltas (`text_delta`, `thinking_delta`,
-`input_json_delta`), `content_block_stop`; then `message_delta` (stop_reason, usage) and
-`message_stop`. An error after the stream began is an `error` event.
+`input_json_delta`; a thinking block's `signature_delta` last), `content_block_stop`; then
+`message_delta` (stop_reason, usage) and `message_stop`. An error after the stream began is an
+`error` event, which ends the stream.
 """
 
 from __future__ import annotations
@@ -143,8 +144,11 @@ class AnthropicOutput:
     def _close(self) -> bytes:
         if self._block is None:
             return b""
+        # A thinking block ends with its signature, as Anthropic's do (exod signs nothing).
+        out = self._delta({"type": "signature_delta", "signature": ""}) \
+            if self._block[0] == "thinking" else b""
         self._block = None
-        return event("content_block_stop", {"index": self._index})
+        return out + event("content_block_stop", {"index": self._index})
 
     def _finished(self, chat_usage: dict[str, Any] | None) -> bytes:
         self._over = True

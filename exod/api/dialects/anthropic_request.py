@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from exod.api.dialects import keys, names
 from exod.api.errors import ApiError, bad_request
 
 # Cannot change the answer of a local model: billing, routing and caching hints (exod's prompt
@@ -22,12 +23,15 @@ MAPPED = ("model", "messages", "max_tokens", "system", "stop_sequences", "stream
 COUNT_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking",
                 "output_config")
 # Thinking and effort map onto the chat template's switch (`enable_thinking`): a local
-# template has no budget or effort scale, only on or off.
+# template has no effort scale, only on or off; `budget_tokens` is checked, not enforced.
 EFFORT_THINKS = {"low": False, "medium": True, "high": True, "xhigh": True, "max": True}
 
 
-def to_chat(body: Any, count_only: bool = False) -> dict[str, Any]:
-    """The chat completions body of a Messages request (or of a count_tokens one)."""
+def to_chat(body: Any, count_only: bool = False,
+            origins: list[names.Origin] | None = None) -> dict[str, Any]:
+    """The chat completions body of a Messages request (or of a count_tokens one); `origins`,
+    when given, is filled with the Messages parameter each chat message came from."""
+    origins = [] if origins is None else origins
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     allowed = COUNT_FIELDS if count_only else MAPPED + NO_EFFECT
@@ -36,11 +40,14 @@ def to_chat(body: Any, count_only: bool = False) -> dict[str, Any]:
             raise bad_request(f"`{key}` is not supported by exod's Messages API", key)
     chat: dict[str, Any] = {"model": body.get("model")}
     messages = _system(body.get("system"))
+    origins += [("system", False)] * len(messages)
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise bad_request("`messages` must be a non-empty array of messages", "messages")
     for i, msg in enumerate(raw):
-        messages += _message(msg, i)
+        turn = _message(msg, i)
+        messages += turn
+        origins += [(f"messages[{i}]", True)] * len(turn)
     chat["messages"] = messages
     if not count_only:
         _generation_fields(body, chat)
@@ -88,6 +95,7 @@ def _texts(blocks: Any, param: str) -> str:
                 and isinstance(block.get("text"), str)):
             raise bad_request(f"`{param}[{j}]`: only text blocks are supported here",
                               f"{param}[{j}]")
+        keys.check(block, f"{param}[{j}]", BLOCK_KEYS["text"], BLOCK_HARMLESS)
         out.append(block["text"])
     return "\n\n".join(out) if param == "system" else "".join(out)
 
@@ -98,6 +106,7 @@ def _message(msg: Any, i: int) -> list[dict[str, Any]]:
     param = f"messages[{i}]"
     if not isinstance(msg, dict):
         raise bad_request(f"`{param}` must be an object", param)
+    keys.check(msg, param, ("role", "content"))
     role = msg.get("role")
     if role not in ("user", "assistant", "system"):
         raise bad_request(f"`{param}.role` must be user, assistant or system", f"{param}.role")
@@ -114,9 +123,24 @@ def _message(msg: Any, i: int) -> list[dict[str, Any]]:
     return _user(content, param)
 
 
+# The keys of each content block exod reads, and those it accepts without use: the caching
+# hint Claude Code sends on blocks (exod's prompt cache needs none), empty echoes of what the
+# answer held, a call made directly by the model (no programmatic caller here).
+BLOCK_KEYS = {"text": ("type", "text"), "tool_use": ("type", "id", "name", "input"),
+              "tool_result": ("type", "tool_use_id", "content", "is_error"),
+              "thinking": ("type", "thinking", "signature"),
+              "redacted_thinking": ("type", "data")}
+BLOCK_HARMLESS: dict[str, keys.Harmless] = {
+    "cache_control": keys.anything, "citations": keys.empty, "caller": keys.direct,
+    "toolset_name": keys.empty}
+
+
 def _block(block: Any, param: str) -> tuple[str, dict[str, Any]]:
     if not isinstance(block, dict) or not isinstance(block.get("type"), str):
         raise bad_request(f"`{param}` must be a content block with a `type`", param)
+    works = BLOCK_KEYS.get(block["type"])
+    if works is not None:
+        keys.check(block, param, works, BLOCK_HARMLESS)
     return block["type"], block
 
 
@@ -137,6 +161,8 @@ def _user(content: list[Any], param: str) -> list[dict[str, Any]]:
             texts.append(_string(block, "text", where))
         elif kind == "tool_result":
             text = _texts(block.get("content", ""), f"{where}.content")
+            if block.get("is_error") not in (None, True, False):
+                raise bad_request(f"`{where}.is_error` must be a boolean", f"{where}.is_error")
             if block.get("is_error") is True:
                 text = f"Error: {text}"
             results.append({"role": "tool", "content": text,
@@ -189,6 +215,8 @@ def _tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
     if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
         raise bad_request("`tool_choice.type` must be auto, any, tool or none", "tool_choice")
     kind = choice["type"]
+    keys.check(choice, "tool_choice", ("type", "disable_parallel_tool_use")
+               + (("name",) if kind == "tool" else ()))
     if kind == "tool":
         chat["tool_choice"] = {"type": "function",
                                "function": {"name": _string(choice, "name", "tool_choice")}}
@@ -202,6 +230,13 @@ def _tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
         chat["parallel_tool_calls"] = not parallel
 
 
+# A tool's keys that cannot change the answer: the caching hint, how finely the call's input
+# streams (exod streams it as the core decodes it), tool search's deferral left off.
+TOOL_HARMLESS: dict[str, keys.Harmless] = {
+    "cache_control": keys.anything, "eager_input_streaming": keys.anything,
+    "defer_loading": keys.false}
+
+
 def _tool(tool: Any, i: int) -> dict[str, Any]:
     param = f"tools[{i}]"
     if not isinstance(tool, dict):
@@ -211,10 +246,8 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
         raise bad_request(f"`{param}.type` {kind!r}: Anthropic's server tools are not "
                           "available here; define a custom tool with `input_schema`",
                           f"{param}.type")
-    for key in tool:
-        if key not in ("type", "name", "description", "input_schema", "cache_control",
-                       "strict"):
-            raise bad_request(f"`{param}.{key}` is not supported", f"{param}.{key}")
+    keys.check(tool, param, ("type", "name", "description", "input_schema", "strict"),
+               TOOL_HARMLESS)
     function: dict[str, Any] = {"name": tool.get("name"),
                                 "parameters": tool.get("input_schema")}
     if "description" in tool:
@@ -235,11 +268,13 @@ def _thinking(body: dict[str, Any], chat: dict[str, Any]) -> None:
         if kind not in ("enabled", "disabled", "adaptive"):
             raise bad_request("`thinking.type` must be enabled, disabled or adaptive",
                               "thinking.type")
-        budget = thinking.get("budget_tokens")
-        if kind == "enabled" and (isinstance(budget, bool) or not isinstance(budget, int)
-                                  or budget < 1):
-            raise bad_request("`thinking.budget_tokens` must be a positive integer",
-                              "thinking.budget_tokens")
+        keys.check(thinking, "thinking", {"enabled": ("type", "budget_tokens", "display"),
+                                          "adaptive": ("type", "display")}.get(kind, ("type",)))
+        if thinking.get("display") not in (None, "summarized"):
+            raise bad_request("`thinking.display` must be summarized: exod returns the "
+                              "thinking whole (omitting it is not supported)", "thinking.display")
+        if kind == "enabled":
+            _budget(thinking.get("budget_tokens"), body.get("max_tokens"))
         thinks = kind != "disabled"
     config = body.get("output_config")
     if config is not None:
@@ -260,6 +295,18 @@ def _thinking(body: dict[str, Any], chat: dict[str, Any]) -> None:
         chat["chat_template_kwargs"] = {"enable_thinking": thinks}
 
 
+def _budget(budget: Any, max_tokens: Any) -> None:
+    """Checked as Anthropic checks it, but not enforced: the runner has no way yet to close a
+    think block after N tokens, so thinking runs until the model closes it or `max_tokens`
+    ends the answer (README)."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise bad_request("`thinking.budget_tokens` must be a positive integer",
+                          "thinking.budget_tokens")
+    if isinstance(max_tokens, int) and budget >= max_tokens:
+        raise bad_request("`thinking.budget_tokens` must be less than `max_tokens`",
+                          "thinking.budget_tokens")
+
+
 def _format(fmt: Any, chat: dict[str, Any]) -> None:
     if fmt is None:
         return
@@ -267,6 +314,7 @@ def _format(fmt: Any, chat: dict[str, Any]) -> None:
             or not isinstance(fmt.get("schema"), dict):
         raise bad_request("`output_config.format` must be {type: json_schema, schema: {...}}",
                           "output_config.format")
+    keys.check(fmt, "output_config.format", ("type", "schema"))
     chat["response_format"] = {"type": "json_schema",
                                "json_schema": {"name": "output", "schema": fmt["schema"],
                                                "strict": True}}
@@ -276,6 +324,17 @@ def _format(fmt: Any, chat: dict[str, Any]) -> None:
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                 403: "permission_error", 404: "not_found_error", 408: "timeout_error",
                 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
+
+
+# Chat fields the core may name in an error, as this dialect calls them.
+RENAMED = (("stop", "stop_sequences"), ("response_format.json_schema", "output_config.format"),
+           ("response_format", "output_config.format"), ("chat_template_kwargs", "thinking"),
+           ("parallel_tool_calls", "tool_choice.disable_parallel_tool_use"),
+           ("tool_choice.function", "tool_choice"))
+
+
+def renamed(e: ApiError, origins: list[names.Origin]) -> ApiError:
+    return names.renamed(e, origins, RENAMED, "input_schema")
 
 
 def error_status(e: ApiError) -> int:

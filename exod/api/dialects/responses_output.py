@@ -3,10 +3,12 @@
 Whole: a `response` object whose `output` holds items in the order they were generated:
 `reasoning` (thinking text), `message` (with an `output_text` part), `function_call`s.
 Streamed: `response.created`, `response.in_progress`, then for each item
-`response.output_item.added`, its parts and deltas (`response.output_text.delta`,
-`response.reasoning_text.delta`, `response.function_call_arguments.delta`), their `...done`
-events and `response.output_item.done`; last `response.completed` (or `response.incomplete`
-when max_output_tokens cut it short). Every event carries a `sequence_number`.
+`response.output_item.added`, its part (`response.content_part.added`, for a message or a
+reasoning item) and deltas (`response.output_text.delta`, `response.reasoning_text.delta`,
+`response.function_call_arguments.delta`), their `...done` events and
+`response.output_item.done`; last `response.completed` (or `response.incomplete` when
+max_output_tokens cut it short, or `error` then `response.failed` when the generation failed).
+Every event carries a `sequence_number`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ class _Item:
     def __init__(self, kind: str, index: int, call: dict[str, Any] | None = None) -> None:
         self.kind = kind
         self.index = index
-        self.id = f"{'fc' if kind == 'function_call' else kind[:3]}_{secrets.token_hex(12)}"
+        prefix = {"function_call": "fc", "reasoning": "rs", "message": "msg"}[kind]  # OpenAI's
+        self.id = f"{prefix}_{secrets.token_hex(12)}"
         self.text = ""
         self.call = call or {}
 
@@ -44,6 +47,12 @@ class _Item:
         return {"id": self.id, "type": "function_call", "status": status,
                 "call_id": self.call.get("id") or self.id, "name": self.call.get("name", ""),
                 "arguments": self.text if done else ""}
+
+
+def _part(item: _Item, text: str) -> dict[str, Any]:
+    if item.kind == "message":
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"type": "reasoning_text", "text": text}
 
 
 class ResponsesOutput:
@@ -146,10 +155,9 @@ class ResponsesOutput:
         self._open = item
         out += self._event("response.output_item.added", output_index=item.index,
                            item=item.json(False))
-        if item.kind == "message":
+        if item.kind != "function_call":
             out += self._event("response.content_part.added", item_id=item.id,
-                               output_index=item.index, content_index=0,
-                               part={"type": "output_text", "text": "", "annotations": []})
+                               output_index=item.index, content_index=0, part=_part(item, ""))
         return out
 
     def _text(self, kind: str, piece: str) -> bytes:
@@ -195,6 +203,8 @@ class ResponsesOutput:
         elif item.kind == "reasoning":
             out += self._event("response.reasoning_text.done", **where, content_index=0,
                                text=item.text)
+            out += self._event("response.content_part.done", **where, content_index=0,
+                               part=_part(item, item.text))
         else:
             out += self._event("response.function_call_arguments.done", **where,
                                name=item.call.get("name", ""), arguments=item.text)
@@ -202,8 +212,15 @@ class ResponsesOutput:
                                  item=item.json(True))
 
     def failed(self, err: ApiError) -> bytes:
-        return self._close() + self._event("error", code=err.code, message=err.message,
-                                           param=err.param)
+        """OpenAI's two events for a failure: `error` (exod's code, which the SDK's stream
+        yields) and `response.failed`, the response's last event (its `error` in OpenAI's
+        codes, with the items finished so far), which agents such as Codex read."""
+        out = self._close() + self._event("error", code=err.code, message=err.message,
+                                          param=err.param)
+        response = self._response("failed", None)
+        code = "rate_limit_exceeded" if err.status == 429 else "server_error"
+        response["error"] = {"code": code, "message": err.message}
+        return out + self._event("response.failed", response=response)
 
     def end(self) -> bytes:
-        return b""  # response.completed (or the error) already ended the stream
+        return b""  # response.completed (or response.failed) already ended the stream

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from exod.api.errors import bad_request
+from exod.api.dialects import keys, names
+from exod.api.errors import ApiError, bad_request
 
 NO_EFFECT = ("metadata", "user", "safety_identifier", "prompt_cache_key",
              "prompt_cache_retention", "prompt_cache_options", "service_tier", "stream_options")
@@ -27,7 +28,10 @@ EFFORT_THINKS = {"none": False, "minimal": False, "low": True, "medium": True, "
 INCLUDE_NO_EFFECT = ("reasoning.encrypted_content",)
 
 
-def to_chat(body: Any) -> dict[str, Any]:
+def to_chat(body: Any, origins: list[names.Origin] | None = None) -> dict[str, Any]:
+    """The chat completions body of a Responses request; `origins`, when given, is filled with
+    the Responses parameter each chat message came from."""
+    origins = [] if origins is None else origins
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     for key in body:
@@ -40,7 +44,8 @@ def to_chat(body: Any) -> dict[str, Any]:
         if not isinstance(body["instructions"], str):
             raise bad_request("`instructions` must be a string", "instructions")
         messages.append({"role": "system", "content": body["instructions"]})
-    messages += _input(body.get("input"))
+        origins.append(("instructions", False))
+    messages += _input(body.get("input"), origins)
     chat["messages"] = messages
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
@@ -81,8 +86,26 @@ def _stateless(body: dict[str, Any]) -> None:
                           "truncation")
 
 
-def _input(value: Any) -> list[dict[str, Any]]:
+# Keys of input items that cannot change the answer: what exod's own output items carry, which
+# clients send back unchanged (`id`, `status`, a message's `phase` label), caching hints, empty
+# echoes, a call made directly by the model; and reasoning OpenAI encrypted, which no local
+# model can read (as Anthropic's redacted thinking).
+ITEM_KEYS = {"message": ("type", "role", "content"),
+             "function_call": ("type", "call_id", "name", "arguments"),
+             "function_call_output": ("type", "call_id", "output", "name"),
+             "reasoning": ("type", "summary", "content")}
+ITEM_HARMLESS: dict[str, keys.Harmless] = {
+    "id": keys.anything, "status": keys.anything, "phase": keys.anything,
+    "caller": keys.direct, "namespace": keys.empty, "encrypted_content": keys.anything}
+PART_KEYS = {"input_text": ("type", "text"), "output_text": ("type", "text")}
+PART_HARMLESS: dict[str, keys.Harmless] = {
+    "prompt_cache_breakpoint": keys.anything, "annotations": keys.empty,
+    "logprobs": keys.anything}
+
+
+def _input(value: Any, origins: list[names.Origin]) -> list[dict[str, Any]]:
     if isinstance(value, str):
+        origins.append(("input", False))
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise bad_request("`input` must be a string or a non-empty array of items", "input")
@@ -93,29 +116,55 @@ def _input(value: Any) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise bad_request(f"`{param}` must be an object", param)
         kind = item.get("type", "message")
+        if kind in ITEM_KEYS:
+            keys.check(item, param, ITEM_KEYS[kind], ITEM_HARMLESS)
+        before = len(out)
         if kind == "message":
             msg = _message(item, param)
             if msg["role"] == "assistant" and reasoning:
                 msg["reasoning_content"] = "".join(reasoning)
                 reasoning = []
             out.append(msg)
+            origins.append((param, True))
         elif kind == "function_call":
             _call(item, param, out, reasoning)
             reasoning = []
+            origins += [(param, False)] * (len(out) - before)
         elif kind == "function_call_output":
-            out.append({"role": "tool", "tool_call_id": _string(item, "call_id", param),
-                        "content": _content(item.get("output"), f"{param}.output")})
+            tool = {"role": "tool", "tool_call_id": _string(item, "call_id", param),
+                    "content": _content(item.get("output"), f"{param}.output")}
+            if item.get("name") is not None:
+                tool["name"] = _string(item, "name", param)
+            out.append(tool)
+            origins.append((f"{param}.output", False))
         elif kind == "reasoning":
-            reasoning += [c["text"] for c in item.get("content") or []
-                          if isinstance(c, dict) and isinstance(c.get("text"), str)]
+            reasoning += _reasoning_texts(item, param)
         elif kind == "item_reference":
-            raise bad_request(f"`{param}`: item references are not supported: {STATELESS}",
+            raise bad_request(f"`{param}.type` item_reference is not supported: {STATELESS}",
                               f"{param}.type")
         else:
             raise bad_request(f"`{param}.type` {kind!r} is not supported (message, "
                               "function_call, function_call_output and reasoning are)",
                               f"{param}.type")
     return out
+
+
+def _reasoning_texts(item: dict[str, Any], param: str) -> list[str]:
+    """A reasoning item's text: its `content` (what exod returns), else its `summary` (what
+    OpenAI returns), which is the best account of the reasoning the client has."""
+    found: dict[str, list[str]] = {}
+    for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key) or []
+        if not isinstance(parts, list):
+            raise bad_request(f"`{param}.{key}` must be an array", f"{param}.{key}")
+        for j, part in enumerate(parts):
+            where = f"{param}.{key}[{j}]"
+            if not (isinstance(part, dict) and part.get("type") == part_type
+                    and isinstance(part.get("text"), str)):
+                raise bad_request(f"`{where}` must be a {part_type} part", where)
+            keys.check(part, where, ("type", "text"))
+            found.setdefault(key, []).append(part["text"])
+    return found.get("content") or found.get("summary") or []
 
 
 def _string(item: dict[str, Any], key: str, param: str) -> str:
@@ -136,6 +185,7 @@ def _content(value: Any, param: str) -> str:
                 and isinstance(part.get("text"), str)):
             raise bad_request(f"`{param}[{j}]`: only input_text and output_text parts are "
                               "supported (exod serves text models)", f"{param}[{j}]")
+        keys.check(part, f"{param}[{j}]", PART_KEYS[part["type"]], PART_HARMLESS)
         parts.append(part["text"])
     return "".join(parts)
 
@@ -175,6 +225,7 @@ def _tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
     if choice in ("none", "auto", "required"):
         chat["tool_choice"] = choice
     elif isinstance(choice, dict) and choice.get("type") == "function":
+        keys.check(choice, "tool_choice", ("type", "name"))
         chat["tool_choice"] = {"type": "function",
                                "function": {"name": _string(choice, "name", "tool_choice")}}
     else:
@@ -191,9 +242,8 @@ def _tool(tool: Any, i: int) -> dict[str, Any]:
         raise bad_request(f"`{param}.type` {kind!r}: OpenAI's built-in tools (web search, file "
                           "search, code interpreter, ...) are not available here; define a "
                           "function tool", f"{param}.type")
-    for key in tool:
-        if key not in ("type", "name", "description", "parameters", "strict"):
-            raise bad_request(f"`{param}.{key}` is not supported", f"{param}.{key}")
+    keys.check(tool, param, ("type", "name", "description", "parameters", "strict"),
+               {"defer_loading": keys.false})
     function = {k: tool[k] for k in ("name", "description", "parameters", "strict")
                 if tool.get(k) is not None}
     return {"type": "function", "function": function}
@@ -216,11 +266,22 @@ def _text(text: Any, chat: dict[str, Any]) -> None:
     if isinstance(fmt, dict) and fmt.get("type") == "json_object":
         chat["response_format"] = {"type": "json_object"}
     elif isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        keys.check(fmt, "text.format", ("type", "name", "schema", "strict", "description"))
         schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         chat["response_format"] = {"type": "json_schema", "json_schema": schema}
     else:
         raise bad_request("`text.format.type` must be text, json_object or json_schema",
                           "text.format")
+
+
+# Chat fields the core may name in an error, as this dialect calls them.
+RENAMED = (("max_tokens", "max_output_tokens"), ("response_format.json_schema", "text.format"),
+           ("response_format", "text.format"), ("chat_template_kwargs", "reasoning.effort"),
+           ("tool_choice.function", "tool_choice"))
+
+
+def renamed(e: ApiError, origins: list[names.Origin]) -> ApiError:
+    return names.renamed(e, origins, RENAMED, "parameters")
 
 
 def _reasoning(reasoning: Any, chat: dict[str, Any]) -> None:
