@@ -302,7 +302,7 @@ def _budget(budget: Any, max_tokens: Any) -> None:
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise bad_request("`thinking.budget_tokens` must be a positive integer",
                           "thinking.budget_tokens")
-    if isinstance(max_tokens, int) and budget >= max_tokens:
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and budget >= max_tokens:
         raise bad_request("`thinking.budget_tokens` must be less than `max_tokens`",
                           "thinking.budget_tokens")
 
