@@ -132,10 +132,24 @@ class Throttle:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def is_down(self) -> bool:
+        return self.sock.fileno() == -1
+
+    def down(self) -> None:
+        """No network: connections are refused (ECONNREFUSED) until `up`."""
+        self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread; close alone would not
+        self.sock.close()
+
+    def up(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR: same port
+        threading.Thread(target=self._accept, daemon=True).start()
+
     def _accept(self) -> None:
         while True:
+            sock = self.sock
             try:
-                client, _ = self.sock.accept()
+                client, _ = sock.accept()
             except OSError:
                 return
             with self._lock:

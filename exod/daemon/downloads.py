@@ -6,8 +6,9 @@ hello on the same kind of channel, and is stopped through the same termination l
 asks it over its channel; it exits at once, and its partial files stay for the next attempt).
 Nothing here times a download out: while bytes arrive it runs for as long as it takes. A fetcher
 that sends no new byte for `hub.stall_after` is shown as stalled, stopped through the ladder and
-started again with backoff; so is one that failed on the network. Only a refusal (not found, no
-access, offline and not cached, disk too small) ends a download with an error for its waiters.
+started again with backoff; so is one that failed on the network once under way. Only a refusal
+(not found, no access, offline and not cached, the hub unreachable with no download under way,
+disk too small) ends a download with an error for its waiters.
 Everything that touches the OS goes through `Seam`, so this runs in unit tests with a fake one.
 """
 
@@ -282,7 +283,7 @@ class Downloads:
         elif not d.waiters:
             self._forget(d)
         elif not stopped and info.code in PERMANENT_EXIT_CODES:
-            log.error("cannot fetch {}: {}", d.ref, d.error or info)
+            log.error("cannot fetch {}", d.error or f"{d.ref}: {info}")  # the error names it
             self._finish(d, Outcome(None, d.error or f"the fetcher exited: {info}"))
         else:
             d.error = d.error or f"the fetcher exited: {info}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -163,6 +163,15 @@ class HubSeam:
             if found is None or not found.checked:
                 return ref
         return None
+
+    def refetch_failed(self, names: Iterable[str]) -> None:
+        """Unchanged instances whose model could not be fetched (say the hub was unreachable)
+        try again at a reload, as at `exoctl start`; a runner's failure is left alone."""
+        for name in names:
+            inst = self.instances.get(name)
+            if inst is not None and inst.state is State.FAILED and inst.names_hub \
+                    and inst.config.always_on and not self.cached(inst):
+                inst.start(operator=True)
 
     def cancel_prefetch(self, name: str) -> None:
         if self._prefetch.pop(name, None) is not None:

@@ -330,6 +330,7 @@ class Supervisor(HubSeam):
             inst = self._add(new.instances[name])
             if inst.config.always_on:
                 inst.start()
+        self.refetch_failed(d.unchanged)
         self.reloads["ok"] += 1
         logger.info("reloaded: {} added, {} removed, {} changed, {} unchanged",
                     len(d.added), len(d.removed), len(d.changed), len(d.unchanged))

@@ -2,7 +2,8 @@
 [--token-file F] --channel-fd N`: what the daemon runs to fetch a model (exod.hub.fetch).
 
 The token is read from its file here: it is never in an argv, an environment or a log.
-Exit codes: 0 fetched, 69 refused (retrying will not help), 75 a network error (retried)."""
+Exit codes: 0 fetched, 69 refused (retrying will not help, or the hub cannot be reached and no
+download is under way), 75 a network error (retried)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,8 @@ READ_TIMEOUT = 60.0  # no byte for this long: a network error (the daemon retrie
 
 
 class Refused(Exception):
-    """Retrying will not help (not found, no access, offline and not cached, disk too small)."""
+    """Retrying will not help (not found, no access, offline and not cached, disk too small).
+    So is the hub unreachable before any byte (`unreachable`): retried only when asked."""
 
 
 @dataclass
@@ -84,20 +85,70 @@ def plan(job: Job) -> hc.Manifest:
         if found is None:
             raise Refused(f"{job.ref} is not in the cache at {job.cache}, and exod is offline")
         return found
+    try:
+        return ask_hub(job, commit)
+    except Exception as e:
+        # No network: a snapshot someone else fetched (mlx-lm) starts as it would offline.
+        found = from_blobs(job, commit) if commit is not None and cannot_connect(e) else None
+        if found is None:
+            raise
+        job.link.status(f"the hub cannot be reached: using the cached snapshot of {job.ref}")
+        return found
+
+
+def ask_hub(job: Job, commit: str | None) -> hc.Manifest:
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
     api = HfApi(token=job.token)
-    if commit is None:
-        job.link.status(f"looking up {job.ref}")
-        commit = job.ref.revision if job.ref.pinned else api.repo_info(
-            job.ref.repo, revision=job.ref.revision).sha
+    job.link.status(f"looking up {job.ref}")
+    # Asked first even for a known commit: it fails at once with no network, where the tree's
+    # listing below retries for ~23 s (huggingface_hub's http_backoff).
+    info = api.repo_info(job.ref.repo, revision=commit or job.ref.revision)
+    commit = commit or (job.ref.revision if job.ref.pinned else info.sha)
     assert commit is not None
     tree = api.list_repo_tree(job.ref.repo, revision=commit, recursive=True)
     files = {f.path: record(f) for f in tree if isinstance(f, RepoFile) and wanted(f.path)}
     if not files:
         raise Refused(f"{job.ref} has no model files (weights, config, tokenizer)")
     return hc.Manifest(commit, files)
+
+
+def cannot_connect(e: BaseException) -> bool:
+    """No connection to the hub could be made (no network or name resolution, refused, timed
+    out while connecting): not an error once bytes flow. Matched by class name, through the
+    causes: huggingface_hub raises its HTTP client's errors (httpx's, or httpx2's) as they are."""
+    seen: BaseException | None = e
+    for _ in range(5):
+        if seen is None:
+            return False
+        if {c.__name__ for c in type(seen).__mro__} & {"ConnectError", "ConnectTimeout"}:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def begun(job: Job) -> bool:
+    """A download of this repository is under way: a partial file waits to be resumed (each is
+    made before its first request)."""
+    try:
+        return any((hc.repo_dir(job.cache, job.ref) / "blobs").glob("*.incomplete"))
+    except OSError:
+        return False
+
+
+def unreachable(job: Job, e: Exception) -> str | None:
+    """With no network, a model not in the cache fails at once, saying why (`exoctl start` or a
+    reload tries again); a download under way is retried with backoff, as an outage may pass."""
+    if not cannot_connect(e) or begun(job):
+        return None
+    from huggingface_hub import constants
+
+    first = (str(e).strip().splitlines() or [""])[0]
+    where = "the cached copy is unchanged" if hc.cached(job.cache, job.ref) else \
+        f"not in the cache at {job.cache}"
+    return f"the hub at {constants.ENDPOINT} cannot be reached ({type(e).__name__}: " \
+           f"{first}); {where}"
 
 
 def free_space(path: Path) -> int:
@@ -170,6 +221,7 @@ def fetch_file(job: Job, commit: str, name: str, rec: hc.FileRecord) -> bool | N
     blob, part = blobs / rec.blob, blobs / f"{rec.blob}.incomplete"
     good = None
     if not blob.exists():
+        part.touch()  # before the first request: see `begun`
         hasher = Hasher(rec)
         have = part.stat().st_size if part.exists() else 0
         if have > rec.size:
@@ -299,7 +351,8 @@ def plan_only(job: Job) -> int:
     try:
         manifest = plan(job)
     except Exception as e:  # noqa: BLE001 -- reported as one line, as main does
-        print(json.dumps({"error": refusal(e) or f"{type(e).__name__}: {e}"}))
+        print(json.dumps({"error": refusal(e) or unreachable(job, e) or
+                          f"{type(e).__name__}: {e}"}))
         return EXIT_UNAVAILABLE
     missing = manifest.size - hc.partial_bytes(
         job.cache, job.ref, {r.blob: r.size for r in manifest.files.values()})
@@ -313,7 +366,7 @@ def main(job: Job) -> int:
     try:
         path = run(job)
     except Exception as e:  # noqa: BLE001 -- every failure is reported, as one line
-        why = refusal(e)
+        why = refusal(e) or unreachable(job, e)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         reason = f"{job.ref}: {why}" if why and not isinstance(e, Refused) else why or \
             f"{job.ref}: {type(e).__name__}: {first}"

@@ -42,6 +42,8 @@ def throttle(served: tuple[Hub, Throttle, dict[str, str]]) -> Iterator[Throttle]
     t.rate, t.connections, t.bytes = None, 0, 0
     yield t
     t.rate = None
+    if t.is_down:
+        t.up()
 
 
 def hub_daemon(daemons: Callable[..., Daemon], cache: Path, url: str,
@@ -99,6 +101,31 @@ def test_first_start_downloads_with_progress_then_loads_and_serves(
     assert "hf:org/nope is not in the cache" in gone["detail"] and "offline" in gone["detail"]
     assert "\n" not in gone["detail"]
     assert throttle.connections == before
+
+
+def test_no_network_a_missing_model_fails_at_once_then_start_or_reload_fetches_it(
+        daemons: Callable[..., Daemon], hub: tuple[Hub, dict[str, str]], throttle: Throttle,
+        tmp_path: Path) -> None:
+    _, commits = hub
+    throttle.down()
+    d = hub_daemon(daemons, tmp_path / "cache", throttle.url, {
+        "a": {"model": "hf:org/tiny", "env": COOPERATIVE},
+        "b": {"model": f"hf:org/tiny@{commits['v1']}", "env": COOPERATIVE}}).start()
+    for name in ("a", "b"):
+        detail = d.until_state(name, "failed")["detail"]
+        assert "cannot be reached" in detail and "not in the cache" in detail, detail
+        assert "\n" not in detail
+    assert not [r for r in d.events(event="download") if "retrying" in r["message"]]
+    throttle.up()
+    d.ctl("start", "a")
+    d.until_state("a", "ready")
+    assert d.instance("b")["state"] == "failed"
+    d.ctl("reload")  # b's config is unchanged: its fetch is tried again
+    d.until_state("b", "ready")
+    # The network gone again, a cached model starts with no request: a restart is enough.
+    throttle.down()
+    d.ctl("restart", "a")
+    d.until_state("a", "ready")
 
 
 def test_stop_mid_download_at_rung_1_then_resume_after_kill_9(

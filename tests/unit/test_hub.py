@@ -232,6 +232,31 @@ def test_a_network_error_is_retried_a_refusal_fails_with_its_reason() -> None:
     assert len(seam.fetchers) == 2 and not seam.pending()
 
 
+class ConnectError(OSError):
+    """Named as httpx's (and httpx2's) error for a connection that could not be made."""
+
+
+def test_no_network_fails_a_missing_model_at_once_and_retries_a_download_under_way(
+        tmp_path: Path) -> None:
+    from exod.hub.fetch import Job, cannot_connect, unreachable
+    from exod.hub.link import Link
+
+    job = Job(REF, tmp_path, False, False, None, Link(None))
+    refused = ConnectError("[Errno 111] Connection refused")
+    assert cannot_connect(refused) and not cannot_connect(TimeoutError("read timed out"))
+    wrapped = RuntimeError("listing failed")
+    wrapped.__cause__ = refused
+    assert cannot_connect(wrapped)
+    why = unreachable(job, refused)
+    assert why is not None and "cannot be reached" in why and "not in the cache" in why
+    assert "\n" not in why
+    assert unreachable(job, TimeoutError("read timed out")) is None  # bytes flowed: retried
+    blobs = hc.repo_dir(tmp_path, REF) / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / "abc.incomplete").touch()  # a download under way: retried with backoff
+    assert unreachable(job, refused) is None
+
+
 # ---- the token ---------------------------------------------------------------------------------
 def test_the_token_file_must_be_private_and_no_child_inherits_a_token(tmp_path: Path) -> None:
     from exod.config import ConfigError, load_config
