@@ -168,6 +168,16 @@ class PromptCacheStatus:
 
 
 @dataclass(frozen=True)
+class SpeculativeStatus:
+    """Speculative decoding (`draft_model`), counted since the runner started."""
+
+    draft_tokens: int  # num_draft_tokens: proposed a step
+    drafted: int  # draft tokens the model checked
+    accepted: int  # of those, the ones it agreed with (each saves a step of the model)
+    acceptance_rate: float | None  # accepted per drafted; None before any
+
+
+@dataclass(frozen=True)
 class ServingStatus:
     """How rank 0 serves: `batching` is "continuous", else why one request at a time."""
 
@@ -176,6 +186,7 @@ class ServingStatus:
     active: int
     prefill_step: int | None = None  # continuous batching only
     prompt_cache: PromptCacheStatus | None = None  # continuous batching only
+    speculative: SpeculativeStatus | None = None  # with a draft_model only
 
 
 @dataclass(frozen=True)

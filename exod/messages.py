@@ -30,10 +30,11 @@ from typing import Any, ClassVar, Literal
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 10  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 11  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
-# reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools
+# reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
+# 11: Serving's speculative decoding counts
 
 
 class Phase(str, enum.Enum):
@@ -138,6 +139,9 @@ class Serving:
     cache_hits: int = 0  # lookups that found a stored prefix
     cached_tokens: int = 0  # prompt tokens taken from the cache instead of prefilled
     prompt_tokens: int = 0  # prompt tokens of every lookup
+    draft_tokens: int = 0  # speculative decoding: tokens drafted a step (0: no draft model)
+    drafted: int = 0  # draft tokens the model checked
+    draft_accepted: int = 0  # of those, the ones the model agreed with
 
     def __post_init__(self) -> None:
         # Every status snapshot carries these: a runaway text or an impossible count is a

@@ -150,6 +150,7 @@ class LiveCollector(Collector):
         yield from (state, restarts, rungs, queued, active, loaded, total)
         yield from self._downloads(instances)
         yield from self._prompt_cache(instances)
+        yield from self._speculative(instances)
 
     def _downloads(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
         """The model download an instance waits for (only while it is downloading)."""
@@ -188,6 +189,22 @@ class LiveCollector(Collector):
             cached.add_metric([inst.name], s.cached_tokens)
             size.add_metric([inst.name], s.cache_bytes)
         yield from (lookups, hits, cached, size)
+
+    def _speculative(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
+        """Speculative decoding on rank 0 (counted since it started): the acceptance rate is
+        rate(accepted) / rate(drafted)."""
+        label = ["instance"]
+        drafted = CounterMetricFamily("exod_draft_tokens", "Draft tokens the model checked "
+                                      "(speculative decoding)", labels=label)
+        accepted = CounterMetricFamily("exod_draft_tokens_accepted", "Draft tokens the model "
+                                       "accepted (speculative decoding)", labels=label)
+        for inst in instances:
+            s = inst.ranks[0].serving if inst.ranks else None
+            if s is None or not s.draft_tokens:
+                continue
+            drafted.add_metric([inst.name], s.drafted)
+            accepted.add_metric([inst.name], s.draft_accepted)
+        yield from (drafted, accepted)
 
     def _requests(self) -> Iterator[Metric]:
         requests = CounterMetricFamily("exod_requests", "Generation requests answered, by HTTP "

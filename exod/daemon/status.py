@@ -99,12 +99,20 @@ def serving_status(s: Serving | None) -> cm.ServingStatus | None:
     if s is None:
         return None
     if s.batching != "continuous":
-        return cm.ServingStatus(s.batching, s.width, s.active)
+        return cm.ServingStatus(s.batching, s.width, s.active, speculative=speculative(s))
     rate = round(s.cache_hits / s.cache_lookups, 4) if s.cache_lookups else None
     return cm.ServingStatus(s.batching, s.width, s.active, s.prefill_step, cm.PromptCacheStatus(
         entries=s.cache_entries, bytes=s.cache_bytes, max_bytes=s.cache_max_bytes,
         lookups=s.cache_lookups, hits=s.cache_hits, hit_rate=rate,
-        cached_tokens=s.cached_tokens, prompt_tokens=s.prompt_tokens))
+        cached_tokens=s.cached_tokens, prompt_tokens=s.prompt_tokens), speculative(s))
+
+
+def speculative(s: Serving) -> cm.SpeculativeStatus | None:
+    """A draft model's figures (accepted per drafted token), or None without one."""
+    if not s.draft_tokens:
+        return None
+    rate = round(s.draft_accepted / s.drafted, 4) if s.drafted else None
+    return cm.SpeculativeStatus(s.draft_tokens, s.drafted, s.draft_accepted, rate)
 
 
 def instance_status(inst: InstanceRuntime, now: float, stall_after: float) -> cm.InstanceStatus:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -90,6 +92,19 @@ def test_speculative_decoding_gives_the_greedy_tokens(served: Served) -> None:
     assert "speculative decoding" in serving(served.d, "spec")["batching"]
     served.d.watch_until(lambda s: "drafted tokens accepted" in serving(served.d, "spec").get(
         "batching", ""), what="the acceptance rate in status")
+    spec = serving(served.d, "spec")["speculative"]
+    assert spec["draft_tokens"] == 3 and 0 < spec["drafted"] and spec["drafted"] % 3 == 0
+    assert 0 <= spec["accepted"] <= spec["drafted"]
+    assert spec["acceptance_rate"] == round(spec["accepted"] / spec["drafted"], 4)
+    assert serving(served.d, "kv").get("speculative") is None
+    metrics = urllib.request.urlopen(f"{served.d.api_url()}/metrics", timeout=30).read().decode()
+    got = {name: float(value) for name, inst, value in re.findall(
+        r'^(exod_draft_tokens(?:_accepted)?_total)\{instance="(\w+)"\} (\S+)$', metrics, re.M)
+        if inst == "spec"}
+    assert set(got) == {"exod_draft_tokens_total", "exod_draft_tokens_accepted_total"}, metrics
+    assert 0 < got["exod_draft_tokens_total"] <= serving(served.d, "spec")["speculative"][
+        "drafted"] and got["exod_draft_tokens_accepted_total"] <= got["exod_draft_tokens_total"]
+    assert 'exod_draft_tokens_total{instance="kv"}' not in metrics
 
 
 def test_a_quantized_kv_cache_is_mlx_lms_and_near_the_float_cache(served: Served) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from exod.cli.table import serving_note
+from exod.control_messages import SpeculativeStatus
 from exod.messages import Serving
 from exod.daemon.status import serving_status
 
@@ -30,3 +31,14 @@ def test_table_line_shows_batch_and_cache_or_why_there_is_no_batch() -> None:
     why = "one request at a time: a multi-rank group's forward carries one sequence"
     assert serving_note(serving_status(Serving(batching=why, width=2, active=0))) == why
     assert serving_note(None) == ""
+
+
+def test_speculative_figures_are_accepted_per_drafted_and_absent_without_a_draft() -> None:
+    why = "one request at a time: speculative decoding; 4 of 6 drafted tokens accepted (67%)"
+    spec = Serving(batching=why, width=1, active=0, draft_tokens=2, drafted=6, draft_accepted=4)
+    out = serving_status(spec)
+    assert out is not None and out.speculative == SpeculativeStatus(2, 6, 4, 0.6667)
+    fresh = serving_status(replace(spec, drafted=0, draft_accepted=0))
+    assert fresh is not None and fresh.speculative == SpeculativeStatus(2, 0, 0, None)
+    plain = serving_status(BATCH)
+    assert plain is not None and plain.speculative is None

@@ -207,8 +207,10 @@ class TurnEngine:
 
     def serving(self) -> m.Serving:
         why = self.why if self.draft is None else f"{self.why}; {self.draft.describe()}"
+        d = self.draft
         return m.Serving(batching=why, width=self.width, active=self.active,
-                         prefill_step=self.prefill_step)
+                         prefill_step=self.prefill_step, draft_tokens=d.tokens if d else 0,
+                         drafted=d.drafted if d else 0, draft_accepted=d.accepted if d else 0)
 
 
 def _seeing(prefilled: list[int], processors: list[Processor]) -> list[Processor] | None:
