@@ -137,7 +137,7 @@ def begun(job: Job) -> bool:
         return False
 
 
-def unreachable(job: Job, e: Exception) -> str | None:
+def unreachable(job: Job, e: Exception, where: bool = True) -> str | None:
     """With no network, a model not in the cache fails at once, saying why (`exoctl start` or a
     reload tries again); a download under way is retried with backoff, as an outage may pass."""
     if not cannot_connect(e) or begun(job):
@@ -145,10 +145,11 @@ def unreachable(job: Job, e: Exception) -> str | None:
     from huggingface_hub import constants
 
     first = (str(e).strip().splitlines() or [""])[0]
-    where = "the cached copy is unchanged" if hc.cached(job.cache, job.ref) else \
-        f"not in the cache at {job.cache}"
-    return f"the hub at {constants.ENDPOINT} cannot be reached ({type(e).__name__}: " \
-           f"{first}); {where}"
+    why = f"the hub at {constants.ENDPOINT} cannot be reached ({type(e).__name__}: {first})"
+    if not where:
+        return why
+    return why + ("; the cached copy is unchanged" if hc.cached(job.cache, job.ref) else
+                  f"; not in the cache at {job.cache}")
 
 
 def free_space(path: Path) -> int:
@@ -351,7 +352,7 @@ def plan_only(job: Job) -> int:
     try:
         manifest = plan(job)
     except Exception as e:  # noqa: BLE001 -- reported as one line, as main does
-        print(json.dumps({"error": refusal(e) or unreachable(job, e) or
+        print(json.dumps({"error": refusal(e) or unreachable(job, e, where=False) or
                           f"{type(e).__name__}: {e}"}))
         return EXIT_UNAVAILABLE
     missing = manifest.size - hc.partial_bytes(
