@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,10 +123,15 @@ def test_no_network_a_missing_model_fails_at_once_then_start_or_reload_fetches_i
     assert d.instance("b")["state"] == "failed"
     d.ctl("reload")  # b's config is unchanged: its fetch is tried again
     d.until_state("b", "ready")
-    # The network gone again, a cached model starts with no request: a restart is enough.
+    # The network gone again, a cached model starts with no request: a restart is enough. So
+    # does one huggingface_hub fetched (mlx-lm's way: no record of exod's), from its blobs.
     throttle.down()
     d.ctl("restart", "a")
     d.until_state("a", "ready")
+    shutil.rmtree(tmp_path / "cache" / "models--org--tiny" / "exod")
+    d.ctl("restart", "a")
+    d.until_state("a", "ready")
+    assert (tmp_path / "cache" / "models--org--tiny" / "exod").is_dir()  # checked, recorded
 
 
 def test_stop_mid_download_at_rung_1_then_resume_after_kill_9(
