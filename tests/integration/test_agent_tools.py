@@ -2,7 +2,10 @@
 runners of random-weight tiny models: forced tool calls that validate against the tool's
 parameters, schema-valid JSON across many schemas, streamed tool-call deltas that reassemble, a
 tool round trip whose result reaches the prompt, a batch mixing constrained and free requests
-(each gets its solo tokens), a 2-rank group, and hostile schemas (4xx in seconds, never 5xx).
+(each gets its solo tokens), a 2-rank group, and hostile schemas (4xx in seconds, never 5xx,
+while a stream on the same instance keeps its pace). A thinking model thinks, then answers in
+the grammar (tests.models.thinking); `tool_choice: auto` reads calls with mlx-lm's parser from a
+model steered to write one (tests.models.caller).
 
 A random model rarely closes a free string on its own: schemas here bound their strings
 (maxLength, enum, pattern) and close their objects (additionalProperties false); where a
@@ -23,6 +26,8 @@ import jsonschema
 import openai
 import pytest
 
+from tests.models.caller import BROKEN, make_caller_model
+from tests.models.thinking import make_thinking_model
 from tests.models.tiny import with_tool_template
 from tests.harness import Daemon
 
@@ -77,9 +82,22 @@ SCHEMAS: list[dict[str, Any]] = [
 ]
 
 
+# A schema whose every document is short (booleans, enums, bounded integers and arrays, a string
+# of at most 6 characters: under 150 bytes however written, escapes included): a token is at
+# least a byte, so within max_tokens the grammar itself closes it, with no bias to help.
+CLOSED = {"type": "object", "properties": {
+    "ok": {"type": "boolean"}, "kind": {"enum": ["a", "b", "c"]},
+    "n": {"type": "integer", "minimum": 0, "maximum": 99},
+    "tags": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 3},
+    "name": {"type": "string", "maxLength": 6}},
+    "required": ["ok", "kind", "n", "tags", "name"], "additionalProperties": False}
+CLOSED_FORMAT = {"type": "json_schema", "json_schema": {"name": "closed", "schema": CLOSED,
+                                                        "strict": True}}
+
+
 class Agent:
-    def __init__(self, d: Daemon, model: Path) -> None:
-        self.d, self.model = d, model
+    def __init__(self, d: Daemon, model: Path, call_ids: tuple[int, int]) -> None:
+        self.d, self.model, self.call_ids = d, model, call_ids
         self.client = openai.OpenAI(base_url=d.api_url() + "/v1", api_key="x", max_retries=0,
                                     timeout=120)
 
@@ -91,17 +109,22 @@ class Agent:
 
 @pytest.fixture(scope="module")
 def agent(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    tools_model = with_tool_template(tiny_model, tmp_path_factory.mktemp("agent") / "tools")
+    tmp = tmp_path_factory.mktemp("agent")
+    tools_model = with_tool_template(tiny_model, tmp / "tools")
+    caller, *call_ids = make_caller_model(tools_model, tmp / "caller")
     d = Daemon({"api": {"listen": "127.0.0.1:0"}, "instances": {
         "tools": {"model": str(tools_model), "max_concurrency": 4,
                   "grammar": {"max_schema_kib": 512, "max_size": 4000}},
         "plain": {"model": str(tiny_model)},
-        "group": {"model": str(tools_model), "shards": 2, "max_concurrency": 2}}})
+        "group": {"model": str(tools_model), "shards": 2, "max_concurrency": 2},
+        "think": {"model": str(make_thinking_model(tiny_model, tmp / "think", tools=True)),
+                  "max_concurrency": 2},
+        "caller": {"model": str(caller)}}})
     try:
         d.start()
         d.watch_until(lambda s: all(i["state"] == "ready" for i in s["instances"]),
                       what="every instance ready")
-        yield Agent(d, tools_model)
+        yield Agent(d, tools_model, (call_ids[0], call_ids[1]))
     finally:
         d.close()
 
@@ -176,6 +199,40 @@ def test_a_tool_round_trip_reaches_the_prompt(agent: Agent) -> None:
     assert r.usage.prompt_tokens == len(tok(text, add_special_tokens=False)["input_ids"])
 
 
+# ---- tool_choice auto: mlx-lm's parser on a real runner ------------------------------------------
+def test_auto_returns_a_call_the_model_wrote(agent: Agent) -> None:
+    """The caller model writes the call it is steered to (a bias, not a grammar): mlx-lm's
+    json_tools parser reads it, whole and streamed."""
+    kw: dict[str, Any] = {"model": "caller", "tools": TOOLS, "max_tokens": 8, "temperature": 0,
+                          "parallel_tool_calls": False,
+                          "logit_bias": {str(agent.call_ids[0]): 100}}
+    choice = agent.chat(**kw).choices[0]
+    assert check_calls(choice, {"add"}) == [("add", {"a": 1, "b": 2})]
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in agent.chat(stream=True, **kw):
+        finish = chunk.choices[0].finish_reason or finish
+        assert not chunk.choices[0].delta.content
+        for d in chunk.choices[0].delta.tool_calls or []:
+            call = calls.setdefault(d.index, {"id": d.id or "", "name": d.function.name or "",
+                                              "arguments": ""})
+            call["arguments"] += d.function.arguments or ""
+    assert finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        ("add", {"a": 1, "b": 2})] and calls[0]["id"].startswith("call_")
+
+
+def test_auto_returns_a_call_that_does_not_parse_as_text(agent: Agent) -> None:
+    kw: dict[str, Any] = {"model": "caller", "tools": TOOLS, "max_tokens": 1, "temperature": 0,
+                          "logit_bias": {str(agent.call_ids[1]): 100}}
+    choice = agent.chat(**kw).choices[0]
+    assert (choice.message.content, choice.message.tool_calls) == (BROKEN, None)
+    assert choice.finish_reason == "length"
+    chunks = [c.choices[0].delta for c in agent.chat(stream=True, **kw) if c.choices]
+    assert "".join(d.content or "" for d in chunks) == BROKEN
+    assert not any(d.tool_calls for d in chunks)
+
+
 def test_a_model_without_tool_support_refuses_tools(agent: Agent) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         agent.chat(model="plain", tools=TOOLS)
@@ -199,6 +256,63 @@ def test_json_object_output_is_an_object(agent: Agent) -> None:
                        response_format={"type": "json_object"})
         assert r.choices[0].finish_reason == "stop", r
         assert isinstance(json.loads(r.choices[0].message.content or ""), dict)
+
+
+def test_the_grammar_alone_closes_a_short_schema(agent: Agent) -> None:
+    """No bias: every document of CLOSED fits in max_tokens, so every try ends valid."""
+    for seed in range(4):
+        r = agent.chat(seed=seed, max_tokens=200, response_format=CLOSED_FORMAT)
+        assert r.choices[0].finish_reason == "stop", r
+        jsonschema.validate(json.loads(r.choices[0].message.content or ""), CLOSED)
+
+
+# ---- a thinking model: reasoning, then the answer the grammar wants -----------------------------
+def test_a_thinking_model_thinks_then_answers_in_the_schema(agent: Agent) -> None:
+    """The template opens a think block: the random model thinks (at most half of max_tokens),
+    the grammar makes it close the block, and the JSON is the content, valid on every try."""
+    for seed in range(3):
+        r = agent.chat(model="think", seed=seed, max_tokens=400, response_format=CLOSED_FORMAT)
+        message = r.choices[0].message
+        assert r.choices[0].finish_reason == "stop", r
+        jsonschema.validate(json.loads(message.content or ""), CLOSED)
+        assert message.reasoning_content  # type: ignore[attr-defined]
+    streamed = list(agent.chat(model="think", seed=0, max_tokens=400, stream=True,
+                               response_format=CLOSED_FORMAT))
+    deltas = [c.choices[0].delta for c in streamed if c.choices]
+    whole = agent.chat(model="think", seed=0, max_tokens=400, response_format=CLOSED_FORMAT)
+    assert "".join(d.content or "" for d in deltas) == whole.choices[0].message.content
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == \
+        whole.choices[0].message.reasoning_content  # type: ignore[attr-defined]
+
+
+def test_a_thinking_model_budget_leaves_room_for_the_answer(agent: Agent) -> None:
+    """A random model never closes its block on its own: the bound does, at half of
+    max_tokens, and the answer follows (cut at max_tokens, as anywhere, if it is longer)."""
+    r = agent.chat(model="think", seed=1, max_tokens=40, logit_bias=CLOSERS,
+                   response_format={"type": "json_object"})
+    assert r.usage.completion_tokens <= 40
+    assert (r.choices[0].message.content or "").startswith("{")
+    r = agent.chat(model="think", seed=1, max_tokens=300, logit_bias=CLOSERS,
+                   response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop", r
+    assert isinstance(json.loads(r.choices[0].message.content or ""), dict)
+
+
+def test_a_thinking_model_thinks_then_calls_the_tool(agent: Agent) -> None:
+    for seed in range(2):
+        r = agent.chat(model="think", seed=seed, max_tokens=400, tools=TOOLS,
+                       parallel_tool_calls=False,
+                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        assert check_calls(r.choices[0], {"get_weather"})
+        assert r.choices[0].message.reasoning_content  # type: ignore[attr-defined]
+
+
+def test_a_thinking_model_with_thinking_off_answers_at_once(agent: Agent) -> None:
+    r = agent.chat(model="think", seed=0, max_tokens=200, response_format=CLOSED_FORMAT,
+                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert getattr(r.choices[0].message, "reasoning_content", None) is None
+    jsonschema.validate(json.loads(r.choices[0].message.content or ""), CLOSED)
+    assert r.usage.completion_tokens < 150
 
 
 def test_a_batch_mixing_constrained_and_free_gives_each_its_solo_tokens(agent: Agent) -> None:
@@ -296,6 +410,40 @@ def test_hostile_agent_fields_get_a_4xx_within_seconds(agent: Agent, body: dict[
         agent.chat(**body)
     assert time.monotonic() - started < 10
     assert e.value.status_code == 400 and e.value.body["param"] == param  # type: ignore
+
+
+def test_a_schema_refused_for_its_size_does_not_slow_a_running_stream(agent: Agent) -> None:
+    """Schemas past the engine's bounds, sent again and again while a stream runs on the same
+    instance, are refused within seconds each, and the stream's tokens keep coming meanwhile:
+    the compile runs off the thread that steps the batch (a generous bound on the gaps)."""
+    hostile = [body for name, body, _ in HOSTILE
+               if name in ("nested 300 deep", "anyOf of 3000 objects", "enum of 50,000")]
+    arrivals: list[float] = []
+    refusals: list[tuple[float, float]] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        for _ in agent.chat(stream=True, max_tokens=600, temperature=1.0, seed=3,
+                            logit_bias={"2": -100}):
+            arrivals.append(time.monotonic())
+            if len(arrivals) == 5:
+                started.set()
+        started.set()
+
+    runner = threading.Thread(target=stream)
+    runner.start()
+    assert started.wait(60)
+    while runner.is_alive() and len(refusals) < 30:
+        begun = time.monotonic()
+        with pytest.raises(openai.BadRequestError):
+            agent.chat(**hostile[len(refusals) % len(hostile)])
+        refusals.append((begun, time.monotonic()))
+    runner.join()
+    assert refusals and max(end - begun for begun, end in refusals) < 10
+    during = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)
+              if refusals[0][0] <= b <= refusals[-1][1]]
+    assert during, "the stream ended before the refusals began"
+    assert max(during) < 1.5, sorted(during)[-5:]
 
 
 def test_pathological_regexes_are_enforced_not_feared(agent: Agent) -> None:

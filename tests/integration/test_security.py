@@ -31,7 +31,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.models.tiny import CONTEXT
+from tests.models.tiny import CONTEXT, with_tool_template
 from tests.harness import EXOCTL, EXOD, Daemon, free_port
 
 TOKENS = ("first-token", "second-token")
@@ -130,6 +130,9 @@ def api(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "instances": {
             "tiny": {"model": str(tiny_model)},
             "capped": {"model": str(tiny_model), "max_tokens_cap": CAP},
+            # A template with tools, so that fuzzed tools, tool turns and grammars get served.
+            "tooled": {"model": str(with_tool_template(tiny_model, tmp / "tools")),
+                       "max_tokens_cap": CAP},
         }}, name="sec")
     # Daemon() sets control.socket; keep it and add a small connection cap.
     cfg = yaml.safe_load(d.config_path.read_text())
@@ -138,7 +141,7 @@ def api(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     try:
         d.start()
         d.watch_until(lambda s: all(i["state"] == "ready" for i in s["instances"]),
-                      what="tiny and capped ready")
+                      what="every instance ready")
         yield Api(d)
     finally:
         d.close()
@@ -377,12 +380,41 @@ FIELDS = ("model", "messages", "prompt", "max_tokens", "max_completion_tokens", 
           "top_p", "stop", "seed", "logit_bias", "stream", "stream_options", "n", "echo",
           "top_k", "min_p", "repetition_penalty", "repetition_context_size", "presence_penalty",
           "frequency_penalty", "logprobs", "top_logprobs", "chat_template_kwargs", "tools",
-          "user", "reasoning_effort")
+          "tool_choice", "parallel_tool_calls", "response_format", "user", "reasoning_effort")
 NUMBER = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-10**20, 10**20)
-NEAR = {"model": st.sampled_from(["capped", "nope", ""]) | JSON,
-        "messages": st.lists(st.fixed_dictionaries(
-            {"role": st.sampled_from(["user", "system", "bogus"]) | JSON,
-             "content": st.text(max_size=30) | JSON}), max_size=3) | JSON,
+NAME = st.sampled_from(["add", "get", ""]) | st.text(max_size=8) | JSON
+SCHEMA = st.sampled_from([
+    {"type": "object"}, {"type": "string", "maxLength": 3}, {"enum": [1, "a", None]},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+     "additionalProperties": False},
+    {"type": "array", "uniqueItems": True}, {"type": "string", "pattern": "^(?=a)b$"},
+    {"$ref": "#/$defs/none"}, {"type": "bogus"}]) | JSON
+TOOL = st.fixed_dictionaries({"type": st.just("function") | JSON, "function": st.fixed_dictionaries(
+    {"name": NAME}, optional={"parameters": SCHEMA, "strict": st.booleans() | JSON,
+                              "description": st.text(max_size=10) | JSON})}) | JSON
+CALL = st.fixed_dictionaries({"id": st.text(max_size=6) | JSON, "type": st.just("function") | JSON,
+                              "function": st.fixed_dictionaries({
+                                  "name": NAME, "arguments": st.sampled_from(
+                                      ['{"a": 1}', "{", "", "[]"]) | JSON})}) | JSON
+TURN = (st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "bogus"]) | JSON,
+                               "content": st.text(max_size=30) | JSON})
+        | st.fixed_dictionaries({"role": st.just("assistant"),
+                                 "content": st.none() | st.text(max_size=10) | JSON},
+                                optional={"tool_calls": st.lists(CALL, max_size=2) | JSON})
+        | st.fixed_dictionaries({"role": st.just("tool"), "content": st.text(max_size=10) | JSON},
+                                optional={"tool_call_id": st.text(max_size=6) | JSON}))
+NEAR = {"model": st.sampled_from(["capped", "tooled", "nope", ""]) | JSON,
+        "messages": st.lists(TURN, max_size=3) | JSON,
+        "tools": st.lists(TOOL, max_size=3) | JSON,
+        "tool_choice": st.sampled_from(["auto", "none", "required", "bogus"])
+        | st.fixed_dictionaries({"type": st.just("function") | JSON,
+                                 "function": st.fixed_dictionaries({"name": NAME}) | JSON}) | JSON,
+        "parallel_tool_calls": st.booleans() | JSON,
+        "response_format": st.fixed_dictionaries(
+            {"type": st.sampled_from(["json_object", "json_schema", "text", "yaml"]) | JSON},
+            optional={"json_schema": st.fixed_dictionaries(
+                {"name": st.text(max_size=6) | JSON, "schema": SCHEMA},
+                optional={"strict": st.booleans() | JSON}) | JSON}) | JSON,
         "logit_bias": st.dictionaries(st.text("0123456789²-", min_size=1, max_size=6),
                                       st.floats(-200, 200) | JSON, max_size=3) | JSON,
         "max_tokens": st.integers(-5, 10**13) | JSON,
@@ -398,7 +430,8 @@ NEAR = {"model": st.sampled_from(["capped", "nope", ""]) | JSON,
 
 @st.composite
 def bodies(draw: st.DrawFn) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": "capped", "messages": HELLO, "prompt": "x"}
+    body: dict[str, Any] = {"model": draw(st.sampled_from(["capped", "tooled"])),
+                            "messages": HELLO, "prompt": "x"}
     for key in draw(st.lists(st.sampled_from(FIELDS), max_size=4, unique=True)):
         body[key] = draw(NEAR.get(key, JSON))
     if draw(st.booleans()):
@@ -406,8 +439,12 @@ def bodies(draw: st.DrawFn) -> dict[str, Any]:
     return body
 
 
+AGENT_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
+
+
 def test_fuzz_http_json_bodies(api: Api) -> None:
     statuses: dict[int, int] = {}
+    agents: dict[int, int] = {}  # the statuses of bodies with tools or a grammar, or tool turns
 
     @settings(max_examples=1500, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
@@ -423,10 +460,13 @@ def test_fuzz_http_json_bodies(api: Api) -> None:
             # fresh connection before the loop reads its request. Closing is no 5xx, and rare.
             status = 0
         statuses[status] = statuses.get(status, 0) + 1
+        if any(k in body for k in AGENT_FIELDS) or "tool" in json.dumps(body.get("messages")):
+            agents[status] = agents.get(status, 0) + 1
         assert status < 500, (status, body)
 
     probe()
     assert statuses.get(200, 0) > 0 and statuses.get(400, 0) > 0, statuses
+    assert agents.get(200, 0) > 0 and agents.get(400, 0) > 0, agents
     assert statuses.get(0, 0) <= sum(statuses.values()) // 20, statuses
     assert tracebacks(api.d) == []
 
@@ -484,7 +524,7 @@ def test_fuzz_control_socket(api: Api) -> None:
     probe()
     assert tracebacks(d) == []
     assert {i["name"]: i["state"] for i in d.status()["instances"]} == \
-        {"tiny": "ready", "capped": "ready"}
+        {"tiny": "ready", "capped": "ready", "tooled": "ready"}
 
 
 # ---- sockets and directories: only ours are trusted ------------------------------------------

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 from exod.core.grammar_limits import EngineLimits
 from exod.runner.log import WARNING, log
 from exod.core.request_rules import RequestError
+from exod.runner.serving.think_grammar import Thinking
 
 # JSON is compact (whitespace_flexible off: no whitespace between tokens): a model, above all a
 # random one, would otherwise be free to emit whitespace forever between two values.
@@ -61,6 +62,11 @@ class Grammars:
                                                   eos_token=eos)
             return self._ll
 
+    def special(self, *ids: int) -> bool:
+        """Whether each token is special for the engine (added tokens are: never text)."""
+        ll = self.ll_tokenizer("response_format")
+        return all(0 <= i < self.vocab and ll.is_special_token(i) for i in ids)
+
     def literal(self, text: str, param: str) -> str:
         """`text` in a Lark grammar: the special token it is, or a quoted string."""
         ids = self.tokenizer.encode(text, add_special_tokens=False)
@@ -68,9 +74,10 @@ class Grammars:
             return f"<[{int(ids[0])}]>"
         return json.dumps(text)
 
-    def json_schema(self, fmt: dict[str, Any]) -> Constraint:
+    def json_schema(self, fmt: dict[str, Any], thinking: Thinking | None = None) -> Constraint:
         """response_format: json_object (any object) or json_schema. A strict schema must be
-        enforceable whole; else keywords the engine does not implement are left out."""
+        enforceable whole; else keywords the engine does not implement are left out.
+        `thinking`: the answer may be preceded by reasoning (see Thinking)."""
         param = "response_format"
         if fmt["type"] == "json_object":
             schema: Any = {"type": "object"}
@@ -83,6 +90,9 @@ class Grammars:
                 json.dumps(schema), overrides=options)
         except ValueError as e:
             raise RequestError(f"`{param}`: {_clip(str(e))}", param) from None
+        if thinking is not None:  # the same schema, as the answer after the reasoning
+            inline = {**schema, "x-guidance": options} if isinstance(schema, dict) else schema
+            grammar = thinking.before(f"answer: %json {json.dumps(inline)}\n")
         return self.compile(grammar, param)
 
     def compile(self, grammar: str, param: str) -> Constraint:

@@ -22,6 +22,7 @@ from exod.core import request_rules as rules
 from exod.core.request_rules import RequestError
 from exod.runner.serving import model_checks, tool_calls
 from exod.runner.serving.grammar import Constraint, Grammars
+from exod.runner.serving.think_grammar import Thinking
 from exod.runner.serving.output import Markers, opens_thinking, think_markers
 from exod.runner.serving.reading import Prompt
 from exod.runner.serving.sampling import make_request_sampler, penalty_processors
@@ -98,7 +99,12 @@ def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
     max_tokens = rules.fit_window(len(prompt), rules.max_tokens(req.max_tokens), window,
                                   prompt_param(req))
     strict = args_check(grammars, req)  # first: a 400 names the strict tool at fault
-    return Prompt(prompt, max_tokens, constraint(grammars, fmt, req), strict)
+    thinking = None
+    if req.kind == "chat":
+        markers = think_markers(tokenizer)
+        enabled = (req.chat_template_kwargs or {}).get("enable_thinking") is not False
+        thinking = Thinking.of(markers, opens_thinking(prompt, markers), enabled, max_tokens)
+    return Prompt(prompt, max_tokens, constraint(grammars, fmt, req, thinking), strict)
 
 
 def args_check(grammars: Grammars | None, req: m.Generate) -> ArgsCheck | None:
@@ -113,20 +119,25 @@ def args_check(grammars: Grammars | None, req: m.Generate) -> ArgsCheck | None:
 
 
 def constraint(grammars: Grammars | None, fmt: tool_calls.ToolFormat | None,
-               req: m.Generate) -> Constraint | None:
-    """The grammar a request's output must follow: a forced tool call, or its response_format."""
+               req: m.Generate, thinking: Thinking | None = None) -> Constraint | None:
+    """The grammar a request's output must follow: a forced tool call, or its response_format,
+    after the reasoning `thinking` allows (a thinking model)."""
     forced = req.tool_choice in ("required", "function") and req.tools
     if not forced and req.response_format is None:
         return None
     if grammars is None:
         raise RequestError("constrained decoding is not available on this engine",
                            "tool_choice" if forced else "response_format")
+    if thinking is not None and not grammars.special(thinking.start, thinking.end):
+        thinking = None  # markers the engine reads as text: it could not keep them apart
     if forced:
         assert fmt is not None  # tool_calls.check refused tools on a model without a format
-        grammar = tool_calls.forced_grammar(fmt, req, lambda s: grammars.literal(s, "tools"))
+        literal = lambda s: grammars.literal(s, "tools")  # noqa: E731
+        grammar = tool_calls.forced_grammar(fmt, req, literal) if thinking is None \
+            else thinking.before(tool_calls.forced_grammar(fmt, req, literal, top="answer"))
         return grammars.compile(grammar, "tools")
     assert req.response_format is not None
-    return grammars.json_schema(req.response_format)
+    return grammars.json_schema(req.response_format, thinking)
 
 
 def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,

@@ -53,10 +53,12 @@ def check(fmt: ToolFormat | None, req: m.Generate) -> None:
                            f"{', '.join(FORCEABLE)}); use \"auto\"", "tool_choice")
 
 
-def forced_grammar(fmt: ToolFormat, req: m.Generate, literal: Callable[[str], str]) -> str:
+def forced_grammar(fmt: ToolFormat, req: m.Generate, literal: Callable[[str], str],
+                   top: str = "start") -> str:
     """A Lark grammar (llguidance's dialect) of one call (or, with parallel_tool_calls, one or
     more) of the tools `req` allows, in the model's format. `literal(text)` spells a marker
-    (a quoted string, or the special token it is)."""
+    (a quoted string, or the special token it is). `top`: the name of its first rule (another
+    grammar may put something before it: exod.runner.serving.grammar.Thinking)."""
     allowed = [t["function"] for t in req.tools
                if req.tool_choice != "function" or t["function"]["name"] == req.tool_name]
     one = {"anyOf": [_call_schema(f) for f in allowed]} if len(allowed) > 1 \
@@ -65,9 +67,9 @@ def forced_grammar(fmt: ToolFormat, req: m.Generate, literal: Callable[[str], st
     if fmt.kind == "mistral":  # [TOOL_CALLS] then a JSON array of calls
         calls = {"type": "array", "items": one, "minItems": 1,
                  **({} if req.parallel_tool_calls else {"maxItems": 1})}
-        return f"start: {start} body\nbody: %json {_json(calls)}\n"
+        return f"{top}: {start} body\nbody: %json {_json(calls)}\n"
     more = ' ("\\n" call)*' if req.parallel_tool_calls else ""
-    return (f"start: call{more}\n"
+    return (f"{top}: call{more}\n"
             f'call: {start} "\\n" body "\\n" {literal(fmt.end)}\n'
             f"body: %json {_json(one)}\n")
 

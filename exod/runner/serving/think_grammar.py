@@ -1,0 +1,45 @@
+"""Reasoning before a constrained answer (exod.runner.serving.grammar), for a model with
+single-token think markers: the Lark rules (llguidance's dialect) that put a bounded think block
+before the answer's own rules. Pure: no mlx, no engine; unit-tested on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """Reasoning before a constrained answer, for a model with single-token think markers. The
+    grammar lets the model think (any text but the markers), then makes it write the end marker
+    (the token itself, which is what exod.runner.serving.output splits on), then the answer: the
+    JSON lands in `content`, never in the reasoning. `opened`: the chat template opened the
+    block (the prompt ends inside it); else the model may open one first or answer at once.
+    `budget` bounds the reasoning in tokens, so that a model that would think forever (a random
+    one does) is made to close the block and answer within the request's max_tokens."""
+
+    start: int
+    end: int
+    opened: bool
+    budget: int
+
+    @classmethod
+    def of(cls, markers: tuple[int, int] | None, opened: bool, enabled: bool,
+           max_tokens: int) -> Thinking | None:
+        """The thinking allowed before a constrained answer: None when the model has no
+        markers, or its block is not opened and thinking is off (enable_thinking false).
+        Half of max_tokens at most goes to the reasoning: the answer keeps the other half."""
+        if markers is None or not (opened or enabled):
+            return None
+        return cls(markers[0], markers[1], opened, max(1, max_tokens // 2))
+
+    def before(self, answer: str) -> str:
+        """A Lark grammar: the reasoning, then `answer` (rules defining `answer`)."""
+        start, end = f"<[{self.start}]>", f"<[{self.end}]>"
+        head = f"thought {end} answer" if self.opened else f"({start} thought {end})? answer"
+        # A lexeme of any text with a token bound (llguidance's max_tokens). The markers are
+        # special tokens for the engine (the caller checks), never text: the reasoning cannot
+        # hold one, and only the marker token itself ends it.
+        return (f"start: {head}\n"
+                f"thought[max_tokens={self.budget}]: /(.|\\n)*/\n"
+                f"{answer}")
