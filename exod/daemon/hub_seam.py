@@ -25,6 +25,7 @@ from exod.hub.ref import HubRef
 
 if TYPE_CHECKING:
     from exod.daemon.processes import ProcessTable
+    from exod.daemon.readiness import Readiness
 
 
 class HubSeam:
@@ -35,6 +36,7 @@ class HubSeam:
     stopping: bool
     _download_listeners: set[Callable[[Download], None]]
     _prefetch: dict[str, Instance]  # a reload's new config, waiting for its model
+    readiness: Readiness
 
     def _publish(self, inst: InstanceRuntime) -> None: ...
 
@@ -130,8 +132,10 @@ class HubSeam:
     # ---- reloads ---------------------------------------------------------------------------
     def replace_after_fetch(self, name: str, cfg: Instance) -> None:
         """A changed instance whose new model (or new draft model) is not in the cache keeps
-        serving while it is fetched; it is replaced (through the ladder) once the files are
-        there, or failed to come (the new instance then fails, saying why)."""
+        serving while it is fetched, and is replaced (through the ladder) once the files are
+        there. When they cannot come (not on the hub, no access, no network, no disk), it keeps
+        serving what it served: a reload never takes down a running instance for a model it
+        cannot have. STATUS says so until a reload succeeds, and the next reload tries again."""
         self.cancel_prefetch(name)
         old = self.instances.get(name)
         ref = None if old is None or not old.state.active else self._to_fetch(cfg, old.config)
@@ -145,9 +149,13 @@ class HubSeam:
             if latest is None or self.stopping:
                 return
             if outcome.path is None:
-                logger.bind(instance=name).error("reload: cannot fetch {}: {}", ref,
-                                                 outcome.error)
-                self._retire(name, replacement=latest)
+                why = f"reload: {name} keeps serving its previous model: cannot fetch {ref}: " \
+                      f"{outcome.error}"
+                logger.bind(instance=name).error("{}", why)
+                self.readiness.reload_error = why  # in STATUS, as a refused config's is
+                running = self.instances.get(name)
+                if running is not None:
+                    self._publish(running)
                 return
             self.replace_after_fetch(name, latest)  # the draft next, else replace it now
 

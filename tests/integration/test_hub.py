@@ -231,6 +231,29 @@ def test_a_reload_to_a_new_revision_fetches_it_before_replacing_the_instance(
     assert not any("downloading" in m for m in after), states
 
 
+def test_a_reload_to_a_revision_that_cannot_be_fetched_keeps_the_instance_serving(
+        daemons: Callable[..., Daemon], hub: tuple[Hub, dict[str, str]], throttle: Throttle,
+        tmp_path: Path) -> None:
+    """A running instance is never taken down by a reload for a model it cannot have: it keeps
+    serving its revision, and the daemon's STATUS says why until a reload succeeds."""
+    _, commits = hub
+    d = hub_daemon(daemons, tmp_path / "cache", throttle.url, {"a": {
+        "model": {"repo": "org/tiny", "revision": commits["v1"]}, "env": COOPERATIVE}}).start()
+    first = d.until_state("a", "ready")
+    config = yaml_config(d)
+    config["instances"]["a"]["model"]["revision"] = "no-such-branch"
+    d.write_config(config)
+    d.ctl("reload")
+    snap = d.watch_until(lambda s: "keeps serving its previous model" in s["daemon"]["summary"],
+                         what="the failed fetch in STATUS")
+    assert "org/tiny@no-such-branch" in snap["daemon"]["summary"], snap["daemon"]
+    now = d.instance("a")
+    assert now["state"] == "ready" and now["model"] == first["model"], now
+    assert [r["pid"] for r in now["ranks"]] == [r["pid"] for r in first["ranks"]]
+    states = [r["message"] for r in d.events(instance="a", event="state")]
+    assert not any("stopping" in m for m in states), states
+
+
 def test_a_reload_to_a_new_draft_revision_fetches_it_before_replacing_the_instance(
         daemons: Callable[..., Daemon], hub: tuple[Hub, dict[str, str]], throttle: Throttle,
         tmp_path: Path) -> None:
