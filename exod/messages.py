@@ -30,11 +30,11 @@ from typing import Any, ClassVar, Literal
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 11  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 12  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
-# 11: Serving's speculative decoding counts
+# 11: Serving's speculative decoding counts; 12: Done.reasoning_tokens
 
 
 class Phase(str, enum.Enum):
@@ -268,6 +268,7 @@ class Done:
     completion_tokens: int
     stop_sequence: str | None = None  # the one that ended the text (finish_reason "stop")
     cached_tokens: int = 0  # prompt tokens taken from the prompt cache, not prefilled
+    reasoning_tokens: int = 0  # of completion_tokens: those of the think block, markers too
 
 
 # `hung` is the daemon's own: it ends the requests of a runner that stopped making progress.

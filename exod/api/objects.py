@@ -24,11 +24,11 @@ def sse(obj: dict[str, Any]) -> bytes:
         + b"\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
-          ) -> dict[str, Any]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+def usage(done: m.Done) -> dict[str, Any]:
+    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": done.reasoning_tokens}}
 
 
 def _entry(e: m.TokenLogprob) -> dict[str, Any]:
@@ -105,18 +105,16 @@ class Reply:
             out["usage"] = None
         return out
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
-                    cached_tokens: int = 0) -> dict[str, Any]:
+    def usage_chunk(self, done: m.Done) -> dict[str, Any]:
         """The extra last chunk of `stream_options.include_usage`: no choices, the usage."""
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return {**self._head(obj), "choices": [],
-                "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
+        return {**self._head(obj), "choices": [], "usage": usage(done)}
 
     # ---- whole ----------------------------------------------------------------------------
-    def whole(self, text: str, finish_reason: str, prompt_tokens: int,
-              completion_tokens: int, tool_calls: list[dict[str, Any]] | None = None, *,
-              reasoning: str = "", logprobs: list[m.TokenLogprob] | None = None,
-              cached_tokens: int = 0) -> dict[str, Any]:
+    def whole(self, text: str, done: m.Done, tool_calls: list[dict[str, Any]] | None = None,
+              *, reasoning: str = "", logprobs: list[m.TokenLogprob] | None = None
+              ) -> dict[str, Any]:
+        finish_reason = done.finish_reason
         if self.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
             if tool_calls:  # as OpenAI: no content beside calls is null, not ""
@@ -133,5 +131,5 @@ class Reply:
                       "finish_reason": finish_reason}
             out = self._head("text_completion")
         out["choices"] = [choice]
-        out["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
+        out["usage"] = usage(done)
         return out

@@ -203,9 +203,7 @@ async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: Output) -
         elif isinstance(ev, m.Done):
             reply = Reply(req.gen.kind, req.model, logprobs=req.gen.logprobs)
             return web.json_response(out.whole(reply.whole(
-                "".join(parts), ev.finish_reason, ev.prompt_tokens, ev.completion_tokens,
-                calls, reasoning="".join(thoughts), logprobs=logprobs,
-                cached_tokens=ev.cached_tokens)))
+                "".join(parts), ev, calls, reasoning="".join(thoughts), logprobs=logprobs)))
         else:
             raise runner_error(ev.code, ev.message, _param(req, ev))
     raise AssertionError("unreachable: the event stream never ends")
@@ -245,8 +243,7 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
             if isinstance(ev, m.Done):
                 await resp.write(out.chunk(reply.chunk(finish_reason=ev.finish_reason)))
                 if req.include_usage:
-                    await resp.write(out.chunk(reply.usage_chunk(
-                        ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)))
+                    await resp.write(out.chunk(reply.usage_chunk(ev)))
             else:
                 err = runner_error(ev.code, ev.message, _param(req, ev))
                 meter.failed_code = err.status

@@ -508,6 +508,7 @@ def test_responses_reasoning_items_and_events(both: Both) -> None:
     assert item.type == "reasoning" and item.content is not None
     assert [c.text for c in item.content] == [loud.reasoning_content]  # type: ignore[attr-defined]
     assert r.output_text == (loud.content or "")
+    assert r.usage is not None and r.usage.output_tokens_details.reasoning_tokens > 0, r.usage
     events = list(both.client.responses.create(reasoning={"effort": "high"}, stream=True, **kw))
     names = [e.type for e in events]
     assert names[:4] == ["response.created", "response.in_progress",
@@ -527,6 +528,7 @@ def test_responses_reasoning_items_and_events(both: Both) -> None:
         plain = both.client.responses.create(reasoning={"effort": effort}, **kw)
         assert [i.type for i in plain.output] == ["message"]
         assert plain.output_text == quiet.content
+        assert plain.usage is not None and plain.usage.output_tokens_details.reasoning_tokens == 0
 
 
 # ---- errors in each dialect's shape -------------------------------------------------------------

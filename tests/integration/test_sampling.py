@@ -185,6 +185,9 @@ def test_a_think_block_opened_by_the_template_is_reasoning(served: Served) -> No
     message = r.choices[0].message
     assert message.content == ""
     assert message.reasoning_content and len(message.reasoning_content) > 5  # type: ignore[attr-defined]
+    # Every token was reasoning: usage says so, as OpenAI's does for its reasoning models.
+    assert r.usage is not None and r.usage.completion_tokens_details is not None
+    assert r.usage.completion_tokens_details.reasoning_tokens == r.usage.completion_tokens == 12
 
 
 def test_enable_thinking_per_request_and_per_instance(served: Served) -> None:
@@ -219,8 +222,13 @@ def test_reasoning_then_answer_split_at_the_marker(served: Served) -> None:
         pytest.fail(f"no bias closes the block part-way: {raw!r}")
     kw: dict[str, Any] = {"max_tokens": 16, "temperature": 0, "presence_penalty": 2.0,
                           "logit_bias": bias}
-    message = served.chat("think", **kw).choices[0].message
+    whole = served.chat("think", **kw)
+    message = whole.choices[0].message
     assert (message.reasoning_content, message.content) == (before, after)  # type: ignore[attr-defined]
+    # The reasoning's tokens, the closing marker among them, and not the answer's.
+    assert whole.usage is not None and whole.usage.completion_tokens_details is not None
+    thought = whole.usage.completion_tokens_details.reasoning_tokens
+    assert thought is not None and 1 < thought < whole.usage.completion_tokens, whole.usage
     chunks = [c.choices[0].delta for c in served.chat("think", stream=True, **kw) if c.choices]
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in chunks) == before
     assert "".join(d.content or "" for d in chunks) == after

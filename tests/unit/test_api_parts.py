@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from exod import messages as m
 from exod.messages import Generate, decode_to_runner, to_wire
 
 from exod.api import address
@@ -148,10 +149,11 @@ def test_chat_chunks_share_id_created_model() -> None:
     assert piece["choices"][0] == {"index": 0, "delta": {"content": "hi"}, "logprobs": None,
                                    "finish_reason": None}
     assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "stop"
-    u = r.usage_chunk(3, 4)
-    assert u["choices"] == [] and u["usage"] == {"prompt_tokens": 3, "completion_tokens": 4,
-                                                 "total_tokens": 7,
-                                                 "prompt_tokens_details": {"cached_tokens": 0}}
+    u = r.usage_chunk(m.Done("r", "stop", 3, 4, reasoning_tokens=2))
+    assert u["choices"] == [] and u["usage"] == {
+        "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 2}}
     assert "usage" not in Reply("chat", "m").chunk("x")  # only with include_usage
 
 
@@ -164,13 +166,13 @@ def test_sse_framing() -> None:
 
 
 def test_whole_objects() -> None:
-    chat = Reply("chat", "m").whole("Paris.", "stop", 10, 3)
+    chat = Reply("chat", "m").whole("Paris.", m.Done("r", "stop", 10, 3))
     assert chat["object"] == "chat.completion"
     assert chat["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Paris.",
                                                         "refusal": None},
                                 "logprobs": None, "finish_reason": "stop"}]
     assert chat["usage"]["total_tokens"] == 13
-    text = Reply("completion", "m").whole("x", "length", 1, 1)
+    text = Reply("completion", "m").whole("x", m.Done("r", "length", 1, 1))
     assert text["object"] == "text_completion" and text["id"].startswith("cmpl-")
     assert text["choices"][0]["text"] == "x"
 

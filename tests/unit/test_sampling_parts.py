@@ -160,8 +160,8 @@ LOGPROBS = [m.TokenLogprob("Hi", -0.5, [72, 105], [m.TopLogprob("Hi", -0.5, [72,
 
 
 def test_chat_logprobs_reasoning_and_cached_tokens() -> None:
-    whole = Reply("chat", "m", logprobs=True).whole("Hi!", "stop", 5, 2, reasoning="hmm",
-                                                    logprobs=LOGPROBS, cached_tokens=3)
+    whole = Reply("chat", "m", logprobs=True).whole(
+        "Hi!", m.Done("r", "stop", 5, 2, cached_tokens=3), reasoning="hmm", logprobs=LOGPROBS)
     choice: dict[str, Any] = whole["choices"][0]
     assert choice["message"]["reasoning_content"] == "hmm"
     assert choice["logprobs"]["content"][0] == {
@@ -172,7 +172,7 @@ def test_chat_logprobs_reasoning_and_cached_tokens() -> None:
     chunk = Reply("chat", "m", logprobs=True).chunk(None, reasoning="hm", logprobs=[])
     assert chunk["choices"][0]["delta"] == {"reasoning_content": "hm"}
     assert chunk["choices"][0]["logprobs"] == {"content": [], "refusal": None}
-    plain = Reply("chat", "m").whole("Hi!", "stop", 5, 2, logprobs=LOGPROBS)
+    plain = Reply("chat", "m").whole("Hi!", m.Done("r", "stop", 5, 2), logprobs=LOGPROBS)
     assert plain["choices"][0]["logprobs"] is None
     assert "reasoning_content" not in plain["choices"][0]["message"]
 

@@ -93,7 +93,8 @@ class ResponsesOutput:
                 "input_tokens": usage["prompt_tokens"],
                 "input_tokens_details": {"cached_tokens": cached},
                 "output_tokens": usage["completion_tokens"],
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": (
+                    usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)},
                 "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
         return out
 

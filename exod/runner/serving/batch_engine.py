@@ -297,5 +297,5 @@ class BatchEngine:
             self._forget(r)
             events.append(m.Done(r.rid, tool_calls.finish_reason(reason, r.calls),
                                  r.prompt_tokens, r.completion_tokens, r.out.stops.matched,
-                                 r.cached_tokens))
+                                 r.cached_tokens, r.out.reasoning_tokens))
         return events

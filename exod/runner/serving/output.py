@@ -71,6 +71,7 @@ class Output:
         self._pending: list[tuple[int, m.TokenLogprob]] = []  # (where its text starts, entry)
         self._fed = 0  # characters of answer given to the stop matcher
         self._released = 0  # ... and released by it
+        self.reasoning_tokens = 0  # tokens of think blocks, their markers included
 
     @property
     def stopped(self) -> bool:
@@ -84,6 +85,7 @@ class Output:
         piece = Piece()
         if self.stops.stopped:
             return piece
+        was_thinking = self.thinking
         if self.markers is not None and token in self.markers and not eos:
             self.detok.finalize()  # what came before the marker belongs before it
             self._route(self.detok.last_segment, piece)
@@ -92,6 +94,8 @@ class Output:
             self.detok.add_token(token)
             if entry is not None and not self.thinking:
                 self._pending.append((self._fed, entry))
+        if (was_thinking or self.thinking) and not eos:  # the opening and closing marker count
+            self.reasoning_tokens += 1
         if last:
             self.detok.finalize()
         self._route(self.detok.last_segment, piece)

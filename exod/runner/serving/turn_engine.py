@@ -129,7 +129,7 @@ class Generation:
 
     def done(self, finish_reason: m.FinishReason) -> m.Done:
         return m.Done(self.id, finish_reason, self.prompt_tokens, self.completion_tokens,
-                      self._out.stops.matched)
+                      self._out.stops.matched, reasoning_tokens=self._out.reasoning_tokens)
 
 
 class TurnEngine:
