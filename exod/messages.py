@@ -30,11 +30,12 @@ from typing import Any, ClassVar, Literal
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 12  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 13  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
-# 11: Serving's speculative decoding counts; 12: Done.reasoning_tokens
+# 11: Serving's speculative decoding counts; 12: Done.reasoning_tokens;
+# 13: Generate.think_budget
 
 
 class Phase(str, enum.Enum):
@@ -331,6 +332,9 @@ class Generate:
     top_logprobs: int = 0  # with `logprobs`: how many of the most probable tokens to add
     # Extra variables for the chat template (e.g. enable_thinking), checked by the daemon.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Tokens of reasoning at most (Anthropic's thinking.budget_tokens): past them the runner
+    # writes the think block's end marker (exod.runner.serving.think_budget). None: unbounded.
+    think_budget: int | None = None
 
     def __post_init__(self) -> None:
         # What the runner reads of every turn without looking further; the rest (tool calls)

@@ -55,7 +55,7 @@ from exod.api.errors import (
 from exod.api.guard import ConnectionGuard, GuardedSite
 from exod.api.httplog import quiet_logger
 from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from exod.api.schema import ModelLimits, parse_chat, parse_completion
+from exod.api.schema import ModelLimits, parse_chat, parse_completion, with_think_budget
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
 from exod.config.model_dir import model_limits
@@ -282,9 +282,11 @@ class ApiServer:
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         origins: list[Origin] = []
-        chat = anthropic.to_chat(await self._body(request), origins=origins)
+        body = await self._body(request)
+        chat = anthropic.to_chat(body, origins=origins)
         try:  # the core's errors name the fields the client sent (tools[0].input_schema)
             req = parse_chat(chat)
+            req = with_think_budget(req, anthropic.think_budget(body), "thinking.budget_tokens")
             return await self.serving.generate(request, req, self._limits,
                                                AnthropicOutput(req.model))
         except ApiError as e:

@@ -158,3 +158,10 @@ def with_template_defaults(req: GenRequest, defaults: Mapping[str, Any]) -> GenR
         return req
     merged = {**defaults, **req.gen.chat_template_kwargs}
     return replace(req, gen=replace(req.gen, chat_template_kwargs=merged))
+
+
+@_http
+def with_think_budget(req: GenRequest, raw: Any, param: str) -> GenRequest:
+    """A chat request with a thinking budget (a dialect's field, `param`: chat completions has
+    none): the runner closes the think block past it."""
+    return replace(req, gen=replace(req.gen, think_budget=rules.think_budget(raw, param)))

@@ -173,6 +173,9 @@ def test_thinking_and_effort_are_the_template_s_switch(body: dict[str, Any],
                                                        thinks: bool | None) -> None:
     kwargs = claude(**body).get("chat_template_kwargs")
     assert kwargs == (None if thinks is None else {"enable_thinking": thinks})
+    # Only `enabled` carries a budget, which goes to the runner apart from the chat body.
+    assert anthropic.think_budget(body) == (
+        4 if body.get("thinking", {}).get("type") == "enabled" else None)
 
 
 @pytest.mark.parametrize("thinking, param", [

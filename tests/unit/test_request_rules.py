@@ -170,6 +170,14 @@ def test_max_tokens_is_a_positive_integer() -> None:
     assert e.param == "max_completion_tokens" and "at least 1" in str(e)
 
 
+def test_think_budget_is_a_positive_integer_or_none() -> None:
+    assert rules.think_budget(None) is None and rules.think_budget(8) == 8
+    for bad in (0, -1, True, 2.0, "8", rules.MAX_THINK_BUDGET + 1):
+        with pytest.raises(RequestError) as e:
+            rules.think_budget(bad, "thinking.budget_tokens")
+        assert e.value.param == "thinking.budget_tokens"
+
+
 def test_max_tokens_cap_by_context_window_or_config() -> None:
     assert rules.max_tokens_cap(2048, "max_tokens", 2048, None) == 2048
     assert rules.max_tokens_cap(10**12, "max_tokens", None, None) == 10**12  # nothing known

@@ -28,6 +28,11 @@ def test_the_reasoning_gets_half_of_max_tokens(max_tokens: int, budget: int) -> 
     assert thinking is not None and thinking.budget == budget
 
 
+def test_a_think_budget_replaces_half_of_max_tokens() -> None:
+    thinking = Thinking.of((5, 6), opened=True, enabled=True, max_tokens=400, budget=8)
+    assert thinking is not None and thinking.budget == 8
+
+
 def test_an_opened_block_must_close_and_another_may_open() -> None:
     opened = Thinking(5, 6, True, 7).before(ANSWER)
     assert opened.splitlines()[0] == "start: thought <[6]> answer"

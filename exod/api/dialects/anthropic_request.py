@@ -23,7 +23,8 @@ MAPPED = ("model", "messages", "max_tokens", "system", "stop_sequences", "stream
 COUNT_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking",
                 "output_config")
 # Thinking and effort map onto the chat template's switch (`enable_thinking`): a local
-# template has no effort scale, only on or off; `budget_tokens` is checked, not enforced.
+# template has no effort scale, only on or off. `budget_tokens` goes to the runner apart
+# (think_budget, which chat completions has no field for), where it bounds the reasoning.
 EFFORT_THINKS = {"low": False, "medium": True, "high": True, "xhigh": True, "max": True}
 
 
@@ -295,10 +296,18 @@ def _thinking(body: dict[str, Any], chat: dict[str, Any]) -> None:
         chat["chat_template_kwargs"] = {"enable_thinking": thinks}
 
 
+def think_budget(body: Any) -> int | None:
+    """The tokens of reasoning a request allows (`thinking.budget_tokens`, once to_chat has
+    checked the body): the runner closes the think block past them. None: unbounded."""
+    thinking = body.get("thinking") if isinstance(body, dict) else None
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
+        return None
+    budget: int = thinking["budget_tokens"]
+    return budget
+
+
 def _budget(budget: Any, max_tokens: Any) -> None:
-    """Checked as Anthropic checks it, but not enforced: the runner has no way yet to close a
-    think block after N tokens, so thinking runs until the model closes it or `max_tokens`
-    ends the answer (README)."""
+    """Checked as Anthropic checks it (then enforced by the runner: think_budget)."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise bad_request("`thinking.budget_tokens` must be a positive integer",
                           "thinking.budget_tokens")

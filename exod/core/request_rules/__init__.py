@@ -32,10 +32,10 @@ from exod.core.request_rules.generation import (  # noqa: F401
     DEFAULT_MAX_TOKENS_CHAT, DEFAULT_MAX_TOKENS_COMPLETION, MAX_STOPS, MAX_STOP_CHARS,
     MAX_BIAS, BIAS_LIMIT, MAX_TOP_K, MAX_REPETITION_PENALTY, MAX_CONTEXT_SIZE,
     DEFAULT_CONTEXT_SIZE, CONTEXT_SIZES, MAX_TOP_LOGPROBS, MAX_TEMPLATE_KWARGS,
-    MAX_TEMPLATE_KWARGS_CHARS, RESERVED_TEMPLATE_KWARGS, Range, NUMBERS, number, body, model,
-    n, seed, echo, stream, stream_options, stop, max_tokens, max_tokens_cap, fit_window,
-    logit_bias, bias_ids, top_k, repetition_penalty, context_size, logprobs, top_logprobs,
-    completion_logprobs, chat_template_kwargs,
+    MAX_TEMPLATE_KWARGS_CHARS, MAX_THINK_BUDGET, RESERVED_TEMPLATE_KWARGS, Range, NUMBERS,
+    number, body, model, n, seed, echo, stream, stream_options, stop, max_tokens,
+    max_tokens_cap, think_budget, fit_window, logit_bias, bias_ids, top_k, repetition_penalty,
+    context_size, logprobs, top_logprobs, completion_logprobs, chat_template_kwargs,
 )
 from exod.core.request_rules.messages import (  # noqa: F401
     ROLES, MESSAGE_KEYS, ECHOED, PART_KEYS, CALL_KEYS, CALL_FUNCTION_KEYS, messages, message,

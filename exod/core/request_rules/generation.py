@@ -24,6 +24,7 @@ MAX_CONTEXT_SIZE = 1 << 20  # tokens a penalty looks back on
 DEFAULT_CONTEXT_SIZE = 20  # mlx-lm's
 CONTEXT_SIZES = ("repetition_context_size", "presence_context_size", "frequency_context_size")
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+MAX_THINK_BUDGET = (1 << 31) - 1  # a bound of the wire, not of a model: max_tokens bounds it
 MAX_TEMPLATE_KWARGS = 32
 MAX_TEMPLATE_KWARGS_CHARS = 16 * 1024  # as JSON
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -154,6 +155,13 @@ def max_tokens_cap(value: int, param: str | None, context: int | None, cap: int 
         return limit
     what = "the instance's max_tokens_cap" if limit == cap else "the model's context window"
     raise RequestError(f"`{param}` is {value}, more than {limit} ({what})", param)
+
+
+def think_budget(raw: Any, param: str = "think_budget") -> int | None:
+    """Tokens of reasoning at most (None: as many as the model writes, within max_tokens)."""
+    if raw is None:
+        return None
+    return integer(raw, param, 1, 1, MAX_THINK_BUDGET)
 
 
 def fit_window(prompt: int, max_tokens: int, window: int | None, param: str) -> int:

@@ -1,8 +1,8 @@
 """One generation request in the runner, read from its `generate` message: prompt tokens (chat
 template or raw text), a sampler of its own (exod.runner.serving.sampling), logits processors
-(logit bias, penalties), stop sequences, and what it shows (exod.runner.serving.output: think
-markers, logprobs). Every field is checked again here by the request rules
-(exod.core.request_rules), with the numbers of the model as loaded
+(logit bias, penalties, a grammar or a thinking budget), stop sequences, and what it shows
+(exod.runner.serving.output: think markers, logprobs). Every field is checked again here by
+the request rules (exod.core.request_rules), with the numbers of the model as loaded
 (exod.runner.serving.model_checks), whatever sent it: nothing reaches mlx unchecked.
 
 The engine (exod.runner.serving.batch_engine.BatchEngine, on every rank of a group too) builds its
@@ -22,6 +22,7 @@ from exod.core import request_rules as rules
 from exod.core.request_rules import RequestError
 from exod.runner.serving import model_checks, tool_calls
 from exod.runner.serving.grammar import Constraint, Grammars
+from exod.runner.serving.think_budget import ThinkBudget
 from exod.runner.serving.think_grammar import Thinking
 from exod.runner.serving.output import Markers, opens_thinking, think_markers
 from exod.runner.serving.reading import Prompt
@@ -103,7 +104,8 @@ def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
     if req.kind == "chat":
         markers = think_markers(tokenizer)
         enabled = (req.chat_template_kwargs or {}).get("enable_thinking") is not False
-        thinking = Thinking.of(markers, opens_thinking(prompt, markers), enabled, max_tokens)
+        thinking = Thinking.of(markers, opens_thinking(prompt, markers), enabled, max_tokens,
+                               rules.think_budget(req.think_budget))
     return Prompt(prompt, max_tokens, constraint(grammars, fmt, req, thinking), strict)
 
 
@@ -148,14 +150,20 @@ def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | Non
     if read is None:
         read = read_prompt(tokenizer, req, vocab, window, grammars)
     processors = bias_processors(req.logit_bias, vocab) + penalty_processors(req)
-    if read.constraint is not None:  # last: nothing after it may allow a token it forbids
-        processors.append(read.constraint)
     logprobs = rules.logprobs(req.logprobs)
     top = rules.top_logprobs(req.top_logprobs or None, logprobs)
     markers = think_markers(tokenizer) if req.kind == "chat" else None
+    opened = opens_thinking(read.tokens, markers)
+    budget = rules.think_budget(req.think_budget)
+    # Last, as the grammar is: nothing after either may allow a token it forbids. A grammar
+    # bounds the reasoning itself (exod.runner.serving.think_grammar).
+    if read.constraint is not None:
+        processors.append(read.constraint)
+    elif budget is not None and markers is not None:
+        processors.append(ThinkBudget(markers, opened, budget))
     return Checked(read.tokens, read.max_tokens, processors, make_request_sampler(req, vocab),
                    top_logprobs=top if logprobs else None, markers=markers,
-                   thinking=opens_thinking(read.tokens, markers), args_check=read.args_check)
+                   thinking=opened, args_check=read.args_check)
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:

@@ -25,13 +25,15 @@ class Thinking:
 
     @classmethod
     def of(cls, markers: tuple[int, int] | None, opened: bool, enabled: bool,
-           max_tokens: int) -> Thinking | None:
+           max_tokens: int, budget: int | None = None) -> Thinking | None:
         """The thinking allowed before a constrained answer: None when the model has no
         markers, or its block is not opened and thinking is off (enable_thinking false).
-        Half of max_tokens at most goes to the reasoning: the answer keeps the other half."""
+        `budget` (the request's think_budget) bounds the reasoning; without one, half of
+        max_tokens at most goes to it: the answer keeps the other half."""
         if markers is None or not (opened or enabled):
             return None
-        return cls(markers[0], markers[1], opened, max(1, max_tokens // 2))
+        return cls(markers[0], markers[1], opened,
+                   budget if budget is not None else max(1, max_tokens // 2))
 
     def before(self, answer: str) -> str:
         """A Lark grammar: the reasoning, then `answer` (rules defining `answer`)."""
