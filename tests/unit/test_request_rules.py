@@ -322,7 +322,10 @@ def test_response_format_text_object_or_schema() -> None:
             ({"type": "json_schema", "json_schema": {"name": "s", "schema": 1}}, "auto",
              "response_format.json_schema.schema"),
             ({"type": "json_schema", "json_schema": {"name": "s", "schema": {}, "strcit": 1}},
-             "auto", "response_format.json_schema.strcit")):
+             "auto", "response_format.json_schema.strcit"),
+            # a schema beside a type that takes none would be ignored
+            ({"type": "json_object", "json_schema": {}}, "auto", "response_format.json_schema"),
+            ({"type": "text", "schema": {}}, "auto", "response_format.schema")):
         assert refused(rules.response_format, bad, choice).param == param, bad
 
 
@@ -340,6 +343,23 @@ def test_turn_keeps_tool_structure() -> None:
                              ({"tool_call_id": "c"}, "user", "m.tool_call_id"),
                              ({"name": "a b"}, "user", "m.name")):
         assert refused(rules.turn, raw, role, "m").param == param, raw
+
+
+def test_every_string_a_runner_receives_is_text() -> None:
+    """A lone surrogate anywhere in a schema, a call's arguments (object or JSON text), a call
+    id or a template variable is a 400 naming the field, not a 500 when it is encoded."""
+    e = refused(rules.schema, {"type": "object", "properties": {"\ud800": {}}}, "tools[0]")
+    assert e.param == "tools[0]"
+    assert refused(rules.schema, {"enum": ["a\udfff"]}, "s").param == "s"
+    for args in ({"a": "\ud800"}, '{"a": "\\ud800"}'):
+        e = refused(rules.past_call, {"function": {"name": "f", "arguments": args}}, "p")
+        assert e.param == "p.function.arguments", args
+    f = {"name": "f", "arguments": "{}"}
+    assert refused(rules.past_call, {"id": "\ud800", "function": f}, "p").param == "p.id"
+    assert refused(rules.past_call, {"id": 5, "function": f}, "p").param == "p.id"
+    assert refused(rules.turn, {"tool_call_id": "\ud800"}, "tool", "m").param == \
+        "m.tool_call_id"
+    assert refused(rules.chat_template_kwargs, {"a": "\ud800"}).param == "chat_template_kwargs"
 
 
 def test_past_calls_only_from_the_assistant() -> None:

@@ -39,7 +39,8 @@ def name(raw: Any, param: str) -> str:
 
 def depth(raw: Any, param: str) -> Any:
     """A JSON value nested at most MAX_SCHEMA_DEPTH deep, its numbers finite (Python's JSON
-    reads `Infinity` and `NaN`, which no message to a runner may carry). Walked without
+    reads `Infinity` and `NaN`, which no message to a runner may carry), its strings and keys
+    text (no lone surrogate, which no message to a runner can encode). Walked without
     recursion."""
     stack = [(raw, 1)]
     while stack:
@@ -49,6 +50,11 @@ def depth(raw: Any, param: str) -> Any:
                                param)
         if isinstance(v, float) and not math.isfinite(v):
             raise RequestError(f"`{param}` holds {v}, which is no JSON number", param)
+        if isinstance(v, str):
+            text(v, param)
+        elif isinstance(v, dict):
+            for key in v:
+                text(str(key), param)
         children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
         stack.extend((x, d + 1) for x in children)
     return raw

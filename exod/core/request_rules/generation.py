@@ -273,7 +273,9 @@ def chat_template_kwargs(raw: Any, param: str = "chat_template_kwargs") -> dict[
                                "of letters, digits and _, not an argument of the template call "
                                "itself)", param)
     try:
-        size = len(json.dumps(raw, ensure_ascii=False, allow_nan=False))
+        as_json = json.dumps(raw, ensure_ascii=False, allow_nan=False)
+        size = len(as_json)
+        as_json.encode()  # a lone surrogate (a UnicodeError: a ValueError) is no text
     except (ValueError, TypeError, RecursionError):
         raise RequestError(f"`{param}` must hold plain JSON values", param) from None
     if size > MAX_TEMPLATE_KWARGS_CHARS:

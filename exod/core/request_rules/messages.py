@@ -126,7 +126,7 @@ def turn(raw: dict[str, Any], role: str, param: str) -> dict[str, Any]:
         if role != "tool":
             raise RequestError(f"`{param}.tool_call_id` belongs to a tool message",
                                f"{param}.tool_call_id")
-        out["tool_call_id"] = call_id
+        out["tool_call_id"] = text(call_id, f"{param}.tool_call_id")
     if raw.get("name") is not None:
         out["name"] = name(raw["name"], f"{param}.name")
     return out
@@ -166,4 +166,7 @@ def past_call(raw: Any, param: str) -> dict[str, Any]:
         raise RequestError(f"`{where}` must be a JSON object (as text or as is)", where)
     out = {"type": "function", "function": {"name": name(f.get("name"), f"{param}.function.name"),
                                             "arguments": depth(args, where)}}
-    return {**out, "id": raw["id"]} if isinstance(raw.get("id"), str) else out
+    call_id = raw.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise RequestError(f"`{param}.id` must be a string", f"{param}.id")
+    return {**out, "id": text(call_id, f"{param}.id")} if call_id else out

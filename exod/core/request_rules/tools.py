@@ -77,15 +77,19 @@ def tool_choice(raw: Any, listed: list[dict[str, Any]]) -> tuple[str, str | None
 def response_format(raw: Any, choice: str) -> dict[str, Any] | None:
     """None (text), {"type": "json_object"}, or {"type": "json_schema", "schema", "strict"}."""
     kind = raw.get("type") if isinstance(raw, dict) else None
-    if raw is None or kind == "text":
+    if raw is None:
         return None
-    if kind not in ("json_object", "json_schema"):
+    if kind not in ("text", "json_object", "json_schema"):
         raise RequestError('`response_format.type` must be "text", "json_object" or '
                            '"json_schema"', "response_format")
+    if kind == "text":  # a schema beside it would be ignored: refused by name instead
+        known_keys(raw, ("type",), "response_format")
+        return None
     if choice in ("required", "function"):  # the call's arguments follow the tool's parameters
         raise RequestError("`response_format` cannot be combined with a `tool_choice` that "
                            "forces a tool call", "response_format")
     if kind == "json_object":
+        known_keys(raw, ("type",), "response_format")
         return {"type": "json_object"}
     known_keys(raw, ("type", "json_schema"), "response_format")
     spec, param = raw.get("json_schema"), "response_format.json_schema"
