@@ -200,6 +200,7 @@ def test_output_config_format_is_a_strict_json_schema() -> None:
                                                   "name": "x"}}) == "output_config.format.name"
     assert says(claude, output_config={"task_budget": 3}) == "output_config.task_budget"
     assert says(claude, output_config={"effort": "extreme"}) == "output_config.effort"
+    assert says(claude, output_config={"effort": ["low"]}) == "output_config.effort"
 
 
 # ---- the core's errors in the dialect's field names ------------------------------------------
@@ -344,6 +345,13 @@ def resp(**body: Any) -> dict[str, Any]:
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"reasoning": {"effort": "huge"}}, "reasoning.effort"),
     ({"reasoning": {"budget": 3}}, "reasoning.budget"),
+    # wrong types a dict lookup could not hash, and values exod would take and ignore
+    ({"reasoning": {"effort": ["high"]}}, "reasoning.effort"),
+    ({"reasoning": {"summary": "frob"}}, "reasoning.summary"),
+    ({"reasoning": {"generate_summary": {}}}, "reasoning.generate_summary"),
+    ({"input": [{"type": ["message"], "role": "user", "content": "x"}]}, "input[0].type"),
+    ({"text": {"format": {"type": "json_object", "schema": {}}}}, "text.format.schema"),
+    ({"text": {"format": {"type": "text", "name": "o"}}}, "text.format.name"),
 ])
 def test_responses_refuses_what_a_stateless_text_server_cannot_do(body: dict[str, Any],
                                                                   param: str) -> None:

@@ -287,7 +287,7 @@ def _thinking(body: dict[str, Any], chat: dict[str, Any]) -> None:
                                   f"output_config.{key}")
         effort = config.get("effort")
         if effort is not None:
-            if effort not in EFFORT_THINKS:
+            if not isinstance(effort, str) or effort not in EFFORT_THINKS:  # a list: unhashable
                 raise bad_request("`output_config.effort` must be one of "
                                   f"{', '.join(EFFORT_THINKS)}", "output_config.effort")
             thinks = EFFORT_THINKS[effort] if thinks is None else thinks

@@ -24,6 +24,9 @@ STATELESS = "exod's Responses API is stateless: it keeps no responses"
 # A local chat template has one thinking switch (`enable_thinking`), not a scale of effort.
 EFFORT_THINKS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True,
                  "xhigh": True}
+# OpenAI's summary settings: exod writes no summary (the reasoning is returned whole as the
+# item's content) whichever a client asks for, so only OpenAI's own values pass.
+SUMMARIES = (None, "auto", "concise", "detailed")
 # Asked for by agents that replay reasoning between turns; exod returns reasoning as text.
 INCLUDE_NO_EFFECT = ("reasoning.encrypted_content",)
 
@@ -116,6 +119,8 @@ def _input(value: Any, origins: list[names.Origin]) -> list[dict[str, Any]]:
         if not isinstance(item, dict):
             raise bad_request(f"`{param}` must be an object", param)
         kind = item.get("type", "message")
+        if not isinstance(kind, str):  # a list or an object: no item type (and unhashable)
+            raise bad_request(f"`{param}.type` must be a string", f"{param}.type")
         if kind in ITEM_KEYS:
             keys.check(item, param, ITEM_KEYS[kind], ITEM_HARMLESS)
         before = len(out)
@@ -261,10 +266,12 @@ def _text(text: Any, chat: dict[str, Any]) -> None:
         raise bad_request("`text.verbosity` other than medium is not supported: a local model "
                           "has no verbosity setting", "text.verbosity")
     fmt = text.get("format")
-    if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
+    if fmt is None:
         return
-    if isinstance(fmt, dict) and fmt.get("type") == "json_object":
-        chat["response_format"] = {"type": "json_object"}
+    if isinstance(fmt, dict) and fmt.get("type") in ("text", "json_object"):
+        keys.check(fmt, "text.format", ("type",))  # a schema beside them would be ignored
+        if fmt["type"] == "json_object":
+            chat["response_format"] = {"type": "json_object"}
     elif isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         keys.check(fmt, "text.format", ("type", "name", "schema", "strict", "description"))
         schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
@@ -292,10 +299,14 @@ def _reasoning(reasoning: Any, chat: dict[str, Any]) -> None:
     for key in reasoning:
         if key not in ("effort", "summary", "generate_summary"):
             raise bad_request(f"`reasoning.{key}` is not supported", f"reasoning.{key}")
+    for key in ("summary", "generate_summary"):  # exod returns the reasoning whole, as content
+        if reasoning.get(key) not in SUMMARIES:
+            raise bad_request(f"`reasoning.{key}` must be one of {', '.join(SUMMARIES[1:])}",
+                              f"reasoning.{key}")
     effort = reasoning.get("effort")
     if effort is None:
         return
-    if effort not in EFFORT_THINKS:
+    if not isinstance(effort, str) or effort not in EFFORT_THINKS:  # a list: unhashable
         raise bad_request(f"`reasoning.effort` must be one of {', '.join(EFFORT_THINKS)}",
                           "reasoning.effort")
     chat["chat_template_kwargs"] = {"enable_thinking": EFFORT_THINKS[effort]}
