@@ -1,6 +1,7 @@
 """aiohttp's own log (stdlib logging), routed into exod's log: one line per cause and interval,
-no traceback. A malformed request is the client's problem, logged at debug level; anything
-else aiohttp reports (an exception in a handler) is an error of exod's, still rate-limited.
+no traceback. A malformed request or a reset connection is the client's problem, logged at
+debug level; anything else aiohttp reports (an exception in a handler) is an error of exod's,
+still rate-limited.
 Without this, every malformed request printed a full traceback on stderr.
 """
 
@@ -24,7 +25,10 @@ class _Forward(logging.Handler):
         if exc is not None:
             first = str(exc).strip().splitlines()
             text += f": {type(exc).__name__}" + (f": {first[0]}" if first else "")
-        client_fault = isinstance(exc, HttpProcessingError) or record.levelno < logging.ERROR
+        # A peer that resets or closes mid-answer (ConnectionResetError, BrokenPipeError) is the
+        # client's doing too: the handler's generation is cancelled like any disconnect's.
+        client_fault = isinstance(exc, (HttpProcessingError, ConnectionError)) \
+            or record.levelno < logging.ERROR
         level = "DEBUG" if client_fault else "ERROR"
         self.log.log(level, f"http:{level}:{type(exc).__name__}", "HTTP API: {}", text)
 

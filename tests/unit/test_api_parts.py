@@ -257,3 +257,29 @@ def test_listen_addresses() -> None:
     for bad in ("52415", "host:", ":80", "h:99999", "h:x"):
         with pytest.raises(ValueError):
             address.parse_listen(bad)
+
+
+def test_aiohttp_s_log_is_an_error_only_for_exod_s_own_faults() -> None:
+    """A connection the client reset mid-answer is its doing (debug), as a malformed request
+    is; another exception in a handler is exod's (error)."""
+    import logging
+
+    from exod.api.httplog import quiet_logger
+
+    seen: list[tuple[str, str]] = []
+
+    class Log:
+        def log(self, level: str, cause: str, message: str, *args: object) -> bool:
+            seen.append((level, message.format(*args)))
+            return True
+
+    logger = quiet_logger(Log())  # type: ignore[arg-type]
+    for exc in (ConnectionResetError(104, "Connection reset by peer"), BrokenPipeError(),
+                KeyError("x")):
+        try:
+            raise exc
+        except Exception:
+            logger.log(logging.ERROR, "Error handling request from %s", "127.0.0.1",
+                       exc_info=True)
+    assert [level for level, _ in seen] == ["DEBUG", "DEBUG", "ERROR"], seen
+    assert "ConnectionResetError" in seen[0][1]
