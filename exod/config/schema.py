@@ -257,7 +257,8 @@ class Instance:
         metadata=doc("a rotating KV cache of this many tokens per generation (mlx-lm's "
                      "max_kv_size): older tokens but the first 4 are overwritten, so a "
                      "generation may run past it in bounded memory; null: the cache grows",
-                     minimum=8))
+                     # past int32, mlx's batch step fails (std::bad_cast) on every request
+                     minimum=8, maximum=1 << 30))
     draft_model: ModelDir | None = field(
         default=None,
         metadata=doc("speculative decoding: a small model of the same vocabulary drafts "
