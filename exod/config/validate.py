@@ -266,7 +266,9 @@ class Validator:
 
     def in_range(self, v: float, node: Node, path: str, meta: Mapping[str, object],
                  duration: bool = False) -> Any:
-        show = format_duration if duration else (lambda x: f"{x:g}")
+        # An integer bound as written (`:g` shows 2^30 as 1.07374e+09).
+        show = format_duration if duration else (
+            lambda x: str(x) if isinstance(x, int) else f"{x:g}")
         low, high = meta.get("minimum"), meta.get("maximum")
         got = node.raw if isinstance(node, Scalar) else str(v)
         if isinstance(low, (int, float)) and v < low:

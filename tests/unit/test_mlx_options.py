@@ -47,7 +47,8 @@ BAD = [
                                           "draft_model"),
     ("max_kv_size: 4\n", "4:18: instances.x.max_kv_size: must be at least 8"),
     # past int32 every request failed in mlx's batch step (std::bad_cast)
-    ("max_kv_size: 99999999999999999999\n", "4:18: instances.x.max_kv_size: must be at most "),
+    ("max_kv_size: 99999999999999999999\n",
+     "4:18: instances.x.max_kv_size: must be at most 1073741824, "),
     ("num_draft_tokens: 0\ndraft_model: m\n", "4:23: instances.x.num_draft_tokens: must be at "
                                               "least 1"),
     ("draft_model: small\n", "4:18: instances.x.draft_model: model directory"),
