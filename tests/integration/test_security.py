@@ -274,13 +274,33 @@ def test_text_fields_that_are_not_text_get_400_and_odd_text_is_served(api: Api) 
     parts = {**chat, "messages": [{"role": "user", "content": [{"type": "text", "text": "LONE"}]}]}
     plain = {"model": "tiny", "max_tokens": 1, "prompt": "LONE"}
     stop = {**plain, "prompt": "x", "stop": ["LONE"]}
+    call = {"id": "LONE", "type": "function", "function": {"name": "f", "arguments": {}}}
+    replay = {**chat, "messages": [{"role": "user", "content": "q"},
+                                   {"role": "assistant", "tool_calls": [call]},
+                                   {"role": "tool", "tool_call_id": "LONE", "content": "r"}]}
+    asked = {**chat, "messages": [{"role": "user", "content": "q"}]}
+    schema = {**asked, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "o", "schema": {"type": "string", "pattern": "LONE"}}}}
+    kwargs = {**asked, "chat_template_kwargs": {"x": "LONE"}}
     probes = [("/v1/chat/completions", chat, "content"), ("/v1/chat/completions", parts, "content"),
-              ("/v1/completions", plain, "prompt"), ("/v1/completions", stop, "stop")]
+              ("/v1/completions", plain, "prompt"), ("/v1/completions", stop, "stop"),
+              # past calls, ids, schemas, template variables: were 500s when encoded
+              ("/v1/chat/completions", replay, "tool_calls[0].id"),
+              ("/v1/chat/completions", schema, "schema"),
+              ("/v1/chat/completions", kwargs, "chat_template_kwargs")]
     for path, body, param in probes:
         raw = json.dumps(body).replace("LONE", "\\ud800").encode()
         status, _, answer = api.request("POST", path, raw)
         assert status == 400, (status, answer)
         assert json.loads(answer)["error"]["param"].endswith(param), answer
+    # A list where a dialect reads a string it looks up (was a 500: unhashable).
+    for path, body, param in (
+            ("/v1/responses", {"model": "tiny", "input": [{"type": [], "content": "x"}]},
+             "input[0].type"),
+            ("/v1/responses", {"model": "tiny", "input": "x", "reasoning": {"effort": []}},
+             "reasoning.effort")):
+        status, _, answer = api.request("POST", path, json.dumps(body).encode())
+        assert status == 400 and json.loads(answer)["error"]["param"] == param, answer
     # NUL bytes, control characters and the largest allowed stop strings are text: served.
     ok = {"model": "tiny", "max_tokens": 2, "prompt": "a\u0000b\u001b[2J\ufeff",
           "stop": ["\u0000" + "é" * 1023] * 16}
