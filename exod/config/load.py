@@ -236,23 +236,10 @@ class _Loader:
                               f"duplicate instance {name!r} (first defined at {first})")
                 continue
             self.first_seen[name] = e.key_mark
-            given: dict[str, object] = {"name": name, "source": str(e.key_mark)}
-            model = e.value.entries.get("model") if isinstance(e.value, MapNode) else None
-            if model is not None and names_hub(model.value):
-                ref, problems = parse_model(model.value, f"{path}.model")
-                for mark, key, message in problems:
-                    self.v.report(mark, key, message)
-                if ref is None:
-                    continue
-                given.update(model=placeholder(ref), hub=ref)
-            draft = e.value.entries.get("draft_model") if isinstance(e.value, MapNode) else None
-            if draft is not None and names_hub(draft.value):
-                ref, problems = parse_model(draft.value, f"{path}.draft_model")
-                for mark, key, message in problems:
-                    self.v.report(mark, key, message)
-                if ref is None:
-                    continue
-                given.update(draft_model=placeholder(ref), draft_hub=ref)
+            hub_names = self.hub_names(e.value, path)
+            if hub_names is None:
+                continue
+            given: dict[str, object] = {"name": name, "source": str(e.key_mark), **hub_names}
             instance = self.v.build(Instance, e.value, path, e.key_mark, given=given,
                                     inherit_from=inherit_from)
             if instance is INVALID or bad_name:
@@ -265,6 +252,25 @@ class _Loader:
                           *check_template_kwargs(instance),
                           *check_mlx_options(instance, body.entries)]:
                 self.report_issue(instance, issue)
+
+    # An instance's keys that may name a model on the hub, and where its reference goes.
+    HUB_KEYS = (("model", "hub"), ("draft_model", "draft_hub"))
+
+    def hub_names(self, node: Node, path: str) -> dict[str, object] | None:
+        """The hub models an instance names: each key's placeholder path and its reference,
+        or None when one is malformed (reported; the instance is left out)."""
+        given: dict[str, object] = {}
+        for key, ref_key in self.HUB_KEYS:
+            entry = node.entries.get(key) if isinstance(node, MapNode) else None
+            if entry is None or not names_hub(entry.value):
+                continue
+            ref, problems = parse_model(entry.value, f"{path}.{key}")
+            for mark, where, message in problems:
+                self.v.report(mark, where, message)
+            if ref is None:
+                return None
+            given.update({key: placeholder(ref), ref_key: ref})
+        return given
 
     def cross_check(self, node_name: str) -> None:
         # One probe process for every layout not yet cached (exod.config.probe).
