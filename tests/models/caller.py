@@ -5,10 +5,9 @@ and a JSON body without whitespace). One is a call mlx-lm's parser reads (CALL),
 it cannot (BROKEN: its JSON is cut). Nothing forces them: a test biases one of them (`logit_bias`
 +100) and the random-weight model writes it, as a trained model writes a call of its own.
 
-As in tests.models.thinking, the two tokens take the ids of the tokenizer's last two merges, so
-the vocabulary keeps its size and every id still has a row in the embedding. Their text is
-printable ASCII without spaces: byte-level BPE shows such characters as themselves, so the
-streaming detokenizer decodes them as written.
+The two tokens take the ids of the tokenizer's last two merges (tests.models.added_tokens).
+Their text is printable ASCII without spaces: byte-level BPE shows such characters as
+themselves, so the streaming detokenizer decodes them as written.
 
 CLI: ``python -m tests.models.caller TOOLS_DIR OUT_DIR`` prints OUT_DIR and the two ids.
 Plain file work: no mlx.
@@ -16,10 +15,10 @@ Plain file work: no mlx.
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
 from pathlib import Path
+
+from tests.models.added_tokens import copy_with_tokens
 
 CALL = '<tool_call>{"name":"add","arguments":{"a":1,"b":2}}</tool_call>'
 BROKEN = '<tool_call>{"name":"add","arguments":{"a":1</tool_call>'
@@ -28,24 +27,9 @@ BROKEN = '<tool_call>{"name":"add","arguments":{"a":1</tool_call>'
 def make_caller_model(tools_model: Path, out: Path) -> tuple[Path, int, int]:
     """Copy `tools_model` to `out` (replaced if there) with the CALL and BROKEN tokens; returns
     `out` and their ids."""
-    tools_model, out = Path(tools_model), Path(out)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(tools_model, tmp, ignore=shutil.ignore_patterns(".exod-*"))
-    path = tmp / "tokenizer.json"
-    tok = json.loads(path.read_text())
-    model = tok["model"]
     # Ascending ids: transformers pairs added tokens with ids in the file's order otherwise.
-    ids = sorted(model["vocab"].pop(first + second)
-                 for first, second in (model["merges"].pop(), model["merges"].pop()))
-    for i, text in zip(ids, (CALL, BROKEN), strict=True):
-        tok["added_tokens"].append({
-            "id": i, "content": text, "single_word": False, "lstrip": False,
-            "rstrip": False, "normalized": False, "special": False})
-    path.write_text(json.dumps(tok, ensure_ascii=False))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out, ids[0], ids[1]
+    call, broken = copy_with_tokens(tools_model, out, (CALL, BROKEN), order=sorted)
+    return Path(out), call, broken
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ stdout. Plain file work: no mlx.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
+from tests.models.added_tokens import copy_with_tokens
 from tests.models.tiny import TOOL_CHAT_TEMPLATE
 
 THINK = ("<think>", "</think>")
@@ -43,27 +43,15 @@ TOOL_THINKING_TEMPLATE = (TOOL_CHAT_TEMPLATE[: -len(_PROMPT)] +
 
 def make_thinking_model(tiny: Path, out: Path, tools: bool = False) -> Path:
     """Copy `tiny` to `out` (replaced if there) as the thinking model; returns `out`."""
-    tiny, out = Path(tiny), Path(out)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(tiny, tmp, ignore=shutil.ignore_patterns(".exod-*"))
-    path = tmp / "tokenizer.json"
-    tok = json.loads(path.read_text())
-    model = tok["model"]
-    for marker in THINK:
-        first, second = model["merges"].pop()
-        piece = first + second
-        tok["added_tokens"].append({
-            "id": model["vocab"].pop(piece), "content": marker, "single_word": False,
-            "lstrip": False, "rstrip": False, "normalized": False, "special": False})
-    path.write_text(json.dumps(tok, ensure_ascii=False))
-    config_path = tmp / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["chat_template"] = TOOL_THINKING_TEMPLATE if tools else CHAT_TEMPLATE
-    config_path.write_text(json.dumps(config, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+
+    def template(folder: Path) -> None:
+        config_path = folder / "tokenizer_config.json"
+        config = json.loads(config_path.read_text())
+        config["chat_template"] = TOOL_THINKING_TEMPLATE if tools else CHAT_TEMPLATE
+        config_path.write_text(json.dumps(config, indent=2))
+
+    copy_with_tokens(tiny, out, THINK, edit=template)
+    return Path(out)
 
 
 if __name__ == "__main__":
