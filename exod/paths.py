@@ -59,6 +59,18 @@ def cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "exod"
 
 
+def state_dir() -> Path:
+    """What the daemon keeps across restarts (its reasoning seal key): systemd's
+    StateDirectory= when set, /var/lib/exod for root, else per user ($XDG_STATE_HOME/exod)."""
+    state = os.environ.get("STATE_DIRECTORY")
+    if state:
+        return Path(state.split(":")[0])
+    if os.geteuid() == 0:
+        return Path("/var/lib/exod")
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "exod"
+
+
 def client_socket() -> Path:
     """exoctl's default: the first candidate that exists; when none does, the one a daemon
     started the usual way would make (the caller's own, or the system service's for root)."""
