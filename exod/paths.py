@@ -61,14 +61,17 @@ def cache_dir() -> Path:
 
 def state_dir() -> Path:
     """What the daemon keeps across restarts (its reasoning seal key): systemd's
-    StateDirectory= when set, /var/lib/exod for root, else per user ($XDG_STATE_HOME/exod)."""
+    StateDirectory= when set, else $XDG_STATE_HOME/exod when set, else /var/lib/exod for
+    root and ~/.local/state/exod for a user."""
     state = os.environ.get("STATE_DIRECTORY")
     if state:
         return Path(state.split(":")[0])
+    xdg = os.environ.get("XDG_STATE_HOME")
+    if xdg:
+        return Path(xdg) / "exod"
     if os.geteuid() == 0:
         return Path("/var/lib/exod")
-    xdg = os.environ.get("XDG_STATE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "exod"
+    return Path.home() / ".local" / "state" / "exod"
 
 
 def client_socket() -> Path:

@@ -191,6 +191,8 @@ def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str]]:
         if not r.variant(tool.get("type", "custom"), "tool", param):
             continue
         r.keys(tool, "tool", param)
+        if tool.get("defer_loading") is True:  # left out until a tool search: none here
+            continue
         rules.schema(tool.get("input_schema"), f"{param}.input_schema")
         listed.append(rules.function(tool, param, TOOL_KEYS))
         origins.append(f"{param}.input_schema")

@@ -203,6 +203,8 @@ def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str],
             continue
         if tool["type"] == "function":
             r.keys(tool, "tool", param)
+            if tool.get("defer_loading") is True:  # left out until a tool search: none here
+                continue
             listed.append(rules.function(tool, param))
             origins.append(f"{param}.parameters")
             continue
@@ -215,6 +217,8 @@ def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str],
             if not r.variant(inner.get("type"), "nested", where):
                 continue
             r.keys(inner, "nested", where)
+            if inner.get("defer_loading") is True:
+                continue
             name = rules.name(inner.get("name"), f"{where}.name")
             flat = flat_name(namespace, name)
             listed.append(rules.function({**inner, "name": flat}, where))

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from exod.api.fields.chat import TEXT_MODELS
-from exod.api.fields.policy import (Dialect, Field, Obj, Variants, empty, false, ignored, inert,
-                                    null, refused, works)
+from exod.api.fields.policy import (Dialect, Field, Obj, Variants, empty, ignored, inert, null,
+                                    refused, works)
 
 
 def _direct(value: Any) -> bool:
@@ -23,6 +23,8 @@ HOSTED_RESULT = ignored("a call or result of a tool Anthropic's servers run: exo
                         "so it is left out of the prompt")
 HOSTED_TOOL = ignored("a tool Anthropic's servers run (or whose schema is Anthropic's own): "
                       "not offered to the model")
+DEFERRED = ignored("`true`: the tool is not offered to the model (a tool search would load it, "
+                   "which exod does not run)")
 CITATIONS = refused("citations are not supported", empty, "only empty (an answer sent back)")
 
 # The body of count_tokens: what shapes the prompt.
@@ -121,7 +123,7 @@ MESSAGES = Dialect("messages", "POST /v1/messages", intro=(
         "strict": works("as chat completions' `strict`"),
         "cache_control": CACHE,
         "eager_input_streaming": inert("exod streams a call's input as it is decoded"),
-        "defer_loading": refused("tool search is not supported", false, "only false"),
+        "defer_loading": DEFERRED,
         "input_examples": refused("input examples are not supported", empty, "only empty"),
         "allowed_callers": refused("only the model itself calls tools here", _direct_only,
                                    "only `[\"direct\"]`")}, "a custom tool"),

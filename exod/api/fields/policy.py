@@ -144,7 +144,7 @@ class Reading:
                 self.unknown(where)
             elif row.kind is Kind.REFUSED and not row.ok(value):
                 raise RequestError(f"`{where}`: {row.why}", where)
-            elif row.kind is Kind.IGNORED and not empty(value):
+            elif row.kind is Kind.IGNORED and not (empty(value) or value is False):
                 self.ignore(where)
 
     def variant(self, value: Any, kind: str, param: str, key: str = "type") -> bool:

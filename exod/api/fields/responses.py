@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from exod.api.fields.chat import TEXT_MODELS
+from exod.api.fields.messages import DEFERRED
 from exod.api.fields.policy import (Dialect, Field, Obj, Variants, empty, false, ignored, inert,
                                     null, refused, works)
 
@@ -33,7 +34,7 @@ _FUNCTION: dict[str, Field] = {
     "description": works("reaches the template"),
     "parameters": works("a JSON schema: reaches the template; followed by forced calls"),
     "strict": works("as chat completions' `strict`"),
-    "defer_loading": refused("tool search is not supported", false, "only false"),
+    "defer_loading": DEFERRED,
 }
 _CALL_KEYS: dict[str, Field] = {
     "id": ECHO, "status": ECHO,
