@@ -102,16 +102,8 @@ def _message(raw: Any, param: str, r: Reading) -> dict[str, Any]:
         return rules.message(raw, param)  # which says what a message must be
     r.keys(raw, "message", param)
     msg = dict(raw)
-    content = raw.get("content")
-    if isinstance(content, list):  # the text of the parts exod reads; the others ignored
-        texts = []
-        for j, part in enumerate(content):
-            where = f"{param}.content[{j}]"
-            rules.obj(part, where, "a content part")
-            if r.variant(part.get("type"), "part", where):
-                r.keys(part, "part", where)
-                texts.append(rules.text_field(part.get("text"), f"{where}.text"))
-        msg["content"] = "".join(texts)
+    if isinstance(raw.get("content"), list):  # the parts exod reads; the others ignored
+        msg["content"] = "".join(r.texts(raw["content"], f"{param}.content", "part", "part"))
     calls = raw.get("tool_calls")
     if isinstance(calls, list):
         for k, call in enumerate(calls):
@@ -127,13 +119,8 @@ def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str]]:
     """The function tools (their `strict` mark beside them) and where each came from."""
     if raw is None:
         return [], []
-    rules.array(raw, "tools", rules.MAX_TOOLS, what="tools")
     listed, origins = [], []
-    for i, tool in enumerate(raw):
-        param = f"tools[{i}]"
-        rules.obj(tool, param, 'a tool ({"type": "function", "function": {...}})')
-        if not r.variant(tool.get("type"), "tool", param):
-            continue
+    for tool, param in r.items(raw, "tools", "tool", "tool", rules.MAX_TOOLS):
         r.keys(tool, "tool", param)
         fn = rules.obj(tool.get("function"), f"{param}.function")
         r.keys(fn, "function", f"{param}.function")

@@ -19,10 +19,10 @@ from openai.types.responses import response_input_item_param, tool_param
 
 from exod.api.errors import ApiError
 from exod.api.fields import CHAT, COMPLETION, DIALECTS, MESSAGES, RESPONSES, Kind, Reading
-from exod.api.fields.docs import PAGE, render
 from exod.api.ignored import HEADER, MAX_HEADER_NAMES, MORE, IgnoredFields, header
 from exod.api.schema import parse_chat, parse_completion
 from exod.core.request_rules import RequestError
+from tests.field_docs import PAGE, render
 
 CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -97,7 +97,7 @@ def test_every_row_says_what_exod_does() -> None:
 
 
 def test_the_docs_page_is_rendered_from_the_tables() -> None:
-    """Run `python -m exod.api.fields` after changing a table."""
+    """Run `python -m tests.field_docs` after changing a table."""
     assert PAGE.read_text(encoding="utf-8") == render(DIALECTS)
 
 

@@ -86,14 +86,7 @@ def _texts(raw: Any, param: str, r: Reading, kind: str, sep: str = "") -> str:
     variants' table."""
     if isinstance(raw, str):
         return rules.text(raw, param)
-    out = []
-    for j, block in enumerate(rules.array(raw, param, what="text blocks")):
-        where = f"{param}[{j}]"
-        rules.obj(block, where, "a content block")
-        if r.variant(block.get("type"), kind, where):
-            r.keys(block, "system" if kind == "system" else "text", where)
-            out.append(rules.text_field(block.get("text"), f"{where}.text"))
-    return sep.join(out)
+    return sep.join(r.texts(raw, param, kind, "system" if kind == "system" else "text"))
 
 
 def _message(raw: Any, param: str, r: Reading, sealer: Sealer) -> list[dict[str, Any]]:
@@ -107,16 +100,12 @@ def _message(raw: Any, param: str, r: Reading, sealer: Sealer) -> list[dict[str,
     content = raw.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": rules.text(content, f"{param}.content")}]
-    rules.array(content, f"{param}.content", what="content blocks")
     if role == "system":
         return [{"role": "system", "content": _texts(content, f"{param}.content", r, "result")}]
     blocks = []
-    for j, block in enumerate(content):
-        where = f"{param}.content[{j}]"
-        rules.obj(block, where, "a content block")
-        if r.variant(block.get("type"), "block", where):
-            r.keys(block, block["type"], where)
-            blocks.append((block["type"], block, where))
+    for block, where in r.items(content, f"{param}.content", "block", "content block"):
+        r.keys(block, block["type"], where)
+        blocks.append((block["type"], block, where))
     if role == "assistant":
         return [_assistant(blocks, r, sealer)]
     return _user(blocks, r)
@@ -183,13 +172,8 @@ def _thought(block: dict[str, Any], where: str, r: Reading, sealer: Sealer) -> s
 def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str]]:
     if raw is None:
         return [], []
-    rules.array(raw, "tools", rules.MAX_TOOLS, what="tools")
     listed, origins = [], []
-    for i, tool in enumerate(raw):
-        param = f"tools[{i}]"
-        rules.obj(tool, param, "a tool")
-        if not r.variant(tool.get("type", "custom"), "tool", param):
-            continue
+    for tool, param in r.items(raw, "tools", "tool", "tool", rules.MAX_TOOLS, "custom"):
         r.keys(tool, "tool", param)
         if tool.get("defer_loading") is True:  # left out until a tool search: none here
             continue
@@ -262,15 +246,11 @@ def _context_management(raw: Any, r: Reading) -> list[dict[str, Any]]:
         return []
     r.keys(rules.obj(raw, "context_management"), "context_management", "context_management")
     out = []
-    for i, e in enumerate(rules.array(raw.get("edits") or [], "context_management.edits",
-                                      16, what="edits")):
-        where = f"context_management.edits[{i}]"
-        rules.obj(e, where, "an edit")
-        if r.variant(e.get("type"), "edit", where):
-            kind = e["type"]
-            r.keys(e, "clear_thinking" if kind == context_edits.THINKING else "clear_tool_uses",
-                   where)
-            out.append(context_edits.edit(e, kind, where))
+    for e, where in r.items(raw.get("edits") or [], "context_management.edits", "edit", "edit",
+                            16):
+        kind = e["type"]
+        r.keys(e, "clear_thinking" if kind == context_edits.THINKING else "clear_tool_uses", where)
+        out.append(context_edits.edit(e, kind, where))
     return out
 
 

@@ -92,12 +92,9 @@ def _input(raw: Any, r: Reading, sealer: Sealer) -> list[dict[str, Any]]:
         return [{"role": "user", "content": rules.text(raw, "input")}]
     out: list[dict[str, Any]] = []
     reasoning: list[str] = []  # a reasoning item belongs to the assistant turn after it
-    for i, item in enumerate(rules.array(raw, "input", nonempty=True, what="items")):
-        param = f"input[{i}]"
-        rules.obj(item, param, "an item")
+    for item, param in r.items(rules.array(raw, "input", nonempty=True, what="items"), "input",
+                               "item", "item", default="message"):
         kind = item.get("type", "message")
-        if not r.variant(kind, "item", param):
-            continue
         r.keys(item, kind, param)
         if kind == "message":
             msg = _message(item, param, r)
@@ -157,14 +154,7 @@ def _content(raw: Any, param: str, r: Reading) -> str:
     """A string, or text parts (joined)."""
     if isinstance(raw, str):
         return rules.text(raw, param)
-    texts = []
-    for j, part in enumerate(rules.array(raw, param, what="content parts")):
-        where = f"{param}[{j}]"
-        rules.obj(part, where, "a content part")
-        if r.variant(part.get("type"), "part", where):
-            r.keys(part, "part", where)
-            texts.append(rules.text_field(part.get("text"), f"{where}.text"))
-    return "".join(texts)
+    return "".join(r.texts(raw, param, "part", "part"))
 
 
 def _message(item: dict[str, Any], param: str, r: Reading) -> dict[str, Any]:
@@ -196,11 +186,7 @@ def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str],
         return [], [], {}
     listed, origins = [], []
     namespaces: dict[str, tuple[str, str]] = {}
-    for i, tool in enumerate(rules.array(raw, "tools", what="tools")):
-        param = f"tools[{i}]"
-        rules.obj(tool, param, "a tool")
-        if not r.variant(tool.get("type"), "tool", param):
-            continue
+    for tool, param in r.items(raw, "tools", "tool", "tool"):
         if tool["type"] == "function":
             r.keys(tool, "tool", param)
             if tool.get("defer_loading") is True:  # left out until a tool search: none here
@@ -210,12 +196,8 @@ def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str],
             continue
         r.keys(tool, "namespace", param)
         namespace = rules.name(tool.get("name"), f"{param}.name")
-        for j, inner in enumerate(rules.array(tool.get("tools") or [], f"{param}.tools",
-                                              rules.MAX_TOOLS, what="tools")):
-            where = f"{param}.tools[{j}]"
-            rules.obj(inner, where, "a tool")
-            if not r.variant(inner.get("type"), "nested", where):
-                continue
+        for inner, where in r.items(tool.get("tools") or [], f"{param}.tools", "nested", "tool",
+                                    rules.MAX_TOOLS):
             r.keys(inner, "nested", where)
             if inner.get("defer_loading") is True:
                 continue

@@ -1,6 +1,7 @@
 """What exod does with each field of each dialect's request bodies, as data (one table per
 dialect: exod.api.fields.chat, .messages, .responses), the `Reading` that applies a table to a
-body (exod.api.fields.policy), and the docs rendered from the tables (exod.api.fields.docs).
+body (exod.api.fields.policy); docs/api-fields.md is rendered from the tables
+(`python -m tests.field_docs`).
 Adding a dialect is a table here and a mapping module in exod.api.dialects."""
 
 from exod.api.fields.chat import CHAT, COMPLETION

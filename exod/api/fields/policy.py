@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exod.core import request_rules as rules
 from exod.core.request_rules import RequestError
 
 Check = Callable[[Any], bool]  # true when a value asks for nothing (a refused field passes)
@@ -162,6 +163,25 @@ class Reading:
         elif row.kind is Kind.IGNORED:
             self.ignore(f"{where}={value[:MAX_KEY]}")
         return row is not None and row.kind is Kind.WORKS
+
+    def items(self, raw: Any, param: str, kind: str, what: str, most: int | None = None,
+              default: str | None = None) -> Iterator[tuple[dict[str, Any], str]]:
+        """The objects of an array (`what` each: "tool") whose type (`default` when absent)
+        exod reads, with where each is (`tools[3]`); the others ignored or refused."""
+        for i, item in enumerate(rules.array(raw, param, most, what=f"{what}s")):
+            where = f"{param}[{i}]"
+            rules.obj(item, where, f"a {what}")
+            if self.variant(item.get("type", default), kind, where):
+                yield item, where
+
+    def texts(self, raw: Any, param: str, kind: str, obj: str) -> list[str]:
+        """The text of the text parts of an array (their types: variants `kind`, their keys:
+        object `obj`)."""
+        out = []
+        for part, where in self.items(raw, param, kind, "content part"):
+            self.keys(part, obj, where)
+            out.append(rules.text_field(part.get("text"), f"{where}.text"))
+        return out
 
     def unknown(self, where: str, value: str | None = None) -> None:
         """A field (or, with `value`, the value of a field that picks an object's kind) in no
