@@ -905,3 +905,26 @@ def test_system_turns_go_where_the_template_takes_them(demo_model: Path, tiny_mo
         tok.apply_chat_template(convo, add_generation_prompt=True)
     assert chat_prompt(tok, convo) == list(tok.apply_chat_template(
         system_first(convo), add_generation_prompt=True))
+
+
+def test_strict_fields_refuse_the_unknown_and_still_take_hosted_tools(tiny_model: Path) -> None:
+    """With api.strict_fields a field exod does not know is a 400 naming it, before any runner
+    is asked; a hosted tool is never refused, and the answer (here the 503 of an instance not
+    started) names it in the header. No runner starts: the daemon alone."""
+    d = Daemon({"api": {"listen": "127.0.0.1:0", "strict_fields": True},
+                "instances": {"idle": {"model": str(tiny_model), "autostart": False}}})
+    try:
+        d.start()
+        served = Served(d, tiny_model)
+        resp, raw = served.raw("POST", "/v1/chat/completions", {
+            "model": "idle", "messages": [{"role": "user", "content": ASK}], "brand_new": 1},
+            token=None)
+        err = json.loads(raw)["error"]
+        assert resp.status == 400 and err["param"] == "brand_new", err
+        assert "strict_fields" in err["message"]
+        resp, raw = served.raw("POST", "/v1/responses", {
+            "model": "idle", "input": ASK, "tools": [{"type": "web_search"}]}, token=None)
+        assert resp.status == 503, raw
+        assert resp.getheader(HEADER) == "tools[].type=web_search"
+    finally:
+        d.close()
