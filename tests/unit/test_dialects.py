@@ -569,6 +569,9 @@ def test_namespace_tools_serve_their_functions_under_codex_s_flat_name() -> None
         "collaboration__spawn_agent"
     assert req.gen.named("tools[1].function.parameters") == "tools[0].tools[1].parameters"
     assert says(resp, tools=[{**ns, "name": "a b"}]) == "tools[0].name"
+    forced = resp(tools=[ns], tool_choice={"type": "function", "name": "spawn_agent",
+                                           "namespace": "collaboration"})
+    assert forced.tool_name == "collaboration__spawn_agent"
 
 
 def test_responses_tools_tool_choice_and_text_format() -> None:

@@ -220,7 +220,10 @@ def _tool_choice(raw: Any, listed: list[dict[str, Any]],
         raise rules.RequestError("`tool_choice` must be none, auto, required or {type: "
                                  "function, name}", "tool_choice")
     r.keys(raw, "tool_choice", "tool_choice")
-    return "function", rules.named(raw.get("name"), listed, "tool_choice.name")
+    name = raw.get("name")
+    if isinstance(name, str) and raw.get("namespace"):
+        name = flat_name(rules.text_field(raw["namespace"], "tool_choice.namespace"), name)
+    return "function", rules.named(name, listed, "tool_choice.name")
 
 
 def _text(raw: Any, choice: str, r: Reading) -> dict[str, Any] | None:

@@ -132,7 +132,8 @@ RESPONSES = Dialect("responses", "POST /v1/responses", intro=(
         "tools": works("function tools (their keys as above)")}, "a `namespace` tool"),
     "nested": Obj("tools[].tools[]", _FUNCTION, "a namespace's function"),
     "tool_choice": Obj("tool_choice", {"type": works("`function`"),
-                                       "name": works("a function in `tools`")}),
+                                       "name": works("a function in `tools`"),
+                                       "namespace": works("the namespace of that function")}),
     "text": Obj("text", {
         "format": works("`text`, `json_object` or `json_schema`: enforced by a grammar"),
         "verbosity": refused("a local model has no verbosity setting", _medium,
