@@ -21,7 +21,9 @@ from loguru import logger
 from exod import messages as m
 from exod.config.schema import Instance
 from exod.config.durations import format_duration
+from exod.core import intents
 from exod.core.exits import EXIT_PROTOCOL, EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo, Hung
+from exod.core.intents import Again, Intent, Recover, Retire, StopJob
 from exod.core.ladder import LadderRun, Step
 from exod.core.ports import NoFreePorts
 from exod.core.restarts import Decision, GiveUp, Rest, Restart, RestartTracker
@@ -95,6 +97,10 @@ class Seam(Protocol):
         """The model's files are at `path`: plan the ranks from its config.json."""
         ...
 
+    def retired(self, inst: InstanceRuntime, then: Retire) -> None:
+        """`inst` is stopped for a reload: drop it, or put `then.replacement` in its place."""
+        ...
+
 
 @dataclass
 class RankRuntime:
@@ -138,14 +144,10 @@ class InstanceRuntime:
         self.tracker = RestartTracker(config.restart, config.backoff, config.start_limit)
         self.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
         self.started_at: float | None = None
-        self.held = False  # an operator stopped it: a reload must not start it again
+        self.job: StopJob | None = None  # the stop in progress, or the last one until a start
         self.memory_need: int | None = None  # bytes this host's ranks need (at admission)
         self.refused = ""  # why memory admission refused the last start
         self.hung = ""  # e.g. "hung (no progress for 5m)": why it is being restarted
-        self.retired = False  # replaced or removed by a reload: it never starts again
-        self._pending: Decision | None = None  # applied once every rank is gone
-        self._after_stop: list[Continuation] = []  # notifications: always run
-        self._start_after_stop: bool | None = None  # deferred start (by operator?), if any
         self._restart_timer: Timer | None = None
         self._forming_timer: Timer | None = None  # a group on this host alone must form by then
         self.rungs_used: collections.Counter[str] = collections.Counter()  # ladder steps taken
@@ -181,7 +183,28 @@ class InstanceRuntime:
     @property
     def start_pending(self) -> bool:
         """A start waits for the stop in progress to complete."""
-        return self._start_after_stop is not None
+        return self._stopping_to(Again)
+
+    @property
+    def held(self) -> bool:
+        """An operator stopped it, and no operator started it since: a reload does not start
+        it (nor its replacement)."""
+        return self.job is not None and intents.holds(self.job.then)
+
+    @property
+    def retired(self) -> bool:
+        """A reload removed or replaced it, and its stop is complete: it never starts again."""
+        return (self.state is State.STOPPED and self.job is not None
+                and isinstance(self.job.then, Retire))
+
+    @property
+    def retiring(self) -> bool:
+        """Stopping for a reload, which drops or replaces it once it is stopped."""
+        return self._stopping_to(Retire)
+
+    def _stopping_to(self, kind: type[Intent]) -> bool:
+        return (self.state is State.STOPPING and self.job is not None
+                and isinstance(self.job.then, kind))
 
     def rank_by_pid(self, pid: int) -> RankRuntime | None:
         return next((r for r in self.ranks if r.pid == pid), None)
@@ -243,19 +266,20 @@ class InstanceRuntime:
         if self.retired:  # a start deferred past its reload's swap: the replacement runs
             return
         if operator:
-            self.held = False
             self.tracker.reset()
-        if self.state is State.STOPPING:
-            self._start_after_stop = operator or bool(self._start_after_stop)
+        if self.job is not None and self.state is State.STOPPING:
+            self.job.then = intents.on_start(self.job.then, operator)
             return
         if self.state.active:
             return
+        if operator:
+            self.job = None  # an operator's start releases a hold
         if not self.has_local_ranks:
             self.log.info("not started here: every rank runs on another host")
             return
         self._cancel_restart()
         self._cancel_forming()
-        self._pending = None
+        self.job = None
         self.hung = ""
         why = "started by operator" if operator else ""
         if self.names_hub and not self.seam.cached(self):
@@ -323,21 +347,32 @@ class InstanceRuntime:
             self._rank_gone(rank, ExitInfo(code=code))
 
     def stop(self, then: Continuation | None = None, operator: bool = False) -> None:
-        """Stop every rank through the ladder; `then` runs once all are gone."""
-        if operator:
-            self.held = True
-        # Any stop (operator, reload, shutdown) cancels a start that was waiting for a stop:
-        # otherwise a shutdown could spawn a runner and never finish.
-        self._start_after_stop = None
-        if then is not None:
-            self._after_stop.append(then)
-        self._cancel_restart()
-        self._pending = None
-        if self.state in (State.STOPPED, State.FAILED, State.BACKOFF):
-            self._move(State.STOPPED, "stopped by operator" if operator else "")
-            self._run_after_stop()
+        """Stop every rank through the ladder; `then` runs once all are gone. Any stop
+        (operator, reload, shutdown) cancels a start that was waiting for a stop: otherwise a
+        shutdown could spawn a runner and never finish."""
+        self._ask_stop(lambda now: intents.on_stop(now, operator), then,
+                       "stopped by operator" if operator else "")
+
+    def retire(self, replacement: Instance | None) -> None:
+        """A reload removed it (`replacement` None) or changed it: stop it through the ladder;
+        once every runner is gone the seam drops it or puts the replacement in its place."""
+        running = self.state is not State.STOPPED
+        self._ask_stop(lambda now: intents.on_retire(now, replacement, running), None, "")
+
+    def _ask_stop(self, intent: Callable[[Intent | None], Intent], then: Continuation | None,
+                  reason: str) -> None:
+        """`intent` merges the new request into what the stop in progress (or the last one)
+        asked, so a second request never runs a second ladder."""
+        job = self.job
+        waiters = [then] if then is not None else []
+        if job is not None and self.state is State.STOPPING:
+            job.then = intent(job.then)
+            job.waiters += waiters
             return
-        if self.state is State.STOPPING:
+        self._cancel_restart()
+        self.job = StopJob(intent(job.then if job is not None else None), waiters)
+        if self.state in (State.STOPPED, State.FAILED, State.BACKOFF):
+            self._finish_stop(reason)
             return
         downloading = self.state is State.DOWNLOADING
         self._move(State.STOPPING, "stop requested")
@@ -345,6 +380,12 @@ class InstanceRuntime:
             self.download = None
             self.seam.unfetch(self, self._fetch_gone)
             return
+        self._stop_ranks()
+
+    def _fail_stopping(self, decision: Decision, reason: str) -> None:
+        """A failure: stop what is left of the group, then follow the restart policy."""
+        self.job = StopJob(Recover(decision))
+        self._move(State.STOPPING, reason)
         self._stop_ranks()
 
     def _fetch_gone(self) -> None:
@@ -362,10 +403,8 @@ class InstanceRuntime:
             return
         self.hung = f"hung (no progress for {format_duration(silent_for)})"
         self.log.bind(event="hung").error("{}: restarting through the ladder", self.hung)
-        self._pending = self.tracker.on_exit(self.seam.now(), Hung(),
-                                             f"no progress for {format_duration(silent_for)}")
-        self._move(State.STOPPING, self.hung)
-        self._stop_ranks()
+        self._fail_stopping(self.tracker.on_exit(
+            self.seam.now(), Hung(), f"no progress for {format_duration(silent_for)}"), self.hung)
 
     def hurry(self) -> None:
         """A second stop signal to the daemon: skip what is left of rung 1's grace."""
@@ -432,9 +471,8 @@ class InstanceRuntime:
         if self.state is State.STOPPING or not self.state.active:
             self._stop_ranks()
             return
-        self._pending = self.tracker.on_exit(self.seam.now(), ExitInfo(code=EXIT_PROTOCOL), why)
-        self._move(State.STOPPING, f"rank {rank.rank}: {why}")
-        self._stop_ranks()
+        self._fail_stopping(self.tracker.on_exit(self.seam.now(), ExitInfo(code=EXIT_PROTOCOL),
+                                                 why), f"rank {rank.rank}: {why}")
 
     def _watch_forming(self) -> None:
         """Every rank of a group whose ranks all run on this host is joining it: the group
@@ -458,9 +496,7 @@ class InstanceRuntime:
                "ranks run on this host (ports held by another program?)")
         self.hung = f"hung connecting: {why}"
         self.log.bind(event="hung").error("{}: restarting on new ports", why)
-        self._pending = self.tracker.on_exit(self.seam.now(), Hung(), why)
-        self._move(State.STOPPING, self.hung)
-        self._stop_ranks()
+        self._fail_stopping(self.tracker.on_exit(self.seam.now(), Hung(), why), self.hung)
 
     def _cancel_forming(self) -> None:
         if self._forming_timer is not None:
@@ -512,9 +548,7 @@ class InstanceRuntime:
                                         counts=not rank.shortage)
         if self.alive():
             # A group is all or nothing: stop the siblings (through the ladder), then decide.
-            self._pending = decision
-            self._move(State.STOPPING, f"rank {rank.rank} {how}")
-            self._stop_ranks()
+            self._fail_stopping(decision, f"rank {rank.rank} {how}")
         else:
             self._apply(decision)
 
@@ -567,22 +601,24 @@ class InstanceRuntime:
             log.error("ladder rung 3: SIGKILL (still alive after every SIGTERM)")
             self.seam.kill(pid, signal.SIGKILL)
 
-    def _finish_stop(self) -> None:
+    def _finish_stop(self, reason: str = "") -> None:
+        """Every process is gone: what the stop asked for follows, then its waiters run."""
+        job = self.job
+        assert job is not None
         self._remote_follow(State.STOPPED)
-        decision, self._pending = self._pending, None
-        if decision is not None:
-            self._apply(decision)
+        waiters, job.waiters = job.waiters, []
+        then = job.then
+        if isinstance(then, Recover):
+            self.job = None
+            self._apply(then.decision)
         else:
-            self._move(State.STOPPED)
-        self._run_after_stop()
-
-    def _run_after_stop(self) -> None:
-        todo, self._after_stop = self._after_stop, []
-        for fn in todo:
+            self._move(State.STOPPED, reason)
+            if isinstance(then, Retire):
+                self.seam.retired(self, then)
+        for fn in waiters:
             fn()
-        if self._start_after_stop is not None:
-            operator, self._start_after_stop = self._start_after_stop, None
-            self.start(operator=operator)
+        if isinstance(then, Again) and self.job is job:  # no waiter asked for a new stop
+            self.start(operator=then.operator)
 
     def _apply(self, decision: Decision) -> None:
         self._remote_follow(State.STOPPED)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from exod.config.schema import BackoffPolicy, StopPolicy
 from exod.core.exits import ExitInfo
+from exod.core.intents import Retire
 from exod.daemon.downloads import Download, Downloads
 from exod.daemon.instance import Continuation, InstanceRuntime, RankRuntime
 from exod import messages as m
@@ -74,6 +75,7 @@ class FakeSeam:
             grace=10.0, drain=0.0, attempts=2, interval=5.0, kill_interval=1.0),
             backoff=BackoffPolicy(initial=2.0, multiplier=2.0, max=30.0, jitter=0.0))
         self.download_changes = 0
+        self.retirements: list[tuple[float, str, Retire]] = []  # (time, instance, intent)
 
     # ---- the Seam protocol ------------------------------------------------------------------
     def now(self) -> float:
@@ -135,6 +137,9 @@ class FakeSeam:
 
     def use_model(self, inst: InstanceRuntime, path: Path) -> None:
         inst.config = dataclasses.replace(inst.config, model=path)
+
+    def retired(self, inst: InstanceRuntime, then: Retire) -> None:
+        self.retirements.append((self.clock, inst.name, then))
 
     def spawn_fetcher(self, d: Download) -> int:
         pid = next(self._pids)
