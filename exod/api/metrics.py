@@ -164,9 +164,9 @@ class LiveCollector(Collector):
         for inst in instances:
             d = inst.download
             if d is not None:
-                done.add_metric([inst.name], d.done)
-                total.add_metric([inst.name], d.total)
-                rate.add_metric([inst.name], d.rate() or 0.0)
+                done.add_metric([inst.name], d.progress.done)
+                total.add_metric([inst.name], d.progress.total)
+                rate.add_metric([inst.name], d.progress.rate() or 0.0)
         yield from (done, total, rate)
 
     def _prompt_cache(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:

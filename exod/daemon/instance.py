@@ -24,11 +24,13 @@ from exod.config.durations import format_duration
 from exod.core import intents
 from exod.core.exits import EXIT_PROTOCOL, EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo, Hung
 from exod.core.intents import Again, Intent, Recover, Retire, StopJob
-from exod.core.ladder import LadderRun, Step
+from exod.core.ladder import Step
 from exod.core.ports import NoFreePorts
 from exod.core.restarts import Decision, GiveUp, Rest, Restart, RestartTracker
 from exod.core.shards import Shard
 from exod.core.states import Machine, State
+from exod.daemon.clock import Clock, Timer
+from exod.daemon.ladder_driver import LadderDriver
 
 # The least time a group on this host alone may take to form once every rank is joining it:
 # MLX's ring waits up to 8 s between its own connection attempts.
@@ -45,15 +47,7 @@ PERMANENT_SPAWN_ERRORS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, e
 SHORTAGE_SPAWN_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 
 
-class Timer(Protocol):
-    def cancel(self) -> None: ...
-
-
-class Seam(Protocol):
-    def now(self) -> float: ...
-
-    def call_at(self, when: float, fn: Callable[[], None]) -> Timer: ...
-
+class Seam(Clock, Protocol):
     def admit(self, inst: InstanceRuntime) -> str | None:
         """Why this host cannot start `inst` now (memory), or None to go ahead."""
         ...
@@ -120,8 +114,7 @@ class RankRuntime:
     shortage: bool = False  # its last spawn failed for want of fds or memory on this host
     error: str = ""
     last_exit: ExitInfo | None = None
-    ladder: LadderRun | None = None
-    ladder_timer: Timer | None = None
+    ladder: LadderDriver | None = None  # while it is being stopped
     signals_sent: list[str] = field(default_factory=list)
     last_heartbeat: float | None = None
     serving: m.Serving | None = None  # the engine's figures, as the runner last sent them
@@ -408,11 +401,9 @@ class InstanceRuntime:
 
     def hurry(self) -> None:
         """A second stop signal to the daemon: skip what is left of rung 1's grace."""
-        now = self.seam.now()
         for rank in self.ranks:
             if rank.ladder is not None and rank.pid is not None:
-                rank.ladder.skip_grace(now)
-                self._schedule_ladder(rank)
+                rank.ladder.hurry()
 
     # ---- events from runners --------------------------------------------------------------
     def on_message(self, pid: int, msg: m.FromRunner) -> None:
@@ -521,9 +512,9 @@ class InstanceRuntime:
         log = self.log.bind(rank=rank.rank, pid=rank.pid, event="exit", code=info.code,
                             signal=info.signal, signals_sent=list(rank.signals_sent))
         rank.pid, rank.last_exit, rank.serving = None, info, None  # its cache died with it
-        if rank.ladder_timer is not None:
-            rank.ladder_timer.cancel()
-        rank.ladder, rank.ladder_timer = None, None
+        if rank.ladder is not None:
+            rank.ladder.reaped()
+        rank.ladder = None
         expected = rank.state is State.STOPPING
         how = f"{info}{' after SIGKILL' if killed else ''}"
         if expected:
@@ -560,24 +551,9 @@ class InstanceRuntime:
 
     def _begin_ladder(self, rank: RankRuntime) -> None:
         self._move_rank(rank, State.STOPPING)
-        rank.ladder = LadderRun(self.config.stop, self.seam.now())
-        self._perform(rank, rank.ladder.first)
-        self._schedule_ladder(rank)
-
-    def _schedule_ladder(self, rank: RankRuntime) -> None:
-        if rank.ladder_timer is not None:
-            rank.ladder_timer.cancel()
-        if rank.ladder is not None:
-            rank.ladder_timer = self.seam.call_at(rank.ladder.deadline, lambda: self._tick(rank))
-
-    def _tick(self, rank: RankRuntime) -> None:
-        rank.ladder_timer = None
-        if rank.ladder is None or rank.pid is None:
-            return
-        step = rank.ladder.due(self.seam.now())
-        if step is not None:
-            self._perform(rank, step)
-        self._schedule_ladder(rank)
+        rank.ladder = LadderDriver(self.seam, self.config.stop,
+                                   lambda step: self._perform(rank, step))
+        rank.ladder.begin()
 
     def _perform(self, rank: RankRuntime, step: Step) -> None:
         pid = rank.pid
