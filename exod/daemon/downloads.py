@@ -268,8 +268,9 @@ class Downloads:
         d.timer = None
         if d.state is not Fetch.FETCHING:
             return
-        silent = self.seam.now() - d.progress.last_bytes_at
-        if silent < self.stall_after:
+        now = self.seam.now()
+        silent = now - d.progress.last_bytes_at
+        if now < d.progress.last_bytes_at + self.stall_after:  # the deadline, not a rounding
             self._watch_stall(d)
             return
         d.stalled = True

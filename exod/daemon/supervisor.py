@@ -40,6 +40,7 @@ from exod.daemon.hub_seam import HubSeam
 from exod.daemon.memory_check import MemoryCheck
 from exod.daemon.processes import ProcessTable, RunnerHandlers
 from exod.daemon.readiness import Readiness
+from exod.daemon.traffic import Traffic
 from exod.daemon.manager_notify import watchdog_interval
 
 
@@ -70,6 +71,7 @@ class Supervisor(HubSeam):
         self.reloads = {"ok": 0, "failed": 0}
         self.downloads = Downloads(self, config.hub.stall_after, config.defaults.stop,
                                    config.defaults.backoff)
+        self.traffic = Traffic(self)  # requests: on-demand starts, idle stops, queues, hangs
         self.config_errors = 0  # problems found by failed reloads, all told
 
     # ---- Seam for InstanceRuntime -------------------------------------------------------
@@ -121,6 +123,7 @@ class Supervisor(HubSeam):
         return lambda: self._listeners.discard(fn)
 
     def _publish(self, inst: InstanceRuntime) -> None:
+        self.traffic.changed(inst)
         # Listeners copy what they need now: a later snapshot would merge quick changes.
         for fn in list(self._listeners):
             fn(inst)
@@ -203,7 +206,6 @@ class Supervisor(HubSeam):
         from exod.api.app import ApiServer
 
         self.api = ApiServer(self.config.api, self)
-        self.listen(self.api.instance_changed)
         await self.api.start()
 
     def _add(self, cfg: Instance) -> InstanceRuntime:
