@@ -30,7 +30,8 @@ from exod.daemon import rank_addresses, status
 from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer
 from exod.daemon.clock import Timer
-from exod.daemon.instance import InstanceRuntime, RankRuntime
+from exod.daemon.instance import InstanceRuntime
+from exod.daemon.rank import RankRuntime
 from exod.daemon.launch import Launcher, plan_shards
 from exod.daemon.channel import RunnerChannel
 from exod.daemon.log_ring import LogRings

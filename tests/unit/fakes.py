@@ -22,7 +22,8 @@ from exod.config.schema import BackoffPolicy, StopPolicy
 from exod.core.exits import ExitInfo
 from exod.core.intents import Retire
 from exod.daemon.downloads import Download, Downloads
-from exod.daemon.instance import Continuation, InstanceRuntime, RankRuntime
+from exod.daemon.instance import Continuation, InstanceRuntime
+from exod.daemon.rank import RankRuntime
 from exod.daemon.traffic import Traffic
 from exod import messages as m
 
