@@ -16,8 +16,7 @@ from loguru import logger
 from exod.config.schema import Config, Instance
 from exod.core.states import State
 from exod.daemon.downloads import Download, Downloads, Outcome
-from exod.daemon.instance import InstanceRuntime
-from exod.daemon.rank import RankRuntime
+from exod.daemon.instance import InstanceRuntime, RankRuntime
 from exod.daemon.launch import plan_shards
 from exod.daemon.processes import RunnerHandlers
 from exod.daemon.spawn import runner_env
