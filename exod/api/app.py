@@ -29,7 +29,6 @@ import hmac
 import json
 import os
 import time
-import weakref
 from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -59,8 +58,7 @@ from exod.api.schema import GenRequest, ModelLimits, parse_chat, parse_completio
 from exod.api.seal import Sealer
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
-from exod.config.model_caps import Capabilities, model_capabilities
-from exod.config.model_dir import model_limits
+from exod.config.model_caps import Capabilities
 from exod.control_messages import ApiStatus
 from exod.api.view import Daemon
 from exod.config.schema import Api
@@ -86,10 +84,6 @@ class ApiServer:
         self.host, self.port = address.parse_listen(cfg.listen)
         self.tokens: list[bytes] = []
         self.started_wall = int(time.time())
-        self.limits: weakref.WeakKeyDictionary[InstanceRuntime, ModelLimits] = \
-            weakref.WeakKeyDictionary()
-        self.caps: weakref.WeakKeyDictionary[InstanceRuntime, Capabilities] = \
-            weakref.WeakKeyDictionary()
         self.hosts = HostPolicy(self.host, cfg.allowed_hosts)
         self.cors = CorsPolicy(cfg.cors_origins)
         self.ratelog = RateLimitedLog()
@@ -97,8 +91,7 @@ class ApiServer:
         self._bodies = asyncio.Semaphore(BODY_SLOTS)
         self.max_body = cfg.max_body_kib * 1024
         self._runner: web.AppRunner | None = None
-        self.serving = Serving(daemon, daemon.loop)
-        self.gates = self.serving.gates
+        self.serving = Serving(daemon)
         self.metrics = self.serving.metrics
         # Reasoning handed to clients to send back (exod.api.seal); its key made on first use.
         self.sealer = Sealer(state_dir() / "reasoning.key")
@@ -162,9 +155,6 @@ class ApiServer:
         """For the status snapshot: where exoctl (and people) find the API."""
         return ApiStatus(listen=self.cfg.listen, url=self.url, auth=self.token,
                          token_file=str(self.cfg.token_file) if self.cfg.token_file else None)
-
-    def instance_changed(self, inst: InstanceRuntime) -> None:
-        self.serving.instance_changed(inst)
 
     # ---- middlewares ------------------------------------------------------------------
     @web.middleware
@@ -261,10 +251,10 @@ class ApiServer:
         (`context_length`, vLLM's `max_model_len`, Anthropic's `max_input_tokens` and
         `max_tokens`) and capabilities (Anthropic's object; OpenRouter's
         `supported_parameters`), from the model's files."""
-        gate = self.gates.get(inst)
+        active, queued = self.sup.traffic.load(inst)
         created = datetime.fromtimestamp(self.started_wall, timezone.utc)
         limits = await self._limits(inst)
-        caps = await self._capabilities(inst)
+        caps = await self.sup.traffic.capabilities(inst)
         most = min(x for x in (limits.context, limits.cap) if x is not None) \
             if limits.context is not None or limits.cap is not None else None
         return {"id": inst.name, "object": "model", "created": self.started_wall,
@@ -274,15 +264,7 @@ class ApiServer:
                 "max_model_len": limits.context, "max_input_tokens": limits.context,
                 "max_tokens": most, "capabilities": capabilities(caps),
                 "supported_parameters": supported_parameters(caps),
-                "active": gate.active if gate else 0, "queued": gate.waiting if gate else 0}
-
-    async def _capabilities(self, inst: InstanceRuntime) -> Capabilities:
-        caps = self.caps.get(inst)
-        if caps is None:
-            caps = await asyncio.to_thread(model_capabilities, inst.config.model)
-            if caps.tools is not None:  # kept once told (a model by name may not be there yet)
-                self.caps[inst] = caps
-        return caps
+                "active": active, "queued": queued}
 
     async def models(self, request: web.Request) -> web.Response:
         data = [await self._model_json(i) for i in self.sup.ordered()]
@@ -355,17 +337,14 @@ class ApiServer:
 
     async def _limits(self, inst: InstanceRuntime) -> ModelLimits:
         """The model's vocabulary and context window, as rank 0 reported them once loaded,
-        else from its config.json (read once per instance, off the loop); and the instance's
-        max_tokens_cap."""
+        else from its config.json (as the daemon read it once per instance); and the
+        instance's max_tokens_cap."""
         info, cap = inst.model_info, inst.config.max_tokens_cap
         schema = inst.config.grammar.max_schema_kib * 1024
         if info is not None and info.vocab_size > 0 and info.context_length > 0:
             return ModelLimits(info.vocab_size, info.context_length, cap, schema)
-        limits = self.limits.get(inst)
-        if limits is None:
-            vocab, context = await asyncio.to_thread(model_limits, inst.config.model)
-            limits = self.limits[inst] = ModelLimits(vocab, context, cap, schema)
-        return limits
+        vocab, context = await self.sup.traffic.size(inst)
+        return ModelLimits(vocab, context, cap, schema)
 
 
 def capabilities(caps: Capabilities) -> dict[str, Any]:
