@@ -3,15 +3,19 @@ Messages (`POST .../messages`) and Responses (`POST .../responses`) as streams o
 chat completions likewise; anything else a 404. The record of each request: method, path,
 query, headers (secrets replaced by "<redacted>") and the body as JSON.
 
-A model request whose tools include the agent's shell tool and that carries no tool result yet
-is answered with one call of it (`echo exod-tool-ran`); any other with a fixed text. So one
-session shows the agent's first request, its tool round trip and its follow-up.
+Or, given an upstream (exod), a recording proxy: what the client sent, and what exod
+answered, relayed as it streams.
+
+Canned: a model request whose tools include the agent's shell tool and that carries no tool
+result yet is answered with one call of it (`echo exod-tool-ran`); any other with a fixed
+text. So one session shows the agent's first request, its tool round trip and its follow-up.
 
 Stdlib only: it must run where nothing but Python is set up.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 from collections.abc import Iterator
@@ -138,7 +142,8 @@ def chat_stream(body: dict[str, Any]) -> Iterator[bytes]:
 
 
 class Recorder:
-    """The requests seen, in order, each as a JSON-able dict."""
+    """The exchanges seen, in order: each request as a JSON-able dict, with what was answered
+    (`status`; through a proxy also `response_headers` and the `response` body as text)."""
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
@@ -148,9 +153,22 @@ class Recorder:
         with self.lock:
             self.requests.append(record)
 
+    def bodies(self, path_end: str) -> list[dict[str, Any]]:
+        """The JSON bodies of the requests whose path ends with `path_end`."""
+        with self.lock:
+            return [r["body"] for r in self.requests if r["path"].endswith(path_end)]
 
-def serve(recorder: Recorder) -> ThreadingHTTPServer:
-    """Start the server on 127.0.0.1 (a port the kernel picks) in a thread; returns it."""
+
+# Not forwarded by the proxy: hop-by-hop headers, and the ones the proxy sets itself.
+_HOP = {"connection", "keep-alive", "transfer-encoding", "host", "content-length",
+        "proxy-connection", "te", "upgrade"}
+
+
+def serve(recorder: Recorder, upstream: str | None = None) -> ThreadingHTTPServer:
+    """Start the server on 127.0.0.1 (a port the kernel picks) in a thread; returns it.
+    `upstream` ("http://HOST:PORT"): forward every request there and relay the answer as it
+    comes (streams stay streams), recording both, instead of answering with canned streams."""
+    target = urlsplit(upstream) if upstream else None
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -158,7 +176,7 @@ def serve(recorder: Recorder) -> ThreadingHTTPServer:
         def log_message(self, *args: Any) -> None:
             pass
 
-        def _record(self) -> dict[str, Any]:
+        def _record(self) -> tuple[dict[str, Any], bytes]:
             url = urlsplit(self.path)
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b""
@@ -172,9 +190,11 @@ def serve(recorder: Recorder) -> ThreadingHTTPServer:
                       "query": dict(parse_qsl(url.query, keep_blank_values=True)),
                       "headers": headers, "body": body}
             recorder.add(record)
-            return record
+            return record, raw
 
-        def _send(self, status: int, chunks: Iterator[bytes], kind: str) -> None:
+        def _send(self, status: int, chunks: Iterator[bytes], kind: str,
+                  record: dict[str, Any]) -> None:
+            record["status"] = status
             self.send_response(status)
             self.send_header("content-type", kind)
             self.send_header("cache-control", "no-cache")
@@ -185,23 +205,52 @@ def serve(recorder: Recorder) -> ThreadingHTTPServer:
             self.wfile.flush()
             self.close_connection = True
 
+        def _forward(self, record: dict[str, Any], raw: bytes) -> None:
+            assert target is not None and target.hostname and target.port
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=600)
+            try:
+                conn.request(self.command, self.path, body=raw or None, headers={
+                    k: v for k, v in self.headers.items() if k.lower() not in _HOP})
+                resp = conn.getresponse()
+                record["status"] = resp.status
+                record["response_headers"] = {k.lower(): v for k, v in resp.getheaders()}
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in _HOP:
+                        self.send_header(k, v)
+                self.send_header("connection", "close")  # the body ends where the stream does
+                self.end_headers()
+                got = bytearray()
+                while chunk := resp.read1(65536):
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+                    got += chunk
+                record["response"] = got.decode(errors="replace")
+            finally:
+                conn.close()
+            self.close_connection = True
+
         def _answer(self) -> None:
-            record = self._record()
+            record, raw = self._record()
+            if target is not None:
+                self._forward(record, raw)
+                return
             body = record["body"] if isinstance(record["body"], dict) else {}
             path = record["path"]
             if self.command == "POST" and path.endswith("/messages"):
-                self._send(200, messages_stream(body), "text/event-stream")
+                self._send(200, messages_stream(body), "text/event-stream", record)
             elif self.command == "POST" and path.endswith("/responses"):
-                self._send(200, responses_stream(body), "text/event-stream")
+                self._send(200, responses_stream(body), "text/event-stream", record)
             elif self.command == "POST" and path.endswith("/chat/completions"):
-                self._send(200, chat_stream(body), "text/event-stream")
+                self._send(200, chat_stream(body), "text/event-stream", record)
             else:
                 err = json.dumps({"error": {"message": f"no {path} here"}}).encode()
-                self._send(404, iter([err]), "application/json")
+                self._send(404, iter([err]), "application/json", record)
 
         do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = _answer
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
