@@ -54,7 +54,7 @@ model_provider = "exod"
 [model_providers.exod]
 name = "exod"
 base_url = "{base_url}/v1"
-env_key = "EXOD_API_KEY"
+env_key = "EXOD_API_TOKEN"
 wire_api = "responses"
 
 [analytics]
@@ -72,7 +72,7 @@ def codex(base_url: str, model: str, prompt: str, home: Path, cwd: Path) -> Run:
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True, exist_ok=True)
     (codex_home / "config.toml").write_text(CODEX_CONFIG.format(model=model, base_url=base_url))
-    env = {**_base_env(home), "CODEX_HOME": str(codex_home), "EXOD_API_KEY": KEY}
+    env = {**_base_env(home), "CODEX_HOME": str(codex_home), "EXOD_API_TOKEN": KEY}
     return Run([str(BIN / "codex"), "exec", "--skip-git-repo-check", prompt], env, cwd)
 
 
