@@ -78,7 +78,7 @@ def _build(family: str, bits: int | None, seed: int, overrides: dict[str, Any] |
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     write_json(out / "config.json", config)
-    _copy_tokenizer(out)
+    copy_tokenizer(out)
 
 
 def model_classes(model_type: str) -> tuple[Any, Any]:
@@ -114,7 +114,7 @@ def _silence_unknown_tokens(model: Any, vocab: int) -> None:
     model.update(tree_unflatten(tables))
 
 
-def _copy_tokenizer(out: Path) -> None:
+def copy_tokenizer(out: Path) -> None:
     """The tiny test tokenizer (vocab 1024), trained once and copied into every model."""
     from tests.models.tiny import _write_tokenizer
 
