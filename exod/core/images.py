@@ -81,3 +81,14 @@ def text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     return "".join(p["text"] for p in content if p.get("type") == "text")
+
+
+def first_image_part(messages: list[dict[str, Any]]) -> str | None:
+    """Where the first image part of the messages is (`messages[i].content[j]`), or None."""
+    for i, msg in enumerate(messages):
+        content = msg.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if isinstance(part, dict) and part.get("type") == "image":
+                    return f"messages[{i}].content[{j}]"
+    return None

@@ -30,7 +30,7 @@ from tests.models.tiny import BOS, EOS, PAD
 from tests.models.vision_families import FAMILIES, Family, chatml
 from tests.models.zoo import copy_tokenizer
 
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 2  # the models; `reference` may change freely
 EOS_ID = 2  # the tiny tokenizer's <|im_end|>
 
 
@@ -123,7 +123,9 @@ def test_image(width: int = 64, height: int = 48, seed: int = 0) -> Any:
 def reference(model_dir: Path, prompt: str, images: list[Any], max_tokens: int
               ) -> dict[str, Any]:
     """What in-process mlx-vlm generates, greedily, in float32 (as exod's runner computes on
-    CPU), for `prompt` with `images` (PIL images): {"tokens", "prompt_tokens"}."""
+    CPU), for a user's message of `images` (PIL images) then `prompt`, as content parts (the
+    images where they are put, not where the family's default would put them: `CONTENT`):
+    {"tokens", "prompt_tokens"}."""
     import mlx.core as mx
     from mlx_vlm import apply_chat_template, load
     from mlx_vlm.generate import stream_generate
@@ -131,10 +133,18 @@ def reference(model_dir: Path, prompt: str, images: list[Any], max_tokens: int
     model, processor = cast("tuple[Any, Any]", load(str(model_dir)))
     model.set_dtype(mx.float32)
     _tokenizer_kwargs_stay_out(processor)
-    text: Any = apply_chat_template(processor, model.config, prompt, num_images=len(images))
+    text: Any = apply_chat_template(processor, model.config,
+                                    [{"role": "user", "content": content(prompt, len(images))}],
+                                    num_images=len(images))
     *_, last = stream_generate(model, processor, text, image=images or None,
                                max_tokens=max_tokens, temperature=0.0)
     return {"tokens": list(last.token_ids or []), "prompt_tokens": last.prompt_tokens}
+
+
+def content(prompt: str, images: int) -> list[dict[str, Any]]:
+    """A user's content of `images` image parts then `prompt`, in mlx-vlm's (and the OpenAI
+    API's) shape; exod's wire has the images by index instead: {"type": "image", "image": i}."""
+    return [*([{"type": "image"}] * images), {"type": "text", "text": prompt}]
 
 
 # What mlx-vlm's generate passes every processor for its tokenizer (mlx_vlm.utils.process_inputs).

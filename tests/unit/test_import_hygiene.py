@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 
 from tests.unit.test_package_contents import entry_points, reachable
-from tests.unit.test_structure import imports, sources
+from tests.unit.test_structure import PACKAGE, imports, sources
 
 # Engines and the heavy libraries they bring (transformers, images, arrays).
 HEAVY = frozenset({"mlx", "mlx_lm", "mlx_vlm", "transformers", "tokenizers", "PIL", "cv2",
@@ -54,3 +54,4 @@ def test_mlx_vlm_is_imported_only_by_the_vision_runner() -> None:
                      if "mlx_vlm" in external_imports(tree)
                      and not (name == VISION_HOME or name.startswith(VISION_HOME + ".")))
     assert outside == []
+    assert (PACKAGE / "runner" / "vision" / "__init__.py").is_file()
