@@ -18,13 +18,13 @@ import pytest
 
 from tests.harness import REPO
 from tests.models.vision_families import FAMILIES
-from tests.shared import made_once, shared_dir
+from tests.shared import made_once
 
 PROMPT = "What is in the picture?"
 Zoo = dict[str, dict[str, Any]]
 
 
-def vision_zoo(root: Path, *args: str) -> Zoo:
+def run_zoo(root: Path, *args: str) -> Zoo:
     """`python -m tests.models.vision_zoo ROOT ARGS`: family -> {"path", "tokens"}."""
     proc = subprocess.run(
         [sys.executable, "-m", "tests.models.vision_zoo", str(root), *args], cwd=REPO,
@@ -36,11 +36,10 @@ def vision_zoo(root: Path, *args: str) -> Zoo:
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Zoo]:
-    root = shared_dir(tmp_path_factory, "vision-zoo")
+def zoo(tmp_path_factory: pytest.TempPathFactory, vision_zoo: Path) -> tuple[Path, Zoo]:
     made: Zoo = made_once(tmp_path_factory, "vision-zoo-tokens",
-                          lambda _: vision_zoo(root, "--prompt", PROMPT))
-    return root, made
+                          lambda _: run_zoo(vision_zoo, "--prompt", PROMPT))
+    return vision_zoo, made
 
 
 def test_every_family_loads_and_generates_the_same_tokens_each_time(
@@ -48,15 +47,15 @@ def test_every_family_loads_and_generates_the_same_tokens_each_time(
     root, first = zoo
     assert sorted(first) == sorted(FAMILIES)
     assert all(len(info["tokens"]) == 8 for info in first.values()), first
-    again = vision_zoo(root, "--prompt", PROMPT)  # a new process, the models as made
+    again = run_zoo(root, "--prompt", PROMPT)  # a new process, the models as made
     assert {f: i["tokens"] for f, i in again.items()} == {f: i["tokens"] for f, i in first.items()}
 
 
 def test_the_picture_changes_the_tokens_and_several_or_none_work(zoo: tuple[Path, Zoo]) -> None:
     root, first = zoo
-    others = [vision_zoo(root, "--prompt", PROMPT, "--image-seed", str(s)) for s in (1, 2)]
-    two = vision_zoo(root, "--prompt", PROMPT, "--images", "2")
-    none = vision_zoo(root, "--prompt", PROMPT, "--images", "0")
+    others = [run_zoo(root, "--prompt", PROMPT, "--image-seed", str(s)) for s in (1, 2)]
+    two = run_zoo(root, "--prompt", PROMPT, "--images", "2")
+    none = run_zoo(root, "--prompt", PROMPT, "--images", "0")
     for family, one in first.items():
         # Random weights see little: over three pictures, at least two answers.
         seen = {tuple(one["tokens"])} | {tuple(o[family]["tokens"]) for o in others}
@@ -64,14 +63,15 @@ def test_the_picture_changes_the_tokens_and_several_or_none_work(zoo: tuple[Path
         # Each picture is its placeholders in the prompt, as the family's processor makes them.
         counts = [none[family]["prompt_tokens"], one["prompt_tokens"],
                   two[family]["prompt_tokens"]]
+        # (Not exactly as many each: Gemma 3's "\n\n" around two pictures side by side
+        # tokenize as one "\n\n\n\n".)
         assert counts[0] < counts[1] < counts[2], (family, counts)
-        assert counts[2] - counts[1] == counts[1] - counts[0], (family, counts)
         assert len(two[family]["tokens"]) == len(none[family]["tokens"]) == 8, family
 
 
 def test_the_models_are_made_byte_for_byte_alike(tmp_path: Path) -> None:
-    vision_zoo(tmp_path / "a", "qwen2_5_vl", "llava")
-    vision_zoo(tmp_path / "b", "qwen2_5_vl", "llava")
+    run_zoo(tmp_path / "a", "qwen2_5_vl", "llava")
+    run_zoo(tmp_path / "b", "qwen2_5_vl", "llava")
     for family in ("qwen2_5_vl", "llava"):
         a, b = tmp_path / "a" / family, tmp_path / "b" / family
         names = sorted(p.name for p in a.iterdir())

@@ -107,7 +107,7 @@ def _write_weights(config: dict[str, Any], seed: int, out: Path) -> None:
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
-def test_image(width: int = 64, height: int = 48, seed: int = 0) -> Any:
+def picture(width: int = 64, height: int = 48, seed: int = 0) -> Any:
     """A small deterministic RGB picture (a PIL image): seeded noise over a seeded colour, so
     two seeds differ everywhere, as two photographs do."""
     import numpy as np
@@ -124,8 +124,8 @@ def reference(model_dir: Path, prompt: str, images: list[Any], max_tokens: int
               ) -> dict[str, Any]:
     """What in-process mlx-vlm generates, greedily, in float32 (as exod's runner computes on
     CPU), for a user's message of `images` (PIL images) then `prompt`, as content parts (the
-    images where they are put, not where the family's default would put them: `CONTENT`):
-    {"tokens", "prompt_tokens"}."""
+    images where they are put, not where the family's default would put them: `content`):
+    {"tokens", "prompt_tokens", "text": the tokens decoded}."""
     import mlx.core as mx
     from mlx_vlm import apply_chat_template, load
     from mlx_vlm.generate import stream_generate
@@ -138,7 +138,9 @@ def reference(model_dir: Path, prompt: str, images: list[Any], max_tokens: int
                                     num_images=len(images))
     *_, last = stream_generate(model, processor, text, image=images or None,
                                max_tokens=max_tokens, temperature=0.0)
-    return {"tokens": list(last.token_ids or []), "prompt_tokens": last.prompt_tokens}
+    tokens = list(last.token_ids or [])
+    return {"tokens": tokens, "prompt_tokens": last.prompt_tokens,
+            "text": processor.tokenizer.decode(tokens)}
 
 
 def content(prompt: str, images: int) -> list[dict[str, Any]]:
@@ -183,7 +185,7 @@ def main(root: Path, families: tuple[str, ...], prompt: str | None, images: int,
     """Make the tiny vision models of FAMILIES (default: all) under ROOT; print one JSON object:
     family -> {"path", and with --prompt "tokens" (mlx-vlm's, greedy) and "prompt_tokens"}, the
     images being
-    test_image(seed=image_seed + i) for i < images}."""
+    picture(seed=image_seed + i) for i < images}."""
     out: dict[str, dict[str, Any]] = {}
     for family in families or tuple(FAMILIES):
         try:
@@ -192,7 +194,7 @@ def main(root: Path, families: tuple[str, ...], prompt: str | None, images: int,
             raise click.UsageError(str(e)) from e
         out[family] = {"path": str(path)}
         if prompt is not None:
-            pics = [test_image(seed=image_seed + i) for i in range(images)]
+            pics = [picture(seed=image_seed + i) for i in range(images)]
             out[family].update(reference(path, prompt, pics, max_tokens))
     click.echo(json.dumps(out))
 
