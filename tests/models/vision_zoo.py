@@ -17,6 +17,7 @@ exod's vision runner must reproduce.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 from pathlib import Path
@@ -35,11 +36,13 @@ EOS_ID = 2  # the tiny tokenizer's <|im_end|>
 
 
 def make_vision_model(out_dir: Path, family: str, *, seed: int = 0,
-                      force: bool = False) -> Path:
-    """Make (or reuse) the tiny vision model of `family` at `out_dir`."""
+                      overrides: dict[str, Any] | None = None, force: bool = False) -> Path:
+    """Make (or reuse) the tiny vision model of `family` at `out_dir`. `overrides` set values
+    by path (benchmarks make bigger ones): "hidden_size", "vision_config/depth", and in the
+    processor's files "@preprocessor_config.json/max_pixels"."""
     if family not in FAMILIES:
         raise ValueError(f"no tiny vision config for family {family!r}")
-    spec = FAMILIES[family]
+    spec = with_overrides(FAMILIES[family], overrides or {})
     params = {"generator": "tests.models.vision_zoo", "version": GENERATOR_VERSION,
               "family": family, "seed": seed, "config": spec.config, "tokens": spec.tokens,
               "marker": spec.marker, "files": spec.files, "tokenizer": spec.tokenizer_extra}
@@ -47,6 +50,21 @@ def make_vision_model(out_dir: Path, family: str, *, seed: int = 0,
     family_seed = seed + zlib.crc32(family.encode())
     return build_atomically(Path(out_dir), params, lambda d: _build(spec, family_seed, d),
                             force=force)
+
+
+def with_overrides(spec: Family, overrides: dict[str, Any]) -> Family:
+    config, files = json.loads(json.dumps(spec.config)), json.loads(json.dumps(spec.files))
+    for path, value in overrides.items():
+        keys = path.split("/")
+        target = files if keys[0].startswith("@") else config
+        if keys[0].startswith("@"):
+            keys[0] = keys[0][1:]
+        for key in keys[:-1]:
+            if not isinstance(target.get(key), dict):
+                raise ValueError(f"override {path!r}: no {key!r} to set it in")
+            target = target[key]
+        target[keys[-1]] = value
+    return dataclasses.replace(spec, config=config, files=files)
 
 
 def _build(spec: Family, seed: int, out: Path) -> None:
@@ -180,16 +198,22 @@ def _tokenizer_kwargs_stay_out(processor: Any) -> None:
 @click.option("--images", default=1, show_default=True, help="test images shown with it")
 @click.option("--image-seed", default=0, show_default=True, help="the first image's seed")
 @click.option("--max-tokens", default=8, show_default=True)
+@click.option("--set", "sets", multiple=True, metavar="PATH=JSON",
+              help="Override a value (bigger models), e.g. --set vision_config/depth=8.")
 def main(root: Path, families: tuple[str, ...], prompt: str | None, images: int,
-         image_seed: int, max_tokens: int) -> None:
+         image_seed: int, max_tokens: int, sets: tuple[str, ...]) -> None:
     """Make the tiny vision models of FAMILIES (default: all) under ROOT; print one JSON object:
     family -> {"path", and with --prompt "tokens" (mlx-vlm's, greedy) and "prompt_tokens"}, the
     images being
     picture(seed=image_seed + i) for i < images}."""
+    try:
+        overrides = {k: json.loads(v) for k, _, v in (x.partition("=") for x in sets)}
+    except ValueError as e:
+        raise click.UsageError(f"--set: {e}") from e
     out: dict[str, dict[str, Any]] = {}
     for family in families or tuple(FAMILIES):
         try:
-            path = make_vision_model(root / family, family)
+            path = make_vision_model(root / family, family, overrides=overrides)
         except ValueError as e:
             raise click.UsageError(str(e)) from e
         out[family] = {"path": str(path)}
