@@ -29,7 +29,7 @@ from exod.models._io import build_atomically, tokenizer_config, write_json
 from tests.models.added_tokens import add_tokens
 from tests.models.tiny import BOS, EOS, PAD
 from tests.models.vision_families import FAMILIES, Family, chatml
-from tests.models.zoo import copy_tokenizer
+from tests.models.zoo import copy_tokenizer, parse_sets
 
 GENERATOR_VERSION = 2  # the models; `reference` may change freely
 EOS_ID = 2  # the tiny tokenizer's <|im_end|>
@@ -206,10 +206,7 @@ def main(root: Path, families: tuple[str, ...], prompt: str | None, images: int,
     family -> {"path", and with --prompt "tokens" (mlx-vlm's, greedy) and "prompt_tokens"}, the
     images being
     picture(seed=image_seed + i) for i < images}."""
-    try:
-        overrides = {k: json.loads(v) for k, _, v in (x.partition("=") for x in sets)}
-    except ValueError as e:
-        raise click.UsageError(f"--set: {e}") from e
+    overrides = parse_sets(sets)
     out: dict[str, dict[str, Any]] = {}
     for family in families or tuple(FAMILIES):
         try:

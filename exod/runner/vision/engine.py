@@ -40,9 +40,10 @@ from exod.core.request_rules import RequestError
 from exod.runner.log import ERR, log
 from exod.runner.serving import model_checks, tool_calls
 from exod.runner.serving.grammar import Grammars
-from exod.runner.serving.output import Output, with_pieces
+from exod.runner.serving.output import Output
 from exod.runner.serving.prepare import Checked, Processor, Sampler, check_request
 from exod.runner.serving.reading import Prompt
+from exod.runner.serving.token_events import done, show_token
 from exod.runner.vision.features import FeatureCache
 from exod.runner.vision.prompt import Seen, read_seen
 
@@ -222,26 +223,15 @@ class VisionEngine:
     def _on_token(self, r: _Request, resp: Any) -> list[m.Event]:
         r.prefilling = False
         r.completion_tokens += 1
-        reason = resp.finish_reason
-        # An end-of-sequence token is never shown (as stream_generate).
-        piece = r.out.add(resp.token, None, eos=reason == "stop", last=reason is not None)
-        pieces: list[tool_calls.Piece] = r.calls.feed(piece.text) if r.calls else [piece.text]
-        if r.out.stopped or (r.calls and r.calls.done):
-            if reason is None:  # a stop sequence or the one call wanted: it leaves the batch
-                self._gen.remove(r.uid)
-            pieces += r.calls.flush() if r.calls else []
-            reason = "stop"
-        elif reason is not None:
-            pieces += r.calls.flush() if r.calls else []
-        events = with_pieces(r.rid, piece, tool_calls.events(r.rid, pieces))
-        if not events and reason is None:  # a token all the same: progress for the hang watch
-            events.append(m.Held(r.rid, r.completion_tokens))
-        if reason is not None:
-            self._forget(r)
-            events.append(m.Done(r.rid, tool_calls.finish_reason(reason, r.calls),
-                                 r.prompt_tokens, r.completion_tokens, r.out.stops.matched,
-                                 0, r.out.reasoning_tokens))
-        return events
+        shown = show_token(r.rid, r.out, r.calls, resp.token, None, resp.finish_reason,
+                           r.completion_tokens)
+        if shown.early:  # a stop sequence or the one call wanted: it leaves the batch now
+            self._gen.remove(r.uid)
+        if shown.reason is None:
+            return shown.events
+        self._forget(r)
+        return [*shown.events, done(r.rid, shown.reason, r.out, r.calls, r.prompt_tokens,
+                                    r.completion_tokens)]
 
 
 def _draws(sampler: Sampler) -> Processor:
