@@ -63,7 +63,7 @@ def address_problem(address: str, allow: tuple[Network, ...] = ()) -> str | None
     try:
         ip: Address = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
-        return f"{address!r} is not an IP address"
+        return f"{address!r}, which is not an IP address"
     if isinstance(ip, ipaddress.IPv6Address):  # an IPv4 address in IPv6 clothes is that address
         inner = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
         if inner is not None:
@@ -71,13 +71,13 @@ def address_problem(address: str, allow: tuple[Network, ...] = ()) -> str | None
     if any(ip in net for net in allow):
         return None
     if ip.is_loopback:
-        return f"{ip} is a loopback address"
+        return f"{ip}, a loopback address"
     if ip.is_link_local:
-        return f"{ip} is a link-local address"
+        return f"{ip}, a link-local address"
     if ip.is_multicast:
-        return f"{ip} is a multicast address"
+        return f"{ip}, a multicast address"
     if not ip.is_global:
-        return f"{ip} is a private or reserved address"
+        return f"{ip}, a private or reserved address"
     return None
 
 
