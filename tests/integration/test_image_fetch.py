@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest

@@ -29,7 +29,7 @@ blas.preload()  # before mlx, as in the runner
 from exod.runner.vision.engine import VisionEngine  # noqa: E402
 from exod.runner.vision.load import LoadedVision, load_vision  # noqa: E402
 from tests.models.vision_families import FAMILIES  # noqa: E402
-from tests.models.vision_zoo import reference, picture  # noqa: E402
+from tests.models.vision_zoo import make_vision_model, picture, reference  # noqa: E402
 from tests.unit.test_vision_images import HOSTILE  # noqa: E402
 
 PROMPT = "What is in the picture?"
@@ -54,14 +54,15 @@ def zoo() -> Path:
     return Path(os.environ["EXOD_TEST_VISION_ZOO"])
 
 
-_loaded: dict[str, LoadedVision] = {}
+_loaded: dict[Path, LoadedVision] = {}
 
 
 def loaded(zoo: Path, family: str) -> LoadedVision:
-    if family not in _loaded:
-        _loaded[family] = load_vision(zoo / family, dtype="auto", progress=lambda i, n: None,
-                                      should_stop=lambda: False)
-    return _loaded[family]
+    if zoo / family not in _loaded:
+        _loaded[zoo / family] = load_vision(zoo / family, dtype="auto",
+                                            progress=lambda i, n: None,
+                                            should_stop=lambda: False)
+    return _loaded[zoo / family]
 
 
 def engine(zoo: Path, family: str, width: int = 4, **kw: Any) -> Recording:
@@ -139,6 +140,127 @@ def test_the_second_turn_about_the_same_picture_skips_the_tower(zoo: Path,
     run(fresh, [again])
     assert fresh.tokens["again"] == eng.tokens[second.id]
     assert fresh.features.lookups == 0
+
+
+def follow_up(first: m.Generate, rid: str, seeds: list[int], prompt: str,
+              answer: str = "A picture.") -> m.Generate:
+    """The next turn after `first` and its `answer`: a user's message showing the pictures of
+    `seeds` (besides `first`'s), then `prompt`."""
+    assert first.messages is not None
+    parts: list[Any] = [{"type": "image", "image": len(first.images) + i}
+                        for i in range(len(seeds))]
+    content: Any = [*parts, {"type": "text", "text": prompt}] if seeds else prompt
+    return m.Generate(id=rid, kind="chat", max_tokens=N, temperature=0.0,
+                      images=[*first.images, *(png(picture(seed=s)) for s in seeds)],
+                      messages=[*first.messages, {"role": "assistant", "content": answer},
+                                {"role": "user", "content": content}])
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_next_turn_about_the_same_picture_starts_from_the_prompt_cache(
+        zoo: Path, tmp_path_factory: pytest.TempPathFactory, family: str) -> None:
+    """The first turn's prompt and answer are in the cache: the second (the answer sent back as
+    it came) prefills the rest only, runs no tower, and gives the tokens of an engine without
+    any cache. Gemma 3's sliding layers keep a window of 8 tokens in the zoo, too few to take
+    back the random answer's last tokens (which the text sent back does not spell the same
+    way): here its window is 64, as a real one holds a turn (1024)."""
+    if family == "gemma3":
+        zoo = tmp_path_factory.mktemp("wide")
+        make_vision_model(zoo / family, family, overrides={"text_config/sliding_window": 64})
+    eng = engine(zoo, family, cache_bytes=64 << 20)
+    first = ask([1])
+    run(eng, [first])
+    runs = eng.features.runs
+    answer = eng.tokenizer.decode(eng.tokens[first.id])
+    second = follow_up(first, "second", [], "And its colour?", answer)
+    ends = run(eng, [second])
+    done = ends["second"]
+    assert isinstance(done, m.Done), done
+    assert done.cached_tokens >= ends_first(eng, first) > 0, (done, family)
+    assert eng.features.runs == runs  # the picture's tower output came from its cache
+    cold = engine(zoo, family, feature_bytes=0)
+    again = dataclasses.replace(second, id="cold")
+    run(cold, [again])
+    assert cold.tokens["cold"] == eng.tokens["second"], family
+
+
+def ends_first(eng: Recording, first: m.Generate) -> int:
+    """Tokens of the first turn's prompt (all of them in the second's, and cached)."""
+    return len(eng.read(first).tokens)
+
+
+def test_another_picture_shares_no_cached_prefix_past_its_first_placeholder(zoo: Path) -> None:
+    eng = engine(zoo, "qwen2_5_vl", cache_bytes=64 << 20)
+    first = ask([1])
+    run(eng, [first])
+    other = ask([2])
+    ends = run(eng, [other])
+    done = ends[other.id]
+    assert isinstance(done, m.Done)
+    tokens = eng.read(other).tokens
+    first_placeholder = min(i for i, t in enumerate(tokens) if t in eng.placeholders)
+    assert 0 < done.cached_tokens <= first_placeholder
+    fresh = engine(zoo, "qwen2_5_vl")
+    again = dataclasses.replace(other, id="fresh")
+    run(fresh, [again])
+    assert fresh.tokens["fresh"] == eng.tokens[other.id]
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", "llava", "mistral3"])
+def test_a_new_picture_beside_a_seen_one_runs_the_tower_on_the_new_one_only(
+        zoo: Path, family: str) -> None:
+    eng = engine(zoo, family)
+    first = ask([1])
+    run(eng, [first])
+    second = follow_up(first, "second", [4], "And this one?")
+    run(eng, [second])
+    assert (eng.features.lookups, eng.features.hits, len(eng.features)) == (3, 1, 2)
+    # Each picture's output is the one the tower gives it alone (the tower is not exactly
+    # batch-invariant: run on both together, the last bits may differ): seen alone first, then
+    # both from the cache, they give the same tokens.
+    alone = engine(zoo, family)
+    run(alone, [ask([1])])
+    run(alone, [ask([4])])
+    runs = alone.features.runs
+    run(alone, [dataclasses.replace(second, id="alone")])
+    assert alone.features.runs == runs
+    assert alone.tokens["alone"] == eng.tokens["second"], family
+    both = engine(zoo, family)  # both pictures new: one call, kept per picture
+    run(both, [dataclasses.replace(second, id="both")])
+    assert (both.features.runs, len(both.features)) == (1, 2)
+    run(both, [dataclasses.replace(second, id="both again")])
+    assert both.features.runs == 1 and both.tokens["both again"] == both.tokens["both"]
+
+
+def test_logprobs_are_the_distribution_each_token_was_drawn_from(zoo: Path) -> None:
+    eng = engine(zoo, "qwen2_5_vl")
+    greedy = ask([0], logprobs=True, top_logprobs=3)
+    sampled = ask([0], temperature=1.5, seed=3, logprobs=True, top_logprobs=3)
+    plain = ask([0])
+    texts: dict[str, list[m.TokenLogprob]] = {}
+    for req in (greedy, sampled, plain):
+        eng.admit(req, eng.read(req))
+    ends: dict[str, m.Event] = {}
+    while len(ends) < 3:
+        for ev in eng.step():
+            if isinstance(ev, m.Text):
+                texts.setdefault(ev.id, []).extend(ev.logprobs)
+            elif isinstance(ev, (m.Done, m.Error)):
+                ends[ev.id] = ev
+    assert eng.tokens[greedy.id] == eng.tokens[plain.id]  # asking changes no token
+    assert not texts.get(plain.id)
+    for rid in (greedy.id, sampled.id):
+        got = texts[rid]
+        assert len(got) == N, (rid, len(got))
+        for entry in got:
+            assert len(entry.top) == 3
+            tops = [t.logprob for t in entry.top]
+            assert tops == sorted(tops, reverse=True) and tops[0] < 0.0
+            assert entry.logprob <= tops[0]
+    # Greedy: each token is the most probable one; sampled: the draw shows its probability,
+    # not the one-hot the generator was handed (a logprob of 0 for every token).
+    assert all(e.logprob == e.top[0].logprob for e in texts[greedy.id])
+    assert any(e.logprob < e.top[0].logprob for e in texts[sampled.id])
 
 
 def test_a_seed_reproduces_alone_and_in_a_batch(zoo: Path) -> None:

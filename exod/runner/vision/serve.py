@@ -105,6 +105,7 @@ def run_loop(r: Runner, loaded: LoadedVision) -> None:
     engine = VisionEngine(loaded.model, loaded.processor, loaded.tokenizer,
                           width=args.max_concurrency, prefill_step=args.prefill_step,
                           grammar_limits=args.grammar_limits,
-                          feature_bytes=FEATURE_CACHE_BYTES, on_new_generator=wired_limit)
+                          feature_bytes=FEATURE_CACHE_BYTES, cache_bytes=args.prompt_cache_bytes,
+                          on_new_generator=wired_limit)
     r.report.ready(vocab_size=engine.vocab, context_length=engine.window or 0)
     ServeLoop(engine, r.channel, r.life, r.report, args.heartbeat).run()
