@@ -116,9 +116,20 @@ class Pictured:
 
 
 def pictured(pics: Pictures, messages: list[dict[str, Any]]) -> Pictured:
-    placed = {part["image"]: f"messages[{i}].content[{j}]" for i, msg in enumerate(messages)
-              if isinstance(msg.get("content"), list)
-              for j, part in enumerate(msg["content"]) if part["type"] == "image"}
+    """What `Generate` carries of the pictures the messages place (only a user's may: a
+    template shows no picture in another turn)."""
+    placed = {}
+    for i, msg in enumerate(messages):
+        if not isinstance(msg.get("content"), list):
+            continue
+        for j, part in enumerate(msg["content"]):
+            if part["type"] != "image":
+                continue
+            if msg["role"] != "user":
+                where = pics.sources[part["image"]].where
+                raise RequestError(f"`{where}`: a picture belongs to a user message, not to "
+                                   f"a {msg['role']} message", where)
+            placed[part["image"]] = f"messages[{i}].content[{j}]"
     return Pictured([Image(s.data or "") for s in pics.sources],
                     {at: pics.sources[n].where for n, at in placed.items()
                      if pics.sources[n].where != at})

@@ -79,6 +79,14 @@ def test_chat_image_url_parts_data_and_http_in_several_turns() -> None:
     assert req.ignored == ()  # `detail` has no effect, and is no unknown field
 
 
+@pytest.mark.parametrize("role", ["system", "developer", "assistant"])
+def test_a_picture_belongs_to_a_user_message(role: str) -> None:
+    e = says(chat, {"role": role, "content": [{"type": "image_url", "image_url": DATA}]})
+    assert e.param == "messages[0].content[0]" and "user message" in e.message
+    e = says(resp, {"role": role, "content": [{"type": "input_image", "image_url": DATA}]})
+    assert e.param == "input[0].content[0]"
+
+
 def test_chat_text_parts_alone_stay_joined_text() -> None:
     req = chat({"role": "user", "content": [text("a"), text("b")]})
     assert req.gen.messages == [{"role": "user", "content": "ab"}] and not req.pictures
