@@ -18,6 +18,7 @@ from pathlib import Path
 from exod.config.checks import Issue
 from exod.config.model_dir import config_json
 from exod.config.schema import Instance
+from exod.core.memory import Tower
 
 INSTALL = "pip install 'exod[vision]'"
 
@@ -36,6 +37,31 @@ def sees(model_dir: Path) -> str | None:
             and (vlm / "models" / kind).is_dir() and not _mlx_lm_serves(kind):
         return f"mlx-vlm serves its model type {kind!r} and mlx-lm does not"
     return None
+
+
+def tower(model_dir: Path) -> Tower | None:
+    """A model that sees: its tower's width and the patches of the largest picture its
+    processor makes (a fixed `image_size`, else the processor's `max_pixels`, else that of a
+    1024 x 1024 picture); None for a model that does not see."""
+    if sees(model_dir) is None:
+        return None
+    data = config_json(model_dir) or {}
+    vision = data.get("vision_config")
+    vision = vision if isinstance(vision, dict) else {}
+    hidden = _positive(vision.get("hidden_size")) or 1024
+    patch = _positive(vision.get("patch_size")) or 14
+    side = _positive(vision.get("image_size"))
+    if side:
+        return Tower(hidden, (side // patch) ** 2)
+    pre = config_json(model_dir, "preprocessor_config.json") or {}
+    size = pre.get("size")
+    pixels = _positive(pre.get("max_pixels")) or (
+        _positive(size.get("max_pixels")) if isinstance(size, dict) else 0)
+    return Tower(hidden, (pixels or 1024 * 1024) // patch ** 2)
+
+
+def _positive(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def have_extra() -> bool:

@@ -10,6 +10,7 @@ import argparse
 from typing import TYPE_CHECKING, Protocol
 
 from exod import messages as m
+from exod.core import memory
 from exod.core.exits import EXIT_MODEL, EXIT_OK, EXIT_UNAVAILABLE
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
@@ -29,7 +30,7 @@ class Runner(Protocol):
     report: Reporter
 
 # Bytes of vision tower output kept for the next turns about the same pictures.
-FEATURE_CACHE_BYTES = 256 << 20
+FEATURE_CACHE_BYTES = memory.FEATURE_CACHE_BYTES
 
 
 def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
