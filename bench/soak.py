@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import statistics
 import subprocess
@@ -40,6 +39,7 @@ from tests.harness import Daemon
 MINUTES = float(os.environ.get("EXOD_SOAK_MINUTES", "60"))
 WARMUP = float(os.environ.get("EXOD_SOAK_WARMUP", str(MINUTES / 6)))
 TRACE = os.environ.get("EXOD_SOAK_TRACE") == "1"
+TYPES = os.environ.get("EXOD_SOAK_TRACE") == "types"  # object counts by type: cheap
 CLIENTS = 6
 SAMPLE = 5.0  # seconds between RSS samples
 WINDOW = 12  # samples per window (a minute)
@@ -214,14 +214,50 @@ TRACER = textwrap.dedent("""
         tracemalloc.start(12)
         def _dump(sig, frame):
             import os
-            tracemalloc.take_snapshot().dump(os.environ["EXOD_SOAK_SNAPSHOT"] + str(sig))
+            path = os.environ["EXOD_SOAK_SNAPSHOT"] + str(sig)
+            tracemalloc.take_snapshot().dump(path + ".tmp")
+            os.rename(path + ".tmp", path)
         signal.signal(signal.SIGUSR1, _dump)
         signal.signal(signal.SIGUSR2, _dump)
 """)
 
 
+COUNTER = textwrap.dedent("""
+    import sys
+    if any(a.endswith("exod") for a in sys.orig_argv[:2]) and "run" in sys.orig_argv:
+        import signal
+        def _count(sig, frame):
+            import collections, gc, json, os
+            gc.collect()
+            counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+            def rss():
+                for line in open("/proc/self/status"):
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1])
+            counts["~rss_before_trim"] = rss()
+            import ctypes
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            counts["~rss_after_trim"] = rss()
+            path = os.environ["EXOD_SOAK_SNAPSHOT"] + str(sig)
+            with open(path + ".tmp", "w") as f:
+                json.dump(counts, f)
+            os.rename(path + ".tmp", path)
+        signal.signal(signal.SIGUSR1, _count)
+        signal.signal(signal.SIGUSR2, _count)
+""")
+
+
+def type_growth(folder: Path) -> list[str]:
+    first = json.loads((folder / f"snap-{int(signal.SIGUSR1)}").read_text())
+    last = json.loads((folder / f"snap-{int(signal.SIGUSR2)}").read_text())
+    diff = sorted(((last.get(k, 0) - first.get(k, 0), k) for k in set(first) | set(last)),
+                  reverse=True)
+    return [f"{d:+d} {k} (now {last.get(k, 0)})" for d, k in diff[:20] if d] + [
+        f"objects in all: {sum(first.values())} -> {sum(last.values())}"]
+
+
 def traced_env(folder: Path) -> dict[str, str]:
-    (folder / "sitecustomize.py").write_text(TRACER)
+    (folder / "sitecustomize.py").write_text(COUNTER if TYPES else TRACER)
     return {"PYTHONPATH": f"{folder}:{REPO}", "EXOD_SOAK_SNAPSHOT": str(folder / "snap-")}
 
 
@@ -239,7 +275,7 @@ def growth_sites(folder: Path) -> list[str]:
 
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="soak-"))
-    env = traced_env(tmp) if TRACE else None
+    env = traced_env(tmp) if TRACE or TYPES else None
     extra = dict(kv.split("=", 1) for kv in os.environ.get("EXOD_SOAK_ENV", "").split())
     d = Daemon(config(), env={**(env or {}), **extra}, name="bench-soak")
     d.start()
@@ -263,18 +299,22 @@ def main() -> None:
             samples.append((elapsed, rss_kib(pid)))
             if not maps_warm and elapsed >= WARMUP * 60:
                 maps_warm = mappings(pid)
-            if TRACE and not traced_first and elapsed >= WARMUP * 60:
+            if (TRACE or TYPES) and not traced_first and elapsed >= WARMUP * 60:
                 os.kill(pid, signal.SIGUSR1)
                 traced_first = True
             time.sleep(SAMPLE)  # a sampling period, not a synchronisation
         maps_end = mappings(pid)
-        if TRACE:
+        if TRACE or TYPES:
             os.kill(pid, signal.SIGUSR2)
+            written = tmp / f"snap-{int(signal.SIGUSR2)}"
+            deadline = time.monotonic() + 120
+            while not written.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)  # polling for the file the daemon renames into place
     finally:
         load.stop.set()
         for t in threads:
             t.join(130)
-        rows_sites = growth_sites(tmp) if TRACE else []
+        rows_sites = growth_sites(tmp) if TRACE else type_growth(tmp) if TYPES else []
         d.close()
     after_warm = [r for t, r in samples if t >= WARMUP * 60][:WINDOW]
     last = [r for _, r in samples][-WINDOW:]
