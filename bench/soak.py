@@ -10,7 +10,7 @@ refusals (400, 404) and clients that leave mid-stream. Meanwhile a chaos thread 
 The figure: the daemon's RSS (VmRSS, sampled every `SAMPLE` s) at the end over its level just
 after warm-up, each the median of a window of samples. Goal: at most 1.02x.
 
-`EXOD_SOAK_MINUTES` (default 60) sets the length, `EXOD_SOAK_WARMUP` (default a sixth of it)
+`EXOD_SOAK_MINUTES` (default 60) sets the length, `EXOD_SOAK_CHAOS_EVERY` (default 30 s) the chaos, `EXOD_SOAK_WARMUP` (default a sixth of it)
 the warm-up. `EXOD_SOAK_TRACE=1` also runs the daemon under tracemalloc and prints the
 allocation sites that grew most between the end of warm-up and the end (a developer's tool:
 it slows the daemon).
@@ -43,7 +43,8 @@ TYPES = os.environ.get("EXOD_SOAK_TRACE") == "types"  # object counts by type: c
 CLIENTS = 6
 SAMPLE = 5.0  # seconds between RSS samples
 WINDOW = 12  # samples per window (a minute)
-CHAOS_EVERY = 20.0  # seconds between two chaos events
+# Seconds between two chaos events (EXOD_SOAK_CHAOS_EVERY).
+CHAOS_EVERY = float(os.environ.get("EXOD_SOAK_CHAOS_EVERY", "30"))
 GOAL = 1.02
 
 TOOL = {"type": "function", "function": {
