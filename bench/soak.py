@@ -10,10 +10,12 @@ refusals (400, 404) and clients that leave mid-stream. Meanwhile a chaos thread 
 The figure: the daemon's RSS (VmRSS, sampled every `SAMPLE` s) at the end over its level just
 after warm-up, each the median of a window of samples. Goal: at most 1.02x.
 
-`EXOD_SOAK_MINUTES` (default 60) sets the length, `EXOD_SOAK_CHAOS_EVERY` (default 30 s) the chaos, `EXOD_SOAK_WARMUP` (default a sixth of it)
-the warm-up. `EXOD_SOAK_TRACE=1` also runs the daemon under tracemalloc and prints the
-allocation sites that grew most between the end of warm-up and the end (a developer's tool:
-it slows the daemon).
+`EXOD_SOAK_MINUTES` (default 60) sets the length, `EXOD_SOAK_WARMUP` (default a sixth of it)
+the warm-up, `EXOD_SOAK_CHAOS_EVERY` (default 30 s) the time between two chaos events.
+`EXOD_SOAK_TRACE=1` also runs the daemon under tracemalloc and prints the allocation sites
+that grew most between the end of warm-up and the end; `EXOD_SOAK_TRACE=types` counts the
+daemon's objects by type instead, and what a trim of the heap returns (developers' tools:
+they slow the daemon).
 """
 
 from __future__ import annotations
