@@ -78,17 +78,21 @@ def extra_problem(model_dir: Path) -> str | None:
             f"exod[vision] (mlx-vlm), which is not installed: {INSTALL}")
 
 
+SPLIT_BY_LAYERS = ("a model that sees is split by layers only (parallelism: pipeline): its "
+                   "vision tower runs whole on rank 0")
+
+
 def check_vision(instance: Instance) -> list[Issue]:
-    """A model that sees, without the extra, or split across ranks (not built yet)."""
+    """A model that sees, without the extra, or split other than by layers (whether its
+    layers split is the split probe's question, as for text: exod.runner.split.probe)."""
     if instance.hub is not None:  # not on disk yet: the runner says so once it is fetched
         return []
     problem = extra_problem(instance.model)
     if problem is not None:
         return [Issue("model", problem)]
-    if instance.shards > 1 and sees(instance.model) is not None:
-        return [Issue("shards", "a model that sees runs on one rank for now (its language "
-                                "model's layers split, but the vision runner does not serve a "
-                                "group yet); serve it with shards: 1")]
+    if instance.shards > 1 and instance.parallelism != "pipeline" \
+            and sees(instance.model) is not None:
+        return [Issue("parallelism", SPLIT_BY_LAYERS)]
     return []
 
 

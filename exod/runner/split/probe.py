@@ -20,8 +20,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
+from exod.config.vision import SPLIT_BY_LAYERS, sees
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
 from exod.runner import import_table
 from exod.runner.split.wording import explain
@@ -45,6 +47,8 @@ def probe(model_dir: Path, shards: int, parallelism: str,
           layers: tuple[int, ...] | None = None) -> dict[str, Any]:
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     kind = str(config.get("model_type") or "?")
+    if sees(model_dir) is not None:
+        return _probe_vision(config, kind, shards, parallelism, layers)
     if shards > 1:
         unbatchable = _why_not_batchable(config)
         if unbatchable is not None:
@@ -61,6 +65,28 @@ def probe(model_dir: Path, shards: int, parallelism: str,
                     "model_type": kind}
         try:
             _try_rank(model, rank, shards, parallelism, layers)
+        except Exception as e:  # noqa: BLE001 -- the reason is the answer
+            why = explain(e, parallelism)
+            return {"ok": False, "reason": why.reason, "detail": why.detail, "model_type": kind}
+    return {"ok": True, "reason": None, "model_type": kind}
+
+
+def _probe_vision(config: dict[str, Any], kind: str, shards: int, parallelism: str,
+                  layers: tuple[int, ...] | None) -> dict[str, Any]:
+    """A model that sees (built by mlx-vlm, exod.runner.vision.load.build): its language
+    model's layers split as a text model's; its tower runs whole on rank 0."""
+    if shards > 1 and parallelism != "pipeline":
+        return {"ok": False, "reason": SPLIT_BY_LAYERS, "detail": None, "model_type": kind}
+    from exod.runner.vision.load import build, probe_forward
+
+    for rank in sorted({0, shards - 1}):
+        try:
+            model = build(config)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 -- the runner will say
+            return {"ok": False, "unknown": True, "reason": f"{type(e).__name__}: {e}",
+                    "model_type": kind}
+        try:
+            _try_rank(model, rank, shards, parallelism, layers, probe_forward)
         except Exception as e:  # noqa: BLE001 -- the reason is the answer
             why = explain(e, parallelism)
             return {"ok": False, "reason": why.reason, "detail": why.detail, "model_type": kind}
@@ -102,13 +128,15 @@ def _build(config: dict[str, Any]) -> Any:
 
 
 def _try_rank(model: Any, rank: int, size: int, parallelism: str,
-              layers: tuple[int, ...] | None) -> None:
+              layers: tuple[int, ...] | None,
+              forward: Callable[[Any], Any] | None = None) -> None:
     import mlx.core as mx
 
     from exod.runner.split import pipeline
     from exod.runner.split.blocks import find_blocks
     from exod.runner.split.tensor import block_sharder
 
+    run = forward or _forward
     blocks = find_blocks(model)
     total = len(blocks.items)
     if parallelism == "pipeline":
@@ -117,7 +145,7 @@ def _try_rank(model: Any, rank: int, size: int, parallelism: str,
                              "a pipeline rank needs at least one layer")
         shards = pipeline_shards(total, size, layers)
         shard: Shard = shards[rank]
-        problem = pipeline.handoff_problem(blocks, lambda: _forward(model), shards)
+        problem = pipeline.handoff_problem(blocks, lambda: run(model), shards)
         if problem is not None:
             raise ProbeError(problem)
         pipeline.install(blocks, shard, None)
@@ -128,7 +156,7 @@ def _try_rank(model: Any, rank: int, size: int, parallelism: str,
             one(block)
         _replace_group(model, fake, mx.distributed.init())
         shard = tensor_shards(total, size)[rank]
-    out = _forward(model)
+    out = run(model)
     if out.ndim != 3 or out.shape[1] != 3:
         raise ProbeError(f"the forward gives shape {tuple(out.shape)}, not (1, 3, vocab)")
 

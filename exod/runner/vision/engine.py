@@ -54,7 +54,8 @@ from exod.runner.serving.cache_key import prompt_key
 from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.logprobs import TokenText, entries
 from exod.runner.serving.output import Output
-from exod.runner.serving.prepare import Checked, Processor, Sampler, check_request
+from exod.runner.serving.prepare import (Checked, Processor, Sampler, check_request,
+                                         read_prompt)
 from exod.runner.serving.reading import Prompt
 from exod.runner.serving.token_events import done, show_token
 from exod.runner.vision.features import FeatureCache
@@ -75,6 +76,7 @@ PLACEHOLDER_KEYS = ("image_token_id", "image_token_index", "video_token_id",
 @dataclass
 class _Request:
     rid: str
+    req: m.Generate
     seen: Seen
     checked: Checked
     processors: list[Processor]
@@ -99,18 +101,21 @@ class VisionEngine:
     def __init__(self, model: Any, processor: Any, tokenizer: Any, *, width: int,
                  prefill_step: int = 256, grammar_limits: EngineLimits | None = None,
                  feature_bytes: int = 256 << 20, cache_bytes: int = 0,
-                 on_new_generator: Callable[[], None] | None = None) -> None:
+                 on_new_generator: Callable[[], None] | None = None,
+                 language_model: Any = None) -> None:
         """`tokenizer`: mlx-lm's wrapper of the model's tokenizer (detokenizer, end tokens,
         tool-call and think markers, as the text runner has them). `on_new_generator`: called
         after each generator is made (it sets Metal's wired limit as it is made; the instance's
-        own setting goes back on after it, as in exod.runner.serving.batch_engine)."""
+        own setting goes back on after it, as in exod.runner.serving.batch_engine).
+        `language_model`: what the generator calls in place of the model's own (a group's rank:
+        exod.runner.group.group_model.GroupModel over it)."""
         self._on_new_generator = on_new_generator
         self.model, self.processor, self.tokenizer = model, processor, tokenizer
+        self.language_model = language_model if language_model is not None \
+            else model.language_model
         self.width = max(1, width)
         self.prefill_step = max(MIN_CHUNK, prefill_step)
-        text_args = SimpleNamespace(args=model.config.text_config)
-        self.vocab = model_checks.model_vocab(text_args) or len(tokenizer)
-        self.window = model_checks.context_window(text_args)
+        self.vocab, self.window = sizes(model, tokenizer)
         self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or EngineLimits())
         self.features = FeatureCache(model, feature_bytes)
         self.text = TokenText(tokenizer)
@@ -124,10 +129,12 @@ class VisionEngine:
         self._ended: dict[int, _Request] = {}  # left the batch: their caches to store
         self._gen = self._new_generator()
         self.prompt_tokens = 0
+        self.failed_steps = 0  # a group must not go on after one (exod.runner.group.lockstep)
+        self.seen: Shipped | None = None  # what the last request seen gives a group's ranks
 
     def _new_generator(self) -> Generator:
         gen = Generator(
-            self.model.language_model, self.processor,
+            self.language_model, self.processor,
             stop_tokens={int(t) for t in self.tokenizer.eos_token_ids},
             completion_batch_size=self.width,
             prefill_batch_size=min(self.width, PREFILL_BATCH),
@@ -157,7 +164,7 @@ class VisionEngine:
             processors.append(_last(sampler, rows))
         out = Output(self.tokenizer.detokenizer, req.stop, checked.markers, checked.thinking)
         calls = tool_calls.splitter(self.tokenizer, req, checked.args_check)
-        self._waiting[req.id] = _Request(req.id, prompt, checked, processors, out, calls,
+        self._waiting[req.id] = _Request(req.id, req, prompt, checked, processors, out, calls,
                                          rows=rows)
 
     def cancel(self, rid: str) -> None:
@@ -170,9 +177,18 @@ class VisionEngine:
             self._store_kept()
 
     def step(self) -> list[m.Event]:
+        events = self.see_next()
+        return events + self.advance()
+
+    def see_next(self) -> list[m.Event]:
+        """The first waiting request through the vision tower and into the generator."""
+        if not self._waiting:
+            return []
+        return self._see(next(iter(self._waiting.values())))
+
+    def advance(self) -> list[m.Event]:
+        """One step of the generator: a decode step for the batch, a chunk of prompts."""
         events: list[m.Event] = []
-        if self._waiting:
-            events += self._see(next(iter(self._waiting.values())))
         if not self._by_uid:
             return events
         prefilling = [r for r in self._by_uid.values() if r.prefilling]
@@ -183,6 +199,7 @@ class VisionEngine:
             _, responses = self._gen.next()
         except Exception as e:  # noqa: BLE001 -- mlx raises many types; the batch is unusable
             log(f"batch step failed: {type(e).__name__}: {e}", ERR)
+            self.failed_steps += 1
             failed: list[m.Event] = [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")
                                      for r in self._by_uid.values()]
             self._by_uid.clear()
@@ -213,6 +230,40 @@ class VisionEngine:
             self.cancel(rid)
         return [m.Error(rid, code, message) for rid in rids]
 
+    # ---- a group's other ranks (exod.runner.vision.group) ------------------------------------
+    def request(self, rid: str) -> m.Generate:
+        """A request in the generator, as admitted."""
+        return self._by_rid[rid].req
+
+    def see_shipped(self, req: m.Generate, tokens: list[int], pictures: list[str],
+                    width: int, dtype: str, features: dict[str, mx.array]) -> None:
+        """A request as rank 0 saw it (`Shipped`), on a rank that has no vision tower: its
+        embeddings are zeros of their shape (the previous rank's hidden state replaces them)
+        and its features rank 0's. RuntimeError when it cannot go into the generator."""
+        read = read_prompt(self.tokenizer, req, self.vocab, self.window, self.grammars,
+                           tokens=tokens)
+        seen = Seen(read.tokens, read.max_tokens, read.constraint, read.args_check,
+                    keys=tuple(pictures))
+        self.admit(req, seen)
+        given = {"inputs_embeds": mx.zeros((1, len(tokens), width), getattr(mx, dtype)),
+                 **features}
+        events = self._see(self._waiting[req.id], given)
+        if any(isinstance(ev, m.Error) for ev in events):
+            self.failed_steps += 1
+            raise RuntimeError(f"request {req.id} could not go into the generator")
+
+    def follow_cache(self) -> None:
+        """Evict nothing by bytes: rank 0's entry count says what to keep (as the text
+        engine's, exod.runner.serving.batch_engine)."""
+        self._cache.max_bytes = 1 << 62
+
+    @property
+    def cache_entries(self) -> int:
+        return len(self._cache)
+
+    def trim_cache(self, entries: int) -> None:
+        self._cache.trim_to(n_sequences=entries)
+
     def serving(self) -> m.Serving:
         return m.Serving(batching="continuous", width=self.width, active=self.active,
                          prefill_step=self.prefill_step, cache_max_bytes=self.cache_bytes,
@@ -221,14 +272,14 @@ class VisionEngine:
                          cached_tokens=self.cached_tokens, prompt_tokens=self.prompt_tokens)
 
     # ---- inside ----------------------------------------------------------------------------
-    def _see(self, r: _Request) -> list[m.Event]:
+    def _see(self, r: _Request, given: dict[str, Any] | None = None) -> list[m.Event]:
         """The request's pictures through the vision tower and into its prompt's embeddings,
         then into the generator: one request per step (the tower's work is bounded by the
         pictures' caps)."""
         del self._waiting[r.rid]
         tokens = list(r.seen.tokens)
         try:
-            features = self._embed(r.seen)
+            features = self._embed(r.seen) if given is None else given
             r.key = prompt_key(tokens, self.placeholders, r.seen.keys)
             cache, cached = self._lookup(r.key)
             if cache is None:
@@ -243,6 +294,8 @@ class VisionEngine:
             return [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")]
         r.uid, r.cached_tokens, r.prefilled = uid, cached, cached
         self._by_uid[uid] = self._by_rid[r.rid] = r
+        if given is None:
+            self.seen = Shipped(r.rid, tokens, list(r.seen.keys), features)
         self.prompt_tokens += r.prompt_tokens
         return [m.Prefill(r.rid, cached, r.prompt_tokens)]
 
@@ -309,6 +362,25 @@ class VisionEngine:
         self._forget(r)
         return [*shown.events, done(r.rid, shown.reason, r.out, r.calls, r.prompt_tokens,
                                     r.completion_tokens, r.cached_tokens)]
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """What a group's other ranks need of a request rank 0 has seen (exod.runner.group.plan.
+    See): its tokens, its pictures' hashes, and its features (the embeddings' shape and dtype;
+    the rest as they are)."""
+
+    rid: str
+    tokens: list[int]
+    pictures: list[str]
+    features: dict[str, Any]
+
+
+def sizes(model: Any, tokenizer: Any) -> tuple[int, int | None]:
+    """The model's vocabulary (rows of the logits) and context window (None: unknown)."""
+    text_args = SimpleNamespace(args=model.config.text_config)
+    return (model_checks.model_vocab(text_args) or len(tokenizer),
+            model_checks.context_window(text_args))
 
 
 def placeholders(config: Any) -> frozenset[int]:
