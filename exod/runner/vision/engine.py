@@ -136,7 +136,11 @@ class VisionEngine:
         gen = Generator(
             self.language_model, self.processor,
             stop_tokens={int(t) for t in self.tokenizer.eos_token_ids},
-            completion_batch_size=self.width,
+            # Room for a whole prompt batch beside a full decoding batch: mlx-vlm's generator
+            # starts prompts only while that many slots are free, so with room for `width`
+            # alone, a request would wait for the whole batch to end. The daemon sends
+            # `width` requests at most: that bounds the batch.
+            completion_batch_size=self.width + PREFILL_BATCH,
             prefill_batch_size=min(self.width, PREFILL_BATCH),
             prefill_step_size=self.prefill_step, keeps=lambda uid: self.cache_bytes > 0)
         if self._on_new_generator is not None:
