@@ -57,6 +57,7 @@ def parse(body: Any, sealer: Sealer, strict: bool = False,
     thinks = fmt[1] if thinks is None else thinks
     edits = _context_management(b.get("context_management"), r)
     names = {**tool_names(origins), "response_format": "output_config.format",
+             "context_edits": "context_management",
              "response_format.json_schema.schema": "output_config.format.schema"}
     gen = Generate(
         id="", kind="chat", messages=messages, count_only=count_only,

@@ -48,6 +48,9 @@ def read_seen(processor: Any, config: Any, tokenizer: Any, req: m.Generate, voca
         read = read_prompt(tokenizer, req, vocab, window, grammars)
         return Seen(read.tokens, read.max_tokens, read.constraint, read.args_check,
                     read.applied_edits)
+    if req.context_edits:  # they count tokens of a template that has no pictures yet
+        raise RequestError("context_management is not supported yet for a model that sees",
+                           req.named("context_edits"))
     order = [(n, req.named(where)) for n, where in _image_order(req.messages or [])]
     pictures = [_picture(req.images[n].data, where) for n, where in order]
     keys = tuple(hashlib.sha256(req.images[n].data.encode()).hexdigest() for n, _ in order)
