@@ -98,11 +98,11 @@ import json, statistics, time
 from pathlib import Path
 from mlx_lm.tokenizer_utils import load
 from exod import messages as m
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.tool_calls import ToolFormat, forced_grammar
 tok = load(Path({str(model)!r}))
-g = Grammars(tok, json.load(open({str(model / "config.json")!r}))["vocab_size"], EngineLimits())
+g = Grammars(tok, json.load(open({str(model / "config.json")!r}))["vocab_size"], GrammarLimits())
 t = time.perf_counter(); g.ll_tokenizer("tools"); setup = time.perf_counter() - t
 req = m.Generate(id="r", kind="chat", max_tokens=9, tools={TOOLS!r}, tool_choice="required")
 lark = forced_grammar(ToolFormat.of(tok), req, lambda s: g.literal(s, "tools"))

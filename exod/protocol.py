@@ -25,6 +25,7 @@ import struct
 import types
 import typing
 from collections.abc import Callable
+from pathlib import Path, PurePath
 from typing import Any, Literal, Union
 
 HEADER = struct.Struct("!I")
@@ -99,6 +100,8 @@ def _plain(value: Any) -> Any:
         return value
     if isinstance(value, enum.Enum):
         return value.value
+    if isinstance(value, PurePath):
+        return str(value)
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
@@ -179,7 +182,8 @@ def _checker(hint: Any) -> Checker:
         return _union(args)
     if origin is Literal:
         def literal(value: Any, where: str) -> Any:
-            if isinstance(value, str) and value in args:
+            # By type too: 1 is not True, and "4" is not 4 (kv_bits' choices are numbers).
+            if any(type(value) is type(a) and value == a for a in args):
                 return value
             raise _bad(value, where)
         return literal
@@ -288,6 +292,12 @@ def _str(value: Any, where: str) -> Any:
     raise _bad(value, where)
 
 
+def _path(value: Any, where: str) -> Any:
+    if isinstance(value, str) and value and "\0" not in value:
+        return Path(value)
+    raise _bad(value, where)
+
+
 def _json(value: Any, where: str) -> Any:
     """Any JSON value (a schema, a tool's parameters, as the API checked them): finite numbers,
     string keys, nested at most 1000 deep. Walked without recursion."""
@@ -309,7 +319,7 @@ def _json(value: Any, where: str) -> Any:
 
 
 _SCALARS: dict[Any, Checker] = {type(None): _none, bool: _bool, float: _float, int: _int,
-                                str: _str, Any: _json}
+                                str: _str, Path: _path, Any: _json}
 
 
 def _clip(value: Any) -> str:

@@ -234,7 +234,7 @@ class Downloads:
         d.timers[name] = self.seam.call_at(when, fn)
 
     # ---- events from the process table ---------------------------------------------------
-    def on_message(self, pid: int, msg: m.FromRunner) -> None:
+    def on_message(self, pid: int, msg: m.FromFetcher) -> None:
         d = self.by_pid.get(pid)
         if d is None:
             return

@@ -97,7 +97,7 @@ class Supervisor(HubSeam):
         launch = self.launcher.launch(inst.config, rank.shard, sum(r.local for r in inst.ranks),
                                       inst.width)
         context = {"instance": inst.name, "rank": rank.rank}
-        return self.procs.spawn(launch.module, launch.args, launch.env, context, RunnerHandlers(
+        return self.procs.spawn(launch, context, RunnerHandlers(
             on_exit=inst.on_exit, on_message=inst.on_message, on_broken=inst.on_broken))
 
     def ask(self, pid: int, drain: float) -> bool:

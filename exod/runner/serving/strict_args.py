@@ -22,7 +22,7 @@ from typing import Any
 
 import llguidance
 
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.core.request_rules import RequestError
 
 EOS = 256
@@ -56,7 +56,7 @@ class ArgsCheck:
     the engine cannot take is a 400 naming it), and checked after each call."""
 
     def __init__(self, tools: list[dict[str, Any]], strict: list[str],
-                 limits: EngineLimits) -> None:
+                 limits: GrammarLimits) -> None:
         self._schemas: dict[str, Any] = {}
         self._matchers: dict[str, llguidance.LLMatcher] = {}
         for i, t in enumerate(tools):
@@ -89,7 +89,7 @@ class ArgsCheck:
         return " ".join(why.split())[:200]
 
 
-def _matcher(schema: Any, limits: EngineLimits, param: str) -> llguidance.LLMatcher:
+def _matcher(schema: Any, limits: GrammarLimits, param: str) -> llguidance.LLMatcher:
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
             json.dumps(schema), overrides={"whitespace_flexible": False, "lenient": False})
