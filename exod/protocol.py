@@ -8,8 +8,10 @@ talks to carries the same objects one per line instead (see `exod.control_messag
 Messages: frozen dataclasses whose `type` ClassVar names them on the wire (the `tag` key,
 "type" unless a wire says otherwise). `to_wire` turns one into its JSON object, `from_wire`
 turns an object back into one of the classes a receiver allows, checking every field (its
-type, required, no unknown keys; nested messages, lists and optional fields alike) before
-anyone acts on it: ProtocolError for anything else, never another exception.
+type, required, no unknown keys; nested messages, lists and optional fields alike; a choice
+among its Literal's values, of their type) before anyone acts on it: ProtocolError for anything
+else, never another exception. Paths travel as text, tuples as lists; the config schema's own
+classes travel so too (a runner's options, exod.specs).
 
 JSON, not pickle: a peer must never be able to make us execute anything.
 Shared by every process; imports nothing heavy.
@@ -102,7 +104,7 @@ def _plain(value: Any) -> Any:
         return value.value
     if isinstance(value, PurePath):
         return str(value)
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
@@ -189,6 +191,9 @@ def _checker(hint: Any) -> Checker:
         return literal
     if origin is list:
         return _list(args[0])
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        items = _list(args[0])
+        return lambda value, where: tuple(items(value, where))
     if origin is dict:
         return _dict(*args)
     if dataclasses.is_dataclass(hint):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from exod.config.schema import Backend, Parallelism, RunnerOptions
-from exod.config.types import Duration
+from exod.config.types import Duration, ModelDir
 from exod.core.shards import Shard
 from exod.hub.ref import HubRef
 from exod.protocol import ProtocolError
@@ -54,7 +54,7 @@ class RunnerSpec:
     type: ClassVar[str] = "runner_spec"
     version: int
     instance: str
-    model: Path  # the model's directory (for a model named by hub repository, its snapshot)
+    model: ModelDir  # the model's directory (for a model named by hub repository, its snapshot)
     parallelism: Parallelism
     shard: Shard  # its layers; total 0: the daemon could not count them, the rank loads all
     width: int  # generations at once: max_concurrency, or as memory admission sized it
@@ -119,10 +119,10 @@ class Planned:
 # ---- the split probe --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Layout:
-    model: Path
+    model: ModelDir
     shards: int
     parallelism: Parallelism
-    layers: list[int] | None  # layers per rank, or an even split
+    layers: tuple[int, ...] | None  # layers per rank, or an even split
 
 
 @dataclass(frozen=True)

@@ -176,8 +176,7 @@ def limit(layouts: int) -> float:
 def _run(asks: list[Ask]) -> list[Verdict | None]:
     module = os.environ.get("EXOD_PROBE_MODULE") or "exod.runner.split.probe"
     question = ProbeAsk(version=m.VERSION, layouts=[
-        Layout(model=model, shards=n, parallelism=p, layers=list(lay) if lay else None)
-        for model, n, p, lay in asks])
+        Layout(model=model, shards=n, parallelism=p, layers=lay) for model, n, p, lay in asks])
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     try:
         got: ProbeAnswer = asking.ask(module, question, {ProbeAnswer.type: ProbeAnswer},

@@ -167,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     import_table.install()  # before mlx_lm imports transformers
-    end.send(ProbeAnswer([_answer(a.model, a.shards, a.parallelism,
-                                  tuple(a.layers) if a.layers else None)
+    end.send(ProbeAnswer([_answer(a.model, a.shards, a.parallelism, a.layers or None)
                           for a in question.layouts]))
     return 0
 
