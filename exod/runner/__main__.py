@@ -277,12 +277,10 @@ def serve_alone(r: Runner, loaded: Loaded, kv: KvOptions, draft: Draft | None) -
 
 
 def options_reason(opts: RunnerOptions) -> str | None:
-    """An option mlx-lm runs only without batching (as exod.config.mlx_options.turn_reason)."""
-    if opts.draft_model is not None:
-        return "speculative decoding (draft_model): mlx-lm does not batch it"
-    if opts.kv_bits is not None:
-        return "quantized KV cache (kv_bits): mlx-lm cannot batch it"
-    return None
+    """An option mlx-lm runs only without batching: the rule `exod check` shows."""
+    from exod.config.mlx_options import turn_reason
+
+    return turn_reason(opts)
 
 
 def generation_options(r: Runner, loaded: Loaded) -> tuple[KvOptions, Draft | None]:
