@@ -36,7 +36,7 @@ class ChildEnd(Generic[S]):
         self.sock = socket.socket(fileno=fd) if fd is not None else None
         self._first, self._then = first, then
         self._spec: S | None = None
-        self._arrived = threading.Event()  # the first frame came, or never will
+        self._arrived = threading.Event()  # the first frame came, or is no longer waited for
         self._lock = threading.Lock()
 
     def start(self, on_message: Callable[[Any], None], on_closed: OnClosed,
@@ -76,7 +76,7 @@ class ChildEnd(Generic[S]):
 
     def _decode(self, frame: dict[str, Any]) -> Any | None:
         """A message to hand on, or None for the first one (kept for `spec`)."""
-        if self._arrived.is_set():
+        if self._spec is not None:
             return from_wire(frame, self._then)
         first = from_wire(frame, self._first)
         version = getattr(first, "version", None)

@@ -211,8 +211,16 @@ def test_a_bad_first_frame_ends_the_channel_and_no_spec_comes(frame: dict[str, A
         assert closed_soon(closed) and why in str(closed[0]) and got == []
 
 
-def test_giving_up_ends_the_wait_for_a_spec() -> None:
-    end, parent, _, _ = child(specs.RUNNER_FIRST)
+def test_giving_up_ends_the_wait_for_a_spec_and_a_late_one_is_no_error(tmp_path: Path) -> None:
+    """A runner asked to stop before its spec came stops waiting; the spec that comes after is
+    still a spec, not a broken channel."""
+    spec = Launcher(tmp_path, {}).launch(Instance(name="x", model=tmp_path),
+                                         Shard(0, 1, 0, 4, 4), 1, 1).spec
+    end, parent, got, closed = child(specs.RUNNER_FIRST)
     with parent:
         end.give_up()
         assert end.spec(10) is None
+        parent.sendall(encode(to_wire(spec)) + encode(to_wire(m.Cancel("r1"))))
+        parent.shutdown(socket.SHUT_WR)
+        assert closed_soon(closed)
+    assert closed == [None] and got == [m.Cancel("r1")]
