@@ -10,6 +10,10 @@ ALL = ["load", "daemon", "api", "serving", "fused", "sharding", "families", "sys
        "agent_constrained", "agent", "vision"]
 
 
+# Not in ALL: an hour long by default (EXOD_SOAK_MINUTES); run it by name.
+LONG = ["soak"]
+
+
 def main() -> None:
     names = [a for a in sys.argv[1:] if not a.startswith("-")] or ALL
     for name in names:
