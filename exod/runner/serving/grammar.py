@@ -7,34 +7,43 @@ tokenizers it compiles a typical tool schema in about a millisecond (it builds i
 lazily) and computes a token's mask in microseconds, and its fuel and size limits refuse a
 hostile schema in milliseconds where others took a minute; it has no dependencies.
 
+The JSON a grammar allows is bounded where the client's schema sets no end (no extra keys,
+numbers of bounded length, no whitespace: exod.runner.serving.json_bounds, which makes every
+JSON part of every grammar).
+
 A grammar is compiled where a request is read (exod.runner.serving.reading: off the serve
 loop's thread), and its first mask computed there too, since that is where the lexer is built:
-the serve loop only ever computes the mask of one more token. Every rank of a group compiles the
-same grammar from the same request, and the mask is a function of the tokens: the same token is
-chosen on every rank.
+the serve loop only ever computes the mask of one more token. Compiled grammars are kept
+(CACHED, least recently used out): agents send the same schema or tool set on every turn, and a
+request whose grammar was seen before gets a copy of it, which shares its lexer with every other
+copy. The lexer is built lazily, a state at a time, as masks need them; a fresh one made the
+first tokens of each string cost milliseconds each, a warm one tens of microseconds. Every rank
+of a group compiles the same grammar from the same request, and the mask is a function of the
+tokens: the same token is chosen on every rank.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from typing import TYPE_CHECKING, Any
+from collections import OrderedDict
+from typing import Any
 
 import llguidance
 import mlx.core as mx
 import numpy as np
 
-if TYPE_CHECKING:
-    from llguidance._lib import JsonCompileOptions
-
 from exod.core.grammar_limits import EngineLimits
 from exod.runner.log import WARNING, log
 from exod.core.request_rules import RequestError
+from exod.runner.serving import json_bounds
 from exod.runner.serving.think_grammar import Thinking
 
-# JSON is compact (whitespace_flexible off: no whitespace between tokens): a model, above all a
-# random one, would otherwise be free to emit whitespace forever between two values.
 MAX_ERROR = 300  # characters of the engine's message in a 400
+CACHED = 16  # compiled grammars kept, each with its lexer
+# Copies made of one compiled grammar before it is compiled afresh: its shared lexer only grows
+# (bounded by the instance's max_lexer_states, past which the request in flight would fail).
+COPIES = 256
 _SHIFTS = mx.arange(32, dtype=mx.uint32)  # a mask word's bits, least significant first
 
 
@@ -47,6 +56,7 @@ class Grammars:
         self.limits = limits
         self._lock = threading.Lock()
         self._ll: llguidance.LLTokenizer | None = None
+        self._compiled: OrderedDict[str, _Compiled] = OrderedDict()
 
     def ll_tokenizer(self, param: str) -> llguidance.LLTokenizer:
         with self._lock:
@@ -75,28 +85,52 @@ class Grammars:
         return json.dumps(text)
 
     def json_schema(self, fmt: dict[str, Any], thinking: Thinking | None = None) -> Constraint:
-        """response_format: json_object (any object) or json_schema. A strict schema must be
-        enforceable whole; else keywords the engine does not implement are left out.
-        `thinking`: the answer may be preceded by reasoning (see Thinking)."""
+        """response_format: json_object (any object) or json_schema, bounded (exod.runner.
+        serving.json_bounds). A strict schema must be enforceable whole; else keywords the
+        engine does not implement are left out. `thinking`: the answer may be preceded by
+        reasoning (see Thinking)."""
         param = "response_format"
         if fmt["type"] == "json_object":
-            schema: Any = {"type": "object"}
+            schema: Any = json_bounds.JSON_OBJECT
         else:
             schema, param = fmt["schema"], "response_format.json_schema.schema"
-        options: JsonCompileOptions = {
-            "whitespace_flexible": False, "lenient": not fmt.get("strict", False)}
+        strict = bool(fmt.get("strict", False))
+        if thinking is not None:  # the same schema, as the answer after the reasoning
+            answer = f"answer: {json_bounds.json_rule(schema, strict)}\n"
+            return self.compile(thinking.before(answer), param)
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                json.dumps(schema), overrides=options)
+                json.dumps(json_bounds.bounded(schema)), overrides=json_bounds.options(strict))
         except ValueError as e:
             raise RequestError(f"`{param}`: {_clip(str(e))}", param) from None
-        if thinking is not None:  # the same schema, as the answer after the reasoning
-            inline = {**schema, "x-guidance": options} if isinstance(schema, dict) else schema
-            grammar = thinking.before(f"answer: %json {json.dumps(inline)}\n")
         return self.compile(grammar, param)
 
     def compile(self, grammar: str, param: str) -> Constraint:
-        """A matcher for `grammar` with its first mask, or RequestError naming `param`."""
+        """A matcher for `grammar` with its first mask, or RequestError naming `param`. A
+        grammar compiled before is copied (its lexer shared), not compiled again."""
+        with self._lock:
+            kept = self._compiled.get(grammar)
+            if kept is not None and (kept.copies >= COPIES or kept.matcher.is_error()):
+                del self._compiled[grammar]
+                kept = None
+            if kept is not None:
+                self._compiled.move_to_end(grammar)
+                kept.copies += 1
+                matcher = kept.matcher.deep_copy()
+        if kept is None:
+            matcher = self._matcher(grammar, param)
+            with self._lock:
+                self._compiled[grammar] = _Compiled(matcher.deep_copy())
+                while len(self._compiled) > CACHED:
+                    self._compiled.popitem(last=False)
+        eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
+        constraint = Constraint(matcher, self.vocab, eos)
+        if matcher.is_error():
+            raise RequestError(f"`{param}`: the grammar engine cannot take it: "
+                               f"{_clip(matcher.get_error())}", param)
+        return constraint
+
+    def _matcher(self, grammar: str, param: str) -> llguidance.LLMatcher:
         limits = llguidance.LLParserLimits(
             max_grammar_size=self.limits.max_size, max_lexer_states=self.limits.max_lexer_states,
             initial_lexer_fuel=self.limits.compile_fuel, step_lexer_fuel=self.limits.step_fuel,
@@ -107,12 +141,18 @@ class Grammars:
         except Exception as e:  # noqa: BLE001 -- a panic in the engine (e.g. a grammar too big)
             raise RequestError(f"`{param}`: the grammar engine cannot take it: "
                                f"{_clip(str(e))}", param) from None
-        eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
-        constraint = Constraint(matcher, self.vocab, eos)
         if matcher.is_error():
             raise RequestError(f"`{param}`: the grammar engine cannot take it: "
                                f"{_clip(matcher.get_error())}", param)
-        return constraint
+        return matcher
+
+
+class _Compiled:
+    """A compiled grammar, kept fresh (never advanced): each request gets a copy."""
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self.matcher = matcher
+        self.copies = 0
 
 
 class Constraint:
