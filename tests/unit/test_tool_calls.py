@@ -96,7 +96,9 @@ def test_a_forced_mistral_call_is_an_array_of_calls() -> None:
     assert accepts(forced_grammar(fmt, req, json.dumps), f"[TOOL_CALLS][{call},{call}]")
     single = forced_grammar(fmt, replace(req, parallel_tool_calls=False), json.dumps)
     assert accepts(single, f"[TOOL_CALLS][{call}]")
-    assert not accepts(single, f"[TOOL_CALLS][{call},{call}]")
+    for bad in (f"[TOOL_CALLS][{call},{call}]", f"[TOOL_CALLS] [{call}]",
+                f"[TOOL_CALLS][{call.replace(':1', ': 1')}]"):
+        assert not accepts(single, bad), bad
 
 
 def test_a_tools_local_refs_resolve_in_its_own_parameters() -> None:
