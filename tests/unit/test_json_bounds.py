@@ -50,7 +50,8 @@ def test_no_key_beyond_properties_unless_additional_properties_allows_it() -> No
     extra = {**open_, "additionalProperties": True}
     assert allows(extra, '{"a":1,"b":[{"c":null}]}', '{"a":"x"}') == [True, False]
     typed = {**open_, "additionalProperties": {"type": "string", "maxLength": 2}}
-    assert allows(typed, '{"a":1,"b":"xy"}', '{"b":3}') == [True, False]
+    long_key = '{"' + "k" * (KEY_CHARS + 1) + '":"x"}'
+    assert allows(typed, '{"a":1,"b":"xy"}', '{"b":3}', long_key) == [True, False, False]
 
 
 def test_a_required_key_the_properties_do_not_describe_stays_allowed() -> None:

@@ -61,7 +61,8 @@ _MERGING = ("allOf", "anyOf", "oneOf", "$ref")
 _DEFINITIONS = ("$defs", "definitions")
 JSON_OBJECT = {"type": "object", "additionalProperties": True}  # `json_object`: any object
 _FREE = {"$ref": f"#/$defs/{ANY}_{ANY_DEPTH}"}
-_KEY = f"^.{{0,{KEY_CHARS}}}$"  # a key of at most KEY_CHARS characters (no newline)
+_KEY = f"^(?s:.){{0,{KEY_CHARS}}}$"  # a key of at most KEY_CHARS characters
+_LONG_KEY = f"^(?s:.){{{KEY_CHARS + 1},}}$"  # one of more
 
 
 def options(strict: bool) -> JsonCompileOptions:
@@ -274,13 +275,19 @@ class _Bounder:
         extra = out.get("additionalProperties")
         if extra is True:
             extra = out["additionalProperties"] = self.free()
-        if not isinstance(extra, dict) or "patternProperties" in out:
-            return
-        if not out.get("properties") or extra == _FREE:
-            # Keys of bounded length. The pattern applies to the named keys too, which is
-            # harmless only when there are none or when the values it allows are free.
+        props = out.get("properties") if isinstance(out.get("properties"), dict) else {}
+        if not isinstance(extra, dict) or "patternProperties" in out \
+                or any(len(k) > KEY_CHARS for k in props):
+            return  # a schema's own patternProperties must stay disjoint: left alone
+        if not props or extra == _FREE:
+            # Extra keys of bounded length, written as the engine quotes them. The pattern
+            # applies to the named keys too: harmless when the values it allows are free.
             out["patternProperties"] = {_KEY: extra}
             out["additionalProperties"] = False
+        else:
+            # Longer keys match this and may take no value. Less tight (the engine checks it on
+            # the key as written: \u escapes of what it would write plainly slip through).
+            out["patternProperties"] = {_LONG_KEY: False}
 
     def _closable(self, out: dict[str, Any]) -> bool:
         """An object merged with members of its own (allOf, anyOf, oneOf, $ref) is closed only
