@@ -261,11 +261,11 @@ class _Bounder:
             out["items"] = self.free()
 
     def _bound_object(self, out: dict[str, Any], partial: bool) -> None:
+        props: dict[str, Any] = out["properties"] \
+            if isinstance(out.get("properties"), dict) else {}
         if "additionalProperties" not in out and "unevaluatedProperties" not in out:
             if partial or not self._closable(out):
                 return
-            props: dict[str, Any] = out["properties"] \
-                if isinstance(out.get("properties"), dict) else {}
             named = [k for k in _members(out, "required") if isinstance(k, str)
                      and k not in props]
             if named:  # required but not described: any value, as the schema allows
@@ -275,7 +275,6 @@ class _Bounder:
         extra = out.get("additionalProperties")
         if extra is True:
             extra = out["additionalProperties"] = self.free()
-        props = out.get("properties") if isinstance(out.get("properties"), dict) else {}
         if not isinstance(extra, dict) or "patternProperties" in out \
                 or any(len(k) > KEY_CHARS for k in props):
             return  # a schema's own patternProperties must stay disjoint: left alone
