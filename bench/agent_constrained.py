@@ -43,7 +43,7 @@ import openai
 
 from bench.api import demo_model
 from bench.common import PY, REPO, report, verdict
-from tests.harness import Daemon
+from tests.harness import Daemon, cpu_seconds
 
 MAX_TOKENS = 64
 LEVELS = (1, 8)
@@ -154,22 +154,28 @@ def cases() -> list[Case]:
     ]
 
 
-def aggregate(client: openai.OpenAI, clients: int, extra: dict[str, Any]) -> float:
+def aggregate(client: openai.OpenAI, clients: int, extra: dict[str, Any],
+              runner: int | None = None) -> tuple[float, float]:
+    """(tokens/s, the runner's CPU seconds per token) of `clients` concurrent chats."""
     def one(c: int) -> int:
         r = client.chat.completions.create(
             model="agent", messages=[{"role": "user", "content": f"Tell me about {c + 1} cats."}],
             max_tokens=MAX_TOKENS, temperature=0, logit_bias=EOS_AWAY, **extra)
         return r.usage.completion_tokens if r.usage else 0
 
+    cpu = cpu_seconds(runner) if runner else 0.0
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         tokens = sum(pool.map(one, range(clients)))
-    return tokens / (time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    return tokens / wall, ((cpu_seconds(runner) - cpu) / tokens if runner else 0.0)
 
 
-def side_by_side(client: openai.OpenAI) -> tuple[list[tuple[str, str]], float]:
+def side_by_side(client: openai.OpenAI, runner: int) -> tuple[list[tuple[str, str]], float]:
     """Every case against its baseline, at each level: (rows, seconds of one free decode step
-    at 1 client)."""
+    at 1 client). Each row: the median ratio of tokens/s (constrained / baseline) with its
+    range, and the median ratio of the runner's CPU time per token (baseline / constrained):
+    on a machine shared with other work, wall time moves with the neighbours, CPU time less."""
     rows, step = [], 0.0
     all_cases = cases()
     for clients in LEVELS:
@@ -178,17 +184,22 @@ def side_by_side(client: openai.OpenAI) -> tuple[list[tuple[str, str]], float]:
         for k in keys:  # warm: kernels, the grammar engine's tokenizer, each grammar
             aggregate(client, clients, json.loads(k))
         rates: dict[str, list[float]] = {k: [] for k in keys}
+        cpus: dict[str, list[float]] = {k: [] for k in keys}
         for r in range(ROUNDS):
             for k in (keys if r % 2 == 0 else list(reversed(keys))):
-                rates[k].append(aggregate(client, clients, json.loads(k)))
+                rate, cpu = aggregate(client, clients, json.loads(k), runner)
+                rates[k].append(rate)
+                cpus[k].append(cpu)
         for c in all_cases:
-            side = rates[json.dumps(c.side, sort_keys=True)]
-            base = rates[json.dumps(c.base, sort_keys=True)]
-            ratios = [a / b for a, b in zip(side, base, strict=True)]
+            side, base = json.dumps(c.side, sort_keys=True), json.dumps(c.base, sort_keys=True)
+            ratios = [a / b for a, b in zip(rates[side], rates[base], strict=True)]
+            cpu = [b / a for a, b in zip(cpus[side], cpus[base], strict=True)]
             mid = statistics.median(ratios)
             rows.append((f"{c.name}, {clients} client(s)",
                          f"{mid:.3f}x (rounds {min(ratios):.3f}-{max(ratios):.3f}; "
-                         f"{statistics.median(side):.0f} / {statistics.median(base):.0f} tok/s)"
+                         f"{statistics.median(rates[side]):.0f} / "
+                         f"{statistics.median(rates[base]):.0f} tok/s; CPU per token "
+                         f"{statistics.median(cpu):.3f}x)"
                          + (f" goal >= {GOAL}x {verdict(mid >= GOAL)}" if clients > 1 else "")))
         if clients == 1:
             step = 1 / statistics.median(rates[json.dumps({})])
@@ -269,9 +280,9 @@ def against_mlx_lm_server(client: openai.OpenAI, model: Path) -> list[tuple[str,
              f"{our_rate / their_rate:.2f}x")]
 
 
-def section(client: openai.OpenAI, model: Path) -> list[tuple[str, str]]:
+def section(client: openai.OpenAI, model: Path, runner: int) -> list[tuple[str, str]]:
     times = compile_time(model)
-    rows, step = side_by_side(client)
+    rows, step = side_by_side(client, runner)
     ms = 1e3
     for name, what in (("typical", "a typical tool"), ("30k", "a 30 KB tool set")):
         rows += [(f"grammar compile ({what}) / one decode step",
@@ -303,10 +314,10 @@ def main() -> None:
                    name="bench-agent-constrained")
         d.start()
         try:
-            d.until_state("agent", "ready")
+            runner = d.until_state("agent", "ready")["ranks"][0]["pid"]
             client = openai.OpenAI(base_url=d.api_url() + "/v1", api_key="-", max_retries=0,
                                    timeout=600)
-            report("agent: tool calls, exod vs mlx_lm.server", section(client, model))
+            report("agent: tool calls, exod vs mlx_lm.server", section(client, model, runner))
         finally:
             d.close()
 

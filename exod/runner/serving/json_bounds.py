@@ -83,15 +83,14 @@ def json_rule(schema: Any, strict: bool) -> str:
 def bounded(schema: Any) -> Any:
     """`schema` with the bounds the module's docstring lists, as a new schema (the argument is
     left as it is). Every document it allows is valid against `schema`."""
-    merged = _merged_paths(schema)
-    b = _Bounder(schema, merged)
+    b = _Bounder(_merged_paths(schema))
     out = b.walk(schema, (), False, 0)
-    if not b.any_used:
+    if not b.any_used or not isinstance(out, dict):
         return out
-    defs = _any_definitions()
-    if not isinstance(out, dict):  # a schema of `true` (or a bare reference to a free value)
-        return {"$ref": f"#/$defs/{ANY}_{ANY_DEPTH}", "$defs": defs}
-    return {**out, "$defs": {**out.get("$defs", {}), **defs}}
+    # The free values' definitions, beside the schema's own (a `$defs` that is no mapping
+    # held nothing a `$ref` could reach).
+    own = out["$defs"] if isinstance(out.get("$defs"), dict) else {}
+    return {**out, "$defs": {**own, **_any_definitions()}}
 
 
 def is_free(schema: Any) -> bool:
@@ -140,27 +139,26 @@ def _ref_path(ref: Any) -> tuple[str, ...] | None:
     return tuple(p.replace("~1", "/").replace("~0", "~") for p in parts)
 
 
-def _children(schema: dict[str, Any], path: tuple[str, ...], partial: bool
-              ) -> list[tuple[Any, tuple[str, ...], bool]]:
-    """The subschemas of `schema` with their paths, and whether each is merged with others."""
-    out: list[tuple[Any, tuple[str, ...], bool]] = []
+Child = tuple[tuple[str, ...], Any, bool]  # (path below its parent, subschema, merged)
+
+
+def _children(schema: dict[str, Any], partial: bool) -> list[Child]:
+    """The subschemas of `schema`, each with its path below it and whether it is merged with
+    others (see `_members_partial`)."""
+    out: list[Child] = []
     for key in ("properties", "patternProperties", *_DEFINITIONS):
         sub = schema.get(key)
         if isinstance(sub, dict):
-            out += [(v, (*path, key, k), False) for k, v in sub.items()]
-    for key in ("additionalProperties", "additionalItems"):
+            out += [((key, k), v, False) for k, v in sub.items()]
+    for key in ("additionalProperties", "additionalItems", "items"):
         if isinstance(schema.get(key), dict):
-            out.append((schema[key], (*path, key), False))
-    items = schema.get("items")
-    if isinstance(items, dict):
-        out.append((items, (*path, "items"), False))
-    elif isinstance(items, list):
-        out += [(v, (*path, "items", str(i)), False) for i, v in enumerate(items)]
-    out += [(v, (*path, "prefixItems", str(i)), False)
-            for i, v in enumerate(_members(schema, "prefixItems"))]
+            out.append(((key,), schema[key], False))
+    for key in ("items", "prefixItems"):  # arrays of schemas (draft 4's tuple `items`)
+        if isinstance(schema.get(key), list):
+            out += [((key, str(i)), v, False) for i, v in enumerate(schema[key])]
     for key in ("allOf", "anyOf", "oneOf"):
         inner = partial or _members_partial(schema, key)
-        out += [(v, (*path, key, str(i)), inner) for i, v in enumerate(_members(schema, key))]
+        out += [((key, str(i)), v, inner) for i, v in enumerate(_members(schema, key))]
     return out
 
 
@@ -181,7 +179,7 @@ def _merged_paths(root: Any) -> set[tuple[str, ...]]:
         if target is not None and (partial or _has_own_object_keywords(node)) \
                 and (target, True) not in seen:
             todo.append((_at(root, target), target, True, depth + 1))
-        todo += [(c, p, part, depth + 1) for c, p, part in _children(node, path, partial)]
+        todo += [(c, (*path, *rel), part, depth + 1) for rel, c, part in _children(node, partial)]
     return merged
 
 
@@ -198,8 +196,8 @@ def _at(root: Any, path: tuple[str, ...]) -> Any:
 
 
 class _Bounder:
-    def __init__(self, root: Any, merged: set[tuple[str, ...]]) -> None:
-        self.root, self.merged = root, merged
+    def __init__(self, merged: set[tuple[str, ...]]) -> None:
+        self.merged = merged
         self.any_used = False
 
     def free(self) -> dict[str, Any]:
@@ -213,28 +211,17 @@ class _Bounder:
         if not isinstance(node, dict) or depth > MAX_NESTING:
             return node
         partial = partial or path in self.merged
-        out = dict(node)
-        for key in ("properties", "patternProperties", *_DEFINITIONS):
-            if isinstance(node.get(key), dict):
-                out[key] = {k: self.walk(v, (*path, key, k), False, depth + 1)
-                            for k, v in node[key].items()}
-        for key in ("additionalProperties", "additionalItems"):
-            if isinstance(node.get(key), dict):
-                out[key] = self.walk(node[key], (*path, key), False, depth + 1)
-        items = node.get("items")
-        if isinstance(items, dict):
-            out["items"] = self.walk(items, (*path, "items"), False, depth + 1)
-        elif isinstance(items, list):
-            out["items"] = [self.walk(v, (*path, "items", str(i)), False, depth + 1)
-                            for i, v in enumerate(items)]
-        if isinstance(node.get("prefixItems"), list):
-            out["prefixItems"] = [self.walk(v, (*path, "prefixItems", str(i)), False, depth + 1)
-                                  for i, v in enumerate(node["prefixItems"])]
-        for key in ("allOf", "anyOf", "oneOf"):
-            if isinstance(node.get(key), list):
-                inner = partial or _members_partial(node, key)
-                out[key] = [self.walk(v, (*path, key, str(i)), inner, depth + 1)
-                            for i, v in enumerate(node[key])]
+        out = {k: dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
+               for k, v in node.items()}  # containers copied: the argument stays as it is
+        for rel, child, inner in _children(node, partial):
+            done = self.walk(child, (*path, *rel), inner, depth + 1)
+            holder = out[rel[0]]
+            if len(rel) == 1:
+                out[rel[0]] = done
+            elif isinstance(holder, list):
+                holder[int(rel[1])] = done
+            else:
+                holder[rel[1]] = done
         if "const" in node or "enum" in node:
             return out  # its values are listed: nothing to bound
         types = _types(node)
@@ -244,9 +231,8 @@ class _Bounder:
             fmt = node.get("format")
             if isinstance(fmt, str) and fmt in FORMAT_CHARS and "maxLength" not in node:
                 out["maxLength"] = max(FORMAT_CHARS[fmt], _int(node.get("minLength")))
-        if types is not None and "array" in types:
-            self._bound_array(out)
-        elif "prefixItems" in node or isinstance(items, list):
+        if (types is not None and "array" in types) or "prefixItems" in node \
+                or isinstance(node.get("items"), list):
             self._bound_array(out)
         if _is_object(node):
             self._bound_object(out, partial)
