@@ -29,7 +29,6 @@ import hmac
 import json
 import os
 import time
-import weakref
 from datetime import datetime, timezone
 from dataclasses import replace
 from collections.abc import Awaitable, Callable
@@ -58,7 +57,6 @@ from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from exod.api.schema import ModelLimits, parse_chat, parse_completion, with_think_budget
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
-from exod.config.model_dir import model_limits
 from exod.control_messages import ApiStatus
 from exod.api.view import Daemon
 from exod.config.schema import Api
@@ -83,8 +81,6 @@ class ApiServer:
         self.host, self.port = address.parse_listen(cfg.listen)
         self.tokens: list[bytes] = []
         self.started_wall = int(time.time())
-        self.limits: weakref.WeakKeyDictionary[InstanceRuntime, ModelLimits] = \
-            weakref.WeakKeyDictionary()
         self.hosts = HostPolicy(self.host, cfg.allowed_hosts)
         self.cors = CorsPolicy(cfg.cors_origins)
         self.ratelog = RateLimitedLog()
@@ -92,8 +88,7 @@ class ApiServer:
         self._bodies = asyncio.Semaphore(BODY_SLOTS)
         self.max_body = cfg.max_body_kib * 1024
         self._runner: web.AppRunner | None = None
-        self.serving = Serving(daemon, daemon.loop)
-        self.gates = self.serving.gates
+        self.serving = Serving(daemon)
         self.metrics = self.serving.metrics
 
     @property
@@ -155,9 +150,6 @@ class ApiServer:
         """For the status snapshot: where exoctl (and people) find the API."""
         return ApiStatus(listen=self.cfg.listen, url=self.url, auth=self.token,
                          token_file=str(self.cfg.token_file) if self.cfg.token_file else None)
-
-    def instance_changed(self, inst: InstanceRuntime) -> None:
-        self.serving.instance_changed(inst)
 
     # ---- middlewares ------------------------------------------------------------------
     @web.middleware
@@ -250,13 +242,13 @@ class ApiServer:
     async def _model_json(self, inst: InstanceRuntime) -> dict[str, Any]:
         """One instance in the shapes both OpenAI's and Anthropic's clients read (`object`,
         `owned_by` / `type`, `display_name`, `created_at`), with its state and context window."""
-        gate = self.gates.get(inst)
+        active, queued = self.sup.traffic.load(inst)
         created = datetime.fromtimestamp(self.started_wall, timezone.utc)
         return {"id": inst.name, "object": "model", "created": self.started_wall,
                 "owned_by": "exod", "type": "model", "display_name": inst.name,
                 "created_at": created.isoformat().replace("+00:00", "Z"),
                 "state": inst.state.value, "context_length": (await self._limits(inst)).context,
-                "active": gate.active if gate else 0, "queued": gate.waiting if gate else 0}
+                "active": active, "queued": queued}
 
     async def models(self, request: web.Request) -> web.Response:
         data = [await self._model_json(i) for i in self.sup.ordered()]
@@ -334,17 +326,14 @@ class ApiServer:
 
     async def _limits(self, inst: InstanceRuntime) -> ModelLimits:
         """The model's vocabulary and context window, as rank 0 reported them once loaded,
-        else from its config.json (read once per instance, off the loop); and the instance's
-        max_tokens_cap."""
+        else from its config.json (as the daemon read it once per instance); and the
+        instance's max_tokens_cap."""
         info, cap = inst.model_info, inst.config.max_tokens_cap
         schema = inst.config.grammar.max_schema_kib * 1024
         if info is not None and info.vocab_size > 0 and info.context_length > 0:
             return ModelLimits(info.vocab_size, info.context_length, cap, schema)
-        limits = self.limits.get(inst)
-        if limits is None:
-            vocab, context = await asyncio.to_thread(model_limits, inst.config.model)
-            limits = self.limits[inst] = ModelLimits(vocab, context, cap, schema)
-        return limits
+        vocab, context = await self.sup.traffic.size(inst)
+        return ModelLimits(vocab, context, cap, schema)
 
 
 def parse_json(raw: bytes) -> Any:

@@ -72,7 +72,8 @@ class StopPolicy:
 
 @dataclass(frozen=True)
 class BackoffPolicy:
-    """Restart delay: exponential on the monotonic clock, capped, jittered."""
+    """Restart delay, and a download's before it is tried again: exponential on the monotonic
+    clock, capped, jittered."""
 
     initial: Duration = field(default=1.0, metadata=doc("first restart delay", minimum=0))
     multiplier: float = field(default=2.0, metadata=doc("growth per failure", minimum=1.0))
@@ -82,7 +83,8 @@ class BackoffPolicy:
     )
     reset_after: Duration = field(
         default=60.0,
-        metadata=doc("a run that stayed ready this long resets the delay and the failure count",
+        metadata=doc("a run that stayed ready this long (a download: whose bytes flowed this "
+                     "long) resets the delay and the failure count",
                      minimum=0),
     )
 
