@@ -93,6 +93,12 @@ def bounded(schema: Any) -> Any:
     return {**out, "$defs": {**own, **_any_definitions()}}
 
 
+def pointer(root: Any, ref: str) -> Any:
+    """What a local `$ref` ("#/$defs/A") points to in `root`; None if nothing."""
+    path = _ref_path(ref)
+    return None if path is None else _at(root, path)
+
+
 def is_free(schema: Any) -> bool:
     """Whether `schema` allows any JSON value (`true`, or only annotations)."""
     return schema is True or (isinstance(schema, dict) and _ANNOTATIONS.issuperset(schema))

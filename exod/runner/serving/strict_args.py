@@ -184,25 +184,12 @@ def _expand(schemas: list[Any], root: Any, budget: list[int]) -> list[dict[str, 
         more: list[Any] = []
         ref = s.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
-            more.append(_pointer(root, ref))
+            more.append(json_bounds.pointer(root, ref))
         for key in ("allOf", "anyOf", "oneOf"):
             if isinstance(s.get(key), list):
                 more += s[key]
         stack += reversed(more)
     return out
-
-
-def _pointer(root: Any, ref: str) -> Any:
-    node = root
-    for part in ref[1:].split("/")[1:]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict):
-            node = node.get(part)
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
 
 
 def _clip(text: str) -> str:
