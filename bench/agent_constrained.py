@@ -206,38 +206,75 @@ def side_by_side(client: openai.OpenAI, runner: int) -> tuple[list[tuple[str, st
     return rows, step
 
 
-def compile_time(model: Path) -> dict[str, float]:
-    """Seconds to build llguidance's tokenizer once, and the median seconds to compile a forced
-    call's grammar with its first mask (a typical tool; the 30 KB tool set), the first time and
-    again (a copy from the runner's cache), in a subprocess: this process never imports mlx."""
-    code = f"""
-import json, statistics, time
-from pathlib import Path
-from mlx_lm.tokenizer_utils import load
-from exod import messages as m
-from exod.core.grammar_limits import EngineLimits
-from exod.runner.serving import grammar
-from exod.runner.serving.tool_calls import ToolFormat, forced_grammar
-from bench.agent_constrained import TOOLS, tool_set
-tok = load(Path({str(model)!r}))
-vocab = json.load(open({str(model / "config.json")!r}))["vocab_size"]
-g = grammar.Grammars(tok, vocab, EngineLimits())
-t = time.perf_counter(); g.ll_tokenizer("tools"); out = {{"setup": time.perf_counter() - t}}
-for name, tools in (("typical", TOOLS), ("30k", tool_set())):
-    req = m.Generate(id="r", kind="chat", max_tokens=9, tools=tools, tool_choice="required")
-    lark = forced_grammar(ToolFormat.of(tok), req, lambda s: g.literal(s, "tools"))
-    first, again = [], []
-    for _ in range(5):
-        g._compiled.clear()  # compiled afresh, as the first request with these tools is
-        t = time.perf_counter(); g.compile(lark, "tools"); first.append(time.perf_counter() - t)
-        t = time.perf_counter(); g.compile(lark, "tools"); again.append(time.perf_counter() - t)
-    out[name] = statistics.median(first)
-    out[name + " again"] = statistics.median(again)
-print(json.dumps(out))
-"""
+def engine_costs(model: Path) -> dict[str, float]:
+    """`costs_here(model)` in a subprocess: this process never imports mlx."""
+    code = f"from bench.agent_constrained import costs_here; costs_here({str(model)!r})"
     res = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
-    times: dict[str, float] = json.loads(res.stdout.strip().splitlines()[-1])
-    return times
+    costs: dict[str, float] = json.loads(res.stdout.strip().splitlines()[-1])
+    return costs
+
+
+def costs_here(model_dir: str) -> None:
+    """Prints, as JSON: seconds to build llguidance's tokenizer once; the median seconds to
+    compile a forced call's grammar with its first mask (a typical tool; the 30 KB tool set),
+    the first time and again (a copy from the cache); and for each case, the CPU seconds the
+    grammar takes per token (consume the token, compute the next mask) on the thread that
+    steps the batch, over MAX_TOKENS tokens a random model writes (4 tries, a warm cache)."""
+    import random
+
+    import numpy as np
+    from mlx_lm.tokenizer_utils import load
+
+    from exod import messages as m
+    from exod.core.grammar_limits import EngineLimits
+    from exod.runner.serving import grammar
+    from exod.runner.serving.tool_calls import ToolFormat, forced_grammar
+
+    model = Path(model_dir)
+    tok = load(model)
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    g = grammar.Grammars(tok, vocab, EngineLimits())
+    t = time.perf_counter()
+    g.ll_tokenizer("tools")
+    out = {"setup": time.perf_counter() - t}
+
+    def forced(tools: list[dict[str, Any]]) -> str:
+        req = m.Generate(id="r", kind="chat", max_tokens=9, tools=tools, tool_choice="required")
+        return forced_grammar(ToolFormat.of(tok), req, lambda s: g.literal(s, "tools"))
+
+    for name, tools in (("typical", TOOLS), ("30k", tool_set())):
+        lark, first, again = forced(tools), [], []
+        for _ in range(5):
+            g._compiled.clear()  # compiled afresh, as the first request with these tools is
+            t = time.perf_counter()
+            g.compile(lark, "tools")
+            first.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            g.compile(lark, "tools")
+            again.append(time.perf_counter() - t)
+        out[name], out[name + " again"] = statistics.median(first), statistics.median(again)
+    eos = set(int(e) for e in tok.eos_token_ids)
+    for case in cases():
+        fmt = case.side.get("response_format")
+        spent, tokens = 0.0, 0
+        for seed in range(5):
+            c = g.json_schema({**fmt, "schema": fmt.get("json_schema", {}).get("schema")}) \
+                if fmt else g.compile(forced(case.side["tools"]), "tools")
+            rng = random.Random(seed)
+            for _ in range(MAX_TOKENS):
+                bits = np.unpackbits(c._words.view(np.uint8), bitorder="little")[:vocab]
+                allowed = [i for i in np.flatnonzero(bits).tolist() if i not in eos]
+                if not allowed:
+                    break
+                token = rng.choice(allowed)
+                t = time.thread_time()
+                c.matcher.consume_token(token)
+                c._fill()
+                if seed:  # the first try warms the lexer, as the bench's warm-up does
+                    spent += time.thread_time() - t
+                    tokens += 1
+        out[case.name] = spent / max(tokens, 1)
+    print(json.dumps(out))
 
 
 def valid_calls(client: openai.OpenAI, model: str) -> tuple[int, float]:
@@ -281,15 +318,18 @@ def against_mlx_lm_server(client: openai.OpenAI, model: Path) -> list[tuple[str,
 
 
 def section(client: openai.OpenAI, model: Path, runner: int) -> list[tuple[str, str]]:
-    times = compile_time(model)
+    costs = engine_costs(model)
     rows, step = side_by_side(client, runner)
     ms = 1e3
+    rows += [(f"grammar CPU per token on the stepping thread, {c.name}",
+              f"{costs[c.name] * 1e6:.0f} us ({costs[c.name] / step:.3f}x a free decode step)")
+             for c in cases()]
     for name, what in (("typical", "a typical tool"), ("30k", "a 30 KB tool set")):
         rows += [(f"grammar compile ({what}) / one decode step",
-                  f"{times[name] / step:.3f}x ({times[name] * ms:.2f} ms / {step * ms:.2f} ms); "
-                  f"again, from the cache: {times[name + ' again'] / step:.3f}x "
-                  f"({times[name + ' again'] * ms:.2f} ms)")]
-    rows.append(("grammar engine's tokenizer, built once per runner", f"{times['setup']:.2f} s"))
+                  f"{costs[name] / step:.3f}x ({costs[name] * ms:.2f} ms / {step * ms:.2f} ms); "
+                  f"again, from the cache: {costs[name + ' again'] / step:.3f}x "
+                  f"({costs[name + ' again'] * ms:.2f} ms)")]
+    rows.append(("grammar engine's tokenizer, built once per runner", f"{costs['setup']:.2f} s"))
     report("agent: constrained decoding", rows)
     return against_mlx_lm_server(client, model)
 
