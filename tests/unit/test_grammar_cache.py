@@ -80,3 +80,21 @@ def test_a_grammar_the_engine_refuses_is_refused_every_time(grammars: Grammars) 
         with pytest.raises(RequestError) as e:
             grammars.json_schema(bad)
         assert e.value.param == "response_format.json_schema.schema"
+
+
+@pytest.mark.parametrize("extra", [0, 3, -2])
+def test_the_mask_leaves_allowed_logits_and_rules_out_the_rest(grammars: Grammars,
+                                                               extra: int) -> None:
+    """Logits wider than the vocabulary (padding rows) are never allowed; narrower ones are
+    masked as far as they go."""
+    import mlx.core as mx
+    import numpy as np
+
+    c = grammars.json_schema(SCHEMA)
+    allowed = [t for t in range(grammars.vocab) if (c._words[t >> 5] >> (t & 31)) & 1]
+    assert 0 < len(allowed) < 5  # the JSON's first token: only a few of the vocabulary
+    width = grammars.vocab + extra
+    out = np.array(c(mx.array([0]), mx.arange(width, dtype=mx.float32)[None]))[0]
+    kept = [t for t in allowed if t < width]
+    assert out.shape == (width,) and out[kept].tolist() == kept
+    assert np.isneginf(np.delete(out, kept)).all()
