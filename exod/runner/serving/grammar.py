@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import llguidance
@@ -87,16 +88,17 @@ class Grammars:
             return f"<[{int(ids[0])}]>"
         return json.dumps(text)
 
-    def json_schema(self, fmt: dict[str, Any], thinking: Thinking | None = None) -> Constraint:
+    def json_schema(self, fmt: dict[str, Any], thinking: Thinking | None = None,
+                    named: Callable[[str], str] = str) -> Constraint:
         """response_format: json_object (any object) or json_schema, bounded (exod.runner.
         serving.json_bounds). A strict schema must be enforceable whole; else keywords the
         engine does not implement are left out. `thinking`: the answer may be preceded by
-        reasoning (see Thinking)."""
-        param = "response_format"
+        reasoning (see Thinking). `named`: a field as the client spelled it."""
+        param = named("response_format")
         if fmt["type"] == "json_object":
             schema: Any = json_bounds.JSON_OBJECT
         else:
-            schema, param = fmt["schema"], "response_format.json_schema.schema"
+            schema, param = fmt["schema"], named("response_format.json_schema.schema")
         strict = bool(fmt.get("strict", False))
         if thinking is not None:  # the same schema, as the answer after the reasoning
             answer = f"answer: {json_bounds.json_rule(schema, strict)}\n"
