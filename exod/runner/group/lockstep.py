@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from exod import messages as m
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.protocol import to_wire
 from exod.runner.serving.batch_engine import BatchEngine
 from exod.runner.group import wire
@@ -164,7 +164,7 @@ def seeded(req: m.Generate) -> m.Generate:
 
 
 def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
-           grammar_limits: EngineLimits | None = None,
+           grammar_limits: GrammarLimits | None = None,
            make: Callable[[Settings], Replayed] | None = None) -> None:
     """Ranks 1..N-1: replay rank 0's plans until SHUTDOWN (clean) or the group breaks.
     `make`: the engine for rank 0's settings (default: the text runner's BatchEngine)."""

@@ -47,7 +47,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from exod import messages as m
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.runner.log import ERR, log
 from exod.runner.serving import model_checks, tool_calls
 from exod.runner.serving.cache_key import prompt_key
@@ -99,7 +99,7 @@ class _Request:
 
 class VisionEngine:
     def __init__(self, model: Any, processor: Any, tokenizer: Any, *, width: int,
-                 prefill_step: int = 256, grammar_limits: EngineLimits | None = None,
+                 prefill_step: int = 256, grammar_limits: GrammarLimits | None = None,
                  feature_bytes: int = 256 << 20, cache_bytes: int = 0,
                  on_new_generator: Callable[[], None] | None = None,
                  language_model: Any = None) -> None:
@@ -116,7 +116,7 @@ class VisionEngine:
         self.width = max(1, width)
         self.prefill_step = max(MIN_CHUNK, prefill_step)
         self.vocab, self.window = sizes(model, tokenizer)
-        self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or EngineLimits())
+        self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or GrammarLimits())
         self.features = FeatureCache(model, feature_bytes)
         self.text = TokenText(tokenizer)
         self.placeholders = placeholders(model.config)

@@ -8,18 +8,18 @@ reason.
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING, Any, Protocol
 
 from exod import messages as m
 from exod.core import memory
 from exod.core.exits import (EXIT_MODEL, EXIT_OK, EXIT_PEER_LOST, EXIT_TEMPFAIL,
                              EXIT_UNAVAILABLE)
-from exod.core.shards import Shard
+from exod.core.serving import DEFAULT_PREFILL_STEP
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import log
 from exod.runner.report import Reporter
+from exod.specs import RunnerSpec
 
 if TYPE_CHECKING:
     from exod.runner.group.membership import Group
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 class Runner(Protocol):
     """What a runner's life gives this path (exod.runner.__main__.Runner)."""
 
-    args: argparse.Namespace
+    spec: RunnerSpec
     life: Lifecycle
     channel: Channel
     report: Reporter
@@ -48,16 +48,16 @@ def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
         from exod.runner.vision.load import load_vision
     except ImportError as e:
         return EXIT_UNAVAILABLE, f"mlx-vlm is not usable: {e} (pip install 'exod[vision]')"
-    args = r.args
-    why = unsupported(r)
+    spec = r.spec
+    why = unsupported(spec)
     if why is not None:
-        return EXIT_MODEL, f"cannot serve {args.model}: {why}"
+        return EXIT_MODEL, f"cannot serve {spec.model}: {why}"
     try:
-        group = join(r) if args.world > 1 else None
-        log(f"loading {args.model} (a model that sees, through mlx-vlm)"
-            + (f", rank {args.rank} of {args.world}" if group is not None else ""))
-        loaded = load_vision(args.model, dtype=args.dtype, progress=r.report.progress,
-                             should_stop=r.life.stop.is_set, shard=shard(args),
+        group = join(r) if spec.group is not None else None
+        where = f", rank {spec.shard.rank} of {spec.shard.world}" if group is not None else ""
+        log(f"loading {spec.model} (a model that sees, through mlx-vlm){where}")
+        loaded = load_vision(spec.model, dtype=spec.options.dtype, progress=r.report.progress,
+                             should_stop=r.life.stop.is_set, shard=spec.shard,
                              group=group.group if group is not None else None)
         owned = loaded.shard.count if loaded.shard is not None else loaded.layers
         tower = "" if loaded.shard is not None and not loaded.shard.first \
@@ -69,7 +69,7 @@ def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
     except LoadAborted:
         log(f"stopped during load ({r.life.reason})")
     except ModelError as e:
-        return EXIT_MODEL, f"cannot load {args.model}: {e}"
+        return EXIT_MODEL, f"cannot load {spec.model}: {e}"
     except AddressInUse as e:
         return EXIT_TEMPFAIL, f"address {e} is in use (another instance or program on its port?)"
     except PeerLost as e:
@@ -77,34 +77,25 @@ def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
     return EXIT_OK, ""
 
 
-def unsupported(r: Runner) -> str | None:
-    args = r.args
-    if args.world > 1 and args.parallelism != "pipeline":
+def unsupported(spec: RunnerSpec) -> str | None:
+    opts = spec.options
+    if spec.shard.world > 1 and spec.parallelism != "pipeline":
         return ("a model that sees is split by layers only (parallelism: pipeline): its vision "
                 "tower runs whole on rank 0")
-    for flag, value in (("kv_bits", args.kv_bits), ("max_kv_size", args.max_kv_size),
-                        ("draft_model", args.draft_model), ("adapters", args.adapters)):
+    for flag, value in (("kv_bits", opts.kv_bits), ("max_kv_size", opts.max_kv_size),
+                        ("draft_model", opts.draft_model), ("adapters", opts.adapters)):
         if value is not None:
             return f"{flag} is not supported yet for a model that sees"
     return None
 
 
-def shard(args: argparse.Namespace) -> Shard | None:
-    """This rank's layers, as the daemon planned them (None: one rank, every layer)."""
-    if args.world == 1:
-        return None
-    if args.layers is None:
-        return Shard(args.rank, args.world, 0, 0, 0)
-    start, _, end = args.layers.partition(":")
-    return Shard(args.rank, args.world, int(start), int(end), args.total_layers or 0)
-
-
 def join(r: Runner) -> Group:
     from exod.runner.group.membership import connect
 
-    args = r.args
-    g = connect(args.rank, args.world, args.backend, args.peer_timeout, r.life, r.report)
-    log(f"joined the group: rank {g.rank} of {g.size} ({args.backend})")
+    spec = r.spec
+    assert spec.group is not None
+    g = connect(spec.shard.rank, spec.shard.world, spec.group, r.life, r.report)
+    log(f"joined the group: rank {g.rank} of {g.size} ({spec.group.backend})")
     return g
 
 
@@ -156,17 +147,17 @@ def run_loop(r: Runner, loaded: LoadedVision, group: Group | None) -> None:
     from exod.runner.vision.engine import VisionEngine, sizes
     from exod.runner.vision.group import VisionLeader, follow_vision
 
-    args = r.args
+    spec, opts = r.spec, r.spec.options
 
     def wired_limit() -> None:
         try:
-            wired.apply(args.wired_limit)
+            wired.apply(opts.wired_limit)
         except wired.WiredLimitError as e:
             raise ModelError(str(e)) from e
 
     def engine(width: int, cache_bytes: int, prefill_step: int) -> VisionEngine:
         return VisionEngine(loaded.model, loaded.processor, loaded.tokenizer, width=width,
-                            prefill_step=prefill_step, grammar_limits=args.grammar_limits,
+                            prefill_step=prefill_step, grammar_limits=opts.grammar,
                             feature_bytes=FEATURE_CACHE_BYTES, cache_bytes=cache_bytes,
                             on_new_generator=wired_limit,
                             language_model=language_model(loaded, group))
@@ -180,14 +171,14 @@ def run_loop(r: Runner, loaded: LoadedVision, group: Group | None) -> None:
 
         follow_vision(make, group, r.life)
         return
-    served = engine(args.max_concurrency, args.prompt_cache_bytes, args.prefill_step)
+    served = engine(spec.width, opts.prompt_cache_bytes, DEFAULT_PREFILL_STEP)
     if group is None:
-        ServeLoop(served, r.channel, r.life, r.report, args.heartbeat).run()
+        ServeLoop(served, r.channel, r.life, r.report, spec.heartbeat).run()
         return
     from exod.runner.group.membership import PeerLost
 
     leader = VisionLeader(served, group)
-    ServeLoop(leader, r.channel, r.life, r.report, args.heartbeat,
+    ServeLoop(leader, r.channel, r.life, r.report, spec.heartbeat,
               tick=Ticker(leader.heartbeat, group.heartbeat_every)).run()
     try:
         leader.shutdown()
