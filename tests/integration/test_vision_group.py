@@ -1,9 +1,11 @@
 """A model that sees, split across a 2-rank pipeline group (exod.runner.vision.group): the vision
 tower on rank 0, the language model's layers split, every rank's engine in step. For each of
-the zoo's five families, two pictures and a question get in-process mlx-vlm's greedy tokens (as
-one rank does: test_vision_engine.py), while a text request runs beside them; for Qwen2.5-VL
-(M-RoPE: rank 0 sends the other ranks its positions) the same request again starts from the
-prompt cache on every rank. Real runners, the ring backend on loopback, the openai client.
+the zoo's families that split (all but Qwen3-VL, whose tower feeds the language model's first
+layers too: refused up front, checked here), two pictures and a question get in-process
+mlx-vlm's greedy tokens (as one rank does: test_vision_engine.py), while a text request runs
+beside them; for Qwen2.5-VL (M-RoPE: rank 0 sends the other ranks its positions) the same
+request again starts from the prompt cache on every rank. Real runners, the ring backend on
+loopback, the openai client.
 
 The groups are on demand and stop once idle, so two runners live at a time. ~50 CPU-s: ten
 runners' imports and loads, one mlx-vlm reference process for the five families.
@@ -23,19 +25,20 @@ from typing import Any
 import openai
 import pytest
 
-from tests.harness import REPO, Daemon
+from tests.harness import EXOD, REPO, Daemon
 from tests.integration.test_vision_runner import PROMPT
 from tests.models.vision_families import FAMILIES
 
 PICTURES = 2
 N = 8
+SPLIT = sorted(f for f in FAMILIES if f != "qwen3_vl")  # deepstack: refused split
 
 
 def references(zoo: Path) -> dict[str, dict[str, Any]]:
     """mlx-vlm's greedy answer to pictures 0 and 1 then PROMPT, per family (a subprocess:
     this process never imports mlx)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.models.vision_zoo", str(zoo), "--prompt", PROMPT,
+        [sys.executable, "-m", "tests.models.vision_zoo", str(zoo), *SPLIT, "--prompt", PROMPT,
          "--images", str(PICTURES), "--max-tokens", str(N)],
         cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
         timeout=600, check=False)
@@ -85,7 +88,7 @@ def groups(vision_zoo: Path) -> Iterator[Groups]:
         family: {"model": str(vision_zoo / family), "shards": 2, "parallelism": "pipeline",
                  "max_concurrency": 4, "autostart": "on-demand", "idle_stop_after": "1s",
                  "backoff": {"initial": "100ms", "jitter": 0}}
-        for family in FAMILIES}})
+        for family in SPLIT}})
     try:
         d.start()
         yield Groups(d, want, pictures_png())
@@ -93,7 +96,7 @@ def groups(vision_zoo: Path) -> Iterator[Groups]:
         d.close()
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", SPLIT)
 def test_a_two_rank_pipeline_sees_as_mlx_vlm_does_beside_a_text_request(
         groups: Groups, family: str) -> None:
     texts: list[Any] = []
@@ -118,3 +121,15 @@ def test_a_two_rank_pipeline_sees_as_mlx_vlm_does_beside_a_text_request(
     if family == "qwen2_5_vl":  # the second time from the cache, on both ranks
         assert again.usage is not None and again.usage.prompt_tokens_details is not None
         assert again.usage.prompt_tokens_details.cached_tokens == want["prompt_tokens"] - 1
+
+
+def test_a_family_whose_tower_feeds_the_first_layers_is_refused_up_front(
+        vision_zoo: Path, tmp_path: Path) -> None:
+    config = tmp_path / "exod.yaml"
+    config.write_text(f"instances:\n  q:\n    model: {vision_zoo / 'qwen3_vl'}\n"
+                      "    shards: 2\n")
+    proc = subprocess.run([*EXOD, "check", "-c", str(config)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, check=False,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 78, proc.stdout + proc.stderr
+    assert "deepstack" in proc.stdout + proc.stderr

@@ -206,7 +206,7 @@ def test_another_picture_shares_no_cached_prefix_past_its_first_placeholder(zoo:
     assert fresh.tokens["fresh"] == eng.tokens[other.id]
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", "llava", "mistral3"])
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "gemma3", "llava", "mistral3"])
 def test_a_new_picture_beside_a_seen_one_runs_the_tower_on_the_new_one_only(
         zoo: Path, family: str) -> None:
     eng = engine(zoo, family)

@@ -79,6 +79,32 @@ FAMILIES: dict[str, Family] = {
             "temporal_patch_size": 2, "merge_size": 2, "min_pixels": 56 * 56,
             "max_pixels": 112 * 112, **MEAN_STD}},
     ),
+    # Qwen3-VL: interleaved M-RoPE, a tower with learned positions, whose first block's output
+    # is added into the language model's first layer too (deepstack).
+    "qwen3_vl": Family(
+        config={
+            "model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"],
+            "image_token_id": "<tok:<|image_pad|>>", "video_token_id": "<tok:<|video_pad|>>",
+            "vision_start_token_id": "<tok:<|vision_start|>>",
+            "vision_end_token_id": "<tok:<|vision_end|>>", "vocab_size": VOCAB,
+            "text_config": {**TEXT, "model_type": "qwen3_vl",
+                            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                             "mrope_interleaved": True}},
+            "vision_config": {
+                "model_type": "qwen3_vl", "depth": 2, "hidden_size": 32,
+                "intermediate_size": 64, "out_hidden_size": 64, "num_heads": 2,
+                "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                "num_position_embeddings": 64, "deepstack_visual_indexes": [0],
+                "in_channels": 3,
+            },
+        },
+        tokens=QWEN_TOKENS,
+        marker="<|vision_start|><|image_pad|><|vision_end|>",
+        files={"preprocessor_config.json": {
+            "image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16,
+            "temporal_patch_size": 2, "merge_size": 2, "min_pixels": 64 * 64,
+            "max_pixels": 128 * 128, **MEAN_STD}},
+    ),
     # SigLIP tower on 28x28 pixels in patches of 7 (16 patches), pooled to 4 image tokens.
     "gemma3": Family(
         config={

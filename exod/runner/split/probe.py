@@ -78,12 +78,20 @@ def probe(model_dir: Path, shards: int, parallelism: str,
     return Verdict(ok=True, reason=None, detail=None, model_type=kind)
 
 
+DEEPSTACK = ("its vision tower's features go into the language model's first layers too "
+             "(deepstack), which only rank 0 has: a model that sees splits only when the "
+             "language model takes the pictures' embeddings alone (serve it with shards: 1)")
+
+
 def _probe_vision(config: dict[str, Any], kind: str, shards: int, parallelism: str,
                   layers: tuple[int, ...] | None) -> Verdict:
     """A model that sees (built by mlx-vlm, exod.runner.vision.load.build): its language
     model's layers split as a text model's; its tower runs whole on rank 0."""
     if shards > 1 and parallelism != "pipeline":
         return Verdict(ok=False, reason=SPLIT_BY_LAYERS, detail=None, model_type=kind)
+    vision = config.get("vision_config")
+    if shards > 1 and isinstance(vision, dict) and vision.get("deepstack_visual_indexes"):
+        return Verdict(ok=False, reason=DEEPSTACK, detail=None, model_type=kind)
     from exod.runner.vision.load import build, probe_forward
 
     for rank in sorted({0, shards - 1}):

@@ -121,6 +121,12 @@ class VisionEngine:
         self.text = TokenText(tokenizer)
         self.placeholders = placeholders(model.config)
         self.cache_bytes = max(0, cache_bytes)
+        # Qwen3-VL adds its tower's early features into the first layers (deepstack): mlx-vlm
+        # 0.7's generator keeps one prompt's of them for a whole prompt batch (a list, which it
+        # does not split by row), so such prompts are prefilled one at a time (decoding still
+        # batches them).
+        vision = getattr(model.config, "vision_config", None)
+        self.prefill_alone = bool(getattr(vision, "deepstack_visual_indexes", None))
         self._cache = LRUPromptCache(max_size=1 << 30, max_bytes=self.cache_bytes)
         self.cache_lookups = self.cache_hits = self.cached_tokens = 0
         self._waiting: dict[str, _Request] = {}  # admitted, not seen yet: in arrival order
@@ -141,7 +147,7 @@ class VisionEngine:
             # alone, a request would wait for the whole batch to end. The daemon sends
             # `width` requests at most: that bounds the batch.
             completion_batch_size=self.width + PREFILL_BATCH,
-            prefill_batch_size=min(self.width, PREFILL_BATCH),
+            prefill_batch_size=1 if self.prefill_alone else min(self.width, PREFILL_BATCH),
             prefill_step_size=self.prefill_step, keeps=lambda uid: self.cache_bytes > 0)
         if self._on_new_generator is not None:
             self._on_new_generator()
@@ -197,7 +203,7 @@ class VisionEngine:
             return events
         prefilling = [r for r in self._by_uid.values() if r.prefilling]
         if prefilling:  # the chunk is shared by the prompts prefilled together
-            together = max(1, min(len(prefilling), PREFILL_BATCH))
+            together = max(1, min(len(prefilling), self._gen.prefill_batch_size))
             self._gen.prefill_step_size = max(MIN_CHUNK, self.prefill_step // together)
         try:
             _, responses = self._gen.next()
