@@ -62,6 +62,12 @@ class LeaderHandshake:
         self._nonce_w = self._nonce_0 = b""
         self._said = b""  # our version line, once sent
 
+    @property
+    def greeted(self) -> bool:
+        """The peer sent a valid header (version line and greeting), as a rank does at once:
+        it has been challenged, and its proof is awaited."""
+        return bool(self._nonce_w)
+
     def feed(self, data: bytes) -> bytes:
         if self._frames is None:
             end = (self._line + data).find(b"\n")
@@ -121,14 +127,15 @@ class LeaderHandshake:
 
 def worker_handshake(sock: socket.socket, key: bytes, rank: int) -> None:
     """A worker's side; ControlLost when the other end is not rank 0 of our group (or is of
-    another version, or refused us: the reason says which)."""
+    another version, or refused us: the reason says which), and its kind Closed when rank 0
+    let the connection go without a verdict (the worker may try again)."""
     nonce_w = os.urandom(NONCE)
     wire.send(sock, PREAMBLE + encode(to_wire(Greeting(nonce_w.hex()))))
     try:
         line = wire.read_line(sock, "rank 0")
-    except ControlLost:
-        raise ControlLost(f"rank 0 closed the connection during the handshake (not an exod of "
-                          f"{OURS}, or not rank 0 of this group)") from None
+    except ControlLost as e:
+        raise type(e)(f"rank 0 closed the connection during the handshake (not an exod of "
+                      f"{OURS}, or not rank 0 of this group)") from None
     theirs = wire.version_of(line)
     if theirs is None:
         raise ControlLost("the process on rank 0's control port is no exod rank")
