@@ -20,7 +20,8 @@ from exod.api.errors import (ApiError, model_not_found, not_ready, queue_full, r
 from exod.api.hang import HangWatch
 from exod.api.metrics import Meter, Metrics
 from exod.api.dialects.output import OpenAiOutput, Output
-from exod.api.objects import SSE_HEADERS, Reply
+from exod.api import sse
+from exod.api.objects import Reply
 from exod.api.on_demand import OnDemand, Stopped
 from exod.api.tool_output import streamed_call, whole_call
 from exod.api.schema import GenRequest, ModelLimits, apply_limits, with_template_defaults
@@ -218,7 +219,7 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
         first = await anext(events)
     if isinstance(first, m.Error):
         raise runner_error(first.code, first.message, _param(req, first))
-    resp = web.StreamResponse(headers=SSE_HEADERS)
+    resp = web.StreamResponse(headers=sse.HEADERS)
     reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage,
                   logprobs=req.gen.logprobs)
     try:

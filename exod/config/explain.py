@@ -9,7 +9,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from exod.config.durations import format_duration
 from exod.config.schema import Config
-from exod.config.sizes import format_size
+from exod.core.sizes import format_size
 from exod.config.types import Kind
 from exod.config.validate import field_hints, settable_fields, unwrap
 

@@ -285,7 +285,7 @@ class Instance:
     cluster_key_file: Path | None = field(
         default=None,
         metadata=doc("file holding the group's shared secret (at least 16 bytes; the same file "
-                     "on every host, readable only by exod): ranks prove they hold it before "
+                     "on every host, closed to other users): ranks prove they hold it before "
                      "joining. Required when ranks run on several hosts; a single-host group "
                      "gets a fresh secret at each start"),
     )
@@ -334,8 +334,8 @@ class Hub:
                      "HF_HUB_OFFLINE=1)"))
     hf_token_file: Path | None = field(
         default=None,
-        metadata=doc("file holding the access token for gated or private repositories (mode "
-                     "0600, owned by exod's user); read by the fetcher only, never put in an "
+        metadata=doc("file holding the access token for gated or private repositories (closed "
+                     "to other users, e.g. mode 0600); read by the fetcher only, never put in an "
                      "argv, an environment, a log or status"))
     stall_after: Duration = field(
         default=60.0,
@@ -381,7 +381,8 @@ class Api:
     token_file: Path | None = field(
         default=None,
         metadata=doc("file holding the bearer tokens required on every endpoint but /health: "
-                     "one per line ('#' starts a comment); re-read on reload"),
+                     "one per line ('#' starts a comment); re-read on reload. Closed to other "
+                     "users (mode 0600, or 0640 for the users of `exoctl chat` in its group)"),
     )
     insecure_public: bool = field(
         default=False,

@@ -97,7 +97,7 @@ class Download:
         return (b1 - b0) / (t1 - t0) if t1 > t0 else None
 
     def describe(self, now: float) -> str:
-        """e.g. `downloading 1.2 of 4.5 GB (27%, 38 MB/s)`, `stalled: …; retry 2 in 8s`."""
+        """e.g. `downloading 1.2GiB of 4.5GiB (27%, 38MiB/s)`, `stalled: …; retry 2 in 8s`."""
         if self.retry_at is not None:
             wait = format_duration(max(0.0, self.retry_at - now))
             return f"downloading: {self.error}; retry {self.attempt + 1} in {wait}"

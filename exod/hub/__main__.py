@@ -16,6 +16,7 @@ from exod.core.exits import EXIT_UNAVAILABLE
 from exod.hub.fetch import Job, main, plan_only
 from exod.hub.link import Link
 from exod.hub.ref import make
+from exod.secret_file import SecretFileError, read_secret
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -34,9 +35,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def read_token(path: Path | None) -> str | bool:
+    """The token in hub.hf_token_file (a secret file: exod.secret_file's rule), False for
+    none. Raises OSError (one line) when unusable."""
     if path is None:
         return False
-    return path.read_text(encoding="utf-8").strip() or False
+    try:
+        return read_secret(path, least=0).decode("utf-8") or False
+    except UnicodeDecodeError:
+        raise SecretFileError(f"{path} is not UTF-8 text") from None
 
 
 def entry(argv: list[str] | None = None) -> int:
@@ -52,7 +58,7 @@ def entry(argv: list[str] | None = None) -> int:
         token = read_token(args.token_file)
     except OSError as e:
         link.start()
-        print(f"cannot read the token file {args.token_file}: {e.strerror}", flush=True)
+        print(f"hub.hf_token_file: {e.strerror}", flush=True)
         return EXIT_UNAVAILABLE
     job = Job(make(args.repo, args.revision), args.cache, args.offline, token, args.commit, link)
     return plan_only(job) if args.plan else main(job)

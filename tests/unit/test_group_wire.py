@@ -176,6 +176,7 @@ def test_messages_are_bounds_checked_and_typed() -> None:
 def group_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     key = tmp_path / "key"
     key.write_bytes(KEY)
+    key.chmod(0o600)  # a secret: closed to other users
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]

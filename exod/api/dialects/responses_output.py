@@ -13,12 +13,12 @@ Every event carries a `sequence_number`.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from typing import Any
 
 from exod import messages as m
+from exod.api import sse
 from exod.api.errors import ApiError
 
 
@@ -125,8 +125,7 @@ class ResponsesOutput:
     def _event(self, kind: str, **data: Any) -> bytes:
         body = {"type": kind, "sequence_number": self._seq, **data}
         self._seq += 1
-        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-        return f"event: {kind}\ndata: {text}\n\n".encode()
+        return sse.frame(body, kind)
 
     def begin(self) -> bytes:
         started = self._response("in_progress", None)

@@ -30,8 +30,8 @@ from exod.runner.group.handshake import SAME_VERSION, LeaderHandshake, Refused, 
 from exod.runner.group.wire import Closed, ControlLost
 from exod.runner.log import WARNING, log
 from exod.runner.report import Reporter
+from exod.secret_file import KEY_BYTES, SecretFileError, read_secret
 
-MIN_KEY = 16
 HANDSHAKE_TIMEOUT = 2.0  # a real rank answers in a round trip; a silent stranger goes then
 MAX_HANDSHAKES = 64  # at once in each pool (see _Acceptor); past it the pool's oldest goes
 ACCEPT_BATCH = 64  # connections taken per wake-up, so a flood of them never starves the rest
@@ -59,19 +59,15 @@ def _tune(sock: socket.socket) -> socket.socket:
 
 
 def cluster_key() -> bytes:
-    """The group's shared secret, from the file the daemon names (never from argv/env)."""
+    """The group's shared secret, from the file the daemon names (never from argv/env): a
+    secret file (exod.secret_file's rule) of KEY_BYTES at least."""
     path = os.environ.get("EXOD_CLUSTER_KEY_FILE")
     if not path:
         raise ControlLost("no group key: EXOD_CLUSTER_KEY_FILE is not set")
     try:
-        with open(path, "rb") as f:
-            key = f.read(4096)
-    except OSError as e:
-        raise ControlLost(f"cannot read the group key {path}: {e.strerror}") from None
-    key = key.strip()
-    if len(key) < MIN_KEY:
-        raise ControlLost(f"the group key {path} is shorter than {MIN_KEY} bytes")
-    return key
+        return read_secret(path, KEY_BYTES)
+    except SecretFileError as e:
+        raise ControlLost(f"the group key: {e}") from None
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -25,6 +25,7 @@ import struct
 from collections.abc import Collection
 from typing import Any
 
+from exod.core.text import clip
 from exod.protocol import FrameDecoder, ProtocolError, encode, from_wire, to_wire
 from exod.runner.group import wire
 from exod.runner.group.wire import (
@@ -97,7 +98,7 @@ class LeaderHandshake:
     def _refuse(self, reason: str, told: str | None = None) -> Refused:
         """A refusal the peer hears too: it wrote a version line, so it can read why."""
         line, self._said = (b"" if self._said else PREAMBLE), PREAMBLE
-        return Refused(reason, line + encode(to_wire(Refusal((told or reason)[:500]))))
+        return Refused(reason, line + encode(to_wire(Refusal(clip(told or reason, 500)))))
 
     def _step(self, obj: dict[str, Any]) -> bytes:
         if self.rank is not None:

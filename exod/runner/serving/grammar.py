@@ -31,6 +31,7 @@ from exod.core.grammar_limits import EngineLimits
 from exod.runner.log import WARNING, log
 from exod.core.request_rules import RequestError
 from exod.runner.serving.think_grammar import Thinking
+from exod.core.text import clip
 
 # JSON is compact (whitespace_flexible off: no whitespace between tokens): a model, above all a
 # random one, would otherwise be free to emit whitespace forever between two values.
@@ -171,5 +172,4 @@ class Constraint:
 
 
 def _clip(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= MAX_ERROR else line[: MAX_ERROR - 1] + "…"
+    return clip(text, MAX_ERROR, flat=True)

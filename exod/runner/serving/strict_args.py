@@ -24,6 +24,7 @@ import llguidance
 
 from exod.core.grammar_limits import EngineLimits
 from exod.core.request_rules import RequestError
+from exod.core.text import clip
 
 EOS = 256
 MAX_VISITS = 10_000  # schema nodes `ordered` may look at for one call: past it, keys stay as sent
@@ -86,7 +87,7 @@ class ArgsCheck:
         if matcher.consume_tokens(list(data)) and matcher.is_accepting():
             return None
         why = matcher.get_error() if matcher.is_error() else "the arguments end too soon"
-        return " ".join(why.split())[:200]
+        return clip(why, 200, flat=True)
 
 
 def _matcher(schema: Any, limits: EngineLimits, param: str) -> llguidance.LLMatcher:
@@ -195,5 +196,4 @@ def _pointer(root: Any, ref: str) -> Any:
 
 
 def _clip(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= 300 else line[:299] + "…"
+    return clip(text, 300, flat=True)
