@@ -12,8 +12,8 @@ PYTEST := $(BIN)/pytest --dist loadgroup --no-loadscope-reorder
 # never beside the integration tier (tests/conftest.py: QUIET_PAIR).
 QUIET := -m "not integration or timing"
 
-.PHONY: run test test-unit test-integration test-system warm setup setup-test install bench lint \
-	clean
+.PHONY: run test test-unit test-integration test-system warm setup setup-test install bench man \
+	lint clean
 
 run: setup  ## set up, then run the daemon in the foreground on the built-in demo model
 	$(BIN)/exod run --demo
@@ -63,6 +63,9 @@ install:  ## as root: exod in a venv at $(INSTALL_PREFIX), then its service file
 
 bench: setup-test  ## benchmarks: print ratios against baselines measured in the same run
 	$(BIN)/python -m bench
+
+man: setup  ## exod.yaml(5)'s KEYS section, written from the schema (exod/config/schema.py)
+	$(BIN)/python -m exod.config.manpage man/exod.yaml.5
 
 lint: setup-test
 	$(BIN)/ruff check exod tests bench

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin
 
 from exod.config.durations import format_duration
@@ -24,6 +26,8 @@ _KIND_NAMES = {
     Kind.JSON: "any value (plain data, as JSON has it)",
 }
 
+WIDTH = 96  # a documentation line of --explain, indent included
+
 _PREAMBLE = [
     "Durations are 500ms, 10s, 2m, 1h, 1m30s or a number of seconds.",
     "Relative paths are taken from the folder of the file that holds them; ~ is expanded.",
@@ -32,14 +36,37 @@ _PREAMBLE = [
 ]
 
 
+@dataclass(frozen=True)
+class KeyDoc:
+    """One key as an operator writes it: `instances.<name>.stop.grace`, its type (`duration`),
+    its default (`default: from defaults.stop.grace`) and its documentation."""
+
+    key: str
+    kind: str
+    default: str
+    doc: str
+
+
 def explain_keys() -> str:
     """Every key an operator can write, with its type, default and documentation."""
     lines = list(_PREAMBLE)
-    _walk(Config, "", None, lines)
+    for k in key_docs():
+        lines += [k.key, f"    {k.kind}; {k.default}"]
+        if k.doc:
+            lines += textwrap.wrap(k.doc, WIDTH, initial_indent="    ",
+                                   subsequent_indent="    ", break_on_hyphens=False)
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
-def _walk(cls: type, prefix: str, inherited: str | None, lines: list[str]) -> None:
+def key_docs() -> list[KeyDoc]:
+    """Every settable key, in the schema's order (what --explain prints, and exod.yaml(5))."""
+    out: list[KeyDoc] = []
+    _walk(Config, "", None, out)
+    return out
+
+
+def _walk(cls: type, prefix: str, inherited: str | None, out: list[KeyDoc]) -> None:
     """inherited: e.g. "defaults.stop." when the keys below take their defaults from there."""
     hints = field_hints(cls)
     for f in settable_fields(cls):
@@ -49,18 +76,15 @@ def _walk(cls: type, prefix: str, inherited: str | None, lines: list[str]) -> No
             source: str | None = f"defaults.{f.metadata['inherit']}"
         else:
             source = f"{inherited}{f.name}" if inherited else None
-        lines.append(key)
-        lines.append(f"    {type_name(hints[f.name], f.metadata)}; {_default(f, kind, source)}")
-        if f.metadata.get("doc"):
-            lines.append(f"    {f.metadata['doc']}")
-        lines.append("")
+        out.append(KeyDoc(key, type_name(hints[f.name], f.metadata), _default(f, kind, source),
+                          str(f.metadata.get("doc", ""))))
         origin = get_origin(bare)
         if isinstance(bare, type) and dataclasses.is_dataclass(bare):
-            _walk(bare, f"{key}.", f"{source}." if source else None, lines)
+            _walk(bare, f"{key}.", f"{source}." if source else None, out)
         elif origin is tuple and dataclasses.is_dataclass(get_args(bare)[0]):
-            _walk(get_args(bare)[0], f"{key}[].", None, lines)
+            _walk(get_args(bare)[0], f"{key}[].", None, out)
         elif origin is Mapping and dataclasses.is_dataclass(get_args(bare)[1]):
-            _walk(get_args(bare)[1], f"{key}.<name>.", None, lines)
+            _walk(get_args(bare)[1], f"{key}.<name>.", None, out)
 
 
 def type_name(hint: Any, meta: Mapping[str, object] | None = None) -> str:
