@@ -73,7 +73,8 @@ class StopPolicy:
 
 @dataclass(frozen=True)
 class BackoffPolicy:
-    """Restart delay: exponential on the monotonic clock, capped, jittered."""
+    """Restart delay, and a download's before it is tried again: exponential on the monotonic
+    clock, capped, jittered."""
 
     initial: Duration = field(
         default=1.0,
@@ -94,7 +95,8 @@ class BackoffPolicy:
     )
     reset_after: Duration = field(
         default=60.0,
-        metadata=doc("A run that stayed ready this long resets the delay and the failure count.",
+        metadata=doc("A run that stayed ready this long (a download: whose bytes flowed this "
+                     "long) resets the delay and the failure count.",
                      minimum=0),
     )
 
@@ -466,7 +468,8 @@ class Defaults:
     )
     backoff: BackoffPolicy = field(
         default_factory=BackoffPolicy,
-        metadata=doc("The delay before a restart: exponential, capped and jittered."),
+        metadata=doc("The delay before a restart, and before a download is tried again: "
+                     "exponential, capped and jittered."),
     )
     start_limit: StartLimit = field(
         default_factory=StartLimit,
@@ -643,6 +646,15 @@ class Api:
     body_timeout: Duration = field(
         default=30.0,
         metadata=doc("A request body must arrive within this long, else 408.", minimum=0.1),
+    )
+    strict_fields: bool = field(
+        default=False,
+        metadata=doc("Refuse (400, naming it) a request field exod does not know. By default such "
+                     "a field is accepted and has no effect: it is logged once, counted in "
+                     "`exod_ignored_fields_total` and named in the answer's "
+                     "`x-exod-ignored-fields` header, as new client versions keep adding fields. "
+                     "Tools that only the cloud runs (web search and the like) are never refused "
+                     "either way: they are not offered to the model, and reported."),
     )
 
 
