@@ -77,7 +77,8 @@ bench: setup-test  ## benchmarks: print ratios against baselines measured in the
 	$(BIN)/python -m bench
 
 man: setup  ## exod.yaml(5)'s KEYS section, written from the schema (exod/config/schema.py)
-	$(BIN)/python -m exod.config.manpage man/exod.yaml.5
+	$(BIN)/python -c 'import sys; from exod.config.explain import write_pages; \
+		write_pages(sys.argv[1:])' man/exod.yaml.5
 
 lint: setup-test
 	$(BIN)/ruff check exod tests bench
