@@ -76,18 +76,12 @@ class BackoffPolicy:
     """Restart delay, and a download's before it is tried again: exponential on the monotonic
     clock, capped, jittered."""
 
-    initial: Duration = field(
-        default=1.0,
-        metadata=doc("The first delay.", minimum=0),
-    )
+    initial: Duration = field(default=1.0, metadata=doc("The first delay.", minimum=0))
     multiplier: float = field(
         default=2.0,
         metadata=doc("The delay grows by this factor with each restart.", minimum=1.0),
     )
-    max: Duration = field(
-        default=60.0,
-        metadata=doc("The longest delay.", minimum=0),
-    )
+    max: Duration = field(default=60.0, metadata=doc("The longest delay.", minimum=0))
     jitter: float = field(
         default=0.2,
         metadata=doc("A random spread of up to this fraction of the delay, either way.",
@@ -663,10 +657,7 @@ class Config:
     """A whole, validated configuration: the main file plus its includes."""
 
     path: Path = field(metadata=doc("the main file this config was read from", internal=True))
-    node: Node = field(
-        default_factory=Node,
-        metadata=doc("This host."),
-    )
+    node: Node = field(default_factory=Node, metadata=doc("This host."))
     control: Control = field(
         default_factory=Control,
         metadata=doc("The control socket that `exoctl`(1) uses."),
@@ -683,10 +674,7 @@ class Config:
                      "long that is. Only a stuck exod lets `TimeoutStartSec` fire. That is why "
                      "`daemon` is the default."),
     )
-    api: Api = field(
-        default_factory=Api,
-        metadata=doc("The OpenAI-compatible HTTP API."),
-    )
+    api: Api = field(default_factory=Api, metadata=doc("The OpenAI-compatible HTTP API."))
     hub: Hub = field(
         default_factory=Hub,
         metadata=doc("Models named by hub repository (`model: hf:ORG/NAME`)."),
