@@ -226,14 +226,14 @@ def costs_here(model_dir: str) -> None:
     from mlx_lm.tokenizer_utils import load
 
     from exod import messages as m
-    from exod.core.grammar_limits import EngineLimits
+    from exod.config.schema import GrammarLimits
     from exod.runner.serving import grammar
     from exod.runner.serving.tool_calls import ToolFormat, forced_grammar
 
     model = Path(model_dir)
     tok = load(model)
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    g = grammar.Grammars(tok, vocab, EngineLimits())
+    g = grammar.Grammars(tok, vocab, GrammarLimits())
     t = time.perf_counter()
     g.ll_tokenizer("tools")
     out = {"setup": time.perf_counter() - t}

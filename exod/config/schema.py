@@ -90,8 +90,7 @@ class BackoffPolicy:
     reset_after: Duration = field(
         default=60.0,
         metadata=doc("A run that stayed ready this long (a download: whose bytes flowed this "
-                     "long) resets the delay and the failure count.",
-                     minimum=0),
+                     "long) resets the delay and the failure count.", minimum=0),
     )
 
 
@@ -155,9 +154,119 @@ class Host:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class RunnerOptions:
+    """What a runner reads of its instance's settings: how it loads the model and serves. Each
+    rank gets them whole in its start-up spec (`exod.specs.RunnerSpec`), checked field by field
+    on arrival against these very types, so an option added here reaches every runner with its
+    default, bounds and choices declared once. `Instance` inherits them: in the YAML they are
+    keys of an instance like any other."""
+
+    dtype: DType = field(
+        default="auto",
+        metadata=doc("The type the weights are cast to. `auto` is float32 on the CPU, where it is "
+                     "the fast path, and the weights' own type on a GPU."),
+    )
+    prompt_cache_bytes: int = field(
+        default=DEFAULT_PROMPT_CACHE_BYTES,
+        metadata=doc("Bytes of KV cache kept from finished requests, so that a request which "
+                     "starts as an earlier one did (the next turn of a chat) prefills only what "
+                     "is new. Least recently used entries are evicted first; 0 disables the "
+                     "cache. In a sharded instance the cap counts rank 0's bytes, and the other "
+                     "ranks keep the same entries.", minimum=0, maximum=1 << 50),
+    )
+    grammar: GrammarLimits = field(
+        default_factory=GrammarLimits,
+        metadata=doc("Bounds of constrained decoding (a `response_format` schema, a forced tool "
+                     "call): a schema past them gets 400 naming the field, in bounded time and "
+                     "memory, while other requests go on."),
+    )
+    # mlx-lm's generation options (exod.config.mlx_options checks what goes with what).
+    kv_bits: KvBits | None = field(
+        default=None,
+        metadata=doc("Null: a float cache. Else, quantize the KV cache to this many bits a value "
+                     "(mlx-lm's `kv_bits`; 4 or 8 are usual): about a quarter (8 bits) or an "
+                     "eighth (4 bits) of a float32 cache, plus a scale and a bias per group. "
+                     "Memory admission counts the quantized size (and, for a cache not quantized "
+                     "yet, the float one). mlx-lm cannot batch a quantized cache: the instance "
+                     "serves its requests by turns, one token of each in turn, with no prompt "
+                     "cache (a `prompt_cache_bytes` written beside it is refused), and `exoctl "
+                     "status` says why it does not batch. Not with `max_kv_size`, nor with shards "
+                     "> 1."),
+    )
+    kv_group_size: KvGroupSize = field(
+        default=DEFAULT_KV_GROUP_SIZE,
+        metadata=doc("With `kv_bits`: how many values share a scale and a bias. It must divide "
+                     "the model's head dimension (`head_dim`, else hidden_size / "
+                     "num_attention_heads); `exod check` says so when it does not. Refused "
+                     "without `kv_bits`."),
+    )
+    quantized_kv_start: int = field(
+        default=DEFAULT_QUANTIZED_KV_START,
+        metadata=doc("With `kv_bits`: a generation's cache stays in float until it holds this "
+                     "many tokens, then is quantized (mlx-lm's default); 0 quantizes from the "
+                     "first token. Refused without `kv_bits`.", minimum=0),
+    )
+    max_kv_size: int | None = field(
+        default=None,
+        metadata=doc("Null: the cache grows with the generation. Else, a rotating KV cache of "
+                     "this many tokens per generation (mlx-lm's `max_kv_size`): once full, the "
+                     "oldest tokens but the first 4 are overwritten, so a generation runs past it "
+                     "in bounded memory, forgetting what it overwrote. Memory admission counts at "
+                     "most this many tokens a generation. The instance still batches. For the "
+                     "families whose caches mlx-lm makes itself (llama among them, where mlx-lm "
+                     "would ignore the option), each plain KV cache becomes the rotating one; a "
+                     "family's own sliding-window caches stay as they are, and a model with no "
+                     "plain KV cache fails to start with the reason. Not with `kv_bits` (mlx-lm "
+                     "cannot quantize a rotating cache) nor `draft_model` (a rejected draft "
+                     "rewinds the cache, which a full rotating cache cannot), nor with shards > "
+                     "1.",
+                     # past int32, mlx's batch step fails (std::bad_cast) on every request
+                     minimum=8, maximum=1 << 30),
+    )
+    draft_model: ModelDir | None = field(
+        default=None,
+        metadata=doc("Speculative decoding: a small model of the same tokenizer drafts "
+                     "`num_draft_tokens` tokens, the model checks them in one step and keeps "
+                     "those it would have generated itself, so the answer is the model's own, "
+                     "sooner. A directory, or a hub name (`hf:ORG/NAME[@REVISION]`), fetched into "
+                     "the cache as `model` is, after it (the instance stays `downloading` until "
+                     "both are there). Its weights and KV cache count in memory admission. mlx-lm "
+                     "runs speculative decoding only without batching, so the instance serves its "
+                     "requests by turns, one token of each in turn (what a user of a draft model "
+                     "wants: each request still goes faster, rather than being refused), with no "
+                     "prompt cache (every request prefills its whole prompt); the reason and the "
+                     "share of drafted tokens accepted are in `exoctl status` (its JSON's "
+                     "`serving.speculative`) and in `/metrics` (`exod_draft_tokens_total`, "
+                     "`exod_draft_tokens_accepted_total`). A draft whose vocabulary differs from "
+                     "the model's is refused. Not with `max_kv_size` nor with shards > 1."),
+    )
+    num_draft_tokens: int = field(
+        default=DEFAULT_NUM_DRAFT_TOKENS,
+        metadata=doc("With `draft_model`: tokens drafted a step. Refused without `draft_model`.",
+                     minimum=1, maximum=64),
+    )
+    adapters: Path | None = field(
+        default=None,
+        metadata=doc("A LoRA (or DoRA) adapter folder, as `mlx_lm.lora` writes it "
+                     "(`adapter_config.json` and `adapters.safetensors`), applied to the model at "
+                     "load (mlx-lm's `adapter_path`). Not with shards > 1."),
+    )
+    wired_limit: Size | None = field(
+        default=None,
+        metadata=doc("macOS only: how much memory mlx keeps wired on Metal, so that the weights "
+                     "are not paged out between tokens (`mx.set_wired_limit`). Null: the GPU's "
+                     "recommended working set, as mlx_lm.server sets it; 0: nothing kept wired "
+                     "(mlx's own default); a size larger than the recommended working set fails "
+                     "the start with the figures. Refused on other systems, which have no such "
+                     "limit."),
+    )
+
+
 @dataclass(frozen=True)
-class Instance:
-    """One model, split into `shards` ranks (runner processes)."""
+class Instance(RunnerOptions):
+    """One model, split into `shards` ranks (runner processes). Its runner options
+    (`RunnerOptions`) come first in the class, last in `exod check --explain-keys`."""
 
     name: InstanceName = field(metadata=doc("the instance's name (its key)", internal=True))
     # kw_only: a defaulted field may not precede the required `model` positionally.
@@ -262,11 +371,6 @@ class Instance:
                      "empty value. The variables exod sets for runners (see `exod`(8)) win over "
                      "these."),
     )
-    dtype: DType = field(
-        default="auto",
-        metadata=doc("The type the weights are cast to. `auto` is float32 on the CPU, where it is "
-                     "the fast path, and the weights' own type on a GPU."),
-    )
     hosts: tuple[Host, ...] = field(
         default=(),
         metadata=doc("The hosts the ranks run on, one per rank, in rank order. Empty: every rank "
@@ -309,20 +413,6 @@ class Instance:
                      "still take), at most 16 and at least 1. The log says which width was "
                      "chosen, and `exod check` shows it.", minimum=1, maximum=256),
     )
-    prompt_cache_bytes: int = field(
-        default=DEFAULT_PROMPT_CACHE_BYTES,
-        metadata=doc("Bytes of KV cache kept from finished requests, so that a request which "
-                     "starts as an earlier one did (the next turn of a chat) prefills only what "
-                     "is new. Least recently used entries are evicted first; 0 disables the "
-                     "cache. In a sharded instance the cap counts rank 0's bytes, and the other "
-                     "ranks keep the same entries.", minimum=0, maximum=1 << 50),
-    )
-    grammar: GrammarLimits = field(
-        default_factory=GrammarLimits,
-        metadata=doc("Bounds of constrained decoding (a `response_format` schema, a forced tool "
-                     "call): a schema past them gets 400 naming the field, in bounded time and "
-                     "memory, while other requests go on."),
-    )
     max_queue: int = field(
         default=16,
         metadata=doc("How many more requests may wait, in order of arrival; beyond that the HTTP "
@@ -342,89 +432,9 @@ class Instance:
                      "The names of the template call's own arguments (`tools`, "
                      "`add_generation_prompt`, `chat_template`, ...) cannot be set."),
     )
-    # mlx-lm's generation options (exod.config.mlx_options checks what goes with what).
-    kv_bits: KvBits | None = field(
-        default=None,
-        metadata=doc("Null: a float cache. Else, quantize the KV cache to this many bits a value "
-                     "(mlx-lm's `kv_bits`; 4 or 8 are usual): about a quarter (8 bits) or an "
-                     "eighth (4 bits) of a float32 cache, plus a scale and a bias per group. "
-                     "Memory admission counts the quantized size (and, for a cache not quantized "
-                     "yet, the float one). mlx-lm cannot batch a quantized cache: the instance "
-                     "serves its requests by turns, one token of each in turn, with no prompt "
-                     "cache (a `prompt_cache_bytes` written beside it is refused), and `exoctl "
-                     "status` says why it does not batch. Not with `max_kv_size`, nor with shards "
-                     "> 1."),
-    )
-    kv_group_size: KvGroupSize = field(
-        default=DEFAULT_KV_GROUP_SIZE,
-        metadata=doc("With `kv_bits`: how many values share a scale and a bias. It must divide "
-                     "the model's head dimension (`head_dim`, else hidden_size / "
-                     "num_attention_heads); `exod check` says so when it does not. Refused "
-                     "without `kv_bits`."),
-    )
-    quantized_kv_start: int = field(
-        default=DEFAULT_QUANTIZED_KV_START,
-        metadata=doc("With `kv_bits`: a generation's cache stays in float until it holds this "
-                     "many tokens, then is quantized (mlx-lm's default); 0 quantizes from the "
-                     "first token. Refused without `kv_bits`.", minimum=0),
-    )
-    max_kv_size: int | None = field(
-        default=None,
-        metadata=doc("Null: the cache grows with the generation. Else, a rotating KV cache of "
-                     "this many tokens per generation (mlx-lm's `max_kv_size`): once full, the "
-                     "oldest tokens but the first 4 are overwritten, so a generation runs past it "
-                     "in bounded memory, forgetting what it overwrote. Memory admission counts at "
-                     "most this many tokens a generation. The instance still batches. For the "
-                     "families whose caches mlx-lm makes itself (llama among them, where mlx-lm "
-                     "would ignore the option), each plain KV cache becomes the rotating one; a "
-                     "family's own sliding-window caches stay as they are, and a model with no "
-                     "plain KV cache fails to start with the reason. Not with `kv_bits` (mlx-lm "
-                     "cannot quantize a rotating cache) nor `draft_model` (a rejected draft "
-                     "rewinds the cache, which a full rotating cache cannot), nor with shards > "
-                     "1.",
-                     # past int32, mlx's batch step fails (std::bad_cast) on every request
-                     minimum=8, maximum=1 << 30),
-    )
-    draft_model: ModelDir | None = field(
-        default=None,
-        metadata=doc("Speculative decoding: a small model of the same tokenizer drafts "
-                     "`num_draft_tokens` tokens, the model checks them in one step and keeps "
-                     "those it would have generated itself, so the answer is the model's own, "
-                     "sooner. A directory, or a hub name (`hf:ORG/NAME[@REVISION]`), fetched into "
-                     "the cache as `model` is, after it (the instance stays `downloading` until "
-                     "both are there). Its weights and KV cache count in memory admission. mlx-lm "
-                     "runs speculative decoding only without batching, so the instance serves its "
-                     "requests by turns, one token of each in turn (what a user of a draft model "
-                     "wants: each request still goes faster, rather than being refused), with no "
-                     "prompt cache (every request prefills its whole prompt); the reason and the "
-                     "share of drafted tokens accepted are in `exoctl status` (its JSON's "
-                     "`serving.speculative`) and in `/metrics` (`exod_draft_tokens_total`, "
-                     "`exod_draft_tokens_accepted_total`). A draft whose vocabulary differs from "
-                     "the model's is refused. Not with `max_kv_size` nor with shards > 1."),
-    )
     draft_hub: HubRef | None = field(
         default=None, kw_only=True,
         metadata=doc("the hub repository `draft_model` names, if any", internal=True))
-    num_draft_tokens: int = field(
-        default=DEFAULT_NUM_DRAFT_TOKENS,
-        metadata=doc("With `draft_model`: tokens drafted a step. Refused without `draft_model`.",
-                     minimum=1, maximum=64),
-    )
-    adapters: Path | None = field(
-        default=None,
-        metadata=doc("A LoRA (or DoRA) adapter folder, as `mlx_lm.lora` writes it "
-                     "(`adapter_config.json` and `adapters.safetensors`), applied to the model at "
-                     "load (mlx-lm's `adapter_path`). Not with shards > 1."),
-    )
-    wired_limit: Size | None = field(
-        default=None,
-        metadata=doc("macOS only: how much memory mlx keeps wired on Metal, so that the weights "
-                     "are not paged out between tokens (`mx.set_wired_limit`). Null: the GPU's "
-                     "recommended working set, as mlx_lm.server sets it; 0: nothing kept wired "
-                     "(mlx's own default); a size larger than the recommended working set fails "
-                     "the start with the figures. Refused on other systems, which have no such "
-                     "limit."),
-    )
     cluster_key_file: Path | None = field(
         default=None,
         metadata=doc("A file holding the group's secret: at least 16 bytes, the same file on "

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.core.request_rules import RequestError
 from exod.runner.serving import grammar
 from exod.runner.serving.grammar import Constraint, Grammars
@@ -36,7 +36,7 @@ def grammars() -> Grammars:
 
     wrapper: Any = types.SimpleNamespace(_tokenizer=types.SimpleNamespace(backend_tokenizer=tok),
                                          eos_token_ids=[eos], encode=encode)
-    return Grammars(wrapper, tok.get_vocab_size(), EngineLimits())
+    return Grammars(wrapper, tok.get_vocab_size(), GrammarLimits())
 
 
 def write(c: Constraint, text: str, g: Grammars) -> bool:

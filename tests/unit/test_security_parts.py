@@ -147,18 +147,16 @@ def test_runner_log_prefix_never_raises(line: str, level: str, text: str) -> Non
 
 
 # ---- the group's key (its handshake and messages: tests/unit/test_group_wire.py) -----------
-def test_cluster_key_comes_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("EXOD_CLUSTER_KEY_FILE", raising=False)
-    with pytest.raises(control.ControlLost, match="not set"):
-        control.cluster_key()
+def test_cluster_key_comes_from_a_file(tmp_path: Path) -> None:
     key = tmp_path / "k"
+    with pytest.raises(control.ControlLost, match="the group key: cannot read"):
+        control.cluster_key(key)
     key.write_bytes(b"short\n")
     key.chmod(0o600)
-    monkeypatch.setenv("EXOD_CLUSTER_KEY_FILE", str(key))
     with pytest.raises(control.ControlLost, match="fewer than 16 bytes"):
-        control.cluster_key()
+        control.cluster_key(key)
     key.write_bytes(b"a" * 40 + b"\n")
-    assert control.cluster_key() == b"a" * 40
+    assert control.cluster_key(key) == b"a" * 40
     key.chmod(0o644)
     assert secret_problem(key, KEY_BYTES) is not None and "chmod 600" in str(
         secret_problem(key, KEY_BYTES))
@@ -166,7 +164,7 @@ def test_cluster_key_comes_from_a_file(tmp_path: Path, monkeypatch: pytest.Monke
     assert secret_problem(key, KEY_BYTES) is None
 
 
-def test_every_secret_file_has_one_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_secret_file_has_one_rule(tmp_path: Path) -> None:
     """The API's tokens, the hub's token and a group's key, each as its reader and `exod
     check` read it: a regular file closed to other users (its group may read it), not empty,
     at most a MiB. They had three rules: owner only, not every user, and none at all."""
@@ -174,11 +172,10 @@ def test_every_secret_file_has_one_rule(tmp_path: Path, monkeypatch: pytest.Monk
 
     f = tmp_path / "secret"
     f.write_text("k" * 32 + "\n")
-    monkeypatch.setenv("EXOD_CLUSTER_KEY_FILE", str(f))
 
     def verdicts() -> list[str | None]:
         out: list[str | None] = []
-        for read in (lambda: read_tokens(f), lambda: hub_token(f), control.cluster_key):
+        for read in (lambda: read_tokens(f), lambda: hub_token(f), lambda: control.cluster_key(f)):
             try:
                 read()
                 out.append(None)

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.core.request_rules import RequestError
 from exod.runner.serving.strict_args import ArgsCheck, canonical, ordered
 
 
 def check(params: dict[str, Any], name: str = "f") -> ArgsCheck:
     return ArgsCheck([{"type": "function", "function": {"name": name, "parameters": params}}],
-                     [name], EngineLimits())
+                     [name], GrammarLimits())
 
 
 def test_keys_in_any_order_are_put_in_the_schemas_order() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from exod import messages as m
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.runner.serving.strict_args import ArgsCheck
 from exod.runner.serving.tool_calls import Call, ToolCallSplitter, ToolFormat, forced_grammar
 from tests.unit.accepts import accepts
@@ -122,7 +122,7 @@ def test_a_strict_tools_call_that_does_not_validate_is_returned_as_text() -> Non
               "required": ["city"], "additionalProperties": False}
     tools = [{"type": "function", "function": {"name": "get", "parameters": params}},
              {"type": "function", "function": {"name": "add", "parameters": params}}]
-    check = ArgsCheck(tools, ["get"], EngineLimits())
+    check = ArgsCheck(tools, ["get"], GrammarLimits())
     good = '<tool_call>{"name": "get", "arguments": {"days": 3, "city": "Oslo"}}</tool_call>'
     bad = '<tool_call>{"name": "get", "arguments": {"city": "Oslo", "days": 99}}</tool_call>'
     loose = '<tool_call>{"name": "add", "arguments": {"days": 99}}</tool_call>'  # not strict

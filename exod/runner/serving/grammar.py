@@ -37,7 +37,7 @@ import llguidance
 import mlx.core as mx
 import numpy as np
 
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.runner.log import WARNING, log
 from exod.core.request_rules import RequestError
 from exod.runner.serving import json_bounds
@@ -56,7 +56,7 @@ class Grammars:
     """Compiles grammars for one model's tokenizer. llguidance's view of the tokenizer is built
     once, at the first constrained request (about a second for a vocabulary of 32k)."""
 
-    def __init__(self, tokenizer: Any, vocab: int, limits: EngineLimits) -> None:
+    def __init__(self, tokenizer: Any, vocab: int, limits: GrammarLimits) -> None:
         self.tokenizer, self.vocab = tokenizer, vocab
         self.limits = limits
         self._lock = threading.Lock()

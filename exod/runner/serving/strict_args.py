@@ -26,7 +26,7 @@ from typing import Any
 
 import llguidance
 
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.core.request_rules import RequestError
 from exod.core.text import clip
 from exod.runner.serving import json_bounds
@@ -62,7 +62,7 @@ class ArgsCheck:
     the engine cannot take is a 400 naming it), and checked after each call."""
 
     def __init__(self, tools: list[dict[str, Any]], strict: list[str],
-                 limits: EngineLimits, named: Callable[[str], str] = str) -> None:
+                 limits: GrammarLimits, named: Callable[[str], str] = str) -> None:
         self._schemas: dict[str, Any] = {}
         self._matchers: dict[str, llguidance.LLMatcher] = {}
         for i, t in enumerate(tools):
@@ -95,7 +95,7 @@ class ArgsCheck:
         return clip(why, 200, flat=True)
 
 
-def _matcher(schema: Any, limits: EngineLimits, param: str) -> llguidance.LLMatcher:
+def _matcher(schema: Any, limits: GrammarLimits, param: str) -> llguidance.LLMatcher:
     """The engine's matcher of `schema` (bounded already), strict: enforceable whole."""
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
