@@ -90,6 +90,7 @@ def seeing(vision_zoo: Path, tiny_model: Path,
     tmp = tmp_path_factory.mktemp("vision-api")
     token_file = tmp / "token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)  # a secret: closed to other users
     want = reference(vision_zoo)
     png = picture_png()
     pictures = Pictures(base64.b64decode(png))
@@ -135,6 +136,53 @@ def test_responses_input_image(seeing: Seeing) -> None:
                                           "detail": "auto"},
                                          {"type": "input_text", "text": PROMPT}]}])
     assert r.output_text == seeing.want["text"]
+
+
+def test_several_pictures_and_earlier_turns_read_alike_in_every_dialect(seeing: Seeing) -> None:
+    """Two pictures in a message, after an earlier turn that showed one: the three dialects
+    give the model the same prompt and so the same answer, every picture in it."""
+    second = f"{seeing.pictures.url}/cat.png"
+    earlier, answer, now = "Look at this.", "I see it.", "And these two?"
+    def ask_chat(*shown: str) -> Any:
+        return seeing.client.chat.completions.create(
+            model="eye", max_tokens=N, temperature=0, messages=[  # type: ignore[misc,list-item]
+                {"role": "user", "content": [*({"type": "image_url", "image_url": {"url": u}}
+                                               for u in shown[:-2]),
+                                             {"type": "text", "text": earlier}]},
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": [
+                    *({"type": "image_url", "image_url": {"url": u}} for u in shown[-2:]),
+                    {"type": "text", "text": now}]}])
+    chat = ask_chat(second, seeing.data_url, second)
+    b64 = {"type": "base64", "media_type": "image/png", "data": seeing.png}
+    url = {"type": "url", "url": second}
+    claude = seeing.claude.messages.create(
+        model="eye", max_tokens=N, extra_body={"temperature": 0}, messages=[
+            {"role": "user", "content": [{"type": "image", "source": url},  # type: ignore[list-item,misc]
+                                         {"type": "text", "text": earlier}]},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": [{"type": "image", "source": b64},  # type: ignore[list-item,misc]
+                                         {"type": "image", "source": url},
+                                         {"type": "text", "text": now}]}])
+    responses = seeing.client.responses.create(
+        model="eye", max_output_tokens=N, temperature=0, store=False, input=[
+            {"role": "user", "content": [{"type": "input_image", "image_url": second,
+                                          "detail": "auto"},
+                                         {"type": "input_text", "text": earlier}]},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": [
+                {"type": "input_image", "image_url": seeing.data_url, "detail": "auto"},
+                {"type": "input_image", "image_url": second, "detail": "auto"},
+                {"type": "input_text", "text": now}]}])
+    assert chat.usage is not None and responses.usage is not None
+    text = chat.choices[0].message.content
+    assert "".join(b.text for b in claude.content if b.type == "text") == text
+    assert responses.output_text == text
+    prompt = chat.usage.prompt_tokens
+    assert claude.usage.input_tokens == responses.usage.input_tokens == prompt
+    fewer = ask_chat(seeing.data_url, second)  # the earlier turn without its picture
+    assert fewer.usage is not None
+    assert prompt > fewer.usage.prompt_tokens > seeing.want["prompt_tokens"]
 
 
 def test_the_next_turn_about_the_same_picture_starts_from_the_cache(seeing: Seeing) -> None:

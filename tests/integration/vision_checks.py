@@ -2,10 +2,12 @@
 on the vision zoo's models loaded as the runner loads them, against in-process mlx-vlm: each
 request's tokens equal mlx-vlm `generate`'s for the same pictures and prompt, alone and in a
 batch mixing pictures and text, in every family; the second turn about the same picture skips
-the vision tower and keeps the tokens; a seed reproduces under batching; hostile pictures are
-refused quickly, naming the part, while another request goes on; a cancel frees its slot
-within a step. Run by test_vision_engine.py in a pytest of its own (this imports mlx); the zoo
-comes from its environment (EXOD_TEST_VISION_ZOO)."""
+the vision tower and keeps the tokens; a seed reproduces under batching; a forced tool call and
+a JSON schema hold with pictures; hostile pictures are refused quickly, naming the part, while
+another request goes on; a cancel frees its slot within a step; a stop (the ladder's first
+rung) ends the requests still being seen or prefilled and lets the decoding ones finish. Run by
+test_vision_engine.py in a pytest of its own (this imports mlx); the zoo comes from its
+environment (EXOD_TEST_VISION_ZOO)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import base64
 import dataclasses
 import io
 import itertools
+import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -28,7 +32,7 @@ from exod.runner.cpu import blas
 blas.preload()  # before mlx, as in the runner
 from exod.runner.vision.engine import VisionEngine  # noqa: E402
 from exod.runner.vision.load import LoadedVision, load_vision  # noqa: E402
-from tests.models.vision_families import FAMILIES  # noqa: E402
+from tests.models.vision_families import FAMILIES, chatml_tools  # noqa: E402
 from tests.models.vision_zoo import make_vision_model, picture, reference  # noqa: E402
 from tests.unit.test_vision_images import HOSTILE  # noqa: E402
 
@@ -342,3 +346,94 @@ def test_the_text_runner_refuses_pictures_naming_the_part() -> None:
         prompt_tokens(None, ask([0]))
     assert info.value.param == "messages[0].content[0]"
     assert "does not see images" in str(info.value)
+
+
+FORECAST = {"type": "object", "properties": {
+    "unit": {"enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+    "required": ["unit", "days"], "additionalProperties": False}
+ANSWER = {"type": "object", "properties": {
+    "ok": {"type": "boolean"}, "kind": {"enum": ["cat", "dog", "other"]}},
+    "required": ["ok", "kind"], "additionalProperties": False}
+
+
+def with_tools(zoo: Path, family: str, out: Path) -> Path:
+    """A copy of the zoo's `family` whose chat template takes tools (chatml_tools)."""
+    shutil.copytree(zoo / family, out, ignore=shutil.ignore_patterns(".exod-*"))
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["chat_template"] = chatml_tools(FAMILIES[family].marker)
+    path.write_text(json.dumps(config))
+    return out
+
+
+def test_a_forced_tool_call_and_a_json_schema_hold_with_pictures_in_a_batch(
+        zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Constrained decoding and tool calls are the text runner's (exod.runner.serving): with
+    pictures, batched beside a plain request, a forced call comes out as a ToolCall whose
+    arguments follow the tool's parameters, and a response_format's answer its schema; the
+    plain request keeps its solo tokens."""
+    import jsonschema
+
+    lv = load_vision(with_tools(zoo, "qwen2_5_vl", tmp_path_factory.mktemp("tools") / "m"),
+                     dtype="auto", progress=lambda i, n: None, should_stop=lambda: False)
+    tools = [{"type": "function", "function": {"name": "forecast", "parameters": FORECAST}}]
+    call = ask([0], tools=tools, tool_choice="required", max_tokens=120)
+    fmt = ask([1], response_format={"type": "json_schema", "schema": ANSWER}, max_tokens=120)
+    plain = ask([2])
+    solo = Recording(lv.model, lv.processor, lv.tokenizer, width=4, prefill_step=32)
+    run(solo, [dataclasses.replace(plain, id="solo")])
+    eng = Recording(lv.model, lv.processor, lv.tokenizer, width=4, prefill_step=32)
+    reqs = [call, fmt, plain]
+    for req in reqs:
+        eng.admit(req, eng.read(req))
+    calls: list[m.ToolCall] = []
+    texts: dict[str, str] = {}
+    ends: dict[str, m.Event] = {}
+    for _ in range(2000):
+        for ev in eng.step():
+            if isinstance(ev, m.ToolCall):
+                calls.append(ev)
+            elif isinstance(ev, m.Text):
+                texts[ev.id] = texts.get(ev.id, "") + ev.text
+            elif isinstance(ev, (m.Done, m.Error)):
+                ends[ev.id] = ev
+        if len(ends) == len(reqs):
+            break
+    assert all(isinstance(ends[r.id], m.Done) for r in reqs), ends
+    done = ends[call.id]
+    assert isinstance(done, m.Done) and done.finish_reason == "tool_calls", done
+    (made,) = calls
+    assert made.id == call.id and made.name == "forecast"
+    jsonschema.validate(json.loads(made.arguments), FORECAST)
+    jsonschema.validate(json.loads(texts[fmt.id]), ANSWER)
+    assert eng.tokens[plain.id] == solo.tokens["solo"]
+
+
+def test_a_stop_ends_what_is_seen_or_prefilled_and_lets_the_decoding_finish(zoo: Path) -> None:
+    """The ladder's first rung (the serve loop's abort_prefilling): a request whose pictures
+    are not seen yet and one in its prefill end with the stop's error at once; the one already
+    decoding goes on to its last token, as it would have alone."""
+    solo = engine(zoo, "qwen2_5_vl")
+    alone = ask([0], max_tokens=12)
+    run(solo, [alone])
+    eng = engine(zoo, "qwen2_5_vl")
+    decoding = dataclasses.replace(alone, id="decoding")
+    eng.admit(decoding, eng.read(decoding))
+    while not eng.tokens.get(decoding.id):
+        eng.step()
+    long = ask([1], "describe " * 600, max_tokens=4)  # ~1,200 tokens: dozens of chunks
+    eng.admit(long, eng.read(long))
+    eng.step()  # seen, its first chunk prefilled
+    unseen = ask([2, 3])
+    eng.admit(unseen, eng.read(unseen))
+    stopped = eng.abort_prefilling("stopping", "the instance is stopping")
+    assert sorted(ev.id for ev in stopped) == sorted([long.id, unseen.id])
+    assert all(isinstance(ev, m.Error) and ev.code == "stopping" for ev in stopped), stopped
+    assert eng.active == 1
+    ends: dict[str, m.Event] = {}
+    while decoding.id not in ends:
+        ends.update({ev.id: ev for ev in eng.step() if isinstance(ev, (m.Done, m.Error))})
+    assert isinstance(ends[decoding.id], m.Done) and set(ends) == {decoding.id}
+    assert eng.tokens[decoding.id] == solo.tokens[alone.id]
+    assert long.id not in eng.tokens and eng.active == 0

@@ -39,6 +39,30 @@ def chatml(image: str) -> str:
     )
 
 
+def chatml_tools(image: str) -> str:
+    """chatml(image) that takes tools, as Qwen's templates do: a system turn lists them, and an
+    assistant's calls are written `<tool_call>{"name": ..., "arguments": ...}</tool_call>`
+    (from which mlx-lm reads the json_tools format)."""
+    return (
+        "{% if tools %}<|im_start|>system\nTools you may call:\n<tools>\n"
+        "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools><|im_end|>\n"
+        "{% endif %}"
+        "{% for message in messages %}"
+        "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+        "{% if message['content'] is string %}{{ message['content'] }}"
+        "{% else %}{% for part in message['content'] or [] %}"
+        "{% if part['type'] == 'image' %}{{ '" + image + "' }}"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+        "{% endfor %}{% endif %}"
+        "{% for tool_call in message.tool_calls or [] %}"
+        "{% if tool_call.function is defined %}{% set tool_call = tool_call.function %}{% endif %}"
+        "<tool_call>\n{\"name\": \"{{ tool_call.name }}\", \"arguments\": "
+        "{{ tool_call.arguments | tojson }}}\n</tool_call>{% endfor %}"
+        "{{ '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+
+
 @dataclass(frozen=True)
 class Family:
     """config: config.json, where a value "<tok:TEXT>" becomes the id of the added token TEXT;
