@@ -64,7 +64,7 @@ $(VENV)/.test-deps: $(VENV)/.run-deps
 	touch $@
 
 # A Python from anywhere will do (pyenv or uv under a home directory too): `exod install` binds
-# what the service needs to read, read-only (README: Running as a service). sudo's path has no
+# what the service needs to read, read-only (docs/service.md). sudo's path has no
 # pyenv shim: name the interpreter (`sudo make install PYTHON=~/.pyenv/versions/X/bin/python3`).
 INSTALL_PREFIX ?= /opt/exod
 install:  ## as root: exod in a venv at $(INSTALL_PREFIX), then its service files (exod install)
