@@ -25,14 +25,14 @@ run: setup  ## set up, then run the daemon in the foreground on the built-in dem
 
 test: setup-test  ## set up; lint beside warm; the integration tier; then the quiet phase
 	$(MAKE) --no-print-directory -j2 --output-sync=target lint warm
-	$(PYTEST) -n $(WORKERS) -m "not timing" tests/integration
+	$(PYTEST) -n $(WORKERS) -m "not timing" --durations=25 tests/integration
 	$(PYTEST) -n 3 $(QUIET) tests
 
 test-unit: setup-test  ## the unit tier: no processes, no mlx (tens of seconds)
 	$(PYTEST) -n $(WORKERS) tests/unit
 
 test-integration: setup-test warm  ## the integration tier: real daemons, runners and mlx
-	$(PYTEST) -n $(WORKERS) -m "not timing" tests/integration
+	$(PYTEST) -n $(WORKERS) -m "not timing" --durations=25 tests/integration
 	$(PYTEST) -n 1 -m timing tests/integration
 
 test-system: setup-test  ## the system tier: exod under a real systemd in private namespaces
