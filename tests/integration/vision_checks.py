@@ -5,9 +5,9 @@ batch mixing pictures and text, in every family; the second turn about the same 
 the vision tower and keeps the tokens; a seed reproduces under batching; a forced tool call and
 a JSON schema hold with pictures; hostile pictures are refused quickly, naming the part, while
 another request goes on; a cancel frees its slot within a step; a stop (the ladder's first
-rung) ends the requests still being seen or prefilled and lets the decoding ones finish. Run by
-test_vision_engine.py in a pytest of its own (this imports mlx); the zoo comes from its
-environment (EXOD_TEST_VISION_ZOO)."""
+rung) ends the requests still being seen or prefilled and lets the decoding ones finish; the
+tower loads block by block with progress. Run by test_vision_engine.py in a pytest of its own
+(this imports mlx); the zoo comes from its environment (EXOD_TEST_VISION_ZOO)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ from exod.runner.cpu import blas
 
 blas.preload()  # before mlx, as in the runner
 from exod.runner.vision.engine import VisionEngine  # noqa: E402
-from exod.runner.vision.load import LoadedVision, load_vision  # noqa: E402
+from exod.runner.load import LoadAborted  # noqa: E402
+from exod.runner.vision.load import LoadedVision, load_vision, tower_blocks  # noqa: E402
 from tests.models.vision_families import FAMILIES, chatml_tools  # noqa: E402
 from tests.models.vision_zoo import make_vision_model, picture, reference  # noqa: E402
 from tests.unit.test_vision_images import HOSTILE  # noqa: E402
@@ -437,3 +438,22 @@ def test_a_stop_ends_what_is_seen_or_prefilled_and_lets_the_decoding_finish(zoo:
     assert isinstance(ends[decoding.id], m.Done) and set(ends) == {decoding.id}
     assert eng.tokens[decoding.id] == solo.tokens[alone.id]
     assert long.id not in eng.tokens and eng.active == 0
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_tower_loads_block_by_block_with_progress_and_a_stop_between(zoo: Path,
+                                                                        family: str) -> None:
+    """The tower's blocks (2 in the zoo, found by tower_blocks in every family) are steps of
+    the load's progress before the language model's 4; a stop asked for after the tower's first
+    block ends the load there."""
+    steps: list[tuple[int, int]] = []
+    lv = load_vision(zoo / family, dtype="auto", progress=lambda i, n: steps.append((i, n)),
+                     should_stop=lambda: False)
+    assert steps == [(i, 6) for i in range(7)], (family, steps)
+    tower = tower_blocks(lv.model)
+    assert len(tower) == 2 and len({type(b) for b in tower}) == 1, tower
+    asked: list[int] = []
+    with pytest.raises(LoadAborted):
+        load_vision(zoo / family, dtype="auto", progress=lambda i, n: asked.append(i),
+                    should_stop=lambda: bool(asked) and asked[-1] >= 1)
+    assert asked == [0, 1], asked

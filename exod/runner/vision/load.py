@@ -1,7 +1,9 @@
 """Load a model that sees, as the text runner loads one (exod.runner.load): lazily first (mlx-vlm
-reads the files' headers, names and quantizes the module tree), then what lies outside the
-language model's blocks (the vision tower, its projector, the embeddings and the head) and one
-block at a time, with progress after each and no timer anywhere.
+reads the files' headers, names and quantizes the module tree), then the vision tower's blocks
+one at a time, then what else lies outside the language model's blocks (the rest of the tower,
+its projector, the embeddings and the head) and one block at a time, with progress after each
+block, the tower's counted with the language model's, and no timer anywhere (a tower is up to a
+tenth of a model: Qwen2.5-VL's 670M parameters).
 
 A rank of a pipeline group keeps its own blocks only (exod.runner.split.pipeline: stand-ins for
 the others, never read from disk); rank 0 reads the vision tower and its projector, whole, as
@@ -22,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+from mlx import nn
 
 from exod.core.shards import Shard
-from exod.runner.load import DTYPES, ModelError, evaluate_weights, resolve_dtype
+from exod.runner.load import DTYPES, LoadAborted, ModelError, evaluate_weights, resolve_dtype
 from exod.runner.split import pipeline
-from exod.runner.split.blocks import NoBlocks, find_blocks
+from exod.runner.split.blocks import NoBlocks, find_blocks, flat_arrays
 from exod.runner.split.pipeline import Link
 from exod.runner.vision.features import TOWERS
 
@@ -81,15 +84,56 @@ def load_vision(path: Path, *, dtype: str, progress: Callable[[int, int], None],
     dt = resolve_dtype(dtype)
     if dt != "keep":
         model.set_dtype(DTYPES[dt])  # lazily: each weight is cast as it is read
-    if shard.world > 1 and shard.first:
-        try:
+    tower = tower_blocks(model) if shard.first else []
+    owned = 0 if blocks is None else sum(not pipeline.is_stand_in(b) for b in blocks.items)
+    k, total = len(tower), len(tower) + owned
+    progress(0, total)
+    try:
+        for i, block in enumerate(tower, 1):
+            if should_stop():
+                raise LoadAborted()
+            mx.eval(block.parameters())
+            progress(i, total)
+        if shard.world > 1 and shard.first:  # a pipeline rank reads no more up front
             mx.eval([getattr(model, name).parameters() for name in (*TOWERS, *PROJECTORS)
                      if getattr(model, name, None) is not None])
-        except Exception as e:  # a truncated or corrupt file surfaces here, at eval
-            raise ModelError(f"{type(e).__name__}: {e}") from e
-    evaluate_weights(model, blocks, shard, "pipeline", None, progress, should_stop)
+    except (LoadAborted, KeyboardInterrupt):
+        raise
+    except Exception as e:  # a truncated or corrupt file surfaces here, at eval
+        raise ModelError(f"{type(e).__name__}: {e}") from e
+
+    def language_done(i: int, n: int) -> None:  # its "0 of n" is the tower's last step
+        if i:
+            progress(k + i, k + n)
+    evaluate_weights(model, blocks, shard, "pipeline", None, language_done, should_stop)
     return LoadedVision(model, processor, tokenizer, dt, time.monotonic() - t0, n,
                         shard if shard.world > 1 else None, link)
+
+
+def tower_blocks(model: Any) -> list[nn.Module]:
+    """The vision tower's blocks: the longest list of modules of one type inside it (Qwen's
+    `blocks`, SigLIP's and CLIP's `encoder.layers`, Pixtral's `transformer.layers`; an MLP's
+    list of layers and activations is not one), of two such lists the one with more
+    parameters; none without a tower."""
+    tower = next((t for name in TOWERS if (t := getattr(model, name, None)) is not None), None)
+    best: list[nn.Module] = []
+    best_key = (0, 0)
+    stack = [tower] if isinstance(tower, nn.Module) else []
+    while stack:
+        module = stack.pop()
+        for value in module.values():  # nn.Module is a dict of its children
+            if isinstance(value, list):
+                children = [v for v in value if isinstance(v, nn.Module)]
+                stack.extend(children)
+                if children and len(children) == len(value) \
+                        and len({type(c) for c in children}) == 1:
+                    key = (len(children), sum(a.size for c in children
+                                              for _, a in flat_arrays(c.parameters())))
+                    if key > best_key:
+                        best, best_key = children, key
+            elif isinstance(value, nn.Module):
+                stack.append(value)
+    return best
 
 
 def build(config: dict[str, Any]) -> Any:
