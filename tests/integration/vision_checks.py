@@ -3,11 +3,12 @@ on the vision zoo's models loaded as the runner loads them, against in-process m
 request's tokens equal mlx-vlm `generate`'s for the same pictures and prompt, alone and in a
 batch mixing pictures and text, in every family; the second turn about the same picture skips
 the vision tower and keeps the tokens; a seed reproduces under batching; a forced tool call and
-a JSON schema hold with pictures; hostile pictures are refused quickly, naming the part, while
-another request goes on; a cancel frees its slot within a step; a stop (the ladder's first
-rung) ends the requests still being seen or prefilled and lets the decoding ones finish; the
-tower loads block by block with progress. Run by test_vision_engine.py in a pytest of its own
-(this imports mlx); the zoo comes from its environment (EXOD_TEST_VISION_ZOO)."""
+a JSON schema hold with pictures, and reasoning is the template's and kept apart; hostile
+pictures are refused quickly, naming the part, while another request goes on; a cancel frees
+its slot within a step; a stop (the ladder's first rung) ends the requests still being seen or
+prefilled and lets the decoding ones finish; the tower loads block by block with progress. Run
+by test_vision_engine.py in a pytest of its own (this imports mlx); the zoo comes from its
+environment (EXOD_TEST_VISION_ZOO)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ blas.preload()  # before mlx, as in the runner
 from exod.runner.vision.engine import VisionEngine  # noqa: E402
 from exod.runner.load import LoadAborted  # noqa: E402
 from exod.runner.vision.load import LoadedVision, load_vision, tower_blocks  # noqa: E402
-from tests.models.vision_families import FAMILIES, chatml_tools  # noqa: E402
+from tests.models.added_tokens import copy_with_tokens  # noqa: E402
+from tests.models.thinking import OPEN_BLOCK, THINK  # noqa: E402
+from tests.models.vision_families import FAMILIES, chatml, chatml_tools  # noqa: E402
 from tests.models.vision_zoo import make_vision_model, picture, reference  # noqa: E402
 from tests.unit.test_vision_images import HOSTILE  # noqa: E402
 
@@ -457,3 +460,45 @@ def test_the_tower_loads_block_by_block_with_progress_and_a_stop_between(zoo: Pa
         load_vision(zoo / family, dtype="auto", progress=lambda i, n: asked.append(i),
                     should_stop=lambda: bool(asked) and asked[-1] >= 1)
     assert asked == [0, 1], asked
+
+
+def test_reasoning_with_pictures_is_the_template_s_and_kept_apart(
+        zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A model whose template opens a think block (as Qwen3-VL's; its tokenizer knows the
+    markers): by the template's own default a request with a picture thinks (its random text
+    is all reasoning, counted as such), and `enable_thinking: false` gets the answer alone;
+    beside each other in one batch."""
+    generation = "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    template = chatml(FAMILIES["qwen2_5_vl"].marker)
+    assert template.endswith(generation)
+    thinking = (template[:-len(generation)] + "{% if add_generation_prompt %}"
+                "{{ '<|im_start|>assistant\\n' }}" + OPEN_BLOCK + "{% endif %}")
+
+    def edit(folder: Path) -> None:
+        path = folder / "tokenizer_config.json"
+        config = json.loads(path.read_text())
+        config["chat_template"] = thinking
+        path.write_text(json.dumps(config))
+    out = tmp_path_factory.mktemp("thinking") / "m"
+    copy_with_tokens(zoo / "qwen2_5_vl", out, THINK, edit=edit)
+    lv = load_vision(out, dtype="auto", progress=lambda i, n: None, should_stop=lambda: False)
+    eng = Recording(lv.model, lv.processor, lv.tokenizer, width=4, prefill_step=32)
+    thinks = ask([0])
+    answers = ask([0], chat_template_kwargs={"enable_thinking": False})
+    for req in (thinks, answers):
+        eng.admit(req, eng.read(req))
+    said: dict[str, tuple[str, str]] = {}
+    ends: dict[str, m.Event] = {}
+    while len(ends) < 2:
+        for ev in eng.step():
+            if isinstance(ev, m.Text):
+                text, reasoning = said.get(ev.id, ("", ""))
+                said[ev.id] = (text + ev.text, reasoning + ev.reasoning)
+            elif isinstance(ev, (m.Done, m.Error)):
+                ends[ev.id] = ev
+    done, plain = ends[thinks.id], ends[answers.id]
+    assert isinstance(done, m.Done) and isinstance(plain, m.Done), ends
+    assert said[thinks.id][0] == "" and said[thinks.id][1], said
+    assert done.reasoning_tokens == done.completion_tokens == N
+    assert said[answers.id][0] and said[answers.id][1] == "", said
+    assert plain.reasoning_tokens == 0
