@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench.api import blas_path
-from bench.common import CACHE, PY, REPO, report, verdict
+from bench.common import CACHE, PY, REPO, read_chat_stream, report, verdict
 from tests.harness import Daemon, free_port
 
 ROUNDS = 5
@@ -93,26 +93,10 @@ class Side:
             resp = conn.getresponse()
             if resp.status != 200:
                 raise RuntimeError(f"{self.name}: {resp.status} {resp.read()[:500]!r}")
-            first = last = None
-            tokens, text = 0, []
-            while line := resp.readline():
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                chunk = json.loads(data)
-                now = time.perf_counter()
-                if chunk.get("usage"):
-                    tokens = chunk["usage"].get("completion_tokens") or tokens
-                for choice in chunk.get("choices") or []:
-                    piece = (choice.get("delta") or {}).get("content")
-                    if piece:
-                        text.append(piece)
-                        first = first or now
-                        last = now
+            got = read_chat_stream(resp)
+            first, last = got.first, got.last
             assert first is not None and last is not None, f"{self.name}: no text"
-            return first - t0, last - t0, tokens or len(text), "".join(text)
+            return first - t0, last - t0, got.tokens or got.pieces, got.text
         finally:
             conn.close()
 
