@@ -10,7 +10,10 @@ over exod's), so above 1.0 exod is better; the goal is >= 1.0x:
    median of ALONE requests one after the other);
 2. aggregate tokens/s of 1 client (those requests), and of 8 clients at once (8 pictures);
 3. the second turn's time to first token: the first turn's answer sent back with a question
-   about the same picture.
+   about the same picture;
+4. CPU seconds per answered token over a round, every process of each side (exod's daemon and
+   runner, mlx-vlm's server): on a shared machine, what a side costs is steadier than how
+   long it took.
 
 Every request shows a picture no side has seen yet (its own seed), but (3)'s, so no side answers
 from a cache, except the second turn, which is the point of (3). mlx-vlm's server runs as it
@@ -34,7 +37,7 @@ from typing import Any
 
 from bench.api import blas_path
 from bench.common import CACHE, PY, REPO, read_chat_stream, report, verdict
-from tests.harness import Daemon, free_port
+from tests.harness import Daemon, cpu_seconds, free_port
 
 ROUNDS = 5
 ALONE = 3  # one client's requests per round, one after the other
@@ -77,8 +80,12 @@ def pictures(n: int) -> list[str]:
 class Side:
     """One server's OpenAI chat completions, streamed."""
 
-    def __init__(self, name: str, port: int, model: str) -> None:
-        self.name, self.port, self.model = name, port, model
+    def __init__(self, name: str, port: int, model: str, pids: list[int]) -> None:
+        self.name, self.port, self.model, self.pids = name, port, model, pids
+
+    def cpu(self) -> float:
+        """CPU seconds its processes have used so far."""
+        return sum(cpu_seconds(pid) for pid in self.pids)
 
     def ask(self, messages: list[dict[str, Any]]) -> tuple[float, float, int, str]:
         """(time to first token, time to the last, tokens, text) of one streamed answer."""
@@ -126,7 +133,7 @@ def start_mlx_vlm(path: str) -> tuple[subprocess.Popen[str], Side]:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             conn.request("GET", "/health")
             if conn.getresponse().status == 200:
-                return proc, Side("mlx-vlm", port, path)
+                return proc, Side("mlx-vlm", port, path, [proc.pid])
         except OSError:
             time.sleep(0.5)  # polling a server that is still starting
     raise RuntimeError("mlx_vlm.server did not answer within 300 s")
@@ -136,11 +143,14 @@ def start_exod(path: str) -> tuple[Daemon, Side]:
     d = Daemon({"ready": "instances", "instances": {
         "eye": {"model": path, "max_concurrency": CLIENTS}}}, name="bench-vision")
     d.start()
-    return d, Side("exod", int(d.api_url().rsplit(":", 1)[1]), "eye")
+    assert d.proc is not None
+    runner = d.until_instance("eye", lambda i: i["state"] == "ready")["ranks"][0]["pid"]
+    return d, Side("exod", int(d.api_url().rsplit(":", 1)[1]), "eye", [d.proc.pid, runner])
 
 
 def measure(side: Side, urls: list[str]) -> dict[str, float]:
     """One round of one side: the figures of the module's docstring (seconds, tokens/s)."""
+    cpu = side.cpu()
     alone = [side.ask([turn(u)]) for u in urls[:ALONE]]
     ttft = sorted(a[0] for a in alone)[ALONE // 2]
     one = sum(a[2] for a in alone) / sum(a[1] for a in alone)
@@ -151,8 +161,10 @@ def measure(side: Side, urls: list[str]) -> dict[str, float]:
     first = side.ask([turn(urls[-1])])
     follow = [turn(urls[-1]), {"role": "assistant", "content": first[3]},
               {"role": "user", "content": "And what colour is it?"}]
-    second, *_ = side.ask(follow)
-    return {"ttft": ttft, "one": one, "many": many, "second": second}
+    second, _, more, _ = side.ask(follow)
+    tokens = sum(a[2] for a in alone) + sum(g[2] for g in got) + first[2] + more
+    return {"ttft": ttft, "one": one, "many": many, "second": second,
+            "cpu": (side.cpu() - cpu) / tokens}
 
 
 def main() -> None:
@@ -187,7 +199,8 @@ def main() -> None:
     rows = [("time to first token, 1 client", *ratio("ttft", True)),
             ("tokens/s, 1 client", *ratio("one", False)),
             (f"aggregate tokens/s, {CLIENTS} clients", *ratio("many", False)),
-            ("second turn's time to first token", *ratio("second", True))]
+            ("second turn's time to first token", *ratio("second", True)),
+            ("CPU seconds per token, every process", *ratio("cpu", True))]
     apc = "on" if os.environ.get("EXOD_BENCH_APC") == "1" else "off (as it comes)"
     report(f"vision: exod over mlx_vlm.server, same model and pictures (APC {apc}; goal >= "
            "1.0x)", [
