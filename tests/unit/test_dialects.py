@@ -592,6 +592,29 @@ def test_responses_tools_tool_choice_and_text_format() -> None:
         "tool_choice.name"
 
 
+@pytest.mark.parametrize("field, value", [
+    ("metadata", {"a": "\ud800"}), ("metadata", {"a": float("nan")}),
+    ("tools", [{"type": "web_search", "filters": {"q": "\udfff"}}]),
+    ("tools", [{"type": "web_search", "size": float("inf")}]),
+    ("text", {"format": {"type": "text"}, "colour": "\ud800"}),
+    ("reasoning", {"effort": "low", "weight": float("-inf")}),
+    ("tool_choice", {"type": "function", "name": "get", "why": "\ud800"}),
+])
+def test_what_a_response_repeats_of_the_request_must_be_json_it_can_write(
+        field: str, value: Any) -> None:
+    """The response object repeats `metadata`, `tools`, `tool_choice`, `text` and `reasoning`
+    as sent: a lone surrogate (no UTF-8 can carry it) broke the stream after its head was sent,
+    and NaN made the answer no JSON at all. Refused by name instead, before anything is sent."""
+    tools = [{"type": "function", "name": "get", "parameters": {}}]
+    assert says(resp, **{"tools": tools, field: value}) == field
+    body = {"model": "m", "input": "hi", "tools": tools,
+            "metadata": {"a": "\u00e9 \U0001f600"}, "reasoning": {"effort": "low", "x": 1.5}}
+    parse_resp(body)  # plain text and finite numbers pass, and are written back as they came
+    head = ResponsesOutput("m", body).begin()
+    assert json.loads(head.split(b"data: ")[1].split(b"\n")[0])["response"]["metadata"] == \
+        body["metadata"]
+
+
 @pytest.mark.parametrize("effort, thinks", [("none", False), ("minimal", False), ("low", True),
                                             ("high", True)])
 def test_reasoning_effort_is_the_template_s_switch(effort: str, thinks: bool) -> None:

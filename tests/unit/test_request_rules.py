@@ -223,6 +223,15 @@ def test_depth_refuses_deep_nesting_without_recursion() -> None:
         assert refused(rules.depth, {"maximum": [number]}, "p").param == "p"
 
 
+def test_plain_is_json_exod_can_write_back_at_any_depth() -> None:
+    deep: Any = "x"
+    for _ in range(100_000):
+        deep = [deep]
+    assert rules.plain(deep, "p") is deep  # no bound on nesting: the body's parser had one
+    for bad in ({"a": ["\ud800"]}, {"\udfff": 1}, [float("nan")], {"b": float("-inf")}):
+        assert refused(rules.plain, bad, "p").param == "p", bad
+
+
 def test_schema_is_an_object_not_too_deep() -> None:
     assert rules.schema({"type": "object"}, "p") == {"type": "object"}
     for bad in (None, "x", [], True):

@@ -28,6 +28,10 @@ ROLES = ("user", "assistant", "system", "developer")
 FORMATS = ("text", "json_object", "json_schema")
 CALL_KEYS = ("call_id", "name", "arguments")
 DELIMITER = "__"  # Codex's, between a namespace and a function's name
+# What the response object repeats of the request as it came (exod.api.dialects.
+# responses_output), and no rule of its own reads as text and numbers: it must be JSON exod can
+# write (a lone surrogate cut a stream after its head; NaN made an answer no JSON).
+ECHOED = ("metadata", "tools", "tool_choice", "text", "reasoning")
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,8 @@ def parse(body: Any, sealer: Sealer, strict: bool = False) -> tuple[GenRequest, 
     r = Reading(RESPONSES, strict)
     b = rules.body(body)
     r.keys(b, "body")
+    for key in ECHOED:
+        rules.plain(b.get(key), key)
     messages = []
     if b.get("instructions") is not None:
         messages.append({"role": "system",
