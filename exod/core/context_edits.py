@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from exod.core.request_rules.base import RequestError, array, integer, obj, one_of, text_field
+from exod.core.request_rules.base import (RequestError, array, integer, obj, one_of,
+                                          required, text_field)
 
 THINKING = "clear_thinking_20251015"
 TOOL_USES = "clear_tool_uses_20250919"
@@ -24,6 +25,7 @@ DEFAULT_TRIGGER = ("input_tokens", 100_000)  # Anthropic's defaults
 DEFAULT_KEEP_TOOL_USES = 3
 DEFAULT_KEEP_THINKING = 1
 MOST = (1 << 31) - 1
+AMOUNTS = ("keep", "trigger", "clear_at_least")  # an edit's `{type: UNIT, value: N}` objects
 Messages = list[dict[str, Any]]
 Count = Callable[[Messages], int]  # a conversation's prompt length in tokens
 
@@ -58,11 +60,12 @@ def edit(raw: Any, kind: str, param: str) -> dict[str, Any]:
 
 
 def _amount(raw: Any, param: str, units: tuple[str, ...], default: int) -> int:
-    """`{type: UNIT, value: N}`: N (`default` when not given)."""
+    """`{type: UNIT, value: N}`: N (`default` when the object is not given; given, it says N)."""
     if raw is None:
         return default
     one_of(obj(raw, param).get("type"), units, f"{param}.type")
-    return integer(raw.get("value"), f"{param}.value", default, 0, MOST)
+    return integer(required(raw.get("value"), f"{param}.value"), f"{param}.value", default, 0,
+                   MOST)
 
 
 def _names(raw: Any, param: str) -> list[str]:

@@ -273,6 +273,31 @@ def test_output_config_format_is_a_strict_json_schema() -> None:
         "output_config.format.schema"
 
 
+def test_every_key_of_an_edit_s_amounts_is_read_and_an_unknown_one_reported() -> None:
+    """The objects inside an edit (`trigger`, `keep`, `clear_at_least`) are read against the
+    table as every other object is: an unknown key in one is reported, not silently taken; an
+    amount must give its `value` (Anthropic's require it: a trigger without one had become
+    0, clearing on every turn); an item that is no object is named in English."""
+    tool = "clear_tool_uses_20250919"
+    req = claude_req(context_management={"edits": [
+        {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1,
+                                                     "soon": 1}},
+        {"type": tool, "trigger": {"type": "tool_uses", "value": 2, "unit": "x"},
+         "keep": {"type": "tool_uses", "value": 1, "why": 1},
+         "clear_at_least": {"type": "input_tokens", "value": 0, "hint": 1}}]})
+    assert req.ignored == ("context_management.edits[].keep.soon",
+                           "context_management.edits[].keep.why",
+                           "context_management.edits[].trigger.unit",
+                           "context_management.edits[].clear_at_least.hint")
+    for key in ("trigger", "keep", "clear_at_least"):
+        unit = {"trigger": "tool_uses", "keep": "tool_uses"}.get(key, "input_tokens")
+        assert says(claude, context_management={"edits": [
+            {"type": tool, key: {"type": unit}}]}) == f"context_management.edits[0].{key}.value"
+    e = refused(claude, context_management={"edits": [7]})
+    assert e.message == "`context_management.edits[0]` must be an edit"
+    assert refused(resp, input=[7]).message == "`input[0]` must be an item"
+
+
 def test_context_management_edits_reach_the_runner_in_their_plain_form() -> None:
     g = claude(context_management={"edits": [
         {"type": "clear_thinking_20251015", "keep": "all"},

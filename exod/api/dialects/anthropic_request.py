@@ -250,6 +250,9 @@ def _context_management(raw: Any, r: Reading) -> list[dict[str, Any]]:
                             16):
         kind = e["type"]
         r.keys(e, "clear_thinking" if kind == context_edits.THINKING else "clear_tool_uses", where)
+        for key in context_edits.AMOUNTS:
+            if isinstance(e.get(key), dict):
+                r.keys(e[key], f"amount.{key}", f"{where}.{key}")
         out.append(context_edits.edit(e, kind, where))
     return out
 
