@@ -94,7 +94,8 @@ class ApiServer:
         self.serving = Serving(daemon)
         self.metrics = self.serving.metrics
         # Reasoning handed to clients to send back (exod.api.seal); its key made on first use.
-        self.sealer = Sealer(state_dir() / "reasoning.key")
+        # The seals of one request open to no more text than its body could have held.
+        self.sealer = Sealer(state_dir() / "reasoning.key", most=self.max_body)
 
     @property
     def token(self) -> bool:

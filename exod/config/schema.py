@@ -414,7 +414,8 @@ class Api:
     )
     max_body_kib: int = field(
         default=4096,
-        metadata=doc("largest request body, in KiB; a larger one gets 413 before it is read",
+        metadata=doc("largest request body, in KiB; a larger one gets 413 before it is read; "
+                     "the reasoning seals of one request open to no more text than this",
                      minimum=1, maximum=262144),
     )
     max_connections: int = field(

@@ -559,6 +559,39 @@ def test_encrypted_content_round_trips_and_a_foreign_one_is_reported() -> None:
     assert resp_req(input=turn(tampered)).ignored == ("input[].encrypted_content",)
 
 
+def test_the_seals_of_one_request_open_to_no_more_than_a_body_could_hold() -> None:
+    """A seal is small where its text repeats: zlib gives back a thousand times its size, and
+    the seal of a model's looping reasoning (32k tokens of one word: 200 bytes) replayed 20,000
+    times in one 4 MiB body opened to gigabytes in the daemon. The seals of one request
+    together give back at most what the body could have held as text (api.max_body_kib):
+    past it, a 400 names the seal that went over."""
+    sealer = Sealer(key=b"k" * 32, most=1000)
+    loop = sealer.seal("why " * 200)  # 800 bytes of text, a seal of a few dozen
+    assert len(loop) < 80
+    def claude_turns(n: int) -> dict[str, Any]:
+        turns: list[Any] = []
+        for _ in range(n):
+            turns += [*HI, {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "", "signature": loop},
+                {"type": "text", "text": "a"}]}]
+        return {"model": "m", "max_tokens": 8, "messages": [*turns, *HI]}
+    req, _ = anthropic.parse(claude_turns(1), sealer)
+    assert req.gen.messages[1]["reasoning_content"] == "why " * 200
+    e = refused(anthropic.parse, claude_turns(2), sealer)
+    assert e.param == "messages[3].content[0].signature"
+    def codex_turns(n: int) -> dict[str, Any]:
+        items: list[Any] = []
+        for _ in range(n):
+            items += [*HI, {"type": "reasoning", "summary": [], "encrypted_content": loop},
+                      {"role": "assistant", "content": "a"}]
+        return {"model": "m", "input": items}
+    assert responses.parse(codex_turns(1), sealer)[0].gen.messages[1]["reasoning_content"]
+    assert refused(responses.parse, codex_turns(2), sealer).param == \
+        "input[4].encrypted_content"
+    assert refused(anthropic.parse, claude_turns(1), Sealer(key=b"k" * 32, most=500)).param \
+        == "messages[1].content[0].signature"  # one seal alone over the bound, too
+
+
 @pytest.mark.parametrize("item, outcome", [
     ({"role": "user", "content": "q", "colour": "red"}, ("input[].colour",)),
     ({"role": "user", "content": [{"type": "input_image", "image_url": "u"}]},
