@@ -2,7 +2,7 @@
 llguidance, and applied as a logits processor of that sequence alone, so a batch mixes free and
 constrained requests.
 
-llguidance was chosen on a measurement (README, "Constrained decoding"): with the test models'
+llguidance was chosen on a measurement (docs/tools.md, "Why llguidance"): with the test models'
 tokenizers it compiles a typical tool schema in about a millisecond (it builds its lexer
 lazily) and computes a token's mask in microseconds, and its fuel and size limits refuse a
 hostile schema in milliseconds where others took a minute; it has no dependencies.
@@ -42,6 +42,7 @@ from exod.runner.log import WARNING, log
 from exod.core.request_rules import RequestError
 from exod.runner.serving import json_bounds
 from exod.runner.serving.think_grammar import Thinking
+from exod.core.text import clip
 
 MAX_ERROR = 300  # characters of the engine's message in a 400
 CACHED = 16  # compiled grammars kept, each with its lexer
@@ -218,5 +219,4 @@ class Constraint:
 
 
 def _clip(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= MAX_ERROR else line[: MAX_ERROR - 1] + "…"
+    return clip(text, MAX_ERROR, flat=True)
