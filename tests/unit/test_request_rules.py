@@ -4,12 +4,14 @@ parser (test_api_parts, test_security_parts) and on live daemons (integration/te
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from exod.core import request_rules as rules
 from exod.core.request_rules import RequestError
+from exod.messages import Generate, decode_to_runner, to_wire
 
 
 def refused(fn: Any, *args: Any) -> RequestError:
@@ -446,6 +448,25 @@ def test_chat_template_kwargs_are_small_plain_variables() -> None:
                 {f"k{i}": i for i in range(rules.MAX_TEMPLATE_KWARGS + 1)},
                 {"big": "x" * rules.MAX_TEMPLATE_KWARGS_CHARS}, {"nan": float("nan")}):
         assert refused(rules.chat_template_kwargs, bad).param == "chat_template_kwargs"
+
+
+def test_chat_template_kwargs_are_nested_no_deeper_than_a_schema() -> None:
+    """The daemon writes a request to its runner by recursion (exod.protocol.to_wire): a
+    variable nested 500 lists deep (1,000 bytes) overflowed Python's stack there, a 500 after
+    the request was admitted."""
+    def nested(n: int) -> dict[str, Any]:
+        v: Any = 0
+        for _ in range(n - 2):  # n levels: the object itself the first, the 0 the last
+            v = [v]
+        return {"x": v}
+    deepest = nested(rules.MAX_SCHEMA_DEPTH)
+    assert rules.chat_template_kwargs(deepest) == deepest
+    gen = Generate(id="r", kind="chat", messages=[{"role": "user", "content": "q"}],
+                   max_tokens=1, chat_template_kwargs=deepest)
+    assert decode_to_runner(json.loads(json.dumps(to_wire(gen)))) == gen
+    for n in (rules.MAX_SCHEMA_DEPTH + 1, 500):
+        e = refused(rules.chat_template_kwargs, nested(n))
+        assert e.param == "chat_template_kwargs" and "nested more than 64" in str(e)
 
 
 def test_stream_options_flags_are_booleans() -> None:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exod.core.request_rules.base import RequestError, flag, integer, text
+from exod.core.request_rules.base import RequestError, depth, flag, integer, text
 
 DEFAULT_MAX_TOKENS_CHAT = 1024
 DEFAULT_MAX_TOKENS_COMPLETION = 16  # the OpenAI reference's default for /v1/completions
@@ -261,6 +261,9 @@ def chat_template_kwargs(raw: Any, param: str = "chat_template_kwargs") -> dict[
             raise RequestError(f"`{param}`: {str(k)[:60]!r} is not a template variable (a name "
                                "of letters, digits and _, not an argument of the template call "
                                "itself)", param)
+    # Nested as deep as a schema at most: the daemon writes the request to the runner by
+    # recursion (exod.protocol), which a value 500 lists deep overflowed (a 500).
+    depth(dict(raw), param)
     try:
         as_json = json.dumps(raw, ensure_ascii=False, allow_nan=False)
         size = len(as_json)
