@@ -191,6 +191,11 @@ def test_logit_bias_shapes(bias: object) -> None:
     assert refused(rules.logit_bias, bias).param == "logit_bias"
 
 
+def test_logit_bias_quotes_a_key_that_is_no_token_id_short() -> None:
+    e = refused(rules.logit_bias, {"Z" * 50_000: 1})
+    assert len(str(e)) < 100 and "'ZZZ" in str(e)
+
+
 def test_logit_bias_taken_and_normalised() -> None:
     assert rules.logit_bias(None) == {} and rules.logit_bias({}) == {}
     assert rules.logit_bias({"0001": -100, "5": 1}) == {1: -100.0, 5: 1.0}
