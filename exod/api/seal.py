@@ -25,6 +25,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import threading
 import zlib
 from pathlib import Path
 
@@ -54,14 +55,18 @@ class Sealer:
                  most: int = MAX_TEXT) -> None:
         self._file = key_file
         self._key = key
+        # Big bodies are read in threads (exod.api.app): the first to open a seal makes the key,
+        # and the others wait for it rather than make (and keep) keys of their own.
+        self._making = threading.Lock()
         self.most = most  # bytes of text the seals of one request open to, together
 
     @property
     def key(self) -> bytes:
-        if self._key is None:
-            self._key = load_key(self._file) if self._file is not None \
-                else secrets.token_bytes(KEY_BYTES)
-        return self._key
+        with self._making:
+            if self._key is None:
+                self._key = load_key(self._file) if self._file is not None \
+                    else secrets.token_bytes(KEY_BYTES)
+            return self._key
 
     def _mac(self, payload: str) -> bytes:
         return hmac.new(self.key, (PREFIX + payload).encode(), hashlib.sha256).digest()
