@@ -15,7 +15,7 @@ from exod.api.errors import ApiError
 from exod.api.fields.messages import MESSAGES
 from exod.api.fields.policy import Reading
 from exod.api.schema import GenRequest, http, pictured, tool_names
-from exod.api.seal import Sealer
+from exod.api.seal import Sealer, Seals
 from exod.core import context_edits, images
 from exod.core import request_rules as rules
 from exod.core.images import Pictures, Source
@@ -46,9 +46,10 @@ def parse(body: Any, sealer: Sealer, strict: bool = False,
     b = rules.body(body)
     r.keys(b, "count" if count_only else "body")
     messages = _system(b.get("system"), r)
+    seals = sealer.seals()
     pics = Pictures()
     for i, msg in enumerate(rules.messages(b.get("messages"))):
-        messages += _message(msg, f"messages[{i}]", r, sealer, pics)
+        messages += _message(msg, f"messages[{i}]", r, seals, pics)
     shown = pictured(pics, messages)
     listed, origins = _tools(b.get("tools"), r)
     choice, function, parallel = _tool_choice(b.get("tool_choice"), listed, r)
@@ -95,7 +96,7 @@ def _texts(raw: Any, param: str, r: Reading, kind: str, sep: str = "") -> str:
     return sep.join(r.texts(raw, param, kind, "system" if kind == "system" else "text"))
 
 
-def _message(raw: Any, param: str, r: Reading, sealer: Sealer,
+def _message(raw: Any, param: str, r: Reading, seals: Seals,
              pics: Pictures) -> list[dict[str, Any]]:
     """One Messages turn as chat messages: a user turn's tool results become `tool` messages
     (first, as chat templates expect them right after the assistant's calls). A `system` turn
@@ -114,7 +115,7 @@ def _message(raw: Any, param: str, r: Reading, sealer: Sealer,
         r.keys(block, block["type"], where)
         blocks.append((block["type"], block, where))
     if role == "assistant":
-        return [_assistant(blocks, r, sealer)]
+        return [_assistant(blocks, r, seals)]
     return _user(blocks, r, pics)
 
 
@@ -155,7 +156,7 @@ def _image(block: dict[str, Any], where: str, r: Reading) -> Source:
 
 
 def _assistant(blocks: list[tuple[str, dict[str, Any], str]], r: Reading,
-               sealer: Sealer) -> dict[str, Any]:
+               seals: Seals) -> dict[str, Any]:
     texts: list[str] = []
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -163,7 +164,7 @@ def _assistant(blocks: list[tuple[str, dict[str, Any], str]], r: Reading,
         if kind == "text":
             texts.append(rules.text_field(block.get("text"), f"{where}.text"))
         elif kind == "thinking":
-            thinking.append(_thought(block, where, r, sealer))
+            thinking.append(_thought(block, where, r, seals))
         elif kind == "tool_use":
             if not isinstance(block.get("input"), dict):
                 raise rules.RequestError(f"`{where}.input` must be an object", f"{where}.input")
@@ -181,13 +182,13 @@ def _assistant(blocks: list[tuple[str, dict[str, Any], str]], r: Reading,
     return out
 
 
-def _thought(block: dict[str, Any], where: str, r: Reading, sealer: Sealer) -> str:
+def _thought(block: dict[str, Any], where: str, r: Reading, seals: Seals) -> str:
     """A thinking block's text: as sent, or (empty, as `display: omitted` returns it) the one
     its signature seals; a signature exod did not make is ignored, and reported."""
     text = rules.text_field(block.get("thinking", ""), f"{where}.thinking")
     if text or not block.get("signature"):
         return text
-    sealed = sealer.open(block["signature"])
+    sealed = seals.open(block["signature"], f"{where}.signature")
     if sealed is None:
         r.ignore(f"{where}.signature")
         return ""
@@ -275,6 +276,9 @@ def _context_management(raw: Any, r: Reading) -> list[dict[str, Any]]:
                             16):
         kind = e["type"]
         r.keys(e, "clear_thinking" if kind == context_edits.THINKING else "clear_tool_uses", where)
+        for key in context_edits.AMOUNTS:
+            if isinstance(e.get(key), dict):
+                r.keys(e[key], f"amount.{key}", f"{where}.{key}")
         out.append(context_edits.edit(e, kind, where))
     return out
 
