@@ -630,6 +630,13 @@ def test_namespace_tools_serve_their_functions_under_codex_s_flat_name() -> None
     forced = resp(tools=[ns], tool_choice={"type": "function", "name": "spawn_agent",
                                            "namespace": "collaboration"})
     assert forced.tool_name == "collaboration__spawn_agent"
+    # An MCP server's long name before a tool's: each part within 64, the two together not.
+    server = "mcp__" + "s" * 55
+    long_ns = {**ns, "name": server, "tools": [{"type": "function", "name": "read_" + "f" * 40}]}
+    _, long_view = parse_resp({"model": "m", "input": HI, "tools": [long_ns]})
+    assert long_view.namespaces == {f"{server}__read_{'f' * 40}": (server, "read_" + "f" * 40)}
+    assert says(resp, tools=[{**ns, "tools": [{"type": "function", "name": "x" * 65}]}]) == \
+        "tools[0].tools[0].name"
 
 
 def test_responses_tools_tool_choice_and_text_format() -> None:

@@ -224,9 +224,12 @@ def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str],
             r.keys(inner, "nested", where)
             if inner.get("defer_loading") is True:
                 continue
-            name = rules.name(inner.get("name"), f"{where}.name")
-            flat = flat_name(namespace, name)
-            listed.append(rules.function({**inner, "name": flat}, where))
+            function = rules.function(inner, where)
+            name = function["function"]["name"]
+            # Each part within OpenAI's 64 characters, as the client checked it; the flat name
+            # may be longer (an MCP server's long name before a tool's): Codex sends such.
+            flat = function["function"]["name"] = flat_name(namespace, name)
+            listed.append(function)
             origins.append(f"{where}.parameters")
             namespaces[flat] = (namespace, name)
     return rules.unique(listed, "tools"), origins, namespaces
