@@ -30,11 +30,29 @@ class Generator(BatchGenerator):
         self.keeps = keeps
         self.kept: dict[int, list[Any]] = {}
         self._warm: dict[int, Any] = {}  # uid -> its PromptProcessingBatch, oldest first
+        self._warm_begun = False  # the oldest has had a chunk
         _keeping(self._generation_batch, self)
 
     @property
     def warm(self) -> int:
         return len(self._warm)
+
+    @property
+    def decoding(self) -> int:
+        """Rows in the decoding batch."""
+        return len(self._generation_batch)
+
+    @property
+    def begun(self) -> bool:
+        """A prompt batch has begun prefilling: a cold prompt inserted now waits for it."""
+        return self._prompt_batch is not None or self._warm_begun
+
+    @property
+    def to_prefill(self) -> int:
+        """Prompts inserted and not decoding yet (queued, warm, or in the prompt batch)."""
+        batch = self._prompt_batch
+        return len(self._unprocessed_sequences) + len(self._warm) + \
+            (len(batch.uids) if batch is not None else 0)
 
     def insert_warm(self, tokens: list[int], cached: int, cache: list[Any], max_tokens: int,
                     features: dict[str, Any], processors: list[Any]) -> int:
@@ -48,6 +66,10 @@ class Generator(BatchGenerator):
             inputs_embeds=features["inputs_embeds"][:, cached:],
             prompt_kwargs=_from(features, cached, len(tokens)),
             logits_processors=[processors], prefill_step_size=self.prefill_step_size,
+            # One entry per row, as the generator's own prompt batches have: left empty, a
+            # decoding batch this row joins or that joins it has one entry fewer than rows, and
+            # its next filter fails (IndexError).
+            thinking_budget_criteria=[None],
             warm_cache=[type(c).merge([c]) for c in cache],
             greedy_sampling=self.greedy_sampling)
         if processors:  # penalties look back on the whole prompt, as without a cache
@@ -61,8 +83,10 @@ class Generator(BatchGenerator):
                 uid, batch = next(iter(self._warm.items()))
                 if batch.needs_processing():
                     batch.prompt_step()
+                    self._warm_begun = True
                 else:
                     del self._warm[uid]
+                    self._warm_begun = False
                     self._extend_generation_batch(batch.generate(
                         self.sampler, self.tokenizer.stopping_criteria,
                         compute_logprobs=self.compute_logprobs,
@@ -70,7 +94,10 @@ class Generator(BatchGenerator):
         return super().next(**kwargs)
 
     def remove(self, uid: int) -> bool:
-        if self._warm.pop(uid, None) is not None:
+        if uid in self._warm:
+            if next(iter(self._warm)) == uid:
+                self._warm_begun = False
+            del self._warm[uid]
             return True
         return bool(super().remove(uid))
 

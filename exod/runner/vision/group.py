@@ -51,6 +51,9 @@ class VisionLeader(LeaderEngine):
             except NotShippable as e:
                 self.engine.cancel(shipped.rid)
                 events.append(m.Error(shipped.rid, "bad_request", str(e)))
+        if self.engine.gathering:  # the generator waits for the next one (see its doc)
+            self.flush()
+            return events
         self.flush(step=True)
         failed = self.engine.failed_steps
         events += self.engine.advance()
