@@ -214,6 +214,48 @@ def test_another_picture_shares_no_cached_prefix_past_its_first_placeholder(zoo:
     assert fresh.tokens["fresh"] == eng.tokens[other.id]
 
 
+def test_the_next_turn_from_the_cache_and_new_pictures_decode_together(zoo: Path) -> None:
+    """A request prefilled from the prompt cache (a batch of its own) and new pictures (cold)
+    share the decoding batch, each with the tokens it has alone: the warm one once made the
+    batch's next filter fail (its thinking-budget list one entry short)."""
+    eng = engine(zoo, "qwen2_5_vl", cache_bytes=64 << 20)
+    first = ask([1])
+    run(eng, [first])
+    answer = eng.tokenizer.decode(eng.tokens[first.id])
+    reqs = [follow_up(first, "second", [], "And its colour?", answer), ask([5]), ask([6])]
+    ends = run(eng, reqs)
+    assert all(isinstance(ends[r.id], m.Done) for r in reqs), ends
+    assert ends["second"].cached_tokens >= ends_first(eng, first) > 0  # type: ignore[union-attr]
+    solo = engine(zoo, "qwen2_5_vl", width=1)
+    for r in reqs:
+        run(solo, [dataclasses.replace(r, id=f"solo-{r.id}")])
+        assert solo.tokens[f"solo-{r.id}"] == eng.tokens[r.id], r.id
+
+
+def test_a_burst_is_prefilled_together_and_decodes_from_one_step(zoo: Path) -> None:
+    """Requests that come together, while nothing decodes, are all seen before the generator
+    steps: one prompt batch, every first token in the same step. The chat template's opening,
+    cached from an earlier request, is not taken (under half of each prompt, others waiting):
+    a warm prompt would prefill alone, the others after it."""
+    eng = engine(zoo, "qwen2_5_vl", width=4, cache_bytes=64 << 20)
+    run(eng, [ask([1])])
+    reqs = [ask([s]) for s in (2, 3, 4, 5)]
+    for req in reqs:
+        eng.admit(req, eng.read(req))
+    first: dict[str, int] = {}  # the step of each one's first token
+    for step in range(200):
+        eng.step()
+        first |= {r.id: step for r in reqs if r.id in eng.tokens and r.id not in first}
+        if all(len(eng.tokens.get(r.id, [])) == N for r in reqs):
+            break
+    assert len(first) == len(reqs) and len(set(first.values())) == 1, first
+    assert eng.cache_hits == 0, eng.cache_hits
+    alone = engine(zoo, "qwen2_5_vl", width=1)
+    for r in reqs:
+        run(alone, [dataclasses.replace(r, id=f"alone-{r.id}")])
+        assert alone.tokens[f"alone-{r.id}"] == eng.tokens[r.id], r.id
+
+
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "gemma3", "llava", "mistral3"])
 def test_a_new_picture_beside_a_seen_one_runs_the_tower_on_the_new_one_only(
         zoo: Path, family: str) -> None:

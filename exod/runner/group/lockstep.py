@@ -203,7 +203,7 @@ def replay(engine: Any, plan: Plan) -> None:
                 engine.admit(op.request)
             elif isinstance(op, See):  # a model that sees (exod.runner.vision.group)
                 engine.see_shipped(op.request, op.tokens, op.pictures, op.width, op.dtype,
-                                   {k: _array(v) for k, v in op.features.items()})
+                                   {k: _array(v) for k, v in op.features.items()}, op.cached)
             elif isinstance(op, Cancel):
                 engine.cancel(op.id)
             elif isinstance(op, AbortPrefilling):

@@ -76,6 +76,7 @@ class See:
     width: int
     dtype: str
     features: dict[str, Ints] = field(default_factory=dict)
+    cached: int = 0  # tokens rank 0 took from its prompt cache (none: the others take none)
 
 
 Op = Admit | See | Cancel | AbortPrefilling | AbortAll

@@ -261,10 +261,13 @@ class VisionEngine:
         return self._by_rid[rid].req
 
     def see_shipped(self, req: m.Generate, tokens: list[int], pictures: list[str],
-                    width: int, dtype: str, features: dict[str, mx.array]) -> None:
+                    width: int, dtype: str, features: dict[str, mx.array],
+                    cached: int) -> None:
         """A request as rank 0 saw it (`Shipped`), on a rank that has no vision tower: its
         embeddings are zeros of their shape (the previous rank's hidden state replaces them)
-        and its features rank 0's. RuntimeError when it cannot go into the generator."""
+        and its features rank 0's; from the prompt cache only if rank 0 took a hit (`cached`
+        tokens: whether a short hit is taken depends on requests only rank 0 has). RuntimeError
+        when it cannot go into the generator."""
         read = read_prompt(self.tokenizer, req, self.vocab, self.window, self.grammars,
                            tokens=tokens)
         seen = Seen(read.tokens, read.max_tokens, read.constraint, read.args_check,
@@ -272,7 +275,7 @@ class VisionEngine:
         self.admit(req, seen)
         given = {"inputs_embeds": mx.zeros((1, len(tokens), width), getattr(mx, dtype)),
                  **features}
-        events = self._see(self._waiting[req.id], given)
+        events = self._see(self._waiting[req.id], given, cold=not cached)
         if any(isinstance(ev, m.Error) for ev in events):
             self.failed_steps += 1
             raise RuntimeError(f"request {req.id} could not go into the generator")
@@ -297,7 +300,8 @@ class VisionEngine:
                          cached_tokens=self.cached_tokens, prompt_tokens=self.prompt_tokens)
 
     # ---- inside ----------------------------------------------------------------------------
-    def _see(self, r: _Request, given: dict[str, Any] | None = None) -> list[m.Event]:
+    def _see(self, r: _Request, given: dict[str, Any] | None = None,
+             cold: bool = False) -> list[m.Event]:
         """The request's pictures through the vision tower and into its prompt's embeddings,
         then into the generator: one request per step (the tower's work is bounded by the
         pictures' caps)."""
@@ -306,7 +310,7 @@ class VisionEngine:
         try:
             features = self._embed(r.seen) if given is None else given
             r.key = prompt_key(tokens, self.placeholders, r.seen.keys)
-            cache, cached = self._lookup(r.key)
+            cache, cached = (None, 0) if cold else self._lookup(r.key, given is None, tokens)
             if cache is None:
                 (uid,) = self._gen.insert([tokens], max_tokens=[r.checked.max_tokens],
                                           prompt_kwargs=[features],
@@ -320,24 +324,29 @@ class VisionEngine:
         r.uid, r.cached_tokens, r.prefilled = uid, cached, cached
         self._by_uid[uid] = self._by_rid[r.rid] = r
         if given is None:
-            self.seen = Shipped(r.rid, tokens, list(r.seen.keys), features)
+            self.seen = Shipped(r.rid, tokens, list(r.seen.keys), features, cached)
         self.prompt_tokens += r.prompt_tokens
         return [m.Prefill(r.rid, cached, r.prompt_tokens)]
 
-    def _lookup(self, key: list[int]) -> tuple[list[Any] | None, int]:
-        """The stored KV cache nearest to a prompt's key, and how many of its tokens it holds."""
+    def _lookup(self, key: list[int], choose: bool,
+                tokens: list[int]) -> tuple[list[Any] | None, int]:
+        """The stored KV cache nearest to a prompt's key, and how many of its tokens it holds.
+        `choose`: a short hit may be declined (rank 0; another rank takes what rank 0 took)."""
         self.cache_lookups += 1
         if not self.cache_bytes:
             return None, 0
         cache, rest = self._cache.fetch_nearest_cache(CACHE_KEY, key)
         if cache is None:
             return None, 0
-        if len(rest) > len(key) - len(rest) and self._gen.to_prefill:
-            # A hit on less than half the prompt (the chat template's opening, in a burst of
-            # new pictures) while other prompts wait to be prefilled: a warm prompt prefills in
-            # a batch of its own (exod.runner.vision.generator), one after another, so taking
-            # it would cost the batch more steps than it saves. Decided on what every rank of
-            # a group has (the generator's queue), so the ranks decide alike.
+        hit = len(key) - len(rest)
+        if choose and hit < len(rest) and hit <= _first_picture(tokens, self.placeholders) \
+                and (self._waiting or self._gen.to_prefill):
+            # A hit on less than half the prompt that holds none of its pictures (text shared
+            # with another conversation: the chat template's opening, in a burst of new
+            # pictures) while other prompts wait to be seen or prefilled: a warm prompt
+            # prefills in a batch of its own (exod.runner.vision.generator), so taking it
+            # would cost the batch more steps than it saves. An earlier turn of the same
+            # conversation holds its pictures: always taken.
             return None, 0
         if not rest:  # an exact hit: the last token must still run, for its logits
             if not can_trim_prompt_cache(cache):
@@ -406,6 +415,7 @@ class Shipped:
     tokens: list[int]
     pictures: list[str]
     features: dict[str, Any]
+    cached: int  # its prompt's tokens taken from rank 0's prompt cache
 
 
 def sizes(model: Any, tokenizer: Any) -> tuple[int, int | None]:
@@ -413,6 +423,11 @@ def sizes(model: Any, tokenizer: Any) -> tuple[int, int | None]:
     text_args = SimpleNamespace(args=model.config.text_config)
     return (model_checks.model_vocab(text_args) or len(tokenizer),
             model_checks.context_window(text_args))
+
+
+def _first_picture(tokens: list[int], placeholders: frozenset[int]) -> int:
+    """Where a prompt's first picture starts (its length when it shows none)."""
+    return next((i for i, t in enumerate(tokens) if t in placeholders), len(tokens))
 
 
 def placeholders(config: Any) -> frozenset[int]:

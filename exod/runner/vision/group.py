@@ -71,7 +71,7 @@ def see(shipped: Shipped, req: m.Generate) -> See:
         {**msg, "content": images.text_of(msg["content"])} for msg in req.messages or []]
         if req.messages is not None else None)
     return See(bare, shipped.tokens, shipped.pictures, int(embeds.shape[-1]),
-               str(embeds.dtype).removeprefix("mlx.core."), features)
+               str(embeds.dtype).removeprefix("mlx.core."), features, shipped.cached)
 
 
 def _ints(name: str, value: Any) -> Ints:
