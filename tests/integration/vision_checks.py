@@ -94,16 +94,19 @@ def ask(seeds: list[int], prompt: str = PROMPT, **kw: Any) -> m.Generate:
                       messages=[{"role": "user", "content": content}], **kw)
 
 
-def run(eng: VisionEngine, reqs: list[m.Generate], limit: int = 2000) -> dict[str, m.Event]:
-    """Admit `reqs` at once and step until each has ended: id -> its Done or Error."""
+def run(eng: VisionEngine, reqs: list[m.Generate], limit: int = 2000,
+        until: list[str] | None = None) -> dict[str, m.Event]:
+    """Admit `reqs` at once and step until each (or each of `until`'s ids) has ended: id -> its
+    Done or Error."""
     for req in reqs:
         eng.admit(req, eng.read(req))
     ends: dict[str, m.Event] = {}
+    wanted = until if until is not None else [req.id for req in reqs]
     for _ in range(limit):
         for ev in eng.step():
             if isinstance(ev, (m.Done, m.Error)):
                 ends[ev.id] = ev
-        if all(req.id in ends for req in reqs):
+        if all(rid in ends for rid in wanted):
             return ends
     raise AssertionError(f"not done after {limit} steps: {sorted(ends)}")
 
@@ -214,20 +217,22 @@ def test_another_picture_shares_no_cached_prefix_past_its_first_placeholder(zoo:
     assert fresh.tokens["fresh"] == eng.tokens[other.id]
 
 
-def test_the_next_turn_from_the_cache_and_new_pictures_decode_together(zoo: Path) -> None:
-    """A request prefilled from the prompt cache (a batch of its own) and new pictures (cold)
-    share the decoding batch, each with the tokens it has alone: the warm one once made the
-    batch's next filter fail (its thinking-budget list one entry short)."""
+def test_the_next_turn_from_the_cache_joins_new_pictures_decoding(zoo: Path) -> None:
+    """A request prefilled from the prompt cache (a batch of its own) joins a decoding batch of
+    new pictures (cold: seen while the cache was empty), each with the tokens it has alone: the
+    warm one once made the batch's next filter fail (its thinking-budget list one entry short),
+    ending every request in it."""
     eng = engine(zoo, "qwen2_5_vl", cache_bytes=64 << 20)
     first = ask([1])
-    run(eng, [first])
+    news = [ask([5], max_tokens=4 * N), ask([6], max_tokens=4 * N)]
+    ends = run(eng, [first, *news], until=[first.id])
     answer = eng.tokenizer.decode(eng.tokens[first.id])
-    reqs = [follow_up(first, "second", [], "And its colour?", answer), ask([5]), ask([6])]
-    ends = run(eng, reqs)
-    assert all(isinstance(ends[r.id], m.Done) for r in reqs), ends
+    second = follow_up(first, "second", [], "And its colour?", answer)
+    ends |= run(eng, [second], until=[second.id, *(r.id for r in news)])
+    assert all(isinstance(ends[r.id], m.Done) for r in [second, *news]), ends
     assert ends["second"].cached_tokens >= ends_first(eng, first) > 0  # type: ignore[union-attr]
     solo = engine(zoo, "qwen2_5_vl", width=1)
-    for r in reqs:
+    for r in [second, *news]:
         run(solo, [dataclasses.replace(r, id=f"solo-{r.id}")])
         assert solo.tokens[f"solo-{r.id}"] == eng.tokens[r.id], r.id
 

@@ -16,14 +16,19 @@ any two of them:
   docs/design/vision.md);
 - prefilled and decoded by the generator (exod.runner.vision.generator): each step is one
   `next()`, one decode step for the batch plus at most one chunk of prompts (`prefill_step`
-  tokens) and one chunk of a prompt that starts from the prompt cache.
+  tokens) and one chunk of a prompt that starts from the prompt cache. While nothing decodes
+  and no prompt batch has begun, a step sees the next waiting request and the generator waits
+  (`gathering`): requests that came together are prefilled in one batch and decode from the
+  same step, as mlx-vlm's server does by seeing all of them before its step.
 
 Prompt cache, as for text (exod.runner.serving.batch_engine): when a request ends, the KV cache
 of its prompt and answer is stored under their key (exod.runner.serving.cache_key: the tokens,
 each picture's placeholders standing for that picture); a later request whose key shares a
 prefix with a stored one (the next turn about the same picture) prefills only the rest. Its
 pictures' embeddings are still merged (the tower's output from the feature cache), since the
-rest may hold some of them.
+rest may hold some of them. Such a prompt prefills in a batch of its own, so a short hit that
+holds none of its pictures (the chat template's opening, shared by a burst of new pictures) is
+not taken while other prompts wait (`_lookup`).
 
 Sampling is per request although mlx-vlm's generator has one sampler: it samples greedily, and
 a request with a temperature draws its token with its own sampler (seed, top-p...) in its last
