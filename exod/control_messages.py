@@ -229,8 +229,9 @@ class InstanceStatus:
 
 @dataclass(frozen=True)
 class ApiStatus:
-    listen: str
-    url: str
+    listen: list[str]  # api.listen, as configured
+    url: str  # the first address's, where exoctl chat goes
+    urls: list[str]  # every address's (a port 0 resolved)
     auth: bool
     token_file: str | None
 

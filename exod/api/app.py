@@ -78,10 +78,11 @@ class ApiServer:
     def __init__(self, cfg: Api, daemon: Daemon) -> None:
         self.cfg = cfg
         self.sup = daemon
-        self.host, self.port = address.parse_listen(cfg.listen)
+        # Every address is served alike (e.g. exod's own port and Ollama's, 11434).
+        self.addresses = [address.parse_listen(a) for a in cfg.listen]
         self.tokens: list[bytes] = []
         self.started_wall = int(time.time())
-        self.hosts = HostPolicy(self.host, cfg.allowed_hosts)
+        self.hosts = HostPolicy([h for h, _ in self.addresses], cfg.allowed_hosts)
         self.cors = CorsPolicy(cfg.cors_origins)
         self.ratelog = RateLimitedLog()
         self.guard = ConnectionGuard(cfg.max_connections, self.ratelog)
@@ -124,17 +125,18 @@ class ApiServer:
                                      max_line_size=8190, max_field_size=8190, max_headers=64,
                                      shutdown_timeout=1.0, logger=quiet_logger(self.ratelog))
         await self._runner.setup()
-        site = GuardedSite(self._runner, self.host, self.port, self.guard)
-        try:
-            await site.start()
-        except OSError as e:
-            await self._runner.cleanup()
-            self._runner = None
-            code = e.errno or errno.EADDRINUSE
-            raise OSError(code, f"HTTP API {self.cfg.listen}: {os.strerror(code)}") from None
-        if self._runner.addresses:  # the real port when listen asked for :0
-            self.port = self._runner.addresses[0][1]
-        logger.info("HTTP API on {}{}", self.url,
+        for i, (host, port) in enumerate(self.addresses):
+            site = GuardedSite(self._runner, host, port, self.guard)
+            try:
+                await site.start()
+            except OSError as e:
+                await self._runner.cleanup()
+                self._runner = None
+                code = e.errno or errno.EADDRINUSE
+                raise OSError(code, f"HTTP API {self.cfg.listen[i]}: {os.strerror(code)}") \
+                    from None
+            self.addresses[i] = (host, site.port)  # the real port when listen asked for :0
+        logger.info("HTTP API on {}{}", ", ".join(self.urls),
                     " (bearer token required)" if self.token else "")
 
     async def close(self) -> None:
@@ -143,12 +145,13 @@ class ApiServer:
             self._runner = None
 
     @property
-    def url(self) -> str:
-        return address.url(self.host, self.port)
+    def urls(self) -> list[str]:
+        return [address.url(h, p) for h, p in self.addresses]
 
     def info(self) -> ApiStatus:
         """For the status snapshot: where exoctl (and people) find the API."""
-        return ApiStatus(listen=self.cfg.listen, url=self.url, auth=self.token,
+        urls = self.urls
+        return ApiStatus(listen=list(self.cfg.listen), url=urls[0], urls=urls, auth=self.token,
                          token_file=str(self.cfg.token_file) if self.cfg.token_file else None)
 
     # ---- middlewares ------------------------------------------------------------------

@@ -74,11 +74,11 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
         service.errno(errno.EINVAL, f"invalid configuration {path}{hint}")
         sys.exit(EXIT_CONFIG)
 
-    from exod.config.safety import public_without_token
+    from exod.config.safety import public, public_without_token
     from loguru import logger
 
     if public_without_token(cfg) and not cfg.api.insecure_public:
-        why = (f"api.listen {cfg.api.listen} is reachable from other machines but "
+        why = (f"api.listen {', '.join(public(cfg))} is reachable from other machines but "
                "api.token_file is not set; set a token file, listen on 127.0.0.1, or set "
                "api.insecure_public: true")
         logger.error("refusing to start: {}", why)

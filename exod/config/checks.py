@@ -171,3 +171,22 @@ def key_file_problem(path: Path) -> str | None:
     if size < 16:
         return f"{path} holds fewer than 16 bytes: too short for a secret"
     return None
+
+
+def listen_problems(addresses: Sequence[str]) -> list[tuple[int, str]]:
+    """(index, why) of each api.listen address that repeats an earlier one (port 0 aside:
+    each of those binds its own free port)."""
+    from exod.api.address import parse_listen
+
+    seen: dict[tuple[str, int], int] = {}
+    out = []
+    for i, a in enumerate(addresses):
+        try:
+            host, port = parse_listen(a)
+        except ValueError:
+            continue  # the pattern already refused it
+        key = (host.lower(), port)
+        if port and key in seen:
+            out.append((i, f"{a} is listed twice (also api.listen[{seen[key]}])"))
+        seen.setdefault(key, i)
+    return out

@@ -374,11 +374,13 @@ class Node:
 
 @dataclass(frozen=True)
 class Api:
-    listen: str = field(
-        default=f"127.0.0.1:{DEFAULT_API_PORT}",
-        metadata=doc("HOST:PORT of the OpenAI-compatible HTTP API ([::1]:PORT for IPv6, port 0: "
-                     "any free one); empty string disables it",
-                     pattern=r"^$|^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$"),
+    listen: tuple[str, ...] = field(
+        default=(f"127.0.0.1:{DEFAULT_API_PORT}",),
+        metadata=doc("HOST:PORT of the HTTP API ([::1]:PORT for IPv6, port 0: any free one), "
+                     "or a list of them, each served alike (e.g. also 127.0.0.1:11434, "
+                     "Ollama's port, for apps that only know it); an empty string or list "
+                     "disables it",
+                     pattern=r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$"),
     )
     token_file: Path | None = field(
         default=None,

@@ -192,6 +192,10 @@ BAD = [
      (MAIN, 4, 13, "instances.x.shards"), "cannot read value '1'"),
     ("date-for-string", {MAIN: "api: {listen: 2024-01-01}\n"},
      (MAIN, 1, 15, "api.listen"), "expected a string, got date '2024-01-01'"),
+    ("listen-item-not-address", {MAIN: "api: {listen: [127.0.0.1:8000, 11434]}\n"},
+     (MAIN, 1, 32, "api.listen[1]"), "expected a string, got integer 11434 (quote it)"),
+    ("listen-twice", {MAIN: "api:\n  listen: [127.0.0.1:8000, '127.0.0.1:8000']\n"},
+     (MAIN, 2, 28, "api.listen[1]"), "127.0.0.1:8000 is listed twice (also api.listen[0])"),
 ]
 
 
@@ -364,7 +368,7 @@ def test_full_config(cfg_dir: ConfigDir) -> None:
     assert config.control.socket == cfg_dir.root / "run" / "control.sock"
     assert config.control.mode == 0o600
     assert config.ready == "instances"
-    assert config.api.listen == "0.0.0.0:8000"
+    assert config.api.listen == ("0.0.0.0:8000",)
     assert config.api.token_file == cfg_dir.root / "token"
     d = config.defaults
     assert d.restart == "no"
@@ -422,6 +426,18 @@ def test_include_single_string_and_skips_main_file(cfg_dir: ConfigDir) -> None:
     cfg_dir.write("more.yaml", "instances:\n  y: {model: m}\n")
     config = load_config(cfg_dir.root / MAIN)
     assert sorted(config.instances) == ["x", "y"]
+
+
+def test_listen_one_address_several_or_none(cfg_dir: ConfigDir) -> None:
+    """api.listen: one address (a string, as before), a list served alike, or off."""
+    def listen(text: str) -> tuple[str, ...]:
+        return load_config(cfg_dir.write(MAIN, X + text)).api.listen
+
+    assert listen("") == ("127.0.0.1:52415",)
+    assert listen("api: {listen: '[::1]:8000'}\n") == ("[::1]:8000",)
+    assert listen("api: {listen: [127.0.0.1:52415, 127.0.0.1:11434, 127.0.0.1:0, 127.0.0.1:0]}"
+                  "\n") == ("127.0.0.1:52415", "127.0.0.1:11434", "127.0.0.1:0", "127.0.0.1:0")
+    assert listen("api: {listen: ''}\n") == () == listen("api: {listen: []}\n")
 
 
 def test_relative_main_path(cfg_dir: ConfigDir, monkeypatch: pytest.MonkeyPatch) -> None:
