@@ -261,7 +261,7 @@ class ApiServer:
 
     async def model(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
-        inst = self.sup.instance(name)
+        inst = self.sup.serving(name)
         if inst is None:
             raise model_not_found(name)
         return web.json_response(await self._model_json(inst))

@@ -53,8 +53,9 @@ class Serving:
                        out: Output | None = None) -> web.StreamResponse:
         """Serve one request; `out`: the dialect its answer is rendered in (OpenAI's chat
         completions by default, see exod.api.dialects)."""
-        known = self.sup.instance(req.model) is not None  # no label for any name a client sends
-        meter = self.metrics.meter(req.model)
+        inst = self.sup.serving(req.model)
+        known = inst is not None  # no label for any name a client sends
+        meter = self.metrics.meter(inst.name if inst is not None else req.model)
         status = 499  # the client left (its handler was cancelled)
         try:
             resp = await self._admitted(request, req, meter, limits, out or OpenAiOutput())

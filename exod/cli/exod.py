@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,7 +15,7 @@ from exod import __version__
 from exod.core.exits import EXIT_CONFIG
 
 if TYPE_CHECKING:
-    from exod.config.schema import Config
+    from exod.config.schema import Config, Instance
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -155,8 +156,28 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
     from exod.config.mlx_options import describe as describe_options
 
     for inst in cfg.instances.values():
-        for line in describe_options(inst):
+        for line in describe_options(inst) + serving_lines(inst):
             click.echo(line)
+
+
+def serving_lines(inst: Instance) -> list[str]:
+    """`exod check`'s words for the names an instance answers to, and for an on-demand one its
+    idle stop and the keep_alive a request may set."""
+    from exod.config.durations import format_duration
+
+    def show(seconds: float) -> str:
+        return "never" if math.isinf(seconds) else format_duration(seconds)
+
+    out = []
+    if inst.aliases:
+        out.append(f"{inst.name}: also answers to {', '.join(inst.aliases)}")
+    if inst.on_demand:
+        idle = inst.idle_stop_after
+        stop = "stays up" if math.isinf(idle) else f"stops after {show(idle)}"
+        bounds = inst.keep_alive
+        out.append(f"{inst.name}: on demand: {stop} without a request; a request's keep_alive "
+                   f"may set that from {show(bounds.min)} to {show(bounds.max)}")
+    return out
 
 
 def check_system(config: Path | None) -> None:

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from exod.config.checks import (Issue, check_layout, check_on_demand, check_ports,
-                                check_sharding, check_template_kwargs, listen_problems)
+from exod.config.checks import (Issue, check_layout, check_names, check_on_demand,
+                                check_ports, check_sharding, check_template_kwargs,
+                                listen_problems)
 from exod.config.probe import answers as probe_answers
 from exod.config.errors import ConfigError, Mark, Problem
 from exod.config.hub_model import names_hub, parse_model, placeholder, token_file_problem
@@ -283,7 +284,8 @@ class _Loader:
         for instance in self.instances.values():
             for issue in check_sharding(instance, node_name):
                 self.report_issue(instance, issue)
-        for instance, issue in check_ports(list(self.instances.values())):
+        for instance, issue in [*check_ports(list(self.instances.values())),
+                                *check_names(list(self.instances.values()))]:
             self.report_issue(instance, issue)
 
     def check_listen(self, root: MapNode, addresses: tuple[str, ...]) -> None:

@@ -18,6 +18,7 @@ from typing import Literal
 
 from exod.core.serving import (DEFAULT_KV_GROUP_SIZE, DEFAULT_NUM_DRAFT_TOKENS,
                                DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_QUANTIZED_KV_START)
+from exod.core.names import ALIAS_RE
 from exod.hub.ref import HubRef
 from exod.config.types import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir, Octal,
                                Size)
@@ -123,6 +124,22 @@ class GrammarLimits:
 
 
 @dataclass(frozen=True)
+class KeepAliveBounds:
+    """What a request's own `keep_alive` (Ollama's API) may set an on-demand instance's idle
+    window to: the floor keeps one client from stopping a model others use, the ceiling from
+    holding its memory for ever."""
+
+    min: Duration = field(
+        default=0.0,
+        metadata=doc("the shortest window a request may ask for: `keep_alive: 0` (stop once "
+                     "no request is in flight) stops it after this long instead", minimum=0))
+    max: DurationOrNever = field(
+        default=float("inf"),
+        metadata=doc("the longest window a request may ask for: `keep_alive: -1` (never stop) "
+                     "keeps it this long instead", minimum=0))
+
+
+@dataclass(frozen=True)
 class Host:
     name: str = field(
         metadata=doc("host name; compared with node.name", pattern=r"^[A-Za-z0-9._-]{1,253}$")
@@ -149,6 +166,15 @@ class Instance:
     hub: HubRef | None = field(
         default=None, kw_only=True,
         metadata=doc("the hub repository `model` names, if any", internal=True))
+    # compare=False: a reload that changes only the names restarts nothing (the daemon reads
+    # them from its current config).
+    aliases: tuple[str, ...] = field(
+        default=(), compare=False,
+        metadata=doc("more names a request's `model` may give this instance, in every API "
+                     "dialect, e.g. the names clients already have configured (llama3.2, "
+                     "qwen3:8b); a name without a tag also answers with `:latest`, as the "
+                     "instance's own name does; listed by neither /v1/models nor /api/tags",
+                     pattern=ALIAS_RE))
     shards: int = field(default=1, metadata=doc("number of ranks", minimum=1, maximum=64))
     parallelism: Parallelism = field(default="pipeline", metadata=doc("how ranks split the model"))
     layers: tuple[int, ...] | None = field(
@@ -165,6 +191,12 @@ class Instance:
         default=float("inf"),
         metadata=doc("an on-demand instance with no request for this long is stopped (through "
                      "the ladder) until the next request; never keeps it", minimum=0))
+    keep_alive: KeepAliveBounds = field(
+        default_factory=KeepAliveBounds,
+        metadata=doc("bounds on the idle window a request may ask for (Ollama's `keep_alive`: "
+                     "a duration, 0 to stop the instance once no request is in flight, -1 to "
+                     "keep it); the window a request sets lasts until the next request ends, "
+                     "one that asks nothing restoring idle_stop_after"))
     hang_after: DurationOrNever = field(
         default=300.0,
         metadata=doc("while requests are in flight, this long without a generated token means "

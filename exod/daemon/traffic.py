@@ -31,6 +31,10 @@ class Daemon(OnDemandDaemon, Protocol):
 
     def instance(self, name: str) -> InstanceRuntime | None: ...
 
+    def serving(self, name: str) -> InstanceRuntime | None:
+        """The instance a request's `model` names (its own name or an alias)."""
+        ...
+
 
 class Refused(Exception):
     """Why a request for `name` is not served."""
@@ -124,7 +128,7 @@ class Traffic:
     # ---- one request ----------------------------------------------------------------------
     def find(self, name: str) -> InstanceRuntime:
         """The instance that serves `name`, started if it is on demand; raises Refused."""
-        inst = self.daemon.instance(name)
+        inst = self.daemon.serving(name)
         if inst is None:
             raise Unknown(name)
         if inst.served_by is not None:
@@ -146,9 +150,11 @@ class Traffic:
         return lane.size
 
     @contextlib.asynccontextmanager
-    async def slot(self, inst: InstanceRuntime) -> AsyncIterator[RunnerChannel]:
+    async def slot(self, inst: InstanceRuntime,
+                   keep_alive: float | None = None) -> AsyncIterator[RunnerChannel]:
         """A place at `inst`'s runner, waiting in its queue (and for an on-demand start):
-        yields the link to send the request on; raises Refused."""
+        yields the link to send the request on; raises Refused. `keep_alive`: the idle window
+        the request asks for once it ends (exod.core.keep_alive), None: the instance's own."""
         gate = self._lane(inst).gate
         try:
             await gate.enter()
@@ -169,7 +175,16 @@ class Traffic:
         finally:
             gate.leave()
             if inst.config.on_demand:
-                self.on_demand.used(inst)
+                self.on_demand.finished(inst, keep_alive)
+
+    def unload(self, inst: InstanceRuntime) -> bool:
+        """A request asks `inst` to stop once no request is in flight (keep_alive 0, nothing
+        to generate), within its keep_alive floor. False when that cannot apply: an instance
+        that is not on demand, or not running."""
+        if not inst.config.on_demand or inst.state is not State.READY:
+            return False
+        self.on_demand.finished(inst, 0.0)
+        return True
 
     @contextlib.contextmanager
     def watching(self, inst: InstanceRuntime, stream: RequestStream) -> Iterator[None]:
