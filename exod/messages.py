@@ -30,12 +30,12 @@ from typing import Any, ClassVar, Literal
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 13  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 14  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
 # 11: Serving's speculative decoding counts; 12: Done.reasoning_tokens;
-# 13: Generate.think_budget
+# 13: Generate.think_budget; 14: Generate.names and context_edits, Done.applied_edits
 
 
 class Phase(str, enum.Enum):
@@ -270,6 +270,9 @@ class Done:
     stop_sequence: str | None = None  # the one that ended the text (finish_reason "stop")
     cached_tokens: int = 0  # prompt tokens taken from the prompt cache, not prefilled
     reasoning_tokens: int = 0  # of completion_tokens: those of the think block, markers too
+    # The request's context_edits that changed the prompt, as Anthropic reports them
+    # ({"type", "cleared_input_tokens", "cleared_thinking_turns" | "cleared_tool_uses"}).
+    applied_edits: list[dict[str, Any]] = field(default_factory=list)
 
 
 # `hung` is the daemon's own: it ends the requests of a runner that stopped making progress.
@@ -335,6 +338,13 @@ class Generate:
     # Tokens of reasoning at most (Anthropic's thinking.budget_tokens): past them the runner
     # writes the think block's end marker (exod.runner.serving.think_budget). None: unbounded.
     think_budget: int | None = None
+    # The fields' names as the client spelled them, where its dialect's differ from these
+    # fields' (`messages` is Responses' `input`, `tools[2].function.parameters` Anthropic's
+    # `tools[3].input_schema`): the runner's errors name what the client sent.
+    names: dict[str, str] = field(default_factory=dict)
+    # Edits of the conversation before it reaches the template, applied by the runner, which
+    # counts tokens (exod.core.context_edits: Anthropic's context_management).
+    context_edits: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # What the runner reads of every turn without looking further; the rest (tool calls)
@@ -345,6 +355,10 @@ class Generate:
                                     "content")
         if (self.tool_choice == "function") != (self.tool_name is not None):
             raise ProtocolError("generate.tool_name: set exactly when tool_choice is function")
+
+    def named(self, param: str) -> str:
+        """A field as the client named it (see `names`)."""
+        return self.names.get(param, param)
 
 
 @dataclass(frozen=True)

@@ -132,8 +132,9 @@ class Daemon:
                   **config}
         self.write_config(config)
         self.listener = NotifyListener(self.dir / "notify-manager.sock")
+        # Its state (the reasoning seal key) in its own folder, kept across its restarts.
         self.env = {**os.environ, "NOTIFY_SOCKET": str(self.listener.path), **DOUBLES_ENV,
-                    **(env or {})}
+                    "XDG_STATE_HOME": str(self.dir / "state"), **(env or {})}
         self.env.pop("EXOD_SOCKET", None)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pids_seen: set[int] = set()

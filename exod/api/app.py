@@ -30,7 +30,6 @@ import json
 import os
 import time
 from datetime import datetime, timezone
-from dataclasses import replace
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +40,7 @@ from exod.api import address, page
 from exod.api.dialects import anthropic_request as anthropic
 from exod.api.dialects import responses_request as responses
 from exod.api.dialects.anthropic_output import AnthropicOutput, CountOutput
-from exod.api.dialects.names import Origin
+from exod.api.dialects.output import Output
 from exod.api.dialects.responses_output import ResponsesOutput
 from exod.api.browser import PREFLIGHT_HEADERS, CorsPolicy, HostPolicy, is_json
 from exod.api.errors import (
@@ -54,13 +53,17 @@ from exod.api.errors import (
 from exod.api.guard import ConnectionGuard, GuardedSite
 from exod.api.httplog import quiet_logger
 from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from exod.api.schema import ModelLimits, parse_chat, parse_completion, with_think_budget
+from exod.api.ignored import header
+from exod.api.schema import GenRequest, ModelLimits, parse_chat, parse_completion
+from exod.api.seal import Sealer
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
+from exod.config.model_caps import Capabilities
 from exod.control_messages import ApiStatus
 from exod.api.view import Daemon
 from exod.config.schema import Api
 from exod.core.states import State
+from exod.paths import state_dir
 
 if TYPE_CHECKING:
     from exod.daemon.instance import InstanceRuntime
@@ -91,6 +94,8 @@ class ApiServer:
         self._runner: web.AppRunner | None = None
         self.serving = Serving(daemon)
         self.metrics = self.serving.metrics
+        # Reasoning handed to clients to send back (exod.api.seal); its key made on first use.
+        self.sealer = Sealer(state_dir() / "reasoning.key")
 
     @property
     def token(self) -> bool:
@@ -244,13 +249,24 @@ class ApiServer:
 
     async def _model_json(self, inst: InstanceRuntime) -> dict[str, Any]:
         """One instance in the shapes both OpenAI's and Anthropic's clients read (`object`,
-        `owned_by` / `type`, `display_name`, `created_at`), with its state and context window."""
+        `owned_by` / `type`, `display_name`, `created_at`), with its state, and what clients
+        size themselves by: the context window under the names clients read
+        (`context_length`, vLLM's `max_model_len`, Anthropic's `max_input_tokens` and
+        `max_tokens`) and capabilities (Anthropic's object; OpenRouter's
+        `supported_parameters`), from the model's files."""
         active, queued = self.sup.traffic.load(inst)
         created = datetime.fromtimestamp(self.started_wall, timezone.utc)
+        limits = await self._limits(inst)
+        caps = await self.sup.traffic.capabilities(inst)
+        most = min(x for x in (limits.context, limits.cap) if x is not None) \
+            if limits.context is not None or limits.cap is not None else None
         return {"id": inst.name, "object": "model", "created": self.started_wall,
                 "owned_by": "exod", "type": "model", "display_name": inst.name,
                 "created_at": created.isoformat().replace("+00:00", "Z"),
-                "state": inst.state.value, "context_length": (await self._limits(inst)).context,
+                "state": inst.state.value, "context_length": limits.context,
+                "max_model_len": limits.context, "max_input_tokens": limits.context,
+                "max_tokens": most, "capabilities": capabilities(caps),
+                "supported_parameters": supported_parameters(caps),
                 "active": active, "queued": queued}
 
     async def models(self, request: web.Request) -> web.Response:
@@ -268,45 +284,40 @@ class ApiServer:
 
     # ---- generation -------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self.serving.generate(request, parse_chat(await self._body(request)),
-                                           self._limits)
+        req = parse_chat(await self._body(request), self.cfg.strict_fields)
+        return await self._generate(request, "chat", req)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.serving.generate(
-            request, parse_completion(await self._body(request)), self._limits)
+        req = parse_completion(await self._body(request), self.cfg.strict_fields)
+        return await self._generate(request, "completion", req)
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        origins: list[Origin] = []
-        body = await self._body(request)
-        chat = anthropic.to_chat(body, origins=origins)
-        try:  # the core's errors name the fields the client sent (tools[0].input_schema)
-            req = parse_chat(chat)
-            req = with_think_budget(req, anthropic.think_budget(body), "thinking.budget_tokens")
-            return await self.serving.generate(request, req, self._limits,
-                                               AnthropicOutput(req.model))
-        except ApiError as e:
-            raise anthropic.renamed(e, origins) from None
+        req, view = anthropic.parse(await self._body(request), self.sealer,
+                                    self.cfg.strict_fields)
+        return await self._generate(request, "messages", req,
+                                    AnthropicOutput(req.model, view, self.sealer))
 
     async def count_tokens(self, request: web.Request) -> web.StreamResponse:
-        origins: list[Origin] = []
-        chat = anthropic.to_chat(await self._body(request), count_only=True, origins=origins)
-        try:
-            req = parse_chat(chat)
-            req = replace(req, gen=replace(req.gen, count_only=True, max_tokens=1))
-            return await self.serving.generate(request, req, self._limits, CountOutput())
-        except ApiError as e:
-            raise anthropic.renamed(e, origins) from None
+        req, _ = anthropic.parse(await self._body(request), self.sealer, self.cfg.strict_fields,
+                                 count_only=True)
+        return await self._generate(request, "messages", req, CountOutput())
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
-        origins: list[Origin] = []
-        chat = responses.to_chat(body, origins=origins)
+        req, view = responses.parse(body, self.sealer, self.cfg.strict_fields)
+        return await self._generate(request, "responses", req,
+                                    ResponsesOutput(req.model, body, view, self.sealer))
+
+    async def _generate(self, request: web.Request, dialect: str, req: GenRequest,
+                        out: Output | None = None) -> web.StreamResponse:
+        """Serve a checked request; what it ignored is counted, and named in the answer's
+        header (an error's too)."""
+        self.metrics.ignored.record(dialect, req.ignored)
         try:
-            req = parse_chat(chat)
-            return await self.serving.generate(request, req, self._limits,
-                                               ResponsesOutput(req.model, body))
+            return await self.serving.generate(request, req, self._limits, out)
         except ApiError as e:
-            raise responses.renamed(e, origins) from None
+            e.headers.update(header(req.ignored))
+            raise
 
     async def _body(self, request: web.Request) -> Any:
         """The JSON body: refused by its announced size before anything is read, read within
@@ -337,6 +348,34 @@ class ApiServer:
             return ModelLimits(info.vocab_size, info.context_length, cap, schema)
         vocab, context = await self.sup.traffic.size(inst)
         return ModelLimits(vocab, context, cap, schema)
+
+
+def capabilities(caps: Capabilities) -> dict[str, Any]:
+    """Anthropic's capability object (each `{supported}`), with `tools` beside its own keys;
+    null where the model's files do not tell."""
+    def yes(value: bool | None) -> dict[str, Any]:
+        return {"supported": value}
+    thinking = caps.thinking
+    return {"tools": yes(caps.tools), "structured_outputs": yes(True),
+            "thinking": {"supported": thinking,
+                         "types": {"enabled": yes(thinking), "adaptive": yes(thinking)}},
+            "effort": {"supported": thinking, **{e: yes(thinking) for e in (
+                "low", "medium", "high", "max")}},
+            "context_management": {"supported": True},
+            **{name: yes(False) for name in ("image_input", "pdf_input", "citations",
+                                             "code_execution", "batch")}}
+
+
+def supported_parameters(caps: Capabilities) -> list[str]:
+    """OpenRouter's list of the request fields a model takes (read by opencode and others)."""
+    out = ["max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed",
+           "logit_bias", "logprobs", "top_logprobs", "frequency_penalty", "presence_penalty",
+           "repetition_penalty", "response_format", "structured_outputs"]
+    if caps.tools:
+        out += ["tools", "tool_choice", "parallel_tool_calls"]
+    if caps.thinking:
+        out += ["reasoning", "include_reasoning"]
+    return out
 
 
 def parse_json(raw: bytes) -> Any:

@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exod import messages as m
+from exod.api.ignored import IgnoredFields
 from exod.api.view import Daemon
 from exod.core.ladder import Step
 from exod.core.states import State
@@ -48,6 +49,7 @@ class Metrics:
     def __init__(self, daemon: Daemon, load: Load) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.stats: dict[str, InstanceStats] = collections.defaultdict(InstanceStats)
+        self.ignored = IgnoredFields()
         self.ttft = Histogram(
             "exod_time_to_first_token_seconds", "From a request's arrival (queueing included) to "
             "its first generated text", ["instance"], buckets=TTFT_BUCKETS,
@@ -56,7 +58,7 @@ class Metrics:
             "exod_time_per_output_token_seconds", "Mean time between generated tokens, one "
             "observation per request that generated two tokens or more", ["instance"],
             buckets=TPOT_BUCKETS, registry=self.registry)
-        self.registry.register(LiveCollector(daemon, load, self.stats))
+        self.registry.register(LiveCollector(daemon, load, self.stats, self.ignored))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -101,10 +103,12 @@ class Meter:
 
 
 class LiveCollector(Collector):
-    def __init__(self, daemon: Daemon, load: Load, stats: dict[str, InstanceStats]) -> None:
+    def __init__(self, daemon: Daemon, load: Load, stats: dict[str, InstanceStats],
+                 ignored: IgnoredFields) -> None:
         self.daemon = daemon
         self.load = load
         self.stats = stats
+        self.ignored = ignored
 
     def collect(self) -> Iterator[Metric]:
         d = self.daemon
@@ -119,6 +123,12 @@ class LiveCollector(Collector):
                                   "that reloads refused", value=d.config_errors)
         yield from self._instances(list(d.ordered()))
         yield from self._requests()
+        ignored = CounterMetricFamily("exod_ignored_fields", "Request fields accepted and not "
+                                      "used (unknown, or naming a tool exod does not run), by "
+                                      "dialect and field path", labels=["dialect", "field"])
+        for (dialect, name), n in sorted(self.ignored.counts.items()):
+            ignored.add_metric([dialect, name], n)
+        yield ignored
 
     def _instances(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
         label = ["instance"]

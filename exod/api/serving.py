@@ -15,6 +15,7 @@ from loguru import logger
 from exod import messages as m
 from exod.api.errors import (ApiError, model_not_found, not_ready, queue_full, runner_error,
                              served_elsewhere)
+from exod.api.ignored import header
 from exod.api.metrics import Meter, Metrics
 from exod.api.dialects.output import OpenAiOutput, Output
 from exod.api.objects import SSE_HEADERS, Reply
@@ -114,17 +115,10 @@ async def _after(first: m.Event, rest: AsyncIterator[m.Event]) -> AsyncIterator[
 
 
 def too_large_for_runner(req: GenRequest, size: int) -> ApiError:
-    param = "messages" if req.gen.kind == "chat" else "prompt"
+    param = req.gen.named("messages") if req.gen.kind == "chat" else "prompt"
     return ApiError(413, f"The request is {size} bytes once encoded for the runner, more than "
                          f"the {MAX_FRAME >> 20} MiB a runner takes: shorten `{param}`.",
                     "invalid_request_error", "request_too_large", param)
-
-
-def _param(req: GenRequest, ev: m.Error) -> str | None:
-    """The field a runner named, as the client spelled it (`max_completion_tokens`...)."""
-    if ev.param == "max_tokens" and req.max_tokens_param is not None:
-        return req.max_tokens_param
-    return ev.param
 
 
 async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: Output) -> web.Response:
@@ -144,9 +138,10 @@ async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: Output) -
         elif isinstance(ev, m.Done):
             reply = Reply(req.gen.kind, req.model, logprobs=req.gen.logprobs)
             return web.json_response(out.whole(reply.whole(
-                "".join(parts), ev, calls, reasoning="".join(thoughts), logprobs=logprobs)))
+                "".join(parts), ev, calls, reasoning="".join(thoughts), logprobs=logprobs)),
+                headers=header(req.ignored))
         else:
-            raise runner_error(ev.code, ev.message, _param(req, ev))
+            raise runner_error(ev.code, ev.message, ev.param)
     raise AssertionError("unreachable: the event stream never ends")
 
 
@@ -158,8 +153,8 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
     while isinstance(first, m.Prefill) and first.total == 0:  # still being read (m.Prefill)
         first = await anext(events)
     if isinstance(first, m.Error):
-        raise runner_error(first.code, first.message, _param(req, first))
-    resp = web.StreamResponse(headers=SSE_HEADERS)
+        raise runner_error(first.code, first.message, first.param)
+    resp = web.StreamResponse(headers={**SSE_HEADERS, **header(req.ignored)})
     reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage,
                   logprobs=req.gen.logprobs)
     try:
@@ -186,7 +181,7 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
                 if req.include_usage:
                     await resp.write(out.chunk(reply.usage_chunk(ev)))
             else:
-                err = runner_error(ev.code, ev.message, _param(req, ev))
+                err = runner_error(ev.code, ev.message, ev.param)
                 meter.failed_code = err.status
                 logger.bind(instance=req.model).warning("stream ended by an error: {}",
                                                         err.message)

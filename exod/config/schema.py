@@ -453,6 +453,13 @@ class Api:
     )
     body_timeout: Duration = field(
         default=30.0, metadata=doc("a request body must arrive within this long", minimum=0.1))
+    strict_fields: bool = field(
+        default=False,
+        metadata=doc("refuse (400, naming it) a request field exod does not know; by default "
+                     "such a field is accepted and has no effect, and is logged once, counted "
+                     "in /metrics and named in the answer's x-exod-ignored-fields header, as "
+                     "new client versions keep adding fields"),
+    )
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from exod.config.model_caps import Capabilities, model_capabilities
 from exod.config.model_dir import model_limits
 from exod.core.states import State
 from exod.daemon.admission import Gate, QueueFull
@@ -84,6 +85,7 @@ class Lane:
     gate: Gate
     watch: HangWatch | None  # None: hang_after is never
     size: ModelSize | None = None  # from its config.json, read once
+    caps: Capabilities | None = None  # from its tokenizer files, once they tell
 
 
 class Traffic:
@@ -148,6 +150,17 @@ class Traffic:
         if lane.size is None:
             lane.size = await asyncio.to_thread(model_limits, inst.config.model)
         return lane.size
+
+    async def capabilities(self, inst: InstanceRuntime) -> Capabilities:
+        """What the model can do for a client (tools, thinking), from its tokenizer files,
+        off the loop; kept once they tell (a model named on the hub may not be there yet)."""
+        lane = self._lane(inst)
+        if lane.caps is None:
+            caps = await asyncio.to_thread(model_capabilities, inst.config.model)
+            if caps.tools is None:
+                return caps
+            lane.caps = caps
+        return lane.caps
 
     @contextlib.asynccontextmanager
     async def slot(self, inst: InstanceRuntime,

@@ -118,10 +118,9 @@ def test_chat_rejects_with_400_naming_the_param(body: object, param: str | None)
 
 def test_a_null_max_completion_tokens_is_a_field_not_set() -> None:
     req = parse_chat({**CHAT, "max_completion_tokens": None, "max_tokens": 2})
-    assert req.gen.max_tokens == 2 and req.max_tokens_param == "max_tokens"
+    assert req.gen.max_tokens == 2 and req.gen.named("max_tokens") == "max_tokens"
     req = parse_chat({**CHAT, "max_completion_tokens": 3, "max_tokens": 9})
-    assert req.gen.max_tokens == 3 and req.max_tokens_param == "max_completion_tokens"
-    assert parse_chat(CHAT).max_tokens_param is None
+    assert req.gen.max_tokens == 3 and req.gen.named("max_tokens") == "max_completion_tokens"
 
 
 def test_completion_prompt_forms() -> None:

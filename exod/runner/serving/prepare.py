@@ -18,6 +18,7 @@ from typing import Any
 import mlx.core as mx
 
 from exod import messages as m
+from exod.core import context_edits
 from exod.core import request_rules as rules
 from exod.core.request_rules import RequestError
 from exod.runner.serving import model_checks, tool_calls
@@ -44,8 +45,17 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]],
     if getattr(tokenizer, "has_chat_template", True):
         extra = rules.chat_template_kwargs(template_kwargs or None)
         # The tools go to the model's own template, which knows how the model wants them.
-        tokens = tokenizer.apply_chat_template(messages, tools=tools or None,
-                                               add_generation_prompt=True, **extra)
+        try:
+            tokens = tokenizer.apply_chat_template(messages, tools=tools or None,
+                                                   add_generation_prompt=True, **extra)
+        except Exception:
+            # Many templates take a system turn only first (Qwen's raise on one elsewhere),
+            # where agents put theirs anywhere: such turns join the leading one.
+            first = context_edits.system_first(messages)
+            if first is messages:
+                raise
+            tokens = tokenizer.apply_chat_template(first, tools=tools or None,
+                                                   add_generation_prompt=True, **extra)
         return [int(t) for t in tokens]
     # No template in the model: plain "role: content" lines, then the assistant's turn.
     text = "".join(f"{msg['role']}: {msg['content']}\n" for msg in messages) + "assistant: "
@@ -53,25 +63,34 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]],
 
 
 def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
+    return edited_prompt(tokenizer, req)[0]
+
+
+def edited_prompt(tokenizer: Any, req: m.Generate) -> tuple[list[int], list[dict[str, Any]]]:
+    """The prompt's tokens, after the request's context edits, and the edits that applied."""
+    applied: list[dict[str, Any]] = []
     if req.kind == "chat":
+        def count(messages: list[dict[str, Any]]) -> int:
+            return len(chat_prompt(tokenizer, messages, req.tools, req.chat_template_kwargs))
         try:
-            tokens = chat_prompt(tokenizer, req.messages or [], req.tools,
-                                 req.chat_template_kwargs)
+            messages, applied = context_edits.apply(req.messages or [], req.context_edits,
+                                                    count)
+            tokens = chat_prompt(tokenizer, messages, req.tools, req.chat_template_kwargs)
         except RequestError:
             raise
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
-            raise RequestError(f"{type(e).__name__}: {e}", "messages") from e
+            raise RequestError(f"{type(e).__name__}: {e}", req.named("messages")) from e
     else:
         text = req.prompt or ""
         # BOS as the model wants it, unless the text already starts with it (as mlx-lm does).
         bos = getattr(tokenizer, "bos_token", None)
         tokens = list(tokenizer.encode(text, add_special_tokens=bos is None
                                        or not text.startswith(bos))) if text else []
-    return [int(t) for t in tokens]
+    return [int(t) for t in tokens], applied
 
 
 def prompt_param(req: m.Generate) -> str:
-    return "messages" if req.kind == "chat" else "prompt"
+    return req.named("messages") if req.kind == "chat" else "prompt"
 
 
 @dataclass(frozen=True)
@@ -95,7 +114,7 @@ def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
     off the thread that runs mlx."""
     fmt = tool_calls.ToolFormat.of(tokenizer)
     tool_calls.check(fmt, req)
-    prompt = prompt_tokens(tokenizer, req)
+    prompt, applied = edited_prompt(tokenizer, req)
     rules.prompt_ids(prompt, vocab, prompt_param(req))
     max_tokens = rules.fit_window(len(prompt), rules.max_tokens(req.max_tokens), window,
                                   prompt_param(req))
@@ -106,7 +125,7 @@ def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
         enabled = (req.chat_template_kwargs or {}).get("enable_thinking") is not False
         thinking = Thinking.of(markers, opens_thinking(prompt, markers), enabled, max_tokens,
                                rules.think_budget(req.think_budget))
-    return Prompt(prompt, max_tokens, constraint(grammars, fmt, req, thinking), strict)
+    return Prompt(prompt, max_tokens, constraint(grammars, fmt, req, thinking), strict, applied)
 
 
 def args_check(grammars: Grammars | None, req: m.Generate) -> ArgsCheck | None:
@@ -117,7 +136,7 @@ def args_check(grammars: Grammars | None, req: m.Generate) -> ArgsCheck | None:
     if grammars is None:
         raise RequestError("`strict` tools need the grammar engine, which this engine lacks",
                            "tools")
-    return ArgsCheck(req.tools, req.strict_tools, grammars.limits)
+    return ArgsCheck(req.tools, req.strict_tools, grammars.limits, req.named)
 
 
 def constraint(grammars: Grammars | None, fmt: tool_calls.ToolFormat | None,
@@ -129,7 +148,7 @@ def constraint(grammars: Grammars | None, fmt: tool_calls.ToolFormat | None,
         return None
     if grammars is None:
         raise RequestError("constrained decoding is not available on this engine",
-                           "tool_choice" if forced else "response_format")
+                           "tool_choice" if forced else req.named("response_format"))
     if thinking is not None and not grammars.special(thinking.start, thinking.end):
         thinking = None  # markers the engine reads as text: it could not keep them apart
     if forced:
@@ -139,7 +158,7 @@ def constraint(grammars: Grammars | None, fmt: tool_calls.ToolFormat | None,
             else thinking.before(tool_calls.forced_grammar(fmt, req, literal, top="answer"))
         return grammars.compile(grammar, "tools")
     assert req.response_format is not None
-    return grammars.json_schema(req.response_format, thinking)
+    return grammars.json_schema(req.response_format, thinking, req.named)
 
 
 def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
