@@ -358,7 +358,8 @@ class Hub:
     cache: Path | None = field(
         default=None,
         metadata=doc("huggingface_hub cache folder models are fetched into; default: "
-                     "$HF_HUB_CACHE, else the service's state directory (StateDirectory=, "
+                     "$HF_HUB_CACHE, else $HF_HOME/hub (as huggingface_hub reads them, root's "
+                     "too), else the service's state directory (StateDirectory=, "
                      "/var/lib/exod/hub as root), else the user's own cache (~/.cache/"
                      "huggingface/hub), shared with mlx-lm"))
     offline: bool = field(

@@ -19,7 +19,10 @@ from exod.core.states import State
 from exod.daemon.instance import InstanceRuntime
 from exod.hub import cache as hc
 from exod.hub import ref as hub_ref
+from exod.hub.fetch import Job
+from exod.hub.fetch import main as fetch_main
 from exod.hub.files import disk_problem, progress_text, wanted
+from exod.hub.link import Link
 from exod.hub.verify import digest
 from tests.unit.fakes import ASK, FakeSeam
 
@@ -59,6 +62,8 @@ def test_default_cache_user_shares_hf_system_keeps_its_own() -> None:
         "/var/lib/exod/hub")
     assert hc.default_cache({}, 0) == Path("/var/lib/exod/hub")
     assert hc.default_cache({"HF_HUB_CACHE": "/c", "STATE_DIRECTORY": "/s"}, 0) == Path("/c")
+    # An explicit HF_HOME is meant, root's in a terminal too (as huggingface_hub reads it).
+    assert hc.default_cache({"HF_HOME": "/h"}, 0) == Path("/h/hub")
 
 
 # ---- files and progress -------------------------------------------------------------------
@@ -134,6 +139,29 @@ def test_a_snapshot_is_cached_once_recorded_and_checked_until_a_file_changes(
     assert (entry.repo, entry.revisions, entry.commits) == ("org/tiny", {"main": COMMIT},
                                                              (COMMIT,))
     assert hc.remove(tmp_path, REF) and not hc.remove(tmp_path, REF)
+
+
+def test_a_snapshot_of_plain_files_is_taken_offline_as_mlx_lm_would_load_it(
+        tmp_path: Path) -> None:
+    """A cache copied with its links followed (`cp -rL`), or made on a file system without
+    links: the snapshot holds plain files. Offline, exod takes them as they are (no hub to tell
+    their hashes), records them, and starts from them after."""
+    linked, plain = tmp_path / "linked", tmp_path / "plain"
+    put(linked, "config.json", b"{}", False)
+    put(linked, "model.safetensors", b"w" * 100, True)
+    hc.write_ref(linked, REF, COMMIT)
+    subprocess.run(["cp", "-rL", str(linked), str(plain)], check=True)
+    snap = hc.snapshot_dir(plain, REF, COMMIT)
+    assert not (snap / "model.safetensors").is_symlink()
+    assert hc.cached(plain, REF) is None  # nothing exod recorded yet
+    job = Job(REF, plain, True, False, COMMIT, Link(None))
+    assert fetch_main(job) == 0
+    assert hc.cached(plain, REF) == hc.Cached(snap, COMMIT, 102, True)
+    (entry,) = hc.entries(plain)
+    assert entry.size == 2 * 102  # the blobs, and the snapshot's plain files
+    (snap / "config.json").unlink()  # gone: it cannot be fetched offline, and says so
+    assert hc.cached(plain, REF) is None
+    assert fetch_main(job) == EXIT_UNAVAILABLE
 
 
 # ---- downloads through the fake seam -------------------------------------------------------
