@@ -321,6 +321,7 @@ class CachedModel:
     size_bytes: int
     partial_bytes: int  # of unfinished downloads
     instances: list[ModelUser]
+    last_use: float | None = None  # epoch seconds: a request served, a start or a fetch
 
 
 @dataclass(frozen=True)
@@ -376,10 +377,16 @@ class LineEvent:
 
 @dataclass(frozen=True)
 class DownloadEvent:
-    """A pull's progress, e.g. `downloading 1.2 of 4.5 GB (27%, 38 MB/s)`."""
+    """A pull's progress, e.g. `downloading 1.2 of 4.5 GB (27%, 38 MB/s)`, and its figures (a
+    client draws its own bar from them): `phase` is `starting` (no size known yet),
+    `downloading`, `verifying` (the hub's hashes) or `waiting` (a retry in backoff)."""
 
     type: ClassVar[str] = "download"
     detail: str
+    phase: str = "starting"
+    done_bytes: int = 0
+    total_bytes: int = 0
+    bytes_per_s: int | None = None
 
 
 Event = ProgressEvent | SnapshotEvent | LineEvent | DownloadEvent

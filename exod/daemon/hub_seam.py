@@ -60,11 +60,13 @@ class HubSeam:
             found = hub_cache.cached(self.hub_cache, inst.config.hub)
             if found is None or not found.checked:
                 return False
+            hub_cache.touch(self.hub_cache, inst.config.hub, found.commit)
             self.use_model(inst, found.path)
         if inst.config.draft_hub is not None:
             found = hub_cache.cached(self.hub_cache, inst.config.draft_hub)
             if found is None or not found.checked:
                 return False
+            hub_cache.touch(self.hub_cache, inst.config.draft_hub, found.commit)
             inst.config = dataclasses.replace(inst.config, draft_model=found.path)
         return True
 

@@ -93,6 +93,7 @@ class Traffic:
         self.daemon = daemon
         self.lanes: dict[InstanceRuntime, Lane] = {}
         self.on_demand = OnDemand(daemon, self.gate_of)
+        self.last_request: dict[str, float] = {}  # instance → when it last served one
 
     def gate_of(self, inst: InstanceRuntime) -> Gate | None:
         lane = self.lanes.get(inst)
@@ -187,6 +188,7 @@ class Traffic:
             yield link
         finally:
             gate.leave()
+            self.last_request[inst.name] = self.daemon.now()
             if inst.config.on_demand:
                 self.on_demand.finished(inst, keep_alive)
 

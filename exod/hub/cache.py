@@ -161,6 +161,14 @@ def cached(cache: Path, ref: HubRef) -> Cached | None:
     return Cached(snap, commit, manifest.size, checked)
 
 
+def touch(cache: Path, ref: HubRef, commit: str) -> None:
+    """An instance starts from this snapshot: its record's time is its last use."""
+    try:
+        os.utime(manifest_path(cache, ref, commit))
+    except OSError:
+        pass  # a read-only cache: the last use stays the last fetch
+
+
 @dataclass(frozen=True)
 class Entry:
     """One repository in the cache, as `exoctl models` lists it."""
@@ -170,6 +178,14 @@ class Entry:
     commits: tuple[str, ...]
     size: int  # bytes of its blobs, partial downloads included
     partial: int  # bytes of unfinished downloads
+    last_use: float | None = None  # when exod last fetched it or started from it (epoch s)
+
+
+def _last_use(folder: Path) -> float | None:
+    try:
+        return max((p.stat().st_mtime for p in (folder / "exod").glob("*.json")), default=None)
+    except OSError:
+        return None
 
 
 def _blob_sizes(folder: Path) -> tuple[int, int]:
@@ -218,7 +234,7 @@ def entries(cache: Path) -> list[Entry]:
         except OSError:
             commits = ()
         size, partial = _blob_sizes(folder)
-        out.append(Entry(repo, revisions, commits, size, partial))
+        out.append(Entry(repo, revisions, commits, size, partial, _last_use(folder)))
     return out
 
 

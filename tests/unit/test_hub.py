@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from exod import control_messages as cm
 from exod import messages as m
+from exod.cli.pull_view import PullView
 from exod.config.schema import Instance
 from exod.core.exits import EXIT_TEMPFAIL, EXIT_UNAVAILABLE
 from exod.core.shards import pipeline_shards
@@ -305,3 +307,28 @@ def test_the_token_file_must_be_private_and_no_child_inherits_a_token(tmp_path: 
     assert loaded.instances["a"].hub == REF
     env = runner_env({"HF_TOKEN": "x", "HUGGING_FACE_HUB_TOKEN": "y", "PATH": "/bin"}, {})
     assert env == {"PATH": "/bin"}
+
+
+def test_exoctl_pull_draws_its_steps_as_ollama_pull_does() -> None:
+    def ev(phase: str, done: int = 0, total: int = 0, rate: int | None = None,
+           detail: str = "") -> cm.DownloadEvent:
+        return cm.DownloadEvent(detail, phase, done, total, rate)
+
+    tty = PullView("org/tiny", tty=True)
+    tty.event(ev("starting"))
+    tty.event(ev("downloading", 1_200_000_000, 4_500_000_000, 38_000_000))
+    assert tty.take() == (
+        "\r\033[Kpulling manifest\n\r\033[Kpulling org/tiny:  26% ▕████            ▏ "
+        "1.2/4.5 GB 38.0 MB/s 1m27s")
+    tty.event(ev("downloading", 4_500_000_000, 4_500_000_000))
+    tty.event(ev("verifying", 4_500_000_000, 4_500_000_000))
+    tty.finish(ok=True)
+    assert tty.take().endswith("\n\r\033[Kverifying sha256 digest 100% ▕████████████████▏\n"
+                               "success\n")
+    plain = PullView("org/tiny", tty=False)  # a pipe: each step's last line, once
+    for e in (ev("starting"), ev("downloading", 1, 10), ev("downloading", 10, 10),
+              ev("waiting", detail="downloading: stalled; retry 2 in 8s")):
+        plain.event(e)
+    plain.finish(ok=False)
+    assert plain.take() == ("pulling manifest\npulling org/tiny: 100% ▕████████████████▏ "
+                            "10/10 B\ndownloading: stalled; retry 2 in 8s\n")
