@@ -1,6 +1,7 @@
 """The HTTP server (aiohttp, inside the daemon's event loop) and its routes.
 
-    GET  /                     the status page (static HTML: no data, no token needed)
+    GET  /                     the status page to a browser (static HTML: no data, no token
+                               needed), "Ollama is running" to others (HEAD too)
     GET  /status.json          what the status page shows (exod.api.page)
     GET  /health               the daemon is alive (never needs the token)
     GET  /ready                200 when every autostart instance is ready, else 503 naming them
@@ -12,13 +13,14 @@
     POST /v1/messages          Anthropic Messages (exod.api.dialects: an adapter over chat)
     POST /v1/messages/count_tokens
     POST /v1/responses         OpenAI Responses, stateless (an adapter over chat)
+    /api/*                     Ollama's API (exod.api.ollama)
 
 A request goes to an instance only while it is `ready` (for a multi-rank instance: every rank
 is; an on-demand instance is started by the request, which waits in the queue while it loads),
 through the instance's admission gate, to its rank 0 over the runner's link (exod.api.serving).
-Errors use
-OpenAI's JSON shape. A client that disconnects cancels its handler (handler_cancellation), and
-that cancels the generation in the runner.
+Errors use OpenAI's JSON shape (Anthropic's and Ollama's under their paths). A client that
+disconnects cancels its handler (handler_cancellation), and that cancels the generation in the
+runner.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from exod.api.ignored import header
 from exod.api.schema import GenRequest, ModelLimits, parse_chat, parse_completion
 from exod.api.seal import Sealer
+from exod.api.ollama.manage import OllamaManage
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
 from exod.config.model_caps import Capabilities
@@ -96,6 +99,7 @@ class ApiServer:
         self.metrics = self.serving.metrics
         # Reasoning handed to clients to send back (exod.api.seal); its key made on first use.
         self.sealer = Sealer(state_dir() / "reasoning.key")
+        self.ollama = OllamaManage(self)
 
     @property
     def token(self) -> bool:
@@ -115,7 +119,7 @@ class ApiServer:
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/metrics", self.scrape)
-        app.router.add_get("/", page.index)
+        self.ollama.add_routes(app.router)  # `/` too: the status page, or Ollama's words
         app.router.add_get("/status.json", self.status_json)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
@@ -388,8 +392,11 @@ def parse_json(raw: bytes) -> Any:
 
 
 def error_response(e: ApiError, path: str = "") -> web.Response:
-    """In the shape of the dialect the path speaks: Anthropic's under /v1/messages."""
+    """In the shape of the dialect the path speaks: Anthropic's under /v1/messages, Ollama's
+    (`{"error": TEXT}`, which its clients raise with the status) under /api/."""
     if path == "/v1/messages" or path.startswith("/v1/messages/"):
         return web.json_response(anthropic.error_body(e), status=anthropic.error_status(e),
                                  headers=e.headers)
+    if path.startswith("/api/"):
+        return web.json_response({"error": e.message}, status=e.status, headers=e.headers)
     return web.json_response(e.body(), status=e.status, headers=e.headers)

@@ -12,10 +12,12 @@ import contextlib
 import math
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from exod.config.model_caps import Capabilities, model_capabilities
 from exod.config.model_dir import model_limits
+from exod.config.model_facts import ModelFacts, model_facts
 from exod.core.states import State
 from exod.daemon.admission import Gate, QueueFull
 from exod.daemon.hang import HangWatch
@@ -86,6 +88,7 @@ class Lane:
     watch: HangWatch | None  # None: hang_after is never
     size: ModelSize | None = None  # from its config.json, read once
     caps: Capabilities | None = None  # from its tokenizer files, once they tell
+    facts: tuple[Path, ModelFacts] | None = None  # of its files, once they are there
 
 
 class Traffic:
@@ -162,6 +165,17 @@ class Traffic:
                 return caps
             lane.caps = caps
         return lane.caps
+
+    async def facts(self, inst: InstanceRuntime, model_dir: Path) -> ModelFacts:
+        """What Ollama's clients are told of the model's files (exod.config.model_facts),
+        read off the loop once per runtime and folder (a hub model's folder is its snapshot)."""
+        lane = self._lane(inst)
+        if lane.facts is not None and lane.facts[0] == model_dir:
+            return lane.facts[1]
+        facts = await asyncio.to_thread(model_facts, model_dir)
+        if facts.size:
+            lane.facts = (model_dir, facts)
+        return facts
 
     @contextlib.asynccontextmanager
     async def slot(self, inst: InstanceRuntime,
