@@ -58,6 +58,7 @@ from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from exod.api.ignored import header
 from exod.api.schema import GenRequest, ModelLimits, parse_chat, parse_completion
 from exod.api.seal import Sealer
+from exod.api.ollama.generate import OllamaGenerate
 from exod.api.ollama.manage import OllamaManage
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
@@ -100,6 +101,7 @@ class ApiServer:
         # Reasoning handed to clients to send back (exod.api.seal); its key made on first use.
         self.sealer = Sealer(state_dir() / "reasoning.key")
         self.ollama = OllamaManage(self)
+        self.ollama_generate = OllamaGenerate(self)
 
     @property
     def token(self) -> bool:
@@ -120,6 +122,7 @@ class ApiServer:
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/metrics", self.scrape)
         self.ollama.add_routes(app.router)  # `/` too: the status page, or Ollama's words
+        self.ollama_generate.add_routes(app.router)
         app.router.add_get("/status.json", self.status_json)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
@@ -260,7 +263,7 @@ class ApiServer:
         `supported_parameters`), from the model's files."""
         active, queued = self.sup.traffic.load(inst)
         created = datetime.fromtimestamp(self.started_wall, timezone.utc)
-        limits = await self._limits(inst)
+        limits = await self.limits(inst)
         caps = await self.sup.traffic.capabilities(inst)
         most = min(x for x in (limits.context, limits.cap) if x is not None) \
             if limits.context is not None or limits.cap is not None else None
@@ -288,42 +291,43 @@ class ApiServer:
 
     # ---- generation -------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        req = parse_chat(await self._body(request), self.cfg.strict_fields)
-        return await self._generate(request, "chat", req)
+        req = parse_chat(await self.body(request), self.cfg.strict_fields)
+        return await self.generate(request, "chat", req)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        req = parse_completion(await self._body(request), self.cfg.strict_fields)
-        return await self._generate(request, "completion", req)
+        req = parse_completion(await self.body(request), self.cfg.strict_fields)
+        return await self.generate(request, "completion", req)
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        req, view = anthropic.parse(await self._body(request), self.sealer,
+        req, view = anthropic.parse(await self.body(request), self.sealer,
                                     self.cfg.strict_fields)
-        return await self._generate(request, "messages", req,
+        return await self.generate(request, "messages", req,
                                     AnthropicOutput(req.model, view, self.sealer))
 
     async def count_tokens(self, request: web.Request) -> web.StreamResponse:
-        req, _ = anthropic.parse(await self._body(request), self.sealer, self.cfg.strict_fields,
+        req, _ = anthropic.parse(await self.body(request), self.sealer, self.cfg.strict_fields,
                                  count_only=True)
-        return await self._generate(request, "messages", req, CountOutput())
+        return await self.generate(request, "messages", req, CountOutput())
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
+        body = await self.body(request)
         req, view = responses.parse(body, self.sealer, self.cfg.strict_fields)
-        return await self._generate(request, "responses", req,
+        return await self.generate(request, "responses", req,
                                     ResponsesOutput(req.model, body, view, self.sealer))
 
-    async def _generate(self, request: web.Request, dialect: str, req: GenRequest,
-                        out: Output | None = None) -> web.StreamResponse:
+    async def generate(self, request: web.Request, dialect: str, req: GenRequest,
+                        out: Output | None = None,
+                        keep_alive: float | None = None) -> web.StreamResponse:
         """Serve a checked request; what it ignored is counted, and named in the answer's
         header (an error's too)."""
         self.metrics.ignored.record(dialect, req.ignored)
         try:
-            return await self.serving.generate(request, req, self._limits, out)
+            return await self.serving.generate(request, req, self.limits, out, keep_alive)
         except ApiError as e:
             e.headers.update(header(req.ignored))
             raise
 
-    async def _body(self, request: web.Request) -> Any:
+    async def body(self, request: web.Request) -> Any:
         """The JSON body: refused by its announced size before anything is read, read within
         api.body_timeout, and parsed only once admitted among BODY_SLOTS."""
         size = request.content_length
@@ -342,7 +346,7 @@ class ApiServer:
                 return await asyncio.to_thread(parse_json, raw)
             return parse_json(raw)
 
-    async def _limits(self, inst: InstanceRuntime) -> ModelLimits:
+    async def limits(self, inst: InstanceRuntime) -> ModelLimits:
         """The model's vocabulary and context window, as rank 0 reported them once loaded,
         else from its config.json (as the daemon read it once per instance); and the
         instance's max_tokens_cap."""

@@ -18,7 +18,7 @@ from exod.api.errors import (ApiError, model_not_found, not_ready, queue_full, r
 from exod.api.ignored import header
 from exod.api.metrics import Meter, Metrics
 from exod.api.dialects.output import OpenAiOutput, Output
-from exod.api.objects import SSE_HEADERS, Reply
+from exod.api.objects import Reply
 from exod.api.tool_output import streamed_call, whole_call
 from exod.api.schema import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import Daemon
@@ -51,15 +51,18 @@ class Serving:
 
     # ---- one request ------------------------------------------------------------------------
     async def generate(self, request: web.Request, req: GenRequest, limits: Limits,
-                       out: Output | None = None) -> web.StreamResponse:
+                       out: Output | None = None,
+                       keep_alive: float | None = None) -> web.StreamResponse:
         """Serve one request; `out`: the dialect its answer is rendered in (OpenAI's chat
-        completions by default, see exod.api.dialects)."""
+        completions by default, see exod.api.dialects); `keep_alive`: the idle window it asks
+        for once it ends (Ollama's, exod.core.keep_alive)."""
         inst = self.sup.serving(req.model)
         known = inst is not None  # no label for any name a client sends
         meter = self.metrics.meter(inst.name if inst is not None else req.model)
         status = 499  # the client left (its handler was cancelled)
         try:
-            resp = await self._admitted(request, req, meter, limits, out or OpenAiOutput())
+            resp = await self._admitted(request, req, meter, limits, out or OpenAiOutput(),
+                                        keep_alive)
             status = resp.status
             return resp
         except ApiError as e:
@@ -73,12 +76,13 @@ class Serving:
                 meter.finish(status)
 
     async def _admitted(self, request: web.Request, req: GenRequest, meter: Meter,
-                        limits: Limits, out: Output) -> web.StreamResponse:
+                        limits: Limits, out: Output,
+                        keep_alive: float | None) -> web.StreamResponse:
         try:
             inst = self.traffic.find(req.model)
             req = apply_limits(req, await limits(inst))
             req = with_template_defaults(req, inst.config.chat_template_kwargs)
-            async with self.traffic.slot(inst) as link:
+            async with self.traffic.slot(inst, keep_alive) as link:
                 try:
                     stream = link.open(req.gen)
                 except TooLarge as e:
@@ -154,7 +158,7 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
         first = await anext(events)
     if isinstance(first, m.Error):
         raise runner_error(first.code, first.message, first.param)
-    resp = web.StreamResponse(headers={**SSE_HEADERS, **header(req.ignored)})
+    resp = web.StreamResponse(headers={**out.stream_headers, **header(req.ignored)})
     reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage,
                   logprobs=req.gen.logprobs)
     try:

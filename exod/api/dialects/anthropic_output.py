@@ -20,6 +20,7 @@ from typing import Any
 from exod import messages as m
 from exod.api.dialects.anthropic_request import View, error_body
 from exod.api.errors import ApiError
+from exod.api.objects import SSE_HEADERS
 from exod.api.seal import Sealer
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -49,6 +50,8 @@ def tool_input(arguments: str) -> dict[str, Any]:
 
 
 class AnthropicOutput:
+    stream_headers = SSE_HEADERS
+
     def __init__(self, model: str, view: View | None = None,
                  sealer: Sealer | None = None) -> None:
         self.model = model
@@ -199,6 +202,8 @@ class CountOutput:
     """`/v1/messages/count_tokens`: the prompt's exact length after the chat template, from a
     request the runner reads (template, tokens, checks) and answers without generating; with
     the length before its context edits, when one applied."""
+
+    stream_headers = SSE_HEADERS
 
     def __init__(self) -> None:
         self.applied: list[dict[str, Any]] = []

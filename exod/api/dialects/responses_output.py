@@ -27,6 +27,7 @@ from typing import Any
 from exod import messages as m
 from exod.api.dialects.responses_request import View
 from exod.api.errors import ApiError
+from exod.api.objects import SSE_HEADERS
 from exod.api.seal import Sealer
 
 
@@ -70,6 +71,8 @@ def _part(item: _Item, text: str) -> dict[str, Any]:
 
 
 class ResponsesOutput:
+    stream_headers = SSE_HEADERS
+
     def __init__(self, model: str, body: dict[str, Any], view: View | None = None,
                  sealer: Sealer | None = None) -> None:
         self.model = model

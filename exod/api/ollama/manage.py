@@ -36,7 +36,7 @@ from exod.hub import ref as hub_ref
 from exod.hub.ref import HubRef
 
 if TYPE_CHECKING:
-    from exod.api.app import ApiServer
+    from exod.api.ollama.host import Host
     from exod.daemon.instance import InstanceRuntime
 
 NDJSON = "application/x-ndjson"
@@ -74,7 +74,7 @@ def model_field(raw: Any, kind: str) -> tuple[str, dict[str, Any], tuple[str, ..
 
 
 class OllamaManage:
-    def __init__(self, api: ApiServer) -> None:
+    def __init__(self, api: Host) -> None:
         self.api = api
         self.sup = api.sup
 
@@ -111,13 +111,13 @@ class OllamaManage:
         return web.json_response({"models": models})
 
     async def show(self, request: web.Request) -> web.Response:
-        name, _, ignored = model_field(await self.api._body(request), "show")
+        name, _, ignored = model_field(await self.api.body(request), "show")
         inst = self._instance(name)
         facts = await self._facts(inst)
         caps = await self.sup.traffic.capabilities(inst)
         model_dir = await asyncio.to_thread(self.sup.model_dir, inst)
         template = await asyncio.to_thread(chat_template, model_dir) if model_dir else None
-        limits = await self.api._limits(inst)
+        limits = await self.api.limits(inst)
         source = str(inst.config.hub) if inst.config.hub is not None else str(inst.config.model)
         return web.json_response(objects.show(facts, caps, template, source, limits.context),
                                  headers=header(ignored))
@@ -132,7 +132,7 @@ class OllamaManage:
             facts = await self._facts(inst)
             due = self.sup.traffic.on_demand.stops_at(inst)
             left = objects.FOREVER if math.isinf(due) else max(0.0, due - now)
-            limits = await self.api._limits(inst)
+            limits = await self.api.limits(inst)
             models.append(objects.running(inst.name, facts, inst.memory_need or facts.size,
                                           wall + left, limits.context,
                                           unified=sys.platform == "darwin"))
@@ -167,7 +167,7 @@ class OllamaManage:
         return inst.config.hub
 
     async def pull(self, request: web.Request) -> web.StreamResponse:
-        name, body, ignored = model_field(await self.api._body(request), "pull")
+        name, body, ignored = model_field(await self.api.body(request), "pull")
         stream = rules.flag(body.get("stream"), "stream", True)
         ref = self._repository(name, "pull")
         steps = hub_commands.follow(self.sup, ref)
@@ -198,7 +198,7 @@ class OllamaManage:
         return resp
 
     async def delete(self, request: web.Request) -> web.Response:
-        name, _, ignored = model_field(await self.api._body(request), "delete")
+        name, _, ignored = model_field(await self.api.body(request), "delete")
         ref = self._repository(name, "delete")
         try:
             removed = await hub_commands.remove_repo(self.sup, ref)
@@ -214,7 +214,7 @@ class OllamaManage:
     async def embed(self, request: web.Request) -> web.Response:
         """exod serves no embeddings yet: answered as Ollama answers for a model without the
         capability (an unknown model is a 404 first)."""
-        raw = await self.api._body(request)
+        raw = await self.api.body(request)
         name = http(rules.model)(raw.get("model") if isinstance(raw, dict) else None)
         inst = self._instance(name)
         raise bad_request(f'"{inst.name}" does not support embeddings', "model")
