@@ -168,7 +168,7 @@ class OllamaManage:
 
     async def pull(self, request: web.Request) -> web.StreamResponse:
         name, body, ignored = model_field(await self.api.body(request), "pull")
-        stream = rules.flag(body.get("stream"), "stream", True)
+        stream = http(rules.flag)(body.get("stream"), "stream", True)
         ref = self._repository(name, "pull")
         steps = hub_commands.follow(self.sup, ref)
         if not stream:
