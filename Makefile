@@ -57,9 +57,10 @@ $(VENV)/.run-deps: pyproject.toml scripts/system-deps.sh
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
+# The tests cover the optional extras too (vision: mlx-vlm), so the test set-up installs them.
 $(VENV)/.test-deps: $(VENV)/.run-deps
 	scripts/system-deps.sh test
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,vision]'
 	touch $@
 
 # A Python from anywhere will do (pyenv or uv under a home directory too): `exod install` binds

@@ -27,16 +27,18 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from exod.core import images
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 15  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 16  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
 # 11: Serving's speculative decoding counts; 12: Done.reasoning_tokens;
 # 13: Generate.think_budget; 14: Generate.names and context_edits, Done.applied_edits;
-# 15: Generate.context_window
+# 15: Generate.images and content parts (exod.core.images)
+# 16: Generate.context_window
 
 
 class Phase(str, enum.Enum):
@@ -294,6 +296,20 @@ ToolChoice = Literal["none", "auto", "required", "function"]
 
 
 @dataclass(frozen=True)
+class Image:
+    """An image of a request, as the client sent it: its bytes in base64 (the frame is JSON).
+    No media type: the runner tells the format from the bytes, never from a label. Capped in
+    size here (exod.core.images); its pixels are checked in the runner."""
+
+    data: str
+
+    def __post_init__(self) -> None:
+        if len(self.data) > images.encoded_size_bound(images.MAX_IMAGE_BYTES):
+            raise ProtocolError(f"generate.images: an image larger than "
+                                f"{images.MAX_IMAGE_BYTES >> 20} MiB")
+
+
+@dataclass(frozen=True)
 class Generate:
     """One generation (fields checked by exod.core.request_rules in the daemon before they get
     here, and again in the runner)."""
@@ -346,6 +362,9 @@ class Generate:
     # Edits of the conversation before it reaches the template, applied by the runner, which
     # counts tokens (exod.core.context_edits: Anthropic's context_management).
     context_edits: list[dict[str, Any]] = field(default_factory=list)
+    # The pictures the messages show, each placed once by an image part of a content
+    # (exod.core.images): only a chat's, and only for a model that sees.
+    images: list[Image] = field(default_factory=list)
     # This request's own context window, within the model's (Ollama's `options.num_ctx`): a
     # prompt that fills it is refused, a generation that would pass it ends there. None: the
     # model's.
@@ -353,11 +372,24 @@ class Generate:
 
     def __post_init__(self) -> None:
         # What the runner reads of every turn without looking further; the rest (tool calls)
-        # goes to the chat template as the API checked it.
+        # goes to the chat template as the API checked it. A content is text, or with images
+        # a list of text and image parts.
         for msg in self.messages or []:
-            if not (isinstance(msg.get("role"), str) and isinstance(msg.get("content"), str)):
+            content = msg.get("content")
+            if not (isinstance(msg.get("role"), str)
+                    and (isinstance(content, str) or (self.images and isinstance(content, list)))):
                 raise ProtocolError("generate.messages: a message without a text role and "
                                     "content")
+        if self.images:
+            if len(self.images) > images.MAX_IMAGES:
+                raise ProtocolError(f"generate.images: more than {images.MAX_IMAGES} images")
+            total = images.encoded_size_bound(images.MAX_REQUEST_IMAGE_BYTES)
+            if sum(len(i.data) for i in self.images) > total:
+                raise ProtocolError(f"generate.images: more than "
+                                    f"{images.MAX_REQUEST_IMAGE_BYTES >> 20} MiB of images")
+            why = images.content_problem(self.messages or [], len(self.images))
+            if why is not None:
+                raise ProtocolError(f"generate.{why}")
         if (self.tool_choice == "function") != (self.tool_name is not None):
             raise ProtocolError("generate.tool_name: set exactly when tool_choice is function")
 

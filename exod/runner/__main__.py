@@ -125,6 +125,12 @@ def run(r: Runner) -> tuple[int, str]:
     have_blas, blas_msg = blas.preload()
     if not have_blas and "not Linux" not in blas_msg:
         log(blas_msg, WARNING)
+    from exod.config.vision import sees
+
+    if sees(r.args.model) is not None:  # a model that sees: mlx-vlm's path
+        from exod.runner.vision.serve import serve
+
+        return serve(r, blas_msg)
     try:
         from exod.runner.load import LoadAborted, ModelError
     except ImportError as e:

@@ -18,8 +18,7 @@ from typing import Any
 import mlx.core as mx
 
 from exod import messages as m
-from exod.core import context_edits
-from exod.core import request_rules as rules
+from exod.core import context_edits, images, request_rules as rules
 from exod.core.request_rules import RequestError
 from exod.runner.serving import model_checks, tool_calls
 from exod.runner.serving.grammar import Constraint, Grammars
@@ -68,6 +67,9 @@ def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
 
 def edited_prompt(tokenizer: Any, req: m.Generate) -> tuple[list[int], list[dict[str, Any]]]:
     """The prompt's tokens, after the request's context edits, and the edits that applied."""
+    if req.images:  # only the vision runner (exod.runner.vision) takes them
+        where = images.first_image_part(req.messages or []) or "messages"
+        raise RequestError("this model does not see images: it takes text only", where)
     applied: list[dict[str, Any]] = []
     if req.kind == "chat":
         def count(messages: list[dict[str, Any]]) -> int:
@@ -108,13 +110,14 @@ class Checked:
 
 
 def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
-                grammars: Grammars | None = None) -> Prompt:
+                grammars: Grammars | None = None, tokens: list[int] | None = None) -> Prompt:
     """The long part of taking a request (chat template, tokenizer, a check per token: seconds
     for megabytes; its grammar compiled), in Python, the tokenizer and the grammar engine: safe
-    off the thread that runs mlx."""
+    off the thread that runs mlx. `tokens`: its prompt, when made elsewhere (a model that sees:
+    exod.runner.vision.prompt)."""
     fmt = tool_calls.ToolFormat.of(tokenizer)
     tool_calls.check(fmt, req)
-    prompt, applied = edited_prompt(tokenizer, req)
+    prompt, applied = edited_prompt(tokenizer, req) if tokens is None else (tokens, [])
     rules.prompt_ids(prompt, vocab, prompt_param(req))
     max_tokens = rules.fit_window(len(prompt), rules.max_tokens(req.max_tokens), window,
                                   prompt_param(req))
