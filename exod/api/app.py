@@ -60,6 +60,7 @@ from exod.api.schema import GenRequest, ModelLimits, parse_chat, parse_completio
 from exod.api.seal import Sealer
 from exod.api.ollama.generate import OllamaGenerate
 from exod.api.ollama.manage import OllamaManage
+from exod.api.ollama.objects import error_text
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
 from exod.config.model_caps import Capabilities
@@ -402,5 +403,5 @@ def error_response(e: ApiError, path: str = "") -> web.Response:
         return web.json_response(anthropic.error_body(e), status=anthropic.error_status(e),
                                  headers=e.headers)
     if path.startswith("/api/"):
-        return web.json_response({"error": e.message}, status=e.status, headers=e.headers)
+        return web.json_response({"error": error_text(e)}, status=e.status, headers=e.headers)
     return web.json_response(e.body(), status=e.status, headers=e.headers)

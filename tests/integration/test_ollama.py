@@ -247,6 +247,9 @@ def test_think_and_what_a_model_cannot_do_are_answered_by_name(served: Served) -
                                         options={"num_ctx": 4}), "`options.num_ctx` of 4"),
             (lambda: served.client.embed(model="tiny", input="x"),
              '"tiny" does not support embeddings'),
+            (lambda: served.client.chat(model="tiny", messages=[
+                {"role": "user", "content": "what is it?", "images": [b"GIF89a..."]}]),
+             "`messages[0].images[0]`: this model does not see images"),
             (lambda: served.client.chat(model="nope", messages=HELLO), "`nope`")):
         with pytest.raises(ollama.ResponseError) as e:
             call()
@@ -295,9 +298,10 @@ def test_a_pull_resumes_after_a_stop_and_a_delete_spares_what_runs(served: Serve
     asked = len(throttle.ranges)
     done = served.client.pull(name)
     assert done.status == "success"
-    # Resumed: the rest was asked for from where the partial file ended (past the 1 MB seen).
+    # Resumed: the weights' rest was asked for from where their partial file ended (most of
+    # the 1 MB seen; the small files count in it too).
     resumed = [int(r[len("bytes="):-1]) for r in throttle.ranges[asked:]]
-    assert resumed and max(resumed) > 1_000_000, throttle.ranges
+    assert resumed and max(resumed) > 500_000, throttle.ranges
     listed = served.d.ctl("models").stdout
     assert "hf:org/tiny" in listed and "hubbed (ready)" in listed and " ago" in listed, listed
     assert "pulling manifest" in served.d.ctl("pull", f"hf:org/tiny@{v1}").stdout

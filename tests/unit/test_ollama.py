@@ -88,7 +88,9 @@ def test_defaults_stream_and_leave_the_length_to_the_context() -> None:
     ({"think": "max"}, "think"),
     ({"keep_alive": "soon"}, "keep_alive"),
     ({"stream": "yes"}, "stream"),
-    ({"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "messages[0].images"),
+    ({"messages": [{"role": "user", "content": "x", "images": ["not base64!"]}]},
+     "messages[0].images[0]"),
+    ({"messages": [{"role": "user", "content": "x", "images": "aGk="}]}, "messages[0].images"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": [
         {"function": {"name": "f", "arguments": {}}}]}]}, "messages[0].tool_calls"),
@@ -104,12 +106,31 @@ def test_a_field_exod_cannot_serve_is_refused_by_its_name(body: dict[str, Any],
 
 
 def test_generate_refuses_what_needs_an_image_or_a_context() -> None:
-    for body, param in (({"images": ["aGk="]}, "images"), ({"context": [1, 2]}, "context"),
+    for body, param in (({"images": ["aGk="], "raw": True}, "images"),
+                        ({"context": [1, 2]}, "context"),
                         ({"width": 512}, "width"), ({"raw": True, "system": "s"}, "system"),
                         ({"suffix": "x", "system": "s"}, "system"),
                         ({"template": "{{ .Messages }}"}, "template"),
                         ({"template": "{{ if .System }}x"}, "template")):
         assert refused({"model": "m", "prompt": "p", **body}, "generate").param == param
+
+
+def test_images_become_image_parts_before_the_text() -> None:
+    req, _ = parse({"model": "m", "messages": [
+        {"role": "user", "content": "what is it?", "images": ["aGk=", "aG8="]},
+        {"role": "assistant", "content": "a cat"},
+        {"role": "user", "content": "", "images": ["aGV5"]}]}, "chat")
+    assert req is not None and [i.data for i in req.gen.images] == ["aGk=", "aG8=", "aGV5"]
+    first, _, last = req.gen.messages or []
+    assert first["content"] == [{"type": "image", "image": 0}, {"type": "image", "image": 1},
+                                {"type": "text", "text": "what is it?"}]
+    assert last["content"] == [{"type": "image", "image": 2}]
+    # A text model's runner refuses the first image part: named as the client sent it.
+    assert req.gen.named("messages[0].content[1]") == "messages[0].images[1]"
+    gen, _ = parse({"model": "m", "prompt": "what?", "system": "s", "images": ["aGk="]},
+                   "generate")
+    assert gen is not None and gen.gen.named("messages[1].content[0]") == "images[0]"
+    assert decode_to_runner(json.loads(json.dumps(to_wire(gen.gen)))) == gen.gen
 
 
 def test_tool_turns_are_paired_with_the_calls_they_answer() -> None:
@@ -235,6 +256,7 @@ def test_show_has_what_copilot_reads() -> None:
     assert shown["model_info"]["general.architecture"] == "qwen3"
     assert shown["model_info"]["qwen3.context_length"] == 32768  # the instance's window
     assert shown["capabilities"] == ["completion", "tools", "thinking", "insert"]
+    assert objects.capabilities(Capabilities(), sees=True) == ["completion", "vision"]
     assert shown["details"]["parameter_size"] == "8.0B"
     assert [int(x) for x in objects.API_VERSION.split(".")] >= [0, 6, 4]
     assert objects.tag("tiny", facts)["modified_at"] == "1970-01-01T00:00:00Z"

@@ -21,7 +21,7 @@ from typing import Any
 from exod import messages as m
 from exod.api.dialects.ollama_request import Endpoint
 from exod.api.errors import ApiError
-from exod.api.ollama.objects import timestamp
+from exod.api.ollama.objects import error_text, timestamp
 
 NDJSON_HEADERS = {"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache",
                   "X-Accel-Buffering": "no"}
@@ -175,7 +175,7 @@ class OllamaOutput:
         return line(self._object("", calls=calls))
 
     def failed(self, err: ApiError) -> bytes:
-        return self._flush() + line({"error": err.message})
+        return self._flush() + line({"error": error_text(err)})
 
     def end(self) -> bytes:
         return b""

@@ -16,10 +16,11 @@ from typing import Any, Literal
 from exod.api.dialects.anthropic_request import EFFORT_THINKS
 from exod.api.fields import OLLAMA_CHAT, OLLAMA_GENERATE, Reading
 from exod.api.schema import GenRequest, http, tool_names
+from exod.core import images as pictures
 from exod.core import keep_alive as keep
 from exod.core import request_rules as rules
 from exod.core.request_rules import RequestError
-from exod.messages import Generate
+from exod.messages import Generate, Image
 
 Endpoint = Literal["chat", "generate"]
 UNBOUNDED = (1 << 31) - 1  # num_predict -1: clamped to the context window (and the cap)
@@ -70,10 +71,11 @@ def parse(raw: Any, endpoint: Endpoint, strict: bool = False) -> tuple[GenReques
         listed, origins = _tools(b.get("tools"), r)
         if not b.get("messages"):
             return None, View(endpoint, model, stream, alive, True, think, None, r.ignored)
-        messages = _messages(b["messages"], r)
+        seen = Pictures()
+        messages = _messages(b["messages"], r, seen)
         gen = Generate(id="", kind="chat", messages=messages, tools=rules.for_template(listed),
-                       chat_template_kwargs=_switch(think), **common,
-                       names={**NAMES, **tool_names(origins)})
+                       chat_template_kwargs=_switch(think), **common, images=seen.images,
+                       names={**NAMES, **tool_names(origins), **seen.names})
     else:
         prompt = rules.text(rules.text_field(b.get("prompt", ""), "prompt"), "prompt")
         suffix = b.get("suffix")
@@ -165,10 +167,45 @@ def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str]]:
     return rules.unique(listed, "tools"), origins
 
 
-def _messages(raw: Any, r: Reading) -> list[dict[str, Any]]:
+class Pictures:
+    """The images of a request's messages (each message's `images`, base64): the request's
+    list, and where each is placed (an image part, before the message's text)."""
+
+    def __init__(self) -> None:
+        self.images: list[Image] = []
+        self.names: dict[str, str] = {}  # an image part's place → the client's field
+        self._bytes = 0
+
+    def place(self, raw: Any, param: str, turn: int, text: str) -> list[dict[str, Any]] | str:
+        """A message's content with its images: `text` alone when it has none."""
+        if raw is None or raw == []:
+            return text
+        listed = rules.array(raw, param, pictures.MAX_IMAGES, what="images")
+        parts: list[dict[str, Any]] = []
+        for k, data in enumerate(listed):
+            where = f"{param}[{k}]"
+            if not isinstance(data, str):
+                raise RequestError(f"`{where}` must be an image's bytes in base64", where)
+            try:
+                self._bytes += len(pictures.decode(data))
+            except pictures.ImageError as e:
+                raise RequestError(f"`{where}`: {e}", where) from None
+            if len(self.images) >= pictures.MAX_IMAGES or \
+                    self._bytes > pictures.MAX_REQUEST_IMAGE_BYTES:
+                raise RequestError(f"`{where}`: a request takes at most "
+                                   f"{pictures.MAX_IMAGES} images, "
+                                   f"{pictures.MAX_REQUEST_IMAGE_BYTES >> 20} MiB in all", where)
+            self.names[f"messages[{turn}].content[{len(parts)}]"] = where
+            parts.append({"type": "image", "image": len(self.images)})
+            self.images.append(Image(data))
+        return parts + ([{"type": "text", "text": text}] if text else [])
+
+
+def _messages(raw: Any, r: Reading, seen: Pictures) -> list[dict[str, Any]]:
     """Ollama's messages as chat completions' (the template's): an assistant's calls with ids
-    (Ollama's have none: made here), and each tool turn answering one of them (by its
-    `tool_name`, else in order), as templates that pair them expect."""
+    (Ollama's have none: made here), each tool turn answering one of them (by its
+    `tool_name`, else in order), as templates that pair them expect, and a message's images as
+    image parts before its text (a text model's runner refuses them, naming them)."""
     out: list[dict[str, Any]] = []
     pending: list[tuple[str, str]] = []  # (id, name) of the last assistant's unanswered calls
     for i, msg in enumerate(rules.messages(raw)):
@@ -191,7 +228,10 @@ def _messages(raw: Any, r: Reading) -> list[dict[str, Any]]:
                                "calls", f"{param}.tool_calls")
         if role == "tool":
             turn.update(_answer(msg, param, i, pending))
-        out.append(rules.message(turn, param))
+        checked = rules.message(turn, param)
+        checked["content"] = seen.place(msg.get("images"), f"{param}.images", i,
+                                        checked["content"])
+        out.append(checked)
     return out
 
 
@@ -243,6 +283,9 @@ def _generation(b: dict[str, Any], prompt: str, suffix: str | None, think: bool 
         system = rules.text(rules.text_field(system, "system"), "system")
     template = b.get("template")
     names = {**NAMES, "messages": "prompt"}
+    if b.get("images") not in (None, []) and (template is not None or raw or suffix):
+        raise RequestError("`images` need the model's chat template: not with `raw`, "
+                           "`template` or `suffix`", "images")
     if template is not None:
         text = render(rules.text_field(template, "template"), system or "", prompt,
                       suffix or "")
@@ -257,10 +300,12 @@ def _generation(b: dict[str, Any], prompt: str, suffix: str | None, think: bool 
         # (`fill_in_middle`); until then a placeholder, never sent as it is.
         return Generate(id="", kind="completion", prompt=prompt or FIM_PLACEHOLDER,
                         names=names, **common), suffix
-    messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": prompt}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    seen = Pictures()
+    messages.append({"role": "user", "content": seen.place(b.get("images"), "images",
+                                                           len(messages), prompt)})
     return Generate(id="", kind="chat", messages=messages, chat_template_kwargs=_switch(think),
-                    names=names, **common), None
+                    images=seen.images, names={**names, **seen.names}, **common), None
 
 
 @http

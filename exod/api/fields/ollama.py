@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from exod.api.fields.chat import TEXT_MODELS
 from exod.api.fields.policy import (Dialect, Field, Obj, Variants, empty, false, inert, null,
                                     refused, works)
 from exod.core import request_rules as rules
@@ -18,6 +17,9 @@ def _off(off: float) -> Any:
 
 
 INSTANCE = "set by the instance's config (exod.yaml), not per request"
+IMAGES = ("pictures in base64 (JPEG, PNG, WebP, GIF; 16 a request), before the turn's text, for "
+          "a model that sees (the vision runner; `vision` in /api/show's capabilities); a text "
+          "model refuses them by name")
 # The body fields both endpoints share.
 _COMMON: dict[str, Field] = {
     "model": works("the instance that answers: its name or an alias, with or without a tag "
@@ -59,7 +61,7 @@ OLLAMA_CHAT = Dialect("ollama_chat", "POST /api/chat", intro=(
         "tool_calls": works("an assistant's calls (arguments as an object, or JSON text)"),
         "tool_name": works("a tool turn's tool, which reaches the template (as `name`)"),
         "tool_call_id": works("a tool turn's call"),
-        "images": refused(TEXT_MODELS, empty, "only empty: " + TEXT_MODELS),
+        "images": works(IMAGES),
     }),
     "call": Obj("messages[].tool_calls[]", {
         "function": works("`name` and `arguments`"), "id": works("the call's id"),
@@ -123,7 +125,7 @@ OLLAMA_GENERATE = Dialect("ollama_generate", "POST /api/generate", intro=(
         "suffix": works("fill in the middle: the text after the answer, for a model with "
                         "fill-in-the-middle tokens (`insert` in /api/show's capabilities); "
                         "refused by name for others"),
-        "images": refused(TEXT_MODELS, empty, "only empty: " + TEXT_MODELS),
+        "images": works(IMAGES + "; not with `raw`, `template` or `suffix`"),
         "context": refused("exod keeps no token context between requests: send the "
                            "conversation to /api/chat", empty, "only empty"),
         **{name: refused("image generation models are not served", null,

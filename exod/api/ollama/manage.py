@@ -26,6 +26,7 @@ from exod.api.fields import OLLAMA_MANAGE, Reading
 from exod.api.ignored import header
 from exod.api.ollama import objects
 from exod.api.schema import http
+from exod.config import vision
 from exod.config.model_caps import chat_template
 from exod.config.model_facts import ModelFacts
 from exod.core import request_rules as rules
@@ -117,10 +118,11 @@ class OllamaManage:
         caps = await self.sup.traffic.capabilities(inst)
         model_dir = await asyncio.to_thread(self.sup.model_dir, inst)
         template = await asyncio.to_thread(chat_template, model_dir) if model_dir else None
+        sees = model_dir is not None and await asyncio.to_thread(vision.sees, model_dir) is not None
         limits = await self.api.limits(inst)
         source = str(inst.config.hub) if inst.config.hub is not None else str(inst.config.model)
-        return web.json_response(objects.show(facts, caps, template, source, limits.context),
-                                 headers=header(ignored))
+        return web.json_response(objects.show(facts, caps, template, source, limits.context,
+                                              sees), headers=header(ignored))
 
     async def ps(self, request: web.Request) -> web.Response:
         """What runs (ready), with the memory it was admitted with and when it stops idle."""
@@ -184,7 +186,8 @@ class OllamaManage:
         async for step in steps:
             if isinstance(step, Outcome):
                 if step.path is None:
-                    await resp.write(ndjson({"error": pull_failed(ref, step.error).message}))
+                    await resp.write(ndjson({"error": objects.error_text(
+                        pull_failed(ref, step.error))}))
                 else:
                     for status in ("writing manifest", "success"):
                         await resp.write(ndjson({"status": status}))

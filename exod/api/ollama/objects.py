@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from exod.api.errors import ApiError
 from exod.config.model_caps import Capabilities
 from exod.config.model_facts import ModelFacts
 
@@ -37,8 +38,10 @@ def tag(name: str, facts: ModelFacts) -> dict[str, Any]:
             "size": facts.size, "digest": facts.digest, "details": details(facts)}
 
 
-def capabilities(caps: Capabilities) -> list[str]:
+def capabilities(caps: Capabilities, sees: bool = False) -> list[str]:
     out = ["completion"]
+    if sees:
+        out.append("vision")  # the vision runner takes a message's `images`
     if caps.tools:
         out.append("tools")
     if caps.thinking:
@@ -66,12 +69,14 @@ def model_info(facts: ModelFacts, context: int | None) -> dict[str, Any]:
 
 
 def show(facts: ModelFacts, caps: Capabilities, template: str | None, source: str,
-         context: int | None) -> dict[str, Any]:
-    """/api/show: `source` is where the model comes from (a directory, or hf:ORG/NAME)."""
+         context: int | None, sees: bool = False) -> dict[str, Any]:
+    """/api/show: `source` is where the model comes from (a directory, or hf:ORG/NAME);
+    `sees`: a model the vision runner serves."""
     return {"modelfile": f"# exod serves this model as it is; Modelfiles do not apply\n"
                          f"FROM {source}\n",
             "parameters": "", "template": template or "", "details": details(facts),
-            "model_info": model_info(facts, context), "capabilities": capabilities(caps),
+            "model_info": model_info(facts, context),
+            "capabilities": capabilities(caps, sees),
             "modified_at": timestamp(facts.modified)}
 
 
@@ -82,3 +87,11 @@ def running(name: str, facts: ModelFacts, size: int, expires: float, context: in
     return {"name": name, "model": name, "size": size, "digest": facts.digest,
             "details": details(facts), "expires_at": timestamp(expires),
             "size_vram": size if unified else 0, "context_length": context}
+
+
+def error_text(e: ApiError) -> str:
+    """Ollama's error is its text alone (`{"error": TEXT}`): the field at fault goes into it,
+    unless it is there already."""
+    if e.param and f"`{e.param}`" not in e.message:
+        return f"`{e.param}`: {e.message}"
+    return e.message
