@@ -1,11 +1,12 @@
 """Ollama's API on exod's own listener, driven by the official `ollama` client (and raw HTTP
 where the wire itself is under test), against one daemon of real runners: the tiny model
-(with aliases), the agent model (a tool round trip with no steering), the thinking model, an
-on-demand instance with keep_alive bounds, and a hub model fetched from the local hub double
+(with aliases), the agent model (a tool round trip with no steering), the thinking model, a
+tiny model that sees (a picture, as mlx-vlm takes it), an on-demand instance with keep_alive
+bounds, and a hub model fetched from the local hub double
 (tests/hub.py: olah behind a throttle). The daemon listens on two addresses, as an operator
 adds Ollama's port beside exod's.
 
-Cost: about 60 CPU-seconds on this 2-core machine (four runners of tiny models, olah, the
+Cost: about 70 CPU-seconds on this 2-core machine (four runners of tiny models, olah, the
 fetcher three times, ~300 fuzzed bodies).
 """
 
@@ -29,6 +30,7 @@ from hypothesis import strategies as st
 
 from tests.harness import Daemon
 from tests.integration.test_security import tracebacks
+from tests.integration.test_vision_runner import FAMILY, PROMPT, picture_png, reference
 from tests.hub import Hub, Throttle, serving
 from tests.models.agent import AFTER, TRIGGER, make_agent_model
 from tests.models.thinking import make_thinking_model
@@ -80,7 +82,7 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model: Path, tiny_model_factory: Callable[..., Path],
+def served(tiny_model: Path, tiny_model_factory: Callable[..., Path], vision_zoo: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("ollama")
     (tmp / "token").write_text(TOKEN + "\n")
@@ -99,12 +101,14 @@ def served(tiny_model: Path, tiny_model_factory: Callable[..., Path],
                         "od": {"model": str(tiny_model), "autostart": "on-demand",
                                "idle_stop_after": "10m",
                                "keep_alive": {"min": f"{FLOOR:g}s", "max": "1h"}},
-                        "hubbed": {"model": "hf:org/tiny", "env": COOPERATIVE}}},
+                        "hubbed": {"model": "hf:org/tiny", "env": COOPERATIVE},
+                        "sees": {"model": str(vision_zoo / FAMILY), "autostart": "on-demand"}}},
                    env={"HF_ENDPOINT": throttle.url}, name="ollama")
         try:
             d.start()
             d.watch_until(lambda s: all(i["state"] == "ready" for i in s["instances"]
-                                        if i["name"] != "od"), what="every instance ready")
+                                        if i["name"] not in ("od", "sees")),
+                          what="every instance ready")
             yield Served(d, hub, throttle, commits, cache)
         finally:
             d.close()
@@ -254,6 +258,17 @@ def test_think_and_what_a_model_cannot_do_are_answered_by_name(served: Served) -
         with pytest.raises(ollama.ResponseError) as e:
             call()
         assert e.value.status_code in (400, 404) and needle in str(e.value.error), e.value
+
+
+def test_a_picture_reaches_a_model_that_sees_as_mlx_vlm_takes_it(served: Served,
+                                                                 vision_zoo: Path) -> None:
+    want = reference(vision_zoo)  # mlx-vlm's own greedy answer, in a process of its own
+    assert "vision" in (served.client.show("sees").capabilities or [])
+    r = served.client.chat(model="sees", messages=[
+        {"role": "user", "content": PROMPT, "images": [picture_png()]}],
+        options={"temperature": 0, "num_predict": 8})
+    assert r.message.content == want["text"]
+    assert (r.prompt_eval_count, r.eval_count) == (want["prompt_tokens"], 8)
 
 
 # ---- keep_alive -------------------------------------------------------------------------------
