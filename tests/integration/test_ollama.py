@@ -6,7 +6,7 @@ bounds, and a hub model fetched from the local hub double
 (tests/hub.py: olah behind a throttle). The daemon listens on two addresses, as an operator
 adds Ollama's port beside exod's.
 
-Cost: about 70 CPU-seconds on this 2-core machine (four runners of tiny models, olah, the
+Cost: about 30 CPU-seconds on this 2-core machine (five runners of tiny models, olah, the
 fetcher three times, ~300 fuzzed bodies).
 """
 
