@@ -9,8 +9,12 @@ Two figures per level, each `/api/chat` over chat completions' (so 1.0 is parity
 Both sides are read over raw HTTP with the same minimal parsing (a line, then JSON), so the
 clients' own costs (pydantic models, httpx) do not blur what the server's adapter costs.
 Noise (see bench.serving): the two sides take turns on the same instance, ABBA over `ROUNDS`
-rounds (EXOD_BENCH_ROUNDS, default 8); each figure is the median of its per-round ratios,
-printed with their range. `EXOD_BENCH_MODEL=DIR` benchmarks another model directory.
+rounds (EXOD_BENCH_ROUNDS, default 8; at 1 client, twice as many, a request a side); each
+figure is the median of its per-round ratios, printed with their range. On a shared machine
+the turns still meet different loads, so one more figure runs both sides at once: 8 clients,
+4 on each endpoint in the same batches, each side's tokens/s per request (the same decode
+steps serve both: what differs is the adapter). `EXOD_BENCH_MODEL=DIR` benchmarks another
+model directory.
 """
 
 from __future__ import annotations
@@ -83,6 +87,24 @@ def measure(url: str, side: str, clients: int) -> tuple[float, float]:
     return sum(t for t, _ in results) / wall, statistics.median(f for _, f in results)
 
 
+def mixed(url: str, clients: int) -> tuple[float, float]:
+    """Both sides at once, half the clients each: (Ollama's tokens/s per request over the
+    baseline's, the baseline's median time to first token over Ollama's)."""
+    def timed(c: int) -> tuple[str, int, float, float]:
+        side = "ollama" if c % 2 else "openai"
+        t0 = time.perf_counter()
+        tokens, first = one(url, side, c // 2)  # the same prompts on both sides
+        return side, tokens, time.perf_counter() - t0, first
+
+    with ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(timed, range(clients)))
+    rate = {s: statistics.median(t / w for side, t, w, _ in results if side == s)
+            for s in ("ollama", "openai")}
+    first = {s: statistics.median(f for side, _, _, f in results if side == s)
+             for s in ("ollama", "openai")}
+    return rate["ollama"] / rate["openai"], first["openai"] / first["ollama"]
+
+
 def main() -> None:
     path = Path(os.environ["EXOD_BENCH_MODEL"]) if os.environ.get("EXOD_BENCH_MODEL") \
         else demo_model()
@@ -96,7 +118,7 @@ def main() -> None:
         for clients in LEVELS:
             measure(url, "openai", clients)  # warm: the first requests compile kernels
             ratios, firsts = [], []
-            for r in range(ROUNDS):  # ABBA
+            for r in range(ROUNDS * 2 if clients == 1 else ROUNDS):  # ABBA
                 order = ("ollama", "openai") if r % 2 == 0 else ("openai", "ollama")
                 got = {side: measure(url, side, clients) for side in order}
                 ratios.append(got["ollama"][0] / got["openai"][0])
@@ -105,6 +127,11 @@ def main() -> None:
                          shown(ratios, GOAL)))
             rows.append((f"/api/chat / chat completions, {clients} client(s), first token "
                          "(baseline's time / Ollama's)", shown(firsts, GOAL)))
+        together = [mixed(url, 8) for _ in range(ROUNDS)]
+        rows.append(("/api/chat / chat completions, 4 + 4 clients at once, tok/s a request",
+                     shown([a for a, _ in together], GOAL)))
+        rows.append(("/api/chat / chat completions, 4 + 4 clients at once, first token",
+                     shown([b for _, b in together], GOAL)))
         report("ollama: /api/chat against /v1/chat/completions", rows)
     finally:
         d.close()

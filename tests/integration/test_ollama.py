@@ -52,10 +52,10 @@ SCHEMA = {"type": "object", "properties": {
 
 
 class Served:
-    def __init__(self, d: Daemon, hub: Hub, throttle: Throttle, commits: dict[str, str],
-                 cache: Path) -> None:
-        self.d, self.hub, self.throttle, self.commits, self.cache = d, hub, throttle, commits, \
-            cache
+    def __init__(self, d: Daemon, config: dict[str, Any], hub: Hub, throttle: Throttle,
+                 commits: dict[str, str], cache: Path) -> None:
+        self.d, self.config, self.hub, self.throttle, self.commits, self.cache = \
+            d, config, hub, throttle, commits, cache
         self.urls: list[str] = d.status()["daemon"]["api"]["urls"]
         self.url = self.urls[1]  # the second address: "Ollama's port"
         self.client = self.at(self.url)
@@ -90,7 +90,7 @@ def served(tiny_model: Path, tiny_model_factory: Callable[..., Path], vision_zoo
     think = make_thinking_model(tiny_model, tmp / "think")
     cache = tmp / "cache"
     with serving(tmp / "hub", tiny_model_factory) as (hub, throttle, commits):
-        d = Daemon({"api": {"listen": ["127.0.0.1:0", "127.0.0.1:0"],
+        config: dict[str, Any] = {"api": {"listen": ["127.0.0.1:0", "127.0.0.1:0"],
                             "token_file": str(tmp / "token")},
                     "hub": {"cache": str(cache), "stall_after": "30s"},
                     "instances": {
@@ -102,14 +102,14 @@ def served(tiny_model: Path, tiny_model_factory: Callable[..., Path], vision_zoo
                                "idle_stop_after": "10m",
                                "keep_alive": {"min": f"{FLOOR:g}s", "max": "1h"}},
                         "hubbed": {"model": "hf:org/tiny", "env": COOPERATIVE},
-                        "sees": {"model": str(vision_zoo / FAMILY), "autostart": "on-demand"}}},
-                   env={"HF_ENDPOINT": throttle.url}, name="ollama")
+                        "sees": {"model": str(vision_zoo / FAMILY), "autostart": "on-demand"}}}
+        d = Daemon(config, env={"HF_ENDPOINT": throttle.url}, name="ollama")
         try:
             d.start()
             d.watch_until(lambda s: all(i["state"] == "ready" for i in s["instances"]
                                         if i["name"] not in ("od", "sees")),
                           what="every instance ready")
-            yield Served(d, hub, throttle, commits, cache)
+            yield Served(d, config, hub, throttle, commits, cache)
         finally:
             d.close()
 
@@ -165,6 +165,22 @@ def test_show_has_what_copilot_reads_under_every_name(served: Served) -> None:
         with pytest.raises(ollama.ResponseError) as e:
             served.client.show(name)
         assert e.value.status_code == 404
+
+
+def test_a_reload_that_changes_only_aliases_restarts_nothing(served: Served) -> None:
+    before = served.d.instance("tiny")["ranks"][0]["pid"]
+    config = json.loads(json.dumps(served.config))
+    config["instances"]["tiny"]["aliases"] = ["llama3.2", "qwen3:8b", "mistral:7b"]
+    served.d.write_config({"control": {"socket": str(served.d.socket)}, **config})
+    try:
+        served.d.ctl("reload")
+        assert served.client.show("mistral:7b").capabilities == ["completion"]
+        assert served.d.instance("tiny")["ranks"][0]["pid"] == before  # still serving
+    finally:
+        served.d.write_config({"control": {"socket": str(served.d.socket)}, **served.config})
+        served.d.ctl("reload")
+    with pytest.raises(ollama.ResponseError):
+        served.client.show("mistral:7b")
 
 
 def test_copilot_posts_chat_completions_and_raycast_appends_a_tag(served: Served) -> None:
