@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from exod.config.model_dir import model_config, model_limits
+from exod.config.model_dir import model_config, model_limits, positive_int
 from exod.core.memory import FLOAT_SIZES, HeaderError, model_tensors
 
 # config.json's keys of the sizes model_info reports (the language model's section).
@@ -75,8 +75,10 @@ def model_facts(model_dir: Path) -> ModelFacts:
     return ModelFacts(size=size, digest=digest.hexdigest(), modified=modified,
                       family=str(cfg.get("model_type") or ""), parameters=params,
                       quantization=quant, context_length=context, vocab_size=vocab,
-                      embedding_length=_int(cfg, _EMBEDDING), block_count=_int(cfg, _BLOCKS),
-                      head_count=_int(cfg, _HEADS), head_count_kv=_int(cfg, _KV_HEADS))
+                      embedding_length=positive_int(cfg, _EMBEDDING),
+                      block_count=positive_int(cfg, _BLOCKS),
+                      head_count=positive_int(cfg, _HEADS),
+                      head_count_kv=positive_int(cfg, _KV_HEADS))
 
 
 def _files(model_dir: Path) -> list[tuple[str, Path]]:
@@ -85,14 +87,6 @@ def _files(model_dir: Path) -> list[tuple[str, Path]]:
                       if not p.name.startswith(".") and p.is_file())
     except OSError:
         return []
-
-
-def _int(cfg: dict[str, object], keys: tuple[str, ...]) -> int | None:
-    for key in keys:
-        n = cfg.get(key)
-        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-            return n
-    return None
 
 
 def _parameters(model_dir: Path, cfg: dict[str, object]) -> tuple[int | None, str]:

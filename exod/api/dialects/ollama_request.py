@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from exod.api.dialects.anthropic_request import EFFORT_THINKS
 from exod.api.fields import OLLAMA_CHAT, OLLAMA_GENERATE, Reading
-from exod.api.schema import GenRequest, http, tool_names
+from exod.api.schema import GenRequest, function_tools, http, tool_names
 from exod.core import images as pictures
 from exod.core import keep_alive as keep
 from exod.core import request_rules as rules
@@ -68,7 +68,7 @@ def parse(raw: Any, endpoint: Endpoint, strict: bool = False) -> tuple[GenReques
     fmt = _format(b.get("format"))
     common = {"logprobs": logprobs, "top_logprobs": top, "response_format": fmt, **options}
     if endpoint == "chat":
-        listed, origins = _tools(b.get("tools"), r)
+        listed, origins = function_tools(b.get("tools"), r, "function")
         if not b.get("messages"):
             return None, View(endpoint, model, stream, alive, True, think, None, r.ignored)
         seen = Pictures()
@@ -154,19 +154,6 @@ def _num_predict(raw: Any) -> int:
 
 
 # ---- /api/chat -----------------------------------------------------------------------------------
-def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str]]:
-    if raw is None:
-        return [], []
-    listed, origins = [], []
-    for tool, param in r.items(raw, "tools", "tool", "tool", rules.MAX_TOOLS, "function"):
-        r.keys(tool, "tool", param)
-        fn = rules.obj(tool.get("function"), f"{param}.function")
-        r.keys(fn, "function", f"{param}.function")
-        listed.append(rules.function(fn, f"{param}.function"))
-        origins.append(f"{param}.function.parameters")
-    return rules.unique(listed, "tools"), origins
-
-
 class Pictures:
     """The images of a request's messages (each message's `images`, base64): the request's
     list, and where each is placed (an image part, before the message's text)."""
