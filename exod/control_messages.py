@@ -18,6 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from exod.core.states import State
 from exod.protocol import ProtocolError, decode_as, from_wire
 
 REQUEST_TAG, EVENT_TAG = "cmd", "event"
@@ -140,7 +141,7 @@ class RankStatus:
     host: str
     remote: bool
     pid: int | None
-    state: str
+    state: State
     layers: list[int]  # [start, end)
     layers_loaded: int
     layers_total: int
@@ -209,7 +210,7 @@ class DownloadStatus:
 @dataclass(frozen=True)
 class InstanceStatus:
     name: str
-    state: str
+    state: State
     detail: str
     reason: str | None
     since_s: float
@@ -273,7 +274,7 @@ class StatusReply(Snapshot):
 class StateReply:
     """After start, stop, restart: the instance's state."""
 
-    state: str
+    state: State
     ok: bool = True
 
 
@@ -309,7 +310,7 @@ class PullReply:
 @dataclass(frozen=True)
 class ModelUser:
     name: str  # an instance naming the repository
-    state: str
+    state: State
     revision: str
 
 
@@ -377,7 +378,7 @@ class LineEvent:
 
 @dataclass(frozen=True)
 class DownloadEvent:
-    """A pull's progress, e.g. `downloading 1.2 of 4.5 GB (27%, 38 MB/s)`, and its figures (a
+    """A pull's progress, e.g. `downloading 1.2GiB of 4.5GiB (27%, 38MiB/s)`, and its figures (a
     client draws its own bar from them): `phase` is `starting` (no size known yet),
     `downloading`, `verifying` (the hub's hashes) or `waiting` (a retry in backoff)."""
 

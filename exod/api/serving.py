@@ -22,6 +22,7 @@ from exod.api.objects import Reply
 from exod.api.tool_output import streamed_call, whole_call
 from exod.api.schema import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import Daemon
+from exod.core.sizes import format_size
 from exod.daemon.channel import RequestStream, TooLarge
 from exod.daemon.traffic import Busy, NotServing, Refused, ServedElsewhere
 from exod.protocol import MAX_FRAME
@@ -121,7 +122,7 @@ async def _after(first: m.Event, rest: AsyncIterator[m.Event]) -> AsyncIterator[
 def too_large_for_runner(req: GenRequest, size: int) -> ApiError:
     param = req.gen.named("messages") if req.gen.kind == "chat" else "prompt"
     return ApiError(413, f"The request is {size} bytes once encoded for the runner, more than "
-                         f"the {MAX_FRAME >> 20} MiB a runner takes: shorten `{param}`.",
+                         f"the {format_size(MAX_FRAME)} a runner takes: shorten `{param}`.",
                     "invalid_request_error", "request_too_large", param)
 
 

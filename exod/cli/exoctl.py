@@ -344,15 +344,16 @@ def models(client: Client, as_json: bool) -> None:
         out.pop("ok", None)
         click.echo(json.dumps(out, indent=2))
         return
-    from exod.cli.table import human_bytes, human_duration
+    from exod.cli.table import human_duration
+    from exod.core.sizes import format_size
 
     rows = [("MODEL", "SIZE", "REVISIONS", "LAST USE", "INSTANCES")]
     now = time.time()
     for e in answer.models:
         revisions = ", ".join(f"{r}={c[:12]}" for r, c in e.revisions.items()) or \
             ", ".join(c[:12] for c in e.commits) or "-"
-        size = human_bytes(e.size_bytes) + (
-            f" ({human_bytes(e.partial_bytes)} partial)" if e.partial_bytes else "")
+        size = format_size(e.size_bytes) + (
+            f" ({format_size(e.partial_bytes)} partial)" if e.partial_bytes else "")
         users = ", ".join(f"{i.name} ({i.state})" for i in e.instances) or "-"
         last = "-" if e.last_use is None else f"{human_duration(max(0.0, now - e.last_use))} ago"
         rows.append((f"hf:{e.repo}", size, revisions, last, users))

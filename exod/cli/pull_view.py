@@ -1,6 +1,7 @@
 """`exoctl pull`'s progress, drawn as `ollama pull` draws it: a line per step (`pulling
-manifest`, `pulling ORG/NAME: 27% ▕███      ▏ 1.2/4.5 GB 38 MB/s 1m32s`, `verifying sha256
-digest`, `success`), the current one redrawn in place on a terminal. Pure: events in, text out.
+manifest`, `pulling ORG/NAME: 27% ▕███      ▏ 1.1GiB/4.2GiB 36.2MiB/s 1m32s`, `verifying
+sha256 digest`, `success`), the current one redrawn in place on a terminal. Pure: events in,
+text out.
 """
 
 from __future__ import annotations
@@ -9,17 +10,9 @@ from dataclasses import dataclass, field
 
 from exod import control_messages as cm
 from exod.config.durations import format_duration
-from exod.hub.files import rate_text
+from exod.core.sizes import format_size
 
 BAR = 16  # cells of the bar
-
-
-def amount(done: int, total: int) -> str:
-    """`1.2/4.5 GB`: both in the total's decimal unit, as the hub shows sizes."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if total >= size:
-            return f"{done / size:.1f}/{total / size:.1f} {unit}"
-    return f"{done}/{total} B"
 
 
 def bar(done: int, total: int) -> str:
@@ -40,9 +33,9 @@ def step_line(repo: str, ev: cm.DownloadEvent) -> tuple[str, str]:
     tail = ""
     if ev.bytes_per_s:
         left = (total - ev.done_bytes) / ev.bytes_per_s
-        tail = f" {rate_text(ev.bytes_per_s)} {format_duration(left)}"
+        tail = f" {format_size(ev.bytes_per_s)}/s {format_duration(left)}"
     return "pull", (f"pulling {repo}: {pct:3d}% {bar(ev.done_bytes, total)} "
-                    f"{amount(ev.done_bytes, total)}{tail}")
+                    f"{format_size(ev.done_bytes)}/{format_size(total)}{tail}")
 
 
 @dataclass

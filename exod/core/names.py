@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 
 LATEST = "latest"
 # An alias as Ollama's clients write names: hf.co/ORG/NAME:Q4_K_M, library/llama3.2, qwen3:8b.
-ALIAS_RE = r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,199}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?\Z"
+ALIAS_RE = r"(?a)^[A-Za-z0-9][\w./-]{0,199}(:\w[\w.-]{0,127})?\Z"  # (?a): \w is ASCII
 
 
 def tagged(name: str) -> str:

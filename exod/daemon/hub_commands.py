@@ -124,7 +124,7 @@ def models(sup: Daemon) -> list[cm.CachedModel]:
                   if i.name in sup.traffic.last_request]
         last = max([*served, *([e.last_use] if e.last_use is not None else [])], default=None)
         out.append(cm.CachedModel(e.repo, e.revisions, list(e.commits), e.size, e.partial,
-                                  [cm.ModelUser(i.name, i.state.value, ref.revision)
+                                  [cm.ModelUser(i.name, i.state, ref.revision)
                                    for i, ref in using], last))
     return out
 

@@ -106,7 +106,7 @@ class Supervisor(HubSeam):
                                       inst.width)
         context = {"instance": inst.name, "rank": rank.rank}
         self.heap.touched()  # a runner's start, and the exit before it, come and go in bursts
-        return self.procs.spawn(launch.module, launch.args, launch.env, context, RunnerHandlers(
+        return self.procs.spawn(launch, context, RunnerHandlers(
             on_exit=inst.on_exit, on_message=inst.on_message, on_broken=inst.on_broken))
 
     def ask(self, pid: int, drain: float) -> bool:

@@ -24,7 +24,6 @@ from exod.hub import ref as hub_ref
 from exod.hub.fetch import Job
 from exod.hub.fetch import main as fetch_main
 from exod.hub.files import disk_problem, progress_text, wanted
-from exod.hub.link import Link
 from exod.hub.verify import digest
 from tests.unit.fakes import ASK, FakeSeam
 
@@ -78,10 +77,10 @@ def test_only_what_a_runner_needs_is_fetched_never_code() -> None:
 
 def test_progress_line() -> None:
     assert progress_text(1_210_000_000, 4_500_000_000, 38e6) == \
-        "downloading 1.2 of 4.5 GB (26%, 38.0 MB/s)"
+        "downloading 1.1GiB of 4.2GiB (26%, 36.2MiB/s)"
     assert progress_text(500_000, 3_400_000, 400e3) == \
-        "downloading 0.5 of 3.4 MB (14%, 400 kB/s)"
-    assert progress_text(10, 10, None, "verifying") == "verifying 10.0 of 10.0 B (100%)"
+        "downloading 488.3KiB of 3.2MiB (14%, 390.6KiB/s)"
+    assert progress_text(10, 10, None, "verifying") == "verifying 10B of 10B (100%)"
 
 
 def test_disk_refusal_gives_the_figures() -> None:
@@ -143,6 +142,17 @@ def test_a_snapshot_is_cached_once_recorded_and_checked_until_a_file_changes(
     assert hc.remove(tmp_path, REF) and not hc.remove(tmp_path, REF)
 
 
+class Heard:
+    """The fetcher's end of its channel, keeping what it says."""
+
+    def __init__(self) -> None:
+        self.said: list[object] = []
+
+    def send(self, msg: object) -> bool:
+        self.said.append(msg)
+        return True
+
+
 def test_a_snapshot_of_plain_files_is_taken_offline_as_mlx_lm_would_load_it(
         tmp_path: Path) -> None:
     """A cache copied with its links followed (`cp -rL`), or made on a file system without
@@ -156,7 +166,7 @@ def test_a_snapshot_of_plain_files_is_taken_offline_as_mlx_lm_would_load_it(
     snap = hc.snapshot_dir(plain, REF, COMMIT)
     assert not (snap / "model.safetensors").is_symlink()
     assert hc.cached(plain, REF) is None  # nothing exod recorded yet
-    job = Job(REF, plain, True, False, COMMIT, Link(None))
+    job = Job(REF, plain, True, False, COMMIT, Heard())  # type: ignore[arg-type]
     assert fetch_main(job) == 0
     assert hc.cached(plain, REF) == hc.Cached(snap, COMMIT, 102, True)
     (entry,) = hc.entries(plain)
@@ -184,7 +194,7 @@ def test_two_instances_share_one_download_then_both_start(tmp_path: Path) -> Non
     seam.advance(2.0)
     seam.send(pid, m.Download(done=76_000_000, total=4_500_000_000))
     assert a.download is not None
-    assert a.download.describe(seam.now()) == "downloading 0.1 of 4.5 GB (1%, 38.0 MB/s)"
+    assert a.download.describe(seam.now()) == "downloading 72.5MiB of 4.2GiB (1%, 36.2MiB/s)"
     seam.send(pid, m.Fetched(path=str(tmp_path), commit=COMMIT))
     seam.exit(pid, code=0)
     assert a.state is b.state is State.STARTING
@@ -268,10 +278,10 @@ class ConnectError(OSError):
 
 def test_no_network_fails_a_missing_model_at_once_and_retries_a_download_under_way(
         tmp_path: Path) -> None:
+    from exod.child_end import ChildEnd
     from exod.hub.fetch import Job, cannot_connect, unreachable
-    from exod.hub.link import Link
 
-    job = Job(REF, tmp_path, False, False, None, Link(None))
+    job = Job(REF, tmp_path, False, False, None, ChildEnd(None, {}, {}))
     refused = ConnectError("[Errno 111] Connection refused")
     assert cannot_connect(refused) and not cannot_connect(TimeoutError("read timed out"))
     wrapped = RuntimeError("listing failed")
@@ -298,8 +308,8 @@ def test_the_token_file_must_be_private_and_no_child_inherits_a_token(tmp_path: 
     cfg = tmp_path / "exod.yaml"
     cfg.write_text(f"control: {{socket: {tmp_path}/c.sock}}\nhub: {{hf_token_file: {token}}}\n"
                    "instances:\n  a: {model: hf:org/tiny}\n")
-    with pytest.raises(ConfigError, match=r"hub.hf_token_file: .* has mode 0644: a token file "
-                                          r"must be readable by its owner only"):
+    with pytest.raises(ConfigError, match=r"hub.hf_token_file: .* has mode 0644: a secret "
+                                          r"must be closed to other users"):
         load_config(cfg)
     token.chmod(0o600)
     loaded = load_config(cfg)
@@ -319,7 +329,7 @@ def test_exoctl_pull_draws_its_steps_as_ollama_pull_does() -> None:
     tty.event(ev("downloading", 1_200_000_000, 4_500_000_000, 38_000_000))
     assert tty.take() == (
         "\r\033[Kpulling manifest\n\r\033[Kpulling org/tiny:  26% ▕████            ▏ "
-        "1.2/4.5 GB 38.0 MB/s 1m27s")
+        "1.1GiB/4.2GiB 36.2MiB/s 1m27s")
     tty.event(ev("downloading", 4_500_000_000, 4_500_000_000))
     tty.event(ev("verifying", 4_500_000_000, 4_500_000_000))
     tty.finish(ok=True)
@@ -331,4 +341,4 @@ def test_exoctl_pull_draws_its_steps_as_ollama_pull_does() -> None:
         plain.event(e)
     plain.finish(ok=False)
     assert plain.take() == ("pulling manifest\npulling org/tiny: 100% ▕████████████████▏ "
-                            "10/10 B\ndownloading: stalled; retry 2 in 8s\n")
+                            "10B/10B\ndownloading: stalled; retry 2 in 8s\n")

@@ -46,7 +46,7 @@ def test_aliases_as_ollamas_clients_write_them(alias: str) -> None:
     assert re.match(ALIAS_RE, alias)
 
 
-@pytest.mark.parametrize("alias", ["", ":latest", "a:", "a:b:c", "-a", "a b", "a\n"])
+@pytest.mark.parametrize("alias", ["", ":latest", "a:", "a:b:c", "-a", "a b", "a\n", "llamä"])
 def test_malformed_aliases(alias: str) -> None:
     assert not re.match(ALIAS_RE, alias)
 

@@ -18,17 +18,16 @@ import secrets
 from typing import Any
 
 from exod import messages as m
+from exod.api import sse
 from exod.api.dialects.anthropic_request import View, error_body
 from exod.api.errors import ApiError
-from exod.api.objects import SSE_HEADERS
 from exod.api.seal import Sealer
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
-    body = json.dumps({"type": name, **data}, separators=(",", ":"), ensure_ascii=False)
-    return f"event: {name}\ndata: {body}\n\n".encode()
+    return sse.frame({"type": name, **data}, name)
 
 
 def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any]:
@@ -50,7 +49,7 @@ def tool_input(arguments: str) -> dict[str, Any]:
 
 
 class AnthropicOutput:
-    stream_headers = SSE_HEADERS
+    stream_headers = sse.HEADERS
 
     def __init__(self, model: str, view: View | None = None,
                  sealer: Sealer | None = None) -> None:
@@ -203,7 +202,7 @@ class CountOutput:
     request the runner reads (template, tokens, checks) and answers without generating; with
     the length before its context edits, when one applied."""
 
-    stream_headers = SSE_HEADERS
+    stream_headers = sse.HEADERS
 
     def __init__(self) -> None:
         self.applied: list[dict[str, Any]] = []

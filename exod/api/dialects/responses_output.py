@@ -18,16 +18,15 @@ instead of the text.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
 from exod import messages as m
+from exod.api import sse
 from exod.api.dialects.responses_request import View
 from exod.api.errors import ApiError
-from exod.api.objects import SSE_HEADERS
 from exod.api.seal import Sealer
 
 
@@ -71,7 +70,7 @@ def _part(item: _Item, text: str) -> dict[str, Any]:
 
 
 class ResponsesOutput:
-    stream_headers = SSE_HEADERS
+    stream_headers = sse.HEADERS
 
     def __init__(self, model: str, body: dict[str, Any], view: View | None = None,
                  sealer: Sealer | None = None) -> None:
@@ -151,8 +150,7 @@ class ResponsesOutput:
     def _event(self, kind: str, **data: Any) -> bytes:
         body = {"type": kind, "sequence_number": self._seq, **data}
         self._seq += 1
-        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-        return f"event: {kind}\ndata: {text}\n\n".encode()
+        return sse.frame(body, kind)
 
     def begin(self) -> bytes:
         started = self._response("in_progress", None)
