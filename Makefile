@@ -12,6 +12,11 @@ PYTEST := $(BIN)/pytest --dist loadgroup --no-loadscope-reorder
 # never beside the integration tier (tests/conftest.py: QUIET_PAIR).
 QUIET := -m "not integration or timing"
 
+# The coding agents the integration tests drive (Claude Code, Codex CLI): npm's newest when
+# first set up, in a git-ignored folder of the checkout. `make agents` updates them.
+# Defined before the rules that name it: make expands a rule's prerequisites as it reads it.
+AGENTS ?= .agents
+
 .PHONY: run test test-unit test-integration test-system warm setup setup-test agents install \
 	bench man lint clean
 
@@ -39,9 +44,6 @@ warm: setup-test  ## mlx's kernel cache, the demo model: once, before tests run 
 setup: $(VENV)/.run-deps
 setup-test: $(VENV)/.test-deps $(AGENTS)/.installed
 
-# The coding agents the integration tests drive (Claude Code, Codex CLI): npm's newest when
-# first set up, in a git-ignored folder of the checkout. `make agents` updates them.
-AGENTS ?= .agents
 $(AGENTS)/.installed: scripts/agents.sh | $(VENV)/.test-deps
 	scripts/agents.sh
 	touch $@
