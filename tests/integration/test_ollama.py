@@ -32,6 +32,7 @@ from tests.harness import Daemon
 from tests.integration.test_security import tracebacks
 from tests.integration.test_vision_runner import FAMILY, PROMPT, picture_png, reference
 from tests.hub import Hub, Throttle, serving
+from tests.models.added_tokens import copy_with_tokens
 from tests.models.agent import AFTER, TRIGGER, make_agent_model
 from tests.models.thinking import make_thinking_model
 from tests.models.tiny import with_tool_template
@@ -39,6 +40,7 @@ from tests.models.tiny import with_tool_template
 TOKEN = "ollama-secret"
 HELLO = [{"role": "user", "content": "hello"}]
 GREEDY = {"temperature": 0, "num_predict": 12}
+FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")  # Qwen2.5-Coder's
 COOPERATIVE = {"EXOD_DOUBLE": "cooperative"}  # a runner that loads nothing (the hub model)
 FLOOR = 3.0  # the on-demand instance's keep_alive floor, seconds
 ECHO = {"type": "function", "function": {
@@ -86,8 +88,11 @@ def served(tiny_model: Path, tiny_model_factory: Callable[..., Path], vision_zoo
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("ollama")
     (tmp / "token").write_text(TOKEN + "\n")
+    (tmp / "token").chmod(0o600)  # a secret: closed to other users
     agent = make_agent_model(with_tool_template(tiny_model, tmp / "tools"), tmp / "agent")
     think = make_thinking_model(tiny_model, tmp / "think")
+    coder = tmp / "coder"  # a tiny model with fill-in-the-middle tokens
+    copy_with_tokens(tiny_model, coder, FIM)
     cache = tmp / "cache"
     with serving(tmp / "hub", tiny_model_factory) as (hub, throttle, commits):
         config: dict[str, Any] = {"api": {"listen": ["127.0.0.1:0", "127.0.0.1:0"],
@@ -98,6 +103,7 @@ def served(tiny_model: Path, tiny_model_factory: Callable[..., Path], vision_zoo
                         "capped": {"model": str(tiny_model), "max_tokens_cap": 6},
                         "agent": {"model": str(agent)},
                         "think": {"model": str(think)},
+                        "coder": {"model": str(coder), "autostart": "on-demand"},
                         "od": {"model": str(tiny_model), "autostart": "on-demand",
                                "idle_stop_after": "10m",
                                "keep_alive": {"min": f"{FLOOR:g}s", "max": "1h"}},
@@ -107,7 +113,7 @@ def served(tiny_model: Path, tiny_model_factory: Callable[..., Path], vision_zoo
         try:
             d.start()
             d.watch_until(lambda s: all(i["state"] == "ready" for i in s["instances"]
-                                        if i["name"] not in ("od", "sees")),
+                                        if i["name"] not in ("od", "sees", "coder")),
                           what="every instance ready")
             yield Served(d, config, hub, throttle, commits, cache)
         finally:
@@ -267,6 +273,8 @@ def test_think_and_what_a_model_cannot_do_are_answered_by_name(served: Served) -
                                         options={"num_ctx": 4}), "`options.num_ctx` of 4"),
             (lambda: served.client.embed(model="tiny", input="x"),
              '"tiny" does not support embeddings'),
+            (lambda: served.client.embeddings(model="tiny", prompt="x"),
+             '"tiny" does not support embeddings'),
             (lambda: served.client.chat(model="tiny", messages=[
                 {"role": "user", "content": "what is it?", "images": [b"GIF89a..."]}]),
              "`messages[0].images[0]`: this model does not see images"),
@@ -274,6 +282,23 @@ def test_think_and_what_a_model_cannot_do_are_answered_by_name(served: Served) -
         with pytest.raises(ollama.ResponseError) as e:
             call()
         assert e.value.status_code in (400, 404) and needle in str(e.value.error), e.value
+
+
+def test_a_suffix_fills_in_the_middle_in_the_models_own_tokens(served: Served) -> None:
+    """`suffix` on a model whose vocabulary has fill-in-the-middle tokens: the runner gets the
+    prompt in them (prefix, suffix, middle), as the same text sent `raw` shows."""
+    assert "insert" in (served.client.show("coder").capabilities or [])
+    prefix, suffix = "def f(", "):\n    return x"
+    filled = served.client.generate(model="coder", prompt=prefix, suffix=suffix, options=GREEDY)
+    raw = served.client.generate(model="coder", raw=True, options=GREEDY,
+                                 prompt=f"{FIM[0]}{prefix}{FIM[1]}{suffix}{FIM[2]}")
+    assert filled.response and filled.response == raw.response
+    assert filled.prompt_eval_count == raw.prompt_eval_count
+    # Each marker is one token: the prompt is its pieces' tokens and the three markers.
+    pieces = [served.client.generate(model="coder", raw=True, prompt=p,
+                                     options={"num_predict": 1}).prompt_eval_count or 0
+              for p in (prefix, suffix)]
+    assert filled.prompt_eval_count == sum(pieces) + 3
 
 
 def test_a_picture_reaches_a_model_that_sees_as_mlx_vlm_takes_it(served: Served,
