@@ -225,6 +225,25 @@ def test_a_stream_is_the_whole_answer_with_ollamas_statistics(served: Served) ->
     assert own.response == raw.response and own.prompt_eval_count == raw.prompt_eval_count
 
 
+def test_sampling_options_reach_the_runner(served: Served) -> None:
+    """`options` as Ollama's clients send them: a seed reproduces a sampled answer (and another
+    seed changes it, with every sampler and penalty on), `stop` ends the greedy answer where its
+    text begins."""
+    opts = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "min_p": 0.01,
+            "repeat_penalty": 1.2, "repeat_last_n": 16, "presence_penalty": 0.5,
+            "frequency_penalty": 0.5, "num_predict": 16}
+    one, again, other = (served.client.chat(model="tiny", messages=HELLO,
+                                            options={**opts, "seed": seed}).message.content
+                         for seed in (7, 7, 8))
+    assert one and one == again and one != other
+    whole = served.client.chat(model="tiny", messages=HELLO, options=GREEDY).message.content
+    assert whole and len(whole) > 6
+    cut = whole[len(whole) // 2:len(whole) // 2 + 3]
+    stopped = served.client.chat(model="tiny", messages=HELLO, options={**GREEDY, "stop": [cut]})
+    assert stopped.done_reason == "stop"
+    assert stopped.message.content == whole[:whole.index(cut)]
+
+
 def test_a_json_schema_format_is_valid_on_random_weights(served: Served) -> None:
     r = served.client.chat(model="tiny", messages=HELLO, format=SCHEMA,
                            options={"temperature": 0, "num_predict": 120})
