@@ -45,8 +45,8 @@ class OllamaGenerate:
         return await self._serve(request, "generate")
 
     async def _serve(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        req, view = ollama_request.parse(await self.api.body(request), endpoint,
-                                         self.api.cfg.strict_fields)
+        req, view = await self.api.body(request, lambda b: ollama_request.parse(
+            b, endpoint, self.api.cfg.strict_fields))
         if req is None:
             self.api.metrics.ignored.record(DIALECTS[endpoint], view.ignored)
             return await self._load(view)

@@ -3,7 +3,8 @@ package never imports the server that adds its routes."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
     from exod.daemon.instance import InstanceRuntime
 
 
+T = TypeVar("T")
+
+
 class Host(Protocol):
     @property
     def sup(self) -> Daemon: ...
@@ -26,8 +30,9 @@ class Host(Protocol):
     @property
     def metrics(self) -> Metrics: ...
 
-    async def body(self, request: web.Request) -> Any:
-        """The request's JSON body, read within the API's bounds."""
+    async def body(self, request: web.Request, read: Callable[[Any], T]) -> T:
+        """The request's JSON body as `read` reads it (a dialect's parser), read and parsed
+        within the API's bounds."""
         ...
 
     async def limits(self, inst: InstanceRuntime) -> ModelLimits: ...

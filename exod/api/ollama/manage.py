@@ -112,7 +112,7 @@ class OllamaManage:
         return web.json_response({"models": models})
 
     async def show(self, request: web.Request) -> web.Response:
-        name, _, ignored = model_field(await self.api.body(request), "show")
+        name, _, ignored = await self.api.body(request, lambda b: model_field(b, "show"))
         inst = self._instance(name)
         facts = await self._facts(inst)
         caps = await self.sup.traffic.capabilities(inst)
@@ -169,7 +169,7 @@ class OllamaManage:
         return inst.config.hub
 
     async def pull(self, request: web.Request) -> web.StreamResponse:
-        name, body, ignored = model_field(await self.api.body(request), "pull")
+        name, body, ignored = await self.api.body(request, lambda b: model_field(b, "pull"))
         stream = http(rules.flag)(body.get("stream"), "stream", True)
         ref = self._repository(name, "pull")
         steps = hub_commands.follow(self.sup, ref)
@@ -201,7 +201,7 @@ class OllamaManage:
         return resp
 
     async def delete(self, request: web.Request) -> web.Response:
-        name, _, ignored = model_field(await self.api.body(request), "delete")
+        name, _, ignored = await self.api.body(request, lambda b: model_field(b, "delete"))
         ref = self._repository(name, "delete")
         try:
             removed = await hub_commands.remove_repo(self.sup, ref)
@@ -217,8 +217,8 @@ class OllamaManage:
     async def embed(self, request: web.Request) -> web.Response:
         """exod serves no embeddings yet: answered as Ollama answers for a model without the
         capability (an unknown model is a 404 first)."""
-        raw = await self.api.body(request)
-        name = http(rules.model)(raw.get("model") if isinstance(raw, dict) else None)
+        name = await self.api.body(request, lambda b: http(rules.model)(
+            b.get("model") if isinstance(b, dict) else None))
         inst = self._instance(name)
         raise bad_request(f'"{inst.name}" does not support embeddings', "model")
 
