@@ -1,7 +1,8 @@
 """What a model can do for a client, read from its tokenizer files without loading it (the
 daemon never imports mlx): whether its chat template writes tool calls in a format the runner
-parses, and whether its vocabulary has single-token think markers (reasoning comes apart from
-the answer). /v1/models reports them, so clients size themselves before the first request.
+parses, whether its vocabulary has single-token think markers (reasoning comes apart from
+the answer), and whether it sees pictures (exod.config.vision). /v1/models reports them, so
+clients size themselves before the first request.
 
 The markers are the facts mlx-lm's tokenizer wrapper infers a tool parser from (mlx_lm
 0.32's `_infer_tool_parser`) and its single-token think pairs: the runner finds a model's
@@ -14,6 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from exod.config.vision import sees
 
 # Any of these in a chat template: the model writes tool calls mlx-lm parses.
 TOOL_MARKERS = ("<minimax:tool_call>", "<|tool_call>", "<start_function_call>",
@@ -34,6 +37,7 @@ FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
 class Capabilities:
     tools: bool | None = None  # None: the files do not tell (not downloaded yet, unreadable)
     thinking: bool | None = None
+    vision: bool | None = None  # it takes pictures (served by the vision runner)
     fim: tuple[str, str, str] | None = None  # its fill-in-the-middle tokens, if it has them
 
 
@@ -58,7 +62,7 @@ def model_capabilities(model_dir: Path) -> Capabilities:
     vocab = _vocab(config or {}, tokenizer or {})
     template = _template(model_dir, config or {})
     return Capabilities(tools=template is not None and writes_tool_calls(template, vocab),
-                        thinking=thinks(vocab),
+                        thinking=thinks(vocab), vision=sees(model_dir) is not None,
                         fim=next((t for t in FIM_TOKENS if all(x in vocab for x in t)), None))
 
 

@@ -140,7 +140,6 @@ class RunnerChannel(Generic[M]):
         """Send a generation request (its id is set here); its events arrive on the stream."""
         rid = f"r{next(self._ids)}"
         stream = RequestStream(self, rid)
-        # replace, not a rebuild from the wire's dicts: nested messages (images) stay typed
         data = encode(m.to_wire(dataclasses.replace(request, id=rid)))
         if len(data) - HEADER.size > MAX_FRAME:
             raise TooLarge(len(data) - HEADER.size)
@@ -225,4 +224,3 @@ async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
     if n > MAX_RUNNER_FRAME:
         raise ProtocolError(f"frame of {n} bytes exceeds the {MAX_RUNNER_FRAME} limit")
     return parse(await reader.readexactly(n))
-

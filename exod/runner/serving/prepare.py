@@ -69,7 +69,7 @@ def edited_prompt(tokenizer: Any, req: m.Generate) -> tuple[list[int], list[dict
     """The prompt's tokens, after the request's context edits, and the edits that applied."""
     if req.images:  # only the vision runner (exod.runner.vision) takes them
         where = req.named(images.first_image_part(req.messages or []) or "messages")
-        raise RequestError("this model does not see images: it takes text only", where)
+        raise RequestError(images.unseen(None, where), where)
     applied: list[dict[str, Any]] = []
     if req.kind == "chat":
         first = req.messages or []
