@@ -103,15 +103,15 @@ def test_the_docs_page_is_rendered_from_the_tables() -> None:
 
 # ---- reading a body against its table ---------------------------------------------------------
 def test_unknown_fields_are_ignored_and_named_once_without_indexes() -> None:
-    req = parse_chat({**CHAT_BODY, "ignore_eos": True, "messages": [
+    req = parse_chat({**CHAT_BODY, "x_future_field": True, "messages": [
         {"role": "user", "content": "a", "x": 1}, {"role": "user", "content": "b", "x": 2}]})
-    assert req.ignored == ("ignore_eos", "messages[].x")
+    assert req.ignored == ("x_future_field", "messages[].x")
     assert parse_completion({"model": "m", "prompt": "x", "chat_template_kwargs": {}}
                             ).ignored == ("chat_template_kwargs",)
 
 
 def test_strict_fields_refuse_what_exod_does_not_know_by_name() -> None:
-    for body, param in (({**CHAT_BODY, "ignore_eos": True}, "ignore_eos"),
+    for body, param in (({**CHAT_BODY, "x_future_field": True}, "x_future_field"),
                         ({**CHAT_BODY, "tools": [{"type": "web", "x": 1}]}, "tools[0].type")):
         with pytest.raises(ApiError) as e:
             parse_chat(body, strict=True)
