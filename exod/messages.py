@@ -11,8 +11,8 @@ and Serving, the engine's figures, whenever the number of generations in flight 
 Fetcher (`python -m exod.hub`) → daemon: Hello, Status, Download, Failed, Fetched.
 Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
 Prefill (while the prompt goes through the model, before the first Text), Text, ToolCall,
-Done, Error.
-Daemon → runner: Generate, Cancel, Shutdown.
+Done, Error; for an Embed, Vectors then Done.
+Daemon → runner: Generate (an embedding or reranker model: Embed), Cancel, Shutdown.
 
 Imports nothing heavy: the daemon and the runner both use it. A field added to a message is a
 new `VERSION`: the daemon refuses a runner speaking another one (a stale install after an
@@ -28,16 +28,18 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from exod.core import images
+from exod.core.request_rules import embeddings as embed_rules
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 15  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 16  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
 # 11: Serving's speculative decoding counts; 12: Done.reasoning_tokens;
 # 13: Generate.think_budget; 14: Generate.names and context_edits, Done.applied_edits;
-# 15: Generate.images and content parts (exod.core.images)
+# 15: Generate.images and content parts (exod.core.images); 16: Embed, Vectors, Serving's
+# batch counts
 
 
 class Phase(str, enum.Enum):
@@ -145,6 +147,10 @@ class Serving:
     draft_tokens: int = 0  # speculative decoding: tokens drafted a step (0: no draft model)
     drafted: int = 0  # draft tokens the model checked
     draft_accepted: int = 0  # of those, the ones the model agreed with
+    # An embedding or reranker model (exod.runner.embed): forward passes, and the inputs they
+    # held (their mean: the batch size), over all requests.
+    batches: int = 0
+    batched_inputs: int = 0
 
     def __post_init__(self) -> None:
         # Every status snapshot carries these: a runaway text or an impossible count is a
@@ -277,6 +283,28 @@ class Done:
     applied_edits: list[dict[str, Any]] = field(default_factory=list)
 
 
+# Bytes of results one Vectors event carries at most: in base64, well under the 1 MiB frame a
+# runner may send (exod.daemon.channel.MAX_RUNNER_FRAME).
+VECTORS_BYTES = 512 * 1024
+
+
+@dataclass(frozen=True)
+class Vectors:
+    """Results of an Embed, in order: `count` of them from input `start` (a rerank's from
+    document `start`), each an embedding (or a relevance score: one number), as float32
+    little-endian bytes in base64. Several frames per request: a runner's frame is small."""
+
+    type: ClassVar[str] = "vectors"
+    id: str
+    start: int
+    count: int
+    data: str
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.count < 1 or self.start + self.count > embed_rules.MAX_INPUTS:
+            raise ProtocolError(f"vectors: {self.count} from {self.start} is impossible")
+
+
 # `hung` is the daemon's own: it ends the requests of a runner that stopped making progress.
 ErrorCode = Literal["bad_request", "stopping", "aborted", "internal", "runner_gone", "hung"]
 
@@ -394,6 +422,41 @@ class Generate:
 
 
 @dataclass(frozen=True)
+class Embed:
+    """An embeddings request (its inputs into vectors) or a rerank request (the `query` scored
+    against each document), for an embedding or reranker model (exod.runner.embed); fields
+    checked by exod.core.request_rules.embeddings in the daemon, and again in the runner.
+    Answered by Vectors, then Done (its prompt_tokens: the tokens read)."""
+
+    type: ClassVar[str] = "embed"
+    id: str
+    kind: Literal["embed", "rerank"]
+    texts: list[str] = field(default_factory=list)  # the inputs (a rerank: its documents)
+    tokens: list[list[int]] = field(default_factory=list)  # or the inputs as token ids
+    query: str | None = None  # a rerank's
+    truncate: bool = embed_rules.DEFAULT_TRUNCATE  # cut an input past the model's length
+    dimensions: int | None = None  # cut each vector to this size (a model trained for it)
+    # The fields' names as the client spelled them (`texts` is `input`, or `documents`), for
+    # the runner's errors (`input[3]`).
+    names: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.texts) + len(self.tokens)
+        if not 0 < n <= embed_rules.MAX_INPUTS or (self.texts and self.tokens):
+            raise ProtocolError(f"embed: {n} inputs, or texts and tokens together")
+        if (self.kind == "rerank") != (self.query is not None) or (
+                self.kind == "rerank" and (self.tokens or self.dimensions is not None)):
+            raise ProtocolError("embed: a rerank has a query and texts, nothing else")
+
+    @property
+    def count(self) -> int:
+        return len(self.texts) + len(self.tokens)
+
+    def named(self, param: str) -> str:
+        return self.names.get(param, param)
+
+
+@dataclass(frozen=True)
 class Cancel:
     """The client went away: stop that generation now."""
 
@@ -410,9 +473,10 @@ class Shutdown:
 
 
 FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
-              | Download | Fetched | Prefill | Held | Text | ToolCall | Done | Error)
-ToRunner = Generate | Cancel | Shutdown
-Event = Prefill | Held | Text | ToolCall | Done | Error  # a request's stream
+              | Download | Fetched | Prefill | Held | Text | ToolCall | Vectors | Done | Error)
+ToRunner = Generate | Embed | Cancel | Shutdown
+Work = Generate | Embed  # a request, whichever kind of model it is for
+Event = Prefill | Held | Text | ToolCall | Vectors | Done | Error  # a request's stream
 Message = FromRunner | ToRunner
 
 FROM_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromRunner)}

@@ -126,8 +126,8 @@ async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: Output) -
     thoughts: list[str] = []
     logprobs: list[m.TokenLogprob] = []
     async for ev in events:
-        if isinstance(ev, (m.Prefill, m.Held)):
-            continue  # progress only (see _events)
+        if isinstance(ev, (m.Prefill, m.Held, m.Vectors)):
+            continue  # progress only (see _events); no Vectors for a generation
         if isinstance(ev, m.Text):
             parts.append(ev.text)
             thoughts.append(ev.reasoning)
@@ -163,8 +163,8 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
             await resp.write(out.chunk(reply.chunk(role=True)))
         calls = 0
         async for ev in _after(first, events):
-            if isinstance(ev, (m.Prefill, m.Held)):
-                continue  # progress only (see _events)
+            if isinstance(ev, (m.Prefill, m.Held, m.Vectors)):
+                continue  # progress only (see _events); no Vectors for a generation
             if isinstance(ev, m.Text):
                 await resp.write(out.chunk(reply.chunk(
                     ev.text if ev.text or not ev.reasoning else None, reasoning=ev.reasoning,

@@ -24,8 +24,10 @@ INSTALL = "pip install 'exod[vision]'"
 
 def sees(model_dir: Path) -> str | None:
     """Why `model_dir` is a model that sees (served by the vision runner), or None."""
+    from exod.config.embed import encoding  # which imports this module
+
     data = config_json(model_dir)
-    if data is None:
+    if data is None or encoding(model_dir) is not None:  # an encoder: exod.runner.embed's
         return None
     vision = data.get("vision_config")
     if isinstance(vision, dict) and vision:

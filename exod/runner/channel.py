@@ -17,6 +17,7 @@ import selectors
 import socket
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from exod import messages as m
 from exod.protocol import FrameDecoder, ProtocolError, encode
@@ -29,9 +30,9 @@ class Channel:
     def __init__(self, fd: int | None, life: Lifecycle) -> None:
         self.sock = socket.socket(fileno=fd) if fd is not None else None
         self.life = life
-        # None wakes the main thread (a stop); Generate is the only request that queues. The
-        # serve loop's reader hands its requests back here once read (exod.runner.serving.reading).
-        self.inbox: queue.Queue[m.Generate | Read | None] = queue.Queue()
+        # None wakes the main thread (a stop); requests (Generate, Embed) are all that queues.
+        # The serve loop's reader hands them back here once read (exod.runner.serving.reading).
+        self.inbox: queue.Queue[m.Work | Read[Any, Any] | None] = queue.Queue()
         self.cancelled: set[str] = set()
         self.drain: float | None = None  # seconds the daemon allows in-flight work to finish
         self._send_lock = threading.Lock()

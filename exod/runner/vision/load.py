@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exod.core.shards import Shard
-from exod.runner.load import DTYPES, ModelError, evaluate_weights, resolve_dtype
-from exod.runner.split.blocks import NoBlocks, find_blocks
+from exod.runner.load import ModelError, evaluate_whole
 
 
 @dataclass
@@ -40,14 +38,5 @@ def load_vision(path: Path, *, dtype: str, progress: Callable[[int, int], None],
         tokenizer = load_tokenizer(path, eos_token_ids=eos)
     except Exception as e:  # mlx-vlm and transformers raise many types for a bad directory
         raise ModelError(f"{type(e).__name__}: {e}") from e
-    try:
-        blocks = find_blocks(model)
-    except NoBlocks:
-        blocks = None
-    n = len(blocks.items) if blocks is not None else 0
-    dt = resolve_dtype(dtype)
-    if dt != "keep":
-        model.set_dtype(DTYPES[dt])  # lazily: each weight is cast as it is read
-    evaluate_weights(model, blocks, Shard(0, 1, 0, n, n), "pipeline", None, progress,
-                     should_stop)
+    dt, n = evaluate_whole(model, dtype, progress, should_stop)
     return LoadedVision(model, processor, tokenizer, dt, time.monotonic() - t0, n)
