@@ -12,6 +12,8 @@
     POST /v1/messages          Anthropic Messages (exod.api.dialects: an adapter over chat)
     POST /v1/messages/count_tokens
     POST /v1/responses         OpenAI Responses, stateless (an adapter over chat)
+    POST /v1/embeddings        an embedding model's vectors (exod.api.embedding)
+    POST /v1/rerank            a reranker's scores, in the Jina/Cohere shape
 
 A request goes to an instance only while it is `ready` (for a multi-rank instance: every rank
 is; an on-demand instance is started by the request, which waits in the queue while it loads),
@@ -40,6 +42,9 @@ from exod.api import address, page
 from exod.api.dialects import anthropic_request as anthropic
 from exod.api.dialects import responses_request as responses
 from exod.api.dialects.anthropic_output import AnthropicOutput, CountOutput
+from exod.api.dialects.embed_request import EmbedRequest, parse_embeddings, parse_rerank
+from exod.api.embedding import (Embedded, Embedder, json_answer, openai_embeddings,
+                                rerank_answer)
 from exod.api.dialects.output import Output
 from exod.api.dialects.responses_output import ResponsesOutput
 from exod.api.browser import PREFLIGHT_HEADERS, CorsPolicy, HostPolicy, is_json
@@ -58,6 +63,7 @@ from exod.api.schema import GenRequest, ModelLimits, parse_chat, parse_completio
 from exod.api.seal import Sealer
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
+from exod.config.embed import Encoding, encoding
 from exod.config.model_caps import Capabilities
 from exod.control_messages import ApiStatus
 from exod.api.view import Daemon
@@ -92,6 +98,7 @@ class ApiServer:
         self.max_body = cfg.max_body_kib * 1024
         self._runner: web.AppRunner | None = None
         self.serving = Serving(daemon)
+        self.embedder = Embedder(self.serving)
         self.metrics = self.serving.metrics
         # Reasoning handed to clients to send back (exod.api.seal); its key made on first use.
         self.sealer = Sealer(state_dir() / "reasoning.key")
@@ -123,6 +130,8 @@ class ApiServer:
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
         app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/rerank", self.rerank)
         # keepalive_timeout doubles as the deadline for a request head (see exod.api.guard).
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      keepalive_timeout=self.cfg.header_timeout,
@@ -253,18 +262,24 @@ class ApiServer:
         `supported_parameters`), from the model's files."""
         active, queued = self.sup.traffic.load(inst)
         created = datetime.fromtimestamp(self.started_wall, timezone.utc)
+        head = {"id": inst.name, "object": "model", "created": self.started_wall,
+                "owned_by": "exod", "type": "model", "display_name": inst.name,
+                "created_at": created.isoformat().replace("+00:00", "Z"),
+                "state": inst.state.value}
+        tail = {"active": active, "queued": queued}
+        serves = await self.sup.traffic.serves(inst)
+        if serves in ("embed", "rerank"):
+            enc = await asyncio.to_thread(encoding, inst.config.model)
+            if enc is not None:
+                return {**head, **encoder_json(enc), **tail}
         limits = await self._limits(inst)
         caps = await self.sup.traffic.capabilities(inst)
         most = min(x for x in (limits.context, limits.cap) if x is not None) \
             if limits.context is not None or limits.cap is not None else None
-        return {"id": inst.name, "object": "model", "created": self.started_wall,
-                "owned_by": "exod", "type": "model", "display_name": inst.name,
-                "created_at": created.isoformat().replace("+00:00", "Z"),
-                "state": inst.state.value, "context_length": limits.context,
+        return {**head, "serves": "chat" if serves else None, "context_length": limits.context,
                 "max_model_len": limits.context, "max_input_tokens": limits.context,
                 "max_tokens": most, "capabilities": capabilities(caps),
-                "supported_parameters": supported_parameters(caps),
-                "active": active, "queued": queued}
+                "supported_parameters": supported_parameters(caps), **tail}
 
     async def models(self, request: web.Request) -> web.Response:
         data = [await self._model_json(i) for i in self.sup.ordered()]
@@ -304,6 +319,23 @@ class ApiServer:
         req, view = responses.parse(body, self.sealer, self.cfg.strict_fields)
         return await self._generate(request, "responses", req,
                                     ResponsesOutput(req.model, body, view, self.sealer))
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        req = parse_embeddings(await self._body(request), self.cfg.strict_fields)
+        got = await self._embed(req)
+        return await json_answer(openai_embeddings(req, got), _size(got), req.ignored)
+
+    async def rerank(self, request: web.Request) -> web.StreamResponse:
+        req = parse_rerank(await self._body(request), self.cfg.strict_fields)
+        got = await self._embed(req)
+        return await json_answer(rerank_answer(req, got), _size(got), req.ignored)
+
+    async def _embed(self, req: EmbedRequest) -> Embedded:
+        try:
+            return await self.embedder.run(req)
+        except ApiError as e:
+            e.headers.update(header(req.ignored))
+            raise
 
     async def _generate(self, request: web.Request, dialect: str, req: GenRequest,
                         out: Output | None = None) -> web.StreamResponse:
@@ -345,6 +377,22 @@ class ApiServer:
             return ModelLimits(info.vocab_size, info.context_length, cap, schema)
         vocab, context = await self.sup.traffic.size(inst)
         return ModelLimits(vocab, context, cap, schema)
+
+
+def encoder_json(enc: Encoding) -> dict[str, Any]:
+    """What /v1/models says of an embedding model or a reranker: what it serves, the longest
+    input, and an embedding model's vector size and the sizes it may be cut to."""
+    out: dict[str, Any] = {"serves": "embeddings" if enc.role == "embed" else "rerank",
+                           "context_length": enc.max_tokens, "max_input_tokens": enc.max_tokens}
+    if enc.role == "embed":
+        out["dimensions"] = enc.dimensions
+        out["matryoshka_dimensions"] = list(enc.matryoshka) \
+            if isinstance(enc.matryoshka, tuple) else enc.matryoshka
+    return out
+
+
+def _size(got: Embedded) -> int:
+    return sum(map(len, got.results))
 
 
 def capabilities(caps: Capabilities) -> dict[str, Any]:

@@ -6,7 +6,8 @@ rank 0's link, and relay the events back, whole or as SSE. Every request is mete
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -14,7 +15,7 @@ from loguru import logger
 
 from exod import messages as m
 from exod.api.errors import (ApiError, model_not_found, not_ready, queue_full, runner_error,
-                             served_elsewhere)
+                             served_elsewhere, serves_other)
 from exod.api.ignored import header
 from exod.api.metrics import Meter, Metrics
 from exod.api.dialects.output import OpenAiOutput, Output
@@ -23,7 +24,7 @@ from exod.api.tool_output import streamed_call, whole_call
 from exod.api.schema import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import Daemon
 from exod.daemon.channel import RequestStream, TooLarge
-from exod.daemon.traffic import Busy, NotServing, Refused, ServedElsewhere
+from exod.daemon.traffic import Busy, Mismatch, NotServing, Refused, ServedElsewhere
 from exod.protocol import MAX_FRAME
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ def refusal(e: Refused) -> ApiError:
         return queue_full(e.name, e.limit, e.queue)
     if isinstance(e, ServedElsewhere):
         return served_elsewhere(e.name, e.host)
+    if isinstance(e, Mismatch):
+        return serves_other(e.name, e.serves)
     return model_not_found(e.name)
 
 
@@ -54,26 +57,33 @@ class Serving:
                        out: Output | None = None) -> web.StreamResponse:
         """Serve one request; `out`: the dialect its answer is rendered in (OpenAI's chat
         completions by default, see exod.api.dialects)."""
-        known = self.sup.instance(req.model) is not None  # no label for any name a client sends
-        meter = self.metrics.meter(req.model)
-        status = 499  # the client left (its handler was cancelled)
-        try:
+        with self.metered(req.model) as meter:
             resp = await self._admitted(request, req, meter, limits, out or OpenAiOutput())
-            status = resp.status
+            meter.status = resp.status
             return resp
+
+    @contextlib.contextmanager
+    def metered(self, model: str) -> Iterator[Meter]:
+        """A request for `model`, counted by its status once it ends (set `meter.status` to
+        the answer's; a client that left is 499)."""
+        known = self.sup.instance(model) is not None  # no label for any name a client sends
+        meter = self.metrics.meter(model)
+        try:
+            yield meter
         except ApiError as e:
-            status = e.status
+            meter.status = e.status
             raise
         except Exception:
-            status = 500
+            meter.status = 500
             raise
         finally:
             if known:
-                meter.finish(status)
+                meter.finish(meter.status)
 
     async def _admitted(self, request: web.Request, req: GenRequest, meter: Meter,
                         limits: Limits, out: Output) -> web.StreamResponse:
         try:
+            await self.traffic.expect(req.model, "chat")
             inst = self.traffic.find(req.model)
             req = apply_limits(req, await limits(inst))
             req = with_template_defaults(req, inst.config.chat_template_kwargs)

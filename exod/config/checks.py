@@ -113,6 +113,9 @@ def check_on_demand(instance: Instance, written: Collection[str]) -> list[Issue]
     if "idle_stop_after" in written and not instance.on_demand:
         return [Issue("idle_stop_after", "applies only to `autostart: on-demand` instances "
                                          "(nothing would start it again)")]
+    if "evictable" in written and not instance.on_demand:
+        return [Issue("evictable", "applies only to `autostart: on-demand` instances (no other "
+                                   "instance is ever stopped for room)")]
     return []
 
 

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from exod.config.checks import Issue
 from exod.config.model_dir import config_json
 from exod.config.schema import Instance
-from exod.config.vision import INSTALL, have_extra
+from exod.config.extra import INSTALL, have_extra
 
 Kind = Literal["embed", "rerank"]  # what an encoder model serves
 Role = Literal["chat", "embed", "rerank"]

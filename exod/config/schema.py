@@ -165,6 +165,13 @@ class Instance:
         default=float("inf"),
         metadata=doc("an on-demand instance with no request for this long is stopped (through "
                      "the ladder) until the next request; never keeps it", minimum=0))
+    evictable: bool = field(
+        default=True,
+        metadata=doc("an idle on-demand instance may be stopped to make room for another "
+                     "on-demand instance that memory admission would refuse (least recently "
+                     "used first); false keeps it loaded, and that other start is refused "
+                     "instead (a chat model that an embedding model starting on demand must "
+                     "never evict). An always-on instance is never stopped for room"))
     hang_after: DurationOrNever = field(
         default=300.0,
         metadata=doc("while requests are in flight, this long without a generated token means "

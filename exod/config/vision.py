@@ -16,10 +16,10 @@ import re
 from pathlib import Path
 
 from exod.config.checks import Issue
+from exod.config.extra import INSTALL, have_extra
 from exod.config.model_dir import config_json
 from exod.config.schema import Instance
 
-INSTALL = "pip install 'exod[vision]'"
 
 
 def sees(model_dir: Path) -> str | None:
@@ -38,11 +38,6 @@ def sees(model_dir: Path) -> str | None:
             and (vlm / "models" / kind).is_dir() and not _mlx_lm_serves(kind):
         return f"mlx-vlm serves its model type {kind!r} and mlx-lm does not"
     return None
-
-
-def have_extra() -> bool:
-    """Whether mlx-vlm is installed (looked up, not imported)."""
-    return importlib.util.find_spec("mlx_vlm") is not None
 
 
 def extra_problem(model_dir: Path) -> str | None:

@@ -1,9 +1,9 @@
 """The daemon's end of one runner's channel: typed messages both ways, requests by id.
 
-Frames (`exod.protocol`) carry `exod.messages`. Daemon → runner: Generate, Cancel, Shutdown.
-Runner → daemon: lifecycle reports (Hello first, then Status, Progress, Ready, Failed,
-Heartbeat, Stopping), handed to `on_message`; and per request, in order, Text events ending
-with Done or Error, delivered to that request's `RequestStream`.
+Frames (`exod.protocol`) carry `exod.messages`. Daemon → runner: Generate (or Embed), Cancel,
+Shutdown. Runner → daemon: lifecycle reports (Hello first, then Status, Progress, Ready, Failed,
+Heartbeat, Stopping), handed to `on_message`; and per request, in order, Text (or Vectors)
+events ending with Done or Error, delivered to that request's `RequestStream`.
 
 The channel is an asyncio stream (`open_unix_connection(sock=...)`) read by one task, with a
 frame-size limit. A frame that is not a valid message, a version other than ours, or anything
@@ -16,6 +16,7 @@ Error event, so no request ever waits for a runner that is gone.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import socket
 from collections.abc import Callable
@@ -127,11 +128,11 @@ class RunnerChannel:
             self._writer.write(data)
         return True
 
-    def open(self, request: m.Generate) -> RequestStream:
-        """Send a generation request (its id is set here); its events arrive on the stream."""
+    def open(self, request: m.Work) -> RequestStream:
+        """Send a request (its id is set here); its events arrive on the stream."""
         rid = f"r{next(self._ids)}"
         stream = RequestStream(self, rid)
-        data = encode(m.to_wire(m.Generate(**{**_fields(request), "id": rid})))
+        data = encode(m.to_wire(dataclasses.replace(request, id=rid)))
         if len(data) - HEADER.size > MAX_FRAME:
             raise TooLarge(len(data) - HEADER.size)
         if not self._send_frame(data):
@@ -181,7 +182,7 @@ class RunnerChannel:
                                     f"{m.VERSION} (a stale install? restart exod)")
             self.hello = msg
             return
-        if isinstance(msg, (m.Prefill, m.Held, m.Text, m.ToolCall, m.Done, m.Error)):
+        if isinstance(msg, (m.Prefill, m.Held, m.Text, m.ToolCall, m.Vectors, m.Done, m.Error)):
             stream = self._streams.get(msg.id)
             if stream is None:
                 return  # a late event for a request that was cancelled
@@ -213,7 +214,3 @@ async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
     if n > MAX_RUNNER_FRAME:
         raise ProtocolError(f"frame of {n} bytes exceeds the {MAX_RUNNER_FRAME} limit")
     return parse(await reader.readexactly(n))
-
-
-def _fields(msg: m.Generate) -> dict[str, Any]:
-    return {k: v for k, v in m.to_wire(msg).items() if k != "type"}

@@ -14,8 +14,10 @@ from collections.abc import Callable, Iterable
 
 from exod.config.model_dir import model_config
 from exod.config.schema import Instance
-from exod.core.memory import (Estimate, HeaderError, KvSpec, auto_width, estimate,
-                              model_tensors, refusal)
+from exod.config.embed import encoding
+from exod.core.memory import (Estimate, HeaderError, KvSpec, auto_width, encoder_estimate,
+                              estimate, model_tensors, refusal)
+from exod.core.serving import EMBED_BATCH_TOKENS
 from exod.core.shards import Shard
 from exod.core.states import State
 from exod.daemon.instance import InstanceRuntime
@@ -31,6 +33,10 @@ def estimates(cfg: Instance, shards: Iterable[Shard], width: int | None = None
     HeaderError or OSError when the weights cannot be read."""
     tensors = model_tensors(cfg.model)
     config = model_config(cfg.model)
+    enc = encoding(cfg.model)
+    if enc is not None:  # an embedding model or a reranker: one rank, no KV cache
+        return [encoder_estimate(tensors, config, cfg.dtype, ON_CPU, enc.max_tokens,
+                                 EMBED_BATCH_TOKENS) for _ in shards]
     kv = KvSpec(cfg.kv_bits, cfg.kv_group_size, cfg.quantized_kv_start, cfg.max_kv_size)
     draft = None
     if cfg.draft_model is not None and cfg.draft_model.is_dir():  # not a hub name not fetched

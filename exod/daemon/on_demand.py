@@ -4,7 +4,7 @@ A request for a stopped on-demand instance starts it and waits (holding its plac
 instance's queue) until it is ready. `idle_stop_after` stops it through the ladder once no
 request has come for that long. When memory admission would refuse it, idle on-demand
 instances are stopped first, least recently used first, if that frees enough; an instance
-that is always on is never evicted. Every timer runs on the seam's clock.
+that is always on, or on demand with `evictable: false`, is never evicted. Every timer runs on the seam's clock.
 """
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ class OnDemand:
         bytes; none when nothing is missing or even all of them would not be enough."""
         if missing <= 0:
             return []
-        idle = sorted((o for o in self.daemon.ordered() if o is not inst
-                       and o.config.on_demand and o.state is State.READY and self._idle(o)),
+        idle = sorted((o for o in self.daemon.ordered() if o is not inst and o.config.on_demand
+                       and o.config.evictable and o.state is State.READY and self._idle(o)),
                       key=lambda o: self.last_used.get(o.name, 0.0))
         chosen, freed = [], 0
         for o in idle:
