@@ -4,7 +4,8 @@ A request for a stopped on-demand instance starts it and waits (holding its plac
 instance's queue) until it is ready. `idle_stop_after` stops it through the ladder once no
 request has come for that long. When memory admission would refuse it, idle on-demand
 instances are stopped first, least recently used first, if that frees enough; an instance
-that is always on, or on demand with `evictable: false`, is never evicted. Every timer runs on the seam's clock.
+that is always on, or on demand with `evictable: false`, is never evicted. Every timer runs on
+the seam's clock.
 """
 
 from __future__ import annotations

@@ -212,7 +212,8 @@ def hidden_reference(model_dir: Path, texts: list[str], mode: str) -> list[list[
         enc = tok([text], truncation=True, max_length=tok.model_max_length, return_tensors="np")
         mask = mx.array(enc["attention_mask"])
         h = model(mx.array(enc["input_ids"]), attention_mask=mask).last_hidden_state
-        out.append(pool_by_config(h, mask, {"pooling_mode": mode})[0].tolist())
+        row: list[float] = pool_by_config(h, mask, {"pooling_mode": mode})[0].tolist()
+        out.append(row)
     return out
 
 

@@ -41,10 +41,12 @@ def embed_request(model: Any, inputs: Any, *, truncate: Any = None, dimensions: 
     own name for them). For a dialect of its own (Ollama's /api/embed): map its body's
     fields here, then `Embedder.run`."""
     texts, tokens = embed_rules.inputs(inputs, param)
+    names = {"texts": param}
+    if isinstance(inputs, str) or (tokens and not isinstance(inputs[0], list)):
+        names["texts[0]"] = param  # one input, not a list of them
     embed = m.Embed(id="", kind="embed", texts=texts, tokens=tokens,
                     truncate=embed_rules.truncate(truncate),
-                    dimensions=embed_rules.dimensions(dimensions),
-                    names={"texts": param} if param != "texts" else {})
+                    dimensions=embed_rules.dimensions(dimensions), names=names)
     return EmbedRequest(embed, rules.model(model), dialect, ignored=ignored)
 
 

@@ -45,10 +45,13 @@ def read_inputs(tokenizer: Any, enc: Encoding, vocab: int, req: m.Embed) -> Inpu
         if why is not None:
             raise RequestError(f"`dimensions` {req.dimensions}: {why}", "dimensions")
     most = enc.max_tokens
-    name = req.named("texts")
+
+    def name(i: int) -> str:  # the client's name of input i: `input[3]`, or `input` alone
+        return req.named(f"texts[{i}]") if f"texts[{i}]" in req.names \
+            else f"{req.named('texts')}[{i}]"
+
     if req.tokens:
-        ids = [_given(t, vocab, most, req.truncate, f"{name}[{i}]")
-               for i, t in enumerate(req.tokens)]
+        ids = [_given(t, vocab, most, req.truncate, name(i)) for i, t in enumerate(req.tokens)]
         return Inputs(ids, None, sum(map(len, ids)))
     if req.query is not None:
         return _pairs(tokenizer, req.query, req.texts, most, req.truncate, name)
@@ -76,8 +79,11 @@ def _given(ids: list[int], vocab: int, most: int, truncate: bool, param: str) ->
 Encoded = list[tuple[list[int], list[int] | None]]  # (ids, type ids) of each text
 
 
+Name = Callable[[int], str]  # an input's field, as the client named it
+
+
 def _texts(tokenizer: Any, texts: list[str], most: int, truncate: bool,
-           name: str) -> list[list[int]]:
+           name: Name) -> list[list[int]]:
     def encode(batch: list[str], cut: bool) -> Encoded:
         kw = {"truncation": True, "max_length": most} if cut else {}
         out = tokenizer(batch, add_special_tokens=True, **kw)["input_ids"]
@@ -87,7 +93,7 @@ def _texts(tokenizer: Any, texts: list[str], most: int, truncate: bool,
 
 
 def _pairs(tokenizer: Any, query: str, docs: list[str], most: int, truncate: bool,
-           name: str) -> Inputs:
+           name: Name) -> Inputs:
     """The query with each document, as one sequence each (a cross-encoder's input); cut as
     the tokenizer cuts a pair (the longer of the two first)."""
     head = query[:(most + MARGIN) * PREFIX_CHARS]  # read with every document: bounded once
@@ -108,7 +114,7 @@ def _pairs(tokenizer: Any, query: str, docs: list[str], most: int, truncate: boo
 
 
 def _decide(encode: Callable[[list[str], bool], Encoded], texts: list[str], most: int,
-            truncate: bool, name: str) -> Encoded:
+            truncate: bool, name: Name) -> Encoded:
     """Each text's ids within `most` tokens, reading as little of a long text as decides."""
     out: list[tuple[list[int], list[int] | None] | None] = [None] * len(texts)
     limit = [(most + MARGIN) * PREFIX_CHARS] * len(texts)
@@ -124,7 +130,7 @@ def _decide(encode: Callable[[list[str], bool], Encoded], texts: list[str], most
                 out[i] = got
             elif n > most + (0 if whole else MARGIN):
                 if not truncate:
-                    raise rules.too_long(f"{name}[{i}]", n, most)
+                    raise rules.too_long(name(i), n, most)
                 over.append(i)
             else:  # the prefix did not decide: read twice as much
                 limit[i] *= 2
