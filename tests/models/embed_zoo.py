@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 
@@ -212,7 +212,7 @@ def hidden_reference(model_dir: Path, texts: list[str], mode: str) -> list[list[
         enc = tok([text], truncation=True, max_length=tok.model_max_length, return_tensors="np")
         mask = mx.array(enc["attention_mask"])
         h = model(mx.array(enc["input_ids"]), attention_mask=mask).last_hidden_state
-        row: list[float] = pool_by_config(h, mask, {"pooling_mode": mode})[0].tolist()
+        row = cast("list[float]", pool_by_config(h, mask, {"pooling_mode": mode})[0].tolist())
         out.append(row)
     return out
 
