@@ -18,6 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from exod.core.states import State
 from exod.protocol import ProtocolError, decode_as, from_wire
 
 REQUEST_TAG, EVENT_TAG = "cmd", "event"
@@ -140,7 +141,7 @@ class RankStatus:
     host: str
     remote: bool
     pid: int | None
-    state: str
+    state: State
     layers: list[int]  # [start, end)
     layers_loaded: int
     layers_total: int
@@ -219,7 +220,7 @@ class DownloadStatus:
 @dataclass(frozen=True)
 class InstanceStatus:
     name: str
-    state: str
+    state: State
     detail: str
     reason: str | None
     since_s: float
@@ -282,7 +283,7 @@ class StatusReply(Snapshot):
 class StateReply:
     """After start, stop, restart: the instance's state."""
 
-    state: str
+    state: State
     ok: bool = True
 
 
@@ -318,7 +319,7 @@ class PullReply:
 @dataclass(frozen=True)
 class ModelUser:
     name: str  # an instance naming the repository
-    state: str
+    state: State
     revision: str
 
 

@@ -1,18 +1,22 @@
 """Every message between the daemon and a runner, defined once, for both ends.
 
-One channel per runner: the socketpair it inherits (`--channel-fd`), carrying `exod.protocol`
-frames. Each frame holds one JSON object whose `type` names a dataclass below; its other keys
-are that dataclass's fields, checked by `exod.protocol.from_wire` (types, required, no unknown
-keys) before either end acts on them. A runner's first message is `Hello`, whose `version`
-must equal `VERSION`.
+One channel per runner: the socketpair it inherits (`--channel-fd`, the only thing on its
+command line), carrying `exod.protocol` frames. Each frame holds one JSON object whose `type`
+names a dataclass below; its other keys are that dataclass's fields, checked by
+`exod.protocol.from_wire` (types, required, no unknown keys) before either end acts on them. A
+runner's first message is `Hello`, whose `version` must equal `VERSION`; the daemon's first is
+the runner's start-up spec (`exod.specs.RunnerSpec`), sent once the version matched.
 
 Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping;
 and Serving, the engine's figures, whenever the number of generations in flight changes.
-Fetcher (`python -m exod.hub`) → daemon: Hello, Status, Download, Failed, Fetched.
 Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
 Prefill (while the prompt goes through the model, before the first Text), Text, ToolCall,
 Done, Error; for an Embed, Vectors then Done.
 Daemon → runner: Generate (an embedding or reranker model: Embed), Cancel, Shutdown.
+Fetcher (`python -m exod.hub`, on the same kind of channel, started by `exod.specs.FetchSpec`)
+→ daemon: Hello, Status, Download, Failed, Fetched, Stopping. Daemon → fetcher: Shutdown.
+Each end checks what it reads against its own union: a fetcher's message from a runner (or a
+runner's from a fetcher) is a protocol error.
 
 Imports nothing heavy: the daemon and the runner both use it. A field added to a message is a
 new `VERSION`: the daemon refuses a runner speaking another one (a stale install after an
@@ -32,14 +36,14 @@ from exod.core.request_rules import embeddings as embed_rules
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 16  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 17  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
 # 11: Serving's speculative decoding counts; 12: Done.reasoning_tokens;
 # 13: Generate.think_budget; 14: Generate.names and context_edits, Done.applied_edits;
-# 15: Generate.images and content parts (exod.core.images); 16: Embed, Vectors, Serving's
-# batch counts
+# 15: Generate.images and content parts (exod.core.images); 16: start-up specs (exod.specs)
+# on the channel, not argv; 17: Embed, Vectors, Serving's batch counts
 
 
 class Phase(str, enum.Enum):
@@ -473,18 +477,27 @@ class Shutdown:
 
 
 FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
-              | Download | Fetched | Prefill | Held | Text | ToolCall | Vectors | Done | Error)
+              | Prefill | Held | Text | ToolCall | Vectors | Done | Error)
 ToRunner = Generate | Embed | Cancel | Shutdown
 Work = Generate | Embed  # a request, whichever kind of model it is for
+FromFetcher = Hello | Status | Download | Failed | Fetched | Stopping
+ToFetcher = Shutdown
 Event = Prefill | Held | Text | ToolCall | Vectors | Done | Error  # a request's stream
-Message = FromRunner | ToRunner
+Message = FromRunner | ToRunner | FromFetcher
 
 FROM_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromRunner)}
 TO_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(ToRunner)}
+FROM_FETCHER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromFetcher)}
+TO_FETCHER: dict[str, type[Any]] = {Shutdown.type: Shutdown}
 
 
 def decode_from_runner(obj: dict[str, Any]) -> FromRunner:
     msg: FromRunner = from_wire(obj, FROM_RUNNER)
+    return msg
+
+
+def decode_from_fetcher(obj: dict[str, Any]) -> FromFetcher:
+    msg: FromFetcher = from_wire(obj, FROM_FETCHER)
     return msg
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from exod import control_messages as cm
+from exod.core.states import State
 
 
 def human_bytes(n: int | None) -> str:
@@ -36,16 +37,16 @@ def render_status(snap: cm.Snapshot) -> str:
         rss = [r.rss_bytes for r in ranks if r.rss_bytes is not None]
         exits = [r.error or (r.last_exit.text if r.last_exit else None) for r in ranks]
         last = next((e for e in exits if e), "-")
-        if inst.state == "backoff" and inst.reason:
+        if inst.state is State.BACKOFF and inst.reason:
             # why the last run ended, before when the next one starts
             cause = next((r.error for r in ranks if r.error), None)
             last = f"{cause}; {inst.reason}" if cause else inst.reason
-        elif inst.state == "failed" and inst.reason:
+        elif inst.state is State.FAILED and inst.reason:
             last = inst.reason
-        state = inst.detail if inst.state in ("starting", "loading") else inst.state
+        state = inst.detail if inst.state in (State.STARTING, State.LOADING) else str(inst.state)
         if inst.detail.startswith("hung"):  # why it is stopping or backing off
             state = f"{inst.detail.partition(';')[0]}, {inst.state}"
-        elif inst.autostart == "on-demand" and inst.state == "stopped":
+        elif inst.autostart == "on-demand" and inst.state is State.STOPPED:
             state = "stopped (on demand)"
         rows.append((inst.name, state, f"{loaded}/{total}", pids,
                      human_duration(inst.uptime_s), str(inst.restarts),

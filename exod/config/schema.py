@@ -130,9 +130,72 @@ class Host:
     address: str = field(metadata=doc("address other hosts use to reach this one"))
 
 
+@dataclass(frozen=True, kw_only=True)
+class RunnerOptions:
+    """What a runner reads of its instance's settings: how it loads the model and serves. Each
+    rank gets them whole in its start-up spec (`exod.specs.RunnerSpec`), checked field by field
+    on arrival against these very types, so an option added here reaches every runner with its
+    default, bounds and choices declared once. `Instance` inherits them: in the YAML they are
+    keys of an instance like any other."""
+
+    dtype: DType = field(default="auto", metadata=doc("cast weights; auto = float32 on CPU"))
+    prompt_cache_bytes: int = field(
+        default=DEFAULT_PROMPT_CACHE_BYTES,
+        metadata=doc("bytes of KV cache kept from earlier requests, so a request that extends "
+                     "one (the next turn of a chat) prefills only what is new; least recently "
+                     "used entries go first; 0 disables it (a group counts rank 0's bytes)",
+                     minimum=0, maximum=1 << 50))
+    grammar: GrammarLimits = field(
+        default_factory=GrammarLimits,
+        metadata=doc("bounds of constrained decoding (response_format, forced tool calls)"))
+    # mlx-lm's generation options (exod.config.mlx_options checks what goes with what).
+    kv_bits: KvBits | None = field(
+        default=None,
+        metadata=doc("quantize the KV cache to this many bits (mlx-lm's kv_bits; 4 or 8 are "
+                     "usual): less memory per token, counted so by memory admission. mlx-lm "
+                     "cannot batch a quantized cache: the instance serves its requests by turns, "
+                     "with no prompt cache (status says so); null: float cache"))
+    kv_group_size: KvGroupSize = field(
+        default=DEFAULT_KV_GROUP_SIZE,
+        metadata=doc("with kv_bits: values quantized together (must divide the model's head "
+                     "dimension)"))
+    quantized_kv_start: int = field(
+        default=DEFAULT_QUANTIZED_KV_START,
+        metadata=doc("with kv_bits: a generation's cache stays in float until it holds this "
+                     "many tokens, then is quantized", minimum=0))
+    max_kv_size: int | None = field(
+        default=None,
+        metadata=doc("a rotating KV cache of this many tokens per generation (mlx-lm's "
+                     "max_kv_size): older tokens but the first 4 are overwritten, so a "
+                     "generation may run past it in bounded memory; null: the cache grows",
+                     # past int32, mlx's batch step fails (std::bad_cast) on every request
+                     minimum=8, maximum=1 << 30))
+    draft_model: ModelDir | None = field(
+        default=None,
+        metadata=doc("speculative decoding: a small model of the same vocabulary drafts "
+                     "tokens the model checks, giving the same tokens faster (mlx-lm's "
+                     "draft_model). A directory or a hub name (`hf:ORG/NAME[@REVISION]`, "
+                     "fetched as `model` is). mlx-lm cannot batch it: the instance serves its "
+                     "requests by turns, with no prompt cache (status says so)"))
+    num_draft_tokens: int = field(
+        default=DEFAULT_NUM_DRAFT_TOKENS,
+        metadata=doc("with draft_model: tokens drafted per step", minimum=1, maximum=64))
+    adapters: Path | None = field(
+        default=None,
+        metadata=doc("a LoRA adapter directory (adapter_config.json and adapters.safetensors, as "
+                     "mlx_lm.lora writes them), applied at load (mlx-lm's adapter_path)"))
+    wired_limit: Size | None = field(
+        default=None,
+        metadata=doc("macOS (Metal) only: bytes of memory mlx keeps wired (mx.set_wired_limit); "
+                     "null: the GPU's recommended working set, as mlx_lm.server sets it; 0: "
+                     "nothing kept wired (mlx's own default). Refused on other systems, which "
+                     "have none"))
+
+
 @dataclass(frozen=True)
-class Instance:
-    """One model, split into `shards` ranks (runner processes)."""
+class Instance(RunnerOptions):
+    """One model, split into `shards` ranks (runner processes). Its runner options
+    (`RunnerOptions`) come first in the class, last in `exod check --explain-keys`."""
 
     name: InstanceName = field(metadata=doc("the instance's name (its key)", internal=True))
     # kw_only: a defaulted field may not precede the required `model` positionally.
@@ -199,7 +262,6 @@ class Instance:
     env: Mapping[str, str] = field(
         default_factory=dict, metadata=doc("extra environment variables for the runners")
     )
-    dtype: DType = field(default="auto", metadata=doc("cast weights; auto = float32 on CPU"))
     hosts: tuple[Host, ...] = field(
         default=(), metadata=doc("hosts the ranks run on, in rank order; default all on this host")
     )
@@ -225,15 +287,6 @@ class Instance:
                                    "the weights (at most 16, at least 1)",
                                    minimum=1, maximum=256)
     )
-    prompt_cache_bytes: int = field(
-        default=DEFAULT_PROMPT_CACHE_BYTES,
-        metadata=doc("bytes of KV cache kept from earlier requests, so a request that extends "
-                     "one (the next turn of a chat) prefills only what is new; least recently "
-                     "used entries go first; 0 disables it (a group counts rank 0's bytes)",
-                     minimum=0, maximum=1 << 50))
-    grammar: GrammarLimits = field(
-        default_factory=GrammarLimits,
-        metadata=doc("bounds of constrained decoding (response_format, forced tool calls)"))
     max_queue: int = field(
         default=16, metadata=doc("requests waiting beyond max_concurrency before 429", minimum=0)
     )
@@ -246,51 +299,9 @@ class Instance:
         default_factory=dict,
         metadata=doc("extra variables for the model's chat template, e.g. {enable_thinking: "
                      "false}; a request's own `chat_template_kwargs` override them key by key"))
-    # mlx-lm's generation options (exod.config.mlx_options checks what goes with what).
-    kv_bits: KvBits | None = field(
-        default=None,
-        metadata=doc("quantize the KV cache to this many bits (mlx-lm's kv_bits; 4 or 8 are "
-                     "usual): less memory per token, counted so by memory admission. mlx-lm "
-                     "cannot batch a quantized cache: the instance serves its requests by turns, "
-                     "with no prompt cache (status says so); null: float cache"))
-    kv_group_size: KvGroupSize = field(
-        default=DEFAULT_KV_GROUP_SIZE,
-        metadata=doc("with kv_bits: values quantized together (must divide the model's head "
-                     "dimension)"))
-    quantized_kv_start: int = field(
-        default=DEFAULT_QUANTIZED_KV_START,
-        metadata=doc("with kv_bits: a generation's cache stays in float until it holds this "
-                     "many tokens, then is quantized", minimum=0))
-    max_kv_size: int | None = field(
-        default=None,
-        metadata=doc("a rotating KV cache of this many tokens per generation (mlx-lm's "
-                     "max_kv_size): older tokens but the first 4 are overwritten, so a "
-                     "generation may run past it in bounded memory; null: the cache grows",
-                     # past int32, mlx's batch step fails (std::bad_cast) on every request
-                     minimum=8, maximum=1 << 30))
-    draft_model: ModelDir | None = field(
-        default=None,
-        metadata=doc("speculative decoding: a small model of the same vocabulary drafts "
-                     "tokens the model checks, giving the same tokens faster (mlx-lm's "
-                     "draft_model). A directory or a hub name (`hf:ORG/NAME[@REVISION]`, "
-                     "fetched as `model` is). mlx-lm cannot batch it: the instance serves its "
-                     "requests by turns, with no prompt cache (status says so)"))
     draft_hub: HubRef | None = field(
         default=None, kw_only=True,
         metadata=doc("the hub repository `draft_model` names, if any", internal=True))
-    num_draft_tokens: int = field(
-        default=DEFAULT_NUM_DRAFT_TOKENS,
-        metadata=doc("with draft_model: tokens drafted per step", minimum=1, maximum=64))
-    adapters: Path | None = field(
-        default=None,
-        metadata=doc("a LoRA adapter directory (adapter_config.json and adapters.safetensors, as "
-                     "mlx_lm.lora writes them), applied at load (mlx-lm's adapter_path)"))
-    wired_limit: Size | None = field(
-        default=None,
-        metadata=doc("macOS (Metal) only: bytes of memory mlx keeps wired (mx.set_wired_limit); "
-                     "null: the GPU's recommended working set, as mlx_lm.server sets it; 0: "
-                     "nothing kept wired (mlx's own default). Refused on other systems, which "
-                     "have none"))
     cluster_key_file: Path | None = field(
         default=None,
         metadata=doc("file holding the group's shared secret (at least 16 bytes; the same file "

@@ -301,7 +301,7 @@ class Downloads:
         self.seam.kill(d.pid, signal.SIGKILL if step is Step.KILL else signal.SIGTERM)
 
     # ---- events from the process table ---------------------------------------------------
-    def on_message(self, pid: int, msg: m.FromRunner) -> None:
+    def on_message(self, pid: int, msg: m.FromFetcher) -> None:
         d = self.by_pid.get(pid)
         if d is None:
             return

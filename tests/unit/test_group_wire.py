@@ -172,6 +172,9 @@ def test_messages_are_bounds_checked_and_typed() -> None:
 
 
 # ---- rank 0's listener --------------------------------------------------------------------------
+WHERE: tuple[str, Path] = ("", Path())  # rank 0's control address and the key, as a spec says
+
+
 @pytest.fixture
 def group_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     key = tmp_path / "key"
@@ -180,8 +183,7 @@ def group_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    monkeypatch.setenv("EXOD_CLUSTER_KEY_FILE", str(key))
-    monkeypatch.setenv("EXOD_GROUP_CONTROL", f"127.0.0.1:{port}")
+    monkeypatch.setitem(globals(), "WHERE", (f"127.0.0.1:{port}", key))
     yield port
 
 
@@ -192,7 +194,7 @@ def listen(size: int, timeout: float) -> tuple[threading.Thread, dict[str, Any],
 
     def run() -> None:
         try:
-            out["ranks"] = control.accept_workers(size, timeout,
+            out["ranks"] = control.accept_workers(*WHERE, size, timeout,
                                                   lambda peer, why: refused.append((peer, why)))
         except wire.ControlLost as e:
             out["lost"] = e
@@ -255,7 +257,7 @@ def test_rank_0_refuses_impostors_and_takes_the_real_rank(group_env: int) -> Non
         with pytest.raises(wire.ControlLost, match="failed to prove"):
             worker_handshake(second, b"w" * 32, 1)  # the protocol, but not the key
     third = knock(group_env)  # says nothing: no longer waited for
-    real = control.connect_to_leader(1, 30)
+    real = control.connect_to_leader(*WHERE, 1, 30)
     t.join(30)
     assert list(out["ranks"]) == [1]
     assert sorted(refused) == [("127.0.0.1", "closed the connection during the handshake"),

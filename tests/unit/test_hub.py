@@ -238,10 +238,10 @@ class ConnectError(OSError):
 
 def test_no_network_fails_a_missing_model_at_once_and_retries_a_download_under_way(
         tmp_path: Path) -> None:
+    from exod.child_end import ChildEnd
     from exod.hub.fetch import Job, cannot_connect, unreachable
-    from exod.hub.link import Link
 
-    job = Job(REF, tmp_path, False, False, None, Link(None))
+    job = Job(REF, tmp_path, False, False, None, ChildEnd(None, {}, {}))
     refused = ConnectError("[Errno 111] Connection refused")
     assert cannot_connect(refused) and not cannot_connect(TimeoutError("read timed out"))
     wrapped = RuntimeError("listing failed")

@@ -147,17 +147,15 @@ def test_runner_log_prefix_never_raises(line: str, level: str, text: str) -> Non
 
 
 # ---- the group's key (its handshake and messages: tests/unit/test_group_wire.py) -----------
-def test_cluster_key_comes_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("EXOD_CLUSTER_KEY_FILE", raising=False)
-    with pytest.raises(control.ControlLost, match="not set"):
-        control.cluster_key()
+def test_cluster_key_comes_from_a_file(tmp_path: Path) -> None:
     key = tmp_path / "k"
+    with pytest.raises(control.ControlLost, match="cannot read the group key"):
+        control.cluster_key(key)
     key.write_bytes(b"short\n")
-    monkeypatch.setenv("EXOD_CLUSTER_KEY_FILE", str(key))
     with pytest.raises(control.ControlLost, match="shorter"):
-        control.cluster_key()
+        control.cluster_key(key)
     key.write_bytes(b"a" * 40 + b"\n")
-    assert control.cluster_key() == b"a" * 40
+    assert control.cluster_key(key) == b"a" * 40
     key.chmod(0o644)
     assert key_file_problem(key) is not None and "chmod 600" in str(key_file_problem(key))
     key.chmod(0o600)

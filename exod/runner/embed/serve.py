@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 
 def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
     """Load, then serve until asked to stop: (exit code, why it failed)."""
-    args = r.args
-    enc = encoding(args.model)
+    model = r.spec.model
+    enc = encoding(model)
     if enc is None:
-        return EXIT_MODEL, f"cannot serve {args.model}: it is no longer an embedding model"
+        return EXIT_MODEL, f"cannot serve {model}: it is no longer an embedding model"
     try:
         from exod.runner.embed.load import load_encoder
         from exod.runner.load import LoadAborted, ModelError
@@ -33,11 +33,11 @@ def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
         return EXIT_UNAVAILABLE, f"mlx-vlm is not usable: {e} (pip install 'exod[vision]')"
     why = enc.problem or unsupported(r)
     if why is not None:
-        return EXIT_MODEL, f"cannot serve {args.model}: {why}"
+        return EXIT_MODEL, f"cannot serve {model}: {why}"
     try:
-        log(f"loading {args.model} ({ENDPOINTS[enc.role]}: {enc.why}, through mlx-vlm)")
-        loaded = load_encoder(args.model, enc, dtype=args.dtype, progress=r.report.progress,
-                              should_stop=r.life.stop.is_set)
+        log(f"loading {model} ({ENDPOINTS[enc.role]}: {enc.why}, through mlx-vlm)")
+        loaded = load_encoder(model, enc, dtype=r.spec.options.dtype,
+                              progress=r.report.progress, should_stop=r.life.stop.is_set)
         log(f"loaded {loaded.layers} layers in {loaded.seconds:.2f}s as {loaded.dtype}; "
             f"{blas_msg}")
         r.report.status(m.Phase.WAITING, "encoding a first input")
@@ -47,16 +47,16 @@ def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
     except LoadAborted:
         log(f"stopped during load ({r.life.reason})")
     except ModelError as e:
-        return EXIT_MODEL, f"cannot load {args.model}: {e}"
+        return EXIT_MODEL, f"cannot load {model}: {e}"
     return EXIT_OK, ""
 
 
 def unsupported(r: Runner) -> str | None:
-    args = r.args
-    if args.world > 1:
+    opts = r.spec.options
+    if r.spec.shard.world > 1:
         return "an embedding model or a reranker runs on one rank (shards: 1)"
-    for flag, value in (("kv_bits", args.kv_bits), ("max_kv_size", args.max_kv_size),
-                        ("draft_model", args.draft_model), ("adapters", args.adapters)):
+    for flag, value in (("kv_bits", opts.kv_bits), ("max_kv_size", opts.max_kv_size),
+                        ("draft_model", opts.draft_model), ("adapters", opts.adapters)):
         if value is not None:
             return f"{flag} is a generation option: this model generates no tokens"
     return None
@@ -72,7 +72,7 @@ def make_engine(r: Runner, loaded: LoadedEncoder) -> EmbedEngineT:
         getattr(config, "pad_token_id", None)
     vocab = int(getattr(config, "vocab_size", 0) or len(tok))
     return EmbedEngine(Encoder(loaded.model, loaded.encoding, pad if isinstance(pad, int) else 0),
-                       tok, vocab, width=r.args.max_concurrency,
+                       tok, vocab, width=r.spec.width,
                        batch_tokens=EMBED_BATCH_TOKENS, max_batch=EMBED_MAX_BATCH)
 
 
@@ -96,10 +96,10 @@ def run_loop(r: Runner, engine: EmbedEngineT, enc: Encoding) -> None:
     from exod.runner.serving.loop import ServeLoop
 
     try:
-        wired.apply(r.args.wired_limit)
+        wired.apply(r.spec.options.wired_limit)
     except wired.WiredLimitError as e:
         raise ModelError(str(e)) from e
     r.report.ready(vocab_size=engine.vocab, context_length=enc.max_tokens)
-    ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat, takes=m.Embed,
+    ServeLoop(engine, r.channel, r.life, r.report, r.spec.heartbeat, takes=m.Embed,
               refusal=f"this instance serves {ENDPOINTS[enc.role]}, not chat or "
                       "completions").run()

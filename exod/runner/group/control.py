@@ -6,23 +6,24 @@ in `recv` burns ~40-60% of a core, forever, on a service meant to idle for month
 TCP read costs nothing. Tensors (hidden states, logits, all_sum) still go through MLX; only the
 "what next" messages, which a worker waits for most of its life, come this way.
 
-Rank 0 listens on EXOD_GROUP_CONTROL (its own address, one port past the ranks' ports) until
-every other rank has connected and proved it holds the group's key (the file named by
-EXOD_CLUSTER_KEY_FILE), then closes the port. It runs every connection's handshake at once,
-each bounded by HANDSHAKE_TIMEOUT: strangers (a port scanner, a peer of another version), how
-many and however slow, neither delay the real ranks nor take their place. Messages are bounds
-checked before anything is allocated; anything odd is ControlLost.
+Rank 0 listens on the control address of its spec (`exod.specs.GroupSpec.control`: its own
+address, one port past the ranks' ports) until every other rank has connected and proved it
+holds the group's key (the file the spec names), then closes the port. It runs every
+connection's handshake at once, each bounded by HANDSHAKE_TIMEOUT: strangers (a port scanner,
+a peer of another version), how many and however slow, neither delay the real ranks nor take
+their place. Messages are bounds checked before anything is allocated; anything odd is
+ControlLost.
 """
 
 from __future__ import annotations
 
 import errno
-import os
 import selectors
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from exod import messages as m
 from exod.runner.group.handshake import SAME_VERSION, LeaderHandshake, Refused, worker_handshake
@@ -40,8 +41,9 @@ class ControlAddressInUse(Exception):
     pass
 
 
-def control_address() -> tuple[str, int]:
-    host, _, port = os.environ["EXOD_GROUP_CONTROL"].rpartition(":")
+def control_address(address: str) -> tuple[str, int]:
+    """`host:port` (`[v6]:port`) as a socket takes it."""
+    host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
 
 
@@ -55,11 +57,9 @@ def _tune(sock: socket.socket) -> socket.socket:
     return sock
 
 
-def cluster_key() -> bytes:
-    """The group's shared secret, from the file the daemon names (never from argv/env)."""
-    path = os.environ.get("EXOD_CLUSTER_KEY_FILE")
-    if not path:
-        raise ControlLost("no group key: EXOD_CLUSTER_KEY_FILE is not set")
+def cluster_key(path: Path) -> bytes:
+    """The group's shared secret, from the file the daemon names (the secret itself never
+    travels in a spec, an argv or the environment)."""
     try:
         with open(path, "rb") as f:
             key = f.read(4096)
@@ -225,12 +225,13 @@ class Refusals:
                                f"refused {peer}: {why}", attempt=self.attempt)
 
 
-def accept_workers(size: int, timeout: float,
+def accept_workers(address: str, key_file: Path, size: int, timeout: float,
                    on_refused: OnRefused | None = None) -> dict[int, socket.socket]:
-    """Rank 0: one authenticated connection from each of ranks 1..size-1, within `timeout`
-    (they joined the MLX group moments ago; one that does not connect is as good as lost)."""
-    key = cluster_key()
-    srv = _listen(*control_address())
+    """Rank 0: one authenticated connection from each of ranks 1..size-1 on `address`, within
+    `timeout` (they joined the MLX group moments ago; one that does not connect is as good as
+    lost)."""
+    key = cluster_key(key_file)
+    srv = _listen(*control_address(address))
     acceptor = _Acceptor(srv, key, size, on_refused)
     done = False
     try:
@@ -242,10 +243,11 @@ def accept_workers(size: int, timeout: float,
         srv.close()
 
 
-def connect_to_leader(rank: int, timeout: float) -> socket.socket:
-    """Ranks 1..N-1: connect to rank 0 (retrying while it is not listening yet)."""
-    key = cluster_key()
-    host, port = control_address()
+def connect_to_leader(address: str, key_file: Path, rank: int,
+                      timeout: float) -> socket.socket:
+    """Ranks 1..N-1: connect to rank 0 at `address` (retrying while it is not listening yet)."""
+    key = cluster_key(key_file)
+    host, port = control_address(address)
     deadline = time.monotonic() + timeout
     while True:
         try:

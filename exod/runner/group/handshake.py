@@ -1,7 +1,7 @@
 """How a rank proves it belongs to its group, on rank 0's control port (exod.runner.group.wire).
 
-Each side proves, by an HMAC challenge-response over the group's secret (the file named by
-EXOD_CLUSTER_KEY_FILE), that it holds the key; the worker proves which rank it is too. Labels
+Each side proves, by an HMAC challenge-response over the group's secret (the file its start-up
+spec names), that it holds the key; the worker proves which rank it is too. Labels
 keep one side's answer from serving as the other's:
   worker → rank 0:  version line, Greeting(nonce_w)
   rank 0 → worker:  version line, Challenge(nonce_0, HMAC(key, "exod-leader" nonce_w nonce_0))

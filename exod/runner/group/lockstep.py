@@ -32,7 +32,7 @@ import secrets
 from typing import Any
 
 from exod import messages as m
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.protocol import to_wire
 from exod.runner.serving.batch_engine import BatchEngine
 from exod.runner.group import wire
@@ -123,7 +123,7 @@ class LeaderEngine:
 
 
 def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
-           grammar_limits: EngineLimits | None = None) -> None:
+           grammar_limits: GrammarLimits | None = None) -> None:
     """Ranks 1..N-1: replay rank 0's plans until SHUTDOWN (clean) or the group breaks."""
     engine: BatchEngine | None = None
     while True:

@@ -30,7 +30,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from exod import messages as m
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.runner.serving.prepare import check_request, context_window, read_prompt, vocab_size
 from exod.runner.log import ERR, log
 from exod.runner.serving import tool_calls
@@ -72,7 +72,7 @@ class CacheStats:
 
 class BatchEngine:
     def __init__(self, model: Any, tokenizer: Any, *, width: int, cache_bytes: int,
-                 prefill_step: int = 256, grammar_limits: EngineLimits | None = None,
+                 prefill_step: int = 256, grammar_limits: GrammarLimits | None = None,
                  kv: KvOptions | None = None,
                  on_new_generator: Callable[[], None] | None = None) -> None:
         """kv: the caches' options (here, max_kv_size: a rotating cache per request).
@@ -87,7 +87,7 @@ class BatchEngine:
         self.vocab = vocab_size(model, tokenizer)
         self.window = context_window(model)
         self.text = TokenText(tokenizer)
-        self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or EngineLimits())
+        self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or GrammarLimits())
         self._cache = LRUPromptCache(max_size=1 << 30, max_bytes=self.cache_bytes)
         self._counts = CacheStats()
         self._by_uid: dict[int, _Request] = {}
