@@ -16,12 +16,15 @@ import base64
 import collections
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from exod import messages as m
 from exod.config.embed import Encoding
 from exod.core.request_rules import RequestError
-from exod.runner.embed.encoder import Encoder
 from exod.runner.embed.inputs import Inputs, read_inputs
+
+if TYPE_CHECKING:  # mlx: only where a model runs (this module's pure parts are unit-tested)
+    from exod.runner.embed.encoder import Encoder
 
 BATCHING = "dynamic: the inputs of every request in flight, batched by length"
 
