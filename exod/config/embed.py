@@ -235,9 +235,28 @@ def check_embed(instance: Instance) -> list[Issue]:
                                f"optional extra exod[vision] (mlx-vlm), which is not installed: "
                                f"{INSTALL}")]
     if instance.shards > 1:
-        return [Issue("shards", f"{what} runs on one rank (it is small: split it by serving "
-                                "another instance); serve it with shards: 1")]
+        return [Issue("shards", f"{what} runs on one rank; serve it with shards: 1")]
     for key in ("kv_bits", "max_kv_size", "draft_model", "adapters"):
         if getattr(instance, key) is not None:
             return [Issue(key, f"{key} is a generation option: {what} generates no tokens")]
     return []
+
+
+def describe(instance: Instance) -> list[str]:
+    """`exod check`'s line for an embedding or reranker instance: what it serves and how its
+    files say vectors are made."""
+    if instance.hub is not None:
+        return []
+    enc = encoding(instance.model)
+    if enc is None or enc.problem is not None:
+        return []
+    if enc.role == "rerank":
+        return [f"{instance.name}: serves {ENDPOINTS['rerank']}: {enc.why}; inputs of at most "
+                f"{enc.max_tokens} tokens"]
+    pooling = (enc.pooling or {}).get("pooling_mode", "the family's own")
+    sizes = ("" if enc.matryoshka is None else "; may be cut to any size" if
+             enc.matryoshka == "any" else
+             f"; may be cut to {', '.join(map(str, enc.matryoshka))}")
+    return [f"{instance.name}: serves {ENDPOINTS['embed']}: {enc.why}; {pooling} pooling, "
+            f"{'normalized' if enc.normalize else 'not normalized'}, {enc.dimensions} "
+            f"dimensions{sizes}; inputs of at most {enc.max_tokens} tokens"]

@@ -122,7 +122,10 @@ def describe(cfg: Instance, shards: list[Shard], node: str, headroom: int = 0) -
     try:
         width = cfg.max_concurrency
         note = ""
-        if width is None:
+        if encoding(cfg.model) is not None:
+            note = (f"; an encoder: no KV cache, the runtime holds a batch of "
+                    f"{EMBED_BATCH_TOKENS} tokens")
+        elif width is None:
             free = (available_bytes(0) or AUTO_FREE_UNKNOWN) - headroom
             width = auto_width(estimates(cfg, local, 1), free)
             note = (f"; batch width {width} (max_concurrency unset: sized by memory, KV for "
