@@ -12,8 +12,13 @@ PYTEST := $(BIN)/pytest --dist loadgroup --no-loadscope-reorder
 # never beside the integration tier (tests/conftest.py: QUIET_PAIR).
 QUIET := -m "not integration or timing"
 
+# The coding agents the integration tests drive (Claude Code, Codex CLI): npm's newest when
+# first set up, in a git-ignored folder of the checkout. `make agents` updates them.
+# Defined before the rules that name it: make expands a rule's prerequisites as it reads it.
+AGENTS ?= .agents
+
 .PHONY: run test test-unit test-integration test-system warm setup setup-test agents install \
-	bench lint clean
+	bench man lint clean
 
 run: setup  ## set up, then run the daemon in the foreground on the built-in demo model
 	$(BIN)/exod run --demo
@@ -39,9 +44,6 @@ warm: setup-test  ## mlx's kernel cache, the demo model: once, before tests run 
 setup: $(VENV)/.run-deps
 setup-test: $(VENV)/.test-deps $(AGENTS)/.installed
 
-# The coding agents the integration tests drive (Claude Code, Codex CLI): npm's newest when
-# first set up, in a git-ignored folder of the checkout. `make agents` updates them.
-AGENTS ?= .agents
 $(AGENTS)/.installed: scripts/agents.sh | $(VENV)/.test-deps
 	scripts/agents.sh
 	touch $@
@@ -75,6 +77,10 @@ install:  ## as root: exod in a venv at $(INSTALL_PREFIX), then its service file
 
 bench: setup-test  ## benchmarks: print ratios against baselines measured in the same run
 	$(BIN)/python -m bench
+
+man: setup  ## exod.yaml(5)'s KEYS section, written from the schema (exod/config/schema.py)
+	$(BIN)/python -c 'import sys; from exod.config.explain import write_pages; \
+		write_pages(sys.argv[1:])' man/exod.yaml.5
 
 lint: setup-test
 	$(BIN)/ruff check exod tests bench

@@ -386,7 +386,7 @@ class LineEvent:
 
 @dataclass(frozen=True)
 class DownloadEvent:
-    """A pull's progress, e.g. `downloading 1.2 of 4.5 GB (27%, 38 MB/s)`."""
+    """A pull's progress, e.g. `downloading 1.2GiB of 4.5GiB (27%, 38MiB/s)`."""
 
     type: ClassVar[str] = "download"
     detail: str

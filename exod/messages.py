@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Literal
 
 from exod.core import images
 from exod.core.request_rules import embeddings as embed_rules
+from exod.core.sizes import format_size
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
@@ -337,7 +338,7 @@ class Image:
     def __post_init__(self) -> None:
         if len(self.data) > images.encoded_size_bound(images.MAX_IMAGE_BYTES):
             raise ProtocolError(f"generate.images: an image larger than "
-                                f"{images.MAX_IMAGE_BYTES >> 20} MiB")
+                                f"{format_size(images.MAX_IMAGE_BYTES)}")
 
 
 @dataclass(frozen=True)
@@ -413,7 +414,7 @@ class Generate:
             total = images.encoded_size_bound(images.MAX_REQUEST_IMAGE_BYTES)
             if sum(len(i.data) for i in self.images) > total:
                 raise ProtocolError(f"generate.images: more than "
-                                    f"{images.MAX_REQUEST_IMAGE_BYTES >> 20} MiB of images")
+                                    f"{format_size(images.MAX_REQUEST_IMAGE_BYTES)} of images")
             why = images.content_problem(self.messages or [], len(self.images))
             if why is not None:
                 raise ProtocolError(f"generate.{why}")

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path, PurePath
 from typing import Any, Literal, Union
 
+from exod.core.text import clip
+
 HEADER = struct.Struct("!I")
 MAX_FRAME = 64 * 1024 * 1024  # far above any real message; stops a corrupt length from OOMing us
 
@@ -328,5 +330,4 @@ _SCALARS: dict[Any, Checker] = {type(None): _none, bool: _bool, float: _float, i
 
 
 def _clip(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:59] + "…"
+    return clip(repr(value), 60)

@@ -345,14 +345,14 @@ def models(client: Client, as_json: bool, remove: str | None) -> None:
         out.pop("ok", None)
         click.echo(json.dumps(out, indent=2))
         return
-    from exod.cli.table import human_bytes
+    from exod.core.sizes import format_size
 
     rows = [("MODEL", "SIZE", "REVISIONS", "INSTANCES")]
     for e in answer.models:
         revisions = ", ".join(f"{r}={c[:12]}" for r, c in e.revisions.items()) or \
             ", ".join(c[:12] for c in e.commits) or "-"
-        size = human_bytes(e.size_bytes) + (
-            f" ({human_bytes(e.partial_bytes)} partial)" if e.partial_bytes else "")
+        size = format_size(e.size_bytes) + (
+            f" ({format_size(e.partial_bytes)} partial)" if e.partial_bytes else "")
         users = ", ".join(f"{i.name} ({i.state})" for i in e.instances) or "-"
         rows.append((f"hf:{e.repo}", size, revisions, users))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]

@@ -13,7 +13,8 @@ from exod.ask import NoAnswer, ask
 from exod.config.schema import Config, Instance
 from exod.core.memory import RUNTIME_BYTES
 from exod.hub import cache as hub_cache
-from exod.hub.files import disk_problem, progress_text
+from exod.core.sizes import format_size
+from exod.hub.files import disk_problem
 from exod.hub.ref import HubRef
 from exod.specs import PlanAsk, Planned
 
@@ -27,10 +28,6 @@ def cache_of(cfg: Config) -> Path:
 def offline(cfg: Config) -> bool:
     return cfg.hub.offline or os.environ.get("HF_HUB_OFFLINE", "").lower() in (
         "1", "true", "yes", "on")
-
-
-def size_text(n: int) -> str:
-    return progress_text(n, n, None, "").split(" of ", 1)[1].split(" (")[0]
 
 
 def plan(cfg: Config, ref: HubRef) -> Planned | str:
@@ -56,8 +53,8 @@ def memory_text(cfg: Config, weights: int) -> str:
         return "memory is estimated once fetched"
     free = available - cfg.defaults.memory_headroom
     verdict = "fit" if weights + RUNTIME_BYTES <= free else "do NOT fit"
-    return (f"its files ({size_text(weights)}) {verdict} in the memory available now "
-            f"({size_text(max(0, free))}); the full estimate is made once fetched")
+    return (f"its files ({format_size(weights)}) {verdict} in the memory available now "
+            f"({format_size(max(0, free))}); the full estimate is made once fetched")
 
 
 def lines(cfg: Config) -> tuple[list[str], list[Instance]]:
@@ -87,7 +84,7 @@ def ref_line(cfg: Config, cache: Path, label: str, ref: HubRef
     """What `exod check` says of one repository, and its snapshot when cached."""
     found = hub_cache.cached(cache, ref)
     if found is not None:
-        return (f"{label}: {ref}: cached ({size_text(found.size)}, commit "
+        return (f"{label}: {ref}: cached ({format_size(found.size)}, commit "
                 f"{found.commit[:12]}) in {cache}", found)
     if offline(cfg):
         return (f"{label}: {ref}: not in the cache at {cache}; exod is offline, so it will "
@@ -97,6 +94,6 @@ def ref_line(cfg: Config, cache: Path, label: str, ref: HubRef
         return f"{label}: {ref}: not in the cache at {cache}; {p}", None
     fits = disk_problem(str(ref), p.missing, p.free, str(cache))
     return (f"{label}: {ref}: not in the cache; fetched at its first start: "
-            f"{size_text(p.size)} (commit {p.commit[:12]}), "
-            + (fits or f"fits on disk ({size_text(p.free)} free)")
+            f"{format_size(p.size)} (commit {p.commit[:12]}), "
+            + (fits or f"fits on disk ({format_size(p.free)} free)")
             + "; " + memory_text(cfg, p.size), None)

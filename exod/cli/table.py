@@ -3,17 +3,8 @@
 from __future__ import annotations
 
 from exod import control_messages as cm
+from exod.core.sizes import format_size
 from exod.core.states import State
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n}B"
 
 
 def human_duration(s: float | None) -> str:
@@ -50,7 +41,7 @@ def render_status(snap: cm.Snapshot) -> str:
             state = "stopped (on demand)"
         rows.append((inst.name, state, f"{loaded}/{total}", pids,
                      human_duration(inst.uptime_s), str(inst.restarts),
-                     human_bytes(sum(rss)) if rss else "-", last))
+                     format_size(sum(rss)) if rss else "-", last))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = [head, ""]
     for r in rows:
@@ -73,7 +64,7 @@ def serving_note(serving: cm.ServingStatus | None) -> str:
     cache = serving.prompt_cache
     if cache is not None and cache.max_bytes:
         rate = cache.hit_rate
-        text += (f", prompt cache {cache.entries} entries {human_bytes(cache.bytes)}"
+        text += (f", prompt cache {cache.entries} entries {format_size(cache.bytes)}"
                  f", hit rate {'-' if rate is None else f'{rate:.0%}'}")
     else:
         text += ", no prompt cache"

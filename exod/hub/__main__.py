@@ -23,6 +23,7 @@ from exod.child_end import ChildEnd
 from exod.core.exits import EXIT_UNAVAILABLE, EXIT_USAGE
 from exod.hub.fetch import Job, main, plan_only
 from exod.hub.ref import make
+from exod.secret_file import SecretFileError, read_secret
 from exod.specs import FETCHER_FIRST, FetchSpec, PlanAsk
 
 SPEC_WAIT = 60.0  # the parent sends it as soon as it reads the hello
@@ -37,9 +38,14 @@ def channel_fd(argv: list[str] | None) -> int | None:
 
 
 def read_token(path: Path | None) -> str | bool:
+    """The token in hub.hf_token_file (a secret file: exod.secret_file's rule), False for
+    none. Raises OSError (one line) when unusable."""
     if path is None:
         return False
-    return path.read_text(encoding="utf-8").strip() or False
+    try:
+        return read_secret(path, least=0).decode("utf-8") or False
+    except UnicodeDecodeError:
+        raise SecretFileError(f"{path} is not UTF-8 text") from None
 
 
 def on_message(link: ChildEnd[FetchSpec], msg: m.ToFetcher) -> None:
@@ -64,7 +70,7 @@ def entry(argv: list[str] | None = None) -> int:
     try:
         token = read_token(spec.token_file)
     except OSError as e:
-        print(f"cannot read the token file {spec.token_file}: {e.strerror}", flush=True)
+        print(f"hub.hf_token_file: {e.strerror}", flush=True)
         return EXIT_UNAVAILABLE
     try:
         ref = make(spec.ref.repo, spec.ref.revision)

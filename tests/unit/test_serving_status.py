@@ -25,7 +25,7 @@ def test_hit_rate_is_hits_per_lookup_and_null_before_any() -> None:
 
 def test_table_line_shows_batch_and_cache_or_why_there_is_no_batch() -> None:
     assert serving_note(serving_status(BATCH)) == (
-        "batch 3/8, prompt cache 2 entries 3.0MiB, hit rate 25%")
+        "batch 3/8, prompt cache 2 entries 3MiB, hit rate 25%")
     off = replace(BATCH, cache_max_bytes=0)
     assert serving_note(serving_status(off)) == "batch 3/8, no prompt cache"
     why = "one request at a time: a multi-rank group's forward carries one sequence"

@@ -11,8 +11,8 @@ address, one port past the ranks' ports) until every other rank has connected an
 holds the group's key (the file the spec names), then closes the port. It runs every
 connection's handshake at once, each bounded by HANDSHAKE_TIMEOUT: strangers (a port scanner,
 a peer of another version), how many and however slow, neither delay the real ranks nor take
-their place. Messages are bounds checked before anything is allocated; anything odd is
-ControlLost.
+their place, nor push a rank's handshake out (see _Acceptor). Messages are bounds checked
+before anything is allocated; anything odd is ControlLost.
 """
 
 from __future__ import annotations
@@ -27,13 +27,15 @@ from pathlib import Path
 
 from exod import messages as m
 from exod.runner.group.handshake import SAME_VERSION, LeaderHandshake, Refused, worker_handshake
-from exod.runner.group.wire import ControlLost
+from exod.runner.group.wire import Closed, ControlLost
 from exod.runner.log import WARNING, log
 from exod.runner.report import Reporter
+from exod.secret_file import KEY_BYTES, SecretFileError, read_secret
 
-MIN_KEY = 16
 HANDSHAKE_TIMEOUT = 2.0  # a real rank answers in a round trip; a silent stranger goes then
-MAX_HANDSHAKES = 64  # at once; past it the oldest goes (a real rank's takes milliseconds)
+MAX_HANDSHAKES = 64  # at once in each pool (see _Acceptor); past it the pool's oldest goes
+ACCEPT_BATCH = 64  # connections taken per wake-up, so a flood of them never starves the rest
+BACKLOG = 1024  # past it the kernel drops a connect, which a rank retries only a second later
 OnRefused = Callable[[str, str], None]  # (peer's address, why)
 
 
@@ -59,16 +61,12 @@ def _tune(sock: socket.socket) -> socket.socket:
 
 def cluster_key(path: Path) -> bytes:
     """The group's shared secret, from the file the daemon names (the secret itself never
-    travels in a spec, an argv or the environment)."""
+    travels in a spec, an argv or the environment): a secret file (exod.secret_file's rule) of
+    KEY_BYTES at least."""
     try:
-        with open(path, "rb") as f:
-            key = f.read(4096)
-    except OSError as e:
-        raise ControlLost(f"cannot read the group key {path}: {e.strerror}") from None
-    key = key.strip()
-    if len(key) < MIN_KEY:
-        raise ControlLost(f"the group key {path} is shorter than {MIN_KEY} bytes")
-    return key
+        return read_secret(path, KEY_BYTES)
+    except SecretFileError as e:
+        raise ControlLost(f"the group key: {e}") from None
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -76,7 +74,7 @@ def _listen(host: str, port: int) -> socket.socket:
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         srv.bind((host, port))
-        srv.listen(128)  # a flood of connects must not crowd a real rank out of the backlog
+        srv.listen(BACKLOG)  # a flood of connects must not crowd a rank out of the backlog
     except OSError as e:
         srv.close()
         if e.errno == errno.EADDRINUSE:
@@ -97,14 +95,23 @@ class _Knock:
 
 
 class _Acceptor:
-    """Rank 0's listener: every connection's handshake at once, in one thread (no I/O blocks)."""
+    """Rank 0's listener: every connection's handshake at once, in one thread (no I/O blocks).
+
+    Connections wait in two pools, oldest first, each of MAX_HANDSHAKES at most: those that
+    have not sent a valid header yet, and those challenged, whose proof is awaited. A rank
+    sends its header with its connect, so it is read at the accept and moves on at once: a
+    crowd of strangers that say nothing, or say it a byte at a time, pushes out only its own
+    kind. Strangers that greet like a rank and then fall silent crowd the second pool, where
+    the oldest goes first: a rank answers its challenge in one round trip, and one let go all
+    the same connects again (connect_to_leader)."""
 
     def __init__(self, srv: socket.socket, key: bytes, size: int,
                  on_refused: OnRefused | None) -> None:
         self.srv, self.key, self.size, self.on_refused = srv, key, size, on_refused
         self.sel = selectors.DefaultSelector()
         self.sel.register(srv, selectors.EVENT_READ)
-        self.knocks: dict[socket.socket, _Knock] = {}  # oldest first
+        self.unheard: dict[socket.socket, _Knock] = {}  # no valid header yet
+        self.greeted: dict[socket.socket, _Knock] = {}  # challenged: the proof is awaited
         self.ranks: dict[int, socket.socket] = {}
 
     def run(self, deadline: float) -> dict[int, socket.socket]:
@@ -114,27 +121,33 @@ class _Acceptor:
                 host, port = self.srv.getsockname()[:2]
                 raise ControlLost(f"only {len(self.ranks)} of {self.size - 1} ranks connected "
                                   f"to {host}:{port} within the group's timeout")
-            wake = min([deadline, *(k.deadline for k in self.knocks.values())])
+            wake = min([deadline, *(k.deadline for k in self._knocks())])
             for key, _ in self.sel.select(max(0.0, wake - now)):
                 if key.fileobj is self.srv:
                     self._accept()
-                elif key.fileobj in self.knocks:
-                    self._advance(self.knocks[key.fileobj])
+                elif (k := self._find(key.fileobj)) is not None:  # type: ignore[arg-type]
+                    self._advance(k)
             now = time.monotonic()
-            for k in [k for k in self.knocks.values() if k.deadline <= now]:
+            for k in [k for k in self._knocks() if k.deadline <= now]:
                 self._drop(k, f"no handshake within {HANDSHAKE_TIMEOUT:g}s")
         return self.ranks
 
     def close(self, keep: bool) -> None:
-        for k in list(self.knocks.values()):
+        for k in list(self._knocks()):
             self._drop(k, None)
         if not keep:
             for conn in self.ranks.values():
                 conn.close()
         self.sel.close()
 
+    def _knocks(self) -> list[_Knock]:
+        return [*self.unheard.values(), *self.greeted.values()]
+
+    def _find(self, conn: socket.socket) -> _Knock | None:
+        return self.unheard.get(conn) or self.greeted.get(conn)
+
     def _accept(self) -> None:
-        while True:
+        for _ in range(ACCEPT_BATCH):  # then the connections already open get their turn
             try:
                 conn, peer = self.srv.accept()
             except (BlockingIOError, InterruptedError):
@@ -142,12 +155,16 @@ class _Acceptor:
             except OSError:  # e.g. out of descriptors: the pending ones get their turn later
                 return
             conn.setblocking(False)
-            if len(self.knocks) >= MAX_HANDSHAKES:
-                self._drop(next(iter(self.knocks.values())), "too many handshakes at once")
-            self.knocks[conn] = _Knock(conn, str(peer[0]),
-                                       LeaderHandshake(self.key, self.size, self.ranks),
-                                       time.monotonic() + HANDSHAKE_TIMEOUT)
+            k = _Knock(conn, str(peer[0]), LeaderHandshake(self.key, self.size, self.ranks),
+                       time.monotonic() + HANDSHAKE_TIMEOUT)
+            self.unheard[conn] = k
             self.sel.register(conn, selectors.EVENT_READ)
+            self._advance(k)  # a rank's header came with its connect: read it now
+            self._crowd(self.unheard)
+
+    def _crowd(self, pool: dict[socket.socket, _Knock]) -> None:
+        while len(pool) > MAX_HANDSHAKES:
+            self._drop(next(iter(pool.values())), "too many handshakes at once")
 
     def _advance(self, k: _Knock) -> None:
         try:
@@ -170,6 +187,10 @@ class _Acceptor:
         if k.shake.rank is not None:
             self._forget(k)
             self.ranks[k.shake.rank] = _tune(k.conn)
+        elif k.shake.greeted and k.conn in self.unheard:
+            del self.unheard[k.conn]
+            self.greeted[k.conn] = k
+            self._crowd(self.greeted)
 
     def _say(self, k: _Knock, data: bytes) -> bool:
         """A handshake's reply, a few hundred bytes into a fresh socket's empty buffer: all
@@ -187,7 +208,8 @@ class _Acceptor:
 
     def _forget(self, k: _Knock) -> None:
         self.sel.unregister(k.conn)
-        del self.knocks[k.conn]
+        self.unheard.pop(k.conn, None)
+        self.greeted.pop(k.conn, None)
 
     def _drop(self, k: _Knock, why: str | None, reply: bytes = b"") -> None:
         self._forget(k)
@@ -245,7 +267,8 @@ def accept_workers(address: str, key_file: Path, size: int, timeout: float,
 
 def connect_to_leader(address: str, key_file: Path, rank: int,
                       timeout: float) -> socket.socket:
-    """Ranks 1..N-1: connect to rank 0 at `address` (retrying while it is not listening yet)."""
+    """Ranks 1..N-1: connect to rank 0 at `address` (retrying while it is not listening yet,
+    and when it let our connection go before its verdict: strangers crowded it out)."""
     key = cluster_key(key_file)
     host, port = control_address(address)
     deadline = time.monotonic() + timeout
@@ -260,6 +283,12 @@ def connect_to_leader(address: str, key_file: Path, rank: int,
         try:
             sock.settimeout(max(0.01, deadline - time.monotonic()))
             worker_handshake(sock, key, rank)
+        except Closed:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)  # not a verdict: knock again, as a rank that came late would
+            continue
         except BaseException:
             sock.close()
             raise

@@ -42,6 +42,7 @@ from exod.runner.log import WARNING, log
 from exod.core.request_rules import RequestError
 from exod.runner.serving import json_bounds
 from exod.runner.serving.think_grammar import Thinking
+from exod.core.text import clip
 
 MAX_ERROR = 300  # characters of the engine's message in a 400
 CACHED = 16  # compiled grammars kept, each with its lexer
@@ -218,5 +219,4 @@ class Constraint:
 
 
 def _clip(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= MAX_ERROR else line[: MAX_ERROR - 1] + "…"
+    return clip(text, MAX_ERROR, flat=True)

@@ -28,6 +28,7 @@ import llguidance
 
 from exod.config.schema import GrammarLimits
 from exod.core.request_rules import RequestError
+from exod.core.text import clip
 from exod.runner.serving import json_bounds
 
 EOS = 256
@@ -91,7 +92,7 @@ class ArgsCheck:
         if matcher.consume_tokens(list(data)) and matcher.is_accepting():
             return None
         why = matcher.get_error() if matcher.is_error() else "the arguments end too soon"
-        return " ".join(why.split())[:200]
+        return clip(why, 200, flat=True)
 
 
 def _matcher(schema: Any, limits: GrammarLimits, param: str) -> llguidance.LLMatcher:
@@ -194,5 +195,4 @@ def _expand(schemas: list[Any], root: Any, budget: list[int]) -> list[dict[str, 
 
 
 def _clip(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= 300 else line[:299] + "…"
+    return clip(text, 300, flat=True)

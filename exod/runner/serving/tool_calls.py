@@ -18,6 +18,7 @@ from exod.core.request_rules import RequestError
 from exod.runner.log import WARNING, log
 from exod.runner.serving import json_bounds
 from exod.runner.serving.strict_args import ArgsCheck
+from exod.core.text import clip
 
 # The formats whose calls a grammar can write: the parser's module in mlx_lm.tool_parsers →
 # how the calls sit between the markers. Others are parsed, not forced.
@@ -166,11 +167,11 @@ class ToolCallSplitter:
             for c in calls:
                 why = self.check.error(c.name, c.arguments) if self.check else None
                 if why is not None:
-                    raise ValueError(f"the arguments of {c.name[:64]!r}, a strict tool, do not "
-                                     f"validate against its parameters: {why}")
+                    raise ValueError(f"the arguments of {clip(c.name, 64)!r}, a strict tool, do "
+                                     f"not validate against its parameters: {why}")
         except Exception as e:  # noqa: BLE001 -- each parser raises its own kinds
             log(f"request {self.rid}: a tool call did not parse ({type(e).__name__}: "
-                f"{str(e)[:200]}); returned as text", WARNING)
+                f"{clip(str(e), 200)}); returned as text", WARNING)
             return [self.fmt.start + body + (self.fmt.end if closed else "")]
         self.made += len(calls)
         self.done = self.single
