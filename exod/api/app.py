@@ -14,6 +14,8 @@
     POST /v1/responses         OpenAI Responses, stateless (an adapter over chat)
     POST /v1/embeddings        an embedding model's vectors (exod.api.embedding)
     POST /v1/rerank            a reranker's scores, in the Jina/Cohere shape
+    POST /api/embed            Ollama's embeddings (exod.api.dialects.ollama_embed), and its
+    POST /api/embeddings       older one-prompt form
 
 A request goes to an instance only while it is `ready` (for a multi-rank instance: every rank
 is; an on-demand instance is started by the request, which waits in the queue while it loads),
@@ -40,11 +42,12 @@ from loguru import logger
 
 from exod.api import address, page
 from exod.api.dialects import anthropic_request as anthropic
+from exod.api.dialects import ollama_embed
 from exod.api.dialects import responses_request as responses
 from exod.api.dialects.anthropic_output import AnthropicOutput, CountOutput
 from exod.api.dialects.embed_request import EmbedRequest, parse_embeddings, parse_rerank
-from exod.api.embedding import (Embedded, Embedder, json_answer, openai_embeddings,
-                                rerank_answer)
+from exod.api.embedding import (BIG_ANSWER, Embedded, Embedder, json_answer,
+                                openai_embeddings, rerank_answer)
 from exod.api.dialects.output import Output
 from exod.api.dialects.responses_output import ResponsesOutput
 from exod.api.browser import PREFLIGHT_HEADERS, CorsPolicy, HostPolicy, is_json
@@ -132,6 +135,8 @@ class ApiServer:
         app.router.add_post("/v1/responses", self.responses)
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_post("/v1/rerank", self.rerank)
+        app.router.add_post("/api/embed", self.ollama_embed)
+        app.router.add_post("/api/embeddings", self.ollama_embeddings)
         # keepalive_timeout doubles as the deadline for a request head (see exod.api.guard).
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      keepalive_timeout=self.cfg.header_timeout,
@@ -329,6 +334,22 @@ class ApiServer:
         req = parse_rerank(await self._body(request), self.cfg.strict_fields)
         got = await self._embed(req)
         return await json_answer(rerank_answer(req, got), _size(got), req.ignored)
+
+    async def ollama_embed(self, request: web.Request) -> web.StreamResponse:
+        return await self._ollama_embed(request, legacy=False)
+
+    async def ollama_embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._ollama_embed(request, legacy=True)
+
+    async def _ollama_embed(self, request: web.Request, legacy: bool) -> web.StreamResponse:
+        arrived = time.monotonic_ns()
+        view = ollama_embed.parse(await self._body(request), legacy, self.cfg.strict_fields)
+        got = await self._embed(view.req)
+        took = time.monotonic_ns() - arrived
+        size = _size(got)  # thousands of vectors are normalized off the loop
+        body = await asyncio.to_thread(ollama_embed.embed_answer, view, got, took) \
+            if size > BIG_ANSWER else ollama_embed.embed_answer(view, got, took)
+        return await json_answer(body, size, view.req.ignored)
 
     async def _embed(self, req: EmbedRequest) -> Embedded:
         try:

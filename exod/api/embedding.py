@@ -4,8 +4,8 @@ its runner's link, the hang watch, cancellation when the client leaves, metering
 runner's Vectors gathered and written in the dialect's shape.
 
 `Embedder.run` is the one path; OpenAI's embeddings object and the Jina/Cohere rerank object
-are written here (`openai_embeddings`, `rerank_answer`), and another dialect (Ollama's
-/api/embed) writes its own from `Embedded`.
+are written here (`openai_embeddings`, `rerank_answer`), Ollama's /api/embed and
+/api/embeddings in exod.api.dialects.ollama_embed, from `Embedded`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from __future__ import annotations
 import array
 import asyncio
 import base64
+import dataclasses
 import json
 import struct
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,7 @@ class Embedded:
 
     results: list[bytes]
     prompt_tokens: int
+    waited_ns: int = 0  # before the runner took the request: the queue, an on-demand load
 
     def floats(self, i: int) -> list[float]:
         values = array.array("f", self.results[i])
@@ -63,12 +66,14 @@ class Embedder:
         """Serve a checked request: its results once the runner has given them all; raises
         ApiError (the daemon's refusal, the runner's error)."""
         self.serving.metrics.ignored.record(req.dialect, req.ignored)
+        arrived = time.monotonic_ns()
         with self.serving.metered(req.model) as meter:
             meter.inputs(req.embed.count)
             try:
                 await self.traffic.expect(req.model, req.embed.kind)
                 inst = self.traffic.find(req.model)
                 async with self.traffic.slot(inst) as link:
+                    waited = time.monotonic_ns() - arrived
                     try:
                         stream = link.open(req.embed)
                     except TooLarge as e:
@@ -85,7 +90,7 @@ class Embedder:
             except Refused as e:
                 raise refusal(e) from None
             meter.status = 200
-            return got
+            return dataclasses.replace(got, waited_ns=waited)
 
 
 async def _gather(stream: RequestStream, count: int, meter: Meter) -> Embedded:

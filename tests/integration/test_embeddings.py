@@ -1,7 +1,8 @@
 """Embeddings and reranking through the daemon, with real runners on the tiny embedding zoo
 (tests.models.embed_zoo): BERT, ModernBERT and Qwen3-Embedding-style vectors equal to in-process
 mlx-vlm's within 1e-5 cosine, in a batch as alone; `dimensions` and base64 round trips; a rerank
-whose order follows its scores; the official openai client's `embeddings.create` as written;
+whose order follows its scores; the official openai client's `embeddings.create` and ollama
+client's `embed` and `embeddings` as written;
 token arrays; the length rule; a chat request to an embedding instance and the reverse refused
 by what each serves; inputs past the bounds refused within seconds; an abandoned request
 cancelled in the runner; /v1/models and /metrics.
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import ollama
 import openai
 import pytest
 import requests
@@ -121,6 +123,29 @@ def test_the_openai_client_embeds_as_written(served: Served) -> None:
     assert cosine(r.data[0].embedding, served.ref["bert"][0]) > 1 - 1e-5
     assert cosine(r.data[1].embedding, served.ref["bert"][3]) > 1 - 1e-5
     assert r.data[0].embedding == pytest.approx(plain.data[0].embedding, abs=1e-7)
+
+
+def test_the_ollama_client_embeds_as_written(served: Served) -> None:
+    """Ollama's /api/embed: vectors of length 1 whatever the model's files say (ModernBERT's
+    are not normalized), as Ollama gives them; its older /api/embeddings: as the model makes
+    them; a field at fault named in the error."""
+    client = ollama.Client(host=served.url)
+    r = client.embed(model="modernbert", input=TEXTS[:2], keep_alive="5m")
+    assert r.model == "modernbert" and r.prompt_eval_count and r.prompt_eval_count > 2
+    assert r.total_duration and r.load_duration is not None
+    assert r.total_duration >= r.load_duration
+    for vec, want in zip(r.embeddings, served.ref["modernbert"][:2], strict=True):
+        assert cosine(list(vec), want) > 1 - 1e-5
+        assert abs(math.sqrt(sum(x * x for x in vec)) - 1) < 1e-5
+    one = client.embed(model="bert", input=TEXTS[2], truncate=True, dimensions=32)
+    assert len(one.embeddings) == 1 and len(one.embeddings[0]) == 32
+    old = client.embeddings(model="modernbert", prompt=TEXTS[0])
+    assert list(old.embedding) == pytest.approx(
+        served.embed("modernbert", TEXTS[0])["data"][0]["embedding"], abs=1e-6)
+    r2 = served.post("/api/embed", {"model": "bert", "input": TEXTS[2], "truncate": False})
+    assert r2.status_code == 400 and "`input`" in r2.text and "truncate" in r2.text
+    r3 = served.post("/api/embed", {"model": "chat", "input": "x"})
+    assert r3.status_code == 400 and "serves chat" in r3.text, r3.text
 
 
 def test_dimensions_cut_then_normalize_and_base64_round_trips(served: Served) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from exod import messages as m
+from exod.api.dialects import ollama_embed
 from exod.api.dialects.embed_request import embed_request, parse_embeddings, parse_rerank
 from exod.api.embedding import Embedded, openai_embeddings, rerank_answer
 from exod.api.errors import ApiError
@@ -174,9 +175,52 @@ def test_the_embeddings_body_is_read_against_its_table() -> None:
         assert e.value.status == 400 and e.value.param == param, body
     with pytest.raises(ApiError):
         parse_embeddings({"model": "e", "input": "a", "colour": 1}, strict=True)
-    # Another dialect maps its own names onto the same request (Ollama's /api/embed).
+    # Another dialect maps its own names onto the same request.
     other = embed_request("e", ["a"], truncate=False, dialect="ollama_embed")
     assert other.embed.truncate is False and other.dialect == "ollama_embed"
+
+
+def test_ollamas_bodies_under_its_own_names() -> None:
+    view = ollama_embed.parse({"model": "e", "input": ["a", "b"], "truncate": False,
+                               "dimensions": 32, "keep_alive": "5m",
+                               "options": {"temperature": 0}, "colour": 1})
+    req = view.req
+    assert (req.embed.texts, req.embed.truncate, req.embed.dimensions) == (["a", "b"], False, 32)
+    assert req.dialect == "ollama_embed" and req.ignored == ("colour",) and not view.legacy
+    assert req.embed.named("texts") == "input"
+    one = ollama_embed.parse({"model": "e", "input": "a"}).req.embed
+    assert one.truncate is True and one.named("texts[0]") == "input"  # Ollama's default too
+    legacy = ollama_embed.parse({"model": "e", "prompt": "a"}, legacy=True)
+    assert legacy.legacy and legacy.req.embed.texts == ["a"]
+    assert legacy.req.embed.named("texts[0]") == "prompt"
+    for body, legacy_, param in (({"model": "e", "input": [1, 2]}, False, "input"),
+                                 ({"model": "e", "input": []}, False, "input"),
+                                 ({"model": "e", "input": "a", "truncate": "END"}, False,
+                                  "truncate"),
+                                 ({"model": "e", "input": "a", "dimensions": -1}, False,
+                                  "dimensions"),
+                                 ({"model": "e", "prompt": ""}, True, "prompt"),
+                                 ({"model": "e", "input": "a"}, True, "prompt"),
+                                 ({"prompt": "a"}, True, "model")):
+        with pytest.raises(ApiError) as e:
+            ollama_embed.parse(body, legacy_)
+        assert e.value.status == 400 and e.value.param == param, body
+        assert f"`{param}`" in e.value.message, body
+    with pytest.raises(ApiError):
+        ollama_embed.parse({"model": "e", "input": "a", "colour": 1}, strict=True)
+
+
+def test_ollamas_answers_unit_vectors_and_nanoseconds() -> None:
+    raw = [struct.pack("<2f", 3.0, 4.0), struct.pack("<2f", 0.0, 0.0)]
+    got = Embedded(raw, prompt_tokens=7, waited_ns=5)
+    view = ollama_embed.parse({"model": "e", "input": ["a", "b"]})
+    answer = ollama_embed.embed_answer(view, got, total_ns=20)
+    assert answer == {"model": "e", "embeddings": [[0.6, 0.8], [0.0, 0.0]],
+                      "total_duration": 20, "load_duration": 5, "prompt_eval_count": 7}
+    # The older endpoint gives the vector as the model makes it, as Ollama does.
+    legacy = ollama_embed.parse({"model": "e", "prompt": "a"}, legacy=True)
+    assert ollama_embed.embed_answer(legacy, Embedded(raw[:1], 2), 9) == \
+        {"embedding": [3.0, 4.0]}
 
 
 def test_the_rerank_body_is_read_against_its_table() -> None:

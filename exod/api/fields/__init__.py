@@ -5,12 +5,14 @@ a table to a body (exod.api.fields.policy); docs/api-fields.md is rendered from 
 Adding a dialect is a table here and a mapping module in exod.api.dialects."""
 
 from exod.api.fields.chat import CHAT, COMPLETION
-from exod.api.fields.embeddings import EMBEDDINGS, RERANK
+from exod.api.fields.embeddings import EMBEDDINGS, OLLAMA_EMBED, OLLAMA_EMBEDDINGS, RERANK
 from exod.api.fields.messages import MESSAGES
 from exod.api.fields.policy import Dialect, Field, Kind, Obj, Reading, Variants, template
 from exod.api.fields.responses import RESPONSES
 
-DIALECTS = (CHAT, COMPLETION, MESSAGES, RESPONSES, EMBEDDINGS, RERANK)
+DIALECTS = (CHAT, COMPLETION, MESSAGES, RESPONSES, EMBEDDINGS, RERANK, OLLAMA_EMBED,
+            OLLAMA_EMBEDDINGS)
 
 __all__ = ["CHAT", "COMPLETION", "DIALECTS", "Dialect", "EMBEDDINGS", "Field", "Kind",
-           "MESSAGES", "Obj", "RERANK", "RESPONSES", "Reading", "Variants", "template"]
+           "MESSAGES", "OLLAMA_EMBED", "OLLAMA_EMBEDDINGS", "Obj", "RERANK", "RESPONSES",
+           "Reading", "Variants", "template"]

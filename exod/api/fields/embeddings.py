@@ -56,3 +56,34 @@ RERANK = Dialect("rerank", "POST /v1/rerank", intro=(
         "user": inert("who the user is"),
     }),
 })
+
+OLLAMA_OPTIONS = inert("Ollama's model options (sampling, `num_ctx`, threads...) do not change "
+                       "an encoder's vectors here: an input is cut at the model's own length "
+                       "(`truncate`)")
+OLLAMA_KEEP_ALIVE = inert("how long the model stays loaded after the request: the instance's "
+                          "own `idle_stop_after` applies")
+
+OLLAMA_EMBED = Dialect("ollama_embed", "POST /api/embed", intro=(
+    "Ollama's embeddings endpoint, served as `/v1/embeddings` is (docs/embeddings.md). The "
+    "answer: `{model, embeddings, total_duration, load_duration, prompt_eval_count}`, each "
+    "vector of length 1 (as Ollama gives them, whatever the model's own normalization)."),
+    objects={"body": Obj("", {
+        "model": works("the instance that answers"),
+        "input": works(f"a string or an array of strings (at most {rules.MAX_INPUTS})"),
+        "truncate": works("an input longer than the model takes: `true` (default) cuts it to "
+                          "the model's length, `false` refuses it (naming it)"),
+        "dimensions": works("vectors cut to this size, then normalized again: only for a model "
+                            "trained for it, else refused by name"),
+        "options": OLLAMA_OPTIONS,
+        "keep_alive": OLLAMA_KEEP_ALIVE,
+    })})
+
+OLLAMA_EMBEDDINGS = Dialect("ollama_embeddings", "POST /api/embeddings", intro=(
+    "Ollama's older embeddings endpoint: one `prompt`, answered `{embedding}`, the vector as "
+    "the model's own files say (normalized or not), as Ollama gives it."), objects={
+    "body": Obj("", {
+        "model": works("the instance that answers"),
+        "prompt": works("the text (cut to the model's length when longer)"),
+        "options": OLLAMA_OPTIONS,
+        "keep_alive": OLLAMA_KEEP_ALIVE,
+    })})
