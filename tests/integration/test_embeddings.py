@@ -1,16 +1,15 @@
 """Embeddings and reranking through the daemon, with real runners on the tiny embedding zoo
 (tests.models.embed_zoo): BERT, ModernBERT and Qwen3-Embedding-style vectors equal to in-process
 mlx-vlm's within 1e-5 cosine, in a batch as alone; `dimensions` and base64 round trips; a rerank
-whose order follows its scores; the official openai client's `embeddings.create` and ollama
-client's `embed` and `embeddings` as written;
-token arrays; the length rule; a chat request to an embedding instance and the reverse refused
-by what each serves; inputs past the bounds refused within seconds; an abandoned request
+whose order follows its scores, from a reranker started on demand and stopped when idle; the
+official openai client's `embeddings.create` and the ollama client's `embed` and `embeddings` as
+written; token arrays; the length rule; a chat request to an embedding instance and the reverse
+refused by what each serves; inputs past the bounds refused within seconds; an abandoned request
 cancelled in the runner; /v1/models and /metrics.
 
 One daemon for the module, four runners (about 3 CPU-s each, mostly imports) and one reference
 process (about 5 CPU-s): about 25 CPU-s in all.
 """
-
 from __future__ import annotations
 
 import array
@@ -74,13 +73,16 @@ def served(embed_zoo: Path, tiny_model: Path) -> Iterator[Served]:
     ref = references(embed_zoo)
     d = Daemon({"api": {"listen": "127.0.0.1:0", "max_body_kib": 16384},
                 "instances": {
-                    **{f: {"model": str(embed_zoo / f)} for f in (*FAMILIES, "reranker")},
+                    **{f: {"model": str(embed_zoo / f)} for f in FAMILIES},
+                    # Started by its first request, stopped when idle, as any instance.
+                    "reranker": {"model": str(embed_zoo / "reranker"),
+                                 "autostart": "on-demand", "idle_stop_after": "2s"},
                     # Never started: a request for another kind is refused from its files.
                     "chat": {"model": str(tiny_model), "autostart": "on-demand"}}})
     try:
         d.start()
         d.watch_until(lambda s: all(i["state"] == "ready" for i in s["instances"]
-                                    if i["name"] != "chat"), what="the encoders ready")
+                                    if i["name"] in FAMILIES), what="the encoders ready")
         yield Served(d, d.api_url(), ref)
     finally:
         d.close()
@@ -179,8 +181,12 @@ def test_token_arrays_and_the_length_rule(served: Served) -> None:
 
 # ---- rerank ------------------------------------------------------------------------------------
 def test_rerank_orders_by_scores_equal_to_mlx_vlm(served: Served) -> None:
+    def state(snapshot: dict[str, Any]) -> str:
+        return str(next(i["state"] for i in snapshot["instances"] if i["name"] == "reranker"))
+
+    assert state(served.d.status()) == "stopped"  # on demand: the first request starts it and waits
     r = served.post("/v1/rerank", {"model": "reranker", "query": QUERY, "documents": TEXTS,
-                                   "return_documents": True})
+                                   "return_documents": True}, timeout=300)
     assert r.status_code == 200, r.text
     results = r.json()["results"]
     scores = [x["relevance_score"] for x in results]
@@ -193,6 +199,7 @@ def test_rerank_orders_by_scores_equal_to_mlx_vlm(served: Served) -> None:
                                      "documents": [{"text": t} for t in TEXTS], "top_n": 2})
     assert [x["index"] for x in top.json()["results"]] == [x["index"] for x in results[:2]]
     assert "document" not in top.json()["results"][0]
+    served.d.watch_until(lambda s: state(s) == "stopped", what="the idle reranker stopped")
 
 
 # ---- what each instance serves ----------------------------------------------------------------
