@@ -217,33 +217,23 @@ class LiveCollector(Collector):
         """Speculative decoding on rank 0 (counted since it started): the acceptance rate is
         rate(accepted) / rate(drafted)."""
         label = ["instance"]
-        drafted = CounterMetricFamily("exod_draft_tokens", "Draft tokens the model checked "
-                                      "(speculative decoding)", labels=label)
-        accepted = CounterMetricFamily("exod_draft_tokens_accepted", "Draft tokens the model "
-                                       "accepted (speculative decoding)", labels=label)
-        for inst in instances:
-            s = inst.ranks[0].serving if inst.ranks else None
-            if s is None or not s.draft_tokens:
-                continue
-            drafted.add_metric([inst.name], s.drafted)
-            accepted.add_metric([inst.name], s.draft_accepted)
-        yield from (drafted, accepted)
+        yield from _per_runner(instances, lambda s: bool(s.draft_tokens), [
+            (CounterMetricFamily("exod_draft_tokens", "Draft tokens the model checked "
+                                 "(speculative decoding)", labels=label), lambda s: s.drafted),
+            (CounterMetricFamily("exod_draft_tokens_accepted", "Draft tokens the model "
+                                 "accepted (speculative decoding)", labels=label),
+             lambda s: s.draft_accepted)])
 
     def _batches(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
         """An embedding model's or a reranker's batches (counted since its runner started):
         the mean batch size is rate(inputs) / rate(batches)."""
         label = ["instance"]
-        batches = CounterMetricFamily("exod_embedding_batches", "Forward passes of an "
-                                      "embedding model or a reranker", labels=label)
-        inputs = CounterMetricFamily("exod_embedding_batched_inputs", "Inputs those passes "
-                                     "held, from every request in flight", labels=label)
-        for inst in instances:
-            s = inst.ranks[0].serving if inst.ranks else None
-            if s is None or not s.batches:
-                continue
-            batches.add_metric([inst.name], s.batches)
-            inputs.add_metric([inst.name], s.batched_inputs)
-        yield from (batches, inputs)
+        yield from _per_runner(instances, lambda s: bool(s.batches), [
+            (CounterMetricFamily("exod_embedding_batches", "Forward passes of an embedding "
+                                 "model or a reranker", labels=label), lambda s: s.batches),
+            (CounterMetricFamily("exod_embedding_batched_inputs", "Inputs those passes held, "
+                                 "from every request in flight", labels=label),
+             lambda s: s.batched_inputs)])
 
     def _requests(self) -> Iterator[Metric]:
         requests = CounterMetricFamily("exod_requests", "Generation requests answered, by HTTP "
@@ -263,3 +253,16 @@ class LiveCollector(Collector):
             if s.inputs:
                 inputs.add_metric([name], s.inputs)
         yield from (requests, prompt, generated, inputs)
+
+
+def _per_runner(instances: list[InstanceRuntime], counts: Callable[[m.Serving], bool],
+                families: list[tuple[CounterMetricFamily, Callable[[m.Serving], int]]]
+                ) -> Iterator[Metric]:
+    """Counters of each instance's rank 0 (as its last Serving report says), for the
+    instances where `counts`: each family with its value."""
+    for inst in instances:
+        s = inst.ranks[0].serving if inst.ranks else None
+        if s is not None and counts(s):
+            for family, value in families:
+                family.add_metric([inst.name], value(s))
+    yield from (family for family, _ in families)

@@ -10,6 +10,7 @@ from exod.core.request_rules import embeddings as rules
 TRUNCATE = works("an input longer than the model takes: `true` (default) or `\"END\"` cuts "
                  "it to the model's length, `false` or `\"NONE\"` refuses it (a 400 naming "
                  "it)")
+MODEL = works("the instance that answers")
 PROMPTS = refused("instruction prompts are not applied: put the model's prompt in the text "
                   "(e.g. `query: ...`)", null, "refused unless null")
 
@@ -18,7 +19,7 @@ EMBEDDINGS = Dialect("embeddings", "POST /v1/embeddings", intro=(
     "model's instance answers 400, naming what it serves. The answer is OpenAI's list of "
     "`{object: embedding, index, embedding}` with `usage`."), objects={
     "body": Obj("", {
-        "model": works("the instance that answers"),
+        "model": MODEL,
         "input": works(f"a string, an array of strings, an array of token ids, or an array of "
                        f"such arrays: at most {rules.MAX_INPUTS} inputs; token ids are taken "
                        "as they are (no special token added)"),
@@ -38,7 +39,7 @@ RERANK = Dialect("rerank", "POST /v1/rerank", intro=(
     "answer: `results`, best first, each `{index, relevance_score}` (a score from 0 to 1), "
     "with `document` when asked; and `usage`."), objects={
     "body": Obj("", {
-        "model": works("the instance that answers"),
+        "model": MODEL,
         "query": works("the text each document is scored against"),
         "documents": works(f"strings, or objects with a `text` (at most "
                            f"{rules.MAX_DOCUMENTS})"),
@@ -68,7 +69,7 @@ OLLAMA_EMBED = Dialect("ollama_embed", "POST /api/embed", intro=(
     "answer: `{model, embeddings, total_duration, load_duration, prompt_eval_count}`, each "
     "vector of length 1 (as Ollama gives them, whatever the model's own normalization)."),
     objects={"body": Obj("", {
-        "model": works("the instance that answers"),
+        "model": MODEL,
         "input": works(f"a string or an array of strings (at most {rules.MAX_INPUTS})"),
         "truncate": works("an input longer than the model takes: `true` (default) cuts it to "
                           "the model's length, `false` refuses it (naming it)"),
@@ -82,7 +83,7 @@ OLLAMA_EMBEDDINGS = Dialect("ollama_embeddings", "POST /api/embeddings", intro=(
     "Ollama's older embeddings endpoint: one `prompt`, answered `{embedding}`, the vector as "
     "the model's own files say (normalized or not), as Ollama gives it."), objects={
     "body": Obj("", {
-        "model": works("the instance that answers"),
+        "model": MODEL,
         "prompt": works("the text (cut to the model's length when longer)"),
         "options": OLLAMA_OPTIONS,
         "keep_alive": OLLAMA_KEEP_ALIVE,
