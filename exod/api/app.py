@@ -330,12 +330,12 @@ class ApiServer:
                                     ResponsesOutput(req.model, body, view, self.sealer))
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        req = parse_embeddings(await self._body(request), self.cfg.strict_fields)
+        req = await self._body(request, lambda b: parse_embeddings(b, self.cfg.strict_fields))
         got = await self._embed(req)
         return await json_answer(openai_embeddings(req, got), _size(got), req.ignored)
 
     async def rerank(self, request: web.Request) -> web.StreamResponse:
-        req = parse_rerank(await self._body(request), self.cfg.strict_fields)
+        req = await self._body(request, lambda b: parse_rerank(b, self.cfg.strict_fields))
         got = await self._embed(req)
         return await json_answer(rerank_answer(req, got), _size(got), req.ignored)
 
@@ -347,7 +347,8 @@ class ApiServer:
 
     async def _ollama_embed(self, request: web.Request, legacy: bool) -> web.StreamResponse:
         arrived = time.monotonic_ns()
-        view = ollama_embed.parse(await self._body(request), legacy, self.cfg.strict_fields)
+        view = await self._body(request, lambda b: ollama_embed.parse(b, legacy,
+                                                                      self.cfg.strict_fields))
         got = await self._embed(view.req)
         took = time.monotonic_ns() - arrived
         size = _size(got)  # thousands of vectors are normalized off the loop
