@@ -60,6 +60,7 @@ from exod.api.errors import (
 )
 from exod.api.guard import ConnectionGuard, GuardedSite
 from exod.api.httplog import quiet_logger
+from exod.api.image_fetch import Fetcher, Policy
 from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from exod.api.ignored import header
 from exod.api.schema import GenRequest, ModelLimits, parse_chat, parse_completion
@@ -103,7 +104,8 @@ class ApiServer:
         self._bodies = asyncio.Semaphore(BODY_SLOTS)
         self.max_body = cfg.max_body_kib * 1024
         self._runner: web.AppRunner | None = None
-        self.serving = Serving(daemon)
+        self.serving = Serving(daemon, Fetcher(Policy(cfg.image_urls, cfg.image_url_timeout,
+                                                      cfg.image_url_allow)))
         self.embedder = Embedder(self.serving)
         self.metrics = self.serving.metrics
         # Reasoning handed to clients to send back (exod.api.seal); its key made on first use.
@@ -164,6 +166,7 @@ class ApiServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        await self.serving.fetcher.close()
 
     @property
     def url(self) -> str:
@@ -288,7 +291,9 @@ class ApiServer:
         return {**head, "serves": "chat" if serves else None, "context_length": limits.context,
                 "max_model_len": limits.context, "max_input_tokens": limits.context,
                 "max_tokens": most, "capabilities": capabilities(caps),
-                "supported_parameters": supported_parameters(caps), **tail}
+                "supported_parameters": supported_parameters(caps),
+                "architecture": {"input_modalities": ["text", "image"] if caps.vision
+                                 else ["text"], "output_modalities": ["text"]}, **tail}
 
     async def models(self, request: web.Request) -> web.Response:
         data = [await self._model_json(i) for i in self.sup.ordered()]
@@ -434,8 +439,9 @@ def capabilities(caps: Capabilities) -> dict[str, Any]:
             "effort": {"supported": thinking, **{e: yes(thinking) for e in (
                 "low", "medium", "high", "max")}},
             "context_management": {"supported": True},
-            **{name: yes(False) for name in ("image_input", "pdf_input", "citations",
-                                             "code_execution", "batch")}}
+            "vision": yes(caps.vision), "image_input": yes(caps.vision),
+            **{name: yes(False) for name in ("pdf_input", "citations", "code_execution",
+                                             "batch")}}
 
 
 def supported_parameters(caps: Capabilities) -> list[str]:

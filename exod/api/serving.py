@@ -14,9 +14,10 @@ from aiohttp import web
 from loguru import logger
 
 from exod import messages as m
-from exod.api.errors import (ApiError, model_not_found, not_ready, queue_full, runner_error,
-                             served_elsewhere, serves_other)
+from exod.api.errors import (ApiError, bad_request, model_not_found, not_ready, queue_full,
+                             runner_error, served_elsewhere, serves_other)
 from exod.api.ignored import header
+from exod.api.image_fetch import Fetcher
 from exod.api.metrics import Meter, Metrics
 from exod.api.dialects.output import OpenAiOutput, Output
 from exod.api import sse
@@ -24,6 +25,7 @@ from exod.api.objects import Reply
 from exod.api.tool_output import streamed_call, whole_call
 from exod.api.schema import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import Daemon
+from exod.core.images import unseen
 from exod.core.sizes import format_size
 from exod.daemon.channel import RequestStream, TooLarge
 from exod.daemon.traffic import Busy, Mismatch, NotServing, Refused, ServedElsewhere
@@ -49,10 +51,11 @@ def refusal(e: Refused) -> ApiError:
 
 
 class Serving:
-    def __init__(self, sup: Daemon) -> None:
+    def __init__(self, sup: Daemon, fetcher: Fetcher) -> None:
         self.sup = sup
         self.traffic = sup.traffic
         self.metrics = Metrics(sup, self.traffic.load)
+        self.fetcher = fetcher
 
     # ---- one request ------------------------------------------------------------------------
     async def generate(self, request: web.Request, req: GenRequest, limits: Limits,
@@ -87,6 +90,7 @@ class Serving:
         try:
             await self.traffic.expect(req.model, "chat")
             inst = self.traffic.find(req.model)
+            req = await self._pictures(inst, req)
             req = apply_limits(req, await limits(inst))
             req = with_template_defaults(req, inst.config.chat_template_kwargs)
             async with self.traffic.slot(inst) as link:
@@ -97,6 +101,17 @@ class Serving:
                 return await self._relay(request, req, inst, stream, meter, out)
         except Refused as e:
             raise refusal(e) from None
+
+    async def _pictures(self, inst: InstanceRuntime, req: GenRequest) -> GenRequest:
+        """A request's pictures: refused for a model known not to see (the runner refuses them
+        too, when its files do not tell yet), else their URLs fetched (outside any slot: the
+        runner's place is not held while a picture downloads)."""
+        if not req.pictures:
+            return req
+        if (await self.traffic.capabilities(inst)).vision is False:
+            where = req.pictures[0].where
+            raise bad_request(unseen(inst.name, where), where)
+        return await self.fetcher.resolve(req)
 
     async def _relay(self, request: web.Request, req: GenRequest, inst: InstanceRuntime,
                      stream: RequestStream, meter: Meter, out: Output) -> web.StreamResponse:

@@ -1,7 +1,8 @@
 """What a model can do for a client, read from its tokenizer files without loading it (the
 daemon never imports mlx): whether its chat template writes tool calls in a format the runner
-parses, and whether its vocabulary has single-token think markers (reasoning comes apart from
-the answer). /v1/models reports them, so clients size themselves before the first request.
+parses, whether its vocabulary has single-token think markers (reasoning comes apart from
+the answer), and whether it sees pictures (exod.config.vision). /v1/models reports them, so
+clients size themselves before the first request.
 
 The markers are the facts mlx-lm's tokenizer wrapper infers a tool parser from (mlx_lm
 0.32's `_infer_tool_parser`) and its single-token think pairs: the runner finds a model's
@@ -14,6 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from exod.config.vision import sees
 
 # Any of these in a chat template: the model writes tool calls mlx-lm parses.
 TOOL_MARKERS = ("<minimax:tool_call>", "<|tool_call>", "<start_function_call>",
@@ -28,6 +31,7 @@ THINK_PAIRS = (("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"),
 class Capabilities:
     tools: bool | None = None  # None: the files do not tell (not downloaded yet, unreadable)
     thinking: bool | None = None
+    vision: bool | None = None  # it takes pictures (served by the vision runner)
 
 
 def writes_tool_calls(template: str, vocab: set[str]) -> bool:
@@ -51,7 +55,7 @@ def model_capabilities(model_dir: Path) -> Capabilities:
     vocab = _vocab(config or {}, tokenizer or {})
     template = _template(model_dir, config or {})
     return Capabilities(tools=template is not None and writes_tool_calls(template, vocab),
-                        thinking=thinks(vocab))
+                        thinking=thinks(vocab), vision=sees(model_dir) is not None)
 
 
 def _json(path: Path) -> dict[str, Any] | None:

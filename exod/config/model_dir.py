@@ -33,11 +33,12 @@ def model_dir_problem(model_dir: Path) -> str | None:
     return None
 
 
-def config_json(model_dir: Path) -> dict[str, object] | None:
-    """config.json's object; None when unreadable. Tolerant on purpose: a missing or odd file
-    is reported elsewhere (`model_dir_problem`)."""
+def config_json(model_dir: Path, name: str = "config.json") -> dict[str, object] | None:
+    """config.json's object (or another JSON file's of the folder: `name`); None when
+    unreadable. Tolerant on purpose: a missing or odd file is reported elsewhere
+    (`model_dir_problem`)."""
     try:
-        data = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        data = json.loads((model_dir / name).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -21,8 +21,8 @@ from typing import Literal
 from exod.core.serving import (DEFAULT_KV_GROUP_SIZE, DEFAULT_NUM_DRAFT_TOKENS,
                                DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_QUANTIZED_KV_START)
 from exod.hub.ref import HubRef
-from exod.config.types import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir, Octal,
-                               Size)
+from exod.config.types import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir,
+                               Network, Octal, Size)
 from exod.paths import default_control_socket
 
 RestartMode = Literal["no", "on-failure", "always"]
@@ -670,6 +670,24 @@ class Api:
                      "`x-exod-ignored-fields` header, as new client versions keep adding fields. "
                      "Tools that only the cloud runs (web search and the like) are never refused "
                      "either way: they are not offered to the model, and reported."),
+    )
+    image_urls: bool = field(
+        default=True,
+        metadata=doc("fetch the http(s) URLs of pictures that requests name (for models that "
+                     "see): never from a private, loopback or link-local address, nor through a "
+                     "redirect to one; false refuses such a picture (400, naming it): clients "
+                     "must then send the bytes (base64)"),
+    )
+    image_url_timeout: Duration = field(
+        default=10.0,
+        metadata=doc("a picture's URL must answer with the whole picture (at most 20 MiB) "
+                     "within this long, redirects included, else the request gets 400",
+                     minimum=0.1, maximum=300),
+    )
+    image_url_allow: tuple[Network, ...] = field(
+        default=(),
+        metadata=doc("private networks whose pictures may be fetched all the same (an image "
+                     "server on the LAN: 10.1.2.0/24), as addresses or networks"),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import math
 import os
 import re
@@ -377,6 +378,12 @@ class Validator:
         if kind is Kind.INSTANCE_NAME:
             problem = instance_name_problem(value)
             return self.report(node.mark, path, problem) if problem else value
+        if kind is Kind.NETWORK:
+            try:
+                return str(ipaddress.ip_network(value, strict=False))
+            except ValueError:
+                return self.report(node.mark, path, f"{value!r} is not an IP network (like "
+                                                    "10.1.0.0/16) nor an IP address")
         return value
 
     def plain_data(self, node: Node, path: str) -> Any:

@@ -29,25 +29,61 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from exod import messages as m
 from exod.config.schema import GrammarLimits
 from exod.protocol import to_wire
 from exod.runner.serving.batch_engine import BatchEngine
 from exod.runner.group import wire
-from exod.runner.group.plan import AbortAll, AbortPrefilling, Admit, Cancel, Op, Plan, Settings
+from exod.runner.group.plan import (AbortAll, AbortPrefilling, Admit, Cancel, Op, Plan, See,
+                                    Settings)
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
 from exod.runner.group.membership import Group, PeerLost
 from exod.runner.serving.reading import Prompt
 
 
+class Replayed(Protocol):
+    """What a group's engine offers besides the serve loop's interface (the text runner's
+    BatchEngine; a model that sees: exod.runner.vision.engine.VisionEngine)."""
+
+    width: int
+    cache_bytes: int
+    prefill_step: int
+    failed_steps: int
+
+    @property
+    def active(self) -> int: ...
+
+    @property
+    def cache_entries(self) -> int: ...
+
+    def read(self, req: m.Generate) -> Prompt: ...
+
+    def admit(self, req: m.Generate, read: Prompt) -> None: ...
+
+    def cancel(self, rid: str) -> None: ...
+
+    def step(self) -> list[m.Event]: ...
+
+    def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]: ...
+
+    def abort_prefilling(self, code: m.ErrorCode, message: str) -> list[m.Event]: ...
+
+    def serving(self) -> m.Serving: ...
+
+    def follow_cache(self) -> None: ...
+
+    def trim_cache(self, entries: int) -> None: ...
+
+
 class LeaderEngine:
     """Rank 0's engine: its own BatchEngine, each operation also recorded for the plan the
     other ranks replay (see exod.runner.serving.loop.Engine for the interface)."""
 
-    def __init__(self, engine: BatchEngine, group: Group) -> None:
+    def __init__(self, engine: Replayed, group: Group) -> None:
         self.engine = engine
         self.group = group
         self.pending = Plan(settings=Settings(engine.width, engine.cache_bytes,
@@ -65,8 +101,7 @@ class LeaderEngine:
         return self.engine.read(req)
 
     def admit(self, req: m.Generate, prompt: Prompt) -> None:
-        if req.seed is None:  # drawn here: every rank must draw the same numbers
-            req = dataclasses.replace(req, seed=secrets.randbits(63))
+        req = seeded(req)
         self.engine.admit(req, prompt)  # a RequestError leaves nothing to replay
         self._record(Admit(req))
 
@@ -115,17 +150,25 @@ class LeaderEngine:
         self.group.barrier()  # so no peer sees a closed socket before everyone is done
 
     def _record(self, op: Op) -> None:
-        cost = len(json.dumps(to_wire(op))) if isinstance(op, Admit) else 32
+        cost = len(json.dumps(to_wire(op))) if isinstance(op, (Admit, See)) else 32
         if self.size + cost > wire.MAX_PAYLOAD // 2:  # a plan stays far below the workers' limit
             self.flush()
         self.pending.ops.append(op)
         self.size += cost
 
 
+def seeded(req: m.Generate) -> m.Generate:
+    """A request with a seed: drawn on rank 0 when it has none, so every rank draws the same
+    numbers."""
+    return req if req.seed is not None else dataclasses.replace(req, seed=secrets.randbits(63))
+
+
 def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
-           grammar_limits: GrammarLimits | None = None) -> None:
-    """Ranks 1..N-1: replay rank 0's plans until SHUTDOWN (clean) or the group breaks."""
-    engine: BatchEngine | None = None
+           grammar_limits: GrammarLimits | None = None,
+           make: Callable[[Settings], Replayed] | None = None) -> None:
+    """Ranks 1..N-1: replay rank 0's plans until SHUTDOWN (clean) or the group breaks.
+    `make`: the engine for rank 0's settings (default: the text runner's BatchEngine)."""
+    engine: Replayed | None = None
     while True:
         # Idle here is interruptible: a stop request waits briefly for rank 0's SHUTDOWN (the
         # usual case: the daemon asks every rank at once), then leaves anyway.
@@ -143,13 +186,14 @@ def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
             if plan.settings is None:
                 raise PeerLost("rank 0's first plan has no engine settings")
             s = plan.settings
-            engine = BatchEngine(model, tokenizer, width=s.width, cache_bytes=s.cache_bytes,
-                                 prefill_step=s.prefill_step, grammar_limits=grammar_limits)
+            engine = make(s) if make is not None else BatchEngine(
+                model, tokenizer, width=s.width, cache_bytes=s.cache_bytes,
+                prefill_step=s.prefill_step, grammar_limits=grammar_limits)
             engine.follow_cache()
         replay(engine, plan)
 
 
-def replay(engine: BatchEngine, plan: Plan) -> None:
+def replay(engine: Any, plan: Plan) -> None:
     """One plan on a worker's engine. Any failure means this rank is out of step: PeerLost
     (rank 0 then loses this peer too, and the whole group restarts)."""
     try:
@@ -157,6 +201,9 @@ def replay(engine: BatchEngine, plan: Plan) -> None:
         for op in plan.ops:
             if isinstance(op, Admit):
                 engine.admit(op.request)
+            elif isinstance(op, See):  # a model that sees (exod.runner.vision.group)
+                engine.see_shipped(op.request, op.tokens, op.pictures, op.width, op.dtype,
+                                   {k: _array(v) for k, v in op.features.items()})
             elif isinstance(op, Cancel):
                 engine.cancel(op.id)
             elif isinstance(op, AbortPrefilling):
@@ -171,3 +218,9 @@ def replay(engine: BatchEngine, plan: Plan) -> None:
         raise PeerLost(f"out of step with rank 0 ({type(e).__name__}: {e})") from None
     if engine.failed_steps != failed:
         raise PeerLost("a batch step failed on this rank (see above); the group restarts")
+
+
+def _array(ints: Any) -> Any:
+    import mlx.core as mx
+
+    return mx.array(ints.values, dtype=getattr(mx, ints.dtype)).reshape(ints.shape)

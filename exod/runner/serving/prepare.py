@@ -68,8 +68,8 @@ def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
 def edited_prompt(tokenizer: Any, req: m.Generate) -> tuple[list[int], list[dict[str, Any]]]:
     """The prompt's tokens, after the request's context edits, and the edits that applied."""
     if req.images:  # only the vision runner (exod.runner.vision) takes them
-        where = images.first_image_part(req.messages or []) or "messages"
-        raise RequestError("this model does not see images: it takes text only", where)
+        where = req.named(images.first_image_part(req.messages or []) or "messages")
+        raise RequestError(images.unseen(None, where), where)
     applied: list[dict[str, Any]] = []
     if req.kind == "chat":
         first = req.messages or []
