@@ -62,9 +62,10 @@ class Embedder:
         self.serving = serving
         self.traffic = serving.traffic
 
-    async def run(self, req: EmbedRequest) -> Embedded:
+    async def run(self, req: EmbedRequest, keep_alive: float | None = None) -> Embedded:
         """Serve a checked request: its results once the runner has given them all; raises
-        ApiError (the daemon's refusal, the runner's error)."""
+        ApiError (the daemon's refusal, the runner's error). `keep_alive`: the idle window it
+        asks for (Ollama's, exod.core.keep_alive), None: the instance's own."""
         self.serving.metrics.ignored.record(req.dialect, req.ignored)
         arrived = time.monotonic_ns()
         with self.serving.metered(req.model) as meter:
@@ -72,7 +73,7 @@ class Embedder:
             try:
                 await self.traffic.expect(req.model, req.embed.kind)
                 inst = self.traffic.find(req.model)
-                async with self.traffic.slot(inst) as link:
+                async with self.traffic.slot(inst, keep_alive) as link:
                     waited = time.monotonic_ns() - arrived
                     try:
                         stream = link.open(req.embed)

@@ -20,7 +20,6 @@ from exod.api.ignored import header
 from exod.api.image_fetch import Fetcher
 from exod.api.metrics import Meter, Metrics
 from exod.api.dialects.output import OpenAiOutput, Output
-from exod.api import sse
 from exod.api.objects import Reply
 from exod.api.tool_output import streamed_call, whole_call
 from exod.api.schema import GenRequest, ModelLimits, apply_limits, with_template_defaults
@@ -59,11 +58,14 @@ class Serving:
 
     # ---- one request ------------------------------------------------------------------------
     async def generate(self, request: web.Request, req: GenRequest, limits: Limits,
-                       out: Output | None = None) -> web.StreamResponse:
+                       out: Output | None = None,
+                       keep_alive: float | None = None) -> web.StreamResponse:
         """Serve one request; `out`: the dialect its answer is rendered in (OpenAI's chat
-        completions by default, see exod.api.dialects)."""
+        completions by default, see exod.api.dialects); `keep_alive`: the idle window it asks
+        for once it ends (Ollama's, exod.core.keep_alive)."""
         with self.metered(req.model) as meter:
-            resp = await self._admitted(request, req, meter, limits, out or OpenAiOutput())
+            resp = await self._admitted(request, req, meter, limits, out or OpenAiOutput(),
+                                        keep_alive)
             meter.status = resp.status
             return resp
 
@@ -71,8 +73,9 @@ class Serving:
     def metered(self, model: str) -> Iterator[Meter]:
         """A request for `model`, counted by its status once it ends (set `meter.status` to
         the answer's; a client that left is 499)."""
-        known = self.sup.instance(model) is not None  # no label for any name a client sends
-        meter = self.metrics.meter(model)
+        inst = self.sup.serving(model)  # by its name or an alias
+        known = inst is not None  # no label for any name a client sends
+        meter = self.metrics.meter(inst.name if inst is not None else model)
         try:
             yield meter
         except ApiError as e:
@@ -86,14 +89,15 @@ class Serving:
                 meter.finish(meter.status)
 
     async def _admitted(self, request: web.Request, req: GenRequest, meter: Meter,
-                        limits: Limits, out: Output) -> web.StreamResponse:
+                        limits: Limits, out: Output,
+                        keep_alive: float | None) -> web.StreamResponse:
         try:
             await self.traffic.expect(req.model, "chat")
             inst = self.traffic.find(req.model)
             req = await self._pictures(inst, req)
             req = apply_limits(req, await limits(inst))
             req = with_template_defaults(req, inst.config.chat_template_kwargs)
-            async with self.traffic.slot(inst) as link:
+            async with self.traffic.slot(inst, keep_alive) as link:
                 try:
                     stream = link.open(req.gen)
                 except TooLarge as e:
@@ -180,7 +184,7 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
         first = await anext(events)
     if isinstance(first, m.Error):
         raise runner_error(first.code, first.message, first.param)
-    resp = web.StreamResponse(headers={**sse.HEADERS, **header(req.ignored)})
+    resp = web.StreamResponse(headers={**out.stream_headers, **header(req.ignored)})
     reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage,
                   logprobs=req.gen.logprobs)
     try:

@@ -187,6 +187,7 @@ def test_ollamas_bodies_under_its_own_names() -> None:
     req = view.req
     assert (req.embed.texts, req.embed.truncate, req.embed.dimensions) == (["a", "b"], False, 32)
     assert req.dialect == "ollama_embed" and req.ignored == ("colour",) and not view.legacy
+    assert view.keep_alive == 300.0  # applied to the instance's idle window as /api/chat's
     assert req.embed.named("texts") == "input"
     one = ollama_embed.parse({"model": "e", "input": "a"}).req.embed
     assert one.truncate is True and one.named("texts[0]") == "input"  # Ollama's default too
@@ -201,7 +202,9 @@ def test_ollamas_bodies_under_its_own_names() -> None:
                                   "dimensions"),
                                  ({"model": "e", "prompt": ""}, True, "prompt"),
                                  ({"model": "e", "input": "a"}, True, "prompt"),
-                                 ({"prompt": "a"}, True, "model")):
+                                 ({"prompt": "a"}, True, "model"),
+                                 ({"model": "e", "prompt": "a", "keep_alive": "soon"}, True,
+                                  "keep_alive")):
         with pytest.raises(ApiError) as e:
             ollama_embed.parse(body, legacy_)
         assert e.value.status == 400 and e.value.param == param, body

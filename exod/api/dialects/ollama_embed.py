@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from exod.api.dialects.embed_request import EmbedRequest, embed_request
 from exod.api.fields import OLLAMA_EMBED, OLLAMA_EMBEDDINGS, Reading
 from exod.api.schema import http
+from exod.core import keep_alive as keep
 from exod.core import request_rules as rules
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ class OllamaEmbed:
 
     req: EmbedRequest
     legacy: bool  # /api/embeddings: one prompt, answered `{embedding}`
-    keep_alive: Any = None  # as sent (the instance's idle_stop_after applies for now)
+    keep_alive: float | None = None  # seconds (math.inf: keep), None: not asked
 
 
 @http
@@ -58,7 +59,7 @@ def parse(raw: Any, legacy: bool = False, strict: bool = False) -> OllamaEmbed:
         req = embed_request(b.get("model"), inputs, truncate=truncate,
                             dimensions=b.get("dimensions"), dialect=dialect, param="input",
                             ignored=r.ignored)
-    return OllamaEmbed(req, legacy, b.get("keep_alive"))
+    return OllamaEmbed(req, legacy, keep.parse(b.get("keep_alive")))
 
 
 def unit(vector: list[float]) -> list[float]:

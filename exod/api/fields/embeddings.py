@@ -61,8 +61,9 @@ RERANK = Dialect("rerank", "POST /v1/rerank", intro=(
 OLLAMA_OPTIONS = inert("Ollama's model options (sampling, `num_ctx`, threads...) do not change "
                        "an encoder's vectors here: an input is cut at the model's own length "
                        "(`truncate`)")
-OLLAMA_KEEP_ALIVE = inert("how long the model stays loaded after the request: the instance's "
-                          "own `idle_stop_after` applies")
+OLLAMA_KEEP_ALIVE = works("the idle window of an on-demand instance once the request ends, as "
+                          "for /api/chat: a duration (`5m`), seconds, `0` or `-1`, within the "
+                          "instance's `keep_alive: {min, max}`")
 
 OLLAMA_EMBED = Dialect("ollama_embed", "POST /api/embed", intro=(
     "Ollama's embeddings endpoint, served as `/v1/embeddings` is (docs/embeddings.md). The "

@@ -131,6 +131,10 @@ def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
     rules.prompt_ids(prompt, vocab, prompt_param(req))
     max_tokens = rules.fit_window(len(prompt), rules.max_tokens(req.max_tokens), window,
                                   prompt_param(req))
+    asked = rules.context_window(req.context_window, req.named("context_window"))
+    if asked is not None and (window is None or asked < window):  # the request's own, smaller
+        param = req.named("context_window")
+        max_tokens = rules.fit_window(len(prompt), max_tokens, asked, param, f"`{param}`")
     strict = args_check(grammars, req)  # first: a 400 names the strict tool at fault
     thinking = None
     if req.kind == "chat":
