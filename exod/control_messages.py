@@ -179,6 +179,15 @@ class SpeculativeStatus:
 
 
 @dataclass(frozen=True)
+class BatchStatus:
+    """An embedding model's or a reranker's forward passes, counted since the runner started."""
+
+    batches: int
+    inputs: int  # the inputs they held, from every request in flight
+    mean_batch: float | None  # inputs per pass; None before any
+
+
+@dataclass(frozen=True)
 class ServingStatus:
     """How rank 0 serves: `batching` is "continuous", else why one request at a time."""
 
@@ -188,6 +197,7 @@ class ServingStatus:
     prefill_step: int | None = None  # continuous batching only
     prompt_cache: PromptCacheStatus | None = None  # continuous batching only
     speculative: SpeculativeStatus | None = None  # with a draft_model only
+    batches: BatchStatus | None = None  # an embedding model or a reranker only
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,10 @@
     POST /v1/messages          Anthropic Messages (exod.api.dialects: an adapter over chat)
     POST /v1/messages/count_tokens
     POST /v1/responses         OpenAI Responses, stateless (an adapter over chat)
-    /api/*                     Ollama's API (exod.api.ollama)
+    POST /v1/embeddings        an embedding model's vectors (exod.api.embedding)
+    POST /v1/rerank            a reranker's scores, in the Jina/Cohere shape
+    /api/*                     Ollama's API (exod.api.ollama; /api/embed and /api/embeddings
+                               here, by exod.api.dialects.ollama_embed)
 
 A request goes to an instance only while it is `ready` (for a multi-rank instance: every rank
 is; an on-demand instance is started by the request, which waits in the queue while it loads),
@@ -40,8 +43,12 @@ from loguru import logger
 
 from exod.api import address, page
 from exod.api.dialects import anthropic_request as anthropic
+from exod.api.dialects import ollama_embed
 from exod.api.dialects import responses_request as responses
 from exod.api.dialects.anthropic_output import AnthropicOutput, CountOutput
+from exod.api.dialects.embed_request import EmbedRequest, parse_embeddings, parse_rerank
+from exod.api.embedding import (BIG_ANSWER, Embedded, Embedder, json_answer,
+                                openai_embeddings, rerank_answer)
 from exod.api.dialects.output import Output
 from exod.api.dialects.responses_output import ResponsesOutput
 from exod.api.browser import PREFLIGHT_HEADERS, CorsPolicy, HostPolicy, is_json
@@ -64,6 +71,7 @@ from exod.api.ollama.manage import OllamaManage
 from exod.api.ollama.objects import error_text
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
+from exod.config.embed import Encoding, encoding
 from exod.config.model_caps import Capabilities
 from exod.control_messages import ApiStatus
 from exod.api.view import Daemon
@@ -103,6 +111,7 @@ class ApiServer:
         self._runner: web.AppRunner | None = None
         self.serving = Serving(daemon, Fetcher(Policy(cfg.image_urls, cfg.image_url_timeout,
                                                       cfg.image_url_allow)))
+        self.embedder = Embedder(self.serving)
         self.metrics = self.serving.metrics
         # Reasoning handed to clients to send back (exod.api.seal); its key made on first use.
         # The seals of one request open to no more text than its body could have held.
@@ -138,6 +147,10 @@ class ApiServer:
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
         app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/rerank", self.rerank)
+        app.router.add_post("/api/embed", self.ollama_embed)
+        app.router.add_post("/api/embeddings", self.ollama_embeddings)
         # keepalive_timeout doubles as the deadline for a request head (see exod.api.guard).
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      keepalive_timeout=self.cfg.header_timeout,
@@ -271,20 +284,26 @@ class ApiServer:
         `supported_parameters`), from the model's files."""
         active, queued = self.sup.traffic.load(inst)
         created = datetime.fromtimestamp(self.started_wall, timezone.utc)
+        head = {"id": inst.name, "object": "model", "created": self.started_wall,
+                "owned_by": "exod", "type": "model", "display_name": inst.name,
+                "created_at": created.isoformat().replace("+00:00", "Z"),
+                "state": inst.state.value}
+        tail = {"active": active, "queued": queued}
+        serves = await self.sup.traffic.serves(inst)
+        if serves in ("embed", "rerank"):
+            enc = await asyncio.to_thread(encoding, inst.config.model)
+            if enc is not None:
+                return {**head, **encoder_json(enc), **tail}
         limits = await self.limits(inst)
         caps = await self.sup.traffic.capabilities(inst)
         most = min(x for x in (limits.context, limits.cap) if x is not None) \
             if limits.context is not None or limits.cap is not None else None
-        return {"id": inst.name, "object": "model", "created": self.started_wall,
-                "owned_by": "exod", "type": "model", "display_name": inst.name,
-                "created_at": created.isoformat().replace("+00:00", "Z"),
-                "state": inst.state.value, "context_length": limits.context,
+        return {**head, "serves": "chat" if serves else None, "context_length": limits.context,
                 "max_model_len": limits.context, "max_input_tokens": limits.context,
                 "max_tokens": most, "capabilities": capabilities(caps),
                 "supported_parameters": supported_parameters(caps),
                 "architecture": {"input_modalities": ["text", "image"] if caps.vision
-                                 else ["text"], "output_modalities": ["text"]},
-                "active": active, "queued": queued}
+                                 else ["text"], "output_modalities": ["text"]}, **tail}
 
     async def models(self, request: web.Request) -> web.Response:
         data = [await self._model_json(i) for i in self.sup.ordered()]
@@ -324,6 +343,40 @@ class ApiServer:
             b, self.sealer, self.cfg.strict_fields)))
         return await self.generate(request, "responses", req,
                                     ResponsesOutput(req.model, body, view, self.sealer))
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        req = await self.body(request, lambda b: parse_embeddings(b, self.cfg.strict_fields))
+        got = await self._embed(req)
+        return await json_answer(openai_embeddings(req, got), _size(got), req.ignored)
+
+    async def rerank(self, request: web.Request) -> web.StreamResponse:
+        req = await self.body(request, lambda b: parse_rerank(b, self.cfg.strict_fields))
+        got = await self._embed(req)
+        return await json_answer(rerank_answer(req, got), _size(got), req.ignored)
+
+    async def ollama_embed(self, request: web.Request) -> web.StreamResponse:
+        return await self._ollama_embed(request, legacy=False)
+
+    async def ollama_embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._ollama_embed(request, legacy=True)
+
+    async def _ollama_embed(self, request: web.Request, legacy: bool) -> web.StreamResponse:
+        arrived = time.monotonic_ns()
+        view = await self.body(request, lambda b: ollama_embed.parse(b, legacy,
+                                                                     self.cfg.strict_fields))
+        got = await self._embed(view.req, view.keep_alive)
+        took = time.monotonic_ns() - arrived
+        size = _size(got)  # thousands of vectors are normalized off the loop
+        body = await asyncio.to_thread(ollama_embed.embed_answer, view, got, took) \
+            if size > BIG_ANSWER else ollama_embed.embed_answer(view, got, took)
+        return await json_answer(body, size, view.req.ignored)
+
+    async def _embed(self, req: EmbedRequest, keep_alive: float | None = None) -> Embedded:
+        try:
+            return await self.embedder.run(req, keep_alive)
+        except ApiError as e:
+            e.headers.update(header(req.ignored))
+            raise
 
     async def generate(self, request: web.Request, dialect: str, req: GenRequest,
                         out: Output | None = None,
@@ -367,6 +420,22 @@ class ApiServer:
             return ModelLimits(info.vocab_size, info.context_length, cap, schema)
         vocab, context = await self.sup.traffic.size(inst)
         return ModelLimits(vocab, context, cap, schema)
+
+
+def encoder_json(enc: Encoding) -> dict[str, Any]:
+    """What /v1/models says of an embedding model or a reranker: what it serves, the longest
+    input, and an embedding model's vector size and the sizes it may be cut to."""
+    out: dict[str, Any] = {"serves": "embeddings" if enc.role == "embed" else "rerank",
+                           "context_length": enc.max_tokens, "max_input_tokens": enc.max_tokens}
+    if enc.role == "embed":
+        out["dimensions"] = enc.dimensions
+        out["matryoshka_dimensions"] = list(enc.matryoshka) \
+            if isinstance(enc.matryoshka, tuple) else enc.matryoshka
+    return out
+
+
+def _size(got: Embedded) -> int:
+    return sum(map(len, got.results))
 
 
 def capabilities(caps: Capabilities) -> dict[str, Any]:

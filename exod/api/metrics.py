@@ -34,6 +34,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Seconds. Small models on a CPU answer in tens of milliseconds; big ones take many seconds.
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
+INPUT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 @dataclass
@@ -43,6 +44,7 @@ class InstanceStats:
     requests: collections.Counter[str] = field(default_factory=collections.Counter)
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    inputs: int = 0  # of embeddings and rerank requests (a rerank's: its documents)
 
 
 class Metrics:
@@ -58,6 +60,10 @@ class Metrics:
             "exod_time_per_output_token_seconds", "Mean time between generated tokens, one "
             "observation per request that generated two tokens or more", ["instance"],
             buckets=TPOT_BUCKETS, registry=self.registry)
+        self.inputs = Histogram(
+            "exod_embedding_inputs_per_request", "Inputs of an embeddings request (documents "
+            "of a rerank request)", ["instance"], buckets=INPUT_BUCKETS,
+            registry=self.registry)
         self.registry.register(LiveCollector(daemon, load, self.stats, self.ignored))
 
     def render(self) -> bytes:
@@ -77,6 +83,12 @@ class Meter:
         self.first: float | None = None
         self.counted = 0  # text and held events: a token each, until `done` gives the total
         self.failed_code: int | None = None  # an error after the 200 went out (streams)
+        self.status = 499  # the answer's, once there is one (until then: the client left)
+
+    def inputs(self, n: int) -> None:
+        """An embeddings or rerank request of `n` inputs."""
+        self.metrics.stats[self.instance].inputs += n
+        self.metrics.inputs.labels(self.instance).observe(n)
 
     def event(self, ev: m.Event) -> None:
         now = time.monotonic()
@@ -161,6 +173,7 @@ class LiveCollector(Collector):
         yield from self._downloads(instances)
         yield from self._prompt_cache(instances)
         yield from self._speculative(instances)
+        yield from self._batches(instances)
 
     def _downloads(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
         """The model download an instance waits for (only while it is downloading)."""
@@ -204,17 +217,23 @@ class LiveCollector(Collector):
         """Speculative decoding on rank 0 (counted since it started): the acceptance rate is
         rate(accepted) / rate(drafted)."""
         label = ["instance"]
-        drafted = CounterMetricFamily("exod_draft_tokens", "Draft tokens the model checked "
-                                      "(speculative decoding)", labels=label)
-        accepted = CounterMetricFamily("exod_draft_tokens_accepted", "Draft tokens the model "
-                                       "accepted (speculative decoding)", labels=label)
-        for inst in instances:
-            s = inst.ranks[0].serving if inst.ranks else None
-            if s is None or not s.draft_tokens:
-                continue
-            drafted.add_metric([inst.name], s.drafted)
-            accepted.add_metric([inst.name], s.draft_accepted)
-        yield from (drafted, accepted)
+        yield from _per_runner(instances, lambda s: bool(s.draft_tokens), [
+            (CounterMetricFamily("exod_draft_tokens", "Draft tokens the model checked "
+                                 "(speculative decoding)", labels=label), lambda s: s.drafted),
+            (CounterMetricFamily("exod_draft_tokens_accepted", "Draft tokens the model "
+                                 "accepted (speculative decoding)", labels=label),
+             lambda s: s.draft_accepted)])
+
+    def _batches(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
+        """An embedding model's or a reranker's batches (counted since its runner started):
+        the mean batch size is rate(inputs) / rate(batches)."""
+        label = ["instance"]
+        yield from _per_runner(instances, lambda s: bool(s.batches), [
+            (CounterMetricFamily("exod_embedding_batches", "Forward passes of an embedding "
+                                 "model or a reranker", labels=label), lambda s: s.batches),
+            (CounterMetricFamily("exod_embedding_batched_inputs", "Inputs those passes held, "
+                                 "from every request in flight", labels=label),
+             lambda s: s.batched_inputs)])
 
     def _requests(self) -> Iterator[Metric]:
         requests = CounterMetricFamily("exod_requests", "Generation requests answered, by HTTP "
@@ -224,9 +243,26 @@ class LiveCollector(Collector):
                                      labels=["instance"])
         generated = CounterMetricFamily("exod_generated_tokens", "Tokens generated",
                                         labels=["instance"])
+        inputs = CounterMetricFamily("exod_embedding_inputs", "Inputs of embeddings requests "
+                                     "(documents of rerank requests)", labels=["instance"])
         for name, s in sorted(self.stats.items()):
             for code, n in sorted(s.requests.items()):
                 requests.add_metric([name, code], n)
             prompt.add_metric([name], s.prompt_tokens)
             generated.add_metric([name], s.generated_tokens)
-        yield from (requests, prompt, generated)
+            if s.inputs:
+                inputs.add_metric([name], s.inputs)
+        yield from (requests, prompt, generated, inputs)
+
+
+def _per_runner(instances: list[InstanceRuntime], counts: Callable[[m.Serving], bool],
+                families: list[tuple[CounterMetricFamily, Callable[[m.Serving], int]]]
+                ) -> Iterator[Metric]:
+    """Counters of each instance's rank 0 (as its last Serving report says), for the
+    instances where `counts`: each family with its value."""
+    for inst in instances:
+        s = inst.ranks[0].serving if inst.ranks else None
+        if s is not None and counts(s):
+            for family, value in families:
+                family.add_metric([inst.name], value(s))
+    yield from (family for family, _ in families)

@@ -153,10 +153,11 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
                f"stop ladder worst case {worst:g}s")
     for line in memory_lines(cfg):
         click.echo(line)
+    from exod.config.embed import describe as describe_encoder
     from exod.config.mlx_options import describe as describe_options
 
     for inst in cfg.instances.values():
-        for line in describe_options(inst) + serving_lines(inst):
+        for line in describe_options(inst) + serving_lines(inst) + describe_encoder(inst):
             click.echo(line)
 
 

@@ -113,6 +113,9 @@ def check_on_demand(instance: Instance, written: Collection[str]) -> list[Issue]
                          "start it again)")
               for key in ("idle_stop_after", "keep_alive")
               if key in written and not instance.on_demand]
+    if "evictable" in written and not instance.on_demand:
+        issues.append(Issue("evictable", "applies only to `autostart: on-demand` instances (no "
+                                         "other instance is ever stopped for room)"))
     bounds = instance.keep_alive
     if bounds.min > bounds.max:
         issues.append(Issue("keep_alive", f"min ({format_duration(bounds.min)}) is more than "

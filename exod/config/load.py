@@ -15,6 +15,7 @@ from typing import Any
 from exod.config.checks import (Issue, check_layout, check_names, check_on_demand,
                                 check_ports, check_sharding, check_template_kwargs,
                                 listen_problems)
+from exod.config.embed import check_embed
 from exod.config.vision import check_vision
 from exod.config.probe import answers as probe_answers
 from exod.config.errors import ConfigError, Mark, Problem
@@ -259,7 +260,7 @@ class _Loader:
                           *check_on_demand(instance, body.entries),
                           *check_template_kwargs(instance),
                           *check_mlx_options(instance, body.entries),
-                          *check_vision(instance)]:
+                          *check_vision(instance), *check_embed(instance)]:
                 self.report_issue(instance, issue)
 
     # An instance's keys that may name a model on the hub, and where its reference goes.

@@ -357,6 +357,14 @@ class Instance(RunnerOptions):
                      "request's own `keep_alive` (Ollama's API) may set this window, within the "
                      "bounds below.", minimum=0),
     )
+    evictable: bool = field(
+        default=True,
+        metadata=doc("An idle on-demand instance may be stopped to make room for another "
+                     "on-demand instance that memory admission would refuse (least recently "
+                     "used first). `false` keeps it loaded, and that other start is refused "
+                     "instead: a chat model that an embedding model starting on demand must "
+                     "never evict. An always-on instance is never stopped for room."),
+    )
     keep_alive: KeepAliveBounds = field(
         default_factory=KeepAliveBounds,
         metadata=doc("What a request's `keep_alive` (Ollama's API: a duration such as `5m`, a "

@@ -17,3 +17,9 @@ DEFAULT_PREFILL_STEP = 256
 DEFAULT_KV_GROUP_SIZE: Final = 64
 DEFAULT_QUANTIZED_KV_START = 5000  # tokens in a cache before it is quantized
 DEFAULT_NUM_DRAFT_TOKENS = 3  # mlx_lm.server's --num-draft-tokens
+
+# An embedding model's engine (exod.runner.embed.engine): inputs x their longest length in one
+# forward pass at most, and inputs in one batch at most. On a 2-core CPU a batch of 4096 tokens
+# of a 100M-parameter encoder takes about a second; the matmuls gain little past it.
+EMBED_BATCH_TOKENS = 4096
+EMBED_MAX_BATCH = 64

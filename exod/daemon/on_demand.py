@@ -6,7 +6,8 @@ request has come for that long; a request's own keep-alive (Ollama's `keep_alive
 instance's bounds, sets that window until the next request ends (0: stop once no request is in
 flight, which a later request that asks nothing does not undo). When memory admission would
 refuse it, idle on-demand instances are stopped first, least recently used first, if that frees
-enough; an instance that is always on is never evicted. Every timer runs on the seam's clock.
+enough; an instance that is always on, or on demand with `evictable: false`, is never evicted.
+Every timer runs on the seam's clock.
 """
 
 from __future__ import annotations
@@ -102,8 +103,8 @@ class OnDemand:
         bytes; none when nothing is missing or even all of them would not be enough."""
         if missing <= 0:
             return []
-        idle = sorted((o for o in self.daemon.ordered() if o is not inst
-                       and o.config.on_demand and o.state is State.READY and self._idle(o)),
+        idle = sorted((o for o in self.daemon.ordered() if o is not inst and o.config.on_demand
+                       and o.config.evictable and o.state is State.READY and self._idle(o)),
                       key=lambda o: self.last_used.get(o.name, 0.0))
         chosen, freed = [], 0
         for o in idle:

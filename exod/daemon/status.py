@@ -99,6 +99,10 @@ def serving_status(s: Serving | None) -> cm.ServingStatus | None:
     prompt cache's hit rate (hits per lookup)."""
     if s is None:
         return None
+    if s.batches:
+        return cm.ServingStatus(s.batching, s.width, s.active, s.prefill_step,
+                                batches=cm.BatchStatus(s.batches, s.batched_inputs,
+                                                       round(s.batched_inputs / s.batches, 2)))
     if s.batching != "continuous":
         return cm.ServingStatus(s.batching, s.width, s.active, speculative=speculative(s))
     rate = round(s.cache_hits / s.cache_lookups, 4) if s.cache_lookups else None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from exod.config.embed import Role, role
 from exod.config.model_caps import Capabilities, model_capabilities
 from exod.config.model_dir import model_limits
 from exod.config.model_facts import ModelFacts, model_facts
@@ -68,6 +69,14 @@ class NotServing(Refused):
         self.stopping = stopping
 
 
+class Mismatch(Refused):
+    """The instance serves another kind of request (`serves`: what its model is for)."""
+
+    def __init__(self, name: str, serves: Role) -> None:
+        super().__init__(name)
+        self.serves = serves
+
+
 class Busy(Refused):
     """`limit` requests at the runner and `queue` waiting: the most it takes."""
 
@@ -88,6 +97,7 @@ class Lane:
     watch: HangWatch | None  # None: hang_after is never
     size: ModelSize | None = None  # from its config.json, read once
     caps: Capabilities | None = None  # from its tokenizer files, once they tell
+    role: Role | None = None  # what its model serves, once its files are there
     facts: tuple[Path, ModelFacts] | None = None  # of its files, once they are there
 
 
@@ -133,6 +143,14 @@ class Traffic:
         return lane
 
     # ---- one request ----------------------------------------------------------------------
+    async def expect(self, name: str, wants: Role) -> None:
+        """Mismatch when the instance `name` serves another kind of request than `wants` (told
+        by its model's files, before `find` may start it)."""
+        inst = self.daemon.serving(name)  # by its name or an alias
+        serves = None if inst is None else await self.serves(inst)
+        if serves is not None and serves != wants:
+            raise Mismatch(name, serves)
+
     def find(self, name: str) -> InstanceRuntime:
         """The instance that serves `name`, started if it is on demand; raises Refused."""
         self.touched()
@@ -156,6 +174,15 @@ class Traffic:
         if lane.size is None:
             lane.size = await asyncio.to_thread(model_limits, inst.config.model)
         return lane.size
+
+    async def serves(self, inst: InstanceRuntime) -> Role | None:
+        """What the instance's model serves (exod.config.embed), from its files, off the loop;
+        None while they are not there (a model on the hub not fetched yet)."""
+        lane = self._lane(inst)
+        model = inst.config.model  # a hub model's name until it is fetched
+        if lane.role is None and await asyncio.to_thread((model / "config.json").is_file):
+            lane.role = await asyncio.to_thread(role, model)
+        return lane.role
 
     async def capabilities(self, inst: InstanceRuntime) -> Capabilities:
         """What the model can do for a client (tools, thinking), from its tokenizer files,

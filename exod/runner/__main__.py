@@ -139,8 +139,13 @@ def run(r: Runner) -> tuple[int, str]:
     have_blas, blas_msg = blas.preload()
     if not have_blas and "not Linux" not in blas_msg:
         log(blas_msg, WARNING)
+    from exod.config.embed import encoding
     from exod.config.vision import sees
 
+    if encoding(r.spec.model) is not None:  # an embedding model or a reranker
+        from exod.runner.embed.serve import serve as serve_encoder
+
+        return serve_encoder(r, blas_msg)
     if sees(r.spec.model) is not None:  # a model that sees: mlx-vlm's path
         from exod.runner.vision.serve import serve
 

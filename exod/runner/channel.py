@@ -16,6 +16,7 @@ from __future__ import annotations
 import queue
 import socket
 from collections.abc import Sequence
+from typing import Any
 
 from exod import messages as m
 from exod.child_end import ChildEnd
@@ -29,9 +30,9 @@ class Channel:
     def __init__(self, fd: int | None, life: Lifecycle) -> None:
         self.end: ChildEnd[RunnerSpec] = ChildEnd(fd, RUNNER_FIRST, m.TO_RUNNER)
         self.life = life
-        # None wakes the main thread (a stop); Generate is the only request that queues. The
-        # serve loop's reader hands its requests back here once read (exod.runner.serving.reading).
-        self.inbox: queue.Queue[m.Generate | Read | None] = queue.Queue()
+        # None wakes the main thread (a stop); requests (Generate, Embed) are all that queues.
+        # The serve loop's reader hands them back here once read (exod.runner.serving.reading).
+        self.inbox: queue.Queue[m.Work | Read[Any, Any] | None] = queue.Queue()
         self.cancelled: set[str] = set()
         self.drain: float | None = None  # seconds the daemon allows in-flight work to finish
         self.broken = ""  # why the channel broke, if it did

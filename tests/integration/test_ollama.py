@@ -291,9 +291,9 @@ def test_think_and_what_a_model_cannot_do_are_answered_by_name(served: Served) -
             (lambda: served.client.chat(model="tiny", messages=HELLO,
                                         options={"num_ctx": 4}), "`options.num_ctx` of 4"),
             (lambda: served.client.embed(model="tiny", input="x"),
-             '"tiny" does not support embeddings'),
+             "The model `tiny` serves chat"),  # an embedding model's instance answers it
             (lambda: served.client.embeddings(model="tiny", prompt="x"),
-             '"tiny" does not support embeddings'),
+             "The model `tiny` serves chat"),
             (lambda: served.client.chat(model="tiny", messages=[
                 {"role": "user", "content": "what is it?", "images": [b"GIF89a..."]}]),
              "`messages[0].images[0]`: this model does not see images"),

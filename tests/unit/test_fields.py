@@ -13,12 +13,14 @@ import pytest
 from anthropic.types.beta import beta_content_block_param, beta_tool_union_param
 from anthropic.types.beta import message_count_tokens_params, message_create_params
 from openai.types import completion_create_params as completion_params
+from openai.types import embedding_create_params as embedding_params
 from openai.types.chat import completion_create_params as chat_params
 from openai.types.responses import response_create_params, response_includable
 from openai.types.responses import response_input_item_param, tool_param
 
 from exod.api.errors import ApiError
-from exod.api.fields import CHAT, COMPLETION, DIALECTS, MESSAGES, RESPONSES, Kind, Reading
+from exod.api.fields import (CHAT, COMPLETION, DIALECTS, EMBEDDINGS, MESSAGES, RESPONSES, Kind,
+                             Reading)
 from exod.api.ignored import HEADER, MAX_HEADER_NAMES, MORE, IgnoredFields, header
 from exod.api.schema import parse_chat, parse_completion
 from exod.core.request_rules import RequestError
@@ -46,6 +48,7 @@ def type_values(union: Any) -> set[str]:
     (response_create_params.ResponseCreateParamsBase, RESPONSES, "body"),
     (message_create_params.MessageCreateParamsBase, MESSAGES, "body"),
     (message_count_tokens_params.MessageCountTokensParams, MESSAGES, "count"),
+    (embedding_params.EmbeddingCreateParams, EMBEDDINGS, "body"),
 ])
 def test_every_field_of_the_newest_clients_is_in_a_table(params: Any, dialect: Any,
                                                          kind: str) -> None:

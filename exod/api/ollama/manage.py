@@ -1,6 +1,6 @@
 """Ollama's endpoints that generate nothing: `GET /` (`HEAD /`), `/api/version`, `/api/tags`,
-`POST /api/show`, `GET /api/ps`, `POST /api/pull`, `DELETE /api/delete`, and `/api/embed`,
-`/api/embeddings` (answered as Ollama answers for a model that cannot embed).
+`POST /api/show`, `GET /api/ps`, `POST /api/pull`, `DELETE /api/delete` (`/api/embed` and
+`/api/embeddings` are the embedding instances', exod.api.dialects.ollama_embed).
 
 What they list are exod's instances, by name, as /v1/models does. A pull fetches a hub
 repository through exod's own fetcher (exod.daemon.hub_commands: never timed out, resumed
@@ -87,8 +87,6 @@ class OllamaManage:
         router.add_get("/api/ps", self.ps)
         router.add_post("/api/pull", self.pull)
         router.add_delete("/api/delete", self.delete)
-        router.add_post("/api/embed", self.embed)
-        router.add_post("/api/embeddings", self.embed)
 
     # ---- read-only ------------------------------------------------------------------------
     async def root(self, request: web.Request) -> web.Response:
@@ -121,8 +119,11 @@ class OllamaManage:
         sees = model_dir is not None and await asyncio.to_thread(vision.sees, model_dir) is not None
         limits = await self.api.limits(inst)
         source = str(inst.config.hub) if inst.config.hub is not None else str(inst.config.model)
-        return web.json_response(objects.show(facts, caps, template, source, limits.context,
-                                              sees), headers=header(ignored))
+        obj = objects.show(facts, caps, template, source, limits.context, sees)
+        serves = await self.sup.traffic.serves(inst)
+        if serves in ("embed", "rerank"):  # an encoder generates nothing; Ollama has no rerank
+            obj["capabilities"] = ["embedding"] if serves == "embed" else []
+        return web.json_response(obj, headers=header(ignored))
 
     async def ps(self, request: web.Request) -> web.Response:
         """What runs (ready), with the memory it was admitted with and when it stops idle."""
@@ -213,14 +214,6 @@ class OllamaManage:
                                 f"({self.sup.hub_cache})", "invalid_request_error",
                            "model_not_found", "model")
         return web.Response(headers=header(ignored))
-
-    async def embed(self, request: web.Request) -> web.Response:
-        """exod serves no embeddings yet: answered as Ollama answers for a model without the
-        capability (an unknown model is a 404 first)."""
-        name = await self.api.body(request, lambda b: http(rules.model)(
-            b.get("model") if isinstance(b, dict) else None))
-        inst = self._instance(name)
-        raise bad_request(f'"{inst.name}" does not support embeddings', "model")
 
 
 def status_line(ref: HubRef, ev: cm.DownloadEvent) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The rules a generation request must pass: one copy of each, for the daemon and the runner.
 One module per topic (base: what every rule shares; generation: the body, lengths, sampling and
 what comes back; messages: what a chat is generated from; tools: tools and structured output),
-all of it importable from here (`rules.max_tokens`, `rules.RequestError`).
+all of it importable from here (`rules.max_tokens`, `rules.RequestError`); and the inputs of
+embeddings and rerank requests (`rules.embeddings.inputs`).
 
 The daemon checks every field of a request body here (exod.api.schema turns a RequestError into
 an HTTP 400 naming the field); the runner checks again here, with the numbers of the model as
@@ -48,3 +49,4 @@ from exod.core.request_rules.tools import (  # noqa: F401
     unique, strict_tools, for_template, tool_choice, choice, named, response_format,
     json_output, schema_bytes,
 )
+from exod.core.request_rules import embeddings as embeddings  # noqa: F401, E402

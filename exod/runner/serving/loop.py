@@ -22,7 +22,7 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from exod import messages as m
 from exod.core.request_rules import RequestError
@@ -33,25 +33,30 @@ from exod.runner.serving.reading import Prompt, Read, Reader
 from exod.runner.report import Reporter
 
 # What the loop's thread is handed: a request, a request read, or a stop's wake-up.
-Inbox = m.Generate | Read | None
+Inbox = m.Work | Read[Any, Any] | None
+R = TypeVar("R", bound=m.Work)  # the requests an engine takes
+R_in = TypeVar("R_in", bound=m.Work, contravariant=True)
+P = TypeVar("P")  # what it reads of one (a Prompt for text)
+# What a text engine's loop answers a request it cannot take.
+SERVES_TEXT = "this instance serves chat and completions, not embeddings or reranking"
 
 
 # How often a request being read is reported (hang_after is at least 1s).
 READING_EVERY = 0.4
 
 
-class Engine(Protocol):
+class Engine(Protocol[R_in, P]):
     @property
     def active(self) -> int:
         """Generations admitted and not finished."""
         ...
 
-    def read(self, req: m.Generate) -> Prompt:
+    def read(self, req: R_in) -> P:
         """Its prompt read and checked (RequestError if it cannot be served as given). Called
         on the reader's thread: it must not touch mlx or the engine's state."""
         ...
 
-    def admit(self, req: m.Generate, prompt: Prompt) -> None:
+    def admit(self, req: R_in, prompt: P) -> None:
         """Take a request read by `read`; raises RequestError when it cannot be served."""
         ...
 
@@ -86,10 +91,15 @@ class Ticker:
             self.due = time.monotonic() + self.every
 
 
-class ServeLoop:
-    def __init__(self, engine: Engine, channel: Channel, life: Lifecycle, report: Reporter,
-                 heartbeat_every: float, tick: Ticker | None = None) -> None:
+class ServeLoop(Generic[R, P]):
+    """`takes`: the kind of request the engine serves; another kind is answered `refusal`."""
+
+    def __init__(self, engine: Engine[R, P], channel: Channel, life: Lifecycle, report: Reporter,
+                 heartbeat_every: float, tick: Ticker | None = None,
+                 takes: type[R] = m.Generate,  # type: ignore[assignment]
+                 refusal: str = SERVES_TEXT) -> None:
         self.engine = engine
+        self.takes, self.refusal = takes, refusal
         self.channel = channel
         self.life = life
         self.report = report
@@ -99,8 +109,9 @@ class ServeLoop:
         self.live: set[str] = set()
         self.recent: collections.deque[str] = collections.deque(maxlen=256)  # finished ids
         self.edited: dict[str, list[dict[str, Any]]] = {}  # a live request's applied edits
-        self.reader = Reader(engine.read, channel.inbox.put,
-                             lambda rid: channel.send(m.Prefill(rid, 0, 0)), READING_EVERY)
+        self.reader: Reader[R, P] = Reader(engine.read, channel.inbox.put,
+                                           lambda rid: channel.send(m.Prefill(rid, 0, 0)),
+                                           READING_EVERY)
 
     def run(self) -> None:
         while True:
@@ -138,19 +149,23 @@ class ServeLoop:
                 self.channel.cancelled.discard(item.id)
             elif self.life.stop.is_set():
                 self._emit([m.Error(item.id, "stopping", "the instance is stopping")])
+            elif not isinstance(item, self.takes):  # the daemon refuses it first, by role
+                self._emit([m.Error(item.id, "bad_request", self.refusal)])
             else:
                 self.reader.submit(item)
 
-    def _admit(self, read: Read) -> None:
+    def _admit(self, read: Read[R, P]) -> None:
         rid = read.req.id
         try:
             if read.error is not None:
                 raise read.error
             assert read.prompt is not None
-            if read.prompt.applied_edits:  # its Done reports them
-                self.edited[rid] = read.prompt.applied_edits
-            if read.req.count_only:  # counted once read: nothing reaches the engine
-                self._emit([m.Done(rid, "stop", len(read.prompt.tokens), 0)])
+            prompt = read.prompt
+            if isinstance(prompt, Prompt) and prompt.applied_edits:  # its Done reports them
+                self.edited[rid] = prompt.applied_edits
+            if isinstance(prompt, Prompt) and isinstance(read.req, m.Generate) \
+                    and read.req.count_only:  # counted once read: nothing reaches the engine
+                self._emit([m.Done(rid, "stop", len(prompt.tokens), 0)])
                 return
             self.engine.admit(read.req, read.prompt)
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
