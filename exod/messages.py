@@ -12,7 +12,7 @@ Fetcher (`python -m exod.hub`) → daemon: Hello, Status, Download, Failed, Fetc
 Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
 Prefill (while the prompt goes through the model, before the first Text), Text, ToolCall,
 Done, Error.
-Daemon → runner: Generate, Cancel, Shutdown.
+Daemon → runner: Generate, Cancel, Shutdown, ClearCache.
 
 Imports nothing heavy: the daemon and the runner both use it. A field added to a message is a
 new `VERSION`: the daemon refuses a runner speaking another one (a stale install after an
@@ -30,12 +30,12 @@ from typing import Any, ClassVar, Literal
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 13  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 14  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
 # 11: Serving's speculative decoding counts; 12: Done.reasoning_tokens;
-# 13: Generate.think_budget
+# 13: Generate.think_budget; 14: Shutdown.grace, ClearCache, Serving's disk tier
 
 
 class Phase(str, enum.Enum):
@@ -126,7 +126,8 @@ class Stopping:
 class Serving:
     """How rank 0 serves: `batching` is "continuous" (exod.runner.serving.batch_engine, on every
     rank of a group), else the reason it runs one request at a time. The cache figures count since
-    the runner started."""
+    the runner started: `cache_*` and `cached_tokens` are the RAM tier's, `disk_*` the disk
+    tier's (exod.runner.prompt_cache); a lookup is served by one tier at most."""
 
     type: ClassVar[str] = "serving"
     batching: str
@@ -143,12 +144,21 @@ class Serving:
     draft_tokens: int = 0  # speculative decoding: tokens drafted a step (0: no draft model)
     drafted: int = 0  # draft tokens the model checked
     draft_accepted: int = 0  # of those, the ones the model agreed with
+    disk_max_bytes: int = 0  # prompt_cache_disk_bytes; 0: no disk tier
+    disk_entries: int = 0
+    disk_bytes: int = 0
+    disk_hits: int = 0  # lookups served from disk (loaded instead of prefilled)
+    disk_cached_tokens: int = 0
+    disk_load_ms: int = 0  # spent loading the entries that hit
+    disk_writes: int = 0
+    disk_errors: int = 0  # faults met (each a miss, or a write not made), each logged once
+    disk_state: str = ""  # ready, or what it waits for, or why it is off
 
     def __post_init__(self) -> None:
         # Every status snapshot carries these: a runaway text or an impossible count is a
         # broken runner, not something to show.
-        if len(self.batching) > 500:
-            raise ProtocolError("serving: batching is longer than 500 characters")
+        if len(self.batching) > 500 or len(self.disk_state) > 500:
+            raise ProtocolError("serving: batching or disk_state is longer than 500 characters")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, int) and value < 0:
@@ -357,15 +367,24 @@ class Cancel:
 
 @dataclass(frozen=True)
 class Shutdown:
-    """Rung 1 of the ladder: finish in-flight work within `drain` seconds, then exit 0."""
+    """Rung 1 of the ladder: finish in-flight work within `drain` seconds, then exit 0 within
+    `grace` seconds of this message (0: not said), keeping what it can of its prompt cache."""
 
     type: ClassVar[str] = "shutdown"
     drain: float = 0.0
+    grace: float = 0.0
+
+
+@dataclass(frozen=True)
+class ClearCache:
+    """`exoctl cache clear`: forget every prompt cache entry, in RAM and on disk."""
+
+    type: ClassVar[str] = "clear_cache"
 
 
 FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
               | Download | Fetched | Prefill | Held | Text | ToolCall | Done | Error)
-ToRunner = Generate | Cancel | Shutdown
+ToRunner = Generate | Cancel | Shutdown | ClearCache
 Event = Prefill | Held | Text | ToolCall | Done | Error  # a request's stream
 Message = FromRunner | ToRunner
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 SYSTEM_RUNTIME_DIR = Path("/var/run/exod" if sys.platform == "darwin" else "/run/exod")
@@ -57,6 +58,25 @@ def cache_dir() -> Path:
         return Path(state.split(":")[0]) / "cache"
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "exod"
+
+
+SYSTEM_STATE = Path("/var/lib/exod")
+
+
+def prompt_cache_base(env: Mapping[str, str], euid: int) -> Path:
+    """Where instances keep the prompt cache's disk tier by default: the service's state
+    directory (StateDirectory=; /var/lib/exod as root), else the user's cache (a user unit's
+    CacheDirectory=, XDG_CACHE_HOME, ~/.cache), in `prompt-cache`."""
+    state = env.get("STATE_DIRECTORY")
+    if state:
+        return Path(state.split(":")[0]) / "prompt-cache"
+    if euid == 0:
+        return SYSTEM_STATE / "prompt-cache"
+    cache = env.get("CACHE_DIRECTORY")
+    if cache:
+        return Path(cache.split(":")[0]) / "prompt-cache"
+    xdg = env.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "exod" / "prompt-cache"
 
 
 def client_socket() -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from exod.config.checks import (Issue, check_layout, check_on_demand, check_ports,
-                                check_sharding, check_template_kwargs)
+                                check_sharding, check_template_kwargs, check_warm)
 from exod.config.probe import answers as probe_answers
 from exod.config.errors import ConfigError, Mark, Problem
 from exod.config.hub_model import names_hub, parse_model, placeholder, token_file_problem
@@ -249,7 +249,7 @@ class _Loader:
             self.nodes[name] = body
             for issue in [*check_layout(instance, body.entries),
                           *check_on_demand(instance, body.entries),
-                          *check_template_kwargs(instance),
+                          *check_template_kwargs(instance), *check_warm(instance),
                           *check_mlx_options(instance, body.entries)]:
                 self.report_issue(instance, issue)
 

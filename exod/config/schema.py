@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Literal
 
 from exod.core.serving import (DEFAULT_KV_GROUP_SIZE, DEFAULT_NUM_DRAFT_TOKENS,
-                               DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_QUANTIZED_KV_START)
+                               DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_PROMPT_CACHE_DISK_BYTES,
+                               DEFAULT_QUANTIZED_KV_START)
 from exod.hub.ref import HubRef
 from exod.config.types import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir, Octal,
                                Size)
@@ -218,10 +219,30 @@ class Instance:
     )
     prompt_cache_bytes: int = field(
         default=DEFAULT_PROMPT_CACHE_BYTES,
-        metadata=doc("bytes of KV cache kept from earlier requests, so a request that extends "
-                     "one (the next turn of a chat) prefills only what is new; least recently "
-                     "used entries go first; 0 disables it (a group counts rank 0's bytes)",
+        metadata=doc("bytes of KV cache kept in RAM from earlier requests, so a request that "
+                     "extends one (the next turn of a chat) prefills only what is new; least "
+                     "recently used entries go first, to the disk tier; 0 disables it (a group "
+                     "counts rank 0's bytes)",
                      minimum=0, maximum=1 << 50))
+    prompt_cache_disk_bytes: Size = field(
+        default=DEFAULT_PROMPT_CACHE_DISK_BYTES,
+        metadata=doc("bytes of KV cache kept on disk (the prompt cache's disk tier, under "
+                     "prompt_cache_dir), written behind the requests when entries leave RAM, "
+                     "when the instance is idle and at a stop; read back after any restart, so "
+                     "the same long prompt is loaded instead of prefilled; least recently used "
+                     "entries go first; each rank of a group keeps its own layers' part up to "
+                     "this; 0 disables it", minimum=0,
+                     inherit="prompt_cache_disk_bytes"))
+    prompt_cache_dir: Path | None = field(
+        default=None,
+        metadata=doc("the folder under which the instance keeps its disk tier, in a folder of "
+                     "its own name", inherit="prompt_cache_dir"))
+    warm: tuple[Path, ...] = field(
+        default=(),
+        metadata=doc("prompt files prefilled into the prompt cache at each start unless it holds "
+                     "them already (an agent's system prompt and tools): JSON with `messages` "
+                     "and optionally `tools`, as a chat request has them, or plain text (one "
+                     "system message)"))
     grammar: GrammarLimits = field(
         default_factory=GrammarLimits,
         metadata=doc("bounds of constrained decoding (response_format, forced tool calls)"))
@@ -315,6 +336,15 @@ class Defaults:
         metadata=doc("memory admission: a rank starts only if its estimated need fits in what "
                      "the host has available (MemAvailable on Linux) less this much", minimum=0),
     )
+    prompt_cache_disk_bytes: Size = field(
+        default=DEFAULT_PROMPT_CACHE_DISK_BYTES,
+        metadata=doc("each instance's prompt_cache_disk_bytes, unless it sets its own",
+                     minimum=0))
+    prompt_cache_dir: Path | None = field(
+        default=None,
+        metadata=doc("where instances keep the prompt cache's disk tier, a folder per instance; "
+                     "default: the service's state directory (StateDirectory=, /var/lib/exod "
+                     "as root) /prompt-cache, else the user's cache (~/.cache/exod/prompt-cache)"))
 
 
 @dataclass(frozen=True)

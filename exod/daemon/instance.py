@@ -64,7 +64,7 @@ class Seam(Protocol):
         """Start the runner for `rank`; returns its pid; raises OSError when exec fails."""
         ...
 
-    def ask(self, pid: int, drain: float) -> bool:
+    def ask(self, pid: int, drain: float, grace: float = 0.0) -> bool:
         """Send the shutdown request over the runner's channel."""
         ...
 
@@ -556,7 +556,8 @@ class InstanceRuntime:
         if step is Step.ASK:
             # In-flight generations may run `drain` seconds, but the runner must still leave
             # within rung 1's grace: keep a second of it for the exit itself.
-            sent = self.seam.ask(pid, min(stop.drain, max(0.0, stop.grace - 1.0)))
+            # Its prompt cache is written after the drain, until the grace is nearly over.
+            sent = self.seam.ask(pid, min(stop.drain, max(0.0, stop.grace - 1.0)), stop.grace)
             log.info("ladder rung 1: asking to shut down, grace {:g}s{}", stop.grace,
                      "" if sent else " (channel closed)")
         elif step is Step.TERM:

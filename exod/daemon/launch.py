@@ -9,12 +9,14 @@ and test hook: chosen by whoever starts the daemon, never by a config file).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from exod import messages as m
+from exod import paths
 from exod.config.checks import port_count
 from exod.config.schema import Instance
 from exod.core import ports
@@ -88,7 +90,7 @@ class Launcher:
                     c.grammar.step_fuel).arg()]
         if shard.total:
             args += ["--layers", shard.arg(), "--total-layers", str(shard.total)]
-        args += generation_args(c)
+        args += generation_args(c) + self.prompt_cache_args(c, shard)
         group_env: dict[str, str] = {}
         if shard.world > 1:
             args += ["--backend", c.backend, "--peer-timeout", f"{c.peer_timeout:g}"]
@@ -106,6 +108,24 @@ class Launcher:
             "EXOD_RANK": str(shard.rank),
         })
         return Launch(self.module, args, env)
+
+
+    def prompt_cache_args(self, c: Instance, shard: Shard) -> list[str]:
+        """The disk tier's folder and budget; rank 0's warm prompts (the others follow it)."""
+        args: list[str] = []
+        if c.prompt_cache_disk_bytes > 0:
+            args += ["--prompt-cache-dir", str(prompt_cache_folder(c, self.daemon_env)),
+                     "--prompt-cache-disk-bytes", str(c.prompt_cache_disk_bytes)]
+        if shard.rank == 0 and c.warm:
+            for path in c.warm:
+                args += ["--warm", str(path)]
+            args += ["--chat-template-kwargs", json.dumps(dict(c.chat_template_kwargs))]
+        return args
+
+
+def prompt_cache_folder(c: Instance, env: Mapping[str, str]) -> Path:
+    """The instance's own folder of the disk tier (`exoctl cache clear` empties it)."""
+    return (c.prompt_cache_dir or paths.prompt_cache_base(env, os.geteuid())) / c.name
 
 
 def plan_shards(inst: Instance) -> list[Shard]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -35,11 +36,16 @@ from exod.runner.log import ERR, WARNING, log
 from exod.runner.report import Reporter
 
 if TYPE_CHECKING:
-    from exod.runner.serving.batch_engine import BatchEngine
+    from exod.runner.prompt_cache.disk import DiskTier
+    from exod.runner.serving.batch_engine import Agree, BatchEngine
+    from exod.runner.group.lockstep import LeaderEngine
     from exod.runner.load import Loaded
     from exod.runner.group.membership import Group
     from exod.runner.serving.gen_options import Draft, KvOptions
 
+
+
+SETTLE_LIMIT = 60.0  # seconds READY waits at most for the disk tier to open (a hung mount)
 
 
 @dataclasses.dataclass
@@ -71,6 +77,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="requests generated at once: the batch width")
     p.add_argument("--prompt-cache-bytes", type=int, default=DEFAULT_PROMPT_CACHE_BYTES,
                    help="cap of the prompt cache (0: no prompt cache)")
+    p.add_argument("--prompt-cache-dir", type=Path, default=None,
+                   help="the instance's folder of the prompt cache's disk tier (none: no disk "
+                        "tier)")
+    p.add_argument("--prompt-cache-disk-bytes", type=int, default=0,
+                   help="cap of the disk tier, on this rank")
+    p.add_argument("--warm", type=Path, action="append", default=[],
+                   help="a prompt file to prefill into the cache at start (repeatable)")
+    p.add_argument("--chat-template-kwargs", type=json.loads, default={},
+                   help="the instance's chat_template_kwargs, as JSON (for the warm prompts)")
     p.add_argument("--prefill-step", type=int, default=DEFAULT_PREFILL_STEP,
                    help="prompt tokens prefilled per step at most, over all requests")
     p.add_argument("--grammar-limits", type=EngineLimits.parse, default=EngineLimits(),
@@ -218,14 +233,59 @@ def ready(r: Runner, loaded: Loaded) -> None:
                    context_length=context_window(loaded.model) or 0)
 
 
-def make_engine(r: Runner, model: Any, tokenizer: Any, kv: KvOptions | None = None
-                ) -> BatchEngine:
+def make_engine(r: Runner, model: Any, tokenizer: Any, kv: KvOptions | None = None,
+                disk: DiskTier | None = None, agree: Agree | None = None) -> BatchEngine:
     from exod.runner.serving.batch_engine import BatchEngine
 
     return BatchEngine(model, tokenizer, width=r.args.max_concurrency,
                        cache_bytes=r.args.prompt_cache_bytes, prefill_step=r.args.prefill_step,
                        grammar_limits=r.args.grammar_limits, kv=kv,
-                       on_new_generator=lambda: set_wired_limit(r))
+                       on_new_generator=lambda: set_wired_limit(r), disk=disk, agree=agree)
+
+
+def disk_tier(r: Runner, loaded: Loaded) -> DiskTier | None:
+    """The prompt cache's disk tier of this rank, opening (on its own thread): its folder is
+    named by everything that makes a stored KV valid (exod.runner.prompt_cache.fingerprint)."""
+    import mlx.core as mx
+    import mlx_lm
+
+    from exod.runner.cpu import fused
+    from exod.runner.prompt_cache import fingerprint as fp
+    from exod.runner.prompt_cache.disk import DiskTier
+
+    args = r.args
+    if args.prompt_cache_dir is None or args.prompt_cache_disk_bytes <= 0:
+        return None
+    shard = loaded.shard
+    tier = DiskTier(args.prompt_cache_dir, shard.rank, args.prompt_cache_disk_bytes,
+                    max_queued=max(256 << 20, args.prompt_cache_bytes))
+    tier.open({"format": fp.FORMAT_VERSION, "dtype": loaded.dtype, "layers": shard.arg(),
+               "total_layers": shard.total, "world": shard.world,
+               "parallelism": args.parallelism, "kv_bits": args.kv_bits,
+               "kv_group_size": args.kv_group_size, "quantized_kv_start": args.quantized_kv_start,
+               "max_kv_size": args.max_kv_size, "fused": fused.install(),
+               "mlx": getattr(mx, "__version__", ""), "mlx_lm": mlx_lm.__version__},
+              fp.weight_files(args.model, args.adapters))
+    r.life.on_stop(lambda: setattr(tier, "stopping", True))  # a long hash ends at a stop
+    return tier
+
+
+def warm(r: Runner, engine: BatchEngine | LeaderEngine, tokenizer: Any) -> None:
+    """The instance's `warm:` prompts into the prompt cache (prefilled as the loop steps)."""
+    from exod.config.warm import read_warm
+    from exod.runner.serving.prepare import warm_prompt
+
+    for path in r.args.warm:
+        try:
+            got = read_warm(path)
+            tokens = warm_prompt(tokenizer, got.messages, got.tools, r.args.chat_template_kwargs)
+        except Exception as e:  # noqa: BLE001 -- a template may raise anything: a log line
+            log(f"warm: cannot use {path}: {type(e).__name__}: {e}", WARNING)
+            continue
+        if engine.warm(tokens):
+            log(f"warm: prefilling {path} ({len(tokens)} tokens)")
+        else:
+            log(f"warm: {path} ({len(tokens)} tokens) is in the prompt cache already")
 
 
 def set_wired_limit(r: Runner) -> None:
@@ -246,15 +306,22 @@ def serve_alone(r: Runner, loaded: Loaded, kv: KvOptions, draft: Draft | None) -
     why = can_batch.why_not(loaded.model) or options_reason(r.args)
     engine: Engine
     set_wired_limit(r)
+    batch = None
     if why is None:
-        engine = make_engine(r, loaded.model, loaded.tokenizer, kv)
+        disk = disk_tier(r, loaded)
+        engine = batch = make_engine(r, loaded.model, loaded.tokenizer, kv, disk)
+        wait_settled(disk)
     else:
         log(f"serving one request at a time: {why}")
         engine = TurnEngine(loaded.model, loaded.tokenizer, r.args.max_concurrency,
                             r.args.prefill_step, why=f"one request at a time: {why}",
                             grammar_limits=r.args.grammar_limits, kv=kv, draft=draft)
     ready(r, loaded)
-    ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat).run()
+    loop = ServeLoop(engine, r.channel, r.life, r.report, r.args.heartbeat)
+    if batch is not None:
+        warm(r, batch, loaded.tokenizer)
+    loop.run()
+    engine.save_cache(loop.flush_deadline())
 
 
 def options_reason(args: argparse.Namespace) -> str | None:
@@ -293,23 +360,40 @@ def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:
     """Every rank runs the same engine on the same requests: rank 0 serves and sends the
     others its plans, which they replay (exod.runner.group.lockstep). The group has already passed
     its barrier and a first token (`first_token`)."""
-    from exod.runner.group.lockstep import LeaderEngine, follow
+    from exod.runner.group.lockstep import LeaderEngine, agreement, follow
     from exod.runner.group.group_model import GroupModel
     from exod.runner.group.membership import PeerLost
-    from exod.runner.serving.loop import ServeLoop, Ticker
+    from exod.runner.serving.loop import ServeLoop, Ticker, flush_deadline
 
     model = GroupModel(loaded, group)
+    disk = disk_tier(r, loaded)
+    wait_settled(disk)
     ready(r, loaded)
     if group.rank != 0:
-        follow(model, loaded.tokenizer, group, r.life, r.args.grammar_limits)
+        engine = follow(model, loaded.tokenizer, group, r.life, r.args.grammar_limits,
+                        make_disk=lambda: disk)
+        if engine is not None:
+            engine.save_cache(flush_deadline(r.channel))
         return
-    leader = LeaderEngine(make_engine(r, model, loaded.tokenizer), group)
-    ServeLoop(leader, r.channel, r.life, r.report, r.args.heartbeat,
-              tick=Ticker(leader.heartbeat, group.heartbeat_every)).run()
-    try:
+    leader = LeaderEngine(make_engine(r, model, loaded.tokenizer, disk=disk,
+                                      agree=agreement(group)), group)
+    loop = ServeLoop(leader, r.channel, r.life, r.report, r.args.heartbeat,
+                     tick=Ticker(leader.heartbeat, group.heartbeat_every))
+    warm(r, leader, loaded.tokenizer)
+    loop.run()
+    try:  # first: every rank then writes its own part of the cache at once
         leader.shutdown()
     except PeerLost as e:  # stopping anyway; a peer that left first is no failure
         log(f"group shutdown: {e}")
+    leader.save_cache(loop.flush_deadline())
+
+
+def wait_settled(disk: DiskTier | None) -> None:
+    """Before READY: let the disk tier open when that is quick (its weights' hashes are
+    recorded), so the first request after a restart finds what was kept; a tier that must hash
+    the weights first does it while the instance serves."""
+    if disk is not None:
+        disk.settled.wait(SETTLE_LIMIT)
 
 
 def _layer_count(model: Path) -> int:

@@ -4,9 +4,9 @@ The daemon passes one end of a socketpair as an inherited fd (`--channel-fd`). E
 through it, as `exod.messages` in `exod.protocol` frames: lifecycle reports and generation
 events out (`send`, from any thread), requests in. Incoming requests land in `inbox` for the
 main thread, except the ones that must act at once: `Shutdown` (stop) and `Cancel` (abort one
-generation). End of stream means the daemon is gone: stop. The same thread watches the signal
-wakeup pipe (`exod.runner.lifecycle`). Without a channel (a runner started by hand) it only
-watches for signals, and what would be sent is dropped.
+generation); `ClearCache` queues like a request. End of stream means the daemon is gone: stop.
+The same thread watches the signal wakeup pipe (`exod.runner.lifecycle`). Without a channel (a
+runner started by hand) it only watches for signals, and what would be sent is dropped.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import queue
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Sequence
 
 from exod import messages as m
@@ -29,11 +30,12 @@ class Channel:
     def __init__(self, fd: int | None, life: Lifecycle) -> None:
         self.sock = socket.socket(fileno=fd) if fd is not None else None
         self.life = life
-        # None wakes the main thread (a stop); Generate is the only request that queues. The
-        # serve loop's reader hands its requests back here once read (exod.runner.serving.reading).
-        self.inbox: queue.Queue[m.Generate | Read | None] = queue.Queue()
+        # None wakes the main thread (a stop); Generate and ClearCache queue. The serve loop's
+        # reader hands its requests back here once read (exod.runner.serving.reading).
+        self.inbox: queue.Queue[m.Generate | m.ClearCache | Read | None] = queue.Queue()
         self.cancelled: set[str] = set()
         self.drain: float | None = None  # seconds the daemon allows in-flight work to finish
+        self.exit_by: float | None = None  # time.monotonic() the grace of a Shutdown ends
         self._send_lock = threading.Lock()
         life.on_stop(lambda: self.inbox.put(None))
 
@@ -87,6 +89,8 @@ class Channel:
     def _dispatch(self, msg: m.ToRunner) -> None:
         if isinstance(msg, m.Shutdown):
             self.drain = msg.drain
+            if msg.grace > 0:
+                self.exit_by = time.monotonic() + msg.grace
             self.life.request_stop("asked by exod")
         elif isinstance(msg, m.Cancel):
             self.cancelled.add(msg.id)

@@ -16,7 +16,11 @@ What a rank could decide differently is decided by rank 0 and carried in the pla
 - the prompt cache evicts by bytes, and a rank's entries hold other bytes than rank 0's (other
   layers, stand-ins): the other ranks never evict on their own and keep rank 0's entry count,
   so the same prompts hit on every rank;
-- cancels, a stop's end of the prompts being read, the drain's end: they are operations.
+- each rank keeps its own layers' KV on its own disk: rank 0 chooses the disk entry a prompt
+  starts from (Admit), every rank loads its own part, and the engines agree each step (an
+  all-reduce) on when all have it, or that one cannot (then it is a miss on every rank);
+- cancels, a stop's end of the prompts being read, the drain's end, a warm-up prompt, a
+  clear of the cache: they are operations.
 The rest is a function of the requests and the tokens, the same on every rank: stop sequences,
 end-of-sequence, max_tokens, which prompts are prefilled together and in what chunks.
 
@@ -29,18 +33,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from exod import messages as m
 from exod.core.grammar_limits import EngineLimits
 from exod.protocol import to_wire
-from exod.runner.serving.batch_engine import BatchEngine
+import mlx.core as mx
+
+from exod.runner.serving.batch_engine import BatchEngine, DiskChoice
 from exod.runner.group import wire
-from exod.runner.group.plan import AbortAll, AbortPrefilling, Admit, Cancel, Op, Plan, Settings
+from exod.runner.group.plan import (AbortAll, AbortPrefilling, Admit, Cancel, ClearCache, Op,
+                                    Plan, Settings, Warm)
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
 from exod.runner.group.membership import Group, PeerLost
 from exod.runner.serving.reading import Prompt
+from exod.runner.prompt_cache.disk import DiskTier
 
 
 class LeaderEngine:
@@ -67,8 +76,28 @@ class LeaderEngine:
     def admit(self, req: m.Generate, prompt: Prompt) -> None:
         if req.seed is None:  # drawn here: every rank must draw the same numbers
             req = dataclasses.replace(req, seed=secrets.randbits(63))
-        self.engine.admit(req, prompt)  # a RequestError leaves nothing to replay
-        self._record(Admit(req))
+        disk = self.engine.admit(req, prompt)  # a RequestError leaves nothing to replay
+        self._record(Admit(req, *(disk or (None, 0))))
+
+    @property
+    def background(self) -> bool:
+        return self.engine.background
+
+    def warm(self, tokens: list[int]) -> bool:
+        if not self.engine.warm(tokens):
+            return False
+        self._record(Warm(tokens))
+        return True
+
+    def idle(self) -> None:
+        self.engine.idle()
+
+    def save_cache(self, deadline: float) -> None:
+        self.engine.save_cache(deadline)
+
+    def clear_cache(self) -> None:
+        self.engine.clear_cache()
+        self._record(ClearCache())
 
     def cancel(self, rid: str) -> None:
         self.engine.cancel(rid)
@@ -122,11 +151,25 @@ class LeaderEngine:
         self.size += cost
 
 
+def agreement(group: Group) -> Callable[[list[bool]], list[bool]]:
+    """For each flag, whether it holds on every rank: an all-reduce, at the same point of the
+    same step on every rank (the engines' steps are the same)."""
+    def agree(flags: list[bool]) -> list[bool]:
+        total = group.all_sum(mx.array([int(f) for f in flags], dtype=mx.int32))
+        counts: Any = total.tolist()
+        return [int(n) == group.size for n in counts]
+    return agree
+
+
 def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
-           grammar_limits: EngineLimits | None = None) -> None:
-    """Ranks 1..N-1: replay rank 0's plans until SHUTDOWN (clean) or the group breaks."""
+           grammar_limits: EngineLimits | None = None,
+           make_disk: Callable[[], DiskTier | None] = lambda: None) -> BatchEngine | None:
+    """Ranks 1..N-1: replay rank 0's plans until SHUTDOWN (clean) or the group breaks; the
+    engine, once made (its prompt cache is written to disk at the stop)."""
     engine: BatchEngine | None = None
     while True:
+        if engine is not None and not engine.busy:
+            engine.idle()  # rank 0's plans stopped coming: nothing in flight
         # Idle here is interruptible: a stop request waits briefly for rank 0's SHUTDOWN (the
         # usual case: the daemon asks every rank at once), then leaves anyway.
         with life.interruptible(grace=2.0):
@@ -136,7 +179,7 @@ def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
             continue
         if isinstance(plan, wire.Shutdown):
             group.barrier()
-            return
+            return engine
         if not isinstance(plan, Plan):
             raise PeerLost(f"rank 0 sent {plan.type} to a rank already serving")
         if engine is None:
@@ -144,7 +187,8 @@ def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
                 raise PeerLost("rank 0's first plan has no engine settings")
             s = plan.settings
             engine = BatchEngine(model, tokenizer, width=s.width, cache_bytes=s.cache_bytes,
-                                 prefill_step=s.prefill_step, grammar_limits=grammar_limits)
+                                 prefill_step=s.prefill_step, grammar_limits=grammar_limits,
+                                 disk=make_disk(), agree=agreement(group))
             engine.follow_cache()
         replay(engine, plan)
 
@@ -156,11 +200,16 @@ def replay(engine: BatchEngine, plan: Plan) -> None:
         engine.trim_cache(plan.keep)
         for op in plan.ops:
             if isinstance(op, Admit):
-                engine.admit(op.request)
+                disk: DiskChoice | None = (op.disk_key, op.disk_tokens) if op.disk_key else None
+                engine.admit(op.request, disk=disk)
             elif isinstance(op, Cancel):
                 engine.cancel(op.id)
             elif isinstance(op, AbortPrefilling):
                 engine.abort_prefilling("aborted", "")
+            elif isinstance(op, Warm):
+                engine.warm(op.tokens, force=True)
+            elif isinstance(op, ClearCache):
+                engine.clear_cache()
             else:
                 engine.abort_all("aborted", "")
         failed = engine.failed_steps

@@ -91,7 +91,7 @@ class DiskTier:
         except fp.Stopped:
             self.state = "stopped while hashing the weights"
         except OSError as e:
-            self.state = f"off: {self._fault('open', e)}"
+            self.state = f"off: {self.fault('open', e)}"
         else:
             self.ready = True
             self.state = "ready"
@@ -112,7 +112,7 @@ class DiskTier:
         found: list[tuple[float, Entry]] = []
         for p in folder.iterdir():
             if p.name.endswith(entry_file.TEMP_SUFFIX):  # a write cut short by an exit
-                p.unlink(missing_ok=True)
+                _remove(p)
                 continue
             if not p.name.endswith(entry_file.SUFFIX):
                 continue
@@ -123,8 +123,8 @@ class DiskTier:
                 found.append((p.stat().st_mtime, Entry(h.tokens, h.size, h.trimmable,
                                                        payload=p.name)))
             except (EntryError, OSError) as e:
-                self._fault("read", e, p)
-                p.unlink(missing_ok=True)
+                self.fault("read", e, p)
+                _remove(p)
         for _, entry in sorted(found, key=lambda f: f[0]):  # mtime: when last used
             if entry.payload != f"{entry.key}{entry_file.SUFFIX}":
                 self._delete(entry)  # a name that is not its tokens' key: not ours
@@ -178,7 +178,7 @@ class DiskTier:
                 raise EntryError("its tokens are not the entry's")
             entry_file.verify(job.path, h)
         except EntryError as e:
-            job.error = self._fault("read", e, job.path)
+            job.error = self.fault("read", e, job.path)
         finally:
             job.done.set()
 
@@ -207,7 +207,7 @@ class DiskTier:
             entry.payload = f"{entry.key}{entry_file.SUFFIX}"
             entry_file.write(folder, str(entry.payload), head, tensors)
         except OSError as e:
-            self._fault("write", e, folder)
+            self.fault("write", e, folder)
             return
         self.stats.writes += 1
         with self._lock:
@@ -223,7 +223,7 @@ class DiskTier:
         st = os.statvfs(folder)
         reserve = min(MAX_RESERVE, st.f_blocks * st.f_frsize // 20)
         if st.f_bavail * st.f_frsize - size < reserve:
-            self._fault("write", OSError(f"the disk is nearly full ({st.f_bavail * st.f_frsize} "
+            self.fault("write", OSError(f"the disk is nearly full ({st.f_bavail * st.f_frsize} "
                                          f"bytes free, {size} needed)"), folder)
             return False
         return True
@@ -254,22 +254,36 @@ class DiskTier:
 
     def _delete(self, entry: Entry) -> None:
         if self.folder is not None and entry.payload:
-            try:
-                (self.folder / str(entry.payload)).unlink(missing_ok=True)
-            except OSError as e:
-                self._fault("delete", e, self.folder)
+            why = _remove(self.folder / str(entry.payload))
+            if why is not None:
+                self.fault("delete", why, self.folder)
 
-    def _fault(self, what: str, e: BaseException, where: Path | None = None) -> str:
-        """One log line per kind of fault (the rest are counted): a full disk would otherwise
-        log every write."""
+    def fault(self, what: str, e: BaseException, where: Path | None = None) -> str:
+        """Count a fault and log it once per kind (a full disk would otherwise log every write;
+        each damaged file is a kind of its own)."""
+        errno = e.errno if isinstance(e, OSError) else None
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         text = f"cannot {what} {where}: {why}" if where else f"cannot {what}: {why}"
         self.stats.errors += 1
-        kind = f"{what}:{why}"
+        kind = f"{what}:{where if what == 'read' else ''}:{errno or why}"
+        if what == "write" and why.startswith("the disk is nearly full"):
+            kind = "write:full"
         if kind not in self._said:
             self._said.add(kind)
             log(f"prompt cache on disk: {text} (a miss; said once)", WARNING)
         return text
+
+
+def _remove(path: Path) -> OSError | None:
+    """Delete a file, or whatever took its name (a folder: nothing of ours is one)."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError as e:
+        return e
+    return None
 
 
 def _touch(path: Path) -> None:
@@ -278,10 +292,3 @@ def _touch(path: Path) -> None:
     except OSError:
         pass
 
-
-def wait_settled(tier: DiskTier | None, limit: float) -> None:
-    """Before READY: let the tier open when that is quick (its weights' hashes are recorded), so
-    a request right after a restart finds what was kept; a tier that must hash first does it
-    while the instance serves."""
-    if tier is not None:
-        tier.settled.wait(limit)

@@ -13,6 +13,11 @@ enough. The engine's figures go to the daemon whenever the number of generations
 
 A heartbeat goes to the daemon from this loop, so a stuck loop stops sending it; `tick` lets
 rank 0 of a group keep the group's own heartbeat from here too.
+
+The engine's prompt cache goes to disk behind the requests: the loop calls the engine's `idle`
+whenever nothing is in flight (before it waits for the next message); after the drain, the
+runner calls its `save_cache` until the stop's grace is nearly over (`flush_deadline`): all
+within rung 1 of the ladder.
 """
 
 from __future__ import annotations
@@ -32,12 +37,17 @@ from exod.runner.log import ERR, log
 from exod.runner.serving.reading import Prompt, Read, Reader
 from exod.runner.report import Reporter
 
-# What the loop's thread is handed: a request, a request read, or a stop's wake-up.
-Inbox = m.Generate | Read | None
+# What the loop's thread is handed: a request, a request read, a cache to clear, or a stop's
+# wake-up.
+Inbox = m.Generate | m.ClearCache | Read | None
 
 
 # How often a request being read is reported (hang_after is at least 1s).
 READING_EVERY = 0.4
+# The stop's prompt cache flush ends this long before the grace does: room for the exit itself.
+EXIT_ROOM = 0.5
+# A stop that said no grace (SIGTERM, the daemon gone): this long for the flush, after the drain.
+FLUSH_UNASKED = 1.0
 
 
 class Engine(Protocol):
@@ -51,9 +61,24 @@ class Engine(Protocol):
         on the reader's thread: it must not touch mlx or the engine's state."""
         ...
 
-    def admit(self, req: m.Generate, prompt: Prompt) -> None:
+    def admit(self, req: m.Generate, prompt: Prompt) -> object:
         """Take a request read by `read`; raises RequestError when it cannot be served."""
         ...
+
+    @property
+    def background(self) -> bool:
+        """Work of its own to step with no request in flight (a warm-up)."""
+        ...
+
+    def idle(self) -> None:
+        """Nothing in flight: a moment for work behind the requests (the cache to disk)."""
+        ...
+
+    def save_cache(self, deadline: float) -> None:
+        """The stop, after the drain: keep what can be kept until `deadline`, never later."""
+        ...
+
+    def clear_cache(self) -> None: ...
 
     def cancel(self, rid: str) -> None: ...
 
@@ -116,7 +141,7 @@ class ServeLoop:
                 return
             self._cancel()
             self._show()
-            if self.live:
+            if self.live or self.engine.background:
                 self._emit(self._step())
             self._show()  # again: the loop may next block for a long time with nothing to do
             now = time.monotonic()
@@ -124,12 +149,20 @@ class ServeLoop:
                 t.poll(now)
 
     # ---- pieces of one turn ------------------------------------------------------------------
+    def flush_deadline(self) -> float:
+        return flush_deadline(self.channel)
+
     def _take(self) -> None:
-        block = not self.live and self.deadline is None
+        block = not self.live and self.deadline is None and not self.engine.background
+        if block:
+            self.engine.idle()
         wake = min(t.every for t in self.tickers)
         for item in _drain_queue(self.channel.inbox, block, wake):
             if item is None:
                 continue  # a stop's wake-up
+            if isinstance(item, m.ClearCache):
+                self.engine.clear_cache()
+                continue
             if isinstance(item, Read):
                 if self.reader.take(item):  # not dropped (cancelled, stopping) meanwhile
                     self._admit(item)
@@ -207,6 +240,14 @@ class ServeLoop:
                 self.report.status(m.Phase.SERVING, text, active=n)
             else:
                 self.report.status(m.Phase.READY)
+
+
+def flush_deadline(channel: Channel) -> float:
+    """When the stop's cache flush must end: the grace the daemon gave, less room for the exit
+    (a stop that gave none: FLUSH_UNASKED from now)."""
+    if channel.exit_by is None:
+        return time.monotonic() + FLUSH_UNASKED
+    return channel.exit_by - EXIT_ROOM
 
 
 def _drain_queue(inbox: queue.Queue[Inbox], block: bool, timeout: float) -> list[Inbox]:

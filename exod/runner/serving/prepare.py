@@ -52,6 +52,18 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]],
     return list(tokenizer.encode(text))
 
 
+def warm_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """A `warm:` prompt's tokens: the turns as a later request starts with them, without the
+    assistant's turn that request's own template adds after its last turn."""
+    if getattr(tokenizer, "has_chat_template", True):
+        extra = rules.chat_template_kwargs(template_kwargs or None)
+        tokens = tokenizer.apply_chat_template(messages, tools=tools or None,
+                                               add_generation_prompt=False, **extra)
+        return [int(t) for t in tokens]
+    return list(tokenizer.encode("".join(f"{m['role']}: {m['content']}\n" for m in messages)))
+
+
 def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
     if req.kind == "chat":
         try:

@@ -150,6 +150,19 @@ class TurnEngine:
     def active(self) -> int:
         return len(self.gens)
 
+    # No prompt cache here (mlx-lm's quantized, speculative and unbatchable paths keep none):
+    # nothing to do behind the requests.
+    background = False
+
+    def idle(self) -> None:
+        pass
+
+    def save_cache(self, deadline: float) -> None:
+        pass
+
+    def clear_cache(self) -> None:
+        pass
+
     def read(self, req: m.Generate) -> Prompt:
         return read_prompt(self.tokenizer, req, vocab_size(self.model, self.tokenizer),
                            context_window(self.model), self.grammars)
