@@ -137,6 +137,7 @@ class Daemon:
         self.env.pop("EXOD_SOCKET", None)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pids_seen: set[int] = set()
+        self._since = 0  # notify messages before the last start
 
     def write_config(self, config: dict[str, Any] | str) -> None:
         # The prompt cache's disk tier in this daemon's own folder: never the host's (root's
@@ -163,6 +164,7 @@ class Daemon:
               session: bool = False, prefix: tuple[str, ...] = ()) -> Daemon:
         """`prefix`: e.g. `ip netns exec NS`, to run the daemon on another test host."""
         log = open(self.log_path, "ab")
+        self._since = self.listener.count()  # a start again: READY=1 from this process on
         self.proc = subprocess.Popen(
             [*prefix, *EXOD, "run", "-c", str(self.config_path), "--log-format", "json", *args],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env, cwd=self.dir,
@@ -175,7 +177,7 @@ class Daemon:
 
     def wait_ready(self, timeout: float = SAFETY) -> dict[str, str]:
         return self.listener.wait_for(lambda f: f.get("READY") == "1", timeout,
-                                      gone=self._exited)
+                                      start=self._since, gone=self._exited)
 
     def _exited(self) -> str:
         code = self.proc.poll() if self.proc is not None else None

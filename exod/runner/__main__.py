@@ -267,6 +267,7 @@ def disk_tier(r: Runner, loaded: Loaded) -> DiskTier | None:
                "mlx": getattr(mx, "__version__", ""), "mlx_lm": mlx_lm.__version__},
               fp.weight_files(args.model, args.adapters))
     r.life.on_stop(lambda: setattr(tier, "stopping", True))  # a long hash ends at a stop
+    tier.on_change = lambda: r.channel.inbox.put(None)  # the loop wakes to report it
     return tier
 
 

@@ -13,7 +13,9 @@ entries and deletes files; the reader checks a file before it is loaded (its hea
 its CRC). The index (exod.runner.prompt_cache.index) is shared under a lock: the serve loop
 only matches against it and pins what it loads. Any fault (a full disk, a folder that cannot be
 written, a file cut short, corrupt or unreadable) is a miss: logged once per kind, counted, and
-the file, if any, removed. Never an exception out of here into a request.
+the file, if any, removed. Never an exception out of here into a request. A read that hangs
+(a network filesystem gone) holds only the request that waits for it, which a cancel or a
+stop ends as they end a prefill; the scan at open reads regular files only.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +71,9 @@ class DiskTier:
         self._said: set[str] = set()
         self.fingerprint = ""
         self.stopping = False  # hashing ends early: the runner is stopping
+        # Called on the writer thread after the tier's figures changed (the serve loop then
+        # reports them: it may be waiting for a request meanwhile).
+        self.on_change: Callable[[], None] = lambda: None
 
     # ---- opening ---------------------------------------------------------------------------
     def open(self, parts: Mapping[str, object], files: Mapping[str, Path]) -> None:
@@ -97,6 +103,7 @@ class DiskTier:
             self.state = "ready"
         finally:
             self.settled.set()
+            self.on_change()
 
     def _remove_stale(self, ranks: Path) -> None:
         freed = 0
@@ -117,6 +124,8 @@ class DiskTier:
             if not p.name.endswith(entry_file.SUFFIX):
                 continue
             try:
+                if not stat.S_ISREG(p.lstat().st_mode):  # a pipe would hang the scan
+                    raise EntryError("not a regular file")
                 h = entry_file.read_header(p)
                 if h.metadata.get(entry_file.FINGERPRINT) != self.fingerprint:
                     raise EntryError("made under another fingerprint")
@@ -213,6 +222,7 @@ class DiskTier:
         with self._lock:
             removed = self.index.add(entry)
         self._apply(removed)
+        self.on_change()
 
     def _room(self, folder: Path, size: int) -> bool:
         """Evict for the budget, and check the filesystem keeps its reserve after the write."""
@@ -237,6 +247,7 @@ class DiskTier:
                 gone = self.index.clear()
             for entry in gone:
                 self._delete(entry)
+            self.on_change()
         self.writer.submit(go)
 
     def _forget(self, entry: Entry) -> None:

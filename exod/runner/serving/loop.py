@@ -23,6 +23,7 @@ within rung 1 of the ladder.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import queue
 import time
 from collections.abc import Callable
@@ -121,6 +122,7 @@ class ServeLoop:
         self.tickers = [Ticker(report.heartbeat, heartbeat_every), *([tick] if tick else [])]
         self.deadline: float | None = None  # end of the drain, once asked to stop
         self.shown = (-1, -1)  # (requests, of which being read) in the last status report
+        self.figures: m.Serving | None = None  # the engine's, as last sent
         self.live: set[str] = set()
         self.recent: collections.deque[str] = collections.deque(maxlen=256)  # finished ids
         self.reader = Reader(engine.read, channel.inbox.put,
@@ -226,15 +228,18 @@ class ServeLoop:
                 self.channel.cancelled.discard(ev.id)
 
     def _show(self) -> None:
-        """Status for the rank, and the engine's figures, when the number of generations
-        changed (a request came or went: the prompt cache may have changed too)."""
+        """Status for the rank when the number of generations changed, and the engine's
+        figures whenever they did (a request came or went, the cache was written to disk)."""
         reading = len(self.reader.pending)
         n = len(self.live) + reading
-        # Both counts: a request read and admitted leaves n as it was, but the engine's
-        # figures (its `active`) have changed.
+        # Not for the draft model's counts alone: they change with every token.
+        figures = dataclasses.replace(self.engine.serving(), drafted=0, draft_accepted=0)
+        if figures != self.figures or (n, reading) != self.shown:
+            self.figures = figures
+            self.channel.send(self.engine.serving())
+        # Both counts: a request read and admitted leaves n as it was.
         if (n, reading) != self.shown:
             self.shown = (n, reading)
-            self.channel.send(self.engine.serving())
             if n:
                 text = f"serving {n} request(s)" + (f", reading {reading}" if reading else "")
                 self.report.status(m.Phase.SERVING, text, active=n)
