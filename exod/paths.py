@@ -64,17 +64,16 @@ SYSTEM_STATE = Path("/var/lib/exod")
 
 
 def prompt_cache_base(env: Mapping[str, str], euid: int) -> Path:
-    """Where instances keep the prompt cache's disk tier by default: the service's state
-    directory (StateDirectory=; /var/lib/exod as root), else the user's cache (a user unit's
-    CacheDirectory=, XDG_CACHE_HOME, ~/.cache), in `prompt-cache`."""
-    state = env.get("STATE_DIRECTORY")
-    if state:
-        return Path(state.split(":")[0]) / "prompt-cache"
+    """Where instances keep the prompt cache's disk tier by default, in `prompt-cache`: the
+    service's state directory (StateDirectory=), else its cache directory (a user unit's
+    CacheDirectory=), else /var/lib/exod as root, else the user's cache (XDG_CACHE_HOME,
+    ~/.cache)."""
+    for var in ("STATE_DIRECTORY", "CACHE_DIRECTORY"):
+        given = env.get(var)
+        if given:
+            return Path(given.split(":")[0]) / "prompt-cache"
     if euid == 0:
         return SYSTEM_STATE / "prompt-cache"
-    cache = env.get("CACHE_DIRECTORY")
-    if cache:
-        return Path(cache.split(":")[0]) / "prompt-cache"
     xdg = env.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "exod" / "prompt-cache"
 

@@ -132,24 +132,17 @@ class Daemon:
                   **config}
         self.write_config(config)
         self.listener = NotifyListener(self.dir / "notify-manager.sock")
+        # CACHE_DIRECTORY (a user unit's CacheDirectory=): the prompt cache's disk tier in this
+        # daemon's own folder, never the host's (root's default is /var/lib/exod) nor another
+        # test daemon's (a hit there would change what this one counts).
         self.env = {**os.environ, "NOTIFY_SOCKET": str(self.listener.path), **DOUBLES_ENV,
-                    **(env or {})}
+                    "CACHE_DIRECTORY": str(self.dir / "cache"), **(env or {})}
         self.env.pop("EXOD_SOCKET", None)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pids_seen: set[int] = set()
         self._since = 0  # notify messages before the last start
 
     def write_config(self, config: dict[str, Any] | str) -> None:
-        # The prompt cache's disk tier in this daemon's own folder: never the host's (root's
-        # default is /var/lib/exod), never shared with another test's daemon (a hit there
-        # would change what this one counts).
-        cache_dir = str(self.dir / "prompt-cache")
-        if isinstance(config, str) and "defaults:" not in config:
-            config += f"\ndefaults:\n  prompt_cache_dir: {cache_dir}\n"
-        elif isinstance(config, dict):  # last: the lines of what comes before stay put
-            defaults = dict(config.get("defaults") or {})
-            defaults.setdefault("prompt_cache_dir", cache_dir)
-            config = {**config, "defaults": defaults}
         if not isinstance(config, str):
             # `control` and `api` on one line each (flow style): the lines of everything after
             # them stay where tests expect them (positions in config errors).

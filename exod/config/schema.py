@@ -343,8 +343,9 @@ class Defaults:
     prompt_cache_dir: Path | None = field(
         default=None,
         metadata=doc("where instances keep the prompt cache's disk tier, a folder per instance; "
-                     "default: the service's state directory (StateDirectory=, /var/lib/exod "
-                     "as root) /prompt-cache, else the user's cache (~/.cache/exod/prompt-cache)"))
+                     "default: prompt-cache in the service's state directory (StateDirectory=), "
+                     "else in its cache directory (a user unit's CacheDirectory=), else "
+                     "/var/lib/exod/prompt-cache as root, else ~/.cache/exod/prompt-cache"))
 
 
 @dataclass(frozen=True)

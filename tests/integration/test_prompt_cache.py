@@ -131,9 +131,14 @@ def on_disk(d: Daemon, name: str, entries: int | None = None, more_than: int = -
     return dict(inst["serving"]["prompt_cache"]["disk"])
 
 
+def cache_dir(d: Daemon, name: str) -> Path:
+    """The instance's folder of the disk tier (the harness's CACHE_DIRECTORY puts it there)."""
+    return d.dir / "cache" / "prompt-cache" / name
+
+
 def folder(d: Daemon, name: str) -> Path:
     """The one fingerprint folder rank 0 of `name` keeps its entries in."""
-    (fp,) = (d.dir / "prompt-cache" / name / "rank0").iterdir()
+    (fp,) = (cache_dir(d, name) / "rank0").iterdir()
     return fp
 
 
@@ -340,7 +345,7 @@ def test_cache_clear_empties_a_running_and_a_stopped_instance(d: Daemon) -> None
     stop(d, "t")
     out = d.ctl("cache", "clear").stdout
     assert "t: not running; " in out and "removed from disk" in out
-    assert list((d.dir / "prompt-cache" / "t").glob("rank*")) == []
+    assert list(cache_dir(d, "t").glob("rank*")) == []
     start(d, "t")
 
 
@@ -380,5 +385,5 @@ def test_a_group_hits_after_a_restart(d: Daemon, name: str) -> None:
     assert chat(d, name, prompt) == (cold, n, n - 1)
     assert disk(d, name)["hits"] == 1
     for rank in (0, 1):
-        assert list((d.dir / "prompt-cache" / name / f"rank{rank}").glob("*/*.safetensors"))
+        assert list((cache_dir(d, name) / f"rank{rank}").glob("*/*.safetensors"))
     stop(d, name)
