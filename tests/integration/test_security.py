@@ -31,6 +31,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from exod.runner.group import wire
 from tests.models.tiny import CONTEXT, with_tool_template
 from tests.harness import EXOCTL, EXOD, Daemon, free_port
 
@@ -700,8 +701,8 @@ class Knocker:
     handshake may take."""
 
     KNOCKS = [b"", b"\x00\x00\x00\x01EXOD-GROUP-1\n" + b"\0" * 128,
-              b"EXOD-GROUP-5\n" + b"\0" * 32, b"EXOD-GROUP-6\n\x00\x00",
-              b"EXOD-GROUP-6\n" + b"\xff" * 64, b"GET / HTTP/1.0\r\n\r\n"]
+              b"EXOD-GROUP-5\n" + b"\0" * 32, wire.PREAMBLE + b"\x00\x00",
+              wire.PREAMBLE + b"\xff" * 64, b"GET / HTTP/1.0\r\n\r\n"]
 
     def __init__(self, port: int, threads: int = 4) -> None:
         self.port, self.stop = port, threading.Event()
