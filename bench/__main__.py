@@ -7,7 +7,7 @@ import sys
 
 ALL = ["load", "daemon", "api", "serving", "fused", "sharding", "families", "systemd", "security",
        "hostile_runner", "hostile_reads", "ports", "group_start", "models",
-       "agent_constrained", "agent"]
+       "agent_constrained", "agent", "cache"]
 
 
 def main() -> None:

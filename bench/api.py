@@ -117,10 +117,12 @@ class Http:
         self.port = port
         self.model = model
 
-    def run(self, content: str, max_tokens: int) -> tuple[float, float | None]:
-        """(TTFT, decode tokens/s) of one streamed chat completion."""
+    def run(self, content: str, max_tokens: int, system: str | None = None
+            ) -> tuple[float, float | None]:
+        """(TTFT, decode tokens/s) of one streamed chat completion (after a system message)."""
+        turns = [{"role": "system", "content": system}] if system is not None else []
         body = json.dumps({"model": self.model,
-                           "messages": [{"role": "user", "content": content}],
+                           "messages": [*turns, {"role": "user", "content": content}],
                            "max_tokens": max_tokens, "temperature": 0, "stream": True,
                            "stream_options": {"include_usage": True}})
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)

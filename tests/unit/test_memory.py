@@ -142,6 +142,30 @@ def test_exod_check_prints_each_instance_estimate(tmp_path: Path) -> None:
     assert any(ln.startswith("available now: ") for ln in lines)
 
 
+def test_exod_check_prints_each_prompt_cache_budget(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from exod.cli.exod import main
+
+    (tmp_path / "m").mkdir()
+    model(tmp_path / "m")
+    cfg = tmp_path / "exod.yaml"
+    cfg.write_text(f"control: {{socket: {tmp_path}/c.sock}}\n"
+                   f"defaults: {{prompt_cache_dir: {tmp_path}/pc}}\n"
+                   f"instances:\n  one: {{model: {tmp_path}/m}}\n"
+                   f"  two: {{model: {tmp_path}/m, shards: 2, prompt_cache_disk_bytes: 1GiB}}\n"
+                   f"  nodisk: {{model: {tmp_path}/m, prompt_cache_disk_bytes: 0}}\n"
+                   f"  q: {{model: {tmp_path}/m, kv_bits: 8}}\n")
+    out = CliRunner().invoke(main, ["check", "-c", str(cfg)])
+    assert out.exit_code == 0, out.output
+    lines = [ln for ln in out.output.splitlines() if ln.startswith("prompt cache of ")]
+    assert lines[0].startswith(f"prompt cache of one: RAM 1GiB, disk 8GiB in {tmp_path}/pc/one, ")
+    assert lines[0].endswith(" free there now")
+    assert f"disk 1GiB on each rank in {tmp_path}/pc/two" in lines[1]
+    assert lines[2] == "prompt cache of nodisk: RAM 1GiB, disk off"
+    assert lines[3].startswith("prompt cache of q: none (served by turns: quantized KV cache")
+
+
 def test_exod_check_warns_about_a_port_base_in_the_ephemeral_range(tmp_path: Path) -> None:
     from click.testing import CliRunner
 

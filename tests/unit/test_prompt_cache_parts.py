@@ -1,10 +1,12 @@
 """The prompt cache's pure parts (exod.runner.prompt_cache, no mlx): matching entries by their
 tokens, least recently used out by bytes, the entry file (atomic, 0600, checked on read), the
-fingerprint of the weights by content, the I/O worker, and the disk tier over real files."""
+fingerprint of the weights by content, the I/O worker, and the disk tier over real files; and
+around it: warm prompt files, the default folder, `exoctl cache clear` of a stopped instance."""
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import threading
 import time
@@ -402,3 +404,54 @@ def test_clear_deletes_every_file_but_the_one_being_loaded(tmp_path: Path) -> No
     assert tier.writer.drain(time.monotonic() + 30)
     assert tier.folder is not None and len(list(tier.folder.iterdir())) == 1
     assert job.done.wait(30) and job.error is None
+
+
+# ---- around it: warm prompt files, the default folder, clearing a stopped instance ----------
+def test_a_warm_prompt_is_json_turns_and_tools_or_plain_text(tmp_path: Path) -> None:
+    from exod.config.warm import read_warm
+
+    text = tmp_path / "system.txt"
+    text.write_text("You are an agent.\n")
+    assert read_warm(text).messages == [{"role": "system", "content": "You are an agent.\n"}]
+    turns = tmp_path / "agent.json"
+    tools = [{"type": "function", "function": {"name": "ls"}}]
+    turns.write_text('{"messages": [{"role": "system", "content": "x"}], "tools": '
+                     '[{"type": "function", "function": {"name": "ls"}}]}')
+    got = read_warm(turns)
+    assert got.messages == [{"role": "system", "content": "x"}] and got.tools == tools
+    for bad, why in [('{"messages": []}', "non-empty list"),
+                     ('{"messages": [{"role": 1, "content": "x"}]}', "messages[0]"),
+                     ('{"messages": [{"role": "a", "content": "x"}], "tools": 3}', "`tools`"),
+                     ('{"prompt": "x"}', "unknown: prompt"), ("{not json", "not valid JSON"),
+                     ("  \n", "empty")]:
+        turns.write_text(bad)
+        with pytest.raises(ValueError, match=re.escape(why)):
+            read_warm(turns)
+    turns.write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        read_warm(turns)
+    with pytest.raises(OSError):
+        read_warm(tmp_path / "missing")
+
+
+def test_the_default_folder_follows_the_service_then_the_user() -> None:
+    from exod.paths import prompt_cache_base
+
+    assert prompt_cache_base({"STATE_DIRECTORY": "/var/lib/exod:/x"}, 0) == \
+        Path("/var/lib/exod/prompt-cache")
+    assert prompt_cache_base({"CACHE_DIRECTORY": "/home/u/.cache/exod"}, 1000) == \
+        Path("/home/u/.cache/exod/prompt-cache")
+    assert prompt_cache_base({}, 0) == Path("/var/lib/exod/prompt-cache")
+    assert prompt_cache_base({"XDG_CACHE_HOME": "/c"}, 1000) == Path("/c/exod/prompt-cache")
+
+
+def test_clearing_a_stopped_instance_empties_its_rank_folders_only(tmp_path: Path) -> None:
+    from exod.daemon.cache_commands import empty
+
+    for rank in ("rank0", "rank1"):
+        (tmp_path / rank / "f").mkdir(parents=True)
+        (tmp_path / rank / "f" / "e.safetensors").write_bytes(b"x" * 10)
+    (tmp_path / "weights.json").write_text("{}")
+    assert empty(tmp_path) == 20
+    assert [p.name for p in tmp_path.iterdir()] == ["weights.json"]
+    assert empty(tmp_path / "never-made") == 0

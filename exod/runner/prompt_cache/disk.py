@@ -87,6 +87,7 @@ class DiskTier:
             if pending:
                 self.state = f"hashing the weights ({pending / 2**30:.1f} GiB, once)"
                 self.settled.set()
+                _lowest_priority()  # this thread only: requests come first
             weights, _ = fp.digest(files, records, lambda: self.stopping)
             self.fingerprint = fp.fingerprint({**parts, "weights": weights})
             ranks = self.root / f"rank{self.rank}"
@@ -283,6 +284,14 @@ class DiskTier:
             self._said.add(kind)
             log(f"prompt cache on disk: {text} (a miss; said once)", WARNING)
         return text
+
+
+def _lowest_priority() -> None:
+    """The calling thread at nice 19, where the system allows it (Linux: a thread is a task)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (OSError, AttributeError):
+        pass
 
 
 def _remove(path: Path) -> OSError | None:
