@@ -121,7 +121,8 @@ def test_sizes() -> None:
             parse_size(bad)
 
 
-def test_exod_check_prints_each_instance_estimate(tmp_path: Path) -> None:
+def exod_check(tmp_path: Path, body: str) -> list[str]:
+    """`exod check`'s lines for a config of `body` (instances of the model `m`, made here)."""
     from click.testing import CliRunner
 
     from exod.cli.exod import main
@@ -129,12 +130,15 @@ def test_exod_check_prints_each_instance_estimate(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     model(tmp_path / "m")
     cfg = tmp_path / "exod.yaml"
-    cfg.write_text(f"control: {{socket: {tmp_path}/c.sock}}\n"
-                   f"instances:\n  one: {{model: {tmp_path}/m}}\n"
-                   f"  two: {{model: {tmp_path}/m, shards: 2}}\n")
+    cfg.write_text(f"control: {{socket: {tmp_path}/c.sock}}\n{body}")
     out = CliRunner().invoke(main, ["check", "-c", str(cfg)])
     assert out.exit_code == 0, out.output
-    lines = out.output.splitlines()
+    return out.output.splitlines()
+
+
+def test_exod_check_prints_each_instance_estimate(tmp_path: Path) -> None:
+    lines = exod_check(tmp_path, f"instances:\n  one: {{model: {tmp_path}/m}}\n"
+                                 f"  two: {{model: {tmp_path}/m, shards: 2}}\n")
     assert any(ln.startswith("one: needs 0.4 GiB (weights 0.0 GiB, KV cache ")
                and "batch width 16 (max_concurrency unset: sized by memory, KV for 16 × 4096 "
                "tokens)" in ln for ln in lines), lines
@@ -143,22 +147,13 @@ def test_exod_check_prints_each_instance_estimate(tmp_path: Path) -> None:
 
 
 def test_exod_check_prints_each_prompt_cache_budget(tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from exod.cli.exod import main
-
-    (tmp_path / "m").mkdir()
-    model(tmp_path / "m")
-    cfg = tmp_path / "exod.yaml"
-    cfg.write_text(f"control: {{socket: {tmp_path}/c.sock}}\n"
-                   f"defaults: {{prompt_cache_dir: {tmp_path}/pc}}\n"
-                   f"instances:\n  one: {{model: {tmp_path}/m}}\n"
-                   f"  two: {{model: {tmp_path}/m, shards: 2, prompt_cache_disk_bytes: 1GiB}}\n"
-                   f"  nodisk: {{model: {tmp_path}/m, prompt_cache_disk_bytes: 0}}\n"
-                   f"  q: {{model: {tmp_path}/m, kv_bits: 8}}\n")
-    out = CliRunner().invoke(main, ["check", "-c", str(cfg)])
-    assert out.exit_code == 0, out.output
-    lines = [ln for ln in out.output.splitlines() if ln.startswith("prompt cache of ")]
+    m = f"{tmp_path}/m"
+    lines = [ln for ln in exod_check(tmp_path, (
+        f"defaults: {{prompt_cache_dir: {tmp_path}/pc}}\n"
+        f"instances:\n  one: {{model: {m}}}\n"
+        f"  two: {{model: {m}, shards: 2, prompt_cache_disk_bytes: 1GiB}}\n"
+        f"  nodisk: {{model: {m}, prompt_cache_disk_bytes: 0}}\n"
+        f"  q: {{model: {m}, kv_bits: 8}}\n")) if ln.startswith("prompt cache of ")]
     assert lines[0].startswith(f"prompt cache of one: RAM 1GiB, disk 8GiB in {tmp_path}/pc/one, ")
     assert lines[0].endswith(" free there now")
     assert f"disk 1GiB on each rank in {tmp_path}/pc/two" in lines[1]
