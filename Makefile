@@ -12,8 +12,8 @@ PYTEST := $(BIN)/pytest --dist loadgroup --no-loadscope-reorder
 # never beside the integration tier (tests/conftest.py: QUIET_PAIR).
 QUIET := -m "not integration or timing"
 
-.PHONY: run test test-unit test-integration test-system warm setup setup-test install bench lint \
-	clean
+.PHONY: run test test-unit test-integration test-system warm setup setup-test agents install \
+	bench lint clean
 
 run: setup  ## set up, then run the daemon in the foreground on the built-in demo model
 	$(BIN)/exod run --demo
@@ -37,7 +37,18 @@ warm: setup-test  ## mlx's kernel cache, the demo model: once, before tests run 
 	$(BIN)/python -m tests.warm
 
 setup: $(VENV)/.run-deps
-setup-test: $(VENV)/.test-deps
+setup-test: $(VENV)/.test-deps $(AGENTS)/.installed
+
+# The coding agents the integration tests drive (Claude Code, Codex CLI): npm's newest when
+# first set up, in a git-ignored folder of the checkout. `make agents` updates them.
+AGENTS ?= .agents
+$(AGENTS)/.installed: scripts/agents.sh | $(VENV)/.test-deps
+	scripts/agents.sh
+	touch $@
+
+agents: | $(VENV)/.test-deps  ## update the coding agents the tests drive to npm's newest
+	scripts/agents.sh
+	touch $(AGENTS)/.installed
 
 $(VENV)/.run-deps: pyproject.toml scripts/system-deps.sh
 	scripts/system-deps.sh run
@@ -46,9 +57,10 @@ $(VENV)/.run-deps: pyproject.toml scripts/system-deps.sh
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
+# The tests cover the optional extras too (vision: mlx-vlm), so the test set-up installs them.
 $(VENV)/.test-deps: $(VENV)/.run-deps
 	scripts/system-deps.sh test
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,vision]'
 	touch $@
 
 # A Python from anywhere will do (pyenv or uv under a home directory too): `exod install` binds
@@ -69,4 +81,4 @@ lint: setup-test
 	$(BIN)/mypy exod tests/models
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(AGENTS) build *.egg-info .pytest_cache

@@ -7,7 +7,7 @@ import sys
 
 ALL = ["load", "daemon", "api", "serving", "fused", "sharding", "families", "systemd", "security",
        "hostile_runner", "hostile_reads", "ports", "group_start", "models",
-       "agent_constrained", "agent", "cache"]
+       "agent_constrained", "agent", "vision", "cache"]
 
 
 def main() -> None:

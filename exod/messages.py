@@ -27,15 +27,18 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from exod.core import images
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 14  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 16  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
 # 11: Serving's speculative decoding counts; 12: Done.reasoning_tokens;
-# 13: Generate.think_budget; 14: Shutdown.grace, ClearCache, Serving's disk tier
+# 13: Generate.think_budget; 14: Generate.names and context_edits, Done.applied_edits;
+# 15: Generate.images and content parts (exod.core.images)
+# 16: Shutdown.grace, ClearCache, Serving's disk tier
 
 
 class Phase(str, enum.Enum):
@@ -280,6 +283,9 @@ class Done:
     stop_sequence: str | None = None  # the one that ended the text (finish_reason "stop")
     cached_tokens: int = 0  # prompt tokens taken from the prompt cache, not prefilled
     reasoning_tokens: int = 0  # of completion_tokens: those of the think block, markers too
+    # The request's context_edits that changed the prompt, as Anthropic reports them
+    # ({"type", "cleared_input_tokens", "cleared_thinking_turns" | "cleared_tool_uses"}).
+    applied_edits: list[dict[str, Any]] = field(default_factory=list)
 
 
 # `hung` is the daemon's own: it ends the requests of a runner that stopped making progress.
@@ -297,6 +303,20 @@ class Error:
 
 # ---- daemon → runner --------------------------------------------------------------------------
 ToolChoice = Literal["none", "auto", "required", "function"]
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image of a request, as the client sent it: its bytes in base64 (the frame is JSON).
+    No media type: the runner tells the format from the bytes, never from a label. Capped in
+    size here (exod.core.images); its pixels are checked in the runner."""
+
+    data: str
+
+    def __post_init__(self) -> None:
+        if len(self.data) > images.encoded_size_bound(images.MAX_IMAGE_BYTES):
+            raise ProtocolError(f"generate.images: an image larger than "
+                                f"{images.MAX_IMAGE_BYTES >> 20} MiB")
 
 
 @dataclass(frozen=True)
@@ -345,16 +365,43 @@ class Generate:
     # Tokens of reasoning at most (Anthropic's thinking.budget_tokens): past them the runner
     # writes the think block's end marker (exod.runner.serving.think_budget). None: unbounded.
     think_budget: int | None = None
+    # The fields' names as the client spelled them, where its dialect's differ from these
+    # fields' (`messages` is Responses' `input`, `tools[2].function.parameters` Anthropic's
+    # `tools[3].input_schema`): the runner's errors name what the client sent.
+    names: dict[str, str] = field(default_factory=dict)
+    # Edits of the conversation before it reaches the template, applied by the runner, which
+    # counts tokens (exod.core.context_edits: Anthropic's context_management).
+    context_edits: list[dict[str, Any]] = field(default_factory=list)
+    # The pictures the messages show, each placed once by an image part of a content
+    # (exod.core.images): only a chat's, and only for a model that sees.
+    images: list[Image] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # What the runner reads of every turn without looking further; the rest (tool calls)
-        # goes to the chat template as the API checked it.
+        # goes to the chat template as the API checked it. A content is text, or with images
+        # a list of text and image parts.
         for msg in self.messages or []:
-            if not (isinstance(msg.get("role"), str) and isinstance(msg.get("content"), str)):
+            content = msg.get("content")
+            if not (isinstance(msg.get("role"), str)
+                    and (isinstance(content, str) or (self.images and isinstance(content, list)))):
                 raise ProtocolError("generate.messages: a message without a text role and "
                                     "content")
+        if self.images:
+            if len(self.images) > images.MAX_IMAGES:
+                raise ProtocolError(f"generate.images: more than {images.MAX_IMAGES} images")
+            total = images.encoded_size_bound(images.MAX_REQUEST_IMAGE_BYTES)
+            if sum(len(i.data) for i in self.images) > total:
+                raise ProtocolError(f"generate.images: more than "
+                                    f"{images.MAX_REQUEST_IMAGE_BYTES >> 20} MiB of images")
+            why = images.content_problem(self.messages or [], len(self.images))
+            if why is not None:
+                raise ProtocolError(f"generate.{why}")
         if (self.tool_choice == "function") != (self.tool_name is not None):
             raise ProtocolError("generate.tool_name: set exactly when tool_choice is function")
+
+    def named(self, param: str) -> str:
+        """A field as the client named it (see `names`)."""
+        return self.names.get(param, param)
 
 
 @dataclass(frozen=True)

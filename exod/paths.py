@@ -60,6 +60,21 @@ def cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "exod"
 
 
+def state_dir() -> Path:
+    """What the daemon keeps across restarts (its reasoning seal key): systemd's
+    StateDirectory= when set, else $XDG_STATE_HOME/exod when set, else /var/lib/exod for
+    root and ~/.local/state/exod for a user."""
+    state = os.environ.get("STATE_DIRECTORY")
+    if state:
+        return Path(state.split(":")[0])
+    xdg = os.environ.get("XDG_STATE_HOME")
+    if xdg:
+        return Path(xdg) / "exod"
+    if os.geteuid() == 0:
+        return Path("/var/lib/exod")
+    return Path.home() / ".local" / "state" / "exod"
+
+
 SYSTEM_STATE = Path("/var/lib/exod")
 
 

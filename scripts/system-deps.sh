@@ -2,7 +2,8 @@
 # Debian/Ubuntu packages exod uses at run time (openblas: ~60x faster float32 on CPU) and that
 # the test suite needs (systemd for the system tests, iproute2 for network namespaces, groff and
 # man-db for the man page checks, python3 for the security probes that run as another user,
-# chromium and its driver for the status page test).
+# chromium and its driver for the status page test, Node and npm for the coding agents the tests
+# drive: scripts/agents.sh installs them from npm).
 # Installs only what is missing; needs root and apt.
 # Usage: scripts/system-deps.sh run|test
 set -eu
@@ -14,6 +15,10 @@ missing=""
 for p in $want; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
 done
+# Node from anywhere will do (nvm, NodeSource): Debian's only where there is none.
+if [ "${1:-run}" = test ] && ! command -v npm >/dev/null 2>&1; then
+    missing="$missing nodejs npm"
+fi
 [ -z "$missing" ] && exit 0
 if ! command -v apt-get >/dev/null 2>&1; then
     echo "exod: not a Debian-like system; please install the equivalents of:$missing" >&2

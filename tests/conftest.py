@@ -56,6 +56,15 @@ def tiny_model(tiny_model_factory: Callable[..., Path]) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vision_zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the vision zoo (tests.models.vision_zoo): one tiny model per family, in a
+    folder named after it; made once per run (~2.5 CPU-s)."""
+    root = shared_dir(tmp_path_factory, "vision-zoo")
+    _run_model_cli(["tests.models.vision_zoo", str(root)], 300)  # its stdout: one JSON line
+    return root
+
+
+@pytest.fixture(scope="session")
 def demo_model() -> Path:
     """The demo model, converted once into a cache that outlives the session."""
     cache = os.environ.get("EXOD_TEST_CACHE") or str(Path.home() / ".cache" / "exod-test")

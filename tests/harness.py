@@ -132,10 +132,12 @@ class Daemon:
                   **config}
         self.write_config(config)
         self.listener = NotifyListener(self.dir / "notify-manager.sock")
-        # CACHE_DIRECTORY (a user unit's CacheDirectory=): the prompt cache's disk tier in this
-        # daemon's own folder, never the host's (root's default is /var/lib/exod) nor another
-        # test daemon's (a hit there would change what this one counts).
+        # Its state (the reasoning seal key) in its own folder, kept across its restarts; and
+        # CACHE_DIRECTORY (a user unit's CacheDirectory=): the prompt cache's disk tier in its
+        # own folder too, never the host's (root's default is /var/lib/exod) nor another test
+        # daemon's (a hit there would change what this one counts).
         self.env = {**os.environ, "NOTIFY_SOCKET": str(self.listener.path), **DOUBLES_ENV,
+                    "XDG_STATE_HOME": str(self.dir / "state"),
                     "CACHE_DIRECTORY": str(self.dir / "cache"), **(env or {})}
         self.env.pop("EXOD_SOCKET", None)
         self.proc: subprocess.Popen[bytes] | None = None

@@ -29,9 +29,7 @@ import hmac
 import json
 import os
 import time
-import weakref
 from datetime import datetime, timezone
-from dataclasses import replace
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +40,7 @@ from exod.api import address, page
 from exod.api.dialects import anthropic_request as anthropic
 from exod.api.dialects import responses_request as responses
 from exod.api.dialects.anthropic_output import AnthropicOutput, CountOutput
-from exod.api.dialects.names import Origin
+from exod.api.dialects.output import Output
 from exod.api.dialects.responses_output import ResponsesOutput
 from exod.api.browser import PREFLIGHT_HEADERS, CorsPolicy, HostPolicy, is_json
 from exod.api.errors import (
@@ -55,14 +53,17 @@ from exod.api.errors import (
 from exod.api.guard import ConnectionGuard, GuardedSite
 from exod.api.httplog import quiet_logger
 from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from exod.api.schema import ModelLimits, parse_chat, parse_completion, with_think_budget
+from exod.api.ignored import header
+from exod.api.schema import GenRequest, ModelLimits, parse_chat, parse_completion
+from exod.api.seal import Sealer
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
-from exod.config.model_dir import model_limits
+from exod.config.model_caps import Capabilities
 from exod.control_messages import ApiStatus
 from exod.api.view import Daemon
 from exod.config.schema import Api
 from exod.core.states import State
+from exod.paths import state_dir
 
 if TYPE_CHECKING:
     from exod.daemon.instance import InstanceRuntime
@@ -83,8 +84,6 @@ class ApiServer:
         self.host, self.port = address.parse_listen(cfg.listen)
         self.tokens: list[bytes] = []
         self.started_wall = int(time.time())
-        self.limits: weakref.WeakKeyDictionary[InstanceRuntime, ModelLimits] = \
-            weakref.WeakKeyDictionary()
         self.hosts = HostPolicy(self.host, cfg.allowed_hosts)
         self.cors = CorsPolicy(cfg.cors_origins)
         self.ratelog = RateLimitedLog()
@@ -92,9 +91,10 @@ class ApiServer:
         self._bodies = asyncio.Semaphore(BODY_SLOTS)
         self.max_body = cfg.max_body_kib * 1024
         self._runner: web.AppRunner | None = None
-        self.serving = Serving(daemon, daemon.loop)
-        self.gates = self.serving.gates
+        self.serving = Serving(daemon)
         self.metrics = self.serving.metrics
+        # Reasoning handed to clients to send back (exod.api.seal); its key made on first use.
+        self.sealer = Sealer(state_dir() / "reasoning.key")
 
     @property
     def token(self) -> bool:
@@ -155,9 +155,6 @@ class ApiServer:
         """For the status snapshot: where exoctl (and people) find the API."""
         return ApiStatus(listen=self.cfg.listen, url=self.url, auth=self.token,
                          token_file=str(self.cfg.token_file) if self.cfg.token_file else None)
-
-    def instance_changed(self, inst: InstanceRuntime) -> None:
-        self.serving.instance_changed(inst)
 
     # ---- middlewares ------------------------------------------------------------------
     @web.middleware
@@ -249,14 +246,25 @@ class ApiServer:
 
     async def _model_json(self, inst: InstanceRuntime) -> dict[str, Any]:
         """One instance in the shapes both OpenAI's and Anthropic's clients read (`object`,
-        `owned_by` / `type`, `display_name`, `created_at`), with its state and context window."""
-        gate = self.gates.get(inst)
+        `owned_by` / `type`, `display_name`, `created_at`), with its state, and what clients
+        size themselves by: the context window under the names clients read
+        (`context_length`, vLLM's `max_model_len`, Anthropic's `max_input_tokens` and
+        `max_tokens`) and capabilities (Anthropic's object; OpenRouter's
+        `supported_parameters`), from the model's files."""
+        active, queued = self.sup.traffic.load(inst)
         created = datetime.fromtimestamp(self.started_wall, timezone.utc)
+        limits = await self._limits(inst)
+        caps = await self.sup.traffic.capabilities(inst)
+        most = min(x for x in (limits.context, limits.cap) if x is not None) \
+            if limits.context is not None or limits.cap is not None else None
         return {"id": inst.name, "object": "model", "created": self.started_wall,
                 "owned_by": "exod", "type": "model", "display_name": inst.name,
                 "created_at": created.isoformat().replace("+00:00", "Z"),
-                "state": inst.state.value, "context_length": (await self._limits(inst)).context,
-                "active": gate.active if gate else 0, "queued": gate.waiting if gate else 0}
+                "state": inst.state.value, "context_length": limits.context,
+                "max_model_len": limits.context, "max_input_tokens": limits.context,
+                "max_tokens": most, "capabilities": capabilities(caps),
+                "supported_parameters": supported_parameters(caps),
+                "active": active, "queued": queued}
 
     async def models(self, request: web.Request) -> web.Response:
         data = [await self._model_json(i) for i in self.sup.ordered()]
@@ -273,45 +281,40 @@ class ApiServer:
 
     # ---- generation -------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self.serving.generate(request, parse_chat(await self._body(request)),
-                                           self._limits)
+        req = parse_chat(await self._body(request), self.cfg.strict_fields)
+        return await self._generate(request, "chat", req)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.serving.generate(
-            request, parse_completion(await self._body(request)), self._limits)
+        req = parse_completion(await self._body(request), self.cfg.strict_fields)
+        return await self._generate(request, "completion", req)
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        origins: list[Origin] = []
-        body = await self._body(request)
-        chat = anthropic.to_chat(body, origins=origins)
-        try:  # the core's errors name the fields the client sent (tools[0].input_schema)
-            req = parse_chat(chat)
-            req = with_think_budget(req, anthropic.think_budget(body), "thinking.budget_tokens")
-            return await self.serving.generate(request, req, self._limits,
-                                               AnthropicOutput(req.model))
-        except ApiError as e:
-            raise anthropic.renamed(e, origins) from None
+        req, view = anthropic.parse(await self._body(request), self.sealer,
+                                    self.cfg.strict_fields)
+        return await self._generate(request, "messages", req,
+                                    AnthropicOutput(req.model, view, self.sealer))
 
     async def count_tokens(self, request: web.Request) -> web.StreamResponse:
-        origins: list[Origin] = []
-        chat = anthropic.to_chat(await self._body(request), count_only=True, origins=origins)
-        try:
-            req = parse_chat(chat)
-            req = replace(req, gen=replace(req.gen, count_only=True, max_tokens=1))
-            return await self.serving.generate(request, req, self._limits, CountOutput())
-        except ApiError as e:
-            raise anthropic.renamed(e, origins) from None
+        req, _ = anthropic.parse(await self._body(request), self.sealer, self.cfg.strict_fields,
+                                 count_only=True)
+        return await self._generate(request, "messages", req, CountOutput())
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
-        origins: list[Origin] = []
-        chat = responses.to_chat(body, origins=origins)
+        req, view = responses.parse(body, self.sealer, self.cfg.strict_fields)
+        return await self._generate(request, "responses", req,
+                                    ResponsesOutput(req.model, body, view, self.sealer))
+
+    async def _generate(self, request: web.Request, dialect: str, req: GenRequest,
+                        out: Output | None = None) -> web.StreamResponse:
+        """Serve a checked request; what it ignored is counted, and named in the answer's
+        header (an error's too)."""
+        self.metrics.ignored.record(dialect, req.ignored)
         try:
-            req = parse_chat(chat)
-            return await self.serving.generate(request, req, self._limits,
-                                               ResponsesOutput(req.model, body))
+            return await self.serving.generate(request, req, self._limits, out)
         except ApiError as e:
-            raise responses.renamed(e, origins) from None
+            e.headers.update(header(req.ignored))
+            raise
 
     async def _body(self, request: web.Request) -> Any:
         """The JSON body: refused by its announced size before anything is read, read within
@@ -334,17 +337,42 @@ class ApiServer:
 
     async def _limits(self, inst: InstanceRuntime) -> ModelLimits:
         """The model's vocabulary and context window, as rank 0 reported them once loaded,
-        else from its config.json (read once per instance, off the loop); and the instance's
-        max_tokens_cap."""
+        else from its config.json (as the daemon read it once per instance); and the
+        instance's max_tokens_cap."""
         info, cap = inst.model_info, inst.config.max_tokens_cap
         schema = inst.config.grammar.max_schema_kib * 1024
         if info is not None and info.vocab_size > 0 and info.context_length > 0:
             return ModelLimits(info.vocab_size, info.context_length, cap, schema)
-        limits = self.limits.get(inst)
-        if limits is None:
-            vocab, context = await asyncio.to_thread(model_limits, inst.config.model)
-            limits = self.limits[inst] = ModelLimits(vocab, context, cap, schema)
-        return limits
+        vocab, context = await self.sup.traffic.size(inst)
+        return ModelLimits(vocab, context, cap, schema)
+
+
+def capabilities(caps: Capabilities) -> dict[str, Any]:
+    """Anthropic's capability object (each `{supported}`), with `tools` beside its own keys;
+    null where the model's files do not tell."""
+    def yes(value: bool | None) -> dict[str, Any]:
+        return {"supported": value}
+    thinking = caps.thinking
+    return {"tools": yes(caps.tools), "structured_outputs": yes(True),
+            "thinking": {"supported": thinking,
+                         "types": {"enabled": yes(thinking), "adaptive": yes(thinking)}},
+            "effort": {"supported": thinking, **{e: yes(thinking) for e in (
+                "low", "medium", "high", "max")}},
+            "context_management": {"supported": True},
+            **{name: yes(False) for name in ("image_input", "pdf_input", "citations",
+                                             "code_execution", "batch")}}
+
+
+def supported_parameters(caps: Capabilities) -> list[str]:
+    """OpenRouter's list of the request fields a model takes (read by opencode and others)."""
+    out = ["max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed",
+           "logit_bias", "logprobs", "top_logprobs", "frequency_penalty", "presence_penalty",
+           "repetition_penalty", "response_format", "structured_outputs"]
+    if caps.tools:
+        out += ["tools", "tool_choice", "parallel_tool_calls"]
+    if caps.thinking:
+        out += ["reasoning", "include_reasoning"]
+    return out
 
 
 def parse_json(raw: bytes) -> Any:

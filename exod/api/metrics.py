@@ -20,13 +20,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exod import messages as m
+from exod.api.ignored import IgnoredFields
 from exod.api.view import Daemon
 from exod.core.ladder import Step
 from exod.core.states import State
 
 if TYPE_CHECKING:
-    from exod.api.admission import Gate
     from exod.daemon.instance import InstanceRuntime
+
+Load = Callable[["InstanceRuntime"], tuple[int, int]]  # (at the runner, waiting)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Seconds. Small models on a CPU answer in tens of milliseconds; big ones take many seconds.
@@ -44,9 +46,10 @@ class InstanceStats:
 
 
 class Metrics:
-    def __init__(self, daemon: Daemon, gate_of: Callable[[InstanceRuntime], Gate | None]) -> None:
+    def __init__(self, daemon: Daemon, load: Load) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.stats: dict[str, InstanceStats] = collections.defaultdict(InstanceStats)
+        self.ignored = IgnoredFields()
         self.ttft = Histogram(
             "exod_time_to_first_token_seconds", "From a request's arrival (queueing included) to "
             "its first generated text", ["instance"], buckets=TTFT_BUCKETS,
@@ -55,7 +58,7 @@ class Metrics:
             "exod_time_per_output_token_seconds", "Mean time between generated tokens, one "
             "observation per request that generated two tokens or more", ["instance"],
             buckets=TPOT_BUCKETS, registry=self.registry)
-        self.registry.register(LiveCollector(daemon, gate_of, self.stats))
+        self.registry.register(LiveCollector(daemon, load, self.stats, self.ignored))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -100,11 +103,12 @@ class Meter:
 
 
 class LiveCollector(Collector):
-    def __init__(self, daemon: Daemon, gate_of: Callable[[InstanceRuntime], Gate | None],
-                 stats: dict[str, InstanceStats]) -> None:
+    def __init__(self, daemon: Daemon, load: Load, stats: dict[str, InstanceStats],
+                 ignored: IgnoredFields) -> None:
         self.daemon = daemon
-        self.gate_of = gate_of
+        self.load = load
         self.stats = stats
+        self.ignored = ignored
 
     def collect(self) -> Iterator[Metric]:
         d = self.daemon
@@ -119,6 +123,12 @@ class LiveCollector(Collector):
                                   "that reloads refused", value=d.config_errors)
         yield from self._instances(list(d.ordered()))
         yield from self._requests()
+        ignored = CounterMetricFamily("exod_ignored_fields", "Request fields accepted and not "
+                                      "used (unknown, or naming a tool exod does not run), by "
+                                      "dialect and field path", labels=["dialect", "field"])
+        for (dialect, name), n in sorted(self.ignored.counts.items()):
+            ignored.add_metric([dialect, name], n)
+        yield ignored
 
     def _instances(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
         label = ["instance"]
@@ -141,9 +151,9 @@ class LiveCollector(Collector):
             restarts.add_metric([name], inst.tracker.restarts)
             for step in Step:
                 rungs.add_metric([name, step.value], inst.rungs_used[step.value])
-            gate = self.gate_of(inst)
-            queued.add_metric([name], gate.waiting if gate else 0)
-            active.add_metric([name], gate.active if gate else 0)
+            at_runner, waiting = self.load(inst)
+            queued.add_metric([name], waiting)
+            active.add_metric([name], at_runner)
             local = [r for r in inst.ranks if r.local]
             loaded.add_metric([name], sum(r.layers_loaded for r in local))
             total.add_metric([name], sum(r.layers_total for r in local))
@@ -164,9 +174,9 @@ class LiveCollector(Collector):
         for inst in instances:
             d = inst.download
             if d is not None:
-                done.add_metric([inst.name], d.done)
-                total.add_metric([inst.name], d.total)
-                rate.add_metric([inst.name], d.rate() or 0.0)
+                done.add_metric([inst.name], d.progress.done)
+                total.add_metric([inst.name], d.progress.total)
+                rate.add_metric([inst.name], d.progress.rate() or 0.0)
         yield from (done, total, rate)
 
     def _prompt_cache(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:

@@ -33,11 +33,11 @@ def status_json(sup: Daemon, serving: Serving) -> dict[str, Any]:
     snap = to_wire(sup.snapshot())
     figures: dict[str, Any] = {}
     for inst in sup.ordered():
-        gate = serving.gates.get(inst)
+        active, queued = sup.traffic.load(inst)
         stats = serving.metrics.stats.get(inst.name)
         figures[inst.name] = {
-            "active": gate.active if gate else 0,
-            "queued": gate.waiting if gate else 0,
+            "active": active,
+            "queued": queued,
             "generated_tokens": stats.generated_tokens if stats else 0,
             "prompt_tokens": stats.prompt_tokens if stats else 0,
         }

@@ -1,8 +1,9 @@
-"""Request bodies of /v1/chat/completions and /v1/completions, checked into a `GenRequest`
-(what the runner receives). Which fields each endpoint takes is said here; every rule a field
-must pass, and its message, is in exod.core.request_rules (the runner checks the same rules
-again). A broken rule is a 400 naming the `param`. No field is ignored silently: what exod does
-with each field of OpenAI's requests is exod.api.fields.
+"""The one request every dialect's body becomes (`GenRequest`: the generation the runner
+receives, and what only HTTP needs), and the mapping of chat completions' and completions'
+bodies onto it. What each field of every dialect is (works, no effect, ignored, refused) is
+its table in exod.api.fields; every rule a field must pass, and its message, is in
+exod.core.request_rules (the runner checks the same rules again), called with the field's
+name as the client sent it. A broken rule is a 400 naming that field.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ParamSpec, TypeVar
 
 from exod.api.errors import bad_request
-from exod.api.fields import check_fields
+from exod.api.fields import CHAT, COMPLETION, Reading
 from exod.core import request_rules as rules
 from exod.core.request_rules import RequestError
 from exod.messages import Generate
@@ -31,7 +32,9 @@ class GenRequest:
     model: str
     stream: bool = False
     include_usage: bool = False
-    max_tokens_param: str | None = None  # the field the client set, if any (for errors)
+    # The fields accepted and not used (unknown, or naming what exod does not run), by their
+    # paths without indexes: the x-exod-ignored-fields header and /metrics name them.
+    ignored: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class ModelLimits:
     schema_bytes: int = rules.MAX_SCHEMA_BYTES  # the instance's grammar.max_schema_kib
 
 
-def _http(fn: Callable[P, T]) -> Callable[P, T]:
+def http(fn: Callable[P, T]) -> Callable[P, T]:
     """A broken request rule as the client sees it: 400, naming the field."""
     @functools.wraps(fn)
     def checked(*args: P.args, **kwargs: P.kwargs) -> T:
@@ -55,51 +58,101 @@ def _http(fn: Callable[P, T]) -> Callable[P, T]:
     return checked
 
 
-@_http
-def parse_chat(raw: Any) -> GenRequest:
+@http
+def parse_chat(raw: Any, strict: bool = False) -> GenRequest:
+    r = Reading(CHAT, strict)
     b = rules.body(raw)
-    check_fields(b, "chat")
-    msgs = rules.messages(b.get("messages"))
+    r.keys(b, "body")
+    msgs = [_message(m, f"messages[{i}]", r)
+            for i, m in enumerate(rules.messages(b.get("messages")))]
     # Both are checked; the newer name wins. A null is a field not set (some clients send
     # every field).
     old = rules.max_tokens(b.get("max_tokens"), "max_tokens", rules.DEFAULT_MAX_TOKENS_CHAT)
     new = b.get("max_completion_tokens")
-    param = "max_completion_tokens" if new is not None else \
-        "max_tokens" if b.get("max_tokens") is not None else None
+    names = {"max_tokens": "max_completion_tokens"} if new is not None else {}
     logprobs = rules.logprobs(b.get("logprobs"))
+    listed, origins = _tools(b.get("tools"), r)
     gen = Generate(id="", kind="chat", messages=msgs,
                    max_tokens=rules.max_tokens(new, "max_completion_tokens", old), **_sampling(b),
                    logprobs=logprobs,
                    top_logprobs=rules.top_logprobs(b.get("top_logprobs"), logprobs),
                    chat_template_kwargs=rules.chat_template_kwargs(b.get("chat_template_kwargs")),
-                   **_agent(b))
-    return GenRequest(gen, rules.model(b.get("model")), *_streaming(b), max_tokens_param=param)
+                   names={**names, **tool_names(origins)},
+                   **_agent(b, listed, r))
+    return GenRequest(gen, rules.model(b.get("model")), *_streaming(b, r), ignored=r.ignored)
 
 
-@_http
-def parse_completion(raw: Any) -> GenRequest:
+@http
+def parse_completion(raw: Any, strict: bool = False) -> GenRequest:
+    r = Reading(COMPLETION, strict)
     b = rules.body(raw)
-    check_fields(b, "completion")
+    r.keys(b, "body")
     prompt = rules.prompt(b.get("prompt"))
-    rules.echo(b.get("echo"))
     top = rules.completion_logprobs(b.get("logprobs"))
     gen = Generate(id="", kind="completion", prompt=prompt,
                    max_tokens=rules.max_tokens(b.get("max_tokens"), "max_tokens",
                                                rules.DEFAULT_MAX_TOKENS_COMPLETION),
                    **_sampling(b), logprobs=top is not None, top_logprobs=top or 0)
-    return GenRequest(gen, rules.model(b.get("model")), *_streaming(b),
-                      max_tokens_param="max_tokens" if b.get("max_tokens") is not None else None)
+    return GenRequest(gen, rules.model(b.get("model")), *_streaming(b, r), ignored=r.ignored)
 
 
-def _agent(b: dict[str, Any]) -> dict[str, Any]:
+def _message(raw: Any, param: str, r: Reading) -> dict[str, Any]:
+    """One message: its keys against the table, its parts and calls too, then the rules."""
+    if not isinstance(raw, dict):
+        return rules.message(raw, param)  # which says what a message must be
+    r.keys(raw, "message", param)
+    msg = dict(raw)
+    if isinstance(raw.get("content"), list):  # the parts exod reads; the others ignored
+        msg["content"] = "".join(r.texts(raw["content"], f"{param}.content", "part", "part"))
+    calls = raw.get("tool_calls")
+    if isinstance(calls, list):
+        for k, call in enumerate(calls):
+            where = f"{param}.tool_calls[{k}]"
+            if isinstance(call, dict):
+                r.keys(call, "call", where)
+                if isinstance(call.get("function"), dict):
+                    r.keys(call["function"], "call.function", f"{where}.function")
+    return rules.message(msg, param)
+
+
+def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str]]:
+    """The function tools (their `strict` mark beside them) and where each came from."""
+    if raw is None:
+        return [], []
+    listed, origins = [], []
+    for tool, param in r.items(raw, "tools", "tool", "tool", rules.MAX_TOOLS):
+        r.keys(tool, "tool", param)
+        fn = rules.obj(tool.get("function"), f"{param}.function")
+        r.keys(fn, "function", f"{param}.function")
+        listed.append(rules.function(fn, f"{param}.function"))
+        origins.append(f"{param}.function.parameters")
+    return rules.unique(listed, "tools"), origins
+
+
+def tool_names(origins: list[str]) -> dict[str, str]:
+    """The client's name of each tool's parameters, where it is not the request's own
+    (`tools[k].function.parameters`): tools ignored or unfolded move the others."""
+    return {f"tools[{k}].function.parameters": at for k, at in enumerate(origins)
+            if at != f"tools[{k}].function.parameters"}
+
+
+def _agent(b: dict[str, Any], listed: list[dict[str, Any]], r: Reading) -> dict[str, Any]:
     """The fields of `Generate` an agent sends: tools and structured output."""
-    listed = rules.tools(b.get("tools"))
+    for key, kind in (("tool_choice", "tool_choice"), ("response_format", "response_format")):
+        if isinstance(b.get(key), dict):
+            r.keys(b[key], kind, key)
+    if isinstance(b.get("tool_choice"), dict) and isinstance(b["tool_choice"].get("function"),
+                                                             dict):
+        r.keys(b["tool_choice"]["function"], "tool_choice.function", "tool_choice.function")
+    fmt = b.get("response_format")
+    if isinstance(fmt, dict) and isinstance(fmt.get("json_schema"), dict):
+        r.keys(fmt["json_schema"], "json_schema", "response_format.json_schema")
     choice, function = rules.tool_choice(b.get("tool_choice"), listed)
-    return {"tools": listed, "strict_tools": rules.strict_tools(b.get("tools")),
+    return {"tools": rules.for_template(listed), "strict_tools": rules.strict_tools(listed),
             "tool_choice": choice, "tool_name": function,
             "parallel_tool_calls": rules.flag(b.get("parallel_tool_calls"),
                                               "parallel_tool_calls", True),
-            "response_format": rules.response_format(b.get("response_format"), choice)}
+            "response_format": rules.response_format(fmt, choice)}
 
 
 def _schema_size(gen: Generate) -> tuple[int, str]:
@@ -111,15 +164,16 @@ def _schema_size(gen: Generate) -> tuple[int, str]:
     return sum(len(json.dumps(p, separators=(",", ":"))) for p in params if p), "tools"
 
 
-def _streaming(b: dict[str, Any]) -> tuple[bool, bool]:
+def _streaming(b: dict[str, Any], r: Reading) -> tuple[bool, bool]:
     """(stream, include_usage)."""
     stream = rules.stream(b.get("stream"))
+    if isinstance(b.get("stream_options"), dict):
+        r.keys(b["stream_options"], "stream_options", "stream_options")
     return stream, rules.stream_options(b.get("stream_options"), stream)
 
 
 def _sampling(b: dict[str, Any]) -> dict[str, Any]:
     """The fields of `Generate` common to both endpoints."""
-    rules.n(b.get("n"))
     stop = rules.stop(b.get("stop"))
     seed = rules.seed(b.get("seed"))
     return {
@@ -138,17 +192,17 @@ def _sampling(b: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@_http
+@http
 def apply_limits(req: GenRequest, limits: ModelLimits) -> GenRequest:
     """The request checked against its model (its config.json, and the instance's cap): every
-    `logit_bias` id inside the vocabulary, `max_tokens` within the context window and the cap;
-    the default `max_tokens` shrinks to fit."""
+    `logit_bias` id inside the vocabulary, the schemas within the instance's bound;
+    `max_tokens` clamped to the context window and the cap."""
     gen = req.gen
     if limits.vocab is not None:
         rules.bias_ids([int(k) for k in gen.logit_bias], limits.vocab)
     size, param = _schema_size(gen)
-    rules.schema_bytes(size, limits.schema_bytes, param)
-    n = rules.max_tokens_cap(gen.max_tokens, req.max_tokens_param, limits.context, limits.cap)
+    rules.schema_bytes(size, limits.schema_bytes, gen.named(param))
+    n = rules.max_tokens_cap(gen.max_tokens, limits.context, limits.cap)
     return req if n == gen.max_tokens else replace(req, gen=replace(gen, max_tokens=n))
 
 
@@ -158,10 +212,3 @@ def with_template_defaults(req: GenRequest, defaults: Mapping[str, Any]) -> GenR
         return req
     merged = {**defaults, **req.gen.chat_template_kwargs}
     return replace(req, gen=replace(req.gen, chat_template_kwargs=merged))
-
-
-@_http
-def with_think_budget(req: GenRequest, raw: Any, param: str) -> GenRequest:
-    """A chat request with a thinking budget (a dialect's field, `param`: chat completions has
-    none): the runner closes the think block past it."""
-    return replace(req, gen=replace(req.gen, think_budget=rules.think_budget(raw, param)))

@@ -1,12 +1,11 @@
-"""The generation path of the HTTP API: find the instance (starting it when it is on demand),
-pass its admission gate, send the request to rank 0's runner, and relay the events back, whole
-or as SSE. Every request is metered (exod.api.metrics) and watched for hangs (exod.api.hang).
+"""The generation path of the HTTP API: ask the daemon for the instance and a place at its
+runner (exod.daemon.traffic: on-demand start, admission queue, hang watch), send the request on
+rank 0's link, and relay the events back, whole or as SSE. Every request is metered
+(exod.api.metrics). The daemon's refusals become errors in OpenAI's shape here.
 """
 
 from __future__ import annotations
 
-import math
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -14,78 +13,41 @@ from aiohttp import web
 from loguru import logger
 
 from exod import messages as m
-from exod.api.admission import Gate, QueueFull
 from exod.api.errors import (ApiError, model_not_found, not_ready, queue_full, runner_error,
                              served_elsewhere)
-from exod.api.hang import HangWatch
+from exod.api.ignored import header
 from exod.api.metrics import Meter, Metrics
 from exod.api.dialects.output import OpenAiOutput, Output
 from exod.api.objects import SSE_HEADERS, Reply
-from exod.api.on_demand import OnDemand, Stopped
 from exod.api.tool_output import streamed_call, whole_call
 from exod.api.schema import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import Daemon
-from exod.core.states import State
 from exod.daemon.channel import RequestStream, TooLarge
+from exod.daemon.traffic import Busy, NotServing, Refused, ServedElsewhere
 from exod.protocol import MAX_FRAME
 
 if TYPE_CHECKING:
-    import asyncio
-
     from exod.daemon.instance import InstanceRuntime
 
 Limits = Callable[["InstanceRuntime"], Awaitable[ModelLimits]]
 
 
+def refusal(e: Refused) -> ApiError:
+    """The daemon's reason not to serve a request, as the client reads it."""
+    if isinstance(e, NotServing):
+        return not_ready(e.name, e.detail, e.stopping)
+    if isinstance(e, Busy):
+        return queue_full(e.name, e.limit, e.queue)
+    if isinstance(e, ServedElsewhere):
+        return served_elsewhere(e.name, e.host)
+    return model_not_found(e.name)
+
+
 class Serving:
-    def __init__(self, sup: Daemon, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, sup: Daemon) -> None:
         self.sup = sup
-        self.loop = loop
-        self.gates: weakref.WeakKeyDictionary[InstanceRuntime, Gate] = \
-            weakref.WeakKeyDictionary()
-        self.watches: weakref.WeakKeyDictionary[InstanceRuntime, HangWatch] = \
-            weakref.WeakKeyDictionary()
-        self.metrics = Metrics(sup, self.gates.get)
-        self.on_demand = OnDemand(sup, loop, self.gates.get)
-
-    def instance_changed(self, inst: InstanceRuntime) -> None:
-        """Requests queued for an instance that can no longer serve them get a 503."""
-        gate = self.gates.get(inst)
-        if gate is not None and self.on_demand.gives_up(inst):
-            gate.reject_waiting(lambda: not_ready(inst.name, inst.state.value,
-                                                  inst.state is State.STOPPING))
-        if inst.state is State.READY and inst.config.on_demand:
-            self.on_demand.used(inst)  # the idle clock starts once it is ready
-
-    def gate(self, inst: InstanceRuntime) -> Gate:
-        gate = self.gates.get(inst)
-        if gate is None:
-            gate = self.gates[inst] = Gate(inst.width, inst.config.max_queue)
-        elif gate.limit != inst.width:
-            gate.resize(inst.width)
-        return gate
-
-    def _watch(self, inst: InstanceRuntime) -> HangWatch | None:
-        if math.isinf(inst.config.hang_after):
-            return None
-        watch = self.watches.get(inst)
-        if watch is None:
-            watch = self.watches[inst] = HangWatch(self.loop, inst.config.hang_after, inst.hang)
-        return watch
-
-    def _instance(self, name: str) -> InstanceRuntime:
-        inst = self.sup.instance(name)
-        if inst is None:
-            raise model_not_found(name)
-        if inst.served_by is not None:
-            raise served_elsewhere(name, inst.served_by)
-        if inst.state is not State.READY:
-            if not inst.config.on_demand:
-                raise not_ready(name, inst.state.value, inst.state is State.STOPPING)
-            self.on_demand.ensure_started(inst)
-            if self.on_demand.gives_up(inst):
-                raise not_ready(name, inst.machine.reason or inst.state.value)
-        return inst
+        self.traffic = sup.traffic
+        self.metrics = Metrics(sup, self.traffic.load)
 
     # ---- one request ------------------------------------------------------------------------
     async def generate(self, request: web.Request, req: GenRequest, limits: Limits,
@@ -111,49 +73,28 @@ class Serving:
 
     async def _admitted(self, request: web.Request, req: GenRequest, meter: Meter,
                         limits: Limits, out: Output) -> web.StreamResponse:
-        inst = self._instance(req.model)
-        req = apply_limits(req, await limits(inst))
-        req = with_template_defaults(req, inst.config.chat_template_kwargs)
-        gate = self.gate(inst)
         try:
-            await gate.enter()
-        except QueueFull:
-            raise queue_full(inst.name, gate.limit, gate.queue) from None
-        try:
-            try:  # an on-demand instance may still be loading: wait for it, in the queue
-                await self.on_demand.until_ready(inst)
-            except Stopped as e:
-                raise not_ready(inst.name, inst.machine.reason or str(e)) from None
-            # Waiting may have taken a while: ready still, and the very same instance?
-            if self.sup.instance(req.model) is not inst or inst.state is not State.READY:
-                raise not_ready(inst.name, "replaced by a reload")
-            link = inst.serving_link()
-            if link is None:
-                raise not_ready(inst.name, "its runner is gone")
-            try:
-                stream = link.open(req.gen)
-            except TooLarge as e:
-                raise too_large_for_runner(req, e.size) from None
-            return await self._relay(request, req, inst, stream, meter, out)
-        finally:
-            gate.leave()
-            if inst.config.on_demand:
-                self.on_demand.used(inst)
+            inst = self.traffic.find(req.model)
+            req = apply_limits(req, await limits(inst))
+            req = with_template_defaults(req, inst.config.chat_template_kwargs)
+            async with self.traffic.slot(inst) as link:
+                try:
+                    stream = link.open(req.gen)
+                except TooLarge as e:
+                    raise too_large_for_runner(req, e.size) from None
+                return await self._relay(request, req, inst, stream, meter, out)
+        except Refused as e:
+            raise refusal(e) from None
 
     async def _relay(self, request: web.Request, req: GenRequest, inst: InstanceRuntime,
                      stream: RequestStream, meter: Meter, out: Output) -> web.StreamResponse:
-        watch = self._watch(inst)
-        if watch is not None:
-            watch.opened(stream)
-            stream.on_event = watch.progress  # as events arrive, read or not
         try:
-            events = _events(stream, meter, out)
-            if req.stream:
-                return await _stream(request, req, events, meter, out)
-            return await _whole(req, events, out)
+            with self.traffic.watching(inst, stream):
+                events = _events(stream, meter, out)
+                if req.stream:
+                    return await _stream(request, req, events, meter, out)
+                return await _whole(req, events, out)
         finally:
-            if watch is not None:
-                watch.closed(stream)
             stream.close()  # cancels the generation unless it finished
 
 
@@ -173,17 +114,10 @@ async def _after(first: m.Event, rest: AsyncIterator[m.Event]) -> AsyncIterator[
 
 
 def too_large_for_runner(req: GenRequest, size: int) -> ApiError:
-    param = "messages" if req.gen.kind == "chat" else "prompt"
+    param = req.gen.named("messages") if req.gen.kind == "chat" else "prompt"
     return ApiError(413, f"The request is {size} bytes once encoded for the runner, more than "
                          f"the {MAX_FRAME >> 20} MiB a runner takes: shorten `{param}`.",
                     "invalid_request_error", "request_too_large", param)
-
-
-def _param(req: GenRequest, ev: m.Error) -> str | None:
-    """The field a runner named, as the client spelled it (`max_completion_tokens`...)."""
-    if ev.param == "max_tokens" and req.max_tokens_param is not None:
-        return req.max_tokens_param
-    return ev.param
 
 
 async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: Output) -> web.Response:
@@ -203,9 +137,10 @@ async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: Output) -
         elif isinstance(ev, m.Done):
             reply = Reply(req.gen.kind, req.model, logprobs=req.gen.logprobs)
             return web.json_response(out.whole(reply.whole(
-                "".join(parts), ev, calls, reasoning="".join(thoughts), logprobs=logprobs)))
+                "".join(parts), ev, calls, reasoning="".join(thoughts), logprobs=logprobs)),
+                headers=header(req.ignored))
         else:
-            raise runner_error(ev.code, ev.message, _param(req, ev))
+            raise runner_error(ev.code, ev.message, ev.param)
     raise AssertionError("unreachable: the event stream never ends")
 
 
@@ -217,8 +152,8 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
     while isinstance(first, m.Prefill) and first.total == 0:  # still being read (m.Prefill)
         first = await anext(events)
     if isinstance(first, m.Error):
-        raise runner_error(first.code, first.message, _param(req, first))
-    resp = web.StreamResponse(headers=SSE_HEADERS)
+        raise runner_error(first.code, first.message, first.param)
+    resp = web.StreamResponse(headers={**SSE_HEADERS, **header(req.ignored)})
     reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage,
                   logprobs=req.gen.logprobs)
     try:
@@ -245,7 +180,7 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
                 if req.include_usage:
                     await resp.write(out.chunk(reply.usage_chunk(ev)))
             else:
-                err = runner_error(ev.code, ev.message, _param(req, ev))
+                err = runner_error(ev.code, ev.message, ev.param)
                 meter.failed_code = err.status
                 logger.bind(instance=req.model).warning("stream ended by an error: {}",
                                                         err.message)

@@ -1,16 +1,17 @@
 """What the HTTP API needs of the daemon: a narrow view, so the API never imports the
-supervisor (which starts it). Instances are the daemon's own runtimes."""
+supervisor (which starts it). Instances are the daemon's own runtimes; what requests need of
+them (on-demand starts, queues, hang watches) the daemon's `traffic` answers."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from exod.daemon.instance import InstanceRuntime
     from exod.control_messages import Snapshot
     from exod.daemon.log_ring import LogRings
+    from exod.daemon.traffic import Traffic
 
 
 class Daemon(Protocol):
@@ -35,16 +36,10 @@ class Daemon(Protocol):
     def logs(self) -> LogRings: ...
 
     @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
+    def traffic(self) -> Traffic: ...
 
     def instance(self, name: str) -> InstanceRuntime | None: ...
 
     def ordered(self) -> Sequence[InstanceRuntime]: ...
 
     def snapshot(self) -> Snapshot: ...
-
-    def listen(self, fn: Callable[[InstanceRuntime], None]) -> Callable[[], None]: ...
-
-    def missing_memory(self, inst: InstanceRuntime) -> int:
-        """Bytes short of what `inst` needs to start here now (0 or less: it fits)."""
-        ...

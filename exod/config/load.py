@@ -14,6 +14,7 @@ from typing import Any
 
 from exod.config.checks import (Issue, check_layout, check_on_demand, check_ports,
                                 check_sharding, check_template_kwargs, check_warm)
+from exod.config.vision import check_vision
 from exod.config.probe import answers as probe_answers
 from exod.config.errors import ConfigError, Mark, Problem
 from exod.config.hub_model import names_hub, parse_model, placeholder, token_file_problem
@@ -250,7 +251,8 @@ class _Loader:
             for issue in [*check_layout(instance, body.entries),
                           *check_on_demand(instance, body.entries),
                           *check_template_kwargs(instance), *check_warm(instance),
-                          *check_mlx_options(instance, body.entries)]:
+                          *check_mlx_options(instance, body.entries),
+                          *check_vision(instance)]:
                 self.report_issue(instance, issue)
 
     # An instance's keys that may name a model on the hub, and where its reference goes.

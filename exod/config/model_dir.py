@@ -33,7 +33,7 @@ def model_dir_problem(model_dir: Path) -> str | None:
     return None
 
 
-def _config_json(model_dir: Path) -> dict[str, object] | None:
+def config_json(model_dir: Path) -> dict[str, object] | None:
     """config.json's object; None when unreadable. Tolerant on purpose: a missing or odd file
     is reported elsewhere (`model_dir_problem`)."""
     try:
@@ -45,7 +45,7 @@ def _config_json(model_dir: Path) -> dict[str, object] | None:
 
 def model_layer_count(model_dir: Path) -> int | None:
     """The model's number of transformer layers from config.json, or None if it cannot be told."""
-    data = _config_json(model_dir)
+    data = config_json(model_dir)
     if data is None:
         return None
     # Multimodal models nest the language model's settings.
@@ -62,7 +62,7 @@ def model_config(model_dir: Path) -> dict[str, object]:
     """config.json as a dict (the language-model section for multimodal models).
 
     {} if unreadable."""
-    data = _config_json(model_dir)
+    data = config_json(model_dir)
     if data is None:
         return {}
     for key in ("text_config", "language_config"):

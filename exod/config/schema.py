@@ -73,7 +73,8 @@ class StopPolicy:
 
 @dataclass(frozen=True)
 class BackoffPolicy:
-    """Restart delay: exponential on the monotonic clock, capped, jittered."""
+    """Restart delay, and a download's before it is tried again: exponential on the monotonic
+    clock, capped, jittered."""
 
     initial: Duration = field(default=1.0, metadata=doc("first restart delay", minimum=0))
     multiplier: float = field(default=2.0, metadata=doc("growth per failure", minimum=1.0))
@@ -83,7 +84,8 @@ class BackoffPolicy:
     )
     reset_after: Duration = field(
         default=60.0,
-        metadata=doc("a run that stayed ready this long resets the delay and the failure count",
+        metadata=doc("a run that stayed ready this long (a download: whose bytes flowed this "
+                     "long) resets the delay and the failure count",
                      minimum=0),
     )
 
@@ -448,6 +450,13 @@ class Api:
     )
     body_timeout: Duration = field(
         default=30.0, metadata=doc("a request body must arrive within this long", minimum=0.1))
+    strict_fields: bool = field(
+        default=False,
+        metadata=doc("refuse (400, naming it) a request field exod does not know; by default "
+                     "such a field is accepted and has no effect, and is logged once, counted "
+                     "in /metrics and named in the answer's x-exod-ignored-fields header, as "
+                     "new client versions keep adding fields"),
+    )
 
 
 @dataclass(frozen=True)

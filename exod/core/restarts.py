@@ -1,4 +1,8 @@
-"""Restart policy: exponential backoff on the monotonic clock, and a start limit. Pure."""
+"""Restart policy: exponential backoff on the monotonic clock, and a start limit. Pure.
+
+`Backoff` is the one backoff of exod: runners' restarts (through `RestartTracker`) and
+downloads' retries (exod.daemon.downloads) both wait by it.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +34,42 @@ class Rest:
 Decision = Restart | GiveUp | Rest
 
 
+class Backoff:
+    """Exponential delays, capped, with jitter; a run that went well for `reset_after` starts
+    them over (`settle`)."""
+
+    def __init__(self, policy: BackoffPolicy, rng: random.Random | None = None) -> None:
+        self.policy = policy
+        self._rng = rng or random.Random()
+        self.attempt = 0  # delays taken since the last reset
+
+    def next(self) -> float:
+        """The delay before the next attempt."""
+        delay = self.delay(self.attempt)
+        self.attempt += 1
+        return delay
+
+    def settle(self, since: float | None, until: float) -> bool:
+        """The run that ended went well from `since` to `until` (None: not at all): when that
+        is `reset_after` or more, the next delay is the first again. Says whether it was."""
+        stable = since is not None and until - since >= self.policy.reset_after
+        if stable:
+            self.attempt = 0
+        return stable
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+    def delay(self, attempt: int) -> float:
+        b = self.policy
+        try:
+            base = min(b.max, b.initial * b.multiplier**attempt)
+        except OverflowError:  # a crash loop slow enough to dodge the start limit, for days
+            base = b.max
+        spread = base * b.jitter
+        return max(0.0, min(b.max, base + self._rng.uniform(-spread, spread)))
+
+
 class RestartTracker:
     """Decides what follows an unexpected exit. One per instance; survives restarts."""
 
@@ -41,18 +81,16 @@ class RestartTracker:
         rng: random.Random | None = None,
     ) -> None:
         self.mode = mode
-        self.backoff = backoff
         self.limit = limit
-        self._rng = rng or random.Random()
+        self.backoff = Backoff(backoff, rng)
         self._failures: deque[float] = deque()
-        self._attempt = 0
         self._ready_at: float | None = None
         self.restarts = 0  # shown in status: how many automatic restarts happened
 
     def reset(self) -> None:
         """An operator's explicit start: forget past failures (as `systemctl reset-failed`)."""
         self._failures.clear()
-        self._attempt = 0
+        self.backoff.reset()
         self._ready_at = None
 
     def on_ready(self, now: float) -> None:
@@ -64,11 +102,9 @@ class RestartTracker:
         `counts=False`: the host, not the runner, failed (no file descriptors or memory to
         start it): back off as usual, but the start limit does not count it, so a flood of
         connections cannot put an instance in `failed`."""
-        ran_stably = self._ready_at is not None and now - self._ready_at >= self.backoff.reset_after
-        self._ready_at = None
-        if ran_stably:
-            self._attempt = 0
+        if self.backoff.settle(self._ready_at, now):  # it stayed ready for reset_after
             self._failures.clear()
+        self._ready_at = None
         what = f"{info}: {reason}" if reason else str(info)
         if info.permanent:
             return GiveUp(what)
@@ -83,16 +119,8 @@ class RestartTracker:
                 f"{what}; start limit hit ({len(self._failures)} failures in "
                 f"{self.limit.interval:g}s)"
             )
-        delay = self.delay(self._attempt)
-        self._attempt += 1
         self.restarts += 1
-        return Restart(delay)
+        return Restart(self.backoff.next())
 
     def delay(self, attempt: int) -> float:
-        b = self.backoff
-        try:
-            base = min(b.max, b.initial * b.multiplier**attempt)
-        except OverflowError:  # a crash loop slow enough to dodge the start limit, for days
-            base = b.max
-        spread = base * b.jitter
-        return max(0.0, min(b.max, base + self._rng.uniform(-spread, spread)))
+        return self.backoff.delay(attempt)

@@ -4,13 +4,16 @@
 and `failed` (stays put until an operator says `exoctl start`). An instance whose model is named
 by hub repository and not yet in the cache goes through `downloading` before `starting`. All
 legal moves are in TRANSITIONS; `Machine.move` is the only way to change a state. Pure: no I/O,
-time is passed in.
+time is passed in. A download has states of its own (exod.daemon.downloads), moved by the same
+`Tracked.move` against its own table.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 
 class State(str, enum.Enum):
@@ -58,32 +61,45 @@ class IllegalTransition(RuntimeError):
     pass
 
 
+E = TypeVar("E", bound=enum.Enum)
+
+
 @dataclass(frozen=True)
-class Transition:
-    old: State
-    new: State
+class Transition(Generic[E]):
+    old: E
+    new: E
     at: float
     reason: str
 
 
 @dataclass
-class Machine:
-    """A state plus when it was entered and why; `move` validates against TRANSITIONS."""
+class Tracked(Generic[E]):
+    """A state plus when it was entered and why; `move` validates against `table`."""
 
-    state: State = State.STOPPED
+    state: E
+    table: Mapping[E, frozenset[E]] = field(repr=False)
     since: float = 0.0
     reason: str = ""
-    history: list[Transition] = field(default_factory=list)
+    history: list[Transition[E]] = field(default_factory=list)
     history_limit: int = 32
 
-    def can(self, new: State) -> bool:
-        return new in TRANSITIONS[self.state]
+    def can(self, new: E) -> bool:
+        return new in self.table[self.state]
 
-    def move(self, new: State, now: float, reason: str = "") -> Transition:
-        if new not in TRANSITIONS[self.state]:
+    def move(self, new: E, now: float, reason: str = "") -> Transition[E]:
+        if new not in self.table[self.state]:
             raise IllegalTransition(f"{self.state} → {new} is not allowed ({reason})")
         t = Transition(self.state, new, now, reason)
         self.state, self.since, self.reason = new, now, reason
         self.history.append(t)
         del self.history[: max(0, len(self.history) - self.history_limit)]
         return t
+
+
+@dataclass
+class Machine(Tracked[State]):
+    """An instance's or a rank's state, moved by TRANSITIONS."""
+
+    state: State = State.STOPPED
+    table: Mapping[State, frozenset[State]] = field(default_factory=lambda: TRANSITIONS,
+                                                    repr=False)

@@ -55,7 +55,7 @@ class RequestStream:
         self.id = rid
         self.finished = False
         # Called for every event the runner sends for it, as it arrives: the runner's progress,
-        # whether or not the client reads it (hang detection, exod.api.hang).
+        # whether or not the client reads it (hang detection, exod.daemon.hang).
         self.on_event: Callable[[], None] | None = None
         self._queue: asyncio.Queue[m.Event] = asyncio.Queue()
 

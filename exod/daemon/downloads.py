@@ -8,13 +8,17 @@ Nothing here times a download out: while bytes arrive it runs for as long as it 
 that sends no new byte for `hub.stall_after` is shown as stalled, stopped through the ladder and
 started again with backoff; so is one that failed on the network once under way. Only a refusal
 (not found, no access, offline and not cached, the hub unreachable with no download under way,
-disk too small) ends a download with an error for its waiters.
-Everything that touches the OS goes through `Seam`, so this runs in unit tests with a fake one.
+disk too small) ends a download with an error for its waiters. A download's life is its own
+state machine (`Fetch`), its stops walk the ladder through the same driver as runners' ranks,
+and its retries wait by the same backoff as restarts (reset once bytes flowed for
+`reset_after`). Everything that touches the OS goes through `Seam`, so this runs in unit tests
+with a fake one.
 """
 
 from __future__ import annotations
 
 import collections
+import enum
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,22 +32,18 @@ from exod import messages as m
 from exod.config.durations import format_duration
 from exod.config.schema import BackoffPolicy, StopPolicy
 from exod.core.exits import PERMANENT_EXIT_CODES, ExitInfo
-from exod.core.ladder import LadderRun, Step
+from exod.core.ladder import Step
+from exod.core.restarts import Backoff
+from exod.core.states import Tracked
+from exod.daemon.clock import Clock, Timer
+from exod.daemon.ladder_driver import LadderDriver
 from exod.hub.files import progress_text
 from exod.hub.ref import HubRef
 
 RATE_WINDOW = 5.0  # seconds of samples the shown rate averages over
 
 
-class Timer(Protocol):
-    def cancel(self) -> None: ...
-
-
-class Seam(Protocol):
-    def now(self) -> float: ...
-
-    def call_at(self, when: float, fn: Callable[[], None]) -> Timer: ...
-
+class Seam(Clock, Protocol):
     def spawn_fetcher(self, d: Download) -> int:
         """Start `python -m exod.hub` for `d`; its pid. Raises OSError when exec fails."""
         ...
@@ -53,6 +53,34 @@ class Seam(Protocol):
     def kill(self, pid: int, sig: int) -> bool: ...
 
     def download_changed(self, d: Download) -> None: ...
+
+
+class Fetch(str, enum.Enum):
+    """A download's state. The last three are final: the download is forgotten."""
+
+    NEW = "new"  # created for its first waiter; its fetcher starts at once
+    FETCHING = "fetching"  # a fetcher runs (watched for stalls)
+    STOPPING = "stopping"  # its fetcher goes down the ladder (stalled, broken, left, shutdown)
+    BACKOFF = "backoff"  # waiting to fetch again
+    FETCHED = "fetched"  # its waiters have the snapshot
+    FAILED = "failed"  # refused, or the fetcher cannot start: its waiters have the reason
+    DROPPED = "dropped"  # nobody waits for it any more
+
+    def __str__(self) -> str:
+        return self.value
+
+
+F = Fetch
+FETCH_TRANSITIONS: dict[Fetch, frozenset[Fetch]] = {
+    F.NEW: frozenset({F.FETCHING, F.FAILED}),
+    F.FETCHING: frozenset({F.STOPPING, F.FETCHED, F.FAILED, F.BACKOFF, F.DROPPED}),
+    # A stopped fetcher never fails its waiters: a refusal is only believed unasked.
+    F.STOPPING: frozenset({F.FETCHED, F.BACKOFF, F.DROPPED}),
+    F.BACKOFF: frozenset({F.FETCHING, F.FAILED, F.DROPPED}),
+    F.FETCHED: frozenset(),
+    F.FAILED: frozenset(),
+    F.DROPPED: frozenset(),
+}
 
 
 @dataclass(frozen=True)
@@ -65,29 +93,34 @@ Waiter = Callable[[Outcome], None]
 
 
 @dataclass
-class Download:
-    ref: HubRef
-    commit: str | None  # the cache's commit for the revision: fetched as is, never looked up
-    pid: int | None = None
+class Progress:
+    """What the fetcher of the current attempt said of its bytes, and when they moved."""
+
     done: int = 0
     total: int = 0
     verifying: bool = False
     text: str = ""  # what the fetcher last said it does
-    error: str = ""  # why the last attempt ended, or why it is stalled
-    attempt: int = 0
-    stalled: bool = False
-    retry_at: float | None = None
     last_bytes_at: float = 0.0
-    result: Path | None = None
-    waiters: dict[object, Waiter] = field(default_factory=dict)
-    ladder: LadderRun | None = None
+    flowing_since: float | None = None  # the first new byte of this attempt
     samples: collections.deque[tuple[float, int]] = field(default_factory=collections.deque)
-    timers: dict[str, Timer] = field(default_factory=dict)
-    gone: list[Callable[[], None]] = field(default_factory=list)  # run once the process exits
 
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.ref.repo, self.ref.revision
+    def restart(self, now: float) -> None:
+        self.verifying, self.last_bytes_at, self.flowing_since = False, now, None
+        self.samples.clear()
+
+    def update(self, msg: m.Download, now: float) -> bool:
+        """Record a report; whether bytes moved."""
+        moved = (msg.done, msg.verifying, msg.total) != (self.done, self.verifying, self.total)
+        if moved:
+            self.last_bytes_at = now
+            self.flowing_since = now if self.flowing_since is None else self.flowing_since
+        if msg.verifying != self.verifying:
+            self.samples.clear()
+        self.done, self.total, self.verifying = msg.done, msg.total, msg.verifying
+        self.samples.append((now, msg.done))
+        while len(self.samples) > 2 and now - self.samples[0][0] > RATE_WINDOW:
+            self.samples.popleft()
+        return moved
 
     def rate(self) -> float | None:
         """Bytes per second over the last few seconds of samples."""
@@ -96,30 +129,61 @@ class Download:
         (t0, b0), (t1, b1) = self.samples[0], self.samples[-1]
         return (b1 - b0) / (t1 - t0) if t1 > t0 else None
 
+
+@dataclass
+class Download:
+    ref: HubRef
+    commit: str | None  # the cache's commit for the revision: fetched as is, never looked up
+    backoff: Backoff
+    machine: Tracked[Fetch] = field(
+        default_factory=lambda: Tracked(Fetch.NEW, FETCH_TRANSITIONS))
+    pid: int | None = None
+    progress: Progress = field(default_factory=Progress)
+    error: str = ""  # why the last attempt ended, or why it is stalled
+    attempt: int = 0  # attempts before the current one
+    stalled: bool = False  # the last attempt stopped sending bytes (until new ones come)
+    delay: float = 0.0  # in backoff: seconds from entering it to the next attempt
+    result: Path | None = None
+    waiters: dict[object, Waiter] = field(default_factory=dict)
+    ladder: LadderDriver | None = None  # while stopping
+    timer: Timer | None = None  # the stall watch while fetching, the retry in backoff
+    gone: list[Callable[[], None]] = field(default_factory=list)  # run once the process exits
+
+    @property
+    def state(self) -> Fetch:
+        return self.machine.state
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.ref.repo, self.ref.revision
+
+    def retry_in(self, now: float) -> float | None:
+        if self.state is not Fetch.BACKOFF:
+            return None
+        return max(0.0, self.machine.since + self.delay - now)
+
     def describe(self, now: float) -> str:
         """e.g. `downloading 1.2 of 4.5 GB (27%, 38 MB/s)`, `stalled: …; retry 2 in 8s`."""
-        if self.retry_at is not None:
-            wait = format_duration(max(0.0, self.retry_at - now))
-            return f"downloading: {self.error}; retry {self.attempt + 1} in {wait}"
-        if self.total:
-            verb = "verifying" if self.verifying else "downloading"
-            text = progress_text(self.done, self.total, None if self.verifying else self.rate(),
-                                 verb)
+        wait = self.retry_in(now)
+        if wait is not None:
+            return f"downloading: {self.error}; retry {self.attempt + 1} in {format_duration(wait)}"
+        p = self.progress
+        if p.total:
+            verb = "verifying" if p.verifying else "downloading"
+            text = progress_text(p.done, p.total, None if p.verifying else p.rate(), verb)
         else:
-            text = f"downloading ({self.text or 'starting'})"
+            text = f"downloading ({p.text or 'starting'})"
         if self.stalled:
             text += f" ({self.error})"
         return text
 
     def status(self, now: float) -> cm.DownloadStatus:
-        rate = self.rate()
+        p, rate, wait = self.progress, self.progress.rate(), self.retry_in(now)
         return cm.DownloadStatus(
-            repo=self.ref.repo, revision=self.ref.revision, pid=self.pid, done_bytes=self.done,
-            total_bytes=self.total, bytes_per_s=round(rate) if rate is not None else None,
-            verifying=self.verifying, stalled=self.stalled, attempt=self.attempt,
-            error=self.error or None,
-            retry_in_s=round(max(0.0, self.retry_at - now), 1)
-            if self.retry_at is not None else None)
+            repo=self.ref.repo, revision=self.ref.revision, pid=self.pid, done_bytes=p.done,
+            total_bytes=p.total, bytes_per_s=round(rate) if rate is not None else None,
+            verifying=p.verifying, stalled=self.stalled, attempt=self.attempt,
+            error=self.error or None, retry_in_s=round(wait, 1) if wait is not None else None)
 
 
 class Downloads:
@@ -140,9 +204,10 @@ class Downloads:
         """Wait for `ref`'s files: joins the download in progress, else starts one."""
         d = self.by_key.get((ref.repo, ref.revision))
         if d is None:
-            d = self.by_key[(ref.repo, ref.revision)] = Download(ref, commit)
+            d = self.by_key[(ref.repo, ref.revision)] = Download(ref, commit,
+                                                                 Backoff(self.backoff))
         d.waiters[owner] = on_done
-        if d.pid is None and d.retry_at is None:
+        if d.state is Fetch.NEW:
             self._spawn(d)
         return d
 
@@ -158,7 +223,7 @@ class Downloads:
             then()  # the download goes on for the others
             return
         if d.pid is None:
-            self._forget(d)
+            self._end(d, Fetch.DROPPED)
             then()
             return
         d.gone.append(then)
@@ -168,35 +233,44 @@ class Downloads:
         for d in list(self.by_key.values()):
             d.waiters.clear()
             if d.pid is None:
-                self._forget(d)
+                self._end(d, Fetch.DROPPED)
             else:
                 self._stop(d, "exod is stopping")
 
     # ---- the process ---------------------------------------------------------------------
+    def _move(self, d: Download, new: Fetch, reason: str = "") -> None:
+        if d.timer is not None:  # each state's timer is its own
+            d.timer.cancel()
+            d.timer = None
+        d.machine.move(new, self.seam.now(), reason)
+
     def _spawn(self, d: Download) -> None:
-        d.retry_at, d.stalled, d.verifying = None, False, False
-        d.samples.clear()
-        d.last_bytes_at = self.seam.now()
+        d.stalled = False
+        d.progress.restart(self.seam.now())
         try:
-            d.pid = self.seam.spawn_fetcher(d)
+            pid = self.seam.spawn_fetcher(d)
         except OSError as e:
             self._finish(d, Outcome(None, f"cannot start the fetcher: {e}"))
             return
-        self.by_pid[d.pid] = d
-        logger.bind(event="download", repo=d.ref.repo, pid=d.pid).info(
+        self._move(d, Fetch.FETCHING)
+        d.pid = pid
+        self.by_pid[pid] = d
+        logger.bind(event="download", repo=d.ref.repo, pid=pid).info(
             "fetching {} (attempt {})", d.ref, d.attempt + 1)
         self._watch_stall(d)
         self.seam.download_changed(d)
 
     def _watch_stall(self, d: Download) -> None:
-        self._timer(d, "stall", d.last_bytes_at + self.stall_after, lambda: self._stall_due(d))
+        d.timer = self.seam.call_at(d.progress.last_bytes_at + self.stall_after,
+                                    lambda: self._stall_due(d))
 
     def _stall_due(self, d: Download) -> None:
-        d.timers.pop("stall", None)
-        if d.pid is None or d.ladder is not None:
+        d.timer = None
+        if d.state is not Fetch.FETCHING:
             return
-        silent = self.seam.now() - d.last_bytes_at
-        if silent < self.stall_after:
+        now = self.seam.now()
+        silent = now - d.progress.last_bytes_at
+        if now < d.progress.last_bytes_at + self.stall_after:  # the deadline, not a rounding
             self._watch_stall(d)
             return
         d.stalled = True
@@ -207,50 +281,35 @@ class Downloads:
         self.seam.download_changed(d)
 
     def _stop(self, d: Download, why: str) -> None:
-        if d.ladder is not None or d.pid is None:
+        if d.state is not Fetch.FETCHING:
             return
-        d.ladder = LadderRun(self.stop_policy, self.seam.now())
-        logger.bind(event="ladder", repo=d.ref.repo, pid=d.pid).info(
-            "stopping the fetcher of {} ({}): asking, grace {:g}s", d.ref, why,
-            self.stop_policy.grace)
-        self.seam.ask(d.pid, 0.0)
-        self._timer(d, "ladder", d.ladder.deadline, lambda: self._ladder_tick(d))
+        self._move(d, Fetch.STOPPING, why)
+        d.ladder = LadderDriver(self.seam, self.stop_policy, lambda step: self._act(d, step, why))
+        d.ladder.begin()
 
-    def _ladder_tick(self, d: Download) -> None:
-        d.timers.pop("ladder", None)
-        if d.ladder is None or d.pid is None:
+    def _act(self, d: Download, step: Step, why: str) -> None:
+        """One rung of the ladder for the fetcher: it exits at the ask, its partial files kept."""
+        if d.pid is None:
             return
-        step = d.ladder.due(self.seam.now())
-        if step is not None:
-            logger.bind(event="ladder", repo=d.ref.repo, pid=d.pid, step=step.value).warning(
-                "fetcher of {}: {}", d.ref, step)
-            self.seam.kill(d.pid, signal.SIGKILL if step is Step.KILL else signal.SIGTERM)
-        self._timer(d, "ladder", d.ladder.deadline, lambda: self._ladder_tick(d))
-
-    def _timer(self, d: Download, name: str, when: float, fn: Callable[[], None]) -> None:
-        old = d.timers.pop(name, None)
-        if old is not None:
-            old.cancel()
-        d.timers[name] = self.seam.call_at(when, fn)
+        log = logger.bind(event="ladder", repo=d.ref.repo, pid=d.pid)
+        if step is Step.ASK:
+            log.info("stopping the fetcher of {} ({}): asking, grace {:g}s", d.ref, why,
+                     self.stop_policy.grace)
+            self.seam.ask(d.pid, 0.0)
+            return
+        log.bind(step=step.value).warning("fetcher of {}: {}", d.ref, step)
+        self.seam.kill(d.pid, signal.SIGKILL if step is Step.KILL else signal.SIGTERM)
 
     # ---- events from the process table ---------------------------------------------------
     def on_message(self, pid: int, msg: m.FromRunner) -> None:
         d = self.by_pid.get(pid)
         if d is None:
             return
-        now = self.seam.now()
         if isinstance(msg, m.Download):
-            if msg.done != d.done or msg.verifying != d.verifying or msg.total != d.total:
-                d.last_bytes_at = now
+            if d.progress.update(msg, self.seam.now()):
                 d.stalled = False
-            if msg.verifying != d.verifying:
-                d.samples.clear()
-            d.done, d.total, d.verifying = msg.done, msg.total, msg.verifying
-            d.samples.append((now, msg.done))
-            while len(d.samples) > 2 and now - d.samples[0][0] > RATE_WINDOW:
-                d.samples.popleft()
         elif isinstance(msg, m.Status):
-            d.text = msg.text[:200]
+            d.progress.text = msg.text[:200]
         elif isinstance(msg, m.Failed):
             d.error = msg.reason[:500]
         elif isinstance(msg, m.Fetched):
@@ -268,11 +327,9 @@ class Downloads:
         if d is None:
             return
         d.pid = None
-        for name in ("ladder", "stall"):
-            timer = d.timers.pop(name, None)
-            if timer is not None:
-                timer.cancel()
-        stopped, d.ladder = d.ladder is not None, None
+        if d.ladder is not None:
+            d.ladder.reaped()
+        stopped, d.ladder = d.state is Fetch.STOPPING, None
         gone, d.gone = d.gone, []
         for fn in gone:
             fn()
@@ -281,7 +338,7 @@ class Downloads:
             log.info("fetched {} into {}", d.ref, d.result)
             self._finish(d, Outcome(d.result))
         elif not d.waiters:
-            self._forget(d)
+            self._end(d, Fetch.DROPPED)
         elif not stopped and info.code in PERMANENT_EXIT_CODES:
             log.error("cannot fetch {}", d.error or f"{d.ref}: {info}")  # the error names it
             self._finish(d, Outcome(None, d.error or f"the fetcher exited: {info}"))
@@ -290,30 +347,30 @@ class Downloads:
             self._retry(d)
 
     def _retry(self, d: Download) -> None:
-        b = self.backoff
-        delay = min(b.max, b.initial * b.multiplier ** d.attempt)
+        # Bytes that flowed for reset_after make this a new outage: the delays start over.
+        d.backoff.settle(d.progress.flowing_since, d.progress.last_bytes_at)
+        d.delay = d.backoff.next()
         d.attempt += 1
-        d.retry_at = self.seam.now() + delay
+        self._move(d, Fetch.BACKOFF, d.error)
         logger.bind(event="download", repo=d.ref.repo).warning(
-            "{}: {}; retrying in {}", d.ref, d.error, format_duration(delay))
-        self._timer(d, "retry", d.retry_at, lambda: self._retry_due(d))
+            "{}: {}; retrying in {}", d.ref, d.error, format_duration(d.delay))
+        d.timer = self.seam.call_at(self.seam.now() + d.delay, lambda: self._retry_due(d))
         self.seam.download_changed(d)
 
     def _retry_due(self, d: Download) -> None:
-        d.timers.pop("retry", None)
-        if d.waiters and self.by_key.get(d.key) is d:
+        d.timer = None
+        if d.state is Fetch.BACKOFF:
             self._spawn(d)
 
     def _finish(self, d: Download, outcome: Outcome) -> None:
         waiters = list(d.waiters.values())
-        self._forget(d)
+        self._end(d, Fetch.FETCHED if outcome.path is not None else Fetch.FAILED,
+                  outcome.error)
         for fn in waiters:
             fn(outcome)
 
-    def _forget(self, d: Download) -> None:
-        for timer in d.timers.values():
-            timer.cancel()
-        d.timers.clear()
+    def _end(self, d: Download, final: Fetch, reason: str = "") -> None:
+        self._move(d, final, reason)
         d.waiters.clear()
         if self.by_key.get(d.key) is d:
             del self.by_key[d.key]

@@ -11,17 +11,17 @@ itself is stuck (no tick comes). exod itself never times a download or a load ou
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
 from exod.core.states import State
+from exod.daemon.clock import Clock, Timer
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.manager_notify import ServiceNotifier
 
 
-class Daemon(Protocol):
-    """What readiness needs of the daemon."""
+class Daemon(Clock, Protocol):
+    """What readiness needs of the daemon (its tick runs on the seam's clock)."""
 
     @property
     def stopping(self) -> bool: ...
@@ -29,9 +29,6 @@ class Daemon(Protocol):
     def ordered(self) -> Sequence[InstanceRuntime]: ...
 
     def summary(self) -> str: ...
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop: ...
 
 
 TICK = 5.0  # seconds between two extensions of the start timeout
@@ -47,7 +44,7 @@ class Readiness:
         self.service = service
         self.ready_sent = False
         self._spawned = False
-        self._tick: asyncio.TimerHandle | None = None
+        self._tick: Timer | None = None
         self.reload_error: str | None = None  # sticky in STATUS until a reload succeeds
 
     def spawned(self, sup: Daemon, now: float) -> None:
@@ -78,7 +75,7 @@ class Readiness:
         if any(i.config.always_on and (i.state in LOADING and i.alive() or i.download)
                for i in sup.ordered()):
             self.service.extend_timeout(EXTEND_BY)
-            self._tick = sup.loop.call_later(TICK, self._on_tick, sup)
+            self._tick = sup.call_at(sup.now() + TICK, lambda: self._on_tick(sup))
 
     def line(self, sup: Daemon) -> str:
         if self.reload_error:

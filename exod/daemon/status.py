@@ -8,7 +8,8 @@ from exod import control_messages as cm
 from exod.config.durations import format_duration
 from exod.messages import Phase, Serving
 from exod.core.states import State
-from exod.daemon.instance import InstanceRuntime, RankRuntime
+from exod.daemon.instance import InstanceRuntime
+from exod.daemon.rank import RankRuntime
 from exod.daemon.procinfo import rss_bytes
 
 

@@ -24,13 +24,15 @@ from exod import control_messages as cm
 from exod.config import ConfigError, diff, load_config
 from exod.config.schema import Config, Instance
 from exod.core import ladder
+from exod.core.intents import Retire
 from exod.core.shards import Shard, ShardError
-from exod.core.states import State
 from exod import messages as m
 from exod.daemon import rank_addresses, status
 from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer
-from exod.daemon.instance import InstanceRuntime, RankRuntime, Timer
+from exod.daemon.clock import Timer
+from exod.daemon.instance import InstanceRuntime
+from exod.daemon.rank import RankRuntime
 from exod.daemon.launch import Launcher, plan_shards, prompt_cache_folder
 from exod.daemon.channel import RunnerChannel
 from exod.daemon.log_ring import LogRings
@@ -40,6 +42,7 @@ from exod.daemon.hub_seam import HubSeam
 from exod.daemon.memory_check import MemoryCheck
 from exod.daemon.processes import ProcessTable, RunnerHandlers
 from exod.daemon.readiness import Readiness
+from exod.daemon.traffic import Traffic
 from exod.daemon.manager_notify import watchdog_interval
 
 
@@ -64,13 +67,13 @@ class Supervisor(HubSeam):
         self.control = ControlServer(config.control.socket, config.control.mode, self.commands,
                                      config.control.group, config.control.max_connections)
         self.readiness = Readiness(config.ready, self.service)
-        self._swaps: dict[str, Instance | None] = {}  # stopping for a reload: what replaces it
         self.api: Any = None  # the HTTP API (exod.api.app.ApiServer), when api.listen is set
         self.logs = LogRings()
         self.memory = MemoryCheck(config.defaults.memory_headroom)
         self.reloads = {"ok": 0, "failed": 0}
         self.downloads = Downloads(self, config.hub.stall_after, config.defaults.stop,
                                    config.defaults.backoff)
+        self.traffic = Traffic(self)  # requests: on-demand starts, idle stops, queues, hangs
         self.config_errors = 0  # problems found by failed reloads, all told
 
     # ---- Seam for InstanceRuntime -------------------------------------------------------
@@ -122,6 +125,7 @@ class Supervisor(HubSeam):
         return lambda: self._listeners.discard(fn)
 
     def _publish(self, inst: InstanceRuntime) -> None:
+        self.traffic.changed(inst)
         # Listeners copy what they need now: a later snapshot would merge quick changes.
         for fn in list(self._listeners):
             fn(inst)
@@ -207,7 +211,6 @@ class Supervisor(HubSeam):
         from exod.api.app import ApiServer
 
         self.api = ApiServer(self.config.api, self)
-        self.listen(self.api.instance_changed)
         await self.api.start()
 
     def _add(self, cfg: Instance) -> InstanceRuntime:
@@ -328,7 +331,8 @@ class Supervisor(HubSeam):
         for name in d.changed:
             self.replace_after_fetch(name, new.instances[name])
         for name in d.added:
-            if name in self._swaps:  # removed by an earlier reload and still stopping
+            gone = self.instances.get(name)
+            if gone is not None and gone.retiring:  # removed by an earlier reload, stopping
                 self._retire(name, replacement=new.instances[name])
                 continue
             inst = self._add(new.instances[name])
@@ -343,30 +347,24 @@ class Supervisor(HubSeam):
                               changed=list(d.changed), unchanged=list(d.unchanged))
 
     def _retire(self, name: str, replacement: Instance | None) -> None:
-        """Stop through the ladder; drop (or replace) only once every runner is gone. A reload
-        during that stop only updates what the swap applies: the latest config wins."""
-        stopping = name in self._swaps
-        self._swaps[name] = replacement
-        if stopping:
+        """Stop through the ladder; drop (or replace) only once every runner is gone (see
+        `retired`). A reload during that stop only updates the replacement: the latest config
+        wins."""
+        self.instances[name].retire(replacement)
+
+    def retired(self, old: InstanceRuntime, then: Retire) -> None:
+        latest = then.replacement
+        if latest is None:
+            del self.instances[old.name]
+            self.logs.forget(old.name)
+            self._publish(old)
             return
-        old = self.instances[name]
-        was_running = old.state is not State.STOPPED
-
-        def swap() -> None:
-            latest = self._swaps.pop(name)
-            old.retired = True
-            if latest is None:
-                del self.instances[name]
-                self.logs.forget(name)
-                self._publish(old)
-                return
-            new = self._add(latest)
-            new.held = old.held
-            if (was_running or latest.always_on) and not old.held and not self.stopping:
-                new.start()
-            self._publish(new)
-
-        old.stop(then=swap)
+        new = self._add(latest)
+        if then.hold:
+            new.stop(operator=True)  # the operator's stop holds the replacement too
+        elif (then.restart or latest.always_on) and not self.stopping:
+            new.start()
+        self._publish(new)
 
 
 def _keep_control(new: Config, old: Config) -> Config:

@@ -140,6 +140,12 @@ def run(r: Runner) -> tuple[int, str]:
     have_blas, blas_msg = blas.preload()
     if not have_blas and "not Linux" not in blas_msg:
         log(blas_msg, WARNING)
+    from exod.config.vision import sees
+
+    if sees(r.args.model) is not None:  # a model that sees: mlx-vlm's path
+        from exod.runner.vision.serve import serve
+
+        return serve(r, blas_msg)
     try:
         from exod.runner.load import LoadAborted, ModelError
     except ImportError as e:
@@ -274,12 +280,13 @@ def disk_tier(r: Runner, loaded: Loaded) -> DiskTier | None:
 def warm(r: Runner, engine: BatchEngine | LeaderEngine, tokenizer: Any) -> None:
     """The instance's `warm:` prompts into the prompt cache (prefilled as the loop steps)."""
     from exod.config.warm import read_warm
-    from exod.runner.serving.prepare import warm_prompt
+    from exod.runner.serving.prepare import chat_prompt
 
     for path in r.args.warm:
         try:
             got = read_warm(path)
-            tokens = warm_prompt(tokenizer, got.messages, got.tools, r.args.chat_template_kwargs)
+            tokens = chat_prompt(tokenizer, got.messages, got.tools,
+                                 r.args.chat_template_kwargs, answer=False)
         except Exception as e:  # noqa: BLE001 -- a template may raise anything: a log line
             log(f"warm: cannot use {path}: {type(e).__name__}: {e}", WARNING)
             continue

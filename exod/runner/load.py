@@ -98,11 +98,11 @@ def load_shard(
         # Lazy: the cast happens as each layer is evaluated, so memory never holds both copies.
         model.set_dtype(DTYPES[dt])
 
-    _evaluate(model, blocks, shard, parallelism, group, progress, should_stop)
+    evaluate_weights(model, blocks, shard, parallelism, group, progress, should_stop)
     return Loaded(model, tokenizer, shard, dt, time.monotonic() - t0, link, parallelism)
 
 
-def _evaluate(model: nn.Module, blocks: Blocks | None, shard: Shard, parallelism: str,
+def evaluate_weights(model: nn.Module, blocks: Blocks | None, shard: Shard, parallelism: str,
               group: Any, progress: Callable[[int, int], None],
               should_stop: Callable[[], bool]) -> None:
     """Read (and for tensor parallelism, shard) the weights this rank keeps: what lies outside

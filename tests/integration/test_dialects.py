@@ -183,10 +183,7 @@ def test_messages_errors_are_in_anthropic_shape(both: Both) -> None:
                         ({"max_tokens": 4, "messages": [{"role": "user", "content": [
                             {"type": "image", "source": {}}]}]}, "messages[0].content[0].type"),
                         ({"max_tokens": 4, "container": "x",
-                          "messages": [{"role": "user", "content": ASK}]}, "container"),
-                        ({"max_tokens": 4, "tools": [{"type": "web_search_20250305",
-                                                      "name": "web_search"}],
-                          "messages": [{"role": "user", "content": ASK}]}, "tools[0].type")]:
+                          "messages": [{"role": "user", "content": ASK}]}, "container")]:
         resp, raw = both.raw("POST", "/v1/messages", {"model": "tiny", **body})
         err = json.loads(raw)
         assert resp.status == 400 and err["type"] == "error", raw
@@ -271,9 +268,6 @@ def test_responses_stream_events_in_order_and_reassembled(both: Both) -> None:
 def test_responses_refuses_what_a_stateless_server_cannot_do(both: Both) -> None:
     for kw, param in [({"store": True}, "store"),
                       ({"previous_response_id": "resp_1"}, "previous_response_id"),
-                      ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
-                      ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]},
-                       "tools[0].type"),
                       ({"truncation": "auto"}, "truncation")]:
         with pytest.raises(openai.BadRequestError) as e:
             both.client.responses.create(model="tiny", input=ASK, **kw)
@@ -614,11 +608,12 @@ def test_a_tool_result_s_is_error_reaches_the_prompt(both: Both) -> None:
     assert r.usage.prompt_tokens == failed  # type: ignore[union-attr]
 
 
-# ---- every key works, is harmless or is refused by name ---------------------------------------
+# ---- every key works, is harmless, is ignored and reported, or is refused by name ---------------
 def test_block_and_item_keys_work_or_are_refused_by_name(both: Both) -> None:
     """Claude Code's `cache_control` on blocks and tools is accepted (exod's prompt cache needs
-    no hint); a key that would change the answer is refused naming it. Responses output items
-    sent back as they came (`id`, `status`) are accepted."""
+    no hint); a key that would change the answer is refused naming it; one exod does not know
+    is ignored and named in the header. Responses output items sent back as they came (`id`,
+    `status`) are accepted."""
     cached = {"type": "ephemeral"}
     plain = both.claude.messages.count_tokens(
         model="tools", tools=[WEATHER_TOOL], system=[{"type": "text", "text": "Be brief."}],
@@ -629,16 +624,16 @@ def test_block_and_item_keys_work_or_are_refused_by_name(both: Both) -> None:
         messages=[{"role": "user", "content": [{"type": "text", "text": ASK,
                                                 "cache_control": cached}]}])
     assert hinted.input_tokens == plain.input_tokens
-    for block, param in [({"type": "text", "text": ASK, "citations": [
-                              {"type": "char_location", "cited_text": "x", "document_index": 0,
-                               "start_char_index": 0, "end_char_index": 1}]},
-                          "messages[0].content[0].citations"),
-                         ({"type": "text", "text": ASK, "colour": "red"},
-                          "messages[0].content[0].colour")]:
-        with pytest.raises(anthropic.BadRequestError) as e:
-            both.claude.messages.create(model="tiny", max_tokens=2, messages=[
-                {"role": "user", "content": [block]}])  # type: ignore[list-item]
-        assert f"`{param}`" in e.value.message, e.value.message
+    cited = {"type": "text", "text": ASK, "citations": [
+        {"type": "char_location", "cited_text": "x", "document_index": 0, "start_char_index": 0,
+         "end_char_index": 1}]}
+    with pytest.raises(anthropic.BadRequestError) as e:
+        both.claude.messages.create(model="tiny", max_tokens=2, messages=[
+            {"role": "user", "content": [cited]}])  # type: ignore[list-item]
+    assert "`messages[0].content[0].citations`" in e.value.message, e.value.message
+    painted = both.claude.messages.with_raw_response.create(model="tiny", max_tokens=2, messages=[
+        {"role": "user", "content": [{"type": "text", "text": ASK, "colour": "red"}]}])  # type: ignore[list-item]
+    assert painted.headers["x-exod-ignored-fields"] == "messages[].content[].colour"
     first = both.client.responses.create(model="tiny", input=ASK, max_output_tokens=4,
                                          temperature=0)
     again = both.client.responses.create(
@@ -649,10 +644,10 @@ def test_block_and_item_keys_work_or_are_refused_by_name(both: Both) -> None:
                                 {"role": "assistant", "content": first.output_text},
                                 {"role": "user", "content": "again"}])
     assert again.output_text == plain_again.choices[0].message.content
-    with pytest.raises(openai.BadRequestError) as bad:
-        both.client.responses.create(model="tiny", max_output_tokens=4, input=[
+    painted_item = both.client.responses.with_raw_response.create(
+        model="tiny", max_output_tokens=4, input=[
             {"type": "message", "role": "user", "content": ASK, "colour": "red"}])  # type: ignore[list-item]
-    assert bad.value.body["param"] == "input[0].colour"  # type: ignore[index]
+    assert painted_item.headers["x-exod-ignored-fields"] == "input[].colour"
 
 
 def test_errors_name_the_dialect_s_own_fields(both: Both) -> None:
@@ -666,3 +661,270 @@ def test_errors_name_the_dialect_s_own_fields(both: Both) -> None:
         both.client.responses.create(model="tiny", input=ASK, max_output_tokens=-1)
     assert o.value.body["param"] == "max_output_tokens"  # type: ignore[index]
     assert "`max_output_tokens`" in o.value.message
+
+
+# ---- what the agents send (issue 27) ----------------------------------------------------------
+HEADER = "x-exod-ignored-fields"
+
+
+def _metric(both: Both, dialect: str, field: str) -> float:
+    resp, raw = both.raw("GET", "/metrics")
+    line = f'exod_ignored_fields_total{{dialect="{dialect}",field="{field}"}} '
+    found = [ln for ln in raw.decode().splitlines() if ln.startswith(line)]
+    return float(found[0].split()[-1]) if found else 0.0
+
+
+def test_an_unknown_field_still_gets_its_answer_with_the_header_and_the_metric(
+        both: Both) -> None:
+    """New client versions keep adding fields: exod answers, names them in the header (streams
+    too, before the first byte) and counts them in /metrics, once per request."""
+    before = _metric(both, "chat", "brand_new_option")
+    r = both.client.chat.completions.with_raw_response.create(
+        model="tiny", max_tokens=2, messages=[{"role": "user", "content": ASK}],
+        extra_body={"brand_new_option": {"x": 1}})
+    assert r.headers[HEADER] == "brand_new_option" and r.parse().choices[0].message.content
+    assert _metric(both, "chat", "brand_new_option") == before + 1
+    with both.claude.messages.with_streaming_response.create(
+            model="tiny", max_tokens=2, stream=True, messages=[{"role": "user", "content": ASK}],
+            extra_body={"brand_new_option": 1}) as s:
+        assert s.headers[HEADER] == "brand_new_option"
+        assert "message_stop" in s.read().decode()
+    assert _metric(both, "messages", "brand_new_option") >= 1
+    plain = both.client.responses.with_raw_response.create(model="tiny", input=ASK,
+                                                           max_output_tokens=2)
+    assert HEADER not in plain.headers
+
+
+def test_hosted_tools_are_not_offered_and_are_reported(both: Both) -> None:
+    """Codex attaches `web_search`, Claude Code may attach Anthropic's server tools: the
+    model is offered only the client's own tools (the prompt is the same without them)."""
+    fn = {"type": "function", "name": "get_weather", "parameters": WEATHER}
+    kw: Any = {"model": "tools", "input": ASK, "max_output_tokens": 1, "temperature": 0}
+    alone = both.client.responses.create(tools=[fn], **kw)
+    hosted = both.client.responses.with_raw_response.create(
+        tools=[{"type": "web_search", "external_web_access": False}, fn,  # type: ignore[list-item]
+               {"type": "code_interpreter", "container": {"type": "auto"}}], **kw)
+    assert hosted.parse().usage.input_tokens == alone.usage.input_tokens  # type: ignore[union-attr]
+    assert hosted.headers[HEADER] == "tools[].type=web_search, tools[].type=code_interpreter"
+    ask: Any = [{"role": "user", "content": ASK}]
+    mine = both.claude.messages.count_tokens(model="tools", messages=ask, tools=[WEATHER_TOOL])
+    with_server = both.claude.messages.count_tokens(model="tools", messages=ask, tools=[
+        WEATHER_TOOL, {"type": "web_search_20250305", "name": "web_search"}])
+    assert with_server.input_tokens == mine.input_tokens
+
+
+def test_a_system_turn_inside_messages_reaches_the_template(both: Both) -> None:
+    """Claude Code sends its environment as a `system` turn inside `messages`: it reaches the
+    template where it stands (this template renders a system turn anywhere; one that takes it
+    only first gets it joined to the leading one: test_system_turns_go_where_the_template_...)."""
+    convo: list[Any] = [{"role": "user", "content": ASK},
+                        {"role": "system", "content": "# Environment\ncwd: /tmp"},
+                        {"role": "user", "content": "again"}]
+    counted = both.claude.messages.count_tokens(model="tools", system="Be brief.",
+                                                messages=convo)
+    chat = both.client.chat.completions.create(
+        model="tools", max_tokens=1, messages=[{"role": "system", "content": "Be brief."},
+                                               *convo])
+    assert counted.input_tokens == chat.usage.prompt_tokens  # type: ignore[union-attr]
+
+
+def test_thinking_display_omitted_and_its_signature_round_trips(both: Both) -> None:
+    """`display: omitted`: thinking blocks come back with an empty `thinking` and a signature
+    (no thinking_delta when streamed); sent back, the signature gives the reasoning back to the
+    prompt; one exod did not make is ignored and reported."""
+    loud = _chat_thinking(both, 12, True)
+    kw: Any = {"model": "think", "max_tokens": 12, "messages": [{"role": "user", "content": ASK}],
+               "thinking": {"type": "adaptive", "display": "omitted"},
+               "extra_body": {"temperature": 0}}
+    r = both.claude.messages.create(**kw)
+    block = r.content[0]
+    assert block.type == "thinking" and block.thinking == "" and block.signature
+    events = both.sse("/v1/messages", {"model": "think", "max_tokens": 12, "stream": True,
+                                       "temperature": 0, "messages": kw["messages"],
+                                       "thinking": kw["thinking"]})
+    assert _blocks(events)[0] == ("thinking", ["signature_delta"])
+
+    def counted(thought: dict[str, Any]) -> int:
+        return both.claude.messages.count_tokens(model="tools", messages=[
+            {"role": "user", "content": ASK},
+            {"role": "assistant", "content": [thought, {"type": "text", "text": "hi"}]},
+            {"role": "user", "content": "again"}]).input_tokens
+    whole = counted({"type": "thinking", "thinking": loud.reasoning_content,  # type: ignore[attr-defined]
+                     "signature": "x"})
+    assert counted({"type": "thinking", "thinking": "", "signature": block.signature}) == whole
+    foreign = {"type": "thinking", "thinking": "", "signature": "EqQBCkYIBxgCKkBz"}
+    resp, raw = both.raw("POST", "/v1/messages/count_tokens", {
+        "model": "tools", "messages": [{"role": "user", "content": ASK},
+                                       {"role": "assistant", "content": [foreign]},
+                                       {"role": "user", "content": "again"}]})
+    assert resp.status == 200 and resp.getheader(HEADER) == "messages[].content[].signature"
+
+
+def test_context_management_edits_apply_and_are_reported(both: Both) -> None:
+    """Claude Code's `clear_thinking_20251015` keep all changes nothing; keeping one turn's
+    thinking drops the older turns' from the prompt, as `clear_tool_uses_20250919` replaces
+    older tool results: count_tokens gives the edited length and the original, the answer
+    reports the edits as Anthropic does."""
+    def turn(i: int) -> list[Any]:
+        return [{"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": THOUGHT, "signature": "s"},
+                    {"type": "tool_use", "id": f"t{i}", "name": "get_weather",
+                     "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}",
+                                              "content": "sunny " * 20}]}]
+    convo: list[Any] = [{"role": "user", "content": ASK}, *turn(1), *turn(2)]
+    body: dict[str, Any] = {"model": "tools", "messages": convo, "tools": [WEATHER_TOOL]}
+
+    def count(*edits: Any) -> dict[str, Any]:
+        resp, raw = both.raw("POST", "/v1/messages/count_tokens", {
+            **body, "context_management": {"edits": list(edits)}})
+        assert resp.status == 200, raw
+        return json.loads(raw)  # type: ignore[no-any-return]
+    plain = count()
+    assert count({"type": "clear_thinking_20251015", "keep": "all"}) == plain
+    thinner = count({"type": "clear_thinking_20251015",
+                     "keep": {"type": "thinking_turns", "value": 1}})
+    assert thinner["input_tokens"] < plain["input_tokens"]
+    assert thinner["context_management"] == {"original_input_tokens": plain["input_tokens"]}
+    cleared = count({"type": "clear_tool_uses_20250919",
+                     "trigger": {"type": "tool_uses", "value": 1},
+                     "keep": {"type": "tool_uses", "value": 1}})
+    assert cleared["input_tokens"] < plain["input_tokens"]
+    resp, raw = both.raw("POST", "/v1/messages", {
+        **body, "max_tokens": 2, "temperature": 0, "context_management": {"edits": [
+            {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns",
+                                                        "value": 1}}]}})
+    answer = json.loads(raw)
+    assert answer["context_management"] == {"applied_edits": [
+        {"type": "clear_thinking_20251015", "cleared_thinking_turns": 1,
+         "cleared_input_tokens": plain["input_tokens"] - thinner["input_tokens"]}]}
+    assert answer["usage"]["input_tokens"] == thinner["input_tokens"]
+
+
+def test_encrypted_reasoning_round_trips_and_a_foreign_one_is_reported(both: Both) -> None:
+    """Codex asks for `reasoning.encrypted_content` with `store: false` and sends reasoning
+    items back with it and no content: exod's own gives the reasoning back to the prompt."""
+    loud = _chat_thinking(both, 12, True)
+    r = both.client.responses.create(model="think", input=ASK, max_output_tokens=12,
+                                     temperature=0, reasoning={"effort": "high"}, store=False,
+                                     include=["reasoning.encrypted_content"])
+    item = r.output[0]
+    assert item.type == "reasoning" and item.encrypted_content
+    assert [c.text for c in item.content or []] == [loud.reasoning_content]  # type: ignore[attr-defined]
+
+    def prompt(reasoning: dict[str, Any]) -> Any:
+        return both.client.responses.with_raw_response.create(
+            model="tools", max_output_tokens=1, temperature=0, input=[
+                {"role": "user", "content": ASK}, {"type": "reasoning", "id": "rs_1",
+                                                   "summary": [], **reasoning},
+                {"type": "message", "role": "assistant",
+                 "content": [{"type": "output_text", "text": "hi"}]},
+                {"role": "user", "content": "again"}])
+    def tokens(raw: Any) -> int:
+        return raw.parse().usage.input_tokens  # type: ignore[no-any-return]
+    text = tokens(prompt({"content": [{"type": "reasoning_text",
+                                       "text": loud.reasoning_content}]}))  # type: ignore[attr-defined]
+    assert tokens(prompt({"encrypted_content": item.encrypted_content})) == text
+    foreign = prompt({"encrypted_content": "gAAAAABpZ-opaque"})
+    assert foreign.headers[HEADER] == "input[].encrypted_content"
+    assert tokens(foreign) < text
+
+
+def test_a_namespace_s_function_is_called_and_comes_back_namespaced(both: Both) -> None:
+    """Codex's `namespace` tools: the model is offered `weather__get_weather`; the call comes
+    back as a function_call with `name` and `namespace` apart (whole and streamed), as Codex's
+    router reads it, and goes back into the next turn under the name the model knows."""
+    ns: Any = {"type": "namespace", "name": "weather", "description": "Weather tools",
+               "tools": [{"type": "function", "name": "get_weather", "strict": True,
+                          "parameters": WEATHER}]}
+    kw: Any = {"model": "tools", "input": ASK, "max_output_tokens": 160, "temperature": 0,
+               "tools": [ns], "parallel_tool_calls": False,
+               "tool_choice": {"type": "function", "name": "weather__get_weather"}}
+    r = both.client.responses.create(**kw)
+    (call,) = [i for i in r.output if i.type == "function_call"]
+    dumped = call.model_dump()
+    assert (dumped["name"], dumped["namespace"]) == ("get_weather", "weather")
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    events = list(both.client.responses.create(stream=True, **kw))
+    added = [e.item.model_dump() for e in events if e.type == "response.output_item.added"
+             and e.item.type == "function_call"]  # type: ignore[union-attr]
+    assert [(a["name"], a["namespace"]) for a in added] == [("get_weather", "weather")]
+    again = both.client.responses.create(model="tools", max_output_tokens=1, temperature=0,
+                                         tools=[ns], input=[
+        {"role": "user", "content": ASK}, dumped,
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    assert again.status in ("completed", "incomplete")
+
+
+def test_models_tell_clients_the_context_and_the_capabilities(both: Both) -> None:
+    """What clients size themselves by, read from the model's files without loading it."""
+    by_id = {m.id: m.model_extra for m in both.client.models.list().data}
+    for name, tools, thinks in (("tiny", False, False), ("tools", True, False),
+                                ("think", False, True)):
+        m = by_id[name]
+        assert m is not None and m["context_length"] == m["max_model_len"] > 0
+        assert m["max_input_tokens"] == m["context_length"]
+        assert m["capabilities"]["tools"]["supported"] is tools, name
+        assert m["capabilities"]["thinking"]["supported"] is thinks, name
+        assert ("tools" in m["supported_parameters"]) is tools
+    claude = both.claude.beta.models.retrieve("think")
+    assert claude.max_input_tokens == by_id["think"]["context_length"]  # type: ignore[index]
+    assert claude.capabilities is not None and claude.capabilities.thinking.supported
+
+
+SYSTEM_ONLY_FIRST = (  # as Mistral's and Gemma's templates, which refuse a system turn later
+    "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+    "{{ raise_exception('System message must be at the beginning.') }}{% endif %}"
+    "{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def test_system_turns_go_where_the_template_takes_them(demo_model: Path, tiny_model: Path,
+                                                       tmp_path: Path) -> None:
+    """The demo model's template (SmolLM2's) renders a system turn anywhere: it stays in
+    place. A template that takes one only first gets every system turn joined to the leading
+    one, rather than a 400. (The runner's own tokenizer; no model is loaded.)"""
+    import shutil
+
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from exod.core.context_edits import system_first
+    from exod.runner.serving.prepare import chat_prompt
+    convo = [{"role": "user", "content": ASK}, {"role": "system", "content": "cwd: /tmp"},
+             {"role": "user", "content": "again"}]
+    demo = load_tokenizer(demo_model)
+    assert chat_prompt(demo, convo) == list(demo.apply_chat_template(
+        convo, add_generation_prompt=True))
+    strict = tmp_path / "strict"
+    shutil.copytree(tiny_model, strict, ignore=shutil.ignore_patterns(".exod-*"))
+    config = json.loads((strict / "tokenizer_config.json").read_text())
+    (strict / "tokenizer_config.json").write_text(json.dumps(
+        {**config, "chat_template": SYSTEM_ONLY_FIRST}))
+    tok = load_tokenizer(strict)
+    with pytest.raises(Exception, match="at the beginning"):
+        tok.apply_chat_template(convo, add_generation_prompt=True)
+    assert chat_prompt(tok, convo) == list(tok.apply_chat_template(
+        system_first(convo), add_generation_prompt=True))
+
+
+def test_strict_fields_refuse_the_unknown_and_still_take_hosted_tools(tiny_model: Path) -> None:
+    """With api.strict_fields a field exod does not know is a 400 naming it, before any runner
+    is asked; a hosted tool is never refused, and the answer (here the 503 of an instance not
+    started) names it in the header. No runner starts: the daemon alone."""
+    d = Daemon({"api": {"listen": "127.0.0.1:0", "strict_fields": True},
+                "instances": {"idle": {"model": str(tiny_model), "autostart": False}}})
+    try:
+        d.start()
+        served = Served(d, tiny_model)
+        resp, raw = served.raw("POST", "/v1/chat/completions", {
+            "model": "idle", "messages": [{"role": "user", "content": ASK}], "brand_new": 1},
+            token=None)
+        err = json.loads(raw)["error"]
+        assert resp.status == 400 and err["param"] == "brand_new", err
+        assert "strict_fields" in err["message"]
+        resp, raw = served.raw("POST", "/v1/responses", {
+            "model": "idle", "input": ASK, "tools": [{"type": "web_search"}]}, token=None)
+        assert resp.status == 503, raw
+        assert resp.getheader(HEADER) == "tools[].type=web_search"
+    finally:
+        d.close()

@@ -25,7 +25,19 @@ def copy_with_tokens(src: Path, out: Path, texts: Sequence[str],
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".exod-*"))
-    path = tmp / "tokenizer.json"
+    ids = add_tokens(tmp / "tokenizer.json", texts, order)
+    edit(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return ids
+
+
+def add_tokens(path: Path, texts: Sequence[str], order: Order = lambda ids: ids,
+               special: bool = False) -> list[int]:
+    """Add `texts` to the tokenizer.json at `path`, in place, as copy_with_tokens does; their
+    ids in the order of `texts`. The tokenizers library gives the added tokens the listed ids
+    sorted, in the listed order: with an `order` that sorts, the ids returned are the ones the
+    tokenizer uses."""
     tok: dict[str, Any] = json.loads(path.read_text())
     model = tok["model"]
     freed = [model["vocab"].pop(first + second)
@@ -34,9 +46,6 @@ def copy_with_tokens(src: Path, out: Path, texts: Sequence[str],
     for i, text in zip(ids, texts, strict=True):
         tok["added_tokens"].append({
             "id": i, "content": text, "single_word": False, "lstrip": False,
-            "rstrip": False, "normalized": False, "special": False})
+            "rstrip": False, "normalized": False, "special": special})
     path.write_text(json.dumps(tok, ensure_ascii=False))
-    edit(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
     return ids

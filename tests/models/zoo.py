@@ -78,7 +78,7 @@ def _build(family: str, bits: int | None, seed: int, overrides: dict[str, Any] |
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     write_json(out / "config.json", config)
-    _copy_tokenizer(out)
+    copy_tokenizer(out)
 
 
 def model_classes(model_type: str) -> tuple[Any, Any]:
@@ -114,7 +114,7 @@ def _silence_unknown_tokens(model: Any, vocab: int) -> None:
     model.update(tree_unflatten(tables))
 
 
-def _copy_tokenizer(out: Path) -> None:
+def copy_tokenizer(out: Path) -> None:
     """The tiny test tokenizer (vocab 1024), trained once and copied into every model."""
     from tests.models.tiny import _write_tokenizer
 
@@ -150,6 +150,14 @@ def zoo_name(family: str, bits: int | None) -> str:
     return family if bits is None else f"{family}-q{bits}"
 
 
+def parse_sets(sets: tuple[str, ...]) -> dict[str, Any]:
+    """The `--set KEY=JSON` options, as a dict (a usage error for JSON that does not parse)."""
+    try:
+        return {k: json.loads(v) for k, _, v in (x.partition("=") for x in sets)}
+    except ValueError as e:
+        raise click.UsageError(f"--set: {e}") from e
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("root", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("families", nargs=-1)
@@ -162,10 +170,7 @@ def main(root: Path, families: tuple[str, ...], prompt: str | None, max_tokens: 
          ban: int, sets: tuple[str, ...]) -> None:
     """Make the tiny models of FAMILIES (FAMILY or FAMILY:BITS; default: every family) under
     ROOT; print one JSON object: name -> {"path", and with --prompt "text"}."""
-    try:
-        overrides = {k: json.loads(v) for k, _, v in (x.partition("=") for x in sets)}
-    except ValueError as e:
-        raise click.UsageError(f"--set: {e}") from e
+    overrides = parse_sets(sets)
     out: dict[str, dict[str, str]] = {}
     for spec in families or tuple(FAMILIES):
         family, _, bits_text = spec.partition(":")

@@ -1,4 +1,5 @@
-"""Test doubles for the pure parts: a `Seam` with a fake monotonic clock and recorded actions.
+"""Test doubles for the pure parts: a `Seam` with a fake monotonic clock and recorded actions,
+and `FakeDaemon`, which adds what requests need of the daemon (exod.daemon.traffic).
 
 `FakeSeam` is what the supervisor is to an `InstanceRuntime`, minus every OS call: `spawn`
 hands out pids, `ask`/`kill` are recorded, timers sit in a heap that `advance(dt)` fires in
@@ -19,8 +20,11 @@ from pathlib import Path
 
 from exod.config.schema import BackoffPolicy, StopPolicy
 from exod.core.exits import ExitInfo
+from exod.core.intents import Retire
 from exod.daemon.downloads import Download, Downloads
-from exod.daemon.instance import Continuation, InstanceRuntime, RankRuntime
+from exod.daemon.instance import Continuation, InstanceRuntime
+from exod.daemon.rank import RankRuntime
+from exod.daemon.traffic import Traffic
 from exod import messages as m
 
 ASK = "ask"
@@ -75,6 +79,7 @@ class FakeSeam:
             grace=10.0, drain=0.0, attempts=2, interval=5.0, kill_interval=1.0),
             backoff=BackoffPolicy(initial=2.0, multiplier=2.0, max=30.0, jitter=0.0))
         self.download_changes = 0
+        self.retirements: list[tuple[float, str, Retire]] = []  # (time, instance, intent)
 
     # ---- the Seam protocol ------------------------------------------------------------------
     def now(self) -> float:
@@ -137,6 +142,9 @@ class FakeSeam:
 
     def use_model(self, inst: InstanceRuntime, path: Path) -> None:
         inst.config = dataclasses.replace(inst.config, model=path)
+
+    def retired(self, inst: InstanceRuntime, then: Retire) -> None:
+        self.retirements.append((self.clock, inst.name, then))
 
     def spawn_fetcher(self, d: Download) -> int:
         pid = next(self._pids)
@@ -213,3 +221,50 @@ class FakeSeam:
             assert r.pid is not None, f"rank {r.rank} has no process"
             out.append(r.pid)
         return out
+
+
+@dataclass(frozen=True)
+class FakeLink:
+    """Stands for a live runner's channel (requests themselves are not sent in unit tests)."""
+
+    pid: int
+
+
+class FakeDaemon(FakeSeam):
+    """A FakeSeam that is also what the supervisor is to requests: instances by name, change
+    listeners (published as `Supervisor._publish` does: traffic first), memory that admission
+    finds missing, and its `Traffic`, all on the fake clock."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        super().__init__(start)
+        self.instances: dict[str, InstanceRuntime] = {}
+        self.stopping = False
+        self.missing: dict[str, int] = {}  # instance -> bytes memory admission lacks for it
+        self._listeners: list[Callable[[InstanceRuntime], None]] = []
+        self.traffic = Traffic(self)
+
+    def add(self, inst: InstanceRuntime) -> InstanceRuntime:
+        self.instances[inst.name] = inst
+        return inst
+
+    def instance(self, name: str) -> InstanceRuntime | None:
+        return self.instances.get(name)
+
+    def ordered(self) -> list[InstanceRuntime]:
+        return sorted(self.instances.values(), key=lambda i: i.name)
+
+    def missing_memory(self, inst: InstanceRuntime) -> int:
+        return self.missing.get(inst.name, 0)
+
+    def listen(self, fn: Callable[[InstanceRuntime], None]) -> Callable[[], None]:
+        self._listeners.append(fn)
+        return lambda: self._listeners.remove(fn)
+
+    def link(self, pid: int) -> FakeLink | None:  # type: ignore[override]
+        return FakeLink(pid) if pid in self.live else None
+
+    def changed(self, inst: InstanceRuntime) -> None:
+        super().changed(inst)
+        self.traffic.changed(inst)
+        for fn in list(self._listeners):
+            fn(inst)

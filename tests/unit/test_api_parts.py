@@ -1,9 +1,9 @@
-"""The HTTP API's pure parts: request validation, response objects and SSE framing, admission,
-listen addresses, and the runner's stop-sequence matcher. No processes, no sockets, no mlx."""
+"""The HTTP API's pure parts: request validation, response objects and SSE framing, listen
+addresses, and the runner's stop-sequence matcher. No processes, no sockets, no mlx. (The
+admission gate is the daemon's: tests/unit/test_traffic.py.)"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -12,7 +12,6 @@ from exod import messages as m
 from exod.messages import Generate, decode_to_runner, to_wire
 
 from exod.api import address
-from exod.api.admission import Gate, QueueFull
 from exod.api.errors import ApiError
 from exod.api.objects import DONE, Reply, sse
 from exod.api.schema import parse_chat, parse_completion
@@ -119,10 +118,9 @@ def test_chat_rejects_with_400_naming_the_param(body: object, param: str | None)
 
 def test_a_null_max_completion_tokens_is_a_field_not_set() -> None:
     req = parse_chat({**CHAT, "max_completion_tokens": None, "max_tokens": 2})
-    assert req.gen.max_tokens == 2 and req.max_tokens_param == "max_tokens"
+    assert req.gen.max_tokens == 2 and req.gen.named("max_tokens") == "max_tokens"
     req = parse_chat({**CHAT, "max_completion_tokens": 3, "max_tokens": 9})
-    assert req.gen.max_tokens == 3 and req.max_tokens_param == "max_completion_tokens"
-    assert parse_chat(CHAT).max_tokens_param is None
+    assert req.gen.max_tokens == 3 and req.gen.named("max_tokens") == "max_completion_tokens"
 
 
 def test_completion_prompt_forms() -> None:
@@ -175,77 +173,6 @@ def test_whole_objects() -> None:
     text = Reply("completion", "m").whole("x", m.Done("r", "length", 1, 1))
     assert text["object"] == "text_completion" and text["id"].startswith("cmpl-")
     assert text["choices"][0]["text"] == "x"
-
-
-# ---- admission -------------------------------------------------------------------------------
-def test_gate_limits_queues_refuses_and_hands_over_in_order() -> None:
-    async def scenario() -> None:
-        gate = Gate(limit=2, queue=2)
-        await gate.enter()
-        await gate.enter()
-        order: list[int] = []
-
-        async def waiter(i: int) -> None:
-            await gate.enter()
-            order.append(i)
-
-        w1 = asyncio.create_task(waiter(1))
-        w2 = asyncio.create_task(waiter(2))
-        await asyncio.sleep(0)
-        assert gate.waiting == 2
-        with pytest.raises(QueueFull):
-            await gate.enter()
-        gate.leave()
-        await w1
-        gate.leave()
-        await w2
-        assert order == [1, 2] and gate.active == 2
-        gate.leave()
-        gate.leave()
-        assert gate.active == 0 and gate.waiting == 0
-
-    asyncio.run(scenario())
-
-
-def test_gate_widened_by_memory_admission_lets_waiters_in() -> None:
-    async def scenario() -> None:
-        gate = Gate(limit=1, queue=4)  # an on-demand instance: its width is known at its start
-        await gate.enter()
-        waiters = [asyncio.create_task(gate.enter()) for _ in range(3)]
-        await asyncio.sleep(0)
-        assert gate.waiting == 3
-        gate.resize(3)
-        await asyncio.gather(*waiters[:2])
-        assert gate.active == 3 and gate.waiting == 1
-        gate.leave()
-        await waiters[2]
-        assert gate.active == 3
-
-    asyncio.run(scenario())
-
-
-def test_gate_cancelled_waiter_leaves_and_rejection_fails_waiters() -> None:
-    async def scenario() -> None:
-        gate = Gate(limit=1, queue=4)
-        await gate.enter()
-        gone = asyncio.create_task(gate.enter())
-        stays = asyncio.create_task(gate.enter())
-        await asyncio.sleep(0)
-        gone.cancel()
-        await asyncio.sleep(0)
-        assert gate.waiting == 1
-        gate.leave()  # goes to `stays`, not to the cancelled one
-        await stays
-        assert gate.active == 1
-        rejected = asyncio.create_task(gate.enter())
-        await asyncio.sleep(0)
-        gate.reject_waiting(lambda: RuntimeError("not ready"))
-        with pytest.raises(RuntimeError):
-            await rejected
-        gate.leave()
-        assert gate.active == 0 and gate.waiting == 0
-
-    asyncio.run(scenario())
 
 
 # ---- addresses ---------------------------------------------------------------------------------

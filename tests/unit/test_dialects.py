@@ -12,21 +12,30 @@ import pytest
 
 from exod import messages as m
 from exod.api.dialects import anthropic_request as anthropic
-from exod.api.dialects import keys
 from exod.api.dialects import responses_request as responses
-from exod.api.dialects.anthropic_output import AnthropicOutput
-from exod.api.dialects.names import Origin
+from exod.api.dialects.anthropic_output import AnthropicOutput, CountOutput
 from exod.api.dialects.responses_output import ResponsesOutput
 from exod.api.errors import ApiError, bad_request, not_ready, queue_full
-from exod.api.schema import parse_chat
+from exod.api.schema import GenRequest
+from exod.api.seal import Sealer
+from exod.messages import Generate
 
 HI: list[Any] = [{"role": "user", "content": "hi"}]
 TOOL: dict[str, Any] = {"name": "get", "description": "d",
                         "input_schema": {"type": "object", "properties": {}}}
+SEALER = Sealer(key=b"k" * 32)
 
 
-def claude(**body: Any) -> dict[str, Any]:
-    return anthropic.to_chat({"model": "m", "max_tokens": 8, "messages": HI, **body})
+def parse_claude(body: dict[str, Any], **kw: Any) -> tuple[GenRequest, anthropic.View]:
+    return anthropic.parse(body, SEALER, **kw)
+
+
+def claude_req(**body: Any) -> GenRequest:
+    return parse_claude({"model": "m", "max_tokens": 8, "messages": HI, **body})[0]
+
+
+def claude(**body: Any) -> Generate:
+    return claude_req(**body).gen
 
 
 def refused(fn: Any, *args: Any, **kw: Any) -> ApiError:
@@ -47,42 +56,69 @@ def user(*blocks: Any) -> list[Any]:
 
 
 # ---- Anthropic Messages requests ----------------------------------------------------------------
-def test_messages_top_level_fields_work_have_no_effect_or_are_refused() -> None:
-    assert claude(metadata={"user_id": "u"}, service_tier="auto",
-                  cache_control={"type": "ephemeral"}) == claude()
+def test_messages_top_level_fields_work_have_no_effect_are_ignored_or_are_refused() -> None:
+    plain = claude_req()
+    hinted = claude_req(metadata={"user_id": '{"session": 1}'}, service_tier="auto",
+                        cache_control={"type": "ephemeral"}, speed="fast", betas=["x"],
+                        context_management={"edits": []})
+    assert hinted.gen == plain.gen and hinted.ignored == ()
+    # Unknown fields (new client versions add them) are accepted and reported (issue 27).
+    assert claude_req(brand_new={"a": 1}).ignored == ("brand_new",)
+    assert says(parse_claude, {"model": "m", "max_tokens": 8, "messages": HI, "x": 1},
+                strict=True) == "x"
     assert says(claude, container="c") == "container"
-    assert says(anthropic.to_chat, {"model": "m", "messages": HI}) == "max_tokens"
+    assert says(claude, mcp_servers=[{"type": "url"}]) == "mcp_servers"
+    assert says(parse_claude, {"model": "m", "messages": HI}) == "max_tokens"
     assert says(claude, max_tokens=0) == "max_tokens"
     assert says(claude, messages=[]) == "messages"
-    assert says(anthropic.to_chat, {"model": "m", "max_tokens": 3, "messages": HI},
-                count_only=True) == "max_tokens"
-    refused(anthropic.to_chat, [])
+    # count_tokens takes what shapes the prompt; max_tokens is none of it (ignored).
+    counted = parse_claude({"model": "m", "max_tokens": 3, "messages": HI}, count_only=True)[0]
+    assert counted.gen.count_only and counted.gen.max_tokens == 1
+    assert counted.ignored == ("max_tokens",)
+    refused(parse_claude, [])
 
 
-def test_messages_sampling_stop_and_stream_fields_map_onto_chat() -> None:
-    chat = claude(stop_sequences=["x"], temperature=0, top_p=0.5, top_k=3, stream=True)
-    assert chat == {"model": "m", "messages": HI, "max_tokens": 8, "stop": ["x"],
-                    "temperature": 0, "top_p": 0.5, "top_k": 3, "stream": True,
-                    "stream_options": {"include_usage": True}}
+def test_messages_sampling_stop_and_stream_fields_map_onto_the_request() -> None:
+    req = claude_req(stop_sequences=["x"], temperature=0, top_p=0.5, top_k=3, stream=True)
+    g = req.gen
+    assert (g.max_tokens, g.stop, g.temperature, g.top_p, g.top_k) == (8, ["x"], 0.0, 0.5, 3)
+    assert req.stream and req.include_usage and g.messages == HI
+
+
+def test_agents_max_tokens_passes_the_parse_and_is_clamped_against_the_model() -> None:
+    """Claude Code sends max_tokens 32000 on any model: apply_limits clamps it."""
+    from exod.api.schema import ModelLimits, apply_limits
+    req = claude_req(max_tokens=32000)
+    assert apply_limits(req, ModelLimits(context=2048, cap=None)).gen.max_tokens == 2048
+    assert apply_limits(req, ModelLimits(context=2048, cap=64)).gen.max_tokens == 64
 
 
 def test_system_as_a_string_or_text_blocks_comes_first() -> None:
-    assert claude(system="s")["messages"][0] == {"role": "system", "content": "s"}
+    assert claude(system="s").messages[0] == {"role": "system", "content": "s"}
     blocks = [{"type": "text", "text": "a"}, {"type": "text", "text": "b",
                                               "cache_control": {"type": "ephemeral"}}]
-    assert claude(system=blocks)["messages"][0] == {"role": "system", "content": "a\n\nb"}
-    assert says(claude, system=[{"type": "image"}]) == "system[0]"
-    assert says(claude, system=[{"type": "text", "text": "a", "x": 1}]) == "system[0].x"
+    assert claude(system=blocks).messages[0] == {"role": "system", "content": "a\n\nb"}
+    assert says(claude, system=[{"type": "image"}]) == "system[0].type"
+    assert claude_req(system=[{"type": "text", "text": "a", "x": 1}]).ignored == ("system[].x",)
+
+
+def test_a_system_turn_in_messages_stays_in_place_for_the_runner_to_place() -> None:
+    """Claude Code sends its environment as a system turn inside `messages`; the runner joins
+    it to the leading system turn when the template takes one only first (test_fields)."""
+    msgs = claude(system="s", messages=[*HI, {"role": "system", "content": [
+        {"type": "text", "text": "env"}]}]).messages
+    assert msgs == [{"role": "system", "content": "s"}, *HI,
+                    {"role": "system", "content": "env"}]
 
 
 def test_a_user_turn_s_tool_results_become_tool_messages_before_its_text() -> None:
-    chat = claude(messages=user({"type": "text", "text": "and"},
-                                {"type": "tool_result", "tool_use_id": "t", "content": "r"},
-                                {"type": "tool_result", "tool_use_id": "u", "is_error": True,
-                                 "content": [{"type": "text", "text": "bad"}]}))
-    assert chat["messages"] == [{"role": "tool", "content": "r", "tool_call_id": "t"},
-                                {"role": "tool", "content": "Error: bad", "tool_call_id": "u"},
-                                {"role": "user", "content": "and"}]
+    g = claude(messages=user({"type": "text", "text": "and"},
+                             {"type": "tool_result", "tool_use_id": "t", "content": "r"},
+                             {"type": "tool_result", "tool_use_id": "u", "is_error": True,
+                              "content": [{"type": "text", "text": "bad"}]}))
+    assert g.messages == [{"role": "tool", "content": "r", "tool_call_id": "t"},
+                          {"role": "tool", "content": "Error: bad", "tool_call_id": "u"},
+                          {"role": "user", "content": "and"}]
     assert says(claude, messages=user({"type": "tool_result", "tool_use_id": "t",
                                        "is_error": "yes"})) == "messages[0].content[0].is_error"
     assert says(claude, messages=user({"type": "image", "source": {}})) == \
@@ -94,33 +130,47 @@ def test_an_assistant_turn_s_blocks_become_its_text_reasoning_and_calls() -> Non
             {"type": "redacted_thinking", "data": "opaque"},
             {"type": "text", "text": "ok"},
             {"type": "tool_use", "id": "t", "name": "get", "input": {"a": 1}}]
-    (msg,) = claude(messages=[{"role": "assistant", "content": turn}])["messages"]
+    (msg,) = claude(messages=[{"role": "assistant", "content": turn}]).messages
     assert msg == {"role": "assistant", "content": "ok", "reasoning_content": "hmm",
                    "tool_calls": [{"id": "t", "type": "function",
-                                   "function": {"name": "get", "arguments": '{"a": 1}'}}]}
+                                   "function": {"name": "get", "arguments": {"a": 1}}}]}
     bad = [{"type": "tool_use", "id": "t", "name": "get", "input": "x"}]
     assert says(claude, messages=[{"role": "assistant", "content": bad}]) == \
         "messages[0].content[0].input"
-    assert says(claude, messages=[{"role": "user", "content": "a", "name": "x"}]) == \
-        "messages[0].name"
+    assert claude_req(messages=[{"role": "user", "content": "a", "name": "x"}]).ignored == \
+        ("messages[].name",)
 
 
-@pytest.mark.parametrize("block, accepted", [
-    ({"type": "text", "text": "a", "cache_control": {"type": "ephemeral", "ttl": "1h"}}, True),
-    ({"type": "text", "text": "a", "citations": None}, True),
-    ({"type": "text", "text": "a", "citations": []}, True),
-    ({"type": "text", "text": "a", "citations": [{"type": "char_location"}]}, False),
-    ({"type": "text", "text": "a", "colour": "red"}, False),
-    ({"type": "tool_result", "tool_use_id": "t", "content": "r", "toolset_name": None}, True),
-    ({"type": "tool_result", "tool_use_id": "t", "content": "r", "toolset_name": "mcp"}, False),
+def test_an_omitted_thinking_block_gets_its_text_back_from_its_signature() -> None:
+    """`display: omitted` returns thinking blocks with empty text and a signature that seals
+    it: sent back, the text reaches the template; a foreign signature is reported."""
+    sealed = {"type": "thinking", "thinking": "", "signature": SEALER.seal("deep")}
+    (msg,) = claude(messages=[{"role": "assistant", "content": [sealed]}]).messages
+    assert msg["reasoning_content"] == "deep"
+    foreign = claude_req(messages=[{"role": "assistant", "content": [
+        {**sealed, "signature": "EqQBCkYIBxgC"}]}])
+    assert "reasoning_content" not in foreign.gen.messages[0]
+    assert foreign.ignored == ("messages[].content[].signature",)
+
+
+@pytest.mark.parametrize("block, outcome", [
+    ({"type": "text", "text": "a", "cache_control": {"type": "ephemeral", "ttl": "1h"}}, ()),
+    ({"type": "text", "text": "a", "citations": None}, ()),
+    ({"type": "text", "text": "a", "citations": []}, ()),
+    ({"type": "text", "text": "a", "citations": [{"type": "char_location"}]}, "citations"),
+    ({"type": "text", "text": "a", "colour": "red"}, ("messages[].content[].colour",)),
+    ({"type": "tool_result", "tool_use_id": "t", "content": "r", "toolset_name": None}, ()),
+    ({"type": "tool_result", "tool_use_id": "t", "content": "r", "toolset_name": "mcp"},
+     "toolset_name"),
+    ({"type": "server_tool_use", "id": "s", "name": "web_search", "input": {}},
+     ("messages[].content[].type=server_tool_use",)),
 ])
-def test_a_content_block_key_works_is_harmless_or_is_refused_by_name(
-        block: dict[str, Any], accepted: bool) -> None:
-    if accepted:
-        claude(messages=user(block))
+def test_a_content_block_key_works_is_harmless_ignored_or_refused_by_name(
+        block: dict[str, Any], outcome: Any) -> None:
+    if isinstance(outcome, str):
+        assert says(claude, messages=user(block)) == f"messages[0].content[0].{outcome}"
     else:
-        key = [k for k in block if k not in ("type", "text", "tool_use_id", "content")][0]
-        assert says(claude, messages=user(block)) == f"messages[0].content[0].{key}"
+        assert claude_req(messages=user(block)).ignored == outcome
 
 
 @pytest.mark.parametrize("caller, accepted", [
@@ -134,29 +184,41 @@ def test_a_tool_use_s_caller_is_the_model_itself(caller: Any, accepted: bool) ->
         assert says(claude, messages=body) == "messages[0].content[0].caller"
 
 
-def test_tools_map_onto_function_tools_and_refuse_what_they_cannot_do() -> None:
-    chat = claude(tools=[{**TOOL, "strict": True, "cache_control": {"type": "ephemeral"},
-                          "eager_input_streaming": True, "defer_loading": False}])
-    assert chat["tools"] == [{"type": "function", "function": {
-        "name": "get", "parameters": TOOL["input_schema"], "description": "d", "strict": True}}]
-    assert says(claude, tools=[{"type": "web_search_20250305", "name": "w"}]) == "tools[0].type"
-    assert says(claude, tools=[{**TOOL, "defer_loading": True}]) == "tools[0].defer_loading"
+def test_tools_map_onto_function_tools_server_tools_are_not_offered() -> None:
+    req = claude_req(tools=[{**TOOL, "strict": True, "cache_control": {"type": "ephemeral"},
+                             "eager_input_streaming": True, "defer_loading": False},
+                            {"type": "web_search_20250305", "name": "web_search"},
+                            {"type": "bash_20250124", "name": "bash"}])
+    assert req.gen.tools == [{"type": "function", "function": {
+        "name": "get", "parameters": TOOL["input_schema"], "description": "d"}}]
+    assert req.gen.strict_tools == ["get"]
+    assert req.ignored == ("tools[].type=web_search_20250305", "tools[].type=bash_20250124")
+    # Deferred to a tool search exod does not run (Claude Code defers some): left out.
+    deferred = claude_req(tools=[TOOL, {**TOOL, "name": "later", "defer_loading": True}])
+    assert [t["function"]["name"] for t in deferred.gen.tools] == ["get"]
+    assert deferred.ignored == ("tools[].defer_loading",)
     assert says(claude, tools=[{**TOOL, "input_examples": [{}]}]) == "tools[0].input_examples"
     assert says(claude, tools=[{"name": "get"}]) == "tools[0].input_schema"
+    # A hosted tool is never a 400, even when fields are strict: clients attach them.
+    strict = parse_claude({"model": "m", "max_tokens": 8, "messages": HI, "tools": [
+        {"type": "web_fetch_20250910", "name": "web_fetch"}]}, strict=True)[0]
+    assert strict.ignored == ("tools[].type=web_fetch_20250910",)
 
 
 @pytest.mark.parametrize("choice, chat", [
-    ({"type": "auto"}, "auto"), ({"type": "any"}, "required"), ({"type": "none"}, "none"),
-    ({"type": "tool", "name": "get"}, {"type": "function", "function": {"name": "get"}})])
-def test_tool_choice_maps_onto_chat_s(choice: dict[str, Any], chat: Any) -> None:
-    assert claude(tools=[TOOL], tool_choice=choice)["tool_choice"] == chat
+    ({"type": "auto"}, ("auto", None)), ({"type": "any"}, ("required", None)),
+    ({"type": "none"}, ("none", None)), ({"type": "tool", "name": "get"}, ("function", "get"))])
+def test_tool_choice_maps_onto_the_request_s(choice: dict[str, Any], chat: Any) -> None:
+    g = claude(tools=[TOOL], tool_choice=choice)
+    assert (g.tool_choice, g.tool_name) == chat
 
 
 def test_disable_parallel_tool_use_and_tool_choice_keys() -> None:
-    chat = claude(tool_choice={"type": "any", "disable_parallel_tool_use": True})
-    assert chat["parallel_tool_calls"] is False
-    assert says(claude, tool_choice={"type": "auto", "name": "get"}) == "tool_choice.name"
-    assert says(claude, tool_choice={"type": "maybe"}) == "tool_choice"
+    assert claude(tools=[TOOL], tool_choice={"type": "any", "disable_parallel_tool_use": True}
+                  ).parallel_tool_calls is False
+    assert says(claude, tool_choice={"type": "maybe"}) == "tool_choice.type"
+    assert says(claude, tools=[TOOL], tool_choice={"type": "tool", "name": "nope"}) == \
+        "tool_choice.name"
 
 
 @pytest.mark.parametrize("body, thinks", [
@@ -167,22 +229,28 @@ def test_disable_parallel_tool_use_and_tool_choice_keys() -> None:
     ({"output_config": {"effort": "high"}}, True),
     ({"thinking": {"type": "disabled"}, "output_config": {"effort": "max"}}, False),
     ({"thinking": {"type": "enabled", "budget_tokens": 4, "display": "summarized"}}, True),
+    ({"thinking": {"type": "adaptive", "display": "omitted"}}, True),
     ({}, None),
 ])
 def test_thinking_and_effort_are_the_template_s_switch(body: dict[str, Any],
                                                        thinks: bool | None) -> None:
-    kwargs = claude(**body).get("chat_template_kwargs")
-    assert kwargs == (None if thinks is None else {"enable_thinking": thinks})
-    # Only `enabled` carries a budget, which goes to the runner apart from the chat body.
-    assert anthropic.think_budget(body) == (
-        4 if body.get("thinking", {}).get("type") == "enabled" else None)
+    g = claude(**body)
+    assert g.chat_template_kwargs == ({} if thinks is None else {"enable_thinking": thinks})
+    # Only `enabled` carries a budget, which the runner enforces.
+    assert g.think_budget == (4 if body.get("thinking", {}).get("type") == "enabled" else None)
+
+
+def test_display_omitted_is_what_the_answer_needs() -> None:
+    _, view = parse_claude({"model": "m", "max_tokens": 8, "messages": HI,
+                            "thinking": {"type": "adaptive", "display": "omitted"}})
+    assert view.omit_thinking
 
 
 @pytest.mark.parametrize("thinking, param", [
     ({"type": "enabled"}, "thinking.budget_tokens"),
     ({"type": "enabled", "budget_tokens": 0}, "thinking.budget_tokens"),
     ({"type": "enabled", "budget_tokens": 8}, "thinking.budget_tokens"),  # not below max_tokens
-    ({"type": "enabled", "budget_tokens": 4, "display": "omitted"}, "thinking.display"),
+    ({"type": "enabled", "budget_tokens": 4, "display": "sometimes"}, "thinking.display"),
     ({"type": "disabled", "budget_tokens": 4}, "thinking.budget_tokens"),
     ({"type": "sometimes"}, "thinking.type"),
 ])
@@ -193,50 +261,43 @@ def test_thinking_is_checked_as_anthropic_checks_it(thinking: dict[str, Any],
 
 def test_output_config_format_is_a_strict_json_schema() -> None:
     schema = {"type": "object"}
-    chat = claude(output_config={"format": {"type": "json_schema", "schema": schema}})
-    assert chat["response_format"] == {"type": "json_schema", "json_schema": {
-        "name": "output", "schema": schema, "strict": True}}
-    assert says(claude, output_config={"format": {"type": "json_schema", "schema": schema,
-                                                  "name": "x"}}) == "output_config.format.name"
+    g = claude(output_config={"format": {"type": "json_schema", "schema": schema}})
+    assert g.response_format == {"type": "json_schema", "schema": schema, "strict": True}
+    assert claude_req(output_config={"format": {"type": "json_schema", "schema": schema,
+                                                "name": "x"}}).ignored == \
+        ("output_config.format.name",)
     assert says(claude, output_config={"task_budget": 3}) == "output_config.task_budget"
     assert says(claude, output_config={"effort": "extreme"}) == "output_config.effort"
     assert says(claude, output_config={"effort": ["low"]}) == "output_config.effort"
+    assert says(claude, output_config={"format": {"type": "json_schema", "schema": 3}}) == \
+        "output_config.format.schema"
 
 
-# ---- the core's errors in the dialect's field names ------------------------------------------
-def core_error(module: Any, body: dict[str, Any]) -> ApiError:
-    origins: list[Origin] = []
-    chat = module.to_chat(body, origins=origins)
-    with pytest.raises(ApiError) as e:
-        parse_chat(chat)
-    return module.renamed(e.value, origins)
+def test_context_management_edits_reach_the_runner_in_their_plain_form() -> None:
+    g = claude(context_management={"edits": [
+        {"type": "clear_thinking_20251015", "keep": "all"},
+        {"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 5},
+         "exclude_tools": ["Read"], "clear_tool_inputs": True}]})
+    assert g.context_edits == [
+        {"type": "clear_thinking_20251015", "keep": -1},
+        {"type": "clear_tool_uses_20250919", "trigger": ["tool_uses", 5], "keep": 3,
+         "clear_at_least": 0, "exclude_tools": ["Read"], "clear_tool_inputs": True}]
+    assert says(claude, context_management={"edits": [{"type": "compact_20260112"}]}) == \
+        "context_management.edits[0].type"
+    assert says(claude, context_management={"edits": [
+        {"type": "clear_tool_uses_20250919", "keep": {"type": "tool_uses", "value": -1}}]}) \
+        == "context_management.edits[0].keep.value"
+    assert claude_req(context_management={"edits": [{"type": "clear_everything_2030"}]}
+                      ).ignored == ("context_management.edits[].type=clear_everything_2030",)
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"tools": [{**TOOL, "name": "a b"}]}, "tools[0].name"),
-    ({"stop_sequences": ["x" * 5000]}, "stop_sequences"),
-    ({"system": "s", "messages": [*HI, {"role": "assistant", "content": [
-        {"type": "tool_use", "id": "t", "name": "get", "input": {}}]},
-        {"role": "user", "content": "x", }], "tools": [TOOL],
-      "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
-    ({"temperature": 9}, "temperature"),
-])
-def test_messages_errors_name_anthropic_s_fields(body: dict[str, Any], param: str) -> None:
-    e = core_error(anthropic, {"model": "m", "max_tokens": 8, "messages": HI, **body})
-    assert e.param == param and f"`{param}`" in e.message, e.message
-
-
-def test_a_chat_message_index_becomes_the_turn_it_came_from() -> None:
-    from exod.api.dialects.names import dialect_param
-    origins: list[Origin] = [("system", False), ("messages[0]", True), ("messages[1]", True),
-                             ("input[2].output", False)]
-    assert dialect_param("messages[2].content", origins, (), "x") == "messages[1].content"
-    assert dialect_param("messages[2].tool_calls[0].function.arguments", origins, (), "x") \
-        == "messages[1]"
-    assert dialect_param("messages[3].content", origins, (), "x") == "input[2].output"
-    assert dialect_param("tools[1].function.parameters.type", origins, (), "input_schema") == \
-        "tools[1].input_schema.type"
-    assert dialect_param("seed", origins, (), "x") == "seed"
+# ---- the runner's errors name what the client sent ---------------------------------------------
+def test_the_runner_names_the_dialect_s_fields() -> None:
+    g = claude(tools=[{"type": "web_search_20250305", "name": "w"}, TOOL],
+               output_config={"format": {"type": "json_schema", "schema": {}}})
+    assert g.named("tools[0].function.parameters") == "tools[1].input_schema"
+    assert g.named("response_format.json_schema.schema") == "output_config.format.schema"
+    assert g.named("messages") == "messages"
 
 
 def test_anthropic_error_shape_and_statuses() -> None:
@@ -330,21 +391,67 @@ def test_an_error_mid_stream_closes_the_block_and_ends_the_stream() -> None:
     assert events(raw)[-1][1]["error"] == {"type": "overloaded_error", "message": "gone"}
 
 
+def test_thinking_is_signed_and_omitted_when_asked_whole_and_streamed() -> None:
+    """A thinking block's signature seals its text; with `display: omitted` the text is
+    empty (streamed: no thinking_delta), and the signature still gives it back."""
+    omit = anthropic.View(omit_thinking=True)
+    whole = AnthropicOutput("m", omit, SEALER).whole(chat_object("ok", reasoning_content="hm"))
+    block = whole["content"][0]
+    assert block["thinking"] == "" and SEALER.open(block["signature"]) == "hm"
+    shown = AnthropicOutput("m", sealer=SEALER).whole(chat_object("ok", reasoning_content="hm"))
+    assert shown["content"][0]["thinking"] == "hm"
+    out = AnthropicOutput("m", omit, SEALER)
+    raw = out.begin() + out.chunk(delta(reasoning_content="a")) + out.chunk(
+        delta(reasoning_content="b")) + out.chunk(delta(content="c")) + out.chunk(
+        {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 3}}) + out.end()
+    deltas = [d["delta"] for n, d in events(raw) if n == "content_block_delta"]
+    assert [d["type"] for d in deltas] == ["signature_delta", "text_delta"]
+    assert SEALER.open(deltas[0]["signature"]) == "ab"
+
+
+def test_applied_context_edits_are_reported_whole_streamed_and_counted() -> None:
+    applied = [{"type": "clear_thinking_20251015", "cleared_thinking_turns": 2,
+                "cleared_input_tokens": 7}]
+    done = m.Done(id="r", finish_reason="stop", prompt_tokens=5, completion_tokens=2,
+                  applied_edits=applied)
+    out = AnthropicOutput("m", anthropic.View(edits=True))
+    out.seen(done)
+    assert out.whole(chat_object())["context_management"] == {"applied_edits": applied}
+    assert "context_management" not in AnthropicOutput("m").whole(chat_object())
+    stream = AnthropicOutput("m", anthropic.View(edits=True))
+    stream.seen(done)
+    raw = stream.begin() + stream.chunk(delta(content="a")) + stream.chunk(
+        {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+    (msg_delta,) = [d for n, d in events(raw) if n == "message_delta"]
+    assert msg_delta["context_management"] == {"applied_edits": applied}
+    count = CountOutput()
+    count.seen(done)
+    assert count.whole({"usage": {"prompt_tokens": 5}}) == {
+        "input_tokens": 5, "context_management": {"original_input_tokens": 12}}
+
+
 # ---- OpenAI Responses requests ------------------------------------------------------------------
-def resp(**body: Any) -> dict[str, Any]:
-    return responses.to_chat({"model": "m", "input": "hi", **body})
+def parse_resp(body: dict[str, Any], **kw: Any) -> tuple[GenRequest, responses.View]:
+    return responses.parse(body, SEALER, **kw)
+
+
+def resp_req(**body: Any) -> GenRequest:
+    return parse_resp({"model": "m", "input": "hi", **body})[0]
+
+
+def resp(**body: Any) -> Generate:
+    return resp_req(**body).gen
 
 
 @pytest.mark.parametrize("body, param", [
     ({"store": True}, "store"), ({"previous_response_id": "r"}, "previous_response_id"),
     ({"conversation": "c"}, "conversation"), ({"background": True}, "background"),
-    ({"truncation": "auto"}, "truncation"), ({"include": ["file_search_call.results"]},
-                                              "include[0]"),
-    ({"prompt": {"id": "p"}}, "prompt"), ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"include": ["message.output_text.logprobs"]}, "include[0]"),
+    ({"prompt": {"id": "p"}}, "prompt"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"reasoning": {"effort": "huge"}}, "reasoning.effort"),
-    ({"reasoning": {"budget": 3}}, "reasoning.budget"),
     # wrong types a dict lookup could not hash, and values exod would take and ignore
     ({"reasoning": {"effort": ["high"]}}, "reasoning.effort"),
     ({"reasoning": {"summary": "frob"}}, "reasoning.summary"),
@@ -358,14 +465,32 @@ def test_responses_refuses_what_a_stateless_text_server_cannot_do(body: dict[str
     assert says(resp, **body) == param
 
 
-def test_responses_fields_map_onto_chat() -> None:
-    chat = resp(instructions="be", max_output_tokens=3, temperature=0, top_p=1,
-                parallel_tool_calls=False, stream=True, store=False, metadata={"a": "b"},
-                include=["reasoning.encrypted_content"], truncation="disabled")
-    assert chat == {"model": "m", "messages": [{"role": "system", "content": "be"},
-                                               {"role": "user", "content": "hi"}],
-                    "max_tokens": 3, "temperature": 0, "top_p": 1, "parallel_tool_calls": False,
-                    "stream": True, "stream_options": {"include_usage": True}}
+@pytest.mark.parametrize("body, ignored", [
+    ({"tools": [{"type": "web_search", "external_web_access": True}]},
+     ("tools[].type=web_search",)),
+    ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]},
+     ("tools[].type=code_interpreter",)),
+    ({"reasoning": {"budget": 3}}, ("reasoning.budget",)),
+    ({"client_metadata": {"session_id": "s"}, "prompt_cache_key": "k", "store": False}, ()),
+    ({"include": ["web_search_call.action.sources", "reasoning.encrypted_content"]}, ()),
+    ({"input": [{"type": "web_search_call", "id": "ws", "status": "completed",
+                 "action": {"type": "search", "query": "q"}}, *HI]},
+     ("input[].type=web_search_call",)),
+])
+def test_responses_accepts_what_cannot_change_the_answer_and_reports_the_rest(
+        body: dict[str, Any], ignored: tuple[str, ...]) -> None:
+    assert resp_req(**body).ignored == ignored
+
+
+def test_responses_fields_map_onto_the_request() -> None:
+    req = resp_req(instructions="be", max_output_tokens=3, temperature=0, top_p=1,
+                   parallel_tool_calls=False, stream=True, store=False, metadata={"a": "b"},
+                   include=["reasoning.encrypted_content"], truncation="disabled")
+    g = req.gen
+    assert g.messages == [{"role": "system", "content": "be"}, {"role": "user", "content": "hi"}]
+    assert (g.max_tokens, g.temperature, g.top_p, g.parallel_tool_calls) == (3, 0.0, 1.0, False)
+    assert req.stream and req.include_usage and req.ignored == ()
+    assert g.named("max_tokens") == "max_output_tokens" and g.named("messages") == "input"
 
 
 def test_input_items_carry_the_conversation_calls_and_reasoning() -> None:
@@ -379,10 +504,10 @@ def test_input_items_carry_the_conversation_calls_and_reasoning() -> None:
              {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
               "content": [{"type": "output_text", "text": "a", "annotations": [],
                            "logprobs": []}]}]
-    assert resp(input=items)["messages"] == [
+    assert resp(input=items).messages == [
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "", "reasoning_content": "think", "tool_calls": [
-            {"id": "c", "type": "function", "function": {"name": "get", "arguments": "{}"}}]},
+            {"id": "c", "type": "function", "function": {"name": "get", "arguments": {}}}]},
         {"role": "tool", "tool_call_id": "c", "content": "r", "name": "get"},
         {"role": "assistant", "content": "a"}]
 
@@ -390,48 +515,87 @@ def test_input_items_carry_the_conversation_calls_and_reasoning() -> None:
 def test_a_reasoning_item_s_summary_stands_in_for_missing_content() -> None:
     items = [*HI, {"type": "reasoning", "id": "rs", "summary": [
         {"type": "summary_text", "text": "sum"}]}, {"role": "assistant", "content": "a"}]
-    assert resp(input=items)["messages"][1]["reasoning_content"] == "sum"
+    assert resp(input=items).messages[1]["reasoning_content"] == "sum"
     bad = [{"type": "reasoning", "id": "rs", "summary": [{"type": "image"}]}]
     assert says(resp, input=bad) == "input[0].summary[0]"
 
 
-@pytest.mark.parametrize("item, param", [
-    ({"role": "user", "content": "q", "colour": "red"}, "input[0].colour"),
+def test_encrypted_content_round_trips_and_a_foreign_one_is_reported() -> None:
+    """Codex sends reasoning items back with `encrypted_content` and no `content`: exod's own
+    gives the reasoning back to the prompt; another server's is ignored, not a 400."""
+    def turn(sealed: str) -> list[Any]:
+        return [*HI, {"type": "reasoning", "id": "rs", "summary": [],
+                      "encrypted_content": sealed}, {"role": "assistant", "content": "a"}]
+    assert resp(input=turn(SEALER.seal("deep"))).messages[1]["reasoning_content"] == "deep"
+    foreign = resp_req(input=turn("gAAAAABo-opaque"))
+    assert "reasoning_content" not in foreign.gen.messages[1]
+    assert foreign.ignored == ("input[].encrypted_content",)
+    tampered = SEALER.seal("deep")[:-4] + "AAAA"
+    assert resp_req(input=turn(tampered)).ignored == ("input[].encrypted_content",)
+
+
+@pytest.mark.parametrize("item, outcome", [
+    ({"role": "user", "content": "q", "colour": "red"}, ("input[].colour",)),
     ({"role": "user", "content": [{"type": "input_image", "image_url": "u"}]},
-     "input[0].content[0]"),
+     "input[0].content[0].type"),
     ({"role": "assistant", "content": [{"type": "output_text", "text": "a", "annotations": [
         {"type": "url_citation"}]}]}, "input[0].content[0].annotations"),
-    ({"type": "function_call", "call_id": "c", "name": "g", "arguments": "{}",
-      "namespace": "ns"}, "input[0].namespace"),
     ({"type": "function_call_output", "call_id": "c", "output": "r",
       "caller": {"type": "program", "caller_id": "p"}}, "input[0].caller"),
 ])
-def test_an_input_item_key_works_is_harmless_or_is_refused_by_name(item: dict[str, Any],
-                                                                   param: str) -> None:
-    assert says(resp, input=[item]) == param
+def test_an_input_item_key_works_is_harmless_ignored_or_refused(item: dict[str, Any],
+                                                                outcome: Any) -> None:
+    if isinstance(outcome, str):
+        assert says(resp, input=[item]) == outcome
+    else:
+        assert resp_req(input=[item]).ignored == outcome
+
+
+def test_namespace_tools_serve_their_functions_under_codex_s_flat_name() -> None:
+    """Codex's `namespace` tools: each function is offered as NAMESPACE__NAME; a call sent
+    back with `namespace` reaches the template under the same name."""
+    ns = {"type": "namespace", "name": "collaboration", "description": "agents", "tools": [
+        {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}},
+        {"type": "function", "name": "_send", "strict": True, "parameters": {"type": "object"}}]}
+    req, view = parse_resp({"model": "m", "input": [*HI, {
+        "type": "function_call", "call_id": "c", "name": "spawn_agent",
+        "namespace": "collaboration", "arguments": "{}"}], "tools": [ns]})
+    assert [t["function"]["name"] for t in req.gen.tools] == ["collaboration__spawn_agent",
+                                                               "collaboration__send"]
+    assert req.gen.strict_tools == ["collaboration__send"]
+    assert view.namespaces == {"collaboration__spawn_agent": ("collaboration", "spawn_agent"),
+                               "collaboration__send": ("collaboration", "_send")}
+    assert req.gen.messages[1]["tool_calls"][0]["function"]["name"] == \
+        "collaboration__spawn_agent"
+    assert req.gen.named("tools[1].function.parameters") == "tools[0].tools[1].parameters"
+    assert says(resp, tools=[{**ns, "name": "a b"}]) == "tools[0].name"
+    forced = resp(tools=[ns], tool_choice={"type": "function", "name": "spawn_agent",
+                                           "namespace": "collaboration"})
+    assert forced.tool_name == "collaboration__spawn_agent"
 
 
 def test_responses_tools_tool_choice_and_text_format() -> None:
     tool = {"type": "function", "name": "get", "parameters": {"type": "object"},
             "strict": None, "defer_loading": False}
-    chat = resp(tools=[tool], tool_choice={"type": "function", "name": "get"},
-                text={"format": {"type": "json_schema", "name": "o", "schema": {}}})
-    assert chat["tools"] == [{"type": "function", "function": {
+    g = resp(tools=[tool], tool_choice={"type": "function", "name": "get"})
+    assert g.tools == [{"type": "function", "function": {
         "name": "get", "parameters": {"type": "object"}}}]
-    assert chat["tool_choice"] == {"type": "function", "function": {"name": "get"}}
-    assert chat["response_format"] == {"type": "json_schema",
-                                       "json_schema": {"name": "o", "schema": {}}}
-    assert says(resp, tools=[{**tool, "output_schema": {}}]) == "tools[0].output_schema"
-    assert says(resp, tool_choice={"type": "function", "name": "get", "x": 1}) == \
-        "tool_choice.x"
-    assert says(resp, text={"format": {"type": "json_schema", "schema": {}, "x": 1}}) == \
-        "text.format.x"
+    assert (g.tool_choice, g.tool_name) == ("function", "get")
+    fmt = {"format": {"type": "json_schema", "name": "o", "schema": {}}}
+    assert resp(text=fmt).response_format == {"type": "json_schema", "schema": {},
+                                              "strict": False}
+    assert says(resp, text=fmt, tools=[tool], tool_choice="required") == "text.format"
+    assert resp_req(tools=[{**tool, "output_schema": {}}]).ignored == ("tools[].output_schema",)
+    assert resp_req(tool_choice={"type": "function", "name": "get", "x": 1},
+                    tools=[tool]).ignored == ("tool_choice.x",)
+    assert says(resp, tools=[tool], tool_choice={"type": "function", "name": "nope"}) == \
+        "tool_choice.name"
 
 
 @pytest.mark.parametrize("effort, thinks", [("none", False), ("minimal", False), ("low", True),
                                             ("high", True)])
 def test_reasoning_effort_is_the_template_s_switch(effort: str, thinks: bool) -> None:
-    assert resp(reasoning={"effort": effort, "summary": "auto"})["chat_template_kwargs"] == \
+    assert resp(reasoning={"effort": effort, "summary": "auto"}).chat_template_kwargs == \
         {"enable_thinking": thinks}
 
 
@@ -439,11 +603,11 @@ def test_reasoning_effort_is_the_template_s_switch(effort: str, thinks: bool) ->
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"tools": [{"type": "function", "name": "a b", "parameters": {}}]}, "tools[0].name"),
     ({"instructions": "i", "input": [{"type": "function_call", "call_id": "c", "name": "g",
-                                      "arguments": "[1]"}]}, "input[0]"),
+                                      "arguments": "[1]"}]}, "input[0].arguments"),
 ])
 def test_responses_errors_name_openai_responses_fields(body: dict[str, Any],
                                                        param: str) -> None:
-    e = core_error(responses, {"model": "m", "input": "hi", **body})
+    e = refused(resp, **body)
     assert e.param == param and f"`{param}`" in e.message, e.message
 
 
@@ -457,6 +621,27 @@ def test_a_whole_response_holds_reasoning_message_and_calls_in_order() -> None:
     assert r["status"] == "incomplete"
     assert r["incomplete_details"] == {"reason": "max_output_tokens"}
     assert r["usage"]["input_tokens_details"] == {"cached_tokens": 3}
+
+
+def test_a_namespaced_call_comes_back_with_its_namespace_and_reasoning_sealed() -> None:
+    view = responses.View({"ns__go": ("ns", "go")}, encrypted=True)
+    call = {"id": "c", "type": "function", "function": {"name": "ns__go", "arguments": "{}"}}
+    r = ResponsesOutput("m", {}, view, SEALER).whole(chat_object(
+        None, "tool_calls", reasoning_content="why", tool_calls=[call]))
+    reasoning, fc = r["output"]
+    assert (fc["name"], fc["namespace"], fc["call_id"]) == ("go", "ns", "c")
+    assert SEALER.open(reasoning["encrypted_content"]) == "why"
+    plain = ResponsesOutput("m", {}).whole(chat_object(None, "tool_calls",
+                                                       reasoning_content="why",
+                                                       tool_calls=[call]))
+    assert "encrypted_content" not in plain["output"][0]
+    assert "namespace" not in plain["output"][1] and plain["output"][1]["name"] == "ns__go"
+    out = ResponsesOutput("m", {}, view, SEALER)
+    raw = out.begin() + out.chunk(delta(tool_calls=[
+        {"index": 0, "id": "c", "function": {"name": "ns__go", "arguments": "{}"}}])) + \
+        out.chunk({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}})
+    added = [e for e in sse_types(raw) if e["type"] == "response.output_item.added"]
+    assert (added[0]["item"]["name"], added[0]["item"]["namespace"]) == ("go", "ns")
 
 
 def sse_types(raw: bytes) -> list[dict[str, Any]]:
@@ -492,11 +677,3 @@ def test_a_failure_mid_stream_is_error_then_response_failed() -> None:
     assert failed["response"]["status"] == "failed"
     assert failed["response"]["error"] == {"code": "server_error", "message": "gone"}
     assert [i["type"] for i in failed["response"]["output"]] == ["message"]
-
-
-# ---- keys ---------------------------------------------------------------------------------------
-def test_keys_say_which_values_a_harmless_key_takes() -> None:
-    keys.check({"a": 1, "h": None}, "p", ("a",), {"h": keys.empty})
-    e = refused(keys.check, {"h": [1]}, "p", (), {"h": keys.empty})
-    assert e.param == "p.h" and "only an empty value" in e.message
-    assert refused(keys.check, {"z": 1}, "p", ()).param == "p.z"

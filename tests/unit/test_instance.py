@@ -515,10 +515,11 @@ def test_a_retired_instance_never_starts_again(seam: FakeSeam) -> None:
     """A reload swapped it for a replacement when its stop completed: a start deferred past
     that point (exoctl start during the stop) is the replacement's, not this runtime's."""
     inst, (pid,) = ready(seam)
-    inst.stop(then=lambda: setattr(inst, "retired", True))  # what the reload's swap does
+    inst.retire(replacement=None)  # what a reload does
     inst.start(operator=True)  # deferred until the stop completes
     seam.exit(pid, code=0)
     assert inst.state is S.STOPPED and len(seam.spawns) == 1
+    assert [(name, then.replacement) for _, name, then in seam.retirements] == [("llama", None)]
     inst.start(operator=True)
     assert inst.state is S.STOPPED and len(seam.spawns) == 1
 

@@ -56,6 +56,10 @@ EXAMPLES: list[m.Message] = [
                top_k=40, min_p=0.05, repetition_penalty=1.1, repetition_context_size=64,
                presence_penalty=0.5, frequency_penalty=-0.5, logprobs=True, top_logprobs=3,
                chat_template_kwargs={"enable_thinking": False, "x": [1, {"y": None}]}),
+    m.Generate(id="r6", kind="chat", max_tokens=5, images=[m.Image("iVBORw0K"), m.Image("/9j/")],
+               messages=[{"role": "user", "content": [
+                   {"type": "image", "image": 1}, {"type": "text", "text": "and"},
+                   {"type": "image", "image": 0}]}, {"role": "assistant", "content": "two"}]),
     m.Cancel("r2"),
     m.Shutdown(drain=4.0),
 ]
@@ -146,7 +150,29 @@ def test_malformed_from_the_runner(obj: dict[str, Any], fragment: str) -> None:
      "generate.min_p"),
     ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1,
       "chat_template_kwargs": [1]}, "generate.chat_template_kwargs"),
-], ids=str)
+    # Content parts only with images, each image placed once, nothing else in a part.
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1,
+      "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]},
+     "generate.messages"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1, "images": [{"data": "AA"}],
+      "messages": [{"role": "user", "content": "no image placed"}]}, "generate.images: each"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1, "images": [{"data": "AA"}],
+      "messages": [{"role": "user", "content": [{"type": "image", "image": 1}]}]},
+     "generate.messages[0].content[0].image: no image 1"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1, "images": [{"data": "AA"}],
+      "messages": [{"role": "user", "content": [{"type": "image", "image": 0},
+                                                {"type": "image", "image": 0}]}]},
+     "generate.images: each"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1, "images": [{"data": "AA"}],
+      "messages": [{"role": "user", "content": [{"type": "image", "image": 0, "url": "x"}]}]},
+     "generate.messages[0].content[0]: not a text or image part"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1, "images": [{"data": 1}]},
+     "generate.images"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1,
+      "images": [{"data": "A" * (28 * 2**20)}]}, "larger than 20 MiB"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1,
+      "images": [{"data": "AA"}] * 17}, "more than 16 images"),
+], ids=lambda v: str(v)[:80])
 def test_malformed_to_the_runner(obj: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ProtocolError) as info:
         m.decode_to_runner(obj)

@@ -1,20 +1,12 @@
-"""Pure parts of operating exod: the in-memory log rings, hang detection's watch (on a real
-event loop, with short windows), and which idle on-demand instances are evicted."""
+"""Pure parts of operating exod: the in-memory log rings and the status table. (Hang watches
+and eviction are the daemon's: tests/unit/test_traffic.py, on the fake clock.)"""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, Literal
+from typing import Literal
 
 from exod import control_messages as cm
-from exod.api.admission import Gate
-from exod.api.hang import HangWatch
-from exod.api.on_demand import OnDemand
-from exod.config.schema import Instance
-from exod.core.states import State
 from exod.daemon.log_ring import LogRings
 
 
@@ -44,88 +36,6 @@ def test_followers_see_new_lines_until_they_stop() -> None:
     stop()
     rings.add({"instance": "a", "rank": 0, "pid": 1}, "INFO", "after")
     assert [len(t) for t in seen] == [4096]  # one line, cut to the ring's limit
-
-
-class FakeStream:
-    def __init__(self) -> None:
-        self.failed: list[tuple[str, str]] = []
-        self.finished = False
-
-    def fail(self, code: str, message: str) -> None:
-        self.failed.append((code, message))
-
-
-def test_hang_watch_fires_only_without_progress_while_in_flight() -> None:
-    async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        hung: asyncio.Future[float] = loop.create_future()
-        watch = HangWatch(loop, 1.0, hung.set_result)
-        a, b = FakeStream(), FakeStream()
-        watch.opened(a)  # type: ignore[arg-type]
-        for _ in range(8):  # progress keeps it alive past a window (the scenario's own pace)
-            await asyncio.sleep(0.2)
-            watch.progress()
-        assert not hung.done()
-        watch.opened(b)  # type: ignore[arg-type]
-        silent = await asyncio.wait_for(hung, 5)
-        assert silent >= 1.0
-        assert a.failed and a.failed[0][0] == "hung" and b.failed[0][0] == "hung"
-        assert "no progress for" in a.failed[0][1]
-        # Nothing in flight: no timer, nothing fires.
-        idle = HangWatch(loop, 0.05, lambda s: hung_again.append(s))
-        hung_again: list[float] = []
-        s = FakeStream()
-        idle.opened(s)  # type: ignore[arg-type]
-        idle.closed(s)  # type: ignore[arg-type]
-        assert idle._timer is None
-
-    asyncio.run(scenario())
-
-
-def test_hang_watch_ignores_requests_the_runner_is_done_with() -> None:
-    """A handler still writing to a client that stopped reading keeps its stream open after
-    the runner finished it (or it was cut off): that is no request in flight."""
-    async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        hung: list[float] = []
-        watch = HangWatch(loop, 0.05, hung.append)
-        stuck = FakeStream()
-        watch.opened(stuck)  # type: ignore[arg-type]
-        stuck.finished = True
-        for _ in range(6):  # several windows of the watch's own pace
-            await asyncio.sleep(0.05)
-        assert hung == [] and watch._timer is not None  # still watching, for new requests
-        late = FakeStream()
-        watch.opened(late)  # type: ignore[arg-type]
-        for _ in range(6):
-            await asyncio.sleep(0.05)
-        assert hung and late.failed and "with 1 request(s) in flight" in late.failed[0][1]
-
-    asyncio.run(scenario())
-
-
-def instance(name: str, state: State, need: int, on_demand: bool = True) -> Any:
-    cfg = Instance(name=name, model=Path("/m"), autostart="on-demand" if on_demand else True)
-    return SimpleNamespace(name=name, state=state, config=cfg, memory_need=need)
-
-
-def test_eviction_takes_idle_on_demand_instances_least_recently_used_first() -> None:
-    new = instance("new", State.STOPPED, 50)
-    old = instance("old", State.READY, 30)
-    mid = instance("mid", State.READY, 30)
-    busy = instance("busy", State.READY, 100)
-    always = instance("always", State.READY, 500, on_demand=False)
-    loading = instance("loading", State.LOADING, 100)
-    busy_gate = Gate(1, 1)
-    busy_gate.active = 1
-    daemon = SimpleNamespace(ordered=lambda: [new, old, mid, busy, always, loading])
-    od = OnDemand(daemon, asyncio.new_event_loop(),  # type: ignore[arg-type]
-                  lambda i: busy_gate if i is busy else None)
-    od.last_used.update({"old": 1.0, "mid": 2.0, "busy": 0.5})
-    assert od._victims(new, 0) == []  # it fits
-    assert od._victims(new, 20) == [old]
-    assert od._victims(new, 50) == [old, mid]
-    assert od._victims(new, 61) == []  # even all idle on-demand ones would not make room
 
 
 def status_rank(error: str | None = None, exit_text: str | None = None,

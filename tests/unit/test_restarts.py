@@ -179,3 +179,17 @@ def test_other_exit_codes_are_retried(code: int) -> None:
 
 def test_reason_without_runner_account_is_the_exit_itself() -> None:
     assert tracker("no").on_exit(0.0, KILLED) == GiveUp("signal 9 (SIGKILL)")
+
+
+# ---- the backoff itself (restarts and downloads share it) -----------------------------------
+def test_backoff_grows_and_settles_after_a_stable_run() -> None:
+    from exod.core.restarts import Backoff
+
+    b = Backoff(BackoffPolicy(initial=1.0, multiplier=2.0, max=60.0, jitter=0.0,
+                              reset_after=30.0))
+    assert [b.next() for _ in range(4)] == [1.0, 2.0, 4.0, 8.0]
+    assert not b.settle(None, 100.0) and not b.settle(90.0, 119.0)  # never, or too short
+    assert b.next() == 16.0
+    assert b.settle(10.0, 40.0) and b.next() == 1.0  # reset_after exactly: stable
+    b.reset()
+    assert b.attempt == 0

@@ -1,73 +1,27 @@
-"""The pure parts of the sampling set and what comes back: which request fields exod serves,
-refuses or accepts with no effect (against the newest `openai` client's request types), the
+"""The pure parts of the sampling set and what comes back: the
 output of a generation token by token (reasoning apart, logprobs alongside their text, a stop
 sequence cutting both), and the response objects' logprobs, reasoning and cached tokens. No
 processes, no mlx."""
 
 from __future__ import annotations
 
-import re
-import typing
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from openai.types import completion_create_params as completion_params
-from openai.types.chat import completion_create_params as chat_params
 
 from exod import messages as m
-from exod.api import fields
-from exod.api.errors import ApiError
 from exod.api.objects import Reply
 from exod.api.schema import parse_chat, parse_completion, with_template_defaults
 from exod.config import ConfigError, load_config
-from exod.core.request_rules import RequestError
 from exod.runner.serving.output import Output, opens_thinking
 
 if TYPE_CHECKING:
     from tests.unit.conftest import ConfigDir
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-OPENAI = {"chat": chat_params.CompletionCreateParamsBase,
-          "completion": completion_params.CompletionCreateParamsBase}
 
 
-# ---- fields ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("endpoint", ["chat", "completion"])
-def test_every_field_of_the_openai_client_is_known(endpoint: str) -> None:
-    theirs = set(typing.get_type_hints(OPENAI[endpoint]))
-    assert theirs - fields.known(endpoint) == set()
-
-
-def test_the_readme_table_says_what_exod_does_with_every_field() -> None:
-    text = README.read_text()
-    table = text[text.index("| Field | /v1/chat/completions"):]
-    rows = {name for line in table.splitlines() if line.startswith("| `")
-            for name in re.findall(r"`([a-z_]+)`", line.split("|")[1])}
-    assert fields.known("chat") | fields.known("completion") <= rows
-
-
-def test_unknown_and_unserved_fields_are_refused_by_name() -> None:
-    for extra in ({"ignore_eos": True}, {"reasoning_effort": "low"}, {"modalities": ["audio"]},
-                  {"prompt": "x"}, {"web_search_options": {}}):
-        with pytest.raises(ApiError) as e:
-            parse_chat({**CHAT, **extra})
-        assert e.value.param == next(iter(extra))
-    with pytest.raises(ApiError) as e:
-        parse_completion({"model": "m", "prompt": "x", "chat_template_kwargs": {}})
-    assert e.value.param == "chat_template_kwargs"
-
-
-def test_no_effect_fields_and_no_op_values_pass() -> None:
-    parse_chat({**CHAT, "user": "u", "store": True, "metadata": {}, "service_tier": "flex",
-                "modalities": ["text"], "tools": [], "tool_choice": "none",
-                "response_format": {"type": "text"}, "parallel_tool_calls": False})
-    parse_completion({"model": "m", "prompt": "x", "best_of": 1, "suffix": None, "user": "u"})
-    with pytest.raises(RequestError):
-        fields.check_fields({"best_of": 2}, "completion")
-
-
+# ---- fields (which fields each endpoint takes: test_fields) --------------------------------
 def test_new_fields_reach_the_runner_message() -> None:
     g = parse_chat({**CHAT, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2,
                     "repetition_context_size": 64, "presence_penalty": 0.5,

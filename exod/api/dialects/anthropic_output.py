@@ -6,6 +6,9 @@ then for each block `content_block_start`, its deltas (`text_delta`, `thinking_d
 `input_json_delta`; a thinking block's `signature_delta` last), `content_block_stop`; then
 `message_delta` (stop_reason, usage) and `message_stop`. An error after the stream began is an
 `error` event, which ends the stream.
+
+A thinking block's signature seals its text (exod.api.seal): sent back with the text left
+out, as `thinking.display: omitted` returns it (no `thinking_delta`), it gives the text back.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import secrets
 from typing import Any
 
 from exod import messages as m
-from exod.api.dialects.anthropic_request import error_body
+from exod.api.dialects.anthropic_request import View, error_body
 from exod.api.errors import ApiError
+from exod.api.seal import Sealer
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -45,11 +49,16 @@ def tool_input(arguments: str) -> dict[str, Any]:
 
 
 class AnthropicOutput:
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, view: View | None = None,
+                 sealer: Sealer | None = None) -> None:
         self.model = model
+        self.view = view or View()
+        self.sealer = sealer
         self.id = f"msg_{secrets.token_hex(12)}"
         self.prompt_tokens = 0
         self.stop_sequence: str | None = None
+        self.applied: list[dict[str, Any]] = []
+        self._thought = ""  # the open thinking block's text, for its signature
         self._stopped_by_sequence = False
         self._block: tuple[str, int] | None = None  # (kind, tool index) of the open block
         self._index = -1
@@ -61,7 +70,16 @@ class AnthropicOutput:
         if isinstance(ev, m.Prefill) and ev.total:
             self.prompt_tokens = ev.total
         elif isinstance(ev, m.Done):
-            self.stop_sequence = getattr(ev, "stop_sequence", None)
+            self.stop_sequence = ev.stop_sequence
+            self.applied = ev.applied_edits
+
+    def _signature(self, text: str) -> str:
+        return self.sealer.seal(text) if self.sealer is not None else ""
+
+    def _managed(self) -> dict[str, Any]:
+        """`context_management`, when the request asked for it."""
+        return {"context_management": {"applied_edits": self.applied}} if self.view.edits \
+            else {}
 
     def _stop_reason(self, finish: str | None) -> str:
         if finish == "stop" and self.stop_sequence is not None:
@@ -74,8 +92,9 @@ class AnthropicOutput:
         msg = choice.get("message") or {}
         content: list[dict[str, Any]] = []
         if msg.get("reasoning_content"):
-            content.append({"type": "thinking", "thinking": msg["reasoning_content"],
-                            "signature": ""})
+            text = msg["reasoning_content"]
+            content.append({"type": "thinking", "signature": self._signature(text),
+                            "thinking": "" if self.view.omit_thinking else text})
         if msg.get("content"):
             content.append({"type": "text", "text": msg["content"]})
         for call in msg.get("tool_calls") or []:
@@ -86,7 +105,7 @@ class AnthropicOutput:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
                 "content": content, "stop_reason": reason,
                 "stop_sequence": self.stop_sequence if reason == "stop_sequence" else None,
-                "usage": usage(obj.get("usage"))}
+                "usage": usage(obj.get("usage")), **self._managed()}
 
     # ---- streamed ------------------------------------------------------------------------
     def begin(self) -> bytes:
@@ -101,8 +120,11 @@ class AnthropicOutput:
         for choice in obj.get("choices") or []:
             delta = choice.get("delta") or {}
             if delta.get("reasoning_content"):
-                out += self._open("thinking") + self._delta(
-                    {"type": "thinking_delta", "thinking": delta["reasoning_content"]})
+                out += self._open("thinking")
+                self._thought += delta["reasoning_content"]
+                if not self.view.omit_thinking:
+                    out += self._delta({"type": "thinking_delta",
+                                        "thinking": delta["reasoning_content"]})
             if delta.get("content"):
                 out += self._open("text") + self._delta(
                     {"type": "text_delta", "text": delta["content"]})
@@ -144,9 +166,12 @@ class AnthropicOutput:
     def _close(self) -> bytes:
         if self._block is None:
             return b""
-        # A thinking block ends with its signature, as Anthropic's do (exod signs nothing).
-        out = self._delta({"type": "signature_delta", "signature": ""}) \
-            if self._block[0] == "thinking" else b""
+        # A thinking block ends with its signature, as Anthropic's do.
+        out = b""
+        if self._block[0] == "thinking":
+            out = self._delta({"type": "signature_delta",
+                               "signature": self._signature(self._thought)})
+            self._thought = ""
         self._block = None
         return out + event("content_block_stop", {"index": self._index})
 
@@ -155,7 +180,8 @@ class AnthropicOutput:
         reason = self._stop_reason(self._finish)
         delta = {"stop_reason": reason,
                  "stop_sequence": self.stop_sequence if reason == "stop_sequence" else None}
-        return event("message_delta", {"delta": delta, "usage": usage(chat_usage)})
+        return event("message_delta", {"delta": delta, "usage": usage(chat_usage),
+                                       **self._managed()})
 
     def failed(self, err: ApiError) -> bytes:
         self._over = True
@@ -171,13 +197,22 @@ class AnthropicOutput:
 
 class CountOutput:
     """`/v1/messages/count_tokens`: the prompt's exact length after the chat template, from a
-    request the runner reads (template, tokens, checks) and answers without generating."""
+    request the runner reads (template, tokens, checks) and answers without generating; with
+    the length before its context edits, when one applied."""
+
+    def __init__(self) -> None:
+        self.applied: list[dict[str, Any]] = []
 
     def seen(self, ev: m.Event) -> None:
-        pass
+        if isinstance(ev, m.Done):
+            self.applied = ev.applied_edits
 
     def whole(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return {"input_tokens": obj["usage"]["prompt_tokens"]}
+        n = obj["usage"]["prompt_tokens"]
+        if not self.applied:
+            return {"input_tokens": n}
+        before = n + sum(e.get("cleared_input_tokens", 0) for e in self.applied)
+        return {"input_tokens": n, "context_management": {"original_input_tokens": before}}
 
     # A count is never streamed (its request has no `stream`): nothing below is called.
     def begin(self) -> bytes:

@@ -1,349 +1,263 @@
-"""Anthropic Messages requests (`POST /v1/messages`, `/v1/messages/count_tokens`) as chat
-completions bodies, which exod.api.schema then checks like any other.
+"""Anthropic Messages requests (`POST /v1/messages`, `/v1/messages/count_tokens`) onto the one
+request every dialect becomes (exod.api.schema.GenRequest).
 
-A field either maps onto the chat request or is refused by name. The few that cannot change
-an answer here are accepted and have no effect (`NO_EFFECT`, listed in the README). Parameter
-names in errors are Anthropic's (`messages[2].content[0].tool_use_id`), so a client sees the
-field it sent.
+What each field is, is the dialect's table (exod.api.fields.messages); each field passes the
+core's rules under the name the client sent (`stop_sequences`, `tools[0].input_schema`), so
+an error names what the client sent.
 """
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from typing import Any
 
-from exod.api.dialects import keys, names
-from exod.api.errors import ApiError, bad_request
+from exod.api.errors import ApiError
+from exod.api.fields.messages import MESSAGES
+from exod.api.fields.policy import Reading
+from exod.api.schema import GenRequest, http, tool_names
+from exod.api.seal import Sealer
+from exod.core import context_edits
+from exod.core import request_rules as rules
+from exod.messages import Generate, ToolChoice
 
-# Cannot change the answer of a local model: billing, routing and caching hints (exod's prompt
-# cache is automatic), a caller's own labels.
-NO_EFFECT = ("metadata", "cache_control", "service_tier", "inference_geo", "speed")
-MAPPED = ("model", "messages", "max_tokens", "system", "stop_sequences", "stream",
-          "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking", "output_config")
-COUNT_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking",
-                "output_config")
 # Thinking and effort map onto the chat template's switch (`enable_thinking`): a local
-# template has no effort scale, only on or off. `budget_tokens` goes to the runner apart
-# (think_budget, which chat completions has no field for), where it bounds the reasoning.
+# template has no effort scale, only on or off.
 EFFORT_THINKS = {"low": False, "medium": True, "high": True, "xhigh": True, "max": True}
+THINKING = ("enabled", "disabled", "adaptive")
+DISPLAYS = ("summarized", "omitted")
+TOOL_KEYS = ("name", "description", "input_schema", "strict")
+CALL_KEYS = ("id", "name", "input")
+BLOCK_KINDS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
 
 
-def to_chat(body: Any, count_only: bool = False,
-            origins: list[names.Origin] | None = None) -> dict[str, Any]:
-    """The chat completions body of a Messages request (or of a count_tokens one); `origins`,
-    when given, is filled with the Messages parameter each chat message came from."""
-    origins = [] if origins is None else origins
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    allowed = COUNT_FIELDS if count_only else MAPPED + NO_EFFECT
-    for key in body:
-        if key not in allowed:
-            raise bad_request(f"`{key}` is not supported by exod's Messages API", key)
-    chat: dict[str, Any] = {"model": body.get("model")}
-    messages = _system(body.get("system"))
-    origins += [("system", False)] * len(messages)
-    raw = body.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise bad_request("`messages` must be a non-empty array of messages", "messages")
-    for i, msg in enumerate(raw):
-        turn = _message(msg, i)
-        messages += turn
-        origins += [(f"messages[{i}]", True)] * len(turn)
-    chat["messages"] = messages
-    if not count_only:
-        _generation_fields(body, chat)
-    _tools(body, chat)
-    _thinking(body, chat)
-    return chat
+@dataclass(frozen=True)
+class View:
+    """What the answer needs beyond the core's."""
+
+    omit_thinking: bool = False  # thinking.display: omitted
+    edits: bool = False  # context_management was asked for: the answer reports it
 
 
-def _generation_fields(body: dict[str, Any], chat: dict[str, Any]) -> None:
-    max_tokens = body.get("max_tokens")
-    if max_tokens is None:
-        raise bad_request("`max_tokens` is required", "max_tokens")
-    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens == 0:
-        raise bad_request("`max_tokens` must be at least 1 (warming the prompt cache with 0 is "
-                          "not supported)", "max_tokens")
-    chat["max_tokens"] = max_tokens
-    if body.get("stop_sequences") is not None:
-        chat["stop"] = body["stop_sequences"]
-    for key in ("temperature", "top_p", "top_k"):
-        if body.get(key) is not None:
-            chat[key] = body[key]
-    if body.get("stream") is not None:
-        chat["stream"] = body["stream"]
-        if body["stream"] is True:  # the usage of message_delta comes from the usage chunk
-            chat["stream_options"] = {"include_usage": True}
+@http
+def parse(body: Any, sealer: Sealer, strict: bool = False,
+          count_only: bool = False) -> tuple[GenRequest, View]:
+    r = Reading(MESSAGES, strict)
+    b = rules.body(body)
+    r.keys(b, "count" if count_only else "body")
+    messages = _system(b.get("system"), r)
+    for i, msg in enumerate(rules.messages(b.get("messages"))):
+        messages += _message(msg, f"messages[{i}]", r, sealer)
+    listed, origins = _tools(b.get("tools"), r)
+    choice, function, parallel = _tool_choice(b.get("tool_choice"), listed, r)
+    thinks, budget, omit = _thinking(b, r, count_only)
+    fmt = _output_config(b.get("output_config"), choice, r)
+    thinks = fmt[1] if thinks is None else thinks
+    edits = _context_management(b.get("context_management"), r)
+    names = {**tool_names(origins), "response_format": "output_config.format",
+             "response_format.json_schema.schema": "output_config.format.schema"}
+    gen = Generate(
+        id="", kind="chat", messages=messages, count_only=count_only,
+        max_tokens=1 if count_only else rules.max_tokens(
+            rules.required(b.get("max_tokens"), "max_tokens"), "max_tokens"),
+        stop=[] if count_only else rules.stop(b.get("stop_sequences"), "stop_sequences"),
+        temperature=rules.number("temperature", b.get("temperature")),
+        top_p=rules.number("top_p", b.get("top_p")), top_k=rules.top_k(b.get("top_k")),
+        tools=rules.for_template(listed), strict_tools=rules.strict_tools(listed),
+        tool_choice=choice, tool_name=function, parallel_tool_calls=parallel,
+        response_format=fmt[0],
+        chat_template_kwargs={} if thinks is None else {"enable_thinking": thinks},
+        think_budget=budget, names=names, context_edits=edits)
+    stream = False if count_only else rules.stream(b.get("stream"))
+    # A stream's message_delta carries the usage: the core's usage chunk gives it.
+    return (GenRequest(gen, rules.model(b.get("model")), stream, stream, r.ignored),
+            View(omit, b.get("context_management") is not None))
 
 
-def _system(system: Any) -> list[dict[str, Any]]:
-    if system is None:
+def _system(raw: Any, r: Reading) -> list[dict[str, Any]]:
+    if raw is None:
         return []
-    if isinstance(system, str):
-        return [{"role": "system", "content": system}]
-    return [{"role": "system", "content": _texts(system, "system")}]
+    if isinstance(raw, str):
+        return [{"role": "system", "content": rules.text(raw, "system")}]
+    return [{"role": "system", "content": _texts(raw, "system", r, "system", "\n\n")}]
 
 
-def _texts(blocks: Any, param: str) -> str:
-    """Text blocks (the only kind a system prompt or a tool result may hold here) as text."""
-    if isinstance(blocks, str):
-        return blocks
-    if not isinstance(blocks, list):
-        raise bad_request(f"`{param}` must be a string or an array of text blocks", param)
-    out = []
-    for j, block in enumerate(blocks):
-        if not (isinstance(block, dict) and block.get("type") == "text"
-                and isinstance(block.get("text"), str)):
-            raise bad_request(f"`{param}[{j}]`: only text blocks are supported here",
-                              f"{param}[{j}]")
-        keys.check(block, f"{param}[{j}]", BLOCK_KEYS["text"], BLOCK_HARMLESS)
-        out.append(block["text"])
-    return "\n\n".join(out) if param == "system" else "".join(out)
+def _texts(raw: Any, param: str, r: Reading, kind: str, sep: str = "") -> str:
+    """Text blocks (what a system prompt or a tool result holds) as text; `kind`: their
+    variants' table."""
+    if isinstance(raw, str):
+        return rules.text(raw, param)
+    return sep.join(r.texts(raw, param, kind, "system" if kind == "system" else "text"))
 
 
-def _message(msg: Any, i: int) -> list[dict[str, Any]]:
+def _message(raw: Any, param: str, r: Reading, sealer: Sealer) -> list[dict[str, Any]]:
     """One Messages turn as chat messages: a user turn's tool results become `tool` messages
-    (first, as chat templates expect them right after the assistant's calls)."""
-    param = f"messages[{i}]"
-    if not isinstance(msg, dict):
-        raise bad_request(f"`{param}` must be an object", param)
-    keys.check(msg, param, ("role", "content"))
-    role = msg.get("role")
-    if role not in ("user", "assistant", "system"):
-        raise bad_request(f"`{param}.role` must be user, assistant or system", f"{param}.role")
-    content = msg.get("content")
+    (first, as chat templates expect them right after the assistant's calls). A `system` turn
+    stays in place: the runner moves it into the leading system turn when the model's template
+    takes system turns only first."""
+    rules.obj(raw, param)
+    r.keys(raw, "message", param)
+    role = rules.one_of(raw.get("role"), ("user", "assistant", "system"), f"{param}.role")
+    content = raw.get("content")
     if isinstance(content, str):
-        return [{"role": role, "content": content}]
-    if not isinstance(content, list):
-        raise bad_request(f"`{param}.content` must be a string or an array of content blocks",
-                          f"{param}.content")
+        return [{"role": role, "content": rules.text(content, f"{param}.content")}]
     if role == "system":
-        return [{"role": "system", "content": _texts(content, f"{param}.content")}]
+        return [{"role": "system", "content": _texts(content, f"{param}.content", r, "result")}]
+    blocks = []
+    for block, where in r.items(content, f"{param}.content", "block", "content block"):
+        r.keys(block, block["type"], where)
+        blocks.append((block["type"], block, where))
     if role == "assistant":
-        return [_assistant(content, param)]
-    return _user(content, param)
+        return [_assistant(blocks, r, sealer)]
+    return _user(blocks, r)
 
 
-# The keys of each content block exod reads, and those it accepts without use: the caching
-# hint Claude Code sends on blocks (exod's prompt cache needs none), empty echoes of what the
-# answer held, a call made directly by the model (no programmatic caller here).
-BLOCK_KEYS = {"text": ("type", "text"), "tool_use": ("type", "id", "name", "input"),
-              "tool_result": ("type", "tool_use_id", "content", "is_error"),
-              "thinking": ("type", "thinking", "signature"),
-              "redacted_thinking": ("type", "data")}
-BLOCK_HARMLESS: dict[str, keys.Harmless] = {
-    "cache_control": keys.anything, "citations": keys.empty, "caller": keys.direct,
-    "toolset_name": keys.empty}
-
-
-def _block(block: Any, param: str) -> tuple[str, dict[str, Any]]:
-    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-        raise bad_request(f"`{param}` must be a content block with a `type`", param)
-    works = BLOCK_KEYS.get(block["type"])
-    if works is not None:
-        keys.check(block, param, works, BLOCK_HARMLESS)
-    return block["type"], block
-
-
-def _string(block: dict[str, Any], key: str, param: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise bad_request(f"`{param}.{key}` must be a string", f"{param}.{key}")
-    return value
-
-
-def _user(content: list[Any], param: str) -> list[dict[str, Any]]:
+def _user(blocks: list[tuple[str, dict[str, Any], str]], r: Reading) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     texts: list[str] = []
-    for j, raw in enumerate(content):
-        where = f"{param}.content[{j}]"
-        kind, block = _block(raw, where)
+    for kind, block, where in blocks:
         if kind == "text":
-            texts.append(_string(block, "text", where))
+            texts.append(rules.text_field(block.get("text"), f"{where}.text"))
         elif kind == "tool_result":
-            text = _texts(block.get("content", ""), f"{where}.content")
-            if block.get("is_error") not in (None, True, False):
-                raise bad_request(f"`{where}.is_error` must be a boolean", f"{where}.is_error")
-            if block.get("is_error") is True:
+            text = _texts(block.get("content", ""), f"{where}.content", r, "result")
+            if rules.flag(block.get("is_error"), f"{where}.is_error"):
                 text = f"Error: {text}"
-            results.append({"role": "tool", "content": text,
-                            "tool_call_id": _string(block, "tool_use_id", where)})
+            call_id = rules.text_field(block.get("tool_use_id"), f"{where}.tool_use_id")
+            results.append({"role": "tool", "content": text, "tool_call_id": call_id})
         else:
-            raise bad_request(f"`{where}.type` {kind!r} is not supported (exod serves text "
-                              "models: text and tool_result blocks)", f"{where}.type")
+            raise rules.RequestError(f"`{where}.type` {kind!r} belongs to an assistant turn",
+                                     f"{where}.type")
     return results + ([{"role": "user", "content": "".join(texts)}] if texts else [])
 
 
-def _assistant(content: list[Any], param: str) -> dict[str, Any]:
+def _assistant(blocks: list[tuple[str, dict[str, Any], str]], r: Reading,
+               sealer: Sealer) -> dict[str, Any]:
     texts: list[str] = []
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
-    for j, raw in enumerate(content):
-        where = f"{param}.content[{j}]"
-        kind, block = _block(raw, where)
+    for kind, block, where in blocks:
         if kind == "text":
-            texts.append(_string(block, "text", where))
+            texts.append(rules.text_field(block.get("text"), f"{where}.text"))
         elif kind == "thinking":
-            thinking.append(_string(block, "thinking", where))
-        elif kind == "redacted_thinking":
-            continue  # Anthropic's encrypted thinking: no text a local model could read
+            thinking.append(_thought(block, where, r, sealer))
         elif kind == "tool_use":
             if not isinstance(block.get("input"), dict):
-                raise bad_request(f"`{where}.input` must be an object", f"{where}.input")
-            calls.append({"id": _string(block, "id", where), "type": "function",
-                          "function": {"name": _string(block, "name", where),
-                                       "arguments": json.dumps(block["input"])}})
-        else:
-            raise bad_request(f"`{where}.type` {kind!r} is not supported in an assistant turn "
-                              "(text, thinking and tool_use are)", f"{where}.type")
+                raise rules.RequestError(f"`{where}.input` must be an object", f"{where}.input")
+            calls.append(rules.call(block.get("id"), block.get("name"), block["input"], where,
+                                    CALL_KEYS))
+        elif kind == "tool_result":
+            raise rules.RequestError(f"`{where}.type` 'tool_result' belongs to a user turn",
+                                     f"{where}.type")
+        # redacted_thinking: Anthropic's encrypted thinking, no text a local model could read
     out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if thinking:
+    if any(thinking):
         out["reasoning_content"] = "".join(thinking)
     if calls:
         out["tool_calls"] = calls
     return out
 
 
-def _tools(body: dict[str, Any], chat: dict[str, Any]) -> None:
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise bad_request("`tools` must be an array of tools", "tools")
-        chat["tools"] = [_tool(t, i) for i, t in enumerate(tools)]
-    choice = body.get("tool_choice")
-    if choice is None:
-        return
-    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
-        raise bad_request("`tool_choice.type` must be auto, any, tool or none", "tool_choice")
-    kind = choice["type"]
-    keys.check(choice, "tool_choice", ("type", "disable_parallel_tool_use")
-               + (("name",) if kind == "tool" else ()))
-    if kind == "tool":
-        chat["tool_choice"] = {"type": "function",
-                               "function": {"name": _string(choice, "name", "tool_choice")}}
-    else:
-        chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[kind]
-    parallel = choice.get("disable_parallel_tool_use")
-    if parallel is not None:
-        if not isinstance(parallel, bool):
-            raise bad_request("`tool_choice.disable_parallel_tool_use` must be a boolean",
+def _thought(block: dict[str, Any], where: str, r: Reading, sealer: Sealer) -> str:
+    """A thinking block's text: as sent, or (empty, as `display: omitted` returns it) the one
+    its signature seals; a signature exod did not make is ignored, and reported."""
+    text = rules.text_field(block.get("thinking", ""), f"{where}.thinking")
+    if text or not block.get("signature"):
+        return text
+    sealed = sealer.open(block["signature"])
+    if sealed is None:
+        r.ignore(f"{where}.signature")
+        return ""
+    return sealed
+
+
+def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str]]:
+    if raw is None:
+        return [], []
+    listed, origins = [], []
+    for tool, param in r.items(raw, "tools", "tool", "tool", rules.MAX_TOOLS, "custom"):
+        r.keys(tool, "tool", param)
+        if tool.get("defer_loading") is True:  # left out until a tool search: none here
+            continue
+        rules.schema(tool.get("input_schema"), f"{param}.input_schema")
+        listed.append(rules.function(tool, param, TOOL_KEYS))
+        origins.append(f"{param}.input_schema")
+    return rules.unique(listed, "tools"), origins
+
+
+def _tool_choice(raw: Any, listed: list[dict[str, Any]],
+                 r: Reading) -> tuple[ToolChoice, str | None, bool]:
+    """(chat's tool_choice, the named tool, parallel calls)."""
+    if raw is None:
+        return "auto", None, True
+    r.keys(rules.obj(raw, "tool_choice"), "tool_choice", "tool_choice")
+    kind = rules.one_of(raw.get("type"), ("auto", "any", "tool", "none"), "tool_choice.type")
+    parallel = not rules.flag(raw.get("disable_parallel_tool_use"),
                               "tool_choice.disable_parallel_tool_use")
-        chat["parallel_tool_calls"] = not parallel
+    if kind == "tool":
+        return "function", rules.named(raw.get("name"), listed, "tool_choice.name"), parallel
+    chosen: ToolChoice = "required" if kind == "any" else "auto" if kind == "auto" else "none"
+    rules.choice(chosen, listed, "tool_choice")
+    return chosen, None, parallel
 
 
-# A tool's keys that cannot change the answer: the caching hint, how finely the call's input
-# streams (exod streams it as the core decodes it), tool search's deferral left off.
-TOOL_HARMLESS: dict[str, keys.Harmless] = {
-    "cache_control": keys.anything, "eager_input_streaming": keys.anything,
-    "defer_loading": keys.false}
+def _thinking(b: dict[str, Any], r: Reading,
+              count_only: bool) -> tuple[bool | None, int | None, bool]:
+    """(the template's switch or None, the thinking budget, whether thinking is omitted)."""
+    raw = b.get("thinking")
+    if raw is None:
+        return None, None, False
+    r.keys(rules.obj(raw, "thinking"), "thinking_config", "thinking")
+    kind = rules.one_of(raw.get("type"), THINKING, "thinking.type")
+    display = raw.get("display")
+    omit = display is not None and rules.one_of(display, DISPLAYS, "thinking.display") == \
+        "omitted"
+    budget = None
+    if kind == "enabled":
+        budget = rules.integer(rules.required(raw.get("budget_tokens"), "thinking.budget_tokens"),
+                               "thinking.budget_tokens", 1, 1, rules.MAX_THINK_BUDGET)
+        if not count_only:  # checked as Anthropic checks it (then enforced by the runner)
+            rules.below(budget, b.get("max_tokens"), "thinking.budget_tokens", "max_tokens")
+    elif raw.get("budget_tokens") is not None:
+        raise rules.RequestError("`thinking.budget_tokens` needs `type: enabled`",
+                                 "thinking.budget_tokens")
+    return kind != "disabled", budget, omit
 
 
-def _tool(tool: Any, i: int) -> dict[str, Any]:
-    param = f"tools[{i}]"
-    if not isinstance(tool, dict):
-        raise bad_request(f"`{param}` must be an object", param)
-    kind = tool.get("type", "custom")
-    if kind != "custom":
-        raise bad_request(f"`{param}.type` {kind!r}: Anthropic's server tools are not "
-                          "available here; define a custom tool with `input_schema`",
-                          f"{param}.type")
-    keys.check(tool, param, ("type", "name", "description", "input_schema", "strict"),
-               TOOL_HARMLESS)
-    function: dict[str, Any] = {"name": tool.get("name"),
-                                "parameters": tool.get("input_schema")}
-    if "description" in tool:
-        function["description"] = tool["description"]
-    if "strict" in tool:
-        function["strict"] = tool["strict"]
-    if not isinstance(function["parameters"], dict):
-        raise bad_request(f"`{param}.input_schema` must be a JSON schema object",
-                          f"{param}.input_schema")
-    return {"type": "function", "function": function}
-
-
-def _thinking(body: dict[str, Any], chat: dict[str, Any]) -> None:
-    thinks: bool | None = None
-    thinking = body.get("thinking")
-    if thinking is not None:
-        kind = thinking.get("type") if isinstance(thinking, dict) else None
-        if kind not in ("enabled", "disabled", "adaptive"):
-            raise bad_request("`thinking.type` must be enabled, disabled or adaptive",
-                              "thinking.type")
-        keys.check(thinking, "thinking", {"enabled": ("type", "budget_tokens", "display"),
-                                          "adaptive": ("type", "display")}.get(kind, ("type",)))
-        if thinking.get("display") not in (None, "summarized"):
-            raise bad_request("`thinking.display` must be summarized: exod returns the "
-                              "thinking whole (omitting it is not supported)", "thinking.display")
-        if kind == "enabled":
-            _budget(thinking.get("budget_tokens"), body.get("max_tokens"))
-        thinks = kind != "disabled"
-    config = body.get("output_config")
-    if config is not None:
-        if not isinstance(config, dict):
-            raise bad_request("`output_config` must be an object", "output_config")
-        for key in config:
-            if key not in ("format", "effort"):
-                raise bad_request(f"`output_config.{key}` is not supported",
-                                  f"output_config.{key}")
-        effort = config.get("effort")
-        if effort is not None:
-            if not isinstance(effort, str) or effort not in EFFORT_THINKS:  # a list: unhashable
-                raise bad_request("`output_config.effort` must be one of "
-                                  f"{', '.join(EFFORT_THINKS)}", "output_config.effort")
-            thinks = EFFORT_THINKS[effort] if thinks is None else thinks
-        _format(config.get("format"), chat)
-    if thinks is not None:
-        chat["chat_template_kwargs"] = {"enable_thinking": thinks}
-
-
-def think_budget(body: Any) -> int | None:
-    """The tokens of reasoning a request allows (`thinking.budget_tokens`, once to_chat has
-    checked the body): the runner closes the think block past them. None: unbounded."""
-    thinking = body.get("thinking") if isinstance(body, dict) else None
-    if not isinstance(thinking, dict) or thinking.get("type") != "enabled":
-        return None
-    budget: int = thinking["budget_tokens"]
-    return budget
-
-
-def _budget(budget: Any, max_tokens: Any) -> None:
-    """Checked as Anthropic checks it (then enforced by the runner: think_budget)."""
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise bad_request("`thinking.budget_tokens` must be a positive integer",
-                          "thinking.budget_tokens")
-    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and budget >= max_tokens:
-        raise bad_request("`thinking.budget_tokens` must be less than `max_tokens`",
-                          "thinking.budget_tokens")
-
-
-def _format(fmt: Any, chat: dict[str, Any]) -> None:
+def _output_config(raw: Any, choice: str,
+                   r: Reading) -> tuple[dict[str, Any] | None, bool | None]:
+    """(response_format, the switch `effort` asks for)."""
+    if raw is None:
+        return None, None
+    r.keys(rules.obj(raw, "output_config"), "output_config", "output_config")
+    effort = raw.get("effort")
+    thinks = None if effort is None else \
+        EFFORT_THINKS[rules.one_of(effort, tuple(EFFORT_THINKS), "output_config.effort")]
+    fmt = raw.get("format")
     if fmt is None:
-        return
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" \
-            or not isinstance(fmt.get("schema"), dict):
-        raise bad_request("`output_config.format` must be {type: json_schema, schema: {...}}",
-                          "output_config.format")
-    keys.check(fmt, "output_config.format", ("type", "schema"))
-    chat["response_format"] = {"type": "json_schema",
-                               "json_schema": {"name": "output", "schema": fmt["schema"],
-                                               "strict": True}}
+        return None, thinks
+    r.keys(rules.obj(fmt, "output_config.format"), "format", "output_config.format")
+    rules.one_of(fmt.get("type"), ("json_schema",), "output_config.format.type")
+    return rules.json_output(rules.required(fmt.get("schema"), "output_config.format.schema"),
+                             True, choice, "output_config.format",
+                             "output_config.format.schema"), thinks
+
+
+def _context_management(raw: Any, r: Reading) -> list[dict[str, Any]]:
+    if raw is None:
+        return []
+    r.keys(rules.obj(raw, "context_management"), "context_management", "context_management")
+    out = []
+    for e, where in r.items(raw.get("edits") or [], "context_management.edits", "edit", "edit",
+                            16):
+        kind = e["type"]
+        r.keys(e, "clear_thinking" if kind == context_edits.THINKING else "clear_tool_uses", where)
+        out.append(context_edits.edit(e, kind, where))
+    return out
 
 
 # ---- errors in Anthropic's shape ---------------------------------------------------------
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                 403: "permission_error", 404: "not_found_error", 408: "timeout_error",
                 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
-
-
-# Chat fields the core may name in an error, as this dialect calls them.
-RENAMED = (("stop", "stop_sequences"), ("response_format.json_schema", "output_config.format"),
-           ("response_format", "output_config.format"), ("chat_template_kwargs", "thinking"),
-           ("parallel_tool_calls", "tool_choice.disable_parallel_tool_use"),
-           ("tool_choice.function", "tool_choice"))
-
-
-def renamed(e: ApiError, origins: list[names.Origin]) -> ApiError:
-    return names.renamed(e, origins, RENAMED, "input_schema")
 
 
 def error_status(e: ApiError) -> int:

@@ -9,6 +9,11 @@ reasoning item) and deltas (`response.output_text.delta`, `response.reasoning_te
 `response.output_item.done`; last `response.completed` (or `response.incomplete` when
 max_output_tokens cut it short, or `error` then `response.failed` when the generation failed).
 Every event carries a `sequence_number`.
+
+A call to a namespace's function comes back with `name` and `namespace` apart (Codex's
+router joins them). With `include: ["reasoning.encrypted_content"]`, a reasoning item carries
+`encrypted_content`, its text sealed (exod.api.seal), which the next turn may send back
+instead of the text.
 """
 
 from __future__ import annotations
@@ -16,22 +21,27 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from exod import messages as m
+from exod.api.dialects.responses_request import View
 from exod.api.errors import ApiError
+from exod.api.seal import Sealer
 
 
 class _Item:
     """One output item being built: a message, a reasoning item or a function call."""
 
-    def __init__(self, kind: str, index: int, call: dict[str, Any] | None = None) -> None:
+    def __init__(self, kind: str, index: int, call: dict[str, Any] | None = None,
+                 seal: Callable[[str], str] | None = None) -> None:
         self.kind = kind
         self.index = index
         prefix = {"function_call": "fc", "reasoning": "rs", "message": "msg"}[kind]  # OpenAI's
         self.id = f"{prefix}_{secrets.token_hex(12)}"
         self.text = ""
         self.call = call or {}
+        self.seal = seal  # a reasoning item's encrypted_content, when asked for
 
     def json(self, done: bool) -> dict[str, Any]:
         status = "completed" if done else "in_progress"
@@ -42,10 +52,14 @@ class _Item:
                     "content": parts}
         if self.kind == "reasoning":
             content = [{"type": "reasoning_text", "text": self.text}] if done else []
-            return {"id": self.id, "type": "reasoning", "summary": [], "content": content,
-                    "status": status}
+            out: dict[str, Any] = {"id": self.id, "type": "reasoning", "summary": [],
+                                   "content": content, "status": status}
+            if self.seal is not None:
+                out["encrypted_content"] = self.seal(self.text) if done else None
+            return out
         return {"id": self.id, "type": "function_call", "status": status,
                 "call_id": self.call.get("id") or self.id, "name": self.call.get("name", ""),
+                **({"namespace": self.call["namespace"]} if "namespace" in self.call else {}),
                 "arguments": self.text if done else ""}
 
 
@@ -56,9 +70,12 @@ def _part(item: _Item, text: str) -> dict[str, Any]:
 
 
 class ResponsesOutput:
-    def __init__(self, model: str, body: dict[str, Any]) -> None:
+    def __init__(self, model: str, body: dict[str, Any], view: View | None = None,
+                 sealer: Sealer | None = None) -> None:
         self.model = model
         self.body = body
+        self.view = view or View()
+        self.seal = sealer.seal if sealer is not None and self.view.encrypted else None
         self.id = f"resp_{secrets.token_hex(12)}"
         self.created = int(time.time())
         self._seq = 0
@@ -117,9 +134,15 @@ class ResponsesOutput:
         return self._response(self._status(), obj.get("usage"))
 
     def _new(self, kind: str, call: dict[str, Any] | None = None) -> _Item:
-        item = _Item(kind, len(self._items), call)
+        item = _Item(kind, len(self._items), self._named(call) if call else None,
+                     self.seal if kind == "reasoning" else None)
         self._items.append(item)
         return item
+
+    def _named(self, call: dict[str, Any]) -> dict[str, Any]:
+        """A call as the client named the function: a namespace's apart from its name."""
+        found = self.view.namespaces.get(call.get("name") or "")
+        return call if found is None else {**call, "namespace": found[0], "name": found[1]}
 
     # ---- streamed --------------------------------------------------------------------------
     def _event(self, kind: str, **data: Any) -> bytes:

@@ -26,22 +26,24 @@ How a rule is written, so that it is written once:
 from __future__ import annotations
 
 from exod.core.request_rules.base import (  # noqa: F401
-    MAX_SCHEMA_DEPTH, RequestError, text, name, depth, text_field, flag, integer, known_keys,
+    MAX_SCHEMA_DEPTH, RequestError, text, name, depth, text_field, flag, integer, obj, array,
+    one_of, required,
 )
 from exod.core.request_rules.generation import (  # noqa: F401
     DEFAULT_MAX_TOKENS_CHAT, DEFAULT_MAX_TOKENS_COMPLETION, MAX_STOPS, MAX_STOP_CHARS,
     MAX_BIAS, BIAS_LIMIT, MAX_TOP_K, MAX_REPETITION_PENALTY, MAX_CONTEXT_SIZE,
     DEFAULT_CONTEXT_SIZE, CONTEXT_SIZES, MAX_TOP_LOGPROBS, MAX_TEMPLATE_KWARGS,
     MAX_TEMPLATE_KWARGS_CHARS, MAX_THINK_BUDGET, RESERVED_TEMPLATE_KWARGS, Range, NUMBERS,
-    number, body, model, n, seed, echo, stream, stream_options, stop, max_tokens,
-    max_tokens_cap, think_budget, fit_window, logit_bias, bias_ids, top_k, repetition_penalty,
+    number, body, model, seed, stream, stream_options, stop, max_tokens, max_tokens_cap,
+    think_budget, below, fit_window, logit_bias, bias_ids, top_k, repetition_penalty,
     context_size, logprobs, top_logprobs, completion_logprobs, chat_template_kwargs,
 )
 from exod.core.request_rules.messages import (  # noqa: F401
-    ROLES, MESSAGE_KEYS, ECHOED, PART_KEYS, CALL_KEYS, CALL_FUNCTION_KEYS, messages, message,
-    message_keys, content, prompt, prompt_ids, turn, reasoning, past_calls, past_call,
+    ROLES, MESSAGE_KEYS, CALL_KEYS, messages, message, content, prompt, prompt_ids, turn,
+    reasoning, past_calls, past_call, call,
 )
 from exod.core.request_rules.tools import (  # noqa: F401
-    MAX_TOOLS, MAX_SCHEMA_BYTES, TOOL_CHOICES, TOOL_KEYS, FUNCTION_KEYS, schema, tools, tool,
-    strict_tools, tool_choice, response_format, schema_bytes,
+    MAX_TOOLS, MAX_SCHEMA_BYTES, TOOL_CHOICES, FUNCTION_KEYS, schema, tools, tool, function,
+    unique, strict_tools, for_template, tool_choice, choice, named, response_format,
+    json_output, schema_bytes,
 )

@@ -81,11 +81,32 @@ def integer(raw: Any, param: str, default: int, lo: int, hi: int) -> int:
     return raw
 
 
-def known_keys(raw: dict[str, Any], allowed: tuple[str, ...], param: str) -> None:
-    """Every key of an object is one exod reads: another (a typo, another server's option) is
-    refused by name, never dropped."""
-    for key in raw:
-        if key not in allowed:
-            where = f"{param}.{str(key)[:64]}"
-            raise RequestError(f"`{where}` is not a field exod knows (it takes "
-                               f"{', '.join(allowed)})", where)
+def obj(raw: Any, param: str, what: str = "an object") -> dict[str, Any]:
+    """A JSON object (the shape of a dialect's own structure: a block, an item, a tool)."""
+    if not isinstance(raw, dict):
+        raise RequestError(f"`{param}` must be {what}", param)
+    return raw
+
+
+def array(raw: Any, param: str, most: int | None = None, nonempty: bool = False,
+          what: str = "items") -> list[Any]:
+    """A JSON array, of at most `most` entries, not empty when `nonempty`."""
+    bound = f" of at most {most} {what}" if most is not None else f" of {what}"
+    if not isinstance(raw, list) or (most is not None and len(raw) > most) \
+            or (nonempty and not raw):
+        raise RequestError(f"`{param}` must be {'a non-empty' if nonempty else 'an'} array"
+                           f"{bound}", param)
+    return raw
+
+
+def one_of(raw: Any, choices: tuple[str, ...], param: str) -> str:
+    """One of a few strings (a list or an object is none of them, and cannot be hashed)."""
+    if not isinstance(raw, str) or raw not in choices:
+        raise RequestError(f"`{param}` must be one of {', '.join(choices)}", param)
+    return raw
+
+
+def required(raw: Any, param: str) -> Any:
+    if raw is None:
+        raise RequestError(f"`{param}` is required", param)
+    return raw

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exod.core.request_rules.base import RequestError, integer, text
+from exod.core.request_rules.base import RequestError, flag, integer, text
 
 DEFAULT_MAX_TOKENS_CHAT = 1024
 DEFAULT_MAX_TOKENS_COMPLETION = 16  # the OpenAI reference's default for /v1/completions
@@ -78,20 +78,10 @@ def model(raw: Any) -> str:
     return raw
 
 
-def n(raw: Any) -> None:
-    if raw is not None and (type(raw) is not int or raw != 1):  # neither True nor 1.0
-        raise RequestError("`n` must be 1: exod returns one choice", "n")
-
-
 def seed(raw: Any) -> int | None:
     if raw is not None and (isinstance(raw, bool) or not isinstance(raw, int)):
         raise RequestError("`seed` must be an integer", "seed")
     return raw
-
-
-def echo(raw: Any) -> None:
-    if raw:
-        raise RequestError("`echo` is not supported", "echo")
 
 
 def stream(raw: Any) -> bool:
@@ -100,37 +90,34 @@ def stream(raw: Any) -> bool:
     return bool(raw)
 
 
-def stream_options(raw: Any, streaming: bool) -> bool:
-    """Whether the stream ends with a usage chunk."""
+def stream_options(raw: Any, streaming: bool, param: str = "stream_options") -> bool:
+    """Whether the stream ends with a usage chunk. (`include_obfuscation` pads chunks against
+    length side channels: it cannot change the answer, and exod's chunks carry no padding.)"""
     if raw is None:
         return False
     if not streaming:
-        raise RequestError("`stream_options` is only allowed when `stream` is true",
-                           "stream_options")
-    if not isinstance(raw, dict) or not isinstance(raw.get("include_usage", False), bool):
-        raise RequestError("`stream_options.include_usage` must be a boolean", "stream_options")
-    # include_obfuscation pads chunks against length side channels: it cannot change the
-    # answer, and exod's chunks carry no padding either way.
-    if set(raw) - {"include_usage", "include_obfuscation"} or \
-            not isinstance(raw.get("include_obfuscation", True), bool):
-        raise RequestError("`stream_options` takes `include_usage` and `include_obfuscation`, "
-                           "booleans", "stream_options")
+        raise RequestError(f"`{param}` is only allowed when `stream` is true", param)
+    if not isinstance(raw, dict):
+        raise RequestError(f"`{param}` must be an object", param)
+    for key in ("include_usage", "include_obfuscation"):
+        flag(raw.get(key), f"{param}.{key}")
     return bool(raw.get("include_usage", False))
 
 
-def stop(raw: Any) -> list[str]:
+def stop(raw: Any, param: str = "stop") -> list[str]:
     if raw is None:
         return []
     stops = [raw] if isinstance(raw, str) else raw
     if not (isinstance(stops, list) and len(stops) <= MAX_STOPS
             and all(isinstance(s, str) for s in stops)):
-        raise RequestError(f"`stop` must be a string or an array of at most {MAX_STOPS} "
-                           "strings", "stop")
+        raise RequestError(f"`{param}` must be a string or an array of at most {MAX_STOPS} "
+                           "strings", param)
     if any(not s for s in stops):
-        raise RequestError("`stop` sequences must not be empty", "stop")
+        raise RequestError(f"`{param}` sequences must not be empty", param)
     if any(len(s) > MAX_STOP_CHARS for s in stops):
-        raise RequestError(f"`stop` sequences are at most {MAX_STOP_CHARS} characters", "stop")
-    return [text(s, "stop") for s in stops]
+        raise RequestError(f"`{param}` sequences are at most {MAX_STOP_CHARS} characters",
+                           param)
+    return [text(s, param) for s in stops]
 
 
 # ---- how much is generated ---------------------------------------------------------------------
@@ -143,18 +130,13 @@ def max_tokens(raw: Any, param: str = "max_tokens", default: int | None = None) 
     return raw
 
 
-def max_tokens_cap(value: int, param: str | None, context: int | None, cap: int | None) -> int:
-    """`value` against the model's context window and the instance's `max_tokens_cap` (None:
-    unknown, or none): a value the client set (`param`) past them is refused; a default
-    shrinks to fit."""
+def max_tokens_cap(value: int, context: int | None, cap: int | None) -> int:
+    """`max_tokens` within the model's context window and the instance's `max_tokens_cap`
+    (None: unknown, or none): a larger value is clamped to them, as llama.cpp clamps to its
+    server's limit (agents ask for 32000 whatever the model): the generation then ends there,
+    with finish reason `length`. The operator's cap bounds the work; it breaks no client."""
     known = [x for x in (context, cap) if x is not None]
-    if not known or value <= min(known):
-        return value
-    limit = min(known)
-    if param is None:
-        return limit
-    what = "the instance's max_tokens_cap" if limit == cap else "the model's context window"
-    raise RequestError(f"`{param}` is {value}, more than {limit} ({what})", param)
+    return min(value, *known) if known else value
 
 
 def think_budget(raw: Any, param: str = "think_budget") -> int | None:
@@ -162,6 +144,13 @@ def think_budget(raw: Any, param: str = "think_budget") -> int | None:
     if raw is None:
         return None
     return integer(raw, param, 1, 1, MAX_THINK_BUDGET)
+
+
+def below(value: int, limit: Any, param: str, limit_param: str) -> int:
+    """A number below another field's (which, when it is no integer, its own rule refuses)."""
+    if isinstance(limit, int) and not isinstance(limit, bool) and value >= limit:
+        raise RequestError(f"`{param}` must be less than `{limit_param}`", param)
+    return value
 
 
 def fit_window(prompt: int, max_tokens: int, window: int | None, param: str) -> int:

@@ -6,62 +6,34 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from exod.core.request_rules.base import RequestError, depth, known_keys, name, text, text_field
+from exod.core.request_rules.base import (RequestError, array, depth, name, obj, text,
+                                          text_field)
 from exod.core.request_rules.tools import MAX_TOOLS
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # The keys of a message that reach the chat template. `reasoning_content` is an assistant's
 # thinking, the key Qwen3's and DeepSeek's templates read (what they do with it is theirs: Qwen3
-# shows only the thinking after the last user turn).
+# shows only the thinking after the last user turn). Which other keys a dialect's messages may
+# hold, and what becomes of them, is its field table (exod.api.fields).
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content")
-# Keys of OpenAI's answer message, which a client sends back as it came when it replays a turn.
-# Empty (null, "", [], {}) they hold nothing to lose; holding something, exod cannot replay it
-# to the model, and refuses them by name.
-ECHOED = {
-    "refusal": "a refusal cannot be replayed to a local model; send its text as `content`",
-    "annotations": "annotations (OpenAI's citations) are not supported",
-    "audio": "audio is not supported",
-    "function_call": "the deprecated `function_call` is not supported; send `tool_calls`",
-}
-PART_KEYS = ("type", "text")
-CALL_KEYS = ("id", "type", "function", "index")  # index: a streamed call's place, no effect
-CALL_FUNCTION_KEYS = ("name", "arguments")
+CALL_KEYS = ("id", "function.name", "function.arguments")  # chat completions' spelling
 
 
-def messages(raw: Any) -> list[dict[str, Any]]:
-    if not isinstance(raw, list) or not raw:
-        raise RequestError("`messages` must be a non-empty array of messages", "messages")
-    return [message(m, i) for i, m in enumerate(raw)]
+def messages(raw: Any, param: str = "messages") -> list[Any]:
+    return array(raw, param, nonempty=True, what="messages")
 
 
-def message(raw: Any, i: int) -> dict[str, Any]:
-    param = f"messages[{i}]"
-    if not isinstance(raw, dict):
-        raise RequestError(f"`{param}` must be an object", param)
+def message(raw: Any, param: str) -> dict[str, Any]:
+    """A chat completions message as the template takes it (its keys checked by the dialect's
+    table before)."""
+    obj(raw, param)
     role = raw.get("role")
     if role not in ROLES:
         raise RequestError(f"`{param}.role` must be one of {', '.join(ROLES)}", f"{param}.role")
-    message_keys(raw, param)
     # Chat templates know `system`; `developer` is OpenAI's newer name for it.
     return {"role": "system" if role == "developer" else role,
             "content": content(raw.get("content"), f"{param}.content"),
             **turn(raw, role, param)}
-
-
-def message_keys(raw: dict[str, Any], param: str) -> None:
-    """Every key of a message reaches the template (MESSAGE_KEYS), or is one of the keys of
-    an echoed answer holding nothing (ECHOED); any other is refused by name."""
-    for key, value in raw.items():
-        if key in MESSAGE_KEYS:
-            continue
-        where = f"{param}.{str(key)[:64]}"
-        why = ECHOED.get(key)
-        if why is None:
-            raise RequestError(f"`{where}` is not a field exod knows (a message takes "
-                               f"{', '.join(MESSAGE_KEYS)}; {', '.join(ECHOED)} only empty)",
-                               where)
-        if value is not None and value not in ("", [], {}):
-            raise RequestError(f"`{where}`: {why}", where)
 
 
 def content(raw: Any, param: str) -> str:
@@ -74,7 +46,6 @@ def content(raw: Any, param: str) -> str:
             if not (isinstance(part, dict) and part.get("type") == "text"
                     and isinstance(part.get("text"), str)):
                 raise RequestError(f"`{param}[{j}]`: only text parts are supported", param)
-            known_keys(part, PART_KEYS, f"{param}[{j}]")
             parts.append(part["text"])
         raw = "".join(parts)
     elif not isinstance(raw, str):
@@ -148,25 +119,30 @@ def past_calls(raw: Any, role: str, param: str) -> list[dict[str, Any]]:
 
 
 def past_call(raw: Any, param: str) -> dict[str, Any]:
-    """A call made earlier, as templates take it: arguments as an object (clients send them as
-    JSON text, or as the object)."""
+    """A chat completions call made earlier (`{"type": "function", "function": {"name",
+    "arguments"}}`), as templates take it."""
     f = raw.get("function") if isinstance(raw, dict) else None
     if not isinstance(f, dict) or raw.get("type", "function") != "function":
         raise RequestError(f'`{param}` must be {{"type": "function", "function": {{"name": '
                            '..., "arguments": ...}}}}', param)
-    known_keys(raw, CALL_KEYS, param)
-    known_keys(f, CALL_FUNCTION_KEYS, f"{param}.function")
-    args, where = f.get("arguments", {}), f"{param}.function.arguments"
-    if isinstance(args, str):
+    return call(raw.get("id"), f.get("name"), f.get("arguments", {}), param)
+
+
+def call(ident: Any, fn: Any, arguments: Any, param: str,
+         keys: tuple[str, str, str] = CALL_KEYS) -> dict[str, Any]:
+    """A call made earlier, from its id, name and arguments (at `param` + `keys`, as the
+    dialect spells them), as templates take it: arguments as an object (clients send them as
+    JSON text, or as the object)."""
+    id_at, name_at, args_at = (f"{param}.{k}" for k in keys)
+    if isinstance(arguments, str):
         try:
-            args = json.loads(args) if args.strip() else {}
+            arguments = json.loads(arguments) if arguments.strip() else {}
         except (ValueError, RecursionError):
-            args = None
-    if not isinstance(args, dict):
-        raise RequestError(f"`{where}` must be a JSON object (as text or as is)", where)
-    out = {"type": "function", "function": {"name": name(f.get("name"), f"{param}.function.name"),
-                                            "arguments": depth(args, where)}}
-    call_id = raw.get("id")
-    if call_id is not None and not isinstance(call_id, str):
-        raise RequestError(f"`{param}.id` must be a string", f"{param}.id")
-    return {**out, "id": text(call_id, f"{param}.id")} if call_id else out
+            arguments = None
+    if not isinstance(arguments, dict):
+        raise RequestError(f"`{args_at}` must be a JSON object (as text or as is)", args_at)
+    out = {"type": "function", "function": {"name": name(fn, name_at),
+                                            "arguments": depth(arguments, args_at)}}
+    if ident is not None and not isinstance(ident, str):
+        raise RequestError(f"`{id_at}` must be a string", id_at)
+    return {**out, "id": text(ident, id_at)} if ident else out

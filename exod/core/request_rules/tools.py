@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from exod.core.request_rules.base import RequestError, depth, flag, known_keys, name, text_field
+from exod.core.request_rules.base import (RequestError, array, depth, flag, name,
+                                          text_field)
 
 MAX_TOOLS = 128  # OpenAI's own limit on `tools`
 MAX_SCHEMA_BYTES = 64 * 1024  # default of an instance's grammar.max_schema_kib
 TOOL_CHOICES = ("none", "auto", "required")
-TOOL_KEYS = ("type", "function")
-FUNCTION_KEYS = ("name", "description", "parameters", "strict")
+FUNCTION_KEYS = ("name", "description", "parameters", "strict")  # chat completions' spelling
 
 
 def schema(raw: Any, param: str) -> dict[str, Any]:
@@ -21,16 +21,12 @@ def schema(raw: Any, param: str) -> dict[str, Any]:
 
 
 def tools(raw: Any) -> list[dict[str, Any]]:
-    """`tools`: functions with unique names; what the chat template receives."""
+    """Chat completions' `tools`: functions with unique names; what the chat template
+    receives."""
     if raw is None:
         return []
-    if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
-        raise RequestError(f"`tools` must be an array of at most {MAX_TOOLS} tools", "tools")
-    out = [tool(t, f"tools[{i}]") for i, t in enumerate(raw)]
-    names = [t["function"]["name"] for t in out]
-    if len(set(names)) < len(names):
-        raise RequestError("`tools`: two tools have the same name", "tools")
-    return out
+    array(raw, "tools", MAX_TOOLS, what="tools")
+    return unique([tool(t, f"tools[{i}]") for i, t in enumerate(raw)], "tools")
 
 
 def tool(raw: Any, param: str) -> dict[str, Any]:
@@ -38,67 +34,113 @@ def tool(raw: Any, param: str) -> dict[str, Any]:
     if not isinstance(f, dict):
         raise RequestError(f'`{param}` must be {{"type": "function", "function": {{...}}}}',
                            param)
-    known_keys(raw, TOOL_KEYS, param)
-    known_keys(f, FUNCTION_KEYS, f"{param}.function")
-    fn: dict[str, Any] = {"name": name(f.get("name"), f"{param}.function.name")}
-    if f.get("description") is not None:
-        fn["description"] = text_field(f["description"], f"{param}.function.description")
-    if f.get("parameters") is not None:
-        fn["parameters"] = schema(f["parameters"], f"{param}.function.parameters")
-    # Not for the template: the runner reads it from `strict_tools`.
-    flag(f.get("strict"), f"{param}.function.strict")
-    return {"type": "function", "function": fn}
+    return function(f, f"{param}.function")
 
 
-def strict_tools(raw: Any) -> list[str]:
-    """The names of the tools marked `strict: true` (once `tools` has checked them): a call's
-    arguments must follow the tool's parameters, forced or validated (exod.runner.serving.
-    strict_args); the parameters must be enforceable whole by the grammar engine."""
-    return [t["function"]["name"] for t in raw or [] if t["function"].get("strict") is True]
+def function(raw: dict[str, Any], param: str,
+             keys: tuple[str, str, str, str] = FUNCTION_KEYS) -> dict[str, Any]:
+    """A function tool from its name, description, parameters and strict flag (the keys of
+    `raw` at `param`, as the dialect spells them: Anthropic's `input_schema`), as the chat
+    template takes it; `strict` stays beside it for `strict_tools`."""
+    at = {k: f"{param}.{k}" for k in keys}
+    name_key, description_key, parameters_key, strict_key = keys
+    fn: dict[str, Any] = {"name": name(raw.get(name_key), at[name_key])}
+    if raw.get(description_key) is not None:
+        fn["description"] = text_field(raw[description_key], at[description_key])
+    if raw.get(parameters_key) is not None:
+        fn["parameters"] = schema(raw[parameters_key], at[parameters_key])
+    out: dict[str, Any] = {"type": "function", "function": fn}
+    if flag(raw.get(strict_key), at[strict_key]):
+        out["strict"] = True  # not for the template: strict_tools takes it off
+    return out
+
+
+def unique(listed: list[dict[str, Any]], param: str) -> list[dict[str, Any]]:
+    """Tools with unique names, as templates take them (their `strict` mark taken off: see
+    `strict_tools`)."""
+    if len(listed) > MAX_TOOLS:
+        raise RequestError(f"`{param}` must be an array of at most {MAX_TOOLS} tools", param)
+    names = [t["function"]["name"] for t in listed]
+    if len(set(names)) < len(names):
+        raise RequestError(f"`{param}`: two tools have the same name", param)
+    return listed
+
+
+def strict_tools(listed: list[dict[str, Any]]) -> list[str]:
+    """The names of the tools marked strict by `function`: a call's arguments must follow the
+    tool's parameters, forced or validated (exod.runner.serving.strict_args); the parameters
+    must be enforceable whole by the grammar engine."""
+    return [t["function"]["name"] for t in listed if t.get("strict")]
+
+
+def for_template(listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools as the chat template receives them (no `strict` mark)."""
+    return [{"type": "function", "function": t["function"]} for t in listed]
 
 
 def tool_choice(raw: Any, listed: list[dict[str, Any]]) -> tuple[str, str | None]:
-    """("none" | "auto" | "required" | "function", the named function or None)."""
+    """Chat completions' `tool_choice`: ("none" | "auto" | "required" | "function", the named
+    function or None)."""
     if raw is None or raw in TOOL_CHOICES:
-        choice = raw or "auto"
-        if choice == "required" and not listed:
-            raise RequestError("`tool_choice` is required but `tools` is empty", "tool_choice")
-        return choice, None
+        return choice(raw or "auto", listed, "tool_choice"), None
     f = raw.get("function") if isinstance(raw, dict) and raw.get("type") == "function" else None
-    if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+    if not isinstance(f, dict):
         raise RequestError('`tool_choice` must be "none", "auto", "required" or {"type": '
                            '"function", "function": {"name": ...}}', "tool_choice")
-    if f["name"] not in {t["function"]["name"] for t in listed}:
-        raise RequestError(f"`tool_choice` names {f['name'][:64]!r}, which is not in `tools`",
-                           "tool_choice")
-    return "function", f["name"]
+    return "function", named(f.get("name"), listed, "tool_choice")
+
+
+def choice(kind: str, listed: list[dict[str, Any]], param: str) -> str:
+    """A choice that needs no name ("none", "auto", "required"), against the tools."""
+    if kind == "required" and not listed:
+        raise RequestError(f"`{param}` is required but `tools` is empty", param)
+    return kind
+
+
+def named(raw: Any, listed: list[dict[str, Any]], param: str) -> str:
+    """The one tool a choice names, which must be among the tools."""
+    if not isinstance(raw, str):
+        raise RequestError(f"`{param}` must name a tool", param)
+    if raw not in {t["function"]["name"] for t in listed}:
+        raise RequestError(f"`{param}` names {raw[:64]!r}, which is not in `tools`", param)
+    return raw
 
 
 def response_format(raw: Any, choice: str) -> dict[str, Any] | None:
-    """None (text), {"type": "json_object"}, or {"type": "json_schema", "schema", "strict"}."""
+    """Chat completions' `response_format`: None (text), {"type": "json_object"}, or
+    {"type": "json_schema", "schema", "strict"}."""
     kind = raw.get("type") if isinstance(raw, dict) else None
     if raw is None:
         return None
     if kind not in ("text", "json_object", "json_schema"):
         raise RequestError('`response_format.type` must be "text", "json_object" or '
                            '"json_schema"', "response_format")
-    if kind == "text":  # a schema beside it would be ignored: refused by name instead
-        known_keys(raw, ("type",), "response_format")
+    if raw.get("json_schema") is not None and kind != "json_schema":  # it would go unused
+        raise RequestError("`response_format.json_schema` needs `type: json_schema`",
+                           "response_format.json_schema")
+    if kind == "text":
         return None
-    if choice in ("required", "function"):  # the call's arguments follow the tool's parameters
-        raise RequestError("`response_format` cannot be combined with a `tool_choice` that "
-                           "forces a tool call", "response_format")
     if kind == "json_object":
-        known_keys(raw, ("type",), "response_format")
-        return {"type": "json_object"}
-    known_keys(raw, ("type", "json_schema"), "response_format")
+        return json_output(None, False, choice, "response_format")
     spec, param = raw.get("json_schema"), "response_format.json_schema"
     if not isinstance(spec, dict):
         raise RequestError(f"`{param}` must be an object with `name` and `schema`", param)
-    known_keys(spec, ("name", "description", "schema", "strict"), param)
     name(spec.get("name"), f"{param}.name")
-    return {"type": "json_schema", "strict": flag(spec.get("strict"), f"{param}.strict"),
-            "schema": schema(spec.get("schema", {}), f"{param}.schema")}
+    return json_output(spec.get("schema", {}), flag(spec.get("strict"), f"{param}.strict"),
+                       choice, "response_format", f"{param}.schema")
+
+
+def json_output(raw_schema: Any, strict: bool, choice: str, param: str,
+                schema_param: str = "") -> dict[str, Any]:
+    """Structured output (the dialect's `param`): any JSON object when `raw_schema` is None,
+    else JSON that follows it (its field at `schema_param`)."""
+    if choice in ("required", "function"):  # the call's arguments follow the tool's parameters
+        raise RequestError(f"`{param}` cannot be combined with a `tool_choice` that forces a "
+                           "tool call", param)
+    if raw_schema is None:
+        return {"type": "json_object"}
+    return {"type": "json_schema", "strict": strict,
+            "schema": schema(raw_schema, schema_param or param)}
 
 
 def schema_bytes(size: int, limit: int, param: str) -> None:

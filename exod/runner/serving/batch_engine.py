@@ -48,10 +48,11 @@ from exod.runner.serving import tool_calls
 from exod.runner.serving.gen_options import KvOptions
 from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.logprobs import TokenText, entries
-from exod.runner.serving.output import Output, with_pieces
+from exod.runner.serving.output import Output
 from exod.runner.serving.reading import Prompt
 from exod.runner.prompt_cache.disk import DiskTier
 from exod.runner.prompt_cache.tiers import FromDisk, PromptCache
+from exod.runner.serving.token_events import done, show_token
 
 MIN_CHUNK = 32  # prefill chunks below this waste more in overhead than they buy in latency
 PREFILL_BATCH = 8  # prompts prefilled together at most (mlx_lm.server's default)
@@ -392,34 +393,22 @@ class BatchEngine:
     def _on_token(self, r: _Request, resp: Any, entry: m.TokenLogprob | None) -> list[m.Event]:
         r.prefilling = False
         r.completion_tokens += 1
-        reason = resp.finish_reason
         if r.out is None:  # a warm-up: its one token ends it, its cache is what it was for
             self._store(resp.all_tokens or [], resp.prompt_cache)
             self._forget(r)
             return []
-        # An end-of-sequence token is never shown (as stream_generate).
-        piece = r.out.add(resp.token, entry, eos=reason == "stop", last=reason is not None)
-        pieces: list[tool_calls.Piece] = r.calls.feed(piece.text) if r.calls else [piece.text]
+        shown = show_token(r.rid, r.out, r.calls, resp.token, entry, resp.finish_reason,
+                           r.completion_tokens)
         # A stop sequence, or the one call a request without parallel_tool_calls wanted: the
-        # request leaves the batch now.
-        if r.out.stopped or (r.calls and r.calls.done):
-            if reason is None:
-                caches = self._gen.remove([r.uid], return_prompt_caches=True)
-                cache, tokens = caches.get(r.uid, (None, []))
-                self._store(tokens, cache)
-            else:
-                self._store(resp.all_tokens or [], resp.prompt_cache)
-            pieces += r.calls.flush() if r.calls else []
-            reason = "stop"
-        elif reason is not None:
-            pieces += r.calls.flush() if r.calls else []
+        # request leaves the batch now, its cache with it.
+        if shown.early:
+            caches = self._gen.remove([r.uid], return_prompt_caches=True)
+            cache, tokens = caches.get(r.uid, (None, []))
+            self._store(tokens, cache)
+        elif shown.reason is not None:
             self._store(resp.all_tokens or [], resp.prompt_cache)
-        events = with_pieces(r.rid, piece, tool_calls.events(r.rid, pieces))
-        if not events and reason is None:  # a token all the same: progress for the hang watch
-            events.append(m.Held(r.rid, r.completion_tokens))
-        if reason is not None:
-            self._forget(r)
-            events.append(m.Done(r.rid, tool_calls.finish_reason(reason, r.calls),
-                                 r.prompt_tokens, r.completion_tokens, r.out.stops.matched,
-                                 r.cached_tokens, r.out.reasoning_tokens))
-        return events
+        if shown.reason is None:
+            return shown.events
+        self._forget(r)
+        return [*shown.events, done(r.rid, shown.reason, r.out, r.calls, r.prompt_tokens,
+                                    r.completion_tokens, r.cached_tokens)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import llguidance
@@ -74,15 +75,17 @@ class Grammars:
             return f"<[{int(ids[0])}]>"
         return json.dumps(text)
 
-    def json_schema(self, fmt: dict[str, Any], thinking: Thinking | None = None) -> Constraint:
+    def json_schema(self, fmt: dict[str, Any], thinking: Thinking | None = None,
+                    named: Callable[[str], str] = str) -> Constraint:
         """response_format: json_object (any object) or json_schema. A strict schema must be
         enforceable whole; else keywords the engine does not implement are left out.
-        `thinking`: the answer may be preceded by reasoning (see Thinking)."""
-        param = "response_format"
+        `thinking`: the answer may be preceded by reasoning (see Thinking). `named`: a field as
+        the client spelled it."""
+        param = named("response_format")
         if fmt["type"] == "json_object":
             schema: Any = {"type": "object"}
         else:
-            schema, param = fmt["schema"], "response_format.json_schema.schema"
+            schema, param = fmt["schema"], named("response_format.json_schema.schema")
         options: JsonCompileOptions = {
             "whitespace_flexible": False, "lenient": not fmt.get("strict", False)}
         try:

@@ -27,8 +27,8 @@ import dataclasses
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from exod import messages as m
 from exod.core.request_rules import RequestError
@@ -98,6 +98,22 @@ class Engine(Protocol):
         ...
 
 
+class NoPromptCache:
+    """The Engine's prompt cache methods for an engine that keeps none (mlx-lm's turn path,
+    the vision engine): nothing behind the requests, nothing to keep at the stop."""
+
+    background = False
+
+    def idle(self) -> None:
+        pass
+
+    def save_cache(self, deadline: float) -> None:
+        pass
+
+    def clear_cache(self) -> None:
+        pass
+
+
 @dataclass
 class Ticker:
     """Something to run at least every `every` seconds from the loop."""
@@ -125,6 +141,7 @@ class ServeLoop:
         self.figures: m.Serving | None = None  # the engine's, as last sent
         self.live: set[str] = set()
         self.recent: collections.deque[str] = collections.deque(maxlen=256)  # finished ids
+        self.edited: dict[str, list[dict[str, Any]]] = {}  # a live request's applied edits
         self.reader = Reader(engine.read, channel.inbox.put,
                              lambda rid: channel.send(m.Prefill(rid, 0, 0)), READING_EVERY)
 
@@ -181,6 +198,8 @@ class ServeLoop:
             if read.error is not None:
                 raise read.error
             assert read.prompt is not None
+            if read.prompt.applied_edits:  # its Done reports them
+                self.edited[rid] = read.prompt.applied_edits
             if read.req.count_only:  # counted once read: nothing reaches the engine
                 self._emit([m.Done(rid, "stop", len(read.prompt.tokens), 0)])
                 return
@@ -220,9 +239,13 @@ class ServeLoop:
             return self.engine.abort_all("internal", f"{type(e).__name__}: {e}")
 
     def _emit(self, events: list[m.Event]) -> None:
+        if self.edited:
+            events = [replace(ev, applied_edits=self.edited.pop(ev.id))
+                      if isinstance(ev, m.Done) and ev.id in self.edited else ev for ev in events]
         self.channel.send_all(events)
         for ev in events:
             if isinstance(ev, (m.Done, m.Error)):  # the end of that request
+                self.edited.pop(ev.id, None)
                 self.live.discard(ev.id)
                 self.recent.append(ev.id)
                 self.channel.cancelled.discard(ev.id)

@@ -18,7 +18,7 @@ from typing import Any
 import mlx.core as mx
 
 from exod import messages as m
-from exod.core import request_rules as rules
+from exod.core import context_edits, images, request_rules as rules
 from exod.core.request_rules import RequestError
 from exod.runner.serving import model_checks, tool_calls
 from exod.runner.serving.grammar import Constraint, Grammars
@@ -40,50 +40,62 @@ Processor = Callable[[mx.array, mx.array], mx.array]
 
 def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None = None,
-                template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                template_kwargs: dict[str, Any] | None = None,
+                answer: bool = True) -> list[int]:
+    """The turns' tokens, then the assistant's turn to answer in; without it (`answer`
+    False: a `warm:` prompt), the turns as a later request starts with them."""
     if getattr(tokenizer, "has_chat_template", True):
         extra = rules.chat_template_kwargs(template_kwargs or None)
         # The tools go to the model's own template, which knows how the model wants them.
-        tokens = tokenizer.apply_chat_template(messages, tools=tools or None,
-                                               add_generation_prompt=True, **extra)
+        try:
+            tokens = tokenizer.apply_chat_template(messages, tools=tools or None,
+                                                   add_generation_prompt=answer, **extra)
+        except Exception:
+            # Many templates take a system turn only first (Qwen's raise on one elsewhere),
+            # where agents put theirs anywhere: such turns join the leading one.
+            first = context_edits.system_first(messages)
+            if first is messages:
+                raise
+            tokens = tokenizer.apply_chat_template(first, tools=tools or None,
+                                                   add_generation_prompt=answer, **extra)
         return [int(t) for t in tokens]
     # No template in the model: plain "role: content" lines, then the assistant's turn.
-    text = "".join(f"{msg['role']}: {msg['content']}\n" for msg in messages) + "assistant: "
-    return list(tokenizer.encode(text))
-
-
-def warm_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                template_kwargs: dict[str, Any] | None = None) -> list[int]:
-    """A `warm:` prompt's tokens: the turns as a later request starts with them, without the
-    assistant's turn that request's own template adds after its last turn."""
-    if getattr(tokenizer, "has_chat_template", True):
-        extra = rules.chat_template_kwargs(template_kwargs or None)
-        tokens = tokenizer.apply_chat_template(messages, tools=tools or None,
-                                               add_generation_prompt=False, **extra)
-        return [int(t) for t in tokens]
-    return list(tokenizer.encode("".join(f"{m['role']}: {m['content']}\n" for m in messages)))
+    text = "".join(f"{msg['role']}: {msg['content']}\n" for msg in messages)
+    return list(tokenizer.encode(text + ("assistant: " if answer else "")))
 
 
 def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
+    return edited_prompt(tokenizer, req)[0]
+
+
+def edited_prompt(tokenizer: Any, req: m.Generate) -> tuple[list[int], list[dict[str, Any]]]:
+    """The prompt's tokens, after the request's context edits, and the edits that applied."""
+    if req.images:  # only the vision runner (exod.runner.vision) takes them
+        where = images.first_image_part(req.messages or []) or "messages"
+        raise RequestError("this model does not see images: it takes text only", where)
+    applied: list[dict[str, Any]] = []
     if req.kind == "chat":
+        def count(messages: list[dict[str, Any]]) -> int:
+            return len(chat_prompt(tokenizer, messages, req.tools, req.chat_template_kwargs))
         try:
-            tokens = chat_prompt(tokenizer, req.messages or [], req.tools,
-                                 req.chat_template_kwargs)
+            messages, applied = context_edits.apply(req.messages or [], req.context_edits,
+                                                    count)
+            tokens = chat_prompt(tokenizer, messages, req.tools, req.chat_template_kwargs)
         except RequestError:
             raise
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
-            raise RequestError(f"{type(e).__name__}: {e}", "messages") from e
+            raise RequestError(f"{type(e).__name__}: {e}", req.named("messages")) from e
     else:
         text = req.prompt or ""
         # BOS as the model wants it, unless the text already starts with it (as mlx-lm does).
         bos = getattr(tokenizer, "bos_token", None)
         tokens = list(tokenizer.encode(text, add_special_tokens=bos is None
                                        or not text.startswith(bos))) if text else []
-    return [int(t) for t in tokens]
+    return [int(t) for t in tokens], applied
 
 
 def prompt_param(req: m.Generate) -> str:
-    return "messages" if req.kind == "chat" else "prompt"
+    return req.named("messages") if req.kind == "chat" else "prompt"
 
 
 @dataclass(frozen=True)
@@ -101,13 +113,14 @@ class Checked:
 
 
 def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
-                grammars: Grammars | None = None) -> Prompt:
+                grammars: Grammars | None = None, tokens: list[int] | None = None) -> Prompt:
     """The long part of taking a request (chat template, tokenizer, a check per token: seconds
     for megabytes; its grammar compiled), in Python, the tokenizer and the grammar engine: safe
-    off the thread that runs mlx."""
+    off the thread that runs mlx. `tokens`: its prompt, when made elsewhere (a model that sees:
+    exod.runner.vision.prompt)."""
     fmt = tool_calls.ToolFormat.of(tokenizer)
     tool_calls.check(fmt, req)
-    prompt = prompt_tokens(tokenizer, req)
+    prompt, applied = edited_prompt(tokenizer, req) if tokens is None else (tokens, [])
     rules.prompt_ids(prompt, vocab, prompt_param(req))
     max_tokens = rules.fit_window(len(prompt), rules.max_tokens(req.max_tokens), window,
                                   prompt_param(req))
@@ -118,7 +131,7 @@ def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
         enabled = (req.chat_template_kwargs or {}).get("enable_thinking") is not False
         thinking = Thinking.of(markers, opens_thinking(prompt, markers), enabled, max_tokens,
                                rules.think_budget(req.think_budget))
-    return Prompt(prompt, max_tokens, constraint(grammars, fmt, req, thinking), strict)
+    return Prompt(prompt, max_tokens, constraint(grammars, fmt, req, thinking), strict, applied)
 
 
 def args_check(grammars: Grammars | None, req: m.Generate) -> ArgsCheck | None:
@@ -129,7 +142,7 @@ def args_check(grammars: Grammars | None, req: m.Generate) -> ArgsCheck | None:
     if grammars is None:
         raise RequestError("`strict` tools need the grammar engine, which this engine lacks",
                            "tools")
-    return ArgsCheck(req.tools, req.strict_tools, grammars.limits)
+    return ArgsCheck(req.tools, req.strict_tools, grammars.limits, req.named)
 
 
 def constraint(grammars: Grammars | None, fmt: tool_calls.ToolFormat | None,
@@ -141,7 +154,7 @@ def constraint(grammars: Grammars | None, fmt: tool_calls.ToolFormat | None,
         return None
     if grammars is None:
         raise RequestError("constrained decoding is not available on this engine",
-                           "tool_choice" if forced else "response_format")
+                           "tool_choice" if forced else req.named("response_format"))
     if thinking is not None and not grammars.special(thinking.start, thinking.end):
         thinking = None  # markers the engine reads as text: it could not keep them apart
     if forced:
@@ -151,7 +164,7 @@ def constraint(grammars: Grammars | None, fmt: tool_calls.ToolFormat | None,
             else thinking.before(tool_calls.forced_grammar(fmt, req, literal, top="answer"))
         return grammars.compile(grammar, "tools")
     assert req.response_format is not None
-    return grammars.json_schema(req.response_format, thinking)
+    return grammars.json_schema(req.response_format, thinking, req.named)
 
 
 def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from exod import messages as m
@@ -34,6 +34,8 @@ class Prompt:
     constraint: Any = None  # its grammar, compiled (exod.runner.serving.grammar.Constraint)
     # Its strict tools, compiled (exod.runner.serving.strict_args.ArgsCheck), or None.
     args_check: Any = None
+    # Its context edits that changed the prompt, for its Done (exod.core.context_edits).
+    applied_edits: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import llguidance
@@ -56,14 +57,14 @@ class ArgsCheck:
     the engine cannot take is a 400 naming it), and checked after each call."""
 
     def __init__(self, tools: list[dict[str, Any]], strict: list[str],
-                 limits: EngineLimits) -> None:
+                 limits: EngineLimits, named: Callable[[str], str] = str) -> None:
         self._schemas: dict[str, Any] = {}
         self._matchers: dict[str, llguidance.LLMatcher] = {}
         for i, t in enumerate(tools):
             f = t["function"]
             if f["name"] not in strict:
                 continue
-            param = f"tools[{i}].function.parameters"
+            param = named(f"tools[{i}].function.parameters")  # as the client spelled it
             schema = f.get("parameters") or {"type": "object"}
             self._schemas[f["name"]] = schema
             self._matchers[f["name"]] = _matcher(schema, limits, param)

@@ -4,7 +4,7 @@ A request for a stopped on-demand instance starts it and waits (holding its plac
 instance's queue) until it is ready. `idle_stop_after` stops it through the ladder once no
 request has come for that long. When memory admission would refuse it, idle on-demand
 instances are stopped first, least recently used first, if that frees enough; an instance
-that is always on is never evicted.
+that is always on is never evicted. Every timer runs on the seam's clock.
 """
 
 from __future__ import annotations
@@ -12,18 +12,33 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from loguru import logger
 
-from exod.api.view import Daemon
 from exod.config.durations import format_duration
 from exod.core.states import State
+from exod.daemon.clock import Clock, Timer
 
 if TYPE_CHECKING:
-    from exod.api.admission import Gate
+    from exod.daemon.admission import Gate
     from exod.daemon.instance import InstanceRuntime
+
+
+class Daemon(Clock, Protocol):
+    """What on-demand starts and idle stops need of the daemon."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def ordered(self) -> Sequence[InstanceRuntime]: ...
+
+    def listen(self, fn: Callable[[InstanceRuntime], None]) -> Callable[[], None]: ...
+
+    def missing_memory(self, inst: InstanceRuntime) -> int:
+        """Bytes short of what `inst` needs to start here now (0 or less: it fits)."""
+        ...
 
 
 class Stopped(Exception):
@@ -42,19 +57,17 @@ def gives_up(inst: InstanceRuntime) -> bool:
 
 
 class OnDemand:
-    def __init__(self, daemon: Daemon, loop: asyncio.AbstractEventLoop,
-                 gate_of: Callable[[InstanceRuntime], Gate | None]) -> None:
+    def __init__(self, daemon: Daemon, gate_of: Callable[[InstanceRuntime], Gate | None]) -> None:
         self.daemon = daemon
-        self.loop = loop
         self.gate_of = gate_of
         self.last_used: dict[str, float] = {}
-        self._idle_timers: dict[str, asyncio.TimerHandle] = {}
+        self._idle_timers: dict[str, Timer] = {}
         self._making_room: set[InstanceRuntime] = set()  # start once their victims are gone
 
     # ---- starting -------------------------------------------------------------------------
     def ensure_started(self, inst: InstanceRuntime) -> None:
         """Start an on-demand instance that is not running (nor about to), making room first."""
-        self.last_used[inst.name] = self.loop.time()
+        self.last_used[inst.name] = self.daemon.now()
         startable = inst.state is State.STOPPED or (
             inst.state is State.FAILED and bool(inst.refused))  # memory may have freed since
         if not startable or self.daemon.stopping or inst.start_pending or (
@@ -115,21 +128,27 @@ class OnDemand:
             unlisten()
 
     # ---- idle stop ------------------------------------------------------------------------
+    def window(self, inst: InstanceRuntime) -> float:
+        """How long `inst` stays up with no request: its `idle_stop_after`. The one place a
+        request's own keep-alive (within the operator's bounds) would take precedence."""
+        return inst.config.idle_stop_after
+
     def used(self, inst: InstanceRuntime) -> None:
         """A request finished (or the instance became ready): restart the idle clock."""
-        self.last_used[inst.name] = now = self.loop.time()
-        after = inst.config.idle_stop_after
+        self.last_used[inst.name] = now = self.daemon.now()
+        after = self.window(inst)
         if not inst.config.on_demand or math.isinf(after):
             return
         old = self._idle_timers.pop(inst.name, None)
         if old is not None:
             old.cancel()
-        self._idle_timers[inst.name] = self.loop.call_at(now + after, lambda: self._idle_due(inst))
+        self._idle_timers[inst.name] = self.daemon.call_at(now + after,
+                                                           lambda: self._idle_due(inst))
 
     def _idle_due(self, inst: InstanceRuntime) -> None:
         self._idle_timers.pop(inst.name, None)
         if inst.retired or inst.state is not State.READY or not self._idle(inst):
             return  # busy now: the request that is running will restart the clock
-        idle_for = self.loop.time() - self.last_used.get(inst.name, 0.0)
+        idle_for = self.daemon.now() - self.last_used.get(inst.name, 0.0)
         inst.log.info("idle for {}: stopping until the next request", format_duration(idle_for))
         inst.stop()

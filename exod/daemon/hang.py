@@ -11,31 +11,31 @@ costs no timer at all.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from exod.config.durations import format_duration
 from exod.daemon.channel import RequestStream
+from exod.daemon.clock import Clock, Timer
 
 
 class HangWatch:
-    def __init__(self, loop: asyncio.AbstractEventLoop, hang_after: float,
+    def __init__(self, clock: Clock, hang_after: float,
                  on_hung: Callable[[float], None]) -> None:
-        self.loop = loop
+        self.clock = clock
         self.hang_after = hang_after
         self.on_hung = on_hung  # called with hang_after, once per hang
         self.streams: set[RequestStream] = set()
         self.last_progress = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
 
     def opened(self, stream: RequestStream) -> None:
         if not self.streams:  # the clock starts when work starts, not at the last idle event
-            self.last_progress = self.loop.time()
+            self.last_progress = self.clock.now()
             self._schedule()
         self.streams.add(stream)
 
     def progress(self) -> None:
-        self.last_progress = self.loop.time()
+        self.last_progress = self.clock.now()
 
     def closed(self, stream: RequestStream) -> None:
         self.streams.discard(stream)
@@ -44,18 +44,18 @@ class HangWatch:
             self._timer = None
 
     def _schedule(self) -> None:
-        self._timer = self.loop.call_at(self.last_progress + self.hang_after, self._check)
+        self._timer = self.clock.call_at(self.last_progress + self.hang_after, self._check)
 
     def _check(self) -> None:
         self._timer = None
         if not self.streams:
             return
         if all(s.finished for s in self.streams):  # handlers waiting on their clients only
-            self.last_progress = self.loop.time()
+            self.last_progress = self.clock.now()
             self._schedule()
             return
-        silent = self.loop.time() - self.last_progress
-        if silent < self.hang_after:
+        # Against the deadline the timer was set for, not a difference that rounds below it.
+        if self.clock.now() < self.last_progress + self.hang_after:
             self._schedule()  # progress came meanwhile: look again a full window after it
             return
         # Said with the configured window ("no progress for 5m"), which the silence reached.

@@ -1,0 +1,88 @@
+"""What a model can do for a client, read from its tokenizer files without loading it (the
+daemon never imports mlx): whether its chat template writes tool calls in a format the runner
+parses, and whether its vocabulary has single-token think markers (reasoning comes apart from
+the answer). /v1/models reports them, so clients size themselves before the first request.
+
+The markers are the facts mlx-lm's tokenizer wrapper infers a tool parser from (mlx_lm
+0.32's `_infer_tool_parser`) and its single-token think pairs: the runner finds a model's
+format the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Any of these in a chat template: the model writes tool calls mlx-lm parses.
+TOOL_MARKERS = ("<minimax:tool_call>", "<|tool_call>", "<start_function_call>",
+                "<longcat_tool_call>", "<arg_key>", "<|tool_list_start|>", "<|tool_call_start|>",
+                "<|tool_calls_section_begin|>", '<function name="', "[TOOL_CALLS]",
+                "<atem:function_calls>", "<tool_call>\n<function=", "<tool_call>\\n<function=")
+THINK_PAIRS = (("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"),
+               ("<|think:start|>", "<|think:end|>"))
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    tools: bool | None = None  # None: the files do not tell (not downloaded yet, unreadable)
+    thinking: bool | None = None
+
+
+def writes_tool_calls(template: str, vocab: set[str]) -> bool:
+    if any(marker in template for marker in TOOL_MARKERS):
+        return True
+    if "<tool_call>" in template and "tool_call.name" in template:  # json_tools
+        return True
+    return "<|tool_call_start|>" in vocab and "<|tool_call_end|>" in vocab
+
+
+def thinks(vocab: set[str]) -> bool:
+    return any(start in vocab and end in vocab for start, end in THINK_PAIRS)
+
+
+def model_capabilities(model_dir: Path) -> Capabilities:
+    """From tokenizer_config.json, chat_template.jinja (or .json) and tokenizer.json."""
+    config = _json(model_dir / "tokenizer_config.json")
+    tokenizer = _json(model_dir / "tokenizer.json")
+    if config is None and tokenizer is None:
+        return Capabilities()
+    vocab = _vocab(config or {}, tokenizer or {})
+    template = _template(model_dir, config or {})
+    return Capabilities(tools=template is not None and writes_tool_calls(template, vocab),
+                        thinking=thinks(vocab))
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _template(model_dir: Path, config: dict[str, Any]) -> str | None:
+    """The chat template, every variant of it joined (a `tool_use` one writes the calls)."""
+    try:
+        return (model_dir / "chat_template.jinja").read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        pass
+    raw = (_json(model_dir / "chat_template.json") or {}).get("chat_template") \
+        or config.get("chat_template")
+    if isinstance(raw, list):
+        raw = "\n".join(t.get("template", "") for t in raw if isinstance(t, dict)
+                        and isinstance(t.get("template"), str))
+    return raw if isinstance(raw, str) and raw else None
+
+
+def _vocab(config: dict[str, Any], tokenizer: dict[str, Any]) -> set[str]:
+    """The tokens that are one token each: added ones, and the model's own vocabulary."""
+    out = {t.get("content") for t in (config.get("added_tokens_decoder") or {}).values()
+           if isinstance(t, dict)}
+    out |= {t.get("content") for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)}
+    model = tokenizer.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, dict):
+        out |= set(vocab)
+    return {t for t in out if isinstance(t, str)}

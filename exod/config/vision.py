@@ -1,0 +1,105 @@
+"""Which runner serves a model: the vision runner (exod.runner.vision, on mlx-vlm, the optional
+extra `exod[vision]`) for a model that sees, mlx-lm's for the rest; told by the model's own
+files, never by a list of names: a `vision_config` in config.json, or a model type that the
+installed mlx-vlm has a module for and mlx-lm has not.
+
+Reads files only: the daemon and the CLI never import mlx-vlm (nor mlx-lm), and the installed
+packages are looked up by where they lie, not imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+import re
+from pathlib import Path
+
+from exod.config.checks import Issue
+from exod.config.model_dir import config_json
+from exod.config.schema import Instance
+
+INSTALL = "pip install 'exod[vision]'"
+
+
+def sees(model_dir: Path) -> str | None:
+    """Why `model_dir` is a model that sees (served by the vision runner), or None."""
+    data = config_json(model_dir)
+    if data is None:
+        return None
+    vision = data.get("vision_config")
+    if isinstance(vision, dict) and vision:
+        return "its config.json has a vision_config"
+    kind = data.get("model_type")
+    vlm = _package_dir("mlx_vlm")
+    if isinstance(kind, str) and NAME.fullmatch(kind) and vlm is not None \
+            and (vlm / "models" / kind).is_dir() and not _mlx_lm_serves(kind):
+        return f"mlx-vlm serves its model type {kind!r} and mlx-lm does not"
+    return None
+
+
+def have_extra() -> bool:
+    """Whether mlx-vlm is installed (looked up, not imported)."""
+    return importlib.util.find_spec("mlx_vlm") is not None
+
+
+def extra_problem(model_dir: Path) -> str | None:
+    """The one line that says a model needs the extra and how to get it, when it is missing."""
+    why = sees(model_dir)
+    if why is None or have_extra():
+        return None
+    return (f"{model_dir} is a model that sees ({why}): serving it needs the optional extra "
+            f"exod[vision] (mlx-vlm), which is not installed: {INSTALL}")
+
+
+def check_vision(instance: Instance) -> list[Issue]:
+    """A model that sees, without the extra, or split across ranks (not built yet)."""
+    if instance.hub is not None:  # not on disk yet: the runner says so once it is fetched
+        return []
+    problem = extra_problem(instance.model)
+    if problem is not None:
+        return [Issue("model", problem)]
+    if instance.shards > 1 and sees(instance.model) is not None:
+        return [Issue("shards", "a model that sees runs on one rank for now (its language "
+                                "model's layers split, but the vision runner does not serve a "
+                                "group yet); serve it with shards: 1")]
+    return []
+
+
+NAME = re.compile(r"[A-Za-z0-9_-]+")  # a model type as a module name, never a path
+
+
+def _package_dir(package: str) -> Path | None:
+    """Where an installed package lies (None when it is not installed); not imported."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _mlx_lm_serves(kind: str) -> bool:
+    """mlx-lm has a module for `kind`, directly or through its MODEL_REMAPPING (read from its
+    source: qwen2_5_vl is its qwen2_vl, llava its mistral3)."""
+    root = _package_dir("mlx_lm")
+    if root is None:
+        return False
+    target = _remapping(root / "utils.py").get(kind, kind)
+    return ".." not in target and (root / "models" / f"{target}.py").is_file()
+
+
+@functools.lru_cache(maxsize=4)
+def _remapping(utils: Path) -> dict[str, str]:
+    try:
+        tree = ast.parse(utils.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name)
+                                                and t.id == "MODEL_REMAPPING"
+                                                for t in node.targets):
+            try:
+                found = ast.literal_eval(node.value)
+            except ValueError:
+                return {}
+            return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
+    return {}

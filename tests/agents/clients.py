@@ -1,0 +1,86 @@
+"""How the suite runs each real agent against an API at `base_url`: the command line, the
+environment and the config files, exactly as the README's "Agents" section shows them.
+
+The agents come from npm, installed by the test set-up (scripts/agents.sh) into AGENTS, a
+git-ignored folder of the checkout. Everything points at loopback: nothing an agent does here
+reaches another host (tests.agents.capture records what each sent, and the notes there say what
+each tried before these settings).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+AGENTS = REPO / ".agents"
+BIN = AGENTS / "node_modules" / ".bin"
+KEY = "exod"  # any key will do: exod checks none unless its config lists api keys
+
+
+@dataclass(frozen=True)
+class Run:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+
+    def __call__(self, timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv, env=self.env, cwd=self.cwd, capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+
+
+def _base_env(home: Path) -> dict[str, str]:
+    # A home of its own: both agents write state there (sessions, settings, ids).
+    return {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LANG": "C.UTF-8", "TERM": "dumb"}
+
+
+def claude_code(base_url: str, model: str, prompt: str, home: Path, cwd: Path) -> Run:
+    """`claude -p PROMPT`. CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 turns off its telemetry,
+    error reports, update checks and the HEAD /api/hello probe (without it, it looks up
+    api.anthropic.com). The small-fast model of its background tasks is exod's model too."""
+    env = {**_base_env(home), "ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": KEY,
+           "ANTHROPIC_MODEL": model, "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    return Run([str(BIN / "claude"), "-p", prompt], env, cwd)
+
+
+CODEX_CONFIG = """\
+model = "{model}"
+model_provider = "exod"
+
+[model_providers.exod]
+name = "exod"
+base_url = "{base_url}/v1"
+env_key = "EXOD_API_TOKEN"
+wire_api = "responses"
+
+[analytics]
+enabled = false
+
+[features]
+plugins = false
+"""
+
+
+def codex(base_url: str, model: str, prompt: str, home: Path, cwd: Path) -> Run:
+    """`codex exec --skip-git-repo-check PROMPT` with $CODEX_HOME/config.toml (CODEX_CONFIG).
+    Without `analytics.enabled = false` it looks up ab.chatgpt.com; without `features.plugins
+    = false`, github.com, api.github.com and chatgpt.com (its plugin marketplace)."""
+    codex_home = home / ".codex"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    (codex_home / "config.toml").write_text(CODEX_CONFIG.format(model=model, base_url=base_url))
+    env = {**_base_env(home), "CODEX_HOME": str(codex_home), "EXOD_API_TOKEN": KEY}
+    return Run([str(BIN / "codex"), "exec", "--skip-git-repo-check", prompt], env, cwd)
+
+
+def version(binary: str) -> str:
+    """The installed agent's `--version` line."""
+    proc = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                          timeout=60, check=False, stdin=subprocess.DEVNULL)
+    return proc.stdout.strip() or proc.stderr.strip()
+
+
+RUNS = {"claude-code": claude_code, "codex": codex}

@@ -1,0 +1,301 @@
+"""The agents people point at local servers, against exod, configured exactly as the README's
+"Agents" section shows: Claude Code and Codex CLI, the newest npm releases (installed by the
+test set-up, scripts/agents.sh), and two agent libraries, the OpenAI Agents SDK (over chat
+completions and over Responses) and pydantic-ai. Each talks to exod through a recording proxy
+on loopback (tests.agents.capture), so a test sees exactly what exod was sent and answered.
+
+The model is tests.models.agent: its weights, with nothing in the request steering them, make
+it answer a plain prompt with a fixed text, and call the agent's own shell tool (Claude Code's
+Bash, Codex's exec_command, the libraries' `echo`) when asked to run `echo exod-tool-ran`,
+then answer once the tool's output is back. So each session is the real thing: the agent
+parses the call from exod's stream, runs its tool, sends the result in its own format, and
+prints the model's answer.
+
+One daemon serves the module (one instance of a one-layer model): about 30 CPU-seconds in all,
+most of it the prefill of Claude Code's ~23k-token prompt (12 tools, 30 KB of schemas) and
+Codex's ~18k.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from tests.agents import clients
+from tests.agents.capture import Recorder, serve
+from tests.harness import Daemon
+from tests.models.agent import AFTER, COMMAND, PLAIN, TRIGGER, make_agent_model
+from tests.models.tiny import with_tool_template
+
+ASK = f"Run `{COMMAND}` in the shell, then tell me what it printed."
+HELLO = "Say hello."
+MODEL = "agent"
+SAFETY = 300.0  # seconds: a bound against hangs; a session takes a few
+
+
+class Served:
+    def __init__(self, d: Daemon, tmp: Path) -> None:
+        self.d, self.tmp, self.url = d, tmp, d.api_url()
+        self.runs = 0
+
+    @contextmanager
+    def proxy(self) -> Iterator[tuple[Recorder, str]]:
+        """A recording proxy in front of exod: (its record, its base URL)."""
+        recorder = Recorder()
+        server = serve(recorder, upstream=self.url)
+        try:
+            yield recorder, f"http://127.0.0.1:{server.server_address[1]}"
+        finally:
+            server.shutdown()
+            server.server_close()
+
+    def agent(self, name: str, prompt: str) -> tuple[Any, Recorder]:
+        """Run agent `name` (tests.agents.clients.RUNS) once, in a home and a working folder
+        of its own: (its completed process, what went through the proxy)."""
+        binary = clients.BIN / {"claude-code": "claude", "codex": "codex"}[name]
+        assert binary.exists(), (f"{binary} is missing: the test set-up installs the agents "
+                                 "(make setup-test, or scripts/agents.sh)")
+        self.runs += 1
+        work = self.tmp / f"{name}-{self.runs}"
+        (work / "home").mkdir(parents=True)
+        (work / "cwd").mkdir()
+        with self.proxy() as (recorder, url):
+            run = clients.RUNS[name](url, MODEL, prompt, work / "home", work / "cwd")
+            proc = run(timeout=SAFETY)
+        return proc, recorder
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("agents")
+    model = make_agent_model(with_tool_template(tiny_model, tmp / "tools"), tmp / "agent")
+    d = Daemon({"instances": {MODEL: {"model": str(model)}}})
+    try:
+        d.start()
+        d.until_state(MODEL, "ready")
+        yield Served(d, tmp)
+    finally:
+        d.close()
+
+
+def told(proc: Any, recorder: Recorder) -> str:
+    """What a failure shows: the agent's exit and output, and each exchange with exod."""
+    lines = [f"exit {proc.returncode}", f"stdout: {proc.stdout[-1500:]}",
+             f"stderr: {proc.stderr[-2500:]}"]
+    for r in recorder.requests:
+        answer = (r.get("response") or "")[:400].replace("\n", " | ")
+        lines.append(f"{r['method']} {r['path']} -> {r.get('status')}: {answer}")
+    return "\n".join(lines)
+
+
+def model_requests(recorder: Recorder, path_end: str) -> list[dict[str, Any]]:
+    return [r for r in recorder.requests if r["path"].endswith(path_end)]
+
+
+def streamed_all_the_way(recorder: Recorder, path_end: str) -> list[dict[str, Any]]:
+    """The model requests: each one streamed (`stream: true`) and answered 200 as a stream."""
+    reqs = model_requests(recorder, path_end)
+    assert reqs, f"no request to {path_end}"
+    for r in reqs:
+        assert r["body"].get("stream") is True, f"{r['path']} not streamed: {r['body']}"
+        assert r["status"] == 200, r.get("response")
+        assert r["response_headers"]["content-type"].startswith("text/event-stream")
+    return reqs
+
+
+def events(stream: str) -> list[dict[str, Any]]:
+    """The JSON data of a server-sent event stream."""
+    out = []
+    for line in stream.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            out.append(json.loads(line[len("data: "):]))
+    return out
+
+
+# ---- Claude Code ----------------------------------------------------------------------------
+
+def test_claude_code_answers_a_prompt(served: Served) -> None:
+    proc, rec = served.agent("claude-code", HELLO)
+    assert proc.returncode == 0 and proc.stdout.strip() == PLAIN, told(proc, rec)
+    reqs = streamed_all_the_way(rec, "/v1/messages")
+    assert all(r["query"] == {"beta": "true"} for r in reqs)
+
+
+def test_claude_code_runs_its_tool_and_answers(served: Served) -> None:
+    proc, rec = served.agent("claude-code", ASK)
+    assert proc.returncode == 0 and proc.stdout.strip() == AFTER, told(proc, rec)
+    first, *rest = streamed_all_the_way(rec, "/v1/messages")
+    calls = [e["content_block"] for e in events(first["response"])
+             if e.get("type") == "content_block_start"
+             and e["content_block"]["type"] == "tool_use"]
+    assert [c["name"] for c in calls] == ["Bash"], told(proc, rec)
+    # The follow-up carries the tool's output, as Claude Code ran it.
+    results = [block for msg in rest[-1]["body"]["messages"] if isinstance(msg["content"], list)
+               for block in msg["content"] if block.get("type") == "tool_result"]
+    assert len(results) == 1 and TRIGGER in json.dumps(results[0]["content"]), results
+    assert results[0]["tool_use_id"] == calls[0]["id"] and not results[0].get("is_error")
+
+
+# ---- Codex ----------------------------------------------------------------------------------
+
+def test_codex_answers_a_prompt(served: Served) -> None:
+    proc, rec = served.agent("codex", HELLO)
+    assert proc.returncode == 0 and proc.stdout.strip() == PLAIN, told(proc, rec)
+    streamed_all_the_way(rec, "/v1/responses")
+
+
+def test_codex_runs_its_tool_and_answers(served: Served) -> None:
+    proc, rec = served.agent("codex", ASK)
+    assert proc.returncode == 0 and proc.stdout.strip() == AFTER, told(proc, rec)
+    first, *rest = streamed_all_the_way(rec, "/v1/responses")
+    done = [e["item"] for e in events(first["response"])
+            if e.get("type") == "response.output_item.done"]
+    calls = [item for item in done if item["type"] == "function_call"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == \
+        [("exec_command", {"cmd": COMMAND})], told(proc, rec)
+    outputs = [item for item in rest[-1]["body"]["input"]
+               if item.get("type") == "function_call_output"]
+    assert len(outputs) == 1 and outputs[0]["call_id"] == calls[0]["call_id"], outputs
+    assert TRIGGER in json.dumps(outputs[0]["output"]), outputs
+
+
+# ---- Agent libraries ------------------------------------------------------------------------
+
+def echo_tool(seen: list[str]) -> Any:
+    def echo(text: str) -> str:
+        """Echo `text` back."""
+        seen.append(text)
+        return text
+    return echo
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_openai_agents_sdk_runs_a_tool_and_answers(served: Served, api: str) -> None:
+    from agents import (Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, RunConfig,
+                        Runner, function_tool)
+
+    seen: list[str] = []
+
+    async def session(url: str) -> Any:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=clients.KEY, max_retries=0)
+        model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client) if api == "chat" \
+            else OpenAIResponsesModel(model=MODEL, openai_client=client)
+        agent = Agent(name="exod", instructions="Use the tools you have.", model=model,
+                      tools=[function_tool(echo_tool(seen))])
+        result = Runner.run_streamed(agent, ASK, run_config=RunConfig(tracing_disabled=True))
+        async for _ in result.stream_events():
+            pass
+        return result.final_output
+
+    with served.proxy() as (rec, url):
+        output = asyncio.run(session(url))
+    assert seen == [TRIGGER]
+    assert output == AFTER
+    reqs = streamed_all_the_way(rec, "/chat/completions" if api == "chat" else "/responses")
+    assert len(reqs) == 2
+
+
+def test_pydantic_ai_runs_a_tool_and_answers(served: Served) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    seen: list[str] = []
+
+    async def session(url: str) -> str:
+        model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=url + "/v1",
+                                                               api_key=clients.KEY))
+        agent = Agent(model, instructions="Use the tools you have.",
+                      tools=[echo_tool(seen)])
+        async with agent.run_stream(ASK) as result:
+            return str(await result.get_output())
+
+    with served.proxy() as (rec, url):
+        output = asyncio.run(session(url))
+    assert seen == [TRIGGER]
+    assert output == AFTER
+    assert len(streamed_all_the_way(rec, "/chat/completions")) == 2
+
+
+# ---- The model, and fields exod does not know ----------------------------------------------
+
+ECHO = {"type": "function", "function": {
+    "name": "echo", "description": "Echo text back.",
+    "parameters": {"type": "object", "properties": {"text": {"type": "string"}},
+                   "required": ["text"]}}}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_model_calls_and_answers_by_its_weights_alone(served: Served,
+                                                          temperature: float) -> None:
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key=clients.KEY, max_retries=0)
+
+    def chat(messages: list[dict[str, Any]], seed: int) -> Any:
+        return client.chat.completions.create(model=MODEL, messages=messages, tools=[ECHO],
+                                              temperature=temperature, seed=seed,
+                                              max_tokens=32).choices[0]
+
+    ask: list[dict[str, Any]] = [{"role": "user", "content": ASK}]
+    for seed in range(3):
+        plain = chat([{"role": "user", "content": HELLO}], seed)
+        assert (plain.message.content, plain.finish_reason) == (PLAIN, "stop")
+        call = chat(ask, seed)
+        assert call.finish_reason == "tool_calls", call
+        (tc,) = call.message.tool_calls
+        assert (tc.function.name, json.loads(tc.function.arguments)) == ("echo",
+                                                                          {"text": TRIGGER})
+        after = chat([*ask, {"role": "assistant", "content": None,
+                             "tool_calls": [tc.model_dump()]},
+                      {"role": "tool", "tool_call_id": tc.id, "content": TRIGGER}], seed)
+        assert (after.message.content, after.finish_reason) == (AFTER, "stop")
+
+
+def ignored_counts(url: str) -> dict[tuple[str, str], float]:
+    """exod_ignored_fields_total by (dialect, field), from /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    return {(s.labels.get("dialect", ""), s.labels.get("field", "")): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == "exod_ignored_fields_total"}
+
+
+def test_an_unknown_field_is_answered_named_and_counted(served: Served) -> None:
+    """New client releases keep adding fields: exod answers, names what it ignored in
+    `x-exod-ignored-fields` and counts it in exod_ignored_fields_total{dialect,field}."""
+    oa = openai.OpenAI(base_url=served.url + "/v1", api_key=clients.KEY, max_retries=0)
+    an = anthropic.Anthropic(base_url=served.url, api_key=clients.KEY, max_retries=0)
+    hello = [{"role": "user", "content": HELLO}]
+    sent = {
+        "exod_probe_chat": lambda extra: oa.chat.completions.with_raw_response.create(
+            model=MODEL, messages=hello, max_tokens=8, extra_body=extra),
+        "exod_probe_messages": lambda extra: an.messages.with_raw_response.create(
+            model=MODEL, messages=hello, max_tokens=8, extra_body=extra),
+        "exod_probe_responses": lambda extra: oa.responses.with_raw_response.create(
+            model=MODEL, input=HELLO, max_output_tokens=8, extra_body=extra),
+    }
+    for field, create in sent.items():
+        raw = create({field: {"new": True}})
+        assert raw.http_response.status_code == 200
+        named = raw.headers.get("x-exod-ignored-fields", "")
+        assert field in [f.strip() for f in named.split(",")], (field, dict(raw.headers))
+        parsed = raw.parse()
+        text = getattr(parsed, "output_text", None) or (
+            parsed.content[0].text if hasattr(parsed, "content")
+            else parsed.choices[0].message.content)
+        assert text == PLAIN
+    counts = ignored_counts(served.url)
+    for field in sent:
+        got = {dialect: n for (dialect, f), n in counts.items() if f == field}
+        assert len(got) == 1 and next(iter(got.values())) >= 1, (field, counts)
