@@ -376,7 +376,8 @@ def said_by(d: Daemon, name: str, needle: str, n: int) -> list[str]:
 
 
 @pytest.mark.parametrize("name", ["pp", "tp"])
-def test_a_group_hits_after_a_restart(d: Daemon, name: str) -> None:
+def test_a_group_hits_after_a_restart_only_when_every_rank_holds_the_entry(
+        d: Daemon, name: str) -> None:
     start(d, name)
     prompt = long_prompt(f"group {name}")
     cold, n, _ = chat(d, name, prompt)
@@ -384,6 +385,13 @@ def test_a_group_hits_after_a_restart(d: Daemon, name: str) -> None:
     d.until_state(name, "ready")
     assert chat(d, name, prompt) == (cold, n, n - 1)
     assert disk(d, name)["hits"] == 1
-    for rank in (0, 1):
-        assert list((cache_dir(d, name) / f"rank{rank}").glob("*/*.safetensors"))
+    stop(d, name)
+    # Rank 1 loses its part: rank 0 still holds its own, and chooses it; rank 1 cannot load
+    # it, and the group agrees on a miss for every rank: a whole prefill, the same answer.
+    (part,) = (cache_dir(d, name) / "rank1").glob("*/*.safetensors")
+    assert list((cache_dir(d, name) / "rank0").glob("*/*.safetensors"))
+    part.unlink()
+    start(d, name)
+    text, _, cached = chat(d, name, prompt)
+    assert (text, disk(d, name)["hits"]) == (cold, 0) and cached < 20
     stop(d, name)
