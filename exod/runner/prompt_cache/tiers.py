@@ -123,10 +123,12 @@ class PromptCache:
             return None, 0, self.load(on_disk)
         return self._from_ram(ram)
 
-    def ram_only(self, prompt: list[int]) -> tuple[list[Any] | None, int]:
-        """RAM's best for `prompt` (a disk load failed, or another rank chose RAM)."""
+    def ram_only(self, prompt: list[int], counted: bool = True
+                 ) -> tuple[list[Any] | None, int]:
+        """RAM's best for `prompt` (a disk load failed, another rank chose RAM, a warm-up);
+        `counted`: a hit counts as one (a warm-up's does not)."""
         cache, covered, _ = self._from_ram(self.ram.best(pack(prompt)) if self.enabled
-                                           else None)
+                                           else None, counted)
         return cache, covered
 
     def disk_by_key(self, key: str, usable: int) -> FromDisk | None:
@@ -159,15 +161,17 @@ class PromptCache:
         if self.disk is not None and load.job is not None:
             self.disk.loaded(load.job, ok=True)
 
-    def _from_ram(self, ram: Match | None) -> tuple[list[Any] | None, int, FromDisk | None]:
+    def _from_ram(self, ram: Match | None, counted: bool = True
+                  ) -> tuple[list[Any] | None, int, FromDisk | None]:
         if ram is None:
             return None, 0, None
         self.ram.touch(ram.entry)
         cache = copy.deepcopy(ram.entry.payload)
         if ram.trim:
             trim_prompt_cache(cache, ram.trim)
-        self.counts.ram_hits += 1
-        self.counts.ram_tokens += ram.usable
+        if counted:
+            self.counts.ram_hits += 1
+            self.counts.ram_tokens += ram.usable
         return cache, ram.usable, None
 
     # ---- storing ---------------------------------------------------------------------------

@@ -175,17 +175,17 @@ class BatchEngine:
             return False
         r = _Request(f"warm-{next(self._warm_ids)}", list(tokens), None,
                      insert={"max_tokens": [1]})
-        self.cache.counts.lookups -= 1  # a warm-up is no lookup of a request
-        self._start(r, None)
+        self._start(r, None, counted=False)  # a warm-up is no request's lookup
         return True
 
-    def _start(self, r: _Request, disk: DiskChoice | None) -> DiskChoice | None:
+    def _start(self, r: _Request, disk: DiskChoice | None, counted: bool = True
+               ) -> DiskChoice | None:
         cache, covered, load = None, 0, None
         if disk is OWN:
             cache, covered, load = self.cache.lookup(r.prompt)
         elif disk is None:
-            self.cache.counts.lookups += 1
-            cache, covered = self.cache.ram_only(r.prompt)
+            self.cache.counts.lookups += counted
+            cache, covered = self.cache.ram_only(r.prompt, counted)
         else:
             self.cache.counts.lookups += 1
             load = self.cache.disk_by_key(*disk)
