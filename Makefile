@@ -13,7 +13,7 @@ PYTEST := $(BIN)/pytest --dist loadgroup --no-loadscope-reorder
 QUIET := -m "not integration or timing"
 
 .PHONY: run test test-unit test-integration test-system warm setup setup-test agents install \
-	bench lint clean
+	bench man lint clean
 
 run: setup  ## set up, then run the daemon in the foreground on the built-in demo model
 	$(BIN)/exod run --demo
@@ -75,6 +75,10 @@ install:  ## as root: exod in a venv at $(INSTALL_PREFIX), then its service file
 
 bench: setup-test  ## benchmarks: print ratios against baselines measured in the same run
 	$(BIN)/python -m bench
+
+man: setup  ## exod.yaml(5)'s KEYS section, written from the schema (exod/config/schema.py)
+	$(BIN)/python -c 'import sys; from exod.config.explain import write_pages; \
+		write_pages(sys.argv[1:])' man/exod.yaml.5
 
 lint: setup-test
 	$(BIN)/ruff check exod tests bench

@@ -13,7 +13,12 @@ import time
 from pathlib import Path
 
 from bench.common import PY, big_model, median, report, verdict
-from tests.harness import Daemon, NotifyListener
+from exod import messages as m
+from exod.ask import ask
+from exod.config.schema import Instance
+from exod.core.shards import Shard
+from exod.daemon.launch import Launcher
+from tests.harness import Daemon
 
 PLAIN = """
 import time, sys
@@ -33,18 +38,15 @@ def plain_load(path: Path) -> float:
     return time.perf_counter() - t
 
 
-def runner_load(path: Path, listener: NotifyListener) -> float:
-    mark = listener.count()
+def runner_load(path: Path, run_dir: Path) -> float:
+    """A runner started as the daemon starts one (its spec on its channel), until it is ready;
+    then its channel closes, and it stops."""
+    spec = Launcher(run_dir, {}).launch(Instance(name="big", model=path), Shard(0, 1, 0, 0, 0),
+                                        1, 1).spec
     t = time.perf_counter()
-    proc = subprocess.Popen([PY, "-m", "exod.runner", "--model", str(path)],
-                            env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-                                 "NOTIFY_SOCKET": str(listener.path)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    listener.wait_for(lambda f: f.get("READY") == "1", start=mark)
-    elapsed = time.perf_counter() - t
-    proc.terminate()  # SIGTERM = graceful stop for a runner
-    proc.wait(60)
-    return elapsed
+    ask("exod.runner", spec, {m.Ready.type: m.Ready}, 600,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}, meanwhile=m.FROM_RUNNER)
+    return time.perf_counter() - t
 
 
 def daemon_ready(path: Path) -> float:
@@ -65,13 +67,11 @@ def main(rounds: int = 3) -> None:
     size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
     plain_load(path)  # warm the page cache once so every measured run sees the same disk state
     with tempfile.TemporaryDirectory() as tmp:
-        listener = NotifyListener(Path(tmp) / "n.sock")
         plain, runner, daemon = [], [], []
         for _ in range(rounds):
             plain.append(plain_load(path))
-            runner.append(runner_load(path, listener))
+            runner.append(runner_load(path, Path(tmp)))
             daemon.append(daemon_ready(path))
-        listener.close()
     p, r, dm = median(plain), median(runner), median(daemon)
     report(f"load: {size / 1e9:.2f} GB model, median of {rounds} interleaved runs (warm cache)", [
         ("plain mlx_lm.load + eval (fresh process)", f"{p:.2f} s"),

@@ -32,6 +32,10 @@ from pathlib import Path
 import openai
 
 from bench.common import CACHE, PY, REPO, median, model, report, verdict
+from exod import messages as m
+from exod.ask import ask
+from exod.hub.ref import HubRef
+from exod.specs import FetchSpec
 from tests.harness import Daemon
 from tests.hub import Hub
 
@@ -45,9 +49,13 @@ FILES = ["*.safetensors", "*.json", "*.jinja", "tokenizer.model", "tiktoken.mode
 
 
 def fetch_exod(env: dict[str, str], cache: Path) -> float:
+    """The fetcher as the daemon starts one: its spec on its channel, until it says Fetched."""
+    spec = FetchSpec(version=m.VERSION, ref=HubRef("org/bench", "main"), cache=cache,
+                     commit=None, offline=False, token_file=None)
     t = time.perf_counter()
-    subprocess.run([PY, "-m", "exod.hub", "--repo", "org/bench", "--cache", str(cache)],
-                   env=env, check=True, capture_output=True)
+    done = ask("exod.hub", spec, {m.Fetched.type: m.Fetched, m.Failed.type: m.Failed}, 3600,
+               env, meanwhile=m.FROM_FETCHER)
+    assert isinstance(done, m.Fetched), done
     return time.perf_counter() - t
 
 

@@ -18,6 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from exod.core.states import State
 from exod.protocol import ProtocolError, decode_as, from_wire
 
 REQUEST_TAG, EVENT_TAG = "cmd", "event"
@@ -148,7 +149,7 @@ class RankStatus:
     host: str
     remote: bool
     pid: int | None
-    state: str
+    state: State
     layers: list[int]  # [start, end)
     layers_loaded: int
     layers_total: int
@@ -237,7 +238,7 @@ class DownloadStatus:
 @dataclass(frozen=True)
 class InstanceStatus:
     name: str
-    state: str
+    state: State
     detail: str
     reason: str | None
     since_s: float
@@ -300,7 +301,7 @@ class StatusReply(Snapshot):
 class StateReply:
     """After start, stop, restart: the instance's state."""
 
-    state: str
+    state: State
     ok: bool = True
 
 
@@ -336,7 +337,7 @@ class PullReply:
 @dataclass(frozen=True)
 class ModelUser:
     name: str  # an instance naming the repository
-    state: str
+    state: State
     revision: str
 
 
@@ -418,7 +419,7 @@ class LineEvent:
 
 @dataclass(frozen=True)
 class DownloadEvent:
-    """A pull's progress, e.g. `downloading 1.2 of 4.5 GB (27%, 38 MB/s)`."""
+    """A pull's progress, e.g. `downloading 1.2GiB of 4.5GiB (27%, 38MiB/s)`."""
 
     type: ClassVar[str] = "download"
     detail: str

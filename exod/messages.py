@@ -1,18 +1,22 @@
 """Every message between the daemon and a runner, defined once, for both ends.
 
-One channel per runner: the socketpair it inherits (`--channel-fd`), carrying `exod.protocol`
-frames. Each frame holds one JSON object whose `type` names a dataclass below; its other keys
-are that dataclass's fields, checked by `exod.protocol.from_wire` (types, required, no unknown
-keys) before either end acts on them. A runner's first message is `Hello`, whose `version`
-must equal `VERSION`.
+One channel per runner: the socketpair it inherits (`--channel-fd`, the only thing on its
+command line), carrying `exod.protocol` frames. Each frame holds one JSON object whose `type`
+names a dataclass below; its other keys are that dataclass's fields, checked by
+`exod.protocol.from_wire` (types, required, no unknown keys) before either end acts on them. A
+runner's first message is `Hello`, whose `version` must equal `VERSION`; the daemon's first is
+the runner's start-up spec (`exod.specs.RunnerSpec`), sent once the version matched.
 
 Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping;
 and Serving, the engine's figures, whenever the number of generations in flight changes.
-Fetcher (`python -m exod.hub`) → daemon: Hello, Status, Download, Failed, Fetched.
 Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
 Prefill (while the prompt goes through the model, before the first Text), Text, ToolCall,
 Done, Error.
 Daemon → runner: Generate, Cancel, Shutdown, ClearCache.
+Fetcher (`python -m exod.hub`, on the same kind of channel, started by `exod.specs.FetchSpec`)
+→ daemon: Hello, Status, Download, Failed, Fetched, Stopping. Daemon → fetcher: Shutdown.
+Each end checks what it reads against its own union: a fetcher's message from a runner (or a
+runner's from a fetcher) is a protocol error.
 
 Imports nothing heavy: the daemon and the runner both use it. A field added to a message is a
 new `VERSION`: the daemon refuses a runner speaking another one (a stale install after an
@@ -28,17 +32,19 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from exod.core import images
+from exod.core.sizes import format_size
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 16  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 17  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
 # 11: Serving's speculative decoding counts; 12: Done.reasoning_tokens;
 # 13: Generate.think_budget; 14: Generate.names and context_edits, Done.applied_edits;
-# 15: Generate.images and content parts (exod.core.images)
-# 16: Shutdown.grace, ClearCache, Serving's disk tier
+# 15: Generate.images and content parts (exod.core.images); 16: start-up specs (exod.specs)
+# on the channel, not argv
+# 17: Shutdown.grace, ClearCache, Serving's disk tier
 
 
 class Phase(str, enum.Enum):
@@ -316,7 +322,7 @@ class Image:
     def __post_init__(self) -> None:
         if len(self.data) > images.encoded_size_bound(images.MAX_IMAGE_BYTES):
             raise ProtocolError(f"generate.images: an image larger than "
-                                f"{images.MAX_IMAGE_BYTES >> 20} MiB")
+                                f"{format_size(images.MAX_IMAGE_BYTES)}")
 
 
 @dataclass(frozen=True)
@@ -392,7 +398,7 @@ class Generate:
             total = images.encoded_size_bound(images.MAX_REQUEST_IMAGE_BYTES)
             if sum(len(i.data) for i in self.images) > total:
                 raise ProtocolError(f"generate.images: more than "
-                                    f"{images.MAX_REQUEST_IMAGE_BYTES >> 20} MiB of images")
+                                    f"{format_size(images.MAX_REQUEST_IMAGE_BYTES)} of images")
             why = images.content_problem(self.messages or [], len(self.images))
             if why is not None:
                 raise ProtocolError(f"generate.{why}")
@@ -430,17 +436,26 @@ class ClearCache:
 
 
 FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
-              | Download | Fetched | Prefill | Held | Text | ToolCall | Done | Error)
+              | Prefill | Held | Text | ToolCall | Done | Error)
 ToRunner = Generate | Cancel | Shutdown | ClearCache
+FromFetcher = Hello | Status | Download | Failed | Fetched | Stopping
+ToFetcher = Shutdown
 Event = Prefill | Held | Text | ToolCall | Done | Error  # a request's stream
-Message = FromRunner | ToRunner
+Message = FromRunner | ToRunner | FromFetcher
 
 FROM_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromRunner)}
 TO_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(ToRunner)}
+FROM_FETCHER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromFetcher)}
+TO_FETCHER: dict[str, type[Any]] = {Shutdown.type: Shutdown}
 
 
 def decode_from_runner(obj: dict[str, Any]) -> FromRunner:
     msg: FromRunner = from_wire(obj, FROM_RUNNER)
+    return msg
+
+
+def decode_from_fetcher(obj: dict[str, Any]) -> FromFetcher:
+    msg: FromFetcher = from_wire(obj, FROM_FETCHER)
     return msg
 
 

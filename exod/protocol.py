@@ -8,8 +8,10 @@ talks to carries the same objects one per line instead (see `exod.control_messag
 Messages: frozen dataclasses whose `type` ClassVar names them on the wire (the `tag` key,
 "type" unless a wire says otherwise). `to_wire` turns one into its JSON object, `from_wire`
 turns an object back into one of the classes a receiver allows, checking every field (its
-type, required, no unknown keys; nested messages, lists and optional fields alike) before
-anyone acts on it: ProtocolError for anything else, never another exception.
+type, required, no unknown keys; nested messages, lists and optional fields alike; a choice
+among its Literal's values, of their type) before anyone acts on it: ProtocolError for anything
+else, never another exception. Paths travel as text, tuples as lists; the config schema's own
+classes travel so too (a runner's options, exod.specs).
 
 JSON, not pickle: a peer must never be able to make us execute anything.
 Shared by every process; imports nothing heavy.
@@ -24,8 +26,11 @@ import math
 import struct
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path, PurePath
 from typing import Any, Literal, Union
+
+from exod.core.text import clip
 
 HEADER = struct.Struct("!I")
 MAX_FRAME = 64 * 1024 * 1024  # far above any real message; stops a corrupt length from OOMing us
@@ -99,7 +104,9 @@ def _plain(value: Any) -> Any:
         return value
     if isinstance(value, enum.Enum):
         return value.value
-    if isinstance(value, list):
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
@@ -179,13 +186,17 @@ def _checker(hint: Any) -> Checker:
         return _union(args)
     if origin is Literal:
         def literal(value: Any, where: str) -> Any:
-            if isinstance(value, str) and value in args:
+            # By type too: 1 is not True, and "4" is not 4 (kv_bits' choices are numbers).
+            if any(type(value) is type(a) and value == a for a in args):
                 return value
             raise _bad(value, where)
         return literal
     if origin is list:
         return _list(args[0])
-    if origin is dict:
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        items = _list(args[0])
+        return lambda value, where: tuple(items(value, where))
+    if origin in (dict, Mapping):  # a config's mapping (chat_template_kwargs) arrives a dict
         return _dict(*args)
     if dataclasses.is_dataclass(hint):
         return lambda value, where: _nested(value, hint, where)
@@ -288,6 +299,12 @@ def _str(value: Any, where: str) -> Any:
     raise _bad(value, where)
 
 
+def _path(value: Any, where: str) -> Any:
+    if isinstance(value, str) and value and "\0" not in value:
+        return Path(value)
+    raise _bad(value, where)
+
+
 def _json(value: Any, where: str) -> Any:
     """Any JSON value (a schema, a tool's parameters, as the API checked them): finite numbers,
     string keys, nested at most 1000 deep. Walked without recursion."""
@@ -309,9 +326,9 @@ def _json(value: Any, where: str) -> Any:
 
 
 _SCALARS: dict[Any, Checker] = {type(None): _none, bool: _bool, float: _float, int: _int,
-                                str: _str, Any: _json}
+                                str: _str, Path: _path, Any: _json,
+                                object: _json}  # the config's JsonValue, Annotated[object, ...]
 
 
 def _clip(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:59] + "…"
+    return clip(repr(value), 60)

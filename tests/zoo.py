@@ -51,9 +51,9 @@ def refusals(zoo: dict[str, dict[str, str]]) -> dict[tuple[str, str], str]:
     asks = [(name, layout, (Path(info["path"]), 2, extra.get("parallelism", "pipeline"), None))
             for name, info in zoo.items() for layout, extra in LAYOUTS.items() if extra]
     got = probe_answers([ask for _, _, ask in asks])
-    return {(name, layout): str(a.get("reason"))
+    return {(name, layout): str(a.reason)
             for (name, layout, _), a in zip(asks, got, strict=True)
-            if a is not None and not a.get("ok") and not a.get("unknown")}
+            if a is not None and not a.ok and not a.unknown}
 
 
 def greedy(d: Daemon, model: str) -> str:

@@ -1,10 +1,9 @@
 """The response objects of the OpenAI API (chat completion, chat completion chunk, text
-completion) and their SSE framing: one `data: <json>` event per chunk, `data: [DONE]` last.
+completion); exod.api.sse frames them as events.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -14,14 +13,6 @@ from exod import __version__
 from exod import messages as m
 
 FINGERPRINT = f"exod-{__version__}"
-DONE = b"data: [DONE]\n\n"
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-               "X-Accel-Buffering": "no"}  # proxies (nginx) must not hold the stream back
-
-
-def sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() \
-        + b"\n\n"
 
 
 def usage(done: m.Done) -> dict[str, Any]:

@@ -18,10 +18,12 @@ from exod.api.errors import (ApiError, model_not_found, not_ready, queue_full, r
 from exod.api.ignored import header
 from exod.api.metrics import Meter, Metrics
 from exod.api.dialects.output import OpenAiOutput, Output
-from exod.api.objects import SSE_HEADERS, Reply
+from exod.api import sse
+from exod.api.objects import Reply
 from exod.api.tool_output import streamed_call, whole_call
 from exod.api.schema import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import Daemon
+from exod.core.sizes import format_size
 from exod.daemon.channel import RequestStream, TooLarge
 from exod.daemon.traffic import Busy, NotServing, Refused, ServedElsewhere
 from exod.protocol import MAX_FRAME
@@ -116,7 +118,7 @@ async def _after(first: m.Event, rest: AsyncIterator[m.Event]) -> AsyncIterator[
 def too_large_for_runner(req: GenRequest, size: int) -> ApiError:
     param = req.gen.named("messages") if req.gen.kind == "chat" else "prompt"
     return ApiError(413, f"The request is {size} bytes once encoded for the runner, more than "
-                         f"the {MAX_FRAME >> 20} MiB a runner takes: shorten `{param}`.",
+                         f"the {format_size(MAX_FRAME)} a runner takes: shorten `{param}`.",
                     "invalid_request_error", "request_too_large", param)
 
 
@@ -153,7 +155,7 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
         first = await anext(events)
     if isinstance(first, m.Error):
         raise runner_error(first.code, first.message, first.param)
-    resp = web.StreamResponse(headers={**SSE_HEADERS, **header(req.ignored)})
+    resp = web.StreamResponse(headers={**sse.HEADERS, **header(req.ignored)})
     reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage,
                   logprobs=req.gen.logprobs)
     try:

@@ -7,34 +7,29 @@ reload, so a rotated token needs no restart.
 
 from __future__ import annotations
 
-import errno
 import os
 
-MAX_TOKEN_FILE = 1 << 20
+from exod.secret_file import SecretFileError, read_secret
 
 
 def read_tokens(path: os.PathLike[str] | str) -> list[str]:
-    """Every token in the file. Raises OSError (one line, never the file's content) when
-    unusable."""
+    """Every token in the file (a secret file: exod.secret_file's rule). Raises OSError (one
+    line, never the file's content) when unusable."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_TOKEN_FILE + 1)
-    except OSError as e:
-        raise OSError(e.errno or errno.EIO,
-                      f"api.token_file {path}: {e.strerror or e}") from None
-    if len(raw) > MAX_TOKEN_FILE:
-        raise OSError(errno.EFBIG, f"api.token_file {path}: larger than {MAX_TOKEN_FILE} bytes")
+        raw = read_secret(path, least=0)
+    except SecretFileError as e:
+        raise SecretFileError(f"api.token_file: {e}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise OSError(errno.EINVAL, f"api.token_file {path}: not UTF-8 text") from None
+        raise SecretFileError(f"api.token_file: {path} is not UTF-8 text") from None
     tokens = [t for t in (line.strip() for line in text.splitlines())
               if t and not t.startswith("#")]
     if not tokens:
-        raise OSError(errno.EINVAL, f"api.token_file {path}: the file holds no token")
+        raise SecretFileError(f"api.token_file: {path} holds no token")
     if any(not t.isascii() or not t.isprintable() or " " in t for t in tokens):
-        raise OSError(errno.EINVAL, f"api.token_file {path}: a token must be printable ASCII "
-                                    "without spaces")
+        raise SecretFileError(f"api.token_file: {path}: a token must be printable ASCII "
+                              "without spaces")
     return tokens
 
 

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import click
 
 from exod.control_messages import Snapshot
+from exod.core.text import clip
 
 
 @dataclass
@@ -64,7 +65,7 @@ def _error_text(status: int, raw: bytes) -> str:
         err = json.loads(raw)["error"]
         return f"{err['message']} (HTTP {status})"
     except (ValueError, KeyError, TypeError):
-        return f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}"
+        return f"HTTP {status}: {clip(raw.decode('utf-8', 'replace'), 200)}"
 
 
 def api_from_status(status: Snapshot) -> tuple[str, str | None]:

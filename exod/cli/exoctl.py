@@ -203,13 +203,13 @@ def cache_clear(client: Client, name: str | None) -> None:
     """Empty the prompt cache of NAME (default: every instance), in RAM and on disk. A ready
     instance's runners clear their own; a stopped one's folder is emptied."""
     answer = ok_or_fail(client.call(cm.ClearCache(name)), cm.ClearedReply)
-    from exod.cli.table import human_bytes
+    from exod.core.sizes import format_size
 
     for c in answer.cleared:
         if c.how == "runner":
             click.echo(f"{c.name}: cleared by its runners")
         else:
-            click.echo(f"{c.name}: not running; {human_bytes(c.freed_bytes)} removed from disk")
+            click.echo(f"{c.name}: not running; {format_size(c.freed_bytes)} removed from disk")
 
 
 @main.command()
@@ -366,14 +366,14 @@ def models(client: Client, as_json: bool, remove: str | None) -> None:
         out.pop("ok", None)
         click.echo(json.dumps(out, indent=2))
         return
-    from exod.cli.table import human_bytes
+    from exod.core.sizes import format_size
 
     rows = [("MODEL", "SIZE", "REVISIONS", "INSTANCES")]
     for e in answer.models:
         revisions = ", ".join(f"{r}={c[:12]}" for r, c in e.revisions.items()) or \
             ", ".join(c[:12] for c in e.commits) or "-"
-        size = human_bytes(e.size_bytes) + (
-            f" ({human_bytes(e.partial_bytes)} partial)" if e.partial_bytes else "")
+        size = format_size(e.size_bytes) + (
+            f" ({format_size(e.partial_bytes)} partial)" if e.partial_bytes else "")
         users = ", ".join(f"{i.name} ({i.state})" for i in e.instances) or "-"
         rows.append((f"hf:{e.repo}", size, revisions, users))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]

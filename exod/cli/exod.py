@@ -178,7 +178,7 @@ def check_system(config: Path | None) -> None:
 
 def memory_lines(cfg: Config) -> list[str]:
     """Each instance's memory estimate per local rank, and what this host has available."""
-    from exod.config.sizes import format_size
+    from exod.core.sizes import format_size
     from exod.daemon.memory_check import describe
     from exod.daemon.procinfo import available_bytes
     from exod.daemon.launch import plan_shards
@@ -203,7 +203,7 @@ def cache_lines(cfg: Config) -> list[str]:
     import shutil
 
     from exod.config.mlx_options import turn_reason
-    from exod.config.sizes import format_size
+    from exod.core.sizes import format_size
     from exod.daemon.launch import prompt_cache_folder
 
     lines = []

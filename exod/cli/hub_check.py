@@ -1,22 +1,22 @@
 """`exod check`'s lines for models named by hub repository: cached or not, the size, and whether
 it fits in memory and on disk. Nothing is downloaded: a model not in the cache is looked up by
-`python -m exod.hub --plan` (file sizes only), unless exod is offline."""
+the fetcher, asked for a plan (`exod.specs.PlanAsk`: file sizes only), unless exod is offline."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
+from exod import messages as m
+from exod.ask import NoAnswer, ask
 from exod.config.schema import Config, Instance
 from exod.core.memory import RUNTIME_BYTES
 from exod.hub import cache as hub_cache
-from exod.hub.files import disk_problem, progress_text
+from exod.core.sizes import format_size
+from exod.hub.files import disk_problem
 from exod.hub.ref import HubRef
+from exod.specs import PlanAsk, Planned
 
 PLAN_TIMEOUT = 120.0
 
@@ -30,22 +30,17 @@ def offline(cfg: Config) -> bool:
         "1", "true", "yes", "on")
 
 
-def size_text(n: int) -> str:
-    return progress_text(n, n, None, "").split(" of ", 1)[1].split(" (")[0]
-
-
-def plan(cfg: Config, ref: HubRef) -> dict[str, Any]:
-    args = [sys.executable, "-m", "exod.hub", "--plan", "--repo", ref.repo, "--revision",
-            ref.revision, "--cache", str(cache_of(cfg))]
-    if cfg.hub.hf_token_file is not None:
-        args += ["--token-file", str(cfg.hub.hf_token_file)]
+def plan(cfg: Config, ref: HubRef) -> Planned | str:
+    """What fetching `ref` would take, or why it cannot be told (one line)."""
+    question = PlanAsk(version=m.VERSION, ref=ref, cache=cache_of(cfg), commit=None,
+                       offline=False, token_file=cfg.hub.hf_token_file)
     try:
-        out = subprocess.run(args, capture_output=True, text=True, timeout=PLAN_TIMEOUT,
-                             check=False).stdout
-        answer: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-        return answer
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
-        return {"error": f"cannot look it up: {e}"}
+        answer: Planned | m.Failed = ask(
+            "exod.hub", question, {Planned.type: Planned, m.Failed.type: m.Failed},
+            PLAN_TIMEOUT, meanwhile={m.Status.type: m.Status})
+    except NoAnswer as e:
+        return f"cannot look it up: {e}"
+    return answer.reason if isinstance(answer, m.Failed) else answer
 
 
 def memory_text(cfg: Config, weights: int) -> str:
@@ -58,8 +53,8 @@ def memory_text(cfg: Config, weights: int) -> str:
         return "memory is estimated once fetched"
     free = available - cfg.defaults.memory_headroom
     verdict = "fit" if weights + RUNTIME_BYTES <= free else "do NOT fit"
-    return (f"its files ({size_text(weights)}) {verdict} in the memory available now "
-            f"({size_text(max(0, free))}); the full estimate is made once fetched")
+    return (f"its files ({format_size(weights)}) {verdict} in the memory available now "
+            f"({format_size(max(0, free))}); the full estimate is made once fetched")
 
 
 def lines(cfg: Config) -> tuple[list[str], list[Instance]]:
@@ -89,16 +84,16 @@ def ref_line(cfg: Config, cache: Path, label: str, ref: HubRef
     """What `exod check` says of one repository, and its snapshot when cached."""
     found = hub_cache.cached(cache, ref)
     if found is not None:
-        return (f"{label}: {ref}: cached ({size_text(found.size)}, commit "
+        return (f"{label}: {ref}: cached ({format_size(found.size)}, commit "
                 f"{found.commit[:12]}) in {cache}", found)
     if offline(cfg):
         return (f"{label}: {ref}: not in the cache at {cache}; exod is offline, so it will "
                 "not start", None)
     p = plan(cfg, ref)
-    if "error" in p:
-        return f"{label}: {ref}: not in the cache at {cache}; {p['error']}", None
-    fits = disk_problem(str(ref), p["missing"], p["free"], str(cache))
+    if isinstance(p, str):
+        return f"{label}: {ref}: not in the cache at {cache}; {p}", None
+    fits = disk_problem(str(ref), p.missing, p.free, str(cache))
     return (f"{label}: {ref}: not in the cache; fetched at its first start: "
-            f"{size_text(p['size'])} (commit {p['commit'][:12]}), "
-            + (fits or f"fits on disk ({size_text(p['free'])} free)")
-            + "; " + memory_text(cfg, p["size"]), None)
+            f"{format_size(p.size)} (commit {p.commit[:12]}), "
+            + (fits or f"fits on disk ({format_size(p.free)} free)")
+            + "; " + memory_text(cfg, p.size), None)

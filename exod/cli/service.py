@@ -20,9 +20,10 @@ def _plan(t: steps.Target, root: Path) -> list[inst.Planned]:
     exod_bin = inst.exod_binary()
     if t.manager == "launchd":
         return inst.launchd_plan(exod_bin, root, t.user)
+    need = inst.needed_paths()
     if t.user:
-        return inst.systemd_user_plan(exod_bin, root, Path.home())
-    return inst.systemd_plan(exod_bin, root, inst.home_binds(inst.needed_paths()))
+        return inst.systemd_user_plan(exod_bin, root, Path.home(), inst.tmp_binds(need))
+    return inst.systemd_plan(exod_bin, root, inst.home_binds(need), inst.tmp_binds(need))
 
 
 def _run_all(cmds: list[list[str]], runner: steps.Runner, strict: bool) -> None:
@@ -68,6 +69,8 @@ def install(dry_run: bool, target: str | None, user: bool, root: Path) -> None:
               /etc/systemd/system/exod.service.d/exod-install-home.conf
     --user:   ~/.config/systemd/user/exod.service, ~/.config/exod/exod.yaml
               (control socket $XDG_RUNTIME_DIR/exod/control.sock)
+    Either:   for a Python under /tmp or /var/tmp, exod.service.d/exod-install-tmp.conf
+              beside the unit
     launchd:  /Library/LaunchDaemons/io.exod.exod.plist, /etc/exod/exod.yaml,
               the log folder /Library/Logs/exod
     --user:   ~/Library/LaunchAgents/io.exod.exod.plist, ~/.config/exod/exod.yaml
@@ -131,8 +134,11 @@ def uninstall(target: str | None, user: bool, purge: bool) -> None:
         raise click.ClickException(str(e)) from None
     config = next(p.path for p in plan if p.keep_existing)
     owned = [p.path for p in plan if not p.keep_existing and not p.folder]
-    if t.manager == "systemd" and not t.user:
-        owned.append(Path("/") / inst.HOME_DROPIN)  # written only when it was needed
+    if t.manager == "systemd":  # the drop-ins, written only when they were needed
+        owned.append(plan[0].path.parent / inst.TMP_DROPIN)
+        if not t.user:
+            owned.append(Path("/") / inst.HOME_DROPIN)
+    owned = list(dict.fromkeys(owned))
     present = [p for p in owned if p.exists()]
     live = t.manager != "systemd" or steps.systemd_running(t.user)
     if present and live:

@@ -3,16 +3,8 @@
 from __future__ import annotations
 
 from exod import control_messages as cm
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n}B"
+from exod.core.sizes import format_size
+from exod.core.states import State
 
 
 def human_duration(s: float | None) -> str:
@@ -36,20 +28,20 @@ def render_status(snap: cm.Snapshot) -> str:
         rss = [r.rss_bytes for r in ranks if r.rss_bytes is not None]
         exits = [r.error or (r.last_exit.text if r.last_exit else None) for r in ranks]
         last = next((e for e in exits if e), "-")
-        if inst.state == "backoff" and inst.reason:
+        if inst.state is State.BACKOFF and inst.reason:
             # why the last run ended, before when the next one starts
             cause = next((r.error for r in ranks if r.error), None)
             last = f"{cause}; {inst.reason}" if cause else inst.reason
-        elif inst.state == "failed" and inst.reason:
+        elif inst.state is State.FAILED and inst.reason:
             last = inst.reason
-        state = inst.detail if inst.state in ("starting", "loading") else inst.state
+        state = inst.detail if inst.state in (State.STARTING, State.LOADING) else str(inst.state)
         if inst.detail.startswith("hung"):  # why it is stopping or backing off
             state = f"{inst.detail.partition(';')[0]}, {inst.state}"
-        elif inst.autostart == "on-demand" and inst.state == "stopped":
+        elif inst.autostart == "on-demand" and inst.state is State.STOPPED:
             state = "stopped (on demand)"
         rows.append((inst.name, state, f"{loaded}/{total}", pids,
                      human_duration(inst.uptime_s), str(inst.restarts),
-                     human_bytes(sum(rss)) if rss else "-", last))
+                     format_size(sum(rss)) if rss else "-", last))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = [head, ""]
     for r in rows:
@@ -64,7 +56,7 @@ def render_status(snap: cm.Snapshot) -> str:
 
 def serving_note(serving: cm.ServingStatus | None) -> str:
     """e.g. `batch 3/8, prompt cache 2 entries 91.3MiB, hit rate 50%; on disk 5 entries
-    410.0MiB, hit rate 25%`."""
+    410MiB, hit rate 25%`."""
     if not serving:
         return ""
     if serving.batching != "continuous":
@@ -73,14 +65,14 @@ def serving_note(serving: cm.ServingStatus | None) -> str:
     cache = serving.prompt_cache
     if cache is not None and cache.max_bytes:
         rate = cache.hit_rate
-        text += (f", prompt cache {cache.entries} entries {human_bytes(cache.bytes)}"
+        text += (f", prompt cache {cache.entries} entries {format_size(cache.bytes)}"
                  f", hit rate {'-' if rate is None else f'{rate:.0%}'}")
     else:
         text += ", no prompt cache"
     disk = cache.disk if cache is not None else None
     if disk is not None:
         rate = disk.hit_rate
-        text += (f"; on disk {disk.entries} entries {human_bytes(disk.bytes)}"
+        text += (f"; on disk {disk.entries} entries {format_size(disk.bytes)}"
                  f", hit rate {'-' if rate is None else f'{rate:.0%}'}")
         if disk.state != "ready":
             text += f" ({disk.state})"

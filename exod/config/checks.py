@@ -7,16 +7,14 @@ free of YAML makes each easy to lift or reuse (e.g. by `exod check` on a running
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from exod.core import request_rules
 from exod.config.model_dir import model_heads, model_layer_count
 from exod.config.probe import layout_problem
 from exod.config.schema import Instance
+from exod.secret_file import KEY_BYTES, secret_problem
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,7 @@ def check_sharding(instance: Instance, node_name: str,
                                      "to the group (e.g. `openssl rand -hex 32 > FILE; chmod 600 "
                                      "FILE`, then copy it to each host)"))
     if instance.cluster_key_file is not None:
-        problem = key_file_problem(instance.cluster_key_file)
+        problem = secret_problem(instance.cluster_key_file, KEY_BYTES)
         if problem:
             issues.append(Issue("cluster_key_file", problem))
     if instance.hosts and node_name not in hosts:
@@ -169,20 +167,3 @@ def _span(instance: Instance) -> str:
     first = instance.port_base or 0
     last = first + port_count(instance) - 1
     return str(first) if last == first else f"{first}-{last}"
-
-
-def key_file_problem(path: Path) -> str | None:
-    """Why `path` cannot serve as a group's secret (never quoting what it holds)."""
-    try:
-        st = os.stat(path)
-        with open(path, "rb") as f:
-            size = len(f.read(4096).strip())
-    except OSError as e:
-        return f"cannot read {path}: {e.strerror or e}"
-    if not stat.S_ISREG(st.st_mode):
-        return f"{path} is not a regular file"
-    if st.st_mode & 0o006:
-        return f"{path} is readable or writable by every user: chmod 600 it"
-    if size < 16:
-        return f"{path} holds fewer than 16 bytes: too short for a secret"
-    return None

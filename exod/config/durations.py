@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import re
 
+from exod.core.text import clip
+
 _UNITS = {
     "usec": 1e-6, "us": 1e-6, "µs": 1e-6,
     "msec": 1e-3, "ms": 1e-3,
@@ -78,8 +80,7 @@ def parse_timespan(text: str) -> float:
 
 
 def _show(value: object) -> str:
-    text = repr(value) if isinstance(value, str) else str(value)
-    return text if len(text) <= 40 else text[:39] + "…"
+    return clip(repr(value) if isinstance(value, str) else str(value), 40)
 
 
 def format_duration(seconds: float) -> str:

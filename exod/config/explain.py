@@ -1,15 +1,26 @@
-"""A reference of every config key, generated from the schema (`exod check --explain`, man page)."""
+"""A reference of every config key, generated from the schema: as text (`exod check --explain`)
+and as exod.yaml(5)'s KEYS section in roff.
+
+`make man` (`write_pages`) writes the section into the page,
+between two comment lines; tests/unit/test_manpages.py fails when the page and the schema
+differ. In the documentation, `code` is set in bold; everything else is escaped for roff, so
+the page stays ASCII and groff has nothing to warn about.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
+import textwrap
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from exod.config.durations import format_duration
 from exod.config.schema import Config
-from exod.config.sizes import format_size
+from exod.core.sizes import format_size
 from exod.config.types import Kind
 from exod.config.validate import field_hints, settable_fields, unwrap
 
@@ -24,6 +35,8 @@ _KIND_NAMES = {
     Kind.JSON: "any value (plain data, as JSON has it)",
 }
 
+WIDTH = 96  # a documentation line of --explain, indent included
+
 _PREAMBLE = [
     "Durations are 500ms, 10s, 2m, 1h, 1m30s or a number of seconds.",
     "Relative paths are taken from the folder of the file that holds them; ~ is expanded.",
@@ -32,14 +45,37 @@ _PREAMBLE = [
 ]
 
 
+@dataclass(frozen=True)
+class KeyDoc:
+    """One key as an operator writes it: `instances.<name>.stop.grace`, its type (`duration`),
+    its default (`default: from defaults.stop.grace`) and its documentation."""
+
+    key: str
+    kind: str
+    default: str
+    doc: str
+
+
 def explain_keys() -> str:
     """Every key an operator can write, with its type, default and documentation."""
     lines = list(_PREAMBLE)
-    _walk(Config, "", None, lines)
+    for k in key_docs():
+        lines += [k.key, f"    {k.kind}; {k.default}"]
+        if k.doc:
+            lines += textwrap.wrap(k.doc, WIDTH, initial_indent="    ",
+                                   subsequent_indent="    ", break_on_hyphens=False)
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
-def _walk(cls: type, prefix: str, inherited: str | None, lines: list[str]) -> None:
+def key_docs() -> list[KeyDoc]:
+    """Every settable key, in the schema's order (what --explain prints, and exod.yaml(5))."""
+    out: list[KeyDoc] = []
+    _walk(Config, "", None, out)
+    return out
+
+
+def _walk(cls: type, prefix: str, inherited: str | None, out: list[KeyDoc]) -> None:
     """inherited: e.g. "defaults.stop." when the keys below take their defaults from there."""
     hints = field_hints(cls)
     for f in settable_fields(cls):
@@ -49,18 +85,15 @@ def _walk(cls: type, prefix: str, inherited: str | None, lines: list[str]) -> No
             source: str | None = f"defaults.{f.metadata['inherit']}"
         else:
             source = f"{inherited}{f.name}" if inherited else None
-        lines.append(key)
-        lines.append(f"    {type_name(hints[f.name], f.metadata)}; {_default(f, kind, source)}")
-        if f.metadata.get("doc"):
-            lines.append(f"    {f.metadata['doc']}")
-        lines.append("")
+        out.append(KeyDoc(key, type_name(hints[f.name], f.metadata), _default(f, kind, source),
+                          str(f.metadata.get("doc", ""))))
         origin = get_origin(bare)
         if isinstance(bare, type) and dataclasses.is_dataclass(bare):
-            _walk(bare, f"{key}.", f"{source}." if source else None, lines)
+            _walk(bare, f"{key}.", f"{source}." if source else None, out)
         elif origin is tuple and dataclasses.is_dataclass(get_args(bare)[0]):
-            _walk(get_args(bare)[0], f"{key}[].", None, lines)
+            _walk(get_args(bare)[0], f"{key}[].", None, out)
         elif origin is Mapping and dataclasses.is_dataclass(get_args(bare)[1]):
-            _walk(get_args(bare)[1], f"{key}.<name>.", None, lines)
+            _walk(get_args(bare)[1], f"{key}.<name>.", None, out)
 
 
 def type_name(hint: Any, meta: Mapping[str, object] | None = None) -> str:
@@ -147,3 +180,92 @@ def _show(value: object, kind: Kind | None) -> str:
         return "empty" if not value else ", ".join(_show(v, None) for v in value)
     text = str(value)
     return repr(text) if text == "" or text.strip() != text else text
+
+
+# ---- exod.yaml(5) -----------------------------------------------------------------------------
+BEGIN = ('.\\" The KEYS section is generated from exod/config/schema.py (`make man`): edit the '
+         'schema, not this.')
+END = '.\\" End of the generated KEYS section.'
+ROFF_WIDTH = 78
+INTRO = ("Each key is listed with its type and default, then what it does;\n"
+         ".B exod check \\-\\-explain\n"
+         "prints the same.")
+
+# The characters the schema's text uses beyond ASCII, as roff names them.
+GLYPHS = {"\u2026": "...", "\u2192": "\\(->", "\u00d7": "\\(mu", "\u00b5": "\\(mc",
+          "\u2264": "\\(<=", "\u2265": "\\(>=", "\u2014": "\\(em", "\u2013": "\\(en",
+          "\u00e9": "\\('e", "\u00b1": "\\(+-", "\u2248": "\\(~~"}
+
+
+def keys_roff() -> str:
+    """The section, from its `.SH KEYS` line to the end of its last key."""
+    out = [".SH KEYS", INTRO]
+    for k in key_docs():
+        if "." not in k.key:
+            out.append(f".SS {k.key}")
+        out += _entry(k)
+    return "\n".join(out) + "\n"
+
+
+def _entry(k: KeyDoc) -> list[str]:
+    kind, default = _text(k.kind), _text(k.default)
+    head = f"{kind[:1].upper()}{kind[1:]}; {default}."
+    text = head if not k.doc else f"{head} {k.doc}"
+    return [".TP", f".B {_escape(k.key, code=True)}", *_lines(_roff(text))]
+
+
+def _text(s: str) -> str:
+    """A type or a default as prose: what is not prose in it (a pattern) as code."""
+    return re.sub(r"(matching )(\S+)", lambda m: f"{m[1]}`{m[2]}`", s)
+
+
+def _roff(text: str) -> str:
+    """Documentation text (with `code` spans) as roff text: code in bold, the rest escaped."""
+    parts = text.split("`")
+    if len(parts) % 2 == 0:
+        raise ValueError(f"an odd number of backquotes in {text!r}")
+    out = []
+    for i, part in enumerate(parts):
+        code = i % 2 == 1
+        out.append(f"\\fB{_escape(part, code)}\\fR" if code and part else _escape(part))
+    return "".join(out)
+
+
+def _escape(s: str, code: bool = False) -> str:
+    s = s.replace("\\", "\\e")
+    if code:
+        s = s.replace("-", "\\-")  # a minus or a dash of an option, never a hyphenation point
+    for char, name in GLYPHS.items():
+        s = s.replace(char, name)
+    bad = [c for c in s if not c.isascii()]
+    if bad:
+        raise ValueError(f"no roff name for {bad[0]!r} (add it to GLYPHS): {s!r}")
+    return s
+
+
+def _lines(text: str) -> list[str]:
+    """Filled text in lines of ROFF_WIDTH, a line starting with `.` or `'` kept from being read as
+    a request."""
+    lines = textwrap.wrap(text, ROFF_WIDTH, break_long_words=False, break_on_hyphens=False)
+    return [f"\\&{line}" if line.startswith((".", "'")) else line for line in lines]
+
+
+def generated(page: str) -> str:
+    """The section as it stands in `page`, between BEGIN and END."""
+    start, end = page.index(BEGIN + "\n") + len(BEGIN) + 1, page.index(END + "\n")
+    return page[start:end]
+
+
+def write(path: Path) -> bool:
+    """Put the section into the page at `path`; whether it changed."""
+    page = path.read_text(encoding="utf-8")
+    new = page.replace(generated(page), keys_roff(), 1)
+    if new != page:
+        path.write_text(new, encoding="utf-8")
+    return new != page
+
+
+def write_pages(paths: list[str]) -> None:
+    """`make man`: each page's KEYS section from the schema, saying which changed."""
+    for arg in paths:
+        print(f"{arg}: {'written' if write(Path(arg)) else 'unchanged'}")

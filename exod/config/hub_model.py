@@ -6,7 +6,6 @@ parsed reference; the daemon finds the snapshot in the cache (or fetches it) at 
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 
 from exod.config.errors import Mark
@@ -58,19 +57,3 @@ def parse_model(node: Node, path: str) -> tuple[HubRef | None, list[Problem]]:
 def placeholder(ref: HubRef) -> Path:
     """What `Instance.model` holds for a hub model: its name, never an existing directory."""
     return Path(str(ref))
-
-
-def token_file_problem(path: Path | None) -> str | None:
-    """The token file must exist and be readable by exod's user alone (mode 0600 or less)."""
-    if path is None:
-        return None
-    try:
-        st = path.stat()
-    except OSError as e:
-        return f"cannot read {path}: {e.strerror}"
-    if not stat.S_ISREG(st.st_mode):
-        return f"{path} is not a regular file"
-    if st.st_mode & 0o077:
-        return (f"{path} has mode {stat.S_IMODE(st.st_mode):04o}: a token file must be "
-                f"readable by its owner only (chmod 600 {path})")
-    return None

@@ -17,7 +17,7 @@ from exod.config.checks import (Issue, check_layout, check_on_demand, check_port
 from exod.config.vision import check_vision
 from exod.config.probe import answers as probe_answers
 from exod.config.errors import ConfigError, Mark, Problem
-from exod.config.hub_model import names_hub, parse_model, placeholder, token_file_problem
+from exod.config.hub_model import names_hub, parse_model, placeholder
 from exod.config.mlx_options import check_mlx_options
 from exod.config.model_dir import model_layer_count
 from exod.config.safety import control_socket_problem
@@ -25,6 +25,7 @@ from exod.config.schema import DEFAULT_CONFIG_PATH, Config, Defaults, Instance
 from exod.config.schema import Node as NodeSection
 from exod.config.validate import INVALID, Validator, field_hints, instance_name_problem
 from exod.config.yamlpos import Entry, MapNode, Node, Scalar, SeqNode, describe, parse_yaml
+from exod.secret_file import secret_problem
 
 __all__ = ["ENV_VAR", "load_config", "model_layer_count", "resolve_config_path"]
 
@@ -133,7 +134,8 @@ class _Loader:
             problem = control_socket_problem(config)
             if problem:
                 self.v.report(_mark_of(root, "control", "socket"), "control.socket", problem)
-            problem = token_file_problem(config.hub.hf_token_file)
+            token = config.hub.hf_token_file
+            problem = None if token is None else secret_problem(token, least=0)
             if problem:
                 self.v.report(_mark_of(root, "hub", "hf_token_file"), "hub.hf_token_file",
                               problem)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from exod.config.checks import Issue
 from exod.config.model_dir import model_config, model_limits
-from exod.config.schema import Instance
+from exod.config.schema import Instance, RunnerOptions
 
 ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")  # what mlx_lm.lora writes
 
@@ -36,9 +36,10 @@ _NOT_IN_A_GROUP = {
 }
 
 
-def turn_reason(instance: Instance) -> str | None:
+def turn_reason(instance: RunnerOptions) -> str | None:
     """Why the instance serves by turns (one token of each request in turn) rather than in one
-    batch, when an option of its own decides it; None otherwise."""
+    batch, when an option of its own decides it; None otherwise. Its runner decides so by this
+    same rule, from the options in its spec."""
     if instance.draft_model is not None:
         return "speculative decoding (draft_model): mlx-lm does not batch it"
     if instance.kv_bits is not None:

@@ -1,7 +1,9 @@
 """Whether a layout (shards, parallelism, layers) of a model works, asked of the code that
 will run it: `python -m exod.runner.split.probe` in a subprocess, since the daemon and `exod check`
-never import mlx. Answers are cached on disk per (mlx-lm version, model_type, config.json,
-layout, exod's splitting code), so a config is probed once, not at every reload.
+never import mlx. The question and its answer are typed messages on a channel (`exod.ask`:
+`ProbeAsk`; one `ProbeAnswer`, a `Verdict` per layout). Answers are cached on disk per (mlx-lm
+version, model_type, config.json, layout, exod's splitting code), so a config is probed once,
+not at every reload.
 
 A probe that cannot run at all (mlx not installed, a config mlx-lm cannot build a model from)
 gives no answer: the runner then reports the model's own problem when it loads it.
@@ -20,13 +22,16 @@ import functools
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from importlib import metadata
 from collections.abc import Callable
 from pathlib import Path
 
+from exod import messages as m
+from exod import ask as asking
+from exod.config.schema import Parallelism
 from exod.paths import cache_dir
+from exod.protocol import ProtocolError, decode_as, to_wire
+from exod.specs import Layout, ProbeAnswer, ProbeAsk, Verdict
 
 PROBE_TIMEOUT = 120.0
 # The probe's answer depends on its own module and every exod module it imports, directly or
@@ -35,27 +40,26 @@ _PROBE_ROOT = "exod.runner.split.probe"
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 
-Layout = tuple[Path, int, str, "tuple[int, ...] | None"]
+Ask = tuple[Path, int, Parallelism, "tuple[int, ...] | None"]  # model, shards, how, layers
 
 
-def layout_problem(model: Path, shards: int, parallelism: str,
+def layout_problem(model: Path, shards: int, parallelism: Parallelism,
                    layers: tuple[int, ...] | None = None) -> str | None:
     """Why this layout cannot work, or None (it works, or the probe could not tell)."""
     answer = answers([(model, shards, parallelism, layers)])[0]
-    if answer is None or answer.get("ok") or answer.get("unknown"):
+    if answer is None or answer.ok or answer.unknown:
         return None
-    reason = str(answer.get("reason") or "the probe refused this layout")
-    detail = answer.get("detail")
-    return f"{reason} (detail: {detail})" if detail else reason
+    reason = answer.reason or "the probe refused this layout"
+    return f"{reason} (detail: {answer.detail})" if answer.detail else reason
 
 
-def answers(asks: list[Layout], on_probe: Callable[[float], None] | None = None
-            ) -> list[dict[str, object] | None]:
+def answers(asks: list[Ask], on_probe: Callable[[float], None] | None = None
+            ) -> list[Verdict | None]:
     """The probe's answer to each layout: from the cache, else from one subprocess for all
     the rest (importing mlx-lm once is most of a probe's cost). None: no answer.
     `on_probe(seconds)`: called before a probe runs, with its time limit."""
-    out: list[dict[str, object] | None] = []
-    missing: list[tuple[int, Path, Layout]] = []
+    out: list[Verdict | None] = []
+    missing: list[tuple[int, Path, Ask]] = []
     try:
         code_digest()
     except (OSError, SyntaxError):
@@ -146,19 +150,19 @@ def _cache_file(key: str) -> Path:
     return cache_dir() / "probe" / f"{key}.json"
 
 
-def _read(path: Path) -> dict[str, object] | None:
+def _read(path: Path) -> Verdict | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        verdict: Verdict = decode_as(json.loads(path.read_text(encoding="utf-8")), Verdict)
+    except (OSError, ValueError, ProtocolError):
         return None
-    return data if isinstance(data, dict) else None
+    return verdict
 
 
-def _write(path: Path, answer: dict[str, object]) -> None:
+def _write(path: Path, answer: Verdict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(answer), encoding="utf-8")
+        tmp.write_text(json.dumps(to_wire(answer)), encoding="utf-8")
         tmp.replace(path)
     except OSError:
         pass  # an unwritable cache only costs a probe next time
@@ -169,25 +173,16 @@ def limit(layouts: int) -> float:
     return PROBE_TIMEOUT + 5 * layouts
 
 
-def _run(asks: list[Layout]) -> list[dict[str, object] | None]:
+def _run(asks: list[Ask]) -> list[Verdict | None]:
     module = os.environ.get("EXOD_PROBE_MODULE") or "exod.runner.split.probe"
-    cmd = [sys.executable, "-m", module, "--batch"]
-    payload = json.dumps([{"model": str(m), "shards": n, "parallelism": p,
-                           "layers": list(lay) if lay else None} for m, n, p, lay in asks])
+    question = ProbeAsk(version=m.VERSION, layouts=[
+        Layout(model=model, shards=n, parallelism=p, layers=lay) for model, n, p, lay in asks])
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    nothing: list[dict[str, object] | None] = [None] * len(asks)
     try:
-        done = subprocess.run(cmd, input=payload, capture_output=True, text=True,
-                              timeout=limit(len(asks)), env=env, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return nothing
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        return nothing
-    try:
-        got = json.loads(lines[-1])
-    except ValueError:
-        return nothing
-    if not isinstance(got, list) or len(got) != len(asks):
-        return nothing
-    return [a if isinstance(a, dict) else None for a in got]
+        got: ProbeAnswer = asking.ask(module, question, {ProbeAnswer.type: ProbeAnswer},
+                                      limit(len(asks)), env)
+    except asking.NoAnswer:
+        return [None] * len(asks)
+    if len(got.verdicts) != len(asks):
+        return [None] * len(asks)
+    return list(got.verdicts)

@@ -2,7 +2,9 @@
 
 The validator (`exod.config.validate`) walks these classes generically, so a field added here is
 validated, defaulted and documented (`exod check --explain-keys`) without touching any other code.
-Each field's `metadata["doc"]` is the text shown to operators.
+Each field's `metadata["doc"]` is the text shown to operators, the one copy of it: `exod check
+--explain` prints it, and exod.yaml(5)'s KEYS section is written from it (`make man`). In it,
+`code` is set in bold on the man page.
 
 Durations are plain floats in seconds once loaded; the YAML side accepts `500ms`, `10s`, `2m`,
 `1h` or a bare number of seconds (see `exod.config.durations`).
@@ -48,25 +50,24 @@ class StopPolicy:
 
     grace: Duration = field(
         default=10.0,
-        metadata=doc("rung 1: after asking the runner to shut down, wait this long", minimum=0),
+        metadata=doc("Rung 1: after asking the runner to shut down, wait this long.", minimum=0),
     )
     drain: Duration = field(
         default=5.0,
-        metadata=doc(
-            "within rung 1: let in-flight generations finish this long, then abort them",
-            minimum=0,
-        ),
+        metadata=doc("Within rung 1: let the generations in flight go on this long, then end them "
+                     "with an error. Never more than `grace` less one second.", minimum=0),
     )
     attempts: int = field(
-        default=3, metadata=doc("rung 2: how many SIGTERMs to send", minimum=0, maximum=100)
+        default=3,
+        metadata=doc("Rung 2: how many SIGTERMs to send.", minimum=0, maximum=100),
     )
     interval: Duration = field(
         default=5.0,
-        metadata=doc("rung 2: wait between SIGTERMs (and after the last)", minimum=0.01),
+        metadata=doc("Rung 2: the wait between two SIGTERMs, and after the last.", minimum=0.01),
     )
     kill_interval: Duration = field(
         default=1.0,
-        metadata=doc("rung 3: SIGKILL is repeated this often until the process is gone",
+        metadata=doc("Rung 3: SIGKILL is sent again this often until the process is gone.",
                      minimum=0.01),
     )
 
@@ -76,17 +77,21 @@ class BackoffPolicy:
     """Restart delay, and a download's before it is tried again: exponential on the monotonic
     clock, capped, jittered."""
 
-    initial: Duration = field(default=1.0, metadata=doc("first restart delay", minimum=0))
-    multiplier: float = field(default=2.0, metadata=doc("growth per failure", minimum=1.0))
-    max: Duration = field(default=60.0, metadata=doc("cap on the delay", minimum=0))
+    initial: Duration = field(default=1.0, metadata=doc("The first delay.", minimum=0))
+    multiplier: float = field(
+        default=2.0,
+        metadata=doc("The delay grows by this factor with each restart.", minimum=1.0),
+    )
+    max: Duration = field(default=60.0, metadata=doc("The longest delay.", minimum=0))
     jitter: float = field(
-        default=0.2, metadata=doc("random spread, as a fraction of the delay", minimum=0, maximum=1)
+        default=0.2,
+        metadata=doc("A random spread of up to this fraction of the delay, either way.",
+                     minimum=0, maximum=1),
     )
     reset_after: Duration = field(
         default=60.0,
-        metadata=doc("a run that stayed ready this long (a download: whose bytes flowed this "
-                     "long) resets the delay and the failure count",
-                     minimum=0),
+        metadata=doc("A run that stayed ready this long (a download: whose bytes flowed this "
+                     "long) resets the delay and the failure count.", minimum=0),
     )
 
 
@@ -95,9 +100,14 @@ class StartLimit:
     """Too many failures in a window put the instance in `failed` until `exoctl start`."""
 
     burst: int = field(
-        default=5, metadata=doc("this many failures within `interval` make the instance failed",
-                                minimum=1))
-    interval: Duration = field(default=60.0, metadata=doc("the counting window", minimum=0))
+        default=5,
+        metadata=doc("This many failures within `interval` make the instance `failed`, until "
+                     "`exoctl start NAME`.", minimum=1),
+    )
+    interval: Duration = field(
+        default=60.0,
+        metadata=doc("The window in which failures are counted.", minimum=0),
+    )
 
 
 @dataclass(frozen=True)
@@ -106,34 +116,199 @@ class GrammarLimits:
     calls): a schema past them is refused with a 400, in bounded time and memory."""
 
     max_schema_kib: int = field(
-        default=64, metadata=doc("KiB of a request's schemas (response_format's schema, or all "
-                                 "tools' parameters) as compact JSON", minimum=1,
-                                 maximum=1 << 20))
+        default=64,
+        metadata=doc("KiB a request's schemas may take as compact JSON (the `response_format` "
+                     "schema, or the parameters of all its tools together); checked by the daemon "
+                     "before the runner sees the request.", minimum=1, maximum=1 << 20),
+    )
     max_size: int = field(
-        default=200_000, metadata=doc("symbols of a compiled grammar (llguidance's "
-                                      "max_grammar_size)", minimum=1000, maximum=10_000_000))
+        default=200_000,
+        metadata=doc("Symbols of a compiled grammar (llguidance's max_grammar_size); thousands of "
+                     "alternatives in one schema pass it.", minimum=1000, maximum=10_000_000),
+    )
     max_lexer_states: int = field(
-        default=50_000, metadata=doc("states of a grammar's lexer, about 1-2 KB of memory each",
-                                     minimum=1000, maximum=10_000_000))
+        default=50_000,
+        metadata=doc("States of a grammar's lexer, about 1 to 2 KB of memory each: the bound on a "
+                     "grammar's memory.", minimum=1000, maximum=10_000_000),
+    )
     compile_fuel: int = field(
-        default=1_000_000, metadata=doc("lexer work to compile a grammar (about 50,000 a "
-                                        "millisecond)", minimum=10_000, maximum=1_000_000_000))
+        default=1_000_000,
+        metadata=doc("Lexer work allowed to compile a grammar (about 50,000 a millisecond): the "
+                     "bound on a compile's time.", minimum=10_000, maximum=1_000_000_000),
+    )
     step_fuel: int = field(
-        default=200_000, metadata=doc("lexer work to compute one token's mask (about 14,000 a "
-                                      "millisecond)", minimum=10_000, maximum=1_000_000_000))
+        default=200_000,
+        metadata=doc("Lexer work allowed to compute one token's mask (about 14,000 a "
+                     "millisecond); a generation whose grammar runs out of it ends.",
+                     minimum=10_000, maximum=1_000_000_000),
+    )
 
 
 @dataclass(frozen=True)
 class Host:
     name: str = field(
-        metadata=doc("host name; compared with node.name", pattern=r"^[A-Za-z0-9._-]{1,253}$")
+        metadata=doc("The host's name, compared with its `node.name`.",
+                     pattern=r"^[A-Za-z0-9._-]{1,253}$"),
     )
-    address: str = field(metadata=doc("address other hosts use to reach this one"))
+    address: str = field(
+        metadata=doc("The address (or DNS name) at which the other hosts reach this host's rank."),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunnerOptions:
+    """What a runner reads of its instance's settings: how it loads the model and serves. Each
+    rank gets them whole in its start-up spec (`exod.specs.RunnerSpec`), checked field by field
+    on arrival against these very types, so an option added here reaches every runner with its
+    default, bounds and choices declared once. `Instance` inherits them: in the YAML they are
+    keys of an instance like any other."""
+
+    dtype: DType = field(
+        default="auto",
+        metadata=doc("The type the weights are cast to. `auto` is float32 on the CPU, where it is "
+                     "the fast path, and the weights' own type on a GPU."),
+    )
+    prompt_cache_bytes: int = field(
+        default=DEFAULT_PROMPT_CACHE_BYTES,
+        metadata=doc("Bytes of KV cache kept in RAM from finished requests, so that a request "
+                     "which starts as an earlier one did (the next turn of a chat) prefills only "
+                     "what is new. Least recently used entries are evicted first, to the disk "
+                     "tier (`prompt_cache_disk_bytes`); 0 disables the RAM tier. In a sharded "
+                     "instance the cap counts rank 0's bytes, and the other ranks keep the same "
+                     "entries.", minimum=0, maximum=1 << 50),
+    )
+    prompt_cache_disk_bytes: Size = field(
+        default=DEFAULT_PROMPT_CACHE_DISK_BYTES,
+        metadata=doc("The prompt cache's disk tier: bytes of KV cache kept as files under "
+                     "`prompt_cache_dir`, so that a restart, an upgrade, a crash, an idle stop, "
+                     "an eviction or a reboot loses nothing: the first request whose prompt "
+                     "starts as a kept entry did loads it instead of prefilling it. Entries are "
+                     "written behind the requests, never in their way: when they leave RAM, when "
+                     "the instance is idle, and at a stop, within rung 1 of the ladder (what does "
+                     "not fit before `stop.grace` is dropped, never waited for). A load runs like "
+                     "prefill, a bounded part each step: a cancel or a stop ends it. Least "
+                     "recently used entries go first; writes also leave the filesystem min(1 "
+                     "GiB, 5%) free. Each entry is kept under a fingerprint of everything that "
+                     "makes its KV valid: the weights by content (the SHA-256 of config.json and "
+                     "the safetensors files, hashed once and recorded by each file's inode, "
+                     "size, mtime and ctime, beside the files when their folder is writable, else "
+                     "in the instance's folder), the adapters, dtype, KV quantization and "
+                     "`max_kv_size`, the rank's layers in a group, the mlx and mlx-lm versions "
+                     "and exod's cache format. Any change is a miss, and the folders of other "
+                     "fingerprints are removed at the next start. A prefix is matched by its "
+                     "tokens, compared in full. Files are written to a temporary name and "
+                     "renamed (mode 0600, folders 0700), and carry a CRC: a full disk, an "
+                     "unwritable folder, or a file cut short, corrupt or unreadable is a miss "
+                     "and one log line, never a failed request. Each rank of a group keeps its "
+                     "own layers' part, up to this many bytes; a hit needs every rank to hold "
+                     "the entry, else it is a miss on every rank. An instance served by turns "
+                     "(`kv_bits`, `draft_model`, a family mlx-lm cannot batch) keeps no prompt "
+                     "cache, in RAM or on disk. 0 disables the disk tier.", minimum=0,
+                     inherit="prompt_cache_disk_bytes"),
+    )
+    warm: tuple[Path, ...] = field(
+        default=(),
+        metadata=doc("Prompt files prefilled into the prompt cache at each start, unless it "
+                     "holds them already (an agent's system prompt and tools, so that its first "
+                     "request after a start finds them cached). A file is JSON, an object with "
+                     "`messages` (chat turns, as a chat completions request has them) and "
+                     "optionally `tools` (function tools), or plain text, one system message. "
+                     "Its prompt is the model's chat template over those turns without an "
+                     "assistant's turn after them, with `chat_template_kwargs`. A file that "
+                     "cannot be read or is no such prompt is a config error."),
+    )
+    grammar: GrammarLimits = field(
+        default_factory=GrammarLimits,
+        metadata=doc("Bounds of constrained decoding (a `response_format` schema, a forced tool "
+                     "call): a schema past them gets 400 naming the field, in bounded time and "
+                     "memory, while other requests go on."),
+    )
+    # mlx-lm's generation options (exod.config.mlx_options checks what goes with what).
+    kv_bits: KvBits | None = field(
+        default=None,
+        metadata=doc("Null: a float cache. Else, quantize the KV cache to this many bits a value "
+                     "(mlx-lm's `kv_bits`; 4 or 8 are usual): about a quarter (8 bits) or an "
+                     "eighth (4 bits) of a float32 cache, plus a scale and a bias per group. "
+                     "Memory admission counts the quantized size (and, for a cache not quantized "
+                     "yet, the float one). mlx-lm cannot batch a quantized cache: the instance "
+                     "serves its requests by turns, one token of each in turn, with no prompt "
+                     "cache (a `prompt_cache_bytes`, `prompt_cache_disk_bytes` or `warm` written "
+                     "beside it is refused), and `exoctl status` says why it does not batch. Not "
+                     "with `max_kv_size`, nor with shards > 1."),
+    )
+    kv_group_size: KvGroupSize = field(
+        default=DEFAULT_KV_GROUP_SIZE,
+        metadata=doc("With `kv_bits`: how many values share a scale and a bias. It must divide "
+                     "the model's head dimension (`head_dim`, else hidden_size / "
+                     "num_attention_heads); `exod check` says so when it does not. Refused "
+                     "without `kv_bits`."),
+    )
+    quantized_kv_start: int = field(
+        default=DEFAULT_QUANTIZED_KV_START,
+        metadata=doc("With `kv_bits`: a generation's cache stays in float until it holds this "
+                     "many tokens, then is quantized (mlx-lm's default); 0 quantizes from the "
+                     "first token. Refused without `kv_bits`.", minimum=0),
+    )
+    max_kv_size: int | None = field(
+        default=None,
+        metadata=doc("Null: the cache grows with the generation. Else, a rotating KV cache of "
+                     "this many tokens per generation (mlx-lm's `max_kv_size`): once full, the "
+                     "oldest tokens but the first 4 are overwritten, so a generation runs past it "
+                     "in bounded memory, forgetting what it overwrote. Memory admission counts at "
+                     "most this many tokens a generation. The instance still batches. For the "
+                     "families whose caches mlx-lm makes itself (llama among them, where mlx-lm "
+                     "would ignore the option), each plain KV cache becomes the rotating one; a "
+                     "family's own sliding-window caches stay as they are, and a model with no "
+                     "plain KV cache fails to start with the reason. Not with `kv_bits` (mlx-lm "
+                     "cannot quantize a rotating cache) nor `draft_model` (a rejected draft "
+                     "rewinds the cache, which a full rotating cache cannot), nor with shards > "
+                     "1.",
+                     # past int32, mlx's batch step fails (std::bad_cast) on every request
+                     minimum=8, maximum=1 << 30),
+    )
+    draft_model: ModelDir | None = field(
+        default=None,
+        metadata=doc("Speculative decoding: a small model of the same tokenizer drafts "
+                     "`num_draft_tokens` tokens, the model checks them in one step and keeps "
+                     "those it would have generated itself, so the answer is the model's own, "
+                     "sooner. A directory, or a hub name (`hf:ORG/NAME[@REVISION]`), fetched into "
+                     "the cache as `model` is, after it (the instance stays `downloading` until "
+                     "both are there). Its weights and KV cache count in memory admission. mlx-lm "
+                     "runs speculative decoding only without batching, so the instance serves its "
+                     "requests by turns, one token of each in turn (what a user of a draft model "
+                     "wants: each request still goes faster, rather than being refused), with no "
+                     "prompt cache (every request prefills its whole prompt); the reason and the "
+                     "share of drafted tokens accepted are in `exoctl status` (its JSON's "
+                     "`serving.speculative`) and in `/metrics` (`exod_draft_tokens_total`, "
+                     "`exod_draft_tokens_accepted_total`). A draft whose vocabulary differs from "
+                     "the model's is refused. Not with `max_kv_size` nor with shards > 1."),
+    )
+    num_draft_tokens: int = field(
+        default=DEFAULT_NUM_DRAFT_TOKENS,
+        metadata=doc("With `draft_model`: tokens drafted a step. Refused without `draft_model`.",
+                     minimum=1, maximum=64),
+    )
+    adapters: Path | None = field(
+        default=None,
+        metadata=doc("A LoRA (or DoRA) adapter folder, as `mlx_lm.lora` writes it "
+                     "(`adapter_config.json` and `adapters.safetensors`), applied to the model at "
+                     "load (mlx-lm's `adapter_path`). Not with shards > 1."),
+    )
+    wired_limit: Size | None = field(
+        default=None,
+        metadata=doc("macOS only: how much memory mlx keeps wired on Metal, so that the weights "
+                     "are not paged out between tokens (`mx.set_wired_limit`). Null: the GPU's "
+                     "recommended working set, as mlx_lm.server sets it; 0: nothing kept wired "
+                     "(mlx's own default); a size larger than the recommended working set fails "
+                     "the start with the figures. Refused on other systems, which have no such "
+                     "limit."),
+    )
 
 
 @dataclass(frozen=True)
-class Instance:
-    """One model, split into `shards` ranks (runner processes)."""
+class Instance(RunnerOptions):
+    """One model, split into `shards` ranks (runner processes). Its runner options
+    (`RunnerOptions`) come first in the class, last in `exod check --explain-keys`."""
 
     name: InstanceName = field(metadata=doc("the instance's name (its key)", internal=True))
     # kw_only: a defaulted field may not precede the required `model` positionally.
@@ -144,173 +319,178 @@ class Instance:
         metadata=doc("FILE:LINE:COL of the definition", internal=True),
     )
     model: ModelDir = field(
-        metadata=doc("local mlx-lm model directory (holds config.json); or a hub repository: "
-                     "`hf:ORG/NAME`, `hf:ORG/NAME@REVISION`, or a mapping with `repo:` and "
-                     "`revision:` (a branch, tag or commit), fetched into the cache at start"))
+        metadata=doc("A local mlx-lm model directory, holding `config.json`; exod checks that it "
+                     "exists and holds that file. Or a model named by hub repository: "
+                     "`hf:ORG/NAME`, `hf:ORG/NAME@REVISION` (a branch, a tag or a 40-digit "
+                     "commit; default `main`), or a mapping with `repo:` and `revision:`. The "
+                     "`hf:` prefix keeps a name apart from a relative path. Such a model is "
+                     "fetched into the cache (`hub.cache`) at the instance's first start, in the "
+                     "`downloading` state; see MODELS BY NAME in exod.yaml(5)."),
+    )
     hub: HubRef | None = field(
         default=None, kw_only=True,
         metadata=doc("the hub repository `model` names, if any", internal=True))
-    shards: int = field(default=1, metadata=doc("number of ranks", minimum=1, maximum=64))
-    parallelism: Parallelism = field(default="pipeline", metadata=doc("how ranks split the model"))
+    shards: int = field(
+        default=1,
+        metadata=doc("The number of ranks, that is runner processes, that share the model.",
+                     minimum=1, maximum=64),
+    )
+    parallelism: Parallelism = field(
+        default="pipeline",
+        metadata=doc("How the ranks split the model: `pipeline` gives each rank a range of "
+                     "layers, and needs a model whose layers form a list; `tensor` gives each "
+                     "rank a slice of every layer, and needs attention heads and projections that "
+                     "divide by `shards`. `exod check` tries the split on the model family (built "
+                     "from config.json with no weights) and refuses a layout that cannot work, "
+                     "with the reason."),
+    )
     layers: tuple[int, ...] | None = field(
         default=None,
-        metadata=doc("explicit layers per rank (sums to the model's layer count); "
-                     "default even split"),
+        metadata=doc("With `parallelism: pipeline`, the number of layers of each rank, in rank "
+                     "order: one entry per rank, each at least 1, adding up to the model's layer "
+                     "count. Null splits the layers evenly, the first ranks taking the remainder. "
+                     "Not allowed with `parallelism: tensor`."),
     )
     autostart: Autostart = field(
         default=True,
-        metadata=doc("true: start when the daemon starts; false: only by `exoctl start`; "
-                     "on-demand: stay stopped until the first API request names it (that request "
-                     "waits while it loads)"))
+        metadata=doc("`true` starts the instance when exod starts (and when a reload adds it); "
+                     "`false` waits for `exoctl start`; `on-demand` leaves it stopped until the "
+                     "first HTTP API request names it: that request starts it and waits in the "
+                     "instance's queue while it loads (status shows the load as usual). When "
+                     "memory admission would refuse an on-demand instance, idle on-demand "
+                     "instances are stopped first, least recently used first, if that makes room; "
+                     "an instance that is always on is never stopped for it."),
+    )
     idle_stop_after: DurationOrNever = field(
         default=float("inf"),
-        metadata=doc("an on-demand instance with no request for this long is stopped (through "
-                     "the ladder) until the next request; never keeps it", minimum=0))
+        metadata=doc("An on-demand instance that has had no request for this long is stopped "
+                     "through the termination ladder; the next request starts it again.",
+                     minimum=0),
+    )
     hang_after: DurationOrNever = field(
         default=300.0,
-        metadata=doc("while requests are in flight, this long without a generated token means "
-                     "the instance is hung: its requests get 503 `hung` and it restarts "
-                     "(restart policy and start limit apply). Never applies while loading; "
-                     "never disables it", minimum=1))
+        metadata=doc("While requests are in flight and the instance's runner sends nothing for "
+                     "them (no generated text, and no chunk of a long prompt processed: the "
+                     "runner reports each one) for this long, the instance is hung: status shows "
+                     "`hung (no progress for 5m)`, `/ready` stops counting it as ready, its "
+                     "requests in flight end with HTTP 503 and code `hung`, and it restarts "
+                     "through the ladder, counted as a failure (so `restart` and `start_limit` "
+                     "apply). A heartbeat is no progress: a runner stuck in a collective still "
+                     "sends those. Loading is never timed: an instance has no request in flight "
+                     "until it is ready. `never` disables it.", minimum=1),
+    )
     context_tokens: int = field(
         default=4096,
-        metadata=doc("KV cache reserved per concurrent generation in the memory estimate "
-                     "(capped at the model's max_position_embeddings)", minimum=1))
+        metadata=doc("The KV cache the memory estimate reserves for each of the `max_concurrency` "
+                     "generations, in tokens (capped at the model's `max_position_embeddings`).",
+                     minimum=1),
+    )
     # `inherit` fields take their value from `defaults:`; a partial mapping given here
     # overrides only the keys it names.
     restart: RestartMode = field(
-        default="on-failure", metadata=doc("restart policy", inherit="restart")
+        default="on-failure",
+        metadata=doc("This instance's restart policy (see `defaults.restart`).", inherit="restart"),
     )
     stop: StopPolicy = field(
-        default_factory=StopPolicy, metadata=doc("termination ladder overrides", inherit="stop")
+        default_factory=StopPolicy,
+        metadata=doc("This instance's termination ladder.", inherit="stop"),
     )
     backoff: BackoffPolicy = field(
-        default_factory=BackoffPolicy, metadata=doc("restart backoff overrides", inherit="backoff")
+        default_factory=BackoffPolicy,
+        metadata=doc("This instance's restart backoff (see `defaults.backoff`).",
+                     inherit="backoff"),
     )
     start_limit: StartLimit = field(
-        default_factory=StartLimit, metadata=doc("start-limit overrides", inherit="start_limit")
+        default_factory=StartLimit,
+        metadata=doc("This instance's start limit (see `defaults.start_limit`).",
+                     inherit="start_limit"),
     )
     env: Mapping[str, str] = field(
-        default_factory=dict, metadata=doc("extra environment variables for the runners")
+        default_factory=dict,
+        metadata=doc("Extra environment variables for the instance's runners. Names have letters, "
+                     "digits and `_`, and do not start with a digit. A value is taken as written: "
+                     '`DEBUG: yes` gives `yes`, `MASK: 0660` gives `0660`; write `""` for an '
+                     "empty value. The variables exod sets for runners (see `exod`(8)) win over "
+                     "these."),
     )
-    dtype: DType = field(default="auto", metadata=doc("cast weights; auto = float32 on CPU"))
     hosts: tuple[Host, ...] = field(
-        default=(), metadata=doc("hosts the ranks run on, in rank order; default all on this host")
+        default=(),
+        metadata=doc("The hosts the ranks run on, one per rank, in rank order. Empty: every rank "
+                     "runs on this host. See MULTI-HOST in exod.yaml(5)."),
     )
     port_base: int | None = field(
         default=None,
-        metadata=doc("rank r listens on port_base + r, and rank 0 also on port_base + shards "
-                     "for the group's control connections (multi-rank only)",
-                     minimum=1024, maximum=65535),
+        metadata=doc("Rank `r` listens on TCP port `port_base` + `r`, and rank 0 also on "
+                     "`port_base` + `shards` (the group's control connections). Required when the "
+                     "ranks run on several hosts; pick it outside the kernel's ephemeral port "
+                     "range there, whose ports outgoing connections may hold. Null with every "
+                     "rank on this host: free ports are picked at each start, outside the "
+                     "ephemeral range and apart from those of the other groups and of every "
+                     "`port_base`. The ranges of two instances must not overlap, and must end at "
+                     "65535 at most.", minimum=1024, maximum=65535),
     )
-    backend: Backend = field(default="ring", metadata=doc("mx.distributed backend"))
+    backend: Backend = field(
+        default="ring",
+        metadata=doc("The mx.distributed backend of a multi-rank instance. `mpi` is refused when "
+                     "`shards` is more than 1: MPI forms a group only among ranks that mpirun "
+                     "started, and exod starts and supervises each rank itself."),
+    )
     peer_timeout: Duration = field(
         default=60.0,
-        metadata=doc("once a multi-rank group is ready, silence from it this long means a peer "
-                     "is lost (e.g. a network partition): the ranks restart and regroup. A group "
-                     "whose ranks all run on this host must also form within it (30s at least) "
-                     "once every rank is joining, else it restarts on new ports. Never applies "
-                     "while loading", minimum=0.5))
-    max_concurrency: int | None = field(
-        default=None, metadata=doc("generations run at once by this instance: the width of its "
-                                   "batch (decoded as one batch, on every rank of a sharded "
-                                   "instance); default: sized by memory admission at each start, "
-                                   "as many as the KV cache of `context_tokens` each fits beside "
-                                   "the weights (at most 16, at least 1)",
-                                   minimum=1, maximum=256)
+        metadata=doc("Once a multi-rank group is ready, silence from the group for this long "
+                     "means a peer is lost (a network partition, say): the ranks exit with code "
+                     "76, restart, and form the group again. A group whose ranks all run on this "
+                     "host must also form within it (30 seconds at least) once every rank is "
+                     "joining, else it is restarted on new ports. Never applies while loading, "
+                     "nor while a group across hosts forms.", minimum=0.5),
     )
-    prompt_cache_bytes: int = field(
-        default=DEFAULT_PROMPT_CACHE_BYTES,
-        metadata=doc("bytes of KV cache kept in RAM from earlier requests, so a request that "
-                     "extends one (the next turn of a chat) prefills only what is new; least "
-                     "recently used entries go first, to the disk tier; 0 disables it (a group "
-                     "counts rank 0's bytes)",
-                     minimum=0, maximum=1 << 50))
-    prompt_cache_disk_bytes: Size = field(
-        default=DEFAULT_PROMPT_CACHE_DISK_BYTES,
-        metadata=doc("bytes of KV cache kept on disk (the prompt cache's disk tier, under "
-                     "prompt_cache_dir), written behind the requests when entries leave RAM, "
-                     "when the instance is idle and at a stop; read back after any restart, so "
-                     "the same long prompt is loaded instead of prefilled; least recently used "
-                     "entries go first; each rank of a group keeps its own layers' part up to "
-                     "this; 0 disables it", minimum=0,
-                     inherit="prompt_cache_disk_bytes"))
+    max_concurrency: int | None = field(
+        default=None,
+        metadata=doc("How many requests the instance generates for at once: the width of its "
+                     "batch. They are decoded together (continuous batching); every rank of a "
+                     "sharded instance runs the same batch. Unset, the width is sized by memory "
+                     "admission at each start: as many generations as the KV cache of "
+                     "`context_tokens` each fits beside the weights and the runtime in the memory "
+                     "available (less `defaults.memory_headroom` and what running instances may "
+                     "still take), at most 16 and at least 1. The log says which width was "
+                     "chosen, and `exod check` shows it.", minimum=1, maximum=256),
+    )
     prompt_cache_dir: Path | None = field(
         default=None,
-        metadata=doc("the folder under which the instance keeps its disk tier, in a folder of "
-                     "its own name", inherit="prompt_cache_dir"))
-    warm: tuple[Path, ...] = field(
-        default=(),
-        metadata=doc("prompt files prefilled into the prompt cache at each start unless it holds "
-                     "them already (an agent's system prompt and tools): JSON with `messages` "
-                     "and optionally `tools`, as a chat request has them, or plain text (one "
-                     "system message)"))
-    grammar: GrammarLimits = field(
-        default_factory=GrammarLimits,
-        metadata=doc("bounds of constrained decoding (response_format, forced tool calls)"))
+        metadata=doc("The folder under which the instance keeps the prompt cache's disk tier, in "
+                     "a folder of its own name (`exoctl cache clear` empties it).",
+                     inherit="prompt_cache_dir"),
+    )
     max_queue: int = field(
-        default=16, metadata=doc("requests waiting beyond max_concurrency before 429", minimum=0)
+        default=16,
+        metadata=doc("How many more requests may wait, in order of arrival; beyond that the HTTP "
+                     "API answers 429.", minimum=0),
     )
     max_tokens_cap: int | None = field(
         default=None,
-        metadata=doc("the most tokens one request may ask for (max_tokens); default and upper "
-                     "bound: the model's context window", minimum=1),
+        metadata=doc("The most tokens a request may ask for (`max_tokens`); null: the model's "
+                     "context window (from its `config.json`). A request that asks for more gets "
+                     "400; one that asks for nothing gets at most this.", minimum=1),
     )
     chat_template_kwargs: Mapping[str, JsonValue] = field(
         default_factory=dict,
-        metadata=doc("extra variables for the model's chat template, e.g. {enable_thinking: "
-                     "false}; a request's own `chat_template_kwargs` override them key by key"))
-    # mlx-lm's generation options (exod.config.mlx_options checks what goes with what).
-    kv_bits: KvBits | None = field(
-        default=None,
-        metadata=doc("quantize the KV cache to this many bits (mlx-lm's kv_bits; 4 or 8 are "
-                     "usual): less memory per token, counted so by memory admission. mlx-lm "
-                     "cannot batch a quantized cache: the instance serves its requests by turns, "
-                     "with no prompt cache (status says so); null: float cache"))
-    kv_group_size: KvGroupSize = field(
-        default=DEFAULT_KV_GROUP_SIZE,
-        metadata=doc("with kv_bits: values quantized together (must divide the model's head "
-                     "dimension)"))
-    quantized_kv_start: int = field(
-        default=DEFAULT_QUANTIZED_KV_START,
-        metadata=doc("with kv_bits: a generation's cache stays in float until it holds this "
-                     "many tokens, then is quantized", minimum=0))
-    max_kv_size: int | None = field(
-        default=None,
-        metadata=doc("a rotating KV cache of this many tokens per generation (mlx-lm's "
-                     "max_kv_size): older tokens but the first 4 are overwritten, so a "
-                     "generation may run past it in bounded memory; null: the cache grows",
-                     # past int32, mlx's batch step fails (std::bad_cast) on every request
-                     minimum=8, maximum=1 << 30))
-    draft_model: ModelDir | None = field(
-        default=None,
-        metadata=doc("speculative decoding: a small model of the same vocabulary drafts "
-                     "tokens the model checks, giving the same tokens faster (mlx-lm's "
-                     "draft_model). A directory or a hub name (`hf:ORG/NAME[@REVISION]`, "
-                     "fetched as `model` is). mlx-lm cannot batch it: the instance serves its "
-                     "requests by turns, with no prompt cache (status says so)"))
+        metadata=doc("Extra variables for the model's chat template, for every chat request to "
+                     "this instance, e.g. `{enable_thinking: false}` for a model that thinks by "
+                     "default. A request's own `chat_template_kwargs` override them key by key. "
+                     "The names of the template call's own arguments (`tools`, "
+                     "`add_generation_prompt`, `chat_template`, ...) cannot be set."),
+    )
     draft_hub: HubRef | None = field(
         default=None, kw_only=True,
         metadata=doc("the hub repository `draft_model` names, if any", internal=True))
-    num_draft_tokens: int = field(
-        default=DEFAULT_NUM_DRAFT_TOKENS,
-        metadata=doc("with draft_model: tokens drafted per step", minimum=1, maximum=64))
-    adapters: Path | None = field(
-        default=None,
-        metadata=doc("a LoRA adapter directory (adapter_config.json and adapters.safetensors, as "
-                     "mlx_lm.lora writes them), applied at load (mlx-lm's adapter_path)"))
-    wired_limit: Size | None = field(
-        default=None,
-        metadata=doc("macOS (Metal) only: bytes of memory mlx keeps wired (mx.set_wired_limit); "
-                     "null: the GPU's recommended working set, as mlx_lm.server sets it; 0: "
-                     "nothing kept wired (mlx's own default). Refused on other systems, which "
-                     "have none"))
     cluster_key_file: Path | None = field(
         default=None,
-        metadata=doc("file holding the group's shared secret (at least 16 bytes; the same file "
-                     "on every host, readable only by exod): ranks prove they hold it before "
-                     "joining. Required when ranks run on several hosts; a single-host group "
-                     "gets a fresh secret at each start"),
+        metadata=doc("A file holding the group's secret: at least 16 bytes, the same file on "
+                     "every host, a secret file as `api.token_file` is (other users can neither "
+                     "read nor write it). Before a rank is let into its group, it and rank 0 "
+                     "prove to each other that they hold it (an HMAC challenge-response on the "
+                     "group's control connection). Required when the ranks run on several hosts; "
+                     "null with every rank on this host: a fresh secret is made at each start."),
     )
 
     @property
@@ -324,30 +504,62 @@ class Instance:
 
 @dataclass(frozen=True)
 class Defaults:
-    restart: RestartMode = field(default="on-failure", metadata=doc("restart policy for instances"))
-    stop: StopPolicy = field(default_factory=StopPolicy, metadata=doc("the termination ladder"))
-    backoff: BackoffPolicy = field(default_factory=BackoffPolicy, metadata=doc("restart backoff"))
-    start_limit: StartLimit = field(default_factory=StartLimit, metadata=doc("start limit"))
+    restart: RestartMode = field(
+        default="on-failure",
+        metadata=doc("What follows an exit nobody asked for. `no`: never restart (an exit with "
+                     "code 0 leaves the instance stopped, any other exit failed). `on-failure`: "
+                     "restart after a failure, not after an exit with code 0. `always`: restart "
+                     "after any exit. Exit codes 64, 65, 69 and 78 are never retried (see "
+                     "`exod`(8))."),
+    )
+    stop: StopPolicy = field(
+        default_factory=StopPolicy,
+        metadata=doc("The termination ladder, walked by every runner on every stop. Its worst "
+                     "case before SIGKILL is `grace` + `attempts` × `interval`; keep the service "
+                     "manager's stop timeout above it (`exod check` warns)."),
+    )
+    backoff: BackoffPolicy = field(
+        default_factory=BackoffPolicy,
+        metadata=doc("The delay before a restart, and before a download is tried again: "
+                     "exponential, capped and jittered."),
+    )
+    start_limit: StartLimit = field(
+        default_factory=StartLimit,
+        metadata=doc("When to give up restarting."),
+    )
     stall_after: Duration = field(
         default=60.0,
-        metadata=doc("status notes 'no progress for …' after this long without a layer; "
-                     "nothing is ever killed for it", minimum=0),
+        metadata=doc("A load that makes no progress for this long is noted in the status as `no "
+                     "progress for TIME`. Nothing is ever stopped for it.", minimum=0),
     )
     memory_headroom: Size = field(
         default=512 * 2**20,
-        metadata=doc("memory admission: a rank starts only if its estimated need fits in what "
-                     "the host has available (MemAvailable on Linux) less this much", minimum=0),
+        metadata=doc("Memory admission: before any runner of an instance starts, exod estimates "
+                     "what this host's ranks will need (the safetensors headers of the layers "
+                     "each rank owns, in the dtype it runs in, so `dtype: auto` doubles bfloat16 "
+                     "weights on a CPU; KV cache for `max_concurrency` × `context_tokens`; and "
+                     "the runtime) and compares it with what the host has available "
+                     "(`MemAvailable` on Linux; on macOS three quarters of the RAM, an "
+                     "approximation of the GPU's recommended working set) less this headroom and "
+                     "less what running instances may still take. If it does not fit, the "
+                     "instance goes to `failed` with the figures, e.g. `not enough memory: needs "
+                     "64GiB, 21.3GiB available`, and no runner starts. KiB, MiB, GiB, TiB and K, "
+                     "M, G, T are powers of 1024; KB, MB, GB, TB of 1000.", minimum=0),
     )
     prompt_cache_disk_bytes: Size = field(
         default=DEFAULT_PROMPT_CACHE_DISK_BYTES,
-        metadata=doc("each instance's prompt_cache_disk_bytes, unless it sets its own",
-                     minimum=0))
+        metadata=doc("The `prompt_cache_disk_bytes` of every instance that sets none: 0 turns the "
+                     "disk tier off everywhere.", minimum=0),
+    )
     prompt_cache_dir: Path | None = field(
         default=None,
-        metadata=doc("where instances keep the prompt cache's disk tier, a folder per instance; "
-                     "default: prompt-cache in the service's state directory (StateDirectory=), "
-                     "else in its cache directory (a user unit's CacheDirectory=), else "
-                     "/var/lib/exod/prompt-cache as root, else ~/.cache/exod/prompt-cache"))
+        metadata=doc("Where instances keep the prompt cache's disk tier, a folder per instance "
+                     "(DIR/NAME). Null: `prompt-cache` in the service's state directory "
+                     "(`StateDirectory=`: /var/lib/exod/prompt-cache), else in its cache "
+                     "directory (a user unit's `CacheDirectory=`: ~/.cache/exod/prompt-cache), "
+                     "else /var/lib/exod/prompt-cache as root, else ~/.cache/exod/prompt-cache "
+                     "(under `$XDG_CACHE_HOME` when set)."),
+    )
 
 
 @dataclass(frozen=True)
@@ -356,50 +568,83 @@ class Hub:
 
     cache: Path | None = field(
         default=None,
-        metadata=doc("huggingface_hub cache folder models are fetched into; default: "
-                     "$HF_HUB_CACHE, else the service's state directory (StateDirectory=, "
-                     "/var/lib/exod/hub as root), else the user's own cache (~/.cache/"
-                     "huggingface/hub), shared with mlx-lm"))
+        metadata=doc("The huggingface_hub cache folder models are fetched into (its own layout: "
+                     "`models--ORG--NAME/{blobs,refs,snapshots}`). By default: `$HF_HUB_CACHE` "
+                     "when set; else a service with a state directory keeps its own, "
+                     "`$STATE_DIRECTORY/hub` (systemd's `StateDirectory=`), or "
+                     "`/var/lib/exod/hub` as root; else the user's own cache (`$HF_HOME/hub`, "
+                     "else `~/.cache/huggingface/hub`), shared with mlx-lm, so what it already "
+                     "downloaded is not fetched twice."),
+    )
     offline: bool = field(
         default=False,
-        metadata=doc("never contact the hub: a cached model starts with no request, a missing "
-                     "one fails with the reason (also when exod's environment sets "
-                     "HF_HUB_OFFLINE=1)"))
+        metadata=doc("Never contact the hub: a cached model starts with no request, and a model "
+                     "not in the cache fails with a one-line reason. Also when exod's own "
+                     "environment sets `HF_HUB_OFFLINE=1`. With no network and false, the same "
+                     "holds: a model not in the cache fails at once, saying the hub cannot be "
+                     "reached, and `exoctl start` or a reload tries again; only a download "
+                     "already under way (a partial file on disk) is retried with backoff."),
+    )
     hf_token_file: Path | None = field(
         default=None,
-        metadata=doc("file holding the access token for gated or private repositories (mode "
-                     "0600, owned by exod's user); read by the fetcher only, never put in an "
-                     "argv, an environment, a log or status"))
+        metadata=doc("A file holding the access token for gated or private repositories. A secret "
+                     "file, as `api.token_file` is: other users can neither read nor write it "
+                     "(exod refuses the config otherwise). Only the fetcher reads it: the token "
+                     "is never in an argv, an environment, a runner, a log or the status."),
+    )
     stall_after: Duration = field(
         default=60.0,
-        metadata=doc("a download with no new byte for this long is shown as stalled and "
-                     "retried with backoff (never given up)", minimum=1))
+        metadata=doc("A download that sends no new byte for this long is shown as stalled, "
+                     "stopped through the ladder and started again with backoff "
+                     "(`defaults.backoff`); it is never given up.", minimum=1),
+    )
 
 
 @dataclass(frozen=True)
 class Control:
     socket: Path = field(
         default_factory=default_control_socket,
-        metadata=doc("path of exoctl's control socket; runners' notify socket sits beside it "
-                     "(default /run/exod/control.sock as root, else $XDG_RUNTIME_DIR/exod/)"),
+        metadata=doc("Default: `$RUNTIME_DIRECTORY/control.sock` when `RUNTIME_DIRECTORY` is set "
+                     "(systemd's `RuntimeDirectory=`), else `/run/exod/control.sock` for root "
+                     "(`/var/run/exod/control.sock` on macOS), else "
+                     "`$XDG_RUNTIME_DIR/exod/control.sock` (or `/tmp/exod-UID/control.sock` "
+                     "without `XDG_RUNTIME_DIR`). Its folder is created if needed, mode 0700 "
+                     "(0750 when a group may use the socket); exod refuses a folder that another "
+                     "user owns or that is not a real folder, and binds the socket with its mode "
+                     "already set. It refuses a `control.socket` that names an existing file, "
+                     "folder or symlink that is not a socket (it would have to remove it). The "
+                     "hostfiles and group secrets `groups/NAME.json` and `groups/NAME.key` (mode "
+                     "0600, in a private folder) go in the same folder, and so does the socket "
+                     "runners report to."),
     )
-    mode: Octal = field(default=0o660, metadata=doc("file mode of the control socket"))
+    mode: Octal = field(
+        default=0o660,
+        metadata=doc("The mode of the control socket: who may use `exoctl`. Besides the file's "
+                     "mode, exod checks the user of each connection (SO_PEERCRED, LOCAL_PEERCRED "
+                     "on macOS): exod's own user, root, and the members of `control.group` may "
+                     "use it. `exod check` warns about a mode that lets every user write."),
+    )
     group: str | None = field(
         default=None,
-        metadata=doc("a group whose members may use the control socket (besides exod's own "
-                     "user and root); default: exod's own group, when `mode` grants the group "
-                     "access", pattern=r"^[A-Za-z0-9._-]{1,64}$"),
+        metadata=doc("A group whose members may use the control socket; the socket and its folder "
+                     "get that group. Null: exod's own group, when `control.mode` grants the "
+                     "group access.", pattern=r"^[A-Za-z0-9._-]{1,64}$"),
     )
     max_connections: int = field(
-        default=64, metadata=doc("control connections open at once; beyond it the oldest idle "
-                                 "one is dropped", minimum=1, maximum=4096))
+        default=64,
+        metadata=doc("Control connections open at once. Beyond it the oldest one that has not "
+                     "sent its request yet is dropped; a request must arrive within 10 seconds of "
+                     "connecting.", minimum=1, maximum=4096),
+    )
 
 
 @dataclass(frozen=True)
 class Node:
     name: str = field(
         default_factory=socket.gethostname,
-        metadata=doc("this host's name in `hosts:` lists", pattern=r"^[A-Za-z0-9._-]{1,253}$"),
+        metadata=doc("Default: the host name. The name of this host in the `hosts` lists of "
+                     "multi-host instances; it tells exod which ranks to run here.",
+                     pattern=r"^[A-Za-z0-9._-]{1,253}$"),
     )
 
 
@@ -407,55 +652,75 @@ class Node:
 class Api:
     listen: str = field(
         default=f"127.0.0.1:{DEFAULT_API_PORT}",
-        metadata=doc("HOST:PORT of the OpenAI-compatible HTTP API ([::1]:PORT for IPv6, port 0: "
-                     "any free one); empty string disables it",
+        metadata=doc("`HOST:PORT` to listen on: `HOST` is an address or a host name, written in "
+                     "brackets for IPv6 (`[::1]:52415`); port 0 picks any free port. The empty "
+                     'string `""` turns the API off. Other machines reach the API only when '
+                     "`HOST` lets them, e.g. `0.0.0.0:52415`; exod never listens on every address "
+                     "by default.",
                      pattern=r"^$|^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$"),
     )
     token_file: Path | None = field(
         default=None,
-        metadata=doc("file holding the bearer tokens required on every endpoint but /health: "
-                     "one per line ('#' starts a comment); re-read on reload"),
+        metadata=doc("A file of bearer tokens, one per line (blank lines and lines starting with "
+                     "`#` are skipped), one of which every request but `GET /health` must send "
+                     "(`Authorization: Bearer TOKEN`). It is read when exod starts, and again at "
+                     "each reload (a rotated token needs no restart; a reload that cannot read it "
+                     "keeps the previous tokens); exod does not start when the file cannot be "
+                     "read or holds no token. It is a secret file, as every file exod reads a "
+                     "secret from: a regular file that other users can neither read nor write "
+                     "(mode 0600, or 0640 to let the users who may use `exoctl chat` read it "
+                     "through its group); exod refuses any other."),
     )
     insecure_public: bool = field(
         default=False,
-        metadata=doc("allow `listen` on a non-loopback address without a token_file (anyone "
-                     "who reaches the port can then use the models)"),
+        metadata=doc("`exod run` refuses an `api.listen` that other machines can reach (anything "
+                     "but a loopback address) without `api.token_file`, unless this is true; "
+                     "`exod check` warns about it either way."),
     )
     allowed_hosts: tuple[str, ...] = field(
         default=(),
-        metadata=doc("extra names accepted in the Host header, besides the listen address, "
-                     "localhost and loopback addresses (guards against DNS rebinding); '*' "
-                     "accepts any"),
+        metadata=doc("Names accepted in the `Host` header besides IP addresses, `localhost`, "
+                     "`*.localhost` and the listen address; other names get 421. This defeats DNS "
+                     "rebinding: a web page whose name is made to point at 127.0.0.1 cannot use "
+                     'the API. `"*"` accepts every name.'),
     )
     cors_origins: tuple[str, ...] = field(
         default=(),
-        metadata=doc("web origins (e.g. https://app.example) allowed to call the API from a "
-                     "browser; default none (CORS off)"),
+        metadata=doc("Web origins, such as `https://app.example`, that may call the API from a "
+                     "browser (CORS); default none, and no Access-Control headers are ever sent. "
+                     '`"*"` allows every origin. Independently, POST requests must be '
+                     "`Content-Type: application/json`, which a web page cannot send to another "
+                     "origin without CORS's permission."),
     )
     max_body_kib: int = field(
         default=4096,
-        metadata=doc("largest request body, in KiB; a larger one gets 413 before it is read",
-                     minimum=1, maximum=262144),
+        metadata=doc("The largest request body, in KiB; a larger one gets 413, by its "
+                     "Content-Length before it is read.", minimum=1, maximum=262144),
     )
     max_connections: int = field(
         default=256,
-        metadata=doc("HTTP connections open at once; beyond it the oldest idle one is dropped, "
-                     "or the new one refused when every connection is busy",
+        metadata=doc("HTTP connections open at once. At the limit a new connection closes the "
+                     "oldest idle one (between requests, or still sending its request head); when "
+                     "every connection has a request in progress, the new one gets 503.",
                      minimum=1, maximum=65536),
     )
     header_timeout: Duration = field(
         default=10.0,
-        metadata=doc("a connection must send a whole request head within this long (from its "
-                     "start, or from its previous answer), else it is closed", minimum=0.1),
+        metadata=doc("A connection must send a whole request head within this long from its start "
+                     "or from its previous answer, else it is closed.", minimum=0.1),
     )
     body_timeout: Duration = field(
-        default=30.0, metadata=doc("a request body must arrive within this long", minimum=0.1))
+        default=30.0,
+        metadata=doc("A request body must arrive within this long, else 408.", minimum=0.1),
+    )
     strict_fields: bool = field(
         default=False,
-        metadata=doc("refuse (400, naming it) a request field exod does not know; by default "
-                     "such a field is accepted and has no effect, and is logged once, counted "
-                     "in /metrics and named in the answer's x-exod-ignored-fields header, as "
-                     "new client versions keep adding fields"),
+        metadata=doc("Refuse (400, naming it) a request field exod does not know. By default such "
+                     "a field is accepted and has no effect: it is logged once, counted in "
+                     "`exod_ignored_fields_total` and named in the answer's "
+                     "`x-exod-ignored-fields` header, as new client versions keep adding fields. "
+                     "Tools that only the cloud runs (web search and the like) are never refused "
+                     "either way: they are not offered to the model, and reported."),
     )
 
 
@@ -464,19 +729,40 @@ class Config:
     """A whole, validated configuration: the main file plus its includes."""
 
     path: Path = field(metadata=doc("the main file this config was read from", internal=True))
-    node: Node = field(default_factory=Node, metadata=doc("this host"))
-    control: Control = field(default_factory=Control, metadata=doc("the control socket"))
+    node: Node = field(default_factory=Node, metadata=doc("This host."))
+    control: Control = field(
+        default_factory=Control,
+        metadata=doc("The control socket that `exoctl`(1) uses."),
+    )
     ready: ReadyPolicy = field(
         default="daemon",
-        metadata=doc("when to tell the service manager READY=1: daemon up, or every autostart "
-                     "instance ready"),
+        metadata=doc("When exod tells the service manager READY=1, which is when `systemctl start "
+                     "exod` returns. `daemon:` once the control socket is up and every instance "
+                     "with `autostart: true` has been started. `instances:` once every such "
+                     "instance has settled, ready or failed (or stopped); meanwhile, for as long "
+                     "as a runner of such an instance lives, exod extends systemd's start timeout "
+                     "every few seconds from the spawn on (the import, the wait for peers, a "
+                     "layer that takes an hour), so the start lasts as long as the load, however "
+                     "long that is. Only a stuck exod lets `TimeoutStartSec` fire. That is why "
+                     "`daemon` is the default."),
     )
-    api: Api = field(default_factory=Api, metadata=doc("the HTTP API"))
-    hub: Hub = field(default_factory=Hub, metadata=doc("models named by hub repository"))
-    defaults: Defaults = field(default_factory=Defaults, metadata=doc("daemon-wide defaults"))
+    api: Api = field(default_factory=Api, metadata=doc("The OpenAI-compatible HTTP API."))
+    hub: Hub = field(
+        default_factory=Hub,
+        metadata=doc("Models named by hub repository (`model: hf:ORG/NAME`)."),
+    )
+    defaults: Defaults = field(
+        default_factory=Defaults,
+        metadata=doc("Daemon-wide defaults; every instance inherits `restart`, `stop`, `backoff` "
+                     "and `start_limit` from here."),
+    )
     include: tuple[str, ...] = field(
-        default=(), metadata=doc("glob patterns of drop-in files holding `instances:`")
+        default=(),
+        metadata=doc("Glob patterns of drop-in files that hold more `instances` (see Includes in "
+                     "exod.yaml(5))."),
     )
     instances: Mapping[str, Instance] = field(
-        default_factory=dict, metadata=doc("instance name → definition")
+        default_factory=dict,
+        metadata=doc("The instances, each under its name: one model each, served by one rank or "
+                     "several (runner processes)."),
     )

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 from exod.config.durations import format_duration, parse_duration
 from exod.config.errors import Mark, Problem
 from exod.config.model_dir import model_dir_problem
-from exod.config.sizes import parse_size
+from exod.core.sizes import parse_size
 from exod.config.types import INSTANCE_NAME_RE, Kind
 from exod.config.yamlpos import (
     Broken,
@@ -57,8 +57,11 @@ def field_hints(cls: type) -> dict[str, Any]:
 
 
 def settable_fields(cls: type) -> list[dataclasses.Field[Any]]:
-    """The fields an operator may write (internal ones are filled in by exod)."""
-    return [f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal")]
+    """The fields an operator may write (internal ones are filled in by exod): a class's own
+    first, then those it inherits (an instance's runner options come after its model)."""
+    own = cls.__dict__.get("__annotations__", {})
+    fields = [f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal")]
+    return sorted(fields, key=lambda f: f.name not in own)
 
 
 def unwrap(hint: Any) -> tuple[Any, Kind | None, bool]:

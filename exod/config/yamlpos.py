@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from exod.config.errors import Mark, Problem
+from exod.core.text import clip
 
 _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
@@ -244,4 +245,4 @@ def describe(node: Node) -> str:
 
 
 def _clip(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return clip(text, limit)

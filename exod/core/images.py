@@ -13,6 +13,8 @@ import base64
 import binascii
 from typing import Any
 
+from exod.core.sizes import format_size
+
 # Bytes of one image as sent (a 48-megapixel phone JPEG is 10-20 MB).
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 # Images of one request, and their bytes together: the frame that carries them (64 MiB,
@@ -38,7 +40,7 @@ def decode(data: str) -> bytes:
     """The bytes of one image's base64 text; ImageError when it is too big or not base64
     (checked on its length before anything is decoded)."""
     if len(data) > encoded_size_bound(MAX_IMAGE_BYTES):
-        raise ImageError(f"larger than {MAX_IMAGE_BYTES >> 20} MiB")
+        raise ImageError(f"larger than {format_size(MAX_IMAGE_BYTES)}")
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):

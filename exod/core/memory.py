@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exod.core.shards import Shard
+from exod.core.sizes import format_size
 
 GIB = 2**30
 RUNTIME_BYTES = 384 * 2**20  # a runner with mlx and a tokenizer loaded, before any weight
@@ -71,12 +72,8 @@ class Estimate:
         return self.weights + self.kv + self.runtime
 
     def describe(self) -> str:
-        return (f"{gib(self.total)} (weights {gib(self.weights)}, KV cache {gib(self.kv)}, "
-                f"runtime {gib(self.runtime)})")
-
-
-def gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB"
+        return (f"{format_size(self.total)} (weights {format_size(self.weights)}, KV cache "
+                f"{format_size(self.kv)}, runtime {format_size(self.runtime)})")
 
 
 # ---- reading -------------------------------------------------------------------------------
@@ -246,11 +243,11 @@ def refusal(needs: int, available: int, headroom: int, reserved: int) -> str | N
     free = max(0, available - headroom - reserved)
     if needs <= free:
         return None
-    notes = [f"memory_headroom {gib(headroom)}"] if headroom else []
+    notes = [f"memory_headroom {format_size(headroom)}"] if headroom else []
     if reserved:
-        notes.append(f"{gib(reserved)} set aside for running instances")
+        notes.append(f"{format_size(reserved)} set aside for running instances")
     note = f" (after {' and '.join(notes)})" if notes else ""
-    return f"not enough memory: needs {gib(needs)}, {gib(free)} available{note}"
+    return f"not enough memory: needs {format_size(needs)}, {format_size(free)} available{note}"
 
 
 def _int(value: object) -> int:

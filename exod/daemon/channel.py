@@ -1,9 +1,13 @@
-"""The daemon's end of one runner's channel: typed messages both ways, requests by id.
+"""The daemon's end of one child's channel (a runner's, or a fetcher's): typed messages both
+ways, requests by id.
 
-Frames (`exod.protocol`) carry `exod.messages`. Daemon → runner: Generate, Cancel, Shutdown.
-Runner → daemon: lifecycle reports (Hello first, then Status, Progress, Ready, Failed,
-Heartbeat, Stopping), handed to `on_message`; and per request, in order, Text events ending
-with Done or Error, delivered to that request's `RequestStream`.
+Frames (`exod.protocol`) carry `exod.messages`. The child says Hello first; once its version
+matches, the daemon's first frame is the child's start-up spec (`exod.specs`), and only then
+whatever was queued for it. Daemon → runner: Generate, Cancel, Shutdown. Runner → daemon:
+lifecycle reports (Status, Progress, Ready, Failed, Heartbeat, Stopping), handed to
+`on_message`; and per request, in order, Text events ending with Done or Error, delivered to
+that request's `RequestStream`. What a child says is checked against its own union (`decode`:
+a runner's messages, or a fetcher's).
 
 The channel is an asyncio stream (`open_unix_connection(sock=...)`) read by one task, with a
 frame-size limit. A frame that is not a valid message, a version other than ours, or anything
@@ -19,7 +23,7 @@ import asyncio
 import itertools
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from loguru import logger
 
@@ -37,6 +41,7 @@ READ_AHEAD = 256 * 1024
 # runner, refused before it is read into memory.
 MAX_RUNNER_FRAME = 1024 * 1024
 YIELD_EVERY = 8  # frames read between turns of the loop (bench hostile_runner)
+M = TypeVar("M")
 
 
 class TooLarge(Exception):
@@ -50,7 +55,7 @@ class TooLarge(Exception):
 class RequestStream:
     """The events of one request, in order. The last one is Done or Error."""
 
-    def __init__(self, link: RunnerChannel, rid: str) -> None:
+    def __init__(self, link: RunnerChannel[Any], rid: str) -> None:
         self.link = link
         self.id = rid
         self.finished = False
@@ -90,20 +95,23 @@ class RequestStream:
             self.link._forget(self.id, cancel=True)
 
 
-class RunnerChannel:
-    def __init__(self, sock: socket.socket, context: dict[str, Any],
-                 on_message: Callable[[m.FromRunner], None],
+class RunnerChannel(Generic[M]):
+    def __init__(self, sock: socket.socket, context: dict[str, Any], spec: Any,
+                 decode: Callable[[dict[str, Any]], M], on_message: Callable[[M], None],
                  on_broken: Callable[[str], None]) -> None:
         self.log = logger.bind(**context)
         self.closed = False
         self.broken = False  # closed for a protocol error (already reported to on_broken)
         self.hello: m.Hello | None = None
+        self._spec = encode(m.to_wire(spec))
+        self._decode = decode
         self._on_message = on_message
         self._on_broken = on_broken
         self._streams: dict[str, RequestStream] = {}
         self._ids = itertools.count(1)
         self._writer: asyncio.StreamWriter | None = None
-        self._pending: list[bytes] = []  # frames sent before the stream is open
+        # Frames to send once the spec is sent (it goes first, after the hello).
+        self._pending: list[bytes] = []
         self.reader_task = asyncio.get_running_loop().create_task(self._read_all(sock))
 
     @property
@@ -121,7 +129,7 @@ class RunnerChannel:
     def _send_frame(self, data: bytes) -> bool:
         if self.closed:
             return False
-        if self._writer is None:
+        if self._writer is None or self.hello is None:
             self._pending.append(data)
         else:
             self._writer.write(data)
@@ -149,9 +157,6 @@ class RunnerChannel:
         try:
             reader, self._writer = await asyncio.open_unix_connection(sock=sock,
                                                                       limit=READ_AHEAD)
-            for data in self._pending:
-                self._writer.write(data)
-            self._pending.clear()
             for n in itertools.count(1):
                 if self.closed:
                     break
@@ -172,7 +177,7 @@ class RunnerChannel:
             self.close(f"runner channel failed: {e}")
 
     def _deliver(self, frame: dict[str, Any]) -> None:
-        msg = m.decode_from_runner(frame)
+        msg: Any = self._decode(frame)
         if self.hello is None:
             if not isinstance(msg, m.Hello):
                 raise ProtocolError(f"{msg.type} before hello")
@@ -180,6 +185,11 @@ class RunnerChannel:
                 raise ProtocolError(f"the runner speaks version {msg.version}, exod "
                                     f"{m.VERSION} (a stale install? restart exod)")
             self.hello = msg
+            assert self._writer is not None  # open before anything is read
+            self._writer.write(self._spec)  # what it is to do, before anything else
+            for data in self._pending:
+                self._writer.write(data)
+            self._pending.clear()
             return
         if isinstance(msg, (m.Prefill, m.Held, m.Text, m.ToolCall, m.Done, m.Error)):
             stream = self._streams.get(msg.id)

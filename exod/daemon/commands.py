@@ -86,11 +86,11 @@ class Commands:
             inst.start(operator=True)
             if inst.refused:  # memory admission said no: that is the answer to the start
                 return cm.Failure(f"{inst.name} not started: {inst.refused}")
-            return cm.StateReply(inst.state.value)
+            return cm.StateReply(inst.state)
         if isinstance(req, cm.Stop):
             inst = self._get(req.name)
             await self._stopped(inst, operator=True)
-            return cm.StateReply(inst.state.value)
+            return cm.StateReply(inst.state)
         if isinstance(req, cm.Restart):
             inst = self._get(req.name)
             await self._stopped(inst, operator=False)
@@ -98,7 +98,7 @@ class Commands:
                 return cm.Failure("exod is stopping")
             inst = self._get(inst.name)  # a reload may have replaced it meanwhile
             inst.start(operator=True)
-            return cm.StateReply(inst.state.value)
+            return cm.StateReply(inst.state)
         if isinstance(req, cm.Wait):
             return await self._wait(self._get(req.name), emit)
         if isinstance(req, cm.Watch):
@@ -137,9 +137,9 @@ class Commands:
             while True:
                 if overflow:
                     return cm.Failure("dropped: the client read too slowly")
-                if snap.state == State.READY.value:
+                if snap.state is State.READY:
                     return cm.WaitReply(snap)
-                if snap.state in (State.FAILED.value, State.STOPPED.value):
+                if snap.state in (State.FAILED, State.STOPPED):
                     return cm.Failure(f"{name} is {snap.detail}", instance=snap)
                 await emit(cm.ProgressEvent(snap))
                 snap = await q.get()

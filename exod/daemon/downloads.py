@@ -35,6 +35,7 @@ from exod.core.exits import PERMANENT_EXIT_CODES, ExitInfo
 from exod.core.ladder import Step
 from exod.core.restarts import Backoff
 from exod.core.states import Tracked
+from exod.core.text import clip
 from exod.daemon.clock import Clock, Timer
 from exod.daemon.ladder_driver import LadderDriver
 from exod.hub.files import progress_text
@@ -163,7 +164,7 @@ class Download:
         return max(0.0, self.machine.since + self.delay - now)
 
     def describe(self, now: float) -> str:
-        """e.g. `downloading 1.2 of 4.5 GB (27%, 38 MB/s)`, `stalled: …; retry 2 in 8s`."""
+        """e.g. `downloading 1.2GiB of 4.5GiB (27%, 38MiB/s)`, `stalled: …; retry 2 in 8s`."""
         wait = self.retry_in(now)
         if wait is not None:
             return f"downloading: {self.error}; retry {self.attempt + 1} in {format_duration(wait)}"
@@ -301,7 +302,7 @@ class Downloads:
         self.seam.kill(d.pid, signal.SIGKILL if step is Step.KILL else signal.SIGTERM)
 
     # ---- events from the process table ---------------------------------------------------
-    def on_message(self, pid: int, msg: m.FromRunner) -> None:
+    def on_message(self, pid: int, msg: m.FromFetcher) -> None:
         d = self.by_pid.get(pid)
         if d is None:
             return
@@ -309,9 +310,9 @@ class Downloads:
             if d.progress.update(msg, self.seam.now()):
                 d.stalled = False
         elif isinstance(msg, m.Status):
-            d.progress.text = msg.text[:200]
+            d.progress.text = clip(msg.text, 200)
         elif isinstance(msg, m.Failed):
-            d.error = msg.reason[:500]
+            d.error = clip(msg.reason, 500)
         elif isinstance(msg, m.Fetched):
             d.result = Path(msg.path)
         self.seam.download_changed(d)

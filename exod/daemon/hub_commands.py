@@ -94,7 +94,7 @@ def users(sup: Daemon, repo: str) -> list[InstanceRuntime]:
 
 def models(sup: Daemon) -> list[cm.CachedModel]:
     return [cm.CachedModel(e.repo, e.revisions, list(e.commits), e.size, e.partial,
-                           [cm.ModelUser(i.name, i.state.value, i.config.hub.revision)
+                           [cm.ModelUser(i.name, i.state, i.config.hub.revision)
                             for i in users(sup, e.repo) if i.config.hub is not None])
             for e in hub_cache.entries(sup.hub_cache)]
 

@@ -17,9 +17,8 @@ from exod.config.schema import Config, Instance
 from exod.core.states import State
 from exod.daemon.downloads import Download, Downloads, Outcome
 from exod.daemon.instance import InstanceRuntime, RankRuntime
-from exod.daemon.launch import plan_shards
+from exod.daemon.launch import fetcher_launch, plan_shards
 from exod.daemon.processes import RunnerHandlers
-from exod.daemon.spawn import runner_env
 from exod.hub import cache as hub_cache
 from exod.hub.ref import HubRef
 
@@ -99,16 +98,9 @@ class HubSeam:
             self._place(inst)
 
     def spawn_fetcher(self, d: Download) -> int:
-        args = ["--repo", d.ref.repo, "--revision", d.ref.revision, "--cache",
-                str(self.hub_cache)]
-        if d.commit:
-            args += ["--commit", d.commit]
-        if self.offline:
-            args.append("--offline")
-        if self.config.hub.hf_token_file is not None:
-            args += ["--token-file", str(self.config.hub.hf_token_file)]
-        env = runner_env(os.environ, {"PYTHONUNBUFFERED": "1"})
-        return self.procs.spawn("exod.hub", args, env, {"instance": f"fetch {d.ref}"},
+        launch = fetcher_launch(d.ref, d.commit or None, self.hub_cache, self.offline,
+                                self.config.hub.hf_token_file, os.environ)
+        return self.procs.spawn(launch, {"instance": f"fetch {d.ref}"},
                                 RunnerHandlers(on_exit=self.downloads.on_exit,
                                                on_message=self.downloads.on_message,
                                                on_broken=self.downloads.on_broken))

@@ -1,38 +1,61 @@
-"""How a runner is started: its argv, its environment and, for a group, the hostfile.
+"""How a runner or a fetcher is started: its start-up spec, its environment and, for a group,
+the hostfile.
 
-Pure but for the hostfile and the free ports of a group without `port_base`, which it keeps
-in a registry while the group's ranks live (so no two groups of this daemon share a port);
-the supervisor hands the result to the process table. What gets exec'd is `exod.runner`
-unless the daemon's own environment names another module in EXOD_RUNNER_MODULE (a development
-and test hook: chosen by whoever starts the daemon, never by a config file).
+A child's command line holds its channel's descriptor alone; what it is to do goes to it as a
+typed spec (exod.specs), the daemon's first frame on its channel once its hello has the right
+version (exod.daemon.channel). Pure but for the hostfile and the free ports of a group without
+`port_base`, which it keeps in a registry while the group's ranks live (so no two groups of this
+daemon share a port); the supervisor hands the result to the process table. What gets exec'd is
+`exod.runner` unless the daemon's own environment names another module in EXOD_RUNNER_MODULE (a
+development and test hook: chosen by whoever starts the daemon, never by a config file).
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 from exod import messages as m
 from exod import paths
+from exod.config import model_layer_count
 from exod.config.checks import port_count
 from exod.config.schema import Instance
 from exod.core import ports
-from exod.config import model_layer_count
-from exod.core.grammar_limits import EngineLimits
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
 from exod.daemon import rank_addresses
 from exod.daemon import spawn as os_seam
+from exod.hub.ref import HubRef
+from exod.specs import FetchSpec, GroupSpec, RunnerSpec, runner_options
 
+M = TypeVar("M")
 
 
 @dataclass(frozen=True)
-class Launch:
+class Launch(Generic[M]):
+    """One child to start: `python -m MODULE --channel-fd N` with `env`, then `spec` as the
+    first frame on its channel. `decode` checks what the child says against its own union
+    (a runner's messages, or a fetcher's)."""
+
     module: str
-    args: list[str]
+    spec: RunnerSpec | FetchSpec
     env: dict[str, str]
+    decode: Callable[[dict[str, Any]], M]
+
+
+FETCHER_MODULE = "exod.hub"
+
+
+def fetcher_launch(ref: HubRef, commit: str | None, cache: Path, offline: bool,
+                   token_file: Path | None, daemon_env: Mapping[str, str]
+                   ) -> Launch[m.FromFetcher]:
+    """A fetcher of `ref` into `cache` (`commit`: the one the cache holds for its revision)."""
+    spec = FetchSpec(version=m.VERSION, ref=ref, cache=cache, commit=commit, offline=offline,
+                     token_file=token_file)
+    env = os_seam.runner_env(daemon_env, {"PYTHONUNBUFFERED": "1"})
+    return Launch(FETCHER_MODULE, spec, env, m.decode_from_fetcher)
 
 
 class Launcher:
@@ -79,48 +102,31 @@ class Launcher:
         """`owner`'s ranks are all gone: its ports may go to another group."""
         self.ports.release(owner)
 
-    def launch(self, c: Instance, shard: Shard, local_ranks: int, width: int) -> Launch:
-        args = ["--model", str(c.model), "--instance", c.name, "--rank", str(shard.rank),
-                "--world", str(shard.world), "--parallelism", c.parallelism, "--dtype", c.dtype,
-                "--parent-pid", str(os.getpid()), "--heartbeat", f"{m.HEARTBEAT_EVERY:g}",
-                "--max-concurrency", str(width),
-                "--prompt-cache-bytes", str(c.prompt_cache_bytes),
-                "--grammar-limits", EngineLimits(
-                    c.grammar.max_size, c.grammar.max_lexer_states, c.grammar.compile_fuel,
-                    c.grammar.step_fuel).arg()]
-        if shard.total:
-            args += ["--layers", shard.arg(), "--total-layers", str(shard.total)]
-        args += generation_args(c) + self.prompt_cache_args(c, shard)
-        group_env: dict[str, str] = {}
+    def launch(self, c: Instance, shard: Shard, local_ranks: int, width: int
+               ) -> Launch[m.FromRunner]:
+        group = None
         if shard.world > 1:
-            args += ["--backend", c.backend, "--peer-timeout", f"{c.peer_timeout:g}"]
-            # mx.distributed's own interface: which rank, and where every rank listens.
-            group_env = {"MLX_RANK": str(shard.rank), "MLX_HOSTFILE": str(self.hostfile(c.name)),
-                         "EXOD_GROUP_CONTROL": self._group_control[c.name],
-                         **rank_addresses.group_secrets(self.group_key(c))}
+            threads = rank_addresses.thread_split(c, local_ranks, self.daemon_env)
+            group = GroupSpec(backend=c.backend, peer_timeout=c.peer_timeout,
+                              hostfile=self.hostfile(c.name),
+                              control=self._group_control[c.name], key_file=self.group_key(c),
+                              blas_threads=threads)
+        spec = RunnerSpec(version=m.VERSION, instance=c.name, model=c.model,
+                          parallelism=c.parallelism, shard=shard, width=width,
+                          heartbeat=m.HEARTBEAT_EVERY, parent_pid=os.getpid(),
+                          options=runner_options(c), group=group,
+                          prompt_cache_folder=prompt_cache_folder(c, self.daemon_env)
+                          if c.prompt_cache_disk_bytes > 0 else None,
+                          chat_template_kwargs=dict(c.chat_template_kwargs))
         env = os_seam.runner_env(self.daemon_env, {
-            **rank_addresses.thread_split(c, local_ranks, self.daemon_env),
             **c.env,
-            **group_env,
             "PYTHONUNBUFFERED": "1",
             "HF_HUB_OFFLINE": "1",  # models are local; never wait on a hub
+            # For people and their tools (ps, /proc): the runner reads its spec, not these.
             "EXOD_INSTANCE": c.name,
             "EXOD_RANK": str(shard.rank),
         })
-        return Launch(self.module, args, env)
-
-
-    def prompt_cache_args(self, c: Instance, shard: Shard) -> list[str]:
-        """The disk tier's folder and budget; rank 0's warm prompts (the others follow it)."""
-        args: list[str] = []
-        if c.prompt_cache_disk_bytes > 0:
-            args += ["--prompt-cache-dir", str(prompt_cache_folder(c, self.daemon_env)),
-                     "--prompt-cache-disk-bytes", str(c.prompt_cache_disk_bytes)]
-        if shard.rank == 0 and c.warm:
-            for path in c.warm:
-                args += ["--warm", str(path)]
-            args += ["--chat-template-kwargs", json.dumps(dict(c.chat_template_kwargs))]
-        return args
+        return Launch(self.module, spec, env, m.decode_from_runner)
 
 
 def prompt_cache_folder(c: Instance, env: Mapping[str, str]) -> Path:
@@ -136,21 +142,3 @@ def plan_shards(inst: Instance) -> list[Shard]:
     if inst.parallelism == "tensor":
         return tensor_shards(total, inst.shards)
     return pipeline_shards(total, inst.shards, inst.layers)
-
-
-def generation_args(c: Instance) -> list[str]:
-    """mlx-lm's generation options, as the runner takes them (only those set)."""
-    args: list[str] = []
-    if c.kv_bits is not None:
-        args += ["--kv-bits", str(c.kv_bits), "--kv-group-size", str(c.kv_group_size),
-                 "--quantized-kv-start", str(c.quantized_kv_start)]
-    if c.max_kv_size is not None:
-        args += ["--max-kv-size", str(c.max_kv_size)]
-    if c.draft_model is not None:
-        args += ["--draft-model", str(c.draft_model),
-                 "--num-draft-tokens", str(c.num_draft_tokens)]
-    if c.adapters is not None:
-        args += ["--adapters", str(c.adapters)]
-    if c.wired_limit is not None:
-        args += ["--wired-limit", str(c.wired_limit)]
-    return args

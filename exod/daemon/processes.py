@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from loguru import logger
 
@@ -21,6 +22,7 @@ from exod import messages as m
 from exod.core.exits import ExitInfo
 from exod.daemon import spawn as os_seam
 from exod.daemon.channel import RunnerChannel
+from exod.daemon.launch import Launch
 from exod.daemon.logs import split_priority
 
 MAX_LINE = 64 * 1024
@@ -32,16 +34,18 @@ EXIT_DRAIN = 2.0
 HELLO_DEADLINE = 60.0
 
 ExitHandler = Callable[[int, ExitInfo], None]
+M = TypeVar("M")
 
 
 LineSink = Callable[[dict[str, object], str, str], None]  # (context, level, text)
 
 @dataclass
-class RunnerHandlers:
-    """What the table reports about one runner, to its instance."""
+class RunnerHandlers(Generic[M]):
+    """What the table reports about one child (a runner, or a fetcher: M is what it says), to
+    its owner."""
 
     on_exit: ExitHandler
-    on_message: Callable[[int, m.FromRunner], None]
+    on_message: Callable[[int, M], None]
     on_broken: Callable[[int, str], None]  # protocol error: end it through the ladder
 
 
@@ -49,8 +53,8 @@ class RunnerHandlers:
 class Proc:
     child: os_seam.Child
     context: dict[str, object]  # instance, rank, pid: bound to every line the runner prints
-    handlers: RunnerHandlers
-    link: RunnerChannel  # the channel: lifecycle reports, requests and their events
+    handlers: RunnerHandlers[Any]
+    link: RunnerChannel[Any]  # the channel: lifecycle reports, requests and their events
     readers: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -65,13 +69,15 @@ class ProcessTable:
     def install(self) -> None:
         self.loop.add_signal_handler(signal.SIGCHLD, self.reap)
 
-    def spawn(self, module: str, args: list[str], env: Mapping[str, str],
-              context: dict[str, object], handlers: RunnerHandlers) -> int:
-        child = os_seam.spawn(args, env, module)
+    def spawn(self, launch: Launch[M], context: dict[str, object],
+              handlers: RunnerHandlers[M]) -> int:
+        """Start `launch`'s child; its spec goes first on its channel once it says hello."""
+        child = os_seam.spawn(launch.env, launch.module)
         pid = child.pid
         ctx = {**context, "pid": pid}
-        link = RunnerChannel(child.channel, ctx, lambda msg: handlers.on_message(pid, msg),
-                    lambda why: handlers.on_broken(pid, why))
+        link = RunnerChannel(child.channel, ctx, launch.spec, launch.decode,
+                             lambda msg: handlers.on_message(pid, msg),
+                             lambda why: handlers.on_broken(pid, why))
         proc = Proc(child, ctx, handlers, link)
         proc.readers = [self.loop.create_task(self._read_lines(proc, fd))
                         for fd in (child.stdout, child.stderr)]
@@ -87,7 +93,7 @@ class ProcessTable:
         proc = self.procs.get(pid)
         return proc is not None and proc.link.send(msg)
 
-    def link(self, pid: int) -> RunnerChannel | None:
+    def link(self, pid: int) -> RunnerChannel[Any] | None:
         proc = self.procs.get(pid)
         return proc.link if proc is not None and not proc.link.closed else None
 

@@ -66,7 +66,7 @@ def available_bytes(used_by_runners: int = 0) -> int | None:
     cgroup), or to keep memory for other services."""
     budget = os.environ.get("EXOD_MEMORY_AVAILABLE")
     if budget:
-        from exod.config.sizes import parse_size
+        from exod.core.sizes import parse_size
 
         return max(0, parse_size(budget) - used_by_runners)
     if sys.platform.startswith("linux"):

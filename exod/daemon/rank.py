@@ -15,6 +15,7 @@ from exod.core.exits import ExitInfo
 from exod.core.ladder import Step
 from exod.core.shards import Shard
 from exod.core.states import Machine, State
+from exod.core.text import clip
 from exod.daemon.clock import Clock
 from exod.daemon.ladder_driver import LadderDriver
 
@@ -92,7 +93,7 @@ class RankRuntime:
             return False
         if isinstance(msg, m.Status):
             before = (self.phase, self.status_text, self.attempt)
-            self.phase, self.status_text, self.attempt = msg.phase, clip(msg.text), msg.attempt
+            self.phase, self.status_text, self.attempt = msg.phase, _said(msg.text), msg.attempt
             return (self.phase, self.status_text, self.attempt) != before
         if isinstance(msg, m.Progress):
             self.layers_loaded, self.layers_total, self.last_progress = msg.loaded, msg.total, now
@@ -100,7 +101,7 @@ class RankRuntime:
         elif isinstance(msg, m.Serving):
             self.serving = msg
         elif isinstance(msg, m.Failed):
-            self.error = self.status_text = clip(msg.reason)
+            self.error = self.status_text = _said(msg.reason)
             self.phase = m.Phase.FAILED
         elif isinstance(msg, m.Stopping):
             self.phase, self.status_text = m.Phase.STOPPING, "stopping"
@@ -159,7 +160,10 @@ class RankRuntime:
         return how
 
 
-def clip(text: str, limit: int = 2000) -> str:
+STATUS_TEXT = 2000
+
+
+def _said(text: str) -> str:
     """A runner's words for status and the log: every status snapshot carries them, so a
     runaway one is cut rather than copied to every watcher."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return clip(text, STATUS_TEXT)

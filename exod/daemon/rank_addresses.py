@@ -2,11 +2,11 @@
 
 Rank r runs on `hosts[r]` (every rank on this host when `hosts` is not given) and listens on
 `port_base + r`; rank 0 also listens on `port_base + N` for the group's control connections
-(EXOD_GROUP_CONTROL). Without `port_base` (possible only when every rank is on this host) free
-ports are chosen each time the group starts, outside the kernel's ephemeral range
+(`exod.specs.GroupSpec.control`). Without `port_base` (possible only when every rank is on this
+host) free ports are chosen each time the group starts, outside the kernel's ephemeral range
 (exod.core.ports says why). The ring backend reads the ranks' list from a JSON hostfile
-(MLX_HOSTFILE), which each daemon writes for its own ranks: hosts share nothing but the
-instance's definition.
+(MLX_HOSTFILE, which each runner sets from its spec), which each daemon writes for its own
+ranks: hosts share nothing but the instance's definition.
 """
 
 from __future__ import annotations
@@ -58,15 +58,16 @@ def addresses(inst: Instance, chosen: list[int] | None = None) -> Addresses:
     return Addresses(ranks, f"{_bracket(hosts[0])}:{ports[n]}")
 
 
-def thread_split(inst: Instance, local_ranks: int, env: Mapping[str, str]) -> dict[str, str]:
+def thread_split(inst: Instance, local_ranks: int, env: Mapping[str, str]) -> int | None:
     """BLAS threads per rank when several ranks of a group share this host: the cores divided
-    among them. Each rank's BLAS would otherwise start a thread per core, and ranks that wait
-    for each other on oversubscribed cores ran 2-3x slower in measurements on 2 cores. An
-    operator's own setting (daemon or instance env) wins."""
+    among them (the runner sets OPENBLAS_NUM_THREADS from its spec). Each rank's BLAS would
+    otherwise start a thread per core, and ranks that wait for each other on oversubscribed
+    cores ran 2-3x slower in measurements on 2 cores. An operator's own setting (daemon or
+    instance env) wins: None."""
     if local_ranks < 2 or "OPENBLAS_NUM_THREADS" in inst.env or "OPENBLAS_NUM_THREADS" in env:
-        return {}
+        return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"OPENBLAS_NUM_THREADS": str(max(1, (cores or 1) // local_ranks))}
+    return max(1, (cores or 1) // local_ranks)
 
 
 def free_ports(n: int, reserved: Collection[int],
@@ -133,12 +134,6 @@ def write_private(path: Path, data: bytes) -> None:
 
 def write_hostfile(path: Path, addrs: list[str]) -> None:
     write_private(path, json.dumps([[a] for a in addrs]).encode())
-
-
-def group_secrets(key_file: Path) -> dict[str, str]:
-    """What a rank needs to authenticate its group (exod.runner.group.control): where the key is (a
-    path: the secret itself never goes through argv or the environment)."""
-    return {"EXOD_CLUSTER_KEY_FILE": str(key_file)}
 
 
 def new_group_key(path: Path) -> None:

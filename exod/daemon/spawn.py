@@ -1,9 +1,10 @@
 """The OS seam for runner processes: spawn by exec, signal, and read their exit.
 
-Runners are started with posix_spawn (exec of `python -m exod.runner`), never by forking the
-daemon: a fork would copy the event loop, sockets and threads. Each runner gets its own process
-group (so a terminal's Ctrl-C and launchd's group signal reach only the daemon), /dev/null as
-stdin, pipes for stdout/stderr, and one end of a socketpair as its channel.
+Runners are started with posix_spawn (exec of `python -m exod.runner --channel-fd N`), never by
+forking the daemon: a fork would copy the event loop, sockets and threads. Each runner gets its
+own process group (so a terminal's Ctrl-C and launchd's group signal reach only the daemon),
+/dev/null as stdin, pipes for stdout/stderr, and one end of a socketpair as its channel, whose
+descriptor is all its command line holds (its spec comes on the channel: exod.specs).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def runner_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, s
 DEFAULT_MODULE = "exod.runner"
 
 
-def spawn(args: list[str], env: Mapping[str, str], module: str = DEFAULT_MODULE) -> Child:
-    """Start `python -m MODULE ARGS --channel-fd N`; raises OSError if exec fails."""
+def spawn(env: Mapping[str, str], module: str = DEFAULT_MODULE) -> Child:
+    """Start `python -m MODULE --channel-fd N`; raises OSError if exec fails."""
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -60,7 +61,7 @@ def spawn(args: list[str], env: Mapping[str, str], module: str = DEFAULT_MODULE)
         # other spawn can pick these up.
         for fd in keep:
             os.set_inheritable(fd, True)
-        argv = [sys.executable, "-m", module, *args, "--channel-fd", str(child_end.fileno())]
+        argv = [sys.executable, "-m", module, "--channel-fd", str(child_end.fileno())]
         actions = [
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
             (os.POSIX_SPAWN_DUP2, out_w, 1),

@@ -74,7 +74,7 @@ def rank_status(rank: RankRuntime, now: float, stall_after: float) -> cm.RankSta
         host=rank.host,
         remote=not rank.local,
         pid=rank.pid,
-        state=rank.state.value,
+        state=rank.state,
         layers=[rank.shard.start, rank.shard.end],
         layers_loaded=rank.layers_loaded,
         layers_total=rank.layers_total,
@@ -134,7 +134,7 @@ def instance_status(inst: InstanceRuntime, now: float, stall_after: float) -> cm
     active = inst.state.active
     return cm.InstanceStatus(
         name=inst.name,
-        state=inst.state.value,
+        state=inst.state,
         detail=detail(inst, now, stall_after),
         reason=inst.machine.reason or None,
         since_s=round(now - inst.machine.since, 3),

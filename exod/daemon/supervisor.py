@@ -42,6 +42,7 @@ from exod.daemon.hub_seam import HubSeam
 from exod.daemon.memory_check import MemoryCheck
 from exod.daemon.processes import ProcessTable, RunnerHandlers
 from exod.daemon.readiness import Readiness
+from exod.daemon.heap import HeapTrim
 from exod.daemon.traffic import Traffic
 from exod.daemon.manager_notify import watchdog_interval
 
@@ -73,7 +74,9 @@ class Supervisor(HubSeam):
         self.reloads = {"ok": 0, "failed": 0}
         self.downloads = Downloads(self, config.hub.stall_after, config.defaults.stop,
                                    config.defaults.backoff)
-        self.traffic = Traffic(self)  # requests: on-demand starts, idle stops, queues, hangs
+        self.heap = HeapTrim(self)  # freed memory back to the system, after busy minutes
+        # requests: on-demand starts, idle stops, queues, hangs
+        self.traffic = Traffic(self, touched=self.heap.touched)
         self.config_errors = 0  # problems found by failed reloads, all told
 
     # ---- Seam for InstanceRuntime -------------------------------------------------------
@@ -101,7 +104,8 @@ class Supervisor(HubSeam):
         launch = self.launcher.launch(inst.config, rank.shard, sum(r.local for r in inst.ranks),
                                       inst.width)
         context = {"instance": inst.name, "rank": rank.rank}
-        return self.procs.spawn(launch.module, launch.args, launch.env, context, RunnerHandlers(
+        self.heap.touched()  # a runner's start, and the exit before it, come and go in bursts
+        return self.procs.spawn(launch, context, RunnerHandlers(
             on_exit=inst.on_exit, on_message=inst.on_message, on_broken=inst.on_broken))
 
     def ask(self, pid: int, drain: float, grace: float = 0.0) -> bool:
@@ -196,6 +200,7 @@ class Supervisor(HubSeam):
         self.phase = "running"
         self.readiness.spawned(self, self.now())
         await self._done.wait()
+        self.heap.close()
         if self.api is not None:
             await self.api.close()
         await self.control.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -85,8 +85,9 @@ class Lane:
 
 
 class Traffic:
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Daemon, touched: Callable[[], None] = lambda: None) -> None:
         self.daemon = daemon
+        self.touched = touched  # a request came: memory was taken and will be freed
         self.lanes: dict[InstanceRuntime, Lane] = {}
         self.on_demand = OnDemand(daemon, self.gate_of)
 
@@ -126,6 +127,7 @@ class Traffic:
     # ---- one request ----------------------------------------------------------------------
     def find(self, name: str) -> InstanceRuntime:
         """The instance that serves `name`, started if it is on demand; raises Refused."""
+        self.touched()
         inst = self.daemon.instance(name)
         if inst is None:
             raise Unknown(name)

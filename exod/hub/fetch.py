@@ -9,7 +9,6 @@ hub's hashes (a bad one is fetched again, once), record the snapshot, say `Fetch
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
@@ -22,9 +21,10 @@ from exod import messages as m
 from exod.core.exits import EXIT_TEMPFAIL, EXIT_UNAVAILABLE
 from exod.hub import cache as hc
 from exod.hub.files import disk_problem, wanted
-from exod.hub.link import Link
+from exod.child_end import ChildEnd
 from exod.hub.ref import HubRef
 from exod.hub.verify import Hasher, digest
+from exod.specs import FetchSpec, Planned
 
 TICK = 0.5  # seconds between two progress reports while bytes arrive
 CHUNK = 1 << 16
@@ -43,7 +43,10 @@ class Job:
     offline: bool
     token: str | bool  # False: no token at all (not even one huggingface_hub finds by itself)
     commit: str | None  # the cache's commit for the revision: used as is, no lookup
-    link: Link
+    link: ChildEnd[FetchSpec]  # to the daemon (or `exod check`), started by the caller
+
+    def status(self, text: str) -> None:
+        self.link.send(m.Status(phase=m.Phase.STARTING, text=text))
 
 
 def record(f: Any) -> hc.FileRecord:
@@ -92,7 +95,7 @@ def plan(job: Job) -> hc.Manifest:
         found = from_blobs(job, commit) if commit is not None and cannot_connect(e) else None
         if found is None:
             raise
-        job.link.status(f"the hub cannot be reached: using the cached snapshot of {job.ref}")
+        job.status(f"the hub cannot be reached: using the cached snapshot of {job.ref}")
         return found
 
 
@@ -101,7 +104,7 @@ def ask_hub(job: Job, commit: str | None) -> hc.Manifest:
     from huggingface_hub.hf_api import RepoFile
 
     api = HfApi(token=job.token)
-    job.link.status(f"looking up {job.ref}")
+    job.status(f"looking up {job.ref}")
     # Asked first even for a known commit: it fails at once with no network, where the tree's
     # listing below retries for ~23 s (huggingface_hub's http_backoff).
     info = api.repo_info(job.ref.repo, revision=commit or job.ref.revision)
@@ -320,7 +323,7 @@ def run(job: Job) -> Path:
         if attempt or job.offline:
             raise Refused(f"{job.ref}: {what} does not match the hub's hash "
                           f"({'offline: cannot fetch it again' if job.offline else 'twice'})")
-        job.link.status(f"{what} does not match the hub's hash: fetching it again")
+        job.status(f"{what} does not match the hub's hash: fetching it again")
         print(f"{what} does not match the hub's hash: fetching it again", flush=True)
         drop(job, manifest, bad)
     hc.write_ref(job.cache, job.ref, manifest.commit)
@@ -348,22 +351,21 @@ def refusal(e: Exception) -> str | None:
 
 
 def plan_only(job: Job) -> int:
-    """`--plan`: one JSON line (commit, size, missing bytes, free bytes), or the refusal."""
+    """A `PlanAsk`: one `Planned` (commit, size, missing bytes, free bytes), or the refusal."""
     try:
         manifest = plan(job)
     except Exception as e:  # noqa: BLE001 -- reported as one line, as main does
-        print(json.dumps({"error": refusal(e) or unreachable(job, e, where=False) or
-                          f"{type(e).__name__}: {e}"}))
+        job.link.send(m.Failed(reason=refusal(e) or unreachable(job, e, where=False) or
+                               f"{type(e).__name__}: {e}", exit_code=EXIT_UNAVAILABLE))
         return EXIT_UNAVAILABLE
     missing = manifest.size - hc.partial_bytes(
         job.cache, job.ref, {r.blob: r.size for r in manifest.files.values()})
-    print(json.dumps({"commit": manifest.commit, "size": manifest.size, "missing": missing,
-                      "free": free_space(job.cache)}))
+    job.link.send(Planned(commit=manifest.commit, size=manifest.size, missing=missing,
+                          free=free_space(job.cache)))
     return 0
 
 
 def main(job: Job) -> int:
-    job.link.start()
     try:
         path = run(job)
     except Exception as e:  # noqa: BLE001 -- every failure is reported, as one line

@@ -25,7 +25,9 @@ PR_SET_PDEATHSIG = 1
 
 
 class Lifecycle:
-    def __init__(self, parent_pid: int | None) -> None:
+    def __init__(self, parent_pid: int | None = None) -> None:
+        """`parent_pid`: watched from `install`; a runner learns its parent from its spec, and
+        watches it then (`watch_parent`)."""
         self.stop = threading.Event()
         self.reason = ""
         self.parent_pid = parent_pid
@@ -97,10 +99,11 @@ class Lifecycle:
         signal.signal(signal.SIGTERM, _ignore)
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         if self.parent_pid is not None:
-            self._watch_parent(self.parent_pid)
+            self.watch_parent(self.parent_pid)
 
-    def _watch_parent(self, parent_pid: int) -> None:
+    def watch_parent(self, parent_pid: int) -> None:
         """Never outlive the daemon (it may die by SIGKILL or by the OOM killer)."""
+        self.parent_pid = parent_pid
         if sys.platform.startswith("linux"):
             try:
                 libc = ctypes.CDLL(None, use_errno=True)

@@ -8,6 +8,8 @@ a version stamp (stamp.py). An existing config is never overwritten.
 An exod whose Python lies under a home directory (pyenv, uv, pipx, a venv in ~) is hidden by the
 system unit's ProtectHome=yes. Instead of refusing, the plan adds a drop-in that keeps homes
 empty (ProtectHome=tmpfs) and binds exactly the interpreter's prefix and the venv, read-only.
+Likewise one under /tmp or /var/tmp, which both units' PrivateTmp=yes replaces with the
+service's own: a drop-in binds exactly what the service needs from there, read-only.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ from exod.service_files.stamp import stamped
 PLIST_BIN = "/usr/local/bin/exod"  # what the shipped plists name; the units name /usr/bin/exod
 # ProtectHome= hides these from the system service.
 HIDDEN_BY_PROTECT_HOME = ("/home", "/root", "/run/user")
+# PrivateTmp= gives the service these of its own.
+HIDDEN_BY_PRIVATE_TMP = ("/tmp", "/var/tmp")
 SYSTEM_UNIT = "etc/systemd/system/exod.service"
 HOME_DROPIN = "etc/systemd/system/exod.service.d/exod-install-home.conf"
+TMP_DROPIN = "exod.service.d/exod-install-tmp.conf"  # beside the unit, system or user
 SYSUSERS = "etc/sysusers.d/exod.conf"
 TMPFILES = "etc/tmpfiles.d/exod.conf"
 SYSTEM_CONFIG = "etc/exod/exod.yaml"
@@ -101,7 +106,16 @@ def needed_paths() -> list[str]:
 
 def home_binds(paths: list[str]) -> list[str]:
     """Those of `paths` that ProtectHome= would hide, without any that lies inside another."""
-    hidden = sorted(p for p in paths if _under(p, HIDDEN_BY_PROTECT_HOME))
+    return _outermost([p for p in paths if _under(p, HIDDEN_BY_PROTECT_HOME)])
+
+
+def tmp_binds(paths: list[str]) -> list[str]:
+    """Those of `paths` that PrivateTmp= would hide, without any that lies inside another."""
+    return _outermost([p for p in paths if _under(p, HIDDEN_BY_PRIVATE_TMP)])
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    hidden = sorted(paths)
     return [p for p in hidden if not _under(p, [q for q in hidden if q != p])]
 
 
@@ -116,17 +130,29 @@ def home_dropin(binds: list[str]) -> str:
             f"BindReadOnlyPaths={' '.join(_quote(b) for b in binds)}\n")
 
 
+def tmp_dropin(binds: list[str]) -> str:
+    return ("# This exod runs from a Python under /tmp or /var/tmp, which PrivateTmp=yes replaces\n"
+            "# with the service's own. That stays private except these folders, bound read-only.\n"
+            "[Service]\n"
+            f"BindReadOnlyPaths={' '.join(_quote(b) for b in binds)}\n")
+
+
 def with_exec(unit: str, exod: Path) -> str:
     return re.sub(r"(?m)^(ExecStart=[-@:+!]*)\S*/exod\b", rf"\g<1>{exod}", unit)
 
 
-def systemd_plan(exod: Path, root: Path, binds: list[str] | None = None) -> list[Planned]:
-    """The system service; `binds`: the folders under home directories it needs (home_binds)."""
+def systemd_plan(exod: Path, root: Path, binds: list[str] | None = None,
+                 tmp: list[str] | None = None) -> list[Planned]:
+    """The system service; `binds`: the folders under home directories it needs (home_binds),
+    `tmp`: those under /tmp and /var/tmp (tmp_binds)."""
     pkg = packaging_dir() / "systemd"
     unit = stamped(with_exec((pkg / "exod.service").read_text(), exod), "unit")
     plan = [Planned(root / SYSTEM_UNIT, unit)]
     if binds:
         plan.append(Planned(root / HOME_DROPIN, stamped(home_dropin(binds), "unit")))
+    if tmp:
+        plan.append(Planned((root / SYSTEM_UNIT).parent / TMP_DROPIN,
+                            stamped(tmp_dropin(tmp), "unit")))
     plan += [
         Planned(root / SYSUSERS, (pkg / "exod.sysusers").read_text()),
         Planned(root / SYSTEM_CONFIG, example_config(), 0o640, keep_existing=True,
@@ -149,14 +175,18 @@ def _rooted(root: Path, path: Path) -> Path:
     return root / str(path).lstrip("/")
 
 
-def systemd_user_plan(exod: Path, root: Path, home: Path) -> list[Planned]:
+def systemd_user_plan(exod: Path, root: Path, home: Path,
+                      tmp: list[str] | None = None) -> list[Planned]:
     """A systemd user service: the user's own manager runs it as the user, so it reads the
-    user's models; config in ~/.config/exod, socket in $XDG_RUNTIME_DIR/exod."""
+    user's models; config in ~/.config/exod, socket in $XDG_RUNTIME_DIR/exod. `tmp`: the
+    folders under /tmp and /var/tmp it needs (tmp_binds)."""
     units, config = user_dirs(home)
     text = (packaging_dir() / "systemd" / "exod-user.service").read_text()
-    return [Planned(_rooted(root, units / "exod.service"), stamped(with_exec(text, exod), "unit")),
-            Planned(_rooted(root, config / "exod.yaml"), example_config(), 0o600,
-                    keep_existing=True)]
+    plan = [Planned(_rooted(root, units / "exod.service"), stamped(with_exec(text, exod), "unit"))]
+    if tmp:
+        plan.append(Planned(_rooted(root, units / TMP_DROPIN), stamped(tmp_dropin(tmp), "unit")))
+    return [*plan, Planned(_rooted(root, config / "exod.yaml"), example_config(), 0o600,
+                           keep_existing=True)]
 
 
 def launchd_plan(exod: Path, root: Path, user: bool, home: Path | None = None) -> list[Planned]:

@@ -3,9 +3,12 @@ its channel, exit codes) but loads nothing, and misbehaves on purpose. The daemo
 place of exod.runner when its own environment says `EXOD_RUNNER_MODULE=tests.doubles.runner`
 (see tests/harness.py); an instance then picks a behaviour with `env: {EXOD_DOUBLE: <name>}`.
 Without EXOD_DOUBLE it execs the real runner, so one daemon can mix real runners and doubles.
+Like the real runner it says hello and then reads its start-up spec (exod.specs.RunnerSpec) on
+its channel: its layer count comes from there (4 when the daemon could not count them).
 
 Behaviours:
-  stubborn      load, READY, then ignore the shutdown request, SIGTERM and SIGINT
+  stubborn      load, READY, then ignore the shutdown request, SIGTERM and SIGINT (it reads
+                its spec, then never reads its channel again)
   hang-loading  report layer 1/N, then hang (still honours the shutdown request)
   crash         exit 1 at once
   crash-ready   load, READY, then exit 1 when it receives anything on the channel
@@ -30,12 +33,13 @@ Behaviours:
                 newline; then behave as cooperative
   chatty        load, READY, then answer every request with text as fast as the channel takes
                 it, until the request is cancelled (says so on stderr) or the runner stops
-  squatted      the real runner, but the rank named by EXOD_DOUBLE_SQUAT_RANK first listens on
-                its own ring port the way another group's rank does (SO_REUSEADDR and
-                SO_REUSEPORT), as if the port were taken between the daemon's choice and the
-                rank's bind. Only while EXOD_DOUBLE_MARK names no file (it creates it), so the
-                group's restart runs clean.
-  group         the real runner, but the rank named by EXOD_DOUBLE_GROUP_RANK speaks the group
+  squatted      the real runner, in this process, but the rank named by EXOD_DOUBLE_SQUAT_RANK
+                first listens on its own ring port the way another group's rank does
+                (SO_REUSEADDR and SO_REUSEPORT), as if the port were taken between the daemon's
+                choice and the rank's bind. Only while EXOD_DOUBLE_MARK names no file (it
+                creates it), so the group's restart runs clean.
+  group         the real runner, in this process, but the rank named by EXOD_DOUBLE_GROUP_RANK
+                (as EXOD_RANK, set by the daemon for people and tools, says) speaks the group
                 protocol version EXOD_DOUBLE_GROUP_VERSION (when set: a rank of another exod
                 release), and waits EXOD_DOUBLE_CONTROL_DELAY seconds (when set) before it
                 connects to rank 0's control port (so a test can knock on that port while the
@@ -54,7 +58,8 @@ NO_TRIO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_trio")
 
 
 def become_the_real_runner() -> None:
-    """exec exod.runner: same pid, same channel fd, its own command line."""
+    """exec exod.runner: same pid, same channel fd (its spec is still to come on it), same
+    command line."""
     path = os.pathsep.join(p for p in (NO_TRIO, os.environ.get("PYTHONPATH")) if p)
     os.execve(sys.executable, [sys.executable, "-m", "exod.runner", *sys.argv[1:]],
               {**os.environ, "PYTHONPATH": path})
@@ -69,12 +74,14 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from exod import messages as m
+from exod.protocol import HEADER, MAX_FRAME, FrameDecoder, encode, from_wire
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
-from exod.protocol import HEADER, MAX_FRAME, encode
 from exod.runner.report import Reporter
+from exod.specs import RUNNER_FIRST, RunnerSpec
 
 
 def gated_load(notify: Reporter, life: Lifecycle, n: int) -> bool:
@@ -149,17 +156,28 @@ def framed(body: bytes) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
+def first_frame(sock: socket.socket) -> RunnerSpec | None:
+    """The spec, read here once: the stubborn double never reads its channel again."""
+    decoder = FrameDecoder()
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            return None
+        frames = decoder.feed(data)
+        if frames:
+            spec: RunnerSpec = from_wire(frames[0], RUNNER_FIRST)
+            return spec
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--total-layers", type=int, default=4)
     p.add_argument("--channel-fd", type=int)
-    p.add_argument("--parent-pid", type=int)
     args, _ = p.parse_known_args()
     behaviour = os.environ.get("EXOD_DOUBLE", "cooperative")
-    n = args.total_layers or 4
-    life = Lifecycle(args.parent_pid)
+    life = Lifecycle()
     life.install()
     if behaviour == "silent":
+        life.watch_parent(os.getppid())  # it never hears its spec, which names the daemon
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         threading.Event().wait()
     channel = Channel(args.channel_fd, life)
@@ -168,13 +186,20 @@ def main() -> int:
         print("<3>double: crashing as told", file=sys.stderr, flush=True)
         return 1
     if behaviour == "stubborn":
-        # Never read the channel (the shutdown request sits unread) and ignore SIGTERM.
+        # Never read the channel after the spec (the shutdown request sits unread) and ignore
+        # SIGTERM.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         channel.send(m.Hello(version=m.VERSION, pid=os.getpid()))
+        assert channel.sock is not None
+        spec = first_frame(channel.sock)
     else:
         if behaviour == "old-protocol":
             m.VERSION += 1  # what a runner of another exod release would say
         channel.start()
+        spec = channel.spec(60)  # none for old-protocol: the daemon refuses its hello
+    if spec is not None:
+        life.watch_parent(spec.parent_pid)
+    n = spec.shard.total if spec is not None and spec.shard.total else 4
     if behaviour == "hang-loading":
         notify.progress(1, n)
         life.stop.wait()
@@ -206,13 +231,12 @@ def main() -> int:
     return 0
 
 
-SQUATS: list[socket.socket] = []  # kept open until the exec, which keeps them too
+SQUATS: list[socket.socket] = []  # kept open while the runner lives
 
 
 def squat_own_port() -> None:
-    """The squatted behaviour: a listener on this rank's ring address that survives the exec
-    into the real runner (it is the same process, and the kernel judges sockets, not
-    processes)."""
+    """The squatted behaviour: a listener on this rank's ring address, as the rank is about to
+    join its group (MLX_RANK and MLX_HOSTFILE: set by the runner from its spec)."""
     import json
 
     mark = os.environ["EXOD_DOUBLE_MARK"]
@@ -227,19 +251,39 @@ def squat_own_port() -> None:
     squat.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     squat.bind((host, int(port)))
     squat.listen()
-    squat.set_inheritable(True)
     SQUATS.append(squat)
     print(f"double squatted: listening on {host}:{port}", file=sys.stderr, flush=True)
 
 
+def run_the_real_runner() -> None:
+    """exod.runner, in this process (with the test's patches), on the real runner's path."""
+    import runpy
+
+    sys.path.insert(0, NO_TRIO)
+    runpy.run_module("exod.runner", run_name="__main__", alter_sys=True)
+
+
+def squatted() -> None:
+    """Patch this rank's joining of its group to squat first, then run the real runner here."""
+    from exod.runner.group import membership
+
+    connect = membership.connect
+
+    def squatting(*args: object, **kwargs: object) -> membership.Group:
+        squat_own_port()
+        return connect(*args, **kwargs)  # type: ignore[arg-type]
+
+    membership.connect = squatting  # type: ignore[assignment]
+    run_the_real_runner()
+
+
 def other_group() -> None:
     """The group behaviour: patch this rank's group wire, then run the real runner here."""
-    import runpy
     import time
 
     from exod.runner.group import control, handshake, wire
 
-    if os.environ.get("MLX_RANK") == os.environ.get("EXOD_DOUBLE_GROUP_RANK"):
+    if os.environ.get("EXOD_RANK") == os.environ.get("EXOD_DOUBLE_GROUP_RANK"):
         version = os.environ.get("EXOD_DOUBLE_GROUP_VERSION")
         if version:
             wire.OURS = handshake.OURS = f"EXOD-GROUP-{int(version)}"
@@ -247,24 +291,22 @@ def other_group() -> None:
         delay = float(os.environ.get("EXOD_DOUBLE_CONTROL_DELAY") or 0)
         connect = control.connect_to_leader
 
-        def late(rank: int, timeout: float) -> socket.socket:
+        def late(address: str, key_file: Path, rank: int, timeout: float) -> socket.socket:
             print(f"double group: connecting to rank 0 in {delay:g}s", file=sys.stderr,
                   flush=True)
             time.sleep(delay)  # the window a test knocks in
-            return connect(rank, timeout)
+            return connect(address, key_file, rank, timeout)
 
         control.connect_to_leader = late
-    runpy.run_module("exod.runner", run_name="__main__", alter_sys=True)
+    run_the_real_runner()
 
 
 if __name__ == "__main__":
     if os.environ.get("EXOD_DOUBLE") == "group":
         other_group()
-    if os.environ.get("EXOD_DOUBLE") == "squatted":
-        squat_own_port()
-        os.environ.pop("EXOD_DOUBLE")
-    if "EXOD_DOUBLE" not in os.environ:
-        become_the_real_runner()
-    code = main()
-    sys.stderr.flush()
-    os._exit(code)
+    elif os.environ.get("EXOD_DOUBLE") == "squatted":
+        squatted()
+    else:
+        code = main()
+        sys.stderr.flush()
+        os._exit(code)

@@ -11,6 +11,12 @@ A random model rarely closes a free string on its own: schemas here bound their 
 (maxLength, enum, pattern) and close their objects (additionalProperties false); where a
 string is free, `logit_bias` favours the characters that close it, as a real model would. The
 grammar alone decides validity: a bias cannot lift its mask.
+
+Schemas made by agent libraries (tests.library_schemas: pydantic, LangChain, the OpenAI Agents
+SDK) close no object and bound no number; exod bounds them (exod.runner.serving.json_bounds).
+With no bias at all, every answer on them is valid, in every dialect that takes a schema:
+chat's response_format and forced tools, a strict tool's call under `auto`, Anthropic's
+output_config.format and tool forcing, Responses' text.format and forced tools.
 """
 
 from __future__ import annotations
@@ -18,15 +24,18 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import jsonschema
 import openai
 import pytest
 
-from tests.models.caller import BROKEN, make_caller_model
+from tests.library_schemas import small_schemas
+from tests.models.caller import BROKEN, CALL, make_caller_model
 from tests.models.thinking import make_thinking_model
 from tests.models.tiny import with_tool_template
 from tests.harness import Daemon
@@ -100,6 +109,8 @@ class Agent:
         self.d, self.model, self.call_ids = d, model, call_ids
         self.client = openai.OpenAI(base_url=d.api_url() + "/v1", api_key="x", max_retries=0,
                                     timeout=120)
+        self.claude = anthropic.Anthropic(base_url=d.api_url(), api_key="x", max_retries=0,
+                                          timeout=120)
 
     def chat(self, model: str = "tools", **kw: Any) -> Any:
         kw.setdefault("messages", HELLO)
@@ -351,6 +362,112 @@ def test_a_two_rank_group_enforces_the_grammar(agent: Agent) -> None:
     same = {"tools": TOOLS, "tool_choice": "required", "seed": 5, "logit_bias": CLOSERS}
     assert agent.chat(model="group", **same).choices[0].message.tool_calls[0].function == \
         agent.chat(**same).choices[0].message.tool_calls[0].function
+
+
+# ---- schemas made by agent libraries: valid on every try, in every dialect --------------------
+LIBRARY = small_schemas()  # each fits in 200 tokens however written (tests.library_schemas)
+SEEDS = 6
+
+
+def every(jobs: list[Any], one: Callable[[Any], None]) -> None:
+    """`one(job)` for each job, four at a time (the instance's max_concurrency)."""
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(one, jobs))
+
+
+def _library_format(schema: dict[str, Any], strict: bool) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema,
+                                                   "strict": strict}}
+
+
+def test_library_schemas_are_valid_on_every_try(agent: Agent) -> None:
+    """No logit bias: the random model writes whatever the grammar lets it, sampled. Without
+    the bounds it wrote keys the schemas never named, or numbers of hundreds of digits, until
+    max_tokens cut the JSON."""
+    def one(job: tuple[str, dict[str, Any], bool, int]) -> None:
+        what, schema, strict, seed = job
+        r = agent.chat(seed=seed, max_tokens=200,
+                       response_format=_library_format(schema, strict))
+        assert r.choices[0].finish_reason == "stop", (what, seed, r)
+        jsonschema.validate(json.loads(r.choices[0].message.content or ""), schema)
+
+    every([(*s, seed) for s in LIBRARY for seed in range(SEEDS)], one)
+
+
+def test_forced_calls_of_library_tools_are_valid(agent: Agent) -> None:
+    """The same schemas as tools' parameters, forced (required: any of them; named: each)."""
+    tools = [{"type": "function", "function": {"name": what.replace(" ", "_"),
+                                               "parameters": schema, "strict": strict}}
+             for what, schema, strict in LIBRARY]
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+
+    def one(choice: Any) -> None:
+        seed, name = choice
+        forced: Any = "required" if name is None else {"type": "function",
+                                                       "function": {"name": name}}
+        r = agent.chat(seed=seed, max_tokens=200, tools=tools, tool_choice=forced,
+                       parallel_tool_calls=False)
+        (call,) = r.choices[0].message.tool_calls or [None]
+        assert call is not None and name in (None, call.function.name), r
+        jsonschema.validate(json.loads(call.function.arguments), params[call.function.name])
+
+    every([(seed, None) for seed in range(SEEDS)] + [(0, n) for n in params], one)
+
+
+def test_a_strict_auto_call_with_a_key_the_schema_does_not_name_comes_back_as_text(
+        agent: Agent) -> None:
+    """The caller model writes add(a=1, b=2). A strict tool that names only `a` does not allow
+    `b` (no additionalProperties means none, as when the call is forced): the call is text."""
+    def add(properties: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"type": "function", "function": {"name": "add", "strict": True, "parameters": {
+            "type": "object", "properties": properties}}}]
+
+    kw: dict[str, Any] = {"model": "caller", "max_tokens": 1, "temperature": 0,
+                          "logit_bias": {str(agent.call_ids[0]): 100}}
+    both = agent.chat(tools=add({"a": {"type": "integer"}, "b": {"type": "integer"}}), **kw)
+    assert [c.function.arguments for c in both.choices[0].message.tool_calls or []] == [
+        '{"a": 1, "b": 2}']
+    one = agent.chat(tools=add({"a": {"type": "integer"}}), **kw).choices[0]
+    assert one.message.tool_calls is None and one.message.content == CALL
+
+
+# These dialects take no seed: each try is sampled afresh (temperature 1).
+def test_anthropic_output_format_and_forced_tools_on_library_schemas(agent: Agent) -> None:
+    def one(job: tuple[str, dict[str, Any], int]) -> None:
+        what, schema, _ = job
+        r = agent.claude.messages.create(
+            model="tools", max_tokens=200, messages=[{"role": "user", "content": "hello"}],
+            output_config={"format": {"type": "json_schema", "schema": schema}})
+        assert r.stop_reason == "end_turn", (what, r)
+        jsonschema.validate(json.loads(r.content[0].text), schema)  # type: ignore[union-attr]
+        tools: Any = [{"name": "t", "input_schema": schema}]
+        r = agent.claude.messages.create(
+            model="tools", max_tokens=200, messages=[{"role": "user", "content": "hello"}],
+            tools=tools, tool_choice={"type": "tool", "name": "t",
+                                      "disable_parallel_tool_use": True})
+        (call,) = [b for b in r.content if b.type == "tool_use"]
+        jsonschema.validate(call.input, schema)
+
+    every([(w, s, seed) for w, s, _ in LIBRARY for seed in range(2)], one)
+
+
+def test_responses_text_format_and_forced_tools_on_library_schemas(agent: Agent) -> None:
+    def one(job: tuple[str, dict[str, Any], bool, int]) -> None:
+        what, schema, strict, _ = job
+        r = agent.client.responses.create(
+            model="tools", input="hello", max_output_tokens=200,
+            text={"format": {"type": "json_schema", "name": "s", "schema": schema,
+                             "strict": strict}})
+        assert r.status == "completed", (what, r)
+        jsonschema.validate(json.loads(r.output_text), schema)
+        tool: Any = {"type": "function", "name": "t", "parameters": schema, "strict": strict}
+        r = agent.client.responses.create(
+            model="tools", input="hello", max_output_tokens=200, tools=[tool],
+            tool_choice="required", parallel_tool_calls=False)
+        (call,) = [i for i in r.output if i.type == "function_call"]
+        jsonschema.validate(json.loads(call.arguments), schema)
+
+    every([(*s, seed) for s in LIBRARY for seed in range(2)], one)
 
 
 # ---- hostile input ------------------------------------------------------------------------------

@@ -60,6 +60,7 @@ def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     tmp = tmp_path_factory.mktemp("api")
     token_file = tmp / "token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)  # a secret: closed to other users
     broken = corrupt_model(tiny_model, tmp / "broken")
     d = Daemon({
         "api": {"listen": "127.0.0.1:0", "token_file": str(token_file)},

@@ -1,7 +1,7 @@
 """The one channel between exod and a runner, with real processes.
 
-- The real runner speaks it: hello with the protocol version first, then typed lifecycle
-  reports, its failure with the exit reason, and the exit code to match.
+- The real runner speaks it: hello with the protocol version first, then (once it has its spec)
+  typed lifecycle reports, its failure with the exit reason, and the exit code to match.
 - A signal reaches the runner's channel thread while its main thread sits in a long C call
   (`signal.set_wakeup_fd`): rung 2 of the ladder is seen at once, not after the call.
 - A runner that breaks the protocol, or speaks another version, is logged once and ended
@@ -28,7 +28,11 @@ from exod.core.exits import ExitInfo
 from exod.daemon import processes
 from exod.daemon.processes import MAX_LINE
 from exod.daemon.procinfo import rss_bytes
-from exod.protocol import MAX_FRAME, FrameDecoder
+from exod.config.schema import Instance
+from exod.core.shards import Shard
+from exod.daemon.launch import Launch, Launcher
+from exod.protocol import MAX_FRAME, FrameDecoder, encode
+from exod.specs import RunnerSpec
 from tests.harness import SAFETY, Daemon
 from tests.integration.conftest import double_env
 from tests.integration.test_security import log_lines, tracebacks
@@ -46,15 +50,22 @@ def read_messages(sock: socket.socket, until: Callable[[list[m.FromRunner]], boo
     return got
 
 
+def spec_of(model: Path) -> RunnerSpec:
+    """A spec as the daemon would send for a one-rank instance of `model`."""
+    return Launcher(model.parent, {}).launch(Instance(name="x", model=model),
+                                             Shard(0, 1, 0, 0, 0), 1, 1).spec
+
+
 def test_the_real_runner_says_hello_then_reports_its_failure(tmp_path: Path) -> None:
     ours, theirs = socket.socketpair()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exod.runner", "--model", str(tmp_path / "missing"),
-         "--channel-fd", str(theirs.fileno())],
+        [sys.executable, "-m", "exod.runner", "--channel-fd", str(theirs.fileno())],
         pass_fds=(theirs.fileno(),), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     theirs.close()
     try:
-        got = read_messages(ours, lambda g: any(isinstance(x, m.Failed) for x in g))
+        got = read_messages(ours, lambda g: len(g) == 1)  # hello, then its spec, as exod does
+        ours.sendall(encode(m.to_wire(spec_of(tmp_path / "missing"))))
+        got += read_messages(ours, lambda g: any(isinstance(x, m.Failed) for x in g))
         assert proc.wait(SAFETY) == EXIT_MODEL
     finally:
         proc.kill()
@@ -190,7 +201,7 @@ def test_a_flooding_runner_leaves_the_daemon_bounded_and_responsive(
 
 
 def test_a_runner_that_never_says_hello_is_reported_broken(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # The daemon's process table with a real child; the deadline shortened for the test (60 s
     # in the daemon: the hello precedes every heavy import).
     monkeypatch.setattr(processes, "HELLO_DEADLINE", 0.5)
@@ -205,8 +216,9 @@ def test_a_runner_that_never_says_hello_is_reported_broken(
             on_exit=lambda pid, info: exited.set_result(info),
             on_message=lambda pid, msg: None,
             on_broken=lambda pid, why: (broken.append(why), table.kill(pid, signal.SIGTERM)))
-        table.spawn("tests.doubles.runner", [], {**os.environ, "EXOD_DOUBLE": "silent"},
-                    {"instance": "t"}, handlers)
+        spec = spec_of(tmp_path / "m")
+        table.spawn(Launch("tests.doubles.runner", spec, {**os.environ, "EXOD_DOUBLE": "silent"},
+                           m.decode_from_runner), {"instance": "t"}, handlers)
         info = await asyncio.wait_for(exited, SAFETY)
         loop.remove_signal_handler(signal.SIGCHLD)
         return broken, info

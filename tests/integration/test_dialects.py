@@ -58,6 +58,7 @@ def both(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     tmp = tmp_path_factory.mktemp("dialects")
     token_file = tmp / "token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)  # a secret: closed to other users
     tools_model = with_tool_template(tiny_model, tmp / "tools")
     think_model = make_thinking_model(tiny_model, tmp / "think")
     # `spare` is there to be filled (429), then stopped (an error mid-stream, then 529).

@@ -70,5 +70,5 @@ def test_on_demand_start_eviction_and_idle_stop(daemons: Callable[..., Daemon],
     # Nothing can make room for `huge`: refused, with the figures, and the request gets 503.
     with pytest.raises(openai.APIStatusError) as e:
         c.chat.completions.create(model="huge", messages=HELLO, max_tokens=3)
-    assert e.value.status_code == 503 and "needs 2048.4 GiB" in str(e.value.message)
+    assert e.value.status_code == 503 and "needs 2TiB" in str(e.value.message)
     assert d.instance("always")["state"] == "ready"

@@ -124,6 +124,7 @@ def api(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     tmp = tmp_path_factory.mktemp("security")
     token_file = tmp / "tokens"
     token_file.write_text("# two clients\n" + "\n".join(TOKENS) + "\n")
+    token_file.chmod(0o600)  # a secret: closed to other users
     d = Daemon({
         "api": {"listen": "127.0.0.1:0", "token_file": str(token_file),
                 "header_timeout": "1s", "body_timeout": "1s", "max_body_kib": 64,

@@ -63,6 +63,7 @@ def test_status_page_in_chromium(browser: WebDriver, daemons: Callable[..., Daem
                                  tiny_model: Path, fake_model: Path, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
+    token_file.chmod(0o600)  # a secret: closed to other users
     gate = tmp_path / "gate"  # never created: `slow` stays at layer 3 of 4
     d = daemons({"api": {"listen": "127.0.0.1:0", "token_file": str(token_file)},
                  "instances": {

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from exod import messages as m
+from exod.config.schema import Instance
+from exod.core.shards import Shard
+from exod.daemon.launch import Launcher
 from exod.protocol import FrameDecoder, encode
 from tests.harness import REPO, SAFETY
 from tests.unit.test_vision_images import HOSTILE
@@ -74,14 +77,15 @@ def test_the_runner_serves_a_picture_as_mlx_vlm_does(vision_zoo: Path) -> None:
     image = picture_png()
     ours, theirs = socket.socketpair()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exod.runner", "--model", str(vision_zoo / FAMILY),
-         "--channel-fd", str(theirs.fileno()), "--max-concurrency", "4"],
+        [sys.executable, "-m", "exod.runner", "--channel-fd", str(theirs.fileno())],
         pass_fds=(theirs.fileno(),), cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     theirs.close()
     wire = Wire(ours)
     try:
-        got: list[m.FromRunner] = []
+        got: list[m.FromRunner] = wire.read()  # its hello; then its spec, as the daemon sends it
+        wire.sock.sendall(encode(m.to_wire(Launcher(vision_zoo, {}).launch(
+            Instance(name="v", model=vision_zoo / FAMILY), Shard(0, 1, 0, 0, 0), 1, 4).spec)))
         while not any(isinstance(x, (m.Ready, m.Failed)) for x in got):
             got += wire.read()
         assert not any(isinstance(x, m.Failed) for x in got), got

@@ -183,6 +183,30 @@ def _build(spec: TinySpec, out: Path) -> None:
     _write_weights(spec, config, out)
 
 
+def with_tiny_body(src_dir: Path, out_dir: Path, *, layers: int = 2, hidden: int = 64,
+                   intermediate: int = 128, heads: int = 2, kv_heads: int = 1,
+                   seed: int = 0, force: bool = False) -> Path:
+    """A model with `src_dir`'s tokenizer and chat template (its vocabulary, its special
+    tokens) and a tiny random llama body: a real vocabulary at a fraction of the step's cost,
+    so what is measured around a step (a grammar's masks: bench.agent_constrained) shows."""
+    src_dir = Path(src_dir)
+    src = json.loads((src_dir / "config.json").read_text())
+    spec = TinySpec(layers, hidden, intermediate, heads, kv_heads, int(src["vocab_size"]), seed)
+    spec.validate()
+    params = {"generator": "tests.models.tiny", "version": GENERATOR_VERSION,
+              "tokenizer_from": str(src_dir.resolve()), **asdict(spec)}
+
+    def build(out: Path) -> None:
+        config = {**spec.config(), "bos_token_id": src.get("bos_token_id"),
+                  "eos_token_id": src.get("eos_token_id")}
+        write_json(out / "config.json", config)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(src_dir / name, out / name)
+        _write_weights(spec, config, out)
+
+    return build_atomically(Path(out_dir), params, build, force=force)
+
+
 def _corpus() -> list[str]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     texts = []
@@ -350,11 +374,19 @@ def _complex_last_norm(model_dir: Path) -> None:
               default=TinySpec.dtype, show_default=True)
 @click.option("--shards-files", default=TinySpec.shards_files, show_default=True,
               help="Number of safetensors files (with an index when > 1).")
+@click.option("--tokenizer-from", type=click.Path(file_okay=False, path_type=Path),
+              help="Keep this model's tokenizer and chat template (and its vocabulary) instead "
+                   "of training one: a tiny body with a real vocabulary.")
 @click.option("--force", is_flag=True, help="Rebuild even if OUT_DIR is already complete.")
-def main(out_dir: Path, force: bool, **params: Any) -> None:
+def main(out_dir: Path, force: bool, tokenizer_from: Path | None, **params: Any) -> None:
     """Make a tiny random llama model in OUT_DIR and print its path (last line of stdout)."""
     try:
-        path = make_tiny_model(out_dir, force=force, **params)
+        if tokenizer_from is not None:
+            body = {k: params[k] for k in ("layers", "hidden", "intermediate", "heads",
+                                           "kv_heads", "seed")}
+            path = with_tiny_body(tokenizer_from, out_dir, force=force, **body)
+        else:
+            path = make_tiny_model(out_dir, force=force, **params)
     except (ValueError, FileExistsError) as e:
         raise click.UsageError(str(e)) from e
     log(f"tiny model ready in {path}")

@@ -13,7 +13,8 @@ from exod.messages import Generate, decode_to_runner, to_wire
 
 from exod.api import address
 from exod.api.errors import ApiError
-from exod.api.objects import DONE, Reply, sse
+from exod.api import sse
+from exod.api.objects import Reply
 from exod.api.schema import parse_chat, parse_completion
 from exod.runner.serving.stop_sequences import StopMatcher
 
@@ -156,11 +157,14 @@ def test_chat_chunks_share_id_created_model() -> None:
 
 
 def test_sse_framing() -> None:
-    raw = sse({"a": "é\n"})
+    raw = sse.frame({"a": "é\n"})
     assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
     assert raw.count(b"\n") == 2  # JSON escapes newlines: one event is one data line
     assert json.loads(raw[6:]) == {"a": "é\n"}
-    assert DONE == b"data: [DONE]\n\n"
+    assert sse.DONE == b"data: [DONE]\n\n"
+    # Messages and Responses name each event on a line of its own, before its data.
+    named = sse.frame({"type": "ping"}, "ping")
+    assert named == b'event: ping\ndata: {"type":"ping"}\n\n'
 
 
 def test_whole_objects() -> None:

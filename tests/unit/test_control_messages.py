@@ -146,3 +146,25 @@ def test_any_line_is_a_request_or_a_protocol_error(cmd: Any, fields: dict[str, A
     # What passed is what was sent, field by field: nothing dropped, nothing coerced.
     wire = to_wire(req, cm.REQUEST_TAG)
     assert wire["cmd"] == cmd and all(wire[k] == v for k, v in fields.items())
+
+
+def test_states_are_state_values_that_travel_as_their_names() -> None:
+    import dataclasses
+
+    from exod.core.states import State
+
+    rank = dataclasses.replace(RANK, state=State.STOPPING)
+    status = cm.StatusReply(DAEMON, [dataclasses.replace(INSTANCE, state=State.BACKOFF,
+                                                         ranks=[rank])])
+    obj = over_the_line(to_wire(status))
+    assert obj["instances"][0]["state"] == "backoff"  # as exoctl(1) documents the JSON
+    assert obj["instances"][0]["ranks"][0]["state"] == "stopping"
+    got = cm.decode_line(obj, cm.GetStatus())
+    assert isinstance(got, cm.StatusReply)
+    assert got.instances[0].state is State.BACKOFF and got.instances[0].ranks[0].state is \
+        State.STOPPING
+    assert cm.decode_line({"state": "ready", "ok": True}, cm.Start("x")) == \
+        cm.StateReply(State.READY)
+    odd = {**obj, "instances": [{**obj["instances"][0], "state": "asleep"}]}
+    with pytest.raises(ProtocolError, match="state: unexpected value 'asleep'"):
+        cm.decode_line(odd, cm.GetStatus())

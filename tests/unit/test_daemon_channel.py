@@ -1,27 +1,39 @@
 """The daemon's runner link over a real socketpair, in an event loop, with the test playing the
-runner: hello first, requests multiplexed by id, cancel, late events dropped, lifecycle reports
-handed on, a runner that goes away fails every open request (never a hang), a malformed or
-unexpected message is a protocol error reported once, and a writer that outpaces the socket
-keeps frame order."""
+runner: hello first, then the runner's spec before anything else the daemon says, requests
+multiplexed by id, cancel, late events dropped, lifecycle reports handed on, a runner that goes
+away fails every open request (never a hang), a malformed or unexpected message is a protocol
+error reported once (a fetcher's message from a runner too, and the other way round), and a
+writer that outpaces the socket keeps frame order."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import struct
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from exod import messages as m
+from exod.config.schema import RunnerOptions
+from exod.core.shards import Shard
 from exod.daemon.channel import MAX_RUNNER_FRAME, RunnerChannel
-from exod.protocol import FrameDecoder, encode
+from exod.protocol import FrameDecoder, encode, from_wire
+from exod.specs import RUNNER_FIRST, RunnerSpec
+
+SPEC = RunnerSpec(version=m.VERSION, instance="x", model=Path("/m"), parallelism="pipeline",
+                  shard=Shard(0, 1, 0, 4, 4), width=2, heartbeat=5.0, parent_pid=1,
+                  options=RunnerOptions(), group=None, prompt_cache_folder=None,
+                  chat_template_kwargs={})
 
 
 class FakeRunner:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.decoder = FrameDecoder()
+        self.frames = 0  # read so far
+        self.spec: RunnerSpec | None = None
 
     def send(self, msg: m.FromRunner | dict[str, Any]) -> None:
         self.sock.sendall(encode(msg if isinstance(msg, dict) else m.to_wire(msg)))
@@ -30,9 +42,15 @@ class FakeRunner:
         self.send(m.Hello(version=version, pid=1234))
 
     def _received(self, n: int) -> list[m.ToRunner]:
+        """The next n requests; the spec, the first frame, is kept apart."""
         out: list[m.ToRunner] = []
         while len(out) < n:
-            out += [m.decode_to_runner(f) for f in self.decoder.feed(self.sock.recv(1 << 20))]
+            for f in self.decoder.feed(self.sock.recv(1 << 20)):
+                self.frames += 1
+                if self.frames == 1:
+                    self.spec = from_wire(f, RUNNER_FIRST)
+                else:
+                    out.append(m.decode_to_runner(f))
         return out
 
     async def received(self, n: int) -> list[m.ToRunner]:
@@ -55,11 +73,13 @@ class Recorder:
         self.event.set()
 
 
-def pair() -> tuple[RunnerChannel, FakeRunner, Recorder]:
+def pair() -> tuple[RunnerChannel[m.FromRunner], FakeRunner, Recorder]:
     daemon_end, runner_end = socket.socketpair()
     runner_end.settimeout(10)
     rec = Recorder()
-    return RunnerChannel(daemon_end, {}, rec.on_message, rec.on_broken), FakeRunner(runner_end), rec
+    link = RunnerChannel(daemon_end, {}, SPEC, m.decode_from_runner, rec.on_message,
+                         rec.on_broken)
+    return link, FakeRunner(runner_end), rec
 
 
 def generate(**kw: Any) -> m.Generate:
@@ -149,7 +169,6 @@ def test_a_protocol_error_is_reported_once_and_fails_open_requests(
     async def scenario() -> None:
         link, runner, rec = pair()
         s = link.open(generate())
-        await runner.received(1)
         for f in frames:
             runner.send(f)
         runner.send(m.Progress(1, 2))  # never read: the link stopped at the error
@@ -199,6 +218,7 @@ def test_an_oversized_or_garbled_frame_is_a_protocol_error() -> None:
 def test_a_full_socket_buffers_in_order() -> None:
     async def scenario() -> None:
         link, runner, _ = pair()
+        runner.hello()
         big = "x" * 50_000
         for i in range(20):
             assert link.send(m.Generate(id=f"r{i}", kind="completion", max_tokens=1,
@@ -210,3 +230,47 @@ def test_a_full_socket_buffers_in_order() -> None:
 
     asyncio.run(scenario())
 
+
+
+def test_the_spec_goes_first_once_the_hello_has_the_right_version() -> None:
+    async def scenario() -> None:
+        link, runner, rec = pair()
+        assert link.send(m.Shutdown(drain=2.0))  # held: nothing goes before the spec
+        runner.hello()
+        assert await runner.received(1) == [m.Shutdown(drain=2.0)]
+        assert runner.frames == 2 and runner.spec == SPEC  # the spec, whole, then the rest
+        assert rec.broken == []
+        link.close("test over")
+        runner.sock.close()
+
+        link, runner, rec = pair()
+        runner.hello(version=m.VERSION + 1)
+        await asyncio.wait_for(rec.event.wait(), 10)
+        assert "speaks version" in rec.broken[0]
+        runner.sock.settimeout(10)
+        assert runner.sock.recv(1 << 20) == b""  # closed, and no spec ever sent
+        runner.sock.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("fetcher, msg", [
+    (True, m.Progress(1, 2)), (True, m.Text("r1", "x")), (False, m.Download(1, 2)),
+    (False, m.Fetched("/p", "c" * 40)),
+], ids=["progress-from-a-fetcher", "text-from-a-fetcher", "download-from-a-runner",
+        "fetched-from-a-runner"])
+def test_each_child_is_checked_against_its_own_union(fetcher: bool, msg: Any) -> None:
+    async def scenario() -> None:
+        daemon_end, child_end = socket.socketpair()
+        rec = Recorder()
+        decode = m.decode_from_fetcher if fetcher else m.decode_from_runner
+        link = RunnerChannel(daemon_end, {}, SPEC, decode, rec.on_message, rec.on_broken)
+        child = FakeRunner(child_end)
+        child.hello()
+        child.send(msg)
+        await asyncio.wait_for(rec.event.wait(), 10)
+        assert len(rec.broken) == 1 and f"unknown message type '{msg.type}'" in rec.broken[0]
+        assert rec.messages == [] and link.closed
+        child_end.close()
+
+    asyncio.run(scenario())

@@ -17,7 +17,7 @@ import pytest
 
 from exod.protocol import HEADER, encode, to_wire
 from exod.runner.group import control, wire
-from exod.runner.group.handshake import LeaderHandshake, Refused, worker_handshake
+from exod.runner.group.handshake import RANK, LeaderHandshake, Refused, mac, worker_handshake
 from exod.runner.group.plan import Plan
 
 KEY = b"k" * 32
@@ -172,16 +172,19 @@ def test_messages_are_bounds_checked_and_typed() -> None:
 
 
 # ---- rank 0's listener --------------------------------------------------------------------------
+WHERE: tuple[str, Path] = ("", Path())  # rank 0's control address and the key, as a spec says
+
+
 @pytest.fixture
 def group_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     key = tmp_path / "key"
     key.write_bytes(KEY)
+    key.chmod(0o600)  # a secret: closed to other users
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    monkeypatch.setenv("EXOD_CLUSTER_KEY_FILE", str(key))
-    monkeypatch.setenv("EXOD_GROUP_CONTROL", f"127.0.0.1:{port}")
+    monkeypatch.setitem(globals(), "WHERE", (f"127.0.0.1:{port}", key))
     yield port
 
 
@@ -192,7 +195,7 @@ def listen(size: int, timeout: float) -> tuple[threading.Thread, dict[str, Any],
 
     def run() -> None:
         try:
-            out["ranks"] = control.accept_workers(size, timeout,
+            out["ranks"] = control.accept_workers(*WHERE, size, timeout,
                                                   lambda peer, why: refused.append((peer, why)))
         except wire.ControlLost as e:
             out["lost"] = e
@@ -255,7 +258,7 @@ def test_rank_0_refuses_impostors_and_takes_the_real_rank(group_env: int) -> Non
         with pytest.raises(wire.ControlLost, match="failed to prove"):
             worker_handshake(second, b"w" * 32, 1)  # the protocol, but not the key
     third = knock(group_env)  # says nothing: no longer waited for
-    real = control.connect_to_leader(1, 30)
+    real = control.connect_to_leader(*WHERE, 1, 30)
     t.join(30)
     assert list(out["ranks"]) == [1]
     assert sorted(refused) == [("127.0.0.1", "closed the connection during the handshake"),
@@ -294,6 +297,118 @@ def test_a_silent_stranger_is_dropped_in_time_and_a_flood_of_them_too(group_env:
     assert refused[0] == ("127.0.0.1", f"no handshake within {control.HANDSHAKE_TIMEOUT:g}s")
     for c in out["ranks"].values():
         c.close()
+
+
+def greet(port: int) -> tuple[socket.socket, bytes, wire.Challenge]:
+    """The first half of rank 1's handshake, by hand: its header, and rank 0's challenge."""
+    nonce_w = os.urandom(wire.NONCE)
+    sock = knock(port, wire.PREAMBLE + encode(to_wire(wire.Greeting(nonce_w.hex()))))
+    sock.settimeout(10)
+    assert wire.read_line(sock, "rank 0") == wire.PREAMBLE
+    return sock, nonce_w, wire.recv(sock, {wire.Challenge.type: wire.Challenge}, limit=4096)
+
+
+def prove(sock: socket.socket, nonce_w: bytes, challenge: wire.Challenge) -> object:
+    """The second half: rank 1's proof, and rank 0's answer."""
+    proof = mac(KEY, b"exod-worker", bytes.fromhex(challenge.nonce), nonce_w, RANK.pack(1))
+    wire.send(sock, encode(to_wire(wire.Proof(1, proof))))
+    return wire.recv(sock, {wire.Welcome.type: wire.Welcome, wire.Refusal.type: wire.Refusal},
+                     limit=4096)
+
+
+def crowded(refused: list[tuple[str, str]], n: int) -> None:
+    """Until rank 0 has let n connections go for want of room (it runs in its own thread)."""
+    deadline = time.monotonic() + 30
+    while sum(why == "too many handshakes at once" for _, why in refused) < n:
+        assert time.monotonic() < deadline, refused[-5:]
+        time.sleep(0.01)  # rank 0's thread reports through a list
+
+
+def test_strangers_crowding_in_mid_handshake_never_push_a_rank_out(group_env: int) -> None:
+    """Rank 1 has greeted and been challenged when hundreds of strangers connect, saying
+    nothing, a partial header, or a byte of one. Rank 0 let the oldest handshake go past
+    MAX_HANDSHAKES at once: rank 1's, which then left its group (exit 76) and the group
+    restarted. Only strangers' connections go; rank 1 proves itself and is taken."""
+    t, out, refused = listen(2, 30.0)
+    sock, nonce_w, challenge = greet(group_env)
+    firsts = [b"", b"EXOD-GROUP-6", b"E", wire.PREAMBLE + b"\x00"]
+    strangers = [knock(group_env, firsts[i % len(firsts)])
+                 for i in range(3 * control.MAX_HANDSHAKES)]
+    crowded(refused, 2 * control.MAX_HANDSHAKES)
+    assert prove(sock, nonce_w, challenge) == wire.Welcome()
+    t.join(30)
+    assert list(out["ranks"]) == [1]
+    for s in [sock, *strangers, *out["ranks"].values()]:
+        s.close()
+
+
+def test_strangers_that_greet_like_a_rank_crowd_out_their_own_kind(group_env: int) -> None:
+    """Strangers that send a rank's header (it proves nothing) wait for their proof in a pool
+    of their own, which the silent crowd does not touch; past its size, its oldest goes."""
+    t, out, refused = listen(2, 30.0)
+    greeters = [greet(group_env)[0] for _ in range(control.MAX_HANDSHAKES)]
+    silent = [knock(group_env) for _ in range(2 * control.MAX_HANDSHAKES)]
+    crowded(refused, control.MAX_HANDSHAKES)
+    for g in greeters:  # none of them went for the silent ones
+        g.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            g.recv(1)
+    sock, nonce_w, challenge = greet(group_env)
+    greeters[0].settimeout(10)
+    assert greeters[0].recv(1) == b""  # the oldest greeter went, for the newest
+    assert prove(sock, nonce_w, challenge) == wire.Welcome()
+    t.join(30)
+    assert list(out["ranks"]) == [1]
+    for s in [sock, *greeters, *silent, *out["ranks"].values()]:
+        s.close()
+
+
+def test_a_worker_let_go_without_a_verdict_connects_again(group_env: int) -> None:
+    """Rank 0 closes a connection it has no room for without a word (it cannot tell a rank
+    from a stranger before the proof): the worker connects again, and is taken."""
+    srv = socket.create_server(("127.0.0.1", group_env))
+    srv.settimeout(30)  # a worker that gives up must not leave rank 0 waiting forever
+    got: dict[str, Any] = {}
+
+    def rank_0() -> None:
+        with srv:
+            first, _ = srv.accept()
+            first.close()  # let go, mid-handshake
+            conn, _ = srv.accept()
+            conn.settimeout(10)
+            got["rank"] = lead(conn, KEY, 2, set())
+            got["conn"] = conn
+
+    t = threading.Thread(target=rank_0)
+    t.start()
+    sock = control.connect_to_leader(*WHERE, 1, 30)
+    t.join(30)
+    assert got["rank"] == 1
+    for s in (sock, got["conn"]):
+        s.close()
+    # A verdict is final: a rank 0 that proves nothing is not knocked on again.
+    srv = socket.create_server(("127.0.0.1", group_env))
+    srv.settimeout(30)
+    calls = []
+
+    def impostor() -> None:
+        with srv:
+            while True:
+                conn, _ = srv.accept()
+                calls.append(conn)
+                with conn:
+                    conn.settimeout(10)
+                    try:
+                        lead(conn, b"x" * 32, 2, set())
+                    except Refused:
+                        return
+
+    t = threading.Thread(target=impostor)
+    t.start()
+    with pytest.raises(wire.ControlLost, match="failed to prove it holds the group's key"):
+        control.connect_to_leader(*WHERE, 1, 30)
+    t.join(30)
+    assert len(calls) == 1
 
 
 def test_no_rank_within_the_timeout_is_a_lost_group(group_env: int) -> None:

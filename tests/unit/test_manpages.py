@@ -15,7 +15,8 @@ import click
 import pytest
 
 from exod.cli import exoctl, exod
-from exod.config import explain_keys, load_config
+from exod.config import explain, explain_keys, load_config
+
 from exod.core import exits
 from exod.core.states import TRANSITIONS, State
 from tests.unit.conftest import make_model_dir
@@ -149,6 +150,19 @@ def explained() -> dict[str, tuple[str, str]]:
             kind, _, default = lines[i + 1].strip().rpartition("; ")
             out[line] = (kind, default)
     return out
+
+
+def test_yaml_page_keys_are_generated_from_the_schema() -> None:
+    """The KEYS section is the schema's, as `exod check --explain` prints it: a key, a type, a
+    default or a word of documentation changed in one and not the other fails here."""
+    page = source("exod.yaml.5")
+    assert explain.generated(page) == explain.keys_roff(), (
+        "man/exod.yaml.5's KEYS section differs from exod/config/schema.py: run `make man`")
+    docs = entries(sections("exod.yaml.5")["KEYS"])
+    # Each key's documentation is the schema's (a sentence of it, as the reader sees it).
+    for k in explain.key_docs():
+        first = plain(explain._roff(k.doc.split(". ")[0])).replace('"', "")
+        assert " ".join(first.split()) in docs[k.key], k.key
 
 
 def test_yaml_page_documents_exactly_the_schema_keys() -> None:

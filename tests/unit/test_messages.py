@@ -169,7 +169,7 @@ def test_malformed_from_the_runner(obj: dict[str, Any], fragment: str) -> None:
     ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1, "images": [{"data": 1}]},
      "generate.images"),
     ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1,
-      "images": [{"data": "A" * (28 * 2**20)}]}, "larger than 20 MiB"),
+      "images": [{"data": "A" * (28 * 2**20)}]}, "larger than 20MiB"),
     ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1,
       "images": [{"data": "AA"}] * 17}, "more than 16 images"),
 ], ids=lambda v: str(v)[:80])

@@ -15,10 +15,19 @@ from exod.config import ConfigError, Instance, explain_keys, load_config
 from exod.config.mlx_options import check_mlx_options, describe
 from exod.core.memory import KvSpec, cache_bytes, kv_bytes
 from exod.core.shards import Shard
-from exod.daemon.launch import generation_args
+from exod.config.schema import RunnerOptions
 from exod.hub.ref import HubRef
+from exod.protocol import decode_as, to_wire
 from exod.runner import wired
 from tests.unit.conftest import ConfigDir
+
+def sent(inst: Instance) -> RunnerOptions:
+    """The options a runner of `inst` receives in its spec, as its end decodes them."""
+    from exod.specs import runner_options
+
+    got: RunnerOptions = decode_as(to_wire(runner_options(inst)), RunnerOptions)
+    return got
+
 
 LLAMA = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 128,
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024}
@@ -109,12 +118,12 @@ def test_every_option_together_where_it_can_work(cfg_dir: ConfigDir) -> None:
     assert (spec.kv_bits, spec.kv_group_size, spec.quantized_kv_start) == (4, 32, 256)
     assert spec.draft_model == cfg_dir.root / "draft" and spec.adapters == adapter
     assert hub.draft_hub == HubRef("org/draft", "v2")
-    assert generation_args(spec) == [
-        "--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "256",
-        "--draft-model", str(cfg_dir.root / "draft"), "--num-draft-tokens", "5",
-        "--adapters", str(adapter)]
-    assert generation_args(rot) == ["--max-kv-size", "1024"]
-    assert generation_args(Instance(name="plain", model=Path("m"))) == []
+    got = sent(spec)
+    assert (got.kv_bits, got.kv_group_size, got.quantized_kv_start) == (4, 32, 256)
+    assert (got.draft_model, got.num_draft_tokens) == (cfg_dir.root / "draft", 5)
+    assert got.adapters == adapter and got.max_kv_size is None
+    assert sent(rot).max_kv_size == 1024 and sent(rot).kv_bits is None
+    assert sent(Instance(name="plain", model=Path("m"))) == RunnerOptions()
     (line,) = describe(spec)
     assert "KV cache 4-bit (group 32, from token 256)" in line
     assert "serves requests by turns, not batched: speculative decoding" in line
@@ -126,7 +135,7 @@ def test_wired_limit_is_taken_on_macos() -> None:
     instance = Instance(name="x", model=Path("m"), wired_limit=8 << 30)
     assert check_mlx_options(instance, {"wired_limit"}, platform="darwin") == []
     assert check_mlx_options(instance, {"wired_limit"}, platform="linux")
-    assert generation_args(instance) == ["--wired-limit", str(8 << 30)]
+    assert sent(instance).wired_limit == 8 << 30
 
 
 def test_explain_documents_every_option() -> None:
@@ -208,15 +217,16 @@ def test_no_wired_limit_without_metal() -> None:
     assert wired.apply(None, FakeMlx(recommended=None), platform="darwin") is None
 
 
-def test_runner_arguments_reach_the_runner() -> None:
-    from exod.runner.__main__ import options_reason, parse_args
+def test_runner_options_reach_the_runner() -> None:
+    from exod.runner.__main__ import options_reason
 
-    args = parse_args(["--model", "m", "--kv-bits", "8", "--kv-group-size", "32",
-                       "--max-kv-size", "64", "--draft-model", "d", "--num-draft-tokens", "2",
-                       "--adapters", "a", "--wired-limit", "100"])
-    assert (args.kv_bits, args.kv_group_size, args.max_kv_size, args.num_draft_tokens,
-            args.wired_limit) == (8, 32, 64, 2, 100)
-    assert args.draft_model == Path("d") and args.adapters == Path("a")
-    assert options_reason(args) is not None and "speculative" in str(options_reason(args))
-    assert options_reason(parse_args(["--model", "m"])) is None
-    json.dumps(vars(parse_args(["--model", "m"])), default=str)  # every default is plain
+    inst = Instance(name="x", model=Path("m"), kv_bits=8, kv_group_size=32, max_kv_size=64,
+                    draft_model=Path("d"), num_draft_tokens=2, adapters=Path("a"),
+                    wired_limit=100)
+    got = sent(inst)
+    assert (got.kv_bits, got.kv_group_size, got.max_kv_size, got.num_draft_tokens,
+            got.wired_limit) == (8, 32, 64, 2, 100)
+    assert got.draft_model == Path("d") and got.adapters == Path("a")
+    assert options_reason(got) is not None and "speculative" in str(options_reason(got))
+    assert options_reason(sent(Instance(name="x", model=Path("m")))) is None
+    json.dumps(to_wire(sent(Instance(name="x", model=Path("m")))))  # every default is plain

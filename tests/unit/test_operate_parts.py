@@ -7,6 +7,7 @@ import itertools
 from typing import Literal
 
 from exod import control_messages as cm
+from exod.core.states import State
 from exod.daemon.log_ring import LogRings
 
 
@@ -41,7 +42,7 @@ def test_followers_see_new_lines_until_they_stop() -> None:
 def status_rank(error: str | None = None, exit_text: str | None = None,
                 layers_total: int = 4) -> cm.RankStatus:
     return cm.RankStatus(
-        rank=0, host="127.0.0.1", remote=False, pid=None, state="stopped", layers=[0, 4],
+        rank=0, host="127.0.0.1", remote=False, pid=None, state=State.STOPPED, layers=[0, 4],
         layers_loaded=0, layers_total=layers_total, rss_bytes=None, uptime_s=None,
         last_exit=cm.ExitStatus(None, None, exit_text) if exit_text else None, status="",
         phase=None, error=error, no_progress_s=None, heartbeat_age_s=None, ladder=None)
@@ -51,7 +52,7 @@ def status_instance(name: str, state: str, detail: str, ranks: list[cm.RankStatu
                     autostart: bool | Literal["on-demand"] = True,
                     reason: str | None = None) -> cm.InstanceStatus:
     return cm.InstanceStatus(
-        name=name, state=state, detail=detail, reason=reason, since_s=1.0, uptime_s=None,
+        name=name, state=State(state), detail=detail, reason=reason, since_s=1.0, uptime_s=None,
         model="/m", shards=len(ranks), parallelism="pipeline", autostart=autostart,
         restart="on-failure", restarts=1, source="", serving=None, ranks=ranks)
 

@@ -39,7 +39,7 @@ def test_a_steps_events_go_in_one_write_in_order() -> None:
     with ours, daemon:
         channel = Channel(None, Lifecycle(None))
         writes = Writes(ours)
-        channel.sock = writes  # type: ignore[assignment]
+        channel.end.sock = writes  # type: ignore[assignment]
         assert channel.send_all(EVENTS)
         assert writes.calls == 1
         assert read(daemon, len(EVENTS)) == EVENTS
@@ -52,6 +52,6 @@ def test_a_gone_daemon_makes_sending_fail_quietly() -> None:
     daemon.close()
     with ours:
         channel = Channel(None, Lifecycle(None))
-        channel.sock = ours
+        channel.end.sock = ours
         assert not channel.send_all(EVENTS)
         assert not channel.send(EVENTS[0])

@@ -22,8 +22,8 @@ from exod.api.browser import CorsPolicy, HostPolicy, host_name, is_json
 from exod.api.errors import ApiError
 from exod.api.schema import ModelLimits, apply_limits, parse_chat, parse_completion
 from exod.api.token import read_token, read_tokens
+from exod.secret_file import KEY_BYTES, MAX_BYTES, secret_problem
 from exod.config import ConfigError, load_config
-from exod.config.checks import key_file_problem
 from exod.config.model_dir import model_limits
 from exod.config.safety import is_public, warnings
 from exod.daemon.logs import split_priority
@@ -147,21 +147,57 @@ def test_runner_log_prefix_never_raises(line: str, level: str, text: str) -> Non
 
 
 # ---- the group's key (its handshake and messages: tests/unit/test_group_wire.py) -----------
-def test_cluster_key_comes_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("EXOD_CLUSTER_KEY_FILE", raising=False)
-    with pytest.raises(control.ControlLost, match="not set"):
-        control.cluster_key()
+def test_cluster_key_comes_from_a_file(tmp_path: Path) -> None:
     key = tmp_path / "k"
+    with pytest.raises(control.ControlLost, match="the group key: cannot read"):
+        control.cluster_key(key)
     key.write_bytes(b"short\n")
-    monkeypatch.setenv("EXOD_CLUSTER_KEY_FILE", str(key))
-    with pytest.raises(control.ControlLost, match="shorter"):
-        control.cluster_key()
-    key.write_bytes(b"a" * 40 + b"\n")
-    assert control.cluster_key() == b"a" * 40
-    key.chmod(0o644)
-    assert key_file_problem(key) is not None and "chmod 600" in str(key_file_problem(key))
     key.chmod(0o600)
-    assert key_file_problem(key) is None
+    with pytest.raises(control.ControlLost, match="fewer than 16 bytes"):
+        control.cluster_key(key)
+    key.write_bytes(b"a" * 40 + b"\n")
+    assert control.cluster_key(key) == b"a" * 40
+    key.chmod(0o644)
+    assert secret_problem(key, KEY_BYTES) is not None and "chmod 600" in str(
+        secret_problem(key, KEY_BYTES))
+    key.chmod(0o600)
+    assert secret_problem(key, KEY_BYTES) is None
+
+
+def test_every_secret_file_has_one_rule(tmp_path: Path) -> None:
+    """The API's tokens, the hub's token and a group's key, each as its reader and `exod
+    check` read it: a regular file closed to other users (its group may read it), not empty,
+    at most a MiB. They had three rules: owner only, not every user, and none at all."""
+    from exod.hub.__main__ import read_token as hub_token
+
+    f = tmp_path / "secret"
+    f.write_text("k" * 32 + "\n")
+
+    def verdicts() -> list[str | None]:
+        out: list[str | None] = []
+        for read in (lambda: read_tokens(f), lambda: hub_token(f), lambda: control.cluster_key(f)):
+            try:
+                read()
+                out.append(None)
+            except (OSError, control.ControlLost) as e:
+                out.append(str(e))
+        return [*out, secret_problem(f), secret_problem(f, KEY_BYTES)]
+
+    for mode in (0o600, 0o640, 0o400, 0o660):
+        f.chmod(mode)
+        assert verdicts() == [None] * 5, oct(mode)
+    for mode in (0o644, 0o604, 0o602, 0o666):
+        f.chmod(mode)
+        said = verdicts()
+        why = (f"{f} has mode {mode:04o}: a secret must be closed to other users (chmod 600 "
+               f"{f}, or 640 to let its group read it)")
+        assert all(s is not None and s.endswith(why) for s in said), said
+    f.chmod(0o600)
+    f.write_bytes(b"x" * (MAX_BYTES + 1))
+    assert all(s is not None and "larger than" in s for s in verdicts())
+    f.unlink()
+    os.mkfifo(f, 0o600)  # would block a plain open()
+    assert all(s is not None and s.endswith("is not a regular file") for s in verdicts())
 
 
 # ---- trust in directories and sockets ---------------------------------------------------
@@ -295,6 +331,7 @@ def test_unsafe_but_valid_settings_are_warned_about(tmp_path: Path) -> None:
 def test_token_file_holds_several_tokens(tmp_path: Path) -> None:
     f = tmp_path / "tokens"
     f.write_text("# comment\nalpha\n\n  beta  \n")
+    f.chmod(0o600)
     assert read_tokens(f) == ["alpha", "beta"] and read_token(f) == "alpha"
     f.write_text("# only a comment\n")
     with pytest.raises(OSError, match="holds no token"):

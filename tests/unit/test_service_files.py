@@ -208,6 +208,36 @@ def test_systemd_user_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert plan[1].keep_existing and plan[1].mode == 0o600
 
 
+def test_an_exod_under_tmp_is_bound_into_the_private_tmp(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both units give the service a /tmp of its own (PrivateTmp=yes): an exod whose venv or
+    import paths lie under /tmp or /var/tmp (a clone's venv there, say) found nothing there
+    ("No module named 'click'"). Its install binds exactly those folders back, read-only."""
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    venv = "/tmp/try/venv"
+    need = [venv, f"{venv}/lib/python3.11/site-packages", "/var/tmp/clone/.venv/lib/site",
+            "/usr/lib/python3.11", "/home/u/.pyenv", "/tmpx/not-tmp"]
+    tmp = install.tmp_binds(need)
+    assert tmp == ["/tmp/try/venv", "/var/tmp/clone/.venv/lib/site"]
+    assert install.home_binds(need) == ["/home/u/.pyenv"]  # ProtectHome= as before
+    wanted = {"BindReadOnlyPaths": " ".join(tmp)}
+    system = install.systemd_plan(Path(venv, "bin/exod"), tmp_path / "s", [], tmp)
+    user = install.systemd_user_plan(Path(venv, "bin/exod"), tmp_path / "u", Path("/home/u"),
+                                     tmp)
+    for plan, unit in ((system, tmp_path / "s" / install.SYSTEM_UNIT),
+                       (user, tmp_path / "u/home/u/.config/systemd/user/exod.service")):
+        dropin = next(p for p in plan if p.path.name == "exod-install-tmp.conf")
+        assert dropin.path == unit.parent / "exod.service.d/exod-install-tmp.conf"
+        assert parse_unit(dropin.content)["Service"] == wanted
+        files.write(plan)
+        merged = load_unit(unit)["Service"]
+        assert merged["PrivateTmp"] == "yes" and merged["BindReadOnlyPaths"] == " ".join(tmp)
+    # Nothing under /tmp: no drop-in.
+    assert not any(p.path.name == "exod-install-tmp.conf"
+                   for p in install.systemd_user_plan(Path("/opt/exod/bin/exod"), tmp_path,
+                                                      Path("/home/u"), []))
+
+
 def test_launchd_install_plans(tmp_path: Path) -> None:
     exod = Path("/opt/exod/bin/exod")
     daemon = install.launchd_plan(exod, tmp_path, user=False)

@@ -25,7 +25,7 @@ def test_hit_rate_is_hits_per_lookup_and_null_before_any() -> None:
 
 def test_table_line_shows_batch_and_cache_or_why_there_is_no_batch() -> None:
     assert serving_note(serving_status(BATCH)) == (
-        "batch 3/8, prompt cache 2 entries 3.0MiB, hit rate 25%")
+        "batch 3/8, prompt cache 2 entries 3MiB, hit rate 25%")
     off = replace(BATCH, cache_max_bytes=0)
     assert serving_note(serving_status(off)) == "batch 3/8, no prompt cache"
     why = "one request at a time: a multi-rank group's forward carries one sequence"
@@ -41,8 +41,8 @@ def test_the_disk_tier_has_its_own_hit_rate_and_its_part_of_the_line() -> None:
     assert out is not None and out.prompt_cache is not None
     disk = out.prompt_cache.disk
     assert disk is not None and (disk.hits, disk.hit_rate, disk.load_s) == (2, 0.5, 1.25)
-    assert serving_note(out) == ("batch 3/8, prompt cache 2 entries 3.0MiB, hit rate 25%; on "
-                                 "disk 5 entries 410.0MiB, hit rate 50%")
+    assert serving_note(out) == ("batch 3/8, prompt cache 2 entries 3MiB, hit rate 25%; on "
+                                 "disk 5 entries 410MiB, hit rate 50%")
     hashing = serving_status(replace(on_disk, disk_state="hashing the weights (1.0 GiB, once)"))
     assert serving_note(hashing).endswith("hit rate 50% (hashing the weights (1.0 GiB, once))")
     plain = serving_status(BATCH)

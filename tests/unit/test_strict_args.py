@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.core.request_rules import RequestError
 from exod.runner.serving.strict_args import ArgsCheck, canonical, ordered
 
 
 def check(params: dict[str, Any], name: str = "f") -> ArgsCheck:
     return ArgsCheck([{"type": "function", "function": {"name": name, "parameters": params}}],
-                     [name], EngineLimits())
+                     [name], GrammarLimits())
 
 
 def test_keys_in_any_order_are_put_in_the_schemas_order() -> None:
@@ -31,6 +31,19 @@ def test_keys_in_any_order_are_put_in_the_schemas_order() -> None:
 
 def test_canonical_json_is_compact_with_integral_floats_as_integers() -> None:
     assert canonical({"a": 1.0, "b": [2.5, "\x7f"]}) == '{"a":1,"b":[2.5,"\\u007f"]}'
+    # As a bounded number is written: no exponent (exod.runner.serving.json_bounds).
+    assert canonical([1e-05, 1.5e20, -0.0, True, None]) == \
+        '[0.00001,150000000000000000000,0,true,null]'
+
+
+def test_a_strict_call_is_checked_against_the_bounds_a_forced_one_follows() -> None:
+    """No additionalProperties means no key beyond properties; numbers of at most 16
+    integral digits: the same calls are allowed whether forced or checked afterwards."""
+    c = check({"type": "object", "properties": {"n": {"type": "integer"},
+                                                "x": {"type": "number"}}})
+    assert c.error("f", '{"x": 0.00001, "n": 9999999999999999}') is None
+    for bad in ('{"n": 1, "m": 2}', '{"n": 99999999999999999}', '{"x": 1e-12}'):
+        assert c.error("f", bad), bad
 
 
 def test_arguments_validate_or_say_why() -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import llguidance
 import pytest
 
+from exod.runner.serving.json_bounds import json_rule
 from exod.runner.serving.think_grammar import Thinking
+from tests.unit.accepts import accepts
 
 ANSWER = 'answer: %json {"type": "object"}\n'
 
@@ -41,3 +43,13 @@ def test_an_opened_block_must_close_and_another_may_open() -> None:
     for grammar in (opened, optional):
         assert "thought[max_tokens=7]: /(.|\\n)*/" in grammar and grammar.endswith(ANSWER)
         assert llguidance.LLMatcher.validate_grammar(grammar) == ""
+
+
+def test_the_answer_after_the_reasoning_is_bounded_compact_json() -> None:
+    """The answer's rules are made where every JSON grammar is (exod.runner.serving.
+    json_bounds): after the block, the same bounds as without one."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    grammar = Thinking(5, 6, False, 7).before(f"answer: {json_rule(schema, strict=False)}\n")
+    assert accepts(grammar, '{"n":1}')
+    for bad in ('{"n": 1}', '{"n":1,"m":2}', '{"n":' + "1" * 17 + "}"):
+        assert not accepts(grammar, bad), bad

@@ -5,14 +5,16 @@ between the markers). A call that does not parse comes back as the text it was."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from exod import messages as m
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.runner.serving.strict_args import ArgsCheck
 from exod.runner.serving.tool_calls import Call, ToolCallSplitter, ToolFormat, forced_grammar
+from tests.unit.accepts import accepts
 
 FMT = ToolFormat("<tool_call>", "</tool_call>", lambda text, tools: json.loads(text),
                  "json_tools")
@@ -73,12 +75,43 @@ def test_forced_grammar_is_the_models_format() -> None:
              {"type": "function", "function": {"name": "add"}}]
     req = m.Generate(id="r", kind="chat", max_tokens=9, tools=tools, tool_choice="function",
                      tool_name="get", parallel_tool_calls=False)
-    lark = forced_grammar(FMT, req, json.dumps)
-    assert lark.startswith('start: call\ncall: "<tool_call>" "\\n" body "\\n" "</tool_call>"')
-    assert '"const": "get"' in lark and '"add"' not in lark
+    one = forced_grammar(FMT, req, json.dumps)
+    call = '<tool_call>\n{"name":"get","arguments":{"a":1}}\n</tool_call>'
+    assert accepts(one, call) and accepts(one, call.replace('"a":1', ""))
+    for bad in (call.replace("get", "add"), call + "\n" + call, call.replace("1}", '1,"b":2}'),
+                call.replace('"a":1', '"a":1 '), call.replace(":1", ":" + "1" * 18)):
+        assert not accepts(one, bad), bad
     many = forced_grammar(FMT, m.Generate(id="r", kind="chat", max_tokens=9, tools=tools,
                                           tool_choice="required"), json.dumps)
-    assert many.startswith('start: call ("\\n" call)*') and '"anyOf"' in many
+    empty = '<tool_call>\n{"name":"add","arguments":{}}\n</tool_call>'
+    assert accepts(many, call + "\n" + empty) and not accepts(many, empty.replace("{}", '{"x":1}'))
+
+
+def test_a_forced_mistral_call_is_an_array_of_calls() -> None:
+    fmt = ToolFormat("[TOOL_CALLS]", "", lambda text, tools: json.loads(text), "mistral")
+    tools = [{"type": "function", "function": {"name": "get", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]
+    req = m.Generate(id="r", kind="chat", max_tokens=9, tools=tools, tool_choice="required")
+    call = '{"name":"get","arguments":{"a":1}}'
+    assert accepts(forced_grammar(fmt, req, json.dumps), f"[TOOL_CALLS][{call},{call}]")
+    single = forced_grammar(fmt, replace(req, parallel_tool_calls=False), json.dumps)
+    assert accepts(single, f"[TOOL_CALLS][{call}]")
+    for bad in (f"[TOOL_CALLS][{call},{call}]", f"[TOOL_CALLS] [{call}]",
+                f"[TOOL_CALLS][{call.replace(':1', ': 1')}]"):
+        assert not accepts(single, bad), bad
+
+
+def test_a_tools_local_refs_resolve_in_its_own_parameters() -> None:
+    """pydantic puts nested models in `$defs`: the arguments are a schema's root, so
+    `#/$defs/...` points where the client meant (it pointed to nothing inside the call)."""
+    params = {"$defs": {"A": {"type": "object", "properties": {"x": {"type": "integer"}},
+                              "required": ["x"]}},
+              "type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "required": ["a"]}
+    req = m.Generate(id="r", kind="chat", max_tokens=9, tool_choice="required",
+                     tools=[{"type": "function", "function": {"name": "f", "parameters": params}}])
+    grammar = forced_grammar(FMT, req, json.dumps)
+    call = '<tool_call>\n{"name":"f","arguments":{"a":{"x":1}}}\n</tool_call>'
+    assert accepts(grammar, call) and not accepts(grammar, call.replace("1", '"1"'))
 
 
 def test_a_strict_tools_call_that_does_not_validate_is_returned_as_text() -> None:
@@ -89,7 +122,7 @@ def test_a_strict_tools_call_that_does_not_validate_is_returned_as_text() -> Non
               "required": ["city"], "additionalProperties": False}
     tools = [{"type": "function", "function": {"name": "get", "parameters": params}},
              {"type": "function", "function": {"name": "add", "parameters": params}}]
-    check = ArgsCheck(tools, ["get"], EngineLimits())
+    check = ArgsCheck(tools, ["get"], GrammarLimits())
     good = '<tool_call>{"name": "get", "arguments": {"days": 3, "city": "Oslo"}}</tool_call>'
     bad = '<tool_call>{"name": "get", "arguments": {"city": "Oslo", "days": 99}}</tool_call>'
     loose = '<tool_call>{"name": "add", "arguments": {"days": 99}}</tool_call>'  # not strict

@@ -18,6 +18,7 @@ import secrets
 from typing import Any
 
 from exod import messages as m
+from exod.api import sse
 from exod.api.dialects.anthropic_request import View, error_body
 from exod.api.errors import ApiError
 from exod.api.seal import Sealer
@@ -26,8 +27,7 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
-    body = json.dumps({"type": name, **data}, separators=(",", ":"), ensure_ascii=False)
-    return f"event: {name}\ndata: {body}\n\n".encode()
+    return sse.frame({"type": name, **data}, name)
 
 
 def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from exod import messages as m
+from exod.api import sse
 from exod.api.errors import ApiError
-from exod.api.objects import DONE, sse
 
 
 class Output(Protocol):
@@ -42,10 +42,10 @@ class OpenAiOutput:
         return b""
 
     def chunk(self, obj: dict[str, Any]) -> bytes:
-        return sse(obj)
+        return sse.frame(obj)
 
     def failed(self, err: ApiError) -> bytes:
-        return sse(err.body())
+        return sse.frame(err.body())
 
     def end(self) -> bytes:
-        return DONE
+        return sse.DONE

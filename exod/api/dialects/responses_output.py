@@ -18,13 +18,13 @@ instead of the text.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
 from exod import messages as m
+from exod.api import sse
 from exod.api.dialects.responses_request import View
 from exod.api.errors import ApiError
 from exod.api.seal import Sealer
@@ -148,8 +148,7 @@ class ResponsesOutput:
     def _event(self, kind: str, **data: Any) -> bytes:
         body = {"type": kind, "sequence_number": self._seq, **data}
         self._seq += 1
-        text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-        return f"event: {kind}\ndata: {text}\n\n".encode()
+        return sse.frame(body, kind)
 
     def begin(self) -> bytes:
         started = self._response("in_progress", None)

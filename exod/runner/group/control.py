@@ -6,33 +6,36 @@ in `recv` burns ~40-60% of a core, forever, on a service meant to idle for month
 TCP read costs nothing. Tensors (hidden states, logits, all_sum) still go through MLX; only the
 "what next" messages, which a worker waits for most of its life, come this way.
 
-Rank 0 listens on EXOD_GROUP_CONTROL (its own address, one port past the ranks' ports) until
-every other rank has connected and proved it holds the group's key (the file named by
-EXOD_CLUSTER_KEY_FILE), then closes the port. It runs every connection's handshake at once,
-each bounded by HANDSHAKE_TIMEOUT: strangers (a port scanner, a peer of another version), how
-many and however slow, neither delay the real ranks nor take their place. Messages are bounds
-checked before anything is allocated; anything odd is ControlLost.
+Rank 0 listens on the control address of its spec (`exod.specs.GroupSpec.control`: its own
+address, one port past the ranks' ports) until every other rank has connected and proved it
+holds the group's key (the file the spec names), then closes the port. It runs every
+connection's handshake at once, each bounded by HANDSHAKE_TIMEOUT: strangers (a port scanner,
+a peer of another version), how many and however slow, neither delay the real ranks nor take
+their place, nor push a rank's handshake out (see _Acceptor). Messages are bounds checked
+before anything is allocated; anything odd is ControlLost.
 """
 
 from __future__ import annotations
 
 import errno
-import os
 import selectors
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from exod import messages as m
 from exod.runner.group.handshake import SAME_VERSION, LeaderHandshake, Refused, worker_handshake
-from exod.runner.group.wire import ControlLost
+from exod.runner.group.wire import Closed, ControlLost
 from exod.runner.log import WARNING, log
 from exod.runner.report import Reporter
+from exod.secret_file import KEY_BYTES, SecretFileError, read_secret
 
-MIN_KEY = 16
 HANDSHAKE_TIMEOUT = 2.0  # a real rank answers in a round trip; a silent stranger goes then
-MAX_HANDSHAKES = 64  # at once; past it the oldest goes (a real rank's takes milliseconds)
+MAX_HANDSHAKES = 64  # at once in each pool (see _Acceptor); past it the pool's oldest goes
+ACCEPT_BATCH = 64  # connections taken per wake-up, so a flood of them never starves the rest
+BACKLOG = 1024  # past it the kernel drops a connect, which a rank retries only a second later
 OnRefused = Callable[[str, str], None]  # (peer's address, why)
 
 
@@ -40,8 +43,9 @@ class ControlAddressInUse(Exception):
     pass
 
 
-def control_address() -> tuple[str, int]:
-    host, _, port = os.environ["EXOD_GROUP_CONTROL"].rpartition(":")
+def control_address(address: str) -> tuple[str, int]:
+    """`host:port` (`[v6]:port`) as a socket takes it."""
+    host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
 
 
@@ -55,20 +59,14 @@ def _tune(sock: socket.socket) -> socket.socket:
     return sock
 
 
-def cluster_key() -> bytes:
-    """The group's shared secret, from the file the daemon names (never from argv/env)."""
-    path = os.environ.get("EXOD_CLUSTER_KEY_FILE")
-    if not path:
-        raise ControlLost("no group key: EXOD_CLUSTER_KEY_FILE is not set")
+def cluster_key(path: Path) -> bytes:
+    """The group's shared secret, from the file the daemon names (the secret itself never
+    travels in a spec, an argv or the environment): a secret file (exod.secret_file's rule) of
+    KEY_BYTES at least."""
     try:
-        with open(path, "rb") as f:
-            key = f.read(4096)
-    except OSError as e:
-        raise ControlLost(f"cannot read the group key {path}: {e.strerror}") from None
-    key = key.strip()
-    if len(key) < MIN_KEY:
-        raise ControlLost(f"the group key {path} is shorter than {MIN_KEY} bytes")
-    return key
+        return read_secret(path, KEY_BYTES)
+    except SecretFileError as e:
+        raise ControlLost(f"the group key: {e}") from None
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -76,7 +74,7 @@ def _listen(host: str, port: int) -> socket.socket:
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         srv.bind((host, port))
-        srv.listen(128)  # a flood of connects must not crowd a real rank out of the backlog
+        srv.listen(BACKLOG)  # a flood of connects must not crowd a rank out of the backlog
     except OSError as e:
         srv.close()
         if e.errno == errno.EADDRINUSE:
@@ -97,14 +95,23 @@ class _Knock:
 
 
 class _Acceptor:
-    """Rank 0's listener: every connection's handshake at once, in one thread (no I/O blocks)."""
+    """Rank 0's listener: every connection's handshake at once, in one thread (no I/O blocks).
+
+    Connections wait in two pools, oldest first, each of MAX_HANDSHAKES at most: those that
+    have not sent a valid header yet, and those challenged, whose proof is awaited. A rank
+    sends its header with its connect, so it is read at the accept and moves on at once: a
+    crowd of strangers that say nothing, or say it a byte at a time, pushes out only its own
+    kind. Strangers that greet like a rank and then fall silent crowd the second pool, where
+    the oldest goes first: a rank answers its challenge in one round trip, and one let go all
+    the same connects again (connect_to_leader)."""
 
     def __init__(self, srv: socket.socket, key: bytes, size: int,
                  on_refused: OnRefused | None) -> None:
         self.srv, self.key, self.size, self.on_refused = srv, key, size, on_refused
         self.sel = selectors.DefaultSelector()
         self.sel.register(srv, selectors.EVENT_READ)
-        self.knocks: dict[socket.socket, _Knock] = {}  # oldest first
+        self.unheard: dict[socket.socket, _Knock] = {}  # no valid header yet
+        self.greeted: dict[socket.socket, _Knock] = {}  # challenged: the proof is awaited
         self.ranks: dict[int, socket.socket] = {}
 
     def run(self, deadline: float) -> dict[int, socket.socket]:
@@ -114,27 +121,33 @@ class _Acceptor:
                 host, port = self.srv.getsockname()[:2]
                 raise ControlLost(f"only {len(self.ranks)} of {self.size - 1} ranks connected "
                                   f"to {host}:{port} within the group's timeout")
-            wake = min([deadline, *(k.deadline for k in self.knocks.values())])
+            wake = min([deadline, *(k.deadline for k in self._knocks())])
             for key, _ in self.sel.select(max(0.0, wake - now)):
                 if key.fileobj is self.srv:
                     self._accept()
-                elif key.fileobj in self.knocks:
-                    self._advance(self.knocks[key.fileobj])
+                elif (k := self._find(key.fileobj)) is not None:  # type: ignore[arg-type]
+                    self._advance(k)
             now = time.monotonic()
-            for k in [k for k in self.knocks.values() if k.deadline <= now]:
+            for k in [k for k in self._knocks() if k.deadline <= now]:
                 self._drop(k, f"no handshake within {HANDSHAKE_TIMEOUT:g}s")
         return self.ranks
 
     def close(self, keep: bool) -> None:
-        for k in list(self.knocks.values()):
+        for k in list(self._knocks()):
             self._drop(k, None)
         if not keep:
             for conn in self.ranks.values():
                 conn.close()
         self.sel.close()
 
+    def _knocks(self) -> list[_Knock]:
+        return [*self.unheard.values(), *self.greeted.values()]
+
+    def _find(self, conn: socket.socket) -> _Knock | None:
+        return self.unheard.get(conn) or self.greeted.get(conn)
+
     def _accept(self) -> None:
-        while True:
+        for _ in range(ACCEPT_BATCH):  # then the connections already open get their turn
             try:
                 conn, peer = self.srv.accept()
             except (BlockingIOError, InterruptedError):
@@ -142,12 +155,16 @@ class _Acceptor:
             except OSError:  # e.g. out of descriptors: the pending ones get their turn later
                 return
             conn.setblocking(False)
-            if len(self.knocks) >= MAX_HANDSHAKES:
-                self._drop(next(iter(self.knocks.values())), "too many handshakes at once")
-            self.knocks[conn] = _Knock(conn, str(peer[0]),
-                                       LeaderHandshake(self.key, self.size, self.ranks),
-                                       time.monotonic() + HANDSHAKE_TIMEOUT)
+            k = _Knock(conn, str(peer[0]), LeaderHandshake(self.key, self.size, self.ranks),
+                       time.monotonic() + HANDSHAKE_TIMEOUT)
+            self.unheard[conn] = k
             self.sel.register(conn, selectors.EVENT_READ)
+            self._advance(k)  # a rank's header came with its connect: read it now
+            self._crowd(self.unheard)
+
+    def _crowd(self, pool: dict[socket.socket, _Knock]) -> None:
+        while len(pool) > MAX_HANDSHAKES:
+            self._drop(next(iter(pool.values())), "too many handshakes at once")
 
     def _advance(self, k: _Knock) -> None:
         try:
@@ -170,6 +187,10 @@ class _Acceptor:
         if k.shake.rank is not None:
             self._forget(k)
             self.ranks[k.shake.rank] = _tune(k.conn)
+        elif k.shake.greeted and k.conn in self.unheard:
+            del self.unheard[k.conn]
+            self.greeted[k.conn] = k
+            self._crowd(self.greeted)
 
     def _say(self, k: _Knock, data: bytes) -> bool:
         """A handshake's reply, a few hundred bytes into a fresh socket's empty buffer: all
@@ -187,7 +208,8 @@ class _Acceptor:
 
     def _forget(self, k: _Knock) -> None:
         self.sel.unregister(k.conn)
-        del self.knocks[k.conn]
+        self.unheard.pop(k.conn, None)
+        self.greeted.pop(k.conn, None)
 
     def _drop(self, k: _Knock, why: str | None, reply: bytes = b"") -> None:
         self._forget(k)
@@ -225,12 +247,13 @@ class Refusals:
                                f"refused {peer}: {why}", attempt=self.attempt)
 
 
-def accept_workers(size: int, timeout: float,
+def accept_workers(address: str, key_file: Path, size: int, timeout: float,
                    on_refused: OnRefused | None = None) -> dict[int, socket.socket]:
-    """Rank 0: one authenticated connection from each of ranks 1..size-1, within `timeout`
-    (they joined the MLX group moments ago; one that does not connect is as good as lost)."""
-    key = cluster_key()
-    srv = _listen(*control_address())
+    """Rank 0: one authenticated connection from each of ranks 1..size-1 on `address`, within
+    `timeout` (they joined the MLX group moments ago; one that does not connect is as good as
+    lost)."""
+    key = cluster_key(key_file)
+    srv = _listen(*control_address(address))
     acceptor = _Acceptor(srv, key, size, on_refused)
     done = False
     try:
@@ -242,10 +265,12 @@ def accept_workers(size: int, timeout: float,
         srv.close()
 
 
-def connect_to_leader(rank: int, timeout: float) -> socket.socket:
-    """Ranks 1..N-1: connect to rank 0 (retrying while it is not listening yet)."""
-    key = cluster_key()
-    host, port = control_address()
+def connect_to_leader(address: str, key_file: Path, rank: int,
+                      timeout: float) -> socket.socket:
+    """Ranks 1..N-1: connect to rank 0 at `address` (retrying while it is not listening yet,
+    and when it let our connection go before its verdict: strangers crowded it out)."""
+    key = cluster_key(key_file)
+    host, port = control_address(address)
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -258,6 +283,12 @@ def connect_to_leader(rank: int, timeout: float) -> socket.socket:
         try:
             sock.settimeout(max(0.01, deadline - time.monotonic()))
             worker_handshake(sock, key, rank)
+        except Closed:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)  # not a verdict: knock again, as a rank that came late would
+            continue
         except BaseException:
             sock.close()
             raise

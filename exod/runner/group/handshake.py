@@ -1,7 +1,7 @@
 """How a rank proves it belongs to its group, on rank 0's control port (exod.runner.group.wire).
 
-Each side proves, by an HMAC challenge-response over the group's secret (the file named by
-EXOD_CLUSTER_KEY_FILE), that it holds the key; the worker proves which rank it is too. Labels
+Each side proves, by an HMAC challenge-response over the group's secret (the file its start-up
+spec names), that it holds the key; the worker proves which rank it is too. Labels
 keep one side's answer from serving as the other's:
   worker → rank 0:  version line, Greeting(nonce_w)
   rank 0 → worker:  version line, Challenge(nonce_0, HMAC(key, "exod-leader" nonce_w nonce_0))
@@ -25,6 +25,7 @@ import struct
 from collections.abc import Collection
 from typing import Any
 
+from exod.core.text import clip
 from exod.protocol import FrameDecoder, ProtocolError, encode, from_wire, to_wire
 from exod.runner.group import wire
 from exod.runner.group.wire import (
@@ -62,6 +63,12 @@ class LeaderHandshake:
         self._nonce_w = self._nonce_0 = b""
         self._said = b""  # our version line, once sent
 
+    @property
+    def greeted(self) -> bool:
+        """The peer sent a valid header (version line and greeting), as a rank does at once:
+        it has been challenged, and its proof is awaited."""
+        return bool(self._nonce_w)
+
     def feed(self, data: bytes) -> bytes:
         if self._frames is None:
             end = (self._line + data).find(b"\n")
@@ -91,7 +98,7 @@ class LeaderHandshake:
     def _refuse(self, reason: str, told: str | None = None) -> Refused:
         """A refusal the peer hears too: it wrote a version line, so it can read why."""
         line, self._said = (b"" if self._said else PREAMBLE), PREAMBLE
-        return Refused(reason, line + encode(to_wire(Refusal((told or reason)[:500]))))
+        return Refused(reason, line + encode(to_wire(Refusal(clip(told or reason, 500)))))
 
     def _step(self, obj: dict[str, Any]) -> bytes:
         if self.rank is not None:
@@ -121,14 +128,15 @@ class LeaderHandshake:
 
 def worker_handshake(sock: socket.socket, key: bytes, rank: int) -> None:
     """A worker's side; ControlLost when the other end is not rank 0 of our group (or is of
-    another version, or refused us: the reason says which)."""
+    another version, or refused us: the reason says which), and its kind Closed when rank 0
+    let the connection go without a verdict (the worker may try again)."""
     nonce_w = os.urandom(NONCE)
     wire.send(sock, PREAMBLE + encode(to_wire(Greeting(nonce_w.hex()))))
     try:
         line = wire.read_line(sock, "rank 0")
-    except ControlLost:
-        raise ControlLost(f"rank 0 closed the connection during the handshake (not an exod of "
-                          f"{OURS}, or not rank 0 of this group)") from None
+    except ControlLost as e:
+        raise type(e)(f"rank 0 closed the connection during the handshake (not an exod of "
+                      f"{OURS}, or not rank 0 of this group)") from None
     theirs = wire.version_of(line)
     if theirs is None:
         raise ControlLost("the process on rank 0's control port is no exod rank")

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from exod import messages as m
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.protocol import to_wire
 import mlx.core as mx
 
@@ -162,7 +162,7 @@ def agreement(group: Group) -> Callable[[list[bool]], list[bool]]:
 
 
 def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
-           grammar_limits: EngineLimits | None = None,
+           grammar_limits: GrammarLimits | None = None,
            make_disk: Callable[[], DiskTier | None] = lambda: None) -> BatchEngine | None:
     """Ranks 1..N-1: replay rank 0's plans until SHUTDOWN (clean) or the group breaks; the
     engine, once made (its prompt cache is written to disk at the stop)."""

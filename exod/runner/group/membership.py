@@ -36,6 +36,7 @@ from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, WARNING, log
 from exod import messages as m
 from exod.runner.report import Reporter
+from exod.specs import GroupSpec
 
 
 # Seconds a peer may take per position of a step, on top of peer_timeout: a 2048-token prefill
@@ -162,11 +163,12 @@ class Group:
         os._exit(EXIT_PEER_LOST)
 
 
-def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifecycle,
-            report: Reporter) -> Group:
+def connect(rank: int, size: int, spec: GroupSpec, life: Lifecycle, report: Reporter) -> Group:
     """Join the group; retried until it forms (a peer host may be down for hours) or we are
     asked to stop. Blocking here is interruptible: a stop request ends the process at once,
-    there being nothing to clean up yet."""
+    there being nothing to clean up yet. mx.distributed finds the rank and the hostfile in
+    MLX_RANK and MLX_HOSTFILE, set from the spec (exod.runner.__main__.set_environment)."""
+    backend, peer_timeout = spec.backend, spec.peer_timeout
     attempt = 0
     while True:
         attempt += 1
@@ -191,9 +193,11 @@ def connect(rank: int, size: int, backend: str, peer_timeout: float, life: Lifec
             with life.interruptible():
                 if rank == 0:
                     refusals = control.Refusals(report, attempt, size)
-                    group.ctrl = control.accept_workers(size, peer_timeout, refusals.refused)
+                    group.ctrl = control.accept_workers(spec.control, spec.key_file, size,
+                                                        peer_timeout, refusals.refused)
                 else:
-                    group.ctrl = {0: control.connect_to_leader(rank, peer_timeout)}
+                    group.ctrl = {0: control.connect_to_leader(spec.control, spec.key_file, rank,
+                                                               peer_timeout)}
         except wire.ControlLost as e:
             raise PeerLost(f"control connections: {e}") from None
         except control.ControlAddressInUse as e:

@@ -17,6 +17,7 @@ with both versions named, by either end. Pure but for the socket reads and write
 
 from __future__ import annotations
 
+import errno
 import re
 import socket
 import typing
@@ -39,6 +40,15 @@ NONCE = 32
 
 class ControlLost(Exception):
     """A control connection broke, or its peer said something no rank of ours would."""
+
+
+class Closed(ControlLost):
+    """The peer closed (or reset) the connection without a word: no verdict on us. During a
+    handshake, rank 0 does so to a connection it had to let go (crowded out by strangers, or
+    past its time), so a worker connects again."""
+
+
+_GONE = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
 
 
 def version_of(line: bytes) -> str | None:
@@ -156,7 +166,11 @@ def send(sock: socket.socket, data: bytes) -> None:
     try:
         sock.sendall(data)
     except OSError as e:
-        raise ControlLost(str(e)) from None
+        raise _lost(e) from None
+
+
+def _lost(e: OSError) -> ControlLost:
+    return (Closed if e.errno in _GONE else ControlLost)(str(e))
 
 
 def recv(sock: socket.socket, allowed: dict[str, type[Any]], limit: int = MAX_PAYLOAD,
@@ -178,9 +192,9 @@ def read(sock: socket.socket, n: int, peer: str) -> bytes:
         try:
             chunk = sock.recv(min(n - len(buf), 1 << 20))
         except OSError as e:
-            raise ControlLost(str(e)) from None
+            raise _lost(e) from None
         if not chunk:
-            raise ControlLost(f"{peer} closed the group's control connection")
+            raise Closed(f"{peer} closed the group's control connection")
         buf += chunk
     return bytes(buf)
 

@@ -41,7 +41,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache
 
 from exod import messages as m
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.runner.serving.prepare import check_request, context_window, read_prompt, vocab_size
 from exod.runner.log import ERR, log
 from exod.runner.serving import tool_calls
@@ -91,7 +91,7 @@ class _Request:
 
 class BatchEngine:
     def __init__(self, model: Any, tokenizer: Any, *, width: int, cache_bytes: int,
-                 prefill_step: int = 256, grammar_limits: EngineLimits | None = None,
+                 prefill_step: int = 256, grammar_limits: GrammarLimits | None = None,
                  kv: KvOptions | None = None,
                  on_new_generator: Callable[[], None] | None = None,
                  disk: DiskTier | None = None, agree: Agree | None = None) -> None:
@@ -108,7 +108,7 @@ class BatchEngine:
         self.vocab = vocab_size(model, tokenizer)
         self.window = context_window(model)
         self.text = TokenText(tokenizer)
-        self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or EngineLimits())
+        self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or GrammarLimits())
         self.cache = PromptCache(self.cache_bytes, disk)
         self.agree = agree
         # Keep the cache of a prompt before its answer too: the whole entry cannot be trimmed

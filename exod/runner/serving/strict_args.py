@@ -7,9 +7,11 @@ one that does not parse is (exod.runner.serving.tool_calls).
 The engine reads the arguments one byte per token (a tokenizer of the 256 bytes, built here):
 what is checked is the JSON text, whatever the model's tokenizer. It reads an object's
 properties in the order its schema lists them, so the arguments are written in that order
-first (`ordered`): the order of keys means nothing in JSON. Its regular expressions run in
-linear time, and its fuel bounds every step: no schema a client sends can stall the runner, as
-a backtracking validator could on a hostile `pattern`.
+first (`ordered`): the order of keys means nothing in JSON. The schema is bounded as a forced
+call's is (exod.runner.serving.json_bounds: no key the schema does not allow, numbers of at most
+16 integral digits), so a strict schema allows the same calls forced or not. Its regular
+expressions run in linear time, and its fuel bounds every step: no schema a client sends can
+stall the runner, as a backtracking validator could on a hostile `pattern`.
 
 No mlx here: unit-tested on its own.
 """
@@ -19,12 +21,15 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import llguidance
 
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.core.request_rules import RequestError
+from exod.core.text import clip
+from exod.runner.serving import json_bounds
 
 EOS = 256
 MAX_VISITS = 10_000  # schema nodes `ordered` may look at for one call: past it, keys stay as sent
@@ -57,7 +62,7 @@ class ArgsCheck:
     the engine cannot take is a 400 naming it), and checked after each call."""
 
     def __init__(self, tools: list[dict[str, Any]], strict: list[str],
-                 limits: EngineLimits, named: Callable[[str], str] = str) -> None:
+                 limits: GrammarLimits, named: Callable[[str], str] = str) -> None:
         self._schemas: dict[str, Any] = {}
         self._matchers: dict[str, llguidance.LLMatcher] = {}
         for i, t in enumerate(tools):
@@ -65,7 +70,7 @@ class ArgsCheck:
             if f["name"] not in strict:
                 continue
             param = named(f"tools[{i}].function.parameters")  # as the client spelled it
-            schema = f.get("parameters") or {"type": "object"}
+            schema = json_bounds.bounded(f.get("parameters") or {"type": "object"})
             self._schemas[f["name"]] = schema
             self._matchers[f["name"]] = _matcher(schema, limits, param)
 
@@ -87,13 +92,14 @@ class ArgsCheck:
         if matcher.consume_tokens(list(data)) and matcher.is_accepting():
             return None
         why = matcher.get_error() if matcher.is_error() else "the arguments end too soon"
-        return " ".join(why.split())[:200]
+        return clip(why, 200, flat=True)
 
 
-def _matcher(schema: Any, limits: EngineLimits, param: str) -> llguidance.LLMatcher:
+def _matcher(schema: Any, limits: GrammarLimits, param: str) -> llguidance.LLMatcher:
+    """The engine's matcher of `schema` (bounded already), strict: enforceable whole."""
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            json.dumps(schema), overrides={"whitespace_flexible": False, "lenient": False})
+            json.dumps(schema), overrides=json_bounds.options(strict=True))
         matcher = llguidance.LLMatcher(
             byte_tokenizer(), grammar, log_level=0, limits=llguidance.LLParserLimits(
                 max_grammar_size=limits.max_size, max_lexer_states=limits.max_lexer_states,
@@ -110,17 +116,23 @@ def _matcher(schema: Any, limits: EngineLimits, param: str) -> llguidance.LLMatc
 
 def canonical(value: Any) -> str:
     """Compact JSON as the engine writes it: a float with an integral value as an integer (JSON
-    Schema counts 1.0 as an integer; the engine's integers have no point), DEL escaped."""
-    def plain(v: Any) -> Any:
-        if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53:
-            return int(v)
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [plain(x) for x in v]
-        return v
-    text = json.dumps(plain(value), separators=(",", ":"), ensure_ascii=False)
-    return text.replace("\x7f", "\\u007f")
+    Schema counts 1.0 as an integer; the engine's integers have no point), other floats without
+    an exponent (a bounded number has none: exod.runner.serving.json_bounds), DEL escaped."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_text(k)}:{canonical(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(canonical(v) for v in value) + "]"
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 2 ** 53:
+            return str(int(value))
+        return format(Decimal(repr(value)), "f")
+    if isinstance(value, str):
+        return _text(value)
+    return json.dumps(value)
+
+
+def _text(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def ordered(value: Any, schema: Any) -> Any:
@@ -174,7 +186,7 @@ def _expand(schemas: list[Any], root: Any, budget: list[int]) -> list[dict[str, 
         more: list[Any] = []
         ref = s.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
-            more.append(_pointer(root, ref))
+            more.append(json_bounds.pointer(root, ref))
         for key in ("allOf", "anyOf", "oneOf"):
             if isinstance(s.get(key), list):
                 more += s[key]
@@ -182,19 +194,5 @@ def _expand(schemas: list[Any], root: Any, budget: list[int]) -> list[dict[str, 
     return out
 
 
-def _pointer(root: Any, ref: str) -> Any:
-    node = root
-    for part in ref[1:].split("/")[1:]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict):
-            node = node.get(part)
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
-
-
 def _clip(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= 300 else line[:299] + "…"
+    return clip(text, 300, flat=True)

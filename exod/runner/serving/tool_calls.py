@@ -16,7 +16,9 @@ from typing import Any
 from exod import messages as m
 from exod.core.request_rules import RequestError
 from exod.runner.log import WARNING, log
+from exod.runner.serving import json_bounds
 from exod.runner.serving.strict_args import ArgsCheck
+from exod.core.text import clip
 
 # The formats whose calls a grammar can write: the parser's module in mlx_lm.tool_parsers →
 # how the calls sit between the markers. Others are parsed, not forced.
@@ -58,35 +60,31 @@ def forced_grammar(fmt: ToolFormat, req: m.Generate, literal: Callable[[str], st
     """A Lark grammar (llguidance's dialect) of one call (or, with parallel_tool_calls, one or
     more) of the tools `req` allows, in the model's format. `literal(text)` spells a marker
     (a quoted string, or the special token it is). `top`: the name of its first rule (another
-    grammar may put something before it: exod.runner.serving.grammar.Thinking)."""
+    grammar may put something before it: exod.runner.serving.grammar.Thinking).
+
+    A call is `{"name":NAME,"arguments":ARGS}`, compact, with ARGS a JSON schema of its own
+    (exod.runner.serving.json_bounds): the tool's parameters are the root of that schema, so
+    their local `$ref`s (pydantic's `#/$defs/...`) resolve as the client meant."""
     allowed = [t["function"] for t in req.tools
                if req.tool_choice != "function" or t["function"]["name"] == req.tool_name]
-    one = {"anyOf": [_call_schema(f) for f in allowed]} if len(allowed) > 1 \
-        else _call_schema(allowed[0])
+    strict = set(req.strict_tools)
+    rules = [f"call_body: {' | '.join(f'fn_{i}' for i in range(len(allowed)))}\n"]
+    for i, f in enumerate(allowed):
+        params = f.get("parameters")
+        if not isinstance(params, dict) or not params:
+            params = {"type": "object"}
+        head = json.dumps(f'{{"name":{json.dumps(f["name"])},"arguments":')
+        rules.append(f'fn_{i}: {head} args_{i} "}}"\n')
+        # Lenient (keywords the engine does not implement left out) unless the tool is strict,
+        # in which case its parameters were compiled whole first (strict_args: else a 400).
+        rules.append(f"args_{i}: {json_bounds.json_rule(params, f['name'] in strict)}\n")
     start = literal(fmt.start)
     if fmt.kind == "mistral":  # [TOOL_CALLS] then a JSON array of calls
-        calls = {"type": "array", "items": one, "minItems": 1,
-                 **({} if req.parallel_tool_calls else {"maxItems": 1})}
-        return f"{top}: {start} body\nbody: %json {_json(calls)}\n"
+        more = ' ("," call_body)*' if req.parallel_tool_calls else ""
+        return f'{top}: {start} "[" call_body{more} "]"\n' + "".join(rules)
     more = ' ("\\n" call)*' if req.parallel_tool_calls else ""
     return (f"{top}: call{more}\n"
-            f'call: {start} "\\n" body "\\n" {literal(fmt.end)}\n'
-            f"body: %json {_json(one)}\n")
-
-
-def _call_schema(f: dict[str, Any]) -> dict[str, Any]:
-    params = f.get("parameters")
-    if not isinstance(params, dict) or not params:
-        params = {"type": "object"}
-    return {"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": params},
-            "required": ["name", "arguments"], "additionalProperties": False}
-
-
-def _json(schema: dict[str, Any]) -> str:
-    # Compact JSON inside the call too (see exod.runner.serving.grammar). Lenient: keywords the
-    # engine does not implement are left out, unless the tool is strict, in which case its
-    # parameters were compiled whole first (exod.runner.serving.strict_args: else a 400).
-    return json.dumps({**schema, "x-guidance": {"whitespace_flexible": False, "lenient": True}})
+            f'call: {start} "\\n" call_body "\\n" {literal(fmt.end)}\n' + "".join(rules))
 
 
 @dataclass(frozen=True)
@@ -169,11 +167,11 @@ class ToolCallSplitter:
             for c in calls:
                 why = self.check.error(c.name, c.arguments) if self.check else None
                 if why is not None:
-                    raise ValueError(f"the arguments of {c.name[:64]!r}, a strict tool, do not "
-                                     f"validate against its parameters: {why}")
+                    raise ValueError(f"the arguments of {clip(c.name, 64)!r}, a strict tool, do "
+                                     f"not validate against its parameters: {why}")
         except Exception as e:  # noqa: BLE001 -- each parser raises its own kinds
             log(f"request {self.rid}: a tool call did not parse ({type(e).__name__}: "
-                f"{str(e)[:200]}); returned as text", WARNING)
+                f"{clip(str(e), 200)}); returned as text", WARNING)
             return [self.fmt.start + body + (self.fmt.end if closed else "")]
         self.made += len(calls)
         self.done = self.single

@@ -23,7 +23,7 @@ from mlx_lm.generate import generate_step, generation_stream, speculative_genera
 from mlx_lm.models.cache import make_prompt_cache
 
 from exod import messages as m
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.runner.serving.prepare import (Processor, check_request, context_window, read_prompt,
                                          vocab_size)
 from exod.runner.log import ERR, log
@@ -138,12 +138,12 @@ class TurnEngine(NoPromptCache):
     No prompt cache: mlx-lm's quantized, speculative and unbatchable paths keep none."""
 
     def __init__(self, model: Any, tokenizer: Any, width: int, prefill_step: int,
-                 why: str, grammar_limits: EngineLimits | None = None,
+                 why: str, grammar_limits: GrammarLimits | None = None,
                  kv: KvOptions | None = None, draft: Draft | None = None) -> None:
         self.model, self.tokenizer, self.width, self.why = model, tokenizer, width, why
         self.kv, self.draft = kv or KvOptions(), draft
         self.grammars = Grammars(tokenizer, vocab_size(model, tokenizer),
-                                 grammar_limits or EngineLimits())
+                                 grammar_limits or GrammarLimits())
         self.prefill_step = max(MIN_CHUNK, prefill_step)
         self.gens: dict[str, Generation] = {}
         self.text = TokenText(tokenizer)

@@ -1,5 +1,5 @@
-"""`python -m exod.runner.split.probe`: does this layout of this model work? Answered by running the
-code that will run, on the family built from config.json with no weights.
+"""`python -m exod.runner.split.probe --channel-fd N`: does this layout of this model work?
+Answered by running the code that will run, on the family built from config.json with no weights.
 
 mlx builds graphs lazily and checks shapes as it builds them, so the probe constructs the model
 (random weights that are never evaluated: nothing is computed or allocated), applies the split
@@ -8,23 +8,30 @@ and calls the model's forward on a few tokens with its own cache, without evalua
 A missing list of blocks, head counts that do not divide, a block whose output is not the
 hidden state, a projection reshaped to the full width after sharding: all of them fail there.
 
-Prints one JSON object: {"ok": bool, "reason": str or null, "model_type": str}, with "unknown": true
-when mlx-lm cannot even build the model from that config. A refusal's reason is in words
-(exod.runner.split.wording); "detail" keeps the raw error it was translated from. The daemon and
-`exod check` run it as a subprocess (they never import mlx) and cache the answer.
+The question comes on its channel (`exod.specs.ProbeAsk`, after its hello), the answer goes back
+there: one `ProbeAnswer`, a `Verdict` per layout, `unknown` when mlx-lm cannot even build the
+model from that config. A refusal's reason is in words (exod.runner.split.wording); `detail`
+keeps the raw error it was translated from. The daemon and `exod check` ask it (exod.ask:
+they never import mlx) and cache the answer.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from exod.child_end import ChildEnd
+from exod.core.exits import EXIT_USAGE
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
 from exod.runner import import_table
 from exod.runner.split.wording import explain
+from exod.specs import PROBE_FIRST, ProbeAnswer, ProbeAsk, Verdict
+
+ASK_WAIT = 60.0  # the question comes as soon as the asker reads the hello
 
 
 class FakeGroup:
@@ -42,29 +49,29 @@ class FakeGroup:
 
 
 def probe(model_dir: Path, shards: int, parallelism: str,
-          layers: tuple[int, ...] | None = None) -> dict[str, Any]:
+          layers: tuple[int, ...] | None = None) -> Verdict:
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     kind = str(config.get("model_type") or "?")
     if shards > 1:
         unbatchable = _why_not_batchable(config)
         if unbatchable is not None:
-            return {"ok": False, "model_type": kind,
-                    "reason": f"a group's ranks serve in one batch, and {unbatchable} "
-                              "(1 rank serves it, one request at a time)", "detail": None}
+            return Verdict(ok=False, model_type=kind, detail=None,
+                           reason=f"a group's ranks serve in one batch, and {unbatchable} "
+                                  "(1 rank serves it, one request at a time)")
     for rank in sorted({0, shards - 1}):
         try:
             model = _build(config)
         # SystemExit too: mlx-lm's olmo module exits the process when hf_olmo is missing,
         # which would lose the answers to every other layout of the batch.
         except (Exception, SystemExit) as e:  # noqa: BLE001 -- the runner will say
-            return {"ok": False, "unknown": True, "reason": f"{type(e).__name__}: {e}",
-                    "model_type": kind}
+            return Verdict(ok=False, unknown=True, reason=f"{type(e).__name__}: {e}",
+                           detail=None, model_type=kind)
         try:
             _try_rank(model, rank, shards, parallelism, layers)
         except Exception as e:  # noqa: BLE001 -- the reason is the answer
             why = explain(e, parallelism)
-            return {"ok": False, "reason": why.reason, "detail": why.detail, "model_type": kind}
-    return {"ok": True, "reason": None, "model_type": kind}
+            return Verdict(ok=False, reason=why.reason, detail=why.detail, model_type=kind)
+    return Verdict(ok=True, reason=None, detail=None, model_type=kind)
 
 
 def _why_not_batchable(config: dict[str, Any]) -> str | None:
@@ -150,35 +157,28 @@ def _replace_group(model: Any, fake: FakeGroup, real: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m exod.runner.split.probe", description=__doc__)
-    p.add_argument("--model", type=Path)
-    p.add_argument("--shards", type=int)
-    p.add_argument("--parallelism", choices=("pipeline", "tensor"))
-    p.add_argument("--layers", default=None, help="layer counts per rank, comma-separated")
-    p.add_argument("--batch", action="store_true",
-                   help="read a JSON list of {model, shards, parallelism, layers} on stdin; "
-                        "print a JSON list of answers")
-    args = p.parse_args(argv)
+    p.add_argument("--channel-fd", type=int, default=None, help="where the question comes")
+    end: ChildEnd[ProbeAsk] = ChildEnd(p.parse_args(argv).channel_fd, PROBE_FIRST, {})
+    # Whoever asked is gone (it gave up): nobody wants the answer.
+    end.start(lambda msg: None, lambda why: os._exit(0))
+    question = end.spec(ASK_WAIT)
+    if question is None:
+        print("no question on the channel (--channel-fd): exod and `exod check` ask it",
+              file=sys.stderr)
+        return EXIT_USAGE
     import_table.install()  # before mlx_lm imports transformers
-    if args.batch:
-        asks = json.load(sys.stdin)
-        print(json.dumps([_answer(Path(a["model"]), int(a["shards"]), str(a["parallelism"]),
-                                  tuple(a["layers"]) if a.get("layers") else None)
-                          for a in asks]))
-        return 0
-    if args.model is None or args.shards is None or args.parallelism is None:
-        p.error("--model, --shards and --parallelism are required without --batch")
-    layers = tuple(int(x) for x in args.layers.split(",")) if args.layers else None
-    print(json.dumps(_answer(args.model, args.shards, args.parallelism, layers)))
+    end.send(ProbeAnswer([_answer(a.model, a.shards, a.parallelism, a.layers or None)
+                          for a in question.layouts]))
     return 0
 
 
 def _answer(model: Path, shards: int, parallelism: str,
-            layers: tuple[int, ...] | None) -> dict[str, Any]:
+            layers: tuple[int, ...] | None) -> Verdict:
     try:
         return probe(model, shards, parallelism, layers)
     except (OSError, ValueError, KeyError) as e:
-        return {"ok": False, "unknown": True, "reason": f"cannot read the model's config: {e}",
-                "model_type": None}
+        return Verdict(ok=False, unknown=True, reason=f"cannot read the model's config: {e}",
+                       detail=None, model_type=None)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from typing import Any
 import mlx.core as mx
 
 from exod import messages as m
-from exod.core.grammar_limits import EngineLimits
+from exod.config.schema import GrammarLimits
 from exod.core.request_rules import RequestError
 from exod.runner.log import ERR, log
 from exod.runner.serving.loop import NoPromptCache
@@ -75,7 +75,7 @@ class _Request:
 
 class VisionEngine(NoPromptCache):
     def __init__(self, model: Any, processor: Any, tokenizer: Any, *, width: int,
-                 prefill_step: int = 256, grammar_limits: EngineLimits | None = None,
+                 prefill_step: int = 256, grammar_limits: GrammarLimits | None = None,
                  feature_bytes: int = 256 << 20,
                  on_new_generator: Callable[[], None] | None = None) -> None:
         """`tokenizer`: mlx-lm's wrapper of the model's tokenizer (detokenizer, end tokens,
@@ -89,7 +89,7 @@ class VisionEngine(NoPromptCache):
         text_args = SimpleNamespace(args=model.config.text_config)
         self.vocab = model_checks.model_vocab(text_args) or len(tokenizer)
         self.window = model_checks.context_window(text_args)
-        self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or EngineLimits())
+        self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or GrammarLimits())
         self.features = FeatureCache(model, feature_bytes)
         self._waiting: dict[str, _Request] = {}  # admitted, not seen yet: in arrival order
         self._by_uid: dict[int, _Request] = {}

@@ -6,15 +6,16 @@ rotating KV cache, a draft model, adapters): each is refused before loading, wit
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING, Protocol
 
 from exod import messages as m
 from exod.core.exits import EXIT_MODEL, EXIT_OK, EXIT_UNAVAILABLE
+from exod.core.serving import DEFAULT_PREFILL_STEP
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import log
 from exod.runner.report import Reporter
+from exod.specs import RunnerSpec
 
 if TYPE_CHECKING:
     from exod.runner.vision.load import LoadedVision
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 class Runner(Protocol):
     """What a runner's life gives this path (exod.runner.__main__.Runner)."""
 
-    args: argparse.Namespace
+    spec: RunnerSpec
     life: Lifecycle
     channel: Channel
     report: Reporter
@@ -39,13 +40,13 @@ def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
         from exod.runner.vision.load import load_vision
     except ImportError as e:
         return EXIT_UNAVAILABLE, f"mlx-vlm is not usable: {e} (pip install 'exod[vision]')"
-    args = r.args
+    model = r.spec.model
     why = unsupported(r)
     if why is not None:
-        return EXIT_MODEL, f"cannot serve {args.model}: {why}"
+        return EXIT_MODEL, f"cannot serve {model}: {why}"
     try:
-        log(f"loading {args.model} (a model that sees, through mlx-vlm)")
-        loaded = load_vision(args.model, dtype=args.dtype, progress=r.report.progress,
+        log(f"loading {model} (a model that sees, through mlx-vlm)")
+        loaded = load_vision(model, dtype=r.spec.options.dtype, progress=r.report.progress,
                              should_stop=r.life.stop.is_set)
         log(f"loaded {loaded.layers} layers and the vision tower in {loaded.seconds:.2f}s as "
             f"{loaded.dtype}; {blas_msg}")
@@ -55,16 +56,16 @@ def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
     except LoadAborted:
         log(f"stopped during load ({r.life.reason})")
     except ModelError as e:
-        return EXIT_MODEL, f"cannot load {args.model}: {e}"
+        return EXIT_MODEL, f"cannot load {model}: {e}"
     return EXIT_OK, ""
 
 
 def unsupported(r: Runner) -> str | None:
-    args = r.args
-    if args.world > 1:
+    opts = r.spec.options
+    if r.spec.shard.world > 1:
         return "a model that sees runs on one rank for now (shards: 1)"
-    for flag, value in (("kv_bits", args.kv_bits), ("max_kv_size", args.max_kv_size),
-                        ("draft_model", args.draft_model), ("adapters", args.adapters)):
+    for flag, value in (("kv_bits", opts.kv_bits), ("max_kv_size", opts.max_kv_size),
+                        ("draft_model", opts.draft_model), ("adapters", opts.adapters)):
         if value is not None:
             return f"{flag} is not supported yet for a model that sees"
     return None
@@ -93,18 +94,18 @@ def run_loop(r: Runner, loaded: LoadedVision) -> None:
     from exod.runner.serving.loop import ServeLoop
     from exod.runner.vision.engine import VisionEngine
 
-    args = r.args
+    spec = r.spec
 
     def wired_limit() -> None:
         try:
-            wired.apply(args.wired_limit)
+            wired.apply(spec.options.wired_limit)
         except wired.WiredLimitError as e:
             raise ModelError(str(e)) from e
 
     wired_limit()
     engine = VisionEngine(loaded.model, loaded.processor, loaded.tokenizer,
-                          width=args.max_concurrency, prefill_step=args.prefill_step,
-                          grammar_limits=args.grammar_limits,
+                          width=spec.width, prefill_step=DEFAULT_PREFILL_STEP,
+                          grammar_limits=spec.options.grammar,
                           feature_bytes=FEATURE_CACHE_BYTES, on_new_generator=wired_limit)
     r.report.ready(vocab_size=engine.vocab, context_length=engine.window or 0)
-    ServeLoop(engine, r.channel, r.life, r.report, args.heartbeat).run()
+    ServeLoop(engine, r.channel, r.life, r.report, spec.heartbeat).run()

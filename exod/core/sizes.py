@@ -1,7 +1,9 @@
-"""Byte sizes in the config: `512MiB`, `2GiB`, `1.5G`, `800MB` or a number of bytes.
+"""Byte sizes: read from the config (`512MiB`, `2GiB`, `1.5G`, `800MB` or a number of bytes),
+and written for people, everywhere exod shows one (status, `exod check`, errors, downloads).
 
 KiB/MiB/GiB/TiB and the bare K/M/G/T are powers of 1024 (as free(1) and top show memory);
-KB/MB/GB/TB are powers of 1000.
+KB/MB/GB/TB are powers of 1000. Sizes are written in the first kind, as the config takes them
+back: `format_size` is the one way exod writes a size, and nothing parses its text back.
 """
 
 from __future__ import annotations
@@ -37,8 +39,14 @@ def parse_size(value: object) -> int:
     return int(total)
 
 
-def format_size(n: int) -> str:
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return f"{n}B"
+_WRITTEN = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def format_size(n: float) -> str:
+    """`512MiB`, `1.5GiB`, `38.2GiB`, `900B`: the largest unit it reaches, one decimal (none
+    when it is 0), as the config reads it back."""
+    for unit, size in _WRITTEN:
+        if abs(n) >= size * 0.99995:  # what rounds to 1024 of the unit below reads as 1 of it
+            text = f"{n / size:.1f}"
+            return f"{text.removesuffix('.0')}{unit}"
+    return f"{n:.0f}B"
