@@ -12,6 +12,11 @@ PYTEST := $(BIN)/pytest --dist loadgroup --no-loadscope-reorder
 # never beside the integration tier (tests/conftest.py: QUIET_PAIR).
 QUIET := -m "not integration or timing"
 
+# The coding agents the integration tests drive (Claude Code, Codex CLI): npm's newest when
+# first set up, in a git-ignored folder of the checkout. `make agents` updates them.
+# Defined before the rules that name it: make expands a rule's prerequisites as it reads it.
+AGENTS ?= .agents
+
 .PHONY: run test test-unit test-integration test-system warm setup setup-test agents install \
 	bench man lint clean
 
@@ -20,14 +25,14 @@ run: setup  ## set up, then run the daemon in the foreground on the built-in dem
 
 test: setup-test  ## set up; lint beside warm; the integration tier; then the quiet phase
 	$(MAKE) --no-print-directory -j2 --output-sync=target lint warm
-	$(PYTEST) -n $(WORKERS) -m "not timing" tests/integration
+	$(PYTEST) -n $(WORKERS) -m "not timing" --durations=25 tests/integration
 	$(PYTEST) -n 3 $(QUIET) tests
 
 test-unit: setup-test  ## the unit tier: no processes, no mlx (tens of seconds)
 	$(PYTEST) -n $(WORKERS) tests/unit
 
 test-integration: setup-test warm  ## the integration tier: real daemons, runners and mlx
-	$(PYTEST) -n $(WORKERS) -m "not timing" tests/integration
+	$(PYTEST) -n $(WORKERS) -m "not timing" --durations=25 tests/integration
 	$(PYTEST) -n 1 -m timing tests/integration
 
 test-system: setup-test  ## the system tier: exod under a real systemd in private namespaces
@@ -39,9 +44,6 @@ warm: setup-test  ## mlx's kernel cache, the demo model: once, before tests run 
 setup: $(VENV)/.run-deps
 setup-test: $(VENV)/.test-deps $(AGENTS)/.installed
 
-# The coding agents the integration tests drive (Claude Code, Codex CLI): npm's newest when
-# first set up, in a git-ignored folder of the checkout. `make agents` updates them.
-AGENTS ?= .agents
 $(AGENTS)/.installed: scripts/agents.sh | $(VENV)/.test-deps
 	scripts/agents.sh
 	touch $@
@@ -64,7 +66,7 @@ $(VENV)/.test-deps: $(VENV)/.run-deps
 	touch $@
 
 # A Python from anywhere will do (pyenv or uv under a home directory too): `exod install` binds
-# what the service needs to read, read-only (README: Running as a service). sudo's path has no
+# what the service needs to read, read-only (docs/service.md). sudo's path has no
 # pyenv shim: name the interpreter (`sudo make install PYTHON=~/.pyenv/versions/X/bin/python3`).
 INSTALL_PREFIX ?= /opt/exod
 install:  ## as root: exod in a venv at $(INSTALL_PREFIX), then its service files (exod install)

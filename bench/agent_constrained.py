@@ -120,6 +120,12 @@ def tool_set(kib: int = 30) -> list[dict[str, Any]]:
             "parameters": {"type": "object", "properties": {
                 "path": {"type": "string", "maxLength": 64,
                          "description": "A path relative to the workspace root"},
+                # What a Write or Edit tool carries. Required and long, so that no call closes
+                # within MAX_TOKENS: a call that closed early would end its answer, and its
+                # tokens/s would then weigh the 30 KB prompt's prefill over fewer tokens than
+                # its baseline's (a gap in the figure that is no cost of the grammar).
+                "content": {"type": "string", "minLength": 512,
+                            "description": "The text to write, whole"},
                 "mode": {"type": "string", "enum": ["fast", "full", "dry"]},
                 "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
                 "pattern": {"type": "string", "maxLength": 32},
@@ -129,7 +135,7 @@ def tool_set(kib: int = 30) -> list[dict[str, Any]]:
                     "recursive": {"type": "boolean"},
                     "depth": {"type": "integer", "maximum": 32},
                     "encoding": {"type": "string", "enum": ["utf-8", "latin-1"]}}}},
-                "required": ["path", "mode"]}}})
+                "required": ["path", "mode", "content"]}}})
     return tools
 
 

@@ -3,9 +3,9 @@
 Every family of the zoo (tests.models.zoo: tiny models built from mlx-lm's own classes) and
 its 4-bit variants is served by real daemons in 1 rank, a 2-rank pipeline and 2-rank tensor
 parallelism; each answer is compared with in-process mlx-lm's greedy output. Prints the
-README's supported-models table (markdown): ✅ identical tokens; otherwise the config check's
-refusal or what went wrong (after one more try alone: both answers go to stderr). `--write`
-replaces the table in README.md.
+supported-models table of docs/models.md (markdown): ✅ identical tokens; otherwise the config
+check's refusal or what went wrong (after one more try alone: both answers go to stderr).
+`--write` replaces the table in docs/models.md.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.models.zoo import FAMILIES, NOT_TINY, QUANTIZED
 from tests.zoo import LAYOUTS, OK, make_zoo, refusals, serve_zoo
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "models.md"
 BEGIN, END = "<!-- families:begin -->", "<!-- families:end -->"
 HEADS = {"one": "1 rank", "pp": "2-rank pipeline", "tp": "2-rank tensor"}
 
@@ -69,27 +69,27 @@ def footer() -> str:
 
 
 def main() -> None:
-    """`--write` replaces the table in README.md; `--only=SPEC,...` (zoo specs: FAMILY or
+    """`--write` replaces the table in docs/models.md; `--only=SPEC,...` (zoo specs: FAMILY or
     FAMILY:BITS) serves only those and replaces their rows, keeping the others."""
     only = [x for a in sys.argv if a.startswith("--only=") for x in a[7:].split(",") if x]
     text = table(only)
     print(text)
     if "--write" not in sys.argv:
         return
-    readme = README.read_text(encoding="utf-8")
+    page = PAGE.read_text(encoding="utf-8")
     if only:
         rows = {row.split(" | ")[0]: row for row in text.splitlines()[2:] if row.startswith("| ")}
-        head, _, rest = readme.partition(BEGIN)
+        head, _, rest = page.partition(BEGIN)
         block, _, tail = rest.partition(END)
         block = "\n".join(rows.get(line.split(" | ")[0], line) for line in block.split("\n"))
-        README.write_text(f"{head}{BEGIN}{block}{END}{tail}", encoding="utf-8")
+        PAGE.write_text(f"{head}{BEGIN}{block}{END}{tail}", encoding="utf-8")
         return
     block = f"{BEGIN}\n{text}\n{END}"
-    new, n = re.subn(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, readme,
+    new, n = re.subn(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, page,
                      flags=re.S)
     if n != 1:
-        raise SystemExit(f"{README} has no {BEGIN} ... {END} block")
-    README.write_text(new, encoding="utf-8")
+        raise SystemExit(f"{PAGE} has no {BEGIN} ... {END} block")
+    PAGE.write_text(new, encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Serving the zoo (tests.models.zoo) through real daemons and comparing with in-process mlx-lm:
 shared by the zoo test (a representative set) and `python -m bench families` (every family,
-which writes the README's supported-models table). The calling process never imports mlx."""
+which writes the supported-models table of docs/models.md). The calling process never imports
+mlx."""
 
 from __future__ import annotations
 

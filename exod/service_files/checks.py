@@ -40,7 +40,8 @@ def user_unit() -> Path:
 
 
 def check_stamp(path: Path) -> list[str]:
-    """A service file written by an older exod: reinstall, then restart (README: Upgrading)."""
+    """A service file written by an older exod: reinstall, then restart (docs/service.md:
+    Upgrading)."""
     try:
         version = read_stamp(path.read_text())
     except (OSError, UnicodeDecodeError):

@@ -88,7 +88,7 @@ def next_steps(t: Target, config: Path, plist: Path, active: bool, changed: bool
     out = [f"config: {config} (check it: exod check -c {config})"]
     if active and changed:
         out.append(f"running: the old unit until `{ctl} restart exod` (loaded models reload; "
-                   f"see README, Upgrading)")
+                   f"see docs/service.md, Upgrading)")
     else:
         out.append(f"start: {ctl} start exod")
     if t.user:

@@ -1,5 +1,5 @@
 """How the suite runs each real agent against an API at `base_url`: the command line, the
-environment and the config files, exactly as the README's "Agents" section shows them.
+environment and the config files, exactly as docs/agents.md shows them.
 
 The agents come from npm, installed by the test set-up (scripts/agents.sh) into AGENTS, a
 git-ignored folder of the checkout. Everything points at loopback: nothing an agent does here

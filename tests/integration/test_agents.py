@@ -1,7 +1,7 @@
-"""The agents people point at local servers, against exod, configured exactly as the README's
-"Agents" section shows: Claude Code and Codex CLI, the newest npm releases (installed by the
-test set-up, scripts/agents.sh), and two agent libraries, the OpenAI Agents SDK (over chat
-completions and over Responses) and pydantic-ai. Each talks to exod through a recording proxy
+"""The agents people point at local servers, against exod, configured exactly as docs/agents.md
+shows: Claude Code and Codex CLI, the newest npm releases (installed by the test set-up,
+scripts/agents.sh), and two agent libraries, the OpenAI Agents SDK (over chat completions and
+over Responses) and pydantic-ai. Each talks to exod through a recording proxy
 on loopback (tests.agents.capture), so a test sees exactly what exod was sent and answered.
 
 The model is tests.models.agent: its weights, with nothing in the request steering them, make

@@ -10,7 +10,7 @@ to a daemon (CHUNK families each). On 1 rank are served llama (first and alone, 
 the families a split refuses and the quantized variants: for the others the split layouts
 already run everything 1 rank does (the family's own forward, batched by the same engine on
 rank 0, the same loader) and more. `python -m bench families` serves every family in all
-three layouts for the README's table.
+three layouts for the table in docs/models.md.
 About 500 runners in all: each costs ~0.8 CPU-seconds, most of it importing mlx-lm (~1.9 before
 exod.runner.import_table). The zoo is made once per run; its chunks run on any xdist worker.
 """

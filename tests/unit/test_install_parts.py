@@ -421,7 +421,8 @@ def _plan_paths(home: Path) -> list[str]:
 
 def test_readme_man_page_and_help_name_the_same_files(monkeypatch: pytest.MonkeyPatch) -> None:
     """What `exod install` writes is in the man page's FILES and in `exod install --help`; the
-    README and the man page never say plain `sudo exod` (sudo's path has no pipx/uv/venv bin)."""
+    README, the docs and the man page never say plain `sudo exod` (sudo's path has no pipx/uv/venv
+    bin)."""
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     written = _plan_paths(Path("/home/u"))
     assert "~/.config/systemd/user/exod.service" in written and "/Library/Logs/exod" in written
@@ -434,8 +435,11 @@ def test_readme_man_page_and_help_name_the_same_files(monkeypatch: pytest.Monkey
             assert path in helptext, path
     assert "$XDG_RUNTIME_DIR/exod/control.sock" in files_section
     assert "$XDG_RUNTIME_DIR/exod/control.sock" in helptext
-    readme = (REPO / "README.md").read_text()
-    for text in (readme, man):
-        assert "sudo exod " not in text and "sudo $(which" not in text
-    assert readme.count('sudo "$(command -v exod)" install') >= 3
-    assert 'sudo "$(command -v exod)" uninstall' in readme
+    readme, service = (REPO / "README.md").read_text(), (REPO / "docs/service.md").read_text()
+    docs = {path.name: path.read_text() for path in (REPO / "docs").rglob("*.md")}
+    for name, text in {"README.md": readme, "exod.8": man, **docs}.items():
+        assert "sudo exod " not in text and "sudo $(which" not in text, name
+    for text in (readme, service):
+        assert 'sudo "$(command -v exod)" install' in text
+        assert 'sudo "$(command -v exod)" uninstall' in text
+    assert service.count('sudo "$(command -v exod)" install') >= 3  # Linux, macOS, upgrading

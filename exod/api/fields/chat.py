@@ -54,7 +54,7 @@ MAX_TOKENS = ("the most tokens to generate (default {}); a larger value than the
 
 CHAT = Dialect("chat", "POST /v1/chat/completions", intro=(
     "A message's text is a string or an array of text parts. Tools, `tool_choice` and "
-    "`response_format` are described in the README's Tools and structured output."), objects={
+    "`response_format` are described in [tools.md](tools.md)."), objects={
     "body": Obj("", {
         **SAMPLING,
         "messages": works("the conversation, into the model's chat template"),

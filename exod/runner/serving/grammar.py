@@ -2,7 +2,7 @@
 llguidance, and applied as a logits processor of that sequence alone, so a batch mixes free and
 constrained requests.
 
-llguidance was chosen on a measurement (README, "Constrained decoding"): with the test models'
+llguidance was chosen on a measurement (docs/tools.md, "Why llguidance"): with the test models'
 tokenizers it compiles a typical tool schema in about a millisecond (it builds its lexer
 lazily) and computes a token's mask in microseconds, and its fuel and size limits refuse a
 hostile schema in milliseconds where others took a minute; it has no dependencies.
