@@ -34,7 +34,7 @@ from exod.runner.serving import batch_engine, can_batch  # noqa: E402
 from exod.runner.serving.batch_engine import BatchEngine  # noqa: E402
 
 ZOO: dict[str, dict[str, str]] = json.loads(os.environ.get("EXOD_TEST_ZOO_JSON", "{}"))
-# Families whose prompt cache is a miss, and why (README: the supported models' table).
+# Families whose prompt cache is a miss, and why (docs/prompt-cache.md; docs/models.md).
 MISSES: dict[str, str] = {
     # Served by turns (exod.runner.serving.can_batch): mlx-lm's turn path keeps no prompt
     # cache, in RAM or on disk.
