@@ -7,7 +7,8 @@ them: for every family of the zoo (EXOD_TEST_ZOO, the JSON `tests.models.zoo` pr
 prompt after it is loaded from disk and gives the same greedy tokens as its cold prefill, or
 the family is one of the documented misses (MISSES). Then, on the tiny model (EXOD_TEST_TINY):
 a stop or a cancel during a load ends it within a step and keeps the file, a corrupt file is a
-miss then served with the cold tokens, and a warm prompt is prefilled once, then found.
+miss then served with the cold tokens, a warm prompt is prefilled once, then found, and an entry
+evicted from RAM goes to disk while requests are served past its held-up write.
 """
 
 from __future__ import annotations
@@ -184,3 +185,32 @@ def test_a_warm_prompt_is_prefilled_once_then_found(tiny: Loaded, tmp_path: Path
     _, done = run(after, ask(PROMPT + " x"))
     assert done.cached_tokens >= len(tokens) - 1 and after.serving().disk_hits == 1
 
+
+
+def test_an_entry_out_of_ram_goes_to_disk_and_no_request_waits_for_its_write(
+        tiny: Loaded, tmp_path: Path) -> None:
+    """A RAM tier too small for any entry evicts each one as it is kept: to the disk's writer,
+    which is held up here by a job that waits. Requests are served meanwhile (none waits for
+    the write); once the writer goes on, the entry is on disk and a restart loads it."""
+    import threading
+
+    path = Path(os.environ["EXOD_TEST_TINY"])
+    tier = disk(tmp_path, path)
+    e = BatchEngine(tiny.model, tiny.tokenizer, width=2, cache_bytes=1, disk=tier)
+    gate, held = threading.Event(), threading.Event()
+    tier.writer.submit(lambda: (held.set(), gate.wait(120)) and None)
+    assert held.wait(30)
+    try:
+        cold, first = run(e, ask())
+        other, _ = run(e, ask(PROMPT + " # another"))  # served while the first write waits
+        assert not gate.is_set() and not tier.writer.idle  # the write has not happened yet
+        s = e.serving()
+        assert (s.cache_entries, s.disk_entries, s.disk_writes) == (0, 0, 0), s
+    finally:
+        gate.set()
+    assert tier.writer.drain(time.monotonic() + 60)
+    assert e.serving().disk_writes == 2
+    after = engine(tiny, disk(tmp_path, path))  # a restart: nothing in RAM
+    warm, again = run(after, ask())
+    assert warm == cold and again.cached_tokens == first.prompt_tokens - 1
+    assert after.serving().disk_hits == 1
