@@ -8,7 +8,8 @@ prompt after it is loaded from disk and gives the same greedy tokens as its cold
 the family is one of the documented misses (MISSES). Then, on the tiny model (EXOD_TEST_TINY):
 a stop or a cancel during a load ends it within a step and keeps the file, a corrupt file is a
 miss then served with the cold tokens, a warm prompt is prefilled once, then found, and an entry
-evicted from RAM goes to disk while requests are served past its held-up write.
+evicted from RAM goes to disk while requests are served past its held-up write, and the stop's
+flush ends by its deadline, dropping what a held-up writer did not write.
 """
 
 from __future__ import annotations
@@ -214,3 +215,28 @@ def test_an_entry_out_of_ram_goes_to_disk_and_no_request_waits_for_its_write(
     warm, again = run(after, ask())
     assert warm == cold and again.cached_tokens == first.prompt_tokens - 1
     assert after.serving().disk_hits == 1
+
+
+def test_the_stop_s_flush_ends_by_its_deadline_and_drops_what_is_not_written(
+        tiny: Loaded, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Rung 1's flush with the writer held up (a slow disk): it returns by its deadline, says
+    what it dropped, and the dropped write never happens (the ladder never waits for it)."""
+    import threading
+
+    tier = disk(tmp_path, Path(os.environ["EXOD_TEST_TINY"]))
+    e = engine(tiny, tier)
+    run(e, ask())  # kept in RAM, not yet on disk (the engine was never idle)
+    gate, held = threading.Event(), threading.Event()
+    tier.writer.submit(lambda: (held.set(), gate.wait(120)) and None)
+    assert held.wait(30)
+    try:
+        t = time.monotonic()
+        e.save_cache(t + 0.3)
+        took = time.monotonic() - t
+        assert 0.3 <= took < 5, took  # waited for the deadline, then no longer
+    finally:
+        gate.set()
+    assert tier.writer.drain(time.monotonic() + 60)
+    assert e.serving().disk_writes == 0 and not list(tmp_path.glob("rank0/*/*.safetensors"))
+    assert "1 entry not written to disk before the stop's deadline (dropped)" in \
+        capfd.readouterr().err
