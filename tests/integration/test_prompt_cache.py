@@ -6,7 +6,8 @@ from disk: `usage` counts its tokens as cached, the answer is the cold one, and 
 /metrics say which tier served it. New weights at the same path, another adapter, other KV
 settings: a miss, and the stale folder goes. A truncated, a corrupt and an unreadable file: a
 miss each, one log line each, then served. A full disk (a small tmpfs): served, one log line.
-A stop during a disk load: rung 1, exit 0. A pipeline and a tensor group: a hit after a restart.
+A stop during a disk load: rung 1, exit 0. A pipeline and a tensor group: a hit after a restart;
+a pipeline split otherwise: a miss.
 `exoctl cache clear` on a running and on a stopped instance; a `warm:` prompt at start.
 
 One daemon for the module, an instance per test (autostart false but for `t`), stopped by its
@@ -395,3 +396,30 @@ def test_a_group_hits_after_a_restart_only_when_every_rank_holds_the_entry(
     text, _, cached = chat(d, name, prompt)
     assert (text, disk(d, name)["hits"]) == (cold, 0) and cached < 20
     stop(d, name)
+
+
+def test_a_pipeline_split_differently_is_a_miss(d: Daemon) -> None:
+    """The same model and prompt on the same two ranks, with their layers split otherwise: each
+    rank's KV is of other layers, so a miss, and the old split's folders go."""
+    start(d, "pp")
+    prompt = long_prompt("split")
+    cold, _, _ = chat(d, "pp", prompt)
+    stop(d, "pp")  # rung 1: each rank writes its part
+    old = {rank: folder for rank in ("rank0", "rank1")
+           for folder in (cache_dir(d, "pp") / rank).iterdir()}
+    config = yaml_config(d)
+    config["instances"]["pp"]["layers"] = [1, 3]  # the tiny model's 4 layers, not 2 and 2
+    d.write_config(config)
+    d.ctl("reload")
+    try:
+        start(d, "pp")
+        text, _, cached = chat(d, "pp", prompt)
+        assert text == cold and cached < 20 and disk(d, "pp")["hits"] == 0
+        for rank, was in old.items():
+            (now,) = (cache_dir(d, "pp") / rank).iterdir()
+            assert now != was and not was.exists(), rank
+        stop(d, "pp")
+    finally:
+        del config["instances"]["pp"]["layers"]
+        d.write_config(config)
+        d.ctl("reload")
