@@ -50,7 +50,10 @@ class StopPolicy:
 
     grace: Duration = field(
         default=10.0,
-        metadata=doc("Rung 1: after asking the runner to shut down, wait this long.", minimum=0),
+        metadata=doc("Rung 1: after asking the runner to shut down, wait this long. Within it, "
+                     "after `drain`, the runner writes the prompt cache entries not on disk yet "
+                     "(`prompt_cache_disk_bytes`), up to a half second before its end: what "
+                     "does not fit is dropped, never waited for.", minimum=0),
     )
     drain: Duration = field(
         default=5.0,
