@@ -55,9 +55,12 @@ def model_capabilities(model_dir: Path) -> Capabilities:
 
 
 def _json(path: Path) -> dict[str, Any] | None:
+    """A file's JSON object; None for what is no such thing (absent, unreadable, no UTF-8, nested
+    past the parser's depth, another shape): the files of any model a config names are read
+    here, loaded or not, and an odd one must cost /v1/models nothing but that answer."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -68,8 +71,8 @@ def _template(model_dir: Path, config: dict[str, Any]) -> str | None:
         return (model_dir / "chat_template.jinja").read_text(encoding="utf-8")
     except (OSError, ValueError):
         pass
-    raw = (_json(model_dir / "chat_template.json") or {}).get("chat_template") \
-        or config.get("chat_template")
+    raw = (_json(model_dir / "chat_template.json") or {}).get("chat_template")
+    raw = raw if isinstance(raw, (str, list)) and raw else config.get("chat_template")
     if isinstance(raw, list):
         raw = "\n".join(t.get("template", "") for t in raw if isinstance(t, dict)
                         and isinstance(t.get("template"), str))
@@ -78,9 +81,11 @@ def _template(model_dir: Path, config: dict[str, Any]) -> str | None:
 
 def _vocab(config: dict[str, Any], tokenizer: dict[str, Any]) -> set[str]:
     """The tokens that are one token each: added ones, and the model's own vocabulary."""
-    out = {t.get("content") for t in (config.get("added_tokens_decoder") or {}).values()
+    decoder, added = config.get("added_tokens_decoder"), tokenizer.get("added_tokens")
+    out = {t.get("content") for t in (decoder.values() if isinstance(decoder, dict) else ())
            if isinstance(t, dict)}
-    out |= {t.get("content") for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)}
+    out |= {t.get("content") for t in (added if isinstance(added, list) else ())
+            if isinstance(t, dict)}
     model = tokenizer.get("model")
     vocab = model.get("vocab") if isinstance(model, dict) else None
     if isinstance(vocab, dict):

@@ -698,7 +698,10 @@ class Api:
     max_body_kib: int = field(
         default=4096,
         metadata=doc("The largest request body, in KiB; a larger one gets 413, by its "
-                     "Content-Length before it is read.", minimum=1, maximum=262144),
+                     "Content-Length before it is read. The reasoning a request sends back "
+                     "sealed (Responses' `encrypted_content`, Anthropic's thinking `signature`) "
+                     "opens to no more text than this, all its seals together; past it, a 400 "
+                     "names the seal.", minimum=1, maximum=262144),
     )
     max_connections: int = field(
         default=256,

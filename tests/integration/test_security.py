@@ -260,6 +260,12 @@ def test_malformed_requests_get_4xx_never_500(api: Api) -> None:
     status, _, body = api.request("POST", "/v1/chat/completions", nested)
     assert status == 400 and b"not valid JSON" in body
     assert api.request("POST", "/v1/chat/completions", b"\xff\xfe")[0] == 400
+    # A template variable nested 500 deep passed its rule, then overflowed the stack where the
+    # daemon writes the request to the runner (a 500).
+    kwargs = (b'{"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "q"}],'
+              b' "chat_template_kwargs": {"x": ' + b"[" * 500 + b"]" * 500 + b"}}")
+    status, _, body = api.request("POST", "/v1/chat/completions", kwargs)
+    assert status == 400 and json.loads(body)["error"]["param"] == "chat_template_kwargs", body
     # Announced too big: refused at once, before a byte of the body is read.
     with socket.create_connection((api.host, api.port), timeout=10) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"

@@ -10,6 +10,8 @@ import pytest
 
 from exod.core import context_edits as ce
 from exod.core.request_rules import RequestError
+from exod.messages import Generate
+from exod.runner.serving.prepare import edited_prompt
 
 
 def count(messages: list[dict[str, Any]]) -> int:
@@ -69,6 +71,50 @@ def test_clear_tool_uses_below_its_trigger_or_clear_at_least_changes_nothing() -
                    "keep": {"type": "tool_uses", "value": 3},
                    "clear_at_least": {"type": "input_tokens", "value": 10_000}})
     assert ce.apply(CONVO, [greedy], count) == (CONVO, [])
+
+
+def test_a_conversation_is_counted_once_and_an_edit_tried_once_on_it() -> None:
+    """Counting is the template and the tokenizer over the whole conversation, in the runner:
+    16 edits that never applied (their clear_at_least out of reach) counted it 48 times, 41
+    times the cost of the prompt itself (82 s for 0.7 MB of tool results)."""
+    calls: list[int] = []
+
+    def counting(messages: list[dict[str, Any]]) -> int:
+        calls.append(1)
+        return count(messages)
+
+    def unreachable(keep: int) -> dict[str, Any]:
+        return edit({"type": ce.TOOL_USES, "trigger": {"type": "input_tokens", "value": 0},
+                     "keep": {"type": "tool_uses", "value": keep},
+                     "clear_at_least": {"type": "input_tokens", "value": 10**9}})
+    assert ce.apply(CONVO, [unreachable(0)] * 16, counting) == (CONVO, [])
+    assert len(calls) == 2  # the conversation, and what the one edit tried made of it
+    calls.clear()
+    assert ce.apply(CONVO, [unreachable(k % 3) for k in range(16)], counting) == (CONVO, [])
+    assert len(calls) == 1 + 3
+    # An edit that applies makes a new conversation, on which the same edit is tried again.
+    again = edit({"type": ce.TOOL_USES, "trigger": {"type": "tool_uses", "value": 0},
+                  "keep": {"type": "tool_uses", "value": 0}})
+    assert len(ce.apply(CONVO, [again, again], count)[1]) == 2
+
+
+def test_the_runner_renders_the_prompt_it_counted_once() -> None:
+    """The runner counts with the template and the tokenizer (exod.runner.serving.prepare):
+    the prompt it ends with is one it counted, not rendered a third time."""
+    class Tokenizer:
+        renders = 0
+
+        def apply_chat_template(self, messages: list[dict[str, Any]], **_: Any) -> list[int]:
+            self.renders += 1
+            return [1] * count(messages)
+
+    unreachable = edit({"type": ce.TOOL_USES, "trigger": {"type": "input_tokens", "value": 0},
+                        "clear_at_least": {"type": "input_tokens", "value": 10**9}})
+    tok = Tokenizer()
+    req = Generate(id="r", kind="chat", messages=CONVO, max_tokens=1,
+                   context_edits=[unreachable] * 16)
+    assert edited_prompt(tok, req) == ([1] * count(CONVO), [])
+    assert tok.renders == 2  # the conversation, and what the edit made of it
 
 
 def test_clear_tool_inputs_empties_the_calls_arguments() -> None:

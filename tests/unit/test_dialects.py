@@ -273,6 +273,31 @@ def test_output_config_format_is_a_strict_json_schema() -> None:
         "output_config.format.schema"
 
 
+def test_every_key_of_an_edit_s_amounts_is_read_and_an_unknown_one_reported() -> None:
+    """The objects inside an edit (`trigger`, `keep`, `clear_at_least`) are read against the
+    table as every other object is: an unknown key in one is reported, not silently taken; an
+    amount must give its `value` (Anthropic's require it: a trigger without one had become
+    0, clearing on every turn); an item that is no object is named in English."""
+    tool = "clear_tool_uses_20250919"
+    req = claude_req(context_management={"edits": [
+        {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1,
+                                                     "soon": 1}},
+        {"type": tool, "trigger": {"type": "tool_uses", "value": 2, "unit": "x"},
+         "keep": {"type": "tool_uses", "value": 1, "why": 1},
+         "clear_at_least": {"type": "input_tokens", "value": 0, "hint": 1}}]})
+    assert req.ignored == ("context_management.edits[].keep.soon",
+                           "context_management.edits[].keep.why",
+                           "context_management.edits[].trigger.unit",
+                           "context_management.edits[].clear_at_least.hint")
+    for key in ("trigger", "keep", "clear_at_least"):
+        unit = {"trigger": "tool_uses", "keep": "tool_uses"}.get(key, "input_tokens")
+        assert says(claude, context_management={"edits": [
+            {"type": tool, key: {"type": unit}}]}) == f"context_management.edits[0].{key}.value"
+    e = refused(claude, context_management={"edits": [7]})
+    assert e.message == "`context_management.edits[0]` must be an edit"
+    assert refused(resp, input=[7]).message == "`input[0]` must be an item"
+
+
 def test_context_management_edits_reach_the_runner_in_their_plain_form() -> None:
     g = claude(context_management={"edits": [
         {"type": "clear_thinking_20251015", "keep": "all"},
@@ -534,6 +559,39 @@ def test_encrypted_content_round_trips_and_a_foreign_one_is_reported() -> None:
     assert resp_req(input=turn(tampered)).ignored == ("input[].encrypted_content",)
 
 
+def test_the_seals_of_one_request_open_to_no_more_than_a_body_could_hold() -> None:
+    """A seal is small where its text repeats: zlib gives back a thousand times its size, and
+    the seal of a model's looping reasoning (32k tokens of one word: 200 bytes) replayed 20,000
+    times in one 4 MiB body opened to gigabytes in the daemon. The seals of one request
+    together give back at most what the body could have held as text (api.max_body_kib):
+    past it, a 400 names the seal that went over."""
+    sealer = Sealer(key=b"k" * 32, most=1000)
+    loop = sealer.seal("why " * 200)  # 800 bytes of text, a seal of a few dozen
+    assert len(loop) < 80
+    def claude_turns(n: int) -> dict[str, Any]:
+        turns: list[Any] = []
+        for _ in range(n):
+            turns += [*HI, {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "", "signature": loop},
+                {"type": "text", "text": "a"}]}]
+        return {"model": "m", "max_tokens": 8, "messages": [*turns, *HI]}
+    req, _ = anthropic.parse(claude_turns(1), sealer)
+    assert req.gen.messages[1]["reasoning_content"] == "why " * 200
+    e = refused(anthropic.parse, claude_turns(2), sealer)
+    assert e.param == "messages[3].content[0].signature"
+    def codex_turns(n: int) -> dict[str, Any]:
+        items: list[Any] = []
+        for _ in range(n):
+            items += [*HI, {"type": "reasoning", "summary": [], "encrypted_content": loop},
+                      {"role": "assistant", "content": "a"}]
+        return {"model": "m", "input": items}
+    assert responses.parse(codex_turns(1), sealer)[0].gen.messages[1]["reasoning_content"]
+    assert refused(responses.parse, codex_turns(2), sealer).param == \
+        "input[4].encrypted_content"
+    assert refused(anthropic.parse, claude_turns(1), Sealer(key=b"k" * 32, most=500)).param \
+        == "messages[1].content[0].signature"  # one seal alone over the bound, too
+
+
 @pytest.mark.parametrize("item, outcome", [
     ({"role": "user", "content": "q", "colour": "red"}, ("input[].colour",)),
     ({"role": "user", "content": [{"type": "input_image", "image_url": "u"}]},
@@ -590,6 +648,29 @@ def test_responses_tools_tool_choice_and_text_format() -> None:
                     tools=[tool]).ignored == ("tool_choice.x",)
     assert says(resp, tools=[tool], tool_choice={"type": "function", "name": "nope"}) == \
         "tool_choice.name"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("metadata", {"a": "\ud800"}), ("metadata", {"a": float("nan")}),
+    ("tools", [{"type": "web_search", "filters": {"q": "\udfff"}}]),
+    ("tools", [{"type": "web_search", "size": float("inf")}]),
+    ("text", {"format": {"type": "text"}, "colour": "\ud800"}),
+    ("reasoning", {"effort": "low", "weight": float("-inf")}),
+    ("tool_choice", {"type": "function", "name": "get", "why": "\ud800"}),
+])
+def test_what_a_response_repeats_of_the_request_must_be_json_it_can_write(
+        field: str, value: Any) -> None:
+    """The response object repeats `metadata`, `tools`, `tool_choice`, `text` and `reasoning`
+    as sent: a lone surrogate (no UTF-8 can carry it) broke the stream after its head was sent,
+    and NaN made the answer no JSON at all. Refused by name instead, before anything is sent."""
+    tools = [{"type": "function", "name": "get", "parameters": {}}]
+    assert says(resp, **{"tools": tools, field: value}) == field
+    body = {"model": "m", "input": "hi", "tools": tools,
+            "metadata": {"a": "\u00e9 \U0001f600"}, "reasoning": {"effort": "low", "x": 1.5}}
+    parse_resp(body)  # plain text and finite numbers pass, and are written back as they came
+    head = ResponsesOutput("m", body).begin()
+    assert json.loads(head.split(b"data: ")[1].split(b"\n")[0])["response"]["metadata"] == \
+        body["metadata"]
 
 
 @pytest.mark.parametrize("effort, thinks", [("none", False), ("minimal", False), ("low", True),

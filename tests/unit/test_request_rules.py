@@ -4,12 +4,14 @@ parser (test_api_parts, test_security_parts) and on live daemons (integration/te
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from exod.core import request_rules as rules
 from exod.core.request_rules import RequestError
+from exod.messages import Generate, decode_to_runner, to_wire
 
 
 def refused(fn: Any, *args: Any) -> RequestError:
@@ -189,6 +191,11 @@ def test_logit_bias_shapes(bias: object) -> None:
     assert refused(rules.logit_bias, bias).param == "logit_bias"
 
 
+def test_logit_bias_quotes_a_key_that_is_no_token_id_short() -> None:
+    e = refused(rules.logit_bias, {"Z" * 50_000: 1})
+    assert len(str(e)) < 100 and "'ZZZ" in str(e)
+
+
 def test_logit_bias_taken_and_normalised() -> None:
     assert rules.logit_bias(None) == {} and rules.logit_bias({}) == {}
     assert rules.logit_bias({"0001": -100, "5": 1}) == {1: -100.0, 5: 1.0}
@@ -221,6 +228,15 @@ def test_depth_refuses_deep_nesting_without_recursion() -> None:
     rules.depth([[{"a": [1]}]], "p")
     for number in (float("inf"), float("nan")):
         assert refused(rules.depth, {"maximum": [number]}, "p").param == "p"
+
+
+def test_plain_is_json_exod_can_write_back_at_any_depth() -> None:
+    deep: Any = "x"
+    for _ in range(100_000):
+        deep = [deep]
+    assert rules.plain(deep, "p") is deep  # no bound on nesting: the body's parser had one
+    for bad in ({"a": ["\ud800"]}, {"\udfff": 1}, [float("nan")], {"b": float("-inf")}):
+        assert refused(rules.plain, bad, "p").param == "p", bad
 
 
 def test_schema_is_an_object_not_too_deep() -> None:
@@ -437,6 +453,25 @@ def test_chat_template_kwargs_are_small_plain_variables() -> None:
                 {f"k{i}": i for i in range(rules.MAX_TEMPLATE_KWARGS + 1)},
                 {"big": "x" * rules.MAX_TEMPLATE_KWARGS_CHARS}, {"nan": float("nan")}):
         assert refused(rules.chat_template_kwargs, bad).param == "chat_template_kwargs"
+
+
+def test_chat_template_kwargs_are_nested_no_deeper_than_a_schema() -> None:
+    """The daemon writes a request to its runner by recursion (exod.protocol.to_wire): a
+    variable nested 500 lists deep (1,000 bytes) overflowed Python's stack there, a 500 after
+    the request was admitted."""
+    def nested(n: int) -> dict[str, Any]:
+        v: Any = 0
+        for _ in range(n - 2):  # n levels: the object itself the first, the 0 the last
+            v = [v]
+        return {"x": v}
+    deepest = nested(rules.MAX_SCHEMA_DEPTH)
+    assert rules.chat_template_kwargs(deepest) == deepest
+    gen = Generate(id="r", kind="chat", messages=[{"role": "user", "content": "q"}],
+                   max_tokens=1, chat_template_kwargs=deepest)
+    assert decode_to_runner(json.loads(json.dumps(to_wire(gen)))) == gen
+    for n in (rules.MAX_SCHEMA_DEPTH + 1, 500):
+        e = refused(rules.chat_template_kwargs, nested(n))
+        assert e.param == "chat_template_kwargs" and "nested more than 64" in str(e)
 
 
 def test_stream_options_flags_are_booleans() -> None:

@@ -58,3 +58,30 @@ def test_capabilities_from_the_template_and_the_vocabulary(tmp_path: Path) -> No
     (tmp_path / "chat_template.jinja").write_text("[TOOL_CALLS] {{ messages }}")
     assert model_capabilities(files(tmp_path, None, [])).tools is True
     assert model_capabilities(tmp_path / "missing") == Capabilities()
+
+
+def test_odd_tokenizer_files_tell_nothing_rather_than_fail(tmp_path: Path) -> None:
+    """/v1/models reads these files for every instance, loaded or not: a file of another shape
+    (a list where an object was, a number, JSON nested past the parser's depth, bytes that are
+    no UTF-8) made the whole listing a 500. Now what cannot be read tells nothing."""
+    odd: list[tuple[object, object]] = [
+        ({"added_tokens_decoder": [1, 2]}, None), ({"added_tokens_decoder": "x"}, None),
+        ({"added_tokens_decoder": {"1": "<think>"}}, None), (None, {"added_tokens": 5}),
+        (None, {"added_tokens": {"a": 1}}), (None, {"model": {"vocab": [["<think>", 0]]}}),
+        (None, {"model": "bpe"}), ({"chat_template": ["x", 5, {"template": 3}]}, None),
+        ({"chat_template": {"a": 1}}, None), ([1, 2], ["x"])]
+    for config, tokenizer in odd:
+        for name in ("tokenizer_config.json", "tokenizer.json", "chat_template.jinja"):
+            (tmp_path / name).unlink(missing_ok=True)
+        for name, data in (("tokenizer_config.json", config), ("tokenizer.json", tokenizer)):
+            if data is not None:
+                (tmp_path / name).write_text(json.dumps(data))
+        caps = model_capabilities(tmp_path)
+        assert caps.thinking in (False, None) and caps.tools in (False, None), (config, caps)
+    (tmp_path / "tokenizer_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "tokenizer.json").write_bytes(b'{"model": {"vocab": {"\xff\xfe": 1}}}')
+    assert model_capabilities(tmp_path) == Capabilities()
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "chat_template.jinja").write_bytes(b"\xff [TOOL_CALLS]")
+    (tmp_path / "tokenizer_config.json").write_text('{"chat_template": "[TOOL_CALLS]"}')
+    assert model_capabilities(tmp_path).tools is True  # the config's, where the file is no text

@@ -15,7 +15,7 @@ from exod.api.errors import ApiError
 from exod.api.fields.messages import MESSAGES
 from exod.api.fields.policy import Reading
 from exod.api.schema import GenRequest, http, tool_names
-from exod.api.seal import Sealer
+from exod.api.seal import Sealer, Seals
 from exod.core import context_edits
 from exod.core import request_rules as rules
 from exod.messages import Generate, ToolChoice
@@ -45,8 +45,9 @@ def parse(body: Any, sealer: Sealer, strict: bool = False,
     b = rules.body(body)
     r.keys(b, "count" if count_only else "body")
     messages = _system(b.get("system"), r)
+    seals = sealer.seals()
     for i, msg in enumerate(rules.messages(b.get("messages"))):
-        messages += _message(msg, f"messages[{i}]", r, sealer)
+        messages += _message(msg, f"messages[{i}]", r, seals)
     listed, origins = _tools(b.get("tools"), r)
     choice, function, parallel = _tool_choice(b.get("tool_choice"), listed, r)
     thinks, budget, omit = _thinking(b, r, count_only)
@@ -89,7 +90,7 @@ def _texts(raw: Any, param: str, r: Reading, kind: str, sep: str = "") -> str:
     return sep.join(r.texts(raw, param, kind, "system" if kind == "system" else "text"))
 
 
-def _message(raw: Any, param: str, r: Reading, sealer: Sealer) -> list[dict[str, Any]]:
+def _message(raw: Any, param: str, r: Reading, seals: Seals) -> list[dict[str, Any]]:
     """One Messages turn as chat messages: a user turn's tool results become `tool` messages
     (first, as chat templates expect them right after the assistant's calls). A `system` turn
     stays in place: the runner moves it into the leading system turn when the model's template
@@ -107,7 +108,7 @@ def _message(raw: Any, param: str, r: Reading, sealer: Sealer) -> list[dict[str,
         r.keys(block, block["type"], where)
         blocks.append((block["type"], block, where))
     if role == "assistant":
-        return [_assistant(blocks, r, sealer)]
+        return [_assistant(blocks, r, seals)]
     return _user(blocks, r)
 
 
@@ -130,7 +131,7 @@ def _user(blocks: list[tuple[str, dict[str, Any], str]], r: Reading) -> list[dic
 
 
 def _assistant(blocks: list[tuple[str, dict[str, Any], str]], r: Reading,
-               sealer: Sealer) -> dict[str, Any]:
+               seals: Seals) -> dict[str, Any]:
     texts: list[str] = []
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -138,7 +139,7 @@ def _assistant(blocks: list[tuple[str, dict[str, Any], str]], r: Reading,
         if kind == "text":
             texts.append(rules.text_field(block.get("text"), f"{where}.text"))
         elif kind == "thinking":
-            thinking.append(_thought(block, where, r, sealer))
+            thinking.append(_thought(block, where, r, seals))
         elif kind == "tool_use":
             if not isinstance(block.get("input"), dict):
                 raise rules.RequestError(f"`{where}.input` must be an object", f"{where}.input")
@@ -156,13 +157,13 @@ def _assistant(blocks: list[tuple[str, dict[str, Any], str]], r: Reading,
     return out
 
 
-def _thought(block: dict[str, Any], where: str, r: Reading, sealer: Sealer) -> str:
+def _thought(block: dict[str, Any], where: str, r: Reading, seals: Seals) -> str:
     """A thinking block's text: as sent, or (empty, as `display: omitted` returns it) the one
     its signature seals; a signature exod did not make is ignored, and reported."""
     text = rules.text_field(block.get("thinking", ""), f"{where}.thinking")
     if text or not block.get("signature"):
         return text
-    sealed = sealer.open(block["signature"])
+    sealed = seals.open(block["signature"], f"{where}.signature")
     if sealed is None:
         r.ignore(f"{where}.signature")
         return ""
@@ -250,6 +251,9 @@ def _context_management(raw: Any, r: Reading) -> list[dict[str, Any]]:
                             16):
         kind = e["type"]
         r.keys(e, "clear_thinking" if kind == context_edits.THINKING else "clear_tool_uses", where)
+        for key in context_edits.AMOUNTS:
+            if isinstance(e.get(key), dict):
+                r.keys(e[key], f"amount.{key}", f"{where}.{key}")
         out.append(context_edits.edit(e, kind, where))
     return out
 

@@ -89,6 +89,7 @@ class ResponsesOutput:
 
     # ---- the response object ---------------------------------------------------------------
     def _response(self, status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+        # The request's fields as it sent them: each passed its rule, or is ECHOED (plain JSON).
         b = self.body
         out: dict[str, Any] = {
             "id": self.id, "object": "response", "created_at": self.created, "status": status,

@@ -16,7 +16,7 @@ from typing import Any
 from exod.api.fields.policy import Reading
 from exod.api.fields.responses import RESPONSES
 from exod.api.schema import GenRequest, http, tool_names
-from exod.api.seal import Sealer
+from exod.api.seal import Sealer, Seals
 from exod.core import request_rules as rules
 from exod.messages import Generate, ToolChoice
 
@@ -28,6 +28,10 @@ ROLES = ("user", "assistant", "system", "developer")
 FORMATS = ("text", "json_object", "json_schema")
 CALL_KEYS = ("call_id", "name", "arguments")
 DELIMITER = "__"  # Codex's, between a namespace and a function's name
+# What the response object repeats of the request as it came (exod.api.dialects.
+# responses_output), and no rule of its own reads as text and numbers: it must be JSON exod can
+# write (a lone surrogate cut a stream after its head; NaN made an answer no JSON).
+ECHOED = ("metadata", "tools", "tool_choice", "text", "reasoning")
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,13 @@ def parse(body: Any, sealer: Sealer, strict: bool = False) -> tuple[GenRequest, 
     r = Reading(RESPONSES, strict)
     b = rules.body(body)
     r.keys(b, "body")
+    for key in ECHOED:
+        rules.plain(b.get(key), key)
     messages = []
     if b.get("instructions") is not None:
         messages.append({"role": "system",
                          "content": rules.text_field(b["instructions"], "instructions")})
-    messages += _input(b.get("input"), r, sealer)
+    messages += _input(b.get("input"), r, sealer.seals())
     listed, origins, namespaces = _tools(b.get("tools"), r)
     choice, function = _tool_choice(b.get("tool_choice"), listed, r)
     gen = Generate(
@@ -87,7 +93,7 @@ def _include(raw: Any, r: Reading) -> bool:
     return "reasoning.encrypted_content" in wanted
 
 
-def _input(raw: Any, r: Reading, sealer: Sealer) -> list[dict[str, Any]]:
+def _input(raw: Any, r: Reading, seals: Seals) -> list[dict[str, Any]]:
     if isinstance(raw, str):
         return [{"role": "user", "content": rules.text(raw, "input")}]
     out: list[dict[str, Any]] = []
@@ -113,7 +119,7 @@ def _input(raw: Any, r: Reading, sealer: Sealer) -> list[dict[str, Any]]:
                 tool["name"] = rules.name(_called(item, param), f"{param}.name")
             out.append(tool)
         else:  # reasoning
-            reasoning += _reasoning_texts(item, param, r, sealer)
+            reasoning += _reasoning_texts(item, param, r, seals)
     return out
 
 
@@ -127,7 +133,7 @@ def _called(item: dict[str, Any], param: str) -> str:
 
 
 def _reasoning_texts(item: dict[str, Any], param: str, r: Reading,
-                     sealer: Sealer) -> list[str]:
+                     seals: Seals) -> list[str]:
     """A reasoning item's text: its `content` (what exod returns); else the reasoning its
     `encrypted_content` seals (exod's: Codex sends that back, without the content); else its
     `summary` (what OpenAI returns), the best account of the reasoning the client has."""
@@ -143,7 +149,7 @@ def _reasoning_texts(item: dict[str, Any], param: str, r: Reading,
         return found["content"]
     sealed = item.get("encrypted_content")
     if sealed:
-        text = sealer.open(sealed)
+        text = seals.open(sealed, f"{param}.encrypted_content")
         if text is not None:
             return [text]
         r.ignore(f"{param}.encrypted_content")  # another server's, or altered

@@ -170,6 +170,11 @@ MESSAGES = Dialect("messages", "POST /v1/messages", intro=(
         "clear_tool_inputs": works("`true` (or a list of tools): their calls' inputs are "
                                    "cleared too")},
         "`clear_tool_uses_20250919`"),
+    **{f"amount.{key}": Obj(f"context_management.edits[].{key}", {
+        "type": works(f"the unit: {units}"), "value": works("required: a count, 0 or more")},
+        f"`{key}` of an edit") for key, units in (
+        ("keep", "`thinking_turns` (`clear_thinking`, or `all`), `tool_uses`"),
+        ("trigger", "`input_tokens` or `tool_uses`"), ("clear_at_least", "`input_tokens`"))},
 }, variants={
     "block": Variants("messages[].content[].type", {
         **{kind: works("see its keys") for kind in ("text", "tool_use", "tool_result",

@@ -170,7 +170,7 @@ class Reading:
         exod reads, with where each is (`tools[3]`); the others ignored or refused."""
         for i, item in enumerate(rules.array(raw, param, most, what=f"{what}s")):
             where = f"{param}[{i}]"
-            rules.obj(item, where, f"a {what}")
+            rules.obj(item, where, f"{'an' if what[0] in 'aeiou' else 'a'} {what}")
             if self.variant(item.get("type", default), kind, where):
                 yield item, where
 

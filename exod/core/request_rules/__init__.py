@@ -26,7 +26,7 @@ How a rule is written, so that it is written once:
 from __future__ import annotations
 
 from exod.core.request_rules.base import (  # noqa: F401
-    MAX_SCHEMA_DEPTH, RequestError, text, name, depth, text_field, flag, integer, obj, array,
+    MAX_SCHEMA_DEPTH, RequestError, text, name, depth, plain, text_field, flag, integer, obj, array,
     one_of, required,
 )
 from exod.core.request_rules.generation import (  # noqa: F401

@@ -42,12 +42,21 @@ def depth(raw: Any, param: str) -> Any:
     reads `Infinity` and `NaN`, which no message to a runner may carry), its strings and keys
     text (no lone surrogate, which no message to a runner can encode). Walked without
     recursion."""
+    return _walk(raw, param, MAX_SCHEMA_DEPTH)
+
+
+def plain(raw: Any, param: str) -> Any:
+    """A JSON value exod can write back as it came (what an answer repeats of its request):
+    finite numbers and text, as `depth` checks them, nested as deep as the body was."""
+    return _walk(raw, param, None)
+
+
+def _walk(raw: Any, param: str, most: int | None) -> Any:
     stack = [(raw, 1)]
     while stack:
         v, d = stack.pop()
-        if d > MAX_SCHEMA_DEPTH:
-            raise RequestError(f"`{param}` is nested more than {MAX_SCHEMA_DEPTH} levels deep",
-                               param)
+        if most is not None and d > most:
+            raise RequestError(f"`{param}` is nested more than {most} levels deep", param)
         if isinstance(v, float) and not math.isfinite(v):
             raise RequestError(f"`{param}` holds {v}, which is no JSON number", param)
         if isinstance(v, str):

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exod.core.request_rules.base import RequestError, flag, integer, text
+from exod.core.request_rules.base import RequestError, depth, flag, integer, text
+from exod.core.text import clip
 
 DEFAULT_MAX_TOKENS_CHAT = 1024
 DEFAULT_MAX_TOKENS_COMPLETION = 16  # the OpenAI reference's default for /v1/completions
@@ -181,7 +182,9 @@ def logit_bias(raw: Any) -> dict[int, float]:
     out: dict[int, float] = {}
     for k, v in raw.items():
         if not (isinstance(k, str) and _TOKEN_ID.fullmatch(k)):
-            raise RequestError(f"`logit_bias`: {k!r} is not a token id", "logit_bias")
+            # Quoted short: the key is the client's, of any length (a 50 KB key was a 50 KB error).
+            raise RequestError(f"`logit_bias`: {clip(str(k), 60)!r} is not a token id",
+                               "logit_bias")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
                 or not -BIAS_LIMIT <= v <= BIAS_LIMIT:
             raise RequestError(f"`logit_bias[{k}]` must be a number from -{BIAS_LIMIT} to "
@@ -261,6 +264,9 @@ def chat_template_kwargs(raw: Any, param: str = "chat_template_kwargs") -> dict[
             raise RequestError(f"`{param}`: {str(k)[:60]!r} is not a template variable (a name "
                                "of letters, digits and _, not an argument of the template call "
                                "itself)", param)
+    # Nested as deep as a schema at most: the daemon writes the request to the runner by
+    # recursion (exod.protocol), which a value 500 lists deep overflowed (a 500).
+    depth(dict(raw), param)
     try:
         as_json = json.dumps(raw, ensure_ascii=False, allow_nan=False)
         size = len(as_json)

@@ -75,12 +75,22 @@ def edited_prompt(tokenizer: Any, req: m.Generate) -> tuple[list[int], list[dict
         raise RequestError("this model does not see images: it takes text only", where)
     applied: list[dict[str, Any]] = []
     if req.kind == "chat":
-        def count(messages: list[dict[str, Any]]) -> int:
-            return len(chat_prompt(tokenizer, messages, req.tools, req.chat_template_kwargs))
+        first = req.messages or []
+        # The prompts of the conversation as sent and of the latest edit tried, made once: the
+        # edits count them, and the prompt is one of them (two kept, not every edit's).
+        kept: dict[bool, tuple[list[dict[str, Any]], list[int]]] = {}
+
+        def render(messages: list[dict[str, Any]]) -> list[int]:
+            for known, made in kept.values():
+                if known is messages:
+                    return made
+            made = chat_prompt(tokenizer, messages, req.tools, req.chat_template_kwargs)
+            kept[messages is first] = (messages, made)
+            return made
         try:
-            messages, applied = context_edits.apply(req.messages or [], req.context_edits,
-                                                    count)
-            tokens = chat_prompt(tokenizer, messages, req.tools, req.chat_template_kwargs)
+            messages, applied = context_edits.apply(first, req.context_edits,
+                                                    lambda msgs: len(render(msgs)))
+            tokens = render(messages)
         except RequestError:
             raise
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
