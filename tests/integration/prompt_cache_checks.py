@@ -9,7 +9,8 @@ the family is one of the documented misses (MISSES). Then, on the tiny model (EX
 a stop or a cancel during a load ends it within a step and keeps the file, a corrupt file is a
 miss then served with the cold tokens, a warm prompt is prefilled once, then found, and an entry
 evicted from RAM goes to disk while requests are served past its held-up write, and the stop's
-flush ends by its deadline, dropping what a held-up writer did not write.
+flush ends by its deadline, dropping what a held-up writer did not write; in a group (its
+agreement stood in for), a miss on another rank is no hit on rank 0, even after a whole load.
 """
 
 from __future__ import annotations
@@ -240,3 +241,26 @@ def test_the_stop_s_flush_ends_by_its_deadline_and_drops_what_is_not_written(
     assert e.serving().disk_writes == 0 and not list(tmp_path.glob("rank0/*/*.safetensors"))
     assert "1 entry not written to disk before the stop's deadline (dropped)" in \
         capfd.readouterr().err
+
+
+def test_a_whole_load_on_rank_0_is_no_hit_when_another_rank_could_not_load_its_part(
+        tiny: Loaded, tmp_path: Path) -> None:
+    """A group's agreement stood in for: the other rank is slower, then fails, so rank 0's own
+    load is whole by the time the group agrees on a miss. The request starts from nothing with
+    the cold tokens, and rank 0 counts no hit (it did, when its own load was whole first)."""
+    path = Path(os.environ["EXOD_TEST_TINY"])
+    first = engine(tiny, disk(tmp_path, path))
+    cold, _ = run(first, ask())
+    kept(first)
+
+    def agree(flags: list[bool]) -> list[bool]:
+        n = len(flags) // 2
+        ready, ok = flags[:n], flags[n:]
+        return [False] * n + ([False] * n if all(ready) else ok)
+
+    after = BatchEngine(tiny.model, tiny.tokenizer, width=2, cache_bytes=1 << 30,
+                        disk=disk(tmp_path, path), agree=agree)
+    text, done = run(after, ask())
+    s = after.serving()
+    assert text == cold and done.cached_tokens == 0
+    assert (s.disk_hits, s.disk_cached_tokens) == (0, 0), s

@@ -143,15 +143,17 @@ class PromptCache:
         assert self.disk is not None
         return FromDisk(match, self.disk.load(match.entry))
 
-    def loaded(self, load: FromDisk) -> None:
-        """A disk load is over: a hit when it worked (counted), else its file goes (unless
-        another rank was at fault: then it stays)."""
+    def loaded(self, load: FromDisk, used: bool = True) -> None:
+        """A disk load is over: a hit when it worked and the request starts from it (counted),
+        else its file goes (unless another rank was at fault: then it stays). `used` False: a
+        group's other rank could not load its part, so every rank starts without it, and this
+        rank's own load, even a whole one, is no hit."""
         ok = load.ready and load.failed is None
         if self.disk is not None and load.job is not None:
             if load.failed is not None and load.job.error is None:  # mlx's, not the check's
                 self.disk.fault("load", OSError(load.failed))
             self.disk.loaded(load.job, ok or load.failed is None)
-        if ok and load.match is not None:
+        if ok and used and load.match is not None:
             self.counts.disk_hits += 1
             self.counts.disk_tokens += load.match.usable
             self.counts.disk_load_s += time.monotonic() - load.started

@@ -331,7 +331,7 @@ class BatchEngine:
             assert load is not None
             if not all_ok:
                 r.load = None
-                self.cache.loaded(load)
+                self.cache.loaded(load, used=False)  # rank 0's may be whole: still no hit
                 self._insert(r, *self.cache.ram_only(r.prompt))
             elif all_ready:
                 r.load = None
