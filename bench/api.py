@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import CACHE, PY, report, verdict
+from bench.common import CACHE, PY, read_chat_stream, report, verdict
 from tests.harness import Daemon, free_port
 
 TTFT_RUNS = 25
@@ -133,27 +133,9 @@ class Http:
                          {"Content-Type": "application/json"})
             resp = conn.getresponse()
             assert resp.status == 200, resp.read()
-            first = last = None
-            chunks = 0
-            tokens = None
-            while line := resp.readline():
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                chunk = json.loads(data)
-                now = time.perf_counter()
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-                for choice in chunk.get("choices") or []:
-                    if (choice.get("delta") or {}).get("content"):
-                        chunks += 1
-                        first = first or now
-                        last = now
-                    if choice.get("finish_reason"):
-                        last = now
-            n = tokens if tokens is not None else chunks
+            got = read_chat_stream(resp)
+            first, last = got.first, got.finished or got.last
+            n = got.tokens if got.tokens is not None else got.pieces
             assert first is not None and last is not None
             return first - t0, (n - 1) / (last - first) if n > 1 and last > first else None
         finally:

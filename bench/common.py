@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 CACHE = Path(os.environ.get("EXOD_BENCH_CACHE") or Path.home() / ".cache" / "exod-bench")
 PY = sys.executable
@@ -50,3 +53,41 @@ def report(title: str, rows: list[tuple[str, str]]) -> None:
 
 def verdict(ok: bool) -> str:
     return "OK" if ok else "MISSED"
+
+
+@dataclass
+class Streamed:
+    """A chat completions stream read to its end. Times are time.perf_counter()'s."""
+
+    first: float | None  # the first piece of text came
+    last: float | None  # the last piece of text came
+    finished: float | None  # the finish reason came
+    pieces: int  # chunks with text
+    tokens: int | None  # the usage's completion_tokens, when sent
+    text: str
+
+
+def read_chat_stream(resp: Any) -> Streamed:
+    """An OpenAI chat completions SSE body (an http.client response), read to `[DONE]`."""
+    first = last = finished = None
+    pieces, tokens, text = 0, None, []
+    while line := resp.readline():
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        chunk = json.loads(data)
+        now = time.perf_counter()
+        if chunk.get("usage"):
+            tokens = chunk["usage"].get("completion_tokens") or tokens
+        for choice in chunk.get("choices") or []:
+            piece = (choice.get("delta") or {}).get("content")
+            if piece:
+                text.append(piece)
+                pieces += 1
+                first = first or now
+                last = now
+            if choice.get("finish_reason"):
+                finished = now
+    return Streamed(first, last, finished, pieces, tokens, "".join(text))

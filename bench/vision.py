@@ -1,29 +1,49 @@
-"""The vision runner's engine against mlx-vlm's own, in one process, on a mid-sized random
+"""Models that see, served: exod's HTTP API beside mlx-vlm's own server (`mlx_vlm.server`, on
+loopback), in one run, on the same model and pictures. The model is a mid-sized random
 Qwen2.5-VL made by the vision zoo (8 layers of width 512; an 8-layer tower of width 256 seeing
-224x224 pictures: 256 patches, 64 image tokens), float32 with OpenBLAS:
+224x224 pictures: 256 patches, 64 image tokens), float32, OpenBLAS on both sides (the runner
+loads it; mlx-vlm's server gets it by LD_PRELOAD), greedy, every answer N tokens (the zoo's
+models never say their end token). Each figure is exod's over mlx-vlm's (for a time, mlx-vlm's
+over exod's), so above 1.0 exod is better; the goal is >= 1.0x:
 
-1. Load: exod's (lazy, then the tower and each layer evaluated in turn, with progress) over
-   mlx-vlm's eager `load`.
-2. One request (a picture and a question, 64 tokens, greedy): tokens/s from the request to its
-   last token, exod's VisionEngine over mlx-vlm's `stream_generate`; the tokens must be equal.
-3. Four requests at once (four pictures): aggregate tokens/s, exod's engine batching them over
-   mlx-vlm's `stream_generate` one after the other (its plain API; `bench vision` against its
-   server, issue 31, is still to come).
+1. time to first token of one client's request (a picture and a question, streamed; the
+   median of ALONE requests one after the other);
+2. aggregate tokens/s of 1 client (those requests), and of 8 clients at once (8 pictures);
+3. the second turn's time to first token: the first turn's answer sent back with a question
+   about the same picture;
+4. CPU seconds per answered token over a round, every process of each side (exod's daemon and
+   runner, mlx-vlm's server): on a shared machine, what a side costs is steadier than how
+   long it took.
 
-The two sides take turns (ABBA) over ROUNDS rounds; each figure is the median of per-round
-ratios, with their range. `python -m bench vision`.
+Every request shows a picture no side has seen yet (its own seed), but (3)'s, so no side answers
+from a cache, except the second turn, which is the point of (3). mlx-vlm's server runs as it
+comes (its prefix cache, APC, is off unless APC_ENABLED=1; `EXOD_BENCH_APC=1` turns it on for
+this run). The sides take turns in a rotating order over ROUNDS rounds; each figure is the
+median of the per-round ratios, with their range (the machine is shared and noisy). Both sides'
+answers to the first request must be the same text. `python -m bench vision`.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from bench.common import CACHE, PY, REPO, report
+from bench.api import blas_path
+from bench.common import CACHE, PY, REPO, read_chat_stream, report, verdict
+from tests.harness import Daemon, cpu_seconds, free_port
 
-ROUNDS = 4
+ROUNDS = 5
+ALONE = 3  # one client's requests per round, one after the other
+N = 32  # tokens of each answer
+CLIENTS = 8
+PROMPT = "What is in the picture?"
 SETS = {
     "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
@@ -33,88 +53,6 @@ SETS = {
     "vision_config/fullatt_block_indexes": [3, 7],
     "@preprocessor_config.json/max_pixels": 224 * 224,
 }
-
-IN_PROCESS = r"""
-import base64, io, json, sys, time
-from pathlib import Path
-from exod.runner.cpu.blas import preload
-preload()
-import mlx.core as mx
-from mlx_vlm import apply_chat_template, load
-from mlx_vlm.generate import stream_generate
-from exod import messages as m
-from exod.runner.vision.engine import VisionEngine
-from exod.runner.vision.load import load_vision
-from tests.models.vision_zoo import content, picture
-
-path, rounds, n = Path(sys.argv[1]), int(sys.argv[2]), 64
-PROMPT = "What is in the picture?"
-pics = [picture(224, 224, seed=s) for s in range(4)]
-
-def png(img):
-    b = io.BytesIO(); img.save(b, "PNG"); return m.Image(base64.b64encode(b.getvalue()).decode())
-
-def load_mlx():
-    t = time.perf_counter(); model, proc = load(str(path)); model.set_dtype(mx.float32)
-    mx.eval(model.parameters()); return time.perf_counter() - t, model, proc
-
-def load_exod():
-    t = time.perf_counter()
-    lv = load_vision(path, dtype="auto", progress=lambda i, k: None, should_stop=lambda: False)
-    return time.perf_counter() - t, lv
-
-def mlx_one(model, proc, img):
-    msgs = [{"role": "user", "content": content(PROMPT, 1)}]
-    text = apply_chat_template(proc, model.config, msgs, num_images=1)
-    t = time.perf_counter()
-    *_, last = stream_generate(model, proc, text, image=[img], max_tokens=n, temperature=0.0)
-    return time.perf_counter() - t, list(last.token_ids)
-
-class Recording(VisionEngine):
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k); self.tokens = {}
-    def _on_token(self, r, resp):
-        self.tokens.setdefault(r.rid, []).append(resp.token); return super()._on_token(r, resp)
-
-def exod_run(lv, imgs):
-    eng = Recording(lv.model, lv.processor, lv.tokenizer, width=len(imgs), prefill_step=512,
-                    feature_bytes=0)
-    reqs = [m.Generate(id=f"r{i}", kind="chat", max_tokens=n, temperature=0.0, images=[png(img)],
-                       messages=[{"role": "user", "content": [{"type": "image", "image": 0},
-                                                              {"type": "text", "text": PROMPT}]}])
-            for i, img in enumerate(imgs)]
-    t = time.perf_counter()
-    for r in reqs:
-        eng.admit(r, eng.read(r))
-    done = set()
-    while len(done) < len(reqs):
-        done |= {e.id for e in eng.step() if isinstance(e, (m.Done, m.Error))}
-    return time.perf_counter() - t, [eng.tokens[r.id] for r in reqs]
-
-out = {"load": [], "one": [], "four": [], "equal": True}
-_, model, proc = load_mlx()
-_, lv = load_exod()
-mlx_one(model, proc, pics[0]); exod_run(lv, pics[:1])  # warm both (kernels, caches)
-for i in range(rounds):
-    order = ["exod", "mlx"] if i % 2 == 0 else ["mlx", "exod"]
-    got = {}
-    for side in order:
-        if side == "mlx":
-            lt, model, proc = load_mlx()
-            t1, ref = mlx_one(model, proc, pics[0])
-            t4 = sum(mlx_one(model, proc, img)[0] for img in pics)
-        else:
-            lt, lv = load_exod()
-            t1, toks = exod_run(lv, pics[:1])
-            t4, _ = exod_run(lv, pics)
-        got[side] = (lt, t1, t4)
-    out["equal"] &= toks[0] == ref
-    out["load"].append(got["mlx"][0] / got["exod"][0])
-    out["one"].append(got["mlx"][1] / got["exod"][1])
-    out["four"].append(got["mlx"][2] / got["exod"][2])
-    out.setdefault("abs", []).append({k: [round(x, 3) for x in v] for k, v in got.items()})
-print(json.dumps(out))
-"""
 
 
 def vision_model() -> str:
@@ -126,23 +64,152 @@ def vision_model() -> str:
     return made["qwen2_5_vl"]["path"]
 
 
+def pictures(n: int) -> list[str]:
+    """Data URLs of n different 224x224 test pictures (made in a subprocess: no numpy here)."""
+    code = ("import base64, io, json, sys; from tests.models.vision_zoo import picture\n"
+            "out = []\n"
+            f"for s in range({n}):\n"
+            "    b = io.BytesIO(); picture(224, 224, seed=1000 + s).save(b, 'PNG')\n"
+            "    out.append(base64.b64encode(b.getvalue()).decode())\n"
+            "sys.stdout.write(json.dumps(out))")
+    got: list[str] = json.loads(subprocess.run([PY, "-c", code], cwd=REPO, check=True,
+                                               capture_output=True, text=True).stdout)
+    return [f"data:image/png;base64,{p}" for p in got]
+
+
+class Side:
+    """One server's OpenAI chat completions, streamed."""
+
+    def __init__(self, name: str, port: int, model: str, pids: list[int]) -> None:
+        self.name, self.port, self.model, self.pids = name, port, model, pids
+
+    def cpu(self) -> float:
+        """CPU seconds its processes have used so far."""
+        return sum(cpu_seconds(pid) for pid in self.pids)
+
+    def ask(self, messages: list[dict[str, Any]]) -> tuple[float, float, int, str]:
+        """(time to first token, time to the last, tokens, text) of one streamed answer."""
+        body = json.dumps({"model": self.model, "messages": messages, "max_tokens": N,
+                           "temperature": 0, "stream": True,
+                           "stream_options": {"include_usage": True}})
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        try:
+            t0 = time.perf_counter()
+            conn.request("POST", "/v1/chat/completions", body,
+                         {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise RuntimeError(f"{self.name}: {resp.status} {resp.read()[:500]!r}")
+            got = read_chat_stream(resp)
+            first, last = got.first, got.last
+            assert first is not None and last is not None, f"{self.name}: no text"
+            return first - t0, last - t0, got.tokens or got.pieces, got.text
+        finally:
+            conn.close()
+
+
+def turn(url: str, question: str = PROMPT) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                        {"type": "text", "text": question}]}
+
+
+def start_mlx_vlm(path: str) -> tuple[subprocess.Popen[str], Side]:
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    blas = blas_path()
+    if blas:
+        env["LD_PRELOAD"] = blas
+    if os.environ.get("EXOD_BENCH_APC") == "1":
+        env["APC_ENABLED"] = "1"
+    proc = subprocess.Popen([PY, "-m", "mlx_vlm.server", "--model", path, "--host",
+                             "127.0.0.1", "--port", str(port)], env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    threading.Thread(target=lambda: [None for _ in proc.stderr or ()], daemon=True).start()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mlx_vlm.server exited with {proc.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return proc, Side("mlx-vlm", port, path, [proc.pid])
+        except OSError:
+            time.sleep(0.5)  # polling a server that is still starting
+    raise RuntimeError("mlx_vlm.server did not answer within 300 s")
+
+
+def start_exod(path: str) -> tuple[Daemon, Side]:
+    d = Daemon({"ready": "instances", "instances": {
+        "eye": {"model": path, "max_concurrency": CLIENTS}}}, name="bench-vision")
+    d.start()
+    assert d.proc is not None
+    runner = d.until_instance("eye", lambda i: i["state"] == "ready")["ranks"][0]["pid"]
+    return d, Side("exod", int(d.api_url().rsplit(":", 1)[1]), "eye", [d.proc.pid, runner])
+
+
+def measure(side: Side, urls: list[str]) -> dict[str, float]:
+    """One round of one side: the figures of the module's docstring (seconds, tokens/s)."""
+    cpu = side.cpu()
+    alone = [side.ask([turn(u)]) for u in urls[:ALONE]]
+    ttft = sorted(a[0] for a in alone)[ALONE // 2]
+    one = sum(a[2] for a in alone) / sum(a[1] for a in alone)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        got = list(pool.map(lambda u: side.ask([turn(u)]), urls[ALONE:ALONE + CLIENTS]))
+    many = sum(g[2] for g in got) / (time.perf_counter() - t0)
+    first = side.ask([turn(urls[-1])])
+    follow = [turn(urls[-1]), {"role": "assistant", "content": first[3]},
+              {"role": "user", "content": "And what colour is it?"}]
+    second, _, more, _ = side.ask(follow)
+    tokens = sum(a[2] for a in alone) + sum(g[2] for g in got) + first[2] + more
+    return {"ttft": ttft, "one": one, "many": many, "second": second,
+            "cpu": (side.cpu() - cpu) / tokens}
+
+
 def main() -> None:
     path = vision_model()
-    res = subprocess.run([PY, "-c", IN_PROCESS, path, str(ROUNDS)], check=False,
-                         capture_output=True,
-                         text=True, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if res.returncode != 0:
-        sys.exit(f"bench vision failed:\n{res.stderr[-3000:]}")
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    per = ALONE + CLIENTS + 1  # pictures of one side's round
+    urls = pictures(ROUNDS * 2 * per + 1)
+    proc, theirs = start_mlx_vlm(path)
+    d, ours = start_exod(path)
+    try:
+        warm = urls.pop()
+        # Compared without a leading space: mlx-lm's streaming detokenizer drops the answer's.
+        answers = [side.ask([turn(warm)])[3] for side in (ours, theirs)]
+        same = len({a.removeprefix(" ") for a in answers}) == 1
+        rounds: list[dict[str, dict[str, float]]] = []
+        for i in range(ROUNDS):
+            got: dict[str, dict[str, float]] = {}
+            for side in ((ours, theirs) if i % 2 == 0 else (theirs, ours)):
+                mine, urls = urls[:per], urls[per:]
+                got[side.name] = measure(side, mine)
+            rounds.append(got)
+    finally:
+        d.close()
+        proc.terminate()
+        proc.wait(30)
 
-    def ratio(xs: list[float]) -> str:
-        xs = sorted(xs)
-        return f"{xs[len(xs) // 2]:.2f}x (range {xs[0]:.2f}-{xs[-1]:.2f})"
+    def ratio(key: str, time_like: bool) -> tuple[str, float]:
+        xs = sorted((r["mlx-vlm"][key] / r["exod"][key]) if time_like
+                    else (r["exod"][key] / r["mlx-vlm"][key]) for r in rounds)
+        mid = xs[len(xs) // 2]
+        return f"{mid:.2f}x (range {xs[0]:.2f}-{xs[-1]:.2f})", mid
 
-    report("vision: exod's engine over mlx-vlm's, same process (higher is better for exod)", [
-        ("load (mlx-vlm time / exod time)", ratio(got["load"])),
-        ("one request, tokens/s", ratio(got["one"])),
-        ("four requests, aggregate tokens/s", ratio(got["four"])),
-        ("tokens equal mlx-vlm's", str(got["equal"])),
-        ("seconds per round: load, one, four", json.dumps(got["abs"])),
-    ])
+    rows = [("time to first token, 1 client", *ratio("ttft", True)),
+            ("tokens/s, 1 client", *ratio("one", False)),
+            (f"aggregate tokens/s, {CLIENTS} clients", *ratio("many", False)),
+            ("second turn's time to first token", *ratio("second", True)),
+            ("CPU seconds per token, every process", *ratio("cpu", True))]
+    apc = "on" if os.environ.get("EXOD_BENCH_APC") == "1" else "off (as it comes)"
+    report(f"vision: exod over mlx_vlm.server, same model and pictures (APC {apc}; goal >= "
+           "1.0x)", [
+               *((name, f"{text} {verdict(mid >= 1.0)}") for name, text, mid in rows),
+               ("same answer to the same picture", str(same)),
+               ("seconds per round (exod, mlx-vlm): ttft, one, many, second",
+                json.dumps([{s: {k: round(v, 3) for k, v in r[s].items()} for s in r}
+                            for r in rounds]))])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -258,8 +258,9 @@ class InstanceStatus:
 
 @dataclass(frozen=True)
 class ApiStatus:
-    listen: str
-    url: str
+    listen: list[str]  # api.listen, as configured
+    url: str  # the first address's, where exoctl chat goes
+    urls: list[str]  # every address's (a port 0 resolved)
     auth: bool
     token_file: str | None
 
@@ -349,6 +350,7 @@ class CachedModel:
     size_bytes: int
     partial_bytes: int  # of unfinished downloads
     instances: list[ModelUser]
+    last_use: float | None = None  # epoch seconds: a request served, a start or a fetch
 
 
 @dataclass(frozen=True)
@@ -419,10 +421,16 @@ class LineEvent:
 
 @dataclass(frozen=True)
 class DownloadEvent:
-    """A pull's progress, e.g. `downloading 1.2GiB of 4.5GiB (27%, 38MiB/s)`."""
+    """A pull's progress, e.g. `downloading 1.2GiB of 4.5GiB (27%, 38MiB/s)`, and its figures (a
+    client draws its own bar from them): `phase` is `starting` (no size known yet),
+    `downloading`, `verifying` (the hub's hashes) or `waiting` (a retry in backoff)."""
 
     type: ClassVar[str] = "download"
     detail: str
+    phase: str = "starting"
+    done_bytes: int = 0
+    total_bytes: int = 0
+    bytes_per_s: int | None = None
 
 
 Event = ProgressEvent | SnapshotEvent | LineEvent | DownloadEvent

@@ -36,7 +36,7 @@ from exod.core.sizes import format_size
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 17  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 18  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
@@ -44,7 +44,7 @@ VERSION = 17  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 13: Generate.think_budget; 14: Generate.names and context_edits, Done.applied_edits;
 # 15: Generate.images and content parts (exod.core.images); 16: start-up specs (exod.specs)
 # on the channel, not argv
-# 17: Shutdown.grace, ClearCache, Serving's disk tier
+# 17: Generate.context_window; 18: Shutdown.grace, ClearCache, Serving's disk tier
 
 
 class Phase(str, enum.Enum):
@@ -381,6 +381,10 @@ class Generate:
     # The pictures the messages show, each placed once by an image part of a content
     # (exod.core.images): only a chat's, and only for a model that sees.
     images: list[Image] = field(default_factory=list)
+    # This request's own context window, within the model's (Ollama's `options.num_ctx`): a
+    # prompt that fills it is refused, a generation that would pass it ends there. None: the
+    # model's.
+    context_window: int | None = None
 
     def __post_init__(self) -> None:
         # What the runner reads of every turn without looking further; the rest (tool calls)

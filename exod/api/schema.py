@@ -16,9 +16,12 @@ from typing import Any, ParamSpec, TypeVar
 
 from exod.api.errors import bad_request
 from exod.api.fields import CHAT, COMPLETION, Reading
+from exod.api.fields.policy import ImageReader
+from exod.core import images
 from exod.core import request_rules as rules
+from exod.core.images import Pictures, Source
 from exod.core.request_rules import RequestError
-from exod.messages import Generate
+from exod.messages import Generate, Image
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -35,6 +38,10 @@ class GenRequest:
     # The fields accepted and not used (unknown, or naming what exod does not run), by their
     # paths without indexes: the x-exod-ignored-fields header and /metrics name them.
     ignored: tuple[str, ...] = ()
+    # The pictures of `gen.images`, in order, as the client gave them: an http(s) URL's bytes
+    # are fetched by the daemon before the request goes on (exod.api.image_fetch); until then
+    # its image in `gen` is empty.
+    pictures: tuple[Source, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,23 +70,26 @@ def parse_chat(raw: Any, strict: bool = False) -> GenRequest:
     r = Reading(CHAT, strict)
     b = rules.body(raw)
     r.keys(b, "body")
-    msgs = [_message(m, f"messages[{i}]", r)
+    pics = Pictures()
+    msgs = [_message(m, f"messages[{i}]", r, pics)
             for i, m in enumerate(rules.messages(b.get("messages")))]
+    shown = pictured(pics, msgs)
     # Both are checked; the newer name wins. A null is a field not set (some clients send
     # every field).
     old = rules.max_tokens(b.get("max_tokens"), "max_tokens", rules.DEFAULT_MAX_TOKENS_CHAT)
     new = b.get("max_completion_tokens")
     names = {"max_tokens": "max_completion_tokens"} if new is not None else {}
     logprobs = rules.logprobs(b.get("logprobs"))
-    listed, origins = _tools(b.get("tools"), r)
+    listed, origins = function_tools(b.get("tools"), r)
     gen = Generate(id="", kind="chat", messages=msgs,
                    max_tokens=rules.max_tokens(new, "max_completion_tokens", old), **_sampling(b),
                    logprobs=logprobs,
                    top_logprobs=rules.top_logprobs(b.get("top_logprobs"), logprobs),
                    chat_template_kwargs=rules.chat_template_kwargs(b.get("chat_template_kwargs")),
-                   names={**names, **tool_names(origins)},
-                   **_agent(b, listed, r))
-    return GenRequest(gen, rules.model(b.get("model")), *_streaming(b, r), ignored=r.ignored)
+                   names={**names, **tool_names(origins), **shown.names},
+                   images=shown.images, **_agent(b, listed, r))
+    return GenRequest(gen, rules.model(b.get("model")), *_streaming(b, r), ignored=r.ignored,
+                      pictures=tuple(pics.sources))
 
 
 @http
@@ -96,14 +106,44 @@ def parse_completion(raw: Any, strict: bool = False) -> GenRequest:
     return GenRequest(gen, rules.model(b.get("model")), *_streaming(b, r), ignored=r.ignored)
 
 
-def _message(raw: Any, param: str, r: Reading) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Pictured:
+    """What `Generate` carries of a request's pictures: its images (a URL's empty until it is
+    fetched) and the names of their parts where the client's are not the messages' own."""
+
+    images: list[Image]
+    names: dict[str, str]
+
+
+def pictured(pics: Pictures, messages: list[dict[str, Any]]) -> Pictured:
+    """What `Generate` carries of the pictures the messages place (only a user's may: a
+    template shows no picture in another turn)."""
+    placed = {}
+    for i, msg in enumerate(messages):
+        if not isinstance(msg.get("content"), list):
+            continue
+        for j, part in enumerate(msg["content"]):
+            if part["type"] != "image":
+                continue
+            if msg["role"] != "user":
+                where = pics.sources[part["image"]].where
+                raise RequestError(f"`{where}`: a picture belongs to a user message, not to "
+                                   f"a {msg['role']} message", where)
+            placed[part["image"]] = f"messages[{i}].content[{j}]"
+    return Pictured([Image(s.data or "") for s in pics.sources],
+                    {at: pics.sources[n].where for n, at in placed.items()
+                     if pics.sources[n].where != at})
+
+
+def _message(raw: Any, param: str, r: Reading, pics: Pictures) -> dict[str, Any]:
     """One message: its keys against the table, its parts and calls too, then the rules."""
     if not isinstance(raw, dict):
         return rules.message(raw, param)  # which says what a message must be
     r.keys(raw, "message", param)
     msg = dict(raw)
     if isinstance(raw.get("content"), list):  # the parts exod reads; the others ignored
-        msg["content"] = "".join(r.texts(raw["content"], f"{param}.content", "part", "part"))
+        msg["content"] = images.joined(r.content(raw["content"], f"{param}.content", "part",
+                                                 "part", pics, {"image_url": _image(r)}))
     calls = raw.get("tool_calls")
     if isinstance(calls, list):
         for k, call in enumerate(calls):
@@ -115,12 +155,26 @@ def _message(raw: Any, param: str, r: Reading) -> dict[str, Any]:
     return rules.message(msg, param)
 
 
-def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str]]:
-    """The function tools (their `strict` mark beside them) and where each came from."""
+def _image(r: Reading) -> ImageReader:
+    def read(part: dict[str, Any], where: str) -> Source:
+        """An `image_url` part: `{url, detail}` (or, as some clients send it, the URL alone)."""
+        r.keys(part, "image_part", where)
+        value = part.get("image_url")
+        if isinstance(value, dict):
+            r.keys(value, "image_url", f"{where}.image_url")
+            return images.image_url(value.get("url"), f"{where}.image_url.url")
+        return images.image_url(value, f"{where}.image_url")
+    return read
+
+
+def function_tools(raw: Any, r: Reading, default: str | None = None
+                   ) -> tuple[list[dict[str, Any]], list[str]]:
+    """The function tools (their `strict` mark beside them) and where each came from;
+    `default`: the type of a tool that names none (Ollama's clients may leave it out)."""
     if raw is None:
         return [], []
     listed, origins = [], []
-    for tool, param in r.items(raw, "tools", "tool", "tool", rules.MAX_TOOLS):
+    for tool, param in r.items(raw, "tools", "tool", "tool", rules.MAX_TOOLS, default):
         r.keys(tool, "tool", param)
         fn = rules.obj(tool.get("function"), f"{param}.function")
         r.keys(fn, "function", f"{param}.function")

@@ -13,16 +13,17 @@ from aiohttp import web
 from loguru import logger
 
 from exod import messages as m
-from exod.api.errors import (ApiError, model_not_found, not_ready, queue_full, runner_error,
-                             served_elsewhere)
+from exod.api.errors import (ApiError, bad_request, model_not_found, not_ready, queue_full,
+                             runner_error, served_elsewhere)
 from exod.api.ignored import header
+from exod.api.image_fetch import Fetcher
 from exod.api.metrics import Meter, Metrics
 from exod.api.dialects.output import OpenAiOutput, Output
-from exod.api import sse
 from exod.api.objects import Reply
 from exod.api.tool_output import streamed_call, whole_call
 from exod.api.schema import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import Daemon
+from exod.core.images import unseen
 from exod.core.sizes import format_size
 from exod.daemon.channel import RequestStream, TooLarge
 from exod.daemon.traffic import Busy, NotServing, Refused, ServedElsewhere
@@ -46,21 +47,26 @@ def refusal(e: Refused) -> ApiError:
 
 
 class Serving:
-    def __init__(self, sup: Daemon) -> None:
+    def __init__(self, sup: Daemon, fetcher: Fetcher) -> None:
         self.sup = sup
         self.traffic = sup.traffic
         self.metrics = Metrics(sup, self.traffic.load)
+        self.fetcher = fetcher
 
     # ---- one request ------------------------------------------------------------------------
     async def generate(self, request: web.Request, req: GenRequest, limits: Limits,
-                       out: Output | None = None) -> web.StreamResponse:
+                       out: Output | None = None,
+                       keep_alive: float | None = None) -> web.StreamResponse:
         """Serve one request; `out`: the dialect its answer is rendered in (OpenAI's chat
-        completions by default, see exod.api.dialects)."""
-        known = self.sup.instance(req.model) is not None  # no label for any name a client sends
-        meter = self.metrics.meter(req.model)
+        completions by default, see exod.api.dialects); `keep_alive`: the idle window it asks
+        for once it ends (Ollama's, exod.core.keep_alive)."""
+        inst = self.sup.serving(req.model)
+        known = inst is not None  # no label for any name a client sends
+        meter = self.metrics.meter(inst.name if inst is not None else req.model)
         status = 499  # the client left (its handler was cancelled)
         try:
-            resp = await self._admitted(request, req, meter, limits, out or OpenAiOutput())
+            resp = await self._admitted(request, req, meter, limits, out or OpenAiOutput(),
+                                        keep_alive)
             status = resp.status
             return resp
         except ApiError as e:
@@ -74,12 +80,14 @@ class Serving:
                 meter.finish(status)
 
     async def _admitted(self, request: web.Request, req: GenRequest, meter: Meter,
-                        limits: Limits, out: Output) -> web.StreamResponse:
+                        limits: Limits, out: Output,
+                        keep_alive: float | None) -> web.StreamResponse:
         try:
             inst = self.traffic.find(req.model)
+            req = await self._pictures(inst, req)
             req = apply_limits(req, await limits(inst))
             req = with_template_defaults(req, inst.config.chat_template_kwargs)
-            async with self.traffic.slot(inst) as link:
+            async with self.traffic.slot(inst, keep_alive) as link:
                 try:
                     stream = link.open(req.gen)
                 except TooLarge as e:
@@ -87,6 +95,17 @@ class Serving:
                 return await self._relay(request, req, inst, stream, meter, out)
         except Refused as e:
             raise refusal(e) from None
+
+    async def _pictures(self, inst: InstanceRuntime, req: GenRequest) -> GenRequest:
+        """A request's pictures: refused for a model known not to see (the runner refuses them
+        too, when its files do not tell yet), else their URLs fetched (outside any slot: the
+        runner's place is not held while a picture downloads)."""
+        if not req.pictures:
+            return req
+        if (await self.traffic.capabilities(inst)).vision is False:
+            where = req.pictures[0].where
+            raise bad_request(unseen(inst.name, where), where)
+        return await self.fetcher.resolve(req)
 
     async def _relay(self, request: web.Request, req: GenRequest, inst: InstanceRuntime,
                      stream: RequestStream, meter: Meter, out: Output) -> web.StreamResponse:
@@ -155,7 +174,7 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
         first = await anext(events)
     if isinstance(first, m.Error):
         raise runner_error(first.code, first.message, first.param)
-    resp = web.StreamResponse(headers={**sse.HEADERS, **header(req.ignored)})
+    resp = web.StreamResponse(headers={**out.stream_headers, **header(req.ignored)})
     reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage,
                   logprobs=req.gen.logprobs)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,7 +15,7 @@ from exod import __version__
 from exod.core.exits import EXIT_CONFIG
 
 if TYPE_CHECKING:
-    from exod.config.schema import Config
+    from exod.config.schema import Config, Instance
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -74,11 +75,11 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
         service.errno(errno.EINVAL, f"invalid configuration {path}{hint}")
         sys.exit(EXIT_CONFIG)
 
-    from exod.config.safety import public_without_token
+    from exod.config.safety import public, public_without_token
     from loguru import logger
 
     if public_without_token(cfg) and not cfg.api.insecure_public:
-        why = (f"api.listen {cfg.api.listen} is reachable from other machines but "
+        why = (f"api.listen {', '.join(public(cfg))} is reachable from other machines but "
                "api.token_file is not set; set a token file, listen on 127.0.0.1, or set "
                "api.insecure_public: true")
         logger.error("refusing to start: {}", why)
@@ -155,8 +156,28 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
     from exod.config.mlx_options import describe as describe_options
 
     for inst in cfg.instances.values():
-        for line in describe_options(inst):
+        for line in describe_options(inst) + serving_lines(inst):
             click.echo(line)
+
+
+def serving_lines(inst: Instance) -> list[str]:
+    """`exod check`'s words for the names an instance answers to, and for an on-demand one its
+    idle stop and the keep_alive a request may set."""
+    from exod.config.durations import format_duration
+
+    def show(seconds: float) -> str:
+        return "never" if math.isinf(seconds) else format_duration(seconds)
+
+    out = []
+    if inst.aliases:
+        out.append(f"{inst.name}: also answers to {', '.join(inst.aliases)}")
+    if inst.on_demand:
+        idle = inst.idle_stop_after
+        stop = "stays up" if math.isinf(idle) else f"stops after {show(idle)}"
+        bounds = inst.keep_alive
+        out.append(f"{inst.name}: on demand: {stop} without a request; a request's keep_alive "
+                   f"may set that from {show(bounds.min)} to {show(bounds.max)}")
+    return out
 
 
 def check_system(config: Path | None) -> None:

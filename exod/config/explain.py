@@ -33,6 +33,7 @@ _KIND_NAMES = {
     Kind.SIZE: "size in bytes (512MiB, 2GiB, 800MB)",
     Kind.DURATION_OR_NEVER: "duration or never",
     Kind.JSON: "any value (plain data, as JSON has it)",
+    Kind.NETWORK: "IP network (10.1.0.0/16, fd00::/8) or address",
 }
 
 WIDTH = 96  # a documentation line of --explain, indent included

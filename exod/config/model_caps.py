@@ -1,7 +1,8 @@
 """What a model can do for a client, read from its tokenizer files without loading it (the
 daemon never imports mlx): whether its chat template writes tool calls in a format the runner
-parses, and whether its vocabulary has single-token think markers (reasoning comes apart from
-the answer). /v1/models reports them, so clients size themselves before the first request.
+parses, whether its vocabulary has single-token think markers (reasoning comes apart from
+the answer), and whether it sees pictures (exod.config.vision). /v1/models reports them, so
+clients size themselves before the first request.
 
 The markers are the facts mlx-lm's tokenizer wrapper infers a tool parser from (mlx_lm
 0.32's `_infer_tool_parser`) and its single-token think pairs: the runner finds a model's
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exod.config.vision import sees
+
 # Any of these in a chat template: the model writes tool calls mlx-lm parses.
 TOOL_MARKERS = ("<minimax:tool_call>", "<|tool_call>", "<start_function_call>",
                 "<longcat_tool_call>", "<arg_key>", "<|tool_list_start|>", "<|tool_call_start|>",
@@ -22,12 +25,20 @@ TOOL_MARKERS = ("<minimax:tool_call>", "<|tool_call>", "<start_function_call>",
                 "<atem:function_calls>", "<tool_call>\n<function=", "<tool_call>\\n<function=")
 THINK_PAIRS = (("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"),
                ("<|think:start|>", "<|think:end|>"))
+# Fill-in-the-middle tokens (prefix, suffix, middle), each one token, in the order a prompt
+# takes them: Qwen2.5-Coder's, StarCoder's and DeepSeek-Coder's (begin, hole, end).
+FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+              ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+              ("<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>",
+               "<\uff5cfim\u2581end\uff5c>"))
 
 
 @dataclass(frozen=True)
 class Capabilities:
     tools: bool | None = None  # None: the files do not tell (not downloaded yet, unreadable)
     thinking: bool | None = None
+    vision: bool | None = None  # it takes pictures (served by the vision runner)
+    fim: tuple[str, str, str] | None = None  # its fill-in-the-middle tokens, if it has them
 
 
 def writes_tool_calls(template: str, vocab: set[str]) -> bool:
@@ -51,7 +62,13 @@ def model_capabilities(model_dir: Path) -> Capabilities:
     vocab = _vocab(config or {}, tokenizer or {})
     template = _template(model_dir, config or {})
     return Capabilities(tools=template is not None and writes_tool_calls(template, vocab),
-                        thinking=thinks(vocab))
+                        thinking=thinks(vocab), vision=sees(model_dir) is not None,
+                        fim=next((t for t in FIM_TOKENS if all(x in vocab for x in t)), None))
+
+
+def chat_template(model_dir: Path) -> str | None:
+    """The model's chat template (every variant joined), as its files hold it."""
+    return _template(model_dir, _json(model_dir / "tokenizer_config.json") or {})
 
 
 def _json(path: Path) -> dict[str, Any] | None:

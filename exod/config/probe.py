@@ -87,12 +87,14 @@ def answers(asks: list[Ask], on_probe: Callable[[float], None] | None = None
 
 def _key(config: bytes, shards: int, parallelism: str, layers: tuple[int, ...] | None) -> str:
     h = hashlib.sha256()
-    try:
-        version = metadata.version("mlx-lm")
-    except metadata.PackageNotFoundError:
-        version = "none"
+    versions = []
+    for package in ("mlx-lm", "mlx-vlm"):  # mlx-vlm builds the models that see
+        try:
+            versions.append(metadata.version(package))
+        except metadata.PackageNotFoundError:
+            versions.append("none")
     h.update(code_digest().encode())
-    h.update(json.dumps([version, shards, parallelism, layers]).encode())
+    h.update(json.dumps([versions, shards, parallelism, layers]).encode())
     h.update(config)
     return h.hexdigest()[:32]
 

@@ -21,9 +21,10 @@ from typing import Literal
 from exod.core.serving import (DEFAULT_KV_GROUP_SIZE, DEFAULT_NUM_DRAFT_TOKENS,
                                DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_PROMPT_CACHE_DISK_BYTES,
                                DEFAULT_QUANTIZED_KV_START)
+from exod.core.names import ALIAS_RE
 from exod.hub.ref import HubRef
-from exod.config.types import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir, Octal,
-                               Size)
+from exod.config.types import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir,
+                               Network, Octal, Size)
 from exod.paths import default_control_socket
 
 RestartMode = Literal["no", "on-failure", "always"]
@@ -145,6 +146,24 @@ class GrammarLimits:
                      "millisecond); a generation whose grammar runs out of it ends.",
                      minimum=10_000, maximum=1_000_000_000),
     )
+
+
+@dataclass(frozen=True)
+class KeepAliveBounds:
+    """What a request's own `keep_alive` (Ollama's API) may set an on-demand instance's idle
+    window to: the floor keeps one client from stopping a model others use, the ceiling from
+    holding its memory for ever."""
+
+    min: Duration = field(
+        default=0.0,
+        metadata=doc("The shortest window a request may set: the floor that keeps one client "
+                     "from stopping a model that others use (`keep_alive: 0` then stops it "
+                     "after this long).", minimum=0))
+    max: DurationOrNever = field(
+        default=float("inf"),
+        metadata=doc("The longest window a request may set: the ceiling that keeps one client "
+                     "from holding the model's memory (`keep_alive: -1` then keeps it this "
+                     "long).", minimum=0))
 
 
 @dataclass(frozen=True)
@@ -333,6 +352,18 @@ class Instance(RunnerOptions):
     hub: HubRef | None = field(
         default=None, kw_only=True,
         metadata=doc("the hub repository `model` names, if any", internal=True))
+    # compare=False: a reload that changes only the names restarts nothing (the daemon reads
+    # them from its current config).
+    aliases: tuple[str, ...] = field(
+        default=(), compare=False,
+        metadata=doc("More names a request's `model` may give the instance, in every API "
+                     "dialect: the names clients already have configured, e.g. "
+                     "`[llama3.2, qwen3:8b]` (Ollama's form, `[NAMESPACE/]MODEL[:TAG]`). A name "
+                     "without a tag is the same as with `:latest`, for the instance's own name "
+                     "too (Raycast appends `:latest`). No two instances may answer to the same "
+                     "name; `exod check` names the clash. Aliases are listed by neither "
+                     "`/v1/models` nor `/api/tags`, and a reload that changes only them "
+                     "restarts nothing.", pattern=ALIAS_RE))
     shards: int = field(
         default=1,
         metadata=doc("The number of ranks, that is runner processes, that share the model.",
@@ -367,9 +398,20 @@ class Instance(RunnerOptions):
     idle_stop_after: DurationOrNever = field(
         default=float("inf"),
         metadata=doc("An on-demand instance that has had no request for this long is stopped "
-                     "through the termination ladder; the next request starts it again.",
-                     minimum=0),
+                     "through the termination ladder; the next request starts it again. A "
+                     "request's own `keep_alive` (Ollama's API) may set this window, within the "
+                     "bounds below.", minimum=0),
     )
+    keep_alive: KeepAliveBounds = field(
+        default_factory=KeepAliveBounds,
+        metadata=doc("What a request's `keep_alive` (Ollama's API: a duration such as `5m`, a "
+                     "number of seconds, `0` to stop the instance once no request is in "
+                     "flight, or `-1` to keep it) may set an on-demand instance's idle window "
+                     "to. The window a request sets lasts until the next request ends; one "
+                     "that asks nothing restores `idle_stop_after`, but does not undo a `0` "
+                     "asked while it ran. On an instance that is not on demand, `keep_alive` "
+                     "has no effect. `exod check` prints each on-demand instance's window and "
+                     "bounds."))
     hang_after: DurationOrNever = field(
         default=300.0,
         metadata=doc("While requests are in flight and the instance's runner sends nothing for "
@@ -573,11 +615,15 @@ class Hub:
         default=None,
         metadata=doc("The huggingface_hub cache folder models are fetched into (its own layout: "
                      "`models--ORG--NAME/{blobs,refs,snapshots}`). By default: `$HF_HUB_CACHE` "
-                     "when set; else a service with a state directory keeps its own, "
-                     "`$STATE_DIRECTORY/hub` (systemd's `StateDirectory=`), or "
-                     "`/var/lib/exod/hub` as root; else the user's own cache (`$HF_HOME/hub`, "
-                     "else `~/.cache/huggingface/hub`), shared with mlx-lm, so what it already "
-                     "downloaded is not fetched twice."),
+                     "when set, else `$HF_HOME/hub` when `HF_HOME` is set (as huggingface_hub "
+                     "reads them, for root too); else a service with a state directory keeps "
+                     "its own, `$STATE_DIRECTORY/hub` (systemd's `StateDirectory=`), or "
+                     "`/var/lib/exod/hub` as root; else the user's own cache, "
+                     "`~/.cache/huggingface/hub`, shared with mlx-lm, so what it already "
+                     "downloaded is not fetched twice. A snapshot of plain files instead of "
+                     "links into `blobs/` (a cache copied with its links followed, or a file "
+                     "system without links) is read too: checked against the hub's hashes when "
+                     "the hub can be reached, else taken as it is, as mlx-lm would load it."),
     )
     offline: bool = field(
         default=False,
@@ -653,14 +699,17 @@ class Node:
 
 @dataclass(frozen=True)
 class Api:
-    listen: str = field(
-        default=f"127.0.0.1:{DEFAULT_API_PORT}",
-        metadata=doc("`HOST:PORT` to listen on: `HOST` is an address or a host name, written in "
-                     "brackets for IPv6 (`[::1]:52415`); port 0 picks any free port. The empty "
-                     'string `""` turns the API off. Other machines reach the API only when '
-                     "`HOST` lets them, e.g. `0.0.0.0:52415`; exod never listens on every address "
-                     "by default.",
-                     pattern=r"^$|^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$"),
+    listen: tuple[str, ...] = field(
+        default=(f"127.0.0.1:{DEFAULT_API_PORT}",),
+        metadata=doc("`HOST:PORT` to listen on, or a list of them, each served alike (the same "
+                     "endpoints, tokens and limits), e.g. `[127.0.0.1:52415, 127.0.0.1:11434]` "
+                     "to be found also on Ollama's port by apps that only know it: `HOST` is an "
+                     "address or a host name, written in brackets for IPv6 (`[::1]:52415`); "
+                     "port 0 picks any free port. An address may be listed only once. The empty "
+                     'string `""` or an empty list turns the API off. Other machines reach the '
+                     "API only when `HOST` lets them, e.g. `0.0.0.0:52415`; exod never listens "
+                     "on every address by default.",
+                     pattern=r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$"),
     )
     token_file: Path | None = field(
         default=None,
@@ -727,6 +776,24 @@ class Api:
                      "`x-exod-ignored-fields` header, as new client versions keep adding fields. "
                      "Tools that only the cloud runs (web search and the like) are never refused "
                      "either way: they are not offered to the model, and reported."),
+    )
+    image_urls: bool = field(
+        default=True,
+        metadata=doc("fetch the http(s) URLs of pictures that requests name (for models that "
+                     "see): never from a private, loopback or link-local address, nor through a "
+                     "redirect to one; false refuses such a picture (400, naming it): clients "
+                     "must then send the bytes (base64)"),
+    )
+    image_url_timeout: Duration = field(
+        default=10.0,
+        metadata=doc("a picture's URL must answer with the whole picture (at most 20 MiB) "
+                     "within this long, redirects included, else the request gets 400",
+                     minimum=0.1, maximum=300),
+    )
+    image_url_allow: tuple[Network, ...] = field(
+        default=(),
+        metadata=doc("private networks whose pictures may be fetched all the same (an image "
+                     "server on the LAN: 10.1.2.0/24), as addresses or networks"),
     )
 
 

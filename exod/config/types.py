@@ -16,6 +16,7 @@ class Kind(enum.Enum):
     SIZE = "size"  # '512MiB', '2GiB', '800MB' or a number of bytes -> int bytes
     DURATION_OR_NEVER = "duration_or_never"  # a duration, or `never` -> math.inf
     JSON = "json"  # plain data as JSON has it: null, true, numbers, strings, lists, mappings
+    NETWORK = "network"  # an IP network (10.0.0.0/8, fd00::/8) or one address
 
 
 Duration = Annotated[float, Kind.DURATION]
@@ -25,5 +26,6 @@ Octal = Annotated[int, Kind.OCTAL]
 Size = Annotated[int, Kind.SIZE]
 DurationOrNever = Annotated[float, Kind.DURATION_OR_NEVER]
 JsonValue = Annotated[object, Kind.JSON]
+Network = Annotated[str, Kind.NETWORK]
 
 INSTANCE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import math
 import os
 import re
@@ -300,8 +301,12 @@ class Validator:
     def sequence(self, item: Any, node: Node, path: str, meta: Mapping[str, object]) -> Any:
         if _is_null(node):
             return ()
-        if isinstance(node, Scalar) and item is str and isinstance(node.value, str):
-            return (node.value,)  # `include: "x/*.yaml"` means a list of one
+        if isinstance(node, Scalar) and item is str and not isinstance(node.value, bool):
+            if node.value == "":
+                return ()  # `listen: ""`: none
+            # `include: "x/*.yaml"` means a list of one, checked as its item is
+            one = self.value(item, node, path, node.mark, meta)
+            return INVALID if one is INVALID else (one,)
         if not isinstance(node, SeqNode):
             return self.report(node.mark, path, f"expected a list, got {describe(node)}")
         out = [self.value(item, n, f"{path}[{i}]", n.mark, meta) for i, n in enumerate(node.items)]
@@ -377,6 +382,12 @@ class Validator:
         if kind is Kind.INSTANCE_NAME:
             problem = instance_name_problem(value)
             return self.report(node.mark, path, problem) if problem else value
+        if kind is Kind.NETWORK:
+            try:
+                return str(ipaddress.ip_network(value, strict=False))
+            except ValueError:
+                return self.report(node.mark, path, f"{value!r} is not an IP network (like "
+                                                    "10.1.0.0/16) nor an IP address")
         return value
 
     def plain_data(self, node: Node, path: str) -> Any:

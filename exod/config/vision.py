@@ -18,6 +18,7 @@ from pathlib import Path
 from exod.config.checks import Issue
 from exod.config.model_dir import config_json
 from exod.config.schema import Instance
+from exod.core.memory import Tower
 
 INSTALL = "pip install 'exod[vision]'"
 
@@ -38,6 +39,31 @@ def sees(model_dir: Path) -> str | None:
     return None
 
 
+def tower(model_dir: Path) -> Tower | None:
+    """A model that sees: its tower's width and the patches of the largest picture its
+    processor makes (a fixed `image_size`, else the processor's `max_pixels`, else that of a
+    1024 x 1024 picture); None for a model that does not see."""
+    if sees(model_dir) is None:
+        return None
+    data = config_json(model_dir) or {}
+    vision = data.get("vision_config")
+    vision = vision if isinstance(vision, dict) else {}
+    hidden = _positive(vision.get("hidden_size")) or 1024
+    patch = _positive(vision.get("patch_size")) or 14
+    side = _positive(vision.get("image_size"))
+    if side:
+        return Tower(hidden, (side // patch) ** 2)
+    pre = config_json(model_dir, "preprocessor_config.json") or {}
+    size = pre.get("size")
+    pixels = _positive(pre.get("max_pixels")) or (
+        _positive(size.get("max_pixels")) if isinstance(size, dict) else 0)
+    return Tower(hidden, (pixels or 1024 * 1024) // patch ** 2)
+
+
+def _positive(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def have_extra() -> bool:
     """Whether mlx-vlm is installed (looked up, not imported)."""
     return importlib.util.find_spec("mlx_vlm") is not None
@@ -52,17 +78,21 @@ def extra_problem(model_dir: Path) -> str | None:
             f"exod[vision] (mlx-vlm), which is not installed: {INSTALL}")
 
 
+SPLIT_BY_LAYERS = ("a model that sees is split by layers only (parallelism: pipeline): its "
+                   "vision tower runs whole on rank 0")
+
+
 def check_vision(instance: Instance) -> list[Issue]:
-    """A model that sees, without the extra, or split across ranks (not built yet)."""
+    """A model that sees, without the extra, or split other than by layers (whether its
+    layers split is the split probe's question, as for text: exod.runner.split.probe)."""
     if instance.hub is not None:  # not on disk yet: the runner says so once it is fetched
         return []
     problem = extra_problem(instance.model)
     if problem is not None:
         return [Issue("model", problem)]
-    if instance.shards > 1 and sees(instance.model) is not None:
-        return [Issue("shards", "a model that sees runs on one rank for now (its language "
-                                "model's layers split, but the vision runner does not serve a "
-                                "group yet); serve it with shards: 1")]
+    if instance.shards > 1 and instance.parallelism != "pipeline" \
+            and sees(instance.model) is not None:
+        return [Issue("parallelism", SPLIT_BY_LAYERS)]
     return []
 
 

@@ -11,6 +11,9 @@ in milliseconds. A rank holds
   - KV cache headroom for `max_concurrency` generations of `context_tokens` each (at most
     `max_kv_size`, a rotating cache), in the size a `kv_bits` cache takes once quantized;
   - a draft model of speculative decoding, whole, with its own KV cache;
+  - for a model that sees, on the first rank only (the vision tower runs there, exod.runner.
+    vision): the tower and its projector (their weights), its activations for the largest
+    picture its processor makes, and the feature cache (the tower's outputs kept by picture);
   - the runtime itself (Python, mlx, the tokenizer).
 Pure, apart from reading headers.
 """
@@ -33,6 +36,14 @@ MAX_HEADER = 100 * 2**20  # safetensors' own limit on the JSON header
 FLOAT_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 RUN_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
+# The tensors of a vision tower and of what joins it to the language model (mlx-vlm's names).
+_VISION = re.compile(r"(?:^|\.)(?:vision_tower|vision_model|visual|multi_modal_projector|"
+                     r"mm_projector|connector|image_newline)(?:\.|$)")
+# Bytes of the vision tower's outputs a runner keeps for the next requests about the same
+# pictures (exod.runner.vision.features).
+FEATURE_CACHE_BYTES = 256 * 2**20
+# Activations a tower layer holds per patch, in hidden sizes (its MLP widens 4x; residuals).
+TOWER_ACTIVATIONS = 8
 
 
 class HeaderError(ValueError):
@@ -50,6 +61,11 @@ class Tensor:
         m = _LAYER.search(self.name)
         return int(m.group(1)) if m else None
 
+    @property
+    def vision(self) -> bool:
+        """Part of a vision tower or its projector (a language model's layers are not)."""
+        return bool(_VISION.search(self.name))
+
 
 @dataclass(frozen=True)
 class KvSpec:
@@ -62,18 +78,29 @@ class KvSpec:
 
 
 @dataclass(frozen=True)
+class Tower:
+    """A model's vision tower, as its config.json and its processor's files say: its width,
+    and the patches of the largest picture its processor makes."""
+
+    hidden: int
+    patches: int
+
+
+@dataclass(frozen=True)
 class Estimate:
     weights: int
     kv: int
     runtime: int
+    vision: int = 0  # a model that sees: its tower's activations and feature cache
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.runtime
+        return self.weights + self.kv + self.runtime + self.vision
 
     def describe(self) -> str:
+        sight = f", vision {format_size(self.vision)}" if self.vision else ""
         return (f"{format_size(self.total)} (weights {format_size(self.weights)}, KV cache "
-                f"{format_size(self.kv)}, runtime {format_size(self.runtime)})")
+                f"{format_size(self.kv)}{sight}, runtime {format_size(self.runtime)})")
 
 
 # ---- reading -------------------------------------------------------------------------------
@@ -139,6 +166,8 @@ def uses(t: Tensor, shard: Shard, parallelism: str, tied: bool) -> float:
     layer = t.layer
     if shard.world == 1 or shard.total == 0:
         return 1.0
+    if t.vision:  # the tower runs on the first rank, whole (its blocks are not the model's)
+        return 1.0 if shard.first else 0.0
     if parallelism == "tensor":
         return 1.0 / shard.world if layer is not None else 1.0
     if layer is not None:
@@ -203,12 +232,19 @@ def elem_size(config: dict[str, object], cast_to: str | None) -> int:
     return RUN_SIZES.get(stored, 2)
 
 
+def vision_bytes(tower: Tower, elem: int) -> int:
+    """A tower's activations for one picture at its largest, and the feature cache."""
+    return TOWER_ACTIVATIONS * tower.patches * tower.hidden * elem + FEATURE_CACHE_BYTES
+
+
 def estimate(tensors: list[Tensor], config: dict[str, object], shard: Shard, parallelism: str,
              dtype: str, on_cpu: bool, concurrency: int, context_tokens: int,
              kv: KvSpec = KvSpec(),
-             draft: tuple[list[Tensor], dict[str, object]] | None = None) -> Estimate:
+             draft: tuple[list[Tensor], dict[str, object]] | None = None,
+             tower: Tower | None = None) -> Estimate:
     """draft: the draft model's tensors and config.json (speculative decoding): its weights
-    and KV cache are added, with the same options."""
+    and KV cache are added, with the same options. tower: a model that sees (its weights are
+    among `tensors`)."""
     cast_to = run_dtype(dtype, on_cpu)
     tied = bool(config.get("tie_word_embeddings", False))
     weights = weight_bytes(tensors, shard, parallelism, cast_to, tied)
@@ -220,7 +256,9 @@ def estimate(tensors: list[Tensor], config: dict[str, object], shard: Shard, par
         weights += weight_bytes(d_tensors, whole, "pipeline", cast_to, False)
         cache += kv_bytes(d_config, whole, "pipeline", elem_size(d_config, cast_to),
                           context_tokens, concurrency, kv)
-    return Estimate(weights=weights, kv=cache, runtime=RUNTIME_BYTES)
+    sight = vision_bytes(tower, elem_size(config, cast_to)) \
+        if tower is not None and shard.first else 0
+    return Estimate(weights=weights, kv=cache, runtime=RUNTIME_BYTES, vision=sight)
 
 
 AUTO_WIDTH_MAX = 16  # mlx_lm.server batches 32; a CPU host rarely gains past 16
@@ -229,8 +267,8 @@ AUTO_WIDTH_MAX = 16  # mlx_lm.server batches 32; a CPU host rarely gains past 16
 def auto_width(one: list[Estimate], free: int, cap: int = AUTO_WIDTH_MAX) -> int:
     """The batch width memory admits when `max_concurrency` is not set: as many generations as
     their KV cache (estimated for one in `one`, per rank) fits in `free` bytes beside the
-    weights and the runtime; 1 to `cap`."""
-    base = sum(e.weights + e.runtime for e in one)
+    weights, the vision tower's needs and the runtime; 1 to `cap`."""
+    base = sum(e.weights + e.runtime + e.vision for e in one)
     per = sum(e.kv for e in one)
     if per <= 0:
         return cap

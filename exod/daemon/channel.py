@@ -20,6 +20,7 @@ Error event, so no request ever waits for a runner that is gone.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import socket
 from collections.abc import Callable
@@ -139,7 +140,7 @@ class RunnerChannel(Generic[M]):
         """Send a generation request (its id is set here); its events arrive on the stream."""
         rid = f"r{next(self._ids)}"
         stream = RequestStream(self, rid)
-        data = encode(m.to_wire(m.Generate(**{**_fields(request), "id": rid})))
+        data = encode(m.to_wire(dataclasses.replace(request, id=rid)))
         if len(data) - HEADER.size > MAX_FRAME:
             raise TooLarge(len(data) - HEADER.size)
         if not self._send_frame(data):
@@ -223,7 +224,3 @@ async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
     if n > MAX_RUNNER_FRAME:
         raise ProtocolError(f"frame of {n} bytes exceeds the {MAX_RUNNER_FRAME} limit")
     return parse(await reader.readexactly(n))
-
-
-def _fields(msg: m.Generate) -> dict[str, Any]:
-    return {k: v for k, v in m.to_wire(msg).items() if k != "type"}

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Iterable
 
 from exod.config.model_dir import model_config
+from exod.config.vision import tower
 from exod.config.schema import Instance
 from exod.core.memory import (Estimate, HeaderError, KvSpec, auto_width, estimate,
                               model_tensors, refusal)
@@ -35,14 +36,15 @@ def estimates(cfg: Instance, shards: Iterable[Shard], width: int | None = None
     draft = None
     if cfg.draft_model is not None and cfg.draft_model.is_dir():  # not a hub name not fetched
         draft = (model_tensors(cfg.draft_model), model_config(cfg.draft_model))
+    sight = tower(cfg.model)
     return [estimate(tensors, config, s, cfg.parallelism, cfg.dtype, ON_CPU,
-                     width or cfg.max_concurrency or 1, cfg.context_tokens, kv, draft)
+                     width or cfg.max_concurrency or 1, cfg.context_tokens, kv, draft, sight)
             for s in shards]
 
 
 def scaled(one: list[Estimate], width: int) -> int:
     """Bytes for `width` generations, from estimates made for one."""
-    return sum(e.weights + e.runtime + width * e.kv for e in one)
+    return sum(e.weights + e.runtime + e.vision + width * e.kv for e in one)
 
 
 class MemoryCheck:

@@ -25,6 +25,7 @@ from exod.config import ConfigError, diff, load_config
 from exod.config.schema import Config, Instance
 from exod.core import ladder
 from exod.core.intents import Retire
+from exod.core.names import Names
 from exod.core.shards import Shard, ShardError
 from exod import messages as m
 from exod.daemon import rank_addresses, status
@@ -50,6 +51,7 @@ from exod.daemon.manager_notify import watchdog_interval
 class Supervisor(HubSeam):
     def __init__(self, config: Config, service: ServiceNotifier | None = None) -> None:
         self.config = config
+        self.names = names_of(config)
         self.service = service or ServiceNotifier()
         self.instances: dict[str, InstanceRuntime] = {}
         self.started = time.monotonic()
@@ -144,6 +146,14 @@ class Supervisor(HubSeam):
 
     def cache_folder(self, inst: InstanceRuntime) -> Path:
         return prompt_cache_folder(inst.config, self.launcher.daemon_env)
+
+    def serving(self, name: str) -> InstanceRuntime | None:
+        """The instance a request's `model` names: its own name or an alias, with or without
+        a tag (exod.core.names)."""
+        inst = self.instances.get(name)
+        if inst is None and (target := self.names.instance(name)) is not None:
+            inst = self.instances.get(target)
+        return inst
 
     def instance_status(self, inst: InstanceRuntime) -> cm.InstanceStatus:
         return status.instance_status(inst, self.now(), self.config.defaults.stall_after)
@@ -327,6 +337,7 @@ class Supervisor(HubSeam):
             logger.warning("api changed: takes effect at the next restart of exod")
         new = _keep_control(new, self.config)
         self.config = new
+        self.names = names_of(new)  # aliases change with no restart (they compare equal)
         self.memory.headroom = new.defaults.memory_headroom
         self.launcher.configure(new.instances.values())
         for name in d.removed:
@@ -370,6 +381,10 @@ class Supervisor(HubSeam):
         elif (then.restart or latest.always_on) and not self.stopping:
             new.start()
         self._publish(new)
+
+
+def names_of(config: Config) -> Names:
+    return Names({name: i.aliases for name, i in config.instances.items()})
 
 
 def _keep_control(new: Config, old: Config) -> Config:

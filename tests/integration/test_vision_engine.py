@@ -1,8 +1,9 @@
 """The vision engine on the vision zoo, checked in a pytest process of its own
 (vision_checks.py; see tests/own_process.py): tokens equal to in-process mlx-vlm's, alone and in
-a batch mixing pictures and text, in five families; the feature cache on a second turn; seeds
-under batching; hostile pictures; cancels. One test here per check function there, failing with
-that check's report. ~12 CPU-s. Through the real runner process: test_vision_runner.py."""
+a batch mixing pictures and text, in every family; the caches on a second turn; seeds under
+batching; a forced tool call and a JSON schema with pictures; hostile pictures; cancels and a
+stop's first rung. One test here per check function there, failing with that check's report.
+~22 CPU-s. Through the real runner process: test_vision_runner.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The real runner process (`python -m exod.runner`) on a model that sees, over its channel as
-the daemon speaks it: it loads the model through mlx-vlm with progress (a step per layer), says
+the daemon speaks it: it loads the model through mlx-vlm with progress (a step per block of the
+vision tower and of the language model), says
 ready, and answers a request with a picture with in-process mlx-vlm's text, while a text request
 runs beside it and hostile pictures (a 100-megapixel PNG, a truncated JPEG, a decompression
 bomb) are each refused within seconds as a bad request naming the part. The API's image fields
@@ -90,7 +91,8 @@ def test_the_runner_serves_a_picture_as_mlx_vlm_does(vision_zoo: Path) -> None:
             got += wire.read()
         assert not any(isinstance(x, m.Failed) for x in got), got
         progress = [x for x in got if isinstance(x, m.Progress)]
-        assert [(p.loaded, p.total) for p in progress] == [(i, 4) for i in range(5)]
+        # The tower's 2 blocks, then the language model's 4, a step each.
+        assert [(p.loaded, p.total) for p in progress] == [(i, 6) for i in range(7)]
         wire.send(chat("seen", image))
         wire.send(chat("text", None, max_tokens=16))
         hostile = [(what, base64.b64encode(make()).decode()) for what, make, _ in HOSTILE[:3]]

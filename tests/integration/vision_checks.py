@@ -2,10 +2,13 @@
 on the vision zoo's models loaded as the runner loads them, against in-process mlx-vlm: each
 request's tokens equal mlx-vlm `generate`'s for the same pictures and prompt, alone and in a
 batch mixing pictures and text, in every family; the second turn about the same picture skips
-the vision tower and keeps the tokens; a seed reproduces under batching; hostile pictures are
-refused quickly, naming the part, while another request goes on; a cancel frees its slot
-within a step. Run by test_vision_engine.py in a pytest of its own (this imports mlx); the zoo
-comes from its environment (EXOD_TEST_VISION_ZOO)."""
+the vision tower and keeps the tokens; a seed reproduces under batching; a forced tool call and
+a JSON schema hold with pictures, and reasoning is the template's and kept apart; hostile
+pictures are refused quickly, naming the part, while another request goes on; a cancel frees
+its slot within a step; a stop (the ladder's first rung) ends the requests still being seen or
+prefilled and lets the decoding ones finish; the tower loads block by block with progress. Run
+by test_vision_engine.py in a pytest of its own (this imports mlx); the zoo comes from its
+environment (EXOD_TEST_VISION_ZOO)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ import base64
 import dataclasses
 import io
 import itertools
+import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -27,9 +32,12 @@ from exod.runner.cpu import blas
 
 blas.preload()  # before mlx, as in the runner
 from exod.runner.vision.engine import VisionEngine  # noqa: E402
-from exod.runner.vision.load import LoadedVision, load_vision  # noqa: E402
-from tests.models.vision_families import FAMILIES  # noqa: E402
-from tests.models.vision_zoo import reference, picture  # noqa: E402
+from exod.runner.load import LoadAborted  # noqa: E402
+from exod.runner.vision.load import LoadedVision, load_vision, tower_blocks  # noqa: E402
+from tests.models.added_tokens import copy_with_tokens  # noqa: E402
+from tests.models.thinking import OPEN_BLOCK, THINK  # noqa: E402
+from tests.models.vision_families import FAMILIES, chatml, chatml_tools  # noqa: E402
+from tests.models.vision_zoo import make_vision_model, picture, reference  # noqa: E402
 from tests.unit.test_vision_images import HOSTILE  # noqa: E402
 
 PROMPT = "What is in the picture?"
@@ -54,14 +62,15 @@ def zoo() -> Path:
     return Path(os.environ["EXOD_TEST_VISION_ZOO"])
 
 
-_loaded: dict[str, LoadedVision] = {}
+_loaded: dict[Path, LoadedVision] = {}
 
 
 def loaded(zoo: Path, family: str) -> LoadedVision:
-    if family not in _loaded:
-        _loaded[family] = load_vision(zoo / family, dtype="auto", progress=lambda i, n: None,
-                                      should_stop=lambda: False)
-    return _loaded[family]
+    if zoo / family not in _loaded:
+        _loaded[zoo / family] = load_vision(zoo / family, dtype="auto",
+                                            progress=lambda i, n: None,
+                                            should_stop=lambda: False)
+    return _loaded[zoo / family]
 
 
 def engine(zoo: Path, family: str, width: int = 4, **kw: Any) -> Recording:
@@ -139,6 +148,127 @@ def test_the_second_turn_about_the_same_picture_skips_the_tower(zoo: Path,
     run(fresh, [again])
     assert fresh.tokens["again"] == eng.tokens[second.id]
     assert fresh.features.lookups == 0
+
+
+def follow_up(first: m.Generate, rid: str, seeds: list[int], prompt: str,
+              answer: str = "A picture.") -> m.Generate:
+    """The next turn after `first` and its `answer`: a user's message showing the pictures of
+    `seeds` (besides `first`'s), then `prompt`."""
+    assert first.messages is not None
+    parts: list[Any] = [{"type": "image", "image": len(first.images) + i}
+                        for i in range(len(seeds))]
+    content: Any = [*parts, {"type": "text", "text": prompt}] if seeds else prompt
+    return m.Generate(id=rid, kind="chat", max_tokens=N, temperature=0.0,
+                      images=[*first.images, *(png(picture(seed=s)) for s in seeds)],
+                      messages=[*first.messages, {"role": "assistant", "content": answer},
+                                {"role": "user", "content": content}])
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_next_turn_about_the_same_picture_starts_from_the_prompt_cache(
+        zoo: Path, tmp_path_factory: pytest.TempPathFactory, family: str) -> None:
+    """The first turn's prompt and answer are in the cache: the second (the answer sent back as
+    it came) prefills the rest only, runs no tower, and gives the tokens of an engine without
+    any cache. Gemma 3's sliding layers keep a window of 8 tokens in the zoo, too few to take
+    back the random answer's last tokens (which the text sent back does not spell the same
+    way): here its window is 64, as a real one holds a turn (1024)."""
+    if family == "gemma3":
+        zoo = tmp_path_factory.mktemp("wide")
+        make_vision_model(zoo / family, family, overrides={"text_config/sliding_window": 64})
+    eng = engine(zoo, family, cache_bytes=64 << 20)
+    first = ask([1])
+    run(eng, [first])
+    runs = eng.features.runs
+    answer = eng.tokenizer.decode(eng.tokens[first.id])
+    second = follow_up(first, "second", [], "And its colour?", answer)
+    ends = run(eng, [second])
+    done = ends["second"]
+    assert isinstance(done, m.Done), done
+    assert done.cached_tokens >= ends_first(eng, first) > 0, (done, family)
+    assert eng.features.runs == runs  # the picture's tower output came from its cache
+    cold = engine(zoo, family, feature_bytes=0)
+    again = dataclasses.replace(second, id="cold")
+    run(cold, [again])
+    assert cold.tokens["cold"] == eng.tokens["second"], family
+
+
+def ends_first(eng: Recording, first: m.Generate) -> int:
+    """Tokens of the first turn's prompt (all of them in the second's, and cached)."""
+    return len(eng.read(first).tokens)
+
+
+def test_another_picture_shares_no_cached_prefix_past_its_first_placeholder(zoo: Path) -> None:
+    eng = engine(zoo, "qwen2_5_vl", cache_bytes=64 << 20)
+    first = ask([1])
+    run(eng, [first])
+    other = ask([2])
+    ends = run(eng, [other])
+    done = ends[other.id]
+    assert isinstance(done, m.Done)
+    tokens = eng.read(other).tokens
+    first_placeholder = min(i for i, t in enumerate(tokens) if t in eng.placeholders)
+    assert 0 < done.cached_tokens <= first_placeholder
+    fresh = engine(zoo, "qwen2_5_vl")
+    again = dataclasses.replace(other, id="fresh")
+    run(fresh, [again])
+    assert fresh.tokens["fresh"] == eng.tokens[other.id]
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "gemma3", "llava", "mistral3"])
+def test_a_new_picture_beside_a_seen_one_runs_the_tower_on_the_new_one_only(
+        zoo: Path, family: str) -> None:
+    eng = engine(zoo, family)
+    first = ask([1])
+    run(eng, [first])
+    second = follow_up(first, "second", [4], "And this one?")
+    run(eng, [second])
+    assert (eng.features.lookups, eng.features.hits, len(eng.features)) == (3, 1, 2)
+    # Each picture's output is the one the tower gives it alone (the tower is not exactly
+    # batch-invariant: run on both together, the last bits may differ): seen alone first, then
+    # both from the cache, they give the same tokens.
+    alone = engine(zoo, family)
+    run(alone, [ask([1])])
+    run(alone, [ask([4])])
+    runs = alone.features.runs
+    run(alone, [dataclasses.replace(second, id="alone")])
+    assert alone.features.runs == runs
+    assert alone.tokens["alone"] == eng.tokens["second"], family
+    both = engine(zoo, family)  # both pictures new: one call, kept per picture
+    run(both, [dataclasses.replace(second, id="both")])
+    assert (both.features.runs, len(both.features)) == (1, 2)
+    run(both, [dataclasses.replace(second, id="both again")])
+    assert both.features.runs == 1 and both.tokens["both again"] == both.tokens["both"]
+
+
+def test_logprobs_are_the_distribution_each_token_was_drawn_from(zoo: Path) -> None:
+    eng = engine(zoo, "qwen2_5_vl")
+    greedy = ask([0], logprobs=True, top_logprobs=3)
+    sampled = ask([0], temperature=1.5, seed=3, logprobs=True, top_logprobs=3)
+    plain = ask([0])
+    texts: dict[str, list[m.TokenLogprob]] = {}
+    for req in (greedy, sampled, plain):
+        eng.admit(req, eng.read(req))
+    ends: dict[str, m.Event] = {}
+    while len(ends) < 3:
+        for ev in eng.step():
+            if isinstance(ev, m.Text):
+                texts.setdefault(ev.id, []).extend(ev.logprobs)
+            elif isinstance(ev, (m.Done, m.Error)):
+                ends[ev.id] = ev
+    assert eng.tokens[greedy.id] == eng.tokens[plain.id]  # asking changes no token
+    assert not texts.get(plain.id)
+    for rid in (greedy.id, sampled.id):
+        got = texts[rid]
+        assert len(got) == N, (rid, len(got))
+        for entry in got:
+            assert len(entry.top) == 3
+            tops = [t.logprob for t in entry.top]
+            assert tops == sorted(tops, reverse=True) and tops[0] < 0.0
+            assert entry.logprob <= tops[0]
+    # Greedy: each token is the most probable one; sampled: the draw shows its probability,
+    # not the one-hot the generator was handed (a logprob of 0 for every token).
+    assert all(e.logprob == e.top[0].logprob for e in texts[greedy.id])
+    assert any(e.logprob < e.top[0].logprob for e in texts[sampled.id])
 
 
 def test_a_seed_reproduces_alone_and_in_a_batch(zoo: Path) -> None:
@@ -220,3 +350,155 @@ def test_the_text_runner_refuses_pictures_naming_the_part() -> None:
         prompt_tokens(None, ask([0]))
     assert info.value.param == "messages[0].content[0]"
     assert "does not see images" in str(info.value)
+
+
+FORECAST = {"type": "object", "properties": {
+    "unit": {"enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+    "required": ["unit", "days"], "additionalProperties": False}
+ANSWER = {"type": "object", "properties": {
+    "ok": {"type": "boolean"}, "kind": {"enum": ["cat", "dog", "other"]}},
+    "required": ["ok", "kind"], "additionalProperties": False}
+
+
+def with_tools(zoo: Path, family: str, out: Path) -> Path:
+    """A copy of the zoo's `family` whose chat template takes tools (chatml_tools)."""
+    shutil.copytree(zoo / family, out, ignore=shutil.ignore_patterns(".exod-*"))
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["chat_template"] = chatml_tools(FAMILIES[family].marker)
+    path.write_text(json.dumps(config))
+    return out
+
+
+def test_a_forced_tool_call_and_a_json_schema_hold_with_pictures_in_a_batch(
+        zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Constrained decoding and tool calls are the text runner's (exod.runner.serving): with
+    pictures, batched beside a plain request, a forced call comes out as a ToolCall whose
+    arguments follow the tool's parameters, and a response_format's answer its schema; the
+    plain request keeps its solo tokens."""
+    import jsonschema
+
+    lv = load_vision(with_tools(zoo, "qwen2_5_vl", tmp_path_factory.mktemp("tools") / "m"),
+                     dtype="auto", progress=lambda i, n: None, should_stop=lambda: False)
+    tools = [{"type": "function", "function": {"name": "forecast", "parameters": FORECAST}}]
+    call = ask([0], tools=tools, tool_choice="required", max_tokens=120)
+    fmt = ask([1], response_format={"type": "json_schema", "schema": ANSWER}, max_tokens=120)
+    plain = ask([2])
+    solo = Recording(lv.model, lv.processor, lv.tokenizer, width=4, prefill_step=32)
+    run(solo, [dataclasses.replace(plain, id="solo")])
+    eng = Recording(lv.model, lv.processor, lv.tokenizer, width=4, prefill_step=32)
+    reqs = [call, fmt, plain]
+    for req in reqs:
+        eng.admit(req, eng.read(req))
+    calls: list[m.ToolCall] = []
+    texts: dict[str, str] = {}
+    ends: dict[str, m.Event] = {}
+    for _ in range(2000):
+        for ev in eng.step():
+            if isinstance(ev, m.ToolCall):
+                calls.append(ev)
+            elif isinstance(ev, m.Text):
+                texts[ev.id] = texts.get(ev.id, "") + ev.text
+            elif isinstance(ev, (m.Done, m.Error)):
+                ends[ev.id] = ev
+        if len(ends) == len(reqs):
+            break
+    assert all(isinstance(ends[r.id], m.Done) for r in reqs), ends
+    done = ends[call.id]
+    assert isinstance(done, m.Done) and done.finish_reason == "tool_calls", done
+    (made,) = calls
+    assert made.id == call.id and made.name == "forecast"
+    jsonschema.validate(json.loads(made.arguments), FORECAST)
+    jsonschema.validate(json.loads(texts[fmt.id]), ANSWER)
+    assert eng.tokens[plain.id] == solo.tokens["solo"]
+
+
+def test_a_stop_ends_what_is_seen_or_prefilled_and_lets_the_decoding_finish(zoo: Path) -> None:
+    """The ladder's first rung (the serve loop's abort_prefilling): a request whose pictures
+    are not seen yet and one in its prefill end with the stop's error at once; the one already
+    decoding goes on to its last token, as it would have alone."""
+    solo = engine(zoo, "qwen2_5_vl")
+    alone = ask([0], max_tokens=12)
+    run(solo, [alone])
+    eng = engine(zoo, "qwen2_5_vl")
+    decoding = dataclasses.replace(alone, id="decoding")
+    eng.admit(decoding, eng.read(decoding))
+    while not eng.tokens.get(decoding.id):
+        eng.step()
+    long = ask([1], "describe " * 600, max_tokens=4)  # ~1,200 tokens: dozens of chunks
+    eng.admit(long, eng.read(long))
+    eng.step()  # seen, its first chunk prefilled
+    unseen = ask([2, 3])
+    eng.admit(unseen, eng.read(unseen))
+    stopped = eng.abort_prefilling("stopping", "the instance is stopping")
+    assert sorted(ev.id for ev in stopped) == sorted([long.id, unseen.id])
+    assert all(isinstance(ev, m.Error) and ev.code == "stopping" for ev in stopped), stopped
+    assert eng.active == 1
+    ends: dict[str, m.Event] = {}
+    while decoding.id not in ends:
+        ends.update({ev.id: ev for ev in eng.step() if isinstance(ev, (m.Done, m.Error))})
+    assert isinstance(ends[decoding.id], m.Done) and set(ends) == {decoding.id}
+    assert eng.tokens[decoding.id] == solo.tokens[alone.id]
+    assert long.id not in eng.tokens and eng.active == 0
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_tower_loads_block_by_block_with_progress_and_a_stop_between(zoo: Path,
+                                                                        family: str) -> None:
+    """The tower's blocks (2 in the zoo, found by tower_blocks in every family) are steps of
+    the load's progress before the language model's 4; a stop asked for after the tower's first
+    block ends the load there."""
+    steps: list[tuple[int, int]] = []
+    lv = load_vision(zoo / family, dtype="auto", progress=lambda i, n: steps.append((i, n)),
+                     should_stop=lambda: False)
+    assert steps == [(i, 6) for i in range(7)], (family, steps)
+    tower = tower_blocks(lv.model)
+    assert len(tower) == 2 and len({type(b) for b in tower}) == 1, tower
+    asked: list[int] = []
+    with pytest.raises(LoadAborted):
+        load_vision(zoo / family, dtype="auto", progress=lambda i, n: asked.append(i),
+                    should_stop=lambda: bool(asked) and asked[-1] >= 1)
+    assert asked == [0, 1], asked
+
+
+def test_reasoning_with_pictures_is_the_template_s_and_kept_apart(
+        zoo: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A model whose template opens a think block (as Qwen3-VL's; its tokenizer knows the
+    markers): by the template's own default a request with a picture thinks (its random text
+    is all reasoning, counted as such), and `enable_thinking: false` gets the answer alone;
+    beside each other in one batch."""
+    generation = "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    template = chatml(FAMILIES["qwen2_5_vl"].marker)
+    assert template.endswith(generation)
+    thinking = (template[:-len(generation)] + "{% if add_generation_prompt %}"
+                "{{ '<|im_start|>assistant\\n' }}" + OPEN_BLOCK + "{% endif %}")
+
+    def edit(folder: Path) -> None:
+        path = folder / "tokenizer_config.json"
+        config = json.loads(path.read_text())
+        config["chat_template"] = thinking
+        path.write_text(json.dumps(config))
+    out = tmp_path_factory.mktemp("thinking") / "m"
+    copy_with_tokens(zoo / "qwen2_5_vl", out, THINK, edit=edit)
+    lv = load_vision(out, dtype="auto", progress=lambda i, n: None, should_stop=lambda: False)
+    eng = Recording(lv.model, lv.processor, lv.tokenizer, width=4, prefill_step=32)
+    thinks = ask([0])
+    answers = ask([0], chat_template_kwargs={"enable_thinking": False})
+    for req in (thinks, answers):
+        eng.admit(req, eng.read(req))
+    said: dict[str, tuple[str, str]] = {}
+    ends: dict[str, m.Event] = {}
+    while len(ends) < 2:
+        for ev in eng.step():
+            if isinstance(ev, m.Text):
+                text, reasoning = said.get(ev.id, ("", ""))
+                said[ev.id] = (text + ev.text, reasoning + ev.reasoning)
+            elif isinstance(ev, (m.Done, m.Error)):
+                ends[ev.id] = ev
+    done, plain = ends[thinks.id], ends[answers.id]
+    assert isinstance(done, m.Done) and isinstance(plain, m.Done), ends
+    assert said[thinks.id][0] == "" and said[thinks.id][1], said
+    assert done.reasoning_tokens == done.completion_tokens == N
+    assert said[answers.id][0] and said[answers.id][1] == "", said
+    assert plain.reasoning_tokens == 0

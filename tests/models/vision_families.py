@@ -39,6 +39,30 @@ def chatml(image: str) -> str:
     )
 
 
+def chatml_tools(image: str) -> str:
+    """chatml(image) that takes tools, as Qwen's templates do: a system turn lists them, and an
+    assistant's calls are written `<tool_call>{"name": ..., "arguments": ...}</tool_call>`
+    (from which mlx-lm reads the json_tools format)."""
+    return (
+        "{% if tools %}<|im_start|>system\nTools you may call:\n<tools>\n"
+        "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools><|im_end|>\n"
+        "{% endif %}"
+        "{% for message in messages %}"
+        "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+        "{% if message['content'] is string %}{{ message['content'] }}"
+        "{% else %}{% for part in message['content'] or [] %}"
+        "{% if part['type'] == 'image' %}{{ '" + image + "' }}"
+        "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+        "{% endfor %}{% endif %}"
+        "{% for tool_call in message.tool_calls or [] %}"
+        "{% if tool_call.function is defined %}{% set tool_call = tool_call.function %}{% endif %}"
+        "<tool_call>\n{\"name\": \"{{ tool_call.name }}\", \"arguments\": "
+        "{{ tool_call.arguments | tojson }}}\n</tool_call>{% endfor %}"
+        "{{ '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+
+
 @dataclass(frozen=True)
 class Family:
     """config: config.json, where a value "<tok:TEXT>" becomes the id of the added token TEXT;
@@ -78,6 +102,32 @@ FAMILIES: dict[str, Family] = {
             "image_processor_type": "Qwen2VLImageProcessor", "patch_size": 14,
             "temporal_patch_size": 2, "merge_size": 2, "min_pixels": 56 * 56,
             "max_pixels": 112 * 112, **MEAN_STD}},
+    ),
+    # Qwen3-VL: interleaved M-RoPE, a tower with learned positions, whose first block's output
+    # is added into the language model's first layer too (deepstack).
+    "qwen3_vl": Family(
+        config={
+            "model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"],
+            "image_token_id": "<tok:<|image_pad|>>", "video_token_id": "<tok:<|video_pad|>>",
+            "vision_start_token_id": "<tok:<|vision_start|>>",
+            "vision_end_token_id": "<tok:<|vision_end|>>", "vocab_size": VOCAB,
+            "text_config": {**TEXT, "model_type": "qwen3_vl",
+                            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                             "mrope_interleaved": True}},
+            "vision_config": {
+                "model_type": "qwen3_vl", "depth": 2, "hidden_size": 32,
+                "intermediate_size": 64, "out_hidden_size": 64, "num_heads": 2,
+                "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                "num_position_embeddings": 64, "deepstack_visual_indexes": [0],
+                "in_channels": 3,
+            },
+        },
+        tokens=QWEN_TOKENS,
+        marker="<|vision_start|><|image_pad|><|vision_end|>",
+        files={"preprocessor_config.json": {
+            "image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16,
+            "temporal_patch_size": 2, "merge_size": 2, "min_pixels": 64 * 64,
+            "max_pixels": 128 * 128, **MEAN_STD}},
     ),
     # SigLIP tower on 28x28 pixels in patches of 7 (16 patches), pooled to 4 image tokens.
     "gemma3": Family(

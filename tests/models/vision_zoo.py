@@ -96,19 +96,11 @@ def _resolve(value: Any, ids: dict[str, int]) -> Any:
 
 
 def build_model(config: dict[str, Any]) -> Any:
-    """The family's mlx-vlm Model for `config`, made as mlx_vlm.utils.load_model makes it
-    (random weights, from the current mlx seed)."""
-    from mlx_vlm.utils import get_model_and_args, update_module_configs
+    """The family's mlx-vlm Model for `config` (random weights, from the current mlx seed), as
+    exod's runner builds one (exod.runner.vision.load.build)."""
+    from exod.runner.vision.load import build
 
-    config = json.loads(json.dumps(config))  # load_model edits its copy in place too
-    module, _ = get_model_and_args(config)
-    config.setdefault("text_config", config.pop("llm_config", {}))
-    config.setdefault("vision_config", {})
-    config.setdefault("audio_config", {})
-    model_config = module.ModelConfig.from_dict(config)
-    model_config = update_module_configs(model_config, module, config,
-                                         ["text", "vision", "perceiver", "projector", "audio"])
-    return module.Model(model_config)
+    return build(config)
 
 
 def _write_weights(config: dict[str, Any], seed: int, out: Path) -> None:
@@ -143,7 +135,12 @@ def reference(model_dir: Path, prompt: str, images: list[Any], max_tokens: int
     """What in-process mlx-vlm generates, greedily, in float32 (as exod's runner computes on
     CPU), for a user's message of `images` (PIL images) then `prompt`, as content parts (the
     images where they are put, not where the family's default would put them: `content`):
-    {"tokens", "prompt_tokens", "text": the tokens decoded}."""
+    {"tokens", "prompt_tokens", "text": the tokens decoded}. With the BLAS the runner loads
+    (exod.runner.cpu.blas): another one sums in another order, and a tiny random model's
+    greedy pick can follow the last bits."""
+    from exod.runner.cpu import blas
+
+    blas.preload()  # before mlx: a no-op once mlx is in
     import mlx.core as mx
     from mlx_vlm import apply_chat_template, load
     from mlx_vlm.generate import stream_generate
@@ -206,6 +203,9 @@ def main(root: Path, families: tuple[str, ...], prompt: str | None, images: int,
     family -> {"path", and with --prompt "tokens" (mlx-vlm's, greedy) and "prompt_tokens"}, the
     images being
     picture(seed=image_seed + i) for i < images}."""
+    from exod.runner.cpu import blas
+
+    blas.preload()  # before mlx (the models are made with it): as the runner computes
     overrides = parse_sets(sets)
     out: dict[str, dict[str, Any]] = {}
     for family in families or tuple(FAMILIES):

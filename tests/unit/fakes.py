@@ -21,6 +21,7 @@ from pathlib import Path
 from exod.config.schema import BackoffPolicy, StopPolicy
 from exod.core.exits import ExitInfo
 from exod.core.intents import Retire
+from exod.core.names import Names
 from exod.daemon.downloads import Download, Downloads
 from exod.daemon.instance import Continuation, InstanceRuntime
 from exod.daemon.rank import RankRuntime
@@ -249,6 +250,10 @@ class FakeDaemon(FakeSeam):
 
     def instance(self, name: str) -> InstanceRuntime | None:
         return self.instances.get(name)
+
+    def serving(self, name: str) -> InstanceRuntime | None:
+        target = Names({n: i.config.aliases for n, i in self.instances.items()}).instance(name)
+        return self.instances.get(target) if target is not None else None
 
     def ordered(self) -> list[InstanceRuntime]:
         return sorted(self.instances.values(), key=lambda i: i.name)

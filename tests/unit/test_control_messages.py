@@ -32,7 +32,8 @@ INSTANCE = cm.InstanceStatus(
 DAEMON = cm.DaemonStatus(
     pid=1, version="0.1.0", uptime_s=2.0, state="running", config="/etc/exod.yaml",
     control_socket="/run/exod/control.sock", summary="1/1 ready",
-    api=cm.ApiStatus("127.0.0.1:8000", "http://127.0.0.1:8000", True, None),
+    api=cm.ApiStatus(["127.0.0.1:8000"], "http://127.0.0.1:8000", ["http://127.0.0.1:8000"], True,
+                     None),
     stop_worst_case_s=40.0)
 
 REQUESTS: list[cm.Request] = [

@@ -117,6 +117,25 @@ def test_requests_are_multiplexed_by_id_and_cancelled() -> None:
     asyncio.run(scenario())
 
 
+def test_a_request_with_images_reaches_the_runner_whole() -> None:
+    """The link sets the request's id and sends it as it is: its images stay typed (a rebuild
+    from the wire's dicts failed every request with an image)."""
+    async def scenario() -> None:
+        link, runner, _ = pair()
+        runner.hello()
+        sent = generate(messages=[{"role": "user", "content": [
+            {"type": "image", "image": 0}, {"type": "text", "text": "what is it?"}]}],
+            images=[m.Image("R0lGODlh")])
+        link.open(sent)
+        (got,) = await runner.received(1)
+        assert isinstance(got, m.Generate) and got.id and got.images == sent.images
+        assert got.messages == sent.messages
+        link.close("test over")
+        runner.sock.close()
+
+    asyncio.run(scenario())
+
+
 def test_lifecycle_reports_are_handed_on_after_hello() -> None:
     async def scenario() -> None:
         link, runner, rec = pair()

@@ -121,7 +121,7 @@ def test_a_user_turn_s_tool_results_become_tool_messages_before_its_text() -> No
                           {"role": "user", "content": "and"}]
     assert says(claude, messages=user({"type": "tool_result", "tool_use_id": "t",
                                        "is_error": "yes"})) == "messages[0].content[0].is_error"
-    assert says(claude, messages=user({"type": "image", "source": {}})) == \
+    assert says(claude, messages=user({"type": "document", "source": {}})) == \
         "messages[0].content[0].type"
 
 
@@ -594,7 +594,7 @@ def test_the_seals_of_one_request_open_to_no_more_than_a_body_could_hold() -> No
 
 @pytest.mark.parametrize("item, outcome", [
     ({"role": "user", "content": "q", "colour": "red"}, ("input[].colour",)),
-    ({"role": "user", "content": [{"type": "input_image", "image_url": "u"}]},
+    ({"role": "user", "content": [{"type": "input_file", "file_id": "f"}]},
      "input[0].content[0].type"),
     ({"role": "assistant", "content": [{"type": "output_text", "text": "a", "annotations": [
         {"type": "url_citation"}]}]}, "input[0].content[0].annotations"),
@@ -630,6 +630,13 @@ def test_namespace_tools_serve_their_functions_under_codex_s_flat_name() -> None
     forced = resp(tools=[ns], tool_choice={"type": "function", "name": "spawn_agent",
                                            "namespace": "collaboration"})
     assert forced.tool_name == "collaboration__spawn_agent"
+    # An MCP server's long name before a tool's: each part within 64, the two together not.
+    server = "mcp__" + "s" * 55
+    long_ns = {**ns, "name": server, "tools": [{"type": "function", "name": "read_" + "f" * 40}]}
+    _, long_view = parse_resp({"model": "m", "input": HI, "tools": [long_ns]})
+    assert long_view.namespaces == {f"{server}__read_{'f' * 40}": (server, "read_" + "f" * 40)}
+    assert says(resp, tools=[{**ns, "tools": [{"type": "function", "name": "x" * 65}]}]) == \
+        "tools[0].tools[0].name"
 
 
 def test_responses_tools_tool_choice_and_text_format() -> None:

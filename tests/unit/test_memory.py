@@ -194,3 +194,37 @@ def test_an_unset_max_concurrency_is_sized_by_memory() -> None:
     assert auto_width(one, 1000 * GIB) == AUTO_WIDTH_MAX
     two_ranks = one * 2  # a group on this host: every rank's KV grows with the width
     assert auto_width(two_ranks, 12 * GIB) == 3  # (12 - 2 × 4.5) / (2 × 0.5)
+
+
+def test_a_model_that_sees_keeps_its_tower_on_the_first_rank(tmp_path: Path) -> None:
+    """The tower's blocks are not the language model's layers: a pipeline's first rank holds
+    the tower, its projector and their needs (activations, the feature cache), whole."""
+    from exod.config.vision import tower
+    from exod.core.memory import FEATURE_CACHE_BYTES, Tower
+
+    tensors = {"language_model.model.embed_tokens.weight": ("F32", 1000),
+               "vision_tower.blocks.3.attn.qkv.weight": ("F32", 4000),
+               "vision_tower.merger.mlp.0.weight": ("F32", 400),
+               "multi_modal_projector.linear_1.weight": ("F32", 200)}
+    for i in range(LAYERS):
+        tensors[f"language_model.model.layers.{i}.mlp.weight"] = ("F32", 100)
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2_5_vl", "text_config": CONFIG,
+        "vision_config": {"hidden_size": 64, "patch_size": 14}}))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"max_pixels": 14 * 14 * 50}))
+    sight = tower(tmp_path)
+    assert sight == Tower(64, 50)
+    loaded = model_tensors(tmp_path)
+    assert sorted(t.name for t in loaded if t.vision) == [
+        "multi_modal_projector.linear_1.weight", "vision_tower.blocks.3.attn.qkv.weight",
+        "vision_tower.merger.mlp.0.weight"]
+    first, last = pipeline_shards(LAYERS, 2)
+    est = [estimate(loaded, CONFIG, s, "pipeline", "auto", True, 1, 1, tower=sight)
+           for s in (first, last)]
+    assert est[0].weights == 1000 + 4600 + 2 * 100
+    assert est[1].weights == 1000 + 2 * 100  # the head is tied to the embedding
+    assert est[0].vision == 8 * 50 * 64 * 4 + FEATURE_CACHE_BYTES and est[1].vision == 0
+    assert est[0].total == est[0].weights + est[0].kv + est[0].runtime + est[0].vision
+    assert "vision" in est[0].describe() and "vision" not in est[1].describe()
+    assert tower(Path(tmp_path / "nothing")) is None

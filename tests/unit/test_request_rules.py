@@ -109,9 +109,14 @@ def test_an_echoed_answer_reaches_the_template_without_its_empty_keys() -> None:
         "role": "assistant", "content": "hi", "reasoning_content": "because"}
 
 
-def test_content_parts_are_text_parts_only() -> None:
+def test_content_parts_are_text_parts_or_a_dialect_s_pictures() -> None:
     assert rules.content([{"type": "text", "text": "a"}], "c") == "a"
     assert refused(rules.content, [{"type": "image_url"}], "c").param == "c"
+    shown = [{"type": "image", "image": 0}, {"type": "text", "text": "what?"}]
+    assert rules.content(shown, "c") == shown
+    assert refused(rules.content, [*shown, {"type": "image_url"}], "c").param == "c[2]"
+    assert refused(rules.content, [*shown, {"type": "text", "text": "\ud800"}],
+                   "c").param == "c[2]"
 
 
 def test_reasoning_content_only_on_an_assistant_turn() -> None:

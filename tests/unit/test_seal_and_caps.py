@@ -52,9 +52,12 @@ def files(tmp: Path, template: str | None, added: list[str]) -> Path:
 def test_capabilities_from_the_template_and_the_vocabulary(tmp_path: Path) -> None:
     qwen = "{% for t in tools %}<tool_call>{{ tool_call.name }}</tool_call>{% endfor %}"
     assert model_capabilities(files(tmp_path, qwen, ["<think>", "</think>"])) == \
-        Capabilities(tools=True, thinking=True)
+        Capabilities(tools=True, thinking=True, vision=False)
     assert model_capabilities(files(tmp_path, "{{ messages }}", ["<think>"])) == \
-        Capabilities(tools=False, thinking=False)
+        Capabilities(tools=False, thinking=False, vision=False)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl",
+                                                      "vision_config": {"depth": 2}}))
+    assert model_capabilities(tmp_path).vision is True
     (tmp_path / "chat_template.jinja").write_text("[TOOL_CALLS] {{ messages }}")
     assert model_capabilities(files(tmp_path, None, [])).tools is True
     assert model_capabilities(tmp_path / "missing") == Capabilities()

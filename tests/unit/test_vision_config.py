@@ -62,9 +62,12 @@ def test_without_the_extra_a_model_that_sees_is_refused_with_the_install_command
     assert problems(cfg_dir, TEXT) == []  # text models need no extra
 
 
-def test_with_the_extra_a_model_that_sees_is_accepted_on_one_rank(cfg_dir: ConfigDir) -> None:
+def test_with_the_extra_a_model_that_sees_is_accepted_split_by_layers_only(
+        cfg_dir: ConfigDir) -> None:
+    """Split by layers, its tower whole on rank 0 (whether its layers split is the split
+    probe's answer, as for text: tests/integration/test_vision_group.py)."""
     assert vision.have_extra()  # the test set-up installs it (make setup-test)
     assert problems(cfg_dir, SEEING) == []
-    got = problems(cfg_dir, SEEING, "    shards: 2\n")
-    assert any(p.startswith("4:13: instances.x.shards: a model that sees runs on one rank")
-               for p in got), got
+    got = problems(cfg_dir, SEEING, "    shards: 2\n    parallelism: tensor\n")
+    assert any(p.startswith("5:18: instances.x.parallelism: a model that sees is split by "
+                            "layers only") for p in got), got

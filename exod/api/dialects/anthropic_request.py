@@ -8,16 +8,17 @@ an error names what the client sent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from exod.api.errors import ApiError
 from exod.api.fields.messages import MESSAGES
 from exod.api.fields.policy import Reading
-from exod.api.schema import GenRequest, http, tool_names
+from exod.api.schema import GenRequest, http, pictured, tool_names
 from exod.api.seal import Sealer, Seals
-from exod.core import context_edits
+from exod.core import context_edits, images
 from exod.core import request_rules as rules
+from exod.core.images import Pictures, Source
 from exod.messages import Generate, ToolChoice
 
 # Thinking and effort map onto the chat template's switch (`enable_thinking`): a local
@@ -27,7 +28,7 @@ THINKING = ("enabled", "disabled", "adaptive")
 DISPLAYS = ("summarized", "omitted")
 TOOL_KEYS = ("name", "description", "input_schema", "strict")
 CALL_KEYS = ("id", "name", "input")
-BLOCK_KINDS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+BLOCK_KINDS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking", "image")
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,10 @@ def parse(body: Any, sealer: Sealer, strict: bool = False,
     r.keys(b, "count" if count_only else "body")
     messages = _system(b.get("system"), r)
     seals = sealer.seals()
+    pics = Pictures()
     for i, msg in enumerate(rules.messages(b.get("messages"))):
-        messages += _message(msg, f"messages[{i}]", r, seals)
+        messages += _message(msg, f"messages[{i}]", r, seals, pics)
+    shown = pictured(pics, messages)
     listed, origins = _tools(b.get("tools"), r)
     choice, function, parallel = _tool_choice(b.get("tool_choice"), listed, r)
     thinks, budget, omit = _thinking(b, r, count_only)
@@ -55,6 +58,7 @@ def parse(body: Any, sealer: Sealer, strict: bool = False,
     thinks = fmt[1] if thinks is None else thinks
     edits = _context_management(b.get("context_management"), r)
     names = {**tool_names(origins), "response_format": "output_config.format",
+             "context_edits": "context_management",
              "response_format.json_schema.schema": "output_config.format.schema"}
     gen = Generate(
         id="", kind="chat", messages=messages, count_only=count_only,
@@ -67,10 +71,12 @@ def parse(body: Any, sealer: Sealer, strict: bool = False,
         tool_choice=choice, tool_name=function, parallel_tool_calls=parallel,
         response_format=fmt[0],
         chat_template_kwargs={} if thinks is None else {"enable_thinking": thinks},
-        think_budget=budget, names=names, context_edits=edits)
+        think_budget=budget, names={**names, **shown.names}, context_edits=edits,
+        images=shown.images)
     stream = False if count_only else rules.stream(b.get("stream"))
     # A stream's message_delta carries the usage: the core's usage chunk gives it.
-    return (GenRequest(gen, rules.model(b.get("model")), stream, stream, r.ignored),
+    return (GenRequest(gen, rules.model(b.get("model")), stream, stream, r.ignored,
+                       tuple(pics.sources)),
             View(omit, b.get("context_management") is not None))
 
 
@@ -90,7 +96,8 @@ def _texts(raw: Any, param: str, r: Reading, kind: str, sep: str = "") -> str:
     return sep.join(r.texts(raw, param, kind, "system" if kind == "system" else "text"))
 
 
-def _message(raw: Any, param: str, r: Reading, seals: Seals) -> list[dict[str, Any]]:
+def _message(raw: Any, param: str, r: Reading, seals: Seals,
+             pics: Pictures) -> list[dict[str, Any]]:
     """One Messages turn as chat messages: a user turn's tool results become `tool` messages
     (first, as chat templates expect them right after the assistant's calls). A `system` turn
     stays in place: the runner moves it into the leading system turn when the model's template
@@ -109,15 +116,19 @@ def _message(raw: Any, param: str, r: Reading, seals: Seals) -> list[dict[str, A
         blocks.append((block["type"], block, where))
     if role == "assistant":
         return [_assistant(blocks, r, seals)]
-    return _user(blocks, r)
+    return _user(blocks, r, pics)
 
 
-def _user(blocks: list[tuple[str, dict[str, Any], str]], r: Reading) -> list[dict[str, Any]]:
+def _user(blocks: list[tuple[str, dict[str, Any], str]], r: Reading,
+          pics: Pictures) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     for kind, block, where in blocks:
         if kind == "text":
-            texts.append(rules.text_field(block.get("text"), f"{where}.text"))
+            parts.append({"type": "text",
+                          "text": rules.text_field(block.get("text"), f"{where}.text")})
+        elif kind == "image":
+            parts.append(pics.add(_image(block, where, r)))
         elif kind == "tool_result":
             text = _texts(block.get("content", ""), f"{where}.content", r, "result")
             if rules.flag(block.get("is_error"), f"{where}.is_error"):
@@ -127,7 +138,21 @@ def _user(blocks: list[tuple[str, dict[str, Any], str]], r: Reading) -> list[dic
         else:
             raise rules.RequestError(f"`{where}.type` {kind!r} belongs to an assistant turn",
                                      f"{where}.type")
-    return results + ([{"role": "user", "content": "".join(texts)}] if texts else [])
+    return results + ([{"role": "user", "content": images.joined(parts)}] if parts else [])
+
+
+def _image(block: dict[str, Any], where: str, r: Reading) -> Source:
+    """An image block's picture: its `source`, base64 bytes or a URL."""
+    source = rules.obj(block.get("source"), f"{where}.source")
+    if not r.variant(source.get("type"), "source", f"{where}.source"):
+        raise rules.RequestError(f"`{where}.source.type` must be base64 or url",
+                                 f"{where}.source.type")
+    kind = source["type"]
+    r.keys(source, kind, f"{where}.source")
+    if kind == "base64":
+        return replace(images.base64_data(source.get("data"), f"{where}.source.data"),
+                       where=where)
+    return replace(images.image_url(source.get("url"), f"{where}.source.url"), where=where)
 
 
 def _assistant(blocks: list[tuple[str, dict[str, Any], str]], r: Reading,
@@ -145,8 +170,8 @@ def _assistant(blocks: list[tuple[str, dict[str, Any], str]], r: Reading,
                 raise rules.RequestError(f"`{where}.input` must be an object", f"{where}.input")
             calls.append(rules.call(block.get("id"), block.get("name"), block["input"], where,
                                     CALL_KEYS))
-        elif kind == "tool_result":
-            raise rules.RequestError(f"`{where}.type` 'tool_result' belongs to a user turn",
+        elif kind in ("tool_result", "image"):
+            raise rules.RequestError(f"`{where}.type` {kind!r} belongs to a user turn",
                                      f"{where}.type")
         # redacted_thinking: Anthropic's encrypted thinking, no text a local model could read
     out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}

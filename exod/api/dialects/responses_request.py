@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from exod.api.fields.policy import Reading
+from exod.api.fields.policy import ImageReader, Reading
 from exod.api.fields.responses import RESPONSES
-from exod.api.schema import GenRequest, http, tool_names
+from exod.api.schema import GenRequest, http, pictured, tool_names
 from exod.api.seal import Sealer, Seals
+from exod.core import images
 from exod.core import request_rules as rules
+from exod.core.images import Pictures, Source
 from exod.messages import Generate, ToolChoice
 
 # A local chat template has one thinking switch (`enable_thinking`), not a scale of effort.
@@ -59,7 +61,9 @@ def parse(body: Any, sealer: Sealer, strict: bool = False) -> tuple[GenRequest, 
     if b.get("instructions") is not None:
         messages.append({"role": "system",
                          "content": rules.text_field(b["instructions"], "instructions")})
-    messages += _input(b.get("input"), r, sealer.seals())
+    pics = Pictures()
+    messages += _input(b.get("input"), r, sealer.seals(), pics)
+    shown = pictured(pics, messages)
     listed, origins, namespaces = _tools(b.get("tools"), r)
     choice, function = _tool_choice(b.get("tool_choice"), listed, r)
     gen = Generate(
@@ -77,10 +81,12 @@ def parse(body: Any, sealer: Sealer, strict: bool = False) -> tuple[GenRequest, 
         names={"messages": "input", "max_tokens": "max_output_tokens",
                "response_format": "text.format",
                "response_format.json_schema.schema": "text.format.schema",
-               **tool_names(origins)})
+               **tool_names(origins), **shown.names},
+        images=shown.images)
     stream = rules.stream(b.get("stream"))
     # response.completed carries the usage: the core's usage chunk gives it.
-    return (GenRequest(gen, rules.model(b.get("model")), stream, stream, r.ignored),
+    return (GenRequest(gen, rules.model(b.get("model")), stream, stream, r.ignored,
+                       tuple(pics.sources)),
             View(namespaces, _include(b.get("include"), r)))
 
 
@@ -93,7 +99,7 @@ def _include(raw: Any, r: Reading) -> bool:
     return "reasoning.encrypted_content" in wanted
 
 
-def _input(raw: Any, r: Reading, seals: Seals) -> list[dict[str, Any]]:
+def _input(raw: Any, r: Reading, seals: Seals, pics: Pictures) -> list[dict[str, Any]]:
     if isinstance(raw, str):
         return [{"role": "user", "content": rules.text(raw, "input")}]
     out: list[dict[str, Any]] = []
@@ -103,7 +109,7 @@ def _input(raw: Any, r: Reading, seals: Seals) -> list[dict[str, Any]]:
         kind = item.get("type", "message")
         r.keys(item, kind, param)
         if kind == "message":
-            msg = _message(item, param, r)
+            msg = _message(item, param, r, pics)
             if msg["role"] == "assistant" and reasoning:
                 msg["reasoning_content"] = "".join(reasoning)
                 reasoning = []
@@ -114,7 +120,7 @@ def _input(raw: Any, r: Reading, seals: Seals) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             tool = {"role": "tool",
                     "tool_call_id": rules.text_field(item.get("call_id"), f"{param}.call_id"),
-                    "content": _content(item.get("output"), f"{param}.output", r)}
+                    "content": _output(item.get("output"), f"{param}.output", r)}
             if item.get("name") is not None:
                 tool["name"] = rules.name(_called(item, param), f"{param}.name")
             out.append(tool)
@@ -156,18 +162,29 @@ def _reasoning_texts(item: dict[str, Any], param: str, r: Reading,
     return found.get("summary") or []
 
 
-def _content(raw: Any, param: str, r: Reading) -> str:
-    """A string, or text parts (joined)."""
+def _output(raw: Any, param: str, r: Reading) -> str:
+    """A tool's output: a string, or text parts (joined)."""
     if isinstance(raw, str):
         return rules.text(raw, param)
-    return "".join(r.texts(raw, param, "part", "part"))
+    return "".join(r.texts(raw, param, "output_part", "part"))
 
 
-def _message(item: dict[str, Any], param: str, r: Reading) -> dict[str, Any]:
+def _message(item: dict[str, Any], param: str, r: Reading,
+             pics: Pictures) -> dict[str, Any]:
     role = rules.one_of(item.get("role"), ROLES, f"{param}.role")
+    raw = item.get("content")
+    where = f"{param}.content"
+    content = rules.text(raw, where) if isinstance(raw, str) else images.joined(
+        r.content(raw, where, "part", "part", pics, {"input_image": _image(r)}))
     # Chat templates know `system`; `developer` is OpenAI's newer name for it.
-    return {"role": "system" if role == "developer" else role,
-            "content": _content(item.get("content"), f"{param}.content", r)}
+    return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def _image(r: Reading) -> ImageReader:
+    def read(part: dict[str, Any], where: str) -> Source:
+        r.keys(part, "image_part", where)
+        return images.image_url(part.get("image_url"), f"{where}.image_url")
+    return read
 
 
 def _call(item: dict[str, Any], param: str, out: list[dict[str, Any]],
@@ -207,9 +224,12 @@ def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str],
             r.keys(inner, "nested", where)
             if inner.get("defer_loading") is True:
                 continue
-            name = rules.name(inner.get("name"), f"{where}.name")
-            flat = flat_name(namespace, name)
-            listed.append(rules.function({**inner, "name": flat}, where))
+            function = rules.function(inner, where)
+            name = function["function"]["name"]
+            # Each part within OpenAI's 64 characters, as the client checked it; the flat name
+            # may be longer (an MCP server's long name before a tool's): Codex sends such.
+            flat = function["function"]["name"] = flat_name(namespace, name)
+            listed.append(function)
             origins.append(f"{where}.parameters")
             namespaces[flat] = (namespace, name)
     return rules.unique(listed, "tools"), origins, namespaces

@@ -22,7 +22,10 @@ def _not_set(value: Any) -> bool:
     return value is None or value is False
 
 
-TEXT_MODELS = "exod serves text models"
+OTHER_MEDIA = "exod's models take text and pictures only"
+PICTURES = ("a picture, for a model that sees (a model that does not: 400 naming the part): "
+            "its bytes in a base64 `data:` URL, or an http(s) URL that exod fetches (see "
+            "docs/vision.md; `api.image_urls`)")
 # The sampling set and what comes back beside the text: the same in both endpoints.
 SAMPLING: dict[str, Field] = {
     "model": works("the instance that answers"),
@@ -97,7 +100,7 @@ CHAT = Dialect("chat", "POST /v1/chat/completions", intro=(
     }),
     "message": Obj("messages[]", {
         "role": works("`system`, `developer` (as `system`), `user`, `assistant`, `tool`"),
-        "content": works("a string, or an array of text parts (joined)"),
+        "content": works("a string, or an array of text and `image_url` parts"),
         "name": works("reaches the template"),
         "tool_calls": works("an assistant's calls, kept in the turn the template receives "
                             "(arguments as an object)"),
@@ -117,6 +120,15 @@ CHAT = Dialect("chat", "POST /v1/chat/completions", intro=(
         "type": works("`text`"), "text": works("joined into the message's text"),
         "cache_control": inert("a caching hint (exod's prompt cache needs none)"),
     }, "a text part"),
+    "image_part": Obj("messages[].content[]", {
+        "type": works("`image_url`"),
+        "image_url": works("`{url, detail}`, or the URL alone"),
+        "cache_control": inert("a caching hint (exod's prompt cache needs none)"),
+    }, "an `image_url` part"),
+    "image_url": Obj("messages[].content[].image_url", {
+        "url": works("a `data:` URL (base64) or an http(s) URL"),
+        "detail": inert("the model's processor sizes the picture as it was trained to"),
+    }),
     "call": Obj("messages[].tool_calls[]", {
         "id": works("the call's id, which a tool message names"), "type": works("`function`"),
         "function": works("`name`, `arguments` (JSON text or an object)"),
@@ -152,7 +164,8 @@ CHAT = Dialect("chat", "POST /v1/chat/completions", intro=(
 }, variants={
     "part": Variants("messages[].content[].type", {
         "text": works("text"),
-        **{kind: refused(TEXT_MODELS) for kind in ("image_url", "input_audio", "file")},
+        "image_url": works(PICTURES),
+        **{kind: refused(OTHER_MEDIA) for kind in ("input_audio", "file")},
         "refusal": refused("a refusal cannot be replayed to a local model; send its text"),
     }),
     "tool": Variants("tools[].type", {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exod.api.fields.chat import TEXT_MODELS
+from exod.api.fields.chat import OTHER_MEDIA, PICTURES
 from exod.api.fields.policy import (Dialect, Field, Obj, Variants, empty, ignored, inert, null,
                                     refused, works)
 
@@ -89,6 +89,16 @@ MESSAGES = Dialect("messages", "POST /v1/messages", intro=(
     "text": Obj("messages[].content[]", {
         "type": works("`text`"), "text": works("the turn's text"), "cache_control": CACHE,
         "citations": CITATIONS}, "a `text` block"),
+    "image": Obj("messages[].content[]", {
+        "type": works("`image`, in a user turn"), "source": works("`base64` or `url`"),
+        "cache_control": CACHE}, "an `image` block"),
+    "base64": Obj("messages[].content[].source", {
+        "type": works("`base64`"), "data": works("the picture's bytes"),
+        "media_type": inert("the runner reads the format from the bytes")},
+        "a `base64` source"),
+    "url": Obj("messages[].content[].source", {
+        "type": works("`url`"), "url": works("an http(s) URL that exod fetches (or a `data:` "
+                                            "URL)")}, "a `url` source"),
     "tool_use": Obj("messages[].content[]", {
         "type": works("`tool_use`: an assistant's call, kept as a tool call for the template"),
         "id": works("the call's id"), "name": works("the tool"),
@@ -179,7 +189,8 @@ MESSAGES = Dialect("messages", "POST /v1/messages", intro=(
     "block": Variants("messages[].content[].type", {
         **{kind: works("see its keys") for kind in ("text", "tool_use", "tool_result",
                                                      "thinking", "redacted_thinking")},
-        **{kind: refused(TEXT_MODELS) for kind in ("image", "document", "search_result",
+        "image": works(PICTURES),
+        **{kind: refused(OTHER_MEDIA) for kind in ("document", "search_result",
                                                    "container_upload")},
         **{kind: HOSTED_RESULT for kind in (
             "server_tool_use", "web_search_tool_result", "web_fetch_tool_result",
@@ -192,10 +203,16 @@ MESSAGES = Dialect("messages", "POST /v1/messages", intro=(
     }),
     "system": Variants("system[].type", {
         "text": works("joined"),
-        **{kind: refused(TEXT_MODELS) for kind in ("image", "document", "search_result")}}),
+        "image": refused("a picture belongs to a user turn"),
+        **{kind: refused(OTHER_MEDIA) for kind in ("document", "search_result")}}),
     "result": Variants("messages[].content[].content[].type", {
         "text": works("joined"),
-        **{kind: refused(TEXT_MODELS) for kind in ("image", "document", "search_result")}}),
+        "image": refused("a tool result's pictures are not supported: show them in a user "
+                         "turn's `image` block"),
+        **{kind: refused(OTHER_MEDIA) for kind in ("document", "search_result")}}),
+    "source": Variants("messages[].content[].source.type", {
+        "base64": works("the picture's bytes"), "url": works("a URL exod fetches"),
+        "file": refused("files are not supported: send the picture's bytes or its URL")}),
     "tool": Variants("tools[].type", {
         "custom": works("a tool the client runs"),
         **{kind: HOSTED_TOOL for kind in (

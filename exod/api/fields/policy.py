@@ -20,13 +20,16 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from exod.core import request_rules as rules
+from exod.core.images import Pictures, Source
 from exod.core.request_rules import RequestError
 
 Check = Callable[[Any], bool]  # true when a value asks for nothing (a refused field passes)
+# Reads one picture's part of a content (the part, where it is) into its source.
+ImageReader = Callable[[dict[str, Any], str], Source]
 MAX_KEY = 64  # characters of an unknown key kept in names and errors
 
 
@@ -177,10 +180,23 @@ class Reading:
     def texts(self, raw: Any, param: str, kind: str, obj: str) -> list[str]:
         """The text of the text parts of an array (their types: variants `kind`, their keys:
         object `obj`)."""
+        return [p["text"] for p in self.content(raw, param, kind, obj)]
+
+    def content(self, raw: Any, param: str, kind: str, obj: str,
+                pictures: Pictures | None = None,
+                images: Mapping[str, ImageReader] | None = None) -> list[dict[str, Any]]:
+        """The parts of an array that exod reads (their types: variants `kind`), in order: text
+        parts (their keys: object `obj`), and the pictures (a type in `images`, read by its
+        reader), each placed by `pictures` (exod.core.images)."""
         out = []
         for part, where in self.items(raw, param, kind, "content part"):
+            read = (images or {}).get(part["type"])
+            if read is not None and pictures is not None:
+                out.append(pictures.add(replace(read(part, where), where=where)))
+                continue
             self.keys(part, obj, where)
-            out.append(rules.text_field(part.get("text"), f"{where}.text"))
+            out.append({"type": "text",
+                        "text": rules.text_field(part.get("text"), f"{where}.text")})
         return out
 
     def unknown(self, where: str, value: str | None = None) -> None:

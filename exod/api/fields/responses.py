@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exod.api.fields.chat import TEXT_MODELS
+from exod.api.fields.chat import OTHER_MEDIA, PICTURES
 from exod.api.fields.messages import DEFERRED
 from exod.api.fields.policy import (Dialect, Field, Obj, Variants, empty, false, ignored, inert,
                                     null, refused, works)
@@ -98,7 +98,7 @@ RESPONSES = Dialect("responses", "POST /v1/responses", intro=(
     "message": Obj("input[]", {
         "type": works("`message` (or absent)"),
         "role": works("`user`, `assistant`, `system`, `developer` (as `system`)"),
-        "content": works("a string or `input_text` / `output_text` parts"),
+        "content": works("a string or `input_text` / `output_text` / `input_image` parts"),
         "id": ECHO, "status": ECHO, "phase": inert("a message's label")},
         "a `message` item"),
     "part": Obj("input[].content[]", {
@@ -106,6 +106,13 @@ RESPONSES = Dialect("responses", "POST /v1/responses", intro=(
         "annotations": refused("annotations (citations) are not supported", empty,
                                "only empty (an answer sent back)"),
         "logprobs": ECHO, "prompt_cache_breakpoint": inert("a caching hint")}, "a text part"),
+    "image_part": Obj("input[].content[]", {
+        "type": works("`input_image`"),
+        "image_url": works("a `data:` URL (base64) or an http(s) URL"),
+        "detail": inert("the model's processor sizes the picture as it was trained to"),
+        "file_id": refused("files are not supported: send the picture in `image_url`", null,
+                           "refused unless null"),
+        "prompt_cache_breakpoint": inert("a caching hint")}, "an `input_image` part"),
     "function_call": Obj("input[]", {
         "type": works("`function_call`: joins the assistant turn before it"),
         "call_id": works("the call's id"), "name": works("the function"),
@@ -165,8 +172,15 @@ RESPONSES = Dialect("responses", "POST /v1/responses", intro=(
     }),
     "part": Variants("input[].content[].type", {
         "input_text": works("text"), "output_text": works("text"),
-        **{kind: refused(TEXT_MODELS) for kind in ("input_image", "input_file", "input_audio")},
+        "input_image": works(PICTURES),
+        **{kind: refused(OTHER_MEDIA) for kind in ("input_file", "input_audio")},
         "refusal": refused("a refusal cannot be replayed to a local model; send its text"),
+    }),
+    "output_part": Variants("input[].output[].type", {
+        "input_text": works("text"), "output_text": works("text"),
+        "input_image": refused("a tool result's pictures are not supported: show them in a "
+                               "user message"),
+        **{kind: refused(OTHER_MEDIA) for kind in ("input_file", "input_audio")},
     }),
     "tool": Variants("tools[].type", {
         "function": works("a function the client runs"),

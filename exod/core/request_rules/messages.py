@@ -36,11 +36,14 @@ def message(raw: Any, param: str) -> dict[str, Any]:
             **turn(raw, role, param)}
 
 
-def content(raw: Any, param: str) -> str:
-    """A message's text: a string, or an array of text parts (joined)."""
+def content(raw: Any, param: str) -> str | list[dict[str, Any]]:
+    """A message's text: a string, or an array of text parts (joined); or, as a dialect gives a
+    content that shows pictures (exod.core.images.Pictures), its text and image parts."""
     if raw is None:
         return ""
     if isinstance(raw, list):
+        if any(isinstance(part, dict) and part.get("type") == "image" for part in raw):
+            return [_part(part, f"{param}[{j}]") for j, part in enumerate(raw)]
         parts = []
         for j, part in enumerate(raw):
             if not (isinstance(part, dict) and part.get("type") == "text"
@@ -51,6 +54,15 @@ def content(raw: Any, param: str) -> str:
     elif not isinstance(raw, str):
         raise RequestError(f"`{param}` must be a string or an array of text parts", param)
     return text(raw, param)
+
+
+def _part(part: Any, param: str) -> dict[str, Any]:
+    """A text or image part of a content that shows pictures."""
+    if isinstance(part, dict) and part.get("type") == "text" and set(part) == {"type", "text"}:
+        return {"type": "text", "text": text_field(part["text"], param)}
+    if isinstance(part, dict) and part.get("type") == "image" and set(part) == {"type", "image"}:
+        return part
+    raise RequestError(f"`{param}`: not a text or image part", param)
 
 
 def prompt(raw: Any) -> str:

@@ -46,7 +46,9 @@ class GroupModel:
     def __call__(self, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:
         g = self.group
         positions = int(inputs.size)
-        logits = self.model(inputs, cache=cache, **kwargs)[:, -1:, :]
+        out = self.model(inputs, cache=cache, **kwargs)
+        # mlx-vlm's language models give an object with the logits (mlx-lm's, the logits).
+        logits = getattr(out, "logits", out)[:, -1:, :]
         if not self.pipeline:
             g.compute(logits, positions)  # every rank's all_sums are in its own forward
         elif g.rank != self.source and self.link is not None:

@@ -34,7 +34,7 @@ import dataclasses
 import json
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from exod import messages as m
 from exod.config.schema import GrammarLimits
@@ -44,7 +44,7 @@ import mlx.core as mx
 from exod.runner.serving.batch_engine import BatchEngine, DiskChoice
 from exod.runner.group import wire
 from exod.runner.group.plan import (AbortAll, AbortPrefilling, Admit, Cancel, ClearCache, Op,
-                                    Plan, Settings, Warm)
+                                    Plan, See, Settings, Warm)
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
 from exod.runner.group.membership import Group, PeerLost
@@ -52,11 +52,58 @@ from exod.runner.serving.reading import Prompt
 from exod.runner.prompt_cache.disk import DiskTier
 
 
+class Replayed(Protocol):
+    """What a group's engine offers besides the serve loop's interface (the text runner's
+    BatchEngine; a model that sees: exod.runner.vision.engine.VisionEngine)."""
+
+    width: int
+    cache_bytes: int
+    prefill_step: int
+    failed_steps: int
+
+    @property
+    def active(self) -> int: ...
+
+    @property
+    def cache_entries(self) -> int: ...
+
+    def read(self, req: m.Generate) -> Prompt: ...
+
+    def admit(self, req: m.Generate, read: Prompt) -> DiskChoice | None: ...
+
+    def cancel(self, rid: str) -> None: ...
+
+    def step(self) -> list[m.Event]: ...
+
+    def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]: ...
+
+    def abort_prefilling(self, code: m.ErrorCode, message: str) -> list[m.Event]: ...
+
+    def serving(self) -> m.Serving: ...
+
+    def follow_cache(self) -> None: ...
+
+    def trim_cache(self, entries: int) -> None: ...
+
+    # The prompt cache's disk tier and `warm:` prompts (a model that sees keeps neither:
+    # exod.runner.serving.loop.NoPromptCache).
+    @property
+    def background(self) -> bool: ...
+
+    def warm(self, tokens: list[int]) -> bool: ...
+
+    def idle(self) -> None: ...
+
+    def save_cache(self, deadline: float) -> None: ...
+
+    def clear_cache(self) -> None: ...
+
+
 class LeaderEngine:
     """Rank 0's engine: its own BatchEngine, each operation also recorded for the plan the
     other ranks replay (see exod.runner.serving.loop.Engine for the interface)."""
 
-    def __init__(self, engine: BatchEngine, group: Group) -> None:
+    def __init__(self, engine: Replayed, group: Group) -> None:
         self.engine = engine
         self.group = group
         self.pending = Plan(settings=Settings(engine.width, engine.cache_bytes,
@@ -74,8 +121,7 @@ class LeaderEngine:
         return self.engine.read(req)
 
     def admit(self, req: m.Generate, prompt: Prompt) -> None:
-        if req.seed is None:  # drawn here: every rank must draw the same numbers
-            req = dataclasses.replace(req, seed=secrets.randbits(63))
+        req = seeded(req)
         disk = self.engine.admit(req, prompt)  # a RequestError leaves nothing to replay
         self._record(Admit(req, *(disk or (None, 0))))
 
@@ -144,7 +190,7 @@ class LeaderEngine:
         self.group.barrier()  # so no peer sees a closed socket before everyone is done
 
     def _record(self, op: Op) -> None:
-        cost = len(json.dumps(to_wire(op))) if isinstance(op, Admit) else 32
+        cost = len(json.dumps(to_wire(op))) if isinstance(op, (Admit, See)) else 32
         if self.size + cost > wire.MAX_PAYLOAD // 2:  # a plan stays far below the workers' limit
             self.flush()
         self.pending.ops.append(op)
@@ -161,14 +207,22 @@ def agreement(group: Group) -> Callable[[list[bool]], list[bool]]:
     return agree
 
 
+def seeded(req: m.Generate) -> m.Generate:
+    """A request with a seed: drawn on rank 0 when it has none, so every rank draws the same
+    numbers."""
+    return req if req.seed is not None else dataclasses.replace(req, seed=secrets.randbits(63))
+
+
 def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
            grammar_limits: GrammarLimits | None = None,
-           make_disk: Callable[[], DiskTier | None] = lambda: None) -> BatchEngine | None:
+           make: Callable[[Settings], Replayed] | None = None,
+           make_disk: Callable[[], DiskTier | None] = lambda: None) -> Replayed | None:
     """Ranks 1..N-1: replay rank 0's plans until SHUTDOWN (clean) or the group breaks; the
-    engine, once made (its prompt cache is written to disk at the stop)."""
-    engine: BatchEngine | None = None
+    engine, once made (its prompt cache is written to disk at the stop). `make`: the engine
+    for rank 0's settings (default: the text runner's BatchEngine, with its disk tier)."""
+    engine: Replayed | None = None
     while True:
-        if engine is not None and not engine.busy:
+        if isinstance(engine, BatchEngine) and not engine.busy:
             engine.idle()  # rank 0's plans stopped coming: nothing in flight
         # Idle here is interruptible: a stop request waits briefly for rank 0's SHUTDOWN (the
         # usual case: the daemon asks every rank at once), then leaves anyway.
@@ -186,14 +240,15 @@ def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
             if plan.settings is None:
                 raise PeerLost("rank 0's first plan has no engine settings")
             s = plan.settings
-            engine = BatchEngine(model, tokenizer, width=s.width, cache_bytes=s.cache_bytes,
-                                 prefill_step=s.prefill_step, grammar_limits=grammar_limits,
-                                 disk=make_disk(), agree=agreement(group))
+            engine = make(s) if make is not None else BatchEngine(
+                model, tokenizer, width=s.width, cache_bytes=s.cache_bytes,
+                prefill_step=s.prefill_step, grammar_limits=grammar_limits,
+                disk=make_disk(), agree=agreement(group))
             engine.follow_cache()
         replay(engine, plan)
 
 
-def replay(engine: BatchEngine, plan: Plan) -> None:
+def replay(engine: Any, plan: Plan) -> None:
     """One plan on a worker's engine. Any failure means this rank is out of step: PeerLost
     (rank 0 then loses this peer too, and the whole group restarts)."""
     try:
@@ -202,6 +257,9 @@ def replay(engine: BatchEngine, plan: Plan) -> None:
             if isinstance(op, Admit):
                 disk: DiskChoice | None = (op.disk_key, op.disk_tokens) if op.disk_key else None
                 engine.admit(op.request, disk=disk)
+            elif isinstance(op, See):  # a model that sees (exod.runner.vision.group)
+                engine.see_shipped(op.request, op.tokens, op.pictures, op.width, op.dtype,
+                                   {k: _array(v) for k, v in op.features.items()})
             elif isinstance(op, Cancel):
                 engine.cancel(op.id)
             elif isinstance(op, AbortPrefilling):
@@ -220,3 +278,9 @@ def replay(engine: BatchEngine, plan: Plan) -> None:
         raise PeerLost(f"out of step with rank 0 ({type(e).__name__}: {e})") from None
     if engine.failed_steps != failed:
         raise PeerLost("a batch step failed on this rank (see above); the group restarts")
+
+
+def _array(ints: Any) -> Any:
+    import mlx.core as mx
+
+    return mx.array(ints.values, dtype=getattr(mx, ints.dtype)).reshape(ints.shape)

@@ -8,7 +8,7 @@ when it arrives.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from exod import messages as m
 from exod.protocol import ProtocolError
@@ -52,6 +52,41 @@ class AbortAll:
 
 
 @dataclass(frozen=True)
+class Ints:
+    """An integer array, by shape and values in order (a feature of a prompt: positions)."""
+
+    shape: list[int]
+    values: list[int]
+    dtype: Literal["int32", "int64", "uint32"] = "int32"
+
+    def __post_init__(self) -> None:
+        n = 1
+        for d in self.shape:
+            n *= d
+        if any(d < 0 for d in self.shape) or n != len(self.values):
+            raise ProtocolError(f"plan: an array of shape {self.shape} with "
+                                f"{len(self.values)} values")
+
+
+@dataclass(frozen=True)
+class See:
+    """A request of a model that sees, as rank 0 saw it (its pictures through the tower, which
+    runs on rank 0 only): the other ranks take its prompt's tokens, the embeddings' width and
+    dtype (their values come from the previous rank), and the features the language model
+    reads beside them (M-RoPE's positions), never its pictures. `pictures`: their SHA-256s,
+    for the prompt cache's key (exod.runner.serving.cache_key). `request`: without its
+    pictures, for its sampling, stops and grammar."""
+
+    type: ClassVar[str] = "see"
+    request: m.Generate
+    tokens: list[int]
+    pictures: list[str]
+    width: int
+    dtype: str
+    features: dict[str, Ints] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Warm:
     """Prefill these tokens into the prompt cache (a `warm:` prompt rank 0 does not hold)."""
 
@@ -66,7 +101,7 @@ class ClearCache:
     type: ClassVar[str] = "clear_cache"
 
 
-Op = Admit | Cancel | AbortPrefilling | AbortAll | Warm | ClearCache
+Op = Admit | See | Cancel | AbortPrefilling | AbortAll | Warm | ClearCache
 
 
 @dataclass(frozen=True)

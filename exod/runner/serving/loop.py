@@ -104,6 +104,9 @@ class NoPromptCache:
 
     background = False
 
+    def warm(self, tokens: list[int]) -> bool:
+        return False  # nothing to prefill into
+
     def idle(self) -> None:
         pass
 

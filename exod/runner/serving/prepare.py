@@ -71,8 +71,8 @@ def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
 def edited_prompt(tokenizer: Any, req: m.Generate) -> tuple[list[int], list[dict[str, Any]]]:
     """The prompt's tokens, after the request's context edits, and the edits that applied."""
     if req.images:  # only the vision runner (exod.runner.vision) takes them
-        where = images.first_image_part(req.messages or []) or "messages"
-        raise RequestError("this model does not see images: it takes text only", where)
+        where = req.named(images.first_image_part(req.messages or []) or "messages")
+        raise RequestError(images.unseen(None, where), where)
     applied: list[dict[str, Any]] = []
     if req.kind == "chat":
         first = req.messages or []
@@ -134,6 +134,10 @@ def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
     rules.prompt_ids(prompt, vocab, prompt_param(req))
     max_tokens = rules.fit_window(len(prompt), rules.max_tokens(req.max_tokens), window,
                                   prompt_param(req))
+    asked = rules.context_window(req.context_window, req.named("context_window"))
+    if asked is not None and (window is None or asked < window):  # the request's own, smaller
+        param = req.named("context_window")
+        max_tokens = rules.fit_window(len(prompt), max_tokens, asked, param, f"`{param}`")
     strict = args_check(grammars, req)  # first: a 400 names the strict tool at fault
     thinking = None
     if req.kind == "chat":

@@ -22,9 +22,11 @@ import json
 import os
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from exod.child_end import ChildEnd
+from exod.config.vision import SPLIT_BY_LAYERS, sees
 from exod.core.exits import EXIT_USAGE
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
 from exod.runner import import_table
@@ -52,6 +54,8 @@ def probe(model_dir: Path, shards: int, parallelism: str,
           layers: tuple[int, ...] | None = None) -> Verdict:
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     kind = str(config.get("model_type") or "?")
+    if sees(model_dir) is not None:
+        return _probe_vision(config, kind, shards, parallelism, layers)
     if shards > 1:
         unbatchable = _why_not_batchable(config)
         if unbatchable is not None:
@@ -68,6 +72,36 @@ def probe(model_dir: Path, shards: int, parallelism: str,
                            detail=None, model_type=kind)
         try:
             _try_rank(model, rank, shards, parallelism, layers)
+        except Exception as e:  # noqa: BLE001 -- the reason is the answer
+            why = explain(e, parallelism)
+            return Verdict(ok=False, reason=why.reason, detail=why.detail, model_type=kind)
+    return Verdict(ok=True, reason=None, detail=None, model_type=kind)
+
+
+DEEPSTACK = ("its vision tower's features go into the language model's first layers too "
+             "(deepstack), which only rank 0 has: a model that sees splits only when the "
+             "language model takes the pictures' embeddings alone (serve it with shards: 1)")
+
+
+def _probe_vision(config: dict[str, Any], kind: str, shards: int, parallelism: str,
+                  layers: tuple[int, ...] | None) -> Verdict:
+    """A model that sees (built by mlx-vlm, exod.runner.vision.load.build): its language
+    model's layers split as a text model's; its tower runs whole on rank 0."""
+    if shards > 1 and parallelism != "pipeline":
+        return Verdict(ok=False, reason=SPLIT_BY_LAYERS, detail=None, model_type=kind)
+    vision = config.get("vision_config")
+    if shards > 1 and isinstance(vision, dict) and vision.get("deepstack_visual_indexes"):
+        return Verdict(ok=False, reason=DEEPSTACK, detail=None, model_type=kind)
+    from exod.runner.vision.load import build, probe_forward
+
+    for rank in sorted({0, shards - 1}):
+        try:
+            model = build(config)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 -- the runner will say
+            return Verdict(ok=False, reason=f"{type(e).__name__}: {e}", detail=None,
+                           model_type=kind, unknown=True)
+        try:
+            _try_rank(model, rank, shards, parallelism, layers, probe_forward)
         except Exception as e:  # noqa: BLE001 -- the reason is the answer
             why = explain(e, parallelism)
             return Verdict(ok=False, reason=why.reason, detail=why.detail, model_type=kind)
@@ -109,13 +143,15 @@ def _build(config: dict[str, Any]) -> Any:
 
 
 def _try_rank(model: Any, rank: int, size: int, parallelism: str,
-              layers: tuple[int, ...] | None) -> None:
+              layers: tuple[int, ...] | None,
+              forward: Callable[[Any], Any] | None = None) -> None:
     import mlx.core as mx
 
     from exod.runner.split import pipeline
     from exod.runner.split.blocks import find_blocks
     from exod.runner.split.tensor import block_sharder
 
+    run = forward or _forward
     blocks = find_blocks(model)
     total = len(blocks.items)
     if parallelism == "pipeline":
@@ -124,7 +160,7 @@ def _try_rank(model: Any, rank: int, size: int, parallelism: str,
                              "a pipeline rank needs at least one layer")
         shards = pipeline_shards(total, size, layers)
         shard: Shard = shards[rank]
-        problem = pipeline.handoff_problem(blocks, lambda: _forward(model), shards)
+        problem = pipeline.handoff_problem(blocks, lambda: run(model), shards)
         if problem is not None:
             raise ProbeError(problem)
         pipeline.install(blocks, shard, None)
@@ -135,7 +171,7 @@ def _try_rank(model: Any, rank: int, size: int, parallelism: str,
             one(block)
         _replace_group(model, fake, mx.distributed.init())
         shard = tensor_shards(total, size)[rank]
-    out = _forward(model)
+    out = run(model)
     if out.ndim != 3 or out.shape[1] != 3:
         raise ProbeError(f"the forward gives shape {tuple(out.shape)}, not (1, 3, vocab)")
 

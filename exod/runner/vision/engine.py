@@ -8,65 +8,90 @@ any two of them:
 - read (the reader's thread, exod.runner.vision.prompt): pictures decoded and checked, the chat
   template, the processor, the request rules;
 - admitted: it waits for its turn to be *seen*;
-- seen (one step, one request at a time): `get_input_embeddings`, the vision tower (or its
-  cached output, exod.runner.vision.features) and the merge of its features into the prompt's
-  embeddings, evaluated there; then inserted into the generator with those embeddings and only
-  the features the language model reads (mlx-vlm's own `attention_mask_4d`, pixel masks and
-  sizes would break a batch of prompts of several lengths: docs/design/vision.md);
-- prefilled and decoded by the generator: each step is one `next()`, one decode step for the
-  batch plus at most one chunk of prompts (`prefill_step` tokens).
+- seen (one step, one request at a time): `get_input_embeddings`, the vision tower (or, picture
+  by picture, its cached output, exod.runner.vision.features) and the merge of its features
+  into the prompt's embeddings, evaluated there; then inserted into the generator with those
+  embeddings and only the features the language model reads (mlx-vlm's own
+  `attention_mask_4d`, pixel masks and sizes would break a batch of prompts of several lengths:
+  docs/design/vision.md);
+- prefilled and decoded by the generator (exod.runner.vision.generator): each step is one
+  `next()`, one decode step for the batch plus at most one chunk of prompts (`prefill_step`
+  tokens) and one chunk of a prompt that starts from the prompt cache.
+
+Prompt cache, as for text (exod.runner.serving.batch_engine): when a request ends, the KV cache
+of its prompt and answer is stored under their key (exod.runner.serving.cache_key: the tokens,
+each picture's placeholders standing for that picture); a later request whose key shares a
+prefix with a stored one (the next turn about the same picture) prefills only the rest. Its
+pictures' embeddings are still merged (the tower's output from the feature cache), since the
+rest may hold some of them.
 
 Sampling is per request although mlx-vlm's generator has one sampler: it samples greedily, and
 a request with a temperature draws its token with its own sampler (seed, top-p...) in its last
 logits processor, which leaves only that token possible. What a request shows (text, reasoning,
 stop sequences, tool calls) comes from exod.runner.serving.output as for text.
 
-Not yet: a prompt cache (each turn prefills its whole prompt; its pictures' tower output comes
-from the feature cache), logprobs.
+Logprobs: the distribution each token was drawn from (after logit_bias, penalties and a
+grammar, before the sampler: as mlx-lm's), recorded by the request's last logits processor,
+since the one-hot trick above hides it from the generator's own.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
 from exod import messages as m
 from exod.config.schema import GrammarLimits
-from exod.core.request_rules import RequestError
 from exod.runner.log import ERR, log
 from exod.runner.serving.loop import NoPromptCache
 from exod.runner.serving import model_checks, tool_calls
+from exod.runner.serving.cache_key import prompt_key
 from exod.runner.serving.grammar import Grammars
+from exod.runner.serving.logprobs import TokenText, entries
 from exod.runner.serving.output import Output
-from exod.runner.serving.prepare import Checked, Processor, Sampler, check_request
+from exod.runner.serving.prepare import (Checked, Processor, Sampler, check_request,
+                                         read_prompt)
 from exod.runner.serving.reading import Prompt
 from exod.runner.serving.token_events import done, show_token
 from exod.runner.vision.features import FeatureCache
+from exod.runner.vision.generator import Generator
 from exod.runner.vision.prompt import Seen, read_seen
 
 MIN_CHUNK = 32  # as exod.runner.serving.batch_engine
 PREFILL_BATCH = 8
+CACHE_KEY = "model"  # LRUPromptCache keys entries by model too; a runner serves one
 # What get_input_embeddings returns that the language model does not read, and that cannot be
 # stacked over prompts of several lengths (Gemma 3's 4-D mask).
 NOT_FOR_THE_LANGUAGE_MODEL = ("attention_mask_4d",)
+# Where a family's config names the token that stands for a picture's part in the prompt.
+PLACEHOLDER_KEYS = ("image_token_id", "image_token_index", "video_token_id",
+                    "video_token_index")
 
 
 @dataclass
 class _Request:
     rid: str
+    req: m.Generate
     seen: Seen
     checked: Checked
     processors: list[Processor]
     out: Output
     calls: tool_calls.ToolCallSplitter | None
     uid: int = -1  # in the generator, once seen
+    key: list[int] = field(default_factory=list)  # its prompt's cache key, once seen
+    cached_tokens: int = 0
     completion_tokens: int = 0
+    generated: list[int] = field(default_factory=list)
     prefilling: bool = True
     prefilled: int = 0
+    # The distributions its tokens were drawn from, oldest first (logprobs asked only).
+    rows: deque[mx.array] | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -76,36 +101,55 @@ class _Request:
 class VisionEngine(NoPromptCache):
     def __init__(self, model: Any, processor: Any, tokenizer: Any, *, width: int,
                  prefill_step: int = 256, grammar_limits: GrammarLimits | None = None,
-                 feature_bytes: int = 256 << 20,
-                 on_new_generator: Callable[[], None] | None = None) -> None:
+                 feature_bytes: int = 256 << 20, cache_bytes: int = 0,
+                 on_new_generator: Callable[[], None] | None = None,
+                 language_model: Any = None) -> None:
         """`tokenizer`: mlx-lm's wrapper of the model's tokenizer (detokenizer, end tokens,
         tool-call and think markers, as the text runner has them). `on_new_generator`: called
         after each generator is made (it sets Metal's wired limit as it is made; the instance's
-        own setting goes back on after it, as in exod.runner.serving.batch_engine)."""
+        own setting goes back on after it, as in exod.runner.serving.batch_engine).
+        `language_model`: what the generator calls in place of the model's own (a group's rank:
+        exod.runner.group.group_model.GroupModel over it)."""
         self._on_new_generator = on_new_generator
         self.model, self.processor, self.tokenizer = model, processor, tokenizer
+        self.language_model = language_model if language_model is not None \
+            else model.language_model
         self.width = max(1, width)
         self.prefill_step = max(MIN_CHUNK, prefill_step)
-        text_args = SimpleNamespace(args=model.config.text_config)
-        self.vocab = model_checks.model_vocab(text_args) or len(tokenizer)
-        self.window = model_checks.context_window(text_args)
+        self.vocab, self.window = sizes(model, tokenizer)
         self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or GrammarLimits())
         self.features = FeatureCache(model, feature_bytes)
+        self.text = TokenText(tokenizer)
+        self.placeholders = placeholders(model.config)
+        self.cache_bytes = max(0, cache_bytes)
+        # Qwen3-VL adds its tower's early features into the first layers (deepstack): mlx-vlm
+        # 0.7's generator keeps one prompt's of them for a whole prompt batch (a list, which it
+        # does not split by row), so such prompts are prefilled one at a time (decoding still
+        # batches them).
+        vision = getattr(model.config, "vision_config", None)
+        self.prefill_alone = bool(getattr(vision, "deepstack_visual_indexes", None))
+        self._cache = LRUPromptCache(max_size=1 << 30, max_bytes=self.cache_bytes)
+        self.cache_lookups = self.cache_hits = self.cached_tokens = 0
         self._waiting: dict[str, _Request] = {}  # admitted, not seen yet: in arrival order
         self._by_uid: dict[int, _Request] = {}
         self._by_rid: dict[str, _Request] = {}
+        self._ended: dict[int, _Request] = {}  # left the batch: their caches to store
         self._gen = self._new_generator()
         self.prompt_tokens = 0
+        self.failed_steps = 0  # a group must not go on after one (exod.runner.group.lockstep)
+        self.seen: Shipped | None = None  # what the last request seen gives a group's ranks
 
-    def _new_generator(self) -> Any:
-        from mlx_vlm.generate import BatchGenerator
-
-        gen = BatchGenerator(
-            self.model.language_model, self.processor,
+    def _new_generator(self) -> Generator:
+        gen = Generator(
+            self.language_model, self.processor,
             stop_tokens={int(t) for t in self.tokenizer.eos_token_ids},
-            completion_batch_size=self.width,
-            prefill_batch_size=min(self.width, PREFILL_BATCH),
-            prefill_step_size=self.prefill_step)
+            # Room for a whole prompt batch beside a full decoding batch: mlx-vlm's generator
+            # starts prompts only while that many slots are free, so with room for `width`
+            # alone, a request would wait for the whole batch to end. The daemon sends
+            # `width` requests at most: that bounds the batch.
+            completion_batch_size=self.width + PREFILL_BATCH,
+            prefill_batch_size=1 if self.prefill_alone else min(self.width, PREFILL_BATCH),
+            prefill_step_size=self.prefill_step, keeps=lambda uid: self.cache_bytes > 0)
         if self._on_new_generator is not None:
             self._on_new_generator()
         return gen
@@ -122,17 +166,17 @@ class VisionEngine(NoPromptCache):
     def admit(self, req: m.Generate, prompt: Prompt) -> None:
         if not isinstance(prompt, Seen):
             raise TypeError("a model that sees takes prompts read by its own engine")
-        if req.logprobs:
-            raise RequestError("logprobs are not available yet for a model that sees",
-                               "logprobs")
         checked = check_request(self.tokenizer, req, self.vocab, self.window, prompt,
                                 self.grammars)
         processors = list(checked.processors)
-        if not model_checks.greedy_temperature(req.temperature):
-            processors.append(_draws(checked.sampler))
+        rows: deque[mx.array] | None = deque() if checked.top_logprobs is not None else None
+        sampler = None if model_checks.greedy_temperature(req.temperature) else checked.sampler
+        if sampler is not None or rows is not None:
+            processors.append(_last(sampler, rows))
         out = Output(self.tokenizer.detokenizer, req.stop, checked.markers, checked.thinking)
         calls = tool_calls.splitter(self.tokenizer, req, checked.args_check)
-        self._waiting[req.id] = _Request(req.id, prompt, checked, processors, out, calls)
+        self._waiting[req.id] = _Request(req.id, req, prompt, checked, processors, out, calls,
+                                         rows=rows)
 
     def cancel(self, rid: str) -> None:
         if self._waiting.pop(rid, None) is not None:
@@ -141,28 +185,44 @@ class VisionEngine(NoPromptCache):
         if r is not None:
             self._gen.remove(r.uid)
             self._forget(r)
+            self._store_kept()
 
     def step(self) -> list[m.Event]:
+        events = self.see_next()
+        return events + self.advance()
+
+    def see_next(self) -> list[m.Event]:
+        """The first waiting request through the vision tower and into the generator."""
+        if not self._waiting:
+            return []
+        return self._see(next(iter(self._waiting.values())))
+
+    def advance(self) -> list[m.Event]:
+        """One step of the generator: a decode step for the batch, a chunk of prompts."""
         events: list[m.Event] = []
-        if self._waiting:
-            events += self._see(next(iter(self._waiting.values())))
         if not self._by_uid:
             return events
         prefilling = [r for r in self._by_uid.values() if r.prefilling]
+        if prefilling:  # the chunk is shared by the prompts prefilled together
+            together = max(1, min(len(prefilling), self._gen.prefill_batch_size))
+            self._gen.prefill_step_size = max(MIN_CHUNK, self.prefill_step // together)
         try:
             _, responses = self._gen.next()
         except Exception as e:  # noqa: BLE001 -- mlx raises many types; the batch is unusable
             log(f"batch step failed: {type(e).__name__}: {e}", ERR)
+            self.failed_steps += 1
             failed: list[m.Event] = [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")
                                      for r in self._by_uid.values()]
             self._by_uid.clear()
             self._by_rid.clear()
+            self._ended.clear()
             self._gen = self._new_generator()
             return events + failed
         for resp in responses:
             r = self._by_uid.get(resp.uid)
             if r is not None:
                 events += self._on_token(r, resp)
+        self._store_kept()
         for r in prefilling:  # progress before the first token, for the hang watch
             if r.prefilling and r.uid in self._by_uid:
                 r.prefilled = min(r.prompt_tokens, r.prefilled + self.prefill_step)
@@ -181,28 +241,102 @@ class VisionEngine(NoPromptCache):
             self.cancel(rid)
         return [m.Error(rid, code, message) for rid in rids]
 
+    # ---- a group's other ranks (exod.runner.vision.group) ------------------------------------
+    def request(self, rid: str) -> m.Generate:
+        """A request in the generator, as admitted."""
+        return self._by_rid[rid].req
+
+    def see_shipped(self, req: m.Generate, tokens: list[int], pictures: list[str],
+                    width: int, dtype: str, features: dict[str, mx.array]) -> None:
+        """A request as rank 0 saw it (`Shipped`), on a rank that has no vision tower: its
+        embeddings are zeros of their shape (the previous rank's hidden state replaces them)
+        and its features rank 0's. RuntimeError when it cannot go into the generator."""
+        read = read_prompt(self.tokenizer, req, self.vocab, self.window, self.grammars,
+                           tokens=tokens)
+        seen = Seen(read.tokens, read.max_tokens, read.constraint, read.args_check,
+                    keys=tuple(pictures))
+        self.admit(req, seen)
+        given = {"inputs_embeds": mx.zeros((1, len(tokens), width), getattr(mx, dtype)),
+                 **features}
+        events = self._see(self._waiting[req.id], given)
+        if any(isinstance(ev, m.Error) for ev in events):
+            self.failed_steps += 1
+            raise RuntimeError(f"request {req.id} could not go into the generator")
+
+    def follow_cache(self) -> None:
+        """Evict nothing by bytes: rank 0's entry count says what to keep (as the text
+        engine's, exod.runner.serving.batch_engine)."""
+        self._cache.max_bytes = 1 << 62
+
+    @property
+    def cache_entries(self) -> int:
+        return len(self._cache)
+
+    def trim_cache(self, entries: int) -> None:
+        self._cache.trim_to(n_sequences=entries)
+
     def serving(self) -> m.Serving:
         return m.Serving(batching="continuous", width=self.width, active=self.active,
-                         prefill_step=self.prefill_step, prompt_tokens=self.prompt_tokens)
+                         prefill_step=self.prefill_step, cache_max_bytes=self.cache_bytes,
+                         cache_entries=len(self._cache), cache_bytes=int(self._cache.nbytes),
+                         cache_lookups=self.cache_lookups, cache_hits=self.cache_hits,
+                         cached_tokens=self.cached_tokens, prompt_tokens=self.prompt_tokens)
 
     # ---- inside ----------------------------------------------------------------------------
-    def _see(self, r: _Request) -> list[m.Event]:
+    def _see(self, r: _Request, given: dict[str, Any] | None = None) -> list[m.Event]:
         """The request's pictures through the vision tower and into its prompt's embeddings,
         then into the generator: one request per step (the tower's work is bounded by the
         pictures' caps)."""
         del self._waiting[r.rid]
+        tokens = list(r.seen.tokens)
         try:
-            features = self._embed(r.seen)
-            (uid,) = self._gen.insert([list(r.seen.tokens)], max_tokens=[r.checked.max_tokens],
-                                      prompt_kwargs=[features],
-                                      logits_processors=[r.processors])
+            features = self._embed(r.seen) if given is None else given
+            r.key = prompt_key(tokens, self.placeholders, r.seen.keys)
+            cache, cached = self._lookup(r.key)
+            if cache is None:
+                (uid,) = self._gen.insert([tokens], max_tokens=[r.checked.max_tokens],
+                                          prompt_kwargs=[features],
+                                          logits_processors=[r.processors])
+            else:
+                uid = self._gen.insert_warm(tokens, cached, cache, r.checked.max_tokens,
+                                            features, r.processors)
         except Exception as e:  # noqa: BLE001 -- a family's tower or merge refusing the input
             log(f"seeing {r.rid} failed: {type(e).__name__}: {e}", ERR)
             return [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")]
-        r.uid = uid
+        r.uid, r.cached_tokens, r.prefilled = uid, cached, cached
         self._by_uid[uid] = self._by_rid[r.rid] = r
+        if given is None:
+            self.seen = Shipped(r.rid, tokens, list(r.seen.keys), features)
         self.prompt_tokens += r.prompt_tokens
-        return [m.Prefill(r.rid, 0, r.prompt_tokens)]
+        return [m.Prefill(r.rid, cached, r.prompt_tokens)]
+
+    def _lookup(self, key: list[int]) -> tuple[list[Any] | None, int]:
+        """The stored KV cache nearest to a prompt's key, and how many of its tokens it holds."""
+        self.cache_lookups += 1
+        if not self.cache_bytes:
+            return None, 0
+        cache, rest = self._cache.fetch_nearest_cache(CACHE_KEY, key)
+        if cache is None:
+            return None, 0
+        if not rest:  # an exact hit: the last token must still run, for its logits
+            if not can_trim_prompt_cache(cache):
+                return None, 0
+            trim_prompt_cache(cache, 1)
+            rest = key[-1:]
+        cached = len(key) - len(rest)
+        self.cache_hits += 1
+        self.cached_tokens += cached
+        return cache, cached
+
+    def _store_kept(self) -> None:
+        """The caches of the requests that left the batch, under their keys."""
+        for uid, cache in self._gen.kept.items():
+            r = self._ended.pop(uid, None)
+            if r is not None and cache:
+                mx.async_eval([c.state for c in cache])
+                self._cache.insert_cache(CACHE_KEY, r.key + r.generated, cache)
+        self._gen.kept.clear()
+        self._ended.clear()
 
     def _embed(self, seen: Seen) -> dict[str, Any]:
         """get_input_embeddings' features for the generator, evaluated (the tower runs here)."""
@@ -220,11 +354,17 @@ class VisionEngine(NoPromptCache):
     def _forget(self, r: _Request) -> None:
         self._by_uid.pop(r.uid, None)
         self._by_rid.pop(r.rid, None)
+        self._ended[r.uid] = r  # until its cache is stored
 
     def _on_token(self, r: _Request, resp: Any) -> list[m.Event]:
         r.prefilling = False
         r.completion_tokens += 1
-        shown = show_token(r.rid, r.out, r.calls, resp.token, None, resp.finish_reason,
+        r.generated.append(resp.token)
+        entry = None
+        if r.rows is not None:
+            row = r.rows.popleft()
+            entry = entries([row], [resp.token], [r.checked.top_logprobs or 0], self.text)[0]
+        shown = show_token(r.rid, r.out, r.calls, resp.token, entry, resp.finish_reason,
                            r.completion_tokens)
         if shown.early:  # a stop sequence or the one call wanted: it leaves the batch now
             self._gen.remove(r.uid)
@@ -232,15 +372,46 @@ class VisionEngine(NoPromptCache):
             return shown.events
         self._forget(r)
         return [*shown.events, done(r.rid, shown.reason, r.out, r.calls, r.prompt_tokens,
-                                    r.completion_tokens)]
+                                    r.completion_tokens, r.cached_tokens)]
 
 
-def _draws(sampler: Sampler) -> Processor:
-    """The request's own sampler as its last logits processor: it draws the token from the
-    logits as they are, and leaves only that one possible for the generator's greedy pick."""
+@dataclass(frozen=True)
+class Shipped:
+    """What a group's other ranks need of a request rank 0 has seen (exod.runner.group.plan.
+    See): its tokens, its pictures' hashes, and its features (the embeddings' shape and dtype;
+    the rest as they are)."""
+
+    rid: str
+    tokens: list[int]
+    pictures: list[str]
+    features: dict[str, Any]
+
+
+def sizes(model: Any, tokenizer: Any) -> tuple[int, int | None]:
+    """The model's vocabulary (rows of the logits) and context window (None: unknown)."""
+    text_args = SimpleNamespace(args=model.config.text_config)
+    return (model_checks.model_vocab(text_args) or len(tokenizer),
+            model_checks.context_window(text_args))
+
+
+def placeholders(config: Any) -> frozenset[int]:
+    """The ids that stand for pictures' parts in a prompt of this model (its config's)."""
+    found = {getattr(config, k, None) for k in PLACEHOLDER_KEYS}
+    return frozenset(x for x in found if isinstance(x, int) and not isinstance(x, bool))
+
+
+def _last(sampler: Sampler | None, rows: deque[mx.array] | None) -> Processor:
+    """A request's last logits processor: records the distribution its token is drawn from
+    (`rows`, for its logprobs), and draws the token with the request's own sampler, leaving
+    only that one possible for the generator's greedy pick (`sampler` None: greedy, as the
+    generator picks)."""
 
     def process(_tokens: mx.array, logits: mx.array) -> mx.array:
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if rows is not None:
+            rows.append(logprobs)
+        if sampler is None:
+            return logits
         token = sampler(logprobs)
         chosen = mx.arange(logits.shape[-1]) == token.reshape(-1, 1)
         return mx.where(chosen, mx.zeros_like(logits), mx.full(logits.shape, -mx.inf,

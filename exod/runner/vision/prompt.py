@@ -48,7 +48,10 @@ def read_seen(processor: Any, config: Any, tokenizer: Any, req: m.Generate, voca
         read = read_prompt(tokenizer, req, vocab, window, grammars)
         return Seen(read.tokens, read.max_tokens, read.constraint, read.args_check,
                     read.applied_edits)
-    order = _image_order(req.messages or [])
+    if req.context_edits:  # they count tokens of a template that has no pictures yet
+        raise RequestError("context_management is not supported yet for a model that sees",
+                           req.named("context_edits"))
+    order = [(n, req.named(where)) for n, where in _image_order(req.messages or [])]
     pictures = [_picture(req.images[n].data, where) for n, where in order]
     keys = tuple(hashlib.sha256(req.images[n].data.encode()).hexdigest() for n, _ in order)
     text = _template(processor, config, req)
@@ -75,16 +78,21 @@ def _picture(data: str, where: str) -> Any:
 
 
 def _template(processor: Any, config: Any, req: m.Generate) -> str:
-    """The prompt's text through mlx-vlm's chat template: a content's parts become mlx-vlm's
-    own (text, and {"type": "image"} where the family's marker goes)."""
+    """The prompt's text: mlx-vlm shapes the messages (a content's parts become its own: text,
+    and {"type": "image"} where the family's marker goes), then the model's chat template
+    renders them as the text runner's does, with the template's own defaults: mlx-vlm's own
+    rendering would switch thinking off unless the request says otherwise."""
     from mlx_vlm.prompt_utils import apply_chat_template
 
     messages = [{**msg, "content": _parts(msg["content"])} for msg in req.messages or []]
     extra = rules.chat_template_kwargs(req.chat_template_kwargs or None)
     try:
-        text = apply_chat_template(processor, config, messages,
-                                   num_images=len(req.images), tools=req.tools or None,
-                                   **extra)
+        shaped = apply_chat_template(processor, config, messages, num_images=len(req.images),
+                                     return_messages=True)
+        renderer = processor if getattr(processor, "chat_template", None) is not None \
+            else getattr(processor, "tokenizer", processor)
+        text = renderer.apply_chat_template(shaped, tokenize=False, add_generation_prompt=True,
+                                            tools=req.tools or None, **extra)
     except RequestError:
         raise
     except Exception as e:  # noqa: BLE001 -- a template that rejects the roles, the tools...
