@@ -12,7 +12,7 @@ and Serving, the engine's figures, whenever the number of generations in flight 
 Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
 Prefill (while the prompt goes through the model, before the first Text), Text, ToolCall,
 Done, Error; for an Embed, Vectors then Done.
-Daemon → runner: Generate (an embedding or reranker model: Embed), Cancel, Shutdown.
+Daemon → runner: Generate (an embedding or reranker model: Embed), Cancel, Shutdown, ClearCache.
 Fetcher (`python -m exod.hub`, on the same kind of channel, started by `exod.specs.FetchSpec`)
 → daemon: Hello, Status, Download, Failed, Fetched, Stopping. Daemon → fetcher: Shutdown.
 Each end checks what it reads against its own union: a fetcher's message from a runner (or a
@@ -37,7 +37,7 @@ from exod.core.sizes import format_size
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 18  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 19  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
@@ -45,7 +45,7 @@ VERSION = 18  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 13: Generate.think_budget; 14: Generate.names and context_edits, Done.applied_edits;
 # 15: Generate.images and content parts (exod.core.images); 16: start-up specs (exod.specs)
 # on the channel, not argv; 17: Generate.context_window; 18: Embed, Vectors, Serving's batch
-# counts
+# counts; 19: Shutdown.grace, ClearCache, Serving's disk tier
 
 
 class Phase(str, enum.Enum):
@@ -136,7 +136,8 @@ class Stopping:
 class Serving:
     """How rank 0 serves: `batching` is "continuous" (exod.runner.serving.batch_engine, on every
     rank of a group), else the reason it runs one request at a time. The cache figures count since
-    the runner started."""
+    the runner started: `cache_*` and `cached_tokens` are the RAM tier's, `disk_*` the disk
+    tier's (exod.runner.prompt_cache); a lookup is served by one tier at most."""
 
     type: ClassVar[str] = "serving"
     batching: str
@@ -157,12 +158,21 @@ class Serving:
     # held (their mean: the batch size), over all requests.
     batches: int = 0
     batched_inputs: int = 0
+    disk_max_bytes: int = 0  # prompt_cache_disk_bytes; 0: no disk tier
+    disk_entries: int = 0
+    disk_bytes: int = 0
+    disk_hits: int = 0  # lookups served from disk (loaded instead of prefilled)
+    disk_cached_tokens: int = 0
+    disk_load_ms: int = 0  # spent loading the entries that hit
+    disk_writes: int = 0
+    disk_errors: int = 0  # faults met (each a miss, or a write not made), each logged once
+    disk_state: str = ""  # ready, or what it waits for, or why it is off
 
     def __post_init__(self) -> None:
         # Every status snapshot carries these: a runaway text or an impossible count is a
         # broken runner, not something to show.
-        if len(self.batching) > 500:
-            raise ProtocolError("serving: batching is longer than 500 characters")
+        if len(self.batching) > 500 or len(self.disk_state) > 500:
+            raise ProtocolError("serving: batching or disk_state is longer than 500 characters")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, int) and value < 0:
@@ -476,15 +486,24 @@ class Cancel:
 
 @dataclass(frozen=True)
 class Shutdown:
-    """Rung 1 of the ladder: finish in-flight work within `drain` seconds, then exit 0."""
+    """Rung 1 of the ladder: finish in-flight work within `drain` seconds, then exit 0 within
+    `grace` seconds of this message (0: not said), keeping what it can of its prompt cache."""
 
     type: ClassVar[str] = "shutdown"
     drain: float = 0.0
+    grace: float = 0.0
+
+
+@dataclass(frozen=True)
+class ClearCache:
+    """`exoctl cache clear`: forget every prompt cache entry, in RAM and on disk."""
+
+    type: ClassVar[str] = "clear_cache"
 
 
 FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
               | Prefill | Held | Text | ToolCall | Vectors | Done | Error)
-ToRunner = Generate | Embed | Cancel | Shutdown
+ToRunner = Generate | Embed | Cancel | Shutdown | ClearCache
 Work = Generate | Embed  # a request, whichever kind of model it is for
 FromFetcher = Hello | Status | Download | Failed | Fetched | Stopping
 ToFetcher = Shutdown

@@ -193,25 +193,44 @@ class LiveCollector(Collector):
         yield from (done, total, rate)
 
     def _prompt_cache(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
-        """Rank 0's prompt cache, as its runner last reported (counted since it started)."""
-        label = ["instance"]
+        """Rank 0's prompt cache, as its runner last reported (counted since it started), per
+        tier: a lookup is served by RAM, else by disk, else it is a miss of both (a RAM miss
+        is a lookup RAM did not serve; a disk miss, one neither served)."""
+        label, tiered = ["instance"], ["instance", "tier"]
         lookups = CounterMetricFamily("exod_prompt_cache_lookups", "Prompts looked up in the "
                                       "prompt cache", labels=label)
-        hits = CounterMetricFamily("exod_prompt_cache_hits", "Lookups that found a stored "
-                                   "prefix", labels=label)
-        cached = CounterMetricFamily("exod_prompt_cache_tokens", "Prompt tokens taken from the "
-                                     "cache instead of prefilled", labels=label)
-        size = GaugeMetricFamily("exod_prompt_cache_bytes", "Bytes the prompt cache holds",
-                                 labels=label)
+        hits = CounterMetricFamily("exod_prompt_cache_hits", "Lookups served from this tier",
+                                   labels=tiered)
+        misses = CounterMetricFamily("exod_prompt_cache_misses", "Lookups that reached this "
+                                     "tier and were not served from it", labels=tiered)
+        cached = CounterMetricFamily("exod_prompt_cache_tokens", "Prompt tokens taken from this "
+                                     "tier instead of prefilled", labels=tiered)
+        size = GaugeMetricFamily("exod_prompt_cache_bytes", "Bytes this tier holds",
+                                 labels=tiered)
+        entries = GaugeMetricFamily("exod_prompt_cache_entries", "Entries this tier holds",
+                                    labels=tiered)
+        load = CounterMetricFamily("exod_prompt_cache_load_seconds", "Time spent loading the "
+                                   "entries served from this tier", labels=tiered)
         for inst in instances:
             s = inst.ranks[0].serving if inst.ranks else None
             if s is None:
                 continue
-            lookups.add_metric([inst.name], s.cache_lookups)
-            hits.add_metric([inst.name], s.cache_hits)
-            cached.add_metric([inst.name], s.cached_tokens)
-            size.add_metric([inst.name], s.cache_bytes)
-        yield from (lookups, hits, cached, size)
+            name = inst.name
+            lookups.add_metric([name], s.cache_lookups)
+            tiers = [("ram", s.cache_hits, s.cached_tokens, s.cache_bytes, s.cache_entries, 0.0)]
+            if s.disk_max_bytes:
+                tiers.append(("disk", s.disk_hits, s.disk_cached_tokens, s.disk_bytes,
+                              s.disk_entries, s.disk_load_ms / 1000))
+            reached = s.cache_lookups
+            for tier, n, tokens, nbytes, held, seconds in tiers:
+                hits.add_metric([name, tier], n)
+                misses.add_metric([name, tier], max(0, reached - n))
+                reached -= n
+                cached.add_metric([name, tier], tokens)
+                size.add_metric([name, tier], nbytes)
+                entries.add_metric([name, tier], held)
+                load.add_metric([name, tier], seconds)
+        yield from (lookups, hits, misses, cached, size, entries, load)
 
     def _speculative(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
         """Speculative decoding on rank 0 (counted since it started): the acceptance rate is

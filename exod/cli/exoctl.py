@@ -191,6 +191,27 @@ def restart(client: Client, name: str) -> None:
     click.echo(f"{name}: {answer.state}")
 
 
+@main.group()
+def cache() -> None:
+    """The instances' prompt caches (RAM and disk)."""
+
+
+@cache.command("clear")
+@click.argument("name", required=False, shell_complete=complete_instance)
+@click.pass_obj
+def cache_clear(client: Client, name: str | None) -> None:
+    """Empty the prompt cache of NAME (default: every instance), in RAM and on disk. A ready
+    instance's runners clear their own; a stopped one's folder is emptied."""
+    answer = ok_or_fail(client.call(cm.ClearCache(name)), cm.ClearedReply)
+    from exod.core.sizes import format_size
+
+    for c in answer.cleared:
+        if c.how == "runner":
+            click.echo(f"{c.name}: cleared by its runners")
+        else:
+            click.echo(f"{c.name}: not running; {format_size(c.freed_bytes)} removed from disk")
+
+
 @main.command()
 @click.pass_obj
 def reload(client: Client) -> None:

@@ -151,7 +151,7 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
             click.echo(f"warning: {warning}", err=True)
     click.echo(f"{path}: OK, {n} instance{'s' if n != 1 else ''}; "
                f"stop ladder worst case {worst:g}s")
-    for line in memory_lines(cfg):
+    for line in memory_lines(cfg) + cache_lines(cfg):
         click.echo(line)
     from exod.config.embed import describe as describe_encoder
     from exod.config.mlx_options import describe as describe_options
@@ -215,6 +215,38 @@ def memory_lines(cfg: Config) -> list[str]:
     if lines and available is not None:
         lines.append(f"available now: {format_size(available)} (less memory_headroom "
                      f"{format_size(cfg.defaults.memory_headroom)})")
+    return lines
+
+
+def cache_lines(cfg: Config) -> list[str]:
+    """Each instance's prompt cache budgets: RAM, and disk with its folder and the free space
+    of the filesystem it is on."""
+    import os
+    import shutil
+
+    from exod.config.mlx_options import turn_reason
+    from exod.core.sizes import format_size
+    from exod.daemon.launch import prompt_cache_folder
+
+    lines = []
+    for inst in cfg.instances.values():
+        turns = turn_reason(inst)
+        if turns is not None:
+            lines.append(f"prompt cache of {inst.name}: none (served by turns: {turns})")
+            continue
+        ram = format_size(inst.prompt_cache_bytes) if inst.prompt_cache_bytes else "off"
+        if not inst.prompt_cache_disk_bytes:
+            lines.append(f"prompt cache of {inst.name}: RAM {ram}, disk off")
+            continue
+        folder = prompt_cache_folder(inst, os.environ)
+        where = next((p for p in (folder, *folder.parents) if p.exists()), folder)
+        try:
+            free = f", {format_size(shutil.disk_usage(where).free)} free there now"
+        except OSError:
+            free = ""
+        each = " on each rank" if inst.shards > 1 else ""
+        lines.append(f"prompt cache of {inst.name}: RAM {ram}, disk "
+                     f"{format_size(inst.prompt_cache_disk_bytes)}{each} in {folder}{free}")
     return lines
 
 

@@ -133,6 +133,21 @@ def check_template_kwargs(instance: Instance) -> list[Issue]:
     return []
 
 
+def check_warm(instance: Instance) -> list[Issue]:
+    """Each `warm:` file is a prompt (read again by the runner at each start)."""
+    from exod.config.warm import read_warm
+
+    issues = []
+    for i, path in enumerate(instance.warm):
+        try:
+            read_warm(path)
+        except OSError as e:
+            issues.append(Issue(f"warm[{i}]", f"cannot read {path}: {e.strerror or e}"))
+        except ValueError as e:
+            issues.append(Issue(f"warm[{i}]", f"{path}: {e}"))
+    return issues
+
+
 def check_ports(instances: Sequence[Instance]) -> list[tuple[Instance, Issue]]:
     """Port ranges [port_base, port_base + port_count) of different instances must not
     overlap."""

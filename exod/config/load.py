@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from exod.config.checks import (Issue, check_layout, check_names, check_on_demand,
-                                check_ports, check_sharding, check_template_kwargs,
+                                check_ports, check_sharding, check_template_kwargs, check_warm,
                                 listen_problems)
 from exod.config.embed import check_embed
 from exod.config.vision import check_vision
@@ -258,7 +258,7 @@ class _Loader:
             self.nodes[name] = body
             for issue in [*check_layout(instance, body.entries),
                           *check_on_demand(instance, body.entries),
-                          *check_template_kwargs(instance),
+                          *check_template_kwargs(instance), *check_warm(instance),
                           *check_mlx_options(instance, body.entries),
                           *check_vision(instance), *check_embed(instance)]:
                 self.report_issue(instance, issue)

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Literal
 
 from exod.core.serving import (DEFAULT_KV_GROUP_SIZE, DEFAULT_NUM_DRAFT_TOKENS,
-                               DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_QUANTIZED_KV_START)
+                               DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_PROMPT_CACHE_DISK_BYTES,
+                               DEFAULT_QUANTIZED_KV_START)
 from exod.core.names import ALIAS_RE
 from exod.hub.ref import HubRef
 from exod.config.types import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir,
@@ -50,7 +51,10 @@ class StopPolicy:
 
     grace: Duration = field(
         default=10.0,
-        metadata=doc("Rung 1: after asking the runner to shut down, wait this long.", minimum=0),
+        metadata=doc("Rung 1: after asking the runner to shut down, wait this long. Within it, "
+                     "after `drain`, the runner writes the prompt cache entries not on disk yet "
+                     "(`prompt_cache_disk_bytes`), up to a half second before its end: what "
+                     "does not fit is dropped, never waited for.", minimum=0),
     )
     drain: Duration = field(
         default=5.0,
@@ -188,11 +192,52 @@ class RunnerOptions:
     )
     prompt_cache_bytes: int = field(
         default=DEFAULT_PROMPT_CACHE_BYTES,
-        metadata=doc("Bytes of KV cache kept from finished requests, so that a request which "
-                     "starts as an earlier one did (the next turn of a chat) prefills only what "
-                     "is new. Least recently used entries are evicted first; 0 disables the "
-                     "cache. In a sharded instance the cap counts rank 0's bytes, and the other "
-                     "ranks keep the same entries.", minimum=0, maximum=1 << 50),
+        metadata=doc("Bytes of KV cache kept in RAM from finished requests, so that a request "
+                     "which starts as an earlier one did (the next turn of a chat) prefills only "
+                     "what is new. Least recently used entries are evicted first, to the disk "
+                     "tier (`prompt_cache_disk_bytes`); 0 disables the RAM tier. In a sharded "
+                     "instance the cap counts rank 0's bytes, and the other ranks keep the same "
+                     "entries.", minimum=0, maximum=1 << 50),
+    )
+    prompt_cache_disk_bytes: Size = field(
+        default=DEFAULT_PROMPT_CACHE_DISK_BYTES,
+        metadata=doc("The prompt cache's disk tier: bytes of KV cache kept as files under "
+                     "`prompt_cache_dir`, so that a restart, an upgrade, a crash, an idle stop, "
+                     "an eviction or a reboot loses nothing: the first request whose prompt "
+                     "starts as a kept entry did loads it instead of prefilling it. Entries are "
+                     "written behind the requests, never in their way: when they leave RAM, when "
+                     "the instance is idle, and at a stop, within rung 1 of the ladder (what does "
+                     "not fit before `stop.grace` is dropped, never waited for). A load runs like "
+                     "prefill, a bounded part each step: a cancel or a stop ends it. Least "
+                     "recently used entries go first; writes also leave the filesystem min(1 "
+                     "GiB, 5%) free. Each entry is kept under a fingerprint of everything that "
+                     "makes its KV valid: the weights by content (the SHA-256 of config.json and "
+                     "the safetensors files, hashed once and recorded by each file's inode, "
+                     "size, mtime and ctime, beside the files when their folder is writable, else "
+                     "in the instance's folder), the adapters, dtype, KV quantization and "
+                     "`max_kv_size`, the rank's layers in a group, the mlx and mlx-lm versions "
+                     "and exod's cache format. Any change is a miss, and the folders of other "
+                     "fingerprints are removed at the next start. A prefix is matched by its "
+                     "tokens, compared in full. Files are written to a temporary name and "
+                     "renamed (mode 0600, folders 0700), and carry a CRC: a full disk, an "
+                     "unwritable folder, or a file cut short, corrupt or unreadable is a miss "
+                     "and one log line, never a failed request. Each rank of a group keeps its "
+                     "own layers' part, up to this many bytes; a hit needs every rank to hold "
+                     "the entry, else it is a miss on every rank. An instance served by turns "
+                     "(`kv_bits`, `draft_model`, a family mlx-lm cannot batch) keeps no prompt "
+                     "cache, in RAM or on disk. 0 disables the disk tier.", minimum=0,
+                     inherit="prompt_cache_disk_bytes"),
+    )
+    warm: tuple[Path, ...] = field(
+        default=(),
+        metadata=doc("Prompt files prefilled into the prompt cache at each start, unless it "
+                     "holds them already (an agent's system prompt and tools, so that its first "
+                     "request after a start finds them cached). A file is JSON, an object with "
+                     "`messages` (chat turns, as a chat completions request has them) and "
+                     "optionally `tools` (function tools), or plain text, one system message. "
+                     "Its prompt is the model's chat template over those turns without an "
+                     "assistant's turn after them, with `chat_template_kwargs`. A file that "
+                     "cannot be read or is no such prompt is a config error."),
     )
     grammar: GrammarLimits = field(
         default_factory=GrammarLimits,
@@ -209,9 +254,9 @@ class RunnerOptions:
                      "Memory admission counts the quantized size (and, for a cache not quantized "
                      "yet, the float one). mlx-lm cannot batch a quantized cache: the instance "
                      "serves its requests by turns, one token of each in turn, with no prompt "
-                     "cache (a `prompt_cache_bytes` written beside it is refused), and `exoctl "
-                     "status` says why it does not batch. Not with `max_kv_size`, nor with shards "
-                     "> 1."),
+                     "cache (a `prompt_cache_bytes`, `prompt_cache_disk_bytes` or `warm` written "
+                     "beside it is refused), and `exoctl status` says why it does not batch. Not "
+                     "with `max_kv_size`, nor with shards > 1."),
     )
     kv_group_size: KvGroupSize = field(
         default=DEFAULT_KV_GROUP_SIZE,
@@ -463,6 +508,12 @@ class Instance(RunnerOptions):
                      "still take), at most 16 and at least 1. The log says which width was "
                      "chosen, and `exod check` shows it.", minimum=1, maximum=256),
     )
+    prompt_cache_dir: Path | None = field(
+        default=None,
+        metadata=doc("The folder under which the instance keeps the prompt cache's disk tier, in "
+                     "a folder of its own name (`exoctl cache clear` empties it).",
+                     inherit="prompt_cache_dir"),
+    )
     max_queue: int = field(
         default=16,
         metadata=doc("How many more requests may wait, in order of arrival; beyond that the HTTP "
@@ -547,6 +598,20 @@ class Defaults:
                      "instance goes to `failed` with the figures, e.g. `not enough memory: needs "
                      "64GiB, 21.3GiB available`, and no runner starts. KiB, MiB, GiB, TiB and K, "
                      "M, G, T are powers of 1024; KB, MB, GB, TB of 1000.", minimum=0),
+    )
+    prompt_cache_disk_bytes: Size = field(
+        default=DEFAULT_PROMPT_CACHE_DISK_BYTES,
+        metadata=doc("The `prompt_cache_disk_bytes` of every instance that sets none: 0 turns the "
+                     "disk tier off everywhere.", minimum=0),
+    )
+    prompt_cache_dir: Path | None = field(
+        default=None,
+        metadata=doc("Where instances keep the prompt cache's disk tier, a folder per instance "
+                     "(DIR/NAME). Null: `prompt-cache` in the service's state directory "
+                     "(`StateDirectory=`: /var/lib/exod/prompt-cache), else in its cache "
+                     "directory (a user unit's `CacheDirectory=`: ~/.cache/exod/prompt-cache), "
+                     "else /var/lib/exod/prompt-cache as root, else ~/.cache/exod/prompt-cache "
+                     "(under `$XDG_CACHE_HOME` when set)."),
     )
 
 

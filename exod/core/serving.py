@@ -8,6 +8,11 @@ from typing import Final
 # (SmolLM2-135M, float32) holds ~46 MiB, of an 8B model in float16 ~128 MiB.
 DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
 
+# The prompt cache's disk tier, per instance (on each rank of a group): a 3.5k-token agent
+# prompt of the demo model holds ~160 MiB (float32 on a CPU), a 26k-token one of an 8B model in
+# float16 ~3.2 GiB. Writes also leave the filesystem min(1 GiB, 5%) free.
+DEFAULT_PROMPT_CACHE_DISK_BYTES = 8 << 30
+
 # Prompt tokens prefilled in one engine step, over all prompts in flight. A stop or a cancel
 # waits at most one step; on a 2-core CPU 256 tokens of the demo model take well under a
 # second, and far less than the 5 s default drain.

@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -33,7 +34,7 @@ from exod.daemon.control import ControlServer
 from exod.daemon.clock import Timer
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.rank import RankRuntime
-from exod.daemon.launch import Launcher, plan_shards
+from exod.daemon.launch import Launcher, plan_shards, prompt_cache_folder
 from exod.daemon.channel import RunnerChannel
 from exod.daemon.log_ring import LogRings
 from exod.daemon.manager_notify import ServiceNotifier
@@ -109,8 +110,8 @@ class Supervisor(HubSeam):
         return self.procs.spawn(launch, context, RunnerHandlers(
             on_exit=inst.on_exit, on_message=inst.on_message, on_broken=inst.on_broken))
 
-    def ask(self, pid: int, drain: float) -> bool:
-        return self.procs.send(pid, m.Shutdown(drain=drain))
+    def ask(self, pid: int, drain: float, grace: float = 0.0) -> bool:
+        return self.procs.send(pid, m.Shutdown(drain=drain, grace=grace))
 
     def kill(self, pid: int, sig: int) -> bool:
         return self.procs.kill(pid, sig)
@@ -142,6 +143,9 @@ class Supervisor(HubSeam):
 
     def instance(self, name: str) -> InstanceRuntime | None:
         return self.instances.get(name)
+
+    def cache_folder(self, inst: InstanceRuntime) -> Path:
+        return prompt_cache_folder(inst.config, self.launcher.daemon_env)
 
     def serving(self, name: str) -> InstanceRuntime | None:
         """The instance a request's `model` names: its own name or an alias, with or without

@@ -67,6 +67,7 @@ class FakeSeam:
         self.spawns: list[Spawned] = []
         self.actions: list[tuple[float, int, str]] = []  # (time, pid, ask|SIGTERM|SIGKILL)
         self.drains: list[float] = []  # the `drain` passed with every ask
+        self.graces: list[float] = []  # the `grace` passed with every ask
         self.changes: list[tuple[float, str]] = []  # (time, instance state) at every `changed`
         self.spawn_errors: dict[int, OSError] = {}  # rank -> error raised by spawn
         self.prepared: list[tuple[float, str]] = []  # (time, instance) of each group start
@@ -108,9 +109,10 @@ class FakeSeam:
         self.spawns.append(Spawned(self.clock, inst.name, rank.rank, pid, rank.shard.arg()))
         return pid
 
-    def ask(self, pid: int, drain: float) -> bool:
+    def ask(self, pid: int, drain: float, grace: float = 0.0) -> bool:
         self.actions.append((self.clock, pid, ASK))
         self.drains.append(drain)
+        self.graces.append(grace)
         return pid in self.live
 
     def kill(self, pid: int, sig: int) -> bool:

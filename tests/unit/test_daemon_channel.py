@@ -24,7 +24,8 @@ from exod.specs import RUNNER_FIRST, RunnerSpec
 
 SPEC = RunnerSpec(version=m.VERSION, instance="x", model=Path("/m"), parallelism="pipeline",
                   shard=Shard(0, 1, 0, 4, 4), width=2, heartbeat=5.0, parent_pid=1,
-                  options=RunnerOptions(), group=None)
+                  options=RunnerOptions(), group=None, prompt_cache_folder=None,
+                  chat_template_kwargs={})
 
 
 class FakeRunner:
