@@ -7,7 +7,7 @@ import sys
 
 ALL = ["load", "daemon", "api", "serving", "fused", "sharding", "families", "systemd", "security",
        "hostile_runner", "hostile_reads", "ports", "group_start", "models",
-       "agent", "vision"]  # agent runs agent_constrained too
+       "agent", "vision", "embeddings", "ollama", "cache"]  # agent runs agent_constrained too
 
 
 # Not in ALL: an hour long by default (EXOD_SOAK_MINUTES); run it by name.

@@ -113,17 +113,20 @@ class InProcess:
 
 # ---- 2 and 3: one HTTP streaming client, the same for exod and mlx_lm.server ----------------
 class Http:
-    def __init__(self, port: int, model: str) -> None:
+    def __init__(self, port: int, model: str, timeout: float = 300) -> None:
         self.port = port
         self.model = model
+        self.timeout = timeout  # seconds a request may take (a long prompt's prefill)
 
-    def run(self, content: str, max_tokens: int) -> tuple[float, float | None]:
-        """(TTFT, decode tokens/s) of one streamed chat completion."""
+    def run(self, content: str, max_tokens: int, system: str | None = None
+            ) -> tuple[float, float | None]:
+        """(TTFT, decode tokens/s) of one streamed chat completion (after a system message)."""
+        turns = [{"role": "system", "content": system}] if system is not None else []
         body = json.dumps({"model": self.model,
-                           "messages": [{"role": "user", "content": content}],
+                           "messages": [*turns, {"role": "user", "content": content}],
                            "max_tokens": max_tokens, "temperature": 0, "stream": True,
                            "stream_options": {"include_usage": True}})
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
         try:
             t0 = time.perf_counter()
             conn.request("POST", "/v1/chat/completions", body,

@@ -110,8 +110,16 @@ class RemoveModel:
     name: str
 
 
+@dataclass(frozen=True)
+class ClearCache:
+    """Empty the prompt cache of NAME (every instance without one), in RAM and on disk."""
+
+    type: ClassVar[str] = "cache_clear"
+    name: str | None = None
+
+
 Request = (GetStatus | Start | Stop | Restart | Reload | Wait | Watch | Logs | Pull | Models
-           | RemoveModel)
+           | RemoveModel | ClearCache)
 REQUESTS: dict[str, type[Any]] = {c.type: c for c in typing.get_args(Request)}
 STREAMING = (Wait, Watch, Logs, Pull)  # they end when their client goes away
 
@@ -157,7 +165,26 @@ class RankStatus:
 
 
 @dataclass(frozen=True)
+class DiskCacheStatus:
+    """The prompt cache's disk tier on rank 0 (each rank keeps its own layers' part)."""
+
+    state: str  # ready, or what it waits for (hashing the weights), or why it is off
+    entries: int
+    bytes: int
+    max_bytes: int
+    hits: int  # lookups served from disk
+    hit_rate: float | None  # hits per lookup; None before any
+    cached_tokens: int
+    load_s: float  # spent loading the entries that hit
+    writes: int
+    errors: int  # faults met, each a miss or a write not made (logged once per kind)
+
+
+@dataclass(frozen=True)
 class PromptCacheStatus:
+    """The RAM tier's figures, and the disk tier's beside (a lookup is served by one tier at
+    most: `hits` are RAM's, `disk.hits` disk's)."""
+
     entries: int
     bytes: int
     max_bytes: int
@@ -166,6 +193,7 @@ class PromptCacheStatus:
     hit_rate: float | None  # hits per lookup; None before any
     cached_tokens: int
     prompt_tokens: int
+    disk: DiskCacheStatus | None = None  # None: no disk tier
 
 
 @dataclass(frozen=True)
@@ -179,6 +207,15 @@ class SpeculativeStatus:
 
 
 @dataclass(frozen=True)
+class BatchStatus:
+    """An embedding model's or a reranker's forward passes, counted since the runner started."""
+
+    batches: int
+    inputs: int  # the inputs they held, from every request in flight
+    mean_batch: float | None  # inputs per pass; None before any
+
+
+@dataclass(frozen=True)
 class ServingStatus:
     """How rank 0 serves: `batching` is "continuous", else why one request at a time."""
 
@@ -188,6 +225,7 @@ class ServingStatus:
     prefill_step: int | None = None  # continuous batching only
     prompt_cache: PromptCacheStatus | None = None  # continuous batching only
     speculative: SpeculativeStatus | None = None  # with a draft_model only
+    batches: BatchStatus | None = None  # an embedding model or a reranker only
 
 
 @dataclass(frozen=True)
@@ -230,8 +268,9 @@ class InstanceStatus:
 
 @dataclass(frozen=True)
 class ApiStatus:
-    listen: str
-    url: str
+    listen: list[str]  # api.listen, as configured
+    url: str  # the first address's, where exoctl chat goes
+    urls: list[str]  # every address's (a port 0 resolved)
     auth: bool
     token_file: str | None
 
@@ -321,6 +360,7 @@ class CachedModel:
     size_bytes: int
     partial_bytes: int  # of unfinished downloads
     instances: list[ModelUser]
+    last_use: float | None = None  # epoch seconds: a request served, a start or a fetch
 
 
 @dataclass(frozen=True)
@@ -336,8 +376,23 @@ class RemovedReply:
     ok: bool = True
 
 
+@dataclass(frozen=True)
+class ClearedCache:
+    name: str
+    # "runner": its running rank 0 was asked (every rank clears its own, RAM and disk);
+    # "files": it was not running, and its folder on this host was emptied.
+    how: str
+    freed_bytes: int  # the files removed here (0 when a runner does it)
+
+
+@dataclass(frozen=True)
+class ClearedReply:
+    cleared: list[ClearedCache]
+    ok: bool = True
+
+
 Reply = (Failure | StatusReply | StateReply | ReloadReply | WaitReply | Done | PullReply
-         | ModelsReply | RemovedReply)
+         | ModelsReply | RemovedReply | ClearedReply)
 
 
 def decode_reply(obj: dict[str, Any], expect: type[Any]) -> Any:
@@ -376,10 +431,16 @@ class LineEvent:
 
 @dataclass(frozen=True)
 class DownloadEvent:
-    """A pull's progress, e.g. `downloading 1.2GiB of 4.5GiB (27%, 38MiB/s)`."""
+    """A pull's progress, e.g. `downloading 1.2GiB of 4.5GiB (27%, 38MiB/s)`, and its figures (a
+    client draws its own bar from them): `phase` is `starting` (no size known yet),
+    `downloading`, `verifying` (the hub's hashes) or `waiting` (a retry in backoff)."""
 
     type: ClassVar[str] = "download"
     detail: str
+    phase: str = "starting"
+    done_bytes: int = 0
+    total_bytes: int = 0
+    bytes_per_s: int | None = None
 
 
 Event = ProgressEvent | SnapshotEvent | LineEvent | DownloadEvent
@@ -388,7 +449,7 @@ EVENTS: dict[str, type[Any]] = {c.type: c for c in typing.get_args(Event)}
 EXPECTS: dict[type[Any], type[Any]] = {  # each request's answer, when it succeeds
     GetStatus: StatusReply, Start: StateReply, Stop: StateReply, Restart: StateReply,
     Reload: ReloadReply, Wait: WaitReply, Watch: Done, Logs: Done, Pull: PullReply,
-    Models: ModelsReply, RemoveModel: RemovedReply}
+    Models: ModelsReply, RemoveModel: RemovedReply, ClearCache: ClearedReply}
 
 
 def decode_line(obj: dict[str, Any], request: Request) -> Event | Reply:

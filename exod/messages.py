@@ -11,8 +11,8 @@ Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat,
 and Serving, the engine's figures, whenever the number of generations in flight changes.
 Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
 Prefill (while the prompt goes through the model, before the first Text), Text, ToolCall,
-Done, Error.
-Daemon → runner: Generate, Cancel, Shutdown.
+Done, Error; for an Embed, Vectors then Done.
+Daemon → runner: Generate (an embedding or reranker model: Embed), Cancel, Shutdown, ClearCache.
 Fetcher (`python -m exod.hub`, on the same kind of channel, started by `exod.specs.FetchSpec`)
 → daemon: Hello, Status, Download, Failed, Fetched, Stopping. Daemon → fetcher: Shutdown.
 Each end checks what it reads against its own union: a fetcher's message from a runner (or a
@@ -32,18 +32,20 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from exod.core import images
+from exod.core.request_rules import embeddings as embed_rules
 from exod.core.sizes import format_size
 from exod.protocol import ProtocolError
 from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
-VERSION = 16  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 19  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
 # 11: Serving's speculative decoding counts; 12: Done.reasoning_tokens;
 # 13: Generate.think_budget; 14: Generate.names and context_edits, Done.applied_edits;
 # 15: Generate.images and content parts (exod.core.images); 16: start-up specs (exod.specs)
-# on the channel, not argv
+# on the channel, not argv; 17: Generate.context_window; 18: Embed, Vectors, Serving's batch
+# counts; 19: Shutdown.grace, ClearCache, Serving's disk tier
 
 
 class Phase(str, enum.Enum):
@@ -134,7 +136,8 @@ class Stopping:
 class Serving:
     """How rank 0 serves: `batching` is "continuous" (exod.runner.serving.batch_engine, on every
     rank of a group), else the reason it runs one request at a time. The cache figures count since
-    the runner started."""
+    the runner started: `cache_*` and `cached_tokens` are the RAM tier's, `disk_*` the disk
+    tier's (exod.runner.prompt_cache); a lookup is served by one tier at most."""
 
     type: ClassVar[str] = "serving"
     batching: str
@@ -151,12 +154,25 @@ class Serving:
     draft_tokens: int = 0  # speculative decoding: tokens drafted a step (0: no draft model)
     drafted: int = 0  # draft tokens the model checked
     draft_accepted: int = 0  # of those, the ones the model agreed with
+    # An embedding or reranker model (exod.runner.embed): forward passes, and the inputs they
+    # held (their mean: the batch size), over all requests.
+    batches: int = 0
+    batched_inputs: int = 0
+    disk_max_bytes: int = 0  # prompt_cache_disk_bytes; 0: no disk tier
+    disk_entries: int = 0
+    disk_bytes: int = 0
+    disk_hits: int = 0  # lookups served from disk (loaded instead of prefilled)
+    disk_cached_tokens: int = 0
+    disk_load_ms: int = 0  # spent loading the entries that hit
+    disk_writes: int = 0
+    disk_errors: int = 0  # faults met (each a miss, or a write not made), each logged once
+    disk_state: str = ""  # ready, or what it waits for, or why it is off
 
     def __post_init__(self) -> None:
         # Every status snapshot carries these: a runaway text or an impossible count is a
         # broken runner, not something to show.
-        if len(self.batching) > 500:
-            raise ProtocolError("serving: batching is longer than 500 characters")
+        if len(self.batching) > 500 or len(self.disk_state) > 500:
+            raise ProtocolError("serving: batching or disk_state is longer than 500 characters")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, int) and value < 0:
@@ -283,6 +299,28 @@ class Done:
     applied_edits: list[dict[str, Any]] = field(default_factory=list)
 
 
+# Bytes of results one Vectors event carries at most: in base64, well under the 1 MiB frame a
+# runner may send (exod.daemon.channel.MAX_RUNNER_FRAME).
+VECTORS_BYTES = 512 * 1024
+
+
+@dataclass(frozen=True)
+class Vectors:
+    """Results of an Embed, in order: `count` of them from input `start` (a rerank's from
+    document `start`), each an embedding (or a relevance score: one number), as float32
+    little-endian bytes in base64. Several frames per request: a runner's frame is small."""
+
+    type: ClassVar[str] = "vectors"
+    id: str
+    start: int
+    count: int
+    data: str
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.count < 1 or self.start + self.count > embed_rules.MAX_INPUTS:
+            raise ProtocolError(f"vectors: {self.count} from {self.start} is impossible")
+
+
 # `hung` is the daemon's own: it ends the requests of a runner that stopped making progress.
 ErrorCode = Literal["bad_request", "stopping", "aborted", "internal", "runner_gone", "hung"]
 
@@ -370,6 +408,10 @@ class Generate:
     # The pictures the messages show, each placed once by an image part of a content
     # (exod.core.images): only a chat's, and only for a model that sees.
     images: list[Image] = field(default_factory=list)
+    # This request's own context window, within the model's (Ollama's `options.num_ctx`): a
+    # prompt that fills it is refused, a generation that would pass it ends there. None: the
+    # model's.
+    context_window: int | None = None
 
     def __post_init__(self) -> None:
         # What the runner reads of every turn without looking further; the rest (tool calls)
@@ -400,6 +442,41 @@ class Generate:
 
 
 @dataclass(frozen=True)
+class Embed:
+    """An embeddings request (its inputs into vectors) or a rerank request (the `query` scored
+    against each document), for an embedding or reranker model (exod.runner.embed); fields
+    checked by exod.core.request_rules.embeddings in the daemon, and again in the runner.
+    Answered by Vectors, then Done (its prompt_tokens: the tokens read)."""
+
+    type: ClassVar[str] = "embed"
+    id: str
+    kind: Literal["embed", "rerank"]
+    texts: list[str] = field(default_factory=list)  # the inputs (a rerank: its documents)
+    tokens: list[list[int]] = field(default_factory=list)  # or the inputs as token ids
+    query: str | None = None  # a rerank's
+    truncate: bool = embed_rules.DEFAULT_TRUNCATE  # cut an input past the model's length
+    dimensions: int | None = None  # cut each vector to this size (a model trained for it)
+    # The fields' names as the client spelled them (`texts` is `input`, or `documents`), for
+    # the runner's errors (`input[3]`).
+    names: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.texts) + len(self.tokens)
+        if not 0 < n <= embed_rules.MAX_INPUTS or (self.texts and self.tokens):
+            raise ProtocolError(f"embed: {n} inputs, or texts and tokens together")
+        if (self.kind == "rerank") != (self.query is not None) or (
+                self.kind == "rerank" and (self.tokens or self.dimensions is not None)):
+            raise ProtocolError("embed: a rerank has a query and texts, nothing else")
+
+    @property
+    def count(self) -> int:
+        return len(self.texts) + len(self.tokens)
+
+    def named(self, param: str) -> str:
+        return self.names.get(param, param)
+
+
+@dataclass(frozen=True)
 class Cancel:
     """The client went away: stop that generation now."""
 
@@ -409,18 +486,28 @@ class Cancel:
 
 @dataclass(frozen=True)
 class Shutdown:
-    """Rung 1 of the ladder: finish in-flight work within `drain` seconds, then exit 0."""
+    """Rung 1 of the ladder: finish in-flight work within `drain` seconds, then exit 0 within
+    `grace` seconds of this message (0: not said), keeping what it can of its prompt cache."""
 
     type: ClassVar[str] = "shutdown"
     drain: float = 0.0
+    grace: float = 0.0
+
+
+@dataclass(frozen=True)
+class ClearCache:
+    """`exoctl cache clear`: forget every prompt cache entry, in RAM and on disk."""
+
+    type: ClassVar[str] = "clear_cache"
 
 
 FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
-              | Prefill | Held | Text | ToolCall | Done | Error)
-ToRunner = Generate | Cancel | Shutdown
+              | Prefill | Held | Text | ToolCall | Vectors | Done | Error)
+ToRunner = Generate | Embed | Cancel | Shutdown | ClearCache
+Work = Generate | Embed  # a request, whichever kind of model it is for
 FromFetcher = Hello | Status | Download | Failed | Fetched | Stopping
 ToFetcher = Shutdown
-Event = Prefill | Held | Text | ToolCall | Done | Error  # a request's stream
+Event = Prefill | Held | Text | ToolCall | Vectors | Done | Error  # a request's stream
 Message = FromRunner | ToRunner | FromFetcher
 
 FROM_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromRunner)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 SYSTEM_RUNTIME_DIR = Path("/var/run/exod" if sys.platform == "darwin" else "/run/exod")
@@ -72,6 +73,24 @@ def state_dir() -> Path:
     if os.geteuid() == 0:
         return Path("/var/lib/exod")
     return Path.home() / ".local" / "state" / "exod"
+
+
+SYSTEM_STATE = Path("/var/lib/exod")
+
+
+def prompt_cache_base(env: Mapping[str, str], euid: int) -> Path:
+    """Where instances keep the prompt cache's disk tier by default, in `prompt-cache`: the
+    service's state directory (StateDirectory=), else its cache directory (a user unit's
+    CacheDirectory=), else /var/lib/exod as root, else the user's cache (XDG_CACHE_HOME,
+    ~/.cache)."""
+    for var in ("STATE_DIRECTORY", "CACHE_DIRECTORY"):
+        given = env.get(var)
+        if given:
+            return Path(given.split(":")[0]) / "prompt-cache"
+    if euid == 0:
+        return SYSTEM_STATE / "prompt-cache"
+    xdg = env.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "exod" / "prompt-cache"
 
 
 def client_socket() -> Path:

@@ -26,7 +26,7 @@ import math
 import struct
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePath
 from typing import Any, Literal, Union
 
@@ -196,7 +196,7 @@ def _checker(hint: Any) -> Checker:
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         items = _list(args[0])
         return lambda value, where: tuple(items(value, where))
-    if origin is dict:
+    if origin in (dict, Mapping):  # a config's mapping (chat_template_kwargs) arrives a dict
         return _dict(*args)
     if dataclasses.is_dataclass(hint):
         return lambda value, where: _nested(value, hint, where)
@@ -326,7 +326,8 @@ def _json(value: Any, where: str) -> Any:
 
 
 _SCALARS: dict[Any, Checker] = {type(None): _none, bool: _bool, float: _float, int: _int,
-                                str: _str, Path: _path, Any: _json}
+                                str: _str, Path: _path, Any: _json,
+                                object: _json}  # the config's JsonValue, Annotated[object, ...]
 
 
 def _clip(value: Any) -> str:

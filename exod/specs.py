@@ -22,12 +22,13 @@ addresses). Imports nothing heavy: the daemon, `exod check` and every child use 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from exod.config.schema import Backend, Parallelism, RunnerOptions
-from exod.config.types import Duration, ModelDir
+from exod.config.types import Duration, JsonValue, ModelDir
 from exod.core.shards import Shard
 from exod.hub.ref import HubRef
 from exod.protocol import ProtocolError
@@ -62,6 +63,10 @@ class RunnerSpec:
     parent_pid: int  # the daemon: the runner exits when it dies
     options: RunnerOptions
     group: GroupSpec | None
+    # The instance's folder of the prompt cache's disk tier (prompt_cache_dir, or the default
+    # one this daemon's environment says), each rank in a folder of its own; None: no disk tier.
+    prompt_cache_folder: Path | None
+    chat_template_kwargs: Mapping[str, JsonValue]  # the instance's: its `warm` prompts are chats
 
     def __post_init__(self) -> None:
         if self.width < 1 or not self.heartbeat > 0:

@@ -65,6 +65,16 @@ def vision_zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def embed_zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the embedding zoo (tests.models.embed_zoo): BERT, ModernBERT,
+    Qwen3-Embedding-style and a reranker, each in a folder named after it; made once per run
+    (~2 CPU-s)."""
+    root = shared_dir(tmp_path_factory, "embed-zoo")
+    _run_model_cli(["tests.models.embed_zoo", str(root)], 300)  # its stdout: one JSON line
+    return root
+
+
+@pytest.fixture(scope="session")
 def demo_model() -> Path:
     """The demo model, converted once into a cache that outlives the session."""
     cache = os.environ.get("EXOD_TEST_CACHE") or str(Path.home() / ".cache" / "exod-test")

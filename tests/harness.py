@@ -132,12 +132,17 @@ class Daemon:
                   **config}
         self.write_config(config)
         self.listener = NotifyListener(self.dir / "notify-manager.sock")
-        # Its state (the reasoning seal key) in its own folder, kept across its restarts.
+        # Its state (the reasoning seal key) in its own folder, kept across its restarts; and
+        # CACHE_DIRECTORY (a user unit's CacheDirectory=): the prompt cache's disk tier in its
+        # own folder too, never the host's (root's default is /var/lib/exod) nor another test
+        # daemon's (a hit there would change what this one counts).
         self.env = {**os.environ, "NOTIFY_SOCKET": str(self.listener.path), **DOUBLES_ENV,
-                    "XDG_STATE_HOME": str(self.dir / "state"), **(env or {})}
+                    "XDG_STATE_HOME": str(self.dir / "state"),
+                    "CACHE_DIRECTORY": str(self.dir / "cache"), **(env or {})}
         self.env.pop("EXOD_SOCKET", None)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pids_seen: set[int] = set()
+        self._since = 0  # notify messages before the last start
 
     def write_config(self, config: dict[str, Any] | str) -> None:
         if not isinstance(config, str):
@@ -154,6 +159,7 @@ class Daemon:
               session: bool = False, prefix: tuple[str, ...] = ()) -> Daemon:
         """`prefix`: e.g. `ip netns exec NS`, to run the daemon on another test host."""
         log = open(self.log_path, "ab")
+        self._since = self.listener.count()  # a start again: READY=1 from this process on
         self.proc = subprocess.Popen(
             [*prefix, *EXOD, "run", "-c", str(self.config_path), "--log-format", "json", *args],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env, cwd=self.dir,
@@ -166,7 +172,7 @@ class Daemon:
 
     def wait_ready(self, timeout: float = SAFETY) -> dict[str, str]:
         return self.listener.wait_for(lambda f: f.get("READY") == "1", timeout,
-                                      gone=self._exited)
+                                      start=self._since, gone=self._exited)
 
     def _exited(self) -> str:
         code = self.proc.poll() if self.proc is not None else None

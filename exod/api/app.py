@@ -1,6 +1,7 @@
 """The HTTP server (aiohttp, inside the daemon's event loop) and its routes.
 
-    GET  /                     the status page (static HTML: no data, no token needed)
+    GET  /                     the status page to a browser (static HTML: no data, no token
+                               needed), "Ollama is running" to others (HEAD too)
     GET  /status.json          what the status page shows (exod.api.page)
     GET  /health               the daemon is alive (never needs the token)
     GET  /ready                200 when every autostart instance is ready, else 503 naming them
@@ -12,13 +13,17 @@
     POST /v1/messages          Anthropic Messages (exod.api.dialects: an adapter over chat)
     POST /v1/messages/count_tokens
     POST /v1/responses         OpenAI Responses, stateless (an adapter over chat)
+    POST /v1/embeddings        an embedding model's vectors (exod.api.embedding)
+    POST /v1/rerank            a reranker's scores, in the Jina/Cohere shape
+    /api/*                     Ollama's API (exod.api.ollama; /api/embed and /api/embeddings
+                               here, by exod.api.dialects.ollama_embed)
 
 A request goes to an instance only while it is `ready` (for a multi-rank instance: every rank
 is; an on-demand instance is started by the request, which waits in the queue while it loads),
 through the instance's admission gate, to its rank 0 over the runner's link (exod.api.serving).
-Errors use
-OpenAI's JSON shape. A client that disconnects cancels its handler (handler_cancellation), and
-that cancels the generation in the runner.
+Errors use OpenAI's JSON shape (Anthropic's and Ollama's under their paths). A client that
+disconnects cancels its handler (handler_cancellation), and that cancels the generation in the
+runner.
 """
 
 from __future__ import annotations
@@ -38,8 +43,12 @@ from loguru import logger
 
 from exod.api import address, page
 from exod.api.dialects import anthropic_request as anthropic
+from exod.api.dialects import ollama_embed
 from exod.api.dialects import responses_request as responses
 from exod.api.dialects.anthropic_output import AnthropicOutput, CountOutput
+from exod.api.dialects.embed_request import EmbedRequest, parse_embeddings, parse_rerank
+from exod.api.embedding import (BIG_ANSWER, Embedded, Embedder, json_answer,
+                                openai_embeddings, rerank_answer)
 from exod.api.dialects.output import Output
 from exod.api.dialects.responses_output import ResponsesOutput
 from exod.api.browser import PREFLIGHT_HEADERS, CorsPolicy, HostPolicy, is_json
@@ -57,8 +66,12 @@ from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from exod.api.ignored import header
 from exod.api.schema import GenRequest, ModelLimits, parse_chat, parse_completion
 from exod.api.seal import Sealer
+from exod.api.ollama.generate import OllamaGenerate
+from exod.api.ollama.manage import OllamaManage
+from exod.api.ollama.objects import error_text
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
+from exod.config.embed import Encoding, encoding
 from exod.config.model_caps import Capabilities
 from exod.control_messages import ApiStatus
 from exod.api.view import Daemon
@@ -85,10 +98,11 @@ class ApiServer:
     def __init__(self, cfg: Api, daemon: Daemon) -> None:
         self.cfg = cfg
         self.sup = daemon
-        self.host, self.port = address.parse_listen(cfg.listen)
+        # Every address is served alike (e.g. exod's own port and Ollama's, 11434).
+        self.addresses = [address.parse_listen(a) for a in cfg.listen]
         self.tokens: list[bytes] = []
         self.started_wall = int(time.time())
-        self.hosts = HostPolicy(self.host, cfg.allowed_hosts)
+        self.hosts = HostPolicy([h for h, _ in self.addresses], cfg.allowed_hosts)
         self.cors = CorsPolicy(cfg.cors_origins)
         self.ratelog = RateLimitedLog()
         self.guard = ConnectionGuard(cfg.max_connections, self.ratelog)
@@ -97,10 +111,13 @@ class ApiServer:
         self._runner: web.AppRunner | None = None
         self.serving = Serving(daemon, Fetcher(Policy(cfg.image_urls, cfg.image_url_timeout,
                                                       cfg.image_url_allow)))
+        self.embedder = Embedder(self.serving)
         self.metrics = self.serving.metrics
         # Reasoning handed to clients to send back (exod.api.seal); its key made on first use.
         # The seals of one request open to no more text than its body could have held.
         self.sealer = Sealer(state_dir() / "reasoning.key", most=self.max_body)
+        self.ollama = OllamaManage(self)
+        self.ollama_generate = OllamaGenerate(self)
 
     @property
     def token(self) -> bool:
@@ -120,7 +137,8 @@ class ApiServer:
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/metrics", self.scrape)
-        app.router.add_get("/", page.index)
+        self.ollama.add_routes(app.router)  # `/` too: the status page, or Ollama's words
+        self.ollama_generate.add_routes(app.router)
         app.router.add_get("/status.json", self.status_json)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
@@ -129,23 +147,28 @@ class ApiServer:
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
         app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/rerank", self.rerank)
+        app.router.add_post("/api/embed", self.ollama_embed)
+        app.router.add_post("/api/embeddings", self.ollama_embeddings)
         # keepalive_timeout doubles as the deadline for a request head (see exod.api.guard).
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      keepalive_timeout=self.cfg.header_timeout,
                                      max_line_size=8190, max_field_size=8190, max_headers=64,
                                      shutdown_timeout=1.0, logger=quiet_logger(self.ratelog))
         await self._runner.setup()
-        site = GuardedSite(self._runner, self.host, self.port, self.guard)
-        try:
-            await site.start()
-        except OSError as e:
-            await self._runner.cleanup()
-            self._runner = None
-            code = e.errno or errno.EADDRINUSE
-            raise OSError(code, f"HTTP API {self.cfg.listen}: {os.strerror(code)}") from None
-        if self._runner.addresses:  # the real port when listen asked for :0
-            self.port = self._runner.addresses[0][1]
-        logger.info("HTTP API on {}{}", self.url,
+        for i, (host, port) in enumerate(self.addresses):
+            site = GuardedSite(self._runner, host, port, self.guard)
+            try:
+                await site.start()
+            except OSError as e:
+                await self._runner.cleanup()
+                self._runner = None
+                code = e.errno or errno.EADDRINUSE
+                raise OSError(code, f"HTTP API {self.cfg.listen[i]}: {os.strerror(code)}") \
+                    from None
+            self.addresses[i] = (host, site.port)  # the real port when listen asked for :0
+        logger.info("HTTP API on {}{}", ", ".join(self.urls),
                     " (bearer token required)" if self.token else "")
 
     async def close(self) -> None:
@@ -155,12 +178,13 @@ class ApiServer:
         await self.serving.fetcher.close()
 
     @property
-    def url(self) -> str:
-        return address.url(self.host, self.port)
+    def urls(self) -> list[str]:
+        return [address.url(h, p) for h, p in self.addresses]
 
     def info(self) -> ApiStatus:
         """For the status snapshot: where exoctl (and people) find the API."""
-        return ApiStatus(listen=self.cfg.listen, url=self.url, auth=self.token,
+        urls = self.urls
+        return ApiStatus(listen=list(self.cfg.listen), url=urls[0], urls=urls, auth=self.token,
                          token_file=str(self.cfg.token_file) if self.cfg.token_file else None)
 
     # ---- middlewares ------------------------------------------------------------------
@@ -260,20 +284,26 @@ class ApiServer:
         `supported_parameters`), from the model's files."""
         active, queued = self.sup.traffic.load(inst)
         created = datetime.fromtimestamp(self.started_wall, timezone.utc)
-        limits = await self._limits(inst)
+        head = {"id": inst.name, "object": "model", "created": self.started_wall,
+                "owned_by": "exod", "type": "model", "display_name": inst.name,
+                "created_at": created.isoformat().replace("+00:00", "Z"),
+                "state": inst.state.value}
+        tail = {"active": active, "queued": queued}
+        serves = await self.sup.traffic.serves(inst)
+        if serves in ("embed", "rerank"):
+            enc = await asyncio.to_thread(encoding, inst.config.model)
+            if enc is not None:
+                return {**head, **encoder_json(enc), **tail}
+        limits = await self.limits(inst)
         caps = await self.sup.traffic.capabilities(inst)
         most = min(x for x in (limits.context, limits.cap) if x is not None) \
             if limits.context is not None or limits.cap is not None else None
-        return {"id": inst.name, "object": "model", "created": self.started_wall,
-                "owned_by": "exod", "type": "model", "display_name": inst.name,
-                "created_at": created.isoformat().replace("+00:00", "Z"),
-                "state": inst.state.value, "context_length": limits.context,
+        return {**head, "serves": "chat" if serves else None, "context_length": limits.context,
                 "max_model_len": limits.context, "max_input_tokens": limits.context,
                 "max_tokens": most, "capabilities": capabilities(caps),
                 "supported_parameters": supported_parameters(caps),
                 "architecture": {"input_modalities": ["text", "image"] if caps.vision
-                                 else ["text"], "output_modalities": ["text"]},
-                "active": active, "queued": queued}
+                                 else ["text"], "output_modalities": ["text"]}, **tail}
 
     async def models(self, request: web.Request) -> web.Response:
         data = [await self._model_json(i) for i in self.sup.ordered()]
@@ -283,49 +313,84 @@ class ApiServer:
 
     async def model(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
-        inst = self.sup.instance(name)
+        inst = self.sup.serving(name)
         if inst is None:
             raise model_not_found(name)
         return web.json_response(await self._model_json(inst))
 
     # ---- generation -------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        req = await self._body(request, lambda b: parse_chat(b, self.cfg.strict_fields))
-        return await self._generate(request, "chat", req)
+        req = await self.body(request, lambda b: parse_chat(b, self.cfg.strict_fields))
+        return await self.generate(request, "chat", req)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        req = await self._body(request, lambda b: parse_completion(b, self.cfg.strict_fields))
-        return await self._generate(request, "completion", req)
+        req = await self.body(request, lambda b: parse_completion(b, self.cfg.strict_fields))
+        return await self.generate(request, "completion", req)
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
-        req, view = await self._body(request, lambda b: anthropic.parse(
+        req, view = await self.body(request, lambda b: anthropic.parse(
             b, self.sealer, self.cfg.strict_fields))
-        return await self._generate(request, "messages", req,
+        return await self.generate(request, "messages", req,
                                     AnthropicOutput(req.model, view, self.sealer))
 
     async def count_tokens(self, request: web.Request) -> web.StreamResponse:
-        req, _ = await self._body(request, lambda b: anthropic.parse(
+        req, _ = await self.body(request, lambda b: anthropic.parse(
             b, self.sealer, self.cfg.strict_fields, count_only=True))
-        return await self._generate(request, "messages", req, CountOutput())
+        return await self.generate(request, "messages", req, CountOutput())
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        body, (req, view) = await self._body(request, lambda b: (b, responses.parse(
+        body, (req, view) = await self.body(request, lambda b: (b, responses.parse(
             b, self.sealer, self.cfg.strict_fields)))
-        return await self._generate(request, "responses", req,
+        return await self.generate(request, "responses", req,
                                     ResponsesOutput(req.model, body, view, self.sealer))
 
-    async def _generate(self, request: web.Request, dialect: str, req: GenRequest,
-                        out: Output | None = None) -> web.StreamResponse:
-        """Serve a checked request; what it ignored is counted, and named in the answer's
-        header (an error's too)."""
-        self.metrics.ignored.record(dialect, req.ignored)
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        req = await self.body(request, lambda b: parse_embeddings(b, self.cfg.strict_fields))
+        got = await self._embed(req)
+        return await json_answer(openai_embeddings(req, got), _size(got), req.ignored)
+
+    async def rerank(self, request: web.Request) -> web.StreamResponse:
+        req = await self.body(request, lambda b: parse_rerank(b, self.cfg.strict_fields))
+        got = await self._embed(req)
+        return await json_answer(rerank_answer(req, got), _size(got), req.ignored)
+
+    async def ollama_embed(self, request: web.Request) -> web.StreamResponse:
+        return await self._ollama_embed(request, legacy=False)
+
+    async def ollama_embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._ollama_embed(request, legacy=True)
+
+    async def _ollama_embed(self, request: web.Request, legacy: bool) -> web.StreamResponse:
+        arrived = time.monotonic_ns()
+        view = await self.body(request, lambda b: ollama_embed.parse(b, legacy,
+                                                                     self.cfg.strict_fields))
+        got = await self._embed(view.req, view.keep_alive)
+        took = time.monotonic_ns() - arrived
+        size = _size(got)  # thousands of vectors are normalized off the loop
+        body = await asyncio.to_thread(ollama_embed.embed_answer, view, got, took) \
+            if size > BIG_ANSWER else ollama_embed.embed_answer(view, got, took)
+        return await json_answer(body, size, view.req.ignored)
+
+    async def _embed(self, req: EmbedRequest, keep_alive: float | None = None) -> Embedded:
         try:
-            return await self.serving.generate(request, req, self._limits, out)
+            return await self.embedder.run(req, keep_alive)
         except ApiError as e:
             e.headers.update(header(req.ignored))
             raise
 
-    async def _body(self, request: web.Request, read: Callable[[Any], T]) -> T:
+    async def generate(self, request: web.Request, dialect: str, req: GenRequest,
+                        out: Output | None = None,
+                        keep_alive: float | None = None) -> web.StreamResponse:
+        """Serve a checked request; what it ignored is counted, and named in the answer's
+        header (an error's too)."""
+        self.metrics.ignored.record(dialect, req.ignored)
+        try:
+            return await self.serving.generate(request, req, self.limits, out, keep_alive)
+        except ApiError as e:
+            e.headers.update(header(req.ignored))
+            raise
+
+    async def body(self, request: web.Request, read: Callable[[Any], T]) -> T:
         """The JSON body as its dialect `read`s it: refused by its announced size before
         anything is read, read within api.body_timeout, and parsed only once admitted among
         BODY_SLOTS (off the loop when big)."""
@@ -345,7 +410,7 @@ class ApiServer:
                 return await asyncio.to_thread(lambda: read(parse_json(raw)))
             return read(parse_json(raw))
 
-    async def _limits(self, inst: InstanceRuntime) -> ModelLimits:
+    async def limits(self, inst: InstanceRuntime) -> ModelLimits:
         """The model's vocabulary and context window, as rank 0 reported them once loaded,
         else from its config.json (as the daemon read it once per instance); and the
         instance's max_tokens_cap."""
@@ -355,6 +420,22 @@ class ApiServer:
             return ModelLimits(info.vocab_size, info.context_length, cap, schema)
         vocab, context = await self.sup.traffic.size(inst)
         return ModelLimits(vocab, context, cap, schema)
+
+
+def encoder_json(enc: Encoding) -> dict[str, Any]:
+    """What /v1/models says of an embedding model or a reranker: what it serves, the longest
+    input, and an embedding model's vector size and the sizes it may be cut to."""
+    out: dict[str, Any] = {"serves": "embeddings" if enc.role == "embed" else "rerank",
+                           "context_length": enc.max_tokens, "max_input_tokens": enc.max_tokens}
+    if enc.role == "embed":
+        out["dimensions"] = enc.dimensions
+        out["matryoshka_dimensions"] = list(enc.matryoshka) \
+            if isinstance(enc.matryoshka, tuple) else enc.matryoshka
+    return out
+
+
+def _size(got: Embedded) -> int:
+    return sum(map(len, got.results))
 
 
 def capabilities(caps: Capabilities) -> dict[str, Any]:
@@ -396,8 +477,11 @@ def parse_json(raw: bytes) -> Any:
 
 
 def error_response(e: ApiError, path: str = "") -> web.Response:
-    """In the shape of the dialect the path speaks: Anthropic's under /v1/messages."""
+    """In the shape of the dialect the path speaks: Anthropic's under /v1/messages, Ollama's
+    (`{"error": TEXT}`, which its clients raise with the status) under /api/."""
     if path == "/v1/messages" or path.startswith("/v1/messages/"):
         return web.json_response(anthropic.error_body(e), status=anthropic.error_status(e),
                                  headers=e.headers)
+    if path.startswith("/api/"):
+        return web.json_response({"error": error_text(e)}, status=e.status, headers=e.headers)
     return web.json_response(e.body(), status=e.status, headers=e.headers)

@@ -40,9 +40,9 @@ def _is_ip(name: str) -> bool:
 
 
 class HostPolicy:
-    def __init__(self, listen_host: str, allowed: Iterable[str]) -> None:
+    def __init__(self, listen_hosts: Iterable[str], allowed: Iterable[str]) -> None:
         self.any = "*" in allowed
-        self.names = {"localhost", listen_host.lower().strip("[]")} | {
+        self.names = {"localhost"} | {h.lower().strip("[]") for h in listen_hosts} | {
             host_name(a) for a in allowed if a != "*"}
 
     def allows(self, header: str | None) -> bool:

@@ -59,6 +59,17 @@ def served_elsewhere(name: str, host: str) -> ApiError:
                     "service_unavailable_error", "served_elsewhere")
 
 
+def serves_other(name: str, serves: str) -> ApiError:
+    """A request for a kind of work the instance's model does not do (`serves`: its role,
+    exod.config.embed)."""
+    from exod.config.embed import ENDPOINTS, Role
+
+    role: Role = "embed" if serves == "embed" else "rerank" if serves == "rerank" else "chat"
+    return ApiError(400, f"The model `{name}` serves {ENDPOINTS[role]}: send this request to "
+                         "an instance of a model that does this.", "invalid_request_error",
+                    "wrong_model_kind", "model")
+
+
 def queue_full(name: str, limit: int, queue: int) -> ApiError:
     return ApiError(429, f"The model `{name}` is busy: {limit} request(s) running and {queue} "
                          "waiting, the most it takes. Retry later.",

@@ -74,6 +74,12 @@ class GuardedSite(web.BaseSite):
     def name(self) -> str:
         return f"http://{self._host}:{self._port}"
 
+    @property
+    def port(self) -> int:
+        """The port bound (the one chosen for port 0)."""
+        assert isinstance(self._server, asyncio.Server) and self._server.sockets
+        return int(self._server.sockets[0].getsockname()[1])
+
     async def start(self) -> None:
         await super().start()
         server = self._runner.server

@@ -34,6 +34,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Seconds. Small models on a CPU answer in tens of milliseconds; big ones take many seconds.
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5)
+INPUT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 @dataclass
@@ -43,6 +44,7 @@ class InstanceStats:
     requests: collections.Counter[str] = field(default_factory=collections.Counter)
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    inputs: int = 0  # of embeddings and rerank requests (a rerank's: its documents)
 
 
 class Metrics:
@@ -58,6 +60,10 @@ class Metrics:
             "exod_time_per_output_token_seconds", "Mean time between generated tokens, one "
             "observation per request that generated two tokens or more", ["instance"],
             buckets=TPOT_BUCKETS, registry=self.registry)
+        self.inputs = Histogram(
+            "exod_embedding_inputs_per_request", "Inputs of an embeddings request (documents "
+            "of a rerank request)", ["instance"], buckets=INPUT_BUCKETS,
+            registry=self.registry)
         self.registry.register(LiveCollector(daemon, load, self.stats, self.ignored))
 
     def render(self) -> bytes:
@@ -77,6 +83,12 @@ class Meter:
         self.first: float | None = None
         self.counted = 0  # text and held events: a token each, until `done` gives the total
         self.failed_code: int | None = None  # an error after the 200 went out (streams)
+        self.status = 499  # the answer's, once there is one (until then: the client left)
+
+    def inputs(self, n: int) -> None:
+        """An embeddings or rerank request of `n` inputs."""
+        self.metrics.stats[self.instance].inputs += n
+        self.metrics.inputs.labels(self.instance).observe(n)
 
     def event(self, ev: m.Event) -> None:
         now = time.monotonic()
@@ -161,6 +173,7 @@ class LiveCollector(Collector):
         yield from self._downloads(instances)
         yield from self._prompt_cache(instances)
         yield from self._speculative(instances)
+        yield from self._batches(instances)
 
     def _downloads(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
         """The model download an instance waits for (only while it is downloading)."""
@@ -180,41 +193,66 @@ class LiveCollector(Collector):
         yield from (done, total, rate)
 
     def _prompt_cache(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
-        """Rank 0's prompt cache, as its runner last reported (counted since it started)."""
-        label = ["instance"]
+        """Rank 0's prompt cache, as its runner last reported (counted since it started), per
+        tier: a lookup is served by RAM, else by disk, else it is a miss of both (a RAM miss
+        is a lookup RAM did not serve; a disk miss, one neither served)."""
+        label, tiered = ["instance"], ["instance", "tier"]
         lookups = CounterMetricFamily("exod_prompt_cache_lookups", "Prompts looked up in the "
                                       "prompt cache", labels=label)
-        hits = CounterMetricFamily("exod_prompt_cache_hits", "Lookups that found a stored "
-                                   "prefix", labels=label)
-        cached = CounterMetricFamily("exod_prompt_cache_tokens", "Prompt tokens taken from the "
-                                     "cache instead of prefilled", labels=label)
-        size = GaugeMetricFamily("exod_prompt_cache_bytes", "Bytes the prompt cache holds",
-                                 labels=label)
+        hits = CounterMetricFamily("exod_prompt_cache_hits", "Lookups served from this tier",
+                                   labels=tiered)
+        misses = CounterMetricFamily("exod_prompt_cache_misses", "Lookups that reached this "
+                                     "tier and were not served from it", labels=tiered)
+        cached = CounterMetricFamily("exod_prompt_cache_tokens", "Prompt tokens taken from this "
+                                     "tier instead of prefilled", labels=tiered)
+        size = GaugeMetricFamily("exod_prompt_cache_bytes", "Bytes this tier holds",
+                                 labels=tiered)
+        entries = GaugeMetricFamily("exod_prompt_cache_entries", "Entries this tier holds",
+                                    labels=tiered)
+        load = CounterMetricFamily("exod_prompt_cache_load_seconds", "Time spent loading the "
+                                   "entries served from this tier", labels=tiered)
         for inst in instances:
             s = inst.ranks[0].serving if inst.ranks else None
             if s is None:
                 continue
-            lookups.add_metric([inst.name], s.cache_lookups)
-            hits.add_metric([inst.name], s.cache_hits)
-            cached.add_metric([inst.name], s.cached_tokens)
-            size.add_metric([inst.name], s.cache_bytes)
-        yield from (lookups, hits, cached, size)
+            name = inst.name
+            lookups.add_metric([name], s.cache_lookups)
+            tiers = [("ram", s.cache_hits, s.cached_tokens, s.cache_bytes, s.cache_entries, 0.0)]
+            if s.disk_max_bytes:
+                tiers.append(("disk", s.disk_hits, s.disk_cached_tokens, s.disk_bytes,
+                              s.disk_entries, s.disk_load_ms / 1000))
+            reached = s.cache_lookups
+            for tier, n, tokens, nbytes, held, seconds in tiers:
+                hits.add_metric([name, tier], n)
+                misses.add_metric([name, tier], max(0, reached - n))
+                reached -= n
+                cached.add_metric([name, tier], tokens)
+                size.add_metric([name, tier], nbytes)
+                entries.add_metric([name, tier], held)
+                load.add_metric([name, tier], seconds)
+        yield from (lookups, hits, misses, cached, size, entries, load)
 
     def _speculative(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
         """Speculative decoding on rank 0 (counted since it started): the acceptance rate is
         rate(accepted) / rate(drafted)."""
         label = ["instance"]
-        drafted = CounterMetricFamily("exod_draft_tokens", "Draft tokens the model checked "
-                                      "(speculative decoding)", labels=label)
-        accepted = CounterMetricFamily("exod_draft_tokens_accepted", "Draft tokens the model "
-                                       "accepted (speculative decoding)", labels=label)
-        for inst in instances:
-            s = inst.ranks[0].serving if inst.ranks else None
-            if s is None or not s.draft_tokens:
-                continue
-            drafted.add_metric([inst.name], s.drafted)
-            accepted.add_metric([inst.name], s.draft_accepted)
-        yield from (drafted, accepted)
+        yield from _per_runner(instances, lambda s: bool(s.draft_tokens), [
+            (CounterMetricFamily("exod_draft_tokens", "Draft tokens the model checked "
+                                 "(speculative decoding)", labels=label), lambda s: s.drafted),
+            (CounterMetricFamily("exod_draft_tokens_accepted", "Draft tokens the model "
+                                 "accepted (speculative decoding)", labels=label),
+             lambda s: s.draft_accepted)])
+
+    def _batches(self, instances: list[InstanceRuntime]) -> Iterator[Metric]:
+        """An embedding model's or a reranker's batches (counted since its runner started):
+        the mean batch size is rate(inputs) / rate(batches)."""
+        label = ["instance"]
+        yield from _per_runner(instances, lambda s: bool(s.batches), [
+            (CounterMetricFamily("exod_embedding_batches", "Forward passes of an embedding "
+                                 "model or a reranker", labels=label), lambda s: s.batches),
+            (CounterMetricFamily("exod_embedding_batched_inputs", "Inputs those passes held, "
+                                 "from every request in flight", labels=label),
+             lambda s: s.batched_inputs)])
 
     def _requests(self) -> Iterator[Metric]:
         requests = CounterMetricFamily("exod_requests", "Generation requests answered, by HTTP "
@@ -224,9 +262,26 @@ class LiveCollector(Collector):
                                      labels=["instance"])
         generated = CounterMetricFamily("exod_generated_tokens", "Tokens generated",
                                         labels=["instance"])
+        inputs = CounterMetricFamily("exod_embedding_inputs", "Inputs of embeddings requests "
+                                     "(documents of rerank requests)", labels=["instance"])
         for name, s in sorted(self.stats.items()):
             for code, n in sorted(s.requests.items()):
                 requests.add_metric([name, code], n)
             prompt.add_metric([name], s.prompt_tokens)
             generated.add_metric([name], s.generated_tokens)
-        yield from (requests, prompt, generated)
+            if s.inputs:
+                inputs.add_metric([name], s.inputs)
+        yield from (requests, prompt, generated, inputs)
+
+
+def _per_runner(instances: list[InstanceRuntime], counts: Callable[[m.Serving], bool],
+                families: list[tuple[CounterMetricFamily, Callable[[m.Serving], int]]]
+                ) -> Iterator[Metric]:
+    """Counters of each instance's rank 0 (as its last Serving report says), for the
+    instances where `counts`: each family with its value."""
+    for inst in instances:
+        s = inst.ranks[0].serving if inst.ranks else None
+        if s is not None and counts(s):
+            for family, value in families:
+                family.add_metric([inst.name], value(s))
+    yield from (family for family, _ in families)

@@ -80,7 +80,7 @@ def parse_chat(raw: Any, strict: bool = False) -> GenRequest:
     new = b.get("max_completion_tokens")
     names = {"max_tokens": "max_completion_tokens"} if new is not None else {}
     logprobs = rules.logprobs(b.get("logprobs"))
-    listed, origins = _tools(b.get("tools"), r)
+    listed, origins = function_tools(b.get("tools"), r)
     gen = Generate(id="", kind="chat", messages=msgs,
                    max_tokens=rules.max_tokens(new, "max_completion_tokens", old), **_sampling(b),
                    logprobs=logprobs,
@@ -167,12 +167,14 @@ def _image(r: Reading) -> ImageReader:
     return read
 
 
-def _tools(raw: Any, r: Reading) -> tuple[list[dict[str, Any]], list[str]]:
-    """The function tools (their `strict` mark beside them) and where each came from."""
+def function_tools(raw: Any, r: Reading, default: str | None = None
+                   ) -> tuple[list[dict[str, Any]], list[str]]:
+    """The function tools (their `strict` mark beside them) and where each came from;
+    `default`: the type of a tool that names none (Ollama's clients may leave it out)."""
     if raw is None:
         return [], []
     listed, origins = [], []
-    for tool, param in r.items(raw, "tools", "tool", "tool", rules.MAX_TOOLS):
+    for tool, param in r.items(raw, "tools", "tool", "tool", rules.MAX_TOOLS, default):
         r.keys(tool, "tool", param)
         fn = rules.obj(tool.get("function"), f"{param}.function")
         r.keys(fn, "function", f"{param}.function")

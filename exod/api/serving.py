@@ -6,7 +6,8 @@ rank 0's link, and relay the events back, whole or as SSE. Every request is mete
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -14,12 +15,11 @@ from loguru import logger
 
 from exod import messages as m
 from exod.api.errors import (ApiError, bad_request, model_not_found, not_ready, queue_full,
-                             runner_error, served_elsewhere)
+                             runner_error, served_elsewhere, serves_other)
 from exod.api.ignored import header
 from exod.api.image_fetch import Fetcher
 from exod.api.metrics import Meter, Metrics
 from exod.api.dialects.output import OpenAiOutput, Output
-from exod.api import sse
 from exod.api.objects import Reply
 from exod.api.tool_output import streamed_call, whole_call
 from exod.api.schema import GenRequest, ModelLimits, apply_limits, with_template_defaults
@@ -27,7 +27,7 @@ from exod.api.view import Daemon
 from exod.core.images import unseen
 from exod.core.sizes import format_size
 from exod.daemon.channel import RequestStream, TooLarge
-from exod.daemon.traffic import Busy, NotServing, Refused, ServedElsewhere
+from exod.daemon.traffic import Busy, Mismatch, NotServing, Refused, ServedElsewhere
 from exod.protocol import MAX_FRAME
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ def refusal(e: Refused) -> ApiError:
         return queue_full(e.name, e.limit, e.queue)
     if isinstance(e, ServedElsewhere):
         return served_elsewhere(e.name, e.host)
+    if isinstance(e, Mismatch):
+        return serves_other(e.name, e.serves)
     return model_not_found(e.name)
 
 
@@ -56,34 +58,46 @@ class Serving:
 
     # ---- one request ------------------------------------------------------------------------
     async def generate(self, request: web.Request, req: GenRequest, limits: Limits,
-                       out: Output | None = None) -> web.StreamResponse:
+                       out: Output | None = None,
+                       keep_alive: float | None = None) -> web.StreamResponse:
         """Serve one request; `out`: the dialect its answer is rendered in (OpenAI's chat
-        completions by default, see exod.api.dialects)."""
-        known = self.sup.instance(req.model) is not None  # no label for any name a client sends
-        meter = self.metrics.meter(req.model)
-        status = 499  # the client left (its handler was cancelled)
-        try:
-            resp = await self._admitted(request, req, meter, limits, out or OpenAiOutput())
-            status = resp.status
+        completions by default, see exod.api.dialects); `keep_alive`: the idle window it asks
+        for once it ends (Ollama's, exod.core.keep_alive)."""
+        with self.metered(req.model) as meter:
+            resp = await self._admitted(request, req, meter, limits, out or OpenAiOutput(),
+                                        keep_alive)
+            meter.status = resp.status
             return resp
+
+    @contextlib.contextmanager
+    def metered(self, model: str) -> Iterator[Meter]:
+        """A request for `model`, counted by its status once it ends (set `meter.status` to
+        the answer's; a client that left is 499)."""
+        inst = self.sup.serving(model)  # by its name or an alias
+        known = inst is not None  # no label for any name a client sends
+        meter = self.metrics.meter(inst.name if inst is not None else model)
+        try:
+            yield meter
         except ApiError as e:
-            status = e.status
+            meter.status = e.status
             raise
         except Exception:
-            status = 500
+            meter.status = 500
             raise
         finally:
             if known:
-                meter.finish(status)
+                meter.finish(meter.status)
 
     async def _admitted(self, request: web.Request, req: GenRequest, meter: Meter,
-                        limits: Limits, out: Output) -> web.StreamResponse:
+                        limits: Limits, out: Output,
+                        keep_alive: float | None) -> web.StreamResponse:
         try:
+            await self.traffic.expect(req.model, "chat")
             inst = self.traffic.find(req.model)
             req = await self._pictures(inst, req)
             req = apply_limits(req, await limits(inst))
             req = with_template_defaults(req, inst.config.chat_template_kwargs)
-            async with self.traffic.slot(inst) as link:
+            async with self.traffic.slot(inst, keep_alive) as link:
                 try:
                     stream = link.open(req.gen)
                 except TooLarge as e:
@@ -143,8 +157,8 @@ async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: Output) -
     thoughts: list[str] = []
     logprobs: list[m.TokenLogprob] = []
     async for ev in events:
-        if isinstance(ev, (m.Prefill, m.Held)):
-            continue  # progress only (see _events)
+        if isinstance(ev, (m.Prefill, m.Held, m.Vectors)):
+            continue  # progress only (see _events); no Vectors for a generation
         if isinstance(ev, m.Text):
             parts.append(ev.text)
             thoughts.append(ev.reasoning)
@@ -170,7 +184,7 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
         first = await anext(events)
     if isinstance(first, m.Error):
         raise runner_error(first.code, first.message, first.param)
-    resp = web.StreamResponse(headers={**sse.HEADERS, **header(req.ignored)})
+    resp = web.StreamResponse(headers={**out.stream_headers, **header(req.ignored)})
     reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage,
                   logprobs=req.gen.logprobs)
     try:
@@ -180,8 +194,8 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
             await resp.write(out.chunk(reply.chunk(role=True)))
         calls = 0
         async for ev in _after(first, events):
-            if isinstance(ev, (m.Prefill, m.Held)):
-                continue  # progress only (see _events)
+            if isinstance(ev, (m.Prefill, m.Held, m.Vectors)):
+                continue  # progress only (see _events); no Vectors for a generation
             if isinstance(ev, m.Text):
                 await resp.write(out.chunk(reply.chunk(
                     ev.text if ev.text or not ev.reasoning else None, reasoning=ev.reasoning,

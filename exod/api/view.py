@@ -4,14 +4,17 @@ them (on-demand starts, queues, hang watches) the daemon's `traffic` answers."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from exod.daemon.downloads import Download, Downloads, Outcome
     from exod.daemon.instance import InstanceRuntime
     from exod.control_messages import Snapshot
     from exod.daemon.log_ring import LogRings
     from exod.daemon.traffic import Traffic
+    from exod.hub.ref import HubRef
 
 
 class Daemon(Protocol):
@@ -40,6 +43,33 @@ class Daemon(Protocol):
 
     def instance(self, name: str) -> InstanceRuntime | None: ...
 
+    def serving(self, name: str) -> InstanceRuntime | None:
+        """The instance a request's `model` names (its own name or an alias)."""
+        ...
+
     def ordered(self) -> Sequence[InstanceRuntime]: ...
 
     def snapshot(self) -> Snapshot: ...
+
+    def now(self) -> float:
+        """The seam's monotonic clock (the idle stop's deadlines are on it)."""
+        ...
+
+    # ---- models named by hub repository (Ollama's /api/pull, /api/delete) -----------------
+    @property
+    def instances(self) -> dict[str, InstanceRuntime]: ...
+
+    @property
+    def hub_cache(self) -> Path: ...
+
+    @property
+    def downloads(self) -> Downloads: ...
+
+    def model_dir(self, inst: InstanceRuntime) -> Path | None:
+        """Where its model is now (a hub model's snapshot; None before it is fetched)."""
+        ...
+
+    def pull(self, ref: HubRef, owner: object, on_done: Callable[[Outcome], None]
+             ) -> Download: ...
+
+    def listen_downloads(self, fn: Callable[[Download], None]) -> Callable[[], None]: ...

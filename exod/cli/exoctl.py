@@ -191,6 +191,27 @@ def restart(client: Client, name: str) -> None:
     click.echo(f"{name}: {answer.state}")
 
 
+@main.group()
+def cache() -> None:
+    """The instances' prompt caches (RAM and disk)."""
+
+
+@cache.command("clear")
+@click.argument("name", required=False, shell_complete=complete_instance)
+@click.pass_obj
+def cache_clear(client: Client, name: str | None) -> None:
+    """Empty the prompt cache of NAME (default: every instance), in RAM and on disk. A ready
+    instance's runners clear their own; a stopped one's folder is emptied."""
+    answer = ok_or_fail(client.call(cm.ClearCache(name)), cm.ClearedReply)
+    from exod.core.sizes import format_size
+
+    for c in answer.cleared:
+        if c.how == "runner":
+            click.echo(f"{c.name}: cleared by its runners")
+        else:
+            click.echo(f"{c.name}: not running; {format_size(c.freed_bytes)} removed from disk")
+
+
 @main.command()
 @click.pass_obj
 def reload(client: Client) -> None:
@@ -309,56 +330,68 @@ def chat(client: Client, name: str, prompt: str | None, as_json: bool, system: s
 @click.option("--quiet", "-q", is_flag=True, help="No progress output.")
 @click.pass_obj
 def pull(client: Client, name: str, quiet: bool) -> None:
-    """Fetch the hub model NAME (hf:ORG/NAME[@REVISION]) into exod's cache ahead of time, with
-    a progress line; a download in progress for an instance is shared, not repeated. A branch
-    or tag is looked up again: this is how a cached model is updated."""
-    tty = not quiet and sys.stdout.isatty()
+    """Fetch the hub model NAME (hf:ORG/NAME[@REVISION]) into exod's cache ahead of time,
+    showing its progress as `ollama pull` does; a download in progress for an instance is
+    shared, not repeated, and one stopped midway resumes. A branch or tag is looked up again:
+    this is how a cached model is updated."""
+    from exod.cli.pull_view import PullView
+
+    view = PullView(name.removeprefix("hf:"), sys.stdout.isatty())
     for msg in client.stream(cm.Pull(name), timeout=float("inf")):
         if isinstance(msg, cm.DownloadEvent):
-            if tty:
-                click.echo(f"\r\033[K{name}: {msg.detail}", nl=False)
+            view.event(msg)
+            if not quiet:
+                click.echo(view.take(), nl=False)
             continue
-        if tty:
-            click.echo("\r\033[K", nl=False)
+        view.finish(isinstance(msg, cm.PullReply))
+        if not quiet:
+            click.echo(view.take(), nl=False)
         answer = ok_or_fail(msg, cm.PullReply)
         if not quiet:
-            click.echo(f"{name}: fetched, commit {answer.commit} at {answer.path}")
+            click.echo(f"{name}: commit {answer.commit} at {answer.path}")
         return
     raise click.ClickException("exod closed the connection before an answer")
 
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
-@click.option("--remove", "remove", default=None, metavar="NAME",
-              help="Delete the hub model NAME (hf:ORG/NAME) from the cache; refused while an "
-                   "instance using it runs.")
 @click.pass_obj
-def models(client: Client, as_json: bool, remove: str | None) -> None:
-    """The hub models in exod's cache: size, revisions and the instances that use them."""
-    if remove is not None:
-        removed = ok_or_fail(client.call(cm.RemoveModel(remove)), cm.RemovedReply)
-        click.echo(f"{removed.removed}: removed")
-        return
+def models(client: Client, as_json: bool) -> None:
+    """The hub models in exod's cache: size, revisions, the instances that use them and when
+    one last did (a request served, a start, a fetch)."""
     answer = ok_or_fail(client.call(cm.Models()), cm.ModelsReply)
     if as_json:
         out = to_wire(answer)
         out.pop("ok", None)
         click.echo(json.dumps(out, indent=2))
         return
+    from exod.cli.table import human_duration
     from exod.core.sizes import format_size
 
-    rows = [("MODEL", "SIZE", "REVISIONS", "INSTANCES")]
+    rows = [("MODEL", "SIZE", "REVISIONS", "LAST USE", "INSTANCES")]
+    now = time.time()
     for e in answer.models:
         revisions = ", ".join(f"{r}={c[:12]}" for r, c in e.revisions.items()) or \
             ", ".join(c[:12] for c in e.commits) or "-"
         size = format_size(e.size_bytes) + (
             f" ({format_size(e.partial_bytes)} partial)" if e.partial_bytes else "")
         users = ", ".join(f"{i.name} ({i.state})" for i in e.instances) or "-"
-        rows.append((f"hf:{e.repo}", size, revisions, users))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        last = "-" if e.last_use is None else f"{human_duration(max(0.0, now - e.last_use))} ago"
+        rows.append((f"hf:{e.repo}", size, revisions, last, users))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     click.echo(f"cache: {answer.cache}")
     for r in rows:
-        click.echo("  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[3]]))
+        click.echo("  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]))
+
+
+@main.command()
+@click.argument("name")
+@click.pass_obj
+def rm(client: Client, name: str) -> None:
+    """Delete the hub model NAME (hf:ORG/NAME) from exod's cache; refused, naming them, while
+    instances run from it."""
+    removed = ok_or_fail(client.call(cm.RemoveModel(name)), cm.RemovedReply)
+    click.echo(f"{removed.removed}: removed")
 
 
 if __name__ == "__main__":

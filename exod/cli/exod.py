@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,7 +15,7 @@ from exod import __version__
 from exod.core.exits import EXIT_CONFIG
 
 if TYPE_CHECKING:
-    from exod.config.schema import Config
+    from exod.config.schema import Config, Instance
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -74,11 +75,11 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
         service.errno(errno.EINVAL, f"invalid configuration {path}{hint}")
         sys.exit(EXIT_CONFIG)
 
-    from exod.config.safety import public_without_token
+    from exod.config.safety import public, public_without_token
     from loguru import logger
 
     if public_without_token(cfg) and not cfg.api.insecure_public:
-        why = (f"api.listen {cfg.api.listen} is reachable from other machines but "
+        why = (f"api.listen {', '.join(public(cfg))} is reachable from other machines but "
                "api.token_file is not set; set a token file, listen on 127.0.0.1, or set "
                "api.insecure_public: true")
         logger.error("refusing to start: {}", why)
@@ -150,13 +151,34 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
             click.echo(f"warning: {warning}", err=True)
     click.echo(f"{path}: OK, {n} instance{'s' if n != 1 else ''}; "
                f"stop ladder worst case {worst:g}s")
-    for line in memory_lines(cfg):
+    for line in memory_lines(cfg) + cache_lines(cfg):
         click.echo(line)
+    from exod.config.embed import describe as describe_encoder
     from exod.config.mlx_options import describe as describe_options
 
     for inst in cfg.instances.values():
-        for line in describe_options(inst):
+        for line in describe_options(inst) + serving_lines(inst) + describe_encoder(inst):
             click.echo(line)
+
+
+def serving_lines(inst: Instance) -> list[str]:
+    """`exod check`'s words for the names an instance answers to, and for an on-demand one its
+    idle stop and the keep_alive a request may set."""
+    from exod.config.durations import format_duration
+
+    def show(seconds: float) -> str:
+        return "never" if math.isinf(seconds) else format_duration(seconds)
+
+    out = []
+    if inst.aliases:
+        out.append(f"{inst.name}: also answers to {', '.join(inst.aliases)}")
+    if inst.on_demand:
+        idle = inst.idle_stop_after
+        stop = "stays up" if math.isinf(idle) else f"stops after {show(idle)}"
+        bounds = inst.keep_alive
+        out.append(f"{inst.name}: on demand: {stop} without a request; a request's keep_alive "
+                   f"may set that from {show(bounds.min)} to {show(bounds.max)}")
+    return out
 
 
 def check_system(config: Path | None) -> None:
@@ -193,6 +215,38 @@ def memory_lines(cfg: Config) -> list[str]:
     if lines and available is not None:
         lines.append(f"available now: {format_size(available)} (less memory_headroom "
                      f"{format_size(cfg.defaults.memory_headroom)})")
+    return lines
+
+
+def cache_lines(cfg: Config) -> list[str]:
+    """Each instance's prompt cache budgets: RAM, and disk with its folder and the free space
+    of the filesystem it is on."""
+    import os
+    import shutil
+
+    from exod.config.mlx_options import turn_reason
+    from exod.core.sizes import format_size
+    from exod.daemon.launch import prompt_cache_folder
+
+    lines = []
+    for inst in cfg.instances.values():
+        turns = turn_reason(inst)
+        if turns is not None:
+            lines.append(f"prompt cache of {inst.name}: none (served by turns: {turns})")
+            continue
+        ram = format_size(inst.prompt_cache_bytes) if inst.prompt_cache_bytes else "off"
+        if not inst.prompt_cache_disk_bytes:
+            lines.append(f"prompt cache of {inst.name}: RAM {ram}, disk off")
+            continue
+        folder = prompt_cache_folder(inst, os.environ)
+        where = next((p for p in (folder, *folder.parents) if p.exists()), folder)
+        try:
+            free = f", {format_size(shutil.disk_usage(where).free)} free there now"
+        except OSError:
+            free = ""
+        each = " on each rank" if inst.shards > 1 else ""
+        lines.append(f"prompt cache of {inst.name}: RAM {ram}, disk "
+                     f"{format_size(inst.prompt_cache_disk_bytes)}{each} in {folder}{free}")
     return lines
 
 

@@ -55,7 +55,8 @@ def render_status(snap: cm.Snapshot) -> str:
 
 
 def serving_note(serving: cm.ServingStatus | None) -> str:
-    """e.g. `batch 3/8, prompt cache 2 entries 91.3MiB, hit rate 50%`."""
+    """e.g. `batch 3/8, prompt cache 2 entries 91.3MiB, hit rate 50%; on disk 5 entries
+    410MiB, hit rate 25%`."""
     if not serving:
         return ""
     if serving.batching != "continuous":
@@ -68,4 +69,11 @@ def serving_note(serving: cm.ServingStatus | None) -> str:
                  f", hit rate {'-' if rate is None else f'{rate:.0%}'}")
     else:
         text += ", no prompt cache"
+    disk = cache.disk if cache is not None else None
+    if disk is not None:
+        rate = disk.hit_rate
+        text += (f"; on disk {disk.entries} entries {format_size(disk.bytes)}"
+                 f", hit rate {'-' if rate is None else f'{rate:.0%}'}")
+        if disk.state != "ready":
+            text += f" ({disk.state})"
     return text

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from exod.core import request_rules
+from exod.config.durations import format_duration
+from exod.core import names, request_rules
 from exod.config.model_dir import model_heads, model_layer_count
 from exod.config.probe import layout_problem
 from exod.config.schema import Instance
@@ -108,10 +109,18 @@ def check_layout(instance: Instance, written: Collection[str]) -> list[Issue]:
 
 def check_on_demand(instance: Instance, written: Collection[str]) -> list[Issue]:
     """Keys that only mean something for `autostart: on-demand`."""
-    if "idle_stop_after" in written and not instance.on_demand:
-        return [Issue("idle_stop_after", "applies only to `autostart: on-demand` instances "
-                                         "(nothing would start it again)")]
-    return []
+    issues = [Issue(key, "applies only to `autostart: on-demand` instances (nothing would "
+                         "start it again)")
+              for key in ("idle_stop_after", "keep_alive")
+              if key in written and not instance.on_demand]
+    if "evictable" in written and not instance.on_demand:
+        issues.append(Issue("evictable", "applies only to `autostart: on-demand` instances (no "
+                                         "other instance is ever stopped for room)"))
+    bounds = instance.keep_alive
+    if bounds.min > bounds.max:
+        issues.append(Issue("keep_alive", f"min ({format_duration(bounds.min)}) is more than "
+                                          f"max ({format_duration(bounds.max)})"))
+    return issues
 
 
 def check_template_kwargs(instance: Instance) -> list[Issue]:
@@ -122,6 +131,21 @@ def check_template_kwargs(instance: Instance) -> list[Issue]:
         return [Issue("chat_template_kwargs", str(e).replace("`chat_template_kwargs`", "")
                       .lstrip(": ") or str(e))]
     return []
+
+
+def check_warm(instance: Instance) -> list[Issue]:
+    """Each `warm:` file is a prompt (read again by the runner at each start)."""
+    from exod.config.warm import read_warm
+
+    issues = []
+    for i, path in enumerate(instance.warm):
+        try:
+            read_warm(path)
+        except OSError as e:
+            issues.append(Issue(f"warm[{i}]", f"cannot read {path}: {e.strerror or e}"))
+        except ValueError as e:
+            issues.append(Issue(f"warm[{i}]", f"{path}: {e}"))
+    return issues
 
 
 def check_ports(instances: Sequence[Instance]) -> list[tuple[Instance, Issue]]:
@@ -143,6 +167,22 @@ def check_ports(instances: Sequence[Instance]) -> list[tuple[Instance, Issue]]:
     return found
 
 
+def check_names(instances: Sequence[Instance]) -> list[tuple[Instance, Issue]]:
+    """Every name a request may give (an instance's own, its aliases; `:latest` or not) names
+    one instance."""
+    by_name = {i.name: i for i in instances}
+    found = []
+    for name, alias, owner in names.clashes({i.name: i.aliases for i in instances}):
+        inst = by_name[name]
+        why = "is already one of its names" if owner == name else (
+            f"already names instance {owner!r} (defined at {by_name[owner].source})")
+        if (owner, *by_name[owner].aliases).count(alias) < (2 if owner == name else 1):
+            why += " (a name without a tag is the same name with `:latest`)"
+        found.append((inst, Issue(f"aliases[{inst.aliases.index(alias)}]",
+                                  f"{alias!r} {why}")))
+    return found
+
+
 def port_count(instance: Instance) -> int:
     """Ports from port_base on: one per rank, plus rank 0's control port for a group."""
     return instance.shards + 1 if instance.shards > 1 else 1
@@ -152,3 +192,22 @@ def _span(instance: Instance) -> str:
     first = instance.port_base or 0
     last = first + port_count(instance) - 1
     return str(first) if last == first else f"{first}-{last}"
+
+
+def listen_problems(addresses: Sequence[str]) -> list[tuple[int, str]]:
+    """(index, why) of each api.listen address that repeats an earlier one (port 0 aside:
+    each of those binds its own free port)."""
+    from exod.api.address import parse_listen
+
+    seen: dict[tuple[str, int], int] = {}
+    out = []
+    for i, a in enumerate(addresses):
+        try:
+            host, port = parse_listen(a)
+        except ValueError:
+            continue  # the pattern already refused it
+        key = (host.lower(), port)
+        if port and key in seen:
+            out.append((i, f"{a} is listed twice (also api.listen[{seen[key]}])"))
+        seen.setdefault(key, i)
+    return out

@@ -52,6 +52,11 @@ def parse_duration(value: object) -> float:
     return seconds
 
 
+def parse_signed(text: str) -> float:
+    """Seconds of a duration that may be negative (`-1`, `-5m`); raises ValueError."""
+    return _parse_text(text)
+
+
 def _parse_text(text: str) -> float:
     s = text.strip()
     if _NUMBER.fullmatch(s):

@@ -12,8 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from exod.config.checks import (Issue, check_layout, check_on_demand, check_ports,
-                                check_sharding, check_template_kwargs)
+from exod.config.checks import (Issue, check_layout, check_names, check_on_demand,
+                                check_ports, check_sharding, check_template_kwargs, check_warm,
+                                listen_problems)
+from exod.config.embed import check_embed
 from exod.config.vision import check_vision
 from exod.config.probe import answers as probe_answers
 from exod.config.errors import ConfigError, Mark, Problem
@@ -63,16 +65,19 @@ def _read(path: Path, display: str) -> tuple[Node | None, list[Problem]]:
     return root, problems
 
 
-def _mark_of(root: MapNode, *keys: str) -> Mark:
-    """Where the value at `keys` is written, else the nearest enclosing key (or the file)."""
+def _node_of(root: MapNode, *keys: str) -> Node:
+    """The value at `keys`, else the nearest enclosing one (or the file's)."""
     node: Node = root
-    mark = root.mark
     for key in keys:
         if not isinstance(node, MapNode) or key not in node.entries:
             break
         node = node.entries[key].value
-        mark = node.mark
-    return mark
+    return node
+
+
+def _mark_of(root: MapNode, *keys: str) -> Mark:
+    """Where the value at `keys` is written, else the nearest enclosing key (or the file)."""
+    return _node_of(root, *keys).mark
 
 
 def _kind(node: Node) -> str:
@@ -131,6 +136,7 @@ class _Loader:
         # Sharding checks need node.name (which host is this one), known only now.
         self.cross_check(config.node.name if isinstance(config, Config) else NodeSection().name)
         if isinstance(config, Config):
+            self.check_listen(root, config.api.listen)
             problem = control_socket_problem(config)
             if problem:
                 self.v.report(_mark_of(root, "control", "socket"), "control.socket", problem)
@@ -252,9 +258,9 @@ class _Loader:
             self.nodes[name] = body
             for issue in [*check_layout(instance, body.entries),
                           *check_on_demand(instance, body.entries),
-                          *check_template_kwargs(instance),
+                          *check_template_kwargs(instance), *check_warm(instance),
                           *check_mlx_options(instance, body.entries),
-                          *check_vision(instance)]:
+                          *check_vision(instance), *check_embed(instance)]:
                 self.report_issue(instance, issue)
 
     # An instance's keys that may name a model on the hub, and where its reference goes.
@@ -283,8 +289,15 @@ class _Loader:
         for instance in self.instances.values():
             for issue in check_sharding(instance, node_name):
                 self.report_issue(instance, issue)
-        for instance, issue in check_ports(list(self.instances.values())):
+        for instance, issue in [*check_ports(list(self.instances.values())),
+                                *check_names(list(self.instances.values()))]:
             self.report_issue(instance, issue)
+
+    def check_listen(self, root: MapNode, addresses: tuple[str, ...]) -> None:
+        node = _node_of(root, "api", "listen")
+        for i, why in listen_problems(addresses):
+            mark = node.items[i].mark if isinstance(node, SeqNode) else node.mark
+            self.v.report(mark, f"api.listen[{i}]", why)
 
     def report_issue(self, instance: Instance, issue: Issue) -> None:
         """Place an Issue ("layers[1]") at the value it is about, else at the instance's key."""

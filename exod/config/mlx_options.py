@@ -52,10 +52,11 @@ def check_mlx_options(instance: Instance, written: Collection[str],
     issues = [Issue(key, f"applies only with `{needs}` (it would change nothing alone)")
               for key, needs in _NEEDS.items() if key in written and needs not in written]
     turns = turn_reason(instance)
-    if turns is not None and "prompt_cache_bytes" in written and instance.prompt_cache_bytes:
-        issues.append(Issue("prompt_cache_bytes", f"has no effect here: the instance serves by "
-                                                  f"turns ({turns}), which keeps no prompt "
-                                                  "cache; remove it (or write 0)"))
+    for key in ("prompt_cache_bytes", "prompt_cache_disk_bytes", "warm"):
+        if turns is not None and key in written and getattr(instance, key):
+            issues.append(Issue(key, f"has no effect here: the instance serves by turns "
+                                     f"({turns}), which keeps no prompt cache; remove it"
+                                     + ("" if key == "warm" else " (or write 0)")))
     if instance.kv_bits is not None and instance.max_kv_size is not None:
         issues.append(Issue("max_kv_size", "cannot go with kv_bits: mlx-lm cannot quantize a "
                                            "rotating cache (RotatingKVCache); choose one"))

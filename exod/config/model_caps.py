@@ -25,6 +25,12 @@ TOOL_MARKERS = ("<minimax:tool_call>", "<|tool_call>", "<start_function_call>",
                 "<atem:function_calls>", "<tool_call>\n<function=", "<tool_call>\\n<function=")
 THINK_PAIRS = (("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"),
                ("<|think:start|>", "<|think:end|>"))
+# Fill-in-the-middle tokens (prefix, suffix, middle), each one token, in the order a prompt
+# takes them: Qwen2.5-Coder's, StarCoder's and DeepSeek-Coder's (begin, hole, end).
+FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+              ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+              ("<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>",
+               "<\uff5cfim\u2581end\uff5c>"))
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,7 @@ class Capabilities:
     tools: bool | None = None  # None: the files do not tell (not downloaded yet, unreadable)
     thinking: bool | None = None
     vision: bool | None = None  # it takes pictures (served by the vision runner)
+    fim: tuple[str, str, str] | None = None  # its fill-in-the-middle tokens, if it has them
 
 
 def writes_tool_calls(template: str, vocab: set[str]) -> bool:
@@ -55,7 +62,13 @@ def model_capabilities(model_dir: Path) -> Capabilities:
     vocab = _vocab(config or {}, tokenizer or {})
     template = _template(model_dir, config or {})
     return Capabilities(tools=template is not None and writes_tool_calls(template, vocab),
-                        thinking=thinks(vocab), vision=sees(model_dir) is not None)
+                        thinking=thinks(vocab), vision=sees(model_dir) is not None,
+                        fim=next((t for t in FIM_TOKENS if all(x in vocab for x in t)), None))
+
+
+def chat_template(model_dir: Path) -> str | None:
+    """The model's chat template (every variant joined), as its files hold it."""
+    return _template(model_dir, _json(model_dir / "tokenizer_config.json") or {})
 
 
 def _json(path: Path) -> dict[str, Any] | None:

@@ -81,7 +81,7 @@ _HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads")
 def model_heads(model_dir: Path) -> tuple[str, int] | None:
     """(config.json key, count) of the model's attention heads, if config.json states it."""
     cfg = model_config(model_dir)
-    n = _positive_int(cfg, _HEAD_KEYS)
+    n = positive_int(cfg, _HEAD_KEYS)
     return None if n is None else (next(k for k in _HEAD_KEYS if cfg.get(k) == n), n)
 
 
@@ -90,7 +90,7 @@ _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len
                  "seq_length", "max_sequence_length")
 
 
-def _positive_int(section: dict[str, object], keys: tuple[str, ...]) -> int | None:
+def positive_int(section: dict[str, object], keys: tuple[str, ...]) -> int | None:
     for key in keys:
         n = section.get(key)
         if isinstance(n, int) and not isinstance(n, bool) and n > 0:
@@ -103,4 +103,4 @@ def model_limits(model_dir: Path) -> tuple[int | None, int | None]:
     What the API checks requests against, so that no token id outside the vocabulary and no
     `max_tokens` beyond the window ever reaches the runner."""
     cfg = model_config(model_dir)
-    return _positive_int(cfg, _VOCAB_KEYS), _positive_int(cfg, _CONTEXT_KEYS)
+    return positive_int(cfg, _VOCAB_KEYS), positive_int(cfg, _CONTEXT_KEYS)

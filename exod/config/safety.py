@@ -12,7 +12,8 @@ from exod.config.schema import Config
 
 
 def is_public(listen: str) -> bool:
-    """True when `listen` can be reached from other machines (anything but loopback)."""
+    """True when `listen` (one address) can be reached from other machines (anything but
+    loopback)."""
     if not listen:
         return False
     try:
@@ -27,8 +28,13 @@ def is_public(listen: str) -> bool:
         return True  # a host name: it may resolve to any interface
 
 
+def public(cfg: Config) -> list[str]:
+    """The addresses of api.listen that other machines can reach."""
+    return [a for a in cfg.api.listen if is_public(a)]
+
+
 def public_without_token(cfg: Config) -> bool:
-    return is_public(cfg.api.listen) and cfg.api.token_file is None
+    return bool(public(cfg)) and cfg.api.token_file is None
 
 
 def control_socket_problem(cfg: Config) -> str | None:
@@ -50,7 +56,7 @@ def warnings(cfg: Config) -> list[str]:
     if public_without_token(cfg):
         verdict = ("allowed by api.insecure_public" if cfg.api.insecure_public
                    else "`exod run` refuses this unless api.insecure_public is true")
-        out.append(f"api.listen {cfg.api.listen} is reachable from other machines and "
+        out.append(f"api.listen {', '.join(public(cfg))} is reachable from other machines and "
                    f"api.token_file is not set: anyone who reaches it can use the models "
                    f"({verdict})")
     if cfg.control.mode & 0o002:

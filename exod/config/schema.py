@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Literal
 
 from exod.core.serving import (DEFAULT_KV_GROUP_SIZE, DEFAULT_NUM_DRAFT_TOKENS,
-                               DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_QUANTIZED_KV_START)
+                               DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_PROMPT_CACHE_DISK_BYTES,
+                               DEFAULT_QUANTIZED_KV_START)
+from exod.core.names import ALIAS_RE
 from exod.hub.ref import HubRef
 from exod.config.types import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir,
                                Network, Octal, Size)
@@ -49,7 +51,10 @@ class StopPolicy:
 
     grace: Duration = field(
         default=10.0,
-        metadata=doc("Rung 1: after asking the runner to shut down, wait this long.", minimum=0),
+        metadata=doc("Rung 1: after asking the runner to shut down, wait this long. Within it, "
+                     "after `drain`, the runner writes the prompt cache entries not on disk yet "
+                     "(`prompt_cache_disk_bytes`), up to a half second before its end: what "
+                     "does not fit is dropped, never waited for.", minimum=0),
     )
     drain: Duration = field(
         default=5.0,
@@ -144,6 +149,24 @@ class GrammarLimits:
 
 
 @dataclass(frozen=True)
+class KeepAliveBounds:
+    """What a request's own `keep_alive` (Ollama's API) may set an on-demand instance's idle
+    window to: the floor keeps one client from stopping a model others use, the ceiling from
+    holding its memory for ever."""
+
+    min: Duration = field(
+        default=0.0,
+        metadata=doc("The shortest window a request may set: the floor that keeps one client "
+                     "from stopping a model that others use (`keep_alive: 0` then stops it "
+                     "after this long).", minimum=0))
+    max: DurationOrNever = field(
+        default=float("inf"),
+        metadata=doc("The longest window a request may set: the ceiling that keeps one client "
+                     "from holding the model's memory (`keep_alive: -1` then keeps it this "
+                     "long).", minimum=0))
+
+
+@dataclass(frozen=True)
 class Host:
     name: str = field(
         metadata=doc("The host's name, compared with its `node.name`.",
@@ -169,11 +192,52 @@ class RunnerOptions:
     )
     prompt_cache_bytes: int = field(
         default=DEFAULT_PROMPT_CACHE_BYTES,
-        metadata=doc("Bytes of KV cache kept from finished requests, so that a request which "
-                     "starts as an earlier one did (the next turn of a chat) prefills only what "
-                     "is new. Least recently used entries are evicted first; 0 disables the "
-                     "cache. In a sharded instance the cap counts rank 0's bytes, and the other "
-                     "ranks keep the same entries.", minimum=0, maximum=1 << 50),
+        metadata=doc("Bytes of KV cache kept in RAM from finished requests, so that a request "
+                     "which starts as an earlier one did (the next turn of a chat) prefills only "
+                     "what is new. Least recently used entries are evicted first, to the disk "
+                     "tier (`prompt_cache_disk_bytes`); 0 disables the RAM tier. In a sharded "
+                     "instance the cap counts rank 0's bytes, and the other ranks keep the same "
+                     "entries.", minimum=0, maximum=1 << 50),
+    )
+    prompt_cache_disk_bytes: Size = field(
+        default=DEFAULT_PROMPT_CACHE_DISK_BYTES,
+        metadata=doc("The prompt cache's disk tier: bytes of KV cache kept as files under "
+                     "`prompt_cache_dir`, so that a restart, an upgrade, a crash, an idle stop, "
+                     "an eviction or a reboot loses nothing: the first request whose prompt "
+                     "starts as a kept entry did loads it instead of prefilling it. Entries are "
+                     "written behind the requests, never in their way: when they leave RAM, when "
+                     "the instance is idle, and at a stop, within rung 1 of the ladder (what does "
+                     "not fit before `stop.grace` is dropped, never waited for). A load runs like "
+                     "prefill, a bounded part each step: a cancel or a stop ends it. Least "
+                     "recently used entries go first; writes also leave the filesystem min(1 "
+                     "GiB, 5%) free. Each entry is kept under a fingerprint of everything that "
+                     "makes its KV valid: the weights by content (the SHA-256 of config.json and "
+                     "the safetensors files, hashed once and recorded by each file's inode, "
+                     "size, mtime and ctime, beside the files when their folder is writable, else "
+                     "in the instance's folder), the adapters, dtype, KV quantization and "
+                     "`max_kv_size`, the rank's layers in a group, the mlx and mlx-lm versions "
+                     "and exod's cache format. Any change is a miss, and the folders of other "
+                     "fingerprints are removed at the next start. A prefix is matched by its "
+                     "tokens, compared in full. Files are written to a temporary name and "
+                     "renamed (mode 0600, folders 0700), and carry a CRC: a full disk, an "
+                     "unwritable folder, or a file cut short, corrupt or unreadable is a miss "
+                     "and one log line, never a failed request. Each rank of a group keeps its "
+                     "own layers' part, up to this many bytes; a hit needs every rank to hold "
+                     "the entry, else it is a miss on every rank. An instance served by turns "
+                     "(`kv_bits`, `draft_model`, a family mlx-lm cannot batch) keeps no prompt "
+                     "cache, in RAM or on disk. 0 disables the disk tier.", minimum=0,
+                     inherit="prompt_cache_disk_bytes"),
+    )
+    warm: tuple[Path, ...] = field(
+        default=(),
+        metadata=doc("Prompt files prefilled into the prompt cache at each start, unless it "
+                     "holds them already (an agent's system prompt and tools, so that its first "
+                     "request after a start finds them cached). A file is JSON, an object with "
+                     "`messages` (chat turns, as a chat completions request has them) and "
+                     "optionally `tools` (function tools), or plain text, one system message. "
+                     "Its prompt is the model's chat template over those turns without an "
+                     "assistant's turn after them, with `chat_template_kwargs`. A file that "
+                     "cannot be read or is no such prompt is a config error."),
     )
     grammar: GrammarLimits = field(
         default_factory=GrammarLimits,
@@ -190,9 +254,9 @@ class RunnerOptions:
                      "Memory admission counts the quantized size (and, for a cache not quantized "
                      "yet, the float one). mlx-lm cannot batch a quantized cache: the instance "
                      "serves its requests by turns, one token of each in turn, with no prompt "
-                     "cache (a `prompt_cache_bytes` written beside it is refused), and `exoctl "
-                     "status` says why it does not batch. Not with `max_kv_size`, nor with shards "
-                     "> 1."),
+                     "cache (a `prompt_cache_bytes`, `prompt_cache_disk_bytes` or `warm` written "
+                     "beside it is refused), and `exoctl status` says why it does not batch. Not "
+                     "with `max_kv_size`, nor with shards > 1."),
     )
     kv_group_size: KvGroupSize = field(
         default=DEFAULT_KV_GROUP_SIZE,
@@ -288,6 +352,18 @@ class Instance(RunnerOptions):
     hub: HubRef | None = field(
         default=None, kw_only=True,
         metadata=doc("the hub repository `model` names, if any", internal=True))
+    # compare=False: a reload that changes only the names restarts nothing (the daemon reads
+    # them from its current config).
+    aliases: tuple[str, ...] = field(
+        default=(), compare=False,
+        metadata=doc("More names a request's `model` may give the instance, in every API "
+                     "dialect: the names clients already have configured, e.g. "
+                     "`[llama3.2, qwen3:8b]` (Ollama's form, `[NAMESPACE/]MODEL[:TAG]`). A name "
+                     "without a tag is the same as with `:latest`, for the instance's own name "
+                     "too (Raycast appends `:latest`). No two instances may answer to the same "
+                     "name; `exod check` names the clash. Aliases are listed by neither "
+                     "`/v1/models` nor `/api/tags`, and a reload that changes only them "
+                     "restarts nothing.", pattern=ALIAS_RE))
     shards: int = field(
         default=1,
         metadata=doc("The number of ranks, that is runner processes, that share the model.",
@@ -322,9 +398,28 @@ class Instance(RunnerOptions):
     idle_stop_after: DurationOrNever = field(
         default=float("inf"),
         metadata=doc("An on-demand instance that has had no request for this long is stopped "
-                     "through the termination ladder; the next request starts it again.",
-                     minimum=0),
+                     "through the termination ladder; the next request starts it again. A "
+                     "request's own `keep_alive` (Ollama's API) may set this window, within the "
+                     "bounds below.", minimum=0),
     )
+    evictable: bool = field(
+        default=True,
+        metadata=doc("An idle on-demand instance may be stopped to make room for another "
+                     "on-demand instance that memory admission would refuse (least recently "
+                     "used first). `false` keeps it loaded, and that other start is refused "
+                     "instead: a chat model that an embedding model starting on demand must "
+                     "never evict. An always-on instance is never stopped for room."),
+    )
+    keep_alive: KeepAliveBounds = field(
+        default_factory=KeepAliveBounds,
+        metadata=doc("What a request's `keep_alive` (Ollama's API: a duration such as `5m`, a "
+                     "number of seconds, `0` to stop the instance once no request is in "
+                     "flight, or `-1` to keep it) may set an on-demand instance's idle window "
+                     "to. The window a request sets lasts until the next request ends; one "
+                     "that asks nothing restores `idle_stop_after`, but does not undo a `0` "
+                     "asked while it ran. On an instance that is not on demand, `keep_alive` "
+                     "has no effect. `exod check` prints each on-demand instance's window and "
+                     "bounds."))
     hang_after: DurationOrNever = field(
         default=300.0,
         metadata=doc("While requests are in flight and the instance's runner sends nothing for "
@@ -413,6 +508,12 @@ class Instance(RunnerOptions):
                      "still take), at most 16 and at least 1. The log says which width was "
                      "chosen, and `exod check` shows it.", minimum=1, maximum=256),
     )
+    prompt_cache_dir: Path | None = field(
+        default=None,
+        metadata=doc("The folder under which the instance keeps the prompt cache's disk tier, in "
+                     "a folder of its own name (`exoctl cache clear` empties it).",
+                     inherit="prompt_cache_dir"),
+    )
     max_queue: int = field(
         default=16,
         metadata=doc("How many more requests may wait, in order of arrival; beyond that the HTTP "
@@ -498,6 +599,20 @@ class Defaults:
                      "64GiB, 21.3GiB available`, and no runner starts. KiB, MiB, GiB, TiB and K, "
                      "M, G, T are powers of 1024; KB, MB, GB, TB of 1000.", minimum=0),
     )
+    prompt_cache_disk_bytes: Size = field(
+        default=DEFAULT_PROMPT_CACHE_DISK_BYTES,
+        metadata=doc("The `prompt_cache_disk_bytes` of every instance that sets none: 0 turns the "
+                     "disk tier off everywhere.", minimum=0),
+    )
+    prompt_cache_dir: Path | None = field(
+        default=None,
+        metadata=doc("Where instances keep the prompt cache's disk tier, a folder per instance "
+                     "(DIR/NAME). Null: `prompt-cache` in the service's state directory "
+                     "(`StateDirectory=`: /var/lib/exod/prompt-cache), else in its cache "
+                     "directory (a user unit's `CacheDirectory=`: ~/.cache/exod/prompt-cache), "
+                     "else /var/lib/exod/prompt-cache as root, else ~/.cache/exod/prompt-cache "
+                     "(under `$XDG_CACHE_HOME` when set)."),
+    )
 
 
 @dataclass(frozen=True)
@@ -508,11 +623,15 @@ class Hub:
         default=None,
         metadata=doc("The huggingface_hub cache folder models are fetched into (its own layout: "
                      "`models--ORG--NAME/{blobs,refs,snapshots}`). By default: `$HF_HUB_CACHE` "
-                     "when set; else a service with a state directory keeps its own, "
-                     "`$STATE_DIRECTORY/hub` (systemd's `StateDirectory=`), or "
-                     "`/var/lib/exod/hub` as root; else the user's own cache (`$HF_HOME/hub`, "
-                     "else `~/.cache/huggingface/hub`), shared with mlx-lm, so what it already "
-                     "downloaded is not fetched twice."),
+                     "when set, else `$HF_HOME/hub` when `HF_HOME` is set (as huggingface_hub "
+                     "reads them, for root too); else a service with a state directory keeps "
+                     "its own, `$STATE_DIRECTORY/hub` (systemd's `StateDirectory=`), or "
+                     "`/var/lib/exod/hub` as root; else the user's own cache, "
+                     "`~/.cache/huggingface/hub`, shared with mlx-lm, so what it already "
+                     "downloaded is not fetched twice. A snapshot of plain files instead of "
+                     "links into `blobs/` (a cache copied with its links followed, or a file "
+                     "system without links) is read too: checked against the hub's hashes when "
+                     "the hub can be reached, else taken as it is, as mlx-lm would load it."),
     )
     offline: bool = field(
         default=False,
@@ -588,14 +707,17 @@ class Node:
 
 @dataclass(frozen=True)
 class Api:
-    listen: str = field(
-        default=f"127.0.0.1:{DEFAULT_API_PORT}",
-        metadata=doc("`HOST:PORT` to listen on: `HOST` is an address or a host name, written in "
-                     "brackets for IPv6 (`[::1]:52415`); port 0 picks any free port. The empty "
-                     'string `""` turns the API off. Other machines reach the API only when '
-                     "`HOST` lets them, e.g. `0.0.0.0:52415`; exod never listens on every address "
-                     "by default.",
-                     pattern=r"^$|^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$"),
+    listen: tuple[str, ...] = field(
+        default=(f"127.0.0.1:{DEFAULT_API_PORT}",),
+        metadata=doc("`HOST:PORT` to listen on, or a list of them, each served alike (the same "
+                     "endpoints, tokens and limits), e.g. `[127.0.0.1:52415, 127.0.0.1:11434]` "
+                     "to be found also on Ollama's port by apps that only know it: `HOST` is an "
+                     "address or a host name, written in brackets for IPv6 (`[::1]:52415`); "
+                     "port 0 picks any free port. An address may be listed only once. The empty "
+                     'string `""` or an empty list turns the API off. Other machines reach the '
+                     "API only when `HOST` lets them, e.g. `0.0.0.0:52415`; exod never listens "
+                     "on every address by default.",
+                     pattern=r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$"),
     )
     token_file: Path | None = field(
         default=None,

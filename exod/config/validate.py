@@ -301,8 +301,12 @@ class Validator:
     def sequence(self, item: Any, node: Node, path: str, meta: Mapping[str, object]) -> Any:
         if _is_null(node):
             return ()
-        if isinstance(node, Scalar) and item is str and isinstance(node.value, str):
-            return (node.value,)  # `include: "x/*.yaml"` means a list of one
+        if isinstance(node, Scalar) and item is str and not isinstance(node.value, bool):
+            if node.value == "":
+                return ()  # `listen: ""`: none
+            # `include: "x/*.yaml"` means a list of one, checked as its item is
+            one = self.value(item, node, path, node.mark, meta)
+            return INVALID if one is INVALID else (one,)
         if not isinstance(node, SeqNode):
             return self.report(node.mark, path, f"expected a list, got {describe(node)}")
         out = [self.value(item, n, f"{path}[{i}]", n.mark, meta) for i, n in enumerate(node.items)]

@@ -16,17 +16,19 @@ import re
 from pathlib import Path
 
 from exod.config.checks import Issue
+from exod.config.extra import INSTALL, have_extra
 from exod.config.model_dir import config_json
 from exod.config.schema import Instance
 from exod.core.memory import Tower
 
-INSTALL = "pip install 'exod[vision]'"
 
 
 def sees(model_dir: Path) -> str | None:
     """Why `model_dir` is a model that sees (served by the vision runner), or None."""
+    from exod.config.embed import encoding  # which imports this module
+
     data = config_json(model_dir)
-    if data is None:
+    if data is None or encoding(model_dir) is not None:  # an encoder: exod.runner.embed's
         return None
     vision = data.get("vision_config")
     if isinstance(vision, dict) and vision:
@@ -62,11 +64,6 @@ def tower(model_dir: Path) -> Tower | None:
 
 def _positive(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def have_extra() -> bool:
-    """Whether mlx-vlm is installed (looked up, not imported)."""
-    return importlib.util.find_spec("mlx_vlm") is not None
 
 
 def extra_problem(model_dir: Path) -> str | None:

@@ -261,6 +261,24 @@ def estimate(tensors: list[Tensor], config: dict[str, object], shard: Shard, par
     return Estimate(weights=weights, kv=cache, runtime=RUNTIME_BYTES, vision=sight)
 
 
+def encoder_estimate(tensors: list[Tensor], config: dict[str, object], dtype: str, on_cpu: bool,
+                     max_tokens: int, batch_tokens: int) -> Estimate:
+    """An embedding model or a reranker (exod.runner.embed): its weights, and the activations
+    of its largest batch (`batch_tokens` padded tokens, each input at most `max_tokens`): a
+    layer's hidden states and MLP, and its attention scores. No KV cache: nothing is kept
+    between batches, so the requests in flight (the width) cost nothing more."""
+    cast_to = run_dtype(dtype, on_cpu)
+    weights = weight_bytes(tensors, Shard(0, 1, 0, 0, 0), "pipeline", cast_to, False)
+    size = elem_size(config, cast_to)
+    hidden = _int(config.get("hidden_size"))
+    inner = _int(config.get("intermediate_size")) or 4 * hidden
+    heads = _int(config.get("num_attention_heads"))
+    longest = min(max_tokens, batch_tokens)
+    states = batch_tokens * (6 * hidden + 2 * inner) * size
+    scores = 2 * heads * longest * max(batch_tokens, longest) * 4  # scores and softmax, float32
+    return Estimate(weights=weights, kv=0, runtime=RUNTIME_BYTES + states + scores)
+
+
 AUTO_WIDTH_MAX = 16  # mlx_lm.server batches 32; a CPU host rarely gains past 16
 
 

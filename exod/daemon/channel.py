@@ -3,11 +3,11 @@ ways, requests by id.
 
 Frames (`exod.protocol`) carry `exod.messages`. The child says Hello first; once its version
 matches, the daemon's first frame is the child's start-up spec (`exod.specs`), and only then
-whatever was queued for it. Daemon → runner: Generate, Cancel, Shutdown. Runner → daemon:
-lifecycle reports (Status, Progress, Ready, Failed, Heartbeat, Stopping), handed to
-`on_message`; and per request, in order, Text events ending with Done or Error, delivered to
-that request's `RequestStream`. What a child says is checked against its own union (`decode`:
-a runner's messages, or a fetcher's).
+whatever was queued for it. Daemon → runner: Generate (or Embed), Cancel, Shutdown. Runner →
+daemon: lifecycle reports (Status, Progress, Ready, Failed, Heartbeat, Stopping), handed to
+`on_message`; and per request, in order, Text (or Vectors) events ending with Done or Error,
+delivered to that request's `RequestStream`. What a child says is checked against its own
+union (`decode`: a runner's messages, or a fetcher's).
 
 The channel is an asyncio stream (`open_unix_connection(sock=...)`) read by one task, with a
 frame-size limit. A frame that is not a valid message, a version other than ours, or anything
@@ -136,8 +136,8 @@ class RunnerChannel(Generic[M]):
             self._writer.write(data)
         return True
 
-    def open(self, request: m.Generate) -> RequestStream:
-        """Send a generation request (its id is set here); its events arrive on the stream."""
+    def open(self, request: m.Work) -> RequestStream:
+        """Send a request (its id is set here); its events arrive on the stream."""
         rid = f"r{next(self._ids)}"
         stream = RequestStream(self, rid)
         data = encode(m.to_wire(dataclasses.replace(request, id=rid)))
@@ -192,7 +192,7 @@ class RunnerChannel(Generic[M]):
                 self._writer.write(data)
             self._pending.clear()
             return
-        if isinstance(msg, (m.Prefill, m.Held, m.Text, m.ToolCall, m.Done, m.Error)):
+        if isinstance(msg, (m.Prefill, m.Held, m.Text, m.ToolCall, m.Vectors, m.Done, m.Error)):
             stream = self._streams.get(msg.id)
             if stream is None:
                 return  # a late event for a request that was cancelled

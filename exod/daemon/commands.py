@@ -1,17 +1,18 @@
 """What exoctl can ask of the daemon over the control socket: status, start, stop, restart,
-reload, and the streams: `wait` (one instance's progress until it settles), `watch` (a snapshot
-at every change, for tests and dashboards) and `logs` (a runner's recent output, then with
-`follow` its new lines until the client goes away)."""
+reload, cache clear, and the streams: `wait` (one instance's progress until it settles),
+`watch` (a snapshot at every change, for tests and dashboards) and `logs` (a runner's recent
+output, then with `follow` its new lines until the client goes away)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 from exod import control_messages as cm
 from exod.core.states import State
-from exod.daemon import hub_commands
+from exod.daemon import cache_commands, hub_commands
 from exod.daemon.control import CommandError, Emit
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.log_ring import Line, LogRings
@@ -37,6 +38,12 @@ class Daemon(Protocol):
 
     @property
     def logs(self) -> LogRings: ...
+
+    def ordered(self) -> list[InstanceRuntime]: ...
+
+    def cache_folder(self, inst: InstanceRuntime) -> Path:
+        """The instance's folder of the prompt cache's disk tier on this host."""
+        ...
 
 
 MAX_QUEUED = 256  # changes waiting for one `wait`/`watch` client; beyond, it is dropped
@@ -98,6 +105,9 @@ class Commands:
             return await self._watch(emit)
         if isinstance(req, (cm.Pull, cm.Models, cm.RemoveModel)):
             return await hub_commands.run(sup, req, emit)  # type: ignore[arg-type]
+        if isinstance(req, cm.ClearCache):
+            chosen = [self._get(req.name)] if req.name is not None else sup.ordered()
+            return cache_commands.clear(chosen, sup.cache_folder)
         return await self._logs(req, emit)
 
     async def _stopped(self, inst: InstanceRuntime, operator: bool) -> None:

@@ -178,6 +178,14 @@ class Download:
             text += f" ({self.error})"
         return text
 
+    def event(self, now: float) -> cm.DownloadEvent:
+        """Where it stands, for a client following a pull."""
+        p, rate = self.progress, self.progress.rate()
+        phase = "waiting" if self.retry_in(now) is not None else "starting" if not p.total \
+            else "verifying" if p.verifying else "downloading"
+        return cm.DownloadEvent(self.describe(now), phase, p.done, p.total,
+                                round(rate) if rate is not None and not p.verifying else None)
+
     def status(self, now: float) -> cm.DownloadStatus:
         p, rate, wait = self.progress, self.progress.rate(), self.retry_in(now)
         return cm.DownloadStatus(

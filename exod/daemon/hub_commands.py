@@ -5,6 +5,8 @@ use it) and `remove_model` (delete a repository no running instance uses)."""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -13,6 +15,7 @@ from exod.core.states import State
 from exod.daemon.control import CommandError, Emit
 from exod.daemon.downloads import Download, Downloads, Outcome
 from exod.daemon.instance import InstanceRuntime
+from exod.daemon.traffic import Traffic
 from exod.hub import cache as hub_cache
 from exod.hub import ref as hub_ref
 from exod.hub.ref import HubRef
@@ -35,6 +38,9 @@ class Daemon(Protocol):
     @property
     def downloads(self) -> Downloads: ...
 
+    @property
+    def traffic(self) -> Traffic: ...
+
 
 def _ref(name: str) -> HubRef:
     try:
@@ -51,10 +57,12 @@ async def run(sup: Daemon, req: cm.Pull | cm.Models | cm.RemoveModel, emit: Emit
     return await remove(sup, _ref(req.name))
 
 
-async def pull(sup: Daemon, ref: HubRef, emit: Emit) -> cm.PullReply | cm.Failure:
-    """Fetch `ref` (sharing a download in progress); a progress event at every change."""
+async def follow(sup: Daemon, ref: HubRef) -> AsyncIterator[cm.DownloadEvent | Outcome]:
+    """Fetch `ref` (sharing a download in progress): its progress at every change, then its
+    outcome. A client that stops following (its task cancelled) leaves the download, which
+    goes on only for whoever else waits for it; its partial files stay for the next pull."""
     done: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-    q: asyncio.Queue[str] = asyncio.Queue(256)
+    q: asyncio.Queue[cm.DownloadEvent] = asyncio.Queue(256)
     owner = object()
 
     def finished(outcome: Outcome) -> None:
@@ -65,49 +73,84 @@ async def pull(sup: Daemon, ref: HubRef, emit: Emit) -> cm.PullReply | cm.Failur
 
     def changed(changed: Download) -> None:
         if changed is d and not q.full():
-            q.put_nowait(d.describe(sup.now()))
+            q.put_nowait(d.event(sup.now()))
 
     unlisten = sup.listen_downloads(changed)
     try:
+        if not done.done():
+            yield d.event(sup.now())
         while not done.done():
             getter = asyncio.ensure_future(q.get())
             both: list[asyncio.Future[Any]] = [getter, done]
-            await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                await emit(cm.DownloadEvent(getter.result()))
-            else:
+            try:
+                await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+            finally:
                 getter.cancel()
+            if getter.done() and not getter.cancelled():
+                yield getter.result()
     finally:
         unlisten()
         if not done.done():  # the client went away: the download need not go on for it
             sup.downloads.leave(owner, lambda: None)
-    outcome = done.result()
-    if outcome.path is None:
-        return cm.Failure(outcome.error)
-    return cm.PullReply(str(outcome.path), outcome.path.name)
+    yield done.result()
 
 
-def users(sup: Daemon, repo: str) -> list[InstanceRuntime]:
-    return [i for i in sup.instances.values()
-            if i.config.hub is not None and i.config.hub.repo == repo]
+async def pull(sup: Daemon, ref: HubRef, emit: Emit) -> cm.PullReply | cm.Failure:
+    """`exoctl pull`: a progress event at every change, then where the snapshot is."""
+    async for step in follow(sup, ref):
+        if isinstance(step, cm.DownloadEvent):
+            await emit(step)
+            continue
+        if step.path is None:
+            return cm.Failure(step.error)
+        return cm.PullReply(str(step.path), step.path.name)
+    raise AssertionError("unreachable: follow ends with the outcome")
+
+
+def users(sup: Daemon, repo: str) -> list[tuple[InstanceRuntime, HubRef]]:
+    """The instances whose model or draft model is `repo`, with the revision each names."""
+    return [(i, ref) for i in sup.instances.values()
+            for ref in (i.config.hub, i.config.draft_hub) if ref is not None and ref.repo == repo]
 
 
 def models(sup: Daemon) -> list[cm.CachedModel]:
-    return [cm.CachedModel(e.repo, e.revisions, list(e.commits), e.size, e.partial,
-                           [cm.ModelUser(i.name, i.state, i.config.hub.revision)
-                            for i in users(sup, e.repo) if i.config.hub is not None])
-            for e in hub_cache.entries(sup.hub_cache)]
+    """The cache's repositories; the last use of each is the later of its last fetch or start
+    (its record's time, on disk) and the last request one of its instances served."""
+    wall = time.time() - sup.now()  # the seam's monotonic clock to the epoch
+    out = []
+    for e in hub_cache.entries(sup.hub_cache):
+        using = users(sup, e.repo)
+        served = [sup.traffic.last_request[i.name] + wall for i, _ in using
+                  if i.name in sup.traffic.last_request]
+        last = max([*served, *([e.last_use] if e.last_use is not None else [])], default=None)
+        out.append(cm.CachedModel(e.repo, e.revisions, list(e.commits), e.size, e.partial,
+                                  [cm.ModelUser(i.name, i.state, ref.revision)
+                                   for i, ref in using], last))
+    return out
+
+
+class InUse(Exception):
+    """Why a repository cannot be removed now."""
 
 
 async def remove(sup: Daemon, ref: HubRef) -> cm.RemovedReply | cm.Failure:
-    busy = [i.name for i in users(sup, ref.repo)
-            if i.state not in (State.STOPPED, State.FAILED)]
-    if busy:
-        return cm.Failure(f"{ref.repo} is used by {', '.join(busy)}: stop "
-                          f"{'them' if len(busy) > 1 else 'it'} first")
-    if any(d.ref.repo == ref.repo for d in sup.downloads.by_key.values()):
-        return cm.Failure(f"{ref.repo} is being downloaded")
-    removed = await asyncio.to_thread(hub_cache.remove, sup.hub_cache, ref)
+    try:
+        removed = await remove_repo(sup, ref)
+    except InUse as e:
+        return cm.Failure(str(e))
     if not removed:
         return cm.Failure(f"{ref.repo} is not in the cache at {sup.hub_cache}")
     return cm.RemovedReply(ref.repo)
+
+
+async def remove_repo(sup: Daemon, ref: HubRef) -> bool:
+    """Delete `ref`'s repository from the cache (False: it was not there); raises InUse,
+    naming the instances that run from it, or the download under way."""
+    busy = sorted(i.name for i, _ in users(sup, ref.repo)
+                  if i.state not in (State.STOPPED, State.FAILED))
+    if busy:
+        raise InUse(f"{ref.repo} is used by instance{'s' if len(busy) > 1 else ''} "
+                    f"{', '.join(busy)}: stop {'them' if len(busy) > 1 else 'it'} first")
+    if any(d.ref.repo == ref.repo for d in sup.downloads.by_key.values()):
+        raise InUse(f"{ref.repo} is being downloaded")
+    return await asyncio.to_thread(hub_cache.remove, sup.hub_cache, ref)

@@ -59,13 +59,24 @@ class HubSeam:
             found = hub_cache.cached(self.hub_cache, inst.config.hub)
             if found is None or not found.checked:
                 return False
+            hub_cache.touch(self.hub_cache, inst.config.hub, found.commit)
             self.use_model(inst, found.path)
         if inst.config.draft_hub is not None:
             found = hub_cache.cached(self.hub_cache, inst.config.draft_hub)
             if found is None or not found.checked:
                 return False
+            hub_cache.touch(self.hub_cache, inst.config.draft_hub, found.commit)
             inst.config = dataclasses.replace(inst.config, draft_model=found.path)
         return True
+
+    def model_dir(self, inst: InstanceRuntime) -> Path | None:
+        """Where the instance's model is now: its directory, or a hub model's snapshot in the
+        cache (None while it has not been fetched). Reads the cache's record: off the loop."""
+        ref = inst.config.hub
+        if ref is None or inst.config.model.is_dir():
+            return inst.config.model
+        found = hub_cache.cached(self.hub_cache, ref)
+        return found.path if found is not None else None
 
     def fetch(self, inst: InstanceRuntime) -> None:
         """The model first, then the draft model (the instance calls again once the first is

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from exod import messages as m
+from exod import paths
 from exod.config import model_layer_count
 from exod.config.checks import port_count
 from exod.config.schema import Instance
@@ -113,7 +114,10 @@ class Launcher:
         spec = RunnerSpec(version=m.VERSION, instance=c.name, model=c.model,
                           parallelism=c.parallelism, shard=shard, width=width,
                           heartbeat=m.HEARTBEAT_EVERY, parent_pid=os.getpid(),
-                          options=runner_options(c), group=group)
+                          options=runner_options(c), group=group,
+                          prompt_cache_folder=prompt_cache_folder(c, self.daemon_env)
+                          if c.prompt_cache_disk_bytes > 0 else None,
+                          chat_template_kwargs=dict(c.chat_template_kwargs))
         env = os_seam.runner_env(self.daemon_env, {
             **c.env,
             "PYTHONUNBUFFERED": "1",
@@ -123,6 +127,11 @@ class Launcher:
             "EXOD_RANK": str(shard.rank),
         })
         return Launch(self.module, spec, env, m.decode_from_runner)
+
+
+def prompt_cache_folder(c: Instance, env: Mapping[str, str]) -> Path:
+    """The instance's own folder of the disk tier (`exoctl cache clear` empties it)."""
+    return (c.prompt_cache_dir or paths.prompt_cache_base(env, os.geteuid())) / c.name
 
 
 def plan_shards(inst: Instance) -> list[Shard]:

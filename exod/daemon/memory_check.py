@@ -15,8 +15,10 @@ from collections.abc import Callable, Iterable
 from exod.config.model_dir import model_config
 from exod.config.vision import tower
 from exod.config.schema import Instance
-from exod.core.memory import (Estimate, HeaderError, KvSpec, auto_width, estimate,
-                              model_tensors, refusal)
+from exod.config.embed import encoding
+from exod.core.memory import (Estimate, HeaderError, KvSpec, auto_width, encoder_estimate,
+                              estimate, model_tensors, refusal)
+from exod.core.serving import EMBED_BATCH_TOKENS
 from exod.core.shards import Shard
 from exod.core.states import State
 from exod.daemon.instance import InstanceRuntime
@@ -32,6 +34,10 @@ def estimates(cfg: Instance, shards: Iterable[Shard], width: int | None = None
     HeaderError or OSError when the weights cannot be read."""
     tensors = model_tensors(cfg.model)
     config = model_config(cfg.model)
+    enc = encoding(cfg.model)
+    if enc is not None:  # an embedding model or a reranker: one rank, no KV cache
+        return [encoder_estimate(tensors, config, cfg.dtype, ON_CPU, enc.max_tokens,
+                                 EMBED_BATCH_TOKENS) for _ in shards]
     kv = KvSpec(cfg.kv_bits, cfg.kv_group_size, cfg.quantized_kv_start, cfg.max_kv_size)
     draft = None
     if cfg.draft_model is not None and cfg.draft_model.is_dir():  # not a hub name not fetched
@@ -118,7 +124,10 @@ def describe(cfg: Instance, shards: list[Shard], node: str, headroom: int = 0) -
     try:
         width = cfg.max_concurrency
         note = ""
-        if width is None:
+        if encoding(cfg.model) is not None:
+            note = (f"; an encoder: no KV cache, the runtime holds a batch of "
+                    f"{EMBED_BATCH_TOKENS} tokens")
+        elif width is None:
             free = (available_bytes(0) or AUTO_FREE_UNKNOWN) - headroom
             width = auto_width(estimates(cfg, local, 1), free)
             note = (f"; batch width {width} (max_concurrency unset: sized by memory, KV for "

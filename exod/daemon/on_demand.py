@@ -2,9 +2,12 @@
 
 A request for a stopped on-demand instance starts it and waits (holding its place in the
 instance's queue) until it is ready. `idle_stop_after` stops it through the ladder once no
-request has come for that long. When memory admission would refuse it, idle on-demand
-instances are stopped first, least recently used first, if that frees enough; an instance
-that is always on is never evicted. Every timer runs on the seam's clock.
+request has come for that long; a request's own keep-alive (Ollama's `keep_alive`), within the
+instance's bounds, sets that window until the next request ends (0: stop once no request is in
+flight, which a later request that asks nothing does not undo). When memory admission would
+refuse it, idle on-demand instances are stopped first, least recently used first, if that frees
+enough; an instance that is always on, or on demand with `evictable: false`, is never evicted.
+Every timer runs on the seam's clock.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from loguru import logger
 
 from exod.config.durations import format_duration
+from exod.core.keep_alive import bounded
 from exod.core.states import State
 from exod.daemon.clock import Clock, Timer
 
@@ -61,7 +65,8 @@ class OnDemand:
         self.daemon = daemon
         self.gate_of = gate_of
         self.last_used: dict[str, float] = {}
-        self._idle_timers: dict[str, Timer] = {}
+        self._asked: dict[str, float] = {}  # the idle window the last request set, bounded
+        self._idle_timers: dict[str, tuple[float, Timer]] = {}  # when it is due, and its timer
         self._making_room: set[InstanceRuntime] = set()  # start once their victims are gone
 
     # ---- starting -------------------------------------------------------------------------
@@ -73,6 +78,7 @@ class OnDemand:
         if not startable or self.daemon.stopping or inst.start_pending or (
                 inst in self._making_room):
             return
+        self._asked.pop(inst.name, None)  # a new run: what the last one was asked is over
         victims = self._victims(inst, self.daemon.missing_memory(inst))
         if not victims:
             inst.start()  # fits, or cannot be made to fit: admission says which
@@ -97,8 +103,8 @@ class OnDemand:
         bytes; none when nothing is missing or even all of them would not be enough."""
         if missing <= 0:
             return []
-        idle = sorted((o for o in self.daemon.ordered() if o is not inst
-                       and o.config.on_demand and o.state is State.READY and self._idle(o)),
+        idle = sorted((o for o in self.daemon.ordered() if o is not inst and o.config.on_demand
+                       and o.config.evictable and o.state is State.READY and self._idle(o)),
                       key=lambda o: self.last_used.get(o.name, 0.0))
         chosen, freed = [], 0
         for o in idle:
@@ -129,26 +135,46 @@ class OnDemand:
 
     # ---- idle stop ------------------------------------------------------------------------
     def window(self, inst: InstanceRuntime) -> float:
-        """How long `inst` stays up with no request: its `idle_stop_after`. The one place a
-        request's own keep-alive (within the operator's bounds) would take precedence."""
-        return inst.config.idle_stop_after
+        """How long `inst` stays up with no request: what the last request asked for (within
+        the instance's keep_alive bounds), else its `idle_stop_after`."""
+        asked = self._asked.get(inst.name)
+        return inst.config.idle_stop_after if asked is None else asked
+
+    def finished(self, inst: InstanceRuntime, keep_alive: float | None = None) -> None:
+        """A request ended; `keep_alive`: the idle window it asked for (seconds, math.inf:
+        never, 0: stop once idle), None: none. Restarts the idle clock."""
+        if keep_alive is not None:
+            self._asked[inst.name] = bounded(keep_alive, inst.config.keep_alive)
+        elif self._asked.get(inst.name) != 0:  # a stop asked for waits for the in-flight ones
+            self._asked.pop(inst.name, None)
+        self.used(inst)
 
     def used(self, inst: InstanceRuntime) -> None:
         """A request finished (or the instance became ready): restart the idle clock."""
         self.last_used[inst.name] = now = self.daemon.now()
-        after = self.window(inst)
-        if not inst.config.on_demand or math.isinf(after):
+        if not inst.config.on_demand:
             return
         old = self._idle_timers.pop(inst.name, None)
         if old is not None:
-            old.cancel()
-        self._idle_timers[inst.name] = self.daemon.call_at(now + after,
-                                                           lambda: self._idle_due(inst))
+            old[1].cancel()
+        after = self.window(inst)
+        if not math.isinf(after):
+            self._idle_timers[inst.name] = (now + after, self.daemon.call_at(
+                now + after, lambda: self._idle_due(inst)))
+
+    def stops_at(self, inst: InstanceRuntime) -> float:
+        """When `inst` is due to stop for want of requests, on the seam's clock (math.inf:
+        never, as an instance that is always on, or whose window is never)."""
+        due = self._idle_timers.get(inst.name)
+        return due[0] if due is not None else math.inf
 
     def _idle_due(self, inst: InstanceRuntime) -> None:
         self._idle_timers.pop(inst.name, None)
         if inst.retired or inst.state is not State.READY or not self._idle(inst):
             return  # busy now: the request that is running will restart the clock
         idle_for = self.daemon.now() - self.last_used.get(inst.name, 0.0)
-        inst.log.info("idle for {}: stopping until the next request", format_duration(idle_for))
+        asked = " (as a request's keep_alive asked)" if inst.name in self._asked else ""
+        inst.log.info("idle for {}{}: stopping until the next request", format_duration(idle_for),
+                      asked)
+        self._asked.pop(inst.name, None)
         inst.stop()

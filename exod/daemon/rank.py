@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 class RankSeam(Clock, Protocol):
     """What ranks need of the OS: the runner's channel and its signals."""
 
-    def ask(self, pid: int, drain: float) -> bool:
+    def ask(self, pid: int, drain: float, grace: float = 0.0) -> bool:
         """Send the shutdown request over the runner's channel."""
         ...
 
@@ -128,7 +128,8 @@ class RankRuntime:
         if step is Step.ASK:
             # In-flight generations may run `drain` seconds, but the runner must still leave
             # within rung 1's grace: keep a second of it for the exit itself.
-            sent = seam.ask(pid, min(stop.drain, max(0.0, stop.grace - 1.0)))
+            # Its prompt cache is written after the drain, until the grace is nearly over.
+            sent = seam.ask(pid, min(stop.drain, max(0.0, stop.grace - 1.0)), stop.grace)
             log.info("ladder rung 1: asking to shut down, grace {:g}s{}", stop.grace,
                      "" if sent else " (channel closed)")
         elif step is Step.TERM:

@@ -99,13 +99,30 @@ def serving_status(s: Serving | None) -> cm.ServingStatus | None:
     prompt cache's hit rate (hits per lookup)."""
     if s is None:
         return None
+    if s.batches:
+        return cm.ServingStatus(s.batching, s.width, s.active, s.prefill_step,
+                                batches=cm.BatchStatus(s.batches, s.batched_inputs,
+                                                       round(s.batched_inputs / s.batches, 2)))
     if s.batching != "continuous":
         return cm.ServingStatus(s.batching, s.width, s.active, speculative=speculative(s))
     rate = round(s.cache_hits / s.cache_lookups, 4) if s.cache_lookups else None
     return cm.ServingStatus(s.batching, s.width, s.active, s.prefill_step, cm.PromptCacheStatus(
         entries=s.cache_entries, bytes=s.cache_bytes, max_bytes=s.cache_max_bytes,
         lookups=s.cache_lookups, hits=s.cache_hits, hit_rate=rate,
-        cached_tokens=s.cached_tokens, prompt_tokens=s.prompt_tokens), speculative(s))
+        cached_tokens=s.cached_tokens, prompt_tokens=s.prompt_tokens, disk=disk_status(s)),
+        speculative(s))
+
+
+def disk_status(s: Serving) -> cm.DiskCacheStatus | None:
+    """The disk tier's figures (its hit rate per lookup), or None without a disk tier."""
+    if not s.disk_max_bytes:
+        return None
+    rate = round(s.disk_hits / s.cache_lookups, 4) if s.cache_lookups else None
+    return cm.DiskCacheStatus(
+        state=s.disk_state, entries=s.disk_entries, bytes=s.disk_bytes,
+        max_bytes=s.disk_max_bytes, hits=s.disk_hits, hit_rate=rate,
+        cached_tokens=s.disk_cached_tokens, load_s=round(s.disk_load_ms / 1000, 3),
+        writes=s.disk_writes, errors=s.disk_errors)
 
 
 def speculative(s: Serving) -> cm.SpeculativeStatus | None:

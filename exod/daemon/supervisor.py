@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -24,6 +25,7 @@ from exod.config import ConfigError, diff, load_config
 from exod.config.schema import Config, Instance
 from exod.core import ladder
 from exod.core.intents import Retire
+from exod.core.names import Names
 from exod.core.shards import Shard, ShardError
 from exod import messages as m
 from exod.daemon import rank_addresses, status
@@ -32,7 +34,7 @@ from exod.daemon.control import ControlServer
 from exod.daemon.clock import Timer
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.rank import RankRuntime
-from exod.daemon.launch import Launcher, plan_shards
+from exod.daemon.launch import Launcher, plan_shards, prompt_cache_folder
 from exod.daemon.channel import RunnerChannel
 from exod.daemon.log_ring import LogRings
 from exod.daemon.manager_notify import ServiceNotifier
@@ -49,6 +51,7 @@ from exod.daemon.manager_notify import watchdog_interval
 class Supervisor(HubSeam):
     def __init__(self, config: Config, service: ServiceNotifier | None = None) -> None:
         self.config = config
+        self.names = names_of(config)
         self.service = service or ServiceNotifier()
         self.instances: dict[str, InstanceRuntime] = {}
         self.started = time.monotonic()
@@ -107,8 +110,8 @@ class Supervisor(HubSeam):
         return self.procs.spawn(launch, context, RunnerHandlers(
             on_exit=inst.on_exit, on_message=inst.on_message, on_broken=inst.on_broken))
 
-    def ask(self, pid: int, drain: float) -> bool:
-        return self.procs.send(pid, m.Shutdown(drain=drain))
+    def ask(self, pid: int, drain: float, grace: float = 0.0) -> bool:
+        return self.procs.send(pid, m.Shutdown(drain=drain, grace=grace))
 
     def kill(self, pid: int, sig: int) -> bool:
         return self.procs.kill(pid, sig)
@@ -140,6 +143,17 @@ class Supervisor(HubSeam):
 
     def instance(self, name: str) -> InstanceRuntime | None:
         return self.instances.get(name)
+
+    def cache_folder(self, inst: InstanceRuntime) -> Path:
+        return prompt_cache_folder(inst.config, self.launcher.daemon_env)
+
+    def serving(self, name: str) -> InstanceRuntime | None:
+        """The instance a request's `model` names: its own name or an alias, with or without
+        a tag (exod.core.names)."""
+        inst = self.instances.get(name)
+        if inst is None and (target := self.names.instance(name)) is not None:
+            inst = self.instances.get(target)
+        return inst
 
     def instance_status(self, inst: InstanceRuntime) -> cm.InstanceStatus:
         return status.instance_status(inst, self.now(), self.config.defaults.stall_after)
@@ -323,6 +337,7 @@ class Supervisor(HubSeam):
             logger.warning("api changed: takes effect at the next restart of exod")
         new = _keep_control(new, self.config)
         self.config = new
+        self.names = names_of(new)  # aliases change with no restart (they compare equal)
         self.memory.headroom = new.defaults.memory_headroom
         self.launcher.configure(new.instances.values())
         for name in d.removed:
@@ -366,6 +381,10 @@ class Supervisor(HubSeam):
         elif (then.restart or latest.always_on) and not self.stopping:
             new.start()
         self._publish(new)
+
+
+def names_of(config: Config) -> Names:
+    return Names({name: i.aliases for name, i in config.instances.items()})
 
 
 def _keep_control(new: Config, old: Config) -> Config:

@@ -12,10 +12,13 @@ import contextlib
 import math
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from exod.config.embed import Role, role
 from exod.config.model_caps import Capabilities, model_capabilities
 from exod.config.model_dir import model_limits
+from exod.config.model_facts import ModelFacts, model_facts
 from exod.core.states import State
 from exod.daemon.admission import Gate, QueueFull
 from exod.daemon.hang import HangWatch
@@ -31,6 +34,10 @@ class Daemon(OnDemandDaemon, Protocol):
     """What requests need of the daemon."""
 
     def instance(self, name: str) -> InstanceRuntime | None: ...
+
+    def serving(self, name: str) -> InstanceRuntime | None:
+        """The instance a request's `model` names (its own name or an alias)."""
+        ...
 
 
 class Refused(Exception):
@@ -62,6 +69,14 @@ class NotServing(Refused):
         self.stopping = stopping
 
 
+class Mismatch(Refused):
+    """The instance serves another kind of request (`serves`: what its model is for)."""
+
+    def __init__(self, name: str, serves: Role) -> None:
+        super().__init__(name)
+        self.serves = serves
+
+
 class Busy(Refused):
     """`limit` requests at the runner and `queue` waiting: the most it takes."""
 
@@ -82,6 +97,8 @@ class Lane:
     watch: HangWatch | None  # None: hang_after is never
     size: ModelSize | None = None  # from its config.json, read once
     caps: Capabilities | None = None  # from its tokenizer files, once they tell
+    role: Role | None = None  # what its model serves, once its files are there
+    facts: tuple[Path, ModelFacts] | None = None  # of its files, once they are there
 
 
 class Traffic:
@@ -90,6 +107,7 @@ class Traffic:
         self.touched = touched  # a request came: memory was taken and will be freed
         self.lanes: dict[InstanceRuntime, Lane] = {}
         self.on_demand = OnDemand(daemon, self.gate_of)
+        self.last_request: dict[str, float] = {}  # instance → when it last served one
 
     def gate_of(self, inst: InstanceRuntime) -> Gate | None:
         lane = self.lanes.get(inst)
@@ -125,10 +143,18 @@ class Traffic:
         return lane
 
     # ---- one request ----------------------------------------------------------------------
+    async def expect(self, name: str, wants: Role) -> None:
+        """Mismatch when the instance `name` serves another kind of request than `wants` (told
+        by its model's files, before `find` may start it)."""
+        inst = self.daemon.serving(name)  # by its name or an alias
+        serves = None if inst is None else await self.serves(inst)
+        if serves is not None and serves != wants:
+            raise Mismatch(name, serves)
+
     def find(self, name: str) -> InstanceRuntime:
         """The instance that serves `name`, started if it is on demand; raises Refused."""
         self.touched()
-        inst = self.daemon.instance(name)
+        inst = self.daemon.serving(name)
         if inst is None:
             raise Unknown(name)
         if inst.served_by is not None:
@@ -149,6 +175,15 @@ class Traffic:
             lane.size = await asyncio.to_thread(model_limits, inst.config.model)
         return lane.size
 
+    async def serves(self, inst: InstanceRuntime) -> Role | None:
+        """What the instance's model serves (exod.config.embed), from its files, off the loop;
+        None while they are not there (a model on the hub not fetched yet)."""
+        lane = self._lane(inst)
+        model = inst.config.model  # a hub model's name until it is fetched
+        if lane.role is None and await asyncio.to_thread((model / "config.json").is_file):
+            lane.role = await asyncio.to_thread(role, model)
+        return lane.role
+
     async def capabilities(self, inst: InstanceRuntime) -> Capabilities:
         """What the model can do for a client (tools, thinking), from its tokenizer files,
         off the loop; kept once they tell (a model named on the hub may not be there yet)."""
@@ -160,10 +195,23 @@ class Traffic:
             lane.caps = caps
         return lane.caps
 
+    async def facts(self, inst: InstanceRuntime, model_dir: Path) -> ModelFacts:
+        """What Ollama's clients are told of the model's files (exod.config.model_facts),
+        read off the loop once per runtime and folder (a hub model's folder is its snapshot)."""
+        lane = self._lane(inst)
+        if lane.facts is not None and lane.facts[0] == model_dir:
+            return lane.facts[1]
+        facts = await asyncio.to_thread(model_facts, model_dir)
+        if facts.size:
+            lane.facts = (model_dir, facts)
+        return facts
+
     @contextlib.asynccontextmanager
-    async def slot(self, inst: InstanceRuntime) -> AsyncIterator[RunnerChannel]:
+    async def slot(self, inst: InstanceRuntime,
+                   keep_alive: float | None = None) -> AsyncIterator[RunnerChannel]:
         """A place at `inst`'s runner, waiting in its queue (and for an on-demand start):
-        yields the link to send the request on; raises Refused."""
+        yields the link to send the request on; raises Refused. `keep_alive`: the idle window
+        the request asks for once it ends (exod.core.keep_alive), None: the instance's own."""
         gate = self._lane(inst).gate
         try:
             await gate.enter()
@@ -183,8 +231,18 @@ class Traffic:
             yield link
         finally:
             gate.leave()
+            self.last_request[inst.name] = self.daemon.now()
             if inst.config.on_demand:
-                self.on_demand.used(inst)
+                self.on_demand.finished(inst, keep_alive)
+
+    def unload(self, inst: InstanceRuntime) -> bool:
+        """A request asks `inst` to stop once no request is in flight (keep_alive 0, nothing
+        to generate), within its keep_alive floor. False when that cannot apply: an instance
+        that is not on demand, or not running."""
+        if not inst.config.on_demand or inst.state is not State.READY:
+            return False
+        self.on_demand.finished(inst, 0.0)
+        return True
 
     @contextlib.contextmanager
     def watching(self, inst: InstanceRuntime, stream: RequestStream) -> Iterator[None]:

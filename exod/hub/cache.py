@@ -23,18 +23,20 @@ SYSTEM_STATE = Path("/var/lib/exod")
 
 
 def default_cache(env: Mapping[str, str], euid: int) -> Path:
-    """A service with a state directory (systemd's StateDirectory=, root's /var/lib/exod) keeps
-    its own cache there; a user's exod shares the user's huggingface_hub cache, so what mlx-lm
-    already downloaded is not fetched twice."""
+    """huggingface_hub's own variables first (HF_HUB_CACHE, then HF_HOME: whoever sets one, root
+    in a terminal too, means it, as huggingface_hub reads them); else a service with a state
+    directory (systemd's StateDirectory=, root's /var/lib/exod) keeps its own cache there; a
+    user's exod shares the user's huggingface_hub cache, so what mlx-lm already downloaded is
+    not fetched twice."""
     if env.get("HF_HUB_CACHE"):
         return Path(env["HF_HUB_CACHE"])
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]) / "hub"
     state = env.get("STATE_DIRECTORY")
     if state:
         return Path(state.split(":")[0]) / "hub"
     if euid == 0:
         return SYSTEM_STATE / "hub"
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]) / "hub"
     xdg = env.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub"
 
@@ -42,9 +44,15 @@ def default_cache(env: Mapping[str, str], euid: int) -> Path:
 @dataclass(frozen=True)
 class FileRecord:
     size: int
-    blob: str  # the blob's name in the cache: the hub's ETag
+    blob: str  # the blob's name in the cache: the hub's ETag ("": a plain file, no blob)
     sha256: str = ""  # LFS files
     git_sha1: str = ""  # the others: the git blob id
+
+    @property
+    def hashed(self) -> bool:
+        """The hub's hash is known. A plain file of a snapshot someone else made, read with no
+        hub to ask, has none: it is taken as it is, as mlx-lm would load it."""
+        return bool(self.sha256 or self.git_sha1)
 
 
 @dataclass
@@ -153,6 +161,14 @@ def cached(cache: Path, ref: HubRef) -> Cached | None:
     return Cached(snap, commit, manifest.size, checked)
 
 
+def touch(cache: Path, ref: HubRef, commit: str) -> None:
+    """An instance starts from this snapshot: its record's time is its last use."""
+    try:
+        os.utime(manifest_path(cache, ref, commit))
+    except OSError:
+        pass  # a read-only cache: the last use stays the last fetch
+
+
 @dataclass(frozen=True)
 class Entry:
     """One repository in the cache, as `exoctl models` lists it."""
@@ -162,15 +178,30 @@ class Entry:
     commits: tuple[str, ...]
     size: int  # bytes of its blobs, partial downloads included
     partial: int  # bytes of unfinished downloads
+    last_use: float | None = None  # when exod last fetched it or started from it (epoch s)
+
+
+def _last_use(folder: Path) -> float | None:
+    try:
+        return max((p.stat().st_mtime for p in (folder / "exod").glob("*.json")), default=None)
+    except OSError:
+        return None
 
 
 def _blob_sizes(folder: Path) -> tuple[int, int]:
+    """(bytes, of which partial): the blobs, and the files of a snapshot made of plain files
+    instead of links into blobs/ (a cache copied with its links followed)."""
     total = partial = 0
     try:
         blobs = list((folder / "blobs").iterdir())
     except OSError:
-        return 0, 0
-    for blob in blobs:
+        blobs = []
+    try:
+        plain = [p for p in (folder / "snapshots").rglob("*") if p.is_file() and
+                 not p.is_symlink()]
+    except OSError:
+        plain = []
+    for blob in blobs + plain:
         try:
             size = blob.stat().st_size
         except OSError:
@@ -203,7 +234,7 @@ def entries(cache: Path) -> list[Entry]:
         except OSError:
             commits = ()
         size, partial = _blob_sizes(folder)
-        out.append(Entry(repo, revisions, commits, size, partial))
+        out.append(Entry(repo, revisions, commits, size, partial, _last_use(folder)))
     return out
 
 

@@ -57,14 +57,19 @@ def record(f: Any) -> hc.FileRecord:
 
 
 def from_blobs(job: Job, commit: str) -> hc.Manifest | None:
-    """A snapshot fetched by someone else (mlx-lm): its blobs are named by their hashes."""
+    """A snapshot fetched by someone else (mlx-lm): its blobs are named by their hashes. One
+    made of plain files instead of links (a cache copied with its links followed, or a file
+    system without links) has no hash to tell: its files are taken as they are."""
     snap = hc.snapshot_dir(job.cache, job.ref, commit)
     files: dict[str, hc.FileRecord] = {}
     try:
         names = sorted(p.name for p in snap.iterdir() if wanted(p.name))
         for name in names:
-            blob = os.path.basename(os.readlink(snap / name))
             size = (snap / name).stat().st_size
+            if not (snap / name).is_symlink():
+                files[name] = hc.FileRecord(size, "")
+                continue
+            blob = os.path.basename(os.readlink(snap / name))
             if len(blob) == 64:
                 files[name] = hc.FileRecord(size, blob, sha256=blob)
             elif len(blob) == 40:
@@ -81,8 +86,15 @@ def plan(job: Job) -> hc.Manifest:
     commit = job.commit
     if commit is not None:
         known = hc.read_manifest(job.cache, job.ref, commit)
-        if known is not None:
+        if known is not None and (job.offline or all(r.hashed for r in known.files.values())):
             return known
+        if known is not None:  # plain files taken as they were: the hub's hashes now
+            try:
+                return ask_hub(job, commit)
+            except Exception as e:
+                if not cannot_connect(e):
+                    raise
+                return known
     if job.offline:
         found = from_blobs(job, commit) if commit is not None else None
         if found is None:
@@ -196,9 +208,9 @@ def download(job: Job, manifest: hc.Manifest) -> None:
                      key=lambda n: manifest.files[n].size)
     if not missing:
         return
-    if job.offline:
-        raise Refused(f"{job.ref} is only partly in the cache at {job.cache}, and exod is "
-                      "offline")
+    if job.offline or not all(manifest.files[n].hashed for n in missing):
+        why = "exod is offline" if job.offline else "the hub cannot be reached"
+        raise Refused(f"{job.ref} is only partly in the cache at {job.cache}, and {why}")
     need = manifest.size - hc.partial_bytes(job.cache, job.ref,
                                             {r.blob: r.size for r in manifest.files.values()})
     problem = disk_problem(str(job.ref), need, free_space(job.cache), str(job.cache))
@@ -277,7 +289,7 @@ def check(job: Job, manifest: hc.Manifest) -> list[str]:
     snap = hc.snapshot_dir(job.cache, job.ref, manifest.commit)
     todo = {n: r for n, r in manifest.files.items()
             if manifest.checked.get(n) is None or manifest.checked[n] != hc.stamp(snap / n)}
-    total = sum(r.size for r in todo.values())
+    total = sum(r.size for r in todo.values() if r.hashed)
     done = 0
     last = 0.0
 
@@ -291,7 +303,7 @@ def check(job: Job, manifest: hc.Manifest) -> list[str]:
     bad = []
     for name, rec in sorted(todo.items()):
         before = hc.stamp(snap / name)
-        if before is not None and digest(snap / name, rec, on_bytes):
+        if before is not None and (not rec.hashed or digest(snap / name, rec, on_bytes)):
             manifest.checked[name] = before
         else:
             bad.append(name)

@@ -39,7 +39,9 @@ from exod.runner.report import Reporter
 from exod.specs import RunnerSpec
 
 if TYPE_CHECKING:
-    from exod.runner.serving.batch_engine import BatchEngine
+    from exod.runner.group.lockstep import LeaderEngine
+    from exod.runner.prompt_cache.disk import DiskTier
+    from exod.runner.serving.batch_engine import Agree, BatchEngine
     from exod.runner.load import Loaded
     from exod.runner.group.membership import Group
     from exod.runner.serving.gen_options import Draft, KvOptions
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
 # The daemon sends the spec as soon as it reads the hello: a long wait is a daemon that will
 # never send it (as long as the daemon waits for a hello: exod.daemon.processes).
 SPEC_WAIT = 60.0
+SETTLE_LIMIT = 60.0  # seconds READY waits at most for the disk tier to open (a hung mount)
 
 
 @dataclasses.dataclass
@@ -139,8 +142,13 @@ def run(r: Runner) -> tuple[int, str]:
     have_blas, blas_msg = blas.preload()
     if not have_blas and "not Linux" not in blas_msg:
         log(blas_msg, WARNING)
+    from exod.config.embed import encoding
     from exod.config.vision import sees
 
+    if encoding(r.spec.model) is not None:  # an embedding model or a reranker
+        from exod.runner.embed.serve import serve as serve_encoder
+
+        return serve_encoder(r, blas_msg)
     if sees(r.spec.model) is not None:  # a model that sees: mlx-vlm's path
         from exod.runner.vision.serve import serve
 
@@ -237,14 +245,70 @@ def ready(r: Runner, loaded: Loaded) -> None:
                    context_length=context_window(loaded.model) or 0)
 
 
-def make_engine(r: Runner, model: Any, tokenizer: Any, kv: KvOptions | None = None
-                ) -> BatchEngine:
+def make_engine(r: Runner, model: Any, tokenizer: Any, kv: KvOptions | None = None,
+                disk: DiskTier | None = None, agree: Agree | None = None) -> BatchEngine:
     from exod.runner.serving.batch_engine import BatchEngine
 
     return BatchEngine(model, tokenizer, width=r.spec.width,
                        cache_bytes=r.options.prompt_cache_bytes, prefill_step=DEFAULT_PREFILL_STEP,
                        grammar_limits=r.options.grammar, kv=kv,
-                       on_new_generator=lambda: set_wired_limit(r))
+                       on_new_generator=lambda: set_wired_limit(r), disk=disk, agree=agree)
+
+
+def disk_tier(r: Runner, loaded: Loaded) -> DiskTier | None:
+    """The prompt cache's disk tier of this rank, opening (on its own thread): its folder is
+    named by everything that makes a stored KV valid (exod.runner.prompt_cache.fingerprint)."""
+    import mlx.core as mx
+    import mlx_lm
+
+    from exod.runner.cpu import fused
+    from exod.runner.prompt_cache import fingerprint as fp
+    from exod.runner.prompt_cache.disk import DiskTier
+
+    opts, folder = r.options, r.spec.prompt_cache_folder
+    if folder is None or opts.prompt_cache_disk_bytes <= 0:
+        return None
+    shard = loaded.shard
+    tier = DiskTier(folder, shard.rank, opts.prompt_cache_disk_bytes,
+                    max_queued=max(256 << 20, opts.prompt_cache_bytes))
+    tier.open({"format": fp.FORMAT_VERSION, "dtype": loaded.dtype, "layers": shard.arg(),
+               "total_layers": shard.total, "world": shard.world,
+               "parallelism": r.spec.parallelism, "kv_bits": opts.kv_bits,
+               "kv_group_size": opts.kv_group_size, "quantized_kv_start": opts.quantized_kv_start,
+               "max_kv_size": opts.max_kv_size, "fused": fused.install(),
+               "mlx": getattr(mx, "__version__", ""), "mlx_lm": mlx_lm.__version__},
+              fp.weight_files(r.spec.model, opts.adapters))
+    r.life.on_stop(lambda: setattr(tier, "stopping", True))  # a long hash ends at a stop
+    tier.on_change = lambda: r.channel.inbox.put(None)  # the loop wakes to report it
+    return tier
+
+
+def wait_settled(disk: DiskTier | None) -> None:
+    """Before READY: let the disk tier open when that is quick (its weights' hashes are
+    recorded), so the first request after a restart finds what was kept; a tier that must hash
+    the weights first does it while the instance serves."""
+    if disk is not None:
+        disk.settled.wait(SETTLE_LIMIT)
+
+
+def warm(r: Runner, engine: BatchEngine | LeaderEngine, tokenizer: Any) -> None:
+    """The instance's `warm:` prompts into the prompt cache (prefilled as the loop steps): rank
+    0's to do (the other ranks of a group replay what it decides)."""
+    from exod.config.warm import read_warm
+    from exod.runner.serving.prepare import chat_prompt
+
+    for path in r.options.warm:
+        try:
+            got = read_warm(path)
+            tokens = chat_prompt(tokenizer, got.messages, got.tools,
+                                 dict(r.spec.chat_template_kwargs), answer=False)
+        except Exception as e:  # noqa: BLE001 -- a template may raise anything: a log line
+            log(f"warm: cannot use {path}: {type(e).__name__}: {e}", WARNING)
+            continue
+        if engine.warm(tokens):
+            log(f"warm: prefilling {path} ({len(tokens)} tokens)")
+        else:
+            log(f"warm: {path} ({len(tokens)} tokens) is in the prompt cache already")
 
 
 def set_wired_limit(r: Runner) -> None:
@@ -265,15 +329,22 @@ def serve_alone(r: Runner, loaded: Loaded, kv: KvOptions, draft: Draft | None) -
     why = can_batch.why_not(loaded.model) or options_reason(r.options)
     engine: Engine
     set_wired_limit(r)
+    batch = None
     if why is None:
-        engine = make_engine(r, loaded.model, loaded.tokenizer, kv)
+        disk = disk_tier(r, loaded)
+        engine = batch = make_engine(r, loaded.model, loaded.tokenizer, kv, disk)
+        wait_settled(disk)
     else:
         log(f"serving one request at a time: {why}")
         engine = TurnEngine(loaded.model, loaded.tokenizer, r.spec.width,
                             DEFAULT_PREFILL_STEP, why=f"one request at a time: {why}",
                             grammar_limits=r.options.grammar, kv=kv, draft=draft)
     ready(r, loaded)
-    ServeLoop(engine, r.channel, r.life, r.report, r.spec.heartbeat).run()
+    loop = ServeLoop(engine, r.channel, r.life, r.report, r.spec.heartbeat)
+    if batch is not None:
+        warm(r, batch, loaded.tokenizer)
+    loop.run()
+    engine.save_cache(loop.flush_deadline())
 
 
 def options_reason(opts: RunnerOptions) -> str | None:
@@ -310,23 +381,32 @@ def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:
     """Every rank runs the same engine on the same requests: rank 0 serves and sends the
     others its plans, which they replay (exod.runner.group.lockstep). The group has already passed
     its barrier and a first token (`first_token`)."""
-    from exod.runner.group.lockstep import LeaderEngine, follow
+    from exod.runner.group.lockstep import LeaderEngine, agreement, follow
     from exod.runner.group.group_model import GroupModel
     from exod.runner.group.membership import PeerLost
-    from exod.runner.serving.loop import ServeLoop, Ticker
+    from exod.runner.serving.loop import ServeLoop, Ticker, flush_deadline
 
     model = GroupModel(loaded, group)
+    disk = disk_tier(r, loaded)
+    wait_settled(disk)
     ready(r, loaded)
     if group.rank != 0:
-        follow(model, loaded.tokenizer, group, r.life, r.options.grammar)
+        engine = follow(model, loaded.tokenizer, group, r.life, r.options.grammar,
+                        make_disk=lambda: disk)
+        if engine is not None:
+            engine.save_cache(flush_deadline(r.channel))
         return
-    leader = LeaderEngine(make_engine(r, model, loaded.tokenizer), group)
-    ServeLoop(leader, r.channel, r.life, r.report, r.spec.heartbeat,
-              tick=Ticker(leader.heartbeat, group.heartbeat_every)).run()
-    try:
+    leader = LeaderEngine(make_engine(r, model, loaded.tokenizer, disk=disk,
+                                      agree=agreement(group)), group)
+    loop = ServeLoop(leader, r.channel, r.life, r.report, r.spec.heartbeat,
+                     tick=Ticker(leader.heartbeat, group.heartbeat_every))
+    warm(r, leader, loaded.tokenizer)
+    loop.run()
+    try:  # first: every rank then writes its own part of the cache at once
         leader.shutdown()
     except PeerLost as e:  # stopping anyway; a peer that left first is no failure
         log(f"group shutdown: {e}")
+    leader.save_cache(loop.flush_deadline())
 
 
 def _layer_count(model: Path) -> int:

@@ -5,17 +5,19 @@ Everything goes through it, as `exod.messages` in `exod.protocol` frames: the ru
 then the daemon's start-up spec (`exod.specs.RunnerSpec`, which `spec()` waits for), then
 lifecycle reports and generation events out (`send`, from any thread) and requests in.
 Incoming requests land in `inbox` for the main thread, except the ones that must act at once:
-`Shutdown` (stop) and `Cancel` (abort one generation). End of stream means the daemon is gone:
-stop. The same thread watches the signal wakeup pipe (`exod.runner.lifecycle`). Without a
-channel (a runner started by hand) it only watches for signals, and what would be sent is
-dropped.
+`Shutdown` (stop, with the grace its prompt cache may be written in) and `Cancel` (abort one
+generation); `ClearCache` queues like a request. End of stream means the daemon is gone: stop.
+The same thread watches the signal wakeup pipe (`exod.runner.lifecycle`). Without a channel (a
+runner started by hand) it only watches for signals, and what would be sent is dropped.
 """
 
 from __future__ import annotations
 
 import queue
 import socket
+import time
 from collections.abc import Sequence
+from typing import Any
 
 from exod import messages as m
 from exod.child_end import ChildEnd
@@ -29,11 +31,13 @@ class Channel:
     def __init__(self, fd: int | None, life: Lifecycle) -> None:
         self.end: ChildEnd[RunnerSpec] = ChildEnd(fd, RUNNER_FIRST, m.TO_RUNNER)
         self.life = life
-        # None wakes the main thread (a stop); Generate is the only request that queues. The
-        # serve loop's reader hands its requests back here once read (exod.runner.serving.reading).
-        self.inbox: queue.Queue[m.Generate | Read | None] = queue.Queue()
+        # None wakes the main thread (a stop); requests (Generate, Embed) and ClearCache queue.
+        # The serve loop's reader hands requests back here once read
+        # (exod.runner.serving.reading).
+        self.inbox: queue.Queue[m.Work | m.ClearCache | Read[Any, Any] | None] = queue.Queue()
         self.cancelled: set[str] = set()
         self.drain: float | None = None  # seconds the daemon allows in-flight work to finish
+        self.exit_by: float | None = None  # time.monotonic() the grace of a Shutdown ends
         self.broken = ""  # why the channel broke, if it did
         life.on_stop(self._stopped)
 
@@ -72,6 +76,8 @@ class Channel:
     def _dispatch(self, msg: m.ToRunner) -> None:
         if isinstance(msg, m.Shutdown):
             self.drain = msg.drain
+            if msg.grace > 0:
+                self.exit_by = time.monotonic() + msg.grace
             self.life.request_stop("asked by exod")
         elif isinstance(msg, m.Cancel):
             self.cancelled.add(msg.id)

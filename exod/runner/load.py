@@ -102,6 +102,24 @@ def load_shard(
     return Loaded(model, tokenizer, shard, dt, time.monotonic() - t0, link, parallelism)
 
 
+def evaluate_whole(model: nn.Module, dtype: str, progress: Callable[[int, int], None],
+                   should_stop: Callable[[], bool]) -> tuple[str, int]:
+    """A lazily loaded model of one rank (the vision and embedding runners' mlx-vlm models):
+    cast to `dtype` as each weight is read, its blocks evaluated one at a time with progress.
+    (the dtype it runs in, its number of blocks)."""
+    try:
+        blocks: Blocks | None = find_blocks(model)
+    except NoBlocks:
+        blocks = None
+    n = len(blocks.items) if blocks is not None else 0
+    dt = resolve_dtype(dtype)
+    if dt != "keep":
+        model.set_dtype(DTYPES[dt])  # lazily: each weight is cast as it is read
+    evaluate_weights(model, blocks, Shard(0, 1, 0, n, n), "pipeline", None, progress,
+                     should_stop)
+    return dt, n
+
+
 def evaluate_weights(model: nn.Module, blocks: Blocks | None, shard: Shard, parallelism: str,
               group: Any, progress: Callable[[int, int], None],
               should_stop: Callable[[], bool]) -> None:

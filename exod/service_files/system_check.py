@@ -137,7 +137,7 @@ def listeners(cfg: Config) -> list[tuple[str, str]]:
     (no `port_base`) are free by construction, so not listed."""
     from exod.daemon.rank_addresses import addresses, host_of
 
-    out = [("api.listen", cfg.api.listen)] if cfg.api.listen else []
+    out = [("api.listen", a) for a in cfg.api.listen]
     for name, inst in sorted(cfg.instances.items()):
         if inst.shards < 2 or inst.port_base is None:
             continue

@@ -30,13 +30,13 @@ from mlx_lm.utils import save_config
 LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0}
 
 
-def make_adapter(model_dir: str, out: Path) -> None:
+def make_adapter(model_dir: str, out: Path, seed: int = 7) -> None:
     """LoRA layers on the last 2 blocks, with lora_b made non-zero (a fresh one is zero, which
-    would change nothing), saved as mlx_lm.lora saves them."""
+    would change nothing), saved as mlx_lm.lora saves them. Another `seed`: other values."""
     model, _ = mlx_lm.load(model_dir)
     model.freeze()
     linear_to_lora_layers(model, 2, LORA)
-    mx.random.seed(7)
+    mx.random.seed(seed)
     weights = {p: (mx.random.normal(v.shape) * 0.5 if p.endswith("lora_b") else v)
                for p, v in tree_flatten(model.trainable_parameters())}
     out.mkdir(parents=True, exist_ok=True)

@@ -40,10 +40,10 @@ class Served:
                                     timeout=60)
 
     def raw(self, method: str, path: str, body: Any = None, token: str | None = TOKEN,
-            ) -> tuple[http.client.HTTPResponse, bytes]:
+            accept: str | None = None) -> tuple[http.client.HTTPResponse, bytes]:
         parts = urlsplit(self.url)
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **({"Accept": accept} if accept else {})}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
@@ -414,7 +414,8 @@ def test_a_prompt_longer_than_one_prefill_chunk(served: Served) -> None:
 
 
 def test_status_page_is_public_and_its_data_is_not(served: Served) -> None:
-    resp, body = served.raw("GET", "/", token=None)
+    # A browser asks for HTML (others get Ollama's words: test_ollama).
+    resp, body = served.raw("GET", "/", token=None, accept="text/html,application/xhtml+xml")
     assert resp.status == 200 and resp.getheader("Content-Type", "").startswith("text/html")
     assert b"status.json" in body and b"tiny" not in body  # the page holds no data itself
     resp, _ = served.raw("GET", "/status.json", token=None)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -884,7 +886,17 @@ def test_system_turns_go_where_the_template_takes_them(demo_model: Path, tiny_mo
                                                        tmp_path: Path) -> None:
     """The demo model's template (SmolLM2's) renders a system turn anywhere: it stays in
     place. A template that takes one only first gets every system turn joined to the leading
-    one, rather than a 400. (The runner's own tokenizer; no model is loaded.)"""
+    one, rather than a 400. (The runner's own tokenizer; no model is loaded. In a child
+    process: the test process never imports mlx, which other tests check.)"""
+    code = ("import sys; from pathlib import Path; from tests.integration.test_dialects import "
+            "system_turns; system_turns(*map(Path, sys.argv[1:]))")
+    res = subprocess.run([sys.executable, "-c", code, str(demo_model), str(tiny_model),
+                          str(tmp_path)], check=False, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
+
+
+def system_turns(demo_model: Path, tiny_model: Path, tmp_path: Path) -> None:
     import shutil
 
     from mlx_lm.tokenizer_utils import load as load_tokenizer

@@ -265,7 +265,8 @@ def test_a_long_read_is_neither_a_hang_nor_a_lost_peer(daemons: Any, tiny_model:
         d.until_state(name, "ready")
         before = ranks(d, name)
         status, answer = Api(d).post({"model": name, "prompt": words(1_300_000),
-                                      "max_tokens": 1}, "/v1/completions", token=None)
+                                      "max_tokens": 1}, "/v1/completions", token=None,
+                                     timeout=120)  # megabytes read under the suite's load
         assert status == 400 and answer["error"]["param"] == "prompt", answer
         assert ranks(d, name) == before
         assert client(d).completions.create(model=name, prompt="hi", max_tokens=2).usage

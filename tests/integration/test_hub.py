@@ -341,7 +341,7 @@ def test_check_pull_list_and_remove_without_any_instance_running(
                            capture_output=True, text=True, timeout=120, check=True).stdout
     assert f"a: hf:org/tiny: cached ({size}, commit {commits['v2'][:12]})" in check, check
     assert "a: needs " in check  # the memory estimate, from the cached snapshot
-    assert d.ctl("models", "--remove", "hf:org/tiny").returncode == 0
+    assert d.ctl("rm", "hf:org/tiny").returncode == 0
     assert not (cache / "models--org--tiny").exists()
 
     # What huggingface_hub (mlx-lm) already downloaded into a shared cache is not fetched again:

@@ -256,7 +256,7 @@ def test_cached_tokens_come_from_the_prompt_cache(served: Served) -> None:
 
 # ---- nothing silently ignored ----------------------------------------------------------------
 @pytest.mark.parametrize("field, value", [
-    ("best_of_all", 1), ("ignore_eos", True), ("audio", {"voice": "alloy", "format": "mp3"}),
+    ("n", 2), ("ignore_eos", True), ("audio", {"voice": "alloy", "format": "mp3"}),
     ("modalities", ["text", "audio"]), ("reasoning_effort", "high"), ("verbosity", "low"),
     ("web_search_options", {}), ("functions", [{"name": "f"}]), ("moderation", {"model": "x"}),
 ])

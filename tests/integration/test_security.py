@@ -31,6 +31,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from exod.runner.group import wire
 from tests.models.tiny import CONTEXT, with_tool_template
 from tests.harness import EXOCTL, EXOD, Daemon, free_port
 
@@ -712,8 +713,8 @@ class Knocker:
     handshake may take."""
 
     KNOCKS = [b"", b"\x00\x00\x00\x01EXOD-GROUP-1\n" + b"\0" * 128,
-              b"EXOD-GROUP-5\n" + b"\0" * 32, b"EXOD-GROUP-6\n\x00\x00",
-              b"EXOD-GROUP-6\n" + b"\xff" * 64, b"GET / HTTP/1.0\r\n\r\n"]
+              b"EXOD-GROUP-5\n" + b"\0" * 32, wire.PREAMBLE + b"\x00\x00",
+              wire.PREAMBLE + b"\xff" * 64, b"GET / HTTP/1.0\r\n\r\n"]
 
     def __init__(self, port: int, threads: int = 4) -> None:
         self.port, self.stop = port, threading.Event()
@@ -773,7 +774,7 @@ def test_strangers_knocking_cannot_join_delay_or_restart_a_group(
     assert [r["pid"] for r in after["ranks"]] == [r["pid"] for r in inst["ranks"]]
     assert all(r["last_exit"] is None for r in after["ranks"])
     for why in ("not an exod rank (bad greeting)", "no handshake within 2s",
-                "it speaks EXOD-GROUP-5, this rank EXOD-GROUP-6"):
+                "it speaks EXOD-GROUP-5, this rank EXOD-GROUP-7"):
         assert log_lines(d, why) >= 1, why
     # The secret: a 0600 file in a 0700 folder; never on a command line or in the environment.
     key_file = d.socket.parent / "groups" / "pp.key"
@@ -797,8 +798,8 @@ def test_a_rank_of_another_version_is_refused_with_the_reason(
                 "EXOD_DOUBLE_GROUP_VERSION": "5"}}}}, name="sec")
     d.start()
     leader = "refused a control connection from 127.0.0.1: it speaks EXOD-GROUP-5, this rank " \
-             "EXOD-GROUP-6 (every host of a group must run the same exod version)"
-    worker = "rank 0 speaks EXOD-GROUP-6, this rank EXOD-GROUP-5 (every host of a group must " \
+             "EXOD-GROUP-7 (every host of a group must run the same exod version)"
+    worker = "rank 0 speaks EXOD-GROUP-7, this rank EXOD-GROUP-5 (every host of a group must " \
              "run the same exod version)"
     inst = d.until_instance("pp", lambda i: i["state"] == "backoff", what="backing off")
     assert worker in inst["ranks"][1]["error"], inst

@@ -21,6 +21,7 @@ from pathlib import Path
 from exod.config.schema import BackoffPolicy, StopPolicy
 from exod.core.exits import ExitInfo
 from exod.core.intents import Retire
+from exod.core.names import Names
 from exod.daemon.downloads import Download, Downloads
 from exod.daemon.instance import Continuation, InstanceRuntime
 from exod.daemon.rank import RankRuntime
@@ -66,6 +67,7 @@ class FakeSeam:
         self.spawns: list[Spawned] = []
         self.actions: list[tuple[float, int, str]] = []  # (time, pid, ask|SIGTERM|SIGKILL)
         self.drains: list[float] = []  # the `drain` passed with every ask
+        self.graces: list[float] = []  # the `grace` passed with every ask
         self.changes: list[tuple[float, str]] = []  # (time, instance state) at every `changed`
         self.spawn_errors: dict[int, OSError] = {}  # rank -> error raised by spawn
         self.prepared: list[tuple[float, str]] = []  # (time, instance) of each group start
@@ -107,9 +109,10 @@ class FakeSeam:
         self.spawns.append(Spawned(self.clock, inst.name, rank.rank, pid, rank.shard.arg()))
         return pid
 
-    def ask(self, pid: int, drain: float) -> bool:
+    def ask(self, pid: int, drain: float, grace: float = 0.0) -> bool:
         self.actions.append((self.clock, pid, ASK))
         self.drains.append(drain)
+        self.graces.append(grace)
         return pid in self.live
 
     def kill(self, pid: int, sig: int) -> bool:
@@ -247,6 +250,10 @@ class FakeDaemon(FakeSeam):
 
     def instance(self, name: str) -> InstanceRuntime | None:
         return self.instances.get(name)
+
+    def serving(self, name: str) -> InstanceRuntime | None:
+        target = Names({n: i.config.aliases for n, i in self.instances.items()}).instance(name)
+        return self.instances.get(target) if target is not None else None
 
     def ordered(self) -> list[InstanceRuntime]:
         return sorted(self.instances.values(), key=lambda i: i.name)

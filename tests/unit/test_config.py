@@ -22,7 +22,7 @@ from exod.config import (
     resolve_config_path,
 )
 from exod.config.checks import check_sharding
-from exod.config.schema import DEFAULT_CONFIG_PATH
+from exod.config.schema import DEFAULT_CONFIG_PATH, KeepAliveBounds
 
 if TYPE_CHECKING:
     from tests.unit.conftest import ConfigDir
@@ -192,6 +192,26 @@ BAD = [
      (MAIN, 4, 13, "instances.x.shards"), "cannot read value '1'"),
     ("date-for-string", {MAIN: "api: {listen: 2024-01-01}\n"},
      (MAIN, 1, 15, "api.listen"), "expected a string, got date '2024-01-01'"),
+    ("listen-item-not-address", {MAIN: "api: {listen: [127.0.0.1:8000, 11434]}\n"},
+     (MAIN, 1, 32, "api.listen[1]"), "expected a string, got integer 11434 (quote it)"),
+    ("alias-clash",
+     {MAIN: x_with("aliases: [llama3.2]") + "  y: {model: m, aliases: ['llama3.2:latest']}\n"},
+     (MAIN, 5, 27, "instances.y.aliases[0]"),
+     "'llama3.2:latest' already names instance 'x' (defined at {d}/exod.yaml:2:3) (a name "
+     "without a tag is the same name with `:latest`)"),
+    ("alias-is-another-name", {MAIN: x_with("aliases: [y]") + "  y: {model: m}\n"},
+     (MAIN, 4, 15, "instances.x.aliases[0]"), "'y' already names instance 'y'"),
+    ("alias-malformed", {MAIN: x_with("aliases: ['qwen3:8b:q4']")},
+     (MAIN, 4, 15, "instances.x.aliases[0]"), "'qwen3:8b:q4' does not match"),
+    ("keep-alive-needs-on-demand", {MAIN: x_with("keep_alive: {min: 1m}")},
+     (MAIN, 4, 17, "instances.x.keep_alive"), "applies only to `autostart: on-demand`"),
+    ("keep-alive-min-over-max",
+     {MAIN: x_with("autostart: on-demand", "keep_alive: {min: 1h, max: 5m}")},
+     (MAIN, 5, 17, "instances.x.keep_alive"), "min (1h) is more than max (5m)"),
+    ("keep-alive-max-not-duration", {MAIN: x_with("keep_alive: {max: forever}")},
+     (MAIN, 4, 23, "instances.x.keep_alive.max"), "bad duration 'forever'"),
+    ("listen-twice", {MAIN: "api:\n  listen: [127.0.0.1:8000, '127.0.0.1:8000']\n"},
+     (MAIN, 2, 28, "api.listen[1]"), "127.0.0.1:8000 is listed twice (also api.listen[0])"),
 ]
 
 
@@ -318,6 +338,10 @@ def test_operating_keys(cfg_dir: ConfigDir) -> None:
     assert x.on_demand and not x.always_on
     assert x.idle_stop_after == 600 and x.hang_after == math.inf
     assert config.defaults.memory_headroom == 2 * 2**30
+    assert x.keep_alive == KeepAliveBounds(min=0, max=math.inf)  # as Ollama: 0 and -1 work
+    text = x_with("autostart: on-demand", "keep_alive: {min: 1m, max: never}")
+    [x] = load_config(cfg_dir.write(MAIN, text)).instances.values()
+    assert x.keep_alive == KeepAliveBounds(min=60, max=math.inf)
     [x] = load_config(cfg_dir.write(MAIN, x_with("autostart: false"))).instances.values()
     assert x.autostart is False and not x.always_on and not x.on_demand
 
@@ -364,7 +388,7 @@ def test_full_config(cfg_dir: ConfigDir) -> None:
     assert config.control.socket == cfg_dir.root / "run" / "control.sock"
     assert config.control.mode == 0o600
     assert config.ready == "instances"
-    assert config.api.listen == "0.0.0.0:8000"
+    assert config.api.listen == ("0.0.0.0:8000",)
     assert config.api.token_file == cfg_dir.root / "token"
     d = config.defaults
     assert d.restart == "no"
@@ -422,6 +446,18 @@ def test_include_single_string_and_skips_main_file(cfg_dir: ConfigDir) -> None:
     cfg_dir.write("more.yaml", "instances:\n  y: {model: m}\n")
     config = load_config(cfg_dir.root / MAIN)
     assert sorted(config.instances) == ["x", "y"]
+
+
+def test_listen_one_address_several_or_none(cfg_dir: ConfigDir) -> None:
+    """api.listen: one address (a string, as before), a list served alike, or off."""
+    def listen(text: str) -> tuple[str, ...]:
+        return load_config(cfg_dir.write(MAIN, X + text)).api.listen
+
+    assert listen("") == ("127.0.0.1:52415",)
+    assert listen("api: {listen: '[::1]:8000'}\n") == ("[::1]:8000",)
+    assert listen("api: {listen: [127.0.0.1:52415, 127.0.0.1:11434, 127.0.0.1:0, 127.0.0.1:0]}"
+                  "\n") == ("127.0.0.1:52415", "127.0.0.1:11434", "127.0.0.1:0", "127.0.0.1:0")
+    assert listen("api: {listen: ''}\n") == () == listen("api: {listen: []}\n")
 
 
 def test_relative_main_path(cfg_dir: ConfigDir, monkeypatch: pytest.MonkeyPatch) -> None:

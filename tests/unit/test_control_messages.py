@@ -26,17 +26,21 @@ INSTANCE = cm.InstanceStatus(
     restart="always", restarts=0, source="", ranks=[RANK, RANK],
     serving=cm.ServingStatus("continuous", 8, 1, 256, cm.PromptCacheStatus(
         entries=1, bytes=10, max_bytes=100, lookups=2, hits=1, hit_rate=0.5, cached_tokens=3,
-        prompt_tokens=6)))
+        prompt_tokens=6, disk=cm.DiskCacheStatus(
+            state="ready", entries=3, bytes=300, max_bytes=1000, hits=1, hit_rate=0.5,
+            cached_tokens=2, load_s=0.25, writes=3, errors=0))))
 DAEMON = cm.DaemonStatus(
     pid=1, version="0.1.0", uptime_s=2.0, state="running", config="/etc/exod.yaml",
     control_socket="/run/exod/control.sock", summary="1/1 ready",
-    api=cm.ApiStatus("127.0.0.1:8000", "http://127.0.0.1:8000", True, None),
+    api=cm.ApiStatus(["127.0.0.1:8000"], "http://127.0.0.1:8000", ["http://127.0.0.1:8000"], True,
+                     None),
     stop_worst_case_s=40.0)
 
 REQUESTS: list[cm.Request] = [
     cm.GetStatus(), cm.Start("big"), cm.Stop("big"), cm.Restart("big"), cm.Reload(),
     cm.Wait("big"), cm.Watch(), cm.Logs("big"), cm.Logs("big", lines=0, rank=1, follow=True),
-    cm.Pull("hf:org/tiny@v1"), cm.Models(), cm.RemoveModel("hf:org/tiny")]
+    cm.Pull("hf:org/tiny@v1"), cm.Models(), cm.RemoveModel("hf:org/tiny"), cm.ClearCache(),
+    cm.ClearCache("big")]
 ANSWERS: list[tuple[cm.Request, Any]] = [
     (cm.GetStatus(), cm.StatusReply(DAEMON, [INSTANCE])),
     (cm.Start("big"), cm.StateReply("starting")),
@@ -54,6 +58,8 @@ ANSWERS: list[tuple[cm.Request, Any]] = [
         "org/tiny", {"main": "abc"}, ["abc"], 3_500_000, 0,
         [cm.ModelUser("a", "ready", "main")])])),
     (cm.RemoveModel("hf:org/tiny"), cm.RemovedReply("org/tiny")),
+    (cm.ClearCache(), cm.ClearedReply([cm.ClearedCache("big", "runner", 0),
+                                       cm.ClearedCache("off", "files", 1234)])),
 ]
 
 

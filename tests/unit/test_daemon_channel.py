@@ -24,7 +24,8 @@ from exod.specs import RUNNER_FIRST, RunnerSpec
 
 SPEC = RunnerSpec(version=m.VERSION, instance="x", model=Path("/m"), parallelism="pipeline",
                   shard=Shard(0, 1, 0, 4, 4), width=2, heartbeat=5.0, parent_pid=1,
-                  options=RunnerOptions(), group=None)
+                  options=RunnerOptions(), group=None, prompt_cache_folder=None,
+                  chat_template_kwargs={})
 
 
 class FakeRunner:
@@ -110,6 +111,25 @@ def test_requests_are_multiplexed_by_id_and_cancelled() -> None:
         assert link.send(m.Shutdown(drain=1.5))
         assert await runner.received(1) == [m.Shutdown(drain=1.5)]
         assert link.in_flight == 0
+        link.close("test over")
+        runner.sock.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_request_with_images_reaches_the_runner_whole() -> None:
+    """The link sets the request's id and sends it as it is: its images stay typed (a rebuild
+    from the wire's dicts failed every request with an image)."""
+    async def scenario() -> None:
+        link, runner, _ = pair()
+        runner.hello()
+        sent = generate(messages=[{"role": "user", "content": [
+            {"type": "image", "image": 0}, {"type": "text", "text": "what is it?"}]}],
+            images=[m.Image("R0lGODlh")])
+        link.open(sent)
+        (got,) = await runner.received(1)
+        assert isinstance(got, m.Generate) and got.id and got.images == sent.images
+        assert got.messages == sent.messages
         link.close("test over")
         runner.sock.close()
 

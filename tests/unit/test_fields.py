@@ -13,12 +13,14 @@ import pytest
 from anthropic.types.beta import beta_content_block_param, beta_tool_union_param
 from anthropic.types.beta import message_count_tokens_params, message_create_params
 from openai.types import completion_create_params as completion_params
+from openai.types import embedding_create_params as embedding_params
 from openai.types.chat import completion_create_params as chat_params
 from openai.types.responses import response_create_params, response_includable
 from openai.types.responses import response_input_item_param, tool_param
 
 from exod.api.errors import ApiError
-from exod.api.fields import CHAT, COMPLETION, DIALECTS, MESSAGES, RESPONSES, Kind, Reading
+from exod.api.fields import (CHAT, COMPLETION, DIALECTS, EMBEDDINGS, MESSAGES, RESPONSES, Kind,
+                             Reading)
 from exod.api.ignored import HEADER, MAX_HEADER_NAMES, MORE, IgnoredFields, header
 from exod.api.schema import parse_chat, parse_completion
 from exod.core.request_rules import RequestError
@@ -46,6 +48,7 @@ def type_values(union: Any) -> set[str]:
     (response_create_params.ResponseCreateParamsBase, RESPONSES, "body"),
     (message_create_params.MessageCreateParamsBase, MESSAGES, "body"),
     (message_count_tokens_params.MessageCountTokensParams, MESSAGES, "count"),
+    (embedding_params.EmbeddingCreateParams, EMBEDDINGS, "body"),
 ])
 def test_every_field_of_the_newest_clients_is_in_a_table(params: Any, dialect: Any,
                                                          kind: str) -> None:
@@ -103,15 +106,15 @@ def test_the_docs_page_is_rendered_from_the_tables() -> None:
 
 # ---- reading a body against its table ---------------------------------------------------------
 def test_unknown_fields_are_ignored_and_named_once_without_indexes() -> None:
-    req = parse_chat({**CHAT_BODY, "ignore_eos": True, "messages": [
+    req = parse_chat({**CHAT_BODY, "x_future_field": True, "messages": [
         {"role": "user", "content": "a", "x": 1}, {"role": "user", "content": "b", "x": 2}]})
-    assert req.ignored == ("ignore_eos", "messages[].x")
+    assert req.ignored == ("x_future_field", "messages[].x")
     assert parse_completion({"model": "m", "prompt": "x", "chat_template_kwargs": {}}
                             ).ignored == ("chat_template_kwargs",)
 
 
 def test_strict_fields_refuse_what_exod_does_not_know_by_name() -> None:
-    for body, param in (({**CHAT_BODY, "ignore_eos": True}, "ignore_eos"),
+    for body, param in (({**CHAT_BODY, "x_future_field": True}, "x_future_field"),
                         ({**CHAT_BODY, "tools": [{"type": "web", "x": 1}]}, "tools[0].type")):
         with pytest.raises(ApiError) as e:
             parse_chat(body, strict=True)

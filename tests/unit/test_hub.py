@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from exod import control_messages as cm
 from exod import messages as m
+from exod.cli.pull_view import PullView
 from exod.config.schema import Instance
 from exod.core.exits import EXIT_TEMPFAIL, EXIT_UNAVAILABLE
 from exod.core.shards import pipeline_shards
@@ -19,6 +21,8 @@ from exod.core.states import State
 from exod.daemon.instance import InstanceRuntime
 from exod.hub import cache as hc
 from exod.hub import ref as hub_ref
+from exod.hub.fetch import Job
+from exod.hub.fetch import main as fetch_main
 from exod.hub.files import disk_problem, progress_text, wanted
 from exod.hub.verify import digest
 from tests.unit.fakes import ASK, FakeSeam
@@ -59,6 +63,8 @@ def test_default_cache_user_shares_hf_system_keeps_its_own() -> None:
         "/var/lib/exod/hub")
     assert hc.default_cache({}, 0) == Path("/var/lib/exod/hub")
     assert hc.default_cache({"HF_HUB_CACHE": "/c", "STATE_DIRECTORY": "/s"}, 0) == Path("/c")
+    # An explicit HF_HOME is meant, root's in a terminal too (as huggingface_hub reads it).
+    assert hc.default_cache({"HF_HOME": "/h"}, 0) == Path("/h/hub")
 
 
 # ---- files and progress -------------------------------------------------------------------
@@ -134,6 +140,40 @@ def test_a_snapshot_is_cached_once_recorded_and_checked_until_a_file_changes(
     assert (entry.repo, entry.revisions, entry.commits) == ("org/tiny", {"main": COMMIT},
                                                              (COMMIT,))
     assert hc.remove(tmp_path, REF) and not hc.remove(tmp_path, REF)
+
+
+class Heard:
+    """The fetcher's end of its channel, keeping what it says."""
+
+    def __init__(self) -> None:
+        self.said: list[object] = []
+
+    def send(self, msg: object) -> bool:
+        self.said.append(msg)
+        return True
+
+
+def test_a_snapshot_of_plain_files_is_taken_offline_as_mlx_lm_would_load_it(
+        tmp_path: Path) -> None:
+    """A cache copied with its links followed (`cp -rL`), or made on a file system without
+    links: the snapshot holds plain files. Offline, exod takes them as they are (no hub to tell
+    their hashes), records them, and starts from them after."""
+    linked, plain = tmp_path / "linked", tmp_path / "plain"
+    put(linked, "config.json", b"{}", False)
+    put(linked, "model.safetensors", b"w" * 100, True)
+    hc.write_ref(linked, REF, COMMIT)
+    subprocess.run(["cp", "-rL", str(linked), str(plain)], check=True)
+    snap = hc.snapshot_dir(plain, REF, COMMIT)
+    assert not (snap / "model.safetensors").is_symlink()
+    assert hc.cached(plain, REF) is None  # nothing exod recorded yet
+    job = Job(REF, plain, True, False, COMMIT, Heard())  # type: ignore[arg-type]
+    assert fetch_main(job) == 0
+    assert hc.cached(plain, REF) == hc.Cached(snap, COMMIT, 102, True)
+    (entry,) = hc.entries(plain)
+    assert entry.size == 2 * 102  # the blobs, and the snapshot's plain files
+    (snap / "config.json").unlink()  # gone: it cannot be fetched offline, and says so
+    assert hc.cached(plain, REF) is None
+    assert fetch_main(job) == EXIT_UNAVAILABLE
 
 
 # ---- downloads through the fake seam -------------------------------------------------------
@@ -277,3 +317,28 @@ def test_the_token_file_must_be_private_and_no_child_inherits_a_token(tmp_path: 
     assert loaded.instances["a"].hub == REF
     env = runner_env({"HF_TOKEN": "x", "HUGGING_FACE_HUB_TOKEN": "y", "PATH": "/bin"}, {})
     assert env == {"PATH": "/bin"}
+
+
+def test_exoctl_pull_draws_its_steps_as_ollama_pull_does() -> None:
+    def ev(phase: str, done: int = 0, total: int = 0, rate: int | None = None,
+           detail: str = "") -> cm.DownloadEvent:
+        return cm.DownloadEvent(detail, phase, done, total, rate)
+
+    tty = PullView("org/tiny", tty=True)
+    tty.event(ev("starting"))
+    tty.event(ev("downloading", 1_200_000_000, 4_500_000_000, 38_000_000))
+    assert tty.take() == (
+        "\r\033[Kpulling manifest\n\r\033[Kpulling org/tiny:  26% ▕████            ▏ "
+        "1.1GiB/4.2GiB 36.2MiB/s 1m27s")
+    tty.event(ev("downloading", 4_500_000_000, 4_500_000_000))
+    tty.event(ev("verifying", 4_500_000_000, 4_500_000_000))
+    tty.finish(ok=True)
+    assert tty.take().endswith("\n\r\033[Kverifying sha256 digest 100% ▕████████████████▏\n"
+                               "success\n")
+    plain = PullView("org/tiny", tty=False)  # a pipe: each step's last line, once
+    for e in (ev("starting"), ev("downloading", 1, 10), ev("downloading", 10, 10),
+              ev("waiting", detail="downloading: stalled; retry 2 in 8s")):
+        plain.event(e)
+    plain.finish(ok=False)
+    assert plain.take() == ("pulling manifest\npulling org/tiny: 100% ▕████████████████▏ "
+                            "10B/10B\ndownloading: stalled; retry 2 in 8s\n")

@@ -1,8 +1,9 @@
 """The daemon and the CLIs never import the engines: everything the console scripts reach by
 import (at the top, in a function or for type checking) stays clear of mlx, mlx-lm, mlx-vlm and
 what they drag in, so they start fast and run without the optional extra `exod[vision]`. And
-mlx-vlm is imported in one package only (exod.runner.vision), the one place that says what to
-install when it is missing."""
+mlx-vlm is imported in two packages only (exod.runner.vision and exod.runner.embed: the models
+that see, and the embedding models and rerankers), the places that say what to install when
+it is missing."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tests.unit.test_structure import PACKAGE, imports, sources
 # Engines and the heavy libraries they bring (transformers, images, arrays).
 HEAVY = frozenset({"mlx", "mlx_lm", "mlx_vlm", "transformers", "tokenizers", "PIL", "cv2",
                    "numpy", "torch"})
-VISION_HOME = "exod.runner.vision"
+VLM_HOMES = ("exod.runner.vision", "exod.runner.embed")
 
 
 def external_imports(tree: ast.Module) -> set[str]:
@@ -49,9 +50,11 @@ def test_the_check_sees_an_engine_imported_through_another_module() -> None:
     assert heavy_imports({"exod.cli.x"}, trees) == ["exod.daemon.y: mlx_vlm"]
 
 
-def test_mlx_vlm_is_imported_only_by_the_vision_runner() -> None:
+def test_mlx_vlm_is_imported_only_by_the_vision_and_embedding_runners() -> None:
     outside = sorted(name for name, tree in sources().items()
                      if "mlx_vlm" in external_imports(tree)
-                     and not (name == VISION_HOME or name.startswith(VISION_HOME + ".")))
+                     and not any(name == home or name.startswith(home + ".")
+                                 for home in VLM_HOMES))
     assert outside == []
-    assert (PACKAGE / "runner" / "vision" / "__init__.py").is_file()
+    for home in VLM_HOMES:
+        assert (PACKAGE / home.split(".", 1)[1].replace(".", "/") / "__init__.py").is_file()

@@ -262,6 +262,7 @@ def test_the_drain_asked_for_leaves_a_second_of_grace_for_the_exit(
     inst, _ = ready(seam, stop=stop)
     inst.stop()
     assert seam.drains == [sent]
+    assert seam.graces == [grace]  # the runner writes its prompt cache until then
 
 
 def test_a_cooperative_runner_gets_no_signal_at_all(seam: FakeSeam) -> None:

@@ -122,7 +122,8 @@ def test_sizes() -> None:
             parse_size(bad)
 
 
-def test_exod_check_prints_each_instance_estimate(tmp_path: Path) -> None:
+def exod_check(tmp_path: Path, body: str) -> list[str]:
+    """`exod check`'s lines for a config of `body` (instances of the model `m`, made here)."""
     from click.testing import CliRunner
 
     from exod.cli.exod import main
@@ -130,17 +131,35 @@ def test_exod_check_prints_each_instance_estimate(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     model(tmp_path / "m")
     cfg = tmp_path / "exod.yaml"
-    cfg.write_text(f"control: {{socket: {tmp_path}/c.sock}}\n"
-                   f"instances:\n  one: {{model: {tmp_path}/m}}\n"
-                   f"  two: {{model: {tmp_path}/m, shards: 2}}\n")
+    cfg.write_text(f"control: {{socket: {tmp_path}/c.sock}}\n{body}")
     out = CliRunner().invoke(main, ["check", "-c", str(cfg)])
     assert out.exit_code == 0, out.output
-    lines = out.output.splitlines()
+    return out.output.splitlines()
+
+
+def test_exod_check_prints_each_instance_estimate(tmp_path: Path) -> None:
+    lines = exod_check(tmp_path, f"instances:\n  one: {{model: {tmp_path}/m}}\n"
+                                 f"  two: {{model: {tmp_path}/m, shards: 2}}\n")
     assert any(re.match(r"one: needs [\d.]+MiB \(weights [\d.]+KiB, KV cache ", ln)
                and "batch width 16 (max_concurrency unset: sized by memory, KV for 16 × 4096 "
                "tokens)" in ln for ln in lines), lines
     assert sum(ln.startswith("two: needs ") and "for rank" in ln for ln in lines) == 2
     assert any(ln.startswith("available now: ") for ln in lines)
+
+
+def test_exod_check_prints_each_prompt_cache_budget(tmp_path: Path) -> None:
+    m = f"{tmp_path}/m"
+    lines = [ln for ln in exod_check(tmp_path, (
+        f"defaults: {{prompt_cache_dir: {tmp_path}/pc}}\n"
+        f"instances:\n  one: {{model: {m}}}\n"
+        f"  two: {{model: {m}, shards: 2, prompt_cache_disk_bytes: 1GiB}}\n"
+        f"  nodisk: {{model: {m}, prompt_cache_disk_bytes: 0}}\n"
+        f"  q: {{model: {m}, kv_bits: 8}}\n")) if ln.startswith("prompt cache of ")]
+    assert lines[0].startswith(f"prompt cache of one: RAM 1GiB, disk 8GiB in {tmp_path}/pc/one, ")
+    assert lines[0].endswith(" free there now")
+    assert f"disk 1GiB on each rank in {tmp_path}/pc/two" in lines[1]
+    assert lines[2] == "prompt cache of nodisk: RAM 1GiB, disk off"
+    assert lines[3].startswith("prompt cache of q: none (served by turns: quantized KV cache")
 
 
 def test_exod_check_warns_about_a_port_base_in_the_ephemeral_range(tmp_path: Path) -> None:

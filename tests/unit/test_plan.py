@@ -15,7 +15,7 @@ from exod import messages as m
 from exod.protocol import FrameDecoder, ProtocolError, from_wire, to_wire
 from exod.runner.group import wire
 from exod.runner.group.plan import (
-    AbortAll, AbortPrefilling, Admit, Cancel, Op, Plan, Settings,
+    AbortAll, AbortPrefilling, Admit, Cancel, ClearCache, Op, Plan, Settings, Warm,
 )
 
 REQ = m.Generate(id="r1", kind="chat", max_tokens=5, seed=42, stop=["\n"],
@@ -53,7 +53,8 @@ def test_the_wire_form_names_each_operation() -> None:
                     **{k: v for k, v in to_wire(m.Generate("r2", "completion", 1)).items()
                        if k not in ("type", "id", "kind", "max_tokens", "temperature", "top_p",
                                     "stop", "seed", "logit_bias", "messages", "prompt",
-                                    "count_only")}}}]}
+                                    "count_only")}},
+                 "disk_key": None, "disk_tokens": 0}]}
 
 
 @pytest.mark.parametrize("msg", [wire.Heartbeat(), wire.Shutdown(), wire.Go()])
@@ -73,8 +74,12 @@ GENERATE = st.builds(
     messages=st.none() | st.lists(st.fixed_dictionaries({"role": TEXT, "content": TEXT}),
                                   max_size=3),
     prompt=st.none() | TEXT)
+DISK = st.none() | st.tuples(st.text("0123456789abcdef", min_size=32, max_size=32),
+                             st.integers(1, 10**6))
 OPS: st.SearchStrategy[Op] = st.one_of(
-    GENERATE.map(Admit), TEXT.map(Cancel), st.just(AbortPrefilling()), st.just(AbortAll()))
+    st.builds(lambda g, d: Admit(g, *(d or (None, 0))), GENERATE, DISK), TEXT.map(Cancel),
+    st.just(AbortPrefilling()), st.just(AbortAll()), st.just(ClearCache()),
+    st.lists(st.integers(0, 2**31), max_size=50).map(Warm))
 PLANS = st.builds(Plan, ops=st.lists(OPS, max_size=6), keep=st.integers(0, 10**6),
                   step=st.booleans(),
                   settings=st.none() | st.builds(Settings, st.integers(1, 512),
@@ -95,6 +100,7 @@ def test_each_operation_round_trips_alone(op: Op) -> None:
 
 # ---- refused ------------------------------------------------------------------------------------
 GOOD: dict[str, Any] = {"type": "plan", "ops": [], "keep": 0, "step": True}
+GOOD_GEN = to_wire(m.Generate("r", "completion", 1, prompt="x"))
 
 
 @pytest.mark.parametrize("obj, fragment", [
@@ -114,6 +120,11 @@ GOOD: dict[str, Any] = {"type": "plan", "ops": [], "keep": 0, "step": True}
     ({**GOOD, "ops": [{"type": "admit", "request": {"type": "generate", "id": 1}}]},
      "generate.id"),
     ({**GOOD, "ops": [{"type": "admit"}]}, "admit: missing field 'request'"),
+    ({**GOOD, "ops": [{"type": "admit", "request": GOOD_GEN, "disk_key": "ab"}]},
+     "disk_key and disk_tokens go together"),
+    ({**GOOD, "ops": [{"type": "admit", "request": GOOD_GEN, "disk_tokens": 3}]},
+     "disk_key and disk_tokens go together"),
+    ({**GOOD, "ops": [{"type": "warm", "tokens": ["x"]}]}, "warm.tokens"),
     ({**GOOD, "settings": {"width": 1}}, "missing field 'cache_bytes'"),
     ({**GOOD, "settings": {"width": 0, "cache_bytes": 0, "prefill_step": 0}},
      "impossible engine settings"),

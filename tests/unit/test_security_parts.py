@@ -107,13 +107,13 @@ def test_a_temperature_past_float32_is_greedy() -> None:
 
 # ---- browser ---------------------------------------------------------------------------------
 def test_host_policy_refuses_foreign_names_but_not_ip_literals() -> None:
-    p = HostPolicy("127.0.0.1", ["exod.lan"])
+    p = HostPolicy(["127.0.0.1"], ["exod.lan"])
     for ok in ("127.0.0.1:52415", "localhost:52415", "[::1]:80", "10.1.2.3", "exod.lan:8000",
                "EXOD.LAN.", "app.localhost", None):
         assert p.allows(ok), ok
     for bad in ("attacker.example:52415", "evil.com", "127.0.0.1.nip.io"):
         assert not p.allows(bad), bad
-    assert HostPolicy("0.0.0.0", ["*"]).allows("anything.example")
+    assert HostPolicy(["0.0.0.0"], ["*"]).allows("anything.example")
     assert host_name("[fe80::1]:80") == "fe80::1"
 
 

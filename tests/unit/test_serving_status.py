@@ -33,6 +33,23 @@ def test_table_line_shows_batch_and_cache_or_why_there_is_no_batch() -> None:
     assert serving_note(None) == ""
 
 
+def test_the_disk_tier_has_its_own_hit_rate_and_its_part_of_the_line() -> None:
+    on_disk = replace(BATCH, disk_max_bytes=8 << 30, disk_entries=5, disk_bytes=410 * 2**20,
+                      disk_hits=2, disk_cached_tokens=900, disk_load_ms=1250, disk_writes=6,
+                      disk_state="ready")
+    out = serving_status(on_disk)
+    assert out is not None and out.prompt_cache is not None
+    disk = out.prompt_cache.disk
+    assert disk is not None and (disk.hits, disk.hit_rate, disk.load_s) == (2, 0.5, 1.25)
+    assert serving_note(out) == ("batch 3/8, prompt cache 2 entries 3MiB, hit rate 25%; on "
+                                 "disk 5 entries 410MiB, hit rate 50%")
+    hashing = serving_status(replace(on_disk, disk_state="hashing the weights (1.0 GiB, once)"))
+    assert serving_note(hashing).endswith("hit rate 50% (hashing the weights (1.0 GiB, once))")
+    plain = serving_status(BATCH)
+    assert plain is not None and plain.prompt_cache is not None
+    assert plain.prompt_cache.disk is None  # no disk tier
+
+
 def test_speculative_figures_are_accepted_per_drafted_and_absent_without_a_draft() -> None:
     why = "one request at a time: speculative decoding; 4 of 6 drafted tokens accepted (67%)"
     spec = Serving(batching=why, width=1, active=0, draft_tokens=2, drafted=6, draft_accepted=4)

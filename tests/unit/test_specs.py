@@ -103,6 +103,8 @@ def other_value(hint: Any, default: Any, meta: typing.Mapping[str, Any]) -> Any:
         return float(default or 0) + 1.5
     if bare is Path:
         return Path("/elsewhere")
+    if get_origin(bare) is tuple and get_args(bare) == (Path, ...):
+        return (Path("/elsewhere/a"), Path("/elsewhere/b"))
     raise AssertionError(f"a new kind of runner option: {hint!r}; teach this test about it")
 
 
@@ -110,11 +112,13 @@ def test_every_runner_option_away_from_its_default_reaches_the_runner(tmp_path: 
     hints = field_hints(RunnerOptions)
     changed = {f.name: other_value(hints[f.name], getattr(RunnerOptions(), f.name), f.metadata)
                for f in dataclasses.fields(RunnerOptions)}
-    inst = Instance(name="x", model=tmp_path, **changed)
+    template = {"enable_thinking": False, "nested": [1, 2.5, {"x": None, "y": "z"}]}
+    inst = Instance(name="x", model=tmp_path, chat_template_kwargs=template, **changed)
     assert all(getattr(inst, k) != getattr(RunnerOptions(), k) for k in changed)
     launch = Launcher(tmp_path, {}).launch(inst, Shard(0, 1, 0, 4, 4), 1, 3)
     spec = from_wire(to_wire(launch.spec), specs.RUNNER_FIRST)
     assert spec == launch.spec and spec.options == specs.runner_options(inst)
+    assert spec.chat_template_kwargs == template  # the `warm` prompts' template reads them
     assert {k: getattr(spec.options, k) for k in changed} == changed
     assert spec.model == tmp_path and spec.width == 3 and spec.group is None
 

@@ -6,13 +6,14 @@ and refusals once an instance cannot serve. The instances are real runtimes driv
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from exod.config.schema import Instance, StopPolicy
+from exod.config.schema import Instance, KeepAliveBounds, StopPolicy
 from exod.core.shards import pipeline_shards
 from exod.core.states import State
 from exod.daemon.admission import Gate, QueueFull
@@ -259,6 +260,83 @@ def test_an_idle_on_demand_instance_stops_after_its_window_and_a_busy_one_does_n
     assert inst.state is State.STOPPED and daemon.pending() == []
 
 
+def test_a_requests_keep_alive_sets_the_window_until_the_next_request() -> None:
+    daemon = FakeDaemon()
+    inst = runtime(daemon, "a", idle_stop_after=600.0)
+    on_demand = daemon.traffic.on_demand
+    daemon.traffic.find("a")
+    pid = loaded(daemon, inst)
+    assert on_demand.stops_at(inst) == daemon.now() + 600
+    on_demand.finished(inst, 30.0)  # a request that asked keep_alive 30s
+    assert on_demand.window(inst) == 30 and on_demand.stops_at(inst) == daemon.now() + 30
+    daemon.advance(20.0)
+    on_demand.finished(inst)  # the next one asked nothing: idle_stop_after again
+    assert on_demand.window(inst) == 600
+    daemon.advance(599.0)
+    assert inst.state is State.READY
+    on_demand.finished(inst, math.inf)  # keep_alive -1: never
+    assert on_demand.stops_at(inst) == math.inf
+    daemon.advance(10_000.0)
+    assert inst.state is State.READY and daemon.pending() == []
+    on_demand.finished(inst, 5.0)
+    daemon.advance(5.0)
+    assert inst.state is State.STOPPING and daemon.steps(pid) == [(daemon.now(), ASK)]
+
+
+def test_keep_alive_within_the_operators_floor_and_ceiling() -> None:
+    daemon = FakeDaemon()
+    inst = runtime(daemon, "a", keep_alive=KeepAliveBounds(min=60.0, max=3600.0))
+    on_demand = daemon.traffic.on_demand
+    daemon.traffic.find("a")
+    pid = loaded(daemon, inst)
+    assert on_demand.stops_at(inst) == math.inf  # idle_stop_after never, asked nothing
+    on_demand.finished(inst, math.inf)  # -1: kept as long as the ceiling lets it
+    assert on_demand.window(inst) == 3600
+    on_demand.finished(inst, 0.0)  # 0: no sooner than the floor
+    assert on_demand.window(inst) == 60
+    daemon.advance(59.0)
+    assert inst.state is State.READY
+    daemon.advance(1.0)
+    assert inst.state is State.STOPPING and daemon.steps(pid) == [(daemon.now(), ASK)]
+
+
+def test_keep_alive_0_stops_once_the_requests_in_flight_end() -> None:
+    daemon = FakeDaemon()
+    inst = runtime(daemon, "a")
+    traffic = daemon.traffic
+    traffic.find("a")
+    pid = loaded(daemon, inst)
+    gate = traffic._lane(inst).gate
+    gate.active = 1  # another request at the runner
+    traffic.on_demand.finished(inst, 0.0)
+    daemon.advance(0.0)
+    assert inst.state is State.READY  # not while it runs
+    gate.active = 0
+    traffic.on_demand.finished(inst)  # it ends, asking nothing: the stop asked for stands
+    daemon.advance(0.0)
+    assert inst.state is State.STOPPING and daemon.steps(pid) == [(daemon.now(), ASK)]
+    daemon.exit(pid, code=0)
+    traffic.find("a")  # the next request starts it with its own window again
+    loaded(daemon, inst)
+    assert traffic.on_demand.window(inst) == math.inf
+
+
+def test_unload_applies_to_a_running_on_demand_instance_only() -> None:
+    daemon = FakeDaemon()
+    inst, always = runtime(daemon, "a"), runtime(daemon, "b", on_demand=False)
+    assert not daemon.traffic.unload(inst)  # not running: nothing to stop (and no start)
+    assert inst.state is State.STOPPED
+    daemon.traffic.find("a")
+    pid = loaded(daemon, inst)
+    always.start()
+    loaded(daemon, always)
+    assert not daemon.traffic.unload(always)
+    assert daemon.traffic.unload(inst)
+    daemon.advance(0.0)
+    assert inst.state is State.STOPPING and daemon.steps(pid) == [(daemon.now(), ASK)]
+    assert always.state is State.READY
+
+
 def test_an_always_on_instance_has_no_idle_clock() -> None:
     daemon = FakeDaemon()
     inst = runtime(daemon, "a", on_demand=False)
@@ -284,6 +362,16 @@ def test_refusals_name_the_instance_and_why() -> None:
     with pytest.raises(ServedElsewhere) as elsewhere:
         daemon.traffic.find("a")
     assert elsewhere.value.host == "peer"
+
+
+def test_a_request_finds_an_instance_by_alias_or_tagged_name() -> None:
+    daemon = FakeDaemon()
+    inst = runtime(daemon, "a", aliases=("llama3.2", "qwen3:8b"))
+    for name in ("a", "a:latest", "llama3.2:latest", "qwen3:8b"):
+        assert daemon.traffic.find(name) is inst, name
+    with pytest.raises(Unknown) as unknown:
+        daemon.traffic.find("qwen3")
+    assert unknown.value.name == "qwen3"
 
 
 def test_waiters_are_refused_when_the_queue_is_full_or_the_instance_stops_serving() -> None:

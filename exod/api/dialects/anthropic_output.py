@@ -49,6 +49,8 @@ def tool_input(arguments: str) -> dict[str, Any]:
 
 
 class AnthropicOutput:
+    stream_headers = sse.HEADERS
+
     def __init__(self, model: str, view: View | None = None,
                  sealer: Sealer | None = None) -> None:
         self.model = model
@@ -199,6 +201,8 @@ class CountOutput:
     """`/v1/messages/count_tokens`: the prompt's exact length after the chat template, from a
     request the runner reads (template, tokens, checks) and answers without generating; with
     the length before its context edits, when one applied."""
+
+    stream_headers = sse.HEADERS
 
     def __init__(self) -> None:
         self.applied: list[dict[str, Any]] = []

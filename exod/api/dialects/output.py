@@ -16,6 +16,9 @@ from exod.api.errors import ApiError
 
 
 class Output(Protocol):
+    # A stream's headers: Server-Sent Events, but for Ollama's NDJSON.
+    stream_headers: dict[str, str]
+
     def seen(self, ev: m.Event) -> None: ...
 
     def whole(self, obj: dict[str, Any]) -> dict[str, Any]: ...
@@ -31,6 +34,8 @@ class Output(Protocol):
 
 class OpenAiOutput:
     """Chat Completions itself: objects as they are, chunks as `data:` lines, `[DONE]` last."""
+
+    stream_headers = sse.HEADERS
 
     def seen(self, ev: m.Event) -> None:
         pass

@@ -70,6 +70,8 @@ def _part(item: _Item, text: str) -> dict[str, Any]:
 
 
 class ResponsesOutput:
+    stream_headers = sse.HEADERS
+
     def __init__(self, model: str, body: dict[str, Any], view: View | None = None,
                  sealer: Sealer | None = None) -> None:
         self.model = model

@@ -34,6 +34,10 @@ SAMPLING: dict[str, Field] = {
     "top_p": works("0 to 1, default 1; 0 keeps only the most probable token"),
     "top_k": works("the k most probable tokens; 0 or -1: off (mlx-lm's `apply_top_k`)"),
     "min_p": works("0 to 1; 0: off (mlx-lm's `apply_min_p`)"),
+    # vLLM's and llama.cpp's: benchmark clients send it to force lengths. exod ends an answer
+    # where the model does, so it would change the answer: refused rather than ignored.
+    "ignore_eos": refused("it is not supported: an answer ends where the model ends it",
+                          _not_set, "refused unless false"),
     "repetition_penalty": works(f"more than 0, at most {rules.MAX_REPETITION_PENALTY:g} (1: "
                                 "off), over the last `repetition_context_size` tokens"),
     "presence_penalty": works("-2 to 2, mlx-lm's processor, over the last "

@@ -1,7 +1,8 @@
 """The rules a generation request must pass: one copy of each, for the daemon and the runner.
 One module per topic (base: what every rule shares; generation: the body, lengths, sampling and
 what comes back; messages: what a chat is generated from; tools: tools and structured output),
-all of it importable from here (`rules.max_tokens`, `rules.RequestError`).
+all of it importable from here (`rules.max_tokens`, `rules.RequestError`); and the inputs of
+embeddings and rerank requests (`rules.embeddings.inputs`).
 
 The daemon checks every field of a request body here (exod.api.schema turns a RequestError into
 an HTTP 400 naming the field); the runner checks again here, with the numbers of the model as
@@ -36,7 +37,8 @@ from exod.core.request_rules.generation import (  # noqa: F401
     MAX_TEMPLATE_KWARGS_CHARS, MAX_THINK_BUDGET, RESERVED_TEMPLATE_KWARGS, Range, NUMBERS,
     number, body, model, seed, stream, stream_options, stop, max_tokens, max_tokens_cap,
     think_budget, below, fit_window, logit_bias, bias_ids, top_k, repetition_penalty,
-    context_size, logprobs, top_logprobs, completion_logprobs, chat_template_kwargs,
+    context_size, context_window, logprobs, top_logprobs, completion_logprobs,
+    chat_template_kwargs,
 )
 from exod.core.request_rules.messages import (  # noqa: F401
     ROLES, MESSAGE_KEYS, CALL_KEYS, messages, message, content, prompt, prompt_ids, turn,
@@ -47,3 +49,4 @@ from exod.core.request_rules.tools import (  # noqa: F401
     unique, strict_tools, for_template, tool_choice, choice, named, response_format,
     json_output, schema_bytes,
 )
+from exod.core.request_rules import embeddings as embeddings  # noqa: F401, E402

@@ -55,14 +55,16 @@ NUMBERS: dict[str, Range] = {
 }
 
 
-def number(name: str, raw: Any) -> float:
-    """A row of NUMBERS: its default when not set (None), else a finite number in its range."""
+def number(name: str, raw: Any, param: str | None = None) -> float:
+    """A row of NUMBERS: its default when not set (None), else a finite number in its range;
+    `param`: the field as the dialect names it (default `name`)."""
     r = NUMBERS[name]
+    param = param or name
     if raw is None:
         return r.default
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) \
             or not r.lo <= raw <= r.hi:
-        raise RequestError(f"`{name}` must be a number from {r.lo:g} to {r.hi:g}", name)
+        raise RequestError(f"`{param}` must be a number from {r.lo:g} to {r.hi:g}", param)
     return float(raw)
 
 
@@ -79,9 +81,9 @@ def model(raw: Any) -> str:
     return raw
 
 
-def seed(raw: Any) -> int | None:
+def seed(raw: Any, param: str = "seed") -> int | None:
     if raw is not None and (isinstance(raw, bool) or not isinstance(raw, int)):
-        raise RequestError("`seed` must be an integer", "seed")
+        raise RequestError(f"`{param}` must be an integer", param)
     return raw
 
 
@@ -154,17 +156,25 @@ def below(value: int, limit: Any, param: str, limit_param: str) -> int:
     return value
 
 
-def fit_window(prompt: int, max_tokens: int, window: int | None, param: str) -> int:
+def fit_window(prompt: int, max_tokens: int, window: int | None, param: str,
+               what: str = "the model's context window") -> int:
     """The tokens a request may generate: no position may pass the model's context window,
-    where a learned position table (gpt2's) would be read out of bounds. A prompt that fills
-    the window is refused; a generation that would pass it ends there (finish reason
-    `length`)."""
+    where a learned position table (gpt2's) would be read out of bounds (or the window the
+    request asked for: `what` names it). A prompt that fills the window is refused; a
+    generation that would pass it ends there (finish reason `length`)."""
     if window is None:
         return max_tokens
     if prompt >= window:
         raise RequestError(f"the prompt is {prompt} tokens: it must leave room for one token "
-                           f"in the model's context window of {window}", param)
+                           f"in {what} of {window}", param)
     return min(max_tokens, window - prompt)
+
+
+def context_window(raw: Any, param: str = "context_window") -> int | None:
+    """A request's own context window (Ollama's `num_ctx`), in tokens; None: the model's."""
+    if raw is None:
+        return None
+    return integer(raw, param, 0, 1, MAX_CONTEXT_SIZE << 10)
 
 
 # ---- logit_bias --------------------------------------------------------------------------------
@@ -204,26 +214,26 @@ def bias_ids(ids: list[int], vocab: int) -> None:
 
 
 # ---- the rest of the sampling set --------------------------------------------------------------
-def top_k(raw: Any) -> int:
+def top_k(raw: Any, param: str = "top_k") -> int:
     """Sample from the k most probable tokens; 0 or -1 (vLLM's spelling): off."""
-    return integer(raw, "top_k", 0, -1, MAX_TOP_K)
+    return integer(raw, param, 0, -1, MAX_TOP_K)
 
 
-def repetition_penalty(raw: Any) -> float:
+def repetition_penalty(raw: Any, param: str = "repetition_penalty") -> float:
     """A factor dividing (multiplying, when negative) the logits of tokens seen lately; 1: off.
     0 would divide by zero."""
     if raw is None:
         return 1.0
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) \
             or not 0 < raw <= MAX_REPETITION_PENALTY:
-        raise RequestError(f"`repetition_penalty` must be a number more than 0 and at most "
-                           f"{MAX_REPETITION_PENALTY:g} (1: off)", "repetition_penalty")
+        raise RequestError(f"`{param}` must be a number more than 0 and at most "
+                           f"{MAX_REPETITION_PENALTY:g} (1: off)", param)
     return float(raw)
 
 
-def context_size(name: str, raw: Any) -> int:
+def context_size(name: str, raw: Any, param: str | None = None) -> int:
     """How many of the latest tokens a penalty looks at (one of CONTEXT_SIZES)."""
-    return integer(raw, name, DEFAULT_CONTEXT_SIZE, 1, MAX_CONTEXT_SIZE)
+    return integer(raw, param or name, DEFAULT_CONTEXT_SIZE, 1, MAX_CONTEXT_SIZE)
 
 
 # ---- what comes back besides the text ----------------------------------------------------------

@@ -16,7 +16,11 @@ What a rank could decide differently is decided by rank 0 and carried in the pla
 - the prompt cache evicts by bytes, and a rank's entries hold other bytes than rank 0's (other
   layers, stand-ins): the other ranks never evict on their own and keep rank 0's entry count,
   so the same prompts hit on every rank;
-- cancels, a stop's end of the prompts being read, the drain's end: they are operations.
+- each rank keeps its own layers' KV on its own disk: rank 0 chooses the disk entry a prompt
+  starts from (Admit), every rank loads its own part, and the engines agree each step (an
+  all-reduce) on when all have it, or that one cannot (then it is a miss on every rank);
+- cancels, a stop's end of the prompts being read, the drain's end, a warm-up prompt, a
+  clear of the cache: they are operations.
 The rest is a function of the requests and the tokens, the same on every rank: stop sequences,
 end-of-sequence, max_tokens, which prompts are prefilled together and in what chunks.
 
@@ -35,14 +39,17 @@ from typing import Any, Protocol
 from exod import messages as m
 from exod.config.schema import GrammarLimits
 from exod.protocol import to_wire
-from exod.runner.serving.batch_engine import BatchEngine
+import mlx.core as mx
+
+from exod.runner.serving.batch_engine import BatchEngine, DiskChoice
 from exod.runner.group import wire
-from exod.runner.group.plan import (AbortAll, AbortPrefilling, Admit, Cancel, Op, Plan, See,
-                                    Settings)
+from exod.runner.group.plan import (AbortAll, AbortPrefilling, Admit, Cancel, ClearCache, Op,
+                                    Plan, See, Settings, Warm)
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
 from exod.runner.group.membership import Group, PeerLost
 from exod.runner.serving.reading import Prompt
+from exod.runner.prompt_cache.disk import DiskTier
 
 
 class Replayed(Protocol):
@@ -62,7 +69,7 @@ class Replayed(Protocol):
 
     def read(self, req: m.Generate) -> Prompt: ...
 
-    def admit(self, req: m.Generate, read: Prompt) -> None: ...
+    def admit(self, req: m.Generate, read: Prompt) -> DiskChoice | None: ...
 
     def cancel(self, rid: str) -> None: ...
 
@@ -77,6 +84,19 @@ class Replayed(Protocol):
     def follow_cache(self) -> None: ...
 
     def trim_cache(self, entries: int) -> None: ...
+
+    # The prompt cache's disk tier and `warm:` prompts (a model that sees keeps neither:
+    # exod.runner.serving.loop.NoPromptCache).
+    @property
+    def background(self) -> bool: ...
+
+    def warm(self, tokens: list[int]) -> bool: ...
+
+    def idle(self) -> None: ...
+
+    def save_cache(self, deadline: float) -> None: ...
+
+    def clear_cache(self) -> None: ...
 
 
 class LeaderEngine:
@@ -102,8 +122,28 @@ class LeaderEngine:
 
     def admit(self, req: m.Generate, prompt: Prompt) -> None:
         req = seeded(req)
-        self.engine.admit(req, prompt)  # a RequestError leaves nothing to replay
-        self._record(Admit(req))
+        disk = self.engine.admit(req, prompt)  # a RequestError leaves nothing to replay
+        self._record(Admit(req, *(disk or (None, 0))))
+
+    @property
+    def background(self) -> bool:
+        return self.engine.background
+
+    def warm(self, tokens: list[int]) -> bool:
+        if not self.engine.warm(tokens):
+            return False
+        self._record(Warm(tokens))
+        return True
+
+    def idle(self) -> None:
+        self.engine.idle()
+
+    def save_cache(self, deadline: float) -> None:
+        self.engine.save_cache(deadline)
+
+    def clear_cache(self) -> None:
+        self.engine.clear_cache()
+        self._record(ClearCache())
 
     def cancel(self, rid: str) -> None:
         self.engine.cancel(rid)
@@ -157,6 +197,16 @@ class LeaderEngine:
         self.size += cost
 
 
+def agreement(group: Group) -> Callable[[list[bool]], list[bool]]:
+    """For each flag, whether it holds on every rank: an all-reduce, at the same point of the
+    same step on every rank (the engines' steps are the same)."""
+    def agree(flags: list[bool]) -> list[bool]:
+        total = group.all_sum(mx.array([int(f) for f in flags], dtype=mx.int32))
+        counts: Any = total.tolist()
+        return [int(n) == group.size for n in counts]
+    return agree
+
+
 def seeded(req: m.Generate) -> m.Generate:
     """A request with a seed: drawn on rank 0 when it has none, so every rank draws the same
     numbers."""
@@ -165,11 +215,15 @@ def seeded(req: m.Generate) -> m.Generate:
 
 def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
            grammar_limits: GrammarLimits | None = None,
-           make: Callable[[Settings], Replayed] | None = None) -> None:
-    """Ranks 1..N-1: replay rank 0's plans until SHUTDOWN (clean) or the group breaks.
-    `make`: the engine for rank 0's settings (default: the text runner's BatchEngine)."""
+           make: Callable[[Settings], Replayed] | None = None,
+           make_disk: Callable[[], DiskTier | None] = lambda: None) -> Replayed | None:
+    """Ranks 1..N-1: replay rank 0's plans until SHUTDOWN (clean) or the group breaks; the
+    engine, once made (its prompt cache is written to disk at the stop). `make`: the engine
+    for rank 0's settings (default: the text runner's BatchEngine, with its disk tier)."""
     engine: Replayed | None = None
     while True:
+        if isinstance(engine, BatchEngine) and not engine.busy:
+            engine.idle()  # rank 0's plans stopped coming: nothing in flight
         # Idle here is interruptible: a stop request waits briefly for rank 0's SHUTDOWN (the
         # usual case: the daemon asks every rank at once), then leaves anyway.
         with life.interruptible(grace=2.0):
@@ -179,7 +233,7 @@ def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
             continue
         if isinstance(plan, wire.Shutdown):
             group.barrier()
-            return
+            return engine
         if not isinstance(plan, Plan):
             raise PeerLost(f"rank 0 sent {plan.type} to a rank already serving")
         if engine is None:
@@ -188,7 +242,8 @@ def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
             s = plan.settings
             engine = make(s) if make is not None else BatchEngine(
                 model, tokenizer, width=s.width, cache_bytes=s.cache_bytes,
-                prefill_step=s.prefill_step, grammar_limits=grammar_limits)
+                prefill_step=s.prefill_step, grammar_limits=grammar_limits,
+                disk=make_disk(), agree=agreement(group))
             engine.follow_cache()
         replay(engine, plan)
 
@@ -200,7 +255,8 @@ def replay(engine: Any, plan: Plan) -> None:
         engine.trim_cache(plan.keep)
         for op in plan.ops:
             if isinstance(op, Admit):
-                engine.admit(op.request)
+                disk: DiskChoice | None = (op.disk_key, op.disk_tokens) if op.disk_key else None
+                engine.admit(op.request, disk=disk)
             elif isinstance(op, See):  # a model that sees (exod.runner.vision.group)
                 engine.see_shipped(op.request, op.tokens, op.pictures, op.width, op.dtype,
                                    {k: _array(v) for k, v in op.features.items()}, op.cached)
@@ -208,6 +264,10 @@ def replay(engine: Any, plan: Plan) -> None:
                 engine.cancel(op.id)
             elif isinstance(op, AbortPrefilling):
                 engine.abort_prefilling("aborted", "")
+            elif isinstance(op, Warm):
+                engine.warm(op.tokens, force=True)
+            elif isinstance(op, ClearCache):
+                engine.clear_cache()
             else:
                 engine.abort_all("aborted", "")
         failed = engine.failed_steps

@@ -17,10 +17,18 @@ from exod.protocol import ProtocolError
 # ---- operations, replayed in order on every other rank's engine --------------------------------
 @dataclass(frozen=True)
 class Admit:
-    """A request rank 0 admitted (with the seed rank 0 drew for it, when it had none)."""
+    """A request rank 0 admitted (with the seed rank 0 drew for it, when it had none), and the
+    disk entry its prompt starts from (its key, and the prompt tokens it covers), if any: every
+    rank loads its own part of that entry, and if one cannot, none uses it."""
 
     type: ClassVar[str] = "admit"
     request: m.Generate
+    disk_key: str | None = None
+    disk_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.disk_tokens < 0 or (self.disk_key is None) != (self.disk_tokens == 0):
+            raise ProtocolError("admit: disk_key and disk_tokens go together")
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,22 @@ class See:
     cached: int = 0  # tokens rank 0 took from its prompt cache (none: the others take none)
 
 
-Op = Admit | See | Cancel | AbortPrefilling | AbortAll
+@dataclass(frozen=True)
+class Warm:
+    """Prefill these tokens into the prompt cache (a `warm:` prompt rank 0 does not hold)."""
+
+    type: ClassVar[str] = "warm"
+    tokens: list[int]
+
+
+@dataclass(frozen=True)
+class ClearCache:
+    """`exoctl cache clear`: every rank forgets its prompt cache, in RAM and on its disk."""
+
+    type: ClassVar[str] = "clear_cache"
+
+
+Op = Admit | See | Cancel | AbortPrefilling | AbortAll | Warm | ClearCache
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from typing import Any, ClassVar
 from exod.protocol import HEADER, ProtocolError, encode, from_wire, parse, to_wire
 from exod.runner.group.plan import Plan
 
-VERSION = 7  # 3: load barrier on these connections; 5: no WAIT; 6: typed frames; 7: See.cached
+VERSION = 8  # 3: load barrier on these connections; 5: no WAIT; 6: typed frames;
+# 7: the prompt cache's disk tier in plans (Admit's disk entry, Warm, ClearCache); 8: See.cached
 PREAMBLE = b"EXOD-GROUP-%d\n" % VERSION
 MAX_LINE = 32  # a version line is shorter: anything longer is no exod rank
 # A plan carries at most a few requests, each no bigger than a daemon frame (64 MiB): rank 0

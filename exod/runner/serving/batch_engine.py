@@ -13,21 +13,32 @@ and leave it when they finish; each keeps its own sampler (a seed reproduces per
 processors (logit bias, penalties, a grammar), and output (exod.runner.serving.output: streaming
 detokenizer, stop sequences, reasoning apart, logprobs; then its tool calls).
 
-Prompt cache: when a request ends, the KV cache of its prompt and completion is stored under
-those tokens; a later request that shares a prefix with a stored entry (the next turn of a chat)
-starts from it and prefills only the rest. Entries are evicted least recently used first once
-their bytes pass `cache_bytes`.
+Prompt cache (exod.runner.prompt_cache.tiers): when a request ends, the KV cache of its prompt
+and completion is stored under those tokens; a later request that shares a prefix with a stored
+entry (the next turn of a chat, the same agent prompt after a restart) starts from it and
+prefills only the rest. RAM holds `cache_bytes`, least recently used out first, to the disk tier
+when there is one, which also gets what RAM holds whenever the engine is idle (`idle`) and at the
+stop (`flush`). A prompt best served from disk waits in `_loads` while its entry is read, a
+bounded number of bytes a step (`LOAD_STEP`), like prefill: a cancel or a stop ends it between
+two steps. For a model whose cache cannot be trimmed back (a hybrid model's recurrent state, a
+rotating window), the cache at the end of the prompt is kept as well: the same prompt again
+can start from it. `warm` prefills a prompt into the cache with nobody waiting for it.
+
+On a group's ranks (exod.runner.group.lockstep) every step is the same on every rank, but each
+rank reads its own disk: rank 0 picks the entry and the others load the same one, and `agree`
+(an all-reduce over the group) says when every rank has it; if one rank cannot, it is a miss on
+every rank.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache
 
 from exod import messages as m
 from exod.config.schema import GrammarLimits
@@ -39,45 +50,55 @@ from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.logprobs import TokenText, entries
 from exod.runner.serving.output import Output
 from exod.runner.serving.reading import Prompt
+from exod.runner.prompt_cache.disk import DiskTier
+from exod.runner.prompt_cache.tiers import FromDisk, PromptCache
 from exod.runner.serving.token_events import done, show_token
 
-CACHE_KEY = "model"  # LRUPromptCache keys entries by model too; a runner serves one
 MIN_CHUNK = 32  # prefill chunks below this waste more in overhead than they buy in latency
 PREFILL_BATCH = 8  # prompts prefilled together at most (mlx_lm.server's default)
+LOAD_STEP = 128 << 20  # bytes of disk entries read in one step at most (about 0.2 s here)
+CHECK_WAIT = 0.05  # seconds a step with nothing else to do waits for a file being checked
 
-__all__ = ["BatchEngine"]
+# Rank 0's choice for a prompt, which a group's other ranks follow: the disk entry (its key)
+# and the prompt tokens it covers; None: RAM or nothing.
+DiskChoice = tuple[str, int]
+# For each flag, whether it holds on every rank of the group (an all-reduce).
+Agree = Callable[[list[bool]], list[bool]]
+OWN: Any = object()  # admit: look the prompt up in this rank's own tiers
+
+__all__ = ["BatchEngine", "DiskChoice", "OWN"]
 
 
 @dataclass
 class _Request:
     rid: str
-    uid: int
-    prompt_tokens: int
-    out: Output
+    prompt: list[int]
+    out: Output | None  # None: a warm-up, whose output nobody reads
     calls: tool_calls.ToolCallSplitter | None = None
     top_logprobs: int | None = None  # None: no logprobs asked
+    insert: dict[str, Any] = field(default_factory=dict)  # BatchGenerator.insert's arguments
+    uid: int = -1  # -1 while its disk entry loads (not in the batch yet)
+    load: FromDisk | None = None
     cached_tokens: int = 0
     completion_tokens: int = 0
     prefilling: bool = True
     prefilled: int = 0  # prompt tokens through the model so far (as reported, approximately)
 
-
-@dataclass
-class CacheStats:
-    lookups: int = 0
-    hits: int = 0
-    cached_tokens: int = 0  # prompt tokens served from the cache instead of prefilled
-    prompt_tokens: int = 0
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt)
 
 
 class BatchEngine:
     def __init__(self, model: Any, tokenizer: Any, *, width: int, cache_bytes: int,
                  prefill_step: int = 256, grammar_limits: GrammarLimits | None = None,
                  kv: KvOptions | None = None,
-                 on_new_generator: Callable[[], None] | None = None) -> None:
+                 on_new_generator: Callable[[], None] | None = None,
+                 disk: DiskTier | None = None, agree: Agree | None = None) -> None:
         """kv: the caches' options (here, max_kv_size: a rotating cache per request).
         on_new_generator: called after each BatchGenerator is made (mlx-lm's sets the wired
-        limit of Metal as it is made; the instance's own setting goes back on after it)."""
+        limit of Metal as it is made; the instance's own setting goes back on after it).
+        disk: the prompt cache's disk tier (None: RAM only). agree: a group's all-reduce."""
         self.model, self.tokenizer = model, tokenizer
         self.kv = kv or KvOptions()
         self._on_new_generator = on_new_generator
@@ -88,10 +109,14 @@ class BatchEngine:
         self.window = context_window(model)
         self.text = TokenText(tokenizer)
         self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or GrammarLimits())
-        self._cache = LRUPromptCache(max_size=1 << 30, max_bytes=self.cache_bytes)
-        self._counts = CacheStats()
+        self.cache = PromptCache(self.cache_bytes, disk)
+        self.agree = agree
+        # Keep the cache of a prompt before its answer too: the whole entry cannot be trimmed
+        # back to it (a hybrid model's recurrent state, a rotating window that may wrap).
+        self._checkpoint = not all(type(c) is KVCache for c in self.kv.make(model))
         self._by_uid: dict[int, _Request] = {}
-        self._by_rid: dict[str, _Request] = {}
+        self._by_rid: dict[str, _Request] = {}  # every request, loading or in the batch
+        self._warm_ids = itertools.count()
         self._gen = self._new_generator()
         self.failed_steps = 0  # a group must not go on after one (exod.runner.group.lockstep)
 
@@ -110,63 +135,107 @@ class BatchEngine:
     # ---- the interface the serve loop uses ------------------------------------------------
     @property
     def busy(self) -> bool:
-        return bool(self._by_uid)
+        return bool(self._by_rid)
 
     @property
     def active(self) -> int:
-        return len(self._by_uid)
+        """Requests admitted and not finished (warm-ups not counted)."""
+        return sum(r.out is not None for r in self._by_rid.values())
+
+    @property
+    def background(self) -> bool:
+        """Work of its own (a warm-up) that the serve loop must step with no request in flight."""
+        return any(r.out is None for r in self._by_rid.values())
 
     def read(self, req: m.Generate) -> Prompt:
         """Its prompt, read and checked: tokenizer and Python only, safe on any thread."""
         return read_prompt(self.tokenizer, req, self.vocab, self.window, self.grammars)
 
-    def admit(self, req: m.Generate, read: Prompt | None = None) -> None:
+    def admit(self, req: m.Generate, read: Prompt | None = None,
+              disk: DiskChoice | None = OWN) -> DiskChoice | None:
         """Queue a request into the batch; RequestError if it cannot be served as given.
-        `read`: its prompt as `read` returned it (without: read here)."""
-        rid = req.id
+        `read`: its prompt as `read` returned it (without: read here). `disk`: OWN to look the
+        prompt up here; else rank 0's choice for it (a group's other ranks). Returns the disk
+        entry chosen, if any (rank 0 tells the other ranks)."""
         checked = check_request(self.tokenizer, req, self.vocab, self.window, read,
                                 self.grammars)
-        prompt = checked.prompt
-        cache, rest = self._lookup(prompt)
+        out = Output(self.tokenizer.detokenizer, req.stop, checked.markers, checked.thinking)
+        r = _Request(req.id, checked.prompt, out,
+                     tool_calls.splitter(self.tokenizer, req, checked.args_check),
+                     checked.top_logprobs, insert={
+                         "max_tokens": [checked.max_tokens], "samplers": [checked.sampler],
+                         "logits_processors": [checked.processors]})
+        return self._start(r, disk)
+
+    def warm(self, tokens: list[int], force: bool = False) -> bool:
+        """Prefill `tokens` into the prompt cache (an agent's system prompt and tools, before
+        anyone asks), unless a tier already holds them; whether it will. `force`: a group's
+        other ranks, which do what rank 0 decided."""
+        if not tokens or not self.cache.enabled or (not force and self.cache.holds(tokens)):
+            return False
+        r = _Request(f"warm-{next(self._warm_ids)}", list(tokens), None,
+                     insert={"max_tokens": [1]})
+        self._start(r, None, counted=False)  # a warm-up is no request's lookup
+        return True
+
+    def _start(self, r: _Request, disk: DiskChoice | None, counted: bool = True
+               ) -> DiskChoice | None:
+        cache, covered, load = None, 0, None
+        if disk is OWN:
+            cache, covered, load = self.cache.lookup(r.prompt)
+        elif disk is None:
+            self.cache.counts.lookups += counted
+            cache, covered = self.cache.ram_only(r.prompt, counted)
+        else:
+            self.cache.counts.lookups += 1
+            load = self.cache.disk_by_key(*disk)
+            if load is None:  # this rank lacks it: the vote makes it a miss on every rank
+                load = FromDisk.missing()
+        self._by_rid[r.rid] = r
+        if load is None:
+            self._insert(r, cache, covered)
+            return None
+        r.load = load
+        return (load.match.entry.key, load.match.usable) if load.match is not None else None
+
+    def _insert(self, r: _Request, cache: list[Any] | None, covered: int) -> None:
+        """Into the batch, from `cache` (covering `covered` prompt tokens) or from nothing."""
         if cache is None and self.kv.max_size is not None:
             cache = self.kv.make(self.model)  # BatchGenerator's own would not rotate (llama)
-        (uid,) = self._gen.insert(
+        (r.uid,) = self._gen.insert(
             # None: BatchGenerator makes a fresh cache (its type hint says list, it means this)
-            [rest], max_tokens=[checked.max_tokens],
-            caches=[cache] if cache is not None else None, samplers=[checked.sampler],
-            all_tokens=[prompt[: len(prompt) - len(rest)]],
-            logits_processors=[checked.processors])
-        out = Output(self.tokenizer.detokenizer, req.stop, checked.markers, checked.thinking)
-        calls = tool_calls.splitter(self.tokenizer, req, checked.args_check)
-        r = _Request(rid, uid, len(prompt), out, calls,
-                     checked.top_logprobs, cached_tokens=len(prompt) - len(rest))
-        self._by_uid[uid] = self._by_rid[rid] = r
+            [r.prompt[covered:]], caches=[cache] if cache is not None else None,
+            all_tokens=[r.prompt[:covered]], **r.insert)
+        r.cached_tokens = covered
+        self._by_uid[r.uid] = r
 
     def cancel(self, rid: str) -> None:
         """Drop a request (its client left): its slot is free before the next step."""
         r = self._by_rid.get(rid)
         if r is not None:
-            self._gen.remove([r.uid])
-            self._forget(r)
+            self._drop([r])
 
     def step(self) -> list[m.Event]:
-        if not self._by_uid:
+        if not self._by_rid:
             return []
+        events = self._step_loads()
+        if not self._by_uid:
+            return events
         self._size_chunks()
         prefilling = [r for r in self._by_uid.values() if r.prefilling]
         try:
-            _, responses = self._gen.next()
+            prompts, responses = self._gen.next()
         except Exception as e:  # noqa: BLE001 -- mlx raises many types; the batch is unusable
             # Not abort_all: it would ask the broken generator to remove them. A new one instead.
             log(f"batch step failed: {type(e).__name__}: {e}", ERR)
             self.failed_steps += 1
             failed: list[m.Event] = [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")
-                                     for r in self._by_uid.values()]
-            self._by_uid.clear()
-            self._by_rid.clear()
+                                     for r in self._by_rid.values() if r.out is not None]
+            self._drop(list(self._by_rid.values()), in_batch=False)
             self._gen = self._new_generator()
-            return failed
-        events: list[m.Event] = []
+            return events + failed
+        if self._checkpoint:
+            self._keep_prompts(prompts)
         logprobs = self._logprobs(responses)
         for resp in responses:
             r = self._by_uid.get(resp.uid)
@@ -175,79 +244,130 @@ class BatchEngine:
         # Progress of prompts still going through the model (no token yet): hang detection in
         # the daemon counts it, so a long prompt is never taken for a hung runner.
         for r in prefilling:
-            if r.prefilling and r.uid in self._by_uid:
+            if r.prefilling and r.uid in self._by_uid and r.out is not None:
                 r.prefilled = min(r.prompt_tokens, r.prefilled + self._gen.prefill_step_size)
                 events.append(m.Prefill(r.rid, r.prefilled, r.prompt_tokens))
         return events
 
     def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]:
-        events: list[m.Event] = [m.Error(r.rid, code, message) for r in self._by_uid.values()]
-        if self._by_uid:
-            self._gen.remove(list(self._by_uid))
-        self._by_uid.clear()
-        self._by_rid.clear()
-        return events
+        gone = list(self._by_rid.values())
+        self._drop(gone)
+        return [m.Error(r.rid, code, message) for r in gone if r.out is not None]
 
     def abort_prefilling(self, code: m.ErrorCode, message: str) -> list[m.Event]:
-        waiting = [r for r in self._by_uid.values() if r.prefilling]
-        if waiting:
-            self._gen.remove([r.uid for r in waiting])
-        for r in waiting:
-            self._forget(r)
-        return [m.Error(r.rid, code, message) for r in waiting]
+        waiting = [r for r in self._by_rid.values() if r.prefilling]
+        self._drop(waiting)
+        return [m.Error(r.rid, code, message) for r in waiting if r.out is not None]
 
     def serving(self) -> m.Serving:
-        c = self._counts
+        c, disk = self.cache.counts, self.cache.disk
+        ram = self.cache.ram
         return m.Serving(
             batching="continuous", width=self.width, active=self.active,
             prefill_step=self.prefill_step, cache_max_bytes=self.cache_bytes,
-            cache_entries=len(self._cache), cache_bytes=int(self._cache.nbytes),
-            cache_lookups=c.lookups, cache_hits=c.hits, cached_tokens=c.cached_tokens,
-            prompt_tokens=c.prompt_tokens)
+            cache_entries=len(ram), cache_bytes=int(ram.nbytes),
+            cache_lookups=c.lookups, cache_hits=c.ram_hits, cached_tokens=c.ram_tokens,
+            prompt_tokens=c.prompt_tokens,
+            disk_max_bytes=disk.index.budget if disk is not None else 0,
+            disk_entries=len(disk.index) if disk is not None else 0,
+            disk_bytes=disk.index.nbytes if disk is not None else 0,
+            disk_hits=c.disk_hits, disk_cached_tokens=c.disk_tokens,
+            disk_load_ms=round(c.disk_load_s * 1000),
+            disk_writes=disk.stats.writes if disk is not None else 0,
+            disk_errors=disk.stats.errors if disk is not None else 0,
+            disk_state=disk.state[:500] if disk is not None else "")
+
+    # ---- the prompt cache, behind the requests -------------------------------------------------
+    def idle(self) -> None:
+        """Nothing in flight: RAM's entries not on disk yet go to the disk's writer."""
+        self.cache.idle()
+
+    def save_cache(self, deadline: float) -> None:
+        """The stop: write what is not on disk yet, until `deadline` (time.monotonic)."""
+        self.cache.flush(deadline)
+
+    def clear_cache(self) -> None:
+        self.cache.clear()
 
     # ---- a group's other ranks follow rank 0's prompt cache (exod.runner.group.lockstep) -----
     # Their entries hold other bytes (other layers, stand-ins), so evicting by their own byte
     # count would make them hit where rank 0 misses. They evict nothing themselves; rank 0's
     # entry count after each step is enough to evict the same entries, the oldest first.
     def follow_cache(self) -> None:
-        self._cache.max_bytes = 1 << 62
+        self.cache.follow()
 
     @property
     def cache_entries(self) -> int:
-        return len(self._cache)
+        return len(self.cache.ram)
 
     def trim_cache(self, entries: int) -> None:
-        self._cache.trim_to(n_sequences=entries)
+        self.cache.trim_to(entries)
 
     # ---- inside ----------------------------------------------------------------------------
-    def _lookup(self, prompt: list[int]) -> tuple[list[Any] | None, list[int]]:
-        """The stored KV cache nearest to `prompt` and the tokens it does not cover yet."""
-        self._counts.lookups += 1
-        self._counts.prompt_tokens += len(prompt)
-        if self.cache_bytes == 0:
-            return None, prompt
-        cache, rest = self._cache.fetch_nearest_cache(CACHE_KEY, prompt)
-        if cache is not None and not rest:
-            # An exact hit: the last prompt token must still run, for its logits.
-            if not can_trim_prompt_cache(cache):
-                return None, prompt
-            trim_prompt_cache(cache, 1)
-            rest = prompt[-1:]
-        if cache is None:
-            return None, prompt
-        self._counts.hits += 1
-        self._counts.cached_tokens += len(prompt) - len(rest)
-        return cache, list(rest)
+    def _step_loads(self) -> list[m.Event]:
+        """Read the disk entries under way (LOAD_STEP bytes in all), then start in the batch
+        each one every rank has read, and from RAM or nothing each one a rank could not read."""
+        loading = [r for r in self._by_rid.values() if r.load is not None]
+        if not loading:
+            return []
+        budget = LOAD_STEP
+        for r in loading:
+            assert r.load is not None
+            budget -= r.load.advance(max(budget, 0))
+        if budget == LOAD_STEP and not self._by_uid:
+            # Only files being checked and nothing else to step: wait for one a little,
+            # rather than spin (a step stays bounded: a stop is seen as soon as before).
+            waits = [r.load.job for r in loading if r.load is not None and r.load.job]
+            if waits:
+                waits[0].done.wait(CHECK_WAIT)
+        ready = [r.load is not None and r.load.ready for r in loading]
+        ok = [r.load is not None and r.load.failed is None for r in loading]
+        if self.agree is not None:
+            flags = self.agree(ready + ok)
+            ready, ok = flags[: len(loading)], flags[len(loading):]
+        events: list[m.Event] = []
+        for r, all_ready, all_ok in zip(loading, ready, ok, strict=True):
+            load = r.load
+            assert load is not None
+            if not all_ok:
+                r.load = None
+                self.cache.loaded(load, used=False)  # rank 0's may be whole: still no hit
+                self._insert(r, *self.cache.ram_only(r.prompt))
+            elif all_ready:
+                r.load = None
+                self.cache.loaded(load)
+                assert load.cache is not None and load.match is not None
+                self._insert(r, load.cache, load.match.usable)
+            elif r.out is not None and load.match is not None:
+                done = int(load.progress * load.match.usable)
+                if done > r.prefilled or not r.prefilled:  # progress, for the hang watch
+                    r.prefilled = max(done, 1)
+                    events.append(m.Prefill(r.rid, done, r.prompt_tokens))
+        return events
+
+    def _keep_prompts(self, prompts: list[Any]) -> None:
+        """The cache of each prompt whose last segment (all of it but its last token) was just
+        prefilled: an entry the same prompt can start from again."""
+        ends = [p.uid for p in prompts
+                if p.end_of_segment and not p.end_of_prompt and p.uid in self._by_uid]
+        if ends:
+            for cache, tokens in self._gen.extract_cache(ends).values():
+                self.cache.store(list(tokens), cache)
 
     def _store(self, tokens: list[int], cache: list[Any] | None) -> None:
-        if self.cache_bytes and cache and tokens:
-            # Extracted from the batch as lazy copies that still reference the whole batch's
-            # buffers: once evaluated, an entry holds only its own rows (its nbytes, which the
-            # byte cap counts, comes from its shapes either way). Evaluated in the background:
-            # a synchronous copy here held back every token of this step (tens of ms under
-            # load), and nothing needs the entry before a later request looks it up.
-            mx.async_eval([c.state for c in cache])
-            self._cache.insert_cache(CACHE_KEY, list(tokens), cache)
+        if cache:
+            self.cache.store(list(tokens), cache)
+
+    def _drop(self, gone: list[_Request], in_batch: bool = True) -> None:
+        """Take requests out (a cancel, an abort): out of the batch, or their load dropped."""
+        uids = [r.uid for r in gone if r.uid >= 0]
+        if uids and in_batch:
+            self._gen.remove(uids)
+        for r in gone:
+            if r.load is not None:
+                self.cache.dropped(r.load)
+                r.load = None
+            self._forget(r)
 
     def _size_chunks(self) -> None:
         """Split the step's prefill budget between the prompts that will be prefilled together,
@@ -273,6 +393,10 @@ class BatchEngine:
     def _on_token(self, r: _Request, resp: Any, entry: m.TokenLogprob | None) -> list[m.Event]:
         r.prefilling = False
         r.completion_tokens += 1
+        if r.out is None:  # a warm-up: its one token ends it, its cache is what it was for
+            self._store(resp.all_tokens or [], resp.prompt_cache)
+            self._forget(r)
+            return []
         shown = show_token(r.rid, r.out, r.calls, resp.token, entry, resp.finish_reason,
                            r.completion_tokens)
         # A stop sequence, or the one call a request without parallel_tool_calls wanted: the

@@ -13,16 +13,22 @@ enough. The engine's figures go to the daemon whenever the number of generations
 
 A heartbeat goes to the daemon from this loop, so a stuck loop stops sending it; `tick` lets
 rank 0 of a group keep the group's own heartbeat from here too.
+
+The engine's prompt cache goes to disk behind the requests: the loop calls the engine's `idle`
+whenever nothing is in flight (before it waits for the next message); after the drain, the
+runner calls its `save_cache` until the stop's grace is nearly over (`flush_deadline`): all
+within rung 1 of the ladder.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from exod import messages as m
 from exod.core.request_rules import RequestError
@@ -32,28 +38,53 @@ from exod.runner.log import ERR, log
 from exod.runner.serving.reading import Prompt, Read, Reader
 from exod.runner.report import Reporter
 
-# What the loop's thread is handed: a request, a request read, or a stop's wake-up.
-Inbox = m.Generate | Read | None
+# What the loop's thread is handed: a request, a request read, a cache to clear, or a stop's
+# wake-up.
+Inbox = m.Work | m.ClearCache | Read[Any, Any] | None
+R = TypeVar("R", bound=m.Work)  # the requests an engine takes
+R_in = TypeVar("R_in", bound=m.Work, contravariant=True)
+P = TypeVar("P")  # what it reads of one (a Prompt for text)
+# What a text engine's loop answers a request it cannot take.
+SERVES_TEXT = "this instance serves chat and completions, not embeddings or reranking"
 
 
 # How often a request being read is reported (hang_after is at least 1s).
 READING_EVERY = 0.4
+# The stop's prompt cache flush ends this long before the grace does: room for the exit itself.
+EXIT_ROOM = 0.5
+# A stop that said no grace (SIGTERM, the daemon gone): this long for the flush, after the drain.
+FLUSH_UNASKED = 1.0
 
 
-class Engine(Protocol):
+class Engine(Protocol[R_in, P]):
     @property
     def active(self) -> int:
         """Generations admitted and not finished."""
         ...
 
-    def read(self, req: m.Generate) -> Prompt:
+    def read(self, req: R_in) -> P:
         """Its prompt read and checked (RequestError if it cannot be served as given). Called
         on the reader's thread: it must not touch mlx or the engine's state."""
         ...
 
-    def admit(self, req: m.Generate, prompt: Prompt) -> None:
+    def admit(self, req: R_in, prompt: P) -> object:
         """Take a request read by `read`; raises RequestError when it cannot be served."""
         ...
+
+    @property
+    def background(self) -> bool:
+        """Work of its own to step with no request in flight (a warm-up)."""
+        ...
+
+    def idle(self) -> None:
+        """Nothing in flight: a moment for work behind the requests (the cache to disk)."""
+        ...
+
+    def save_cache(self, deadline: float) -> None:
+        """The stop, after the drain: keep what can be kept until `deadline`, never later."""
+        ...
+
+    def clear_cache(self) -> None: ...
 
     def cancel(self, rid: str) -> None: ...
 
@@ -72,6 +103,25 @@ class Engine(Protocol):
         ...
 
 
+class NoPromptCache:
+    """The Engine's prompt cache methods for an engine that keeps none (mlx-lm's turn path,
+    the vision engine): nothing behind the requests, nothing to keep at the stop."""
+
+    background = False
+
+    def warm(self, tokens: list[int]) -> bool:
+        return False  # nothing to prefill into
+
+    def idle(self) -> None:
+        pass
+
+    def save_cache(self, deadline: float) -> None:
+        pass
+
+    def clear_cache(self) -> None:
+        pass
+
+
 @dataclass
 class Ticker:
     """Something to run at least every `every` seconds from the loop."""
@@ -86,21 +136,28 @@ class Ticker:
             self.due = time.monotonic() + self.every
 
 
-class ServeLoop:
-    def __init__(self, engine: Engine, channel: Channel, life: Lifecycle, report: Reporter,
-                 heartbeat_every: float, tick: Ticker | None = None) -> None:
+class ServeLoop(Generic[R, P]):
+    """`takes`: the kind of request the engine serves; another kind is answered `refusal`."""
+
+    def __init__(self, engine: Engine[R, P], channel: Channel, life: Lifecycle, report: Reporter,
+                 heartbeat_every: float, tick: Ticker | None = None,
+                 takes: type[R] = m.Generate,  # type: ignore[assignment]
+                 refusal: str = SERVES_TEXT) -> None:
         self.engine = engine
+        self.takes, self.refusal = takes, refusal
         self.channel = channel
         self.life = life
         self.report = report
         self.tickers = [Ticker(report.heartbeat, heartbeat_every), *([tick] if tick else [])]
         self.deadline: float | None = None  # end of the drain, once asked to stop
         self.shown = (-1, -1)  # (requests, of which being read) in the last status report
+        self.figures: m.Serving | None = None  # the engine's, as last sent
         self.live: set[str] = set()
         self.recent: collections.deque[str] = collections.deque(maxlen=256)  # finished ids
         self.edited: dict[str, list[dict[str, Any]]] = {}  # a live request's applied edits
-        self.reader = Reader(engine.read, channel.inbox.put,
-                             lambda rid: channel.send(m.Prefill(rid, 0, 0)), READING_EVERY)
+        self.reader: Reader[R, P] = Reader(engine.read, channel.inbox.put,
+                                           lambda rid: channel.send(m.Prefill(rid, 0, 0)),
+                                           READING_EVERY)
 
     def run(self) -> None:
         while True:
@@ -117,7 +174,7 @@ class ServeLoop:
                 return
             self._cancel()
             self._show()
-            if self.live:
+            if self.live or self.engine.background:
                 self._emit(self._step())
             self._show()  # again: the loop may next block for a long time with nothing to do
             now = time.monotonic()
@@ -125,12 +182,20 @@ class ServeLoop:
                 t.poll(now)
 
     # ---- pieces of one turn ------------------------------------------------------------------
+    def flush_deadline(self) -> float:
+        return flush_deadline(self.channel)
+
     def _take(self) -> None:
-        block = not self.live and self.deadline is None
+        block = not self.live and self.deadline is None and not self.engine.background
+        if block:
+            self.engine.idle()
         wake = min(t.every for t in self.tickers)
         for item in _drain_queue(self.channel.inbox, block, wake):
             if item is None:
                 continue  # a stop's wake-up
+            if isinstance(item, m.ClearCache):
+                self.engine.clear_cache()
+                continue
             if isinstance(item, Read):
                 if self.reader.take(item):  # not dropped (cancelled, stopping) meanwhile
                     self._admit(item)
@@ -138,19 +203,23 @@ class ServeLoop:
                 self.channel.cancelled.discard(item.id)
             elif self.life.stop.is_set():
                 self._emit([m.Error(item.id, "stopping", "the instance is stopping")])
+            elif not isinstance(item, self.takes):  # the daemon refuses it first, by role
+                self._emit([m.Error(item.id, "bad_request", self.refusal)])
             else:
                 self.reader.submit(item)
 
-    def _admit(self, read: Read) -> None:
+    def _admit(self, read: Read[R, P]) -> None:
         rid = read.req.id
         try:
             if read.error is not None:
                 raise read.error
             assert read.prompt is not None
-            if read.prompt.applied_edits:  # its Done reports them
-                self.edited[rid] = read.prompt.applied_edits
-            if read.req.count_only:  # counted once read: nothing reaches the engine
-                self._emit([m.Done(rid, "stop", len(read.prompt.tokens), 0)])
+            prompt = read.prompt
+            if isinstance(prompt, Prompt) and prompt.applied_edits:  # its Done reports them
+                self.edited[rid] = prompt.applied_edits
+            if isinstance(prompt, Prompt) and isinstance(read.req, m.Generate) \
+                    and read.req.count_only:  # counted once read: nothing reaches the engine
+                self._emit([m.Done(rid, "stop", len(prompt.tokens), 0)])
                 return
             self.engine.admit(read.req, read.prompt)
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
@@ -200,20 +269,31 @@ class ServeLoop:
                 self.channel.cancelled.discard(ev.id)
 
     def _show(self) -> None:
-        """Status for the rank, and the engine's figures, when the number of generations
-        changed (a request came or went: the prompt cache may have changed too)."""
+        """Status for the rank when the number of generations changed, and the engine's
+        figures whenever they did (a request came or went, the cache was written to disk)."""
         reading = len(self.reader.pending)
         n = len(self.live) + reading
-        # Both counts: a request read and admitted leaves n as it was, but the engine's
-        # figures (its `active`) have changed.
+        # Not for the draft model's counts alone: they change with every token.
+        figures = dataclasses.replace(self.engine.serving(), drafted=0, draft_accepted=0)
+        if figures != self.figures or (n, reading) != self.shown:
+            self.figures = figures
+            self.channel.send(self.engine.serving())
+        # Both counts: a request read and admitted leaves n as it was.
         if (n, reading) != self.shown:
             self.shown = (n, reading)
-            self.channel.send(self.engine.serving())
             if n:
                 text = f"serving {n} request(s)" + (f", reading {reading}" if reading else "")
                 self.report.status(m.Phase.SERVING, text, active=n)
             else:
                 self.report.status(m.Phase.READY)
+
+
+def flush_deadline(channel: Channel) -> float:
+    """When the stop's cache flush must end: the grace the daemon gave, less room for the exit
+    (a stop that gave none: FLUSH_UNASKED from now)."""
+    if channel.exit_by is None:
+        return time.monotonic() + FLUSH_UNASKED
+    return channel.exit_by - EXIT_ROOM
 
 
 def _drain_queue(inbox: queue.Queue[Inbox], block: bool, timeout: float) -> list[Inbox]:

@@ -40,13 +40,16 @@ Processor = Callable[[mx.array, mx.array], mx.array]
 
 def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None = None,
-                template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                template_kwargs: dict[str, Any] | None = None,
+                answer: bool = True) -> list[int]:
+    """The turns' tokens, then the assistant's turn to answer in; without it (`answer`
+    False: a `warm:` prompt), the turns as a later request starts with them."""
     if getattr(tokenizer, "has_chat_template", True):
         extra = rules.chat_template_kwargs(template_kwargs or None)
         # The tools go to the model's own template, which knows how the model wants them.
         try:
             tokens = tokenizer.apply_chat_template(messages, tools=tools or None,
-                                                   add_generation_prompt=True, **extra)
+                                                   add_generation_prompt=answer, **extra)
         except Exception:
             # Many templates take a system turn only first (Qwen's raise on one elsewhere),
             # where agents put theirs anywhere: such turns join the leading one.
@@ -54,11 +57,11 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]],
             if first is messages:
                 raise
             tokens = tokenizer.apply_chat_template(first, tools=tools or None,
-                                                   add_generation_prompt=True, **extra)
+                                                   add_generation_prompt=answer, **extra)
         return [int(t) for t in tokens]
     # No template in the model: plain "role: content" lines, then the assistant's turn.
-    text = "".join(f"{msg['role']}: {msg['content']}\n" for msg in messages) + "assistant: "
-    return list(tokenizer.encode(text))
+    text = "".join(f"{msg['role']}: {msg['content']}\n" for msg in messages)
+    return list(tokenizer.encode(text + ("assistant: " if answer else "")))
 
 
 def prompt_tokens(tokenizer: Any, req: m.Generate) -> list[int]:
@@ -131,6 +134,10 @@ def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
     rules.prompt_ids(prompt, vocab, prompt_param(req))
     max_tokens = rules.fit_window(len(prompt), rules.max_tokens(req.max_tokens), window,
                                   prompt_param(req))
+    asked = rules.context_window(req.context_window, req.named("context_window"))
+    if asked is not None and (window is None or asked < window):  # the request's own, smaller
+        param = req.named("context_window")
+        max_tokens = rules.fit_window(len(prompt), max_tokens, asked, param, f"`{param}`")
     strict = args_check(grammars, req)  # first: a 400 names the strict tool at fault
     thinking = None
     if req.kind == "chat":

@@ -18,7 +18,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from exod import messages as m
 from exod.runner.serving.busy_notice import Meanwhile
@@ -38,34 +38,38 @@ class Prompt:
     applied_edits: list[dict[str, Any]] = field(default_factory=list)
 
 
+Req = TypeVar("Req", bound=m.Work)  # what an engine takes: Generate, or Embed
+P = TypeVar("P")  # what it reads of one: a Prompt, or an embedding engine's inputs
+
+
 @dataclass(frozen=True)
-class Read:
+class Read(Generic[Req, P]):
     """A request, read: its prompt, or why it cannot be served (raised by the reading)."""
 
-    req: m.Generate
-    prompt: Prompt | None
+    req: Req
+    prompt: P | None
     error: Exception | None
 
 
-class Reader:
-    def __init__(self, read: Callable[[m.Generate], Prompt], done: Callable[[Read], None],
+class Reader(Generic[Req, P]):
+    def __init__(self, read: Callable[[Req], P], done: Callable[[Read[Req, P]], None],
                  say: Callable[[str], object], every: float) -> None:
         self._read, self._done, self._say = read, done, say
         self._meanwhile = Meanwhile(every)
-        self._queue: queue.SimpleQueue[m.Generate] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Req] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         # Touched by both threads: set operations are atomic under the GIL, and the one that
         # decides (`take`) runs on the loop's thread only.
         self.pending: set[str] = set()
 
-    def submit(self, req: m.Generate) -> None:
+    def submit(self, req: Req) -> None:
         if self._thread is None:  # started on first use: a runner that only loads has none
             self._thread = threading.Thread(target=self._run, name="exod-reader", daemon=True)
             self._thread.start()
         self.pending.add(req.id)
         self._queue.put(req)
 
-    def take(self, read: Read) -> bool:
+    def take(self, read: Read[Req, P]) -> bool:
         """True when `read` is still wanted (then it is no longer pending)."""
         if read.req.id not in self.pending:
             return False
@@ -89,7 +93,7 @@ class Reader:
             if req.id in self.pending:  # not dropped before its turn
                 self._done(self._read_one(req))
 
-    def _read_one(self, req: m.Generate) -> Read:
+    def _read_one(self, req: Req) -> Read[Req, P]:
         def say() -> None:
             if req.id in self.pending:  # a dropped request's client has heard the end of it
                 self._say(req.id)

@@ -31,6 +31,7 @@ from exod.runner.serving import tool_calls
 from exod.runner.serving.gen_options import Draft, KvOptions
 from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.logprobs import TokenText, entries
+from exod.runner.serving.loop import NoPromptCache
 from exod.runner.serving.output import Output, with_pieces
 from exod.runner.serving.reading import Prompt
 
@@ -132,8 +133,9 @@ class Generation:
                       self._out.stops.matched, reasoning_tokens=self._out.reasoning_tokens)
 
 
-class TurnEngine:
-    """Generations take turns, one token each per step (see exod.runner.serving.loop.Engine)."""
+class TurnEngine(NoPromptCache):
+    """Generations take turns, one token each per step (see exod.runner.serving.loop.Engine).
+    No prompt cache: mlx-lm's quantized, speculative and unbatchable paths keep none."""
 
     def __init__(self, model: Any, tokenizer: Any, width: int, prefill_step: int,
                  why: str, grammar_limits: GrammarLimits | None = None,

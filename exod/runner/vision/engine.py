@@ -54,6 +54,7 @@ from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prom
 from exod import messages as m
 from exod.config.schema import GrammarLimits
 from exod.runner.log import ERR, log
+from exod.runner.serving.loop import NoPromptCache
 from exod.runner.serving import model_checks, tool_calls
 from exod.runner.serving.cache_key import prompt_key
 from exod.runner.serving.grammar import Grammars
@@ -102,7 +103,7 @@ class _Request:
         return len(self.seen.tokens)
 
 
-class VisionEngine:
+class VisionEngine(NoPromptCache):
     def __init__(self, model: Any, processor: Any, tokenizer: Any, *, width: int,
                  prefill_step: int = 256, grammar_limits: GrammarLimits | None = None,
                  feature_bytes: int = 256 << 20, cache_bytes: int = 0,

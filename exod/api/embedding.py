@@ -1,0 +1,152 @@
+"""The embeddings and rerank path of the HTTP API: the same daemon path as a generation (the
+instance found and started on demand by exod.daemon.traffic, a place in its admission queue,
+its runner's link, the hang watch, cancellation when the client leaves, metering), then the
+runner's Vectors gathered and written in the dialect's shape.
+
+`Embedder.run` is the one path; OpenAI's embeddings object and the Jina/Cohere rerank object
+are written here (`openai_embeddings`, `rerank_answer`), Ollama's /api/embed and
+/api/embeddings in exod.api.dialects.ollama_embed, from `Embedded`.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import base64
+import dataclasses
+import json
+import struct
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from exod import messages as m
+from exod.api.dialects.embed_request import EmbedRequest
+from exod.api.errors import ApiError, runner_error
+from exod.api.ignored import header
+from exod.api.metrics import Meter
+from exod.api.serving import Serving, refusal
+from exod.daemon.channel import RequestStream, TooLarge
+from exod.daemon.traffic import Refused
+from exod.protocol import MAX_FRAME
+
+BIG_ANSWER = 1 << 20  # bytes of results past which the JSON is written in a thread
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """The runner's answer: each input's result in order (float32 little-endian bytes: a
+    vector, or a rerank's one score), and the tokens it read."""
+
+    results: list[bytes]
+    prompt_tokens: int
+    waited_ns: int = 0  # before the runner took the request: the queue, an on-demand load
+
+    def floats(self, i: int) -> list[float]:
+        values = array.array("f", self.results[i])
+        if sys.byteorder != "little":
+            values.byteswap()
+        return values.tolist()
+
+    def score(self, i: int) -> float:
+        value: float = struct.unpack("<f", self.results[i][:4])[0]
+        return value
+
+
+class Embedder:
+    def __init__(self, serving: Serving) -> None:
+        self.serving = serving
+        self.traffic = serving.traffic
+
+    async def run(self, req: EmbedRequest, keep_alive: float | None = None) -> Embedded:
+        """Serve a checked request: its results once the runner has given them all; raises
+        ApiError (the daemon's refusal, the runner's error). `keep_alive`: the idle window it
+        asks for (Ollama's, exod.core.keep_alive), None: the instance's own."""
+        self.serving.metrics.ignored.record(req.dialect, req.ignored)
+        arrived = time.monotonic_ns()
+        with self.serving.metered(req.model) as meter:
+            meter.inputs(req.embed.count)
+            try:
+                await self.traffic.expect(req.model, req.embed.kind)
+                inst = self.traffic.find(req.model)
+                async with self.traffic.slot(inst, keep_alive) as link:
+                    waited = time.monotonic_ns() - arrived
+                    try:
+                        stream = link.open(req.embed)
+                    except TooLarge as e:
+                        raise ApiError(413, f"The request is {e.size} bytes once encoded for "
+                                            f"the runner, more than the {MAX_FRAME >> 20} MiB "
+                                            "a runner takes: send fewer inputs.",
+                                       "invalid_request_error", "request_too_large",
+                                       req.embed.named("texts")) from None
+                    try:
+                        with self.traffic.watching(inst, stream):
+                            got = await _gather(stream, req.embed.count, meter)
+                    finally:
+                        stream.close()  # cancels the work unless it finished
+            except Refused as e:
+                raise refusal(e) from None
+            meter.status = 200
+            return dataclasses.replace(got, waited_ns=waited)
+
+
+async def _gather(stream: RequestStream, count: int, meter: Meter) -> Embedded:
+    results: list[bytes | None] = [None] * count
+    while True:
+        ev = await stream.next()
+        meter.event(ev)
+        if isinstance(ev, m.Vectors):
+            data = base64.b64decode(ev.data)
+            size = len(data) // ev.count
+            if ev.start + ev.count > count or size * ev.count != len(data):
+                raise ApiError(500, "the runner sent results that do not fit the request",
+                               "server_error", "internal")
+            for k in range(ev.count):
+                results[ev.start + k] = data[k * size:(k + 1) * size]
+        elif isinstance(ev, m.Done):
+            if any(r is None for r in results):
+                raise ApiError(500, "the runner ended the request before every result",
+                               "server_error", "internal")
+            return Embedded([r for r in results if r is not None], ev.prompt_tokens)
+        elif isinstance(ev, m.Error):
+            raise runner_error(ev.code, ev.message, ev.param)
+
+
+async def json_answer(body: dict[str, Any], size: int, ignored: tuple[str, ...]
+                      ) -> web.Response:
+    """The answer as JSON, written off the loop when it is large (thousands of vectors)."""
+    text = await asyncio.to_thread(json.dumps, body) if size > BIG_ANSWER else json.dumps(body)
+    return web.Response(text=text, content_type="application/json", headers=header(ignored))
+
+
+def openai_embeddings(req: EmbedRequest, got: Embedded) -> dict[str, Any]:
+    """OpenAI's embeddings list."""
+    def vector(i: int) -> Any:
+        if req.encoding_format == "base64":
+            return base64.b64encode(got.results[i]).decode()
+        return got.floats(i)
+
+    return {"object": "list", "model": req.model,
+            "data": [{"object": "embedding", "index": i, "embedding": vector(i)}
+                     for i in range(len(got.results))],
+            "usage": {"prompt_tokens": got.prompt_tokens, "total_tokens": got.prompt_tokens}}
+
+
+def rerank_answer(req: EmbedRequest, got: Embedded) -> dict[str, Any]:
+    """The Jina/Cohere rerank object: results best first (ties in the documents' order)."""
+    scores = [got.score(i) for i in range(len(got.results))]
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:req.top_n or None]
+    results = []
+    for i in order:
+        result: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
+        if req.return_documents:
+            doc = req.documents[i]
+            result["document"] = {"text": doc} if isinstance(doc, str) else doc
+        results.append(result)
+    return {"id": f"rerank-{uuid.uuid4().hex}", "object": "list", "model": req.model,
+            "results": results,
+            "usage": {"prompt_tokens": got.prompt_tokens, "total_tokens": got.prompt_tokens}}

@@ -1,0 +1,44 @@
+"""What Ollama's routes need of the HTTP server (exod.api.app.ApiServer): a narrow view, so this
+package never imports the server that adds its routes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from exod.api.dialects.output import Output
+    from exod.api.metrics import Metrics
+    from exod.api.schema import GenRequest, ModelLimits
+    from exod.api.view import Daemon
+    from exod.config.schema import Api
+    from exod.daemon.instance import InstanceRuntime
+
+
+T = TypeVar("T")
+
+
+class Host(Protocol):
+    @property
+    def sup(self) -> Daemon: ...
+
+    @property
+    def cfg(self) -> Api: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    async def body(self, request: web.Request, read: Callable[[Any], T]) -> T:
+        """The request's JSON body as `read` reads it (a dialect's parser), read and parsed
+        within the API's bounds."""
+        ...
+
+    async def limits(self, inst: InstanceRuntime) -> ModelLimits: ...
+
+    async def generate(self, request: web.Request, dialect: str, req: GenRequest,
+                       out: Output | None = None,
+                       keep_alive: float | None = None) -> web.StreamResponse:
+        """Serve a checked request through the one generation path."""
+        ...

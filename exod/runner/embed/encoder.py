@@ -1,0 +1,70 @@
+"""One forward pass of an embedding model or a reranker over a batch of inputs, and what comes
+out of it as the model's files say (exod.config.embed.Encoding).
+
+The inputs are padded on the right to the longest, with an attention mask: an encoder ignores
+the padding through the mask, and a decoder (Qwen3-Embedding's causal attention) never attends
+forward, so its positions are those of the input alone and its last real token is the one
+pooled. Each input's vector is therefore its vector alone, whatever it is batched with (up to
+float rounding), which tests/integration/test_embed_runner.py checks.
+
+- An embedding: the family's model pools with the Pooling module's mode (set on the model at
+  load, as mlx-vlm's server sets it) and normalizes; a model without a Normalize module is pooled
+  here by mlx-vlm's own `pool_by_config`, from the last hidden state, and left as it is. A
+  `dimensions` request keeps the first values (Matryoshka) and normalizes again when the model
+  normalizes.
+- A reranker: its one relevance logit per pair, through a sigmoid (a score from 0 to 1, as
+  mlx-vlm's server and Cohere's API give it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import mlx.core as mx
+
+from exod.config.embed import Encoding
+
+
+class Encoder:
+    def __init__(self, model: Any, enc: Encoding, pad_id: int) -> None:
+        self.model = model
+        self.enc = enc
+        self.pad_id = pad_id
+
+    def run(self, ids: list[list[int]], types: list[list[int]] | None,
+            dimensions: list[int | None]) -> list[bytes]:
+        """Each input's result, as float32 bytes in the machine's order (a vector cut to its
+        request's `dimensions`, or a score)."""
+        width = max(map(len, ids))
+        padded = mx.array([s + [self.pad_id] * (width - len(s)) for s in ids], dtype=mx.int32)
+        mask = mx.array([[1] * len(s) + [0] * (width - len(s)) for s in ids], dtype=mx.int32)
+        kwargs: dict[str, Any] = {"attention_mask": mask}
+        if types is not None:
+            kwargs["token_type_ids"] = mx.array([t + [0] * (width - len(t)) for t in types],
+                                                dtype=mx.int32)
+        out = self.model(padded, **kwargs)
+        if self.enc.role == "rerank":
+            logits = getattr(out, "logits", out)
+            scores = mx.sigmoid(logits.reshape(len(ids), -1)[:, 0]).astype(mx.float32)
+            mx.eval(scores)
+            return [_bytes(scores[i:i + 1]) for i in range(len(ids))]
+        vectors = self._vectors(out, mask)
+        rows = []
+        for i, size in enumerate(dimensions):
+            row = vectors[i] if size is None else vectors[i, :size]
+            if size is not None and self.enc.normalize:
+                row = row / mx.maximum(mx.linalg.norm(row), 1e-12)
+            rows.append(row.astype(mx.float32))
+        mx.eval(rows)
+        return [_bytes(r) for r in rows]
+
+    def _vectors(self, out: Any, mask: mx.array) -> mx.array:
+        if self.enc.normalize or self.enc.pooling is None:
+            return out.text_embeds  # pooled (with the configured mode) and normalized
+        from mlx_vlm.models.pooling import pool_by_config
+
+        return pool_by_config(out.last_hidden_state, mask, self.enc.pooling)
+
+
+def _bytes(a: mx.array) -> bytes:
+    return bytes(memoryview(cast(Any, a)))  # an mx.array is a buffer (evaluated on access)
