@@ -774,7 +774,7 @@ def test_strangers_knocking_cannot_join_delay_or_restart_a_group(
     assert [r["pid"] for r in after["ranks"]] == [r["pid"] for r in inst["ranks"]]
     assert all(r["last_exit"] is None for r in after["ranks"])
     for why in ("not an exod rank (bad greeting)", "no handshake within 2s",
-                "it speaks EXOD-GROUP-5, this rank EXOD-GROUP-7"):
+                "it speaks EXOD-GROUP-5, this rank EXOD-GROUP-8"):
         assert log_lines(d, why) >= 1, why
     # The secret: a 0600 file in a 0700 folder; never on a command line or in the environment.
     key_file = d.socket.parent / "groups" / "pp.key"
@@ -798,8 +798,8 @@ def test_a_rank_of_another_version_is_refused_with_the_reason(
                 "EXOD_DOUBLE_GROUP_VERSION": "5"}}}}, name="sec")
     d.start()
     leader = "refused a control connection from 127.0.0.1: it speaks EXOD-GROUP-5, this rank " \
-             "EXOD-GROUP-7 (every host of a group must run the same exod version)"
-    worker = "rank 0 speaks EXOD-GROUP-7, this rank EXOD-GROUP-5 (every host of a group must " \
+             "EXOD-GROUP-8 (every host of a group must run the same exod version)"
+    worker = "rank 0 speaks EXOD-GROUP-8, this rank EXOD-GROUP-5 (every host of a group must " \
              "run the same exod version)"
     inst = d.until_instance("pp", lambda i: i["state"] == "backoff", what="backing off")
     assert worker in inst["ranks"][1]["error"], inst

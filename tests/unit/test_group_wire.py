@@ -104,7 +104,7 @@ def test_a_rank_of_another_version_is_refused_naming_both() -> None:
     shake = LeaderHandshake(KEY, 2, set())
     with pytest.raises(Refused) as e:
         shake.feed(b"EXOD-GROUP-5\n" + os.urandom(32))
-    assert str(e.value) == ("it speaks EXOD-GROUP-5, this rank EXOD-GROUP-7 (every host of a "
+    assert str(e.value) == ("it speaks EXOD-GROUP-5, this rank EXOD-GROUP-8 (every host of a "
                             "group must run the same exod version)")
     assert e.value.reply.startswith(wire.PREAMBLE)  # so a later version can read why
 
@@ -112,10 +112,10 @@ def test_a_rank_of_another_version_is_refused_naming_both() -> None:
     a, b = socket.socketpair()
     with a, b:
         b.settimeout(5)
-        a.sendall(b"EXOD-GROUP-8\n" + encode({"type": "refusal", "reason": "whatever"}))
+        a.sendall(b"EXOD-GROUP-9\n" + encode({"type": "refusal", "reason": "whatever"}))
         with pytest.raises(wire.ControlLost) as lost:
             worker_handshake(b, KEY, 1)
-        assert str(lost.value) == ("rank 0 speaks EXOD-GROUP-8, this rank EXOD-GROUP-7 (every "
+        assert str(lost.value) == ("rank 0 speaks EXOD-GROUP-9, this rank EXOD-GROUP-8 (every "
                                    "host of a group must run the same exod version)")
 
 
@@ -243,7 +243,7 @@ def test_strangers_holding_the_port_open_do_not_delay_the_real_ranks(group_env: 
         c.close()
     # Whoever spoke got refused for what it said (the rest were left when the ranks came).
     reasons = {why for _, why in refused}
-    assert "it speaks EXOD-GROUP-5, this rank EXOD-GROUP-7 (every host of a group must run " \
+    assert "it speaks EXOD-GROUP-5, this rank EXOD-GROUP-8 (every host of a group must run " \
            "the same exod version)" in reasons, reasons
     assert "not an exod rank (bad greeting)" in reasons, reasons
 
@@ -431,7 +431,7 @@ def test_refusals_are_logged_sparingly_and_a_version_shows_in_status(
     r = control.Refusals(Report(), 3, 2)  # type: ignore[arg-type]
     for _ in range(100):
         r.refused("10.0.0.9", "not an exod rank (bad greeting)")
-    version = "it speaks EXOD-GROUP-5, this rank EXOD-GROUP-7 (every host of a group must run " \
+    version = "it speaks EXOD-GROUP-5, this rank EXOD-GROUP-8 (every host of a group must run " \
               "the same exod version)"
     r.refused("10.0.0.2", version)
     r.refused("10.0.0.2", version)
