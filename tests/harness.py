@@ -33,6 +33,10 @@ SAFETY = 120.0  # seconds: only a bound against hangs
 # What a daemon under test execs for its runners: tests/doubles/runner.py, which runs the real
 # runner unless an instance's env names a misbehaviour (EXOD_DOUBLE). Set in the daemon's own
 # environment: a config file can never choose what gets exec'd.
+# A valid one-pixel PNG, base64: a picture for a model that cannot see (the refusal under test
+# is the model's, not the picture's).
+ONE_PIXEL_PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAA"
+                 "AABJRU5ErkJggg==")
 DOUBLES_ENV = {"EXOD_RUNNER_MODULE": "tests.doubles.runner", "PYTHONPATH": str(REPO)}
 
 

@@ -20,7 +20,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.harness import Daemon
+from tests.harness import ONE_PIXEL_PNG, Daemon
 from tests.integration.test_agent_tools import SCHEMAS, WEATHER
 from tests.models.thinking import make_thinking_model
 from tests.models.tiny import with_tool_template
@@ -184,7 +184,9 @@ def test_messages_errors_are_in_anthropic_shape(both: Both) -> None:
     assert au.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
     for body, param in [({"messages": [{"role": "user", "content": ASK}]}, "max_tokens"),
                         ({"max_tokens": 4, "messages": [{"role": "user", "content": [
-                            {"type": "image", "source": {}}]}]}, "messages[0].content[0].type"),
+                            {"type": "image", "source": {
+                                "type": "base64", "media_type": "image/png",
+                                "data": ONE_PIXEL_PNG}}]}]}, "messages[0].content[0]"),
                         ({"max_tokens": 4, "container": "x",
                           "messages": [{"role": "user", "content": ASK}]}, "container")]:
         resp, raw = both.raw("POST", "/v1/messages", {"model": "tiny", **body})

@@ -22,7 +22,7 @@ import aiohttp
 import openai
 import pytest
 
-from tests.harness import Daemon
+from tests.harness import ONE_PIXEL_PNG, Daemon
 from tests.integration.conftest import double_env
 from tests.integration.test_security import Api, tracebacks
 from tests.zoo import make_zoo
@@ -160,7 +160,8 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("/v1/chat/completions", {"messages": HELLO, "stop": [""]}, "stop"),
     ("/v1/chat/completions", {"messages": HELLO, "temperature": -1}, "temperature"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:,"}}]}]}, "messages[0].content[0].type"),
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{ONE_PIXEL_PNG}"}}]}]},
+     "messages[0].content[0]"),
     ("/v1/chat/completions", {"messages": HELLO, "n": 3}, "n"),
 ]
 

@@ -79,7 +79,7 @@ def test_status_shows_every_rank(trio: Daemon) -> None:
 def test_pipeline_rank_memory(daemons: Callable[..., Daemon],
                               tiny_model_factory: Callable[..., Path]) -> None:
     """A ~570 MB model: each of two pipeline ranks holds about half of the layers (and one of
-    embeddings / head), so its RSS is below 0.65x that of a single rank."""
+    embeddings / head), so its RSS is below 0.7x that of a single rank."""
     model = str(tiny_model_factory(layers=12, hidden=1024, intermediate=2816, heads=16,
                                    kv_heads=4, vocab=4096, shards_files=2))
     d = daemons({"instances": {"whole": {"model": model},
@@ -92,7 +92,10 @@ def test_pipeline_rank_memory(daemons: Callable[..., Daemon],
     ratios = [h / whole for h in halves]
     print(f"pipeline rank RSS / 1-rank RSS: {[round(r, 3) for r in ratios]} "
           f"(1 rank {whole / 2**20:.0f} MiB)")
-    assert all(r < 0.65 for r in ratios), ratios
+    # Each rank also holds the runtime every runner has (python, mlx, the tokenizer: ~200 MiB
+    # of the 1 rank's ~660 MiB), so half the weights read as ~0.65x; a rank holding them all
+    # would read 1.0x.
+    assert all(r < 0.7 for r in ratios), ratios
     assert d.terminate() == 0
 
 
