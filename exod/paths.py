@@ -56,8 +56,14 @@ def cache_dir() -> Path:
     state = os.environ.get("STATE_DIRECTORY")
     if state:
         return Path(state.split(":")[0]) / "cache"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "exod"
+    return user_cache(os.environ) / "exod"
+
+
+def user_cache(env: Mapping[str, str]) -> Path:
+    """A user's cache folder, as the XDG base directory rules say: $XDG_CACHE_HOME, else
+    ~/.cache."""
+    xdg = env.get("XDG_CACHE_HOME")
+    return Path(xdg) if xdg else Path.home() / ".cache"
 
 
 def state_dir() -> Path:
@@ -89,8 +95,7 @@ def prompt_cache_base(env: Mapping[str, str], euid: int) -> Path:
             return Path(given.split(":")[0]) / "prompt-cache"
     if euid == 0:
         return SYSTEM_STATE / "prompt-cache"
-    xdg = env.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "exod" / "prompt-cache"
+    return user_cache(env) / "exod" / "prompt-cache"
 
 
 def client_socket() -> Path:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from exod.hub.ref import COMMIT_RE, HubRef
+from exod.paths import SYSTEM_STATE, user_cache
 
-SYSTEM_STATE = Path("/var/lib/exod")
 
 
 def default_cache(env: Mapping[str, str], euid: int) -> Path:
@@ -37,8 +37,7 @@ def default_cache(env: Mapping[str, str], euid: int) -> Path:
         return Path(state.split(":")[0]) / "hub"
     if euid == 0:
         return SYSTEM_STATE / "hub"
-    xdg = env.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub"
+    return user_cache(env) / "huggingface" / "hub"
 
 
 @dataclass(frozen=True)
