@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -320,6 +321,25 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def port_block(n: int) -> int:
+    """The first of n free ports in a row, for a fixed `port_base`. Taken below the ephemeral
+    range, because every test's outgoing connections take their source ports from that range and
+    would squat a group's port between our check and the runner's bind (CI saw rank 1 find its
+    port held through five restarts). Each xdist worker draws from its own slice, so two tests
+    running side by side never pick overlapping blocks."""
+    from exod.daemon.rank_addresses import ephemeral_range, is_free
+    top = ephemeral_range()[0] - n
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker) if worker.isdigit() else 0
+    width = (top - 10_000) // max(count, 1)
+    low = 10_000 + index * width
+    while True:
+        base = random.randrange(low, low + width - n)
+        if all(is_free(base + i) for i in range(n)):
+            return base
 
 
 def pid_alive(pid: int) -> bool:

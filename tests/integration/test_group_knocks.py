@@ -10,7 +10,6 @@ double), so that it does so in the middle of the flood."""
 from __future__ import annotations
 
 import errno
-import random
 import selectors
 import socket
 import threading
@@ -19,11 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from exod.daemon.rank_addresses import ephemeral_range, is_free
 from exod.protocol import encode, to_wire
 from exod.runner.group import control
 from exod.runner.group.wire import NONCE, PREAMBLE, Greeting
-from tests.harness import Daemon
+from tests.harness import Daemon, port_block
 
 GREETING = PREAMBLE + encode(to_wire(Greeting("ab" * NONCE)))
 # What a stranger does once connected: bytes to send, seconds between two of them, and how
@@ -135,19 +133,9 @@ class Flood:
         c.sock.close()
 
 
-def port_base(n: int) -> int:
-    """n free ports in a row below the ephemeral range: the flood's thousands of outgoing
-    connections take their source ports from that range, and would squat the group's."""
-    first, _ = ephemeral_range()
-    while True:
-        base = random.randrange(10_000, first - n)
-        if all(is_free(base + i) for i in range(n)):
-            return base
-
-
 def test_a_flood_of_strangers_never_restarts_a_group_re_forming(
         daemons: Callable[..., Daemon], tiny_model_factory: Callable[..., Path]) -> None:
-    base = port_base(3)
+    base = port_block(3)
     d = daemons({"instances": {"pp": {
         "model": str(tiny_model_factory(layers=2)), "shards": 2, "port_base": base,
         "backoff": {"initial": "100ms", "jitter": 0},

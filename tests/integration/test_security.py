@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from exod.runner.group import wire
 from tests.models.tiny import CONTEXT, with_tool_template
-from tests.harness import EXOCTL, EXOD, Daemon, free_port
+from tests.harness import EXOCTL, EXOD, Daemon, port_block
 
 TOKENS = ("first-token", "second-token")
 EOS = "2"  # the tiny model's <|im_end|>
@@ -752,9 +752,7 @@ def test_strangers_knocking_cannot_join_delay_or_restart_a_group(
     connects 4 s late, so that they do) and while it serves: the group forms with its real
     ranks at the first attempt, never restarts, and serves. Rank 0 used to check one handshake
     at a time: a stranger held it up, and a real rank waited behind it past peer_timeout."""
-    base = free_port()
-    while base > 60000:
-        base = free_port()
+    base = port_block(3)
     d = daemons({"instances": {"pp": {
         "model": str(tiny_model_factory(layers=2)), "shards": 2, "port_base": base,
         "env": {"EXOD_DOUBLE": "group", "EXOD_DOUBLE_GROUP_RANK": "1",
