@@ -11,7 +11,8 @@ returns (the runner then exits 0). A step is bounded (one decode step, plus at m
 chunk), so a stop is always answered quickly, even during a long prompt: the ladder's rung 1 is
 enough. After each take, the loop tells the engine how many requests are still being read
 (`expect`): the vision engine holds a burst's first requests for them, and when it has nothing
-else to do, the loop waits for those reads rather than step. The engine's figures go to the daemon whenever the number of generations changes.
+else to do, the loop waits for those reads rather than step. The engine's figures go to the
+daemon whenever the number of generations changes.
 
 A heartbeat goes to the daemon from this loop, so a stuck loop stops sending it; `tick` lets
 rank 0 of a group keep the group's own heartbeat from here too.
