@@ -49,6 +49,7 @@ from exod.runner.serving.gen_options import KvOptions
 from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.logprobs import TokenText, entries
 from exod.runner.serving.loop import AsItComes
+from exod.runner.serving.detokenize import streaming
 from exod.runner.serving.output import Output
 from exod.runner.serving.reading import Prompt
 from exod.runner.prompt_cache.disk import DiskTier
@@ -160,7 +161,8 @@ class BatchEngine(AsItComes):
         entry chosen, if any (rank 0 tells the other ranks)."""
         checked = check_request(self.tokenizer, req, self.vocab, self.window, read,
                                 self.grammars)
-        out = Output(self.tokenizer.detokenizer, req.stop, checked.markers, checked.thinking)
+        out = Output(streaming(self.tokenizer.detokenizer), req.stop, checked.markers,
+                     checked.thinking)
         r = _Request(req.id, checked.prompt, out,
                      tool_calls.splitter(self.tokenizer, req, checked.args_check),
                      checked.top_logprobs, insert={

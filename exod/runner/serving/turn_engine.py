@@ -32,6 +32,7 @@ from exod.runner.serving.gen_options import Draft, KvOptions
 from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.logprobs import TokenText, entries
 from exod.runner.serving.loop import AsItComes, NoPromptCache
+from exod.runner.serving.detokenize import streaming
 from exod.runner.serving.output import Output, with_pieces
 from exod.runner.serving.reading import Prompt
 
@@ -70,7 +71,8 @@ class Generation:
         self._max_tokens = checked.max_tokens
         self._top = checked.top_logprobs
         self._text = text
-        self._out = Output(tokenizer.detokenizer, req.stop, checked.markers, checked.thinking)
+        self._out = Output(streaming(tokenizer.detokenizer), req.stop, checked.markers,
+                           checked.thinking)
         self.prompt_tokens = len(prompt)
         self.completion_tokens = 0
         self.prefilled = 0

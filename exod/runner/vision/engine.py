@@ -67,6 +67,7 @@ from exod.runner.serving import model_checks, tool_calls
 from exod.runner.serving.cache_key import prompt_key
 from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.logprobs import TokenText, entries
+from exod.runner.serving.detokenize import streaming
 from exod.runner.serving.output import Output
 from exod.runner.serving.prepare import (Checked, Processor, Sampler, check_request,
                                          read_prompt)
@@ -193,7 +194,8 @@ class VisionEngine(NoPromptCache):
         sampler = None if model_checks.greedy_temperature(req.temperature) else checked.sampler
         if sampler is not None or rows is not None:
             processors.append(_last(sampler, rows))
-        out = Output(self.tokenizer.detokenizer, req.stop, checked.markers, checked.thinking)
+        out = Output(streaming(self.tokenizer.detokenizer), req.stop, checked.markers,
+                     checked.thinking)
         calls = tool_calls.splitter(self.tokenizer, req, checked.args_check)
         self._waiting[req.id] = _Request(req.id, req, prompt, checked, processors, out, calls,
                                          rows=rows)
