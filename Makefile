@@ -23,7 +23,7 @@ BYTECODE = $(BIN)/python -m compileall -q -j 0
 # Defined before the rules that name it: make expands a rule's prerequisites as it reads it.
 AGENTS ?= .agents
 
-.PHONY: run test test-unit test-integration test-system warm setup setup-test agents install \
+.PHONY: run test test-unit test-integration test-profile test-system warm setup setup-test agents install \
 	bench man lint clean
 
 run: setup  ## set up, then run the daemon in the foreground on the built-in demo model
@@ -40,6 +40,9 @@ test-unit: setup-test  ## the unit tier: no processes, no mlx (tens of seconds)
 test-integration: setup-test warm  ## the integration tier: real daemons, runners and mlx
 	$(PYTEST) -n $(WORKERS) -m "not timing" --durations=25 tests/integration
 	$(PYTEST) -n 1 -m timing tests/integration
+
+test-profile: setup-test warm  ## the integration tier, with each test's CPU-seconds (tests/cpu_profile.py)
+	PYTHONPATH=. $(PYTEST) -n $(WORKERS) -m "not timing" -p tests.cpu_profile tests/integration
 
 test-system: setup-test  ## the system tier: exod under a real systemd in private namespaces
 	$(PYTEST) -n 1 tests/system
