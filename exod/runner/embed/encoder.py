@@ -14,22 +14,55 @@ float rounding), which tests/integration/test_embed_runner.py checks.
   normalizes.
 - A reranker: its one relevance logit per pair, through a sigmoid (a score from 0 to 1, as
   mlx-vlm's server and Cohere's API give it).
+
+On a CPU a step's parts (exod.runner.embed.engine.split) run at once, one per core: mlx's CPU
+backend runs each elementwise op on one thread, and those (a BERT's GELU: its erf alone is about
+half of a forward pass) left one of two cores idle while only OpenBLAS's matmuls used both.
+Since mlx 0.31.2 each thread evaluates on a stream of its own, so threads compute side by side
+on the shared, already evaluated weights (as mlx-vlm's server runs a pass per request thread).
 """
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, cast
 
 import mlx.core as mx
 
 from exod.config.embed import Encoding
+from exod.runner.embed.engine import Part
+
+
+def threads() -> int:
+    """Threads that compute a step: the cores this process may run on (its affinity: a
+    service's CPUAffinity, taskset) on a CPU; one where mlx computes on a GPU."""
+    if mx.default_device() != mx.cpu:
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count() or 1
 
 
 class Encoder:
-    def __init__(self, model: Any, enc: Encoding, pad_id: int) -> None:
+    def __init__(self, model: Any, enc: Encoding, pad_id: int, threads: int = 1) -> None:
         self.model = model
         self.enc = enc
         self.pad_id = pad_id
+        self.threads = threads
+        self.pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="encode") \
+            if threads > 1 else None
+
+    def run_all(self, parts: list[Part]) -> list[list[bytes]]:
+        """Each part's results (`run`), the parts computed at once: the first on this thread,
+        the others on the pool's."""
+        if self.pool is None or len(parts) == 1:
+            return [self.run(*p) for p in parts]
+        later = [self.pool.submit(self.run, *p) for p in parts[1:]]
+        try:
+            first = self.run(*parts[0])
+        finally:  # a failed part still waits for the others: the next step starts on idle cores
+            wait(later)
+        return [first, *(f.result() for f in later)]
 
     def run(self, ids: list[list[int]], types: list[list[int]] | None,
             dimensions: list[int | None]) -> list[bytes]:
