@@ -20,6 +20,7 @@ backend runs each elementwise op on one thread, and those (a BERT's GELU: its er
 half of a forward pass) left one of two cores idle while only OpenBLAS's matmuls used both.
 Since mlx 0.31.2 each thread evaluates on a stream of its own, so threads compute side by side
 on the shared, already evaluated weights (as mlx-vlm's server runs a pass per request thread).
+OpenBLAS's threads are shared out among the parts while they run.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any, cast
 import mlx.core as mx
 
 from exod.config.embed import Encoding
+from exod.runner.cpu import blas
 from exod.runner.embed.engine import Part
 
 
@@ -51,10 +53,12 @@ class Encoder:
         self.threads = threads
         self.pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="encode") \
             if threads > 1 else None
+        self.blas = self.blas_all = blas.threads() or 1
 
     def run_all(self, parts: list[Part]) -> list[list[bytes]]:
         """Each part's results (`run`), the parts computed at once: the first on this thread,
         the others on the pool's."""
+        self._share_blas(len(parts))
         if self.pool is None or len(parts) == 1:
             return [self.run(*p) for p in parts]
         later = [self.pool.submit(self.run, *p) for p in parts[1:]]
@@ -63,6 +67,14 @@ class Encoder:
         finally:  # a failed part still waits for the others: the next step starts on idle cores
             wait(later)
         return [first, *(f.result() for f in later)]
+
+    def _share_blas(self, parts: int) -> None:
+        """OpenBLAS's threads shared out among passes that run at once: with a thread per
+        core in each, BLAS threads outnumber the cores and those that wait spin."""
+        want = max(1, self.blas_all // parts)
+        if want != self.blas:
+            blas.set_threads(want)
+            self.blas = want
 
     def run(self, ids: list[list[int]], types: list[list[int]] | None,
             dimensions: list[int | None]) -> list[bytes]:
