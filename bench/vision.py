@@ -18,9 +18,10 @@ over exod's), so above 1.0 exod is better; the goal is >= 1.0x:
 Every request shows a picture no side has seen yet (its own seed), but (3)'s, so no side answers
 from a cache, except the second turn, which is the point of (3). mlx-vlm's server runs as it
 comes (its prefix cache, APC, is off unless APC_ENABLED=1; `EXOD_BENCH_APC=1` turns it on for
-this run). The sides take turns in a rotating order over ROUNDS rounds; each figure is the
-median of the per-round ratios, with their range (the machine is shared and noisy). Both sides'
-answers to the first request must be the same text. `python -m bench vision`.
+this run). The sides take turns in a rotating order over ROUNDS rounds (EXOD_BENCH_ROUNDS, 5
+unless set); each figure is the median of the per-round ratios, with their range (the machine
+is shared and noisy). Both sides' answers to the first request must be the same text.
+`python -m bench vision`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from bench.api import blas_path
 from bench.common import CACHE, PY, REPO, read_chat_stream, report, verdict
 from tests.harness import Daemon, cpu_seconds, free_port
 
-ROUNDS = 5
+ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS") or 5)  # rounds of both sides
 ALONE = 3  # one client's requests per round, one after the other
 N = 32  # tokens of each answer
 CLIENTS = 8

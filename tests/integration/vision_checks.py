@@ -51,9 +51,16 @@ class Recording(VisionEngine):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.tokens: dict[str, list[int]] = {}
+        self.steps = 0
+        self.firsts: dict[str, int] = {}  # the step of each one's first token
+
+    def step(self) -> list[m.Event]:
+        self.steps += 1
+        return super().step()
 
     def _on_token(self, r: Any, resp: Any) -> list[m.Event]:
         self.tokens.setdefault(r.rid, []).append(resp.token)
+        self.firsts.setdefault(r.rid, self.steps)
         return super()._on_token(r, resp)
 
 
@@ -259,6 +266,88 @@ def test_a_burst_is_prefilled_together_and_decodes_from_one_step(zoo: Path) -> N
     for r in reqs:
         run(alone, [dataclasses.replace(r, id=f"alone-{r.id}")])
         assert alone.tokens[f"alone-{r.id}"] == eng.tokens[r.id], r.id
+
+
+def first_steps(eng: Recording, reqs: list[m.Generate]) -> dict[str, int]:
+    """The step of each one's first token (the engine's steps, counted from 1)."""
+    return {r.id: eng.firsts[r.id] for r in reqs if r.id in eng.firsts}
+
+
+def test_a_burst_seen_while_another_decodes_is_prefilled_together(zoo: Path) -> None:
+    """Requests that come together while another decodes are seen one per step, between its
+    decode steps, and held until the last is seen: one prompt batch, every first token in the
+    same step (put into the generator as each was seen, they were prefilled in batches of one
+    to three, each joining the decoding batch steps after the one before)."""
+    eng = engine(zoo, "qwen2_5_vl", width=8)
+    decoding = ask([1], max_tokens=8 * N)
+    eng.admit(decoding, eng.read(decoding))
+    while decoding.id not in eng.tokens:
+        eng.step()
+    reqs = [ask([s]) for s in (2, 3, 4, 5, 6)]
+    ends = run(eng, reqs)
+    assert all(isinstance(ends[r.id], m.Done) for r in reqs), ends
+    firsts = first_steps(eng, reqs)
+    assert len(set(firsts.values())) == 1, firsts
+    assert len(eng.tokens[decoding.id]) < 8 * N  # it decoded all along
+
+
+class Gated(Recording):
+    """Reads every request but the first only once the first has been seen (on the reader's
+    thread, as the runner reads): a burst whose first request is seen while the others are
+    still being read, as through the daemon. Stops its life once every request has N tokens."""
+
+    def __init__(self, *args: Any, life: Any, ids: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.life, self.ids = life, ids
+        self.first_seen = threading.Event()
+
+    def read(self, req: m.Generate) -> Any:
+        if req.id != self.ids[0]:
+            assert self.first_seen.wait(60), "the first request was never seen"
+        return super().read(req)
+
+    def see_next(self) -> list[m.Event]:
+        events = super().see_next()
+        if any(e.id == self.ids[0] for e in events):
+            self.first_seen.set()
+        return events
+
+    def _on_token(self, r: Any, resp: Any) -> list[m.Event]:
+        events = super()._on_token(r, resp)
+        if all(len(self.tokens.get(rid, [])) == N for rid in self.ids):
+            self.life.request_stop("the burst is answered")
+        return events
+
+
+def test_the_serve_loop_holds_a_burst_s_first_request_for_the_ones_being_read(
+        zoo: Path) -> None:
+    """Through the serve loop (exod.runner.serving.loop, its reader's thread real), a burst
+    whose first request is seen while the others are still being read: it is held for them
+    (the loop waits for the reads), and the burst is prefilled in one prompt batch, every
+    first token in the same step. Put into the generator at once, the first was prefilled
+    alone and the others after it."""
+    from exod.runner.channel import Channel
+    from exod.runner.lifecycle import Lifecycle
+    from exod.runner.report import Reporter
+    from exod.runner.serving.loop import ServeLoop
+
+    life = Lifecycle()
+    channel = Channel(None, life)  # no daemon: what the loop sends is dropped
+    reqs = [ask([s]) for s in (2, 3, 4, 5)]
+    lv = loaded(zoo, "qwen2_5_vl")
+    eng = Gated(lv.model, lv.processor, lv.tokenizer, width=8, prefill_step=32, life=life,
+                ids=[r.id for r in reqs])
+    for req in reqs:
+        channel.inbox.put(req)
+    watchdog = threading.Timer(120, life.request_stop, ["the burst took over 120 s"])
+    watchdog.start()
+    try:
+        ServeLoop(eng, channel, life, Reporter(channel), heartbeat_every=1.0).run()
+    finally:
+        watchdog.cancel()
+    assert life.reason == "the burst is answered", life.reason
+    firsts = first_steps(eng, reqs)
+    assert len(firsts) == len(reqs) and len(set(firsts.values())) == 1, firsts
 
 
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "gemma3", "llava", "mistral3"])

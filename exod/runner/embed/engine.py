@@ -23,7 +23,7 @@ from exod import messages as m
 from exod.config.embed import Encoding
 from exod.core.request_rules import RequestError
 from exod.runner.embed.inputs import Inputs, read_inputs
-from exod.runner.serving.loop import NoPromptCache
+from exod.runner.serving.loop import AsItComes, NoPromptCache
 
 if TYPE_CHECKING:  # mlx: only where a model runs (this module's pure parts are unit-tested)
     from exod.runner.embed.encoder import Encoder
@@ -107,7 +107,7 @@ class Figures:
     inputs: int = 0
 
 
-class EmbedEngine(NoPromptCache):
+class EmbedEngine(NoPromptCache, AsItComes):
     def __init__(self, encoder: Encoder, tokenizer: object, vocab: int, width: int,
                  batch_tokens: int, max_batch: int) -> None:
         self.encoder = encoder

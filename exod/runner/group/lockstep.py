@@ -73,6 +73,8 @@ class Replayed(Protocol):
 
     def cancel(self, rid: str) -> None: ...
 
+    def expect(self, reading: int) -> bool: ...
+
     def step(self) -> list[m.Event]: ...
 
     def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]: ...
@@ -148,6 +150,9 @@ class LeaderEngine:
     def cancel(self, rid: str) -> None:
         self.engine.cancel(rid)
         self._record(Cancel(rid))
+
+    def expect(self, reading: int) -> bool:
+        return self.engine.expect(reading)
 
     def step(self) -> list[m.Event]:
         self.flush(step=True)

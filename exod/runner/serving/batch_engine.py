@@ -48,6 +48,7 @@ from exod.runner.serving import tool_calls
 from exod.runner.serving.gen_options import KvOptions
 from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.logprobs import TokenText, entries
+from exod.runner.serving.loop import AsItComes
 from exod.runner.serving.output import Output
 from exod.runner.serving.reading import Prompt
 from exod.runner.prompt_cache.disk import DiskTier
@@ -89,7 +90,7 @@ class _Request:
         return len(self.prompt)
 
 
-class BatchEngine:
+class BatchEngine(AsItComes):
     def __init__(self, model: Any, tokenizer: Any, *, width: int, cache_bytes: int,
                  prefill_step: int = 256, grammar_limits: GrammarLimits | None = None,
                  kv: KvOptions | None = None,

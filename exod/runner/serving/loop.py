@@ -9,7 +9,10 @@ read by then, drops cancelled ones (the client went away: cancelled within one s
 to stop, lets in-flight work finish until the drain deadline, then ends it with an error event and
 returns (the runner then exits 0). A step is bounded (one decode step, plus at most one prefill
 chunk), so a stop is always answered quickly, even during a long prompt: the ladder's rung 1 is
-enough. The engine's figures go to the daemon whenever the number of generations changes.
+enough. After each take, the loop tells the engine how many requests are still being read
+(`expect`): the vision engine holds a burst's first requests for them, and when it has nothing
+else to do, the loop waits for those reads rather than step. The engine's figures go to the
+daemon whenever the number of generations changes.
 
 A heartbeat goes to the daemon from this loop, so a stuck loop stops sending it; `tick` lets
 rank 0 of a group keep the group's own heartbeat from here too.
@@ -88,6 +91,12 @@ class Engine(Protocol[R_in, P]):
 
     def cancel(self, rid: str) -> None: ...
 
+    def expect(self, reading: int) -> bool:
+        """`reading` requests are being read, to be admitted soon (on the loop's thread, after
+        each take). True: the engine would rather wait for them than step now (the loop then
+        waits for the inbox)."""
+        ...
+
     def step(self) -> list[m.Event]:
         """One bounded unit of work (a token, or a prefill chunk) and the events it produced."""
         ...
@@ -101,6 +110,15 @@ class Engine(Protocol[R_in, P]):
     def serving(self) -> m.Serving:
         """The engine's figures for the daemon (batching, width, prompt cache)."""
         ...
+
+
+class AsItComes:
+    """The Engine's `expect` for an engine that starts each request as it is admitted (all but
+    the vision engine, which holds a burst's first requests for the rest while they are read:
+    exod.runner.vision.engine)."""
+
+    def expect(self, reading: int) -> bool:
+        return False
 
 
 class NoPromptCache:
@@ -155,6 +173,7 @@ class ServeLoop(Generic[R, P]):
         self.live: set[str] = set()
         self.recent: collections.deque[str] = collections.deque(maxlen=256)  # finished ids
         self.edited: dict[str, list[dict[str, Any]]] = {}  # a live request's applied edits
+        self.expecting = False  # the engine waits for the requests being read (`expect`)
         self.reader: Reader[R, P] = Reader(engine.read, channel.inbox.put,
                                            lambda rid: channel.send(m.Prefill(rid, 0, 0)),
                                            READING_EVERY)
@@ -174,7 +193,7 @@ class ServeLoop(Generic[R, P]):
                 return
             self._cancel()
             self._show()
-            if self.live or self.engine.background:
+            if (self.live or self.engine.background) and not self.expecting:
                 self._emit(self._step())
             self._show()  # again: the loop may next block for a long time with nothing to do
             now = time.monotonic()
@@ -186,9 +205,12 @@ class ServeLoop(Generic[R, P]):
         return flush_deadline(self.channel)
 
     def _take(self) -> None:
-        block = not self.live and self.deadline is None and not self.engine.background
-        if block:
+        idle = not self.live and self.deadline is None and not self.engine.background
+        if idle:
             self.engine.idle()
+        # Requests being read and nothing else to step (a model that sees holds a burst's
+        # first requests for the rest): wait for a read, as when idle.
+        block = idle or (self.expecting and self.deadline is None)
         wake = min(t.every for t in self.tickers)
         for item in _drain_queue(self.channel.inbox, block, wake):
             if item is None:
@@ -207,6 +229,7 @@ class ServeLoop(Generic[R, P]):
                 self._emit([m.Error(item.id, "bad_request", self.refusal)])
             else:
                 self.reader.submit(item)
+        self.expecting = self.engine.expect(len(self.reader.pending))
 
     def _admit(self, read: Read[R, P]) -> None:
         rid = read.req.id

@@ -31,7 +31,7 @@ from exod.runner.serving import tool_calls
 from exod.runner.serving.gen_options import Draft, KvOptions
 from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.logprobs import TokenText, entries
-from exod.runner.serving.loop import NoPromptCache
+from exod.runner.serving.loop import AsItComes, NoPromptCache
 from exod.runner.serving.output import Output, with_pieces
 from exod.runner.serving.reading import Prompt
 
@@ -133,7 +133,7 @@ class Generation:
                       self._out.stops.matched, reasoning_tokens=self._out.reasoning_tokens)
 
 
-class TurnEngine(NoPromptCache):
+class TurnEngine(NoPromptCache, AsItComes):
     """Generations take turns, one token each per step (see exod.runner.serving.loop.Engine).
     No prompt cache: mlx-lm's quantized, speculative and unbatchable paths keep none."""
 

@@ -10,16 +10,24 @@ any two of them:
 - admitted: it waits for its turn to be *seen*;
 - seen (one step, one request at a time): `get_input_embeddings`, the vision tower (or, picture
   by picture, its cached output, exod.runner.vision.features) and the merge of its features
-  into the prompt's embeddings, evaluated there; then inserted into the generator with those
-  embeddings and only the features the language model reads (mlx-vlm's own
-  `attention_mask_4d`, pixel masks and sizes would break a batch of prompts of several lengths:
-  docs/design/vision.md);
+  into the prompt's embeddings, evaluated there, keeping only the features the language model
+  reads (mlx-vlm's own `attention_mask_4d`, pixel masks and sizes would break a batch of
+  prompts of several lengths: docs/design/vision.md);
+- held, then released (`release`): the requests seen go into the generator together, once no
+  other is waiting to be seen or being read by the serve loop (`expect`), or a prompt batch's
+  worth is held. Through the daemon, a burst's first request is seen while the others are
+  still on their way or being read: put into the generator at once, it was prefilled in a
+  prompt batch of its own and the others in two to four later ones (an 8-request burst, traced
+  through a daemon), each seen between two decode steps of the ones before;
 - prefilled and decoded by the generator (exod.runner.vision.generator): each step is one
   `next()`, one decode step for the batch plus at most one chunk of prompts (`prefill_step`
   tokens) and one chunk of a prompt that starts from the prompt cache. While nothing decodes
   and no prompt batch has begun, a step sees the next waiting request and the generator waits
   (`gathering`): requests that came together are prefilled in one batch and decode from the
   same step, as mlx-vlm's server does by seeing all of them before its step.
+
+A group's other ranks are told of a request when rank 0 puts it into its generator
+(`shipped`), so they insert the same requests between the same two steps.
 
 Prompt cache, as for text (exod.runner.serving.batch_engine): when a request ends, the KV cache
 of its prompt and answer is stored under their key (exod.runner.serving.cache_key: the tokens,
@@ -88,7 +96,8 @@ class _Request:
     processors: list[Processor]
     out: Output
     calls: tool_calls.ToolCallSplitter | None
-    uid: int = -1  # in the generator, once seen
+    features: dict[str, Any] | None = None  # get_input_embeddings', once seen, until released
+    uid: int = -1  # in the generator, once released
     key: list[int] = field(default_factory=list)  # its prompt's cache key, once seen
     cached_tokens: int = 0
     completion_tokens: int = 0
@@ -136,13 +145,16 @@ class VisionEngine(NoPromptCache):
         self._cache = LRUPromptCache(max_size=1 << 30, max_bytes=self.cache_bytes)
         self.cache_lookups = self.cache_hits = self.cached_tokens = 0
         self._waiting: dict[str, _Request] = {}  # admitted, not seen yet: in arrival order
+        self._held: dict[str, _Request] = {}  # seen, not in the generator yet: in arrival order
+        self.reading = 0  # requests the serve loop is reading, to be admitted soon (`expect`)
         self._by_uid: dict[int, _Request] = {}
         self._by_rid: dict[str, _Request] = {}
         self._ended: dict[int, _Request] = {}  # left the batch: their caches to store
         self._gen = self._new_generator()
         self.prompt_tokens = 0
         self.failed_steps = 0  # a group must not go on after one (exod.runner.group.lockstep)
-        self.seen: Shipped | None = None  # what the last request seen gives a group's ranks
+        # What the requests put into the generator give a group's ranks, until taken.
+        self.shipped: list[Shipped] = []
 
     def _new_generator(self) -> Generator:
         gen = Generator(
@@ -165,7 +177,7 @@ class VisionEngine(NoPromptCache):
     # ---- the interface the serve loop uses ------------------------------------------------
     @property
     def active(self) -> int:
-        return len(self._waiting) + len(self._by_rid)
+        return len(self._waiting) + len(self._held) + len(self._by_rid)
 
     def read(self, req: m.Generate) -> Prompt:
         return read_seen(self.processor, self.model.config, self.tokenizer, req, self.vocab,
@@ -187,7 +199,7 @@ class VisionEngine(NoPromptCache):
                                          rows=rows)
 
     def cancel(self, rid: str) -> None:
-        if self._waiting.pop(rid, None) is not None:
+        if self._waiting.pop(rid, None) is not None or self._held.pop(rid, None) is not None:
             return
         r = self._by_rid.get(rid)
         if r is not None:
@@ -195,8 +207,16 @@ class VisionEngine(NoPromptCache):
             self._forget(r)
             self._store_kept()
 
+    def expect(self, reading: int) -> bool:
+        """`reading` requests are being read by the serve loop, to be admitted soon: the
+        requests seen are held for them (`release`). True when there is nothing else to do
+        meanwhile (nothing to see, nothing in the generator): the loop then waits for them
+        rather than step."""
+        self.reading = reading
+        return bool(reading) and not self._waiting and not self._by_uid
+
     def step(self) -> list[m.Event]:
-        events = self.see_next()
+        events = self.release() + self.see_next()
         if self.gathering:
             return events
         return events + self.advance()
@@ -212,10 +232,35 @@ class VisionEngine(NoPromptCache):
         return bool(self._waiting) and not self._gen.decoding and not self._gen.begun
 
     def see_next(self) -> list[m.Event]:
-        """The first waiting request through the vision tower and into the generator."""
+        """The first waiting request through the vision tower; held until `release`."""
         if not self._waiting:
             return []
-        return self._see(next(iter(self._waiting.values())))
+        r = next(iter(self._waiting.values()))
+        del self._waiting[r.rid]
+        try:
+            r.features = self._embed(r.seen)
+        except Exception as e:  # noqa: BLE001 -- a family's tower or merge refusing the input
+            log(f"seeing {r.rid} failed: {type(e).__name__}: {e}", ERR)
+            return [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")]
+        self._held[r.rid] = r
+        return [m.Prefill(r.rid, 0, r.prompt_tokens)]
+
+    def release(self) -> list[m.Event]:
+        """The requests seen into the generator, together, once no other is waiting to be seen
+        or being read (or a prompt batch's worth is held): one prompt batch for a burst. Called
+        before a step sees the next request, so what the loop took meanwhile counts."""
+        if not self._held or ((self._waiting or self.reading)
+                              and len(self._held) < self._gen.prefill_batch_size):
+            return []
+        held, self._held = list(self._held.values()), {}
+        events: list[m.Event] = []
+        for r in held:
+            assert r.features is not None
+            # Others prefilled beside it: a short hit of the prompt cache is declined.
+            crowded = len(held) > 1 or bool(self._waiting or self.reading
+                                             or self._gen.to_prefill)
+            events += self._insert(r, r.features, crowded=crowded)
+        return events
 
     def advance(self) -> list[m.Event]:
         """One step of the generator: a decode step for the batch, a chunk of prompts."""
@@ -250,13 +295,14 @@ class VisionEngine(NoPromptCache):
         return events
 
     def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]:
-        rids = [*self._waiting, *self._by_rid]
+        rids = [*self._waiting, *self._held, *self._by_rid]
         for rid in rids:
             self.cancel(rid)
         return [m.Error(rid, code, message) for rid in rids]
 
     def abort_prefilling(self, code: m.ErrorCode, message: str) -> list[m.Event]:
-        rids = [*self._waiting, *(r.rid for r in self._by_rid.values() if r.prefilling)]
+        rids = [*self._waiting, *self._held,
+                *(r.rid for r in self._by_rid.values() if r.prefilling)]
         for rid in rids:
             self.cancel(rid)
         return [m.Error(rid, code, message) for rid in rids]
@@ -281,7 +327,7 @@ class VisionEngine(NoPromptCache):
         self.admit(req, seen)
         given = {"inputs_embeds": mx.zeros((1, len(tokens), width), getattr(mx, dtype)),
                  **features}
-        events = self._see(self._waiting[req.id], given, cold=not cached)
+        events = self._insert(self._waiting.pop(req.id), given, cold=not cached, shipped=False)
         if any(isinstance(ev, m.Error) for ev in events):
             self.failed_steps += 1
             raise RuntimeError(f"request {req.id} could not go into the generator")
@@ -306,17 +352,17 @@ class VisionEngine(NoPromptCache):
                          cached_tokens=self.cached_tokens, prompt_tokens=self.prompt_tokens)
 
     # ---- inside ----------------------------------------------------------------------------
-    def _see(self, r: _Request, given: dict[str, Any] | None = None,
-             cold: bool = False) -> list[m.Event]:
-        """The request's pictures through the vision tower and into its prompt's embeddings,
-        then into the generator: one request per step (the tower's work is bounded by the
-        pictures' caps)."""
-        del self._waiting[r.rid]
+    def _insert(self, r: _Request, features: dict[str, Any], cold: bool = False,
+                crowded: bool = False, shipped: bool = True) -> list[m.Event]:
+        """A request seen (`features`: its embeddings and what else the language model reads)
+        into the generator, from the prompt cache where it holds the prompt's start (never when
+        `cold`; a short hit declined when `crowded`). `shipped`: recorded for a group's ranks
+        (rank 0)."""
+        r.features = None
         tokens = list(r.seen.tokens)
         try:
-            features = self._embed(r.seen) if given is None else given
             r.key = prompt_key(tokens, self.placeholders, r.seen.keys)
-            cache, cached = (None, 0) if cold else self._lookup(r.key, given is None, tokens)
+            cache, cached = (None, 0) if cold else self._lookup(r.key, crowded, tokens)
             if cache is None:
                 (uid,) = self._gen.insert([tokens], max_tokens=[r.checked.max_tokens],
                                           prompt_kwargs=[features],
@@ -324,20 +370,21 @@ class VisionEngine(NoPromptCache):
             else:
                 uid = self._gen.insert_warm(tokens, cached, cache, r.checked.max_tokens,
                                             features, r.processors)
-        except Exception as e:  # noqa: BLE001 -- a family's tower or merge refusing the input
-            log(f"seeing {r.rid} failed: {type(e).__name__}: {e}", ERR)
+        except Exception as e:  # noqa: BLE001 -- the generator refusing the input
+            log(f"starting {r.rid} failed: {type(e).__name__}: {e}", ERR)
             return [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")]
         r.uid, r.cached_tokens, r.prefilled = uid, cached, cached
         self._by_uid[uid] = self._by_rid[r.rid] = r
-        if given is None:
-            self.seen = Shipped(r.rid, tokens, list(r.seen.keys), features, cached)
+        if shipped:
+            self.shipped.append(Shipped(r.rid, tokens, list(r.seen.keys), features, cached))
         self.prompt_tokens += r.prompt_tokens
         return [m.Prefill(r.rid, cached, r.prompt_tokens)]
 
-    def _lookup(self, key: list[int], choose: bool,
+    def _lookup(self, key: list[int], crowded: bool,
                 tokens: list[int]) -> tuple[list[Any] | None, int]:
         """The stored KV cache nearest to a prompt's key, and how many of its tokens it holds.
-        `choose`: a short hit may be declined (rank 0; another rank takes what rank 0 took)."""
+        `crowded`: other prompts are to be prefilled beside it, so a short hit is declined
+        (rank 0 only: another rank takes what rank 0 took)."""
         self.cache_lookups += 1
         if not self.cache_bytes:
             return None, 0
@@ -345,8 +392,7 @@ class VisionEngine(NoPromptCache):
         if cache is None:
             return None, 0
         hit = len(key) - len(rest)
-        if choose and hit < len(rest) and hit <= _first_picture(tokens, self.placeholders) \
-                and (self._waiting or self._gen.to_prefill):
+        if crowded and hit < len(rest) and hit <= _first_picture(tokens, self.placeholders):
             # A hit on less than half the prompt that holds none of its pictures (text shared
             # with another conversation: the chat template's opening, in a burst of new
             # pictures) while other prompts wait to be seen or prefilled: a warm prompt

@@ -3,13 +3,14 @@ only (as mlx-vlm's and exo's designs have it), the language model's layers are s
 model's are (exod.runner.split.pipeline), and every rank runs the same vision engine in step
 (exod.runner.group.lockstep).
 
-What differs from text: a request is not replayed when rank 0 admits it but when rank 0 has
-*seen* it (its pictures through the tower, a step of its own), as a `See` (exod.runner.group.
+What differs from text: a request is not replayed when rank 0 admits it but when rank 0 puts
+it into its generator, seen (its pictures through the tower, a step of its own) and released
+(exod.runner.vision.engine: with the rest of a burst), as a `See` (exod.runner.group.
 plan): its tokens, the embeddings' shape and the features the language model reads besides
 them (Qwen's M-RoPE positions), never its pictures. Another rank puts zeros of that shape in
 the embeddings' place: its first own layer takes the previous rank's hidden state instead. A
 request rank 0 has admitted but not seen yet is unknown elsewhere (a cancel of it is a no-op
-there).
+there), and so is one seen and held.
 """
 
 from __future__ import annotations
@@ -43,14 +44,15 @@ class VisionLeader(LeaderEngine):
         self.engine.admit(seeded(req), prompt)  # recorded once seen
 
     def step(self) -> list[m.Event]:
-        events = self.engine.see_next()
-        shipped, self.engine.seen = self.engine.seen, None
-        if shipped is not None:
+        events = self.engine.release()  # as VisionEngine.step, each one put in recorded
+        shipped, self.engine.shipped = self.engine.shipped, []
+        for one in shipped:
             try:
-                self._record(see(shipped, self.engine.request(shipped.rid)))
+                self._record(see(one, self.engine.request(one.rid)))
             except NotShippable as e:
-                self.engine.cancel(shipped.rid)
-                events.append(m.Error(shipped.rid, "bad_request", str(e)))
+                self.engine.cancel(one.rid)
+                events.append(m.Error(one.rid, "bad_request", str(e)))
+        events += self.engine.see_next()
         if self.engine.gathering:  # the generator waits for the next one (see its doc)
             self.flush()
             return events
