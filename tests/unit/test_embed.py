@@ -29,7 +29,7 @@ from exod.core.request_rules import embeddings as rules
 from exod.core.states import State
 from exod.daemon.on_demand import OnDemand
 from exod.protocol import ProtocolError
-from exod.runner.embed.engine import Item, plan, vectors
+from exod.runner.embed.engine import Item, plan, split, vectors
 from exod.runner.embed.inputs import PREFIX_CHARS, read_inputs
 
 ST = "sentence_transformers.models."
@@ -267,6 +267,23 @@ def test_a_batch_takes_the_oldest_inputs_within_the_budget() -> None:
     assert len(plan(queue, 1000, 4)) == 4 and len(queue) == 6
     many = collections.deque([Item("a", 0, 5), Item("b", 0, 5), Item("c", 0, 5)])
     assert [i.rid for i in plan(many, 1000, 64)] == ["a", "b", "c"]  # across requests
+
+
+def test_a_batch_is_split_into_a_part_per_core_of_like_lengths() -> None:
+    assert split([48] * 64, 2) == [list(range(32)), list(range(32, 64))]  # even halves
+    # Sorted longest first, cut where the larger part pads least: 2 x 50 beside 3 x 30.
+    assert split([10, 50, 20, 50, 30], 2) == [[1, 3], [4, 2, 0]]
+    assert split([100, 1, 1], 2) == [[0], [1, 2]]  # a long input takes a core of its own
+    assert split([100, 1, 1], 8) == [[0], [1, 2]]  # no more parts than shorten the step
+    assert split([48] * 3, 8) == [[0], [1], [2]]  # at most a part per input
+    assert split([5, 9], 1) == [[1, 0]] and split([7], 2) == [[0]]
+    for parts in (2, 3, 4):
+        lengths = [(i * 37) % 90 + 1 for i in range(50)]
+        groups = split(lengths, parts)
+        assert sorted(sum(groups, [])) == list(range(50)) and len(groups) <= parts
+        # The largest part pads less than that of a cut into equal counts.
+        even = -(-len(lengths) // parts)
+        assert max(len(g) * lengths[g[0]] for g in groups) < even * max(lengths)
 
 
 def test_results_go_out_as_runs_of_consecutive_inputs_within_a_frame() -> None:

@@ -30,10 +30,26 @@ def preload() -> tuple[bool, str]:
         return False, "not Linux: OpenBLAS not needed"
     if os.environ.get("EXOD_OPENBLAS", "1") == "0":
         return False, "OpenBLAS disabled by EXOD_OPENBLAS=0"
+    global _LIB
     for name in CANDIDATES:
         try:
-            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+            _LIB = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
         except OSError:
             continue
         return True, f"using OpenBLAS ({name})"
     return False, HINT
+
+
+_LIB: ctypes.CDLL | None = None  # the OpenBLAS that preload loaded
+
+
+def threads() -> int | None:
+    """The threads OpenBLAS runs a call on (OPENBLAS_NUM_THREADS, else a thread per core);
+    None when preload loaded none."""
+    return int(_LIB.openblas_get_num_threads()) if _LIB is not None else None
+
+
+def set_threads(n: int) -> None:
+    """OpenBLAS's threads for the calls to come (none may be under way: it is process-wide)."""
+    if _LIB is not None:
+        _LIB.openblas_set_num_threads(n)

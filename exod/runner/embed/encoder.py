@@ -14,22 +14,67 @@ float rounding), which tests/integration/test_embed_runner.py checks.
   normalizes.
 - A reranker: its one relevance logit per pair, through a sigmoid (a score from 0 to 1, as
   mlx-vlm's server and Cohere's API give it).
+
+On a CPU a step's parts (exod.runner.embed.engine.split) run at once, one per core: mlx's CPU
+backend runs each elementwise op on one thread, and those (a BERT's GELU: its erf alone is about
+half of a forward pass) left one of two cores idle while only OpenBLAS's matmuls used both.
+Since mlx 0.31.2 each thread evaluates on a stream of its own, so threads compute side by side
+on the shared, already evaluated weights (as mlx-vlm's server runs a pass per request thread).
+OpenBLAS's threads are shared out among the parts while they run.
 """
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, cast
 
 import mlx.core as mx
 
 from exod.config.embed import Encoding
+from exod.runner.cpu import blas
+from exod.runner.embed.engine import Part
+
+
+def threads() -> int:
+    """Threads that compute a step: the cores this process may run on (its affinity: a
+    service's CPUAffinity, taskset) on a CPU; one where mlx computes on a GPU."""
+    if mx.default_device() != mx.cpu:
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count() or 1
 
 
 class Encoder:
-    def __init__(self, model: Any, enc: Encoding, pad_id: int) -> None:
+    def __init__(self, model: Any, enc: Encoding, pad_id: int, threads: int = 1) -> None:
         self.model = model
         self.enc = enc
         self.pad_id = pad_id
+        self.threads = threads
+        self.pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="encode") \
+            if threads > 1 else None
+        self.blas = self.blas_all = blas.threads() or 1
+
+    def run_all(self, parts: list[Part]) -> list[list[bytes]]:
+        """Each part's results (`run`), the parts computed at once: the first on this thread,
+        the others on the pool's."""
+        self._share_blas(len(parts))
+        if self.pool is None or len(parts) == 1:
+            return [self.run(*p) for p in parts]
+        later = [self.pool.submit(self.run, *p) for p in parts[1:]]
+        try:
+            first = self.run(*parts[0])
+        finally:  # a failed part still waits for the others: the next step starts on idle cores
+            wait(later)
+        return [first, *(f.result() for f in later)]
+
+    def _share_blas(self, parts: int) -> None:
+        """OpenBLAS's threads shared out among passes that run at once: with a thread per
+        core in each, BLAS threads outnumber the cores and those that wait spin."""
+        want = max(1, self.blas_all // parts)
+        if want != self.blas:
+            blas.set_threads(want)
+            self.blas = want
 
     def run(self, ids: list[list[int]], types: list[list[int]] | None,
             dimensions: list[int | None]) -> list[bytes]:

@@ -3,11 +3,12 @@ batched together, a bounded batch a step (exod.runner.serving.loop's Engine).
 
 A request's inputs wait in one queue, the oldest request's first, each request's longest first.
 A step takes inputs from the front while the padded batch (inputs x the longest of them) stays
-within `batch_tokens` and `max_batch` inputs (one input longer than the budget runs alone), runs
-them in one forward pass (exod.runner.embed.encoder) and sends their results (Vectors) at once;
-a request is Done when its last input is. So many small requests that arrive together share a
-batch, a large one is cut into batches of inputs of like length (little padding), and a cancel
-or a stop waits one bounded step at most.
+within `batch_tokens` and `max_batch` inputs (one input longer than the budget runs alone), cuts
+it into a part per core of inputs of like length (`split`), runs the parts at once
+(exod.runner.embed.encoder) and sends their results (Vectors) together; a request is Done when
+its last input is. So many small requests that arrive together share a step, a large one is cut
+into batches of inputs of like length (little padding), every core computes, and a cancel or a
+stop waits one bounded step at most.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import base64
 import collections
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from exod import messages as m
 from exod.config.embed import Encoding
@@ -40,6 +41,15 @@ class Job:
     started: bool = False  # some of its results have gone out
 
 
+class Part(NamedTuple):
+    """Inputs that run in one forward pass: their token ids, their pairs' type ids (a
+    reranker's, or None), and each one's vector size (its request's `dimensions`)."""
+
+    ids: list[list[int]]
+    types: list[list[int]] | None
+    dimensions: list[int | None]
+
+
 @dataclass(frozen=True)
 class Item:
     """One input waiting: its request, its place in it, its length."""
@@ -61,6 +71,34 @@ def plan(queue: collections.deque[Item], batch_tokens: int, max_batch: int) -> l
         batch.append(queue.popleft())
         longest = width
     return batch
+
+
+def split(lengths: list[int], parts: int) -> list[list[int]]:
+    """A batch's inputs (their places in it) in at most `parts` groups, one per core: runs of
+    the inputs sorted longest first, so that each group pads little, cut where the largest
+    group's padded tokens (its inputs x its longest) are fewest. An input's vector does not
+    depend on its group, so any cut gives the same results."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    if parts <= 1 or len(order) <= 1:
+        return [order]
+
+    def cut(most: int) -> list[list[int]]:  # greedy runs of at most `most` padded tokens
+        groups: list[list[int]] = [[]]
+        for i in order:
+            run = groups[-1]
+            if run and (len(run) + 1) * lengths[run[0]] > most:
+                groups.append(run := [])
+            run.append(i)
+        return groups
+
+    low, high = lengths[order[0]], len(order) * lengths[order[0]]  # one input; all in one
+    while low < high:  # the least bound that needs no more than `parts` groups
+        mid = (low + high) // 2
+        if len(cut(mid)) <= parts:
+            high = mid
+        else:
+            low = mid + 1
+    return cut(low)
 
 
 @dataclass
@@ -105,21 +143,17 @@ class EmbedEngine(NoPromptCache, AsItComes):
         batch = plan(self.queue, self.batch_tokens, self.max_batch)
         if not batch:
             return []
-        jobs = [self.jobs[i.rid] for i in batch]
-        ids = [j.inputs.ids[i.index] for i, j in zip(batch, jobs, strict=True)]
-        types = None
-        if any(j.inputs.types is not None for j in jobs):
-            types = [j.inputs.types[i.index] if j.inputs.types is not None else [0] * i.length
-                     for i, j in zip(batch, jobs, strict=True)]
-        sizes = [j.req.dimensions for j in jobs]
-        results = self.encoder.run(ids, types, sizes)
+        groups = [[batch[k] for k in g]
+                  for g in split([i.length for i in batch], self.encoder.threads)]
+        results = self.encoder.run_all([self._part(g) for g in groups])
         self.figures.batches += 1
         self.figures.inputs += len(batch)
         events: list[m.Event] = []
         done: list[str] = []
         by_job: dict[str, list[tuple[int, bytes]]] = {}
-        for item, data in zip(batch, results, strict=True):
-            by_job.setdefault(item.rid, []).append((item.index, data))
+        for group, out in zip(groups, results, strict=True):
+            for item, data in zip(group, out, strict=True):
+                by_job.setdefault(item.rid, []).append((item.index, data))
         for rid, got in by_job.items():
             job = self.jobs[rid]
             job.started = True
@@ -131,6 +165,16 @@ class EmbedEngine(NoPromptCache, AsItComes):
         for rid in done:
             del self.jobs[rid]
         return events
+
+    def _part(self, items: list[Item]) -> Part:
+        """What the encoder runs for these inputs: their ids, type ids, and vector sizes."""
+        jobs = [self.jobs[i.rid] for i in items]
+        ids = [j.inputs.ids[i.index] for i, j in zip(items, jobs, strict=True)]
+        types = None
+        if any(j.inputs.types is not None for j in jobs):
+            types = [j.inputs.types[i.index] if j.inputs.types is not None else [0] * i.length
+                     for i, j in zip(items, jobs, strict=True)]
+        return Part(ids, types, [j.req.dimensions for j in jobs])
 
     def abort_all(self, code: m.ErrorCode, message: str) -> list[m.Event]:
         events: list[m.Event] = [m.Error(rid, code, message) for rid in self.jobs]

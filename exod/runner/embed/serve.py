@@ -42,6 +42,7 @@ def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
             f"{blas_msg}")
         r.report.status(m.Phase.WAITING, "encoding a first input")
         engine = make_engine(r, loaded)
+        log(f"a step's forward passes run on {engine.encoder.threads} thread(s)")
         first_input(engine)
         run_loop(r, engine, enc)
     except LoadAborted:
@@ -63,7 +64,7 @@ def unsupported(r: Runner) -> str | None:
 
 
 def make_engine(r: Runner, loaded: LoadedEncoder) -> EmbedEngineT:
-    from exod.runner.embed.encoder import Encoder
+    from exod.runner.embed.encoder import Encoder, threads
     from exod.runner.embed.engine import EmbedEngine
 
     tok = loaded.tokenizer
@@ -71,8 +72,9 @@ def make_engine(r: Runner, loaded: LoadedEncoder) -> EmbedEngineT:
     pad = tok.pad_token_id if isinstance(tok.pad_token_id, int) else \
         getattr(config, "pad_token_id", None)
     vocab = int(getattr(config, "vocab_size", 0) or len(tok))
-    return EmbedEngine(Encoder(loaded.model, loaded.encoding, pad if isinstance(pad, int) else 0),
-                       tok, vocab, width=r.spec.width,
+    encoder = Encoder(loaded.model, loaded.encoding, pad if isinstance(pad, int) else 0,
+                      threads())
+    return EmbedEngine(encoder, tok, vocab, width=r.spec.width,
                        batch_tokens=EMBED_BATCH_TOKENS, max_batch=EMBED_MAX_BATCH)
 
 
