@@ -9,9 +9,9 @@ Two figures per level, each `/api/chat` over chat completions' (so 1.0 is parity
 Both sides are read over raw HTTP with the same minimal parsing (a line, then JSON), so the
 clients' own costs (pydantic models, httpx) do not blur what the server's adapter costs.
 Noise (see bench.serving): the two sides take turns on the same instance, ABBA over `ROUNDS`
-rounds (EXOD_BENCH_ROUNDS, default 8; at 1 client, twice as many, a request a side); each
-figure is the median of its per-round ratios, printed with their range. On a shared machine
-the turns still meet different loads, so one more figure runs both sides at once: 8 clients,
+rounds (EXOD_BENCH_ROUNDS, default 8; at 1 client, twice as many, of four requests in a row a
+side); each figure is the median of its per-round ratios, printed with their range. On a shared
+machine the turns still meet different loads, so one more figure runs both sides at once: 8 clients,
 4 on each endpoint in the same batches, each side's tokens/s per request (the same decode
 steps serve both: what differs is the adapter). `EXOD_BENCH_MODEL=DIR` benchmarks another
 model directory.
@@ -37,6 +37,9 @@ MAX_TOKENS = 64
 LEVELS = (1, 8)
 GOAL = 0.97
 ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS", "8"))
+# Requests per client in one measurement. A lone 64-token answer takes about a second, and on a
+# shared machine one such second is noise: a 1-client round's ratio ranged 0.69-1.24 at load 3.
+REQUESTS = {1: 4}
 
 
 def one(url: str, side: str, c: int) -> tuple[int, float]:
@@ -79,10 +82,12 @@ def one(url: str, side: str, c: int) -> tuple[int, float]:
 
 
 def measure(url: str, side: str, clients: int) -> tuple[float, float]:
-    """(aggregate tokens/s, median time to first token) of `clients` concurrent chats."""
+    """(aggregate tokens/s, median time to first token) of `clients` concurrent clients, each
+    sending REQUESTS[clients] chats one after the other."""
+    per = REQUESTS.get(clients, 1)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        results = list(pool.map(lambda c: one(url, side, c), range(clients)))
+        results = list(pool.map(lambda c: one(url, side, c % clients), range(clients * per)))
     wall = time.perf_counter() - t0
     return sum(t for t, _ in results) / wall, statistics.median(f for _, f in results)
 
