@@ -33,7 +33,7 @@ import mlx.core as mx
 
 from exod.config.embed import Encoding
 from exod.runner.cpu import blas
-from exod.runner.embed.engine import Part
+from exod.runner.embed.part import Part
 
 
 def threads() -> int:

@@ -17,13 +17,14 @@ import base64
 import collections
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from exod import messages as m
 from exod.config.embed import Encoding
 from exod.core.request_rules import RequestError
 from exod.runner.embed.inputs import Inputs, read_inputs
 from exod.runner.serving.loop import AsItComes, NoPromptCache
+from exod.runner.embed.part import Part
 
 if TYPE_CHECKING:  # mlx: only where a model runs (this module's pure parts are unit-tested)
     from exod.runner.embed.encoder import Encoder
@@ -39,15 +40,6 @@ class Job:
     inputs: Inputs
     left: int  # inputs not computed yet
     started: bool = False  # some of its results have gone out
-
-
-class Part(NamedTuple):
-    """Inputs that run in one forward pass: their token ids, their pairs' type ids (a
-    reranker's, or None), and each one's vector size (its request's `dimensions`)."""
-
-    ids: list[list[int]]
-    types: list[list[int]] | None
-    dimensions: list[int | None]
 
 
 @dataclass(frozen=True)
