@@ -23,8 +23,8 @@ BYTECODE = $(BIN)/python -m compileall -q -j 0
 # Defined before the rules that name it: make expands a rule's prerequisites as it reads it.
 AGENTS ?= .agents
 
-.PHONY: run test test-unit test-integration test-profile test-system warm setup setup-test agents install \
-	bench man lint clean
+.PHONY: run test test-unit test-integration test-profile test-system warm setup setup-test \
+	agents install bench man lint clean
 
 run: setup  ## set up, then run the daemon in the foreground on the built-in demo model
 	$(BIN)/exod run --demo

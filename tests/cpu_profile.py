@@ -9,7 +9,7 @@ counts them all: before each test, the worker moves itself into a cgroup of that
 everything it then starts (daemons, runners, probes, subprocesses) is counted there, however it
 ends. A module's shared daemon is counted with the module's first test.
 
-Needs root and cgroup v1's cpuacct or cgroup v2 (with its `cpu` controller), as on Linux CI
+Needs root and cgroup v1's cpuacct or cgroup v2 (whose cpu.stat every cgroup has), as on Linux CI
 machines; elsewhere the plugin says so once and counts nothing. The report: CPU-seconds per
 file, then the costliest tests, at the end of the run.
 """
@@ -65,8 +65,6 @@ def pytest_configure(config: pytest.Config) -> None:
                     old.rmdir()
                 except OSError:
                     pass  # a process from an earlier run still in it: counted apart, below
-        if found[1] == "cpu.stat":
-            (found[0] / "cgroup.subtree_control").write_text("+cpu")
     config.stash[_KEY] = found
 
 
