@@ -14,6 +14,8 @@ import click
 from exod import __version__
 from exod.core.exits import EXIT_CONFIG
 
+STARTUP_EXTENSION = 15.0  # seconds granted to exod's own start, until the readiness tick runs
+
 if TYPE_CHECKING:
     from exod.config.schema import Config, Instance
 
@@ -45,8 +47,12 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
     from exod.daemon import logs
     from exod.daemon.manager_notify import ServiceNotifier
 
-    logs.configure(log_level.upper(), log_format)
     service = ServiceNotifier()
+    # Before anything else that takes time (logging, the config, the daemon's imports, the
+    # first spawn): on a loaded host those alone can outlast a short TimeoutStartSec, and the
+    # readiness tick only begins once the runners are spawned.
+    service.extend_timeout(STARTUP_EXTENSION)
+    logs.configure(log_level.upper(), log_format)
     if demo:
         from exod.cli.demo import demo_config
 

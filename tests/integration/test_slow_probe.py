@@ -23,6 +23,11 @@ def wait_for_file(path: Path, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
+def long_extension(fields: dict[str, str]) -> bool:
+    """An EXTEND_TIMEOUT_USEC= covering the probe's time limit (the start's own is shorter)."""
+    return int(fields.get("EXTEND_TIMEOUT_USEC", "0")) > 120 * 1_000_000
+
+
 def test_the_daemon_answers_while_a_reload_waits_for_a_slow_probe(
         daemons: Callable[..., Daemon], tiny_model: Path, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
@@ -45,8 +50,7 @@ def test_the_daemon_answers_while_a_reload_waits_for_a_slow_probe(
         assert d.instance("steady")["state"] == "ready"
         assert reload.poll() is None, "the reload must still be waiting for the probe"
         # The service manager was told the reload may take the probe's time limit.
-        extend = d.listener.wait_for(lambda f: "EXTEND_TIMEOUT_USEC" in f, timeout=30)
-        assert int(extend["EXTEND_TIMEOUT_USEC"]) > 120 * 1_000_000
+        d.listener.wait_for(long_extension, timeout=30)
     finally:
         gate.touch()
         out = reload.communicate(timeout=120)[0]
@@ -68,9 +72,12 @@ def test_a_first_start_that_probes_extends_the_start_timeout(
     d.start(wait_ready=False)
     try:
         wait_for_file(Path(f"{gate}.started"))
-        extend = d.listener.wait_for(lambda f: "EXTEND_TIMEOUT_USEC" in f, timeout=30)
-        assert int(extend["EXTEND_TIMEOUT_USEC"]) > 120 * 1_000_000
+        d.listener.wait_for(long_extension, timeout=30)
         assert not any(f.get("READY") == "1" for f in d.listener.fields())
+        # The very first message: exod's own start (imports, config, spawning) may outlast a
+        # short TimeoutStartSec on a loaded host, before any readiness tick runs.
+        first = d.listener.fields()[0]
+        assert set(first) == {"EXTEND_TIMEOUT_USEC"} and int(first["EXTEND_TIMEOUT_USEC"]) > 0
     finally:
         gate.touch()
     d.wait_ready()

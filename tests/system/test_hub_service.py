@@ -1,4 +1,4 @@
-"""A model named by hub repository under a real systemd: the shipped unit with TimeoutStartSec=1s
+"""A model named by hub repository under a real systemd: the shipped unit with TimeoutStartSec=2s
 and `ready: instances` starts while a throttled download takes many times that, because exod
 extends the start timeout while the model downloads; STATUS= shows the download, then the unit
 is active. The hub is olah on the host (tests/hub.py), so this guest shares the host's network.
@@ -78,11 +78,11 @@ def host_net_guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Systemd
 def test_a_slow_download_outlives_timeout_start_sec(host_net_guest: SystemdGuest,
                                                     throttle: Throttle) -> None:
     g = host_net_guest
-    throttle.rate = 250_000  # ~14 s for the model: several ticks past TimeoutStartSec=1s
-    g.install_dropin(UNIT, "test-hub", "[Service]\nTimeoutStartSec=1s\n"
+    throttle.rate = 250_000  # ~14 s for the model: several ticks past TimeoutStartSec=2s
+    g.install_dropin(UNIT, "test-hub", "[Service]\nTimeoutStartSec=2s\n"
                      f"Environment=HF_ENDPOINT={throttle.url}\n")
     g.daemon_reload()
-    assert g.show(UNIT, "TimeoutStartUSec") == "1s"
+    assert g.show(UNIT, "TimeoutStartUSec") == "2s"
     g.write(CONFIG_PATH, json.dumps({
         "ready": "instances", "api": {"listen": ""},
         "instances": {"a": {"model": "hf:org/tiny", "env": {"EXOD_DOUBLE": "cooperative"}}},

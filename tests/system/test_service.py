@@ -285,13 +285,13 @@ def test_invalid_config_fails_the_start_with_errno_and_no_restart(
 
 def test_a_slow_start_outlives_timeout_start_sec(exod_unit: SystemdGuest,
                                                  dropin: Callable[[str], None]) -> None:
-    """Drop-in TimeoutStartSec=1s: a start far longer than that still succeeds, because exod
+    """Drop-in TimeoutStartSec=2s: a start far longer than that still succeeds, because exod
     extends the start timeout on a fixed tick for as long as a runner of a starting instance
     lives, from the spawn on: 4 s before the first layer (an import, a wait for peers) and 4 s
     between layers, longer than the timeout and than one tick (readiness.TICK)."""
     g = exod_unit
-    dropin("TimeoutStartSec=1s\n")
-    assert g.show(UNIT, "TimeoutStartUSec") == "1s"
+    dropin("TimeoutStartSec=2s\n")
+    assert g.show(UNIT, "TimeoutStartUSec") == "2s"
     write_config(g, {"slow": double("gated", fake_model(g, 3), EXOD_DOUBLE_FIRST_SECONDS="4",
                                     EXOD_DOUBLE_LAYER_SECONDS="4")})
     t = time.monotonic()
@@ -310,7 +310,7 @@ def test_timeout_start_sec_still_fires_when_exod_itself_is_stuck(
     start times out (Result=timeout) within one extension. systemd's SIGTERM comes with a
     SIGCONT, and exod stops its runner through the ladder (rung 1) before it exits."""
     g = exod_unit
-    dropin("TimeoutStartSec=1s\n")
+    dropin("TimeoutStartSec=2s\n")
     write_config(g, {"stuck": double("gated", fake_model(g, 2), EXOD_DOUBLE_GATE=gate)})
     with background(g, "systemctl", "start", UNIT) as start:
         wait_status(g, "the runner loading", lambda s: instances(s)["stuck"]["state"] == "loading")
