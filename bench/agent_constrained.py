@@ -268,7 +268,7 @@ def costs_here(model_dir: str) -> None:
                 if fmt else g.compile(forced(case.side["tools"]), "tools")
             rng = random.Random(seed)
             for _ in range(MAX_TOKENS):
-                bits = np.unpackbits(c._words.view(np.uint8), bitorder="little")[:vocab]
+                bits = np.unpackbits(c.words.view(np.uint8), bitorder="little")[:vocab]
                 allowed = [i for i in np.flatnonzero(bits).tolist() if i not in eos]
                 if not allowed:
                     break

@@ -14,7 +14,9 @@ import click
 from exod import __version__
 from exod.core.exits import EXIT_CONFIG
 
-STARTUP_EXTENSION = 15.0  # seconds granted to exod's own start, until the readiness tick runs
+# Seconds granted to exod's own start (logging, the config, the daemon's imports, the first
+# spawns: on a loaded host, longer than a short TimeoutStartSec), until the readiness tick runs.
+STARTUP_EXTENSION = 15.0
 
 if TYPE_CHECKING:
     from exod.config.schema import Config, Instance
@@ -48,10 +50,7 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
     from exod.daemon.manager_notify import ServiceNotifier
 
     service = ServiceNotifier()
-    # Before anything else that takes time (logging, the config, the daemon's imports, the
-    # first spawn): on a loaded host those alone can outlast a short TimeoutStartSec, and the
-    # readiness tick only begins once the runners are spawned.
-    service.extend_timeout(STARTUP_EXTENSION)
+    service.extend_timeout(STARTUP_EXTENSION)  # before anything that takes time
     logs.configure(log_level.upper(), log_format)
     if demo:
         from exod.cli.demo import demo_config

@@ -144,3 +144,66 @@ def test_a_cancel_during_prefill_frees_the_batch_within_a_step(demo: Loaded) -> 
     assert e.serving().cache_entries == 0  # a cancel stores nothing
     ((text, done),) = run(e, chat("Say hi.", max_tokens=3, temperature=0))
     assert text and done.completion_tokens <= 3
+
+
+SCHEMAS: list[dict[str, Any]] = [
+    {"type": "object", "properties": {"items": {"type": "array", "maxItems": 6,
+                                                "items": {"type": "string", "maxLength": 8}}},
+     "required": ["items"], "additionalProperties": False},
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                      "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                      "tags": {"type": "array", "maxItems": 3,
+                                               "items": {"enum": ["a", "b", "c"]}}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"ok": {"type": "boolean"},
+                                      "score": {"type": "number", "maximum": 10}},
+     "required": ["ok", "score"], "additionalProperties": False},
+]
+
+
+def test_constrained_rows_batched_follow_their_grammars_as_the_processor_path_does(
+        tiny: Loaded) -> None:
+    """Grammars applied by each row's sampler, their masks computed for every row at once
+    (exod.runner.serving.mask_round), against the same requests asking for logprobs, which keep
+    the grammar as a logits processor: the same tokens, greedy, on a random-weight model; rows
+    join the batch while others decode, some free, some constrained, and end at different
+    steps. Every constrained answer that ended by itself is valid JSON for its schema."""
+    import json
+
+    import jsonschema
+
+    def asks(logprobs: bool) -> list[m.Generate]:
+        fmt = [{"type": "json_schema", "schema": s} for s in SCHEMAS] + [{"type": "json_object"}]
+        reqs = [chat(q, max_tokens=200, temperature=0, logprobs=logprobs,
+                     response_format=fmt[i % len(fmt)] if i % 4 != 3 else None)
+                for i, q in enumerate(QUESTIONS)]
+        return reqs
+
+    def serve(reqs: list[m.Generate]) -> list[tuple[str, str]]:
+        e = engine(tiny, width=8, cache_bytes=0)
+        texts = {r.id: "" for r in reqs}
+        reasons: dict[str, str] = {}
+        waiting = list(reqs)
+        while waiting or e.busy:
+            if waiting:  # one more request joins at every step
+                e.admit(waiting.pop(0))
+            for ev in e.step():
+                assert not isinstance(ev, m.Error), ev
+                if isinstance(ev, m.Text):
+                    texts[ev.id] += ev.text
+                elif isinstance(ev, m.Done):
+                    reasons[ev.id] = ev.finish_reason
+        return [(texts[r.id], reasons[r.id]) for r in reqs]
+
+    plain, processed = asks(False), asks(True)
+    by_sampler, by_processor = serve(plain), serve(processed)
+    assert by_sampler == by_processor
+    ended = 0
+    for r, (text, reason) in zip(plain, by_sampler, strict=True):
+        if r.response_format is None or reason != "stop":
+            continue
+        ended += 1
+        value = json.loads(text)
+        if r.response_format["type"] == "json_schema":
+            jsonschema.validate(value, r.response_format["schema"])
+    assert ended >= 4, by_sampler

@@ -43,7 +43,7 @@ def write(c: Constraint, text: str, g: Grammars) -> bool:
     """Feed `text`'s tokens to the constraint's matcher as the model would, each one allowed
     by the mask before it."""
     for t in g.tokenizer.encode(text, add_special_tokens=False):
-        if not (c._words[t >> 5] >> (t & 31)) & 1:
+        if not (c.words[t >> 5] >> (t & 31)) & 1:
             return False
         if not c.matcher.consume_token(t):
             return False
@@ -91,7 +91,7 @@ def test_the_mask_leaves_allowed_logits_and_rules_out_the_rest(grammars: Grammar
     import numpy as np
 
     c = grammars.json_schema(SCHEMA)
-    allowed = [t for t in range(grammars.vocab) if (c._words[t >> 5] >> (t & 31)) & 1]
+    allowed = [t for t in range(grammars.vocab) if (c.words[t >> 5] >> (t & 31)) & 1]
     assert 0 < len(allowed) < 5  # the JSON's first token: only a few of the vocabulary
     width = grammars.vocab + extra
     out = np.array(c(mx.array([0]), mx.arange(width, dtype=mx.float32)[None]))[0]

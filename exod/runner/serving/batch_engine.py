@@ -46,7 +46,7 @@ from exod.runner.serving.prepare import check_request, context_window, read_prom
 from exod.runner.log import ERR, log
 from exod.runner.serving import tool_calls
 from exod.runner.serving.gen_options import KvOptions
-from exod.runner.serving.grammar import Grammars
+from exod.runner.serving.grammar import Constraint, Grammars
 from exod.runner.serving.logprobs import TokenText, entries
 from exod.runner.serving.loop import AsItComes
 from exod.runner.serving.detokenize import streaming
@@ -81,6 +81,7 @@ class _Request:
     insert: dict[str, Any] = field(default_factory=dict)  # BatchGenerator.insert's arguments
     uid: int = -1  # -1 while its disk entry loads (not in the batch yet)
     load: FromDisk | None = None
+    grammar: Constraint | None = None  # its sampler's (exod.runner.serving.mask_round)
     cached_tokens: int = 0
     completion_tokens: int = 0
     prefilling: bool = True
@@ -160,14 +161,14 @@ class BatchEngine(AsItComes):
         prompt up here; else rank 0's choice for it (a group's other ranks). Returns the disk
         entry chosen, if any (rank 0 tells the other ranks)."""
         checked = check_request(self.tokenizer, req, self.vocab, self.window, read,
-                                self.grammars)
+                                self.grammars, batched=True)
         out = Output(streaming(self.tokenizer.detokenizer), req.stop, checked.markers,
                      checked.thinking)
         r = _Request(req.id, checked.prompt, out,
                      tool_calls.splitter(self.tokenizer, req, checked.args_check),
                      checked.top_logprobs, insert={
                          "max_tokens": [checked.max_tokens], "samplers": [checked.sampler],
-                         "logits_processors": [checked.processors]})
+                         "logits_processors": [checked.processors]}, grammar=checked.grammar)
         return self._start(r, disk)
 
     def warm(self, tokens: list[int], force: bool = False) -> bool:
@@ -235,6 +236,7 @@ class BatchEngine(AsItComes):
             failed: list[m.Event] = [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")
                                      for r in self._by_rid.values() if r.out is not None]
             self._drop(list(self._by_rid.values()), in_batch=False)
+            self.grammars.masks.forget()
             self._gen = self._new_generator()
             return events + failed
         if self._checkpoint:
@@ -380,6 +382,8 @@ class BatchEngine(AsItComes):
         self._gen.prefill_step_size = max(MIN_CHUNK, self.prefill_step // together)
 
     def _forget(self, r: _Request) -> None:
+        if r.grammar is not None:
+            r.grammar.retire()
         self._by_uid.pop(r.uid, None)
         self._by_rid.pop(r.rid, None)
 

@@ -41,6 +41,7 @@ from exod.config.schema import GrammarLimits
 from exod.runner.log import WARNING, log
 from exod.core.request_rules import RequestError
 from exod.runner.serving import json_bounds
+from exod.runner.serving.mask_round import MaskRound, Sampler
 from exod.runner.serving.think_grammar import Thinking
 from exod.core.text import clip
 
@@ -49,7 +50,6 @@ CACHED = 16  # compiled grammars kept, each with its lexer
 # Copies made of one compiled grammar before it is compiled afresh: its shared lexer only grows
 # (bounded by the instance's max_lexer_states, past which the request in flight would fail).
 COPIES = 256
-_NEVER = mx.array(-mx.inf)  # the logit of a token the grammar rules out
 
 
 class Grammars:
@@ -62,6 +62,7 @@ class Grammars:
         self._lock = threading.Lock()
         self._ll: llguidance.LLTokenizer | None = None
         self._compiled: OrderedDict[str, _Compiled] = OrderedDict()
+        self.masks = MaskRound()  # the engine's constrained rows, a step's masks at once
 
     def ll_tokenizer(self, param: str) -> llguidance.LLTokenizer:
         with self._lock:
@@ -130,7 +131,7 @@ class Grammars:
                 while len(self._compiled) > CACHED:
                     self._compiled.popitem(last=False)
         eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
-        constraint = Constraint(matcher, self.vocab, eos)
+        constraint = Constraint(matcher, self.vocab, eos, self.masks)
         if matcher.is_error():
             raise RequestError(f"`{param}`: the grammar engine cannot take it: "
                                f"{_clip(matcher.get_error())}", param)
@@ -162,40 +163,80 @@ class _Compiled:
 
 
 class Constraint:
-    """One sequence's grammar as an mlx-lm logits processor: every token outside the grammar
-    gets -inf. Called once per generated token, with the tokens so far: the last one is the
-    token just chosen (nothing is consumed at the first call, whose last token is the
-    prompt's)."""
+    """One sequence's grammar: every token outside it gets -inf. Applied by the request's
+    sampler in mlx-lm's BatchGenerator (`sampling`: the masks of a step's rows computed at once,
+    exod.runner.serving.mask_round), else as a logits processor, called once per generated
+    token with the tokens so far, whose last one is the token just chosen (nothing is consumed
+    at the first call, whose last token is the prompt's)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab: int, eos: list[int]) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, vocab: int, eos: list[int],
+                 masks: MaskRound | None = None) -> None:
         self.matcher, self.vocab = matcher, vocab
         self.eos = [t for t in eos if 0 <= t < vocab]
-        self._words = np.zeros((vocab + 31) // 32, dtype=np.uint32)
+        self.words = np.zeros((vocab + 31) // 32, dtype=np.uint32)
+        self.bias = np.zeros(vocab, dtype=np.float32)
+        self._masks = masks
+        self.chosen: mx.array | None = None  # the token its sampler chose, not read yet
+        self._retired = False
         self._started = False
         self._broken = False
         self._fill()  # the first mask, built here: this is where the lexer is built
 
+    def sampling(self, sampler: Sampler) -> Sampler:
+        """The request's sampler with this grammar applied (exod.runner.serving.mask_round),
+        instead of this processor."""
+        assert self._masks is not None, "a grammar without a MaskRound is a processor only"
+        return self._masks.sampler(self, sampler)
+
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._started:
-            # The mask needs the token just chosen, and waiting for it stalls the pipeline mlx-lm
-            # keeps (this step's forward is built but not yet started). Start the forward first:
-            # it runs while the mask is computed on this thread, as it would without a grammar.
+            # The mask needs the token just chosen: start the forward first, then read it.
             mx.async_eval(logits)
             last: Any = tokens.reshape(-1)[-1].item()
-            if not self.matcher.consume_token(int(last)):
-                self._fail()
-            self._fill()
+            if self.advance(int(last)):
+                self._fill()
         self._started = True
-        # The mask as llguidance leaves it (a bit per token, 32 to a word, little-endian),
-        # unpacked here to a byte per token: one operation in the graph where unpacking it
-        # there took four passes over the vocabulary (on the CPU: half the step's CPU time that
-        # a constrained row added; measured with a 49,152-token vocabulary).
+        return logits + self.row(logits)
+
+    def row(self, logits: mx.array) -> mx.array:
+        """The mask, as a row to add to `logits`."""
+        bias = self.bias
         width = logits.shape[-1]
-        allowed = np.unpackbits(self._words.view(np.uint8), bitorder="little")[:self.vocab]
         if width != self.vocab:  # logits wider than the tokenizer (padding rows): never allowed
-            allowed = np.concatenate([allowed, np.zeros(max(0, width - self.vocab), np.uint8)])
-            allowed = allowed[:width]
-        return mx.where(mx.array(allowed.view(np.bool_)), logits, _NEVER.astype(logits.dtype))
+            bias = np.concatenate([bias, np.full(max(0, width - self.vocab), -np.inf,
+                                                 np.float32)])[:width]
+        mask = mx.array(bias)
+        return mask if logits.dtype == mx.float32 else mask.astype(logits.dtype)
+
+    def retire(self) -> None:
+        """Its request ended: a token its sampler chose after the last one shown is not
+        consumed (it would be past the end of the grammar)."""
+        self._retired = True
+
+    def advance(self, token: int) -> bool:
+        """Consume the token chosen; False when no mask is left to compute (broken, ended)."""
+        if self._broken or self._retired or self.matcher.is_stopped():
+            return False
+        if not self.matcher.consume_token(token):
+            self._fail()
+            return False
+        return True
+
+    def filled(self, words: np.ndarray) -> None:
+        """The next mask, computed elsewhere (MaskRound)."""
+        self.words[:] = words
+        if self.matcher.is_error():
+            self._fail()
+        else:
+            self._unpack()
+
+    def _unpack(self) -> None:
+        """The mask as a row added to the logits: 0 where allowed, -inf elsewhere. An addition
+        costs the CPU an eighth of what `mx.where` did, once per row and step; the row itself
+        is made where the mask was computed (MaskRound: while the forward runs). llguidance
+        leaves a bit per token, 32 to a word, little-endian."""
+        allowed = np.unpackbits(self.words.view(np.uint8), bitorder="little")[:self.vocab]
+        self.bias = np.where(allowed.view(np.bool_), np.float32(0), np.float32(-np.inf))
 
     @property
     def error(self) -> str | None:
@@ -204,18 +245,21 @@ class Constraint:
     def _fill(self) -> None:
         if self._broken:
             return
-        self.matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+        self.matcher.unsafe_compute_mask_ptr(self.words.ctypes.data, self.words.nbytes)
         if self.matcher.is_error():
             self._fail()
+        else:
+            self._unpack()
 
     def _fail(self) -> None:
         """The matcher broke (a step past its fuel): only end-of-sequence is left. Logged once."""
         if not self._broken:
             self._broken = True
             log(f"constrained decoding stopped: {_clip(self.matcher.get_error())}", WARNING)
-        self._words[:] = 0
+        self.words[:] = 0
         for t in self.eos:
-            self._words[t >> 5] |= np.uint32(1 << (t & 31))
+            self.words[t >> 5] |= np.uint32(1 << (t & 31))
+        self._unpack()
 
 
 def _clip(text: str) -> str:
