@@ -5,7 +5,8 @@ Sections (each prints its ratios against a baseline measured in the same run):
 - logprobs: aggregate decode tokens/s with `logprobs: true, top_logprobs: 5` against the same
   requests without logprobs, at 1 and 8 concurrent clients. Goal: at least 0.95x.
 - constrained decoding (response_format, forced tool calls), several schemas side by side:
-  bench.agent_constrained, run after it (alone: `python -m bench agent_constrained`).
+  bench.agent_constrained, run after it (alone: `python -m bench agent_constrained`), then
+  bench.grammar_paths (alone: `python -m bench grammar_paths`).
 
 Noise (see bench.serving): the two sides take turns on the same instance, ABBA over
 `ROUNDS` rounds (EXOD_BENCH_ROUNDS, default 4); each figure is the median of its per-round
@@ -104,9 +105,10 @@ def main() -> None:
         report("agent: logprobs", logprobs_section(client))
     finally:
         d.close()
-    from bench import agent_constrained
+    from bench import agent_constrained, grammar_paths
 
     agent_constrained.main()
+    grammar_paths.main()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,122 @@
+"""Where a grammar's mask goes, in process: one 8-row batch of mlx-lm's BatchGenerator on
+bench.agent_constrained's model, each row of a schema of bench.agent_constrained.cases.
+
+- sampler / free: the masks applied by each row's sampler, a step's masks computed at once
+  while the forward runs (exod.runner.serving.mask_round, what the batch engine does);
+- processor / free: the grammar as each row's logits processor (what a request asking for
+  logprobs gets, and what every request got before);
+- no grammar work / free: the sampler path with llguidance taken out (every token allowed): what
+  the path itself costs, the masks' CPU aside.
+
+Every row has a logit bias (end of sequence away, as in bench.agent_constrained), so the free
+baseline takes mlx-lm's per-row processor path too. Runs back to back in one process, the free
+baseline beside each; the figure is the median of the per-round ratios (EXOD_BENCH_ROUNDS), with
+their range. Run alone with `python -m bench grammar_paths`; `python -m bench agent` runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import PY, REPO, report
+
+ROWS, TOKENS = 8, 128
+ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS", "4"))
+SIDES = ("sampler", "processor", "no grammar work")
+
+
+def measure_here(model_dir: str) -> None:
+    """Prints, as JSON: {case: {side: [ratio per round]}}."""
+    from exod.runner.cpu import blas
+
+    blas.preload()  # before mlx, as in the runner
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.sample_utils import greedy_sampler
+
+    from bench.agent_constrained import cases
+    from exod.config.schema import GrammarLimits
+    from exod.runner.serving import grammar, mask_round
+    from exod.runner.serving.prepare import bias_processors
+
+    model, tok = load(model_dir)
+    model.set_dtype(mx.float32)  # as the runner runs on CPU
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    grammars = grammar.Grammars(tok, vocab, GrammarLimits())
+    prompts = [tok.apply_chat_template([{"role": "user", "content": f"Tell me about {c} cats."}],
+                                       add_generation_prompt=True) for c in range(1, ROWS + 1)]
+    real_fill = mask_round.MaskRound._fill
+
+    def run(fmt: dict[str, Any] | None, side: str = "") -> float:
+        mask_round.MaskRound._fill = (  # type: ignore[method-assign]
+            (lambda self, rows: None) if side == "no grammar work" else real_fill)
+        gen = BatchGenerator(model, max_tokens=TOKENS, stop_tokens=set())
+        procs, samplers = [], []
+        for _ in range(ROWS):
+            p, s = bias_processors({"2": -100.0}, vocab), greedy_sampler
+            if fmt is not None:
+                c = grammars.json_schema({**fmt, "schema": fmt.get("json_schema", {}).get(
+                    "schema")})
+                if side == "no grammar work":
+                    c.advance = lambda token: True  # type: ignore[method-assign]
+                if side == "processor":
+                    p.append(c)
+                else:
+                    s = c.sampling(s)
+            procs.append(p)
+            samplers.append(s)
+        gen.insert(prompts, max_tokens=[TOKENS] * ROWS, logits_processors=procs,
+                   samplers=samplers)
+        n, t0 = 0, 0.0
+        while n < ROWS * (TOKENS - 2):
+            _, out = gen.next()
+            if out and not t0:  # from the first token on: the decode steps only
+                t0, n = time.perf_counter(), 0
+            n += len(out)
+        return n / (time.perf_counter() - t0)
+
+    formats = [c.side["response_format"] for c in cases() if "response_format" in c.side]
+    for fmt in formats[:2]:  # warm: mlx's kernels, the grammars' lexers
+        run(fmt, "sampler")
+    out: dict[str, dict[str, list[float]]] = {}
+    for case in cases():
+        fmt = case.side.get("response_format")
+        if fmt is None:
+            continue
+        got: dict[str, list[float]] = {side: [] for side in SIDES}
+        for r in range(ROUNDS):
+            for side in SIDES if r % 2 == 0 else SIDES[::-1]:
+                free = run(None)
+                got[side].append(run(fmt, side) / free)
+        out[case.name] = got
+    print(json.dumps(out))
+
+
+def main() -> None:
+    from bench.agent_constrained import bench_model
+
+    with tempfile.TemporaryDirectory(prefix="bench-grammar-") as tmp:
+        model = bench_model(Path(tmp))
+        code = f"from bench.grammar_paths import measure_here; measure_here({str(model)!r})"
+        res = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True,
+                             cwd=REPO)
+    got: dict[str, dict[str, list[float]]] = json.loads(res.stdout.strip().splitlines()[-1])
+    rows = []
+    for name, sides in got.items():
+        for side, ratios in sides.items():
+            rows.append((f"{name}, {side} / free ({ROWS} rows)",
+                         f"{statistics.median(ratios):.3f}x (rounds {min(ratios):.3f}-"
+                         f"{max(ratios):.3f})"))
+    report("agent: a grammar's mask by the sampler or by a processor, in process", rows)
+
+
+if __name__ == "__main__":
+    main()
