@@ -1,8 +1,8 @@
 """Where a grammar's mask goes, in process: one 8-row batch of mlx-lm's BatchGenerator on
 bench.agent_constrained's model, each row of a schema of bench.agent_constrained.cases.
 
-- sampler / free: the masks applied by each row's sampler, a step's masks computed at once
-  while the forward runs (exod.runner.serving.mask_round, what the batch engine does);
+- sampler / free: the masks added by the batch's one sampler, a step's masks computed at once
+  while the forward runs (exod.runner.serving.batch_sampler, what the batch engine does);
 - processor / free: the grammar as each row's logits processor (what a request asking for
   logprobs gets, and what every request got before);
 - no grammar work / free: the sampler path with llguidance taken out (every token allowed): what
@@ -45,6 +45,7 @@ def measure_here(model_dir: str) -> None:
     from bench.agent_constrained import cases
     from exod.config.schema import GrammarLimits
     from exod.runner.serving import grammar, mask_round
+    from exod.runner.serving.batch_sampler import BatchSampler, generator_rows
     from exod.runner.serving.prepare import bias_processors
 
     model, tok = load(model_dir)
@@ -57,11 +58,15 @@ def measure_here(model_dir: str) -> None:
 
     def run(fmt: dict[str, Any] | None, side: str = "") -> float:
         mask_round.MaskRound._fill = (  # type: ignore[method-assign]
-            (lambda self, rows: None) if side == "no grammar work" else real_fill)
+            (lambda self, live, rows, shape: real_fill(self, [], rows, shape))
+            if side == "no grammar work" else real_fill)
         gen = BatchGenerator(model, max_tokens=TOKENS, stop_tokens=set())
-        procs, samplers = [], []
+        where = generator_rows(gen)
+        assert where is not None
+        batch = BatchSampler(grammars.masks, where)
+        procs, rows = [], []
         for _ in range(ROWS):
-            p, s = bias_processors({"2": -100.0}, vocab), greedy_sampler
+            p, c = bias_processors({"2": -100.0}, vocab), None
             if fmt is not None:
                 c = grammars.json_schema({**fmt, "schema": fmt.get("json_schema", {}).get(
                     "schema")})
@@ -69,14 +74,17 @@ def measure_here(model_dir: str) -> None:
                     c.advance = lambda token: True  # type: ignore[method-assign]
                 if side == "processor":
                     p.append(c)
-                else:
-                    s = c.sampling(s)
             procs.append(p)
-            samplers.append(s)
-        gen.insert(prompts, max_tokens=[TOKENS] * ROWS, logits_processors=procs,
-                   samplers=samplers)
+            rows.append(c if side != "processor" else None)
+        by_sampler = fmt is not None and side != "processor"
+        samplers = [batch if by_sampler else greedy_sampler] * ROWS
+        uids = gen.insert(prompts, max_tokens=[TOKENS] * ROWS, logits_processors=procs,
+                          samplers=samplers)
+        for uid, c in zip(uids, rows, strict=True):
+            batch.add(uid, greedy_sampler, c)
         n, t0 = 0, 0.0
         while n < ROWS * (TOKENS - 2):
+            batch.begin()
             _, out = gen.next()
             if out and not t0:  # from the first token on: the decode steps only
                 t0, n = time.perf_counter(), 0

@@ -163,9 +163,9 @@ SCHEMAS: list[dict[str, Any]] = [
 
 def test_constrained_rows_batched_follow_their_grammars_as_the_processor_path_does(
         tiny: Loaded) -> None:
-    """Grammars applied by each row's sampler, their masks computed for every row at once
-    (exod.runner.serving.mask_round), against the same requests asking for logprobs, which keep
-    the grammar as a logits processor: the same tokens, greedy, on a random-weight model; rows
+    """Grammars applied by the batch's sampler, their masks computed for every row at once
+    (exod.runner.serving.batch_sampler), against the same requests asking for logprobs, which
+    keep the grammar as a logits processor: the same tokens, greedy, on a random-weight model; rows
     join the batch while others decode, some free, some constrained, and end at different
     steps. Every constrained answer that ended by itself is valid JSON for its schema."""
     import json
@@ -178,6 +178,8 @@ def test_constrained_rows_batched_follow_their_grammars_as_the_processor_path_do
                      response_format=fmt[i % len(fmt)] if i % 4 != 3 else None)
                 for i, q in enumerate(QUESTIONS)]
         return reqs
+
+    sampled: list[int] = []
 
     def serve(reqs: list[m.Generate]) -> list[tuple[str, str]]:
         e = engine(tiny, width=8, cache_bytes=0)
@@ -193,11 +195,14 @@ def test_constrained_rows_batched_follow_their_grammars_as_the_processor_path_do
                     texts[ev.id] += ev.text
                 elif isinstance(ev, m.Done):
                     reasons[ev.id] = ev.finish_reason
+        assert e._sampling is not None, "mlx-lm's row order is gone: see batch_sampler"
+        sampled.append(e._sampling.calls)
         return [(texts[r.id], reasons[r.id]) for r in reqs]
 
     plain, processed = asks(False), asks(True)
     by_sampler, by_processor = serve(plain), serve(processed)
     assert by_sampler == by_processor
+    assert all(sampled), sampled  # mlx-lm sampled every batch by the engine's one sampler
     ended = 0
     for r, (text, reason) in zip(plain, by_sampler, strict=True):
         if r.response_format is None or reason != "stop":

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.sample_utils import greedy_sampler
 from mlx_lm.models.cache import KVCache
 
 from exod import messages as m
@@ -46,6 +47,8 @@ from exod.runner.serving.prepare import check_request, context_window, read_prom
 from exod.runner.log import ERR, log
 from exod.runner.serving import tool_calls
 from exod.runner.serving.gen_options import KvOptions
+from exod.runner.serving.sampling import Sampler
+from exod.runner.serving.batch_sampler import BatchSampler, generator_rows
 from exod.runner.serving.grammar import Constraint, Grammars
 from exod.runner.serving.logprobs import TokenText, entries
 from exod.runner.serving.loop import AsItComes
@@ -81,7 +84,8 @@ class _Request:
     insert: dict[str, Any] = field(default_factory=dict)  # BatchGenerator.insert's arguments
     uid: int = -1  # -1 while its disk entry loads (not in the batch yet)
     load: FromDisk | None = None
-    grammar: Constraint | None = None  # its sampler's (exod.runner.serving.mask_round)
+    sampler: Sampler = greedy_sampler  # its own, run by the batch's (BatchSampler)
+    grammar: Constraint | None = None  # its mask, added by the batch's sampler
     cached_tokens: int = 0
     completion_tokens: int = 0
     prefilling: bool = True
@@ -120,6 +124,7 @@ class BatchEngine(AsItComes):
         self._by_uid: dict[int, _Request] = {}
         self._by_rid: dict[str, _Request] = {}  # every request, loading or in the batch
         self._warm_ids = itertools.count()
+        self._sampling: BatchSampler | None = None  # every row's, with each generator
         self._gen = self._new_generator()
         self.failed_steps = 0  # a group must not go on after one (exod.runner.group.lockstep)
 
@@ -133,6 +138,8 @@ class BatchEngine(AsItComes):
         )
         if self._on_new_generator is not None:
             self._on_new_generator()
+        rows = generator_rows(gen)
+        self._sampling = BatchSampler(self.grammars.masks, rows) if rows is not None else None
         return gen
 
     # ---- the interface the serve loop uses ------------------------------------------------
@@ -161,14 +168,15 @@ class BatchEngine(AsItComes):
         prompt up here; else rank 0's choice for it (a group's other ranks). Returns the disk
         entry chosen, if any (rank 0 tells the other ranks)."""
         checked = check_request(self.tokenizer, req, self.vocab, self.window, read,
-                                self.grammars, batched=True)
+                                self.grammars, batched=self._sampling is not None)
         out = Output(streaming(self.tokenizer.detokenizer), req.stop, checked.markers,
                      checked.thinking)
         r = _Request(req.id, checked.prompt, out,
                      tool_calls.splitter(self.tokenizer, req, checked.args_check),
                      checked.top_logprobs, insert={
-                         "max_tokens": [checked.max_tokens], "samplers": [checked.sampler],
-                         "logits_processors": [checked.processors]}, grammar=checked.grammar)
+                         "max_tokens": [checked.max_tokens],
+                         "logits_processors": [checked.processors]},
+                     sampler=checked.sampler, grammar=checked.grammar)
         return self._start(r, disk)
 
     def warm(self, tokens: list[int], force: bool = False) -> bool:
@@ -209,7 +217,10 @@ class BatchEngine(AsItComes):
         (r.uid,) = self._gen.insert(
             # None: BatchGenerator makes a fresh cache (its type hint says list, it means this)
             [r.prompt[covered:]], caches=[cache] if cache is not None else None,
-            all_tokens=[r.prompt[:covered]], **r.insert)
+            all_tokens=[r.prompt[:covered]],
+            samplers=[self._sampling if self._sampling is not None else r.sampler], **r.insert)
+        if self._sampling is not None:
+            self._sampling.add(r.uid, r.sampler, r.grammar)
         r.cached_tokens = covered
         self._by_uid[r.uid] = r
 
@@ -227,6 +238,8 @@ class BatchEngine(AsItComes):
             return events
         self._size_chunks()
         prefilling = [r for r in self._by_uid.values() if r.prefilling]
+        if self._sampling is not None:
+            self._sampling.begin()
         try:
             prompts, responses = self._gen.next()
         except Exception as e:  # noqa: BLE001 -- mlx raises many types; the batch is unusable
@@ -236,7 +249,8 @@ class BatchEngine(AsItComes):
             failed: list[m.Event] = [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")
                                      for r in self._by_rid.values() if r.out is not None]
             self._drop(list(self._by_rid.values()), in_batch=False)
-            self.grammars.masks.forget()
+            if self._sampling is not None:
+                self._sampling.forget()
             self._gen = self._new_generator()
             return events + failed
         if self._checkpoint:
@@ -384,6 +398,8 @@ class BatchEngine(AsItComes):
     def _forget(self, r: _Request) -> None:
         if r.grammar is not None:
             r.grammar.retire()
+        if self._sampling is not None:
+            self._sampling.drop(r.uid)
         self._by_uid.pop(r.uid, None)
         self._by_rid.pop(r.rid, None)
 

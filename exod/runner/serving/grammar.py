@@ -41,7 +41,7 @@ from exod.config.schema import GrammarLimits
 from exod.runner.log import WARNING, log
 from exod.core.request_rules import RequestError
 from exod.runner.serving import json_bounds
-from exod.runner.serving.mask_round import MaskRound, Sampler
+from exod.runner.serving.mask_round import MaskRound
 from exod.runner.serving.think_grammar import Thinking
 from exod.core.text import clip
 
@@ -62,7 +62,7 @@ class Grammars:
         self._lock = threading.Lock()
         self._ll: llguidance.LLTokenizer | None = None
         self._compiled: OrderedDict[str, _Compiled] = OrderedDict()
-        self.masks = MaskRound()  # the engine's constrained rows, a step's masks at once
+        self.masks = MaskRound()  # the batch's constrained rows: a step's masks at once
 
     def ll_tokenizer(self, param: str) -> llguidance.LLTokenizer:
         with self._lock:
@@ -131,7 +131,7 @@ class Grammars:
                 while len(self._compiled) > CACHED:
                     self._compiled.popitem(last=False)
         eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
-        constraint = Constraint(matcher, self.vocab, eos, self.masks)
+        constraint = Constraint(matcher, self.vocab, eos)
         if matcher.is_error():
             raise RequestError(f"`{param}`: the grammar engine cannot take it: "
                                f"{_clip(matcher.get_error())}", param)
@@ -163,30 +163,21 @@ class _Compiled:
 
 
 class Constraint:
-    """One sequence's grammar: every token outside it gets -inf. Applied by the request's
-    sampler in mlx-lm's BatchGenerator (`sampling`: the masks of a step's rows computed at once,
-    exod.runner.serving.mask_round), else as a logits processor, called once per generated
-    token with the tokens so far, whose last one is the token just chosen (nothing is consumed
-    at the first call, whose last token is the prompt's)."""
+    """One sequence's grammar: every token outside it gets -inf. In the batch engine its mask
+    is added by the batch's sampler (exod.runner.serving.batch_sampler: the masks of a step's
+    rows computed at once); else it is a logits processor, called once per generated token with
+    the tokens so far, whose last one is the token just chosen (nothing is consumed at the first
+    call, whose last token is the prompt's)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab: int, eos: list[int],
-                 masks: MaskRound | None = None) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, vocab: int, eos: list[int]) -> None:
         self.matcher, self.vocab = matcher, vocab
         self.eos = [t for t in eos if 0 <= t < vocab]
         self.words = np.zeros((vocab + 31) // 32, dtype=np.uint32)
         self.bias = np.zeros(vocab, dtype=np.float32)
-        self._masks = masks
-        self.chosen: mx.array | None = None  # the token its sampler chose, not read yet
         self._retired = False
         self._started = False
         self._broken = False
         self._fill()  # the first mask, built here: this is where the lexer is built
-
-    def sampling(self, sampler: Sampler) -> Sampler:
-        """The request's sampler with this grammar applied (exod.runner.serving.mask_round),
-        instead of this processor."""
-        assert self._masks is not None, "a grammar without a MaskRound is a processor only"
-        return self._masks.sampler(self, sampler)
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self._started:

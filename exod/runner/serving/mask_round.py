@@ -1,23 +1,17 @@
 """A decode step's grammar masks, computed for every constrained row at once while the step's
-forward and log-softmax run, and applied by each row's sampler.
+forward and log-softmax run (exod.runner.serving.batch_sampler adds them to the logprobs).
 
 A mask needs the token just chosen. As a logits processor, a grammar read it from the context
 mlx-lm hands each processor, a new lazy op: from the second row on it queued behind the whole
 forward the first row had started, and the masks were computed one row after another with the
 forward done and a core idle. At 8 clients that cost 20-40% of the tokens/s.
 
-Here the grammar is applied by the request's sampler, which mlx-lm calls after its log-softmax
-(logprobs over the whole vocabulary: mlx-lm's filters and its categorical draw only need the
-ratios of what is left, and a greedy pick only the largest). The sampler also tells the round
-which array holds the token it chose, already scheduled at the end of that step: reading it
-later waits for it and queues nothing. At the next step the first constrained row's sampler
-settles the round for all: the tokens are read at once and consumed, llguidance's executor
-computes the masks on a worker thread (it releases the GIL, and so does mlx while it
-computes) while this thread has mlx run the forward and the log-softmax (on this CPU a pass
-over the vocabulary as long as the forward), and each row's sampler then adds its mask.
-
-A request that asks for logprobs keeps the grammar as a logits processor (its logprobs are
-then over what the grammar allows), as do the engines that serve a request at a time.
+Here the batch sampler keeps the array of the tokens it chose, already scheduled at the end of
+that step: reading it at the next step waits for it and queues nothing. The tokens are consumed
+at once, llguidance's executor computes the masks on a worker thread (it releases the GIL, and
+so does mlx while it computes), which also lays them out as one matrix to add to the batch's
+logprobs, while this thread has mlx run the forward and the log-softmax (on a CPU a pass over
+the vocabulary as long as the forward).
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ import llguidance
 import mlx.core as mx
 import numpy as np
 
-Sampler = Callable[[mx.array], mx.array]
+Sampler = Callable[[mx.array], mx.array]  # mlx-lm's: logprobs in, tokens out
 
 
 class Constraint(Protocol):
@@ -39,13 +33,11 @@ class Constraint(Protocol):
 
     matcher: llguidance.LLMatcher
     words: np.ndarray  # the mask's words, as llguidance writes them
-    chosen: mx.array | None  # the token its sampler chose, not read yet
+    bias: np.ndarray  # the mask as a row to add: 0 where allowed, -inf elsewhere
 
     def advance(self, token: int) -> bool: ...
 
     def filled(self, words: np.ndarray) -> None: ...
-
-    def row(self, logits: mx.array) -> mx.array: ...
 
 
 class MaskRound:
@@ -53,59 +45,55 @@ class MaskRound:
 
     def __init__(self, threads: int = max(1, (os.cpu_count() or 2) - 1)) -> None:
         # A core is left to mlx's stream, which runs the log-softmax meanwhile on one thread.
-        self._chosen: list[Constraint] = []  # rows whose last token is unread, in its `chosen`
-        self._masks: Future[None] | None = None
+        self._masks: Future[np.ndarray] | None = None
         self._threads = threads
         self._executor: llguidance.LLExecutor | None = None  # made at the first constrained row
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="masks")
 
-    def sampler(self, constraint: Constraint, sampler: Sampler) -> Sampler:
-        """`sampler` with `constraint`'s mask added, telling the round what it chose."""
-        def choose(logprobs: mx.array) -> mx.array:
-            # Each row's sampler is called once a step: a row whose token of the last step
-            # is still unread is the first of a new step.
-            if constraint.chosen is not None:
-                self._settle(logprobs)
-            self._join()
-            y = constraint.chosen = sampler(logprobs + constraint.row(logprobs))
-            self._chosen.append(constraint)
-            return y
-        return choose
+    def step(self, last: list[tuple[mx.array, list[tuple[int, Constraint]]]],
+             rows: list[tuple[int, Constraint]], logprobs: mx.array) -> mx.array | None:
+        """The masks of `rows` (by their place in the batch) as a matrix to add to `logprobs`,
+        None without a constrained row. `last`: the tokens chosen since, each with the
+        constrained rows by their place then: each row consumes its token first."""
+        live: list[Constraint] = []
+        mx.eval([chosen for chosen, _ in last])
+        for chosen, before in last:
+            tokens = np.asarray(chosen).reshape(-1)  # no new op: no wait behind the forward
+            live += [c for e, c in before if c.advance(int(tokens[e]))]
+        if not rows:  # the rows just read are free: the others' masks are still due
+            if live:
+                self._fill(live, [], logprobs.shape)
+            return None
+        self._masks = self._worker.submit(self._fill, live, rows, logprobs.shape)
+        mx.async_eval(logprobs)
+        return mx.array(self._join())
 
     def forget(self) -> None:
-        """The batch was dropped (a failed step): the tokens chosen in it were never emitted."""
-        self._join()
-        for c in self._chosen:
-            c.chosen = None
-        self._chosen.clear()
-
-    def _settle(self, logprobs: mx.array) -> None:
-        """Every row's token of the last step consumed, and the next masks computed while
-        `logprobs` are (a later row's sampler only waits for them)."""
-        rows: list[tuple[Constraint, mx.array]] = []
-        for c in self._chosen:
-            if c.chosen is not None:
-                rows.append((c, c.chosen))
-                c.chosen = None
-        self._chosen = []
-        mx.eval([y for _, y in rows])
-        tokens = [int(np.asarray(y).reshape(-1)[0]) for _, y in rows]  # no new op: no wait
-        live = [c for (c, _), t in zip(rows, tokens, strict=True) if c.advance(int(t))]
-        if live:
-            self._masks = self._worker.submit(self._fill, live)
-        mx.async_eval(logprobs)
-
-    def _join(self) -> None:
+        """The batch was dropped (a failed step)."""
         if self._masks is not None:
-            masks, self._masks = self._masks, None
-            masks.result()
+            self._join()
 
-    def _fill(self, rows: list[Constraint]) -> None:
-        words = rows[0].words.size
-        out = np.zeros((len(rows), words), dtype=np.uint32)
-        if self._executor is None:
-            self._executor = llguidance.LLExecutor(self._threads)
-        self._executor.unsafe_compute_mask_ptr(
-            [(c.matcher, i) for i, c in enumerate(rows)], out.ctypes.data, words * 4, len(rows))
-        for i, c in enumerate(rows):
-            c.filled(out[i])
+    def _join(self) -> np.ndarray:
+        assert self._masks is not None
+        masks, self._masks = self._masks, None
+        return masks.result()
+
+    def _fill(self, live: list[Constraint], rows: list[tuple[int, Constraint]],
+              shape: tuple[int, ...]) -> np.ndarray:
+        if live:
+            words = live[0].words.size
+            out = np.zeros((len(live), words), dtype=np.uint32)
+            if self._executor is None:
+                self._executor = llguidance.LLExecutor(self._threads)
+            self._executor.unsafe_compute_mask_ptr(
+                [(c.matcher, i) for i, c in enumerate(live)], out.ctypes.data, words * 4,
+                len(live))
+            for i, c in enumerate(live):
+                c.filled(out[i])
+        matrix = np.zeros(shape, dtype=np.float32)
+        width = shape[-1]
+        for e, c in rows:
+            n = min(width, c.bias.size)
+            matrix[e, :n] = c.bias[:n]
+            matrix[e, n:] = -np.inf  # logits wider than the tokenizer: padding, never allowed
+        return matrix

@@ -120,7 +120,7 @@ class Checked:
     markers: Markers | None = None  # the think markers, for a chat
     thinking: bool = False  # the prompt ends inside a think block
     args_check: ArgsCheck | None = None  # its strict tools, whose calls are checked
-    grammar: Constraint | None = None  # applied by `sampler` (batched): retired when it ends
+    grammar: Constraint | None = None  # for the batch's sampler (batched): not a processor
 
 
 def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
@@ -187,10 +187,10 @@ def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | Non
                   batched: bool = False) -> Checked:
     """Everything of a request that reaches mlx, checked against the model as loaded:
     RequestError (naming the field) for what it cannot take. The same on every rank. `read`:
-    its prompt, when already read (elsewhere: exod.runner.serving.reading). `batched`: for
-    mlx-lm's BatchGenerator, where a grammar is applied by the sampler (its masks computed for
-    every row at once: exod.runner.serving.mask_round) unless the request wants logprobs,
-    which are then over what the grammar allows, as a logits processor makes them."""
+    its prompt, when already read (elsewhere: exod.runner.serving.reading). `batched`: for the
+    batch engine, whose sampler applies a grammar (`grammar`: exod.runner.serving.batch_sampler)
+    unless the request wants logprobs, which are then over what the grammar allows, as a
+    logits processor makes them."""
     if read is None:
         read = read_prompt(tokenizer, req, vocab, window, grammars)
     processors = bias_processors(req.logit_bias, vocab) + penalty_processors(req)
@@ -201,17 +201,14 @@ def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | Non
     budget = rules.think_budget(req.think_budget)
     # Last, as the grammar is: nothing after either may allow a token it forbids. A grammar
     # bounds the reasoning itself (exod.runner.serving.think_grammar).
-    sampler = checked_sampler = make_request_sampler(req, vocab)
-    if read.constraint is not None and batched and not logprobs:
-        sampler = read.constraint.sampling(sampler)
-    elif read.constraint is not None:
+    grammar = read.constraint if batched and not logprobs else None
+    if read.constraint is not None and grammar is None:
         processors.append(read.constraint)
     elif budget is not None and markers is not None:
         processors.append(ThinkBudget(markers, opened, budget))
-    return Checked(read.tokens, read.max_tokens, processors, sampler,
+    return Checked(read.tokens, read.max_tokens, processors, make_request_sampler(req, vocab),
                    top_logprobs=top if logprobs else None, markers=markers,
-                   thinking=opened, args_check=read.args_check,
-                   grammar=read.constraint if sampler is not checked_sampler else None)
+                   thinking=opened, args_check=read.args_check, grammar=grammar)
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
