@@ -9,8 +9,9 @@ prompts in flight: a cancel or a stop is therefore seen within one bounded step,
 very long prompt.
 
 Requests join the running batch as they come (up to `width`, the instance's max_concurrency)
-and leave it when they finish; each keeps its own sampler (a seed reproduces per request), logits
-processors (logit bias, penalties, a grammar), and output (exod.runner.serving.output: streaming
+and leave it when they finish; each keeps its own sampler (a seed reproduces per request) and
+grammar, both run by the batch's one sampler (exod.runner.serving.batch_sampler), its logits
+processors (logit bias, penalties), and its output (exod.runner.serving.output: streaming
 detokenizer, stop sequences, reasoning apart, logprobs; then its tool calls).
 
 Prompt cache (exod.runner.prompt_cache.tiers): when a request ends, the KV cache of its prompt
