@@ -5,7 +5,7 @@ The inputs are padded on the right to the longest, with an attention mask: an en
 the padding through the mask, and a decoder (Qwen3-Embedding's causal attention) never attends
 forward, so its positions are those of the input alone and its last real token is the one
 pooled. Each input's vector is therefore its vector alone, whatever it is batched with (up to
-float rounding), which tests/integration/test_embed_runner.py checks.
+float rounding), which tests/integration/test_embeddings.py checks (a batch and alone).
 
 - An embedding: the family's model pools with the Pooling module's mode (set on the model at
   load, as mlx-vlm's server sets it) and normalizes; a model without a Normalize module is pooled
