@@ -52,6 +52,7 @@ def measure_here(model_dir: str) -> None:
     model.set_dtype(mx.float32)  # as the runner runs on CPU
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     grammars = grammar.Grammars(tok, vocab, GrammarLimits())
+    masks = mask_round.MaskRound()
     prompts = [tok.apply_chat_template([{"role": "user", "content": f"Tell me about {c} cats."}],
                                        add_generation_prompt=True) for c in range(1, ROWS + 1)]
     real_fill = mask_round.MaskRound._fill
@@ -63,7 +64,7 @@ def measure_here(model_dir: str) -> None:
         gen = BatchGenerator(model, max_tokens=TOKENS, stop_tokens=set())
         where = generator_rows(gen)
         assert where is not None
-        batch = BatchSampler(grammars.masks, where)
+        batch = BatchSampler(masks, where)
         procs, rows = [], []
         for _ in range(ROWS):
             p, c = bias_processors({"2": -100.0}, vocab), None

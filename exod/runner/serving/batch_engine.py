@@ -51,6 +51,7 @@ from exod.runner.serving.gen_options import KvOptions
 from exod.runner.serving.sampling import Sampler
 from exod.runner.serving.batch_sampler import BatchSampler, generator_rows
 from exod.runner.serving.grammar import Constraint, Grammars
+from exod.runner.serving.mask_round import MaskRound
 from exod.runner.serving.logprobs import TokenText, entries
 from exod.runner.serving.loop import AsItComes
 from exod.runner.serving.detokenize import streaming
@@ -125,6 +126,7 @@ class BatchEngine(AsItComes):
         self._by_uid: dict[int, _Request] = {}
         self._by_rid: dict[str, _Request] = {}  # every request, loading or in the batch
         self._warm_ids = itertools.count()
+        self._masks = MaskRound()  # the grammars' masks of a step, at once (its worker thread)
         self._sampling: BatchSampler | None = None  # every row's, with each generator
         self._gen = self._new_generator()
         self.failed_steps = 0  # a group must not go on after one (exod.runner.group.lockstep)
@@ -140,7 +142,7 @@ class BatchEngine(AsItComes):
         if self._on_new_generator is not None:
             self._on_new_generator()
         rows = generator_rows(gen)
-        self._sampling = BatchSampler(self.grammars.masks, rows) if rows is not None else None
+        self._sampling = BatchSampler(self._masks, rows) if rows is not None else None
         return gen
 
     # ---- the interface the serve loop uses ------------------------------------------------

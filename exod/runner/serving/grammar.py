@@ -41,7 +41,6 @@ from exod.config.schema import GrammarLimits
 from exod.runner.log import WARNING, log
 from exod.core.request_rules import RequestError
 from exod.runner.serving import json_bounds
-from exod.runner.serving.mask_round import MaskRound
 from exod.runner.serving.think_grammar import Thinking
 from exod.core.text import clip
 
@@ -62,7 +61,6 @@ class Grammars:
         self._lock = threading.Lock()
         self._ll: llguidance.LLTokenizer | None = None
         self._compiled: OrderedDict[str, _Compiled] = OrderedDict()
-        self.masks = MaskRound()  # the batch's constrained rows: a step's masks at once
 
     def ll_tokenizer(self, param: str) -> llguidance.LLTokenizer:
         with self._lock:
