@@ -252,9 +252,7 @@ class BatchEngine(AsItComes):
             failed: list[m.Event] = [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")
                                      for r in self._by_rid.values() if r.out is not None]
             self._drop(list(self._by_rid.values()), in_batch=False)
-            if self._sampling is not None:
-                self._sampling.forget()
-            self._gen = self._new_generator()
+            self._gen = self._new_generator()  # and a batch sampler of its own
             return events + failed
         if self._checkpoint:
             self._keep_prompts(prompts)

@@ -78,12 +78,6 @@ class BatchSampler:
         self._rows.pop(uid, None)
         self._sampled.discard(uid)
 
-    def forget(self) -> None:
-        """The batch was dropped (a failed step): its last tokens were never emitted."""
-        self._last = []
-        self._sampled.clear()
-        self._masks.forget()
-
     def begin(self) -> None:
         """Before each BatchGenerator.next(): its first call here samples the batch being
         decoded, when there is one; a later call, the rows whose prompt it has just read."""

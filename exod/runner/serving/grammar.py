@@ -189,13 +189,16 @@ class Constraint:
 
     def row(self, logits: mx.array) -> mx.array:
         """The mask, as a row to add to `logits`."""
-        bias = self.bias
-        width = logits.shape[-1]
-        if width != self.vocab:  # logits wider than the tokenizer (padding rows): never allowed
-            bias = np.concatenate([bias, np.full(max(0, width - self.vocab), -np.inf,
-                                                 np.float32)])[:width]
-        mask = mx.array(bias)
+        mask = mx.array(self.padded(logits.shape[-1]))
         return mask if logits.dtype == mx.float32 else mask.astype(logits.dtype)
+
+    def padded(self, width: int) -> np.ndarray:
+        """The mask as a row of `width` to add: logits wider than the tokenizer are padding
+        rows, never allowed."""
+        if width == self.vocab:
+            return self.bias
+        return np.concatenate([self.bias, np.full(max(0, width - self.vocab), -np.inf,
+                                                  np.float32)])[:width]
 
     def retire(self) -> None:
         """Its request ended: a token its sampler chose after the last one shown is not

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import llguidance
@@ -33,9 +33,9 @@ class Constraint(Protocol):
 
     matcher: llguidance.LLMatcher
     words: np.ndarray  # the mask's words, as llguidance writes them
-    bias: np.ndarray  # the mask as a row to add: 0 where allowed, -inf elsewhere
-
     def advance(self, token: int) -> bool: ...
+
+    def padded(self, width: int) -> np.ndarray: ...
 
     def filled(self, words: np.ndarray) -> None: ...
 
@@ -45,7 +45,6 @@ class MaskRound:
 
     def __init__(self, threads: int = max(1, (os.cpu_count() or 2) - 1)) -> None:
         # A core is left to mlx's stream, which runs the log-softmax meanwhile on one thread.
-        self._masks: Future[np.ndarray] | None = None
         self._threads = threads
         self._executor: llguidance.LLExecutor | None = None  # made at the first constrained row
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="masks")
@@ -64,19 +63,9 @@ class MaskRound:
             if live:
                 self._fill(live, [], logprobs.shape)
             return None
-        self._masks = self._worker.submit(self._fill, live, rows, logprobs.shape)
+        masks = self._worker.submit(self._fill, live, rows, logprobs.shape)
         mx.async_eval(logprobs)
-        return mx.array(self._join())
-
-    def forget(self) -> None:
-        """The batch was dropped (a failed step)."""
-        if self._masks is not None:
-            self._join()
-
-    def _join(self) -> np.ndarray:
-        assert self._masks is not None
-        masks, self._masks = self._masks, None
-        return masks.result()
+        return mx.array(masks.result())
 
     def _fill(self, live: list[Constraint], rows: list[tuple[int, Constraint]],
               shape: tuple[int, ...]) -> np.ndarray:
@@ -91,9 +80,6 @@ class MaskRound:
             for i, c in enumerate(live):
                 c.filled(out[i])
         matrix = np.zeros(shape, dtype=np.float32)
-        width = shape[-1]
         for e, c in rows:
-            n = min(width, c.bias.size)
-            matrix[e, :n] = c.bias[:n]
-            matrix[e, n:] = -np.inf  # logits wider than the tokenizer: padding, never allowed
+            matrix[e] = c.padded(shape[-1])
         return matrix
