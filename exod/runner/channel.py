@@ -64,10 +64,11 @@ class Channel:
         return self.end.send_all(msgs)
 
     def _closed(self, why: str | None) -> None:
-        if why is not None:
-            self.broken = why
-            log(f"channel to exod broken: {why}", ERR)
+        # The stop first: nothing after it may keep a runner whose daemon is gone alive.
+        self.broken = why or ""
         self.life.request_stop("daemon gone (channel closed)")
+        if why is not None:
+            log(f"channel to exod broken: {why}", ERR)
 
     def _stopped(self) -> None:
         self.inbox.put(None)

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 
+from exod.runner.log import NOTICE, log
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -61,8 +63,7 @@ class Lifecycle:
             # Only if still in that same wait: a worker that got its header and now waits for
             # the next one (following a drain) has a grace of its own.
             if self._interruptible is not None and self._wait == wait:
-                print(f"<5>stopping: {self.reason} (while waiting on the group)",
-                      file=sys.stderr, flush=True)
+                log(f"stopping: {self.reason} (while waiting on the group)", NOTICE)
                 os._exit(0)
 
         if grace <= 0:

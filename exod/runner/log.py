@@ -12,6 +12,11 @@ ERR, WARNING, NOTICE, INFO, DEBUG = 3, 4, 5, 6, 7
 
 
 def log(msg: str, level: int = INFO) -> None:
-    for line in msg.splitlines() or [""]:
-        sys.stderr.write(f"<{level}>{line}\n")
-    sys.stderr.flush()
+    """Never raises: stderr is a pipe to the daemon, and when the daemon is gone (SIGKILL, the
+    OOM killer) a line has nowhere to go, while the runner must still stop cleanly."""
+    try:
+        for line in msg.splitlines() or [""]:
+            sys.stderr.write(f"<{level}>{line}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # EPIPE; ValueError: stderr already closed
+        pass

@@ -3,7 +3,11 @@ out in one write, whole and in order, and a channel whose daemon is gone says so
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
+
+import pytest
 
 from exod import messages as m
 from exod.protocol import FrameDecoder
@@ -55,3 +59,23 @@ def test_a_gone_daemon_makes_sending_fail_quietly() -> None:
         channel.end.sock = ours
         assert not channel.send_all(EVENTS)
         assert not channel.send(EVENTS[0])
+
+
+def test_a_daemon_killed_with_our_bytes_unread_stops_the_runner_with_stderr_gone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 of the daemon: its end of the channel closes with the runner's heartbeats still
+    unread (the runner reads ECONNRESET, a broken channel) and its end of the runner's stderr
+    closes too. The broken channel is logged to that stderr, which fails (EPIPE): the stop
+    must be requested all the same, or nothing ever stops this runner (CI saw one outlive its
+    daemon)."""
+    r, w = os.pipe()
+    os.close(r)
+    monkeypatch.setattr(sys, "stderr", open(w, "w", encoding="utf-8"))  # a reader-less pipe
+    ours, daemon = socket.socketpair()
+    life = Lifecycle(None)
+    channel = Channel(ours.detach(), life)
+    channel.start()  # the hello sits unread on the daemon's side
+    daemon.close()
+    assert life.stop.wait(5), "the runner was never asked to stop"
+    assert life.reason == "daemon gone (channel closed)"
+    assert channel.broken  # ECONNRESET: the daemon went with our bytes unread
