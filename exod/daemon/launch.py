@@ -118,15 +118,20 @@ class Launcher:
                           prompt_cache_folder=prompt_cache_folder(c, self.daemon_env)
                           if c.prompt_cache_disk_bytes > 0 else None,
                           chat_template_kwargs=dict(c.chat_template_kwargs))
-        env = os_seam.runner_env(self.daemon_env, {
-            **c.env,
+        return Launch(self.module, spec, self.env(c, shard.rank), m.decode_from_runner)
+
+    def env(self, c: Instance | None, rank: int = 0) -> dict[str, str]:
+        """A rank's environment; with no instance, what every rank without an `env:` of its
+        own shares (the zygote's: exod.daemon.zygote)."""
+        own: dict[str, str] = {**c.env} if c is not None else {}
+        own.update({
             "PYTHONUNBUFFERED": "1",
             "HF_HUB_OFFLINE": "1",  # models are local; never wait on a hub
-            # For people and their tools (ps, /proc): the runner reads its spec, not these.
-            "EXOD_INSTANCE": c.name,
-            "EXOD_RANK": str(shard.rank),
         })
-        return Launch(self.module, spec, env, m.decode_from_runner)
+        if c is not None:
+            # For people and their tools (ps, /proc): the runner reads its spec, not these.
+            own.update({"EXOD_INSTANCE": c.name, "EXOD_RANK": str(rank)})
+        return os_seam.runner_env(self.daemon_env, own)
 
 
 def prompt_cache_folder(c: Instance, env: Mapping[str, str]) -> Path:

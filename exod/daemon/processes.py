@@ -24,6 +24,7 @@ from exod.daemon import spawn as os_seam
 from exod.daemon.channel import RunnerChannel
 from exod.daemon.launch import Launch
 from exod.daemon.logs import split_priority
+from exod.daemon.zygote import Zygote
 
 MAX_LINE = 64 * 1024
 # How long a reaped runner's pipes may take to reach end of stream: a grandchild that inherited
@@ -65,6 +66,7 @@ class ProcessTable:
         self.procs: dict[int, Proc] = {}
         self._finishing: set[asyncio.Task[None]] = set()
         self._empty_waiters: list[asyncio.Future[None]] = []
+        self.zygote: Zygote | None = None  # set by the owner where runners may be forked
 
     def install(self) -> None:
         self.loop.add_signal_handler(signal.SIGCHLD, self.reap)
@@ -72,7 +74,7 @@ class ProcessTable:
     def spawn(self, launch: Launch[M], context: dict[str, object],
               handlers: RunnerHandlers[M]) -> int:
         """Start `launch`'s child; its spec goes first on its channel once it says hello."""
-        child = os_seam.spawn(launch.env, launch.module)
+        child = self._start(launch)
         pid = child.pid
         ctx = {**context, "pid": pid}
         link = RunnerChannel(child.channel, ctx, launch.spec, launch.decode,
@@ -88,6 +90,16 @@ class ProcessTable:
         # The child may have died before we registered it: SIGCHLD would already be spent.
         self.loop.call_soon(self.reap)
         return pid
+
+    def _start(self, launch: Launch[M]) -> os_seam.Child:
+        """Forked from the zygote where the launch fits it, else exec'd."""
+        z = self.zygote
+        if z is not None and z.fits(launch.env, launch.module):
+            z.start(self.loop)  # the first that fits starts it (runners exec'd meanwhile)
+            child = z.fork(launch.env)
+            if child is not None:
+                return child
+        return os_seam.spawn(launch.env, launch.module)
 
     def send(self, pid: int, msg: m.ToRunner) -> bool:
         proc = self.procs.get(pid)
@@ -122,12 +134,30 @@ class ProcessTable:
 
     def reap(self) -> None:
         for pid in list(self.procs):
-            info = os_seam.reap(pid)
-            if info is None:
-                continue
-            task = self.loop.create_task(self._finish(self.procs.pop(pid), info))
-            self._finishing.add(task)
-            task.add_done_callback(self._finished)
+            self._reap(pid)
+        self._reap_strays()
+
+    def _reap(self, pid: int) -> None:
+        info = os_seam.reap(pid)
+        if info is None:
+            return
+        task = self.loop.create_task(self._finish(self.procs.pop(pid), info))
+        self._finishing.add(task)
+        task.add_done_callback(self._finished)
+
+    def _reap_strays(self) -> None:
+        """Children that are not in the table: the zygote, a runner it forked too late to be
+        used, or any descendant orphaned to the daemon as their subreaper (exod.daemon.zygote).
+        A child in the daemon's own process group was started by other code of the daemon's
+        (a subprocess), which waits for it itself: it is left alone."""
+        while True:
+            found = os_seam.waitable()
+            if found is None:
+                return
+            if found in self.procs:
+                self._reap(found)  # it exited after the loop above looked
+            elif not os_seam.reap_stray(found):
+                return
 
     async def _finish(self, proc: Proc, info: ExitInfo) -> None:
         """Read what the dead runner left in its channel and pipes, then report its exit."""

@@ -49,43 +49,74 @@ def runner_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, s
 DEFAULT_MODULE = "exod.runner"
 
 
-def spawn(env: Mapping[str, str], module: str = DEFAULT_MODULE) -> Child:
-    """Start `python -m MODULE --channel-fd N`; raises OSError if exec fails."""
-    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+@dataclass
+class Ends:
+    """A child's channel and output pipes, both ends, before it starts."""
+
+    parent: socket.socket
+    child: socket.socket
+    out_r: int
+    out_w: int
+    err_r: int
+    err_w: int
+
+    def child_fds(self) -> tuple[int, int, int]:
+        return self.child.fileno(), self.out_w, self.err_w
+
+    def started(self, pid: int) -> Child:
+        """The child has its ends now: close ours of them, keep the rest."""
+        self.close_child_side()
+        os.set_blocking(self.out_r, False)
+        os.set_blocking(self.err_r, False)
+        self.parent.setblocking(False)
+        return Child(pid, self.out_r, self.err_r, self.parent)
+
+    def close_child_side(self) -> None:
+        self.child.close()
+        os.close(self.out_w)
+        os.close(self.err_w)
+
+    def close(self) -> None:
+        """Nothing started (or what started is abandoned: it finds its channel closed)."""
+        self.close_child_side()
+        self.parent.close()
+        os.close(self.out_r)
+        os.close(self.err_r)
+
+
+def make_ends() -> Ends:
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    keep = (child_end.fileno(), out_w, err_w)
+    return Ends(parent, child, out_r, out_w, err_r, err_w)
+
+
+def spawn(env: Mapping[str, str], module: str = DEFAULT_MODULE) -> Child:
+    """Start `python -m MODULE --channel-fd N`; raises OSError if exec fails."""
+    ends = make_ends()
+    keep = ends.child_fds()
     try:
         seal_inherited(keep)
         # Inheritable only for the instant of the spawn: the loop is single-threaded, so no
         # other spawn can pick these up.
         for fd in keep:
             os.set_inheritable(fd, True)
-        argv = [sys.executable, "-m", module, "--channel-fd", str(child_end.fileno())]
+        argv = [sys.executable, "-m", module, "--channel-fd", str(ends.child.fileno())]
         actions = [
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_DUP2, out_w, 1),
-            (os.POSIX_SPAWN_DUP2, err_w, 2),
-            (os.POSIX_SPAWN_CLOSE, out_w),
-            (os.POSIX_SPAWN_CLOSE, err_w),
+            (os.POSIX_SPAWN_DUP2, ends.out_w, 1),
+            (os.POSIX_SPAWN_DUP2, ends.err_w, 2),
+            (os.POSIX_SPAWN_CLOSE, ends.out_w),
+            (os.POSIX_SPAWN_CLOSE, ends.err_w),
         ]
         pid = os.posix_spawn(
             sys.executable, argv, dict(env), file_actions=actions, setpgroup=0,
             setsigdef=RESET_SIGNALS, setsigmask=(),
         )
     except BaseException:
-        parent_end.close()
-        os.close(out_r)
-        os.close(err_r)
+        ends.close()
         raise
-    finally:
-        child_end.close()
-        os.close(out_w)
-        os.close(err_w)
-    os.set_blocking(out_r, False)
-    os.set_blocking(err_r, False)
-    parent_end.setblocking(False)
-    return Child(pid, out_r, err_r, parent_end)
+    return ends.started(pid)
 
 
 def _open_fds() -> list[int]:
@@ -129,3 +160,24 @@ def reap(pid: int) -> ExitInfo | None:
     if got == 0:
         return None
     return ExitInfo.from_wait_status(status)
+
+
+def waitable() -> int | None:
+    """A child that has exited and is not reaped yet (left as it is), or None."""
+    try:
+        info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    return info.si_pid if info is not None and info.si_pid else None
+
+
+def reap_stray(pid: int) -> bool:
+    """Reap an exited child the daemon did not start as a runner, unless it is in the daemon's
+    own process group (a subprocess: whoever started it waits for it). True if reaped."""
+    try:
+        if os.getpgid(pid) == os.getpgrp():
+            return False
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass  # reaped meanwhile by whoever started it
+    return True

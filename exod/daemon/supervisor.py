@@ -28,7 +28,7 @@ from exod.core.intents import Retire
 from exod.core.names import Names
 from exod.core.shards import Shard, ShardError
 from exod import messages as m
-from exod.daemon import rank_addresses, status
+from exod.daemon import rank_addresses, status, zygote
 from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer
 from exod.daemon.clock import Timer
@@ -204,6 +204,7 @@ class Supervisor(HubSeam):
                     ladder.describe(self.config.defaults.stop))
         for inst_cfg in self.config.instances.values():
             self._add(inst_cfg)
+        await self._start_zygote()
         for inst in self.ordered():
             if inst.config.always_on:
                 inst.start()
@@ -211,6 +212,8 @@ class Supervisor(HubSeam):
         self.readiness.spawned(self, self.now())
         await self._done.wait()
         self.heap.close()
+        if self.procs.zygote is not None:
+            self.procs.zygote.close()
         if self.api is not None:
             await self.api.close()
         await self.control.close()
@@ -218,6 +221,21 @@ class Supervisor(HubSeam):
             self.loop.remove_signal_handler(sig)
         logger.info("exod stopped")
         return 0
+
+    async def _start_zygote(self) -> None:
+        """Runners forked from one process that has imported what they import (on Linux, unless
+        EXOD_ZYGOTE=0): started now, and waited for, if an instance starting now can use it;
+        else by the first runner that can (exod.daemon.zygote)."""
+        if not zygote.enabled(self.launcher.daemon_env):
+            return
+        z = self.procs.zygote = zygote.Zygote(self.launcher.module, self.launcher.env(None))
+        if not any(z.fits(self.launcher.env(i.config), self.launcher.module)
+                   for i in self.instances.values() if i.config.always_on):
+            return
+        z.start(self.loop)
+        self.service.extend_timeout(zygote.READY_WAIT + 15)  # and the runners' first spawns
+        self.service.status("importing mlx-lm once, for every runner")
+        await z.ready(zygote.READY_WAIT)
 
     async def _start_api(self) -> None:
         """The HTTP API, unless api.listen is "" (aiohttp is imported only then)."""

@@ -68,10 +68,18 @@ class Runner:
 
 def channel_fd(argv: list[str] | None) -> int | None:
     """The one argument. Others are ignored, not refused: a daemon of an older release passes
-    its runners flags, and must then hear this runner's hello to say which version it speaks."""
+    its runners flags, and must then hear this runner's hello to say which version it speaks.
+    With --zygote-fd this process is the daemon's zygote (exod.runner.zygote), and this returns
+    only in a runner it forked, with that runner's channel."""
     p = argparse.ArgumentParser(prog="python -m exod.runner", description=__doc__)
     p.add_argument("--channel-fd", type=int, default=None, help="socket to the daemon")
+    p.add_argument("--zygote-fd", type=int, default=None,
+                   help="be the daemon's zygote on this socket: fork runners when asked")
     args, _ = p.parse_known_args(argv)
+    if args.zygote_fd is not None:
+        from exod.runner import zygote
+
+        return zygote.serve(args.zygote_fd)
     fd: int | None = args.channel_fd
     return fd
 
@@ -140,6 +148,8 @@ def run(r: Runner) -> tuple[int, str]:
 
     import_table.install()  # before mlx_lm imports transformers
     have_blas, blas_msg = blas.preload()
+    if r.spec.group is not None and r.spec.group.blas_threads is not None:
+        blas.set_threads(r.spec.group.blas_threads)  # loaded already in a forked runner
     if not have_blas and "not Linux" not in blas_msg:
         log(blas_msg, WARNING)
     from exod.config.embed import encoding

@@ -53,3 +53,4 @@ def set_threads(n: int) -> None:
     """OpenBLAS's threads for the calls to come (none may be under way: it is process-wide)."""
     if _LIB is not None:
         _LIB.openblas_set_num_threads(n)
+

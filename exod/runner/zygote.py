@@ -1,0 +1,187 @@
+"""`python -m exod.runner --zygote-fd N`: a runner's imports done once, then forked per rank.
+
+Every runner imports mlx-lm (with it transformers, huggingface_hub and numpy) and exod's runner
+modules before it can load a layer: ~0.7 CPU-seconds, nearly all of what a small model's rank
+costs before READY, paid again by every rank of every start. The zygote pays it once per daemon.
+It imports what a text runner imports, says it is ready, and then, for each rank the daemon asks
+for, forks twice: the grandchild becomes the runner, set up as an exec'd runner would be (its
+channel and output pipes, a process group of its own, default signal dispositions, the rank's
+environment) and goes on into the runner's `main`; the middle process exits at once, so the
+runner is re-parented to the daemon, which made itself the subreaper of its descendants
+(exod.daemon.zygote). The daemon then reaps the runner and reads its exit code as if it had
+spawned it, and the runner's parent-death signal is the daemon's, as before.
+
+Fork is safe here because nothing in the zygote holds state a fork cannot copy: it never runs a
+model, allocates mlx memory or touches a device, and the only threads are OpenBLAS's, which
+stop themselves around a fork (pthread_atfork) and start again in the child when first needed.
+Where that cannot be promised (not Linux: Metal must not be forked; a GPU build of mlx) the
+zygote declines and the daemon execs every runner, as it always could.
+
+A library that reads an environment variable when it is imported reads the zygote's, so the
+daemon forks only runners whose environment is the zygote's but for the two variables it sets
+for people (EXOD_INSTANCE, EXOD_RANK: in the runner's os.environ, not in /proc/PID/environ,
+which shows the environment a process was exec'd with). An instance with an `env:` of its own
+is exec'd.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.metadata
+import os
+import signal
+import socket
+import sys
+
+from exod import zygote_wire as wire
+from exod.protocol import ProtocolError
+
+PR_SET_PDEATHSIG = 1
+# What a text runner imports before it loads (exod.runner.__main__.run and what it calls).
+WARM = ("mlx.core", "mlx_lm", "exod.runner.load", "exod.runner.cpu.fused",
+        "exod.runner.group.membership", "exod.runner.serving.batch_engine",
+        "exod.runner.serving.loop", "exod.runner.serving.turn_engine",
+        "exod.runner.serving.prepare", "exod.runner.serving.model_checks",
+        "exod.runner.prompt_cache.disk", "exod.runner.prompt_cache.fingerprint",
+        "exod.config.warm", "exod.config.mlx_options", "exod.config.embed", "exod.config.vision")
+# mlx builds whose device runtime must never be forked.
+GPU_BUILDS = ("mlx-cuda", "mlx-metal")
+# Dispositions an exec'd Python starts with: SIGINT raises KeyboardInterrupt, SIGPIPE is
+# ignored (Python's own start-up), the rest are the defaults.
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1,
+                   signal.SIGUSR2, signal.SIGQUIT)
+
+
+def serve(fd: int) -> int:
+    """The zygote's life. Returns only in a forked runner: its channel's descriptor."""
+    sock = socket.socket(fileno=fd)
+    _die_with_parent()
+    why = warm()
+    if why is not None:
+        wire.send(sock, wire.ZygoteDeclined(why))
+        os._exit(0)
+    wire.send(sock, wire.ZygoteReady(os.getpid()))
+    while True:
+        try:
+            got = wire.recv(sock, wire.TO_ZYGOTE, wire.FORK_FDS)
+        except (OSError, ProtocolError):
+            os._exit(0)
+        if got is None:  # the daemon is gone, or done with us
+            os._exit(0)
+        msg, fds = got
+        if len(fds) != wire.FORK_FDS:
+            _close(fds)
+            wire.send(sock, wire.ForkFailed(f"{len(fds)} descriptors, not {wire.FORK_FDS}"))
+            continue
+        channel = fork_runner(sock, msg.env, fds)
+        if channel is not None:
+            return channel
+
+
+def warm() -> str | None:
+    """Import what a runner imports; why not to fork runners here, if so."""
+    if not sys.platform.startswith("linux"):
+        return f"forking runners is done on Linux only (this is {sys.platform})"
+    for build in GPU_BUILDS:
+        try:
+            importlib.metadata.version(build)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return f"{build} is installed: a GPU runtime must not be forked"
+    from exod.runner import import_table
+    from exod.runner.cpu import blas
+
+    import_table.install()  # before mlx_lm imports transformers
+    blas.preload()  # before mlx: its BLAS symbols resolve to OpenBLAS
+    try:
+        for name in WARM:
+            importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 -- a broken install: the exec'd runner says what
+        return f"importing the runner failed: {type(e).__name__}: {e}"
+    return None
+
+
+def fork_runner(sock: socket.socket, env: dict[str, str], fds: list[int]) -> int | None:
+    """Fork a runner; answer the daemon with its pid. In the runner: its channel's descriptor;
+    in the zygote: None."""
+    report_r, report_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        middle = os.fork()
+    except OSError as e:
+        _close([report_r, report_w, *fds])
+        wire.send(sock, wire.ForkFailed(f"fork: {e.strerror}"))
+        return None
+    if middle == 0:
+        os.close(report_r)
+        try:
+            pid = os.fork()
+        except OSError:
+            os._exit(1)
+        if pid == 0:
+            os.close(report_w)
+            return become_runner(sock, env, fds)
+        os.write(report_w, str(pid).encode())
+        os._exit(0)
+    os.close(report_w)
+    said = _read_all(report_r)
+    os.close(report_r)
+    os.waitpid(middle, 0)  # gone: the runner's parent is now the daemon
+    _close(fds)
+    if not said.isdigit():
+        wire.send(sock, wire.ForkFailed("the second fork failed"))
+        return None
+    wire.send(sock, wire.Forked(int(said)))
+    return None
+
+
+def become_runner(sock: socket.socket, env: dict[str, str], fds: list[int]) -> int:
+    """In the grandchild: what posix_spawn and exec would have given a runner."""
+    sock.close()  # the zygote's line to the daemon is not the runner's
+    channel, out, err = fds
+    os.setpgid(0, 0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    _close([null, out, err])
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    for sig in DEFAULT_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    os.environ.clear()
+    os.environ.update(env)
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:  # its global generator would be the same in every runner
+        numpy_random.seed()
+    return channel
+
+
+def _die_with_parent() -> None:
+    """The zygote never outlives the daemon (SIGKILL, the OOM killer): SIGTERM's default
+    action ends it, and it has nothing to save."""
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before prctl: no signal will come
+        os._exit(0)
+
+
+def _read_all(fd: int) -> str:
+    chunks = []
+    while chunk := os.read(fd, 64):
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
