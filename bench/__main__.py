@@ -6,7 +6,7 @@ import importlib
 import sys
 
 ALL = ["load", "daemon", "api", "serving", "fused", "sharding", "families", "systemd", "security",
-       "hostile_runner", "hostile_reads", "ports", "group_start", "models",
+       "hostile_runner", "hostile_reads", "ports", "group_start", "runner_start", "models",
        "agent", "vision", "embeddings", "ollama", "cache"]  # agent runs agent_constrained too
 
 

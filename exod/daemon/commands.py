@@ -26,6 +26,11 @@ class Daemon(Protocol):
     @property
     def stopping(self) -> bool: ...
 
+    @property
+    def phase(self) -> str:
+        """starting (until the always-on instances are started), running, stopping"""
+        ...
+
     def snapshot(self) -> cm.Snapshot: ...
 
     async def reload(self) -> cm.ReloadReply | cm.Failure: ...
@@ -139,12 +144,18 @@ class Commands:
                     return cm.Failure("dropped: the client read too slowly")
                 if snap.state is State.READY:
                     return cm.WaitReply(snap)
-                if snap.state in (State.FAILED, State.STOPPED):
+                if snap.state in (State.FAILED, State.STOPPED) and not self._to_start(inst):
                     return cm.Failure(f"{name} is {snap.detail}", instance=snap)
                 await emit(cm.ProgressEvent(snap))
                 snap = await q.get()
         finally:
             unlisten()
+
+    def _to_start(self, inst: InstanceRuntime) -> bool:
+        """Stopped only until the daemon's start-up starts it (after the zygote's imports:
+        exod.daemon.zygote)."""
+        return self.sup.phase == "starting" and inst.config.always_on and \
+            inst.state is State.STOPPED
 
     async def _watch(self, emit: Emit) -> cm.Failure:
         """Stream a full snapshot at every change, until the client goes away."""
