@@ -154,8 +154,8 @@ class Commands:
     def _to_start(self, inst: InstanceRuntime) -> bool:
         """Stopped only until the daemon's start-up starts it (after the zygote's imports:
         exod.daemon.zygote)."""
-        return self.sup.phase == "starting" and inst.config.always_on and \
-            inst.state is State.STOPPED
+        return self.sup.phase == "starting" and not self.sup.stopping and \
+            inst.config.always_on and inst.state is State.STOPPED
 
     async def _watch(self, emit: Emit) -> cm.Failure:
         """Stream a full snapshot at every change, until the client goes away."""

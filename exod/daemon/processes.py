@@ -150,7 +150,13 @@ class ProcessTable:
         used, or any descendant orphaned to the daemon as their subreaper (exod.daemon.zygote).
         A child in the daemon's own process group was started by other code of the daemon's
         (a subprocess), which waits for it itself: it is left alone."""
-        while True:
+        kids = os_seam.children()
+        if kids is not None:  # each one looked at: one left alone never hides the rest
+            for pid in kids:
+                if pid not in self.procs:
+                    os_seam.reap_stray(pid)
+            return
+        while True:  # elsewhere: the exited ones, until one is left alone
             found = os_seam.waitable()
             if found is None:
                 return

@@ -171,13 +171,27 @@ def waitable() -> int | None:
     return info.si_pid if info is not None and info.si_pid else None
 
 
+def children() -> list[int] | None:
+    """This process's children, exited or not (Linux's /proc/self/task/*/children); None
+    where the kernel does not say."""
+    pids: list[int] = []
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return None
+    return pids
+
+
 def reap_stray(pid: int) -> bool:
-    """Reap an exited child the daemon did not start as a runner, unless it is in the daemon's
-    own process group (a subprocess: whoever started it waits for it). True if reaped."""
+    """Reap a child the daemon did not start as a runner if it has exited, unless it is in the
+    daemon's own process group (a subprocess: whoever started it waits for it). True if it
+    was reaped (or is gone)."""
     try:
         if os.getpgid(pid) == os.getpgrp():
             return False
-        os.waitpid(pid, 0)
+        got, _ = os.waitpid(pid, os.WNOHANG)
     except (ProcessLookupError, ChildProcessError):
-        pass  # reaped meanwhile by whoever started it
-    return True
+        return True  # reaped meanwhile by whoever started it
+    return got != 0

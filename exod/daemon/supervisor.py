@@ -205,11 +205,14 @@ class Supervisor(HubSeam):
         for inst_cfg in self.config.instances.values():
             self._add(inst_cfg)
         await self._start_zygote()
-        for inst in self.ordered():
-            if inst.config.always_on:
-                inst.start()
-        self.phase = "running"
-        self.readiness.spawned(self, self.now())
+        if not self.stopping:  # a stop during the zygote's imports starts nothing
+            for inst in self.ordered():
+                if inst.config.always_on:
+                    inst.start()
+            self.phase = "running"
+            for inst in self.ordered():  # `exoctl wait`s held for the start-up decide now
+                self._publish(inst)
+            self.readiness.spawned(self, self.now())
         await self._done.wait()
         self.heap.close()
         if self.procs.zygote is not None:
@@ -299,6 +302,8 @@ class Supervisor(HubSeam):
         self.service.extend_timeout(worst + ladder.STOP_MARGIN)
         for inst in self.ordered():
             inst.stop()
+        if self.procs.zygote is not None:
+            self.procs.zygote.close()  # the start-up's wait for it, if any, ends now
         self.downloads.stop_all()  # what `exoctl pull` or a reload fetches ahead
         self.loop.create_task(self._finish_shutdown())
 

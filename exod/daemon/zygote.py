@@ -16,8 +16,10 @@ On by default on Linux; EXOD_ZYGOTE=0 in the daemon's environment execs every ru
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
+import signal
 import socket
 import sys
 from collections.abc import Mapping
@@ -148,6 +150,12 @@ class Zygote:
             got = wire.recv(self._sock, wire.FROM_ZYGOTE)
         except (OSError, ProtocolError) as e:  # socket.timeout is an OSError
             ends.close()  # a runner forked late finds its channel closed, and stops
+            if isinstance(e, TimeoutError) and self.pid is not None:
+                # Stuck (it is not reaped: the loop is here, so its pid is still its own).
+                # Its group: it, a middle process, a grandchild stuck before setpgid. It holds
+                # no model and no device, and there is nothing to save.
+                with contextlib.suppress(OSError):
+                    os.killpg(self.pid, signal.SIGKILL)
             self._gone(f"no answer within {FORK_WAIT:g}s" if isinstance(e, TimeoutError)
                        else f"it exited ({e})" if isinstance(e, OSError) else str(e))
             return None

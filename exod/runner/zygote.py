@@ -30,6 +30,7 @@ import ctypes
 import importlib
 import importlib.metadata
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -45,8 +46,11 @@ WARM = ("mlx.core", "mlx_lm", "exod.runner.load", "exod.runner.cpu.fused",
         "exod.runner.serving.prepare", "exod.runner.serving.model_checks",
         "exod.runner.prompt_cache.disk", "exod.runner.prompt_cache.fingerprint",
         "exod.config.warm", "exod.config.mlx_options", "exod.config.embed", "exod.config.vision")
-# mlx builds whose device runtime must never be forked.
+# mlx builds whose device runtime must never be forked (the distributions' name prefixes).
 GPU_BUILDS = ("mlx-cuda", "mlx-metal")
+# What a forked runner runs of these is what the zygote imported: once any of them is upgraded
+# on disk, runners are exec'd (the new code, and its protocol version checked at hello).
+PACKAGES = ("exod", "mlx.core", "mlx_lm", "transformers")
 # Dispositions an exec'd Python starts with: SIGINT raises KeyboardInterrupt, SIGPIPE is
 # ignored (Python's own start-up), the rest are the defaults.
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1,
@@ -58,10 +62,10 @@ def serve(fd: int) -> int:
     sock = socket.socket(fileno=fd)
     _die_with_parent()
     why = warm()
+    versions = installed()
+    _say(sock, wire.ZygoteDeclined(why) if why is not None else wire.ZygoteReady(os.getpid()))
     if why is not None:
-        wire.send(sock, wire.ZygoteDeclined(why))
         os._exit(0)
-    wire.send(sock, wire.ZygoteReady(os.getpid()))
     while True:
         try:
             got = wire.recv(sock, wire.TO_ZYGOTE, wire.FORK_FDS)
@@ -72,23 +76,47 @@ def serve(fd: int) -> int:
         msg, fds = got
         if len(fds) != wire.FORK_FDS:
             _close(fds)
-            wire.send(sock, wire.ForkFailed(f"{len(fds)} descriptors, not {wire.FORK_FDS}"))
+            _say(sock, wire.ForkFailed(f"{len(fds)} descriptors, not {wire.FORK_FDS}"))
             continue
+        if installed() != versions:
+            _close(fds)
+            _say(sock, wire.ForkFailed("packages were upgraded since the zygote started"))
+            os._exit(0)  # the daemon finds it gone at the next fork, and execs from then on
         channel = fork_runner(sock, msg.env, fds)
         if channel is not None:
             return channel
+
+
+def installed() -> list[tuple[int, int] | None]:
+    """The packages' files on disk, as (inode, mtime) of each one's `__init__.py`: an upgrade
+    writes new files. Four stat calls, cheap enough for every fork."""
+    out: list[tuple[int, int] | None] = []
+    for name in PACKAGES:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            st = None
+        out.append((st.st_ino, st.st_mtime_ns) if st is not None else None)
+    return out
+
+
+def _say(sock: socket.socket, msg: object) -> None:
+    """To the daemon; if it is gone (or gave up on this zygote), there is no one to serve."""
+    try:
+        wire.send(sock, msg)
+    except OSError:
+        os._exit(0)
 
 
 def warm() -> str | None:
     """Import what a runner imports; why not to fork runners here, if so."""
     if not sys.platform.startswith("linux"):
         return f"forking runners is done on Linux only (this is {sys.platform})"
-    for build in GPU_BUILDS:
-        try:
-            importlib.metadata.version(build)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        return f"{build} is installed: a GPU runtime must not be forked"
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name.startswith(GPU_BUILDS):  # mlx-cuda-12, mlx-cuda-13, mlx-metal...
+            return f"{name} is installed: a GPU runtime must not be forked"
     from exod.runner import import_table
     from exod.runner.cpu import blas
 
@@ -112,7 +140,7 @@ def fork_runner(sock: socket.socket, env: dict[str, str], fds: list[int]) -> int
         middle = os.fork()
     except OSError as e:
         _close([report_r, report_w, *fds])
-        wire.send(sock, wire.ForkFailed(f"fork: {e.strerror}"))
+        _say(sock, wire.ForkFailed(f"fork: {e.strerror}"))
         return None
     if middle == 0:
         os.close(report_r)
@@ -126,14 +154,16 @@ def fork_runner(sock: socket.socket, env: dict[str, str], fds: list[int]) -> int
         os.write(report_w, str(pid).encode())
         os._exit(0)
     os.close(report_w)
-    said = _read_all(report_r)
-    os.close(report_r)
     os.waitpid(middle, 0)  # gone: the runner's parent is now the daemon
+    # The middle wrote the pid before it exited: one read, never a wait on the runner itself
+    # (which holds a copy of the pipe until it has closed it).
+    said = os.read(report_r, 64).decode(errors="replace")
+    os.close(report_r)
     _close(fds)
     if not said.isdigit():
-        wire.send(sock, wire.ForkFailed("the second fork failed"))
+        _say(sock, wire.ForkFailed("the second fork failed"))
         return None
-    wire.send(sock, wire.Forked(int(said)))
+    _say(sock, wire.Forked(int(said)))
     return None
 
 
@@ -154,9 +184,15 @@ def become_runner(sock: socket.socket, env: dict[str, str], fds: list[int]) -> i
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     os.environ.clear()
     os.environ.update(env)
+    # Global generators seeded at import would be the same in every runner (Python's `random`
+    # reseeds itself after a fork). exod's samplers take their keys from `secrets`; these are
+    # for any code that does not.
     numpy_random = sys.modules.get("numpy.random")
-    if numpy_random is not None:  # its global generator would be the same in every runner
+    if numpy_random is not None:
         numpy_random.seed()
+    mx = sys.modules.get("mlx.core")
+    if mx is not None:
+        mx.random.seed(secrets.randbits(63))
     return channel
 
 
@@ -170,13 +206,6 @@ def _die_with_parent() -> None:
         return
     if os.getppid() != parent:  # it died before prctl: no signal will come
         os._exit(0)
-
-
-def _read_all(fd: int) -> str:
-    chunks = []
-    while chunk := os.read(fd, 64):
-        chunks.append(chunk)
-    return b"".join(chunks).decode(errors="replace")
 
 
 def _close(fds: list[int]) -> None:

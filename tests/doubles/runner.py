@@ -66,6 +66,10 @@ def become_the_real_runner() -> None:
 
 
 if __name__ == "__main__" and "EXOD_DOUBLE" not in os.environ:
+    if "--zygote-fd" in sys.argv and os.environ.get("EXOD_DOUBLE_ZYGOTE_DELAY"):
+        import time  # a zygote whose imports take this long (a cold disk): the daemon's wait
+
+        time.sleep(float(os.environ["EXOD_DOUBLE_ZYGOTE_DELAY"]))
     become_the_real_runner()  # before the imports below: ~0.05 CPU-s a runner
 
 import argparse

@@ -54,8 +54,6 @@ def test_forked_runners_are_the_daemons_children_and_others_are_execd(
             assert ppid == d.proc.pid, "a forked runner is re-parented to its daemon"
             assert pgid == rank["pid"], "in a process group of its own, as an exec'd one"
             assert "--zygote-fd" in cmdline and "-m exod.runner " in cmdline, cmdline
-            environ = Path(f"/proc/{rank['pid']}/environ").read_bytes()
-            assert b"EXOD_TEST_OWN" not in environ
     own = d.instance("own")["ranks"][0]["pid"]
     assert "--channel-fd" in proc_facts(own)[2], "an instance with an env of its own is exec'd"
     assert b"EXOD_TEST_OWN=1" in Path(f"/proc/{own}/environ").read_bytes()
@@ -95,3 +93,16 @@ def test_exod_zygote_0_execs_every_runner(daemons: Callable[..., Daemon],
     pid = d.until_state("plain", "ready")["ranks"][0]["pid"]
     assert "--channel-fd" in proc_facts(pid)[2]
     assert "zygote" not in d.log_text()
+
+
+def test_a_stop_during_the_zygotes_imports_starts_nothing(daemons: Callable[..., Daemon],
+                                                         tiny_model: Path) -> None:
+    """SIGTERM while the start-up waits for the zygote (here its imports take 60 s, as on a
+    cold disk): exod stops at once, and no runner is started behind the stop's back."""
+    d = daemons({"instances": {"plain": {"model": str(tiny_model)}}},
+                env={"EXOD_DOUBLE_ZYGOTE_DELAY": "60"})
+    d.start(wait_ready=False)
+    d.listener.wait_for(lambda f: f.get("STATUS") == "importing mlx-lm once, for every runner",
+                        gone=d._exited)
+    assert d.terminate() == 0
+    assert "→ starting" not in d.log_text(), d.log_text()
