@@ -69,6 +69,7 @@ agents: | $(VENV)/.test-deps  ## update the coding agents the tests drive to npm
 PIP_INSTALL = $(BIN)/python -m pip install -q
 UV_INSTALL = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python
 INSTALL_DEPS = { $(PIP_INSTALL) uv && $(UV_INSTALL) $(1); } || $(PIP_INSTALL) $(1)
+comma := ,
 
 $(VENV)/.run-deps: pyproject.toml scripts/system-deps.sh
 	scripts/system-deps.sh run
@@ -80,7 +81,7 @@ $(VENV)/.run-deps: pyproject.toml scripts/system-deps.sh
 # The tests cover the optional extras too (vision: mlx-vlm), so the test set-up installs them.
 $(VENV)/.test-deps: $(VENV)/.run-deps
 	scripts/system-deps.sh test
-	$(call INSTALL_DEPS,-e '.[test,vision]')
+	$(call INSTALL_DEPS,-e '.[test$(comma)vision]')
 	touch $@
 
 # A Python from anywhere will do (pyenv or uv under a home directory too): `exod install` binds
