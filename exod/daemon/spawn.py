@@ -163,7 +163,10 @@ def reap(pid: int) -> ExitInfo | None:
 
 
 def waitable() -> int | None:
-    """A child that has exited and is not reaped yet (left as it is), or None."""
+    """A child that has exited and is not reaped yet (left as it is), or None (also where
+    Python has no waitid: macOS before 3.13)."""
+    if not hasattr(os, "waitid"):
+        return None
     try:
         info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
