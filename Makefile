@@ -7,10 +7,11 @@ BIN    := $(VENV)/bin
 # they compute, so more workers than cores keep both of a 2-core machine's cores busy.
 WORKERS ?= 4
 PYTEST := $(BIN)/pytest --dist loadgroup --no-loadscope-reorder
-# The quiet phase: the systemd tier and the tests with a timing bound (marked `timing`), in two
-# groups, each one test at a time on a worker of its own, beside the unit tier on the third;
-# never beside the integration tier (tests/conftest.py: QUIET_PAIR).
+# The quiet phase: the systemd tier and the tests with a timing bound (marked `timing`), in three
+# groups, each one test at a time on a worker of its own, beside the unit tier on the fourth;
+# never beside the integration tier (tests/conftest.py: QUIET_GROUPS).
 QUIET := -m "not integration or timing"
+QUIET_WORKERS := 4
 
 # An editable install is never byte-compiled by pip, and where PYTHONDONTWRITEBYTECODE is set
 # (as on CI's machines) no import writes a .pyc either: every runner, probe and daemon then
@@ -32,7 +33,7 @@ run: setup  ## set up, then run the daemon in the foreground on the built-in dem
 test: setup-test  ## set up; lint beside warm; the integration tier; then the quiet phase
 	$(MAKE) --no-print-directory -j2 --output-sync=target lint warm
 	$(PYTEST) -n $(WORKERS) -m "not timing" --durations=25 tests/integration
-	$(PYTEST) -n 3 $(QUIET) tests
+	$(PYTEST) -n $(QUIET_WORKERS) $(QUIET) tests
 
 test-unit: setup-test  ## the unit tier: no processes, no mlx (tens of seconds)
 	$(PYTEST) -n $(WORKERS) tests/unit

@@ -87,10 +87,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     --no-loadscope-reorder`, see the Makefile).
 
     - Each test is marked with its tier (unit, integration, system) from its path.
-    - Quiet: the systemd tier and the tests marked `timing` run in two groups (QUIET_PAIR), each
-      one test at a time on a worker of its own; `make test` runs them after the integration
-      tier, beside the unit tier only. They mostly wait (on systemd's timeouts): two at once
-      halve the phase and still leave the machine quiet.
+    - Quiet: the systemd tier and the tests marked `timing` run in three groups (QUIET_GROUPS),
+      each one test at a time on a worker of its own; `make test` runs them after the
+      integration tier, beside the unit tier only. They mostly wait (on systemd's timeouts):
+      three at once cut the phase to a third and still leave the machine quiet.
     - A module whose tests share a module-scoped fixture (a daemon serving several tests) runs
       on one worker, so the fixture is made once. Tests that name an xdist_group keep it.
     - Longest chains first, so that no worker is left with one at the end: the test that makes
@@ -109,14 +109,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_turn)
 
 
-# The quiet tests' second group: about half of the phase's time (the installs and the hub
-# service, ~60 s of a ~120 s phase on this 2-core machine); the rest is the first group.
-QUIET_PAIR = {"tests.system.test_install", "tests.system.test_hub_service"}
+# The quiet tests in three groups of about a third of the phase's time each (seconds of each
+# module on this 2-core machine, 2026-12-03: test_service 54, test_install 53, test_hub_service
+# 39, test_prompt_cache_service 18, test_smoke 8, the `timing` tests of the integration tier
+# 13); whatever is not named is in the first group. Since runners are forked from the zygote,
+# a quiet test's runner starts cost a tenth of what they did, so three at once load the machine
+# less than two did before.
+QUIET_GROUPS = {"tests.system.test_install": "quiet-1",
+                "tests.system.test_hub_service": "quiet-2",
+                "tests.system.test_prompt_cache_service": "quiet-2",
+                "tests.system.test_smoke": "quiet-2",
+                "tests.integration.test_serving_engine": "quiet-2"}
 
 
 def _quiet_group(item: pytest.Item) -> str:
-    return "quiet-1" if item.module is not None and item.module.__name__ in QUIET_PAIR \
-        else "quiet-0"
+    return QUIET_GROUPS.get(item.module.__name__ if item.module is not None else "", "quiet-0")
 
 
 TIERS = {REPO_ROOT / "tests" / tier: tier for tier in ("unit", "integration", "system")}
