@@ -12,6 +12,10 @@ PYTEST := $(BIN)/pytest --dist loadgroup --no-loadscope-reorder
 # never beside the integration tier (tests/conftest.py: QUIET_GROUPS).
 QUIET := -m "not integration or timing"
 QUIET_WORKERS := 4
+# What the quiet phase collects: every worker imports each module it collects, and the
+# integration tier's modules (mlx-lm, the SDKs, the agents' libraries) are ~8 CPU-s a worker;
+# of those only the modules with a `timing` test are needed here.
+QUIET_PATHS = tests/unit tests/system $(shell grep -l 'mark\.timing' tests/integration/*.py)
 
 # An editable install is never byte-compiled by pip, and where PYTHONDONTWRITEBYTECODE is set
 # (as on CI's machines) no import writes a .pyc either: every runner, probe and daemon then
@@ -33,7 +37,7 @@ run: setup  ## set up, then run the daemon in the foreground on the built-in dem
 test: setup-test  ## set up; lint beside warm; the integration tier; then the quiet phase
 	$(MAKE) --no-print-directory -j2 --output-sync=target lint warm
 	$(PYTEST) -n $(WORKERS) -m "not timing" --durations=25 tests/integration
-	$(PYTEST) -n $(QUIET_WORKERS) $(QUIET) tests
+	$(PYTEST) -n $(QUIET_WORKERS) $(QUIET) $(QUIET_PATHS)
 
 test-unit: setup-test  ## the unit tier: no processes, no mlx (tens of seconds)
 	$(PYTEST) -n $(WORKERS) tests/unit

@@ -70,7 +70,7 @@ def recv(sock: socket.socket, allowed: dict[str, type[Any]], max_fds: int = 0
     ProtocolError (its descriptors closed) for anything else."""
     data, fds, _, _ = socket.recv_fds(sock, MAX_DATAGRAM, max_fds)
     if not data:
-        _close(fds)
+        close_fds(fds)
         return None
     try:
         obj = json.loads(data)
@@ -78,11 +78,11 @@ def recv(sock: socket.socket, allowed: dict[str, type[Any]], max_fds: int = 0
             raise ProtocolError("not a JSON object")
         return from_wire(obj, allowed), fds
     except (ValueError, ProtocolError) as e:
-        _close(fds)
+        close_fds(fds)
         raise ProtocolError(f"zygote wire: {e}") from None
 
 
-def _close(fds: list[int]) -> None:
+def close_fds(fds: list[int]) -> None:
     for fd in fds:
         try:
             os.close(fd)

@@ -75,11 +75,11 @@ def serve(fd: int) -> int:
             os._exit(0)
         msg, fds = got
         if len(fds) != wire.FORK_FDS:
-            _close(fds)
+            wire.close_fds(fds)
             _say(sock, wire.ForkFailed(f"{len(fds)} descriptors, not {wire.FORK_FDS}"))
             continue
         if installed() != versions:
-            _close(fds)
+            wire.close_fds(fds)
             _say(sock, wire.ForkFailed("packages were upgraded since the zygote started"))
             os._exit(0)  # the daemon finds it gone at the next fork, and execs from then on
         channel = fork_runner(sock, msg.env, fds)
@@ -139,7 +139,7 @@ def fork_runner(sock: socket.socket, env: dict[str, str], fds: list[int]) -> int
     try:
         middle = os.fork()
     except OSError as e:
-        _close([report_r, report_w, *fds])
+        wire.close_fds([report_r, report_w, *fds])
         _say(sock, wire.ForkFailed(f"fork: {e.strerror}"))
         return None
     if middle == 0:
@@ -159,7 +159,7 @@ def fork_runner(sock: socket.socket, env: dict[str, str], fds: list[int]) -> int
     # (which holds a copy of the pipe until it has closed it).
     said = os.read(report_r, 64).decode(errors="replace")
     os.close(report_r)
-    _close(fds)
+    wire.close_fds(fds)
     if not said.isdigit():
         _say(sock, wire.ForkFailed("the second fork failed"))
         return None
@@ -176,7 +176,7 @@ def become_runner(sock: socket.socket, env: dict[str, str], fds: list[int]) -> i
     os.dup2(null, 0)
     os.dup2(out, 1)
     os.dup2(err, 2)
-    _close([null, out, err])
+    wire.close_fds([null, out, err])
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
     for sig in DEFAULT_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
@@ -207,10 +207,3 @@ def _die_with_parent() -> None:
     if os.getppid() != parent:  # it died before prctl: no signal will come
         os._exit(0)
 
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
