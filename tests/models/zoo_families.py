@@ -17,6 +17,14 @@ VOCAB = 1024
 SW = ["sliding_attention", "full_attention"] * 2  # layer_types: both kinds on each rank
 LINEAR_ATTN = {"num_heads": 4, "head_dim": 16, "short_conv_kernel_size": 4,
                "kda_layers": [1, 3]}  # kimi: 1-based indices of the linear-attention layers
+# Sub-layers sized as the model is (mlx-lm's defaults are a real checkpoint's: 8,192-wide
+# recurrent heads made these families 10-200x the size of the others, and as slow to make,
+# load and run, for no more coverage).
+GATED_DELTA = {"linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
+               "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4}
+MAMBA_PLAMO = {"mamba_num_heads": 4, "hidden_size_per_head": 16, "mamba_d_state": 16}
+MAMBA_H1 = {"mamba_d_ssm": 64, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16,
+            "mamba_chunk_size": 16}
 INDEXER = {"index_head_dim": 16, "index_n_heads": 2, "index_topk": 4, "topk_method": "noaux_tc",
            "scoring_func": "sigmoid", "q_lora_rank": 32}  # deepseek v3.2's sparse attention
 GRANITE = {"logits_scaling": 1.0, "attention_multiplier": 0.25, "embedding_multiplier": 1.0,
@@ -70,12 +78,12 @@ FAMILIES: dict[str, dict[str, Any]] = {
                                       "llama_4_scaling_beta": 0.0,
                                       "original_max_position_embeddings": 512}},
     "seed_oss": {}, "hunyuan_v1_dense": {}, "nemotron": {"hidden_act": "relu2"},
-    "qwen3_5": {}, "dots1": {}, "telechat3": {}, "youtu_llm": {}, "mimo": {},
+    "qwen3_5": GATED_DELTA, "dots1": {}, "telechat3": {}, "youtu_llm": {}, "mimo": {},
     "gpt2": {"n_layer": 4, "n_head": 4, "n_embd": H, "n_positions": 512, "n_ctx": 512},
     "phi": {"rotary_dim": 8},
-    "falcon_h1": {}, "Klear": {}, "glm4_moe_lite": {}, "iquestloopcoder": {}, "laguna": {},
-    "muse_glimmer": {}, "nanbeige": {}, "nanochat": {}, "plamo2": {}, "plamo3": {},
-    "qwen2_vl": {}, "qwen3_vl": {}, "qwen3_5_moe": {}, "solar_open": {}, "talkie": {},
+    "falcon_h1": MAMBA_H1, "Klear": {}, "glm4_moe_lite": {}, "iquestloopcoder": {}, "laguna": {},
+    "muse_glimmer": {}, "nanbeige": {}, "nanochat": {}, "plamo2": MAMBA_PLAMO, "plamo3": {},
+    "qwen2_vl": {}, "qwen3_vl": {}, "qwen3_5_moe": GATED_DELTA, "solar_open": {}, "talkie": {},
     # -- families added for issue #9 (every text family of mlx-lm 0.32) --
     "afm7": {"hidden_dim": H, "num_layers": 4, "num_kv_reuse_layers": 2, "num_heads": 4,
              "num_kv_heads": 2, "hidden_dim_scale_factor": 2.0},
@@ -93,7 +101,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "deepseek_v2": {"rope_scaling": {"factor": 1.0, "original_max_position_embeddings": 512,
                                      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
                                      "mscale_all_dim": 1.0}},
-    "deepseek_v32": INDEXER, "deepseek_v41": INDEXER,
+    "deepseek_v32": INDEXER, "deepseek_v41": {**INDEXER, "o_groups": 2, "o_lora_rank": 16},
     "ernie4_5_moe": {"use_bias": False, "moe_num_experts": 4, "moe_k": 2,
                      "moe_intermediate_size": 64, "moe_layer_start_index": 1},
     # mlx-lm reads the pattern as a string ("LG": sliding, then global); transformers (loading
@@ -194,7 +202,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "qwen": {"kv_channels": 16, "intermediate_size": 256},
     # qwen3_5 with some projections as 2-bit packs, rotated in blocks of 512 or not at all
     "prism_hadamard_qwen35": {
-        "text_config": {"model_type": "qwen3_5_text", "hidden_size": 8 * H},
+        "text_config": {"model_type": "qwen3_5_text", "hidden_size": 8 * H, **GATED_DELTA},
         "schema_version": 1, "tensor_namespace": "mlx-lm-text",
         "quantization": {"bits": 2, "group_size": 128, "mode": "affine"},
         "modules": [{"path": f"model.layers.{i}.mlp.shared_expert.{p}", "embedding": False,
