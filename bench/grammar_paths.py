@@ -6,7 +6,11 @@ bench.agent_constrained's model, each row of a schema of bench.agent_constrained
 - processor / free: the grammar as each row's logits processor (what a request asking for
   logprobs gets, and what every request got before);
 - no grammar work / free: the sampler path with llguidance taken out (every token allowed): what
-  the path itself costs, the masks' CPU aside.
+  the path itself costs, the masks' CPU aside;
+- the masks' matrix (what the sampler adds to the batch's logprobs, made on the masks' worker
+  thread while the forward runs) for 8 constrained rows: from the masks' bytes by one table
+  lookup (exod.runner.serving.mask_round) against unpacking each row's bits and choosing
+  between 0 and -inf (what it did before), the same rows timed beside each other.
 
 Every row has a logit bias (end of sequence away, as in bench.agent_constrained), so the free
 baseline takes mlx-lm's per-row processor path too. Runs back to back in one process, the free
@@ -106,7 +110,37 @@ def measure_here(model_dir: str) -> None:
                 free = run(None)
                 got[side].append(run(fmt, side) / free)
         out[case.name] = got
+    out["matrix"] = matrix_costs(grammars, formats[0])
     print(json.dumps(out))
+
+
+def matrix_costs(grammars: Any, fmt: dict[str, Any]) -> dict[str, list[float]]:
+    """Seconds to make one step's matrix of ROWS constrained rows, each way, per round."""
+    import numpy as np
+
+    from exod.runner.serving import mask_round
+
+    rows = [(e, grammars.json_schema({**fmt, "schema": fmt["json_schema"]["schema"]}))
+            for e in range(ROWS)]
+    shape = (ROWS, grammars.vocab)
+
+    def unpacked() -> np.ndarray:
+        matrix = np.zeros(shape, dtype=np.float32)
+        for e, c in rows:
+            c._unpack()
+            matrix[e] = c.padded(shape[-1])
+        return matrix
+
+    assert np.array_equal(unpacked(), mask_round._bias(rows, shape))
+    got: dict[str, list[float]] = {"lookup": [], "unpack": []}
+    for _ in range(ROUNDS):
+        for name, fn in (("lookup", lambda: mask_round._bias(rows, shape)),
+                         ("unpack", unpacked)):
+            t = time.perf_counter()
+            for _ in range(200):
+                fn()
+            got[name].append((time.perf_counter() - t) / 200)
+    return got
 
 
 def main() -> None:
@@ -118,7 +152,11 @@ def main() -> None:
         res = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True,
                              cwd=REPO)
     got: dict[str, dict[str, list[float]]] = json.loads(res.stdout.strip().splitlines()[-1])
-    rows = []
+    matrix = got.pop("matrix")
+    ratios = [a / b for a, b in zip(matrix["lookup"], matrix["unpack"], strict=True)]
+    rows = [(f"the masks' matrix, {ROWS} rows: byte lookup / per-row unpack",
+             f"{statistics.median(ratios):.3f}x ({statistics.median(matrix['lookup']) * 1e3:.2f}"
+             f" ms / {statistics.median(matrix['unpack']) * 1e3:.2f} ms)")]
     for name, sides in got.items():
         for side, ratios in sides.items():
             rows.append((f"{name}, {side} / free ({ROWS} rows)",

@@ -172,6 +172,7 @@ class Constraint:
         self.eos = [t for t in eos if 0 <= t < vocab]
         self.words = np.zeros((vocab + 31) // 32, dtype=np.uint32)
         self.bias = np.zeros(vocab, dtype=np.float32)
+        self._stale = False  # words newer than bias
         self._retired = False
         self._started = False
         self._broken = False
@@ -195,6 +196,8 @@ class Constraint:
     def padded(self, width: int) -> np.ndarray:
         """The mask as a row of `width` to add: logits wider than the tokenizer are padding
         rows, never allowed."""
+        if self._stale:
+            self._unpack()
         if width == self.vocab:
             return self.bias
         return np.concatenate([self.bias, np.full(max(0, width - self.vocab), -np.inf,
@@ -215,12 +218,13 @@ class Constraint:
         return True
 
     def filled(self, words: np.ndarray) -> None:
-        """The next mask, computed elsewhere (MaskRound)."""
+        """The next mask, computed elsewhere (MaskRound, which applies the words themselves:
+        the row to add is made only if a processor asks for it)."""
         self.words[:] = words
         if self.matcher.is_error():
             self._fail()
         else:
-            self._unpack()
+            self._stale = True
 
     def _unpack(self) -> None:
         """The mask as a row added to the logits: 0 where allowed, -inf elsewhere. An addition
@@ -229,6 +233,7 @@ class Constraint:
         leaves a bit per token, 32 to a word, little-endian."""
         allowed = np.unpackbits(self.words.view(np.uint8), bitorder="little")[:self.vocab]
         self.bias = np.where(allowed.view(np.bool_), np.float32(0), np.float32(-np.inf))
+        self._stale = False
 
     @property
     def error(self) -> str | None:

@@ -12,6 +12,12 @@ at once, llguidance's executor computes the masks on a worker thread (it release
 so does mlx while it computes), which also lays them out as one matrix to add to the batch's
 logprobs, while this thread has mlx run the forward and the log-softmax (on a CPU a pass over
 the vocabulary as long as the forward).
+
+The matrix is made from the masks' bytes in one lookup: each byte (8 tokens) picks its 8 floats
+(0 allowed, -inf not) from a table of 256 rows: half the CPU of unpacking each row's bits and
+choosing between 0 and -inf (`python -m bench grammar_paths`: 0.20 against 0.42 ms for 8 rows of
+a 49k vocabulary), and no float row kept per grammar. mlx adds the matrix (on a CPU an addition
+costs a twentieth of mlx's `where`).
 """
 
 from __future__ import annotations
@@ -79,7 +85,25 @@ class MaskRound:
                 len(live))
             for i, c in enumerate(live):
                 c.filled(out[i])
-        matrix = np.zeros(shape, dtype=np.float32)
-        for e, c in rows:
-            matrix[e] = c.padded(shape[-1])
-        return matrix
+        return _bias(rows, shape)
+
+
+# Byte value -> the 8 floats it stands for (bit i: token 8k+i, little-endian as llguidance writes).
+_BYTES = np.where(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1,
+                                bitorder="little").astype(np.bool_),
+                  np.float32(0), np.float32(-np.inf)).astype(np.float32)
+
+
+def _bias(rows: list[tuple[int, Constraint]], shape: tuple[int, ...]) -> np.ndarray:
+    """The matrix to add: 0 for every token of a free row, and for a constrained row 0 where
+    its mask allows the token and -inf elsewhere, padding tokens past its words included (the
+    logits of a wider output layer)."""
+    n, width = shape[0], shape[-1]
+    packed = np.full((n, -(-width // 8)), 0xFF, dtype=np.uint8)
+    for e, c in rows:
+        mask = c.words.view(np.uint8)[:packed.shape[1]]
+        packed[e, :mask.size] = mask
+        packed[e, mask.size:] = 0
+    out = np.empty((*packed.shape, 8), dtype=np.float32)
+    np.take(_BYTES, packed, axis=0, out=out)
+    return out.reshape(n, -1)[:, :width]
