@@ -227,9 +227,9 @@ class Constraint:
             self._stale = True
 
     def _unpack(self) -> None:
-        """The mask as a row added to the logits: 0 where allowed, -inf elsewhere. An addition
-        costs the CPU an eighth of what `mx.where` did, once per row and step; the row itself
-        is made where the mask was computed (MaskRound: while the forward runs). llguidance
+        """The mask as a row added to the logits: 0 where allowed, -inf elsewhere (an addition
+        costs the CPU an eighth of what `mx.where` did). For the processor path and a broken
+        matcher; the batch's sampler makes its rows from the words (MaskRound). llguidance
         leaves a bit per token, 32 to a word, little-endian."""
         allowed = np.unpackbits(self.words.view(np.uint8), bitorder="little")[:self.vocab]
         self.bias = np.where(allowed.view(np.bool_), np.float32(0), np.float32(-np.inf))
