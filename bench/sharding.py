@@ -23,6 +23,7 @@ from bench import group_batching
 from bench.api import Http
 from bench.common import CACHE, PY, REPO, model, report
 from tests.harness import Daemon
+from tests.models.zoo_families import GATED_DELTA_CHECKPOINT
 
 ROUNDS = 4
 TTFT_TOKENS = 4
@@ -33,7 +34,9 @@ PARAMS = {"layers": 12, "hidden": 1024, "intermediate": 2816, "heads": 16, "kv_h
 ZOO = {"num_hidden_layers": 12, "hidden_size": 1024, "intermediate_size": 2816,
        "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 4096}
 FAMILIES = {"qwen2": ZOO, "qwen3_moe": {**ZOO, "num_experts": 8, "moe_intermediate_size": 512},
-            "qwen3_5": ZOO}  # qwen3_5: its own shard() also splits the head
+            # qwen3_5: its own shard() also splits the head; a real checkpoint's recurrent
+            # sub-layers (the zoo's are sized for a tiny model)
+            "qwen3_5": {**ZOO, **GATED_DELTA_CHECKPOINT}}
 
 
 def p95(xs: list[float]) -> float:

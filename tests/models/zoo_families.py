@@ -22,6 +22,10 @@ LINEAR_ATTN = {"num_heads": 4, "head_dim": 16, "short_conv_kernel_size": 4,
 # load and run, for no more coverage).
 GATED_DELTA = {"linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
                "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4}
+# ... and a real checkpoint's (mlx-lm's defaults), for a qwen3_5 made big on purpose (memory and
+# sharding figures, where the weights must outweigh the runtime).
+GATED_DELTA_CHECKPOINT = {"linear_num_value_heads": 64, "linear_num_key_heads": 16,
+                          "linear_key_head_dim": 192, "linear_value_head_dim": 128}
 MAMBA_PLAMO = {"mamba_num_heads": 4, "hidden_size_per_head": 16, "mamba_d_state": 16}
 MAMBA_H1 = {"mamba_d_ssm": 64, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16,
             "mamba_chunk_size": 16}
