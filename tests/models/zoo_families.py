@@ -212,10 +212,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "modules": [{"path": f"model.layers.{i}.mlp.shared_expert.{p}", "embedding": False,
                      "dtype": "float16", "block": 512 if i % 2 else 0}
                     for i in range(4) for p in ("gate_proj", "up_proj")]},
-    "qwen3_next": {"linear_num_value_heads": 4, "linear_num_key_heads": 2,
-                   "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-                   "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
-                   "partial_rotary_factor": 0.5},
+    "qwen3_next": {**GATED_DELTA, "full_attention_interval": 2, "partial_rotary_factor": 0.5},
     "recurrent_gemma": {"conv1d_width": 4, "logits_soft_cap": 30.0, "attention_window_size": 8,
                         "block_types": ["recurrent", "attention"]},
     "rwkv7": {"a_low_rank_dim": 16, "v_low_rank_dim": 16, "gate_low_rank_dim": 16,
