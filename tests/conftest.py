@@ -109,21 +109,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_turn)
 
 
-# The quiet tests in three groups of about a third of the phase's time each (seconds of each
-# module on this 2-core machine, 2026-12-03: test_service 54, test_install 53, test_hub_service
-# 39, test_prompt_cache_service 18, test_smoke 8, the `timing` tests of the integration tier
-# 13); whatever is not named is in the first group. Since runners are forked from the zygote,
-# a quiet test's runner starts cost a tenth of what they did, so three at once load the machine
-# less than two did before.
+# The quiet tests in three groups of about a third of the phase's time each (seconds on this
+# 2-core machine, 2026-12-04: test_service 55 (its stuck-start test 16 of it), test_hub_service
+# 33, test_install 22, test_prompt_cache_service 12, test_smoke 6, the `timing` tests of the
+# integration tier 6); a test named here by its module and name goes to its own group, one named
+# by its module only goes with its module, and whatever is not named is in the first group. A
+# module's shared guest is then booted once on each worker that runs any of its tests (~0.3 s).
 QUIET_GROUPS = {"tests.system.test_install": "quiet-1",
+                "tests.system.test_service::"
+                "test_timeout_start_sec_still_fires_when_exod_itself_is_stuck": "quiet-1",
+                "tests.integration.test_serving_engine": "quiet-1",
                 "tests.system.test_hub_service": "quiet-2",
-                "tests.system.test_prompt_cache_service": "quiet-2",
-                "tests.system.test_smoke": "quiet-2",
-                "tests.integration.test_serving_engine": "quiet-2"}
+                "tests.system.test_prompt_cache_service": "quiet-2"}
 
 
 def _quiet_group(item: pytest.Item) -> str:
-    return QUIET_GROUPS.get(item.module.__name__ if item.module is not None else "", "quiet-0")
+    module = item.module.__name__ if item.module is not None else ""
+    name = getattr(item, "originalname", item.name)
+    return QUIET_GROUPS.get(f"{module}::{name}", QUIET_GROUPS.get(module, "quiet-0"))
 
 
 TIERS = {REPO_ROOT / "tests" / tier: tier for tier in ("unit", "integration", "system")}

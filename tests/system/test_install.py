@@ -166,8 +166,11 @@ def user_manager(g: SystemdGuest, uid: str) -> str:
     units.mkdir(mode=0o755, exist_ok=True)
     (units / "default.target").write_text(T.format("user default")
                                           + "Requires=basic.target\nAfter=basic.target\n")
+    # app.slice too: the one systemd would make by itself has default dependencies
+    # (Conflicts=shutdown.target), and stopping it in exit.target's transaction conflicts with
+    # starting shutdown.target; the manager then ignores SIGTERM until TimeoutStopSec's SIGKILL.
     for name in ("basic.target", "shutdown.target", "paths.target", "sockets.target",
-                 "timers.target"):
+                 "timers.target", "app.slice"):
         (units / name).write_text(T.format(name))
     (units / "exit.target").write_text(T.format("exit") + "Requires=systemd-exit.service\n"
                                        "After=systemd-exit.service\n")
@@ -241,3 +244,6 @@ def test_user_service_reads_the_users_model(installer: SystemdGuest) -> None:
         assert f"removed   {HOME}/.config/systemd/user/exod.service" in gone.stdout, gone.stdout
     finally:
         g.systemctl("stop", manager)
+    # It left through exit.target, as a user manager does at logout: not killed by a timeout.
+    assert g.run("systemctl", "show", "-p", "Result", manager).stdout.strip() == \
+        "Result=success"
