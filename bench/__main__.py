@@ -5,9 +5,10 @@ from __future__ import annotations
 import importlib
 import sys
 
+# agent runs agent_constrained too
 ALL = ["load", "daemon", "api", "serving", "fused", "sharding", "families", "systemd", "security",
-       "hostile_runner", "hostile_reads", "ports", "group_start", "runner_start", "models",
-       "agent", "vision", "embeddings", "ollama", "cache"]  # agent runs agent_constrained too
+       "hostile_runner", "hostile_reads", "ports", "group_start", "runner_start", "jit_header",
+       "models", "agent", "vision", "embeddings", "ollama", "cache"]
 
 
 # Not in ALL: an hour long by default (EXOD_SOAK_MINUTES); run it by name.

@@ -3,13 +3,14 @@
 # the test suite needs (systemd for the system tests, iproute2 for network namespaces, groff and
 # man-db for the man page checks, python3 for the security probes that run as another user,
 # chromium and its driver for the status page test, Node and npm for the coding agents the tests
-# drive: scripts/agents.sh installs them from npm).
+# drive: scripts/agents.sh installs them from npm, g++ for mlx's CPU kernels, which the tests
+# compile and a test checks).
 # Installs only what is missing; needs root and apt.
 # Usage: scripts/system-deps.sh run|test
 set -eu
 want="libopenblas0-pthread"
 if [ "${1:-run}" = test ]; then
-    want="$want systemd util-linux iproute2 groff-base man-db procps python3 chromium chromium-driver"
+    want="$want systemd util-linux iproute2 groff-base man-db procps python3 chromium chromium-driver g++"
 fi
 missing=""
 for p in $want; do

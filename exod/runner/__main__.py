@@ -141,10 +141,10 @@ def no_spec(life: Lifecycle, channel: Channel) -> int:
     return EXIT_USAGE
 
 
-def run(r: Runner) -> tuple[int, str]:
-    """Load, then serve until asked to stop: (exit code, why it failed)."""
+def prepare(r: Runner) -> str:
+    """What must come before mlx runs anything; the line on OpenBLAS for the load's log."""
     from exod.runner import import_table
-    from exod.runner.cpu import blas
+    from exod.runner.cpu import blas, jit_header
 
     import_table.install()  # before mlx_lm imports transformers
     have_blas, blas_msg = blas.preload()
@@ -152,6 +152,15 @@ def run(r: Runner) -> tuple[int, str]:
         blas.set_threads(r.spec.group.blas_threads)  # loaded already in a forked runner
     if not have_blas and "not Linux" not in blas_msg:
         log(blas_msg, WARNING)
+    built = jit_header.ensure()  # before the model's first kernels are compiled
+    if built:
+        log(built)
+    return blas_msg
+
+
+def run(r: Runner) -> tuple[int, str]:
+    """Load, then serve until asked to stop: (exit code, why it failed)."""
+    blas_msg = prepare(r)
     from exod.config.embed import encoding
     from exod.config.vision import sees
 
