@@ -1,0 +1,90 @@
+"""Every message between the daemon and a runner, defined once, for both ends.
+
+One channel per runner: the socketpair it inherits (`--channel-fd`, the only thing on its
+command line), carrying `exod.protocol` frames. Each frame holds one JSON object whose `type`
+names a dataclass of this package (`lifecycle`, `events`, `work`); its other keys are that
+dataclass's fields, checked by `exod.protocol.from_wire` (types, required, no unknown keys)
+before either end acts on them. A runner's first message is `Hello`, whose `version` must
+equal `VERSION`; the daemon's first is the runner's start-up spec (`exod.specs.RunnerSpec`), sent
+once the version matched.
+
+Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping;
+and Serving, the engine's figures, whenever the number of generations in flight changes.
+Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
+Prefill (while the prompt goes through the model, before the first Text), Text, ToolCall,
+Done, Error; for an Embed, Vectors then Done.
+Daemon → runner: Generate (an embedding or reranker model: Embed), Cancel, Shutdown, ClearCache.
+Fetcher (`python -m exod.hub`, on the same kind of channel, started by `exod.specs.FetchSpec`)
+→ daemon: Hello, Status, Download, Failed, Fetched, Stopping. Daemon → fetcher: Shutdown.
+Each end checks what it reads against its own union: a fetcher's message from a runner (or a
+runner's from a fetcher) is a protocol error.
+
+Imports nothing heavy: the daemon and the runner both use it. A field added to a message is a
+new `VERSION`: the daemon refuses a runner speaking another one (a stale install after an
+upgrade) with a clear error, instead of misreading it.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+# Every message is re-exported here: some 70 modules (the runner's serving/ among them) use them
+# as `m.Generate`, one namespace for both ends.
+from exod.messages.events import (VECTORS_BYTES, Done, Error, ErrorCode, FinishReason, Held,
+                                  Prefill, Text, TokenLogprob, ToolCall, TopLogprob, Vectors)
+from exod.messages.lifecycle import (HEARTBEAT_EVERY, Download, Failed, Fetched, Heartbeat,
+                                     Hello, Phase, Progress, Ready, Serving, Status, Stopping)
+from exod.messages.work import Cancel, ClearCache, Embed, Generate, Image, Shutdown, ToolChoice
+from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
+
+__all__ = [
+    "HEARTBEAT_EVERY", "VECTORS_BYTES", "VERSION", "Cancel", "ClearCache", "Done", "Download",
+    "Embed", "Error", "ErrorCode", "Event", "Failed", "Fetched", "FinishReason", "FromFetcher",
+    "FromRunner", "Generate", "Heartbeat", "Held", "Hello", "Image", "Message", "Phase",
+    "Prefill", "Progress", "Ready", "Serving", "Shutdown", "Status", "Stopping", "Text",
+    "ToFetcher", "ToRunner", "TokenLogprob", "ToolCall", "ToolChoice", "TopLogprob", "Vectors",
+    "Work", "decode_from_fetcher", "decode_from_runner", "decode_to_runner", "from_wire",
+    "to_wire",
+]
+
+VERSION = 19  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
+# 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
+# 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
+# reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
+# 11: Serving's speculative decoding counts; 12: Done.reasoning_tokens;
+# 13: Generate.think_budget; 14: Generate.names and context_edits, Done.applied_edits;
+# 15: Generate.images and content parts (exod.core.images); 16: start-up specs (exod.specs)
+# on the channel, not argv; 17: Generate.context_window; 18: Embed, Vectors, Serving's batch
+# counts; 19: Shutdown.grace, ClearCache, Serving's disk tier
+
+
+FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
+              | Prefill | Held | Text | ToolCall | Vectors | Done | Error)
+ToRunner = Generate | Embed | Cancel | Shutdown | ClearCache
+Work = Generate | Embed  # a request, whichever kind of model it is for
+FromFetcher = Hello | Status | Download | Failed | Fetched | Stopping
+ToFetcher = Shutdown
+Event = Prefill | Held | Text | ToolCall | Vectors | Done | Error  # a request's stream
+Message = FromRunner | ToRunner | FromFetcher
+
+FROM_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromRunner)}
+TO_RUNNER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(ToRunner)}
+FROM_FETCHER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(FromFetcher)}
+TO_FETCHER: dict[str, type[Any]] = {Shutdown.type: Shutdown}
+
+
+def decode_from_runner(obj: dict[str, Any]) -> FromRunner:
+    msg: FromRunner = from_wire(obj, FROM_RUNNER)
+    return msg
+
+
+def decode_from_fetcher(obj: dict[str, Any]) -> FromFetcher:
+    msg: FromFetcher = from_wire(obj, FROM_FETCHER)
+    return msg
+
+
+def decode_to_runner(obj: dict[str, Any]) -> ToRunner:
+    msg: ToRunner = from_wire(obj, TO_RUNNER)
+    return msg
+
