@@ -73,7 +73,7 @@ from exod.api.serving import Serving
 from exod.api.token import read_tokens
 from exod.config.embed import Encoding, encoding
 from exod.config.model_caps import Capabilities
-from exod.control_messages import ApiStatus
+from exod.control_status import ApiStatus
 from exod.api.view import Daemon
 from exod.config.schema import Api
 from exod.core.states import State

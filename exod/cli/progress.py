@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from exod.control_messages import InstanceStatus
+from exod.control_status import InstanceStatus
 
 
 class Progress:

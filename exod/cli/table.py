@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exod import control_messages as cm
+from exod import control_status as cs
 from exod.core.sizes import format_size
 from exod.core.states import State
 
@@ -15,7 +15,7 @@ def human_duration(s: float | None) -> str:
     return format_duration(float(int(s)))  # whole seconds: an uptime, not a measurement
 
 
-def render_status(snap: cm.Snapshot) -> str:
+def render_status(snap: cs.Snapshot) -> str:
     d = snap.daemon
     head = (f"exod {d.version} pid {d.pid}, up {human_duration(d.uptime_s)}, "
             f"{d.state}: {d.summary}")
@@ -54,7 +54,7 @@ def render_status(snap: cm.Snapshot) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def serving_note(serving: cm.ServingStatus | None) -> str:
+def serving_note(serving: cs.ServingStatus | None) -> str:
     """e.g. `batch 3/8, prompt cache 2 entries 91.3MiB, hit rate 50%; on disk 5 entries
     410MiB, hit rate 25%`."""
     if not serving:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from exod import control_messages as cm
+from exod import control_status as cs
 from exod.core.states import State
 from exod.daemon import cache_commands, hub_commands
 from exod.daemon.control import CommandError, Emit
@@ -31,13 +32,13 @@ class Daemon(Protocol):
         """starting (until the always-on instances are started), running, stopping"""
         ...
 
-    def snapshot(self) -> cm.Snapshot: ...
+    def snapshot(self) -> cs.Snapshot: ...
 
     async def reload(self) -> cm.ReloadReply | cm.Failure: ...
 
     def instance(self, name: str) -> InstanceRuntime | None: ...
 
-    def instance_status(self, inst: InstanceRuntime) -> cm.InstanceStatus: ...
+    def instance_status(self, inst: InstanceRuntime) -> cs.InstanceStatus: ...
 
     def listen(self, fn: Callable[[InstanceRuntime], None]) -> Callable[[], None]: ...
 
@@ -128,7 +129,7 @@ class Commands:
     async def _wait(self, inst: InstanceRuntime, emit: Emit) -> cm.WaitReply | cm.Failure:
         """Stream progress until the instance is ready (ok) or settles otherwise (not ok)."""
         name = inst.name
-        q: asyncio.Queue[cm.InstanceStatus] = asyncio.Queue(MAX_QUEUED)
+        q: asyncio.Queue[cs.InstanceStatus] = asyncio.Queue(MAX_QUEUED)
         overflow: list[bool] = []
 
         def on_change(changed: InstanceRuntime) -> None:
@@ -159,7 +160,7 @@ class Commands:
 
     async def _watch(self, emit: Emit) -> cm.Failure:
         """Stream a full snapshot at every change, until the client goes away."""
-        q: asyncio.Queue[cm.Snapshot] = asyncio.Queue(MAX_QUEUED)
+        q: asyncio.Queue[cs.Snapshot] = asyncio.Queue(MAX_QUEUED)
         overflow: list[bool] = []
         unlisten = self.sup.listen(lambda _inst: _offer(q, overflow, self.sup.snapshot))
         try:

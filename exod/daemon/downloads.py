@@ -28,6 +28,7 @@ from typing import Protocol
 from loguru import logger
 
 from exod import control_messages as cm
+from exod import control_status as cs
 from exod import messages as m
 from exod.config.durations import format_duration
 from exod.config.schema import BackoffPolicy, StopPolicy
@@ -186,9 +187,9 @@ class Download:
         return cm.DownloadEvent(self.describe(now), phase, p.done, p.total,
                                 round(rate) if rate is not None and not p.verifying else None)
 
-    def status(self, now: float) -> cm.DownloadStatus:
+    def status(self, now: float) -> cs.DownloadStatus:
         p, rate, wait = self.progress, self.progress.rate(), self.retry_in(now)
-        return cm.DownloadStatus(
+        return cs.DownloadStatus(
             repo=self.ref.repo, revision=self.ref.revision, pid=self.pid, done_bytes=p.done,
             total_bytes=p.total, bytes_per_s=round(rate) if rate is not None else None,
             verifying=p.verifying, stalled=self.stalled, attempt=self.attempt,

@@ -1,10 +1,10 @@
-"""Status snapshots: what `exoctl status` shows (typed: exod.control_messages), and the one-line
+"""Status snapshots: what `exoctl status` shows (typed: exod.control_status), and the one-line
 summary that goes to the service manager's STATUS=. Built on demand from the runtimes; nothing
 is cached."""
 
 from __future__ import annotations
 
-from exod import control_messages as cm
+from exod import control_status as cs
 from exod.config.durations import format_duration
 from exod.messages import Phase, Serving
 from exod.core.states import State
@@ -66,10 +66,10 @@ def _detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
     return str(state)
 
 
-def rank_status(rank: RankRuntime, now: float, stall_after: float) -> cm.RankStatus:
+def rank_status(rank: RankRuntime, now: float, stall_after: float) -> cs.RankStatus:
     stall = stalled_for(rank, now, stall_after)
     exit_ = rank.last_exit
-    return cm.RankStatus(
+    return cs.RankStatus(
         rank=rank.rank,
         host=rank.host,
         remote=not rank.local,
@@ -80,7 +80,7 @@ def rank_status(rank: RankRuntime, now: float, stall_after: float) -> cm.RankSta
         layers_total=rank.layers_total,
         rss_bytes=rss_bytes(rank.pid) if rank.pid is not None else None,
         uptime_s=round(now - rank.started_at, 3) if rank.pid and rank.started_at else None,
-        last_exit=cm.ExitStatus(exit_.code, exit_.signal, str(exit_)) if exit_ else None,
+        last_exit=cs.ExitStatus(exit_.code, exit_.signal, str(exit_)) if exit_ else None,
         status=rank.status_text if rank.local else f"remote: run by exod on {rank.host}",
         phase=rank.phase.value if rank.phase is not None and rank.local else None,
         error=rank.error or None,
@@ -88,55 +88,55 @@ def rank_status(rank: RankRuntime, now: float, stall_after: float) -> cm.RankSta
         # Serving runners send a heartbeat from their main loop every few seconds.
         heartbeat_age_s=(round(now - rank.last_heartbeat, 1)
                          if rank.last_heartbeat is not None else None),
-        ladder=(cm.LadderStatus(rank.ladder.current.value,
+        ladder=(cs.LadderStatus(rank.ladder.current.value,
                                 round(rank.ladder.time_to_kill(now), 1))
                 if rank.ladder is not None else None),
     )
 
 
-def serving_status(s: Serving | None) -> cm.ServingStatus | None:
+def serving_status(s: Serving | None) -> cs.ServingStatus | None:
     """How the serving rank serves, as its runner last reported (None before that), with the
     prompt cache's hit rate (hits per lookup)."""
     if s is None:
         return None
     if s.batches:
-        return cm.ServingStatus(s.batching, s.width, s.active, s.prefill_step,
-                                batches=cm.BatchStatus(s.batches, s.batched_inputs,
+        return cs.ServingStatus(s.batching, s.width, s.active, s.prefill_step,
+                                batches=cs.BatchStatus(s.batches, s.batched_inputs,
                                                        round(s.batched_inputs / s.batches, 2)))
     if s.batching != "continuous":
-        return cm.ServingStatus(s.batching, s.width, s.active, speculative=speculative(s))
+        return cs.ServingStatus(s.batching, s.width, s.active, speculative=speculative(s))
     rate = round(s.cache_hits / s.cache_lookups, 4) if s.cache_lookups else None
-    return cm.ServingStatus(s.batching, s.width, s.active, s.prefill_step, cm.PromptCacheStatus(
+    return cs.ServingStatus(s.batching, s.width, s.active, s.prefill_step, cs.PromptCacheStatus(
         entries=s.cache_entries, bytes=s.cache_bytes, max_bytes=s.cache_max_bytes,
         lookups=s.cache_lookups, hits=s.cache_hits, hit_rate=rate,
         cached_tokens=s.cached_tokens, prompt_tokens=s.prompt_tokens, disk=disk_status(s)),
         speculative(s))
 
 
-def disk_status(s: Serving) -> cm.DiskCacheStatus | None:
+def disk_status(s: Serving) -> cs.DiskCacheStatus | None:
     """The disk tier's figures (its hit rate per lookup), or None without a disk tier."""
     if not s.disk_max_bytes:
         return None
     rate = round(s.disk_hits / s.cache_lookups, 4) if s.cache_lookups else None
-    return cm.DiskCacheStatus(
+    return cs.DiskCacheStatus(
         state=s.disk_state, entries=s.disk_entries, bytes=s.disk_bytes,
         max_bytes=s.disk_max_bytes, hits=s.disk_hits, hit_rate=rate,
         cached_tokens=s.disk_cached_tokens, load_s=round(s.disk_load_ms / 1000, 3),
         writes=s.disk_writes, errors=s.disk_errors)
 
 
-def speculative(s: Serving) -> cm.SpeculativeStatus | None:
+def speculative(s: Serving) -> cs.SpeculativeStatus | None:
     """A draft model's figures (accepted per drafted token), or None without one."""
     if not s.draft_tokens:
         return None
     rate = round(s.draft_accepted / s.drafted, 4) if s.drafted else None
-    return cm.SpeculativeStatus(s.draft_tokens, s.drafted, s.draft_accepted, rate)
+    return cs.SpeculativeStatus(s.draft_tokens, s.drafted, s.draft_accepted, rate)
 
 
-def instance_status(inst: InstanceRuntime, now: float, stall_after: float) -> cm.InstanceStatus:
+def instance_status(inst: InstanceRuntime, now: float, stall_after: float) -> cs.InstanceStatus:
     c = inst.config
     active = inst.state.active
-    return cm.InstanceStatus(
+    return cs.InstanceStatus(
         name=inst.name,
         state=inst.state,
         detail=detail(inst, now, stall_after),

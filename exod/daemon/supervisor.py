@@ -21,6 +21,7 @@ from loguru import logger
 
 from exod import __version__
 from exod import control_messages as cm
+from exod import control_status as cs
 from exod.config import ConfigError, diff, load_config
 from exod.config.schema import Config, Instance
 from exod.core import ladder
@@ -155,16 +156,16 @@ class Supervisor(HubSeam):
             inst = self.instances.get(target)
         return inst
 
-    def instance_status(self, inst: InstanceRuntime) -> cm.InstanceStatus:
+    def instance_status(self, inst: InstanceRuntime) -> cs.InstanceStatus:
         return status.instance_status(inst, self.now(), self.config.defaults.stall_after)
 
     def summary(self) -> str:
         return status.summary(self.ordered(), self.now(), self.config.defaults.stall_after)
 
-    def snapshot(self) -> cm.Snapshot:
+    def snapshot(self) -> cs.Snapshot:
         now, stall = self.now(), self.config.defaults.stall_after
-        return cm.Snapshot(
-            daemon=cm.DaemonStatus(
+        return cs.Snapshot(
+            daemon=cs.DaemonStatus(
                 pid=os.getpid(),
                 version=__version__,
                 uptime_s=round(time.monotonic() - self.started, 3),

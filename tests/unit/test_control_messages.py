@@ -11,28 +11,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exod import control_messages as cm
+from exod import control_status as cs
 from exod.daemon.control import parse_request
 from exod.protocol import ProtocolError, to_wire
 
-RANK = cm.RankStatus(
+RANK = cs.RankStatus(
     rank=1, host="10.0.0.2", remote=True, pid=None, state="ready", layers=[2, 4],
     layers_loaded=2, layers_total=2, rss_bytes=5 << 20, uptime_s=3.5,
-    last_exit=cm.ExitStatus(76, None, "exit code 76"), status="ready", phase="ready",
+    last_exit=cs.ExitStatus(76, None, "exit code 76"), status="ready", phase="ready",
     error=None, no_progress_s=None, heartbeat_age_s=1.2,
-    ladder=cm.LadderStatus("SIGTERM", 13.0))
-INSTANCE = cm.InstanceStatus(
+    ladder=cs.LadderStatus("SIGTERM", 13.0))
+INSTANCE = cs.InstanceStatus(
     name="big", state="ready", detail="ready", reason=None, since_s=10.0, uptime_s=10.0,
     model="/models/big", shards=2, parallelism="tensor", autostart="on-demand",
     restart="always", restarts=0, source="", ranks=[RANK, RANK],
-    serving=cm.ServingStatus("continuous", 8, 1, 256, cm.PromptCacheStatus(
+    serving=cs.ServingStatus("continuous", 8, 1, 256, cs.PromptCacheStatus(
         entries=1, bytes=10, max_bytes=100, lookups=2, hits=1, hit_rate=0.5, cached_tokens=3,
-        prompt_tokens=6, disk=cm.DiskCacheStatus(
+        prompt_tokens=6, disk=cs.DiskCacheStatus(
             state="ready", entries=3, bytes=300, max_bytes=1000, hits=1, hit_rate=0.5,
             cached_tokens=2, load_s=0.25, writes=3, errors=0))))
-DAEMON = cm.DaemonStatus(
+DAEMON = cs.DaemonStatus(
     pid=1, version="0.1.0", uptime_s=2.0, state="running", config="/etc/exod.yaml",
     control_socket="/run/exod/control.sock", summary="1/1 ready",
-    api=cm.ApiStatus(["127.0.0.1:8000"], "http://127.0.0.1:8000", ["http://127.0.0.1:8000"], True,
+    api=cs.ApiStatus(["127.0.0.1:8000"], "http://127.0.0.1:8000", ["http://127.0.0.1:8000"], True,
                      None),
     stop_worst_case_s=40.0)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from typing import Literal
 
-from exod import control_messages as cm
+from exod import control_status as cs
 from exod.core.states import State
 from exod.daemon.log_ring import LogRings
 
@@ -40,25 +40,25 @@ def test_followers_see_new_lines_until_they_stop() -> None:
 
 
 def status_rank(error: str | None = None, exit_text: str | None = None,
-                layers_total: int = 4) -> cm.RankStatus:
-    return cm.RankStatus(
+                layers_total: int = 4) -> cs.RankStatus:
+    return cs.RankStatus(
         rank=0, host="127.0.0.1", remote=False, pid=None, state=State.STOPPED, layers=[0, 4],
         layers_loaded=0, layers_total=layers_total, rss_bytes=None, uptime_s=None,
-        last_exit=cm.ExitStatus(None, None, exit_text) if exit_text else None, status="",
+        last_exit=cs.ExitStatus(None, None, exit_text) if exit_text else None, status="",
         phase=None, error=error, no_progress_s=None, heartbeat_age_s=None, ladder=None)
 
 
-def status_instance(name: str, state: str, detail: str, ranks: list[cm.RankStatus],
+def status_instance(name: str, state: str, detail: str, ranks: list[cs.RankStatus],
                     autostart: bool | Literal["on-demand"] = True,
-                    reason: str | None = None) -> cm.InstanceStatus:
-    return cm.InstanceStatus(
+                    reason: str | None = None) -> cs.InstanceStatus:
+    return cs.InstanceStatus(
         name=name, state=State(state), detail=detail, reason=reason, since_s=1.0, uptime_s=None,
         model="/m", shards=len(ranks), parallelism="pipeline", autostart=autostart,
         restart="on-failure", restarts=1, source="", serving=None, ranks=ranks)
 
 
-def status_snapshot(summary: str, instances: list[cm.InstanceStatus]) -> cm.Snapshot:
-    return cm.Snapshot(cm.DaemonStatus(
+def status_snapshot(summary: str, instances: list[cs.InstanceStatus]) -> cs.Snapshot:
+    return cs.Snapshot(cs.DaemonStatus(
         pid=1, version="0", uptime_s=5, state="running", config="/c", control_socket="/s",
         summary=summary, api=None, stop_worst_case_s=30.0), instances)
 

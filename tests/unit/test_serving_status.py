@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from exod.cli.table import serving_note
-from exod.control_messages import SpeculativeStatus
+from exod.control_status import SpeculativeStatus
 from exod.messages import Serving
 from exod.daemon.status import serving_status
 
