@@ -3,7 +3,7 @@
 Lifecycle: start sockets → spawn autostart instances → READY → serve until SIGTERM/SIGINT →
 run every instance's ladder → exit once no runner is alive. Signal handlers only schedule work
 on the loop. SIGHUP (or `exoctl reload`) re-reads the config: validate first, then apply the
-diff. Never imports mlx: runners do that, in their own processes.
+diff (exod.daemon.reload). Never imports mlx: runners do that, in their own processes.
 """
 
 from __future__ import annotations
@@ -20,13 +20,10 @@ from typing import Any
 from loguru import logger
 
 from exod import __version__
-from exod import control_messages as cm
 from exod import control_status as cs
-from exod.config import ConfigError, diff, load_config
 from exod.config.schema import Config, Instance
 from exod.core import ladder
 from exod.core.intents import Retire
-from exod.core.names import Names
 from exod.core.shards import Shard, ShardError
 from exod import messages as m
 from exod.daemon import rank_addresses, status, zygote
@@ -44,12 +41,13 @@ from exod.daemon.hub_seam import HubSeam
 from exod.daemon.memory_check import MemoryCheck
 from exod.daemon.processes import ProcessTable, RunnerHandlers
 from exod.daemon.readiness import Readiness
+from exod.daemon.reload import ConfigReload, names_of
 from exod.daemon.heap import HeapTrim
 from exod.daemon.traffic import Traffic
 from exod.daemon.manager_notify import watchdog_interval
 
 
-class Supervisor(HubSeam):
+class Supervisor(HubSeam, ConfigReload):
     def __init__(self, config: Config, service: ServiceNotifier | None = None) -> None:
         self.config = config
         self.names = names_of(config)
@@ -318,74 +316,6 @@ class Supervisor(HubSeam):
         logger.info("SIGHUP: reloading {}", self.config.path)
         self.loop.create_task(self.reload())
 
-    async def reload(self) -> cm.ReloadReply | cm.Failure:
-        async with self._reload_lock:
-            if self.stopping:
-                return cm.Failure("exod is stopping")
-            self.readiness.reloading()
-            # Files are read in a thread: a slow disk or a huge file must not stall the loop.
-            try:
-                loop = asyncio.get_running_loop()
-
-                def probing(seconds: float) -> None:  # from the loading thread
-                    loop.call_soon_threadsafe(self.service.extend_timeout, seconds + 10)
-
-                new: Config | ConfigError = await asyncio.to_thread(
-                    load_config, self.config.path, probing)
-            except ConfigError as e:
-                new = e
-            if self.api is not None and not isinstance(new, ConfigError):
-                try:
-                    await asyncio.to_thread(self.api.load_tokens)
-                except OSError as e:
-                    logger.error("reload: {}; the API keeps its previous tokens", e.strerror)
-            return self._reload(new)
-
-    def _reload(self, new: Config | ConfigError) -> cm.ReloadReply | cm.Failure:
-        if self.stopping:
-            return cm.Failure("exod is stopping")
-        if isinstance(new, ConfigError):
-            problems = str(new).splitlines()
-            for line in problems:
-                logger.error("reload: {}", line)
-            logger.error("reload failed: {} problem(s); nothing was changed", len(problems))
-            self.reloads["failed"] += 1
-            self.config_errors += len(problems)
-            self.readiness.reloaded(self, self.now(),
-                                    f"reload failed ({len(problems)} problem(s)): {problems[0]}")
-            return cm.Failure("invalid configuration; nothing was changed", problems)
-        d = diff(self.config, new)
-        if d.daemon_changed:
-            logger.warning("control.socket changed: takes effect at the next restart of exod")
-        if new.api != self.config.api:
-            logger.warning("api changed: takes effect at the next restart of exod")
-        new = _keep_control(new, self.config)
-        self.config = new
-        self.names = names_of(new)  # aliases change with no restart (they compare equal)
-        self.memory.headroom = new.defaults.memory_headroom
-        self.launcher.configure(new.instances.values())
-        for name in d.removed:
-            self._retire(name, replacement=None)
-        for name in d.removed:
-            self.cancel_prefetch(name)
-        for name in d.changed:
-            self.replace_after_fetch(name, new.instances[name])
-        for name in d.added:
-            gone = self.instances.get(name)
-            if gone is not None and gone.retiring:  # removed by an earlier reload, stopping
-                self._retire(name, replacement=new.instances[name])
-                continue
-            inst = self._add(new.instances[name])
-            if inst.config.always_on:
-                inst.start()
-        self.refetch_failed(d.unchanged)
-        self.reloads["ok"] += 1
-        logger.info("reloaded: {} added, {} removed, {} changed, {} unchanged",
-                    len(d.added), len(d.removed), len(d.changed), len(d.unchanged))
-        self.readiness.reloaded(self, self.now(), None)
-        return cm.ReloadReply(added=list(d.added), removed=list(d.removed),
-                              changed=list(d.changed), unchanged=list(d.unchanged))
-
     def _retire(self, name: str, replacement: Instance | None) -> None:
         """Stop through the ladder; drop (or replace) only once every runner is gone (see
         `retired`). A reload during that stop only updates the replacement: the latest config
@@ -405,14 +335,3 @@ class Supervisor(HubSeam):
         elif (then.restart or latest.always_on) and not self.stopping:
             new.start()
         self._publish(new)
-
-
-def names_of(config: Config) -> Names:
-    return Names({name: i.aliases for name, i in config.instances.items()})
-
-
-def _keep_control(new: Config, old: Config) -> Config:
-    """The control socket and the HTTP API cannot move under a running daemon: keep the old."""
-    from dataclasses import replace
-
-    return replace(new, control=old.control, api=old.api)
