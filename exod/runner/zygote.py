@@ -39,7 +39,7 @@ from exod import zygote_wire as wire
 from exod.protocol import ProtocolError
 
 PR_SET_PDEATHSIG = 1
-# What a text runner imports before it loads (exod.runner.__main__.run and what it calls).
+# What a text runner imports before it loads (exod.runner.__main__.run and exod.runner.text).
 WARM = ("mlx.core", "mlx_lm", "exod.runner.load", "exod.runner.cpu.fused",
         "exod.runner.group.membership", "exod.runner.serving.batch_engine",
         "exod.runner.serving.loop", "exod.runner.serving.turn_engine",

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 class Runner(Protocol):
-    """What a runner's life gives this path (exod.runner.__main__.Runner)."""
+    """What a runner's life gives this path (exod.runner.text.Runner)."""
 
     spec: RunnerSpec
     life: Lifecycle
