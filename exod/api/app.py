@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import hmac
 import json
 import os
 import time
-from datetime import datetime, timezone
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
@@ -51,28 +49,21 @@ from exod.api.embedding import (BIG_ANSWER, Embedded, Embedder, json_answer,
                                 openai_embeddings, rerank_answer)
 from exod.api.dialects.output import Output
 from exod.api.dialects.responses_output import ResponsesOutput
-from exod.api.browser import PREFLIGHT_HEADERS, CorsPolicy, HostPolicy, is_json
-from exod.api.errors import (
-    ApiError,
-    bad_request,
-    error_body,
-    model_not_found,
-    unauthorized,
-)
+from exod.api.browser import CorsPolicy, HostPolicy
+from exod.api.errors import ApiError, bad_request, error_body
 from exod.api.guard import ConnectionGuard, GuardedSite
 from exod.api.httplog import quiet_logger
 from exod.api.image_fetch import Fetcher, Policy
 from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from exod.api.middleware import Middlewares
+from exod.api.models import ModelList
 from exod.api.ignored import header
 from exod.api.schema import GenRequest, ModelLimits, parse_chat, parse_completion
 from exod.api.seal import Sealer
 from exod.api.ollama.generate import OllamaGenerate
 from exod.api.ollama.manage import OllamaManage
-from exod.api.ollama.objects import error_text
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
-from exod.config.embed import Encoding, encoding
-from exod.config.model_caps import Capabilities
 from exod.control_status import ApiStatus
 from exod.api.view import Daemon
 from exod.config.schema import Api
@@ -86,15 +77,13 @@ from exod.daemon.ratelog import RateLimitedLog
 # Bodies read and parsed at once, daemon-wide: many large bodies arriving together wait their
 # turn instead of all sitting in memory (and on the loop) at the same time.
 BODY_SLOTS = 4
-PUBLIC = ("/health", "/")  # no data behind them: the page's script asks for the token
 # Parsed in a thread, and read by its dialect there too: a large JSON document would stall the
 # loop, and its dialect's reading more (2 s for 4 MiB of small messages, where JSON took 0.3).
 BIG_BODY = 256 * 1024
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 T = TypeVar("T")
 
 
-class ApiServer:
+class ApiServer(Middlewares, ModelList):
     def __init__(self, cfg: Api, daemon: Daemon) -> None:
         self.cfg = cfg
         self.sup = daemon
@@ -187,73 +176,6 @@ class ApiServer:
         return ApiStatus(listen=list(self.cfg.listen), url=urls[0], urls=urls, auth=self.token,
                          token_file=str(self.cfg.token_file) if self.cfg.token_file else None)
 
-    # ---- middlewares ------------------------------------------------------------------
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        transport = request.transport
-        self.guard.busy.add(transport)  # a connection with a request in progress is not idle
-        try:
-            return await handler(request)
-        except ApiError as e:
-            return error_response(e, request.path)
-        except web.HTTPException as e:  # aiohttp's own: unknown route, wrong method, too big
-            if e.status < 400:
-                raise
-            kind = "invalid_request_error" if e.status < 500 else "server_error"
-            message = f"{e.reason}: {request.method} {request.path}"
-            allow = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
-            return error_response(ApiError(e.status, message, kind, headers=allow),
-                                  request.path)
-        finally:
-            self.guard.busy.discard(transport)
-
-    @web.middleware
-    async def _browser(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Host allow-list, CORS, JSON-only bodies (see exod.api.browser)."""
-        if not self.hosts.allows(request.headers.get("Host")):
-            raise ApiError(421, "Misdirected request: this Host is not served here (add it to "
-                                "api.allowed_hosts if it is a name of this machine).",
-                           "invalid_request_error", "host_not_allowed")
-        origin = request.headers.get("Origin")
-        cors = self.cors.headers(origin) if origin and self.cors.allows(origin) else {}
-        if request.method == "OPTIONS" and self.cors.enabled:
-            if not cors:
-                raise ApiError(403, "This origin may not use the API (api.cors_origins).",
-                               "invalid_request_error", "origin_not_allowed")
-            return web.Response(status=204, headers={**cors, **PREFLIGHT_HEADERS})
-        if request.method == "POST" and not is_json(request.headers.get("Content-Type", "")):
-            raise ApiError(415, "The request body must be JSON: send `Content-Type: "
-                                "application/json`.", "invalid_request_error",
-                           "unsupported_media_type")
-        if cors:
-            try:
-                resp = await handler(request)
-            except ApiError as e:
-                e.headers.update(cors)
-                raise
-            if not resp.prepared:
-                resp.headers.update(cors)
-            return resp
-        return await handler(request)
-
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.tokens and request.path not in PUBLIC:
-            given = request.headers.get("Authorization", "")
-            scheme, _, value = given.partition(" ")
-            if not given and "X-Api-Key" in request.headers:  # Anthropic's clients send this
-                scheme, value = "bearer", request.headers["X-Api-Key"]
-            elif not given:
-                raise unauthorized("Missing bearer token: send `Authorization: Bearer TOKEN` "
-                                   "(or `x-api-key: TOKEN`).")
-            # Header text is what aiohttp decoded (surrogates for bytes that are not UTF-8).
-            offered = value.strip().encode("utf-8", "surrogateescape")
-            # Every token is compared (no early exit): the time taken tells nothing.
-            matches = [hmac.compare_digest(offered, t) for t in self.tokens]
-            if scheme.lower() != "bearer" or not any(matches):
-                raise unauthorized("Incorrect bearer token.")
-        return await handler(request)
-
     # ---- plain endpoints ----------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "daemon": self.sup.phase})
@@ -274,49 +196,6 @@ class ApiServer:
     async def scrape(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(),
                             headers={"Content-Type": METRICS_CONTENT_TYPE})
-
-    async def _model_json(self, inst: InstanceRuntime) -> dict[str, Any]:
-        """One instance in the shapes both OpenAI's and Anthropic's clients read (`object`,
-        `owned_by` / `type`, `display_name`, `created_at`), with its state, and what clients
-        size themselves by: the context window under the names clients read
-        (`context_length`, vLLM's `max_model_len`, Anthropic's `max_input_tokens` and
-        `max_tokens`) and capabilities (Anthropic's object; OpenRouter's
-        `supported_parameters`), from the model's files."""
-        active, queued = self.sup.traffic.load(inst)
-        created = datetime.fromtimestamp(self.started_wall, timezone.utc)
-        head = {"id": inst.name, "object": "model", "created": self.started_wall,
-                "owned_by": "exod", "type": "model", "display_name": inst.name,
-                "created_at": created.isoformat().replace("+00:00", "Z"),
-                "state": inst.state.value}
-        tail = {"active": active, "queued": queued}
-        serves = await self.sup.traffic.serves(inst)
-        if serves in ("embed", "rerank"):
-            enc = await asyncio.to_thread(encoding, inst.config.model)
-            if enc is not None:
-                return {**head, **encoder_json(enc), **tail}
-        limits = await self.limits(inst)
-        caps = await self.sup.traffic.capabilities(inst)
-        most = min(x for x in (limits.context, limits.cap) if x is not None) \
-            if limits.context is not None or limits.cap is not None else None
-        return {**head, "serves": "chat" if serves else None, "context_length": limits.context,
-                "max_model_len": limits.context, "max_input_tokens": limits.context,
-                "max_tokens": most, "capabilities": capabilities(caps),
-                "supported_parameters": supported_parameters(caps),
-                "architecture": {"input_modalities": ["text", "image"] if caps.vision
-                                 else ["text"], "output_modalities": ["text"]}, **tail}
-
-    async def models(self, request: web.Request) -> web.Response:
-        data = [await self._model_json(i) for i in self.sup.ordered()]
-        return web.json_response({"object": "list", "data": data, "has_more": False,
-                                  "first_id": data[0]["id"] if data else None,
-                                  "last_id": data[-1]["id"] if data else None})
-
-    async def model(self, request: web.Request) -> web.Response:
-        name = request.match_info["model"]
-        inst = self.sup.serving(name)
-        if inst is None:
-            raise model_not_found(name)
-        return web.json_response(await self._model_json(inst))
 
     # ---- generation -------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -422,49 +301,8 @@ class ApiServer:
         return ModelLimits(vocab, context, cap, schema)
 
 
-def encoder_json(enc: Encoding) -> dict[str, Any]:
-    """What /v1/models says of an embedding model or a reranker: what it serves, the longest
-    input, and an embedding model's vector size and the sizes it may be cut to."""
-    out: dict[str, Any] = {"serves": "embeddings" if enc.role == "embed" else "rerank",
-                           "context_length": enc.max_tokens, "max_input_tokens": enc.max_tokens}
-    if enc.role == "embed":
-        out["dimensions"] = enc.dimensions
-        out["matryoshka_dimensions"] = list(enc.matryoshka) \
-            if isinstance(enc.matryoshka, tuple) else enc.matryoshka
-    return out
-
-
 def _size(got: Embedded) -> int:
     return sum(map(len, got.results))
-
-
-def capabilities(caps: Capabilities) -> dict[str, Any]:
-    """Anthropic's capability object (each `{supported}`), with `tools` beside its own keys;
-    null where the model's files do not tell."""
-    def yes(value: bool | None) -> dict[str, Any]:
-        return {"supported": value}
-    thinking = caps.thinking
-    return {"tools": yes(caps.tools), "structured_outputs": yes(True),
-            "thinking": {"supported": thinking,
-                         "types": {"enabled": yes(thinking), "adaptive": yes(thinking)}},
-            "effort": {"supported": thinking, **{e: yes(thinking) for e in (
-                "low", "medium", "high", "max")}},
-            "context_management": {"supported": True},
-            "vision": yes(caps.vision), "image_input": yes(caps.vision),
-            **{name: yes(False) for name in ("pdf_input", "citations", "code_execution",
-                                             "batch")}}
-
-
-def supported_parameters(caps: Capabilities) -> list[str]:
-    """OpenRouter's list of the request fields a model takes (read by opencode and others)."""
-    out = ["max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed",
-           "logit_bias", "logprobs", "top_logprobs", "frequency_penalty", "presence_penalty",
-           "repetition_penalty", "response_format", "structured_outputs"]
-    if caps.tools:
-        out += ["tools", "tool_choice", "parallel_tool_calls"]
-    if caps.thinking:
-        out += ["reasoning", "include_reasoning"]
-    return out
 
 
 def parse_json(raw: bytes) -> Any:
@@ -474,14 +312,3 @@ def parse_json(raw: bytes) -> Any:
         raise bad_request(f"the request body is not valid JSON: {e}") from None
     except RecursionError:
         raise bad_request("the request body is not valid JSON: nested too deeply") from None
-
-
-def error_response(e: ApiError, path: str = "") -> web.Response:
-    """In the shape of the dialect the path speaks: Anthropic's under /v1/messages, Ollama's
-    (`{"error": TEXT}`, which its clients raise with the status) under /api/."""
-    if path == "/v1/messages" or path.startswith("/v1/messages/"):
-        return web.json_response(anthropic.error_body(e), status=anthropic.error_status(e),
-                                 headers=e.headers)
-    if path.startswith("/api/"):
-        return web.json_response({"error": error_text(e)}, status=e.status, headers=e.headers)
-    return web.json_response(e.body(), status=e.status, headers=e.headers)

@@ -7,5 +7,5 @@
               (exod.api.dialects.ollama_request, ollama_output; its field table
               exod.api.fields.ollama), and their loads and unloads (keep_alive)
  Errors are Ollama's `{"error": TEXT}`
-(exod.api.app.error_response), with the same statuses as the other dialects'.
+(exod.api.middleware.error_response), with the same statuses as the other dialects'.
 """
