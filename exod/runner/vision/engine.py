@@ -29,35 +29,19 @@ any two of them:
 A group's other ranks are told of a request when rank 0 puts it into its generator
 (`shipped`), so they insert the same requests between the same two steps.
 
-Prompt cache, as for text (exod.runner.serving.batch_engine): when a request ends, the KV cache
-of its prompt and answer is stored under their key (exod.runner.serving.cache_key: the tokens,
-each picture's placeholders standing for that picture); a later request whose key shares a
-prefix with a stored one (the next turn about the same picture) prefills only the rest. Its
-pictures' embeddings are still merged (the tower's output from the feature cache), since the
-rest may hold some of them. Such a prompt prefills in a batch of its own, so a short hit that
-holds none of its pictures (the chat template's opening, shared by a burst of new pictures) is
-not taken while other prompts wait (`_lookup`).
-
-Sampling is per request although mlx-vlm's generator has one sampler: it samples greedily, and
-a request with a temperature draws its token with its own sampler (seed, top-p...) in its last
-logits processor, which leaves only that token possible. What a request shows (text, reasoning,
-stop sequences, tool calls) comes from exod.runner.serving.output as for text.
-
-Logprobs: the distribution each token was drawn from (after logit_bias, penalties and a
-grammar, before the sampler: as mlx-lm's), recorded by the request's last logits processor,
-since the one-hot trick above hides it from the generator's own.
+The prompt cache is exod.runner.vision.cache's; per-request sampling and logprobs,
+exod.runner.vision.sampling's.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import LRUPromptCache
 
 from exod import messages as m
 from exod.config.schema import GrammarLimits
@@ -69,51 +53,24 @@ from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.logprobs import TokenText, entries
 from exod.runner.serving.detokenize import streaming
 from exod.runner.serving.output import Output
-from exod.runner.serving.prepare import (Checked, Processor, Sampler, check_request,
-                                         read_prompt)
+from exod.runner.serving.prepare import check_request, read_prompt
 from exod.runner.serving.reading import Prompt
 from exod.runner.serving.token_events import done, show_token
+from exod.runner.vision.cache import KeptPrompts, placeholders
 from exod.runner.vision.features import FeatureCache
 from exod.runner.vision.generator import Generator
 from exod.runner.vision.prompt import Seen, read_seen
+from exod.runner.vision.request import Request, Shipped
+from exod.runner.vision.sampling import last_processor
 
 MIN_CHUNK = 32  # as exod.runner.serving.batch_engine
 PREFILL_BATCH = 8
-CACHE_KEY = "model"  # LRUPromptCache keys entries by model too; a runner serves one
 # What get_input_embeddings returns that the language model does not read, and that cannot be
 # stacked over prompts of several lengths (Gemma 3's 4-D mask).
 NOT_FOR_THE_LANGUAGE_MODEL = ("attention_mask_4d",)
-# Where a family's config names the token that stands for a picture's part in the prompt.
-PLACEHOLDER_KEYS = ("image_token_id", "image_token_index", "video_token_id",
-                    "video_token_index")
 
 
-@dataclass
-class _Request:
-    rid: str
-    req: m.Generate
-    seen: Seen
-    checked: Checked
-    processors: list[Processor]
-    out: Output
-    calls: tool_calls.ToolCallSplitter | None
-    features: dict[str, Any] | None = None  # get_input_embeddings', once seen, until released
-    uid: int = -1  # in the generator, once released
-    key: list[int] = field(default_factory=list)  # its prompt's cache key, once seen
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    generated: list[int] = field(default_factory=list)
-    prefilling: bool = True
-    prefilled: int = 0
-    # The distributions its tokens were drawn from, oldest first (logprobs asked only).
-    rows: deque[mx.array] | None = None
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.seen.tokens)
-
-
-class VisionEngine(NoPromptCache):
+class VisionEngine(NoPromptCache, KeptPrompts):
     def __init__(self, model: Any, processor: Any, tokenizer: Any, *, width: int,
                  prefill_step: int = 256, grammar_limits: GrammarLimits | None = None,
                  feature_bytes: int = 256 << 20, cache_bytes: int = 0,
@@ -145,12 +102,12 @@ class VisionEngine(NoPromptCache):
         self.prefill_alone = bool(getattr(vision, "deepstack_visual_indexes", None))
         self._cache = LRUPromptCache(max_size=1 << 30, max_bytes=self.cache_bytes)
         self.cache_lookups = self.cache_hits = self.cached_tokens = 0
-        self._waiting: dict[str, _Request] = {}  # admitted, not seen yet: in arrival order
-        self._held: dict[str, _Request] = {}  # seen, not in the generator yet: in arrival order
+        self._waiting: dict[str, Request] = {}  # admitted, not seen yet: in arrival order
+        self._held: dict[str, Request] = {}  # seen, not in the generator yet: in arrival order
         self.reading = 0  # requests the serve loop is reading, to be admitted soon (`expect`)
-        self._by_uid: dict[int, _Request] = {}
-        self._by_rid: dict[str, _Request] = {}
-        self._ended: dict[int, _Request] = {}  # left the batch: their caches to store
+        self._by_uid: dict[int, Request] = {}
+        self._by_rid: dict[str, Request] = {}
+        self._ended: dict[int, Request] = {}  # left the batch: their caches to store
         self._gen = self._new_generator()
         self.prompt_tokens = 0
         self.failed_steps = 0  # a group must not go on after one (exod.runner.group.lockstep)
@@ -193,11 +150,11 @@ class VisionEngine(NoPromptCache):
         rows: deque[mx.array] | None = deque() if checked.top_logprobs is not None else None
         sampler = None if model_checks.greedy_temperature(req.temperature) else checked.sampler
         if sampler is not None or rows is not None:
-            processors.append(_last(sampler, rows))
+            processors.append(last_processor(sampler, rows))
         out = Output(streaming(self.tokenizer.detokenizer), req.stop, checked.markers,
                      checked.thinking)
         calls = tool_calls.splitter(self.tokenizer, req, checked.args_check)
-        self._waiting[req.id] = _Request(req.id, req, prompt, checked, processors, out, calls,
+        self._waiting[req.id] = Request(req.id, req, prompt, checked, processors, out, calls,
                                          rows=rows)
 
     def cancel(self, rid: str) -> None:
@@ -334,18 +291,6 @@ class VisionEngine(NoPromptCache):
             self.failed_steps += 1
             raise RuntimeError(f"request {req.id} could not go into the generator")
 
-    def follow_cache(self) -> None:
-        """Evict nothing by bytes: rank 0's entry count says what to keep (as the text
-        engine's, exod.runner.serving.batch_engine)."""
-        self._cache.max_bytes = 1 << 62
-
-    @property
-    def cache_entries(self) -> int:
-        return len(self._cache)
-
-    def trim_cache(self, entries: int) -> None:
-        self._cache.trim_to(n_sequences=entries)
-
     def serving(self) -> m.Serving:
         return m.Serving(batching="continuous", width=self.width, active=self.active,
                          prefill_step=self.prefill_step, cache_max_bytes=self.cache_bytes,
@@ -354,7 +299,7 @@ class VisionEngine(NoPromptCache):
                          cached_tokens=self.cached_tokens, prompt_tokens=self.prompt_tokens)
 
     # ---- inside ----------------------------------------------------------------------------
-    def _insert(self, r: _Request, features: dict[str, Any], cold: bool = False,
+    def _insert(self, r: Request, features: dict[str, Any], cold: bool = False,
                 crowded: bool = False, shipped: bool = True) -> list[m.Event]:
         """A request seen (`features`: its embeddings and what else the language model reads)
         into the generator, from the prompt cache where it holds the prompt's start (never when
@@ -382,46 +327,6 @@ class VisionEngine(NoPromptCache):
         self.prompt_tokens += r.prompt_tokens
         return [m.Prefill(r.rid, cached, r.prompt_tokens)]
 
-    def _lookup(self, key: list[int], crowded: bool,
-                tokens: list[int]) -> tuple[list[Any] | None, int]:
-        """The stored KV cache nearest to a prompt's key, and how many of its tokens it holds.
-        `crowded`: other prompts are to be prefilled beside it, so a short hit is declined
-        (rank 0 only: another rank takes what rank 0 took)."""
-        self.cache_lookups += 1
-        if not self.cache_bytes:
-            return None, 0
-        cache, rest = self._cache.fetch_nearest_cache(CACHE_KEY, key)
-        if cache is None:
-            return None, 0
-        hit = len(key) - len(rest)
-        if crowded and hit < len(rest) and hit <= _first_picture(tokens, self.placeholders):
-            # A hit on less than half the prompt that holds none of its pictures (text shared
-            # with another conversation: the chat template's opening, in a burst of new
-            # pictures) while other prompts wait to be seen or prefilled: a warm prompt
-            # prefills in a batch of its own (exod.runner.vision.generator), so taking it
-            # would cost the batch more steps than it saves. An earlier turn of the same
-            # conversation holds its pictures: always taken.
-            return None, 0
-        if not rest:  # an exact hit: the last token must still run, for its logits
-            if not can_trim_prompt_cache(cache):
-                return None, 0
-            trim_prompt_cache(cache, 1)
-            rest = key[-1:]
-        cached = len(key) - len(rest)
-        self.cache_hits += 1
-        self.cached_tokens += cached
-        return cache, cached
-
-    def _store_kept(self) -> None:
-        """The caches of the requests that left the batch, under their keys."""
-        for uid, cache in self._gen.kept.items():
-            r = self._ended.pop(uid, None)
-            if r is not None and cache:
-                mx.async_eval([c.state for c in cache])
-                self._cache.insert_cache(CACHE_KEY, r.key + r.generated, cache)
-        self._gen.kept.clear()
-        self._ended.clear()
-
     def _embed(self, seen: Seen) -> dict[str, Any]:
         """get_input_embeddings' features for the generator, evaluated (the tower runs here)."""
         inputs = dict(seen.inputs)
@@ -435,12 +340,12 @@ class VisionEngine(NoPromptCache):
         mx.eval(features)
         return features
 
-    def _forget(self, r: _Request) -> None:
+    def _forget(self, r: Request) -> None:
         self._by_uid.pop(r.uid, None)
         self._by_rid.pop(r.rid, None)
         self._ended[r.uid] = r  # until its cache is stored
 
-    def _on_token(self, r: _Request, resp: Any) -> list[m.Event]:
+    def _on_token(self, r: Request, resp: Any) -> list[m.Event]:
         r.prefilling = False
         r.completion_tokens += 1
         r.generated.append(resp.token)
@@ -459,52 +364,8 @@ class VisionEngine(NoPromptCache):
                                     r.completion_tokens, r.cached_tokens)]
 
 
-@dataclass(frozen=True)
-class Shipped:
-    """What a group's other ranks need of a request rank 0 has seen (exod.runner.group.plan.
-    See): its tokens, its pictures' hashes, and its features (the embeddings' shape and dtype;
-    the rest as they are)."""
-
-    rid: str
-    tokens: list[int]
-    pictures: list[str]
-    features: dict[str, Any]
-    cached: int  # its prompt's tokens taken from rank 0's prompt cache
-
-
 def sizes(model: Any, tokenizer: Any) -> tuple[int, int | None]:
     """The model's vocabulary (rows of the logits) and context window (None: unknown)."""
     text_args = SimpleNamespace(args=model.config.text_config)
     return (model_checks.model_vocab(text_args) or len(tokenizer),
             model_checks.context_window(text_args))
-
-
-def _first_picture(tokens: list[int], placeholders: frozenset[int]) -> int:
-    """Where a prompt's first picture starts (its length when it shows none)."""
-    return next((i for i, t in enumerate(tokens) if t in placeholders), len(tokens))
-
-
-def placeholders(config: Any) -> frozenset[int]:
-    """The ids that stand for pictures' parts in a prompt of this model (its config's)."""
-    found = {getattr(config, k, None) for k in PLACEHOLDER_KEYS}
-    return frozenset(x for x in found if isinstance(x, int) and not isinstance(x, bool))
-
-
-def _last(sampler: Sampler | None, rows: deque[mx.array] | None) -> Processor:
-    """A request's last logits processor: records the distribution its token is drawn from
-    (`rows`, for its logprobs), and draws the token with the request's own sampler, leaving
-    only that one possible for the generator's greedy pick (`sampler` None: greedy, as the
-    generator picks)."""
-
-    def process(_tokens: mx.array, logits: mx.array) -> mx.array:
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        if rows is not None:
-            rows.append(logprobs)
-        if sampler is None:
-            return logits
-        token = sampler(logprobs)
-        chosen = mx.arange(logits.shape[-1]) == token.reshape(-1, 1)
-        return mx.where(chosen, mx.zeros_like(logits), mx.full(logits.shape, -mx.inf,
-                                                                 dtype=logits.dtype))
-
-    return process

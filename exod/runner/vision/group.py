@@ -28,7 +28,8 @@ from exod.runner.group.membership import Group, PeerLost
 from exod.runner.group.plan import Ints, See, Settings
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.serving.reading import Prompt
-from exod.runner.vision.engine import Shipped, VisionEngine
+from exod.runner.vision.engine import VisionEngine
+from exod.runner.vision.request import Shipped
 
 
 class NotShippable(Exception):
