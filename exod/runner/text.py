@@ -23,7 +23,8 @@ from exod.specs import RunnerSpec
 if TYPE_CHECKING:
     from exod.runner.group.lockstep import LeaderEngine
     from exod.runner.prompt_cache.disk import DiskTier
-    from exod.runner.serving.batch_engine import Agree, BatchEngine
+    from exod.runner.serving.batch_engine import BatchEngine
+    from exod.runner.serving.disk_loads import Agree
     from exod.runner.load import Loaded
     from exod.runner.group.membership import Group
     from exod.runner.serving.gen_options import Draft, KvOptions

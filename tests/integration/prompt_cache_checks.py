@@ -33,7 +33,7 @@ from exod.runner.cpu import fused  # noqa: E402
 from exod.runner.load import Loaded, load_shard  # noqa: E402
 from exod.runner.prompt_cache import fingerprint as fp  # noqa: E402
 from exod.runner.prompt_cache.disk import DiskTier  # noqa: E402
-from exod.runner.serving import batch_engine, can_batch  # noqa: E402
+from exod.runner.serving import can_batch, disk_loads  # noqa: E402
 from exod.runner.serving.batch_engine import BatchEngine  # noqa: E402
 
 ZOO: dict[str, dict[str, str]] = json.loads(os.environ.get("EXOD_TEST_ZOO_JSON", "{}"))
@@ -135,7 +135,7 @@ def restarted(tiny: Loaded, root: Path) -> tuple[str, BatchEngine]:
 def test_a_stop_or_a_cancel_during_a_load_ends_it_within_a_step(
         tiny: Loaded, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, end: str) -> None:
     cold, e = restarted(tiny, tmp_path)
-    monkeypatch.setattr(batch_engine, "LOAD_STEP", 1)  # an array a step: the load takes many
+    monkeypatch.setattr(disk_loads, "LOAD_STEP", 1)  # an array a step: the load takes many
     req = ask()
     e.admit(req)
     steps = 0

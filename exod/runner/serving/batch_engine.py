@@ -19,11 +19,12 @@ and completion is stored under those tokens; a later request that shares a prefi
 entry (the next turn of a chat, the same agent prompt after a restart) starts from it and
 prefills only the rest. RAM holds `cache_bytes`, least recently used out first, to the disk tier
 when there is one, which also gets what RAM holds whenever the engine is idle (`idle`) and at the
-stop (`flush`). A prompt best served from disk waits in `_loads` while its entry is read, a
-bounded number of bytes a step (`LOAD_STEP`), like prefill: a cancel or a stop ends it between
-two steps. For a model whose cache cannot be trimmed back (a hybrid model's recurrent state, a
-rotating window), the cache at the end of the prompt is kept as well: the same prompt again
-can start from it. `warm` prefills a prompt into the cache with nobody waiting for it.
+stop (`flush`). A prompt best served from disk waits while its entry is read, a bounded
+number of bytes a step, like prefill (exod.runner.serving.disk_loads): a cancel or a stop ends
+it between two steps. For a model whose cache cannot be trimmed back (a hybrid model's
+recurrent state, a rotating window), the cache at the end of the prompt is kept as well: the
+same prompt again can start from it. `warm` prefills a prompt into the cache with nobody
+waiting for it.
 
 On a group's ranks (exod.runner.group.lockstep) every step is the same on every rank, but each
 rank reads its own disk: rank 0 picks the entry and the others load the same one, and `agree`
@@ -35,11 +36,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.sample_utils import greedy_sampler
 from mlx_lm.models.cache import KVCache
 
 from exod import messages as m
@@ -48,9 +47,11 @@ from exod.runner.serving.prepare import check_request, context_window, read_prom
 from exod.runner.log import ERR, log
 from exod.runner.serving import tool_calls
 from exod.runner.serving.gen_options import KvOptions
-from exod.runner.serving.sampling import Sampler
+from exod.runner.serving.batch_request import BatchRequest
 from exod.runner.serving.batch_sampler import BatchSampler, generator_rows
-from exod.runner.serving.grammar import Constraint, Grammars
+from exod.runner.serving.disk_loads import Agree, step_loads
+from exod.runner.serving.engine_stats import serving_stats
+from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.mask_round import MaskRound
 from exod.runner.serving.logprobs import TokenText, entries
 from exod.runner.serving.loop import AsItComes
@@ -63,39 +64,13 @@ from exod.runner.serving.token_events import done, show_token
 
 MIN_CHUNK = 32  # prefill chunks below this waste more in overhead than they buy in latency
 PREFILL_BATCH = 8  # prompts prefilled together at most (mlx_lm.server's default)
-LOAD_STEP = 128 << 20  # bytes of disk entries read in one step at most (about 0.2 s here)
-CHECK_WAIT = 0.05  # seconds a step with nothing else to do waits for a file being checked
 
 # Rank 0's choice for a prompt, which a group's other ranks follow: the disk entry (its key)
 # and the prompt tokens it covers; None: RAM or nothing.
 DiskChoice = tuple[str, int]
-# For each flag, whether it holds on every rank of the group (an all-reduce).
-Agree = Callable[[list[bool]], list[bool]]
 OWN: Any = object()  # admit: look the prompt up in this rank's own tiers
 
 __all__ = ["BatchEngine", "DiskChoice", "OWN"]
-
-
-@dataclass
-class _Request:
-    rid: str
-    prompt: list[int]
-    out: Output | None  # None: a warm-up, whose output nobody reads
-    calls: tool_calls.ToolCallSplitter | None = None
-    top_logprobs: int | None = None  # None: no logprobs asked
-    insert: dict[str, Any] = field(default_factory=dict)  # BatchGenerator.insert's arguments
-    uid: int = -1  # -1 while its disk entry loads (not in the batch yet)
-    load: FromDisk | None = None
-    sampler: Sampler = greedy_sampler  # its own, run by the batch's (BatchSampler)
-    grammar: Constraint | None = None  # its mask, added by the batch's sampler
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    prefilling: bool = True
-    prefilled: int = 0  # prompt tokens through the model so far (as reported, approximately)
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.prompt)
 
 
 class BatchEngine(AsItComes):
@@ -123,8 +98,8 @@ class BatchEngine(AsItComes):
         # Keep the cache of a prompt before its answer too: the whole entry cannot be trimmed
         # back to it (a hybrid model's recurrent state, a rotating window that may wrap).
         self._checkpoint = not all(type(c) is KVCache for c in self.kv.make(model))
-        self._by_uid: dict[int, _Request] = {}
-        self._by_rid: dict[str, _Request] = {}  # every request, loading or in the batch
+        self._by_uid: dict[int, BatchRequest] = {}
+        self._by_rid: dict[str, BatchRequest] = {}  # every request, loading or in the batch
         self._warm_ids = itertools.count()
         self._masks = MaskRound()  # the grammars' masks of a step, at once (its worker thread)
         self._sampling: BatchSampler | None = None  # every row's, with each generator
@@ -174,7 +149,7 @@ class BatchEngine(AsItComes):
                                 self.grammars, batched=self._sampling is not None)
         out = Output(streaming(self.tokenizer.detokenizer), req.stop, checked.markers,
                      checked.thinking)
-        r = _Request(req.id, checked.prompt, out,
+        r = BatchRequest(req.id, checked.prompt, out,
                      tool_calls.splitter(self.tokenizer, req, checked.args_check),
                      checked.top_logprobs, insert={
                          "max_tokens": [checked.max_tokens],
@@ -188,12 +163,12 @@ class BatchEngine(AsItComes):
         other ranks, which do what rank 0 decided."""
         if not tokens or not self.cache.enabled or (not force and self.cache.holds(tokens)):
             return False
-        r = _Request(f"warm-{next(self._warm_ids)}", list(tokens), None,
+        r = BatchRequest(f"warm-{next(self._warm_ids)}", list(tokens), None,
                      insert={"max_tokens": [1]})
         self._start(r, None, counted=False)  # a warm-up is no request's lookup
         return True
 
-    def _start(self, r: _Request, disk: DiskChoice | None, counted: bool = True
+    def _start(self, r: BatchRequest, disk: DiskChoice | None, counted: bool = True
                ) -> DiskChoice | None:
         cache, covered, load = None, 0, None
         if disk is OWN:
@@ -213,7 +188,7 @@ class BatchEngine(AsItComes):
         r.load = load
         return (load.match.entry.key, load.match.usable) if load.match is not None else None
 
-    def _insert(self, r: _Request, cache: list[Any] | None, covered: int) -> None:
+    def _insert(self, r: BatchRequest, cache: list[Any] | None, covered: int) -> None:
         """Into the batch, from `cache` (covering `covered` prompt tokens) or from nothing."""
         if cache is None and self.kv.max_size is not None:
             cache = self.kv.make(self.model)  # BatchGenerator's own would not rotate (llama)
@@ -236,7 +211,8 @@ class BatchEngine(AsItComes):
     def step(self) -> list[m.Event]:
         if not self._by_rid:
             return []
-        events = self._step_loads()
+        events = step_loads(list(self._by_rid.values()), self.cache, self.agree,
+                            self._insert, stepping=bool(self._by_uid))
         if not self._by_uid:
             return events
         self._size_chunks()
@@ -280,22 +256,8 @@ class BatchEngine(AsItComes):
         return [m.Error(r.rid, code, message) for r in waiting if r.out is not None]
 
     def serving(self) -> m.Serving:
-        c, disk = self.cache.counts, self.cache.disk
-        ram = self.cache.ram
-        return m.Serving(
-            batching="continuous", width=self.width, active=self.active,
-            prefill_step=self.prefill_step, cache_max_bytes=self.cache_bytes,
-            cache_entries=len(ram), cache_bytes=int(ram.nbytes),
-            cache_lookups=c.lookups, cache_hits=c.ram_hits, cached_tokens=c.ram_tokens,
-            prompt_tokens=c.prompt_tokens,
-            disk_max_bytes=disk.index.budget if disk is not None else 0,
-            disk_entries=len(disk.index) if disk is not None else 0,
-            disk_bytes=disk.index.nbytes if disk is not None else 0,
-            disk_hits=c.disk_hits, disk_cached_tokens=c.disk_tokens,
-            disk_load_ms=round(c.disk_load_s * 1000),
-            disk_writes=disk.stats.writes if disk is not None else 0,
-            disk_errors=disk.stats.errors if disk is not None else 0,
-            disk_state=disk.state[:500] if disk is not None else "")
+        return serving_stats(self.cache, width=self.width, active=self.active,
+                             prefill_step=self.prefill_step, cache_bytes=self.cache_bytes)
 
     # ---- the prompt cache, behind the requests -------------------------------------------------
     def idle(self) -> None:
@@ -324,47 +286,6 @@ class BatchEngine(AsItComes):
         self.cache.trim_to(entries)
 
     # ---- inside ----------------------------------------------------------------------------
-    def _step_loads(self) -> list[m.Event]:
-        """Read the disk entries under way (LOAD_STEP bytes in all), then start in the batch
-        each one every rank has read, and from RAM or nothing each one a rank could not read."""
-        loading = [r for r in self._by_rid.values() if r.load is not None]
-        if not loading:
-            return []
-        budget = LOAD_STEP
-        for r in loading:
-            assert r.load is not None
-            budget -= r.load.advance(max(budget, 0))
-        if budget == LOAD_STEP and not self._by_uid:
-            # Only files being checked and nothing else to step: wait for one a little,
-            # rather than spin (a step stays bounded: a stop is seen as soon as before).
-            waits = [r.load.job for r in loading if r.load is not None and r.load.job]
-            if waits:
-                waits[0].done.wait(CHECK_WAIT)
-        ready = [r.load is not None and r.load.ready for r in loading]
-        ok = [r.load is not None and r.load.failed is None for r in loading]
-        if self.agree is not None:
-            flags = self.agree(ready + ok)
-            ready, ok = flags[: len(loading)], flags[len(loading):]
-        events: list[m.Event] = []
-        for r, all_ready, all_ok in zip(loading, ready, ok, strict=True):
-            load = r.load
-            assert load is not None
-            if not all_ok:
-                r.load = None
-                self.cache.loaded(load, used=False)  # rank 0's may be whole: still no hit
-                self._insert(r, *self.cache.ram_only(r.prompt))
-            elif all_ready:
-                r.load = None
-                self.cache.loaded(load)
-                assert load.cache is not None and load.match is not None
-                self._insert(r, load.cache, load.match.usable)
-            elif r.out is not None and load.match is not None:
-                done = int(load.progress * load.match.usable)
-                if done > r.prefilled or not r.prefilled:  # progress, for the hang watch
-                    r.prefilled = max(done, 1)
-                    events.append(m.Prefill(r.rid, done, r.prompt_tokens))
-        return events
-
     def _keep_prompts(self, prompts: list[Any]) -> None:
         """The cache of each prompt whose last segment (all of it but its last token) was just
         prefilled: an entry the same prompt can start from again."""
@@ -378,7 +299,7 @@ class BatchEngine(AsItComes):
         if cache:
             self.cache.store(list(tokens), cache)
 
-    def _drop(self, gone: list[_Request], in_batch: bool = True) -> None:
+    def _drop(self, gone: list[BatchRequest], in_batch: bool = True) -> None:
         """Take requests out (a cancel, an abort): out of the batch, or their load dropped."""
         uids = [r.uid for r in gone if r.uid >= 0]
         if uids and in_batch:
@@ -396,7 +317,7 @@ class BatchEngine(AsItComes):
         together = max(1, min(prefilling, self._gen.prefill_batch_size))
         self._gen.prefill_step_size = max(MIN_CHUNK, self.prefill_step // together)
 
-    def _forget(self, r: _Request) -> None:
+    def _forget(self, r: BatchRequest) -> None:
         if r.grammar is not None:
             r.grammar.retire()
         if self._sampling is not None:
@@ -414,7 +335,7 @@ class BatchEngine(AsItComes):
                       [r.top_logprobs or 0 for _, r in wanted], self.text)
         return {resp.uid: e for (resp, _), e in zip(wanted, got, strict=True)}
 
-    def _on_token(self, r: _Request, resp: Any, entry: m.TokenLogprob | None) -> list[m.Event]:
+    def _on_token(self, r: BatchRequest, resp: Any, entry: m.TokenLogprob | None) -> list[m.Event]:
         r.prefilling = False
         r.completion_tokens += 1
         if r.out is None:  # a warm-up: its one token ends it, its cache is what it was for
