@@ -22,35 +22,43 @@ QUIET_PATHS = tests/unit tests/system $(shell grep -l 'mark\.timing' tests/integ
 # compiles exod from source, ~15% of a runner's start (a zoo chunk: 29 -> 24 CPU-s). Python still
 # reads .pyc files that exist, and recompiles any whose source has changed since.
 BYTECODE = $(BIN)/python -m compileall -q -j 0
+# pytest rewrites the asserts of each test module it imports, and keeps the result beside the
+# module's .pyc; where PYTHONDONTWRITEBYTECODE is set it keeps nothing, so each of `make test`'s
+# 8 workers rewrote every module it collected (half of a worker's collection: 13 -> 6.7 CPU-s in
+# the quiet phase, 10 -> 5.6 in the integration tier). Rewritten once here, read by every worker.
+REWRITES = PYTHONDONTWRITEBYTECODE= $(BIN)/pytest --collect-only -q -p no:cacheprovider tests
 
 # The coding agents the integration tests drive (Claude Code, Codex CLI): npm's newest when
 # first set up, in a git-ignored folder of the checkout. `make agents` updates them.
 # Defined before the rules that name it: make expands a rule's prerequisites as it reads it.
 AGENTS ?= .agents
 
-.PHONY: run test test-unit test-integration test-profile test-system warm setup setup-test \
-	agents install bench man lint clean
+.PHONY: run test test-unit test-integration test-profile test-system warm rewrites setup \
+	setup-test agents install bench man lint clean
 
 run: setup  ## set up, then run the daemon in the foreground on the built-in demo model
 	$(BIN)/exod run --demo
 
 test: setup-test  ## set up; lint beside warm; the integration tier; then the quiet phase
-	$(MAKE) --no-print-directory -j2 --output-sync=target lint warm
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint warm rewrites
 	$(PYTEST) -n $(WORKERS) -m "not timing" --durations=25 tests/integration
 	$(PYTEST) -n $(QUIET_WORKERS) $(QUIET) $(QUIET_PATHS)
 
 test-unit: setup-test  ## the unit tier: no processes, no mlx (tens of seconds)
 	$(PYTEST) -n $(WORKERS) tests/unit
 
-test-integration: setup-test warm  ## the integration tier: real daemons, runners and mlx
+test-integration: setup-test warm rewrites  ## the integration tier: real daemons, runners and mlx
 	$(PYTEST) -n $(WORKERS) -m "not timing" --durations=25 tests/integration
 	$(PYTEST) -n 1 -m timing tests/integration
 
-test-profile: setup-test warm  ## the integration tier, with each test's CPU-seconds (tests/cpu_profile.py)
+test-profile: setup-test warm rewrites  ## the integration tier, with each test's CPU-seconds (tests/cpu_profile.py)
 	PYTHONPATH=. $(PYTEST) -n $(WORKERS) -m "not timing" -p tests.cpu_profile tests/integration
 
 test-system: setup-test  ## the system tier: exod under a real systemd in private namespaces
 	$(PYTEST) -n 1 tests/system
+
+rewrites: setup-test  ## pytest's rewritten test modules, kept once for every worker (REWRITES)
+	$(REWRITES) > /dev/null
 
 warm: setup-test  ## mlx's kernel cache, the demo model, bytecode: once, before tests run in parallel
 	$(BYTECODE) exod tests bench

@@ -258,13 +258,22 @@ class Daemon:
 
     def watch_until(self, pred: Callable[[dict[str, Any]], bool], timeout: float = SAFETY,
                     what: str = "condition") -> dict[str, Any]:
-        """Follow the daemon's change stream until `pred(snapshot)`; returns that snapshot."""
+        """Follow the daemon's change stream until `pred(snapshot)`; returns that snapshot.
+        A stream the daemon ends because this reader fell behind (many instances changing at
+        once, a loaded machine) is followed again from a fresh snapshot, as a client should."""
         seen: list[str] = []
+        deadline = time.monotonic() + timeout
         try:
-            for snap in self.stream({"cmd": "watch"}, timeout):
-                seen.append(snap["daemon"]["summary"])
-                if pred(snap):
-                    return snap
+            while time.monotonic() < deadline:
+                for snap in self.stream({"cmd": "watch"}, deadline - time.monotonic()):
+                    if "daemon" not in snap:  # the stream's end: only a slow reader's is expected
+                        assert "read too slowly" in snap.get("error", ""), snap
+                        break
+                    seen.append(snap["daemon"]["summary"])
+                    if pred(snap):
+                        return snap
+                else:
+                    break  # the daemon closed the stream
         except TimeoutError:
             pass
         raise AssertionError(f"timed out waiting for {what}; summaries seen: {seen[-10:]}\n"
