@@ -40,7 +40,7 @@ run: setup  ## set up, then run the daemon in the foreground on the built-in dem
 	$(BIN)/exod run --demo
 
 test: setup-test  ## set up; lint beside warm; the integration tier; then the quiet phase
-	$(MAKE) --no-print-directory -j2 --output-sync=target lint warm rewrites
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint warm rewrites
 	$(PYTEST) -n $(WORKERS) -m "not timing" --durations=25 tests/integration
 	$(PYTEST) -n $(QUIET_WORKERS) $(QUIET) $(QUIET_PATHS)
 
