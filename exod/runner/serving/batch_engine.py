@@ -150,11 +150,11 @@ class BatchEngine(AsItComes):
         out = Output(streaming(self.tokenizer.detokenizer), req.stop, checked.markers,
                      checked.thinking)
         r = BatchRequest(req.id, checked.prompt, out,
-                     tool_calls.splitter(self.tokenizer, req, checked.args_check),
-                     checked.top_logprobs, insert={
-                         "max_tokens": [checked.max_tokens],
-                         "logits_processors": [checked.processors]},
-                     sampler=checked.sampler, grammar=checked.grammar)
+                         tool_calls.splitter(self.tokenizer, req, checked.args_check),
+                         checked.top_logprobs, insert={
+                             "max_tokens": [checked.max_tokens],
+                             "logits_processors": [checked.processors]},
+                         sampler=checked.sampler, grammar=checked.grammar)
         return self._start(r, disk)
 
     def warm(self, tokens: list[int], force: bool = False) -> bool:
@@ -164,7 +164,7 @@ class BatchEngine(AsItComes):
         if not tokens or not self.cache.enabled or (not force and self.cache.holds(tokens)):
             return False
         r = BatchRequest(f"warm-{next(self._warm_ids)}", list(tokens), None,
-                     insert={"max_tokens": [1]})
+                         insert={"max_tokens": [1]})
         self._start(r, None, counted=False)  # a warm-up is no request's lookup
         return True
 
