@@ -20,19 +20,21 @@ backend runs each elementwise op on one thread, and those (a BERT's GELU: its er
 half of a forward pass) left one of two cores idle while only OpenBLAS's matmuls used both.
 Since mlx 0.31.2 each thread evaluates on a stream of its own, so threads compute side by side
 on the shared, already evaluated weights (as mlx-vlm's server runs a pass per request thread).
-OpenBLAS's threads are shared out among the parts while they run.
+OpenBLAS's threads are shared out among the parts while they run. A part that runs alone
+(one input: a search query) computes its activations on every core (exod.runner.cpu.split).
 """
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
 import mlx.core as mx
 
 from exod.config.embed import Encoding
-from exod.runner.cpu import blas
+from exod.runner.cpu import blas, split
 from exod.runner.embed.part import Part
 
 
@@ -54,19 +56,25 @@ class Encoder:
         self.pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="encode") \
             if threads > 1 else None
         self.blas = self.blas_all = blas.threads() or 1
+        self.splitter = split.Splitter(threads) if threads > 1 and split.enabled() else None
+        self.split = split.split_activations(model, self.splitter) if self.splitter else 0
 
     def run_all(self, parts: list[Part]) -> list[list[bytes]]:
         """Each part's results (`run`), the parts computed at once: the first on this thread,
         the others on the pool's."""
         self._share_blas(len(parts))
         if self.pool is None or len(parts) == 1:
-            return [self.run(*p) for p in parts]
+            with self._cores(self.threads):
+                return [self.run(*p) for p in parts]
         later = [self.pool.submit(self.run, *p) for p in parts[1:]]
         try:
             first = self.run(*parts[0])
         finally:  # a failed part still waits for the others: the next step starts on idle cores
             wait(later)
         return [first, *(f.result() for f in later)]
+
+    def _cores(self, n: int) -> AbstractContextManager[None]:
+        return self.splitter.cores(n) if self.splitter is not None else nullcontext()
 
     def _share_blas(self, parts: int) -> None:
         """OpenBLAS's threads shared out among passes that run at once: with a thread per

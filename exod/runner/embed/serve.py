@@ -42,7 +42,9 @@ def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
             f"{blas_msg}")
         r.report.status(m.Phase.WAITING, "encoding a first input")
         engine = make_engine(r, loaded)
-        log(f"a step's forward passes run on {engine.encoder.threads} thread(s)")
+        log(f"a step's forward passes run on {engine.encoder.threads} thread(s); "
+            f"{engine.encoder.split} activation module(s) computed on every core when a pass "
+            "runs alone (EXOD_SPLIT=0: off)")
         first_input(engine)
         run_loop(r, engine, enc)
     except LoadAborted:
