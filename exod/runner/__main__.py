@@ -143,7 +143,7 @@ def run(r: Runner) -> tuple[int, str]:
         from exod.runner.load import LoadAborted, ModelError
     except ImportError as e:
         return EXIT_UNAVAILABLE, f"mlx is not usable: {e}"
-    from exod.runner.cpu import fused
+    from exod.runner.cpu import fused, split
     from exod.runner.group.membership import AddressInUse, PeerLost
 
     if fused.install():
@@ -153,6 +153,7 @@ def run(r: Runner) -> tuple[int, str]:
         loaded = load(r, group)
         log(f"loaded {loaded.shard.count} layers in {loaded.seconds:.2f}s as {loaded.dtype}; "
             f"{blas_msg}")
+        log(split.here(loaded.model))
         if group is None:
             options = generation_options(r, loaded)  # the draft loads here, before READY
         elif any(v is not None for v in (options_reason(r.options), r.options.max_kv_size,

@@ -1,10 +1,14 @@
 """The checks of exod.runner.cpu.split (run by test_split.py in a pytest of their own, so that the
 suite's process never imports mlx): an activation cut into a slice per core gives every bit of
 the whole one; only large inputs are cut, only into as many slices as the thread's pass may use;
-the encoder cuts a pass that runs alone and keeps whole the passes that run side by side; and a
-whole embedding model's vectors, cut, are bitwise its vectors uncut, for the encoder families
-whose activations are modules (BERT, ModernBERT). Vectors against in-process mlx-vlm through
-the daemon: tests/integration/test_embeddings.py."""
+the encoder cuts a pass that runs alone and keeps whole the passes that run side by side; a
+gated MLP's class is swapped only where its activation is found bitwise (a family's own
+function, quantized too), and never where its projections are not plain (a group's sharded
+ones); and whole models give bitwise the same numbers cut as uncut: embedding models (BERT,
+ModernBERT: activation modules; Qwen3-Embedding: gated), text families of the zoo (prefill
+logits) and every family of the vision zoo (tower and language model: tokens and logprobs of
+mlx-vlm's own generate). The zoo's models are tiny, so `MIN_ELEMENTS` is lowered to 0 where a
+whole model runs: every activation of two rows or more is cut."""
 
 from __future__ import annotations
 
@@ -19,11 +23,21 @@ preload()
 import mlx.core as mx  # noqa: E402 -- after OpenBLAS, as in the runner
 import mlx.nn as nn  # noqa: E402
 
+import mlx_lm  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
+
 from exod.config.embed import encoding  # noqa: E402
 from exod.runner.cpu import split  # noqa: E402
 from exod.runner.embed.encoder import Encoder  # noqa: E402
 from exod.runner.embed.load import load_encoder  # noqa: E402
 from tests.models.embed_zoo import make_embed_model  # noqa: E402
+from tests.models.vision_zoo import FAMILIES as VISION_FAMILIES  # noqa: E402
+from tests.models.vision_zoo import (  # noqa: E402
+    _tokenizer_kwargs_stay_out,
+    make_vision_model,
+    picture,
+)
+from tests.models.zoo import make_family_model  # noqa: E402
 
 BIG = (64, 1024)  # 65,536 elements: above split.MIN_ELEMENTS
 
@@ -99,10 +113,16 @@ def _encoder(tmp: Path, family: str) -> Encoder:
     return Encoder(loaded.model, enc, 0, threads=2)
 
 
+@pytest.fixture
+def cut_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every activation of two rows or more is cut (the zoo's models are tiny)."""
+    monkeypatch.setattr(split, "MIN_ELEMENTS", 0)
+
+
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
 def test_an_encoder_pass_alone_is_cut_and_bitwise_the_same(tmp_path: Path, family: str) -> None:
     encoder = _encoder(tmp_path, family)
-    assert encoder.splitter is not None and encoder.split >= 2
+    assert encoder.split is not None and encoder.split.activations >= 2
     ids = [[5 + (i * 7) % 400 for i in range(48)], [9 + i % 50 for i in range(40)]]
     whole = [encoder.run([s], None, [None]) for s in ids]  # this thread set nothing: whole
     cut = [encoder.run_all([([s], None, [None])])[0] for s in ids]
@@ -128,3 +148,114 @@ def test_passes_side_by_side_keep_their_activations_whole(tmp_path: Path) -> Non
     seen.clear()
     encoder.run_all([([ids], None, [None])])
     assert seen and all(s[-2] == 24 for s in seen)  # one pass alone: cut in two
+
+
+@pytest.mark.usefixtures("cut_all")
+def test_a_decoder_embedding_model_is_cut_in_its_gated_mlps(tmp_path: Path) -> None:
+    path = make_embed_model(tmp_path / "qwen3", "qwen3")
+    enc = encoding(path)
+    assert enc is not None
+    loaded = load_encoder(path, enc, dtype="float32", progress=lambda *_: None,
+                          should_stop=lambda: False)
+    ids = [[5 + (i * 7) % 400 for i in range(40)]]
+    encoder = Encoder(loaded.model, enc, 0, threads=1)  # nothing cut
+    whole = encoder.run(ids, None, [None])
+    done = split.install(loaded.model, 2)
+    assert done is not None and done.gated.modules == 2 and not done.gated.kept, done
+    with done.splitter.cores(2):
+        assert encoder.run(ids, None, [None]) == whole
+
+
+# The families most run, each found by its own activation (gemma's GeGLU: gelu_approx); phi3's
+# MLP fuses gate and up in one projection and GPT-2's has none: they are not gated MLPs.
+TEXT = {"llama": 2, "qwen2": 2, "qwen3": 2, "mistral": 2, "gemma3_text": 2, "phi3": 0, "gpt2": 0}
+
+
+@pytest.mark.usefixtures("cut_all")
+@pytest.mark.parametrize("family,bits", [*((f, None) for f in TEXT), ("llama", 4)], ids=str)
+def test_a_text_family_prefills_bitwise_the_same_cut(tmp_path: Path, family: str,
+                                                     bits: int | None) -> None:
+    path = make_family_model(tmp_path / family, family, bits=bits)
+    model, _ = mlx_lm.load(str(path))
+    if bits is None:
+        model.set_dtype(mx.float32)
+    ids = mx.array([[3 + (i * 11) % 1000 for i in range(40)]])
+    want = model(ids)
+    mx.eval(want)
+    done = split.install(model, 2)
+    assert done is not None
+    assert done.gated.modules >= TEXT[family], done  # the tiny zoo's models have 2 layers
+    assert not done.gated.kept, done.gated.kept
+    with done.splitter.cores(2):
+        got = model(ids)
+    assert mx.array_equal(got, want).item()
+    assert split.install(model, 2).gated.modules == 0  # nothing is swapped twice
+
+
+def test_a_groups_sharded_projections_are_left_as_they_are() -> None:
+    class Sharded(nn.Linear):  # as mlx-lm's sharded linears: its call talks to the group
+        pass
+
+    class MLP(nn.Module):
+        def __init__(self, linear: type[nn.Linear]) -> None:
+            super().__init__()
+            self.gate_proj, self.up_proj = linear(8, 16), linear(8, 16)
+            self.down_proj = linear(16, 8)
+
+        def __call__(self, x: mx.array) -> mx.array:
+            return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    plain, sharded = MLP(nn.Linear), MLP(Sharded)
+    splitter = split.Splitter(2)
+    assert split.split_gated(sharded, splitter).modules == 0
+    assert type(sharded) is MLP
+    done = split.split_gated(plain, splitter)
+    assert done.modules == 1 and list(done.swapped) == ["MLP"]
+    assert done.swapped["MLP"] in ("mlx-lm swiglu", "silu")  # the same bits: the first wins
+    assert type(plain) is not MLP and isinstance(plain, MLP)
+    assert sorted(k for k, _ in tree_flatten(plain.parameters())) == sorted(
+        k for k, _ in tree_flatten(sharded.parameters()))  # the tree is the same
+
+
+def test_an_activation_no_candidate_gives_is_kept_with_its_reason() -> None:
+    class Squared(nn.Module):  # ReLU²: no candidate computes it
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate_proj, self.up_proj = nn.Linear(8, 16), nn.Linear(8, 16)
+            self.down_proj = nn.Linear(16, 8)
+
+        def __call__(self, x: mx.array) -> mx.array:
+            return self.down_proj(mx.square(nn.relu(self.gate_proj(x))) * self.up_proj(x))
+
+    mlp = Squared()
+    done = split.split_gated(mlp, split.Splitter(2))
+    assert done.modules == 0 and type(mlp) is Squared
+    assert done.kept == {"Squared": "no known activation gives its every bit"}
+
+
+@pytest.mark.usefixtures("cut_all")
+@pytest.mark.parametrize("family", sorted(VISION_FAMILIES))
+def test_a_vision_family_generates_bitwise_the_same_cut(tmp_path: Path, family: str) -> None:
+    from mlx_vlm import apply_chat_template, load
+    from mlx_vlm.generate import stream_generate
+
+    path = make_vision_model(tmp_path / family, family)
+    model, processor = load(str(path))
+    model.set_dtype(mx.float32)
+    _tokenizer_kwargs_stay_out(processor)  # as the zoo's reference does
+    prompt = apply_chat_template(processor, model.config, [{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "What is in the picture?"}]}], num_images=1)
+    image = picture(96, 80, seed=3)
+
+    def answer() -> tuple[list[int], list[mx.array]]:
+        steps = list(stream_generate(model, processor, prompt, image=[image], max_tokens=6,
+                                     temperature=0.0))
+        return [s.token for s in steps], [s.logprobs for s in steps]
+
+    want_tokens, want_lp = answer()
+    done = split.install(model, 2)
+    assert done is not None and done.activations + done.gated.modules > 0, done
+    with done.splitter.cores(2):
+        tokens, lp = answer()
+    assert tokens == want_tokens
+    assert all(mx.array_equal(a, b).item() for a, b in zip(lp, want_lp, strict=True))

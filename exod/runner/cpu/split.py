@@ -12,18 +12,29 @@ tests/integration/test_embeddings.py's comparison with mlx-vlm in process). Only
 *modules* are wrapped (nn.GELU, nn.SiLU...), found by type in the model's tree: the encoder
 families and vision towers use them; mlx-lm's decoders call theirs as functions and keep them.
 
-How many cores a pass may use is set per thread (`Splitter.cores`): where a step already runs
-one pass per core (exod.runner.embed.encoder), each pass keeps its activations whole. Small
-inputs (under MIN_ELEMENTS) stay whole too: a stream's hand-over costs tens of microseconds.
-EXOD_SPLIT=0: off.
+Gated MLPs (`down(act(gate(x)) * up(x))`: Llama, Qwen, Mistral, Gemma, and the vision towers
+of Qwen2.5-VL and Pixtral) call their activation as a function, so there the MLP's class is
+swapped for a subclass (the module keeps its object, weights and place in the tree) whose call
+runs the two projections whole, the activation and product a slice per core, and the last
+projection whole. Which function the family applies is found at install, not assumed: each
+candidate (mlx-lm's and mlx-vlm's compiled swiglu, silu, the GELUs) is tried on a random input
+against the module's own call, and the class is swapped only for one whose every bit agrees;
+otherwise it keeps its call, and `install` says so. Rows are a sequence's positions (the
+next-to-last axis), so a decode step (one position) is never cut: prefill and encoders are.
+
+How many cores a pass may use is set per thread (`Splitter.cores`, `Splitter.allow`): where a
+step already runs one pass per core (exod.runner.embed.encoder), each pass keeps its
+activations whole. Small inputs (under MIN_ELEMENTS) stay whole too: a stream's hand-over costs
+tens of microseconds. EXOD_SPLIT=0: off.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -50,6 +61,10 @@ class Splitter:
     def allowed(self) -> int:
         return int(getattr(self._local, "cores", 1))
 
+    def allow(self, n: int) -> None:
+        """From now on, this thread's passes cut activations into (at most) `n` slices."""
+        self._local.cores = min(n, len(self.streams))
+
     @contextmanager
     def cores(self, n: int) -> Iterator[None]:
         """Within: this thread's passes cut activations into (at most) `n` slices."""
@@ -71,16 +86,24 @@ class SplitRows(nn.Module):
         self._splitter = splitter  # not a child: kept out of the module tree's parameters
 
     def __call__(self, x: mx.array) -> mx.array:
-        n = self._splitter.allowed()
-        rows = x.shape[-2] if x.ndim >= 2 else 0
-        if n < 2 or rows < n or x.size < MIN_ELEMENTS:
-            return self.inner(x)
-        cuts = [rows * i // n for i in range(n + 1)]
-        parts = []
-        for stream, a, b in zip(self._splitter.streams, cuts, cuts[1:], strict=False):
-            with mx.stream(stream):
-                parts.append(self.inner(x[..., a:b, :]))
-        return mx.concatenate(parts, axis=-2)
+        cut = rowwise(self._splitter, self.inner, x)
+        return self.inner(x) if cut is None else cut
+
+
+def rowwise(splitter: Splitter, fn: Callable[..., mx.array], *xs: mx.array) -> mx.array | None:
+    """fn(*xs), elementwise over arrays of one shape, computed a slice of rows per allowed core;
+    None where it is not worth cutting (one core, few rows, a small input)."""
+    n = splitter.allowed()
+    x = xs[0]
+    rows = x.shape[-2] if x.ndim >= 2 else 0
+    if n < 2 or rows < n or x.size < MIN_ELEMENTS:
+        return None
+    cuts = [rows * i // n for i in range(n + 1)]
+    parts = []
+    for stream, a, b in zip(splitter.streams, cuts, cuts[1:], strict=False):
+        with mx.stream(stream):
+            parts.append(fn(*(v[..., a:b, :] for v in xs)))
+    return mx.concatenate(parts, axis=-2)
 
 
 def split_activations(model: nn.Module, splitter: Splitter) -> int:
@@ -105,3 +128,168 @@ def split_activations(model: nn.Module, splitter: Splitter) -> int:
 
     model.apply_to_modules(visit)
     return count
+
+
+# ---- gated MLPs -------------------------------------------------------------------------------
+
+Gate = Callable[[mx.array, mx.array], mx.array]  # (gate, up) -> act(gate) * up
+
+
+def _candidates() -> list[tuple[str, Gate]]:
+    found: list[tuple[str, Gate]] = []
+    try:
+        from mlx_lm.models.activations import swiglu as lm_swiglu
+
+        found.append(("mlx-lm swiglu", lm_swiglu))
+    except ImportError:
+        pass
+    try:
+        from mlx_vlm.models.activations import swiglu as vlm_swiglu
+
+        found.append(("mlx-vlm swiglu", vlm_swiglu))
+    except ImportError:  # the vision extra is not installed: text models only
+        pass
+    return [*found, ("silu", lambda g, u: nn.silu(g) * u),
+            ("gelu_approx", lambda g, u: nn.gelu_approx(g) * u),
+            ("gelu", lambda g, u: nn.gelu(g) * u),
+            ("gelu_fast_approx", lambda g, u: nn.gelu_fast_approx(g) * u)]
+
+
+@dataclass(frozen=True)
+class Gated:
+    """What `install` did to a model's gated MLPs: classes swapped (with their function), and
+    classes left as they are (with why)."""
+
+    swapped: dict[str, str]
+    kept: dict[str, str]
+    modules: int
+
+
+PROJECTIONS = (nn.Linear, nn.QuantizedLinear)  # not a group's sharded ones: their call talks
+
+
+def _is_gated(module: nn.Module) -> bool:
+    return all(type(getattr(module, name, None)) in PROJECTIONS
+               for name in ("gate_proj", "up_proj", "down_proj"))
+
+
+def _input(module: nn.Module) -> mx.array | None:
+    """A random input for `module`: its gate projection's width and dtype (a quantized
+    projection's from its scales), or None where they cannot be read."""
+    proj = module.gate_proj
+    scales, weight = getattr(proj, "scales", None), getattr(proj, "weight", None)
+    if isinstance(scales, mx.array) and isinstance(getattr(proj, "group_size", None), int):
+        width, dtype = scales.shape[-1] * proj.group_size, scales.dtype
+    elif isinstance(weight, mx.array) and mx.issubdtype(weight.dtype, mx.floating):
+        width, dtype = weight.shape[-1], weight.dtype
+    else:
+        return None
+    return (mx.random.normal((1, 64, width), key=mx.random.key(7)) * 2).astype(dtype)
+
+
+def _find_gate(module: nn.Module) -> tuple[str, Gate] | str:
+    """The candidate whose MLP is bitwise the module's own on a random input, or why none."""
+    x = _input(module)
+    if x is None:
+        return "its input width is unknown"
+    try:
+        want = type(module).__call__(module, x)
+        g, u = module.gate_proj(x), module.up_proj(x)
+        for name, fn in _candidates():
+            got = module.down_proj(fn(g, u))
+            if got.shape == want.shape and mx.array_equal(got, want).item():
+                return name, fn
+    except Exception as e:  # noqa: BLE001 -- a family's own call: whatever it raises, keep it
+        return f"its own call raised {type(e).__name__}: {e}"
+    return "no known activation gives its every bit"
+
+
+def _key(module: nn.Module) -> tuple[type, type, str]:
+    """Modules of one class may differ in what their call meets (a quantized projection, a
+    dtype): each such kind is checked on its own."""
+    x = _input(module)
+    return type(module), type(module.gate_proj), str(x.dtype if x is not None else None)
+
+
+def _swapped_class(base: type, gate: Gate, splitter: Splitter) -> type:
+    def __call__(self: Any, x: mx.array) -> mx.array:
+        g, u = self.gate_proj(x), self.up_proj(x)
+        h = rowwise(splitter, gate, g, u)
+        if h is None:
+            return base.__call__(self, x)
+        return self.down_proj(h)
+
+    return type(f"Split{base.__name__}", (base,), {"__call__": __call__, "_exod_split": True})
+
+
+def split_gated(model: nn.Module, splitter: Splitter) -> Gated:
+    """Swap the class of every gated MLP of `model` whose activation is found (in place)."""
+    swapped: dict[str, str] = {}
+    kept: dict[str, str] = {}
+    made: dict[tuple[type, type, str], type | None] = {}
+    classes: dict[tuple[type, Gate], type] = {}
+    count = 0
+
+    def visit(_: str, module: nn.Module) -> None:
+        nonlocal count
+        base = type(module)
+        if getattr(base, "_exod_split", False) or not _is_gated(module):
+            return
+        key = _key(module)
+        if key not in made:
+            found = _find_gate(module)
+            if isinstance(found, str):
+                kept[base.__name__] = found
+                made[key] = None
+            else:
+                swapped[base.__name__] = found[0]
+                if (base, found[1]) not in classes:
+                    classes[base, found[1]] = _swapped_class(base, found[1], splitter)
+                made[key] = classes[base, found[1]]
+        cls = made[key]
+        if cls is not None:
+            module.__class__ = cls
+            count += 1
+
+    model.apply_to_modules(visit)
+    return Gated(swapped, kept, count)
+
+
+@dataclass(frozen=True)
+class Installed:
+    splitter: Splitter
+    activations: int  # activation modules wrapped
+    gated: Gated
+
+    def describe(self) -> str:
+        """One line for the runner's log."""
+        kept = "; ".join(f"{k} kept whole ({why})" for k, why in self.gated.kept.items())
+        done = ", ".join(f"{k} ({fn})" for k, fn in self.gated.swapped.items()) or "none"
+        return (f"activations over {len(self.splitter.streams)} cores in prefill and encoders "
+                f"(EXOD_SPLIT=0: off): {self.activations} activation module(s), "
+                f"{self.gated.modules} gated MLP(s) of {done}" + (f"; {kept}" if kept else ""))
+
+
+def install(model: nn.Module, cores: int) -> Installed | None:
+    """Cut `model`'s activations a slice per core from now on (where `allow`ed), on a CPU with
+    more than one core; None where nothing is cut."""
+    if cores < 2 or not enabled():
+        return None
+    splitter = Splitter(cores)
+    return Installed(splitter, split_activations(model, splitter), split_gated(model, splitter))
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity: a service's CPUAffinity, taskset)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count() or 1
+
+
+def here(model: nn.Module) -> str:
+    """`install` over this process's cores, cutting on this thread (the one that runs the
+    model) from now on; what was done, for the runner's log."""
+    done = install(model, cores()) if mx.default_device() == mx.cpu else None
+    if done is None:
+        return "activations whole (one core, not a CPU, or EXOD_SPLIT=0)"
+    done.splitter.allow(len(done.splitter.streams))
+    return done.describe()

@@ -26,7 +26,6 @@ OpenBLAS's threads are shared out among the parts while they run. A part that ru
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
@@ -41,10 +40,7 @@ from exod.runner.embed.part import Part
 def threads() -> int:
     """Threads that compute a step: the cores this process may run on (its affinity: a
     service's CPUAffinity, taskset) on a CPU; one where mlx computes on a GPU."""
-    if mx.default_device() != mx.cpu:
-        return 1
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else os.cpu_count() or 1
+    return split.cores() if mx.default_device() == mx.cpu else 1
 
 
 class Encoder:
@@ -56,8 +52,8 @@ class Encoder:
         self.pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="encode") \
             if threads > 1 else None
         self.blas = self.blas_all = blas.threads() or 1
-        self.splitter = split.Splitter(threads) if threads > 1 and split.enabled() else None
-        self.split = split.split_activations(model, self.splitter) if self.splitter else 0
+        self.split = split.install(model, threads)
+        self.splitter = self.split.splitter if self.split is not None else None
 
     def run_all(self, parts: list[Part]) -> list[list[bytes]]:
         """Each part's results (`run`), the parts computed at once: the first on this thread,

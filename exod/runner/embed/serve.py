@@ -42,9 +42,9 @@ def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
             f"{blas_msg}")
         r.report.status(m.Phase.WAITING, "encoding a first input")
         engine = make_engine(r, loaded)
+        split = engine.encoder.split
         log(f"a step's forward passes run on {engine.encoder.threads} thread(s); "
-            f"{engine.encoder.split} activation module(s) computed on every core when a pass "
-            "runs alone (EXOD_SPLIT=0: off)")
+            + (f"a pass alone: {split.describe()}" if split is not None else "activations whole"))
         first_input(engine)
         run_loop(r, engine, enc)
     except LoadAborted:

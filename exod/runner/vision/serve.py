@@ -43,6 +43,7 @@ FEATURE_CACHE_BYTES = memory.FEATURE_CACHE_BYTES
 def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
     """Load, then serve until asked to stop: (exit code, why it failed)."""
     try:
+        from exod.runner.cpu import split
         from exod.runner.group.membership import AddressInUse, PeerLost
         from exod.runner.load import LoadAborted, ModelError
         from exod.runner.vision.load import load_vision
@@ -64,6 +65,7 @@ def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
             else " and the vision tower"
         log(f"loaded {owned} layers{tower} in {loaded.seconds:.2f}s as {loaded.dtype}; "
             f"{blas_msg}")
+        log(split.here(loaded.model))
         first_token(r, loaded, group)
         run_loop(r, loaded, group)
     except LoadAborted:
