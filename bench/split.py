@@ -1,0 +1,178 @@
+"""What cutting activations a slice per core buys on the CPU (exod.runner.cpu.split), float32 with
+OpenBLAS, each figure whole / cut (above 1.0 the cut is faster):
+
+1. In process, the two taking turns (ABBA) on one loaded model, the thread allowed 1 core, then
+   2, each side of a round at least 3 calls and ~1.5 s: the demo model's prefill of a 512-token prompt (its 30 gated MLPs: mlx-lm's swiglu); a
+   picture request of `bench vision`'s mid-sized Qwen2.5-VL (tower and language model: the
+   tower's and the language model's gated MLPs, the merger's GELU); one input of `bench
+   embeddings`' MiniLM-shaped BERT (its GELUs, a pass alone). The results must be bitwise the
+   same (logits, vectors).
+2. Served: one daemon with two instances of the demo model, one with EXOD_SPLIT=0, one client's
+   requests going to each in turn: time to first token of a ~1.2k-token prompt.
+
+Each figure is the median of per-round ratios, with their range. `python -m bench split`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+
+import requests
+
+from bench.api import demo_model
+from bench.common import PY, REPO, report, verdict
+from bench.embeddings import bench_model as embed_model
+from bench.embeddings import text as embed_text
+from bench.vision import vision_model
+from tests.harness import Daemon
+
+ROUNDS = 6
+SERVED_ROUNDS = 10
+
+IN_PROCESS = r"""
+import json, statistics, sys, time
+from exod.runner.cpu.blas import preload
+preload()
+import mlx.core as mx
+from exod.runner.cpu import split
+
+text_path, vision_path, embed_path, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+embed_input = json.loads(sys.argv[5])
+
+def text():
+    from mlx_lm import load
+    model, _ = load(text_path)
+    model.set_dtype(mx.float32)
+    ids = mx.array([[(i * 37) % 5000 + 10 for i in range(512)]])
+    return model, lambda: model(ids)
+
+def vision():
+    from mlx_vlm import apply_chat_template, load
+    from mlx_vlm.utils import prepare_inputs
+    from tests.models.vision_zoo import picture
+    model, proc = load(vision_path)
+    model.set_dtype(mx.float32)
+    prompt = apply_chat_template(proc, model.config, [{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": "What is in the picture?"}]}], num_images=1)
+    inp = prepare_inputs(proc, images=[picture(224, 224, seed=5)], prompts=[prompt])
+    def run():
+        emb = model.get_input_embeddings(inp["input_ids"], inp["pixel_values"],
+                                         mask=inp["attention_mask"],
+                                         image_grid_thw=inp["image_grid_thw"])
+        extra = {k: v for k, v in emb.to_dict().items() if k != "inputs_embeds" and v is not None}
+        return model.language_model(inp["input_ids"], inputs_embeds=emb.inputs_embeds,
+                                    **extra).logits
+    return model, run
+
+def embed():
+    from exod.config.embed import encoding
+    from exod.runner.embed.load import load_encoder
+    from pathlib import Path
+    enc = encoding(Path(embed_path))
+    loaded = load_encoder(Path(embed_path), enc, dtype="float32", progress=lambda *_: None,
+                          should_stop=lambda: False)
+    ids = mx.array([loaded.tokenizer(embed_input, truncation=True)["input_ids"]])
+    return loaded.model, lambda: loaded.model(ids, attention_mask=mx.ones_like(ids)).text_embeds
+
+out = {}
+for name, make in (("text", text), ("vision", vision), ("embed", embed)):
+    model, run = make()
+    want = run()
+    mx.eval(want)
+    done = split.install(model, 2)
+    t = time.perf_counter()
+    mx.eval(run())
+    n = max(3, round(1.5 / (time.perf_counter() - t)))  # calls of ~1.5 s a side and round
+    def timed(cores):
+        done.splitter.allow(cores)
+        mx.eval(run())
+        t = time.perf_counter()
+        for _ in range(n):
+            got = run()
+            mx.eval(got)
+        return (time.perf_counter() - t) / n, got
+    ratios = []
+    for r in range(rounds):
+        order = (1, 2) if r % 2 == 0 else (2, 1)
+        got = {c: timed(c) for c in order}
+        ratios.append(got[1][0] / got[2][0])
+    same = bool(mx.array_equal(got[2][1], want).item())
+    out[name] = {"ratios": ratios, "same": same, "whole_ms": got[1][0] * 1e3,
+                 "what": done.describe()}
+print(json.dumps(out))
+"""
+
+
+def in_process() -> dict[str, dict[str, object]]:
+    res = subprocess.run([PY, "-c", IN_PROCESS, str(demo_model()), vision_model(),
+                          str(embed_model()), str(ROUNDS), json.dumps(embed_text(7))],
+                         capture_output=True, text=True, check=False, cwd=REPO)
+    if res.returncode != 0:
+        raise RuntimeError(f"the in-process part failed:\n{res.stderr[-3000:]}")
+    got: dict[str, dict[str, object]] = json.loads(res.stdout.strip().splitlines()[-1])
+    return got
+
+
+def served() -> list[float]:
+    """Per round: time to first token of the instance with EXOD_SPLIT=0 over the other's."""
+    path = str(demo_model())
+    d = Daemon({"ready": "instances", "instances": {
+        "on": {"model": path}, "off": {"model": path, "env": {"EXOD_SPLIT": "0"}}}},
+        name="bench-split")
+    d.start()
+    url = d.api_url()
+
+    def ttft(model: str, i: int) -> float:
+        words = " ".join(f"item{(i * 7919 + k) % 5000}" for k in range(400))
+        t0 = time.perf_counter()
+        with requests.post(url + "/v1/chat/completions", json={
+                "model": model, "max_tokens": 1, "temperature": 0, "stream": True,
+                "messages": [{"role": "user", "content": f"{i} Summarize: {words}"}]},
+                stream=True, timeout=600) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line and b"content" in line:
+                    break
+        return time.perf_counter() - t0
+
+    try:
+        ttft("on", 0)
+        ttft("off", 1)
+        ratios = []
+        for i in range(SERVED_ROUNDS):
+            got = {m: ttft(m, 100 + 2 * i + (m == "on"))
+                   for m in (("on", "off") if i % 2 == 0 else ("off", "on"))}
+            ratios.append(got["off"] / got["on"])
+        return ratios
+    finally:
+        d.close()
+
+
+def line(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f}x (range {min(xs):.2f}-{max(xs):.2f}, {len(xs)} rounds)"
+
+
+def main() -> None:
+    got = in_process()
+    rows = []
+    labels = {"text": "demo model, prefill of 512 tokens",
+              "vision": "vision-mid, one 224x224 picture request (tower + prefill)",
+              "embed": "MiniLM-shaped BERT, one input (48 tokens)"}
+    for name, label in labels.items():
+        r = got[name]
+        ratios = r["ratios"]
+        assert isinstance(ratios, list)
+        rows.append((f"{label}: whole / cut", f"{line(ratios)}  "
+                     f"{verdict(statistics.median(ratios) >= 1.0)}"))
+        rows.append(("  bitwise the same / whole took", f"{r['same']} / {r['whole_ms']:.0f} ms"))
+    s = served()
+    rows.append(("served: time to first token, ~1.2k-token prompt, off / on",
+                 f"{line(s)}  {verdict(statistics.median(s) >= 1.0)}"))
+    report("split: activations cut a slice per core vs whole (CPU, float32)", rows)
+
+
+if __name__ == "__main__":
+    main()
