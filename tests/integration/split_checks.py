@@ -7,8 +7,10 @@ function, quantized too), and never where its projections are not plain (a group
 ones); and whole models give bitwise the same numbers cut as uncut: embedding models (BERT,
 ModernBERT: activation modules; Qwen3-Embedding: gated), text families of the zoo (prefill
 logits) and every family of the vision zoo (tower and language model: tokens and logprobs of
-mlx-vlm's own generate). The zoo's models are tiny, so `MIN_ELEMENTS` is lowered to 0 where a
-whole model runs: every activation of two rows or more is cut."""
+mlx-vlm's own generate). Attention's heads: cut only where mlx's own function gives every bit
+in the self-test's forms, never in a decode step. The zoo's models are tiny, so `MIN_ELEMENTS`
+and `MIN_SCORES` are lowered to 0 where a whole model runs: every activation of two rows or
+more, and every attention call of two queries or more, is cut."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import mlx_lm  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 from exod.config.embed import encoding  # noqa: E402
-from exod.runner.cpu import split  # noqa: E402
+from exod.runner.cpu import attention, split  # noqa: E402
 from exod.runner.embed.encoder import Encoder  # noqa: E402
 from exod.runner.embed.load import load_encoder  # noqa: E402
 from tests.models.embed_zoo import make_embed_model  # noqa: E402
@@ -115,8 +117,10 @@ def _encoder(tmp: Path, family: str) -> Encoder:
 
 @pytest.fixture
 def cut_all(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every activation of two rows or more is cut (the zoo's models are tiny)."""
+    """Every activation of two rows or more, and every attention call of two queries or more,
+    is cut (the zoo's models are tiny)."""
     monkeypatch.setattr(split, "MIN_ELEMENTS", 0)
+    monkeypatch.setattr(attention, "MIN_SCORES", 0)
 
 
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
@@ -259,3 +263,55 @@ def test_a_vision_family_generates_bitwise_the_same_cut(tmp_path: Path, family: 
         tokens, lp = answer()
     assert tokens == want_tokens
     assert all(mx.array_equal(a, b).item() for a, b in zip(lp, want_lp, strict=True))
+
+
+class AttentionSpy:
+    """mlx's attention, recording the heads and queries of each call."""
+
+    def __init__(self, stock: Any) -> None:
+        self.stock, self.calls = stock, []
+
+    def __call__(self, q: mx.array, k: mx.array, v: mx.array, **kw: Any) -> mx.array:
+        self.calls.append((q.shape[1], q.shape[2]))
+        return self.stock(q, k, v, **kw)
+
+
+@pytest.fixture
+def fresh_attention() -> Any:
+    """mlx's own attention, and no cut installed, for the test; as it was after."""
+    attention.uninstall()
+    stock = mx.fast.scaled_dot_product_attention
+    yield stock
+    attention.uninstall()
+    mx.fast.scaled_dot_product_attention = stock
+
+
+def test_attention_heads_are_cut_in_prefill_and_never_in_a_decode_step(
+        fresh_attention: Any) -> None:
+    spy = AttentionSpy(fresh_attention)
+    mx.fast.scaled_dot_product_attention = spy
+    splitter = split.Splitter(2)
+    assert attention.install(splitter) == ""
+    cut = mx.fast.scaled_dot_product_attention
+    assert cut is not spy
+    q, k = mx.random.normal((1, 9, 256, 32)), mx.random.normal((1, 3, 256, 32))
+    spy.calls.clear()
+    with splitter.cores(2):
+        got = cut(q, k, k, scale=0.2, mask="causal")
+        mx.eval(got, cut(q[:, :, -1:], k, k, scale=0.2))  # a decode step: one query
+    assert spy.calls == [(4, 256), (5, 256), (9, 1)]  # a slice may end inside a group
+    assert mx.array_equal(got, fresh_attention(q, k, k, scale=0.2, mask="causal")).item()
+    spy.calls.clear()
+    mx.eval(cut(q, k, k, scale=0.2, mask="causal"))  # a thread that set nothing: whole
+    assert spy.calls == [(9, 256)]
+
+
+def test_attention_stays_mlxs_own_where_the_self_test_finds_a_difference(
+        fresh_attention: Any) -> None:
+    def off_by_heads(q: mx.array, k: mx.array, v: mx.array, **kw: Any) -> mx.array:
+        return fresh_attention(q, k, v, **kw) + q.shape[1]  # differs once the heads are cut
+
+    mx.fast.scaled_dot_product_attention = off_by_heads
+    why = attention.install(split.Splitter(2))
+    assert why == "the self-test's plain call differs from mlx's own", why
+    assert mx.fast.scaled_dot_product_attention is off_by_heads

@@ -260,23 +260,35 @@ class Installed:
     splitter: Splitter
     activations: int  # activation modules wrapped
     gated: Gated
+    attention: str  # "" where attention's heads are cut, else why not
 
     def describe(self) -> str:
         """One line for the runner's log."""
         kept = "; ".join(f"{k} kept whole ({why})" for k, why in self.gated.kept.items())
         done = ", ".join(f"{k} ({fn})" for k, fn in self.gated.swapped.items()) or "none"
+        heads = "attention's heads" if not self.attention else \
+            f"attention whole ({self.attention})"
         return (f"activations over {len(self.splitter.streams)} cores in prefill and encoders "
                 f"(EXOD_SPLIT=0: off): {self.activations} activation module(s), "
-                f"{self.gated.modules} gated MLP(s) of {done}" + (f"; {kept}" if kept else ""))
+                f"{self.gated.modules} gated MLP(s) of {done}, {heads}"
+                + (f"; {kept}" if kept else ""))
+
+
+_SPLITTER: list[Splitter] = []  # one per process: attention's cut is mx.fast's, process-wide
 
 
 def install(model: nn.Module, cores: int) -> Installed | None:
-    """Cut `model`'s activations a slice per core from now on (where `allow`ed), on a CPU with
-    more than one core; None where nothing is cut."""
+    """Cut `model`'s activations and attention's heads a slice per core from now on (where
+    `allow`ed), on a CPU with more than one core; None where nothing is cut."""
+    from exod.runner.cpu import attention
+
     if cores < 2 or not enabled():
         return None
-    splitter = Splitter(cores)
-    return Installed(splitter, split_activations(model, splitter), split_gated(model, splitter))
+    if not _SPLITTER:
+        _SPLITTER.append(Splitter(cores))
+    splitter = _SPLITTER[0]
+    return Installed(splitter, split_activations(model, splitter),
+                     split_gated(model, splitter), attention.install(splitter))
 
 
 def cores() -> int:
