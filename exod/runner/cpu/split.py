@@ -69,7 +69,7 @@ class Splitter:
     def cores(self, n: int) -> Iterator[None]:
         """Within: this thread's passes cut activations into (at most) `n` slices."""
         before = self.allowed()
-        self._local.cores = min(n, len(self.streams))
+        self.allow(n)
         try:
             yield
         finally:
