@@ -22,7 +22,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from exod.runner.cpu.split import Splitter
+from exod.runner.cpu.streams import Splitter
 
 MIN_SCORES = 1 << 16  # heads x queries x keys: ~1 ms of exp on one core
 _STOCK: list[Callable[..., mx.array]] = []  # mlx's own function, while ours is installed

@@ -17,10 +17,11 @@ of Qwen2.5-VL and Pixtral) call their activation as a function, so there the MLP
 swapped for a subclass (the module keeps its object, weights and place in the tree) whose call
 runs the two projections whole, the activation and product a slice per core, and the last
 projection whole. Which function the family applies is found at install, not assumed: each
-candidate (mlx-lm's and mlx-vlm's compiled swiglu, silu, the GELUs) is tried on a random input
-against the module's own call, and the class is swapped only for one whose every bit agrees;
-otherwise it keeps its call, and `install` says so. Rows are a sequence's positions (the
-next-to-last axis), so a decode step (one position) is never cut: prefill and encoders are.
+candidate (mlx-lm's compiled swiglu, which mlx-vlm's families use too, silu, the GELUs) is
+tried on a random input against the module's own call, and the class is swapped only for one
+whose every bit agrees; otherwise it keeps its call, and `install` says so. Rows are a
+sequence's positions (the next-to-last axis), so a decode step (one position) is never cut:
+prefill and encoders are.
 
 How many cores a pass may use is set per thread (`Splitter.cores`, `Splitter.allow`): where a
 step already runs one pass per core (exod.runner.embed.encoder), each pass keeps its
@@ -31,14 +32,15 @@ tens of microseconds. EXOD_SPLIT=0: off.
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from exod.runner.cpu import attention
+from exod.runner.cpu.streams import Splitter
 
 # Position-wise activations whose elements cost enough to share out (exp, erf, tanh inside).
 ACTIVATIONS: tuple[type[nn.Module], ...] = (
@@ -49,31 +51,6 @@ MIN_ELEMENTS = 32_768  # ~1 ms of erf on one core: below it the split gains too 
 
 def enabled() -> bool:
     return mx.default_device() == mx.cpu and os.environ.get("EXOD_SPLIT", "1") != "0"
-
-
-class Splitter:
-    """The streams the slices run on, and the cores this thread's current pass may use."""
-
-    def __init__(self, cores: int) -> None:
-        self.streams = [mx.new_stream(mx.cpu) for _ in range(cores)]
-        self._local = threading.local()
-
-    def allowed(self) -> int:
-        return int(getattr(self._local, "cores", 1))
-
-    def allow(self, n: int) -> None:
-        """From now on, this thread's passes cut activations into (at most) `n` slices."""
-        self._local.cores = min(n, len(self.streams))
-
-    @contextmanager
-    def cores(self, n: int) -> Iterator[None]:
-        """Within: this thread's passes cut activations into (at most) `n` slices."""
-        before = self.allowed()
-        self.allow(n)
-        try:
-            yield
-        finally:
-            self._local.cores = before
 
 
 class SplitRows(nn.Module):
@@ -136,20 +113,11 @@ Gate = Callable[[mx.array, mx.array], mx.array]  # (gate, up) -> act(gate) * up
 
 
 def _candidates() -> list[tuple[str, Gate]]:
-    found: list[tuple[str, Gate]] = []
-    try:
-        from mlx_lm.models.activations import swiglu as lm_swiglu
+    """The activations a gated MLP may apply (mlx-vlm's own swiglu is mlx-lm's, bit for bit:
+    its models match the first)."""
+    from mlx_lm.models.activations import swiglu
 
-        found.append(("mlx-lm swiglu", lm_swiglu))
-    except ImportError:
-        pass
-    try:
-        from mlx_vlm.models.activations import swiglu as vlm_swiglu
-
-        found.append(("mlx-vlm swiglu", vlm_swiglu))
-    except ImportError:  # the vision extra is not installed: text models only
-        pass
-    return [*found, ("silu", lambda g, u: nn.silu(g) * u),
+    return [("swiglu", swiglu), ("silu", lambda g, u: nn.silu(g) * u),
             ("gelu_approx", lambda g, u: nn.gelu_approx(g) * u),
             ("gelu", lambda g, u: nn.gelu(g) * u),
             ("gelu_fast_approx", lambda g, u: nn.gelu_fast_approx(g) * u)]
@@ -280,8 +248,6 @@ _SPLITTER: list[Splitter] = []  # one per process: attention's cut is mx.fast's,
 def install(model: nn.Module, cores: int) -> Installed | None:
     """Cut `model`'s activations and attention's heads a slice per core from now on (where
     `allow`ed), on a CPU with more than one core; None where nothing is cut."""
-    from exod.runner.cpu import attention
-
     if cores < 2 or not enabled():
         return None
     if not _SPLITTER:
