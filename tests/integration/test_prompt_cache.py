@@ -116,7 +116,10 @@ def chat(d: Daemon, model: str, content: str, **kw: Any) -> tuple[str, int, int]
 
 
 def disk(d: Daemon, name: str) -> dict[str, Any]:
-    cache = d.instance(name)["serving"]["prompt_cache"]
+    # The runner reports its serving figures after READY: a test that opens with this (the
+    # daemon just started, or restarted by the test before) waits for that report.
+    cache = d.until_instance(name, lambda i: (i["serving"] or {}).get("prompt_cache") is not None,
+                             what=f"{name}'s prompt cache figures")["serving"]["prompt_cache"]
     assert cache is not None and cache["disk"] is not None
     return dict(cache["disk"])
 
