@@ -141,25 +141,25 @@ def _is_gated(module: nn.Module) -> bool:
                for name in ("gate_proj", "up_proj", "down_proj"))
 
 
-def _input(module: nn.Module) -> mx.array | None:
-    """A random input for `module`: its gate projection's width and dtype (a quantized
-    projection's from its scales), or None where they cannot be read."""
+def _projection(module: nn.Module) -> tuple[int, mx.Dtype] | None:
+    """The width and dtype of `module`'s input, read off its gate projection (a quantized
+    one's from its scales), or None where they cannot be read."""
     proj = module.gate_proj
     scales, weight = getattr(proj, "scales", None), getattr(proj, "weight", None)
     if isinstance(scales, mx.array) and isinstance(getattr(proj, "group_size", None), int):
-        width, dtype = scales.shape[-1] * proj.group_size, scales.dtype
-    elif isinstance(weight, mx.array) and mx.issubdtype(weight.dtype, mx.floating):
-        width, dtype = weight.shape[-1], weight.dtype
-    else:
-        return None
-    return (mx.random.normal((1, 64, width), key=mx.random.key(7)) * 2).astype(dtype)
+        return scales.shape[-1] * proj.group_size, scales.dtype
+    if isinstance(weight, mx.array) and mx.issubdtype(weight.dtype, mx.floating):
+        return weight.shape[-1], weight.dtype
+    return None
 
 
 def _find_gate(module: nn.Module) -> tuple[str, Gate] | str:
     """The candidate whose MLP is bitwise the module's own on a random input, or why none."""
-    x = _input(module)
-    if x is None:
+    found = _projection(module)
+    if found is None:
         return "its input width is unknown"
+    width, dtype = found
+    x = (mx.random.normal((1, 64, width), key=mx.random.key(7)) * 2).astype(dtype)
     try:
         want = type(module).__call__(module, x)
         g, u = module.gate_proj(x), module.up_proj(x)
@@ -175,8 +175,8 @@ def _find_gate(module: nn.Module) -> tuple[str, Gate] | str:
 def _key(module: nn.Module) -> tuple[type, type, str]:
     """Modules of one class may differ in what their call meets (a quantized projection, a
     dtype): each such kind is checked on its own."""
-    x = _input(module)
-    return type(module), type(module.gate_proj), str(x.dtype if x is not None else None)
+    found = _projection(module)
+    return type(module), type(module.gate_proj), str(found[1] if found is not None else None)
 
 
 def _swapped_class(base: type, gate: Gate, splitter: Splitter) -> type:
@@ -266,7 +266,7 @@ def cores() -> int:
 def here(model: nn.Module) -> str:
     """`install` over this process's cores, cutting on this thread (the one that runs the
     model) from now on; what was done, for the runner's log."""
-    done = install(model, cores()) if mx.default_device() == mx.cpu else None
+    done = install(model, cores())
     if done is None:
         return "activations whole (one core, not a CPU, or EXOD_SPLIT=0)"
     done.splitter.allow(len(done.splitter.streams))

@@ -53,7 +53,6 @@ class Encoder:
             if threads > 1 else None
         self.blas = self.blas_all = blas.threads() or 1
         self.split = split.install(model, threads)
-        self.splitter = self.split.splitter if self.split is not None else None
 
     def run_all(self, parts: list[Part]) -> list[list[bytes]]:
         """Each part's results (`run`), the parts computed at once: the first on this thread,
@@ -70,7 +69,7 @@ class Encoder:
         return [first, *(f.result() for f in later)]
 
     def _cores(self, n: int) -> AbstractContextManager[None]:
-        return self.splitter.cores(n) if self.splitter is not None else nullcontext()
+        return self.split.splitter.cores(n) if self.split is not None else nullcontext()
 
     def _share_blas(self, parts: int) -> None:
         """OpenBLAS's threads shared out among passes that run at once: with a thread per
