@@ -1,21 +1,23 @@
 """Where a grammar's mask goes, in process: one 8-row batch of mlx-lm's BatchGenerator on
 bench.agent_constrained's model, each row of a schema of bench.agent_constrained.cases.
 
-- sampler / free: the masks added by the batch's one sampler, a step's masks computed at once
-  while the forward runs (exod.runner.serving.batch_sampler, what the batch engine does);
+- sampler / free: the masks applied by the batch's one sampler, a step's masks computed at once
+  while mlx runs the step (exod.runner.serving.batch_sampler, what the batch engine does);
 - processor / free: the grammar as each row's logits processor (what a request asking for
   logprobs gets, and what every request got before);
 - no grammar work / free: the sampler path with llguidance taken out (every token allowed): what
   the path itself costs, the masks' CPU aside;
-- the masks' matrix (what the sampler adds to the batch's logprobs, made on the masks' worker
-  thread while the forward runs) for 8 constrained rows: from the masks' bytes by one table
-  lookup (exod.runner.serving.mask_round) against unpacking each row's bits and choosing
-  between 0 and -inf (what it did before), the same rows timed beside each other.
+- sampler, masks as a matrix / free: the same, the masks applied as a float matrix made with
+  numpy and added (what it did before the compiled kernel of exod.runner.serving.mask_round,
+  which reads llguidance's words beside the logprobs).
 
 Every row has a logit bias (end of sequence away, as in bench.agent_constrained), so the free
-baseline takes mlx-lm's per-row processor path too. Runs back to back in one process, the free
-baseline beside each; the figure is the median of the per-round ratios (EXOD_BENCH_ROUNDS), with
-their range. Run alone with `python -m bench grammar_paths`; `python -m bench agent` runs it.
+baseline takes mlx-lm's per-row processor path too. The sides are paired: one generator each,
+stepped in turn, BLOCK steps at a time (and the order turned every block), so that each block's
+ratio compares sides measured within milliseconds of each other; this machine's speed moves by
+10-30% over seconds, which a run per side turned into its figures. The figure is the median of
+the blocks' ratios over EXOD_BENCH_ROUNDS rounds, with their interquartile range. Run alone with
+`python -m bench grammar_paths`; `python -m bench agent` runs it.
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ from typing import Any
 
 from bench.common import PY, REPO, report
 
-ROWS, TOKENS = 8, 128
+ROWS, TOKENS, BLOCK = 8, 128, 8
 ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS", "4"))
-SIDES = ("sampler", "processor", "no grammar work")
+SIDES = ("sampler", "sampler, masks as a matrix", "processor", "no grammar work")
 
 
 def measure_here(model_dir: str) -> None:
-    """Prints, as JSON: {case: {side: [ratio per round]}}."""
+    """Prints, as JSON: {case: {side: [ratio per block]}}."""
     from exod.runner.cpu import blas
 
     blas.preload()  # before mlx, as in the runner
@@ -56,19 +58,25 @@ def measure_here(model_dir: str) -> None:
     model.set_dtype(mx.float32)  # as the runner runs on CPU
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     grammars = grammar.Grammars(tok, vocab, GrammarLimits())
-    masks = mask_round.MaskRound()
     prompts = [tok.apply_chat_template([{"role": "user", "content": f"Tell me about {c} cats."}],
                                        add_generation_prompt=True) for c in range(1, ROWS + 1)]
-    real_fill = mask_round.MaskRound._fill
 
-    def run(fmt: dict[str, Any] | None, side: str = "") -> float:
-        mask_round.MaskRound._fill = (  # type: ignore[method-assign]
-            (lambda self, live, rows, shape: real_fill(self, [], rows, shape))
-            if side == "no grammar work" else real_fill)
+    class NoWork(mask_round.MaskRound):
+        def _fill(self, live: list[Any]) -> None:
+            pass
+
+    def matrix() -> mask_round.MaskRound:
+        masks = mask_round.MaskRound()
+        masks._kernel[mx.float32] = False  # as if the kernel had failed its check
+        return masks
+
+    rounds = {"no grammar work": NoWork, "sampler, masks as a matrix": matrix}
+
+    def start(fmt: dict[str, Any] | None, side: str) -> tuple[Any, BatchSampler | None]:
         gen = BatchGenerator(model, max_tokens=TOKENS, stop_tokens=set())
         where = generator_rows(gen)
         assert where is not None
-        batch = BatchSampler(masks, where)
+        batch = BatchSampler(rounds.get(side, mask_round.MaskRound)(), where)
         procs, rows = [], []
         for _ in range(ROWS):
             p, c = bias_processors({"2": -100.0}, vocab), None
@@ -87,60 +95,44 @@ def measure_here(model_dir: str) -> None:
                           samplers=samplers)
         for uid, c in zip(uids, rows, strict=True):
             batch.add(uid, greedy_sampler, c)
-        n, t0 = 0, 0.0
-        while n < ROWS * (TOKENS - 2):
-            batch.begin()
-            _, out = gen.next()
-            if out and not t0:  # from the first token on: the decode steps only
-                t0, n = time.perf_counter(), 0
-            n += len(out)
-        return n / (time.perf_counter() - t0)
+        return gen, (batch if by_sampler else None)
+
+    def steps(gen: Any, batch: BatchSampler | None, n: int) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            if batch is not None:
+                batch.begin()
+            gen.next()
+        mx.synchronize()
+        return time.perf_counter() - t
+
+    def paired(fmt: dict[str, Any]) -> dict[str, list[float]]:
+        """One round: every side and the free baseline stepped in turn, a block at a time."""
+        gens = {"free": start(None, ""), **{side: start(fmt, side) for side in SIDES}}
+        for gen, batch in gens.values():
+            steps(gen, batch, 3)  # the prompts read, and the first tokens
+        order = list(gens)
+        got: dict[str, list[float]] = {side: [] for side in SIDES}
+        for _ in range((TOKENS - 8) // BLOCK):
+            order = order[1:] + order[:1]
+            took = {name: steps(*gens[name], BLOCK) for name in order}
+            for side in SIDES:
+                got[side].append(took["free"] / took[side])
+        return got
 
     formats = [c.side["response_format"] for c in cases() if "response_format" in c.side]
-    for fmt in formats[:2]:  # warm: mlx's kernels, the grammars' lexers
-        run(fmt, "sampler")
-    out: dict[str, dict[str, list[float]]] = {}
+    paired(formats[0])  # warm: mlx's kernels, the grammars' lexers
+    out: dict[str, Any] = {}
     for case in cases():
         fmt = case.side.get("response_format")
         if fmt is None:
             continue
         got: dict[str, list[float]] = {side: [] for side in SIDES}
-        for r in range(ROUNDS):
-            for side in SIDES if r % 2 == 0 else SIDES[::-1]:
-                free = run(None)
-                got[side].append(run(fmt, side) / free)
+        for _ in range(ROUNDS):
+            for side, ratios in paired(fmt).items():
+                got[side] += ratios
         out[case.name] = got
-    out["matrix"] = matrix_costs(grammars, formats[0])
     print(json.dumps(out))
-
-
-def matrix_costs(grammars: Any, fmt: dict[str, Any]) -> dict[str, list[float]]:
-    """Seconds to make one step's matrix of ROWS constrained rows, each way, per round."""
-    import numpy as np
-
-    from exod.runner.serving import mask_round
-
-    rows = [(e, grammars.json_schema({**fmt, "schema": fmt["json_schema"]["schema"]}))
-            for e in range(ROWS)]
-    shape = (ROWS, grammars.vocab)
-
-    def unpacked() -> np.ndarray:
-        matrix = np.zeros(shape, dtype=np.float32)
-        for e, c in rows:
-            c._unpack()
-            matrix[e] = c.padded(shape[-1])
-        return matrix
-
-    assert np.array_equal(unpacked(), mask_round._bias(rows, shape))
-    got: dict[str, list[float]] = {"lookup": [], "unpack": []}
-    for _ in range(ROUNDS):
-        for name, fn in (("lookup", lambda: mask_round._bias(rows, shape)),
-                         ("unpack", unpacked)):
-            t = time.perf_counter()
-            for _ in range(200):
-                fn()
-            got[name].append((time.perf_counter() - t) / 200)
-    return got
 
 
 def main() -> None:
@@ -152,16 +144,13 @@ def main() -> None:
         res = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True,
                              cwd=REPO)
     got: dict[str, dict[str, list[float]]] = json.loads(res.stdout.strip().splitlines()[-1])
-    matrix = got.pop("matrix")
-    ratios = [a / b for a, b in zip(matrix["lookup"], matrix["unpack"], strict=True)]
-    rows = [(f"the masks' matrix, {ROWS} rows: byte lookup / per-row unpack",
-             f"{statistics.median(ratios):.3f}x ({statistics.median(matrix['lookup']) * 1e3:.2f}"
-             f" ms / {statistics.median(matrix['unpack']) * 1e3:.2f} ms)")]
+    rows = []
     for name, sides in got.items():
         for side, ratios in sides.items():
+            q = statistics.quantiles(ratios, n=4)
             rows.append((f"{name}, {side} / free ({ROWS} rows)",
-                         f"{statistics.median(ratios):.3f}x (rounds {min(ratios):.3f}-"
-                         f"{max(ratios):.3f})"))
+                         f"{statistics.median(ratios):.3f}x (blocks' middle half {q[0]:.3f}-"
+                         f"{q[2]:.3f})"))
     report("agent: a grammar's mask by the sampler or by a processor, in process", rows)
 
 

@@ -212,3 +212,82 @@ def test_constrained_rows_batched_follow_their_grammars_as_the_processor_path_do
         if r.response_format["type"] == "json_schema":
             jsonschema.validate(value, r.response_format["schema"])
     assert ended >= 4, by_sampler
+
+
+class _Rows:
+    """A row's mask as the round reads it (exod.runner.serving.mask_round.Constraint)."""
+
+    def __init__(self, words: Any) -> None:
+        self.words = words
+
+
+def _masks(vocab: int, width: int, seed: int) -> tuple[Any, list[tuple[int, Any]], Any]:
+    """4 rows of `width` logprobs, rows 0 and 2 constrained by random masks over `vocab`
+    tokens (a wider output layer's padding beyond), and the sum the matrix gives."""
+    import mlx.core as mx
+    import numpy as np
+
+    from exod.runner.serving import mask_round
+
+    rng = np.random.default_rng(seed)
+    logits = mx.array(rng.normal(size=(4, width)).astype(np.float32))
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    rows = []
+    for e in (0, 2):
+        bits = rng.integers(0, 2, size=(vocab + 31) // 32 * 32, dtype=np.uint8)
+        bits[vocab:] = 0  # llguidance sets no bit past the tokenizer's vocabulary
+        rows.append((e, _Rows(np.packbits(bits, bitorder="little").view(np.uint32))))
+    words = np.full((4, -(-width // 32)), mask_round.FREE, dtype=np.uint32)
+    for e, r in rows:
+        words[e, :r.words.size] = r.words
+        words[e, r.words.size:] = 0
+    return logprobs, rows, words
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("vocab,width", [(1024, 1024), (1000, 1024), (49152, 49152),
+                                         (1000, 1000)])
+def test_masks_applied_by_the_kernel_are_the_matrix_sum(dtype: str, vocab: int,
+                                                        width: int) -> None:
+    """The compiled kernel that applies a step's masks gives, every bit, the logprobs plus the
+    masks' matrix (0 allowed, -inf refused): a free row untouched, a constrained row -inf where
+    its bit is clear and past its words (padding); a width not a multiple of 32 takes the
+    matrix. Twice: the first call checks the kernel, the second uses it."""
+    import mlx.core as mx
+    import numpy as np
+
+    from exod.runner.serving import mask_round
+
+    logprobs, rows, words = _masks(vocab, width, seed=vocab + width)
+    logprobs = logprobs.astype(getattr(mx, dtype))
+    expected = np.asarray((logprobs + mx.array(mask_round._matrix(words, width)).astype(
+        logprobs.dtype)).astype(mx.float32))
+    masks = mask_round.MaskRound()
+    for _ in range(2):
+        got = masks.apply([], rows, logprobs)
+        assert got.dtype == logprobs.dtype and got.shape == logprobs.shape
+        assert np.array_equal(np.asarray(got.astype(mx.float32)), expected)
+    assert masks._kernel.get(logprobs.dtype) is (True if width % 32 == 0 else None)
+    allowed = np.unpackbits(rows[0][1].words.view(np.uint8), bitorder="little")[:vocab]
+    refused = np.isneginf(expected[0][:vocab])
+    assert refused.sum() > 0 and np.array_equal(refused, allowed == 0)
+    assert np.isneginf(expected[0][vocab:]).all() and not np.isinf(expected[1]).any()
+
+
+def test_a_kernel_that_differs_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel whose result is not the matrix's at its first call (here: the bits read
+    backwards) is dropped for the matrix, for that call and the ones after."""
+    import mlx.core as mx
+    import numpy as np
+
+    from exod.runner.serving import mask_round
+
+    wrong = mx.compile(lambda lp, w, s: mx.where(((w >> (31 - s)) & 1).astype(mx.bool_), lp,
+                                                 -mx.inf))
+    monkeypatch.setattr(mask_round, "_allowed", wrong)
+    logprobs, rows, words = _masks(1024, 1024, seed=7)
+    expected = np.asarray(logprobs + mx.array(mask_round._matrix(words, 1024)))
+    masks = mask_round.MaskRound()
+    for _ in range(2):
+        assert np.array_equal(np.asarray(masks.apply([], rows, logprobs)), expected)
+    assert masks._kernel[mx.float32] is False

@@ -101,7 +101,7 @@ class BatchEngine(AsItComes):
         self._by_uid: dict[int, BatchRequest] = {}
         self._by_rid: dict[str, BatchRequest] = {}  # every request, loading or in the batch
         self._warm_ids = itertools.count()
-        self._masks = MaskRound()  # the grammars' masks of a step, at once (its worker thread)
+        self._masks = MaskRound()  # the grammars' masks of a step, at once
         self._sampling: BatchSampler | None = None  # every row's, with each generator
         self._gen = self._new_generator()
         self.failed_steps = 0  # a group must not go on after one (exod.runner.group.lockstep)

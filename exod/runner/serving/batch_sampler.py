@@ -6,10 +6,10 @@ Why one: mlx-lm's BatchGenerator samples the batch in one call when every row ha
 sampler object, and row by row otherwise (a slice, the sampler's ops and a concatenation per
 row, on the thread that steps the batch). Every row of the engine gets this object; it knows
 the rows by their uid, in the generator's order, and does per row only what differs: a mask
-added where a row has a grammar (one addition for the whole batch), a row's own draw where its
+applied where a row has a grammar (one pass for the whole batch), a row's own draw where its
 request samples. A batch of greedy rows, constrained or not, is one argmax.
 
-The mask is added to mlx-lm's logprobs, after its log-softmax over the whole vocabulary:
+The mask is applied to mlx-lm's logprobs, after its log-softmax over the whole vocabulary:
 greedy picks the largest, and mlx-lm's filters (top-p, min-p, top-k) and its categorical draw
 only need the ratios of what is left. A request that asks for logprobs keeps its grammar as a
 logits processor instead, so that its logprobs are over what the grammar allows.
@@ -102,9 +102,8 @@ class BatchSampler:
         rows = [self._rows.get(uid) or _Row(greedy_sampler, None) for uid in uids]
         constrained = [(e, r.grammar) for e, r in enumerate(rows) if r.grammar is not None]
         last, self._last = self._last, []
-        bias = self._masks.step(last, constrained, logprobs)
-        if bias is not None:
-            logprobs = logprobs + bias.astype(logprobs.dtype)
+        if constrained or last:
+            logprobs = self._masks.apply(last, constrained, logprobs)
         if all(r.sampler is greedy_sampler for r in rows):
             chosen = greedy_sampler(logprobs)
         else:

@@ -1,37 +1,45 @@
-"""A decode step's grammar masks, computed for every constrained row at once while the step's
-forward and log-softmax run (exod.runner.serving.batch_sampler adds them to the logprobs).
+"""A decode step's grammar masks, computed for every constrained row at once and applied to the
+batch's logprobs in one pass (exod.runner.serving.batch_sampler calls `apply`).
 
 A mask needs the token just chosen. As a logits processor, a grammar read it from the context
 mlx-lm hands each processor, a new lazy op: from the second row on it queued behind the whole
 forward the first row had started, and the masks were computed one row after another with the
 forward done and a core idle. At 8 clients that cost 20-40% of the tokens/s.
 
-Here the batch sampler keeps the array of the tokens it chose, already scheduled at the end of
-that step: reading it at the next step waits for it and queues nothing. The tokens are consumed
-at once, llguidance's executor computes the masks on a worker thread (it releases the GIL, and
-so does mlx while it computes), which also lays them out as one matrix to add to the batch's
-logprobs, while this thread has mlx run the forward and the log-softmax (on a CPU a pass over
-the vocabulary as long as the forward).
-
-The matrix is made from the masks' bytes in one lookup: each byte (8 tokens) picks its 8 floats
-(0 allowed, -inf not) from a table of 256 rows: half the CPU of unpacking each row's bits and
-choosing between 0 and -inf (`python -m bench grammar_paths`: 0.20 against 0.42 ms for 8 rows of
-a 49k vocabulary), and no float row kept per grammar. mlx adds the matrix (on a CPU an addition
-costs a twentieth of mlx's `where`).
+Here, in order:
+1. The step's forward and log-softmax are handed to mlx first: they queue behind the tokens
+   chosen at the step before, so the model never waits on this thread. (Reading those tokens
+   first, then starting the forward, left it idle for the read and the matchers' bookkeeping;
+   on a GPU it starts at once, on a CPU mlx's async_eval returns when most of the graph is
+   under way.)
+2. The batch sampler kept the array of those tokens, already scheduled: reading it queues
+   nothing. Each row consumes its token and llguidance's executor computes every row's next
+   mask, on this thread, while mlx runs the rest of the step (on a CPU, the log-softmax over the
+   vocabulary on one core: the masks take the other, where a worker thread before this competed
+   with OpenBLAS's second thread for the forward's matmuls; `python -m bench grammar_paths`).
+3. The masks are applied by one compiled mlx kernel that reads llguidance's words (a bit per
+   token) beside the logprobs and keeps a logprob where its bit is set, -inf elsewhere: one
+   pass over the batch, and 4 bytes a 32 tokens to copy into mlx. Before, a float matrix (0 or
+   -inf per token) was made with numpy, copied into mlx and added: ~0.6 ms of CPU a step for 8
+   rows of a 49k vocabulary, a quarter of what the masks cost. A vocabulary that is not a
+   multiple of 32 wide (none of the families here), or a kernel that does not give the
+   matrix's result at its first call (it is checked there, every bit), keeps the matrix.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import llguidance
 import mlx.core as mx
 import numpy as np
 
+from exod.runner.log import WARNING, log
+
 Sampler = Callable[[mx.array], mx.array]  # mlx-lm's: logprobs in, tokens out
+FREE = np.uint32(0xFFFFFFFF)  # a free row's words: every token allowed
 
 
 class Constraint(Protocol):
@@ -51,39 +59,79 @@ class MaskRound:
         # A core is left to mlx's stream, which runs the log-softmax meanwhile on one thread.
         self._threads = threads
         self._executor: llguidance.LLExecutor | None = None  # made at the first constrained row
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="masks")
+        self._kernel: dict[mx.Dtype, bool] = {}  # by logprobs dtype: the kernel checked good
 
-    def step(self, last: list[tuple[mx.array, list[tuple[int, Constraint]]]],
-             rows: list[tuple[int, Constraint]], logprobs: mx.array) -> mx.array | None:
-        """The masks of `rows` (by their place in the batch) as a matrix to add to `logprobs`,
-        None without a constrained row. `last`: the tokens chosen since, each with the
+    def apply(self, last: list[tuple[mx.array, list[tuple[int, Constraint]]]],
+              rows: list[tuple[int, Constraint]], logprobs: mx.array) -> mx.array:
+        """`logprobs` with the masks of `rows` (by their place in the batch) applied: -inf
+        where a row's grammar refuses the token. `last`: the tokens chosen since, each with the
         constrained rows by their place then: each row consumes its token first."""
-        live: list[Constraint] = []
-        mx.eval([chosen for chosen, _ in last])
-        for chosen, before in last:
-            tokens = np.asarray(chosen).reshape(-1)  # no new op: no wait behind the forward
-            live += [c for e, c in before if c.advance(int(tokens[e]))]
-        if not rows:  # the rows just read are free: the others' masks are still due
-            if live:
-                self._fill(live, [], logprobs.shape)
-            return None
-        masks = self._worker.submit(self._fill, live, rows, logprobs.shape)
         mx.async_eval(logprobs)
-        return mx.array(masks.result())
+        mx.eval([chosen for chosen, _ in last])
+        live: list[Constraint] = []
+        for chosen, before in last:
+            tokens = np.asarray(chosen).reshape(-1)  # no new op: nothing queued behind the step
+            live += [c for e, c in before if c.advance(int(tokens[e]))]
+        if live:  # also when the rows just read are free: the others' masks are still due
+            self._fill(live)
+        return self._masked(rows, logprobs) if rows else logprobs
 
-    def _fill(self, live: list[Constraint], rows: list[tuple[int, Constraint]],
-              shape: tuple[int, ...]) -> np.ndarray:
-        if live:
-            words = live[0].words.size
-            out = np.zeros((len(live), words), dtype=np.uint32)
-            if self._executor is None:
-                self._executor = llguidance.LLExecutor(self._threads)
-            self._executor.unsafe_compute_mask_ptr(
-                [(c.matcher, i) for i, c in enumerate(live)], out.ctypes.data, words * 4,
-                len(live))
-            for i, c in enumerate(live):
-                c.filled(out[i])
-        return _bias(rows, shape)
+    def _fill(self, live: list[Constraint]) -> None:
+        words = live[0].words.size
+        out = np.zeros((len(live), words), dtype=np.uint32)
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor(self._threads)
+        self._executor.unsafe_compute_mask_ptr(
+            [(c.matcher, i) for i, c in enumerate(live)], out.ctypes.data, words * 4, len(live))
+        for i, c in enumerate(live):
+            c.filled(out[i])
+
+    def _masked(self, rows: list[tuple[int, Constraint]], logprobs: mx.array) -> mx.array:
+        n, width = logprobs.shape
+        words = np.full((n, -(-width // 32)), FREE, dtype=np.uint32)
+        for e, c in rows:
+            mask = c.words[:words.shape[1]]
+            words[e, :mask.size] = mask
+            words[e, mask.size:] = 0  # a wider output layer's padding: never allowed
+        if width % 32:
+            return logprobs + mx.array(_matrix(words, width)).astype(logprobs.dtype)
+        good = self._kernel.get(logprobs.dtype)
+        if good is False:
+            return logprobs + mx.array(_matrix(words, width)).astype(logprobs.dtype)
+        packed = mx.array(words)
+        if good:
+            return _allowed(logprobs.reshape(n, width // 32, 32), packed[:, :, None],
+                            _SHIFTS).reshape(n, width)
+        return self._check(logprobs, words, packed)
+
+    def _check(self, logprobs: mx.array, words: np.ndarray, packed: mx.array) -> mx.array:
+        """The kernel's first call for a dtype: kept only if every logprob agrees with the
+        matrix's sum (-inf where refused, the logprob itself elsewhere). Either way the sum is
+        what this step gets."""
+        n, width = logprobs.shape
+        reference = logprobs + mx.array(_matrix(words, width)).astype(logprobs.dtype)
+        try:
+            mine = _allowed(logprobs.reshape(n, width // 32, 32), packed[:, :, None],
+                            _SHIFTS).reshape(n, width)
+            same = mine.dtype == reference.dtype and bool(mx.array_equal(mine, reference).item())
+            reason = "its result differs"
+        except Exception as e:  # noqa: BLE001 -- any failure means the matrix, said once
+            same, reason = False, f"{type(e).__name__}: {e}"
+        self._kernel[logprobs.dtype] = same
+        if not same:
+            log(f"grammar masks: the compiled kernel is not used for {logprobs.dtype} ({reason});"
+                " masks are added as a matrix", WARNING)
+        return reference
+
+
+_SHIFTS = mx.arange(32, dtype=mx.uint32)
+
+
+@mx.compile
+def _allowed(logprobs: mx.array, words: mx.array, shifts: mx.array) -> mx.array:
+    """logprobs (rows, n, 32) where bit i of words (rows, n, 1) is set, -inf elsewhere: one
+    fused elementwise kernel, the same for every shape (it has none of its own)."""
+    return mx.where(((words >> shifts) & 1).astype(mx.bool_), logprobs, -mx.inf)
 
 
 # Byte value -> the 8 floats it stands for (bit i: token 8k+i, little-endian as llguidance writes).
@@ -92,16 +140,11 @@ _BYTES = np.where(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1,
                   np.float32(0), np.float32(-np.inf)).astype(np.float32)
 
 
-def _bias(rows: list[tuple[int, Constraint]], shape: tuple[int, ...]) -> np.ndarray:
-    """The matrix to add: 0 for every token of a free row, and for a constrained row 0 where
-    its mask allows the token and -inf elsewhere, padding tokens past its words included (the
-    logits of a wider output layer)."""
-    n, width = shape[0], shape[-1]
-    packed = np.full((n, -(-width // 8)), 0xFF, dtype=np.uint8)
-    for e, c in rows:
-        mask = c.words.view(np.uint8)[:packed.shape[1]]
-        packed[e, :mask.size] = mask
-        packed[e, mask.size:] = 0
+def _matrix(words: np.ndarray, width: int) -> np.ndarray:
+    """The masks as a matrix to add: 0 where a row's word allows the token, -inf elsewhere.
+    Made from the words' bytes by one lookup (each byte picks its 8 floats from a table of
+    256 rows): half the CPU of unpacking each row's bits and choosing between 0 and -inf."""
+    packed = words.view(np.uint8)
     out = np.empty((*packed.shape, 8), dtype=np.float32)
     np.take(_BYTES, packed, axis=0, out=out)
-    return out.reshape(n, -1)[:, :width]
+    return out.reshape(packed.shape[0], -1)[:, :width]
