@@ -5,10 +5,11 @@
   schemas agents send (CASES): an array of short strings (maxLength), an array of nested
   objects, a pydantic model's own schema, a long free string, `json_object`, and a forced call
   (tool_choice required) among a 30 KB tool set, whose baseline is the same tools with
-  tool_choice none (the same prompt, free output). Each round measures every case and its
-  baseline (the order reversed every other round); each figure is the median of its per-round
-  ratios, printed with their range. Both sides generate MAX_TOKENS tokens: end of sequence is
-  biased away, and no schema here can close that early. Goal: >= 0.9x at 8 clients.
+  tool_choice none (the same prompt, free output). Each round measures a case right beside its
+  own baseline (the order reversed every other round); each figure is the median of its
+  per-round ratios (EXOD_BENCH_ROUNDS, 6 by default), printed with their range. Both sides
+  generate MAX_TOKENS tokens: end of sequence is biased away, and no schema here can close
+  that early. Goal: >= 0.9x at 8 clients.
 - compile / decode step: the time to compile the grammar of a typical forced tool call (and
   compute its first mask, where llguidance builds its lexer), and of the 30 KB tool set, against
   one decode step at 1 client (1 / tok/s), and the same grammars again (copied from the runner's
@@ -47,7 +48,7 @@ from tests.harness import Daemon, cpu_seconds
 
 MAX_TOKENS = 64
 LEVELS = (1, 8)
-ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS", "4"))
+ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS", "6"))
 GOAL = 0.9
 TRIES = 8
 EOS_AWAY = {"2": -100}  # SmolLM2's <|im_end|>
@@ -181,34 +182,37 @@ def side_by_side(client: openai.OpenAI, runner: int) -> tuple[list[tuple[str, st
     """Every case against its baseline, at each level: (rows, seconds of one free decode step
     at 1 client). Each row: the median ratio of tokens/s (constrained / baseline) with its
     range, and the median ratio of the runner's CPU time per token (baseline / constrained):
-    on a machine shared with other work, wall time moves with the neighbours, CPU time less."""
+    on a machine shared with other work, wall time moves with the neighbours, CPU time less.
+    Each round measures a case right beside its own baseline (the order turned every round):
+    one baseline shared by every case of a round put that one measurement's noise (this
+    machine's speed moves by 10-30% over seconds) into all of the round's ratios at once."""
     rows, step = [], 0.0
-    all_cases = cases()
     for clients in LEVELS:
-        runs = [dict(c.base) for c in all_cases] + [dict(c.side) for c in all_cases]
-        keys = sorted({json.dumps(r, sort_keys=True) for r in runs})  # each baseline once
-        for k in keys:  # warm: kernels, the grammar engine's tokenizer, each grammar
-            aggregate(client, clients, json.loads(k))
-        rates: dict[str, list[float]] = {k: [] for k in keys}
-        cpus: dict[str, list[float]] = {k: [] for k in keys}
-        for r in range(ROUNDS):
-            for k in (keys if r % 2 == 0 else list(reversed(keys))):
-                rate, cpu = aggregate(client, clients, json.loads(k), runner)
-                rates[k].append(rate)
-                cpus[k].append(cpu)
-        for c in all_cases:
-            side, base = json.dumps(c.side, sort_keys=True), json.dumps(c.base, sort_keys=True)
-            ratios = [a / b for a, b in zip(rates[side], rates[base], strict=True)]
-            cpu = [b / a for a, b in zip(cpus[side], cpus[base], strict=True)]
+        for c in cases():  # warm: kernels, the grammar engine's tokenizer, each grammar
+            aggregate(client, clients, c.base)
+            aggregate(client, clients, c.side)
+        free: list[float] = []
+        for c in cases():
+            rates: dict[str, list[float]] = {"side": [], "base": []}
+            cpus: dict[str, list[float]] = {"side": [], "base": []}
+            for r in range(ROUNDS):
+                for which in (("base", "side") if r % 2 == 0 else ("side", "base")):
+                    rate, cpu = aggregate(client, clients, getattr(c, which), runner)
+                    rates[which].append(rate)
+                    cpus[which].append(cpu)
+            ratios = [a / b for a, b in zip(rates["side"], rates["base"], strict=True)]
+            cpu = [b / a for a, b in zip(cpus["side"], cpus["base"], strict=True)]
             mid = statistics.median(ratios)
+            if not c.base:
+                free += rates["base"]
             rows.append((f"{c.name}, {clients} client(s)",
                          f"{mid:.3f}x (rounds {min(ratios):.3f}-{max(ratios):.3f}; "
-                         f"{statistics.median(rates[side]):.0f} / "
-                         f"{statistics.median(rates[base]):.0f} tok/s; CPU per token "
+                         f"{statistics.median(rates['side']):.0f} / "
+                         f"{statistics.median(rates['base']):.0f} tok/s; CPU per token "
                          f"{statistics.median(cpu):.3f}x)"
                          + (f" goal >= {GOAL}x {verdict(mid >= GOAL)}" if clients > 1 else "")))
         if clients == 1:
-            step = 1 / statistics.median(rates[json.dumps({})])
+            step = 1 / statistics.median(free)
     return rows, step
 
 
