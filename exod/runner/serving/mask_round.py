@@ -93,26 +93,20 @@ class MaskRound:
             mask = c.words[:words.shape[1]]
             words[e, :mask.size] = mask
             words[e, mask.size:] = 0  # a wider output layer's padding: never allowed
-        if width % 32:
-            return logprobs + mx.array(_matrix(words, width)).astype(logprobs.dtype)
         good = self._kernel.get(logprobs.dtype)
-        if good is False:
-            return logprobs + mx.array(_matrix(words, width)).astype(logprobs.dtype)
-        packed = mx.array(words)
+        if width % 32 or good is False:
+            return _added(logprobs, words)
         if good:
-            return _allowed(logprobs.reshape(n, width // 32, 32), packed[:, :, None],
-                            _SHIFTS).reshape(n, width)
-        return self._check(logprobs, words, packed)
+            return _kept(logprobs, words)
+        return self._check(logprobs, words)
 
-    def _check(self, logprobs: mx.array, words: np.ndarray, packed: mx.array) -> mx.array:
+    def _check(self, logprobs: mx.array, words: np.ndarray) -> mx.array:
         """The kernel's first call for a dtype: kept only if every logprob agrees with the
         matrix's sum (-inf where refused, the logprob itself elsewhere). Either way the sum is
         what this step gets."""
-        n, width = logprobs.shape
-        reference = logprobs + mx.array(_matrix(words, width)).astype(logprobs.dtype)
+        reference = _added(logprobs, words)
         try:
-            mine = _allowed(logprobs.reshape(n, width // 32, 32), packed[:, :, None],
-                            _SHIFTS).reshape(n, width)
+            mine = _kept(logprobs, words)
             same = mine.dtype == reference.dtype and bool(mx.array_equal(mine, reference).item())
             reason = "its result differs"
         except Exception as e:  # noqa: BLE001 -- any failure means the matrix, said once
@@ -122,6 +116,18 @@ class MaskRound:
             log(f"grammar masks: the compiled kernel is not used for {logprobs.dtype} ({reason});"
                 " masks are added as a matrix", WARNING)
         return reference
+
+
+def _kept(logprobs: mx.array, words: np.ndarray) -> mx.array:
+    """The masks applied by the kernel (a width that is a multiple of 32)."""
+    n, width = logprobs.shape
+    return _allowed(logprobs.reshape(n, width // 32, 32), mx.array(words)[:, :, None],
+                    _SHIFTS).reshape(n, width)
+
+
+def _added(logprobs: mx.array, words: np.ndarray) -> mx.array:
+    """The masks applied as a matrix added to the logprobs."""
+    return logprobs + mx.array(_matrix(words, logprobs.shape[-1])).astype(logprobs.dtype)
 
 
 _SHIFTS = mx.arange(32, dtype=mx.uint32)
