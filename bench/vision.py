@@ -6,9 +6,9 @@ loads it; mlx-vlm's server gets it by LD_PRELOAD), greedy, every answer N tokens
 models never say their end token). Each figure is exod's over mlx-vlm's (for a time, mlx-vlm's
 over exod's), so above 1.0 exod is better; the goal is >= 1.0x:
 
-1. time to first token of one client's request (a picture and a question, streamed; the
-   median of ALONE requests one after the other);
-2. aggregate tokens/s of 1 client (those requests), and of 8 clients at once (8 pictures);
+1. time to first token of one client's request (a picture and a question, streamed);
+2. tokens/s of 1 client (those requests, from the request to the last token), and aggregate
+   tokens/s of 8 clients at once (8 pictures);
 3. the second turn's time to first token: the first turn's answer sent back with a question
    about the same picture;
 4. CPU seconds per answered token over a round, every process of each side (exod's daemon and
@@ -18,9 +18,14 @@ over exod's), so above 1.0 exod is better; the goal is >= 1.0x:
 Every request shows a picture no side has seen yet (its own seed), but (3)'s, so no side answers
 from a cache, except the second turn, which is the point of (3). mlx-vlm's server runs as it
 comes (its prefix cache, APC, is off unless APC_ENABLED=1; `EXOD_BENCH_APC=1` turns it on for
-this run). The sides take turns in a rotating order over ROUNDS rounds (EXOD_BENCH_ROUNDS, 5
-unless set); each figure is the median of the per-round ratios, with their range (the machine
-is shared and noisy). Both sides' answers to the first request must be the same text.
+this run). The sides take turns over ROUNDS rounds (EXOD_BENCH_ROUNDS, 5 unless set). One
+client's requests (1, 2) alternate request by request, the side that leads turned each time, and
+each pair's ratio compares two requests made seconds apart: this machine's speed moves by 10-30%
+over seconds, and whole rounds of one side, then the other, gave per-round ratios 0.83-1.15 for
+figures that pooled over 24 rounds were 1.00x (a run's median of 5 rounds then landed anywhere in
+0.92-1.11). Those figures are the median of the pairs' ratios with their middle half; the others
+(2's 8 clients, 3, 4) the median of the rounds' ratios with their range, the side that starts a
+round turned each round. Both sides' answers to the first request must be the same text.
 `python -m bench vision`.
 """
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -41,7 +47,7 @@ from bench.common import CACHE, PY, REPO, read_chat_stream, report, verdict
 from tests.harness import Daemon, cpu_seconds, free_port
 
 ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS") or 5)  # rounds of both sides
-ALONE = 3  # one client's requests per round, one after the other
+ALONE = 4  # one client's requests per round and side, the sides alternating
 N = 32  # tokens of each answer
 CLIENTS = 8
 PROMPT = "What is in the picture?"
@@ -149,23 +155,32 @@ def start_exod(path: str) -> tuple[Daemon, Side]:
     return d, Side("exod", int(d.api_url().rsplit(":", 1)[1]), "eye", [d.proc.pid, runner])
 
 
+def alone(sides: tuple[Side, Side], urls: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """One client's requests, the sides alternating request by request (the leader turned each
+    time): per request and side, time to first token and tokens/s from the first to the last."""
+    got: list[dict[str, Any]] = []
+    for k in range(ALONE):
+        pair: dict[str, Any] = {}
+        for side in (sides if k % 2 == 0 else sides[::-1]):
+            first, last, tokens, _ = side.ask([turn(urls[side.name][k])])
+            pair[side.name] = {"ttft": first, "one": tokens / last}
+        got.append(pair)
+    return got
+
+
 def measure(side: Side, urls: list[str]) -> dict[str, float]:
-    """One round of one side: the figures of the module's docstring (seconds, tokens/s)."""
+    """One round of one side: 8 clients, the second turn and CPU per token."""
     cpu = side.cpu()
-    alone = [side.ask([turn(u)]) for u in urls[:ALONE]]
-    ttft = sorted(a[0] for a in alone)[ALONE // 2]
-    one = sum(a[2] for a in alone) / sum(a[1] for a in alone)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(CLIENTS) as pool:
-        got = list(pool.map(lambda u: side.ask([turn(u)]), urls[ALONE:ALONE + CLIENTS]))
+        got = list(pool.map(lambda u: side.ask([turn(u)]), urls[:CLIENTS]))
     many = sum(g[2] for g in got) / (time.perf_counter() - t0)
     first = side.ask([turn(urls[-1])])
     follow = [turn(urls[-1]), {"role": "assistant", "content": first[3]},
               {"role": "user", "content": "And what colour is it?"}]
     second, _, more, _ = side.ask(follow)
-    tokens = sum(a[2] for a in alone) + sum(g[2] for g in got) + first[2] + more
-    return {"ttft": ttft, "one": one, "many": many, "second": second,
-            "cpu": (side.cpu() - cpu) / tokens}
+    tokens = sum(g[2] for g in got) + first[2] + more
+    return {"many": many, "second": second, "cpu": (side.cpu() - cpu) / tokens}
 
 
 def main() -> None:
@@ -180,36 +195,48 @@ def main() -> None:
         answers = [side.ask([turn(warm)])[3] for side in (ours, theirs)]
         same = len({a.removeprefix(" ") for a in answers}) == 1
         rounds: list[dict[str, dict[str, float]]] = []
+        pairs: list[dict[str, Any]] = []
         for i in range(ROUNDS):
+            order = (ours, theirs) if i % 2 == 0 else (theirs, ours)
+            mine: dict[str, list[str]] = {}
+            for side in order:
+                mine[side.name], urls = urls[:ALONE], urls[ALONE:]
+            pairs += alone(order, mine)
             got: dict[str, dict[str, float]] = {}
-            for side in ((ours, theirs) if i % 2 == 0 else (theirs, ours)):
-                mine, urls = urls[:per], urls[per:]
-                got[side.name] = measure(side, mine)
+            for side in order:
+                rest, urls = urls[:CLIENTS + 1], urls[CLIENTS + 1:]
+                got[side.name] = measure(side, rest)
             rounds.append(got)
     finally:
         d.close()
         proc.terminate()
         proc.wait(30)
 
-    def ratio(key: str, time_like: bool) -> tuple[str, float]:
+    def ratio(key: str, time_like: bool, of: list[dict[str, Any]]) -> tuple[str, float]:
         xs = sorted((r["mlx-vlm"][key] / r["exod"][key]) if time_like
-                    else (r["exod"][key] / r["mlx-vlm"][key]) for r in rounds)
-        mid = xs[len(xs) // 2]
+                    else (r["exod"][key] / r["mlx-vlm"][key]) for r in of)
+        mid = statistics.median(xs)
+        if of is pairs:
+            q = statistics.quantiles(xs, n=4)
+            return f"{mid:.2f}x (middle half {q[0]:.2f}-{q[2]:.2f}, {len(xs)} pairs)", mid
         return f"{mid:.2f}x (range {xs[0]:.2f}-{xs[-1]:.2f})", mid
 
-    rows = [("time to first token, 1 client", *ratio("ttft", True)),
-            ("tokens/s, 1 client", *ratio("one", False)),
-            (f"aggregate tokens/s, {CLIENTS} clients", *ratio("many", False)),
-            ("second turn's time to first token", *ratio("second", True)),
-            ("CPU seconds per token, every process", *ratio("cpu", True))]
+    rows = [("time to first token, 1 client", *ratio("ttft", True, pairs)),
+            ("tokens/s, 1 client", *ratio("one", False, pairs)),
+            (f"aggregate tokens/s, {CLIENTS} clients", *ratio("many", False, rounds)),
+            ("second turn's time to first token", *ratio("second", True, rounds)),
+            ("CPU seconds per token, every process", *ratio("cpu", True, rounds))]
     apc = "on" if os.environ.get("EXOD_BENCH_APC") == "1" else "off (as it comes)"
     report(f"vision: exod over mlx_vlm.server, same model and pictures (APC {apc}; goal >= "
            "1.0x)", [
                *((name, f"{text} {verdict(mid >= 1.0)}") for name, text, mid in rows),
                ("same answer to the same picture", str(same)),
-               ("seconds per round (exod, mlx-vlm): ttft, one, many, second",
+               ("per round (exod, mlx-vlm): many, second, cpu",
                 json.dumps([{s: {k: round(v, 3) for k, v in r[s].items()} for s in r}
-                            for r in rounds]))])
+                            for r in rounds])),
+               ("one client's pairs (exod, mlx-vlm): ttft, one",
+                json.dumps([{s: {k: round(v, 3) for k, v in p[s].items()} for s in p}
+                            for p in pairs]))])
 
 
 if __name__ == "__main__":

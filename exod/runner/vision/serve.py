@@ -43,7 +43,7 @@ FEATURE_CACHE_BYTES = memory.FEATURE_CACHE_BYTES
 def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
     """Load, then serve until asked to stop: (exit code, why it failed)."""
     try:
-        from exod.runner.cpu import split
+        from exod.runner.cpu import fused, split
         from exod.runner.group.membership import AddressInUse, PeerLost
         from exod.runner.load import LoadAborted, ModelError
         from exod.runner.vision.load import load_vision
@@ -53,6 +53,11 @@ def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
     why = unsupported(spec)
     if why is not None:
         return EXIT_MODEL, f"cannot serve {spec.model}: {why}"
+    # The language model's decode steps run the fused rope and norms as text models do (the
+    # vision tower's calls are not decode-shaped and keep mlx's own): bitwise the same tokens,
+    # ~5% more tokens/s on bench vision's Qwen2.5-VL.
+    if fused.install():
+        blas_msg += "; decode-step rope and norms fused (EXOD_FUSE=0: off)"
     try:
         group = join(r) if spec.group is not None else None
         where = f", rank {spec.shard.rank} of {spec.shard.world}" if group is not None else ""
