@@ -18,7 +18,7 @@ over exod's), so above 1.0 exod is better; the goal is >= 1.0x:
 Every request shows a picture no side has seen yet (its own seed), but (3)'s, so no side answers
 from a cache, except the second turn, which is the point of (3). mlx-vlm's server runs as it
 comes (its prefix cache, APC, is off unless APC_ENABLED=1; `EXOD_BENCH_APC=1` turns it on for
-this run). The sides take turns over ROUNDS rounds (EXOD_BENCH_ROUNDS, 5 unless set). One
+this run). The sides take turns over ROUNDS rounds (EXOD_BENCH_ROUNDS, 10 unless set). One
 client's requests (1, 2) alternate request by request, the side that leads turned each time, and
 each pair's ratio compares two requests made seconds apart: this machine's speed moves by 10-30%
 over seconds, and whole rounds of one side, then the other, gave per-round ratios 0.83-1.15 for
@@ -46,7 +46,7 @@ from bench.api import blas_path
 from bench.common import CACHE, PY, REPO, read_chat_stream, report, verdict
 from tests.harness import Daemon, cpu_seconds, free_port
 
-ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS") or 5)  # rounds of both sides
+ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS") or 10)  # rounds of both sides
 ALONE = 4  # one client's requests per round and side, the sides alternating
 N = 32  # tokens of each answer
 CLIENTS = 8
