@@ -162,15 +162,29 @@ SCHEMAS: list[dict[str, Any]] = [
 
 
 def test_constrained_rows_batched_follow_their_grammars_as_the_processor_path_does(
-        tiny: Loaded) -> None:
+        tiny: Loaded, monkeypatch: pytest.MonkeyPatch) -> None:
     """Grammars applied by the batch's sampler, their masks computed for every row at once
     (exod.runner.serving.batch_sampler), against the same requests asking for logprobs, which
     keep the grammar as a logits processor: the same tokens, greedy, on a random-weight model; rows
     join the batch while others decode, some free, some constrained, and end at different
-    steps. Every constrained answer that ended by itself is valid JSON for its schema."""
+    steps. Every constrained answer that ended by itself is valid JSON for its schema. On this
+    CPU every step's logits were caught, and its masks waited for the forward pass (whatever the
+    log-softmax's size: this model's vocabulary is smaller than SOFTMAX_COVERS)."""
     import json
 
     import jsonschema
+
+    from exod.runner.serving import mask_round
+
+    caught: list[bool] = []
+    apply = mask_round.MaskRound.apply
+
+    def counted(self: Any, last: Any, rows: Any, logprobs: Any, logits: Any = None) -> Any:
+        caught.append(logits is not None)
+        return apply(self, last, rows, logprobs, logits)
+
+    monkeypatch.setattr(mask_round.MaskRound, "apply", counted)
+    monkeypatch.setattr(mask_round, "SOFTMAX_COVERS", 0)
 
     def asks(logprobs: bool) -> list[m.Generate]:
         fmt = [{"type": "json_schema", "schema": s} for s in SCHEMAS] + [{"type": "json_object"}]
@@ -202,6 +216,7 @@ def test_constrained_rows_batched_follow_their_grammars_as_the_processor_path_do
     plain, processed = asks(False), asks(True)
     by_sampler, by_processor = serve(plain), serve(processed)
     assert by_sampler == by_processor
+    assert caught and all(caught), caught.count(False)
     assert all(sampled), sampled  # mlx-lm sampled every batch by the engine's one sampler
     ended = 0
     for r, (text, reason) in zip(plain, by_sampler, strict=True):
@@ -291,3 +306,35 @@ def test_a_kernel_that_differs_is_not_used(monkeypatch: pytest.MonkeyPatch) -> N
     for _ in range(2):
         assert np.array_equal(np.asarray(masks.apply([], rows, logprobs)), expected)
     assert masks._kernel[mx.float32] is False
+
+
+def test_the_logits_tap_catches_what_a_step_normalises() -> None:
+    """exod.runner.serving.logits_tap on a CPU: while armed, mlx-lm's `logits -
+    logsumexp(logits)` leaves its logits to be taken once, at the logprobs' shape; not armed,
+    or another shape, nothing. The wrapped logsumexp is mlx's own, every bit."""
+    import mlx.core as mx
+    import numpy as np
+
+    from exod.runner.serving import logits_tap
+
+    logits = mx.array(np.random.default_rng(3).normal(size=(4, 1000)).astype(np.float32))
+    stock = mx.logsumexp(logits, axis=-1, keepdims=True)
+    assert logits_tap.install() and logits_tap.install()  # idempotent
+    try:
+        logits_tap.arm()
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        assert logits_tap.take(logprobs.shape) is logits
+        assert logits_tap.take(logprobs.shape) is None  # once
+        assert np.array_equal(np.asarray(logprobs), np.asarray(logits - stock))
+        logits_tap.arm()
+        mx.logsumexp(logits[:1], axis=-1, keepdims=True)  # a row's: not the step's shape
+        assert logits_tap.take(logprobs.shape) is None
+        logits_tap.arm()
+        logits_tap._here.armed = False  # a step not being built
+        mx.logsumexp(logits, axis=-1, keepdims=True)
+        assert logits_tap.take(logprobs.shape) is None
+    finally:
+        logits_tap.uninstall()
+    logits_tap.arm()  # uninstalled: arming catches nothing
+    mx.logsumexp(logits, axis=-1, keepdims=True)
+    assert logits_tap.take(logits.shape[:1] + (1000,)) is None

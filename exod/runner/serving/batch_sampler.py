@@ -24,6 +24,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.sample_utils import greedy_sampler
 
+from exod.runner.serving import logits_tap
 from exod.runner.serving.mask_round import Constraint, MaskRound, Sampler
 
 Order = Callable[[], Sequence[int]]  # uids, in a batch's order
@@ -69,6 +70,7 @@ class BatchSampler:
         # The tokens chosen since the last call, and the constrained rows by their place then.
         self._last: list[tuple[mx.array, list[tuple[int, Constraint]]]] = []
         self.calls = 0  # batches sampled here (a check that mlx-lm takes this path)
+        logits_tap.install()  # on a CPU: the masks wait for the forward pass, not beside it
 
     def add(self, uid: int, sampler: Sampler = greedy_sampler,
             grammar: Constraint | None = None) -> None:
@@ -82,6 +84,7 @@ class BatchSampler:
         """Before each BatchGenerator.next(): its first call here samples the batch being
         decoded, when there is one; a later call, the rows whose prompt it has just read."""
         self._decoding_next = bool(self._where.decoding())
+        logits_tap.arm()
 
     def _uids(self, n: int) -> list[int]:
         if self._decoding_next:
@@ -102,8 +105,9 @@ class BatchSampler:
         rows = [self._rows.get(uid) or _Row(greedy_sampler, None) for uid in uids]
         constrained = [(e, r.grammar) for e, r in enumerate(rows) if r.grammar is not None]
         last, self._last = self._last, []
+        logits = logits_tap.take(logprobs.shape)
         if constrained or last:
-            logprobs = self._masks.apply(last, constrained, logprobs)
+            logprobs = self._masks.apply(last, constrained, logprobs, logits)
         if all(r.sampler is greedy_sampler for r in rows):
             chosen = greedy_sampler(logprobs)
         else:

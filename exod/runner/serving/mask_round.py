@@ -7,16 +7,21 @@ forward the first row had started, and the masks were computed one row after ano
 forward done and a core idle. At 8 clients that cost 20-40% of the tokens/s.
 
 Here, in order:
-1. The step's forward and log-softmax are handed to mlx first: they queue behind the tokens
-   chosen at the step before, so the model never waits on this thread. (Reading those tokens
-   first, then starting the forward, left it idle for the read and the matchers' bookkeeping;
-   on a GPU it starts at once, on a CPU mlx's async_eval returns when most of the graph is
-   under way.)
+1. The step's forward pass is handed to mlx first: it queues behind the tokens chosen at the
+   step before, so the model never waits on this thread. (Reading those tokens first, then
+   starting the forward, left it idle for the read and the matchers' bookkeeping; on a GPU it
+   starts at once, on a CPU mlx's async_eval returns when most of the graph is under way.)
 2. The batch sampler kept the array of those tokens, already scheduled: reading it queues
-   nothing. Each row consumes its token and llguidance's executor computes every row's next
-   mask, on this thread, while mlx runs the rest of the step (on a CPU, the log-softmax over the
-   vocabulary on one core: the masks take the other, where a worker thread before this competed
-   with OpenBLAS's second thread for the forward's matmuls; `python -m bench grammar_paths`).
+   nothing. Each row consumes its token. Then llguidance's executor computes every row's next
+   mask, on this thread:
+   - on a CPU, once the forward pass is done, while mlx runs the log-softmax over the
+     vocabulary on one thread (exod.runner.serving.logits_tap says why and how: masks
+     computed beside the forward's matmuls took a core from one of OpenBLAS's threads, and the
+     matmul waited for it). `python -m bench grammar_paths`, 8 rows: 0.89-0.90x of free
+     decoding for a string array with maxLength (0.81-0.84x beside the matmuls), 0.91-0.92x
+     for nested objects and pydantic's schema (0.87-0.89x);
+   - on a GPU, with fewer logits than SOFTMAX_COVERS, or where the log-softmax's input is not
+     caught, beside the whole step.
 3. The masks are applied by one compiled mlx kernel that reads llguidance's words (a bit per
    token) beside the logprobs and keeps a logprob where its bit is set, -inf elsewhere: one
    pass over the batch, and 4 bytes a 32 tokens to copy into mlx. Before, a float matrix (0 or
@@ -41,6 +46,12 @@ from exod.runner.log import WARNING, log
 
 Sampler = Callable[[mx.array], mx.array]  # mlx-lm's: logprobs in, tokens out
 FREE = np.uint32(0xFFFFFFFF)  # a free row's words: every token allowed
+# The masks wait for the forward pass and go beside the log-softmax only when it has at least
+# this many logits (4 rows of a 49k vocabulary, ~2.6 ms on the 2-core test machine): the wait
+# leaves the next step's graph to be built after the forward, which a short log-softmax does
+# not cover. Served, 1 client of bench.agent_constrained's model (49k): 0.77-0.82x of free
+# decoding waiting, 0.84-0.88x not; 8 clients: waiting is the better (docstring, 2.).
+SOFTMAX_COVERS = 4 * 49152
 
 
 class Constraint(Protocol):
@@ -63,16 +74,24 @@ class MaskRound:
         self._kernel: dict[mx.Dtype, bool] = {}  # by logprobs dtype: the kernel checked good
 
     def apply(self, last: list[tuple[mx.array, list[tuple[int, Constraint]]]],
-              rows: list[tuple[int, Constraint]], logprobs: mx.array) -> mx.array:
+              rows: list[tuple[int, Constraint]], logprobs: mx.array,
+              logits: mx.array | None = None) -> mx.array:
         """`logprobs` with the masks of `rows` (by their place in the batch) applied: -inf
         where a row's grammar refuses the token. `last`: the tokens chosen since, each with the
-        constrained rows by their place then: each row consumes its token first."""
+        constrained rows by their place then: each row consumes its token first. `logits`: what
+        `logprobs` normalises (exod.runner.serving.logits_tap, on a CPU), or None."""
+        if logits is not None and logits.size < SOFTMAX_COVERS:
+            logits = None  # a short log-softmax: the masks go beside the whole step
+        if logits is not None:  # its own event: waited for below, the log-softmax queued behind
+            mx.async_eval(logits)
         mx.async_eval(logprobs)
         mx.eval([chosen for chosen, _ in last])
         live: list[Constraint] = []
         for chosen, before in last:
             tokens = np.asarray(chosen).reshape(-1)  # no new op: nothing queued behind the step
             live += [c for e, c in before if c.advance(int(tokens[e]))]
+        if logits is not None:  # the masks go beside the log-softmax, not the matmuls
+            mx.eval(logits)
         if live:  # also when the rows just read are free: the others' masks are still due
             self._fill(live)
         return self._masked(rows, logprobs) if rows else logprobs
