@@ -51,6 +51,21 @@ CACHED = 16  # compiled grammars kept, each with its lexer
 COPIES = 256
 
 
+# The token sets llguidance's mask computation takes whole where a lexer state allows all of
+# them, rather than walking the token trie (its "slices"). Its default cuts string characters
+# at 10 and 30: inside a string with a maxLength, fewer characters left than 10 walk every
+# token, which made such a string ~20x a plain one's mask. Cut at 1, 2, 4, 8, 10, 16 and 30,
+# the sets of short tokens stay whole down to the last characters: on bench.agent_constrained's
+# schemas and the demo tokenizer (49k tokens), random walks of allowed tokens, 10-20% less CPU
+# a mask (string array with maxLength 130 -> 121 us, nested objects 74 -> 66, pydantic's 67 ->
+# 53) and the same masks, every bit (tests/integration/test_grammar_slices.py); the tokenizer
+# builds in half the time (0.11 s). Slices only speed the masks up: llguidance checks that a
+# state allows a whole set before taking it.
+_CHAR = r'[^"\\\x00-\x1F\x7F]'  # a JSON string's character, unescaped (llguidance's class)
+SLICES = [r"[\x20\x0A\x0D\x09]+", *(f"{_CHAR}{{1,{n}}}" for n in (1, 2, 4, 8, 10, 16, 30)),
+          f"{_CHAR}+"]
+
+
 class Grammars:
     """Compiles grammars for one model's tokenizer. llguidance's view of the tokenizer is built
     once, at the first constrained request (about a second for a vocabulary of 32k)."""
@@ -73,7 +88,7 @@ class Grammars:
                                        param)
                 eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
                 self._ll = llguidance.LLTokenizer(backend.to_str(), n_vocab=self.vocab,
-                                                  eos_token=eos)
+                                                  eos_token=eos, slices=SLICES)
             return self._ll
 
     def special(self, *ids: int) -> bool:
