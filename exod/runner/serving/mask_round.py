@@ -17,9 +17,10 @@ Here, in order:
    - on a CPU, once the forward pass is done, while mlx runs the log-softmax over the
      vocabulary on one thread (exod.runner.serving.logits_tap says why and how: masks
      computed beside the forward's matmuls took a core from one of OpenBLAS's threads, and the
-     matmul waited for it). `python -m bench grammar_paths`, 8 rows: 0.89-0.90x of free
-     decoding for a string array with maxLength (0.81-0.84x beside the matmuls), 0.91-0.92x
-     for nested objects and pydantic's schema (0.87-0.89x);
+     matmul waited for it). In process, 8 rows of bench.grammar_paths's model, two runs each:
+     0.886x and 0.898x of free decoding for a string array with maxLength (0.811x and 0.837x
+     beside the matmuls), 0.910x and 0.915x for nested objects (0.868x, 0.875x), 0.919x and
+     0.910x for pydantic's schema (0.893x, 0.882x); served, docs/benchmarks.md;
    - on a GPU, with fewer logits than SOFTMAX_COVERS, or where the log-softmax's input is not
      caught, beside the whole step.
 3. The masks are applied by one compiled mlx kernel that reads llguidance's words (a bit per
