@@ -146,8 +146,7 @@ def run(r: Runner) -> tuple[int, str]:
     from exod.runner.cpu import fused, split
     from exod.runner.group.membership import AddressInUse, PeerLost
 
-    if fused.install():
-        blas_msg += "; decode-step rope and norms fused (EXOD_FUSE=0: off)"
+    blas_msg += fused.install_note()
     try:
         group = join_group(r) if r.spec.group is not None else None
         loaded = load(r, group)

@@ -81,6 +81,11 @@ def install() -> bool:
     return True
 
 
+def install_note() -> str:
+    """`install()`, said as the runner's "loaded" line says it ("" if not installed)."""
+    return "; decode-step rope and norms fused (EXOD_FUSE=0: off)" if install() else ""
+
+
 def unchecked_version(version: str) -> str:
     """Why the chains are not used with this mlx version ("" if it is in CHECKED_MLX)."""
     (lo_major, lo_minor), (hi_major, hi_minor) = CHECKED_MLX

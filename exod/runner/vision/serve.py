@@ -56,8 +56,7 @@ def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
     # The language model's decode steps run the fused rope and norms as text models do (the
     # vision tower's calls are not decode-shaped and keep mlx's own): bitwise the same tokens,
     # ~5% more tokens/s on bench vision's Qwen2.5-VL.
-    if fused.install():
-        blas_msg += "; decode-step rope and norms fused (EXOD_FUSE=0: off)"
+    blas_msg += fused.install_note()
     try:
         group = join(r) if spec.group is not None else None
         where = f", rank {spec.shard.rank} of {spec.shard.world}" if group is not None else ""
