@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import numpy as np
@@ -17,7 +17,10 @@ import pytest
 
 from bench.agent_constrained import cases
 from exod.config.schema import GrammarLimits
-from exod.runner.serving import grammar
+
+if TYPE_CHECKING:  # the runner's modules import mlx: only inside the tests (test_models checks
+    # that a test process has not imported it)
+    from exod.runner.serving import grammar
 
 STEPS, WALKS = 48, 3
 
@@ -25,6 +28,8 @@ STEPS, WALKS = 48, 3
 @pytest.fixture(scope="module")
 def both(demo_model: Path) -> tuple[grammar.Grammars, grammar.Grammars]:
     from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from exod.runner.serving import grammar
 
     tok = load_tokenizer(demo_model)
     vocab = json.loads((demo_model / "config.json").read_text())["vocab_size"]
@@ -60,6 +65,8 @@ def walk(g: grammar.Grammars, fmt: dict[str, Any], seed: int, vocab: int) -> lis
 @pytest.mark.parametrize("name,fmt", formats(), ids=[n for n, _ in formats()])
 def test_our_slices_give_llguidances_masks(both: tuple[grammar.Grammars, grammar.Grammars],
                                             name: str, fmt: dict[str, Any]) -> None:
+    from exod.runner.serving import grammar
+
     ours, theirs = both
     assert grammar.SLICES != llguidance.LLTokenizer.general_slices()  # two ways, compared
     compared, seed = 0, 0
