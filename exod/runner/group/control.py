@@ -247,6 +247,17 @@ class Refusals:
                                f"refused {peer}: {why}", attempt=self.attempt)
 
 
+def probe(address: str) -> None:
+    """ControlAddressInUse now if something already listens on rank 0's control address. Rank 0
+    listens there only once the MLX group has formed, when its peers already wait on it: a
+    port found taken then made the round's cause a race between rank 0's report and a peer's
+    giving up on it. Anything else about the address is left to the real listen."""
+    try:
+        _listen(*control_address(address)).close()
+    except ControlLost:
+        pass
+
+
 def accept_workers(address: str, key_file: Path, size: int, timeout: float,
                    on_refused: OnRefused | None = None) -> dict[int, socket.socket]:
     """Rank 0: one authenticated connection from each of ranks 1..size-1 on `address`, within

@@ -177,6 +177,11 @@ def connect(rank: int, size: int, spec: GroupSpec, life: Lifecycle, report: Repo
                       f"(attempt {attempt})", attempt=attempt)
         if backend == "ring" and sys.platform.startswith("linux"):
             check_own_port(rank)
+        if rank == 0:
+            try:
+                control.probe(spec.control)
+            except control.ControlAddressInUse as e:
+                raise AddressInUse(str(e)) from None
         try:
             with life.interruptible():
                 g = mx.distributed.init(backend=backend, strict=True)
