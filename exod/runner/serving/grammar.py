@@ -58,7 +58,7 @@ COPIES = 256
 # the sets of short tokens stay whole down to the last characters: on bench.agent_constrained's
 # schemas and the demo tokenizer (49k tokens), random walks of allowed tokens, 10-20% less CPU
 # a mask (string array with maxLength 130 -> 121 us, nested objects 74 -> 66, pydantic's 67 ->
-# 53) and the same masks, every bit (tests/integration/test_grammar_slices.py); the tokenizer
+# 53) and the same masks, every bit (tests/integration/slices_checks.py); the tokenizer
 # builds in half the time (0.11 s). Slices only speed the masks up: llguidance checks that a
 # state allows a whole set before taking it.
 _CHAR = r'[^"\\\x00-\x1F\x7F]'  # a JSON string's character, unescaped (llguidance's class)
