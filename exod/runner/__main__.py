@@ -111,9 +111,10 @@ def no_spec(life: Lifecycle, channel: Channel) -> int:
 def prepare(r: Runner) -> str:
     """What must come before mlx runs anything; the line on OpenBLAS for the load's log."""
     from exod.runner import import_table
-    from exod.runner.cpu import blas, jit_header
+    from exod.runner.cpu import blas, jit_flags, jit_header
 
     import_table.install()  # before mlx_lm imports transformers
+    flags = jit_flags.install()  # before any kernel, and the header, is compiled
     have_blas, blas_msg = blas.preload()
     if r.spec.group is not None and r.spec.group.blas_threads is not None:
         blas.set_threads(r.spec.group.blas_threads)  # loaded already in a forked runner
@@ -122,6 +123,11 @@ def prepare(r: Runner) -> str:
     built = jit_header.ensure()  # before the model's first kernels are compiled
     if built:
         log(built)
+    why = jit_flags.check() if jit_flags.active() else None
+    if why is not None:
+        log(jit_flags.uninstall(why), WARNING)
+    elif flags is not None:
+        log(flags)
     return blas_msg
 
 

@@ -1,0 +1,110 @@
+"""mlx's CPU kernels, in a runner, compiled for the machine's vector instructions
+(exod.runner.cpu.jit_flags): through the runner's own g++, into a kernel cache of their own,
+against a precompiled header built with the same flags, and computing what mlx's own ops do."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from exod.runner.cpu import jit_flags
+from tests.harness import REPO
+
+PROBE = """
+import json, os, sys
+from exod.runner.cpu import jit_flags, jit_header
+if len(sys.argv) > 1:
+    jit_flags.SAME_BITS = sys.argv[1]  # flags that change the bits: the check must see it
+said = jit_flags.install()
+built = jit_header.ensure()
+import mlx.core as mx
+why = jit_flags.check() if jit_flags.active() else None
+# A GELU no other test compiles: its kernel is compiled here, through whatever g++ is on PATH.
+gelu = lambda x: x * (1 + mx.erf(x / 1.4142135623730951)) / 2 + 0.0078125
+x = mx.random.normal((3000,), key=mx.random.key(3)) * 4
+equal = mx.array_equal(mx.compile(gelu)(x), gelu(x)).item()
+cache = jit_header.temp_dir() / "mlx" / mx.__version__ / "cpu"
+undone = jit_flags.uninstall(why) if why is not None else None
+print(json.dumps({"said": said, "why": why, "undone": undone, "equal": equal,
+                  "cache": str(cache), "tmpdir": os.environ.get("TMPDIR")}))
+"""
+
+# mlx runs "g++" from PATH, and so does the runner's shim: this one tells which headers each
+# compile read (-H), under the shim.
+SAYS_WHAT_IT_READ = """#!/bin/sh
+"$REAL_GXX" -H "$@" 2>>"$READ_LOG"
+"""
+
+
+def machine_has_them() -> bool:
+    return bool(jit_flags.wanted(Path("/proc/cpuinfo").read_text(), platform.machine()))
+
+
+def probe(tmp_path: Path, env: dict[str, str], *args: str) -> dict[str, object]:
+    bin_, tmp = tmp_path / "bin", tmp_path / "tmp"
+    bin_.mkdir()
+    tmp.mkdir()
+    (bin_ / "g++").write_text(SAYS_WHAT_IT_READ)
+    (bin_ / "g++").chmod(0o755)
+    real = shutil.which("g++")
+    assert real is not None, "g++ is installed by the test set-up (scripts/system-deps.sh)"
+    res = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=REPO, capture_output=True,
+                         text=True, timeout=300, check=False,
+                         env={**os.environ, "TMPDIR": str(tmp), "REAL_GXX": real,
+                              "READ_LOG": str(tmp_path / "read.log"),
+                              "PATH": f"{bin_}:{os.environ['PATH']}", **env})
+    assert res.returncode == 0, res.stderr
+    got: dict[str, object] = json.loads(res.stdout.strip().splitlines()[-1])
+    return got
+
+
+def fma_in_kernels(cache: Path) -> list[bool]:
+    """For each kernel in the cache with an exp or an erf (mlx's are polynomials of fmas):
+    whether its code holds a hardware fused multiply-add, not a call to libm's."""
+    libs = sorted(p for p in cache.glob("lib*.so") if "Exp" in p.name or "Erf" in p.name)
+    assert libs, f"no kernel was compiled into {cache}"
+    return ["vfmadd" in subprocess.run(["objdump", "-d", str(lib)], capture_output=True,
+                                       text=True, check=True).stdout for lib in libs]
+
+
+def test_kernels_are_built_for_the_machine_in_a_cache_of_their_own(tmp_path: Path) -> None:
+    got = probe(tmp_path, {})
+    if not machine_has_them():  # not x86-64 with AVX2, FMA and F16C: mlx's own command
+        assert got["said"] is None and got["tmpdir"] == str(tmp_path / "tmp"), got
+        return
+    home = tmp_path / "tmp" / "exod-mlx-avx2-fma-f16c"
+    assert got["said"] == f"mlx's kernels compiled with -mavx2 -mfma -mf16c (kept in {home})"
+    assert got["why"] is None and got["undone"] is None, got
+    assert got["tmpdir"] == str(home), got
+    cache = Path(str(got["cache"]))
+    assert cache.is_relative_to(home), got
+    assert got["equal"] is True, got
+    assert all(fma_in_kernels(cache)), "a kernel was compiled without the flags"
+    # The precompiled header was built with the kernels' flags: every kernel used it.
+    read = [line for line in (tmp_path / "read.log").read_text().splitlines()
+            if line.startswith(("!", ".")) and "compiled_preamble" in line]
+    header = cache / "mlx/backend/cpu/compiled_preamble.h.gch"
+    assert read and set(read) == {f"! {header}"}, read
+    assert not (tmp_path / "tmp" / "mlx").exists(), "a kernel went to the shared cache"
+
+
+def test_turned_off_mlx_compiles_as_its_wheel_does(tmp_path: Path) -> None:
+    got = probe(tmp_path, {"EXOD_JIT_FLAGS": "0"})
+    assert got["said"] is None and got["tmpdir"] == str(tmp_path / "tmp"), got
+    assert got["equal"] is True, got
+    # The same kernels without the flags: libm's fmaf, no hardware fma in their code.
+    assert not any(fma_in_kernels(Path(str(got["cache"])))), got
+
+
+def test_flags_that_change_the_bits_are_dropped(tmp_path: Path) -> None:
+    if not machine_has_them():
+        return  # nothing is installed to check: the first test covers this machine
+    got = probe(tmp_path, {}, "-ffast-math")
+    assert str(got["why"]).startswith("a kernel built with them differs from mlx's own ops"), got
+    assert got["undone"] == f"mlx's kernels compiled as mlx's wheel does: {got['why']}", got
+    assert got["tmpdir"] == str(tmp_path / "tmp"), got  # TMPDIR and PATH as they were
