@@ -28,7 +28,7 @@ from exod.core.exits import (
 )
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
-from exod.runner.log import ERR, WARNING, log
+from exod.runner.log import ERR, INFO, WARNING, log
 from exod.runner.report import Reporter
 from exod.runner.text import (Runner, first_token, generation_options, join_group, load,
                               options_reason, serve_alone, serve_group)
@@ -124,10 +124,9 @@ def prepare(r: Runner) -> str:
     if built:
         log(built)
     why = jit_flags.check() if jit_flags.active() else None
-    if why is not None:
-        log(jit_flags.uninstall(why), WARNING)
-    elif flags is not None:
-        log(flags)
+    flags = jit_flags.uninstall(why) if why is not None else flags
+    if flags is not None:
+        log(flags.line, WARNING if flags.warning else INFO)
     return blas_msg
 
 

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from exod.runner.cpu import jit_flags
 from tests.harness import REPO
 
@@ -30,7 +32,8 @@ x = mx.random.normal((3000,), key=mx.random.key(3)) * 4
 equal = mx.array_equal(mx.compile(gelu)(x), gelu(x)).item()
 cache = jit_header.temp_dir() / "mlx" / mx.__version__ / "cpu"
 undone = jit_flags.uninstall(why) if why is not None else None
-print(json.dumps({"said": said, "why": why, "undone": undone, "equal": equal,
+print(json.dumps({"said": said and said.line, "why": why, "undone": undone and undone.line,
+                  "equal": equal,
                   "cache": str(cache), "tmpdir": os.environ.get("TMPDIR")}))
 """
 
@@ -108,3 +111,37 @@ def test_flags_that_change_the_bits_are_dropped(tmp_path: Path) -> None:
     assert str(got["why"]).startswith("a kernel built with them differs from mlx's own ops"), got
     assert got["undone"] == f"mlx's kernels compiled as mlx's wheel does: {got['why']}", got
     assert got["tmpdir"] == str(tmp_path / "tmp"), got  # TMPDIR and PATH as they were
+
+
+def test_a_folder_others_can_write_is_not_used(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shim's folder is in a shared temporary folder: one that another user made, or left
+    open to others, could hold a g++ (or kernels) of theirs, which mlx would run."""
+    monkeypatch.setattr(jit_flags, "wanted", lambda cpuinfo, machine: ("-mavx2",))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("EXOD_JIT_FLAGS", "1")
+    path = os.environ["PATH"]
+    home = tmp_path / "exod-mlx-avx2"
+    home.mkdir(mode=0o777)
+    home.chmod(0o777)  # past the umask
+    said = jit_flags.install()
+    assert said == jit_flags.Said(f"mlx's kernels compiled as mlx's wheel does: {home} is "
+                                  "writable by others (mode 777)", warning=True)
+    home.rmdir()
+    home.symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    said = jit_flags.install()
+    assert said is not None and said.line.endswith(f"{home} is not a folder"), said
+    assert not (tmp_path / "elsewhere" / "bin").exists()
+    assert os.environ["PATH"] == path and os.environ["TMPDIR"] == str(tmp_path)
+    assert not jit_flags.active()
+    home.unlink()
+    said = jit_flags.install()  # its own folder: used, made for this user alone
+    try:
+        assert said == jit_flags.Said(f"mlx's kernels compiled with -mavx2 (kept in {home})")
+        assert (home.stat().st_mode & 0o777, (home / "bin").stat().st_mode & 0o777) == \
+            (0o700, 0o700)
+        assert os.environ["PATH"].startswith(f"{home / 'bin'}:")
+    finally:
+        jit_flags.uninstall("the test is over")
+    assert os.environ["PATH"] == path and os.environ["TMPDIR"] == str(tmp_path)

@@ -18,7 +18,9 @@ otherwise. A GELU is ~3.6x faster, an encoder pass over one input ~1.2x (`bench 
 
 The kernels built this way live in a cache of their own: the runner's TMPDIR (where mlx keeps
 its kernels, exod.runner.cpu.jit_header) becomes a folder named after the flags, so no other
-mlx program sharing the machine's temporary folder loads them, nor they its.
+mlx program sharing the machine's temporary folder loads them, nor they its. It is made this
+user's alone (0700), and a folder of that name that is not (another user's, a link, open to
+others) is not used: what is there is run.
 `EXOD_JIT_FLAGS=0` leaves the compiler as mlx calls it.
 """
 
@@ -27,7 +29,9 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import stat
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from exod.runner.cpu.jit_header import temp_dir
@@ -56,9 +60,21 @@ def script(compiler: str, flags: tuple[str, ...]) -> str:
     return f'#!/bin/sh\nexec "{compiler}" {" ".join(flags)} {SAME_BITS} "$@"\n'
 
 
-def install() -> str | None:
+@dataclass(frozen=True)
+class Said:
+    """A line for the runner's log, and whether it is a warning (the flags are not used)."""
+
+    line: str
+    warning: bool = False
+
+
+def unused(why: str) -> Said:
+    return Said(f"mlx's kernels compiled as mlx's wheel does: {why}", warning=True)
+
+
+def install() -> Said | None:
     """Put the shim first on this process's PATH and point TMPDIR at the kernels' own cache;
-    before mlx compiles anything. What was done (for the log), or None (nothing to do here)."""
+    before mlx compiles anything. What was done, or None (nothing to do here)."""
     if not sys.platform.startswith("linux") or os.environ.get("EXOD_JIT_FLAGS", "1") == "0":
         return None
     compiler = shutil.which("g++")
@@ -75,19 +91,37 @@ def install() -> str | None:
     shim = home / "bin" / SHIM
     text = script(compiler, flags)
     try:
-        shim.parent.mkdir(parents=True, exist_ok=True)
+        for folder in (home, shim.parent):
+            folder.mkdir(mode=0o700, exist_ok=True)
+            why = not_own(folder)
+            if why is not None:  # whoever can write there could run code as this runner
+                return unused(f"{folder} {why}")
         if not shim.exists() or shim.read_text() != text:
             part = shim.with_name(f".{SHIM}.{os.getpid()}")
             part.write_text(text)
             part.chmod(0o755)
             os.replace(part, shim)  # whole: another runner may be compiling through it
     except OSError as e:  # a read-only temporary folder: mlx compiles as it does by default
-        return f"mlx's kernels compiled as mlx's wheel does ({e})"
+        return unused(str(e))
     _saved.update({k: os.environ.get(k) for k in ("PATH", "TMPDIR")})
     # os.environ writes the C environment too, which mlx's popen("g++ ...") reads.
     os.environ["PATH"] = f"{shim.parent}{os.pathsep}{os.environ.get('PATH', '')}"
     os.environ["TMPDIR"] = str(home)
-    return f"mlx's kernels compiled with {' '.join(flags)} (kept in {home})"
+    return Said(f"mlx's kernels compiled with {' '.join(flags)} (kept in {home})")
+
+
+def not_own(folder: Path) -> str | None:
+    """Why `folder` may not hold what this process runs: a link, another user's, or writable
+    by others (a temporary folder is shared: mlx would run the g++ found there and load the
+    kernels found there). None: it is this user's own."""
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a folder"
+    if st.st_uid != os.getuid():
+        return f"belongs to uid {st.st_uid}"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
 
 
 _saved: dict[str, str | None] = {}  # PATH and TMPDIR as they were before install
@@ -97,15 +131,15 @@ def active() -> bool:
     return bool(_saved)
 
 
-def uninstall(why: str) -> str:
-    """Back to mlx's own compiler command (the check failed); the line for the log."""
+def uninstall(why: str) -> Said:
+    """Back to mlx's own compiler command (the check failed)."""
     for name, value in _saved.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
     _saved.clear()
-    return f"mlx's kernels compiled as mlx's wheel does: {why}"
+    return unused(why)
 
 
 def check() -> str | None:
