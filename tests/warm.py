@@ -1,9 +1,10 @@
 """`python -m tests.warm` (`make warm`, a step of `make test` before the parallel tiers): fills,
 once, what the first tests of a parallel run would otherwise each fill at the same moment:
 
-- mlx's kernel cache. mlx's CPU back end compiles each fused kernel it meets with the C++
-  compiler (~0.7 s each) into $TMPDIR/mlx; on a clean machine the first runners of several tests
-  started together each compile the same kernels.
+- mlx's kernel caches. mlx's CPU back end compiles each fused kernel it meets with the C++
+  compiler (~0.7 s each, ~0.15 against a precompiled header) into $TMPDIR/mlx for the tests'
+  own processes and into the runners' own cache (exod.runner.cpu.jit_flags); on a clean machine
+  the first runners of several tests started together each compile the same kernels.
 - the demo model, converted once into the test cache (EXOD_TEST_CACHE, or ~/.cache/exod-test).
 - the runners' transformers import table (exod.runner.import_table).
 
@@ -74,6 +75,11 @@ def main() -> None:
     t0 = time.monotonic()
     cache = os.environ.get("EXOD_TEST_CACHE") or str(Path.home() / ".cache" / "exod-test")
     demo = model_cli("exod.models.demo", "--cache-dir", cache)
+    # The tests' own processes (mlx-lm and mlx-vlm in process: the references runners are
+    # compared with) compile mlx's kernels as mlx does, into $TMPDIR/mlx, apart from the
+    # runners' (exod.runner.cpu.jit_flags): that cache gets its precompiled header too.
+    subprocess.run([sys.executable, "-c", "from exod.runner.cpu import jit_header; "
+                    "jit_header.ensure()"], cwd=REPO, check=True, timeout=900)
     with tempfile.TemporaryDirectory(prefix="exod-warm-") as tmp:
         tiny = model_cli("tests.models.tiny", str(Path(tmp) / "tiny"))
         # One runner first: the kernels every model uses, compiled once, not by every runner.
