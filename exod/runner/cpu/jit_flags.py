@@ -4,8 +4,8 @@ mlx compiles each fused kernel it meets (mx.compile: mlx's and mlx-lm's activati
 fused decode step, a BERT's GELU) with the `g++` it finds on PATH, as `g++ -std=c++17 -O3 -Wall
 -fPIC -shared`. The x86-64 wheel on PyPI is built for the baseline (SSE2), and so is that
 command: every `std::fma` in mlx's SIMD math (a dozen in its exp, more in erf and erfinv) is a
-call into libm. A BERT's GELU costs ~45 ns an element that way, half of an encoder pass over one
-input. mlx's own source adds `-mavx2 -mfma -mf16c` to the command when the library itself is
+call into libm. A BERT's GELU costs ~30 ns an element that way, half of an encoder pass over
+one input. mlx's own source adds `-mavx2 -mfma -mf16c` to the command when the library itself is
 built for AVX2; the wheel is not.
 
 So a runner on such a machine puts a `g++` of its own first on its PATH (a two-line script
@@ -14,7 +14,7 @@ compiler. The results are the same bits: an fma is exact in hardware as in libm,
 mode (`-std=c++17`) g++ fuses no multiply and add that the source does not write as one
 (`-ffp-contract=off`, passed too, to leave no doubt). `check()` confirms it before the model
 loads, on a kernel of exp, erf and a sigmoid over every float type, and drops the flags
-otherwise. A GELU is ~3.6x faster, an encoder pass over one input ~1.2x (`bench jit_flags`).
+otherwise. A GELU is ~3x faster, an encoder pass over one input ~1.3x (`bench jit_flags`).
 
 The kernels built this way live in a cache of their own: the runner's TMPDIR (where mlx keeps
 its kernels, exod.runner.cpu.jit_header) becomes a folder named after the flags, so no other
