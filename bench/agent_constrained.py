@@ -9,7 +9,8 @@
   own baseline (the order reversed every other round); each figure is the median of its
   per-round ratios (EXOD_BENCH_ROUNDS, 18 by default), printed with their range. A round is 8
   requests of 64 tokens, ~0.6 s a side, on a machine whose speed moves 10-30% over seconds:
-  rounds span 0.75-1.2, and a median of 6 moved by about 0.04 between runs. Both sides
+  rounds span 0.65-1.25, and a median of 18 still moves by about 0.04 between runs (of 6, more).
+  Both sides
   generate MAX_TOKENS tokens: end of sequence is biased away, and no schema here can close
   that early. Goal: >= 0.9x at 8 clients.
 - compile / decode step: the time to compile the grammar of a typical forced tool call (and
