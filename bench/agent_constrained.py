@@ -10,9 +10,8 @@
   per-round ratios (EXOD_BENCH_ROUNDS, 18 by default), printed with their range. A round is 8
   requests of 64 tokens, ~0.6 s a side, on a machine whose speed moves 10-30% over seconds:
   rounds span 0.65-1.25, and a median of 18 still moves by about 0.04 between runs (of 6, more).
-  Both sides
-  generate MAX_TOKENS tokens: end of sequence is biased away, and no schema here can close
-  that early. Goal: >= 0.9x at 8 clients.
+  Both sides generate MAX_TOKENS tokens: end of sequence is biased away, and no schema here can
+  close that early. Goal: >= 0.9x at 8 clients.
 - compile / decode step: the time to compile the grammar of a typical forced tool call (and
   compute its first mask, where llguidance builds its lexer), and of the 30 KB tool set, against
   one decode step at 1 client (1 / tok/s), and the same grammars again (copied from the runner's
