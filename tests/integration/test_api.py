@@ -110,11 +110,11 @@ def test_health_needs_no_token_everything_else_does(served: Served) -> None:
 
 
 def test_a_big_body_is_read_off_the_loop(served: Served) -> None:
-    """A body near api.max_body_kib of small input items: its dialect reads it in 1.7 s, ten
-    times as long as its JSON takes to parse. It was read on the loop (only the JSON was
-    parsed off it), and /health waited all that time; now /health answers meanwhile (after
-    the JSON at most: the C parser holds the GIL). The last item is broken, so that reading
-    the body is all the request costs."""
+    """A body near api.max_body_kib of small input items: its dialect read it in 1.7 s when
+    this test was written (0.35 s alone now), several times as long as its JSON takes to
+    parse. It was read on the loop (only the JSON was parsed off it), and /health waited all
+    that time; now /health answers meanwhile (after the JSON at most: the C parser holds the
+    GIL). The last item is broken, so that reading the body is all the request costs."""
     n = 110_000  # 3.9 MB, under the default 4 MiB
     body = (b'{"model": "tiny", "input": [' + b'{"role": "user", "content": "q"}, ' * n
             + b'{"role": "nobody", "content": "q"}]}')
@@ -136,7 +136,10 @@ def test_a_big_body_is_read_off_the_loop(served: Served) -> None:
         waits.append(time.monotonic() - start)
     thread.join()
     assert outcome["status"] == 400 and f"input[{n}].role".encode() in outcome["answer"]
-    assert max(waits) < outcome["took"] / 3, (max(waits), outcome["took"])
+    # Read on the loop, one /health would wait for nearly all of the read and few would be
+    # answered meanwhile. Half the read, not a third: under the suite's load one /health once
+    # waited 0.32 s of a read that took 0.92 s (the daemon's process waiting for a core).
+    assert len(waits) >= 5 and max(waits) < outcome["took"] / 2, (waits, outcome["took"])
 
 
 def test_ready_lists_autostart_instances_that_are_not_ready(served: Served) -> None:
