@@ -123,8 +123,7 @@ def prepare(r: Runner) -> str:
     built = jit_header.ensure()  # before the model's first kernels are compiled
     if built:
         log(built)
-    why = jit_flags.check() if jit_flags.active() else None
-    flags = jit_flags.uninstall(why) if why is not None else flags
+    flags = jit_flags.settle(flags)
     if flags is not None:
         log(flags.line, WARNING if flags.warning else INFO)
     return blas_msg
