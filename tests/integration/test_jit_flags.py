@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from exod.runner.cpu import jit_flags
+from tests.gxx_reads import logging_gxx, preamble_reads
 from tests.harness import REPO
 
 PROBE = """
@@ -36,30 +36,18 @@ print(json.dumps({"said": said and said.line, "settled": settled and settled.lin
                   "cache": str(cache), "tmpdir": os.environ.get("TMPDIR")}))
 """
 
-# mlx runs "g++" from PATH, and so does the runner's shim: this one tells which headers each
-# compile read (-H), under the shim.
-SAYS_WHAT_IT_READ = """#!/bin/sh
-"$REAL_GXX" -H "$@" 2>>"$READ_LOG"
-"""
-
 
 def machine_has_them() -> bool:
     return bool(jit_flags.wanted(Path("/proc/cpuinfo").read_text(), platform.machine()))
 
 
 def probe(tmp_path: Path, env: dict[str, str], *args: str) -> dict[str, object]:
-    bin_, tmp = tmp_path / "bin", tmp_path / "tmp"
-    bin_.mkdir()
+    tmp = tmp_path / "tmp"
     tmp.mkdir()
-    (bin_ / "g++").write_text(SAYS_WHAT_IT_READ)
-    (bin_ / "g++").chmod(0o755)
-    real = shutil.which("g++")
-    assert real is not None, "g++ is installed by the test set-up (scripts/system-deps.sh)"
+    gxx = logging_gxx(tmp_path / "bin", tmp_path / "read.log")  # under the runner's shim
     res = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=REPO, capture_output=True,
                          text=True, timeout=300, check=False,
-                         env={**os.environ, "TMPDIR": str(tmp), "REAL_GXX": real,
-                              "READ_LOG": str(tmp_path / "read.log"),
-                              "PATH": f"{bin_}:{os.environ['PATH']}", **env})
+                         env={**os.environ, "TMPDIR": str(tmp), **gxx, **env})
     assert res.returncode == 0, res.stderr
     got: dict[str, object] = json.loads(res.stdout.strip().splitlines()[-1])
     return got
@@ -88,8 +76,7 @@ def test_kernels_are_built_for_the_machine_in_a_cache_of_their_own(tmp_path: Pat
     assert got["equal"] is True, got
     assert all(fma_in_kernels(cache)), "a kernel was compiled without the flags"
     # The precompiled header was built with the kernels' flags: every kernel used it.
-    read = [line for line in (tmp_path / "read.log").read_text().splitlines()
-            if line.startswith(("!", ".")) and "compiled_preamble" in line]
+    read = preamble_reads(tmp_path / "read.log")
     header = cache / "mlx/backend/cpu/compiled_preamble.h.gch"
     assert read and set(read) == {f"! {header}"}, read
     assert not (tmp_path / "tmp" / "mlx").exists(), "a kernel went to the shared cache"

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.gxx_reads import logging_gxx, preamble_reads
 from tests.harness import REPO
 
 PROBE = """
@@ -25,11 +25,6 @@ cache = jit_header.temp_dir() / "mlx" / mx.__version__ / "cpu"
 print(json.dumps({"first": first, "second": second, "equal": equal, "cache": str(cache)}))
 """
 
-# mlx runs "g++" from PATH: this one is g++ telling which headers each compile read (-H).
-SAYS_WHAT_IT_READ = """#!/bin/sh
-"$REAL_GXX" -H "$@" 2>>"$READ_LOG"
-"""
-
 
 def run(code: str, tmp: Path, env: dict[str, str]) -> str:
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
@@ -40,24 +35,16 @@ def run(code: str, tmp: Path, env: dict[str, str]) -> str:
 
 
 def test_kernels_compile_against_the_header_built_once_per_kernel_cache(tmp_path: Path) -> None:
-    shim, log, tmp = tmp_path / "bin", tmp_path / "read.log", tmp_path / "tmp"
-    shim.mkdir()
+    log, tmp = tmp_path / "read.log", tmp_path / "tmp"
     tmp.mkdir()
-    (shim / "g++").write_text(SAYS_WHAT_IT_READ)
-    (shim / "g++").chmod(0o755)
-    real = shutil.which("g++")
-    assert real is not None, "g++ is installed by the test set-up (scripts/system-deps.sh)"
-    got = json.loads(run(PROBE, tmp, {"PATH": f"{shim}:{os.environ['PATH']}",
-                                      "REAL_GXX": real, "READ_LOG": str(log)}
-                         ).strip().splitlines()[-1])
+    gxx = logging_gxx(tmp_path / "bin", log)
+    got = json.loads(run(PROBE, tmp, gxx).strip().splitlines()[-1])
     header = Path(got["cache"]) / "mlx/backend/cpu/compiled_preamble.h.gch"
     assert header.is_file()
     assert str(got["first"]).startswith("precompiled mlx's kernel header"), got
     assert got["second"] is None, got  # built already: nothing to do
     assert got["equal"] is True, got
-    # g++ -H marks a precompiled header it used with "!", a header it parsed with dots.
-    read = [line for line in log.read_text().splitlines()
-            if line.startswith(("!", ".")) and "compiled_preamble" in line]
+    read = preamble_reads(log)
     assert read == [f"! {header}"], read
 
 
