@@ -14,7 +14,8 @@ compiler. The results are the same bits: an fma is exact in hardware as in libm,
 mode (`-std=c++17`) g++ fuses no multiply and add that the source does not write as one
 (`-ffp-contract=off`, passed too, to leave no doubt). `check()` confirms it before the model
 loads, on a kernel of exp, erf and a sigmoid over every float type, and drops the flags
-otherwise; a runner whose mlx computes on a GPU drops them then too (`settle`). A GELU is ~3x faster, an encoder pass over one input ~1.3x (`bench jit_flags`).
+otherwise; a runner whose mlx computes on a GPU drops them then too (`settle`). A GELU is ~3x
+faster, an encoder pass over one input ~1.3x (`bench jit_flags`).
 
 The kernels built this way live in a cache of their own: the runner's TMPDIR (where mlx keeps
 its kernels, exod.runner.cpu.jit_header) becomes a folder named after the flags, so no other
