@@ -10,6 +10,10 @@ bench.agent_constrained's model, each row of a schema of bench.agent_constrained
 - sampler, masks as a matrix / free: the same, the masks applied as a float matrix made with
   numpy and added (what it did before the compiled kernel of exod.runner.serving.mask_round,
   which reads llguidance's words beside the logprobs).
+- the kernel alone, 8 rows of the vocabulary: its time with scattered bits (half the tokens
+  allowed, at random, as inside a JSON string) against none set but one (as at a grammar's
+  structural tokens), and the same for a select (`mx.where`, the kernel before 2026-12-05),
+  whose time on a CPU depends on the bits: it branches on each element.
 
 Every row has a logit bias (end of sequence away, as in bench.agent_constrained), so the free
 baseline takes mlx-lm's per-row processor path too. The sides are paired: one generator each,
@@ -132,7 +136,35 @@ def measure_here(model_dir: str) -> None:
             for side, ratios in paired(fmt).items():
                 got[side] += ratios
         out[case.name] = got
-    print(json.dumps(out))
+    print(json.dumps({"paths": out, "kernel": kernel_times(width=vocab)}))
+
+
+def kernel_times(width: int, rows: int = ROWS, n: int = 200) -> dict[str, float]:
+    """Median seconds of the masks' kernel (mask_round._allowed) and of a select over `rows`
+    logprobs of `width`, with scattered bits and with one bit set a row."""
+    import mlx.core as mx
+    import numpy as np
+
+    from exod.runner.serving import mask_round
+
+    select = mx.compile(lambda lp, w, s: mx.where(((w >> s) & 1).astype(mx.bool_), lp, -mx.inf))
+    rng = np.random.default_rng(0)
+    width -= width % 32
+    logprobs = mx.array(rng.normal(size=(rows, width // 32, 32)).astype(np.float32))
+    bits = {"scattered": rng.integers(0, 2, size=(rows, width), dtype=np.uint8),
+            "one": np.eye(1, width, 7, dtype=np.uint8).repeat(rows, axis=0)}
+    out = {}
+    for name, kernel in (("kernel", mask_round._allowed), ("select", select)):
+        for which, b in bits.items():
+            words = mx.array(np.packbits(b, axis=1, bitorder="little").view(np.uint32))[:, :, None]
+            mx.eval(logprobs, words)
+            took = []
+            for _ in range(n):
+                t = time.perf_counter()
+                mx.eval(kernel(logprobs, words, mask_round._SHIFTS))
+                took.append(time.perf_counter() - t)
+            out[f"{name} {which}"] = statistics.median(took)
+    return out
 
 
 def main() -> None:
@@ -143,7 +175,9 @@ def main() -> None:
         code = f"from bench.grammar_paths import measure_here; measure_here({str(model)!r})"
         res = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True,
                              cwd=REPO)
-    got: dict[str, dict[str, list[float]]] = json.loads(res.stdout.strip().splitlines()[-1])
+    printed = json.loads(res.stdout.strip().splitlines()[-1])
+    got: dict[str, dict[str, list[float]]] = printed["paths"]
+    k: dict[str, float] = printed["kernel"]
     rows = []
     for name, sides in got.items():
         for side, ratios in sides.items():
@@ -151,6 +185,12 @@ def main() -> None:
             rows.append((f"{name}, {side} / free ({ROWS} rows)",
                          f"{statistics.median(ratios):.3f}x (blocks' middle half {q[0]:.3f}-"
                          f"{q[2]:.3f})"))
+    for name in ("kernel", "select"):
+        rows.append((f"masks' {name}, {ROWS} rows: scattered bits / one bit a row",
+                     f"{k[name + ' scattered'] / k[name + ' one']:.2f}x "
+                     f"({k[name + ' scattered'] * 1e3:.2f} ms / {k[name + ' one'] * 1e3:.2f} ms)"))
+    rows.append(("masks' kernel / select, scattered bits",
+                 f"{k['kernel scattered'] / k['select scattered']:.3f}x"))
     report("agent: a grammar's mask by the sampler or by a processor, in process", rows)
 
 

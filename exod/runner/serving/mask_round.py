@@ -24,7 +24,8 @@ Here, in order:
    - on a GPU, with fewer logits than SOFTMAX_COVERS, or where the log-softmax's input is not
      caught, beside the whole step.
 3. The masks are applied by one compiled mlx kernel that reads llguidance's words (a bit per
-   token) beside the logprobs and keeps a logprob where its bit is set, -inf elsewhere: one
+   token) beside the logprobs and keeps a logprob where its bit is set, -inf elsewhere (a
+   minimum with +inf or -inf: a select branched on every element, `_allowed` says why): one
    pass over the batch, and 4 bytes a 32 tokens to copy into mlx. Before, a float matrix (0 or
    -inf per token) was made with numpy, copied into mlx and added: ~0.6 ms of CPU a step for 8
    rows of a 49k vocabulary, where llguidance's masks take 0.6-1.4 ms (`python -m bench
@@ -161,8 +162,10 @@ def _allowed(logprobs: mx.array, words: mx.array, shifts: mx.array) -> mx.array:
     +inf (kept) or -inf (refused), not a select: mlx's select on a CPU branches on each element,
     and a grammar's allowed tokens lie scattered over the vocabulary (inside a JSON string,
     every token without a quote or backslash), so the branch mispredicts: 1.7 ms for 8 rows of
-    a 49k vocabulary with random bits, 0.35 ms with none set. The minimum takes 0.26-0.36 ms
-    whatever the bits (`python -m bench grammar_paths`)."""
+    a 49k vocabulary with random bits, 0.35 ms with none set, on the 2-core x86 test machine.
+    The minimum takes 0.26-0.36 ms whatever the bits (`python -m bench grammar_paths`). The
+    result is the matrix's sum for every logprob but +inf (refused: -inf here, NaN there) and
+    the sign of a zero, neither of which a log-softmax gives."""
     bound = (((words >> shifts) & 1).astype(mx.float32) * 2 - 1) * mx.inf  # +inf or -inf
     return mx.minimum(logprobs, bound.astype(logprobs.dtype))
 
