@@ -12,7 +12,7 @@ bench.agent_constrained's model, each row of a schema of bench.agent_constrained
   which reads llguidance's words beside the logprobs).
 - the kernel alone, 8 rows of the vocabulary: its time with scattered bits (half the tokens
   allowed, at random, as inside a JSON string) against none set but one (as at a grammar's
-  structural tokens), and the same for a select (`mx.where`, the kernel before 2026-12-05),
+  structural tokens), and the same for a select (`mx.where`, the kernel until 2026-12-04),
   whose time on a CPU depends on the bits: it branches on each element.
 
 Every row has a logit bias (end of sequence away, as in bench.agent_constrained), so the free
