@@ -163,9 +163,10 @@ def _allowed(logprobs: mx.array, words: mx.array, shifts: mx.array) -> mx.array:
     and a grammar's allowed tokens lie scattered over the vocabulary (inside a JSON string,
     every token without a quote or backslash), so the branch mispredicts: 1.7 ms for 8 rows of
     a 49k vocabulary with random bits, 0.35 ms with none set, on the 2-core x86 test machine.
-    The minimum takes 0.26-0.36 ms whatever the bits (`python -m bench grammar_paths`). The
-    result is the matrix's sum for every logprob but +inf (refused: -inf here, NaN there) and
-    the sign of a zero, neither of which a log-softmax gives."""
+    The minimum takes 0.48 ms whatever the bits (`python -m bench grammar_paths`; 0.26-0.36 ms
+    with a runner's kernel flags, exod.runner.cpu.jit_flags). The result is the matrix's sum
+    for every logprob but +inf (refused: -inf here, NaN there) and the sign of a zero, neither
+    of which a log-softmax gives."""
     bound = (((words >> shifts) & 1).astype(mx.float32) * 2 - 1) * mx.inf  # +inf or -inf
     return mx.minimum(logprobs, bound.astype(logprobs.dtype))
 
