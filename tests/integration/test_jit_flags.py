@@ -130,5 +130,5 @@ def test_a_folder_others_can_write_is_not_used(tmp_path: Path,
             (0o700, 0o700)
         assert os.environ["PATH"].startswith(f"{home / 'bin'}:")
     finally:
-        jit_flags.uninstall("the test is over")
+        jit_flags.uninstall()
     assert os.environ["PATH"] == path and os.environ["TMPDIR"] == str(tmp_path)

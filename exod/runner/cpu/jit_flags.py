@@ -132,15 +132,14 @@ def active() -> bool:
     return bool(_saved)
 
 
-def uninstall(why: str) -> Said:
-    """Back to mlx's own compiler command (the check failed)."""
+def uninstall() -> None:
+    """Back to mlx's own compiler command and temporary folder."""
     for name, value in _saved.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
     _saved.clear()
-    return unused(why)
 
 
 def settle(said: Said | None) -> Said | None:
@@ -151,10 +150,13 @@ def settle(said: Said | None) -> Said | None:
     import mlx.core as mx
 
     if mx.default_device() != mx.cpu:  # a GPU build: its kernels are not g++'s
-        uninstall("")
+        uninstall()
         return None
     why = check()
-    return said if why is None else uninstall(why)
+    if why is None:
+        return said
+    uninstall()
+    return unused(why)
 
 
 def check() -> str | None:
