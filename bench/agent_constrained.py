@@ -242,7 +242,7 @@ def costs_here(model_dir: str) -> None:
     from exod import messages as m
     from exod.config.schema import GrammarLimits
     from exod.runner.serving import grammar
-    from exod.runner.serving.tool_calls import ToolFormat, forced_grammar
+    from exod.runner import formats
 
     model = Path(model_dir)
     tok = load(model)
@@ -254,7 +254,9 @@ def costs_here(model_dir: str) -> None:
 
     def forced(tools: list[dict[str, Any]]) -> str:
         req = m.Generate(id="r", kind="chat", max_tokens=9, tools=tools, tool_choice="required")
-        return forced_grammar(ToolFormat.of(tok), req, lambda s: g.literal(s, "tools"))
+        fmt = formats.format_of(tok)
+        assert fmt is not None
+        return fmt.grammar(formats.allowed(req), lambda s: g.literal(s, "tools"), "start")
 
     for name, tools in (("typical", TOOLS), ("30k", tool_set())):
         lark, first, again = forced(tools), [], []

@@ -12,18 +12,22 @@ from exod import messages as m
 ARGUMENT_PIECE = 64  # characters of arguments per streamed chunk
 
 
-def call_id() -> str:
+def call_id(ev: m.ToolCall | None = None) -> str:
+    """The call's id: the runner's where the model's format shapes ids (Mistral's nine
+    letters and digits, which its template demands back), else one of OpenAI's shape."""
+    if ev is not None and ev.call_id:
+        return ev.call_id
     return f"call_{secrets.token_hex(12)}"
 
 
 def whole_call(ev: m.ToolCall) -> dict[str, Any]:
-    return {"id": call_id(), "type": "function",
+    return {"id": call_id(ev), "type": "function",
             "function": {"name": ev.name, "arguments": ev.arguments}}
 
 
 def streamed_call(ev: m.ToolCall, index: int) -> list[list[dict[str, Any]]]:
     """The `delta.tool_calls` of each chunk that carries call number `index`."""
-    head = [{"index": index, "id": call_id(), "type": "function",
+    head = [{"index": index, "id": call_id(ev), "type": "function",
              "function": {"name": ev.name, "arguments": ""}}]
     args = ev.arguments
     return [head] + [[{"index": index, "function": {"arguments": args[i:i + ARGUMENT_PIECE]}}]

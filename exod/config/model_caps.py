@@ -5,8 +5,8 @@ the answer), and whether it sees pictures (exod.config.vision). /v1/models repor
 clients size themselves before the first request.
 
 The markers are the facts mlx-lm's tokenizer wrapper infers a tool parser from (mlx_lm
-0.32's `_infer_tool_parser`) and its single-token think pairs: the runner finds a model's
-format the same way.
+0.32's `_infer_tool_parser`) and its think markers, and harmony's tokens (gpt-oss, which
+mlx-lm does not parse): the runner finds a model's format the same way (exod.runner.formats).
 """
 
 from __future__ import annotations
@@ -25,6 +25,13 @@ TOOL_MARKERS = ("<minimax:tool_call>", "<|tool_call>", "<start_function_call>",
                 "<atem:function_calls>", "<tool_call>\n<function=", "<tool_call>\\n<function=")
 THINK_PAIRS = (("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"),
                ("<|think:start|>", "<|think:end|>"))
+# Think markers of several tokens, by the tokens that make them (mlx-lm's multi-token modes:
+# Gemma 4's `<|channel>thought` ... `<channel|>`, Kimi K3's XTML `<|open|>think<|sep|>`).
+THINK_TOKENS = (("<|channel>", "<channel|>"),
+                ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"))
+# harmony's tokens (gpt-oss): reasoning in the analysis channel, calls to `functions.NAME`
+# (the runner's exod.runner.formats.harmony reads them; mlx-lm has no parser for it).
+HARMONY_TOKENS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>")
 # Fill-in-the-middle tokens (prefix, suffix, middle), each one token, in the order a prompt
 # takes them: Qwen2.5-Coder's, StarCoder's and DeepSeek-Coder's (begin, hole, end).
 FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
@@ -42,7 +49,7 @@ class Capabilities:
 
 
 def writes_tool_calls(template: str, vocab: set[str]) -> bool:
-    if any(marker in template for marker in TOOL_MARKERS):
+    if any(marker in template for marker in TOOL_MARKERS) or harmony(vocab):
         return True
     if "<tool_call>" in template and "tool_call.name" in template:  # json_tools
         return True
@@ -50,7 +57,12 @@ def writes_tool_calls(template: str, vocab: set[str]) -> bool:
 
 
 def thinks(vocab: set[str]) -> bool:
-    return any(start in vocab and end in vocab for start, end in THINK_PAIRS)
+    return (any(start in vocab and end in vocab for start, end in THINK_PAIRS)
+            or any(all(t in vocab for t in tokens) for tokens in THINK_TOKENS) or harmony(vocab))
+
+
+def harmony(vocab: set[str]) -> bool:
+    return all(t in vocab for t in HARMONY_TOKENS)
 
 
 def model_capabilities(model_dir: Path) -> Capabilities:

@@ -86,6 +86,9 @@ class ToolCall:
     id: str
     name: str
     arguments: str
+    # The call's id where the model's format gives calls ids of its own shape (Mistral's nine
+    # letters and digits, which its template demands back); "": the API makes one.
+    call_id: str = ""
 
 
 FinishReason = Literal["stop", "length", "tool_calls"]

@@ -1,29 +1,35 @@
-"""The tool-call splitter (exod.runner.serving.tool_calls): text and calls out of streamed text,
-in pieces cut anywhere, with the model's own parser handed in (here json_tools' rule: the JSON
-between the markers). A call that does not parse comes back as the text it was."""
+"""The splitter (exod.runner.formats.splitter): answer, reasoning and calls out of streamed text,
+in pieces cut anywhere, by a format's table, with the model's own parser handed in (here
+json_tools' rule: the JSON between the markers). No markup ever reaches the answer: a call that
+does not parse is dropped (and logged), never returned as text."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from exod import messages as m
 from exod.config.schema import GrammarLimits
+from exod.runner.formats import MAX_CALLS, Splitter, Thought
+from exod.runner.formats.base import Call, ToolFormat
+from exod.runner.formats.json_body import JsonTools
 from exod.runner.serving.strict_args import ArgsCheck
-from exod.runner.serving.tool_calls import Call, ToolCallSplitter, ToolFormat, forced_grammar
-from tests.unit.accepts import accepts
 
-FMT = ToolFormat("<tool_call>", "</tool_call>", lambda text, tools: json.loads(text),
-                 "json_tools")
+FMT = JsonTools("json_tools", "<tool_call>", "</tool_call>", lambda text, tools: json.loads(text))
+TOOLS: list[dict[str, Any]] = []
 TEXT = ('Let me look. <tool_call>\n{"name": "get", "arguments": {"city": "Oslo"}}\n</tool_call>'
         '\n<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call>\n')
 
 
-def run(text: str, cut: int, fmt: ToolFormat = FMT, single: bool = False) -> list[Any]:
-    s = ToolCallSplitter(fmt, [], single)
+def splitter(fmt: ToolFormat = FMT, most: int = MAX_CALLS, tools: bool = True,
+             check: ArgsCheck | None = None) -> Splitter:
+    initial, table = fmt.table(tools)
+    return Splitter(initial, table, fmt, TOOLS if tools else None, most, "r", check)
+
+
+def run(text: str, cut: int, s: Splitter | None = None) -> list[Any]:
+    s = s or splitter()
     out: list[Any] = []
     for i in range(0, len(text), cut):
         out += s.feed(text[i:i + cut])
@@ -32,6 +38,8 @@ def run(text: str, cut: int, fmt: ToolFormat = FMT, single: bool = False) -> lis
     for p in out:  # pieces of text may come in several parts
         if isinstance(p, str) and merged and isinstance(merged[-1], str):
             merged[-1] += p
+        elif isinstance(p, Thought) and merged and isinstance(merged[-1], Thought):
+            merged[-1] = Thought(merged[-1].text + p.text)
         else:
             merged.append(p)
     return merged
@@ -44,79 +52,36 @@ def test_calls_found_in_text_cut_anywhere(cut: int) -> None:
                               Call("add", '{"a": 1}')]
 
 
-def test_a_call_that_does_not_parse_is_returned_as_text() -> None:
-    text = "a <tool_call>{not json}</tool_call> b"
-    assert run(text, 4) == [text]
+def test_a_call_that_does_not_parse_is_dropped_never_shown() -> None:
+    s = splitter()
+    assert run("a <tool_call>{not json}</tool_call> b", 4, s) == ["a  b"]
+    assert s.dropped == 1 and s.made == 0
 
 
-def test_a_call_cut_off_by_the_end_is_parsed_or_returned() -> None:
+def test_a_call_cut_off_by_the_end_is_parsed_or_dropped() -> None:
     assert run('<tool_call>{"name": "x", "arguments": {}}', 5) == [Call("x", "{}")]
-    assert run('<tool_call>{"name": "x", "argu', 5) == ['<tool_call>{"name": "x", "argu']
+    assert run('ok <tool_call>{"name": "x", "argu', 5) == ["ok "]
 
 
 def test_a_marker_prefix_is_text_once_it_cannot_be_one() -> None:
     assert run("a <tool b <tool_cal", 2) == ["a <tool b <tool_cal"]
 
 
-def test_single_stops_after_the_first_call() -> None:
-    s = ToolCallSplitter(FMT, [], single=True)
-    assert s.feed(TEXT) == ["Let me look. ", Call("get", '{"city": "Oslo"}')] and s.done
+def test_without_tools_the_markers_are_text() -> None:
+    assert run(TEXT, 3, splitter(tools=False)) == [TEXT]
 
 
-def test_an_empty_end_marker_means_calls_run_to_the_end() -> None:
-    fmt = ToolFormat("[TOOL_CALLS]", "", lambda text, tools: json.loads(text), "mistral")
-    assert run('hi [TOOL_CALLS][{"name": "a", "arguments": {}}, {"name": "b"}]', 3, fmt) == [
-        "hi ", Call("a", "{}"), Call("b", "{}")]
+@pytest.mark.parametrize("most", [1, 2])
+def test_the_calls_allowed_end_the_generation(most: int) -> None:
+    s = splitter(most=most)
+    out = s.feed(TEXT * 2)
+    assert [p for p in out if isinstance(p, Call)] == [
+        Call("get", '{"city": "Oslo"}'), Call("add", '{"a": 1}')][:most] and s.done
 
 
-def test_forced_grammar_is_the_models_format() -> None:
-    tools = [{"type": "function", "function": {"name": "get", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}}}}},
-             {"type": "function", "function": {"name": "add"}}]
-    req = m.Generate(id="r", kind="chat", max_tokens=9, tools=tools, tool_choice="function",
-                     tool_name="get", parallel_tool_calls=False)
-    one = forced_grammar(FMT, req, json.dumps)
-    call = '<tool_call>\n{"name":"get","arguments":{"a":1}}\n</tool_call>'
-    assert accepts(one, call) and accepts(one, call.replace('"a":1', ""))
-    for bad in (call.replace("get", "add"), call + "\n" + call, call.replace("1}", '1,"b":2}'),
-                call.replace('"a":1', '"a":1 '), call.replace(":1", ":" + "1" * 18)):
-        assert not accepts(one, bad), bad
-    many = forced_grammar(FMT, m.Generate(id="r", kind="chat", max_tokens=9, tools=tools,
-                                          tool_choice="required"), json.dumps)
-    empty = '<tool_call>\n{"name":"add","arguments":{}}\n</tool_call>'
-    assert accepts(many, call + "\n" + empty) and not accepts(many, empty.replace("{}", '{"x":1}'))
-
-
-def test_a_forced_mistral_call_is_an_array_of_calls() -> None:
-    fmt = ToolFormat("[TOOL_CALLS]", "", lambda text, tools: json.loads(text), "mistral")
-    tools = [{"type": "function", "function": {"name": "get", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]
-    req = m.Generate(id="r", kind="chat", max_tokens=9, tools=tools, tool_choice="required")
-    call = '{"name":"get","arguments":{"a":1}}'
-    assert accepts(forced_grammar(fmt, req, json.dumps), f"[TOOL_CALLS][{call},{call}]")
-    single = forced_grammar(fmt, replace(req, parallel_tool_calls=False), json.dumps)
-    assert accepts(single, f"[TOOL_CALLS][{call}]")
-    for bad in (f"[TOOL_CALLS][{call},{call}]", f"[TOOL_CALLS] [{call}]",
-                f"[TOOL_CALLS][{call.replace(':1', ': 1')}]"):
-        assert not accepts(single, bad), bad
-
-
-def test_a_tools_local_refs_resolve_in_its_own_parameters() -> None:
-    """pydantic puts nested models in `$defs`: the arguments are a schema's root, so
-    `#/$defs/...` points where the client meant (it pointed to nothing inside the call)."""
-    params = {"$defs": {"A": {"type": "object", "properties": {"x": {"type": "integer"}},
-                              "required": ["x"]}},
-              "type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "required": ["a"]}
-    req = m.Generate(id="r", kind="chat", max_tokens=9, tool_choice="required",
-                     tools=[{"type": "function", "function": {"name": "f", "parameters": params}}])
-    grammar = forced_grammar(FMT, req, json.dumps)
-    call = '<tool_call>\n{"name":"f","arguments":{"a":{"x":1}}}\n</tool_call>'
-    assert accepts(grammar, call) and not accepts(grammar, call.replace("1", '"1"'))
-
-
-def test_a_strict_tools_call_that_does_not_validate_is_returned_as_text() -> None:
+def test_a_strict_tools_call_that_does_not_validate_is_dropped() -> None:
     """`strict: true` under `auto`: a call is checked against its tool's parameters once parsed
-    (keys in any order); one that does not validate comes back as the text it was."""
+    (keys in any order); one that does not validate is dropped, as one that does not parse."""
     params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
                                                "days": {"type": "integer", "maximum": 14}},
               "required": ["city"], "additionalProperties": False}
@@ -126,6 +91,18 @@ def test_a_strict_tools_call_that_does_not_validate_is_returned_as_text() -> Non
     good = '<tool_call>{"name": "get", "arguments": {"days": 3, "city": "Oslo"}}</tool_call>'
     bad = '<tool_call>{"name": "get", "arguments": {"city": "Oslo", "days": 99}}</tool_call>'
     loose = '<tool_call>{"name": "add", "arguments": {"days": 99}}</tool_call>'  # not strict
-    s = ToolCallSplitter(FMT, tools, False, check=check)
+    s = splitter(check=check)
     assert s.feed(good + bad + loose) + s.flush() == [
-        Call("get", '{"days": 3, "city": "Oslo"}'), bad, Call("add", '{"days": 99}')]
+        Call("get", '{"days": 3, "city": "Oslo"}'), Call("add", '{"days": 99}')]
+    assert s.dropped == 1
+
+
+def test_reasoning_by_text_markers_of_several_tokens() -> None:
+    """Gemma 4's think markers, `<|channel>thought` ... `<channel|>`, found as text, however the
+    stream cuts them."""
+    table = {"normal": [("<|channel>thought", "reasoning")],
+             "reasoning": [("<channel|>", "normal")]}
+    text = "<|channel>thought\nHm, weather.<channel|>It is sunny."
+    for cut in (1, 2, 5, 100):
+        s = Splitter("normal", table, None, None, MAX_CALLS)
+        assert run(text, cut, s) == [Thought("\nHm, weather."), "It is sunny."]

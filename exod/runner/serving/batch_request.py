@@ -20,7 +20,7 @@ class BatchRequest:
     rid: str
     prompt: list[int]
     out: Output | None  # None: a warm-up, whose output nobody reads
-    calls: tool_calls.ToolCallSplitter | None = None
+    calls: tool_calls.Splitter | None = None
     top_logprobs: int | None = None  # None: no logprobs asked
     insert: dict[str, Any] = field(default_factory=dict)  # BatchGenerator.insert's arguments
     uid: int = -1  # -1 while its disk entry loads (not in the batch yet)

@@ -97,26 +97,44 @@ class Grammars:
         return all(0 <= i < self.vocab and ll.is_special_token(i) for i in ids)
 
     def literal(self, text: str, param: str) -> str:
-        """`text` in a Lark grammar: the special token it is, or a quoted string."""
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) == 1 and self.ll_tokenizer(param).is_special_token(int(ids[0])):
-            return f"<[{int(ids[0])}]>"
-        return json.dumps(text)
+        """`text` in a Lark grammar: its special tokens as themselves (`<[id]>`), the text
+        between them quoted (a marker may be both: `<|channel>thought`)."""
+        ll = self.ll_tokenizer(param)
+        parts: list[str] = []
+        at = 0
+        for t in (int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)):
+            if not (0 <= t < self.vocab and ll.is_special_token(t)):
+                continue
+            token = self.tokenizer.convert_ids_to_tokens(t)
+            found = text.find(token, at) if isinstance(token, str) and token else -1
+            if found < 0:  # a token that is not its own text: the marker as text
+                return json.dumps(text)
+            if found > at:
+                parts.append(json.dumps(text[at:found]))
+            parts.append(f"<[{t}]>")
+            at = found + len(token)
+        if at < len(text):
+            parts.append(json.dumps(text[at:]))
+        return " ".join(parts)
 
     def json_schema(self, fmt: dict[str, Any], thinking: Thinking | None = None,
-                    named: Callable[[str], str] = str) -> Constraint:
+                    named: Callable[[str], str] = str, before: str | None = None
+                    ) -> Constraint:
         """response_format: json_object (any object) or json_schema, bounded (exod.runner.
         serving.json_bounds). A strict schema must be enforceable whole; else keywords the
         engine does not implement are left out. `thinking`: the answer may be preceded by
-        reasoning (see Thinking). `named`: a field as the client spelled it."""
+        reasoning (see Thinking). `named`: a field as the client spelled it. `before`: what
+        the model writes before its answer (Lark: harmony's final channel)."""
         param = named("response_format")
         if fmt["type"] == "json_object":
             schema: Any = json_bounds.JSON_OBJECT
         else:
             schema, param = fmt["schema"], named("response_format.json_schema.schema")
         strict = bool(fmt.get("strict", False))
-        if thinking is not None:  # the same schema, as the answer after the reasoning
-            answer = f"answer: {json_bounds.json_rule(schema, strict)}\n"
+        if thinking is not None or before is not None:  # the same schema, after those
+            answer = f"answer: {before or ''} {json_bounds.json_rule(schema, strict)}\n"
+            if thinking is None:
+                return self.compile(answer.replace("answer:", "start:", 1), param)
             return self.compile(thinking.before(answer), param)
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(

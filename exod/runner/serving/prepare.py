@@ -20,6 +20,7 @@ import mlx.core as mx
 from exod import messages as m
 from exod.core import context_edits, images, request_rules as rules
 from exod.core.request_rules import RequestError
+from exod.runner import formats
 from exod.runner.serving import model_checks, tool_calls
 from exod.runner.serving.grammar import Constraint, Grammars
 from exod.runner.serving.think_budget import ThinkBudget
@@ -46,6 +47,9 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, Any]],
     False: a `warm:` prompt), the turns as a later request starts with them."""
     if getattr(tokenizer, "has_chat_template", True):
         extra = rules.chat_template_kwargs(template_kwargs or None)
+        fmt = formats.format_of(tokenizer)
+        if fmt is not None:  # ids, reasoning and calls as the model's template takes them
+            messages = fmt.messages(messages)
         # The tools go to the model's own template, which knows how the model wants them.
         try:
             tokens = tokenizer.apply_chat_template(messages, tools=tools or None,
@@ -129,7 +133,7 @@ def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
     for megabytes; its grammar compiled), in Python, the tokenizer and the grammar engine: safe
     off the thread that runs mlx. `tokens`: its prompt, when made elsewhere (a model that sees:
     exod.runner.vision.prompt)."""
-    fmt = tool_calls.ToolFormat.of(tokenizer)
+    fmt = formats.format_of(tokenizer)
     tool_calls.check(fmt, req)
     prompt, applied = edited_prompt(tokenizer, req) if tokens is None else (tokens, [])
     rules.prompt_ids(prompt, vocab, prompt_param(req))
@@ -142,11 +146,32 @@ def read_prompt(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,
     strict = args_check(grammars, req)  # first: a 400 names the strict tool at fault
     thinking = None
     if req.kind == "chat":
-        markers = think_markers(tokenizer)
         enabled = (req.chat_template_kwargs or {}).get("enable_thinking") is not False
-        thinking = Thinking.of(markers, opens_thinking(prompt, markers), enabled, max_tokens,
-                               rules.think_budget(req.think_budget))
+        thinking = _thinking(tokenizer, fmt, prompt, grammars, enabled, max_tokens,
+                             rules.think_budget(req.think_budget))
     return Prompt(prompt, max_tokens, constraint(grammars, fmt, req, thinking), strict, applied)
+
+
+def _thinking(tokenizer: Any, fmt: tool_calls.ToolFormat | None, prompt: list[int],
+              grammars: Grammars | None, enabled: bool, max_tokens: int,
+              budget: int | None) -> Thinking | None:
+    """The reasoning a constrained answer may start with, by the model's markers: single
+    tokens (found by id), several tokens (as Lark), or harmony's analysis channel."""
+    markers = think_markers(tokenizer)
+    if markers is not None:
+        return Thinking.of(markers, opens_thinking(prompt, markers), enabled, max_tokens,
+                           budget)
+    if grammars is None:
+        return None
+    lit = lambda s: grammars.literal(s, "tools")  # noqa: E731
+    own = fmt.thinking(lit) if fmt is not None else None
+    if own is not None:  # harmony's analysis channel: gpt-oss always reasons
+        return Thinking.of(own, False, True, max_tokens, budget)
+    text = formats.text_thinking(tokenizer)
+    if text is None:
+        return None
+    start, end = (lit(t) for t in text)
+    return Thinking.of((start, end), False, enabled, max_tokens, budget)
 
 
 def args_check(grammars: Grammars | None, req: m.Generate) -> ArgsCheck | None:
@@ -170,16 +195,26 @@ def constraint(grammars: Grammars | None, fmt: tool_calls.ToolFormat | None,
     if grammars is None:
         raise RequestError("constrained decoding is not available on this engine",
                            "tool_choice" if forced else req.named("response_format"))
-    if thinking is not None and not grammars.special(thinking.start, thinking.end):
+    if thinking is not None and not _apart(grammars, thinking):
         thinking = None  # markers the engine reads as text: it could not keep them apart
+    literal = lambda s: grammars.literal(s, "tools")  # noqa: E731
     if forced:
         assert fmt is not None  # tool_calls.check refused tools on a model without a format
-        literal = lambda s: grammars.literal(s, "tools")  # noqa: E731
-        grammar = tool_calls.forced_grammar(fmt, req, literal) if thinking is None \
-            else thinking.before(tool_calls.forced_grammar(fmt, req, literal, top="answer"))
+        allowed = formats.allowed(req)
+        grammar = fmt.grammar(allowed, literal, "start") if thinking is None \
+            else thinking.before(fmt.grammar(allowed, literal, "answer"))
         return grammars.compile(grammar, "tools")
     assert req.response_format is not None
-    return grammars.json_schema(req.response_format, thinking, req.named)
+    # harmony answers in its final channel: the JSON follows the channel's header.
+    before = fmt.answer(literal) if fmt is not None else None
+    return grammars.json_schema(req.response_format, thinking, req.named, before)
+
+
+def _apart(grammars: Grammars, thinking: Thinking) -> bool:
+    """The end marker starts with a token the engine keeps apart from text (a special one)."""
+    if isinstance(thinking.start, int) and isinstance(thinking.end, int):
+        return grammars.special(thinking.start, thinking.end)
+    return str(thinking.end).startswith("<[")
 
 
 def check_request(tokenizer: Any, req: m.Generate, vocab: int, window: int | None,

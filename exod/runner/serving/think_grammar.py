@@ -1,5 +1,6 @@
-"""Reasoning before a constrained answer (exod.runner.serving.grammar), for a model with
-single-token think markers: the Lark rules (llguidance's dialect) that put a bounded think block
+"""Reasoning before a constrained answer (exod.runner.serving.grammar), for a model with think
+markers (single tokens, or several whose end starts with a special token: Gemma 4's, harmony's
+analysis channel): the Lark rules (llguidance's dialect) that put a bounded think block
 before the answer's own rules. Pure: no mlx, no engine; unit-tested on its own.
 """
 
@@ -10,21 +11,21 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Thinking:
-    """Reasoning before a constrained answer, for a model with single-token think markers. The
-    grammar lets the model think (any text but the markers), then makes it write the end marker
-    (the token itself, which is what exod.runner.serving.output splits on), then the answer: the
+    """Reasoning before a constrained answer, for a model with think markers. The grammar lets
+    the model think (any text but the markers), then makes it write the end marker (what
+    exod.runner.serving.output, or the text splitter, cuts on), then the answer: the
     JSON lands in `content`, never in the reasoning. `opened`: the chat template opened the
     block (the prompt ends inside it); else the model may open one first or answer at once.
     `budget` bounds the reasoning in tokens, so that a model that would think forever (a random
     one does) is made to close the block and answer within the request's max_tokens."""
 
-    start: int
-    end: int
+    start: int | str  # a marker token's id, or a marker as Lark (several tokens, a channel)
+    end: int | str
     opened: bool
     budget: int
 
     @classmethod
-    def of(cls, markers: tuple[int, int] | None, opened: bool, enabled: bool,
+    def of(cls, markers: tuple[int, int] | tuple[str, str] | None, opened: bool, enabled: bool,
            max_tokens: int, budget: int | None = None) -> Thinking | None:
         """The thinking allowed before a constrained answer: None when the model has no
         markers, or its block is not opened and thinking is off (enable_thinking false).
@@ -37,11 +38,11 @@ class Thinking:
 
     def before(self, answer: str) -> str:
         """A Lark grammar: the reasoning, then `answer` (rules defining `answer`)."""
-        start, end = f"<[{self.start}]>", f"<[{self.end}]>"
+        start, end = (f"<[{m}]>" if isinstance(m, int) else m for m in (self.start, self.end))
         head = f"thought {end} answer" if self.opened else f"({start} thought {end})? answer"
-        # A lexeme of any text with a token bound (llguidance's max_tokens). The markers are
-        # special tokens for the engine (the caller checks), never text: the reasoning cannot
-        # hold one, and only the marker token itself ends it.
+        # A lexeme of any text with a token bound (llguidance's max_tokens). The end marker
+        # starts with a special token for the engine (the caller checks), never text: the
+        # reasoning cannot hold one, and only the marker itself ends it.
         return (f"start: {head}\n"
                 f"thought[max_tokens={self.budget}]: /(.|\\n)*/\n"
                 f"{answer}")

@@ -21,7 +21,7 @@ class Shown:
     early: bool  # it ended here, the generator not: the engine takes it out of the batch
 
 
-def show_token(rid: str, out: Output, calls: tool_calls.ToolCallSplitter | None, token: int,
+def show_token(rid: str, out: Output, calls: tool_calls.Splitter | None, token: int,
                entry: m.TokenLogprob | None, finish_reason: str | None,
                completion_tokens: int) -> Shown:
     """`finish_reason`: the generator's for this token ("stop" on an end token, "length")."""
@@ -29,6 +29,8 @@ def show_token(rid: str, out: Output, calls: tool_calls.ToolCallSplitter | None,
     # An end-of-sequence token is never shown (as stream_generate).
     piece = out.add(token, entry, eos=reason == "stop", last=reason is not None)
     pieces: list[tool_calls.Piece] = calls.feed(piece.text) if calls else [piece.text]
+    if calls is not None and calls.thinking and reason != "stop":
+        out.reasoning_tokens += 1  # reasoning found in the text (its markers: exod.runner.formats)
     early = False
     if out.stopped or (calls and calls.done):
         early, reason = reason is None, "stop"
@@ -40,7 +42,7 @@ def show_token(rid: str, out: Output, calls: tool_calls.ToolCallSplitter | None,
     return Shown(events, reason, early)
 
 
-def done(rid: str, reason: str, out: Output, calls: tool_calls.ToolCallSplitter | None,
+def done(rid: str, reason: str, out: Output, calls: tool_calls.Splitter | None,
          prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> m.Done:
     return m.Done(rid, tool_calls.finish_reason(reason, calls), prompt_tokens,
                   completion_tokens, out.stops.matched, cached_tokens, out.reasoning_tokens)

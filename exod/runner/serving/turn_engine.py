@@ -33,8 +33,9 @@ from exod.runner.serving.grammar import Grammars
 from exod.runner.serving.logprobs import TokenText, entries
 from exod.runner.serving.loop import AsItComes, NoPromptCache
 from exod.runner.serving.detokenize import streaming
-from exod.runner.serving.output import Output, with_pieces
+from exod.runner.serving.output import Output
 from exod.runner.serving.reading import Prompt
+from exod.runner.serving.token_events import show_token
 
 # As exod.runner.serving.batch_engine: smaller chunks cost more in overhead than they buy.
 MIN_CHUNK = 32
@@ -112,18 +113,14 @@ class Generation:
         entry = None
         if self._top is not None and not eos:
             (entry,) = entries([logprobs], [token], [self._top], self._text)
-        piece = self._out.add(token, entry, eos=eos, last=last)
-        calls = self._calls
-        pieces: list[tool_calls.Piece] = calls.feed(piece.text) if calls else [piece.text]
-        reason: m.FinishReason | None = None
-        if self._out.stopped or (calls and calls.done):
+        shown = show_token(self.id, self._out, self._calls, token, entry,
+                           "stop" if eos else "length" if last else None,
+                           self.completion_tokens)
+        if shown.early:
             self.close()
-            reason = tool_calls.finish_reason("stop", calls)
-        elif last:
-            reason = tool_calls.finish_reason("stop" if eos else "length", calls)
-        if reason is not None:
-            pieces += calls.flush() if calls else []
-        return with_pieces(self.id, piece, tool_calls.events(self.id, pieces)), reason
+        reason = None if shown.reason is None \
+            else tool_calls.finish_reason(shown.reason, self._calls)
+        return shown.events, reason
 
     def close(self) -> None:
         close = getattr(self._tokens, "close", None)

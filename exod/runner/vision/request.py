@@ -24,7 +24,7 @@ class Request:
     checked: Checked
     processors: list[Processor]
     out: Output
-    calls: tool_calls.ToolCallSplitter | None
+    calls: tool_calls.Splitter | None
     features: dict[str, Any] | None = None  # get_input_embeddings', once seen, until released
     uid: int = -1  # in the generator, once released
     key: list[int] = field(default_factory=list)  # its prompt's cache key, once seen
