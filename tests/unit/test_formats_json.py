@@ -90,7 +90,7 @@ def test_mistral_forced_calls_are_written_as_its_template_writes_them() -> None:
     grammar = mistral(SMALL_32).grammar(one, json.dumps, "start")
     assert accepts(grammar, call)
     for bad in (call.replace("aB3dE6gH9", "aB3"), call.replace("[CALL_ID]aB3dE6gH9", ""),
-                call + call, f'[TOOL_CALLS][{{"name":"get","arguments":{{"a":1}}}}]'):
+                call + call, '[TOOL_CALLS][{"name":"get","arguments":{"a":1}}]'):
         assert not accepts(grammar, bad), bad
     assert accepts(mistral(SMALL_32).grammar(two, json.dumps, "start"), call + call)
     assert accepts(mistral(DEVSTRAL).grammar(one, json.dumps, "start"),
@@ -185,3 +185,9 @@ def test_harmony_conversation_one_call_a_message_and_thinking() -> None:
     assert out[1]["thinking"] == "Two tools.\n\nBoth." and out[1]["content"] == ""
     assert "reasoning_content" not in out[1]
     assert replace(HARMONY).messages(conversation[:1]) == conversation[:1]
+
+
+def test_harmony_markers_that_stray_into_the_answer_are_dropped() -> None:
+    text = ("<|channel|>final<|message|>It is<|constrain|> 4.<|message|>"
+            "<|channel|>commentary<|message|> Done.")
+    assert split(HARMONY, text, 2) == ["It is 4. Done."]

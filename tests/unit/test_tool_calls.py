@@ -106,3 +106,8 @@ def test_reasoning_by_text_markers_of_several_tokens() -> None:
     for cut in (1, 2, 5, 100):
         s = Splitter("normal", table, None, None, MAX_CALLS)
         assert run(text, cut, s) == [Thought("\nHm, weather."), "It is sunny."]
+
+
+def test_a_stray_end_marker_never_reaches_the_answer() -> None:
+    """A random model writes the format's markers anywhere: one that ends no call is dropped."""
+    assert run("a </tool_call> b", 3) == ["a  b"]

@@ -113,10 +113,16 @@ class ToolFormat:
         the same list when nothing changes."""
         return messages
 
+    def markup(self) -> tuple[str, ...]:
+        """The format's markers: none ever reaches the answer (a stray one is dropped)."""
+        return tuple(m for m in (self.start, self.end) if m)
+
     def table(self, tools: bool) -> tuple[str, Transitions]:
         """The initial state and the transitions of the model's output: a call starts at
-        `start` and ends at `end` (`tools`: the request may call; else calls are text)."""
+        `start` and ends at `end` (`tools`: the request may call; else calls are text).
+        Every other marker of the format is dropped from the answer where it strays."""
         if not tools:
             return "normal", {}
-        return "normal", {"normal": [(self.start, "tool")],
+        stray = [(m, "normal") for m in self.markup() if m != self.start]
+        return "normal", {"normal": [(self.start, "tool"), *stray],
                           "tool": [(self.end, "normal")] if self.end else []}

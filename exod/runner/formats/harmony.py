@@ -38,9 +38,13 @@ RESPONSE_FORMAT: dict[str, Any] = {
         # The earliest marker wins; of two at one place, the longer (exod.runner.formats.splitter).
         "header": [("<|channel|>analysis<|message|>", "reasoning"), (tool_call_start, "tool"),
                    ("<|message|>", "normal")],
-        "reasoning": [("<|end|>", "header")],
-        "normal": [("<|end|>", "header"), ("<|return|>", "header")],
-        "tool": [(tool_call_end, "header"), ("<|end|>", "header")],
+        # A message ends at <|end|>; one that runs into the next header ends there too.
+        "reasoning": [("<|end|>", "header"), ("<|start|>", "header"), ("<|channel|>", "header"),
+                      ("<|return|>", "header"), ("<|call|>", "header")],
+        "normal": [("<|end|>", "header"), ("<|return|>", "header"), ("<|start|>", "header"),
+                   ("<|channel|>", "header"), ("<|call|>", "header"),
+                   ("<|constrain|>", "normal"), ("<|message|>", "normal")],
+        "tool": [(tool_call_end, "header"), ("<|end|>", "header"), ("<|start|>", "header")],
     },
 }
 
@@ -70,6 +74,9 @@ def is_harmony(vocab: set[str] | dict[str, int]) -> bool:
 class Harmony(ToolFormat):
     """gpt-oss's format: reasoning in the analysis channel, calls in the commentary channel,
     the answer in the final channel."""
+
+    def markup(self) -> tuple[str, ...]:
+        return (*TOKENS, "<|constrain|>", "<|return|>")
 
     def table(self, tools: bool) -> tuple[str, Transitions]:
         # Calls sit in the turn's structure: without tools they are still cut out (and dropped).
