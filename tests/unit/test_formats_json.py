@@ -191,3 +191,11 @@ def test_harmony_markers_that_stray_into_the_answer_are_dropped() -> None:
     text = ("<|channel|>final<|message|>It is<|constrain|> 4.<|message|>"
             "<|channel|>commentary<|message|> Done.")
     assert split(HARMONY, text, 2) == ["It is 4. Done."]
+
+
+def test_harmony_joins_every_system_turn_into_the_first() -> None:
+    """gpt-oss's template renders only a first system turn (as the developer message) and
+    drops any later one: Claude Code sends its environment in a system turn after the user's."""
+    out = HARMONY.messages([{"role": "system", "content": "A"}, {"role": "user", "content": "u"},
+                            {"role": "system", "content": "B"}])
+    assert out == [{"role": "system", "content": "A\n\nB"}, {"role": "user", "content": "u"}]

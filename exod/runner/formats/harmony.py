@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from exod.core import context_edits
 from exod.runner.formats.base import Allowed, Literal, ToolFormat, Transitions
 from exod.runner.formats.grammar_parts import json_args, quoted
 
@@ -105,9 +106,12 @@ class Harmony(ToolFormat):
                 f'{lit("<|end|>")} {lit("<|start|>")} "assistant"')
 
     def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """As gpt-oss's template takes a conversation: an assistant's reasoning under
-        `thinking`, one call a message (the template renders only the first, and names a
-        tool's result after the last call before it), each call followed by its result."""
+        """As gpt-oss's template takes a conversation: one system turn, first (it renders only
+        the first as the developer message, and drops the others without a word: agents put
+        theirs anywhere), an assistant's reasoning under `thinking`, one call a message (the
+        template renders only the first, and names a tool's result after the last call before
+        it), each call followed by its result."""
+        messages = context_edits.system_first(messages)
         out: list[dict[str, Any]] = []
         results = {m.get("tool_call_id"): m for m in messages if m.get("role") == "tool"}
         placed: set[int] = set()
