@@ -429,3 +429,17 @@ def test_the_formats_are_found_by_mlx_lms_parser_names() -> None:
     for kind, (start, end) in MARKERS.items():
         module = mlx_parser(kind)
         assert (module.tool_call_start, module.tool_call_end) == (start, end)
+
+
+@pytest.mark.parametrize("cut", [1, 4, 1000])
+def test_qwen3_coders_call_without_its_block_is_read_never_shown(cut: int) -> None:
+    """Qwen3-Coder sometimes leaves out `<tool_call>` (the raw XML ollama users saw in the
+    answer): the call is read all the same, and the text around it stays text."""
+    fmt = Qwen3Coder("qwen3_coder", "<tool_call>", "</tool_call>",
+                     lambda text, tools: [])
+    initial, table = fmt.table(True)
+    text = ("I will look.\n<function=ping>\n</function>\n"
+            "<function=write>\n<parameter=path>\n/a\n</parameter>\n</function> Done.")
+    s = Splitter(initial, table, fmt, TOOLS, 16)
+    assert run(text, cut, s) == ["I will look.\n", Call("ping", "{}"),
+                                 Call("write", '{"path": "/a"}'), " Done."]

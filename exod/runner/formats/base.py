@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 # Calls a generation may make at most, forced or not, where the request allows more than one
 # (`parallel_tool_calls`): agents ask for a handful at a time, and a model that would call
@@ -84,6 +84,8 @@ class ToolFormat:
     start: str
     end: str
     parse_text: Parse = field(compare=False)
+    # Markers that stay in a call's text when they open or close it (the parser reads them).
+    kept: ClassVar[tuple[str, ...]] = ()
 
     def parse(self, body: str, tools: Any) -> list[Call]:
         """The calls in the text between the markers: ValueError (or the parser's own

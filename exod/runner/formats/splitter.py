@@ -17,6 +17,11 @@ from exod.runner.serving.strict_args import ArgsCheck
 SHOWN, THINKING, CALLING = "normal", "reasoning", "tool"
 
 
+def calling(state: str) -> bool:
+    """A state that gathers a call's text: `tool`, or a variant of it (`tool_bare`)."""
+    return state == CALLING or state.startswith(CALLING + "_")
+
+
 class Splitter:
     """Text in, pieces out (str: answer; Thought; Call). `fmt`: the model's call format (None:
     a model that only thinks by text markers). `tools`: the request's (None: calls are not
@@ -39,7 +44,7 @@ class Splitter:
     @property
     def thinking(self) -> bool:
         """The text now goes to no answer and no call (reasoning, or a header)."""
-        return self.state not in (SHOWN, CALLING)
+        return self.state != SHOWN and not calling(self.state)
 
     def feed(self, text: str) -> list[Piece]:
         out: list[Piece] = []
@@ -51,7 +56,7 @@ class Splitter:
                 at, marker, after = hit
                 self._emit(buf[:at], out)
                 buf = buf[at + len(marker):]
-                self._move(after, out)
+                self._move(marker, after, out)
                 continue
             keep = len(buf) if cut is None else cut
             self._emit(buf[:keep], out)
@@ -65,7 +70,7 @@ class Splitter:
         out: list[Piece] = []
         if not self.done:
             self._emit(self._held, out)
-            if self.state == CALLING:
+            if calling(self.state):
                 out += self._calls(ended=False)
         self._held = ""
         return _merge(out)  # whitespace after the last call (self._gap) is no answer
@@ -77,16 +82,20 @@ class Splitter:
             out.append(self._after_call(text))
         elif self.state == THINKING:
             out.append(Thought(text))
-        elif self.state == CALLING:
+        elif calling(self.state):
             self._body += text
         # any other state is a header: never shown
 
-    def _move(self, after: str, out: list[Piece]) -> None:
-        if self.state == CALLING:
+    def _move(self, marker: str, after: str, out: list[Piece]) -> None:
+        # A marker the format keeps is part of the call's text (a call written without its
+        # block: Qwen3-Coder's bare `<function=...>...</function>`).
+        kept = self.fmt is not None and marker in self.fmt.kept
+        if calling(self.state):
+            self._body += marker if kept else ""
             out += self._calls(ended=True)
-        elif after == CALLING:
+        elif calling(after):
             self._gap = ""  # whitespace between two calls
-        self._body = ""
+        self._body = marker if kept and calling(after) else ""
         self.state = after
 
     def _after_call(self, text: str) -> str:

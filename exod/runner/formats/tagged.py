@@ -291,6 +291,16 @@ class Qwen3Coder(Tagged):
     SHUT = "\n</parameter>"
     bad_key = r"[<>\s]"  # its parser ends a key at whitespace
     python_bools = True
+    # Qwen3-Coder sometimes writes a call without its `<tool_call>` block (about one call in
+    # five leaked as raw XML in ollama #17742): such a call is read too, its tags kept.
+    kept = ("<function=", "</function>")
+
+    def table(self, tools: bool) -> tuple[str, Transitions]:
+        initial, table = super().table(tools)
+        if tools:
+            table = {**table, "normal": [*table["normal"], ("<function=", "tool_bare")],
+                     "tool_bare": [("</function>", "normal")]}
+        return initial, table
 
     def block(self, allowed: Allowed, lit: Literal, top: str) -> str:
         head, tail = lit(self.start + "\n"), lit("\n" + self.end)
