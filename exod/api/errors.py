@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from exod.api import window_errors
+
 RETRY_AFTER_S = 5  # a hint for clients of an instance that is loading, stopping or restarting
 
 
@@ -21,9 +23,16 @@ class ApiError(Exception):
         self.code = code
         self.param = param
         self.headers = headers or {}
+        # The message in another dialect's own words, where its clients look for them
+        # (exod.api.window_errors); a dialect not named here says `message`.
+        self.in_dialect: dict[str, str] = {}
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.code, self.param)
+
+    def said(self, dialect: str) -> str:
+        """The message as `dialect` ("anthropic", "ollama") words it."""
+        return self.in_dialect.get(dialect, self.message)
 
 
 def error_body(message: str, type_: str, code: str | None = None,
@@ -33,6 +42,13 @@ def error_body(message: str, type_: str, code: str | None = None,
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     return ApiError(400, message, "invalid_request_error", code, param)
+
+
+def window_exceeded(words: window_errors.Words, param: str | None) -> ApiError:
+    """A prompt past the context window: OpenAI's 400 and code, in each dialect's words."""
+    err = ApiError(400, words.openai, "invalid_request_error", window_errors.CODE, param)
+    err.in_dialect.update(anthropic=words.anthropic, ollama=words.ollama)
+    return err
 
 
 def unauthorized(message: str) -> ApiError:
@@ -78,9 +94,11 @@ def queue_full(name: str, limit: int, queue: int) -> ApiError:
 
 def runner_error(code: str, message: str, param: str | None = None) -> ApiError:
     """A generation that failed in (or with) the runner, after it was accepted; `param`: the
-    field the runner found at fault (checked there against the model as loaded)."""
+    field the runner found at fault (checked there against the model as loaded). A prompt
+    past the context window becomes the error each dialect's clients act on."""
     if code == "bad_request":
-        return bad_request(message, param)
+        words = window_errors.from_runner(message, param)
+        return bad_request(message, param) if words is None else window_exceeded(words, param)
     if code in ("aborted", "stopping", "runner_gone", "hung"):
         return ApiError(503, message, "service_unavailable_error", code,
                         headers={"Retry-After": str(RETRY_AFTER_S)})

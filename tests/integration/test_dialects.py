@@ -24,6 +24,7 @@ from tests.harness import ONE_PIXEL_PNG, Daemon
 from tests.integration.test_agent_tools import SCHEMAS, WEATHER
 from tests.models.thinking import make_thinking_model
 from tests.models.tiny import with_tool_template
+from tests.usage import prompt_of
 from tests.integration.test_api import TOKEN, Served, sse_events  # noqa: F401
 
 ASK = "hello there"
@@ -90,7 +91,7 @@ def test_messages_create_gives_chat_completions_greedy_answer(both: Both) -> Non
     text = "".join(b.text for b in r.content if b.type == "text")
     plain = both.chat(12)
     assert text == (plain.choices[0].message.content or "")
-    assert r.usage.input_tokens == plain.usage.prompt_tokens  # type: ignore[union-attr]
+    assert prompt_of(r.usage) == plain.usage.prompt_tokens  # type: ignore[union-attr]
     assert r.usage.output_tokens == plain.usage.completion_tokens  # type: ignore[union-attr]
     assert r.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[
         plain.choices[0].finish_reason]
@@ -126,7 +127,7 @@ def test_messages_stream_reassembles_to_the_whole_answer(both: Both) -> None:
     assert "".join(pieces) == whole.content[0].text  # type: ignore[union-attr]
     assert final.content[0].text == whole.content[0].text  # type: ignore[union-attr]
     assert final.stop_reason == whole.stop_reason
-    assert final.usage.input_tokens == whole.usage.input_tokens
+    assert prompt_of(final.usage) == prompt_of(whole.usage)
     assert final.usage.output_tokens == whole.usage.output_tokens
 
 
@@ -345,7 +346,7 @@ def test_messages_forced_tool_use_validates_streams_and_round_trips(both: Both) 
     assert long.input_tokens > short.input_tokens + 30  # the result reaches the template
     after = both.claude.messages.create(model="tools", max_tokens=8, messages=turn("sunny"),
                                         tools=[WEATHER_TOOL], extra_body={"temperature": 0})
-    assert after.usage.input_tokens == short.input_tokens
+    assert prompt_of(after.usage) == short.input_tokens
 
 
 def test_messages_output_format_is_enforced(both: Both) -> None:
@@ -803,7 +804,7 @@ def test_context_management_edits_apply_and_are_reported(both: Both) -> None:
     assert answer["context_management"] == {"applied_edits": [
         {"type": "clear_thinking_20251015", "cleared_thinking_turns": 1,
          "cleared_input_tokens": plain["input_tokens"] - thinner["input_tokens"]}]}
-    assert answer["usage"]["input_tokens"] == thinner["input_tokens"]
+    assert prompt_of(answer["usage"]) == thinner["input_tokens"]
 
 
 def test_encrypted_reasoning_round_trips_and_a_foreign_one_is_reported(both: Both) -> None:

@@ -93,7 +93,7 @@ def test_a_prompt_past_the_context_window_is_refused(hostile: Daemon, name: str)
     text = greedy(d, name)
     why = refused(api, {"model": name, "prompt": words(200), "max_tokens": 1}, "prompt",
                   "/v1/completions")
-    assert f"context window of {WINDOW}" in why, why
+    assert f"maximum context length is {WINDOW} tokens" in why, why
     refused(api, {"model": name, "messages": [{"role": "user", "content": words(200)}]},
             "messages")
     # Streamed too: a 400 before the stream starts, not a 200 whose stream ends in an error.

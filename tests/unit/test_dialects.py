@@ -353,7 +353,7 @@ def test_a_whole_message_has_thinking_text_and_tool_use_blocks_in_order() -> Non
                               {"type": "text", "text": "ok"},
                               {"type": "tool_use", "id": "c", "name": "get", "input": {"a": 1}}]
     assert msg["stop_reason"] == "tool_use"
-    assert msg["usage"] == {"input_tokens": 5, "output_tokens": 2, "cache_read_input_tokens": 3,
+    assert msg["usage"] == {"input_tokens": 2, "output_tokens": 2, "cache_read_input_tokens": 3,
                             "cache_creation_input_tokens": 0}
 
 

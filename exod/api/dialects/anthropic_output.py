@@ -31,9 +31,14 @@ def event(name: str, data: dict[str, Any]) -> bytes:
 
 
 def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any]:
+    """Anthropic's counts: `input_tokens` are the prompt's tokens not read from the cache, so
+    that the prompt is `input_tokens + cache_read_input_tokens` (+ the creation count, always
+    0 here). Claude Code adds them up to know how full the context window is, and compacts by
+    it: a cached token counted twice would make it compact at half the window."""
     u = chat_usage or {}
     cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return {"input_tokens": u.get("prompt_tokens", 0), "output_tokens":
+    prompt = u.get("prompt_tokens", 0)
+    return {"input_tokens": max(prompt - cached, 0), "output_tokens":
             u.get("completion_tokens", 0), "cache_read_input_tokens": cached,
             "cache_creation_input_tokens": 0}
 

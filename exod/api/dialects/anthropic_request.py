@@ -298,4 +298,4 @@ def error_status(e: ApiError) -> int:
 def error_body(e: ApiError) -> dict[str, Any]:
     status = error_status(e)
     kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
-    return {"type": "error", "error": {"type": kind, "message": e.message}}
+    return {"type": "error", "error": {"type": kind, "message": e.said("anthropic")}}

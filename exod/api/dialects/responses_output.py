@@ -28,6 +28,7 @@ from exod.api import sse
 from exod.api.dialects.responses_request import View
 from exod.api.errors import ApiError
 from exod.api.seal import Sealer
+from exod.api.window_errors import CODE as CONTEXT_EXCEEDED
 
 
 class _Item:
@@ -245,6 +246,8 @@ class ResponsesOutput:
                                           param=err.param)
         response = self._response("failed", None)
         code = "rate_limit_exceeded" if err.status == 429 else "server_error"
+        if err.code == CONTEXT_EXCEEDED:  # Codex's own message for it
+            code = CONTEXT_EXCEEDED
         response["error"] = {"code": code, "message": err.message}
         return out + self._event("response.failed", response=response)
 

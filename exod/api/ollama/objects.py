@@ -91,7 +91,9 @@ def running(name: str, facts: ModelFacts, size: int, expires: float, context: in
 
 def error_text(e: ApiError) -> str:
     """Ollama's error is its text alone (`{"error": TEXT}`): the field at fault goes into it,
-    unless it is there already."""
+    unless it is there already; a message in Ollama's own words stands as it is."""
+    if "ollama" in e.in_dialect:
+        return e.said("ollama")
     if e.param and f"`{e.param}`" not in e.message:
         return f"`{e.param}`: {e.message}"
     return e.message

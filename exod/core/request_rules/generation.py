@@ -156,18 +156,47 @@ def below(value: int, limit: Any, param: str, limit_param: str) -> int:
     return value
 
 
+MODEL_WINDOW = "the model's context window"
+
+
 def fit_window(prompt: int, max_tokens: int, window: int | None, param: str,
-               what: str = "the model's context window") -> int:
+               what: str = MODEL_WINDOW) -> int:
     """The tokens a request may generate: no position may pass the model's context window,
     where a learned position table (gpt2's) would be read out of bounds (or the window the
-    request asked for: `what` names it). A prompt that fills the window is refused; a
-    generation that would pass it ends there (finish reason `length`)."""
+    request asked for: `what` names it). A prompt that fills the window is refused (its
+    message is one `window_exceeded` reads back); a generation that would pass it ends there
+    (finish reason `length`). Nothing is ever cut from the prompt to make it fit."""
     if window is None:
         return max_tokens
     if prompt >= window:
         raise RequestError(f"the prompt is {prompt} tokens: it must leave room for one token "
                            f"in {what} of {window}", param)
     return min(max_tokens, window - prompt)
+
+
+@dataclass(frozen=True)
+class WindowExceeded:
+    """A prompt refused by `fit_window`: its length, the window, and whether that window was
+    the request's own (Ollama's `num_ctx`) rather than the model's."""
+
+    prompt: int
+    window: int
+    own: bool
+
+
+_EXCEEDED = re.compile(r"the prompt is (\d+) tokens: it must leave room for one token in "
+                       r"(.+) of (\d+)")
+
+
+def window_exceeded(message: str) -> WindowExceeded | None:
+    """`fit_window`'s refusal read back from its message (None for any other): the runner
+    sends a refusal as text and its field (exod.messages' `Error`), and each dialect words
+    this one as its clients recognise it (exod.api.window_errors). Its format and this
+    reading stay side by side here, so that neither changes alone."""
+    found = _EXCEEDED.fullmatch(message)
+    if found is None:
+        return None
+    return WindowExceeded(int(found[1]), int(found[3]), found[2] != MODEL_WINDOW)
 
 
 def context_window(raw: Any, param: str = "context_window") -> int | None:
