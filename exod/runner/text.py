@@ -133,7 +133,7 @@ def disk_tier(r: Runner, loaded: Loaded) -> DiskTier | None:
         return None
     shard = loaded.shard
     tier = DiskTier(folder, shard.rank, opts.prompt_cache_disk_bytes,
-                    max_queued=max(256 << 20, opts.prompt_cache_bytes))
+                    max_queued=max(256 << 20, opts.prompt_cache_bytes), solo=shard.world == 1)
     tier.open({"format": fp.FORMAT_VERSION, "dtype": loaded.dtype, "layers": shard.arg(),
                "total_layers": shard.total, "world": shard.world,
                "parallelism": r.spec.parallelism, "kv_bits": opts.kv_bits,

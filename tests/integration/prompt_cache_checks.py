@@ -11,6 +11,9 @@ miss then served with the cold tokens, a warm prompt is prefilled once, then fou
 evicted from RAM goes to disk while requests are served past its held-up write, and the stop's
 flush ends by its deadline, dropping what a held-up writer did not write; in a group (its
 agreement stood in for), a miss on another rank is no hit on rank 0, even after a whole load.
+An agent's next turn while its last entry is still being written (a rank alone) starts from that
+entry with the cold tokens, and an entry bigger than both the RAM tier and the writer's queue
+(an agent's prompt on a real model) is still written, and serves the next turn.
 """
 
 from __future__ import annotations
@@ -58,9 +61,10 @@ def load(path: Path) -> Loaded:
                       should_stop=lambda: False)
 
 
-def disk(root: Path, model: Path) -> DiskTier:
-    """A disk tier opened as a runner opens it (the same parts make the same fingerprint)."""
-    tier = DiskTier(root, 0, 1 << 30)
+def disk(root: Path, model: Path, **kw: int | bool) -> DiskTier:
+    """A disk tier opened as a runner opens it (the same parts make the same fingerprint);
+    `kw`: DiskTier's options (max_queued, solo)."""
+    tier = DiskTier(root, 0, 1 << 30, **kw)  # type: ignore[arg-type]
     tier.open({"format": fp.FORMAT_VERSION, "dtype": "float32"}, fp.weight_files(model, None))
     assert tier.settled.wait(60) and tier.writer.drain(time.monotonic() + 60), tier.state
     assert tier.ready, tier.state
@@ -264,3 +268,61 @@ def test_a_whole_load_on_rank_0_is_no_hit_when_another_rank_could_not_load_its_p
     s = after.serving()
     assert text == cold and done.cached_tokens == 0
     assert (s.disk_hits, s.disk_cached_tokens) == (0, 0), s
+
+
+TURN = PROMPT + "\n# the tool said: 42\n"  # the next turn of a chat: PROMPT, then more
+
+
+def cold_answer(tiny: Loaded, prompt: str) -> str:
+    """`prompt`'s answer from an engine with no prompt cache at all."""
+    text, done = run(BatchEngine(tiny.model, tiny.tokenizer, width=2, cache_bytes=0), ask(prompt))
+    assert done.cached_tokens == 0
+    return text
+
+
+def test_the_next_turn_starts_from_an_entry_still_being_written(
+        tiny: Loaded, tmp_path: Path) -> None:
+    """A rank alone (`solo`): an entry evicted from RAM waits for the writer, held up here (a
+    slow disk, or gigabytes to write); the next turn, meanwhile, starts from it (its arrays are
+    in memory until written) with the cold tokens. Once written it is on disk, and out of
+    memory."""
+    import threading
+
+    tier = disk(tmp_path, Path(os.environ["EXOD_TEST_TINY"]), solo=True)
+    e = BatchEngine(tiny.model, tiny.tokenizer, width=2, cache_bytes=1, disk=tier)
+    gate, held = threading.Event(), threading.Event()
+    tier.writer.submit(lambda: (held.set(), gate.wait(120)) and None)
+    assert held.wait(30)
+    try:
+        _, first = run(e, ask())
+        text, turn = run(e, ask(TURN))
+        assert not gate.is_set() and e.serving().disk_writes == 0  # nothing written yet
+    finally:
+        gate.set()
+    assert turn.cached_tokens >= first.prompt_tokens - 1, (turn, first)
+    assert text == cold_answer(tiny, TURN)
+    assert tier.writer.drain(time.monotonic() + 60)
+    _, again = run(e, ask(TURN))  # from disk now: the writes are over
+    assert again.cached_tokens >= turn.prompt_tokens - 1 and e.serving().disk_hits == 1
+    assert not len(e.cache.writing)
+
+
+def test_an_entry_bigger_than_ram_and_the_write_queue_still_serves_the_next_turn(
+        tiny: Loaded, tmp_path: Path) -> None:
+    """An agent's prompt on a real model is one KV cache of gigabytes, bigger than the RAM tier
+    (1 GiB by default) and the writer's queue bound (as big): it was kept nowhere, and every
+    turn was prefilled whole. Stood in for by bounds below one entry: the writer takes it when
+    it has nothing else, the next turn starts from it with the cold tokens, and a restart
+    finds it on disk."""
+    path = Path(os.environ["EXOD_TEST_TINY"])
+    e = BatchEngine(tiny.model, tiny.tokenizer, width=2, cache_bytes=1,
+                    disk=disk(tmp_path, path, max_queued=1, solo=True))
+    _, first = run(e, ask())
+    text, turn = run(e, ask(TURN))
+    assert turn.cached_tokens >= first.prompt_tokens - 1, (turn, first)
+    assert text == cold_answer(tiny, TURN)
+    kept(e)
+    after = BatchEngine(tiny.model, tiny.tokenizer, width=2, cache_bytes=1,
+                        disk=disk(tmp_path, path, max_queued=1, solo=True))
+    _, again = run(after, ask(TURN))
+    assert again.cached_tokens >= turn.prompt_tokens - 1 and after.serving().disk_hits == 1

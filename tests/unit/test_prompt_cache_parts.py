@@ -270,6 +270,20 @@ def test_the_worker_runs_jobs_in_order_past_a_failing_one_and_refuses_past_its_b
     assert w.drain(time.monotonic() + 30) and ran == [1, 3] and w.idle
 
 
+def test_a_job_past_the_worker_s_bytes_is_taken_alone_only() -> None:
+    """An entry bigger than the bound (an agent's prompt on a real model) is written when the
+    thread has nothing else: at most one is held past the bound."""
+    w = Worker("test", max_bytes=10)
+    gate, ran = threading.Event(), []
+    assert w.submit(lambda: None if gate.wait() else None)
+    assert not w.submit(lambda: ran.append(1), nbytes=50)  # the thread is busy
+    gate.set()
+    assert w.drain(time.monotonic() + 30)
+    assert w.submit(lambda: None if gate.wait() else None, nbytes=50)  # alone: taken
+    assert not w.submit(lambda: ran.append(2), nbytes=50)  # another beside it: refused
+    assert w.drain(time.monotonic() + 30) and ran == [] and w.idle
+
+
 def test_dropped_jobs_never_run() -> None:
     w = Worker("test")
     started, gate, ran = threading.Event(), threading.Event(), []

@@ -56,9 +56,14 @@ class DiskStats:
 
 
 class DiskTier:
-    def __init__(self, root: Path, rank: int, budget: int, max_queued: int = 1 << 30) -> None:
+    def __init__(self, root: Path, rank: int, budget: int, max_queued: int = 1 << 30,
+                 solo: bool = False) -> None:
         self.root = root
         self.rank = rank
+        # This rank is the whole instance (no group): the prompt cache may serve an entry from
+        # memory while its write is under way (exod.runner.prompt_cache.tiers), a choice that
+        # a group's ranks, each with its own writer, could not make alike.
+        self.solo = solo
         self.index = Index(budget)
         self.folder: Path | None = None  # this rank's folder, once known
         self.ready = False  # open: matched against and written to

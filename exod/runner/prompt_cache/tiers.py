@@ -10,6 +10,13 @@ Entries go to disk behind the requests: when they leave RAM (evicted), when the 
 and at the stop (`flush`, bounded by a deadline: what is not written by then is dropped). Only
 the arrays' bytes cross to the writer thread (exod.runner.prompt_cache.snapshot); no request
 ever waits for a write.
+
+An entry evicted to disk is in neither tier until its write ends (seconds for the gigabytes of
+an agent's prompt, longer than an agent takes to run a tool and send its next turn), though its
+arrays are in memory all along, held by the write. On a rank alone (`DiskTier.solo`) such
+entries are matched as RAM's are (`writing`) until they are on disk: the next turn of an agent
+whose prompt's KV is bigger than the RAM tier reuses it instead of prefilling it whole. A
+group's ranks do not (each has its own writer: they could not agree on what is still there).
 """
 
 from __future__ import annotations
@@ -101,6 +108,8 @@ class PromptCache:
     def __init__(self, ram_bytes: int, disk: DiskTier | None = None) -> None:
         self.ram = Index(max(0, ram_bytes))
         self.disk = disk
+        # Entries evicted from RAM whose write to disk has not ended (see the module's doc).
+        self.writing = Index(HUGE)
         self.counts = Counts()
         self._sent: set[str] = set()  # RAM entries handed to the disk writer
         self._said: set[str] = set()
@@ -117,7 +126,7 @@ class PromptCache:
         if not self.enabled:
             return None, 0, None
         packed = pack(prompt)
-        ram = self.ram.best(packed)
+        ram = self._best_in_memory(packed)
         on_disk = self.disk.match(packed) if self.disk is not None else None
         if on_disk is not None and on_disk.usable > (ram.usable if ram else 0):
             return None, 0, self.load(on_disk)
@@ -127,7 +136,7 @@ class PromptCache:
                  ) -> tuple[list[Any] | None, int]:
         """RAM's best for `prompt` (a disk load failed, another rank chose RAM, a warm-up);
         `counted`: a hit counts as one (a warm-up's does not)."""
-        cache, covered, _ = self._from_ram(self.ram.best(pack(prompt)) if self.enabled
+        cache, covered, _ = self._from_ram(self._best_in_memory(pack(prompt)) if self.enabled
                                            else None, counted)
         return cache, covered
 
@@ -163,6 +172,30 @@ class PromptCache:
         if self.disk is not None and load.job is not None:
             self.disk.loaded(load.job, ok=True)
 
+    def _best_in_memory(self, packed: bytes) -> Match | None:
+        """RAM's best match, or an entry's still being written when it covers more."""
+        best = self.ram.best(packed)
+        if self._written():
+            return best
+        held = self.writing.best(packed)
+        if held is not None and (best is None or held.usable > best.usable):
+            return held
+        return best
+
+    def _written(self) -> bool:
+        """Forget the entries whose write ended (on disk now, or given up); whether none is
+        left being written."""
+        disk = self.disk
+        if not len(self.writing):
+            return True
+        if disk is None or not disk.solo or disk.writer.idle:
+            self.writing.clear()
+            return True
+        for entry in self.writing:
+            if disk.holds(entry.tokens):
+                self.writing.remove(entry.key)
+        return not len(self.writing)
+
     def _from_ram(self, ram: Match | None, counted: bool = True
                   ) -> tuple[list[Any] | None, int, FromDisk | None]:
         if ram is None:
@@ -195,7 +228,7 @@ class PromptCache:
         """Whether a prompt that goes on past `tokens` would find them all (but the last, for a
         cache that cannot be trimmed) in either tier."""
         probe = pack([*tokens, 0xFFFFFFFF])  # no token is this one
-        found = [self.ram.best(probe), self.disk.match(probe) if self.disk else None]
+        found = [self._best_in_memory(probe), self.disk.match(probe) if self.disk else None]
         return any(m is not None and m.usable >= len(tokens) - 1 for m in found)
 
     def follow(self) -> None:
@@ -220,6 +253,7 @@ class PromptCache:
 
     def clear(self) -> None:
         self.ram.clear()
+        self.writing.clear()
         self._sent.clear()
         if self.disk is not None:
             self.disk.clear()
@@ -228,18 +262,20 @@ class PromptCache:
         """Entries out of RAM: the evicted ones go to disk (a redundant one is served by the
         entry that replaced it)."""
         for gone in evicted:
-            self._to_disk(gone)
+            if self._to_disk(gone) and self.disk is not None and self.disk.solo:
+                self.writing.add(gone)  # its arrays stay in memory until written anyway
         for gone in evicted + (redundant or []):
             if self.ram.get(gone.key) is None:
                 self._sent.discard(gone.key)
 
-    def _to_disk(self, entry: Entry) -> None:
+    def _to_disk(self, entry: Entry) -> bool:
+        """Hand `entry` to the disk's writer; whether a write of it was queued now."""
         disk = self.disk
         if disk is None or not disk.ready or entry.key in self._sent:
-            return
+            return False
         self._sent.add(entry.key)
         if disk.holds(entry.tokens):
-            return
+            return False
         cache = entry.payload
         why = snapshot.unstorable(cache)
         if why is not None:
@@ -247,8 +283,9 @@ class PromptCache:
                 self._said.add(why)
                 log(f"prompt cache: not kept on disk: {why} (load_prompt_cache could not read "
                     "it back)", WARNING)
-            return
+            return False
         meta = entry_file.exod_metadata(entry.tokens, entry.trimmable, disk.fingerprint,
                                         FORMAT_VERSION)
         tensors, meta = snapshot.tensors(cache, meta)
-        disk.write(entry.tokens, entry.trimmable, tensors, meta)  # or dropped: never waited for
+        # Or dropped (the writer's queue full): never waited for.
+        return disk.write(entry.tokens, entry.trimmable, tensors, meta)

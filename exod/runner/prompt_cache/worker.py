@@ -1,8 +1,13 @@
 """A thread that runs I/O jobs in order, off the serve loop: the disk tier's writes and reads.
 
 `submit` never waits; it refuses a job when the bytes already queued would pass `max_bytes`
-(what waits to be written is memory held beyond the RAM tier's budget). `drain` waits for the
-queue to empty, up to a deadline (the stop's flush), and `drop` forgets what has not started.
+(what waits to be written is memory held beyond the RAM tier's budget), except one job alone:
+a job bigger than `max_bytes` is taken when the thread has nothing else, queued or under way.
+An agent's prompt is often one KV cache bigger than the RAM tier (Claude Code's ~23k tokens
+of an 8B model: ~3 GB, against 1 GiB by default); refused, it was kept nowhere, and every turn
+of the session was prefilled whole. Taken alone, at most one entry past the bound is held.
+`drain` waits for the queue to empty, up to a deadline (the stop's flush), and `drop` forgets
+what has not started.
 A job that raises is logged and the next one runs: a disk fault never ends the thread. The
 thread is a daemon thread: a runner that exits with a job under way leaves at most a temporary
 file, which the next start removes.
@@ -32,7 +37,8 @@ class Worker:
 
     def submit(self, job: Job, nbytes: int = 0) -> bool:
         with self._cond:
-            if nbytes and self._queued + nbytes > self.max_bytes:
+            alone = not self._jobs and not self._busy
+            if nbytes and self._queued + nbytes > self.max_bytes and not alone:
                 return False
             self._jobs.append((job, nbytes))
             self._queued += nbytes
