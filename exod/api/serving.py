@@ -7,6 +7,7 @@ rank 0's link, and relay the events back, whole or as SSE. Every request is mete
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from exod.api.tool_output import streamed_call, whole_call
 from exod.api.schema import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import Daemon
 from exod.core.images import unseen
+from exod.core.system_lines import drop_system_lines
 from exod.core.sizes import format_size
 from exod.daemon.channel import RequestStream, TooLarge
 from exod.daemon.traffic import Busy, Mismatch, NotServing, Refused, ServedElsewhere
@@ -47,6 +49,16 @@ def refusal(e: Refused) -> ApiError:
     if isinstance(e, Mismatch):
         return serves_other(e.name, e.serves)
     return model_not_found(e.name)
+
+
+def without_system_lines(req: GenRequest, prefixes: tuple[str, ...]) -> GenRequest:
+    """A chat request without the system prompt's lines the instance drops
+    (`drop_system_lines`, exod.core.system_lines)."""
+    if req.gen.kind != "chat" or not prefixes or not req.gen.messages:
+        return req
+    messages = drop_system_lines(req.gen.messages, prefixes)
+    return req if messages is req.gen.messages else replace(
+        req, gen=replace(req.gen, messages=messages))
 
 
 class Serving:
@@ -97,6 +109,7 @@ class Serving:
             req = await self._pictures(inst, req)
             req = apply_limits(req, await limits(inst))
             req = with_template_defaults(req, inst.config.chat_template_kwargs)
+            req = without_system_lines(req, inst.config.drop_system_lines)
             async with self.traffic.slot(inst, keep_alive) as link:
                 try:
                     stream = link.open(req.gen)

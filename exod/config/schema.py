@@ -533,6 +533,23 @@ class Instance(RunnerOptions):
                      "The names of the template call's own arguments (`tools`, "
                      "`add_generation_prompt`, `chat_template`, ...) cannot be set."),
     )
+    drop_system_lines: tuple[str, ...] = field(
+        default=(),
+        metadata=doc("Lines dropped from the system prompt of every chat request to this "
+                     "instance, before the chat template: each item is the start of such a line. "
+                     "A line of a system (or developer) turn that starts with one is removed with "
+                     "the blank lines that separate it from the rest, as if the client had not "
+                     "sent it; a turn left empty goes. For text an agent writes atop its system "
+                     "prompt that changes between requests or sessions and that the model does "
+                     "not need: the prompt cache reuses only an exact prefix, so such a line "
+                     "voids everything after it. `[\"x-anthropic-billing-header:\"]` drops "
+                     "Claude Code's billing line, whose hash changes with each session's first "
+                     "prompt: the prompt is then the one Claude Code sends with "
+                     "`CLAUDE_CODE_ATTRIBUTION_HEADER=0`, and a new session reuses the system "
+                     "prompt and tools from the cache. The model never sees a dropped line. "
+                     "Empty (the default): the prompt is what the client sent.",
+                     pattern=r"\A[^\n\r]{1,256}\Z"),
+    )
     draft_hub: HubRef | None = field(
         default=None, kw_only=True,
         metadata=doc("the hub repository `draft_model` names, if any", internal=True))
