@@ -8,7 +8,8 @@ import sys
 # agent runs agent_constrained too
 ALL = ["load", "daemon", "api", "serving", "fused", "sharding", "families", "systemd", "security",
        "hostile_runner", "hostile_reads", "ports", "group_start", "runner_start", "jit_header",
-       "jit_flags", "models", "agent", "vision", "embeddings", "ollama", "cache", "split"]
+       "jit_flags", "models", "agent", "vision", "embeddings", "ollama", "cache", "agent_cache",
+       "split"]
 
 
 # Not in ALL: an hour long by default (EXOD_SOAK_MINUTES); run it by name.

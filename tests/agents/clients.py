@@ -40,10 +40,13 @@ def _base_env(home: Path) -> dict[str, str]:
 def claude_code(base_url: str, model: str, prompt: str, home: Path, cwd: Path) -> Run:
     """`claude -p PROMPT`. CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 turns off its telemetry,
     error reports, update checks and the HEAD /api/hello probe (without it, it looks up
-    api.anthropic.com). The small-fast model of its background tasks is exod's model too."""
+    api.anthropic.com). The small-fast model of its background tasks is exod's model too.
+    CLAUDE_CODE_ATTRIBUTION_HEADER=0 keeps its billing line out of the system prompt: that line
+    carries a hash of each session's first prompt, and atop the prompt it kept a new session
+    from reusing the system prompt and tools from exod's prompt cache (docs/prompt-cache.md)."""
     env = {**_base_env(home), "ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": KEY,
            "ANTHROPIC_MODEL": model, "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "CLAUDE_CODE_ATTRIBUTION_HEADER": "0"}
     return Run([str(BIN / "claude"), "-p", prompt], env, cwd)
 
 
