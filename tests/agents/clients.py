@@ -9,10 +9,12 @@ each tried before these settings).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 AGENTS = REPO / ".agents"
@@ -32,7 +34,7 @@ class Run:
 
 
 def _base_env(home: Path) -> dict[str, str]:
-    # A home of its own: both agents write state there (sessions, settings, ids).
+    # A home of its own: every agent writes state there (sessions, settings, ids).
     return {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "LANG": "C.UTF-8", "TERM": "dumb"}
 
@@ -79,6 +81,49 @@ def codex(base_url: str, model: str, prompt: str, home: Path, cwd: Path) -> Run:
     return Run([str(BIN / "codex"), "exec", "--skip-git-repo-check", prompt], env, cwd)
 
 
+def opencode_config(base_url: str, model: str) -> dict[str, Any]:
+    """opencode's config (opencode.json) for exod as provider `exod`: a custom provider on the
+    OpenAI-compatible chat completions API. The @ai-sdk/openai-compatible package is built into
+    opencode's binary, so naming it installs nothing."""
+    return {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {"exod": {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": "exod",
+            "options": {"baseURL": f"{base_url}/v1", "apiKey": KEY},
+            "models": {model: {"name": model}},
+        }},
+        "model": f"exod/{model}",
+        "small_model": f"exod/{model}",  # its session titles (a request without tools) too
+        # Only exod: not the providers it would load from the environment or its own (zen).
+        "enabled_providers": ["exod"],
+        # Its TUI's update check (npm's registry, then an upgrade): `run` makes none, but the
+        # config is the one docs/agents.md shows, for the TUI too.
+        "autoupdate": False,
+        "share": "disabled",  # never upload a session to opencode.ai
+        # Off by default in this release; named so that a release that turns them on does not
+        # download language servers (from GitHub and npm) when the model edits a file.
+        "lsp": False,
+        "formatter": False,
+    }
+
+
+def opencode(base_url: str, model: str, prompt: str, home: Path, cwd: Path) -> Run:
+    """`opencode run PROMPT` with $HOME/.config/opencode/opencode.json (opencode_config).
+    OPENCODE_DISABLE_MODELS_FETCH=1 keeps it on the catalogue built into it: without it, it
+    fetches models.opencode.ai/api.json at start (and every hour). npm_config_offline=true: at
+    start it installs @opencode-ai/plugin into each config folder (for plugins and tools written
+    there; this config has none) with npm's own library, which reads npm's settings: offline, the
+    install fails at once from an empty cache (a warning in its log) instead of reaching
+    registry.npmjs.org."""
+    config_dir = home / ".config" / "opencode"
+    config_dir.mkdir(parents=True, exist_ok=True)
+    (config_dir / "opencode.json").write_text(json.dumps(opencode_config(base_url, model),
+                                                         indent=2))
+    env = {**_base_env(home), "OPENCODE_DISABLE_MODELS_FETCH": "1", "npm_config_offline": "true"}
+    return Run([str(BIN / "opencode"), "run", prompt], env, cwd)
+
+
 def version(binary: str) -> str:
     """The installed agent's `--version` line."""
     proc = subprocess.run([binary, "--version"], capture_output=True, text=True,
@@ -86,4 +131,4 @@ def version(binary: str) -> str:
     return proc.stdout.strip() or proc.stderr.strip()
 
 
-RUNS = {"claude-code": claude_code, "codex": codex}
+RUNS = {"claude-code": claude_code, "codex": codex, "opencode": opencode}
