@@ -33,7 +33,7 @@ import pytest
 from tests.agents import clients
 from tests.agents.capture import Recorder, serve
 from tests.harness import Daemon
-from tests.models.agent import AFTER, CALLS, COMMAND, PLAIN, TRIGGER, make_agent_model
+from tests.models.agent import AFTER, COMMAND, PLAIN, TRIGGER, make_agent_model
 from tests.models.tiny import with_tool_template
 
 ASK = f"Run `{COMMAND}` in the shell, then tell me what it printed."
@@ -204,13 +204,6 @@ def test_opencode_answers_a_prompt(served: Served) -> None:
     assert chat_tool_calls(turn["response"]) == [], told(proc, rec)
 
 
-# The model calls opencode's tool once tests.models.agent lists it: until then this test would
-# see the plain answer, so it is marked to fail (not run) rather than break the suite.
-CALLS_BASH = any(marker == '"name": "bash"' for marker, _ in CALLS.values())
-
-
-@pytest.mark.xfail(not CALLS_BASH, run=False, strict=True,
-                   reason="tests.models.agent has no call of opencode's bash tool yet")
 def test_opencode_runs_its_tool_and_answers(served: Served) -> None:
     proc, rec = served.agent("opencode", ASK)
     assert proc.returncode == 0 and proc.stdout.strip() == AFTER, told(proc, rec)

@@ -51,6 +51,8 @@ CALLS = {
                     + _CMD + '","description":"Print\\u0020a\\u0020line"}}</tool_call>'),
     "codex": ('"name": "exec_command"',
               '<tool_call>{"name":"exec_command","arguments":{"cmd":"' + _CMD + '"}}</tool_call>'),
+    "opencode": ('"name": "bash"',
+                 '<tool_call>{"name":"bash","arguments":{"command":"' + _CMD + '"}}</tool_call>'),
     # The agent libraries' tests give their agent this tool: echo(text) returns text.
     "library": ('"name": "echo"',
                 '<tool_call>{"name":"echo","arguments":{"text":"' + TRIGGER + '"}}</tool_call>'),
