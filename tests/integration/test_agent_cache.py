@@ -15,9 +15,10 @@ runs on an instance without a RAM tier: every entry is served while the disk tie
 then from disk, as an agent's gigabytes of KV are on a real model (the engine's own checks of
 that: prompt_cache_checks.py).
 
-One daemon (two instances of the one-layer agent model, tests.models.agent), about 40
-CPU-seconds: the prefill of Claude Code's ~23k-token and Codex's ~18k-token prompts once each,
-the agents' own start-ups, and rendering every prompt again for the figures (one process).
+One daemon (two instances of the one-layer agent model, tests.models.agent), about 18
+CPU-seconds (tests.cpu_profile) and 25-45 s: the prefill of Claude Code's ~23k-token and
+Codex's ~18k-token prompts once each, the agents' own start-ups, and rendering every prompt
+again for the figures (one process).
 """
 
 from __future__ import annotations

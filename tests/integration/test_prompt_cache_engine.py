@@ -2,10 +2,11 @@
 (prompt_cache_checks.py; see tests/own_process.py): every family of the zoo gives the cold
 tokens from an entry loaded after a restart (or is a documented miss), a stop or a cancel during
 a load, a corrupt entry, a warm prompt, an entry out of RAM written behind the requests, the
-stop's flush bounded by its deadline, a group's miss counted as none. One test here per check
-function there, failing with that check's report. Through daemons, restarts and the ladder:
-test_prompt_cache.py. The zoo is the one test_families.py makes (once per run, shared); ~0.4
-CPU-s a family here, ~60 CPU-s in all."""
+next turn from an entry still being written and from one bigger than the RAM tier and the
+writer's queue, the stop's flush bounded by its deadline, a group's miss counted as none. One
+test here per check function there, failing with that check's report. Through daemons,
+restarts and the ladder: test_prompt_cache.py. The zoo is the one test_families.py makes
+(once per run, shared); ~0.4 CPU-s a family here, ~60 CPU-s in all."""
 
 from __future__ import annotations
 
