@@ -54,6 +54,11 @@ AGENTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         _function("exec_command", "Runs a command in a PTY.",
                   {"cmd": {**_STRING, "description": "Shell command to execute."}}, ["cmd"]),
         {"cmd": COMMAND}),
+    "opencode": (
+        _function("bash", "Executes a given bash command.",
+                  {"command": {**_STRING, "description": "The command to execute"}},
+                  ["command"]),
+        {"command": COMMAND}),
     "library": (
         _function("echo", "Echo the text back.", {"text": _STRING}, ["text"]),
         {"text": TRIGGER}),

@@ -63,6 +63,14 @@ def test_a_call_cut_off_by_the_end_is_parsed_or_dropped() -> None:
     assert run('ok <tool_call>{"name": "x", "argu', 5) == ["ok "]
 
 
+def test_a_call_cut_by_max_tokens_is_dropped_even_where_it_would_parse() -> None:
+    """Never arguments cut short: a call under way when max_tokens ends the generation is
+    unfinished, whatever a lenient parser would make of it."""
+    s = splitter()
+    s.feed('<tool_call>{"name": "x", "arguments": {}}')
+    assert s.flush(cut=True) == [] and s.dropped == 1
+
+
 def test_a_marker_prefix_is_text_once_it_cannot_be_one() -> None:
     assert run("a <tool b <tool_cal", 2) == ["a <tool b <tool_cal"]
 

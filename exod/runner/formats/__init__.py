@@ -10,6 +10,7 @@ Pure text work: mlx-lm's parsers are handed in by the tokenizer, never imported 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from exod import messages as m
@@ -92,9 +93,11 @@ def allowed(req: m.Generate) -> Allowed:
     return Allowed(functions, calls_allowed(req), frozenset(req.strict_tools), earlier)
 
 
-def splitter(tokenizer: Any, req: m.Generate, check: Any = None) -> Splitter | None:
+def splitter(tokenizer: Any, req: m.Generate, check: Any = None,
+             prompt: Sequence[int] = ()) -> Splitter | None:
     """The splitter of a chat's output: one when the request may call its tools, or the model
-    marks reasoning in its text (several-token markers, harmony's channels)."""
+    marks reasoning in its text (several-token markers, harmony's channels). `prompt`: its
+    tokens, whose end may open a think block (Kimi K3's template does)."""
     if req.kind != "chat":
         return None
     fmt = format_of(tokenizer)
@@ -105,10 +108,24 @@ def splitter(tokenizer: Any, req: m.Generate, check: Any = None) -> Splitter | N
     if think is not None:
         table.setdefault("normal", []).append((think[0], "reasoning"))
         table.setdefault("reasoning", []).append((think[1], "normal"))
+        if initial == "normal" and opens(tokenizer, prompt, think):
+            initial = "reasoning"
     if not table:
         return None
     return Splitter(initial, table, fmt, req.tools if tools else None, calls_allowed(req),
                     req.id, check)
+
+
+def opens(tokenizer: Any, prompt: Sequence[int], think: tuple[str, str]) -> bool:
+    """The prompt ends inside a think block (its last start after its last end), read in
+    the text of its last tokens: a generation prompt that opens one is short."""
+    if not prompt:
+        return False
+    tail = tokenizer.decode(list(prompt[-TAIL:]))
+    return tail.rfind(think[0]) > tail.rfind(think[1])
+
+
+TAIL = 64  # tokens of the prompt's end in which an opened think block is looked for
 
 
 def events(rid: str, pieces: list[Piece]) -> list[m.Event]:

@@ -85,10 +85,13 @@ class Mistral(ToolFormat):
                         f"args_{i}: {json_args(f, allowed)}\n"]
             return (f'{top}: {lit(self.start)} "[" {repeat("call_body", quoted(","), allowed.most)}'
                     ' "]"\n' + "".join(choice(allowed, item)))
-        call_id = ' "[CALL_ID]" /[A-Za-z0-9]{9}/' if self.generation == "call_id" else ""
+        # The markers may be special tokens (they are, in Mistral's vocabularies): as such.
+        call_id = f" {lit('[CALL_ID]')} /[A-Za-z0-9]{{9}}/" if self.generation == "call_id" \
+            else ""
+        args = lit("[ARGS]")
 
         def header(i: int, f: dict[str, Any]) -> list[str]:
-            return [f'fn_{i}: {quoted(f["name"])}{call_id} "[ARGS]" args_{i}\n',
+            return [f'fn_{i}: {quoted(f["name"])}{call_id} {args} args_{i}\n',
                     f"args_{i}: {json_args(f, allowed)}\n"]
         return (f"{top}: {repeat('call', '', allowed.most)}\n"
                 f"call: {lit(self.start)} call_body\n" + "".join(choice(allowed, header)))

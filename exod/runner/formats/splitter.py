@@ -64,13 +64,18 @@ class Splitter:
             break
         return _merge(out)
 
-    def flush(self) -> list[Piece]:
+    def flush(self, cut: bool = False) -> list[Piece]:
         """The generation ended: held text is what it was, and a call under way is parsed as it
-        is (a format whose calls end the turn has no end marker)."""
+        is (a format whose calls end the turn has no end marker, or an end-of-sequence token
+        for one). `cut`: max_tokens ended it: a call under way is unfinished, and dropped
+        whole, with any written before it in the same block (never arguments cut short)."""
         out: list[Piece] = []
         if not self.done:
             self._emit(self._held, out)
-            if calling(self.state):
+            if calling(self.state) and cut:
+                self._body, body = "", self._body
+                out += self._drop(body, "max_tokens ended the generation inside it")
+            elif calling(self.state):
                 out += self._calls(ended=False)
         self._held = ""
         return _merge(out)  # whitespace after the last call (self._gap) is no answer

@@ -150,7 +150,8 @@ class BatchEngine(AsItComes):
         out = Output(streaming(self.tokenizer.detokenizer), req.stop, checked.markers,
                      checked.thinking)
         r = BatchRequest(req.id, checked.prompt, out,
-                         tool_calls.splitter(self.tokenizer, req, checked.args_check),
+                         tool_calls.splitter(self.tokenizer, req, checked.args_check,
+                                             checked.prompt),
                          checked.top_logprobs, insert={
                              "max_tokens": [checked.max_tokens],
                              "logits_processors": [checked.processors]},

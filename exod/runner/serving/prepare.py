@@ -171,7 +171,8 @@ def _thinking(tokenizer: Any, fmt: tool_calls.ToolFormat | None, prompt: list[in
     if text is None:
         return None
     start, end = (lit(t) for t in text)
-    return Thinking.of((start, end), False, enabled, max_tokens, budget)
+    return Thinking.of((start, end), formats.opens(tokenizer, prompt, text), enabled,
+                       max_tokens, budget)
 
 
 def args_check(grammars: Grammars | None, req: m.Generate) -> ArgsCheck | None:

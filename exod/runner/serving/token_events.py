@@ -35,7 +35,7 @@ def show_token(rid: str, out: Output, calls: tool_calls.Splitter | None, token: 
     if out.stopped or (calls and calls.done):
         early, reason = reason is None, "stop"
     if reason is not None:
-        pieces += calls.flush() if calls else []
+        pieces += calls.flush(cut=reason == "length") if calls else []
     events = with_pieces(rid, piece, tool_calls.events(rid, pieces))
     if not events and reason is None:  # a token all the same: progress for the hang watch
         events.append(m.Held(rid, completion_tokens))

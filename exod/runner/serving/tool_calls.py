@@ -7,6 +7,7 @@ these; the formats themselves are pure and unit-tested on their own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from exod import messages as m
@@ -28,11 +29,11 @@ def check(fmt: ToolFormat | None, req: m.Generate) -> None:
                            "exod cannot force; use \"auto\"", "tool_choice")
 
 
-def splitter(tokenizer: Any, req: m.Generate,
-             check: ArgsCheck | None = None) -> Splitter | None:
+def splitter(tokenizer: Any, req: m.Generate, check: ArgsCheck | None = None,
+             prompt: Sequence[int] = ()) -> Splitter | None:
     """The splitter of a request's output: calls when it may call its tools, and reasoning
-    the model marks in its text."""
-    return formats.splitter(tokenizer, req, check)
+    the model marks in its text (`prompt`: its tokens, whose end may open a think block)."""
+    return formats.splitter(tokenizer, req, check, prompt)
 
 
 def events(rid: str, pieces: list[Piece]) -> list[m.Event]:

@@ -51,7 +51,7 @@ class Generation:
         self._draft = draft
         checked = check_request(tokenizer, req, vocab_size(model, tokenizer),
                                 context_window(model), read)
-        self._calls = tool_calls.splitter(tokenizer, req, checked.args_check)
+        self._calls = tool_calls.splitter(tokenizer, req, checked.args_check, checked.prompt)
         prompt = checked.prompt
         self._cache: list[Any] = kv.make(model)
         # The draft's cache follows the model's in the list speculative_generate_step takes.

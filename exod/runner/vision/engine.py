@@ -153,7 +153,7 @@ class VisionEngine(NoPromptCache, KeptPrompts):
             processors.append(last_processor(sampler, rows))
         out = Output(streaming(self.tokenizer.detokenizer), req.stop, checked.markers,
                      checked.thinking)
-        calls = tool_calls.splitter(self.tokenizer, req, checked.args_check)
+        calls = tool_calls.splitter(self.tokenizer, req, checked.args_check, checked.prompt)
         self._waiting[req.id] = Request(req.id, req, prompt, checked, processors, out, calls,
                                          rows=rows)
 
