@@ -9,9 +9,12 @@ it answer a plain prompt with a fixed text, and call the agent's own shell tool 
 Bash, Codex's exec_command, opencode's bash, the libraries' `echo`) when asked to run
 `echo exod-tool-ran`, then answer once the tool's output is back. So each session is the real
 thing: the agent parses the call from exod's stream, runs its tool, sends the result in its own
-format, and prints the model's answer.
+format, and prints the model's answer. Tool sessions also run against two format models
+(tests.models.formats), which do the same in the formats agents meet most, with their
+families' real templates: gpt-oss's harmony (reasoning in the analysis channel, the call in
+the commentary channel) and Qwen3-Coder's XML; no marker of either ever reaches an answer.
 
-One daemon serves the module (one instance of a one-layer model): about 30 CPU-seconds in all,
+One daemon serves the module (three instances of one-layer models): tens of CPU-seconds,
 most of it the prefill of Claude Code's ~23k-token prompt (12 tools, 30 KB of schemas),
 Codex's ~18k and opencode's ~14k (10 tools, 21 KB). An opencode session takes 7-13 s of wall
 time on a 2-core machine, most of it opencode's own start (a 180 MB binary), not exod's.
@@ -40,6 +43,17 @@ ASK = f"Run `{COMMAND}` in the shell, then tell me what it printed."
 HELLO = "Say hello."
 MODEL = "agent"
 SAFETY = 300.0  # seconds: a bound against hangs; a session takes a few
+# The instances a tool session runs against: the json_tools model (tests.models.agent) and the
+# format models of the formats agents meet most (tests.models.formats): gpt-oss's harmony and
+# Qwen3-Coder's XML, each with its family's real template, tokens and reasoning.
+FAMILY = {"harmony": "harmony", "qwen3-coder": "qwen3_coder"}
+MODELS = [MODEL, *FAMILY]
+# What no answer may show of each model's format (exod.runner.formats' markup).
+MARKUP = {MODEL: ("<tool_call>", "</tool_call>"),
+          "harmony": ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|call|>",
+                      "<|constrain|>", "<|return|>"),
+          "qwen3-coder": ("<tool_call>", "</tool_call>", "<function=", "</function>",
+                          "<parameter=", "</parameter>")}
 
 
 class Served:
@@ -58,9 +72,10 @@ class Served:
             server.shutdown()
             server.server_close()
 
-    def agent(self, name: str, prompt: str) -> tuple[Any, Recorder]:
-        """Run agent `name` (tests.agents.clients.RUNS) once, in a home and a working folder
-        of its own: (its completed process, what went through the proxy)."""
+    def agent(self, name: str, prompt: str, model: str = MODEL) -> tuple[Any, Recorder]:
+        """Run agent `name` (tests.agents.clients.RUNS) once against instance `model`, in a
+        home and a working folder of its own: (its completed process, what went through the
+        proxy)."""
         binary = clients.BIN / {"claude-code": "claude", "codex": "codex",
                                 "opencode": "opencode"}[name]
         assert binary.exists(), (f"{binary} is missing: the test set-up installs the agents "
@@ -70,22 +85,31 @@ class Served:
         (work / "home").mkdir(parents=True)
         (work / "cwd").mkdir()
         with self.proxy() as (recorder, url):
-            run = clients.RUNS[name](url, MODEL, prompt, work / "home", work / "cwd")
+            run = clients.RUNS[name](url, model, prompt, work / "home", work / "cwd")
             proc = run(timeout=SAFETY)
         return proc, recorder
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(tiny_model: Path, format_models: dict[str, Path],
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("agents")
     model = make_agent_model(with_tool_template(tiny_model, tmp / "tools"), tmp / "agent")
-    d = Daemon({"instances": {MODEL: {"model": str(model)}}})
+    d = Daemon({"ready": "instances", "instances": {
+        MODEL: {"model": str(model)},
+        **{name: {"model": str(format_models[family])} for name, family in FAMILY.items()}}})
     try:
         d.start()
-        d.until_state(MODEL, "ready")
         yield Served(d, tmp)
     finally:
         d.close()
+
+
+def no_markup(model: str, reqs: list[dict[str, Any]]) -> None:
+    """No answer shows a marker of the model's format: text, reasoning or arguments."""
+    for r in reqs:
+        shown = [m for m in MARKUP[model] if m in (r.get("response") or "")]
+        assert not shown, (model, shown, r.get("response", "")[:2000])
 
 
 def told(proc: Any, recorder: Recorder) -> str:
@@ -131,10 +155,12 @@ def test_claude_code_answers_a_prompt(served: Served) -> None:
     assert all(r["query"] == {"beta": "true"} for r in reqs)
 
 
-def test_claude_code_runs_its_tool_and_answers(served: Served) -> None:
-    proc, rec = served.agent("claude-code", ASK)
+@pytest.mark.parametrize("model", MODELS)
+def test_claude_code_runs_its_tool_and_answers(served: Served, model: str) -> None:
+    proc, rec = served.agent("claude-code", ASK, model)
     assert proc.returncode == 0 and proc.stdout.strip() == AFTER, told(proc, rec)
     first, *rest = streamed_all_the_way(rec, "/v1/messages")
+    no_markup(model, [first, *rest])
     calls = [e["content_block"] for e in events(first["response"])
              if e.get("type") == "content_block_start"
              and e["content_block"]["type"] == "tool_use"]
@@ -154,10 +180,12 @@ def test_codex_answers_a_prompt(served: Served) -> None:
     streamed_all_the_way(rec, "/v1/responses")
 
 
-def test_codex_runs_its_tool_and_answers(served: Served) -> None:
-    proc, rec = served.agent("codex", ASK)
+@pytest.mark.parametrize("model", MODELS)
+def test_codex_runs_its_tool_and_answers(served: Served, model: str) -> None:
+    proc, rec = served.agent("codex", ASK, model)
     assert proc.returncode == 0 and proc.stdout.strip() == AFTER, told(proc, rec)
     first, *rest = streamed_all_the_way(rec, "/v1/responses")
+    no_markup(model, [first, *rest])
     done = [e["item"] for e in events(first["response"])
             if e.get("type") == "response.output_item.done"]
     calls = [item for item in done if item["type"] == "function_call"]
@@ -204,10 +232,12 @@ def test_opencode_answers_a_prompt(served: Served) -> None:
     assert chat_tool_calls(turn["response"]) == [], told(proc, rec)
 
 
-def test_opencode_runs_its_tool_and_answers(served: Served) -> None:
-    proc, rec = served.agent("opencode", ASK)
+@pytest.mark.parametrize("model", MODELS)
+def test_opencode_runs_its_tool_and_answers(served: Served, model: str) -> None:
+    proc, rec = served.agent("opencode", ASK, model)
     assert proc.returncode == 0 and proc.stdout.strip() == AFTER, told(proc, rec)
     first, *rest = opencode_turns(rec)
+    no_markup(model, [first, *rest])
     calls = chat_tool_calls(first["response"])
     assert [(c["name"], c["arguments"]) for c in calls] == [("bash", {"command": COMMAND})], \
         told(proc, rec)
@@ -227,8 +257,10 @@ def echo_tool(seen: list[str]) -> Any:
     return echo
 
 
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("api", ["chat", "responses"])
-def test_openai_agents_sdk_runs_a_tool_and_answers(served: Served, api: str) -> None:
+def test_openai_agents_sdk_runs_a_tool_and_answers(served: Served, api: str,
+                                                   model: str) -> None:
     from agents import (Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, RunConfig,
                         Runner, function_tool)
 
@@ -236,9 +268,9 @@ def test_openai_agents_sdk_runs_a_tool_and_answers(served: Served, api: str) -> 
 
     async def session(url: str) -> Any:
         client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=clients.KEY, max_retries=0)
-        model = OpenAIChatCompletionsModel(model=MODEL, openai_client=client) if api == "chat" \
-            else OpenAIResponsesModel(model=MODEL, openai_client=client)
-        agent = Agent(name="exod", instructions="Use the tools you have.", model=model,
+        sdk_model = OpenAIChatCompletionsModel(model=model, openai_client=client) \
+            if api == "chat" else OpenAIResponsesModel(model=model, openai_client=client)
+        agent = Agent(name="exod", instructions="Use the tools you have.", model=sdk_model,
                       tools=[function_tool(echo_tool(seen))])
         result = Runner.run_streamed(agent, ASK, run_config=RunConfig(tracing_disabled=True))
         async for _ in result.stream_events():
@@ -251,9 +283,11 @@ def test_openai_agents_sdk_runs_a_tool_and_answers(served: Served, api: str) -> 
     assert output == AFTER
     reqs = streamed_all_the_way(rec, "/chat/completions" if api == "chat" else "/responses")
     assert len(reqs) == 2
+    no_markup(model, reqs)
 
 
-def test_pydantic_ai_runs_a_tool_and_answers(served: Served) -> None:
+@pytest.mark.parametrize("model", MODELS)
+def test_pydantic_ai_runs_a_tool_and_answers(served: Served, model: str) -> None:
     from pydantic_ai import Agent
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
@@ -261,9 +295,9 @@ def test_pydantic_ai_runs_a_tool_and_answers(served: Served) -> None:
     seen: list[str] = []
 
     async def session(url: str) -> str:
-        model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=url + "/v1",
-                                                               api_key=clients.KEY))
-        agent = Agent(model, instructions="Use the tools you have.",
+        chat_model = OpenAIChatModel(model, provider=OpenAIProvider(base_url=url + "/v1",
+                                                                    api_key=clients.KEY))
+        agent = Agent(chat_model, instructions="Use the tools you have.",
                       tools=[echo_tool(seen)])
         async with agent.run_stream(ASK) as result:
             return str(await result.get_output())
@@ -272,7 +306,9 @@ def test_pydantic_ai_runs_a_tool_and_answers(served: Served) -> None:
         output = asyncio.run(session(url))
     assert seen == [TRIGGER]
     assert output == AFTER
-    assert len(streamed_all_the_way(rec, "/chat/completions")) == 2
+    reqs = streamed_all_the_way(rec, "/chat/completions")
+    assert len(reqs) == 2
+    no_markup(model, reqs)
 
 
 # ---- The model, and fields exod does not know ----------------------------------------------
