@@ -113,7 +113,7 @@ async def _gather(stream: RequestStream, count: int, meter: Meter) -> Embedded:
                                "server_error", "internal")
             return Embedded([r for r in results if r is not None], ev.prompt_tokens)
         elif isinstance(ev, m.Error):
-            raise runner_error(ev.code, ev.message, ev.param)
+            raise runner_error(ev)
 
 
 async def json_answer(body: dict[str, Any], size: int, ignored: tuple[str, ...]

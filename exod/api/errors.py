@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from exod import messages as m
 from exod.api import window_errors
 
 RETRY_AFTER_S = 5  # a hint for clients of an instance that is loading, stopping or restarting
@@ -92,13 +93,16 @@ def queue_full(name: str, limit: int, queue: int) -> ApiError:
                     "rate_limit_error", "queue_full", headers={"Retry-After": "1"})
 
 
-def runner_error(code: str, message: str, param: str | None = None) -> ApiError:
-    """A generation that failed in (or with) the runner, after it was accepted; `param`: the
-    field the runner found at fault (checked there against the model as loaded). A prompt
+def runner_error(ev: m.Error) -> ApiError:
+    """A generation that failed in (or with) the runner, after it was accepted; its `param`:
+    the field the runner found at fault (checked there against the model as loaded). A prompt
     past the context window becomes the error each dialect's clients act on."""
-    if code == "bad_request":
-        words = window_errors.from_runner(message, param)
-        return bad_request(message, param) if words is None else window_exceeded(words, param)
+    code, message, param = ev.code, ev.message, ev.param
+    words = window_errors.from_runner(ev)
+    if words is not None:
+        return window_exceeded(words, param)
+    if code in ("bad_request", "context_length_exceeded"):
+        return bad_request(message, param)
     if code in ("aborted", "stopping", "runner_gone", "hung"):
         return ApiError(503, message, "service_unavailable_error", code,
                         headers={"Retry-After": str(RETRY_AFTER_S)})

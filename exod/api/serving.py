@@ -184,7 +184,7 @@ async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: Output) -
                 "".join(parts), ev, calls, reasoning="".join(thoughts), logprobs=logprobs)),
                 headers=header(req.ignored))
         else:
-            raise runner_error(ev.code, ev.message, ev.param)
+            raise runner_error(ev)
     raise AssertionError("unreachable: the event stream never ends")
 
 
@@ -196,7 +196,7 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
     while isinstance(first, m.Prefill) and first.total == 0:  # still being read (m.Prefill)
         first = await anext(events)
     if isinstance(first, m.Error):
-        raise runner_error(first.code, first.message, first.param)
+        raise runner_error(first)
     resp = web.StreamResponse(headers={**out.stream_headers, **header(req.ignored)})
     reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage,
                   logprobs=req.gen.logprobs)
@@ -224,7 +224,7 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
                 if req.include_usage:
                     await resp.write(out.chunk(reply.usage_chunk(ev)))
             else:
-                err = runner_error(ev.code, ev.message, ev.param)
+                err = runner_error(ev)
                 meter.failed_code = err.status
                 logger.bind(instance=req.model).warning("stream ended by an error: {}",
                                                         err.message)

@@ -9,15 +9,16 @@ wording for chat ("maximum context length") and for Responses ("exceeds the cont
 is what other clients look for; Ollama's clients see its own text, "the input length exceeds
 the context length". Any other 400 is shown raw, and an agent retries it or gives up.
 
-The runner refuses such a prompt (exod.core.request_rules.fit_window) and sends the refusal as
-text; `from_runner` reads the numbers back from it (rules.window_exceeded).
+The runner refuses such a prompt (exod.core.request_rules.fit_window) and sends the refusal
+with its numbers (exod.messages' `Error`, code `context_length_exceeded`): `from_runner`
+words them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exod.core import request_rules as rules
+from exod import messages as m
 
 CODE = "context_length_exceeded"  # OpenAI's code for it, which Codex and others test
 
@@ -32,17 +33,17 @@ class Words:
     ollama: str
 
 
-def from_runner(message: str, param: str | None) -> Words | None:
-    """The words for the runner's `bad_request` when it is a prompt past the window."""
-    found = rules.window_exceeded(message)
-    return None if found is None else words(found, param)
+def from_runner(ev: m.Error) -> Words | None:
+    """The words for the runner's refusal when it is a prompt past the window."""
+    if ev.code != "context_length_exceeded" or ev.prompt_tokens is None or ev.window is None:
+        return None
+    return words(ev.prompt_tokens, ev.window, ev.own_window, ev.param)
 
 
-def words(found: rules.WindowExceeded, param: str | None) -> Words:
-    """The numbers are exact: `prompt` tokens against a window that keeps one position for
+def words(n: int, window: int, own: bool, param: str | None) -> Words:
+    """The numbers are exact: `n` prompt tokens against a window that keeps one position for
     the answer, so the longest prompt it takes is `window - 1`; `param` is the field at fault
-    (the prompt's, or `options.num_ctx` when the window was the request's own)."""
-    n, window = found.prompt, found.window
+    (the prompt's, or `options.num_ctx` when the window was the request's own: `own`)."""
     if param == "input":  # Responses
         openai = (f"Your input exceeds the context window of this model: it is {n} tokens, "
                   f"and the window of {window} must keep one for the answer. Please adjust "
@@ -52,9 +53,9 @@ def words(found: rules.WindowExceeded, param: str | None) -> Words:
         openai = (f"This model's maximum context length is {window} tokens. However, your "
                   f"{what} resulted in {n} tokens, and the answer needs one more. Please "
                   f"reduce the length of the {what}.")
-    if found.own:
+    if own:
         openai += f" (The window is the request's own `{param}`.)"
-    limit = f"`{param}`" if found.own else "the model's context length"
+    limit = f"`{param}`" if own else "the model's context length"
     return Words(openai, f"prompt is too long: {n} tokens > {window - 1} maximum",
                  f"the input length exceeds the context length: {n} tokens, and {limit} of "
                  f"{window} keeps one for the answer")

@@ -132,7 +132,10 @@ class Vectors:
 
 
 # `hung` is the daemon's own: it ends the requests of a runner that stopped making progress.
-ErrorCode = Literal["bad_request", "stopping", "aborted", "internal", "runner_gone", "hung"]
+# `context_length_exceeded`: a `bad_request` whose prompt leaves no room in the context window
+# (its numbers in `prompt_tokens` and `window`), which each dialect words as its clients act on.
+ErrorCode = Literal["bad_request", "context_length_exceeded", "stopping", "aborted", "internal",
+                    "runner_gone", "hung"]
 
 
 @dataclass(frozen=True)
@@ -142,3 +145,6 @@ class Error:
     code: ErrorCode
     message: str
     param: str | None = None  # the request field at fault, for a `bad_request`
+    prompt_tokens: int | None = None  # context_length_exceeded: the prompt's length,
+    window: int | None = None  # the window it did not fit,
+    own_window: bool = False  # and whether that window was the request's own (`num_ctx`)

@@ -1,6 +1,6 @@
-"""A prompt past the context window: the runner's refusal (exod.core.request_rules.fit_window)
-read back in the daemon, and answered in each dialect's shape, in the words each one's
-clients act on (exod.api.window_errors): Claude Code's regular expression, OpenAI's
+"""A prompt past the context window: the runner's refusal (exod.core.request_rules.fit_window,
+sent with its numbers: exod.messages' `Error`), answered in each dialect's shape, in the words
+each one's clients act on (exod.api.window_errors): Claude Code's regular expression, OpenAI's
 `context_length_exceeded` that Codex tests, Ollama's own text."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from exod import messages as m
 from exod.api.dialects.anthropic_output import AnthropicOutput, usage
 from exod.api.dialects.ollama_output import OllamaOutput
 from exod.api.dialects.responses_output import ResponsesOutput
@@ -23,12 +24,14 @@ from exod.core import request_rules as rules
 CLAUDE_CODE = re.compile(r"^prompt is too long: \d+ tokens > \d+ maximum$")
 
 
-def refused(prompt: int, window: int, param: str, what: str = rules.MODEL_WINDOW) -> str:
-    """The message the runner sends: fit_window's own."""
-    with pytest.raises(rules.RequestError) as e:
+def refused(prompt: int, window: int, param: str, what: str = rules.MODEL_WINDOW) -> m.Error:
+    """What the runner sends: fit_window's refusal, its numbers with it (exod.runner.serving.
+    loop)."""
+    with pytest.raises(rules.WindowExceeded) as e:
         rules.fit_window(prompt, 100, window, param, what)
     assert e.value.param == param
-    return str(e.value)
+    return m.Error("r", "context_length_exceeded", str(e.value), param, e.value.prompt,
+                   e.value.window, e.value.own)
 
 
 def answer(err: ApiError, path: str) -> tuple[int, Any]:
@@ -43,15 +46,13 @@ def data(stream: bytes) -> list[Any]:
             if line.startswith("data: ")]
 
 
-def test_fit_windows_refusal_reads_back_with_its_numbers() -> None:
-    assert rules.window_exceeded(refused(23110, 4096, "messages")) == \
-        rules.WindowExceeded(23110, 4096, own=False)
-    assert rules.window_exceeded(refused(4096, 4096, "messages")) == \
-        rules.WindowExceeded(4096, 4096, own=False)  # a full window leaves no room: refused
+def test_fit_windows_refusal_carries_its_numbers() -> None:
+    assert (refused(23110, 4096, "messages").prompt_tokens, refused(23110, 4096, "messages")
+            .window) == (23110, 4096)
+    assert refused(4096, 4096, "messages").window == 4096  # a full window leaves no room
     own = refused(900, 512, "options.num_ctx", "`options.num_ctx`")
-    assert rules.window_exceeded(own) == rules.WindowExceeded(900, 512, own=True)
-    for other in ("`max_tokens` must be at least 1", "", "the prompt is 5 tokens"):
-        assert rules.window_exceeded(other) is None
+    assert (own.prompt_tokens, own.window, own.own_window) == (900, 512, True)
+    m.from_wire(m.to_wire(own), m.FROM_RUNNER)  # as the wire carries it
 
 
 def test_a_prompt_that_fits_is_never_cut() -> None:
@@ -59,7 +60,7 @@ def test_a_prompt_that_fits_is_never_cut() -> None:
 
 
 def test_anthropic_says_what_claude_code_matches() -> None:
-    err = runner_error("bad_request", refused(23110, 4096, "messages"), "messages")
+    err = runner_error(refused(23110, 4096, "messages"))
     status, body = answer(err, "/v1/messages")
     assert status == 400
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
@@ -70,7 +71,7 @@ def test_anthropic_says_what_claude_code_matches() -> None:
 
 
 def test_chat_completions_say_openais_words_and_code() -> None:
-    err = runner_error("bad_request", refused(5000, 4096, "messages"), "messages")
+    err = runner_error(refused(5000, 4096, "messages"))
     status, body = answer(err, "/v1/chat/completions")
     assert status == 400
     e = body["error"]
@@ -78,13 +79,13 @@ def test_chat_completions_say_openais_words_and_code() -> None:
         ("invalid_request_error", "context_length_exceeded", "messages")
     assert "maximum context length is 4096 tokens" in e["message"]
     assert "resulted in 5000 tokens" in e["message"]
-    prompt = runner_error("bad_request", refused(600, 512, "prompt"), "prompt")
+    prompt = runner_error(refused(600, 512, "prompt"))
     assert "your prompt resulted in 600 tokens" in answer(prompt, "/v1/completions")[1][
         "error"]["message"]
 
 
 def test_responses_say_openais_words_and_the_code_codex_reads() -> None:
-    err = runner_error("bad_request", refused(18065, 4096, "input"), "input")
+    err = runner_error(refused(18065, 4096, "input"))
     status, body = answer(err, "/v1/responses")
     assert status == 400
     e = body["error"]
@@ -93,12 +94,11 @@ def test_responses_say_openais_words_and_the_code_codex_reads() -> None:
 
 
 def test_ollama_says_its_own_text() -> None:
-    err = runner_error("bad_request", refused(3000, 2048, "messages"), "messages")
+    err = runner_error(refused(3000, 2048, "messages"))
     status, body = answer(err, "/api/chat")
     assert status == 400
     assert body["error"].startswith("the input length exceeds the context length: 3000 tokens")
-    own = runner_error("bad_request", refused(900, 512, "options.num_ctx", "`options.num_ctx`"),
-                       "options.num_ctx")
+    own = runner_error(refused(900, 512, "options.num_ctx", "`options.num_ctx`"))
     assert own.param == "options.num_ctx" and own.code == "context_length_exceeded"
     text = answer(own, "/api/generate")[1]["error"]
     assert text.startswith("the input length exceeds the context length") and \
@@ -106,7 +106,8 @@ def test_ollama_says_its_own_text() -> None:
 
 
 def test_any_other_refusal_keeps_its_words() -> None:
-    err = runner_error("bad_request", "`max_tokens` must be at least 1", "max_tokens")
+    err = runner_error(m.Error("r", "bad_request", "`max_tokens` must be at least 1",
+                               "max_tokens"))
     assert (err.status, err.code, err.param) == (400, None, "max_tokens")
     assert answer(err, "/v1/messages")[1]["error"]["message"] == err.message
     assert answer(err, "/api/chat")[1]["error"] == err.message  # names its field already
@@ -115,7 +116,7 @@ def test_any_other_refusal_keeps_its_words() -> None:
 def test_a_stream_that_fails_so_says_it_in_its_dialect() -> None:
     """The runner refuses before the first byte (a 400, as above); were a stream to fail so
     once started, its last event says the same."""
-    err = runner_error("bad_request", refused(41165, 40960, "messages"), "messages")
+    err = runner_error(refused(41165, 40960, "messages"))
     (last,) = data(AnthropicOutput("m").failed(err))
     assert last["error"]["message"] == "prompt is too long: 41165 tokens > 40959 maximum"
     *_, failed = data(ResponsesOutput("m", {}).failed(err))

@@ -36,7 +36,7 @@ from exod.core.request_rules.generation import (  # noqa: F401
     DEFAULT_CONTEXT_SIZE, CONTEXT_SIZES, MAX_TOP_LOGPROBS, MAX_TEMPLATE_KWARGS,
     MAX_TEMPLATE_KWARGS_CHARS, MAX_THINK_BUDGET, RESERVED_TEMPLATE_KWARGS, Range, NUMBERS,
     number, body, model, seed, stream, stream_options, stop, max_tokens, max_tokens_cap,
-    think_budget, below, fit_window, MODEL_WINDOW, WindowExceeded, window_exceeded, logit_bias,
+    think_budget, below, fit_window, MODEL_WINDOW, WindowExceeded, logit_bias,
     bias_ids, top_k, repetition_penalty, context_size, context_window, logprobs, top_logprobs,
     completion_logprobs, chat_template_kwargs,
 )

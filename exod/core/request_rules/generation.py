@@ -163,40 +163,29 @@ def fit_window(prompt: int, max_tokens: int, window: int | None, param: str,
                what: str = MODEL_WINDOW) -> int:
     """The tokens a request may generate: no position may pass the model's context window,
     where a learned position table (gpt2's) would be read out of bounds (or the window the
-    request asked for: `what` names it). A prompt that fills the window is refused (its
-    message is one `window_exceeded` reads back); a generation that would pass it ends there
-    (finish reason `length`). Nothing is ever cut from the prompt to make it fit."""
+    request asked for: `what` names it). A prompt that fills the window is refused
+    (WindowExceeded, with its numbers, which each dialect words as its clients act on); a
+    generation that would pass it ends there (finish reason `length`). Nothing is ever cut
+    from the prompt to make it fit."""
     if window is None:
         return max_tokens
     if prompt >= window:
-        raise RequestError(f"the prompt is {prompt} tokens: it must leave room for one token "
-                           f"in {what} of {window}", param)
+        raise WindowExceeded(f"the prompt is {prompt} tokens: it must leave room for one token "
+                             f"in {what} of {window}", param, prompt=prompt, window=window,
+                             own=what != MODEL_WINDOW)
     return min(max_tokens, window - prompt)
 
 
-@dataclass(frozen=True)
-class WindowExceeded:
+class WindowExceeded(RequestError):
     """A prompt refused by `fit_window`: its length, the window, and whether that window was
-    the request's own (Ollama's `num_ctx`) rather than the model's."""
+    the request's own (Ollama's `num_ctx`) rather than the model's. The runner sends the
+    numbers with its error (exod.messages' `Error`), and each dialect words the refusal as its
+    clients recognise it (exod.api.window_errors)."""
 
-    prompt: int
-    window: int
-    own: bool
-
-
-_EXCEEDED = re.compile(r"the prompt is (\d+) tokens: it must leave room for one token in "
-                       r"(.+) of (\d+)")
-
-
-def window_exceeded(message: str) -> WindowExceeded | None:
-    """`fit_window`'s refusal read back from its message (None for any other): the runner
-    sends a refusal as text and its field (exod.messages' `Error`), and each dialect words
-    this one as its clients recognise it (exod.api.window_errors). Its format and this
-    reading stay side by side here, so that neither changes alone."""
-    found = _EXCEEDED.fullmatch(message)
-    if found is None:
-        return None
-    return WindowExceeded(int(found[1]), int(found[3]), found[2] != MODEL_WINDOW)
+    def __init__(self, message: str, param: str, *, prompt: int, window: int,
+                 own: bool) -> None:
+        super().__init__(message, param)
+        self.prompt, self.window, self.own = prompt, window, own
 
 
 def context_window(raw: Any, param: str = "context_window") -> int | None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from exod import messages as m
-from exod.core.request_rules import RequestError
+from exod.core.request_rules import RequestError, WindowExceeded
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
@@ -248,7 +248,11 @@ class ServeLoop(Generic[R, P]):
         except Exception as e:  # noqa: BLE001 -- e.g. a chat template that rejects the roles
             why = str(e) if isinstance(e, RequestError) else f"{type(e).__name__}: {e}"
             param = e.param if isinstance(e, RequestError) else None
-            self._emit([m.Error(rid, "bad_request", why, param)])
+            if isinstance(e, WindowExceeded):
+                self._emit([m.Error(rid, "context_length_exceeded", why, param, e.prompt,
+                                    e.window, e.own)])
+            else:
+                self._emit([m.Error(rid, "bad_request", why, param)])
             return
         self.live.add(rid)
 
