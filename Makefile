@@ -34,7 +34,7 @@ REWRITES = PYTHONDONTWRITEBYTECODE= $(BIN)/pytest --collect-only -q -p no:cachep
 AGENTS ?= .agents
 
 .PHONY: run test test-unit test-integration test-profile test-system warm rewrites setup \
-	setup-test agents install bench man lint clean
+	setup-test agents agents-matrix install bench man lint clean
 
 run: setup  ## set up, then run the daemon in the foreground on the built-in demo model
 	$(BIN)/exod run --demo
@@ -106,6 +106,18 @@ install:  ## as root: exod in a venv at $(INSTALL_PREFIX), then its service file
 	$(PYTHON) -m venv $(INSTALL_PREFIX)
 	$(INSTALL_PREFIX)/bin/python -m pip install -q .
 	$(INSTALL_PREFIX)/bin/exod install
+
+# docs/agents.md's conformance matrix (tests/agents/matrix.py): the tests that observe its cells,
+# each observation appended to MATRIX_OUT, then docs/agents-matrix.json and the page from them
+# (written even when a test fails: its cell then says so; the exit status is pytest's).
+MATRIX_TESTS = tests/integration/test_agents.py tests/integration/test_agent_cache.py \
+	tests/integration/test_long_sessions.py tests/integration/test_formats.py
+MATRIX_OUT = build/agents-matrix.jsonl
+
+agents-matrix: setup-test warm rewrites  ## rerun the agents' and formats' tests; write docs/agents.md's matrix
+	mkdir -p $(dir $(MATRIX_OUT)) && rm -f $(MATRIX_OUT)
+	EXOD_MATRIX_OUT=$(abspath $(MATRIX_OUT)) $(PYTEST) -n $(WORKERS) $(MATRIX_TESTS); \
+		status=$$?; $(BIN)/python -m tests.agents.matrix write $(MATRIX_OUT) && exit $$status
 
 bench: setup-test  ## benchmarks: print ratios against baselines measured in the same run
 	$(BIN)/python -m bench

@@ -33,6 +33,7 @@ blas.preload()  # before mlx, as in the runner
 from exod.runner import formats  # noqa: E402
 from exod.runner.load import Loaded, load_shard  # noqa: E402
 from exod.runner.serving.batch_engine import BatchEngine  # noqa: E402
+from tests.agents import matrix  # noqa: E402
 from tests.models.agent import AFTER, PLAIN  # noqa: E402
 from tests.models.families import FAMILIES  # noqa: E402
 from tests.models.format_chains import (AGENTS, REASON_AFTER, REASON_CALL, scenarios,  # noqa: E402
@@ -139,6 +140,7 @@ def test_a_steered_call_is_parsed_and_its_result_goes_back(family: str) -> None:
     plain = by_kind["plain"]
     (events,) = run(loaded, chat(plain.messages, tools=plain.tools, temperature=0))
     assert parts(events)[0].strip() == PLAIN and not parts(events)[2], events
+    matrix.saw(matrix.ENGINE, family, steered=True, agents_called=len(AGENTS))
 
 
 @pytest.mark.parametrize("family", NAMES)
@@ -157,6 +159,8 @@ def test_random_weights_never_leak_the_formats_markup(family: str) -> None:
     for events in answers:
         text = parts(events)[0]
         assert not any(x in text for x in markup(loaded)), text
+    matrix.saw(matrix.ENGINE, family, random_answers=len(answers),
+               leaks=matrix.leaks(markup(loaded), [parts(e)[0] for e in answers]))
 
 
 @pytest.mark.parametrize("family", NAMES)
@@ -176,7 +180,8 @@ def test_forced_calls_on_random_weights_validate(family: str) -> None:
                   seed=s, **kw) for s in range(3)]
     reqs += [chat(hello, tools=tools, tool_choice="function", tool_name="note", seed=s, **kw)
              for s in range(3)]
-    for i, events in enumerate(run(loaded, *reqs)):
+    got = run(loaded, *reqs)
+    for i, events in enumerate(got):
         text, _, calls, done = parts(events)
         assert calls, (family, i, events)
         assert len(calls) == 1 if i >= 3 else len(calls) <= formats.MAX_CALLS, (i, calls)
@@ -186,3 +191,5 @@ def test_forced_calls_on_random_weights_validate(family: str) -> None:
             assert [c.name for c in calls] == ["note"], calls
         assert not any(x in text for x in markup(loaded)), text
         assert done.finish_reason == "tool_calls", done
+    matrix.saw(matrix.ENGINE, family, forced=True, forced_requests=len(reqs),
+               forced_calls=sum(len(parts(e)[2]) for e in got))

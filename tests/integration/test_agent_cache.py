@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agents import sessions
+from tests.agents import matrix, sessions
 from tests.agents.cache_figures import GOAL, Figure, Run, figures, shortfalls, table
 from tests.harness import Daemon
 from tests.models.agent import AFTER, make_agent_model
@@ -101,6 +101,9 @@ def test_each_turn_and_each_new_session_reuses_the_cache(ran: Ran, agent: str) -
     assert later and all(f.reuse is not None and f.reuse >= GOAL for f in later), shown
     second = [f for f in rows if f.session > 1 and f.turn == 1]
     assert second and all(f.cached >= f.head > 0 for f in second), shown
+    # The matrix's cache cell (tests.agents.matrix), on the agent model's json_tools format.
+    matrix.saw(agent, "json_tools", reuse=min(f.reuse or 0.0 for f in later), turns=len(later),
+               head_reused=True, head=min(f.head for f in second))
 
 
 def system_texts(s: sessions.Session) -> list[str]:

@@ -33,7 +33,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.agents import clients
+from tests.agents import clients, matrix
 from tests.agents.capture import Recorder, serve
 from tests.harness import Daemon
 from tests.models.agent import AFTER, COMMAND, PLAIN, TRIGGER, make_agent_model
@@ -48,6 +48,7 @@ SAFETY = 300.0  # seconds: a bound against hangs; a session takes a few
 # Qwen3-Coder's XML, each with its family's real template, tokens and reasoning.
 FAMILY = {"harmony": "harmony", "qwen3-coder": "qwen3_coder"}
 MODELS = [MODEL, *FAMILY]
+FORMAT = {MODEL: "json_tools", **FAMILY}  # each model's column of the matrix (docs/agents.md)
 # What no answer may show of each model's format (exod.runner.formats' markup).
 MARKUP = {MODEL: ("<tool_call>", "</tool_call>"),
           "harmony": ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|call|>",
@@ -112,6 +113,17 @@ def no_markup(model: str, reqs: list[dict[str, Any]]) -> None:
         assert not shown, (model, shown, r.get("response", "")[:2000])
 
 
+def observed(agent: str, model: str, reqs: list[dict[str, Any]]) -> None:
+    """The matrix's cell (tests.agents.matrix): the session passed, its streamed answers read
+    for markup, and the least share of a turn's prompt the next one reused from the cache."""
+    answers = [r.get("response") or "" for r in reqs]
+    matrix.saw(agent, FORMAT[model], session=True, answers=len(answers),
+               leaks=matrix.leaks(MARKUP[model], answers))
+    floor = matrix.reuse_floor(reqs)
+    if floor is not None:
+        matrix.saw(agent, FORMAT[model], reuse_floor=floor)
+
+
 def told(proc: Any, recorder: Recorder) -> str:
     """What a failure shows: the agent's exit and output, and each exchange with exod."""
     lines = [f"exit {proc.returncode}", f"stdout: {proc.stdout[-1500:]}",
@@ -170,6 +182,7 @@ def test_claude_code_runs_its_tool_and_answers(served: Served, model: str) -> No
                for block in msg["content"] if block.get("type") == "tool_result"]
     assert len(results) == 1 and TRIGGER in json.dumps(results[0]["content"]), results
     assert results[0]["tool_use_id"] == calls[0]["id"] and not results[0].get("is_error")
+    observed("claude-code", model, [first, *rest])
 
 
 # ---- Codex ----------------------------------------------------------------------------------
@@ -195,6 +208,7 @@ def test_codex_runs_its_tool_and_answers(served: Served, model: str) -> None:
                if item.get("type") == "function_call_output"]
     assert len(outputs) == 1 and outputs[0]["call_id"] == calls[0]["call_id"], outputs
     assert TRIGGER in json.dumps(outputs[0]["output"]), outputs
+    observed("codex", model, [first, *rest])
 
 
 # ---- opencode -------------------------------------------------------------------------------
@@ -245,6 +259,7 @@ def test_opencode_runs_its_tool_and_answers(served: Served, model: str) -> None:
     results = [m for m in rest[-1]["body"]["messages"] if m["role"] == "tool"]
     assert len(results) == 1 and results[0]["tool_call_id"] == calls[0]["id"], results
     assert TRIGGER in json.dumps(results[0]["content"]), results
+    observed("opencode", model, [first, *rest])
 
 
 # ---- Agent libraries ------------------------------------------------------------------------
@@ -284,6 +299,7 @@ def test_openai_agents_sdk_runs_a_tool_and_answers(served: Served, api: str,
     reqs = streamed_all_the_way(rec, "/chat/completions" if api == "chat" else "/responses")
     assert len(reqs) == 2
     no_markup(model, reqs)
+    observed(f"agents-sdk-{api}", model, reqs)
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -309,6 +325,7 @@ def test_pydantic_ai_runs_a_tool_and_answers(served: Served, model: str) -> None
     reqs = streamed_all_the_way(rec, "/chat/completions")
     assert len(reqs) == 2
     no_markup(model, reqs)
+    observed("pydantic-ai", model, reqs)
 
 
 # ---- The model, and fields exod does not know ----------------------------------------------

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from tests.agents import clients, windows
+from tests.agents import clients, matrix, windows
 from tests.agents.capture import Recorder, serve
 from tests.harness import Daemon
 from tests.models.agent import PLAIN, make_agent_model
@@ -44,6 +44,13 @@ WINDOWS = {SMALL: 4096, LONG: 40960}
 SAFETY = 300.0  # seconds: a bound against hangs; a turn takes a few
 # Claude Code 2.1.332 matches errors against this expression (its binary's) to compact.
 TOO_LONG = re.compile(r"^prompt is too long: (\d+) tokens > (\d+) maximum$")
+# What each agent does past the window, as the matrix of docs/agents.md says it
+# (tests.agents.matrix), once a test's asserts hold it to that.
+FIRST = {"claude-code": "exod's 400; says “Prompt is too long”, exits 1",
+         "codex": "exod's 400; says it “ran out of room”, exits 1"}
+TOLD_FIRST = "sends nothing; says “Prompt is too long”, exits 1"
+REFUSED_THEN_COMPACTS = "exod's 400; compacts, sends it again, goes on"
+COMPACTS_FIRST = "compacts before the window, goes on"
 # One line of pasted text: 20 tokens of the model's tokenizer (86 bytes).
 LINE = "The function returns the default value of the parameter when the argument is missing.\n"
 
@@ -173,6 +180,7 @@ def test_claude_code_says_its_first_request_is_too_long(session: Any) -> None:
     assert found and int(found[1]) > int(found[2]) == WINDOWS[SMALL] - 1, message
     assert json.loads(only["response"]) == {"type": "error", "error": {
         "type": "invalid_request_error", "message": message}}
+    matrix.saw("claude-code", "json_tools", first_too_long=FIRST["claude-code"])
 
 
 def test_claude_code_told_the_window_sends_nothing_that_cannot_fit(session: Any) -> None:
@@ -180,6 +188,7 @@ def test_claude_code_told_the_window_sends_nothing_that_cannot_fit(session: Any)
     assert proc.returncode != 0 and proc.stdout.startswith("Prompt is too long"), \
         told(proc, rec)
     assert model_requests(rec) == [], told(proc, rec)
+    matrix.saw("claude-code", "json_tools", first_too_long_told=TOLD_FIRST)
 
 
 def test_codex_says_its_first_request_is_too_long(session: Any) -> None:
@@ -193,6 +202,7 @@ def test_codex_says_its_first_request_is_too_long(session: Any) -> None:
     assert (err["type"], err["code"], err["param"]) == \
         ("invalid_request_error", "context_length_exceeded", "input")
     assert "exceeds the context window" in err["message"]
+    matrix.saw("codex", "json_tools", first_too_long=FIRST["codex"])
 
 
 # ---- sessions that pass the window -----------------------------------------------------------
@@ -222,6 +232,8 @@ def test_a_claude_code_session_past_the_window_compacts_and_goes_on(session: Any
         told(proc, rec)
     assert len(reqs) >= 2, "no summary request before the turn"
     assert carries(first, "log-one")
+    matrix.saw("claude-code", "json_tools", past_window=REFUSED_THEN_COMPACTS,
+               past_window_told=COMPACTS_FIRST)
 
 
 def test_a_codex_session_told_the_window_compacts_and_goes_on(session: Any) -> None:
@@ -245,3 +257,4 @@ def test_a_codex_session_told_the_window_compacts_and_goes_on(session: Any) -> N
     summary = [i for i in after["body"]["input"] if i.get("role") == "user"
                and PLAIN in json.dumps(i)]
     assert summary, told(proc, rec)
+    matrix.saw("codex", "json_tools", past_window_told=COMPACTS_FIRST)
