@@ -158,6 +158,16 @@ class Recorder:
         with self.lock:
             return [r["body"] for r in self.requests if r["path"].endswith(path_end)]
 
+    def told(self, proc: Any, width: int = 400) -> str:
+        """What a failed agent run shows: the agent's exit and output, and each exchange seen
+        (the start of each answer, `width` characters)."""
+        lines = [f"exit {proc.returncode}", f"stdout: {proc.stdout[-1500:]}",
+                 f"stderr: {proc.stderr[-2500:]}"]
+        for r in self.requests:
+            answer = (r.get("response") or "")[:width].replace("\n", " | ")
+            lines.append(f"{r['method']} {r['path']} -> {r.get('status')}: {answer}")
+        return "\n".join(lines)
+
 
 # Not forwarded by the proxy: hop-by-hop headers, and the ones the proxy sets itself.
 _HOP = {"connection", "keep-alive", "transfer-encoding", "host", "content-length",

@@ -124,16 +124,6 @@ def observed(agent: str, model: str, reqs: list[dict[str, Any]]) -> None:
         matrix.saw(agent, FORMAT[model], reuse_floor=floor)
 
 
-def told(proc: Any, recorder: Recorder) -> str:
-    """What a failure shows: the agent's exit and output, and each exchange with exod."""
-    lines = [f"exit {proc.returncode}", f"stdout: {proc.stdout[-1500:]}",
-             f"stderr: {proc.stderr[-2500:]}"]
-    for r in recorder.requests:
-        answer = (r.get("response") or "")[:400].replace("\n", " | ")
-        lines.append(f"{r['method']} {r['path']} -> {r.get('status')}: {answer}")
-    return "\n".join(lines)
-
-
 def model_requests(recorder: Recorder, path_end: str) -> list[dict[str, Any]]:
     return [r for r in recorder.requests if r["path"].endswith(path_end)]
 
@@ -162,7 +152,7 @@ def events(stream: str) -> list[dict[str, Any]]:
 
 def test_claude_code_answers_a_prompt(served: Served) -> None:
     proc, rec = served.agent("claude-code", HELLO)
-    assert proc.returncode == 0 and proc.stdout.strip() == PLAIN, told(proc, rec)
+    assert proc.returncode == 0 and proc.stdout.strip() == PLAIN, rec.told(proc)
     reqs = streamed_all_the_way(rec, "/v1/messages")
     assert all(r["query"] == {"beta": "true"} for r in reqs)
 
@@ -170,13 +160,13 @@ def test_claude_code_answers_a_prompt(served: Served) -> None:
 @pytest.mark.parametrize("model", MODELS)
 def test_claude_code_runs_its_tool_and_answers(served: Served, model: str) -> None:
     proc, rec = served.agent("claude-code", ASK, model)
-    assert proc.returncode == 0 and proc.stdout.strip() == AFTER, told(proc, rec)
+    assert proc.returncode == 0 and proc.stdout.strip() == AFTER, rec.told(proc)
     first, *rest = streamed_all_the_way(rec, "/v1/messages")
     no_markup(model, [first, *rest])
     calls = [e["content_block"] for e in events(first["response"])
              if e.get("type") == "content_block_start"
              and e["content_block"]["type"] == "tool_use"]
-    assert [c["name"] for c in calls] == ["Bash"], told(proc, rec)
+    assert [c["name"] for c in calls] == ["Bash"], rec.told(proc)
     # The follow-up carries the tool's output, as Claude Code ran it.
     results = [block for msg in rest[-1]["body"]["messages"] if isinstance(msg["content"], list)
                for block in msg["content"] if block.get("type") == "tool_result"]
@@ -189,21 +179,21 @@ def test_claude_code_runs_its_tool_and_answers(served: Served, model: str) -> No
 
 def test_codex_answers_a_prompt(served: Served) -> None:
     proc, rec = served.agent("codex", HELLO)
-    assert proc.returncode == 0 and proc.stdout.strip() == PLAIN, told(proc, rec)
+    assert proc.returncode == 0 and proc.stdout.strip() == PLAIN, rec.told(proc)
     streamed_all_the_way(rec, "/v1/responses")
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_codex_runs_its_tool_and_answers(served: Served, model: str) -> None:
     proc, rec = served.agent("codex", ASK, model)
-    assert proc.returncode == 0 and proc.stdout.strip() == AFTER, told(proc, rec)
+    assert proc.returncode == 0 and proc.stdout.strip() == AFTER, rec.told(proc)
     first, *rest = streamed_all_the_way(rec, "/v1/responses")
     no_markup(model, [first, *rest])
     done = [e["item"] for e in events(first["response"])
             if e.get("type") == "response.output_item.done"]
     calls = [item for item in done if item["type"] == "function_call"]
     assert [(c["name"], json.loads(c["arguments"])) for c in calls] == \
-        [("exec_command", {"cmd": COMMAND})], told(proc, rec)
+        [("exec_command", {"cmd": COMMAND})], rec.told(proc)
     outputs = [item for item in rest[-1]["body"]["input"]
                if item.get("type") == "function_call_output"]
     assert len(outputs) == 1 and outputs[0]["call_id"] == calls[0]["call_id"], outputs
@@ -241,20 +231,20 @@ def opencode_turns(recorder: Recorder) -> list[dict[str, Any]]:
 
 def test_opencode_answers_a_prompt(served: Served) -> None:
     proc, rec = served.agent("opencode", HELLO)
-    assert proc.returncode == 0 and proc.stdout.strip() == PLAIN, told(proc, rec)
+    assert proc.returncode == 0 and proc.stdout.strip() == PLAIN, rec.told(proc)
     (turn,) = opencode_turns(rec)
-    assert chat_tool_calls(turn["response"]) == [], told(proc, rec)
+    assert chat_tool_calls(turn["response"]) == [], rec.told(proc)
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_opencode_runs_its_tool_and_answers(served: Served, model: str) -> None:
     proc, rec = served.agent("opencode", ASK, model)
-    assert proc.returncode == 0 and proc.stdout.strip() == AFTER, told(proc, rec)
+    assert proc.returncode == 0 and proc.stdout.strip() == AFTER, rec.told(proc)
     first, *rest = opencode_turns(rec)
     no_markup(model, [first, *rest])
     calls = chat_tool_calls(first["response"])
     assert [(c["name"], c["arguments"]) for c in calls] == [("bash", {"command": COMMAND})], \
-        told(proc, rec)
+        rec.told(proc)
     # The follow-up carries the tool's output, as opencode ran it.
     results = [m for m in rest[-1]["body"]["messages"] if m["role"] == "tool"]
     assert len(results) == 1 and results[0]["tool_call_id"] == calls[0]["id"], results

@@ -134,16 +134,6 @@ def session(daemon: Daemon, tmp_path: Path) -> Iterator[Any]:
     yield make
 
 
-def told(proc: Any, recorder: Recorder) -> str:
-    """What a failure shows: the agent's exit and output, and each exchange with exod."""
-    lines = [f"exit {proc.returncode}", f"stdout: {proc.stdout[-1500:]}",
-             f"stderr: {proc.stderr[-2500:]}"]
-    for r in recorder.requests:
-        answer = (r.get("response") or "")[:300].replace("\n", " | ")
-        lines.append(f"{r['method']} {r['path']} -> {r.get('status')}: {answer}")
-    return "\n".join(lines)
-
-
 def model_requests(recorder: Recorder) -> list[dict[str, Any]]:
     return [r for r in recorder.requests if r["method"] == "POST"
             and r["path"].endswith(("/v1/messages", "/v1/responses"))]
@@ -161,9 +151,9 @@ def carries(record: dict[str, Any], text: str) -> bool:
 
 def answered(proc: Any, recorder: Recorder) -> list[dict[str, Any]]:
     """The turn ended with the model's answer, and exod refused none of its requests."""
-    assert proc.returncode == 0 and proc.stdout.strip() == PLAIN, told(proc, recorder)
+    assert proc.returncode == 0 and proc.stdout.strip() == PLAIN, recorder.told(proc, 300)
     reqs = model_requests(recorder)
-    assert reqs and all(r["status"] == 200 for r in reqs), told(proc, recorder)
+    assert reqs and all(r["status"] == 200 for r in reqs), recorder.told(proc, 300)
     return reqs
 
 
@@ -172,7 +162,7 @@ def answered(proc: Any, recorder: Recorder) -> list[dict[str, Any]]:
 def test_claude_code_says_its_first_request_is_too_long(session: Any) -> None:
     proc, rec = session("claude-code", SMALL).turn("Say hello.")
     assert proc.returncode != 0 and proc.stdout.startswith("Prompt is too long"), \
-        told(proc, rec)
+        rec.told(proc, 300)
     (only,) = model_requests(rec)  # no retry: it knows this error
     assert only["status"] == 400
     message = error_of(only)["message"]
@@ -186,16 +176,16 @@ def test_claude_code_says_its_first_request_is_too_long(session: Any) -> None:
 def test_claude_code_told_the_window_sends_nothing_that_cannot_fit(session: Any) -> None:
     proc, rec = session("claude-code", SMALL).turn("Say hello.", window=WINDOWS[SMALL])
     assert proc.returncode != 0 and proc.stdout.startswith("Prompt is too long"), \
-        told(proc, rec)
-    assert model_requests(rec) == [], told(proc, rec)
+        rec.told(proc, 300)
+    assert model_requests(rec) == [], rec.told(proc, 300)
     matrix.saw("claude-code", "json_tools", first_too_long_told=TOLD_FIRST)
 
 
 def test_codex_says_its_first_request_is_too_long(session: Any) -> None:
     proc, rec = session("codex", SMALL).turn("Say hello.")
-    assert proc.returncode != 0, told(proc, rec)
-    assert "ran out of room in the model's context window" in proc.stderr, told(proc, rec)
-    assert proc.stdout.strip() == "", told(proc, rec)  # no answer, garbled or not
+    assert proc.returncode != 0, rec.told(proc, 300)
+    assert "ran out of room in the model's context window" in proc.stderr, rec.told(proc, 300)
+    assert proc.stdout.strip() == "", rec.told(proc, 300)  # no answer, garbled or not
     (only,) = model_requests(rec)
     assert only["status"] == 400
     err = error_of(only)
@@ -216,12 +206,12 @@ def test_a_claude_code_session_past_the_window_compacts_and_goes_on(session: Any
     # Turn 2 passes the window: exod refuses it in Anthropic's words; Claude Code compacts
     # (its summary request and the turn again, now short) and answers.
     proc, rec = s.turn(pasted("log-two", 9000))
-    assert proc.returncode == 0 and proc.stdout.strip() == PLAIN, told(proc, rec)
+    assert proc.returncode == 0 and proc.stdout.strip() == PLAIN, rec.told(proc, 300)
     refused, *rest = model_requests(rec)
-    assert refused["status"] == 400 and carries(refused, "log-one"), told(proc, rec)
+    assert refused["status"] == 400 and carries(refused, "log-one"), rec.told(proc, 300)
     found = TOO_LONG.match(error_of(refused)["message"])
-    assert found and int(found[1]) >= window and int(found[2]) == window - 1, told(proc, rec)
-    assert rest and all(r["status"] == 200 for r in rest), told(proc, rec)
+    assert found and int(found[1]) >= window and int(found[2]) == window - 1, rec.told(proc, 300)
+    assert rest and all(r["status"] == 200 for r in rest), rec.told(proc, 300)
     assert not carries(rest[-1], "log-one") and carries(rest[-1], "log-two"), \
         "the answered request still carries turn 1: no compaction"
     # Turn 3, told the window (docs/agents.md, Long sessions): the conversation is past
@@ -229,7 +219,7 @@ def test_a_claude_code_session_past_the_window_compacts_and_goes_on(session: Any
     proc, rec = s.turn(pasted("log-three", 4000), window=window)
     reqs = answered(proc, rec)
     assert not carries(reqs[-1], "log-two") and carries(reqs[-1], "log-three"), \
-        told(proc, rec)
+        rec.told(proc, 300)
     assert len(reqs) >= 2, "no summary request before the turn"
     assert carries(first, "log-one")
     matrix.saw("claude-code", "json_tools", past_window=REFUSED_THEN_COMPACTS,
@@ -252,9 +242,9 @@ def test_a_codex_session_told_the_window_compacts_and_goes_on(session: Any) -> N
         return [i for i in record["body"]["input"] if i.get("role") == "assistant"]
     # Turn 2 carried turn 1's answer; turn 3 went on from a summary (the model's reply to
     # the summary request, carried as a user message), after a request with no tools.
-    assert answers(before) and not answers(after), told(proc, rec)
-    assert any(not r["body"].get("tools") for r in turns[2][:-1]), told(proc, rec)
+    assert answers(before) and not answers(after), rec.told(proc, 300)
+    assert any(not r["body"].get("tools") for r in turns[2][:-1]), rec.told(proc, 300)
     summary = [i for i in after["body"]["input"] if i.get("role") == "user"
                and PLAIN in json.dumps(i)]
-    assert summary, told(proc, rec)
+    assert summary, rec.told(proc, 300)
     matrix.saw("codex", "json_tools", past_window_told=COMPACTS_FIRST)
