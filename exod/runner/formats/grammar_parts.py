@@ -1,6 +1,7 @@
 """The parts every forced grammar is built from (Lark, llguidance's dialect): a tool's arguments
-as JSON, a parameter's value as raw text up to its closing tag, and a bounded repetition of
-calls. Pure: grammars are text here; the engine compiles them (exod.runner.serving.grammar).
+as JSON, its parameters one by one (formats that write a call parameter by parameter), and a
+bounded repetition of calls. Pure: grammars are text here; the engine compiles them
+(exod.runner.serving.grammar).
 """
 
 from __future__ import annotations
@@ -66,14 +67,6 @@ class Param:
     required: bool
 
     @property
-    def raw_string(self) -> bool:
-        """A plain string: written as the text itself, where the format writes strings raw."""
-        s = self.schema
-        return (isinstance(s, dict) and s.get("type") == "string" and "$ref" not in s
-                and not any(k in s for k in ("enum", "const", "pattern", "format", "anyOf",
-                                             "oneOf", "allOf")))
-
-    @property
     def enum(self) -> list[str] | None:
         """A string enum (or const): written as one of its values, raw."""
         s = self.schema
@@ -106,21 +99,3 @@ def params(fn: dict[str, Any], param: str = "tools") -> Iterator[Param]:
 def json_value(p: Param, strict: bool) -> str:
     """A parameter's value as compact JSON (its own schema, bounded)."""
     return json_bounds.json_rule(p.schema, strict)
-
-
-def raw_value(rule: str, p: Param, closer: str, special: bool) -> str:
-    """The rule `rule`: a string parameter's value as raw text, then `closer` (the closing
-    tag, a Lark literal; `special`: one special token, which text can never hold). A text
-    closer ends the value at its first occurrence (a lazy lexeme), as the model's parser cuts
-    it there. An enum is one of its values; `minLength` and `maxLength` bound the text."""
-    values = p.enum
-    if values is not None:
-        return f"{rule}: ({' | '.join(quoted(v) for v in values)}) {closer}\n"
-    s = p.schema if isinstance(p.schema, dict) else {}
-    low, high = s.get("minLength"), s.get("maxLength")
-    low = low if isinstance(low, int) and low > 0 else 0
-    span = (f"{{{low},{high}}}" if isinstance(high, int) and high >= low
-            else f"{{{low},}}" if low else "*")
-    if special:
-        return f"{rule}: /(?s:.{span})/ {closer}\n"
-    return f"{rule}[lazy]: /(?s:.{span}){rx(json.loads(closer))}/\n"
