@@ -3,9 +3,11 @@ so that a request goes to the runner with every picture's bytes. Only bytes: the
 decodes a picture (the runner does, exod.runner.vision.images).
 
 A URL from a client must not reach what the daemon can reach and the client cannot (SSRF):
-- an address that is not a public one (private, loopback, link-local, shared, reserved,
-  multicast; an IPv4 address inside IPv6 is judged as itself) is refused, whether the URL names
-  it or a name resolves to it, unless the operator allows its network (`api.image_url_allow`);
+- an address that is not global unicast is refused, by the one rule of every fetch made for a
+  client, which the audio fetcher must ask too (exod.core.addresses: private, loopback,
+  link-local, shared, reserved, multicast, and every IPv4-in-IPv6 form unwrapped), whether
+  the URL names it, a name resolves to it or a redirect leads there, unless the operator
+  allows it (`api.image_url_allow`);
 - the connection goes to the very addresses that were checked: the resolver that checks them
   is the one aiohttp connects through, with no DNS cache (a name that answers a public address
   to the check and a private one to the connection, DNS rebinding, has no second answer to
@@ -32,13 +34,12 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from exod.api.errors import ApiError, bad_request
 from exod.api.schema import GenRequest
 from exod.core import images
+from exod.core.addresses import Network, address_problem
 from exod.core.images import Source
 from exod.messages import Image
 
 MAX_REDIRECTS = 3
 CHUNK = 64 * 1024
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True)
@@ -56,29 +57,6 @@ class Policy:
 
 class Unfit(Exception):
     """Why a picture's URL was not fetched (completes "the picture's URL ...")."""
-
-
-def address_problem(address: str, allow: tuple[Network, ...] = ()) -> str | None:
-    """Why the daemon must not connect to `address` for a client, or None."""
-    try:
-        ip: Address = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return f"{address!r}, which is not an IP address"
-    if isinstance(ip, ipaddress.IPv6Address):  # an IPv4 address in IPv6 clothes is that address
-        inner = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
-        if inner is not None:
-            ip = inner
-    if any(ip in net for net in allow):
-        return None
-    if ip.is_loopback:
-        return f"{ip}, a loopback address"
-    if ip.is_link_local:
-        return f"{ip}, a link-local address"
-    if ip.is_multicast:
-        return f"{ip}, a multicast address"
-    if not ip.is_global:
-        return f"{ip}, a private or reserved address"
-    return None
 
 
 class CheckedResolver(AbstractResolver):

@@ -1,14 +1,17 @@
 """The daemon's fetch of pictures named by URL (exod.api.image_fetch), against a real HTTP
 server on a loopback address that the policy allows (127.0.0.2, as an operator allows a LAN
-image server), while 127.0.0.1 stays refused: a picture comes back as its bytes; a URL to a
-loopback address, a name that resolves to one, a redirect to one, too many redirects, too many
-bytes (announced or not), a 404 and a server that never answers are each a 400 naming the part,
-within the time cap. In-process, real sockets; ~1 CPU-s."""
+image server), while 127.0.0.1 stays refused: a picture comes back as its bytes, also from the
+allowed address in its IPv4-mapped form; a URL to a loopback address, to an IPv4 address in IPv6
+clothes (compatible, translated, NAT64, 6to4) or a site-local one, a name that resolves to one, a
+redirect to one, too many redirects, too many bytes (announced or not), a 404 and a server that
+never answers are each a 400 naming the part, within the time cap. In-process, real sockets;
+~1 CPU-s. The address rule itself: tests/unit/test_addresses.py."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import time
 from typing import Any
 
@@ -105,6 +108,13 @@ def test_a_picture_is_fetched_and_everything_unfit_is_a_400_naming_the_part(
         "redirect to loopback": "BASE/redirect?to=http://127.0.0.1:9/x",
         "redirect to link-local": "BASE/redirect?to=http://169.254.169.254/latest",
         "redirect to a file": "BASE/redirect?to=file:///etc/passwd",
+        "compatible loopback": "http://[::127.0.0.1]:9/cat.png",
+        "translated loopback": "http://[::ffff:0:7f00:1]:9/cat.png",
+        "NAT64 metadata": "http://[64:ff9b::a9fe:a9fe]/latest/meta-data",
+        "local NAT64 metadata": "http://[64:ff9b:1::a9fe:a9fe]/latest/meta-data",
+        "site-local": "http://[fec0::1]:9/cat.png",
+        "redirect to NAT64 metadata": "BASE/redirect?to=http://[64:ff9b::a9fe:a9fe]/latest",
+        "redirect to 6to4 loopback": "BASE/redirect?to=http://[2002:7f00:1::]:9/x",
         "redirect loop": "BASE/loop/0",
         "too big, announced": "BASE/big",
         "too big, streamed": "BASE/streamed",
@@ -120,6 +130,13 @@ def test_a_picture_is_fetched_and_everything_unfit_is_a_400_naming_the_part(
               "decimal loopback": "", "redirect to loopback": "loopback address",
               "redirect to link-local": "link-local address",
               "redirect to a file": "not an http(s) URL",
+              "compatible loopback": "of 127.0.0.1, a loopback address",
+              "translated loopback": "of 127.0.0.1, a loopback address",
+              "NAT64 metadata": "of 169.254.169.254, a link-local address",
+              "local NAT64 metadata": "of 169.254.169.254, a link-local address",
+              "site-local": "fec0::1, a private or reserved address (fec0::/10, site-local",
+              "redirect to NAT64 metadata": "of 169.254.169.254, a link-local address",
+              "redirect to 6to4 loopback": "of 127.0.0.1, a loopback address",
               "redirect loop": "redirected more than", "too big, announced": "announces",
               "too big, streamed": "more than the", "missing": "answered 404",
               "never answers": "within 1.5s"}
@@ -143,3 +160,24 @@ def test_several_pictures_of_a_request_are_fetched_together(fetcher: Fetcher) ->
     req = asyncio.run(run())
     assert [base64.b64decode(i.data) for i in req.gen.images] == [b"inline", PICTURE, PICTURE]
     assert images.content_problem(req.gen.messages or [], 3) is None
+
+
+def ipv6_sockets() -> bool:
+    try:
+        socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not ipv6_sockets(), reason="no IPv6 sockets here")
+def test_the_allowed_address_is_fetched_in_its_ipv4_mapped_form_too(fetcher: Fetcher) -> None:
+    async def run() -> GenRequest:
+        runner, base = await serve()
+        try:
+            return await fetcher.resolve(ask(base.replace(HOST, f"[::ffff:{HOST}]") + "/cat.png"))
+        finally:
+            await fetcher.close()
+            await runner.cleanup()
+    req = asyncio.run(run())
+    assert base64.b64decode(req.gen.images[0].data) == PICTURE
