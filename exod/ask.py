@@ -1,7 +1,8 @@
 """One question to a short-lived child process (the split probe, a fetcher asked for a plan), on
 the same kind of channel as a runner's, with the same typed, versioned, checked messages.
 
-`python -m MODULE --channel-fd N`: the child says `Hello` (its version must be ours), gets the
+`python -m MODULE --channel-fd N` (in safe-path mode, in exod's own folder: exod.child_start):
+the child says `Hello` (its version must be ours), gets the
 question as its first frame (`exod.specs`), and answers with one message of `answers`; what it
 says before that (`meanwhile`, e.g. a fetcher's status) is checked and passed over. Anything
 else, a child of another version, a child that dies or says nothing in time: `NoAnswer`, with
@@ -12,14 +13,16 @@ the daemon runs off its event loop.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from exod import messages as m
+from exod.child_start import explicit_path, helper_dir, python_argv
 from exod.protocol import FrameDecoder, ProtocolError, encode, from_wire, to_wire
 
 EXIT_WAIT = 5.0  # once it answered, the child exits at once (its channel closes)
@@ -57,15 +60,18 @@ class _Frames:
 
 def ask(module: str, question: Any, answers: Mapping[str, type[Any]], timeout: float,
         env: Mapping[str, str] | None = None,
-        meanwhile: Mapping[str, type[Any]] | None = None) -> Any:
-    """The child's answer to `question`, one of `answers`; NoAnswer otherwise."""
+        meanwhile: Mapping[str, type[Any]] | None = None, cwd: Path | None = None) -> Any:
+    """The child's answer to `question`, one of `answers`; NoAnswer otherwise. It runs in
+    `cwd`, by default exod's cache folder (exod.child_start.helper_dir)."""
     deadline = time.monotonic() + timeout
+    where = cwd if cwd is not None else helper_dir()
     ours, theirs = socket.socketpair()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", module, "--channel-fd", str(theirs.fileno())],
+            python_argv(module, ["--channel-fd", str(theirs.fileno())], where),
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, env=None if env is None else dict(env))
+            stderr=subprocess.DEVNULL, cwd=where,
+            env=explicit_path(os.environ if env is None else env))
     except OSError as e:
         ours.close()
         raise NoAnswer(f"cannot start {module}: {e}") from None

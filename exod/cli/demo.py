@@ -1,12 +1,15 @@
 """The built-in demo: SmolLM2-135M-Instruct, converted once by a subprocess (which may import
-mlx; this process must not) and served by a generated config file next to it."""
+mlx; this process must not) and served by a generated config file next to it. The converter
+runs in the cache folder, in safe-path mode (exod.child_start): never on code found where
+`exod` was started."""
 
 from __future__ import annotations
 
+import os
 import subprocess
-import sys
 from pathlib import Path
 
+from exod.child_start import explicit_path, python_argv
 from exod.paths import cache_dir as default_cache_dir
 
 DEMO_CONFIG = """\
@@ -18,10 +21,17 @@ instances:
 
 
 def prepare_model(cache: Path) -> Path:
-    """Run `python -m exod.models.demo`: its last stdout line is the model directory."""
+    """Run `python -m exod.models.demo` in `cache`: its last stdout line is the model
+    directory."""
+    cache = cache.absolute()  # as named from here: the converter runs in it
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RuntimeError(f"cannot make {cache}: {e.strerror}") from None
     proc = subprocess.run(
-        [sys.executable, "-m", "exod.models.demo", "--cache-dir", str(cache)],
-        stdout=subprocess.PIPE, stderr=None, text=True, check=False,
+        python_argv("exod.models.demo", ["--cache-dir", str(cache)], cache),
+        stdout=subprocess.PIPE, stderr=None, text=True, check=False, cwd=cache,
+        env=explicit_path(os.environ),
     )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
@@ -30,7 +40,7 @@ def prepare_model(cache: Path) -> Path:
 
 
 def demo_config(cache: Path | None = None) -> Path:
-    cache = cache or default_cache_dir()
+    cache = (cache or default_cache_dir()).absolute()
     model = prepare_model(cache)
     path = cache / "demo.yaml"
     if not path.exists():

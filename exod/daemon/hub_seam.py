@@ -17,7 +17,7 @@ from exod.config.schema import Config, Instance
 from exod.core.states import State
 from exod.daemon.downloads import Download, Downloads, Outcome
 from exod.daemon.instance import InstanceRuntime, RankRuntime
-from exod.daemon.launch import fetcher_launch, plan_shards
+from exod.daemon.launch import Launcher, fetcher_launch, plan_shards
 from exod.daemon.processes import RunnerHandlers
 from exod.hub import cache as hub_cache
 from exod.hub.ref import HubRef
@@ -32,6 +32,7 @@ class HubSeam:
     instances: dict[str, InstanceRuntime]
     downloads: Downloads
     procs: ProcessTable
+    launcher: Launcher
     stopping: bool
     _download_listeners: set[Callable[[Download], None]]
     _prefetch: dict[str, Instance]  # a reload's new config, waiting for its model
@@ -110,7 +111,8 @@ class HubSeam:
 
     def spawn_fetcher(self, d: Download) -> int:
         launch = fetcher_launch(d.ref, d.commit or None, self.hub_cache, self.offline,
-                                self.config.hub.hf_token_file, os.environ)
+                                self.config.hub.hf_token_file, os.environ,
+                                self.launcher.run_dir)
         return self.procs.spawn(launch, {"instance": f"fetch {d.ref}"},
                                 RunnerHandlers(on_exit=self.downloads.on_exit,
                                                on_message=self.downloads.on_message,

@@ -35,27 +35,30 @@ M = TypeVar("M")
 
 @dataclass(frozen=True)
 class Launch(Generic[M]):
-    """One child to start: `python -m MODULE --channel-fd N` with `env`, then `spec` as the
-    first frame on its channel. `decode` checks what the child says against its own union
+    """One child to start: `python -m MODULE --channel-fd N` with `env`, in `cwd` (the
+    daemon's runtime folder, never its working directory: exod.child_start), then `spec` as
+    the first frame on its channel. `decode` checks what the child says against its own union
     (a runner's messages, or a fetcher's)."""
 
     module: str
     spec: RunnerSpec | FetchSpec
     env: dict[str, str]
     decode: Callable[[dict[str, Any]], M]
+    cwd: Path
 
 
 FETCHER_MODULE = "exod.hub"
 
 
 def fetcher_launch(ref: HubRef, commit: str | None, cache: Path, offline: bool,
-                   token_file: Path | None, daemon_env: Mapping[str, str]
+                   token_file: Path | None, daemon_env: Mapping[str, str], cwd: Path
                    ) -> Launch[m.FromFetcher]:
-    """A fetcher of `ref` into `cache` (`commit`: the one the cache holds for its revision)."""
+    """A fetcher of `ref` into `cache` (`commit`: the one the cache holds for its revision),
+    run in `cwd`."""
     spec = FetchSpec(version=m.VERSION, ref=ref, cache=cache, commit=commit, offline=offline,
                      token_file=token_file)
     env = os_seam.runner_env(daemon_env, {"PYTHONUNBUFFERED": "1"})
-    return Launch(FETCHER_MODULE, spec, env, m.decode_from_fetcher)
+    return Launch(FETCHER_MODULE, spec, env, m.decode_from_fetcher, cwd)
 
 
 class Launcher:
@@ -118,7 +121,8 @@ class Launcher:
                           prompt_cache_folder=prompt_cache_folder(c, self.daemon_env)
                           if c.prompt_cache_disk_bytes > 0 else None,
                           chat_template_kwargs=dict(c.chat_template_kwargs))
-        return Launch(self.module, spec, self.env(c, shard.rank), m.decode_from_runner)
+        return Launch(self.module, spec, self.env(c, shard.rank), m.decode_from_runner,
+                      self.run_dir)
 
     def env(self, c: Instance | None, rank: int = 0) -> dict[str, str]:
         """A rank's environment; with no instance, what every rank without an `env:` of its

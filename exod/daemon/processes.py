@@ -99,7 +99,7 @@ class ProcessTable:
             child = z.fork(launch.env)
             if child is not None:
                 return child
-        return os_seam.spawn(launch.env, launch.module)
+        return os_seam.spawn(launch.env, launch.module, launch.cwd)
 
     def send(self, pid: int, msg: m.ToRunner) -> bool:
         proc = self.procs.get(pid)

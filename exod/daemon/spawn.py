@@ -1,10 +1,11 @@
 """The OS seam for runner processes: spawn by exec, signal, and read their exit.
 
-Runners are started with posix_spawn (exec of `python -m exod.runner --channel-fd N`), never by
-forking the daemon: a fork would copy the event loop, sockets and threads. Each runner gets its
-own process group (so a terminal's Ctrl-C and launchd's group signal reach only the daemon),
-/dev/null as stdin, pipes for stdout/stderr, and one end of a socketpair as its channel, whose
-descriptor is all its command line holds (its spec comes on the channel: exod.specs).
+Runners are started with posix_spawn (exec of `python -m exod.runner --channel-fd N`, in
+safe-path mode and in the daemon's runtime folder: exod.child_start), never by forking the
+daemon: a fork would copy the event loop, sockets and threads. Each runner gets its own process
+group (so a terminal's Ctrl-C and launchd's group signal reach only the daemon), /dev/null as
+stdin, pipes for stdout/stderr, and one end of a socketpair as its channel, whose descriptor is
+all its command line holds (its spec comes on the channel: exod.specs).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+from exod.child_start import explicit_path, python_argv
 from exod.core.exits import ExitInfo
 
 # Variables that speak for the service itself: a runner must never inherit them, or it could
@@ -43,7 +46,7 @@ def runner_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, s
     env = {k: v for k, v in base.items()
            if k not in SERVICE_ENV and k not in TOKEN_ENV and not k.startswith("LISTEN_")}
     env.update(extra)
-    return env
+    return explicit_path(env)  # the child runs elsewhere: PYTHONPATH as it reads from here
 
 
 DEFAULT_MODULE = "exod.runner"
@@ -91,8 +94,9 @@ def make_ends() -> Ends:
     return Ends(parent, child, out_r, out_w, err_r, err_w)
 
 
-def spawn(env: Mapping[str, str], module: str = DEFAULT_MODULE) -> Child:
-    """Start `python -m MODULE --channel-fd N`; raises OSError if exec fails."""
+def spawn(env: Mapping[str, str], module: str, cwd: Path) -> Child:
+    """Start `python -m MODULE --channel-fd N` in `cwd`; raises OSError if exec fails (a
+    `cwd` that is gone makes the child exit 1 at once)."""
     ends = make_ends()
     keep = ends.child_fds()
     try:
@@ -101,7 +105,7 @@ def spawn(env: Mapping[str, str], module: str = DEFAULT_MODULE) -> Child:
         # other spawn can pick these up.
         for fd in keep:
             os.set_inheritable(fd, True)
-        argv = [sys.executable, "-m", module, "--channel-fd", str(ends.child.fileno())]
+        argv = python_argv(module, ["--channel-fd", str(ends.child.fileno())], cwd)
         actions = [
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
             (os.POSIX_SPAWN_DUP2, ends.out_w, 1),

@@ -230,7 +230,8 @@ class Supervisor(HubSeam, ConfigReload):
         else by the first runner that can (exod.daemon.zygote)."""
         if not zygote.enabled(self.launcher.daemon_env):
             return
-        z = self.procs.zygote = zygote.Zygote(self.launcher.module, self.launcher.env(None))
+        z = self.procs.zygote = zygote.Zygote(self.launcher.module, self.launcher.env(None),
+                                              self.launcher.run_dir)
         if not any(z.fits(self.launcher.env(i.config), self.launcher.module)
                    for i in self.instances.values() if i.config.always_on):
             return

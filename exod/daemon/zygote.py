@@ -23,10 +23,12 @@ import signal
 import socket
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 from loguru import logger
 
 from exod import zygote_wire as wire
+from exod.child_start import python_argv
 from exod.daemon import spawn as os_seam
 from exod.protocol import ProtocolError
 
@@ -63,8 +65,9 @@ def become_subreaper() -> bool:
 
 
 class Zygote:
-    def __init__(self, module: str, env: Mapping[str, str]) -> None:
+    def __init__(self, module: str, env: Mapping[str, str], cwd: Path) -> None:
         self.module = module
+        self.cwd = cwd  # the daemon's runtime folder: the runners it forks run there too
         self.env = {k: v for k, v in env.items() if k not in PER_RANK_ENV}
         self.pid: int | None = None
         self.state = "idle"  # idle -> starting -> ready | gone
@@ -88,7 +91,7 @@ class Zygote:
         try:
             os_seam.seal_inherited((theirs.fileno(),))
             os.set_inheritable(theirs.fileno(), True)
-            argv = [sys.executable, "-m", self.module, "--zygote-fd", str(theirs.fileno())]
+            argv = python_argv(self.module, ["--zygote-fd", str(theirs.fileno())], self.cwd)
             self.pid = os.posix_spawn(
                 sys.executable, argv, self.env, setpgroup=0, setsigdef=os_seam.RESET_SIGNALS,
                 setsigmask=(), file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY,

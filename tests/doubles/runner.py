@@ -59,9 +59,11 @@ NO_TRIO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_trio")
 
 def become_the_real_runner() -> None:
     """exec exod.runner: same pid, same channel fd (its spec is still to come on it), same
-    command line."""
+    command line, started as the daemon starts it (safe-path mode, here: exod.child_start)."""
+    from exod.child_start import python_argv  # light: ~5 ms
+
     path = os.pathsep.join(p for p in (NO_TRIO, os.environ.get("PYTHONPATH")) if p)
-    os.execve(sys.executable, [sys.executable, "-m", "exod.runner", *sys.argv[1:]],
+    os.execve(sys.executable, python_argv("exod.runner", sys.argv[1:], os.getcwd()),
               {**os.environ, "PYTHONPATH": path})
 
 

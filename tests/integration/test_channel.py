@@ -33,7 +33,7 @@ from exod.core.shards import Shard
 from exod.daemon.launch import Launch, Launcher
 from exod.protocol import MAX_FRAME, FrameDecoder, encode
 from exod.specs import RunnerSpec
-from tests.harness import SAFETY, Daemon
+from tests.harness import DOUBLES_ENV, SAFETY, Daemon
 from tests.integration.conftest import double_env
 from tests.integration.test_security import log_lines, tracebacks
 
@@ -217,8 +217,9 @@ def test_a_runner_that_never_says_hello_is_reported_broken(
             on_message=lambda pid, msg: None,
             on_broken=lambda pid, why: (broken.append(why), table.kill(pid, signal.SIGTERM)))
         spec = spec_of(tmp_path / "m")
-        table.spawn(Launch("tests.doubles.runner", spec, {**os.environ, "EXOD_DOUBLE": "silent"},
-                           m.decode_from_runner), {"instance": "t"}, handlers)
+        env = {**os.environ, **DOUBLES_ENV, "EXOD_DOUBLE": "silent"}  # tests/ on its path
+        table.spawn(Launch("tests.doubles.runner", spec, env, m.decode_from_runner, tmp_path),
+                    {"instance": "t"}, handlers)
         info = await asyncio.wait_for(exited, SAFETY)
         loop.remove_signal_handler(signal.SIGCHLD)
         return broken, info
