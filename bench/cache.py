@@ -32,6 +32,7 @@ from typing import Any
 
 from bench.api import Http, blas_path, demo_model, start_mlx_lm_server
 from bench.common import report, verdict
+from exod.paths import daemon_id
 from tests.harness import Daemon
 
 ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS", "2"))
@@ -106,7 +107,8 @@ def disk_per_token(d: Daemon, path: Path) -> tuple[float, float]:
     heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     kv = cfg["num_hidden_layers"] * 2 * heads * head_dim * 4  # float32 on a CPU
-    files = list((d.dir / "cache" / "prompt-cache" / "demo").glob("rank0/*/*.safetensors"))
+    mine = d.dir / "cache" / "prompt-cache" / daemon_id(d.config_path) / "demo"
+    files = list(mine.glob("rank0/*/*.safetensors"))
     tokens = 0
     for f in files:
         with open(f, "rb") as fh:

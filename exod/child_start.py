@@ -76,7 +76,7 @@ def helper_dir() -> Path:
     anyway; `/` (root's alone) where it cannot be made."""
     folder = paths.cache_dir()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        paths.make_dirs(folder, paths.PRIVATE)
     except OSError:
         return Path("/")
     return folder

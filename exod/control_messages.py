@@ -198,6 +198,7 @@ class CachedModel:
     partial_bytes: int  # of unfinished downloads
     instances: list[ModelUser]
     last_use: float | None = None  # epoch seconds: a request served, a start or a fetch
+    problem: str = ""  # a folder exod does not read (a link out of the cache, a file): why
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,7 @@ class ModelsReply:
 @dataclass(frozen=True)
 class RemovedReply:
     removed: str
+    detail: str = ""  # what was removed: a folder and its size, or a link (its target left)
     ok: bool = True
 
 
@@ -220,6 +222,9 @@ class ClearedCache:
     # "files": it was not running, and its folder on this host was emptied.
     how: str
     freed_bytes: int  # the files removed here (0 when a runner does it)
+    # "files": what was met and not removed (a link, removed as a link, is said here too), or
+    # why nothing was (the folder is another exod's); empty when all went as usual.
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,85 @@
-"""Default file locations shared by the daemon and exoctl (neither imports the other)."""
+"""Default file locations shared by the daemon and exoctl (neither imports the other), and the
+one way exod makes a folder: with its documented mode, whatever the umask."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+
+# The modes of the folders exod makes (docs/service.md, "Folders and their modes"). Private:
+# exod's own cache (the demo model, probe verdicts), the prompt cache, the state folder, the
+# runtime folder (0750 when a group may use the socket). Readable: the hub cache's folders, as
+# huggingface_hub makes them under the usual umask (the folder above decides who gets there),
+# the launchd log folder and the folders `exod install` writes into.
+PRIVATE = 0o700
+READABLE = 0o755
+
+
+def make_dirs(path: Path, mode: int) -> list[Path]:
+    """Make `path` and its missing parents, each with `mode` whatever the umask (mkdir cannot
+    give more than `mode`; the chmod after it gives back what the umask took). A folder that
+    exists is left as it is: it may be someone else's. The folders made, top first. OSError as
+    mkdir raises it (FileExistsError: something that is not a folder stands in the way)."""
+    path = Path(path)
+    missing: list[Path] = []
+    at = path
+    while not at.is_dir():  # a link to a folder counts: an operator's path may go through one
+        missing.append(at)
+        if at.parent == at:
+            break
+        at = at.parent
+    made = []
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, mode)
+        except FileExistsError:
+            if folder.is_dir():  # made meanwhile by another process: theirs, left as it is
+                continue
+            raise
+        _chmod_folder(folder, mode)
+        made.append(folder)
+    return made
+
+
+def _chmod_folder(folder: Path, mode: int) -> None:
+    """chmod through the folder itself, never through a link put in its place meanwhile."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(folder, flags)
+    except PermissionError:  # mode 0 (a umask of 0777): a folder its owner cannot open yet
+        if stat.S_ISLNK(os.lstat(folder).st_mode):
+            raise
+        os.chmod(folder, mode)
+        return
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def wider(folder: Path, mode: int) -> str | None:
+    """What `exod check` says of a folder of exod's whose mode has bits beyond `mode`; None
+    when it has not (or is missing, or is not a folder)."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return None
+    have = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISDIR(st.st_mode) or not have & 0o777 & ~mode:
+        return None
+    return (f"{folder} is mode {have:04o}, wider than the {mode:04o} exod gives it: "
+            f"chmod {have & mode:o} {folder}")
+
+
+def daemon_id(config: Path | None) -> str:
+    """A daemon's name among others that share a folder (the prompt cache's): a hash of the
+    config file it runs, so it is the same across restarts and reboots."""
+    text = os.path.abspath(config) if config is not None else ""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 SYSTEM_RUNTIME_DIR = Path("/var/run/exod" if sys.platform == "darwin" else "/run/exod")
 

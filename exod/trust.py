@@ -25,6 +25,8 @@ import struct
 import sys
 from pathlib import Path
 
+from exod.paths import READABLE, make_dirs
+
 
 class Untrusted(OSError):
     pass
@@ -44,7 +46,7 @@ def ensure_private_dir(path: Path, group_access: bool, gid: int | None = None) -
     write to (an existing folder is never changed: it may be shared, like /run). Raises
     Untrusted (one line) otherwise."""
     mode = 0o750 if group_access else 0o700
-    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    make_dirs(path.parent, READABLE)  # parents that lead to it: 0755 whatever the umask
     try:
         os.mkdir(path, mode)
         created = True

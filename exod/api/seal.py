@@ -32,6 +32,7 @@ from pathlib import Path
 from loguru import logger
 
 from exod.core.request_rules.base import RequestError
+from exod.paths import PRIVATE, make_dirs
 
 PREFIX = "exod1."
 KEY_BYTES = 32
@@ -143,7 +144,7 @@ def load_key(path: Path) -> bytes:
         return _fallback(path, e)
     key = secrets.token_bytes(KEY_BYTES)
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_dirs(path.parent, PRIVATE)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(key)

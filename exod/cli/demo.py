@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from exod.child_start import explicit_path, python_argv
+from exod.paths import PRIVATE, make_dirs
 from exod.paths import cache_dir as default_cache_dir
 
 DEMO_CONFIG = """\
@@ -25,7 +26,7 @@ def prepare_model(cache: Path) -> Path:
     directory."""
     cache = cache.absolute()  # as named from here: the converter runs in it
     try:
-        cache.mkdir(parents=True, exist_ok=True)
+        make_dirs(cache, PRIVATE)
     except OSError as e:
         raise RuntimeError(f"cannot make {cache}: {e.strerror}") from None
     proc = subprocess.run(

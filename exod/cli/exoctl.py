@@ -208,8 +208,12 @@ def cache_clear(client: Client, name: str | None) -> None:
     for c in answer.cleared:
         if c.how == "runner":
             click.echo(f"{c.name}: cleared by its runners")
-        else:
+        elif c.how == "files":
             click.echo(f"{c.name}: not running; {format_size(c.freed_bytes)} removed from disk")
+        else:
+            click.echo(f"{c.name}: not running; nothing removed")
+        for note in c.notes:
+            click.echo(f"  {note}")
 
 
 @main.command()
@@ -377,6 +381,8 @@ def models(client: Client, as_json: bool) -> None:
             f" ({format_size(e.partial_bytes)} partial)" if e.partial_bytes else "")
         users = ", ".join(f"{i.name} ({i.state})" for i in e.instances) or "-"
         last = "-" if e.last_use is None else f"{human_duration(max(0.0, now - e.last_use))} ago"
+        if e.problem:  # not read: a link out of the cache, a file where its folder should be
+            size, revisions, last, users = "-", "-", "-", e.problem
         rows.append((f"hf:{e.repo}", size, revisions, last, users))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     click.echo(f"cache: {answer.cache}")
@@ -391,7 +397,7 @@ def rm(client: Client, name: str) -> None:
     """Delete the hub model NAME (hf:ORG/NAME) from exod's cache; refused, naming them, while
     instances run from it."""
     removed = ok_or_fail(client.call(cm.RemoveModel(name)), cm.RemovedReply)
-    click.echo(f"{removed.removed}: removed")
+    click.echo(f"{removed.removed}: {removed.detail or 'removed'}")
 
 
 if __name__ == "__main__":

@@ -121,7 +121,8 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
     """Validate a config file and its includes; exit 78 (EX_CONFIG) if anything is wrong.
 
     Also warns when the service manager would SIGKILL before exod's termination ladder is
-    done (TimeoutStopSec / ExitTimeOut too short), or would signal runners directly (KillMode).
+    done (TimeoutStopSec / ExitTimeOut too short), or would signal runners directly (KillMode),
+    and about exod's folders wider than their documented modes.
     """
     from exod.config import ConfigError, explain_keys, load_config, resolve_config_path
     from exod.core import ladder
@@ -145,7 +146,10 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
     from exod.config.safety import ephemeral_overlaps, warnings
     from exod.daemon.rank_addresses import ephemeral_range
 
-    for warning in warnings(cfg) + ephemeral_overlaps(cfg, ephemeral_range()):
+    from exod.cli import folder_check
+
+    for warning in warnings(cfg) + ephemeral_overlaps(cfg, ephemeral_range()) + \
+            folder_check.lines(cfg) + folder_check.old_layout(cfg):
         click.echo(f"warning: {warning}", err=True)
     n = len(cfg.instances)
     worst = ladder.longest(cfg)
@@ -231,7 +235,7 @@ def cache_lines(cfg: Config) -> list[str]:
 
     from exod.config.mlx_options import turn_reason
     from exod.core.sizes import format_size
-    from exod.daemon.launch import prompt_cache_folder
+    from exod.daemon.cache_owner import prompt_cache_folder
 
     lines = []
     for inst in cfg.instances.values():
@@ -243,7 +247,7 @@ def cache_lines(cfg: Config) -> list[str]:
         if not inst.prompt_cache_disk_bytes:
             lines.append(f"prompt cache of {inst.name}: RAM {ram}, disk off")
             continue
-        folder = prompt_cache_folder(inst, os.environ)
+        folder = prompt_cache_folder(inst, os.environ, cfg.path)
         where = next((p for p in (folder, *folder.parents) if p.exists()), folder)
         try:
             free = f", {format_size(shutil.disk_usage(where).free)} free there now"

@@ -29,7 +29,7 @@ from pathlib import Path
 from exod import messages as m
 from exod import ask as asking
 from exod.config.schema import Parallelism
-from exod.paths import cache_dir
+from exod.paths import PRIVATE, cache_dir, make_dirs
 from exod.protocol import ProtocolError, decode_as, to_wire
 from exod.specs import Layout, ProbeAnswer, ProbeAsk, Verdict
 
@@ -162,7 +162,7 @@ def _read(path: Path) -> Verdict | None:
 
 def _write(path: Path, answer: Verdict) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent, PRIVATE)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(to_wire(answer)), encoding="utf-8")
         tmp.replace(path)

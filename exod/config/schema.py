@@ -511,7 +511,9 @@ class Instance(RunnerOptions):
     prompt_cache_dir: Path | None = field(
         default=None,
         metadata=doc("The folder under which the instance keeps the prompt cache's disk tier, in "
-                     "a folder of its own name (`exoctl cache clear` empties it).",
+                     "DIR/ID/NAME: ID names this daemon by its config file's path, so several "
+                     "daemons may share DIR and none removes another's entries (`exoctl cache "
+                     "clear` empties the instance's own folder).",
                      inherit="prompt_cache_dir"),
     )
     max_queue: int = field(
@@ -623,8 +625,10 @@ class Defaults:
     )
     prompt_cache_dir: Path | None = field(
         default=None,
-        metadata=doc("Where instances keep the prompt cache's disk tier, a folder per instance "
-                     "(DIR/NAME). Null: `prompt-cache` in the service's state directory "
+        metadata=doc("Where instances keep the prompt cache's disk tier, a folder per daemon and "
+                     "instance (DIR/ID/NAME, ID a hash of the config file's path: daemons that "
+                     "share DIR keep their own entries, and hold a lock on DIR/ID/.lock while "
+                     "they run). Null: `prompt-cache` in the service's state directory "
                      "(`StateDirectory=`: /var/lib/exod/prompt-cache), else in its cache "
                      "directory (a user unit's `CacheDirectory=`: ~/.cache/exod/prompt-cache), "
                      "else /var/lib/exod/prompt-cache as root, else ~/.cache/exod/prompt-cache "

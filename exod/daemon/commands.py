@@ -47,8 +47,9 @@ class Daemon(Protocol):
 
     def ordered(self) -> list[InstanceRuntime]: ...
 
-    def cache_folder(self, inst: InstanceRuntime) -> Path:
-        """The instance's folder of the prompt cache's disk tier on this host."""
+    def cache_folder(self, inst: InstanceRuntime) -> Path | None:
+        """The instance's folder of the prompt cache's disk tier on this host; None while
+        another exod holds the folder it is in."""
         ...
 
 

@@ -1,6 +1,7 @@
 """The control socket's commands for models named by hub repository: `pull` (fetch ahead of
 time, streaming progress until it is done), `models` (what the cache holds and which instances
-use it) and `remove_model` (delete a repository no running instance uses)."""
+use it) and `remove_model` (delete a repository no running instance uses: whatever stands at
+its name, a link as a link, never followed; the answer and the log say what was removed)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from loguru import logger
+
 from exod import control_messages as cm
+from exod.cache_files import Removal
 from exod.core.states import State
 from exod.daemon.control import CommandError, Emit
 from exod.daemon.downloads import Download, Downloads, Outcome
@@ -125,7 +129,7 @@ def models(sup: Daemon) -> list[cm.CachedModel]:
         last = max([*served, *([e.last_use] if e.last_use is not None else [])], default=None)
         out.append(cm.CachedModel(e.repo, e.revisions, list(e.commits), e.size, e.partial,
                                   [cm.ModelUser(i.name, i.state, ref.revision)
-                                   for i, ref in using], last))
+                                   for i, ref in using], last, e.problem))
     return out
 
 
@@ -138,14 +142,17 @@ async def remove(sup: Daemon, ref: HubRef) -> cm.RemovedReply | cm.Failure:
         removed = await remove_repo(sup, ref)
     except InUse as e:
         return cm.Failure(str(e))
-    if not removed:
+    if not removed.found:
         return cm.Failure(f"{ref.repo} is not in the cache at {sup.hub_cache}")
-    return cm.RemovedReply(ref.repo)
+    if not removed.whole:
+        return cm.Failure(f"cannot remove all of {ref.repo}: {removed.text()}")
+    return cm.RemovedReply(ref.repo, removed.text())
 
 
-async def remove_repo(sup: Daemon, ref: HubRef) -> bool:
-    """Delete `ref`'s repository from the cache (False: it was not there); raises InUse,
-    naming the instances that run from it, or the download under way."""
+async def remove_repo(sup: Daemon, ref: HubRef) -> Removal:
+    """Delete `ref`'s repository from the cache, whatever stands at its name (a link as a link,
+    never followed), and log what was done; raises InUse, naming the instances that run from
+    it, or the download under way."""
     busy = sorted(i.name for i, _ in users(sup, ref.repo)
                   if i.state not in (State.STOPPED, State.FAILED))
     if busy:
@@ -153,4 +160,8 @@ async def remove_repo(sup: Daemon, ref: HubRef) -> bool:
                     f"{', '.join(busy)}: stop {'them' if len(busy) > 1 else 'it'} first")
     if any(d.ref.repo == ref.repo for d in sup.downloads.by_key.values()):
         raise InUse(f"{ref.repo} is being downloaded")
-    return await asyncio.to_thread(hub_cache.remove, sup.hub_cache, ref)
+    removed = await asyncio.to_thread(hub_cache.remove, sup.hub_cache, ref)
+    if removed.found:
+        log = logger.info if removed.whole else logger.warning
+        log("hub cache: {}: {}", ref.repo, removed.text())
+    return removed

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from exod import messages as m
-from exod import paths
 from exod.config import model_layer_count
 from exod.config.checks import port_count
 from exod.config.schema import Instance
@@ -27,6 +26,7 @@ from exod.core import ports
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
 from exod.daemon import rank_addresses
 from exod.daemon import spawn as os_seam
+from exod.daemon.cache_owner import CacheOwner
 from exod.hub.ref import HubRef
 from exod.specs import FetchSpec, GroupSpec, RunnerSpec, runner_options
 
@@ -62,9 +62,13 @@ def fetcher_launch(ref: HubRef, commit: str | None, cache: Path, offline: bool,
 
 
 class Launcher:
-    def __init__(self, run_dir: Path, daemon_env: Mapping[str, str]) -> None:
+    def __init__(self, run_dir: Path, daemon_env: Mapping[str, str],
+                 config: Path | None = None) -> None:
         self.run_dir = run_dir
         self.daemon_env = daemon_env
+        # The prompt cache's folders: the daemon run from `config` claims its own at start
+        # and at each reload (exod.daemon.cache_owner).
+        self.cache = CacheOwner(config, daemon_env)
         self.module = daemon_env.get("EXOD_RUNNER_MODULE") or os_seam.DEFAULT_MODULE
         self._group_control: dict[str, str] = {}  # instance → rank 0's control address
         self.ports = ports.Registry()
@@ -118,7 +122,7 @@ class Launcher:
                           parallelism=c.parallelism, shard=shard, width=width,
                           heartbeat=m.HEARTBEAT_EVERY, parent_pid=os.getpid(),
                           options=runner_options(c), group=group,
-                          prompt_cache_folder=prompt_cache_folder(c, self.daemon_env)
+                          prompt_cache_folder=self.cache.folder(c)
                           if c.prompt_cache_disk_bytes > 0 else None,
                           chat_template_kwargs=dict(c.chat_template_kwargs))
         return Launch(self.module, spec, self.env(c, shard.rank), m.decode_from_runner,
@@ -136,11 +140,6 @@ class Launcher:
             # For people and their tools (ps, /proc): the runner reads its spec, not these.
             own.update({"EXOD_INSTANCE": c.name, "EXOD_RANK": str(rank)})
         return os_seam.runner_env(self.daemon_env, own)
-
-
-def prompt_cache_folder(c: Instance, env: Mapping[str, str]) -> Path:
-    """The instance's own folder of the disk tier (`exoctl cache clear` empties it)."""
-    return (c.prompt_cache_dir or paths.prompt_cache_base(env, os.geteuid())) / c.name
 
 
 def plan_shards(inst: Instance) -> list[Shard]:

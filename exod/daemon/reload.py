@@ -101,6 +101,7 @@ class ConfigReload:
         self.names = names_of(new)  # aliases change with no restart (they compare equal)
         self.memory.headroom = new.defaults.memory_headroom
         self.launcher.configure(new.instances.values())
+        self.launcher.cache.claim(new.instances.values())
         for name in d.removed:
             self._retire(name, replacement=None)
         for name in d.removed:

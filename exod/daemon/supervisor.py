@@ -32,7 +32,7 @@ from exod.daemon.control import ControlServer
 from exod.daemon.clock import Timer
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.rank import RankRuntime
-from exod.daemon.launch import Launcher, plan_shards, prompt_cache_folder
+from exod.daemon.launch import Launcher, plan_shards
 from exod.daemon.channel import RunnerChannel
 from exod.daemon.log_ring import LogRings
 from exod.daemon.manager_notify import ServiceNotifier
@@ -63,8 +63,9 @@ class Supervisor(HubSeam, ConfigReload):
         self._download_listeners: set[Callable[[Download], None]] = set()
         self._prefetch: dict[str, Instance] = {}
         self._reload_lock = asyncio.Lock()  # reloads read files in a thread: one at a time
-        self.launcher = Launcher(config.control.socket.parent, os.environ)
+        self.launcher = Launcher(config.control.socket.parent, os.environ, config.path)
         self.launcher.configure(config.instances.values())
+        self.launcher.cache.claim(config.instances.values())
         self.commands = Commands(self)
         self.control = ControlServer(config.control.socket, config.control.mode, self.commands,
                                      config.control.group, config.control.max_connections)
@@ -143,8 +144,8 @@ class Supervisor(HubSeam, ConfigReload):
     def instance(self, name: str) -> InstanceRuntime | None:
         return self.instances.get(name)
 
-    def cache_folder(self, inst: InstanceRuntime) -> Path:
-        return prompt_cache_folder(inst.config, self.launcher.daemon_env)
+    def cache_folder(self, inst: InstanceRuntime) -> Path | None:
+        return self.launcher.cache.folder(inst.config)
 
     def serving(self, name: str) -> InstanceRuntime | None:
         """The instance a request's `model` names: its own name or an alias, with or without

@@ -5,21 +5,28 @@ exod adds one record per snapshot it fetched, `exod/COMMIT.json`: the files a ru
 the hub's hashes, and the size and mtime each had when its hash was last checked, so a start from
 the cache costs a few stat() calls, not a read of every byte. The daemon uses this module (it
 never imports huggingface_hub); huggingface_hub itself ignores the extra folder.
+
+A repository's folders are real folders: one that is a link (`models--ORG--NAME` pointing out
+of the cache), a file or a FIFO is never followed nor written through; it is not cached, the
+fetcher refuses it with the reason, and `exoctl rm` removes the link itself (exod.cache_files).
+Folders exod makes here are 0755 whatever the umask (exod.paths.make_dirs).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exod import cache_files
 from exod.hub.ref import COMMIT_RE, HubRef
-from exod.paths import SYSTEM_STATE, user_cache
+from exod.paths import READABLE, SYSTEM_STATE, make_dirs, user_cache
 
+REPO_FOLDERS = ("blobs", "refs", "snapshots", "exod")
 
 
 def default_cache(env: Mapping[str, str], euid: int) -> Path:
@@ -98,12 +105,32 @@ def snapshot_dir(cache: Path, ref: HubRef, commit: str) -> Path:
     return repo_dir(cache, ref) / "snapshots" / commit
 
 
+def repo_problem(cache: Path, ref: HubRef, commit: str | None = None) -> str | None:
+    """Why `ref`'s folder in the cache (or one of its own folders) is not one exod reads or
+    writes: a link, a file, a FIFO where a folder should be. None when each is a real folder,
+    or missing."""
+    repo = repo_dir(cache, ref)
+    inside = [repo / name for name in REPO_FOLDERS]
+    if commit is not None:
+        inside.append(snapshot_dir(cache, ref, commit))
+    for folder in (repo, *inside):
+        try:
+            why = cache_files.strange(folder, want_folder=True)
+        except OSError as e:
+            return f"{folder} cannot be read ({e.strerror or e})"
+        if why is not None:
+            return (f"{folder} is {why}: exod neither reads nor writes a repository through "
+                    f"it (remove it: `exoctl rm hf:{ref.repo}`)")
+    return None
+
+
 def commit_of(cache: Path, ref: HubRef) -> str | None:
     """The commit the cache holds for `ref`'s revision (a branch or tag is read from refs/)."""
     if ref.pinned:
         return ref.revision
     try:
-        text = (repo_dir(cache, ref) / "refs" / ref.revision).read_text().strip()
+        raw = cache_files.read_regular(repo_dir(cache, ref) / "refs" / ref.revision, 4096)
+        text = raw.decode().strip()
     except (OSError, ValueError):
         return None
     return text if COMMIT_RE.fullmatch(text) else None
@@ -113,7 +140,7 @@ def write_ref(cache: Path, ref: HubRef, commit: str) -> None:
     if ref.pinned:
         return
     path = repo_dir(cache, ref) / "refs" / ref.revision
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent, READABLE)
     tmp = path.with_name(path.name + ".exod-tmp")
     tmp.write_text(commit)
     os.replace(tmp, path)
@@ -121,14 +148,15 @@ def write_ref(cache: Path, ref: HubRef, commit: str) -> None:
 
 def read_manifest(cache: Path, ref: HubRef, commit: str) -> Manifest | None:
     try:
-        return Manifest.from_json(json.loads(manifest_path(cache, ref, commit).read_text()))
+        raw = cache_files.read_regular(manifest_path(cache, ref, commit), 64 << 20)
+        return Manifest.from_json(json.loads(raw))
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None
 
 
 def write_manifest(cache: Path, ref: HubRef, manifest: Manifest) -> None:
     path = manifest_path(cache, ref, manifest.commit)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent, READABLE)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(manifest.to_json(), indent=1))
     os.replace(tmp, path)
@@ -145,7 +173,7 @@ def stamp(path: Path) -> tuple[int, int] | None:
 def cached(cache: Path, ref: HubRef) -> Cached | None:
     """The complete snapshot of `ref` in the cache, or None (never fetched, or files missing)."""
     commit = commit_of(cache, ref)
-    if commit is None:
+    if commit is None or repo_problem(cache, ref, commit) is not None:
         return None
     manifest = read_manifest(cache, ref, commit)
     if manifest is None:
@@ -178,11 +206,13 @@ class Entry:
     size: int  # bytes of its blobs, partial downloads included
     partial: int  # bytes of unfinished downloads
     last_use: float | None = None  # when exod last fetched it or started from it (epoch s)
+    problem: str = ""  # what is strange about it (a link, not followed); nothing else was read
 
 
 def _last_use(folder: Path) -> float | None:
     try:
-        return max((p.stat().st_mtime for p in (folder / "exod").glob("*.json")), default=None)
+        return max((p.lstat().st_mtime for p in (folder / "exod").glob("*.json")),
+                   default=None)
     except OSError:
         return None
 
@@ -202,12 +232,14 @@ def _blob_sizes(folder: Path) -> tuple[int, int]:
         plain = []
     for blob in blobs + plain:
         try:
-            size = blob.stat().st_size
+            st = blob.lstat()  # a blob that is a link is not followed: it counts nothing
         except OSError:
             continue
-        total += size
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        total += st.st_size
         if blob.name.endswith(".incomplete"):
-            partial += size
+            partial += st.st_size
     return total, partial
 
 
@@ -219,15 +251,19 @@ def entries(cache: Path) -> list[Entry]:
     out = []
     for folder in folders:
         repo = folder.name.removeprefix("models--").replace("--", "/", 1)
+        why = repo_problem(cache, HubRef(repo))
+        if why is not None:
+            out.append(Entry(repo, {}, (), 0, 0, None, problem=why))
+            continue
         revisions: dict[str, str] = {}
         refs = folder / "refs"
         if refs.is_dir():
             for ref in sorted(refs.rglob("*")):
-                if ref.is_file():
-                    try:
-                        revisions[str(ref.relative_to(refs))] = ref.read_text().strip()
-                    except OSError:
-                        continue
+                try:
+                    text = cache_files.read_regular(ref, 4096).decode().strip()
+                except (OSError, ValueError):
+                    continue  # a folder (refs/pr/), or something that is not a ref
+                revisions[str(ref.relative_to(refs))] = text
         try:
             commits = tuple(sorted(p.name for p in (folder / "snapshots").iterdir()))
         except OSError:
@@ -237,13 +273,11 @@ def entries(cache: Path) -> list[Entry]:
     return out
 
 
-def remove(cache: Path, ref: HubRef) -> bool:
-    """Delete a repository from the cache; False when it was not there."""
-    folder = repo_dir(cache, ref)
-    if not folder.is_dir():
-        return False
-    shutil.rmtree(folder)
-    return True
+def remove(cache: Path, ref: HubRef) -> cache_files.Removal:
+    """Delete a repository from the cache, whatever stands at its name: a link is removed as a
+    link (never followed), a file or a FIFO as a file. The Removal says what was done; nothing
+    was there when it found nothing."""
+    return cache_files.remove(repo_dir(cache, ref))
 
 
 def partial_bytes(cache: Path, ref: HubRef, blobs: Mapping[str, int]) -> int:

@@ -24,6 +24,7 @@ from exod.hub.files import disk_problem, wanted
 from exod.child_end import ChildEnd
 from exod.hub.ref import HubRef
 from exod.hub.verify import Hasher, digest
+from exod.paths import READABLE, make_dirs
 from exod.specs import FetchSpec, Planned
 
 TICK = 0.5  # seconds between two progress reports while bytes arrive
@@ -83,6 +84,9 @@ def from_blobs(job: Job, commit: str) -> hc.Manifest | None:
 
 def plan(job: Job) -> hc.Manifest:
     """The files to have, with the hub's hashes: from exod's record, else from the hub."""
+    strange = hc.repo_problem(job.cache, job.ref, job.commit)
+    if strange is not None:  # e.g. a link out of the cache: never read through, nor written
+        raise Refused(strange)
     commit = job.commit
     if commit is not None:
         known = hc.read_manifest(job.cache, job.ref, commit)
@@ -233,7 +237,7 @@ def fetch_file(job: Job, commit: str, name: str, rec: hc.FileRecord) -> bool | N
     download stopped (or killed) midway would start again from its first byte: exod keeps one
     partial file per blob and asks the hub for the rest (an HTTP Range request)."""
     blobs = hc.repo_dir(job.cache, job.ref) / "blobs"
-    blobs.mkdir(parents=True, exist_ok=True)
+    make_dirs(blobs, READABLE)
     blob, part = blobs / rec.blob, blobs / f"{rec.blob}.incomplete"
     good = None
     if not blob.exists():
@@ -250,7 +254,7 @@ def fetch_file(job: Job, commit: str, name: str, rec: hc.FileRecord) -> bool | N
         good = hasher.matches
         os.replace(part, blob)
     link = hc.snapshot_dir(job.cache, job.ref, commit) / name
-    link.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(link.parent, READABLE)
     if not link.exists():
         if link.is_symlink():
             link.unlink()

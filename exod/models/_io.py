@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from exod.paths import PRIVATE, make_dirs
+
 STAMP_NAME = ".exod-model.json"
 
 
@@ -90,7 +92,7 @@ def build_atomically(
     out_dir = out_dir.absolute()
     if not force and is_complete(out_dir, params):
         return out_dir  # fast path without the lock: the stamp is only ever written complete
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(out_dir.parent, PRIVATE)
     with _locked(out_dir.parent / f".{out_dir.name}.lock"):
         if not force and is_complete(out_dir, params):
             return out_dir  # another process built it while we waited
@@ -100,7 +102,7 @@ def build_atomically(
         for stale in out_dir.parent.glob(f".{out_dir.name}.staging-*"):
             shutil.rmtree(stale, ignore_errors=True)
         staging = out_dir.parent / f".{out_dir.name}.staging-{os.getpid()}"
-        staging.mkdir()
+        make_dirs(staging, PRIVATE)  # the model's folder once published
         try:
             build(staging)
             _write_stamp(staging, params)

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from exod.paths import cache_dir
+from exod.paths import PRIVATE, cache_dir, make_dirs
 
 MODULE = "transformers.utils.import_utils"
 FUNCTION = "define_import_structure"
@@ -153,7 +153,7 @@ def _read(file: Path) -> Table | None:
 def _write(file: Path, table: Table) -> None:
     try:
         text = json.dumps(encode(table))
-        file.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(file.parent, PRIVATE)
         tmp = file.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(file)  # whole or not at all: runners starting together race here

@@ -14,6 +14,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from exod.paths import READABLE, make_dirs
 from exod.service_files.install import Planned
 
 
@@ -52,7 +53,7 @@ def write(plan: list[Planned]) -> list[Change]:
         if existing == (item.content, item.mode):
             out.append(Change(item.path, "unchanged"))
             continue
-        item.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(item.path.parent, READABLE)
         tmp = item.path.with_name(f".{item.path.name}.tmp")
         tmp.write_text(item.content)
         os.chmod(tmp, item.mode)
@@ -66,8 +67,7 @@ def _make_folder(item: Planned) -> Change:
     with its mode if absent; an existing one is left as it is (the operator's, or ours)."""
     if item.path.is_dir():
         return Change(item.path, "unchanged")
-    item.path.mkdir(parents=True)
-    os.chmod(item.path, item.mode)
+    make_dirs(item.path, item.mode)
     return Change(item.path, "created")
 
 

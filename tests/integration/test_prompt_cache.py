@@ -36,6 +36,7 @@ import anthropic
 import openai
 import pytest
 
+from exod.paths import daemon_id
 from tests.harness import REPO, SAFETY, Daemon, wait_pid_gone
 
 EOS = "2"  # the tiny model's end token: banned, every answer has max_tokens tokens
@@ -137,8 +138,9 @@ def on_disk(d: Daemon, name: str, entries: int | None = None, more_than: int = -
 
 
 def cache_dir(d: Daemon, name: str) -> Path:
-    """The instance's folder of the disk tier (the harness's CACHE_DIRECTORY puts it there)."""
-    return d.dir / "cache" / "prompt-cache" / name
+    """The instance's folder of the disk tier (the harness's CACHE_DIRECTORY puts it there), in
+    this daemon's own folder (named by its config file)."""
+    return d.dir / "cache" / "prompt-cache" / daemon_id(d.config_path) / name
 
 
 def folder(d: Daemon, name: str) -> Path:

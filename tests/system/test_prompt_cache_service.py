@@ -52,8 +52,12 @@ def test_a_restart_of_the_service_keeps_the_prompt_cache(
     assert "ladder rung 1" in log and "ladder rung 2" not in log, log
     assert chat(g) == (cold, n, n - 1)
 
-    (folder,) = g.path("/var/lib/exod/prompt-cache/tiny/rank0").iterdir()
+    # In the daemon's own folder of the shared one (named by its config file), every folder
+    # 0700 and the service user's, the entries 0600.
+    (mine,) = g.path("/var/lib/exod/prompt-cache").iterdir()
+    (folder,) = (mine / "tiny" / "rank0").iterdir()
     entries = list(folder.glob("*.safetensors"))
     assert entries and all(p.stat().st_mode & 0o777 == 0o600 for p in entries)
-    owner = g.run("stat", "-c", "%U", f"/var/lib/exod/prompt-cache/tiny/rank0/{folder.name}")
-    assert owner.stdout.strip() == "exod", owner.stdout
+    inside = f"/var/lib/exod/prompt-cache/{mine.name}/tiny/rank0/{folder.name}"
+    owner = g.run("stat", "-c", "%U %a", inside, *(str(Path(inside).parents[i]) for i in range(4)))
+    assert owner.stdout.split() == ["exod", "700"] * 5, owner.stdout

@@ -139,7 +139,7 @@ def test_a_snapshot_is_cached_once_recorded_and_checked_until_a_file_changes(
     (entry,) = hc.entries(tmp_path)
     assert (entry.repo, entry.revisions, entry.commits) == ("org/tiny", {"main": COMMIT},
                                                              (COMMIT,))
-    assert hc.remove(tmp_path, REF) and not hc.remove(tmp_path, REF)
+    assert hc.remove(tmp_path, REF).whole and not hc.remove(tmp_path, REF).found
 
 
 class Heard:

@@ -13,6 +13,7 @@ from exod.core.sizes import parse_size
 from exod.core.memory import (GIB, RUNTIME_BYTES, HeaderError, Tensor, estimate, kv_bytes,
                               model_tensors, read_header, refusal)
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
+from exod.paths import daemon_id
 
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, int]], sparse: bool = True
@@ -155,9 +156,11 @@ def test_exod_check_prints_each_prompt_cache_budget(tmp_path: Path) -> None:
         f"  two: {{model: {m}, shards: 2, prompt_cache_disk_bytes: 1GiB}}\n"
         f"  nodisk: {{model: {m}, prompt_cache_disk_bytes: 0}}\n"
         f"  q: {{model: {m}, kv_bits: 8}}\n")) if ln.startswith("prompt cache of ")]
-    assert lines[0].startswith(f"prompt cache of one: RAM 1GiB, disk 8GiB in {tmp_path}/pc/one, ")
+    # In this daemon's own folder of the shared one: named by its config file's path.
+    mine = f"{tmp_path}/pc/{daemon_id(tmp_path / 'exod.yaml')}"
+    assert lines[0].startswith(f"prompt cache of one: RAM 1GiB, disk 8GiB in {mine}/one, ")
     assert lines[0].endswith(" free there now")
-    assert f"disk 1GiB on each rank in {tmp_path}/pc/two" in lines[1]
+    assert f"disk 1GiB on each rank in {mine}/two" in lines[1]
     assert lines[2] == "prompt cache of nodisk: RAM 1GiB, disk off"
     assert lines[3].startswith("prompt cache of q: none (served by turns: quantized KV cache")
 

@@ -466,6 +466,6 @@ def test_clearing_a_stopped_instance_empties_its_rank_folders_only(tmp_path: Pat
         (tmp_path / rank / "f").mkdir(parents=True)
         (tmp_path / rank / "f" / "e.safetensors").write_bytes(b"x" * 10)
     (tmp_path / "weights.json").write_text("{}")
-    assert empty(tmp_path) == 20
+    assert empty(tmp_path) == (20, [])
     assert [p.name for p in tmp_path.iterdir()] == ["weights.json"]
-    assert empty(tmp_path / "never-made") == 0
+    assert empty(tmp_path / "never-made") == (0, [])

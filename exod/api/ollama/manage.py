@@ -5,7 +5,8 @@
 What they list are exod's instances, by name, as /v1/models does. A pull fetches a hub
 repository through exod's own fetcher (exod.daemon.hub_commands: never timed out, resumed
 after a stop), streaming Ollama's status lines; a delete removes a repository from the cache
-unless an instance runs from it.
+unless an instance runs from it: whatever stands at its name, a link removed as a link (never
+followed); what cannot be removed is a 409 that says what was and what was not.
 """
 
 from __future__ import annotations
@@ -209,10 +210,13 @@ class OllamaManage:
         except hub_commands.InUse as e:
             raise ApiError(409, f"cannot delete {ref.repo}: {e}", "invalid_request_error",
                            "model_in_use", "model") from None
-        if not removed:
+        if not removed.found:
             raise ApiError(404, f"model '{name}' not found: {ref.repo} is not in exod's cache "
                                 f"({self.sup.hub_cache})", "invalid_request_error",
                            "model_not_found", "model")
+        if not removed.whole:  # the cache holds what exod may not remove (another's files)
+            raise ApiError(409, f"cannot delete all of {ref.repo}: {removed.text()}",
+                           "invalid_request_error", "cache_not_removable", "model")
         return web.Response(headers=header(ignored))
 
 

@@ -35,6 +35,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from exod.paths import PRIVATE, make_dirs
 from exod.runner.cpu.jit_header import temp_dir
 
 # What mlx's source passes for a build with AVX2, each with the /proc/cpuinfo flag it needs.
@@ -93,7 +94,7 @@ def install() -> Said | None:
     text = script(compiler, flags)
     try:
         for folder in (home, shim.parent):
-            folder.mkdir(mode=0o700, exist_ok=True)
+            make_dirs(folder, PRIVATE)
             why = not_own(folder)
             if why is not None:  # whoever can write there could run code as this runner
                 return unused(f"{folder} {why}")

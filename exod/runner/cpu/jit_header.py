@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from exod.paths import PRIVATE, make_dirs
+
 HEADER = Path("mlx/backend/cpu/compiled_preamble.h")
 # mlx's own command (mlx/backend/cpu/compiled.cpp, 0.32) less -shared, a link option: the
 # precompiled header must be built with the options the kernels are compiled with.
@@ -66,7 +68,7 @@ def ensure() -> str | None:
 
 
 def _build(include: Path, target: Path) -> str | None:
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(target.parent, PRIVATE)  # mlx's own kernel cache: 0700 whatever the umask
     with open(target.parent / ".compiled_preamble.lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -1,11 +1,16 @@
 """The disk tier of a rank's prompt cache: entries kept as files, across restarts and reboots.
 
-Layout, under the instance's folder (`prompt_cache_dir`/INSTANCE):
+Layout, under the instance's folder (`prompt_cache_dir`/DAEMON-ID/INSTANCE):
     weights.json                   hashes of the weight files, when not recorded beside them
     rank<R>/<FINGERPRINT>/<KEY>.safetensors   one entry (exod.runner.prompt_cache.entry_file)
 Each rank keeps the KV of its own layers. A folder is one fingerprint
 (exod.runner.prompt_cache.fingerprint): at start a rank opens its own and removes the other
 folders of its rank, whose entries could never be valid again (other weights or settings).
+The instance's folder is this daemon's alone (exod.daemon.cache_owner: DIR/ID/NAME), so what
+is removed here is never another daemon's. What stands where a folder or an entry of the tier
+should be and is not one (a link, a FIFO, a file, a folder) is removed as what it is, a link
+as a link, never followed: nothing outside the folder is read or removed, and the log says
+what was removed and what could not be. Folders are made 0700 whatever the umask.
 
 All I/O runs on two worker threads (exod.runner.prompt_cache.worker), never on the serve loop:
 the writer opens the tier (hashes weights if it must, reads every entry's header), writes
@@ -20,15 +25,16 @@ stop ends as they end a prefill; the scan at open reads regular files only.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
-import shutil
-import stat
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exod import cache_files
+from exod.paths import PRIVATE, make_dirs
 from exod.runner.log import WARNING, log
 from exod.runner.prompt_cache import entry_file, fingerprint as fp
 from exod.runner.prompt_cache.entry_file import EntryError, Tensor
@@ -87,6 +93,9 @@ class DiskTier:
 
     def _open(self, parts: Mapping[str, object], files: Mapping[str, Path]) -> None:
         try:
+            ranks = self.root / f"rank{self.rank}"
+            for own in (self.root, ranks):  # before anything is read there
+                self._own(own)
             records = fp.Records(self.root / "weights.json")
             pending = fp.to_hash(files, records)
             if pending:
@@ -95,9 +104,8 @@ class DiskTier:
                 _lowest_priority()  # this thread only: requests come first
             weights, _ = fp.digest(files, records, lambda: self.stopping)
             self.fingerprint = fp.fingerprint({**parts, "weights": weights})
-            ranks = self.root / f"rank{self.rank}"
             self.folder = folder = ranks / self.fingerprint
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._own(folder)
             self._remove_stale(ranks)
             self._scan(folder)
         except fp.Stopped:
@@ -111,15 +119,37 @@ class DiskTier:
             self.settled.set()
             self.on_change()
 
+    def _own(self, folder: Path) -> None:
+        """`folder` as a real folder of this tier, made 0700 if missing. What stands at its
+        name otherwise is removed as what it is (a link as a link) and said; OSError when it
+        cannot be."""
+        odd = cache_files.strange(folder, want_folder=True)
+        if odd is not None:
+            removed = cache_files.remove(folder)
+            log(f"prompt cache on disk: {folder} was {odd}: {removed.text()}", WARNING)
+            if not removed.whole:
+                raise OSError(errno.EEXIST, f"{odd}, and it could not be removed", str(folder))
+        make_dirs(folder, PRIVATE)
+
     def _remove_stale(self, ranks: Path) -> None:
-        freed = 0
-        for other in ranks.iterdir():
-            if other.name != self.fingerprint and FOLDER_RE.match(other.name) and other.is_dir():
-                freed += sum(p.stat().st_size for p in other.iterdir() if p.is_file())
-                shutil.rmtree(other, ignore_errors=True)
-        if freed:
-            log(f"prompt cache: removed {freed / 2**20:.1f} MiB kept for other weights or "
-                f"settings ({ranks})")
+        """The folders of other fingerprints, with what they hold; anything else named as one
+        (a link, a file) goes as what it is. Logged as it happened."""
+        freed = folders = 0
+        odd = []
+        for other in sorted(ranks.iterdir()):
+            if other.name == self.fingerprint or not FOLDER_RE.match(other.name):
+                continue
+            removed = cache_files.remove(other)
+            if removed.what == "a folder" and removed.whole:
+                freed += removed.freed
+                folders += 1
+            elif removed.found:
+                odd.append(removed.text())
+        if folders:
+            log(f"prompt cache: removed {freed / 2**20:.1f} MiB in {folders} folder"
+                f"{'s' if folders > 1 else ''} kept for other weights or settings ({ranks})")
+        for line in odd:
+            log(f"prompt cache, kept for other weights or settings: {line}", WARNING)
 
     def _scan(self, folder: Path) -> None:
         found: list[tuple[float, Entry]] = []
@@ -130,16 +160,16 @@ class DiskTier:
             if not p.name.endswith(entry_file.SUFFIX):
                 continue
             try:
-                if not stat.S_ISREG(p.lstat().st_mode):  # a pipe would hang the scan
-                    raise EntryError("not a regular file")
+                odd = cache_files.strange(p, want_folder=False)
+                if odd is not None:  # a pipe would hang the scan, a link lead out of it
+                    raise EntryError(odd)
                 h = entry_file.read_header(p)
                 if h.metadata.get(entry_file.FINGERPRINT) != self.fingerprint:
                     raise EntryError("made under another fingerprint")
-                found.append((p.stat().st_mtime, Entry(h.tokens, h.size, h.trimmable,
-                                                       payload=p.name)))
+                found.append((p.lstat().st_mtime, Entry(h.tokens, h.size, h.trimmable,
+                                                        payload=p.name)))
             except (EntryError, OSError) as e:
-                self.fault("read", e, p)
-                _remove(p)
+                self.fault("read", e, p, done=cache_files.remove(p).text())
         for _, entry in sorted(found, key=lambda f: f[0]):  # mtime: when last used
             if entry.payload != f"{entry.key}{entry_file.SUFFIX}":
                 self._delete(entry)  # a name that is not its tokens' key: not ours
@@ -275,19 +305,21 @@ class DiskTier:
             if why is not None:
                 self.fault("delete", why, self.folder)
 
-    def fault(self, what: str, e: BaseException, where: Path | None = None) -> str:
+    def fault(self, what: str, e: BaseException, where: Path | None = None,
+              done: str = "") -> str:
         """Count a fault and log it once per kind (a full disk would otherwise log every write;
-        each damaged file is a kind of its own)."""
-        errno = e.errno if isinstance(e, OSError) else None
+        each damaged file is a kind of its own), with what was done about it."""
+        number = e.errno if isinstance(e, OSError) else None
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         text = f"cannot {what} {where}: {why}" if where else f"cannot {what}: {why}"
         self.stats.errors += 1
-        kind = f"{what}:{where if what == 'read' else ''}:{errno or why}"
+        kind = f"{what}:{where if what == 'read' else ''}:{number or why}"
         if what == "write" and why.startswith("the disk is nearly full"):
             kind = "write:full"
         if kind not in self._said:
             self._said.add(kind)
-            log(f"prompt cache on disk: {text} (a miss; said once)", WARNING)
+            then = f"; {done}" if done else ""
+            log(f"prompt cache on disk: {text} (a miss{then}; said once)", WARNING)
         return text
 
 
@@ -300,15 +332,10 @@ def _lowest_priority() -> None:
 
 
 def _remove(path: Path) -> OSError | None:
-    """Delete a file, or whatever took its name (a folder: nothing of ours is one)."""
-    try:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-    except OSError as e:
-        return e
-    return None
+    """Delete a file, or whatever took its name (a folder: nothing of ours is one; a link as
+    a link)."""
+    removed = cache_files.remove(path)
+    return OSError(errno.EPERM, removed.text()) if removed.left else None
 
 
 def _touch(path: Path) -> None:

@@ -30,6 +30,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from exod import cache_files
+from exod.paths import PRIVATE, make_dirs
+
 FORMAT_VERSION = 1  # exod's disk entries; a new layout is a new number
 RECORD = ".exod-weights.json"
 RACY = 2.0
@@ -98,8 +101,8 @@ class Records:
 
     def _load(self, record: Path) -> dict[str, Any]:
         if record not in self._read:
-            try:
-                got = json.loads(record.read_text())
+            try:  # a FIFO or a link in its place is not read: the next save replaces it
+                got = json.loads(cache_files.read_regular(record, 64 << 20))
             except (OSError, ValueError):
                 got = {}
             self._read[record] = got if isinstance(got, dict) else {}
@@ -140,7 +143,7 @@ def _hash_file(path: Path, should_stop: Callable[[], bool]) -> str:
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent, PRIVATE)  # the instance's folder (a model's exists: left as it is)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
         tmp.write_text(json.dumps(obj))
