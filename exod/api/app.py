@@ -99,7 +99,8 @@ class ApiServer(Middlewares, ModelList):
         self.max_body = cfg.max_body_kib * 1024
         self._runner: web.AppRunner | None = None
         self.serving = Serving(daemon, Fetcher(Policy(cfg.image_urls, cfg.image_url_timeout,
-                                                      cfg.image_url_allow)))
+                                                      cfg.image_url_allow)),
+                               cfg.max_request_megapixels)
         self.embedder = Embedder(self.serving)
         self.metrics = self.serving.metrics
         # Reasoning handed to clients to send back (exod.api.seal); its key made on first use.

@@ -25,7 +25,7 @@ from exod.api.objects import Reply
 from exod.api.tool_output import streamed_call, whole_call
 from exod.api.schema import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import Daemon
-from exod.core.images import unseen
+from exod.core.images import REQUEST_MEGAPIXELS, pixel_problem, unseen
 from exod.core.system_lines import drop_system_lines
 from exod.core.sizes import format_size
 from exod.daemon.channel import RequestStream, TooLarge
@@ -62,11 +62,15 @@ def without_system_lines(req: GenRequest, prefixes: tuple[str, ...]) -> GenReque
 
 
 class Serving:
-    def __init__(self, sup: Daemon, fetcher: Fetcher) -> None:
+    def __init__(self, sup: Daemon, fetcher: Fetcher,
+                 megapixels: int = REQUEST_MEGAPIXELS) -> None:
+        """`megapixels`: the pixels a request's pictures may have together, in millions
+        (api.max_request_megapixels)."""
         self.sup = sup
         self.traffic = sup.traffic
         self.metrics = Metrics(sup, self.traffic.load)
         self.fetcher = fetcher
+        self.megapixels = megapixels
 
     # ---- one request ------------------------------------------------------------------------
     async def generate(self, request: web.Request, req: GenRequest, limits: Limits,
@@ -122,13 +126,19 @@ class Serving:
     async def _pictures(self, inst: InstanceRuntime, req: GenRequest) -> GenRequest:
         """A request's pictures: refused for a model known not to see (the runner refuses them
         too, when its files do not tell yet), else their URLs fetched (outside any slot: the
-        runner's place is not held while a picture downloads)."""
+        runner's place is not held while a picture downloads), then their pixels together
+        read from their headers, and refused past api.max_request_megapixels before the
+        request takes a place in a queue or the runner decodes any of them."""
         if not req.pictures:
             return req
         if (await self.traffic.capabilities(inst)).vision is False:
             where = req.pictures[0].where
             raise bad_request(unseen(inst.name, where), where)
-        return await self.fetcher.resolve(req)
+        req = await self.fetcher.resolve(req)
+        problem = pixel_problem(req.pictures, self.megapixels)
+        if problem is not None:
+            raise bad_request(*problem, code="image_too_large")
+        return req
 
     async def _relay(self, request: web.Request, req: GenRequest, inst: InstanceRuntime,
                      stream: RequestStream, meter: Meter, out: Output) -> web.StreamResponse:

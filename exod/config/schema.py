@@ -22,6 +22,7 @@ from exod.core.serving import (DEFAULT_KV_GROUP_SIZE, DEFAULT_NUM_DRAFT_TOKENS,
                                DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_PROMPT_CACHE_DISK_BYTES,
                                DEFAULT_QUANTIZED_KV_START)
 from exod.core.names import ALIAS_RE
+from exod.core.images import MAX_IMAGES, MAX_PIXELS, REQUEST_MEGAPIXELS
 from exod.hub.ref import HubRef
 from exod.config.types import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir,
                                Network, Octal, Size)
@@ -823,6 +824,17 @@ class Api:
         default=(),
         metadata=doc("private networks whose pictures may be fetched all the same (an image "
                      "server on the LAN: 10.1.2.0/24), as addresses or networks"),
+    )
+    max_request_megapixels: int = field(
+        default=REQUEST_MEGAPIXELS,
+        metadata=doc("The pixels of a request's pictures together, in megapixels (for models "
+                     "that see), read from each picture's header before the request is queued; "
+                     "past it, a 400 names each picture with its size. Each picture is decoded "
+                     "whole before it is reduced to the model's resolution, so this bounds the "
+                     "time a request's pictures take to decode (about 1 s for 100 megapixels "
+                     "of PNG or WebP on one core, far less of JPEG); a picture alone may have "
+                     "50 megapixels at most.",
+                     minimum=1, maximum=MAX_IMAGES * MAX_PIXELS // 1_000_000),
     )
 
 

@@ -42,9 +42,10 @@ def sees(model_dir: Path) -> str | None:
 
 
 def tower(model_dir: Path) -> Tower | None:
-    """A model that sees: its tower's width and the patches of the largest picture its
-    processor makes (a fixed `image_size`, else the processor's `max_pixels`, else that of a
-    1024 x 1024 picture); None for a model that does not see."""
+    """A model that sees: its tower's width, the patches of the largest picture it sees at once
+    (a fixed `image_size`, else the processor's `max_pixels`, else that of a 1024 x 1024
+    picture), and the pixels of the largest picture its processor makes (a tiling processor's
+    whole, before its tiles: SmolVLM's `longest_edge`); None for a model that does not see."""
     if sees(model_dir) is None:
         return None
     data = config_json(model_dir) or {}
@@ -53,13 +54,16 @@ def tower(model_dir: Path) -> Tower | None:
     hidden = _positive(vision.get("hidden_size")) or 1024
     patch = _positive(vision.get("patch_size")) or 14
     side = _positive(vision.get("image_size"))
-    if side:
-        return Tower(hidden, (side // patch) ** 2)
     pre = config_json(model_dir, "preprocessor_config.json") or {}
     size = pre.get("size")
-    pixels = _positive(pre.get("max_pixels")) or (
-        _positive(size.get("max_pixels")) if isinstance(size, dict) else 0)
-    return Tower(hidden, (pixels or 1024 * 1024) // patch ** 2)
+    size = size if isinstance(size, dict) else {}
+    made = max(_positive(size.get("longest_edge")) ** 2, _positive(size.get("shortest_edge")) ** 2,
+               _positive(size.get("height")) * _positive(size.get("width")))
+    if side:
+        return Tower(hidden, (side // patch) ** 2, max(side * side, made))
+    pixels = _positive(pre.get("max_pixels")) or _positive(size.get("max_pixels")) \
+        or 1024 * 1024
+    return Tower(hidden, pixels // patch ** 2, pixels)
 
 
 def _positive(value: object) -> int:

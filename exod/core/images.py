@@ -1,5 +1,7 @@
 """What an image of a request may be, checked where it is cheap: its bytes on the wire here
-(pure, both ends), its pixels in the runner before any is decoded (exod.runner.vision.images).
+(pure, both ends); the pixels of a request's pictures together in the daemon, read from their
+headers (`dimensions`, `pixel_problem`); each picture's pixels in the runner before any is
+decoded (exod.runner.vision.images).
 
 A `Generate` carries images as base64 text in its JSON frame (exod.messages.Image), and its
 messages place them: a message's content is its text, or a list of parts, each
@@ -18,6 +20,8 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +38,11 @@ MAX_REQUEST_IMAGE_BYTES = 40 * 1024 * 1024
 # refused, however few bytes it takes (a 100-megapixel PNG of one colour is ~100 KB; a
 # decompression bomb claims far more). A 48-megapixel photo passes.
 MAX_PIXELS = 50_000_000
+# Pixels of a request's pictures together (api.max_request_megapixels), read from their headers
+# in the daemon before the request takes its place in a queue: each is decoded whole before it
+# is reduced to the model's resolution (~0.1 s for 10 megapixels of PNG on one core), so this
+# bounds the time a request's decoding takes (exod.runner.vision.images).
+REQUEST_MEGAPIXELS = 100
 
 
 class ImageError(ValueError):
@@ -202,3 +211,152 @@ def image_parts(messages: list[dict[str, Any]]) -> list[str]:
             if isinstance(msg.get("content"), list)
             for j, part in enumerate(msg["content"])
             if isinstance(part, dict) and part.get("type") == "image"]
+
+
+# ---- sizes from headers (the daemon's, before a request is queued) ---------------------------
+class _Short(Exception):
+    """The bytes end before the header says what it must."""
+
+
+def dimensions(raw: bytes) -> tuple[int, int] | None:
+    """A picture's width and height as its header says, as PIL reads them (a GIF's first frame
+    may reach past its screen), from its first bytes; None when they do not say (not a PNG,
+    JPEG, GIF or WebP, or cut short). Pure: no pixel is decoded."""
+    try:
+        if raw.startswith(b"\x89PNG\r\n\x1a\n"):
+            if raw[12:16] != b"IHDR":
+                return None
+            return _need(raw, 24, ">II", 16)
+        if raw.startswith(b"\xff\xd8"):
+            return _jpeg(raw)
+        if raw[:6] in (b"GIF87a", b"GIF89a"):
+            return _gif(raw)
+        if raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+            return _webp(raw)
+    except _Short:
+        return None
+    return None
+
+
+def _need(raw: bytes, end: int, fmt: str, at: int) -> Any:
+    if len(raw) < end:
+        raise _Short
+    return struct.unpack_from(fmt, raw, at)
+
+
+# JPEG's start-of-frame markers (each a coding: baseline, progressive, lossless, arithmetic...).
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def _jpeg(raw: bytes) -> tuple[int, int] | None:
+    """The frame's size from the first start-of-frame segment. Bytes between segments that are
+    no marker are skipped, as PIL skips them."""
+    at = 2
+    while True:
+        if at + 2 > len(raw):
+            raise _Short
+        if raw[at] != 0xFF:
+            at += 1
+            continue
+        marker = raw[at + 1]
+        if marker == 0xFF:  # fill
+            at += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # no length follows
+            at += 2
+            continue
+        if marker in (0xD9, 0xDA):  # the end, or the scan before any frame
+            return None
+        (length,) = _need(raw, at + 4, ">H", at + 2)
+        if marker in _SOF:
+            height, width = _need(raw, at + 9, ">HH", at + 5)
+            return width, height
+        at += 2 + length
+
+
+def _gif(raw: bytes) -> tuple[int, int] | None:
+    """The screen's size, widened by the first frame's extent (as PIL's first frame)."""
+    width, height, flags = _need(raw, 11, "<HHB", 6)
+    at = 13 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0)
+    while True:
+        if at >= len(raw):
+            raise _Short
+        kind = raw[at]
+        if kind == 0x21:  # an extension: a label, then sub-blocks up to an empty one
+            at += 2
+            while True:
+                if at >= len(raw):
+                    raise _Short
+                if raw[at] == 0:
+                    at += 1
+                    break
+                at += 1 + raw[at]
+        elif kind == 0x2C:  # the first frame's descriptor
+            x, y, w, h = _need(raw, at + 9, "<HHHH", at + 1)
+            return max(width, x + w), max(height, y + h)
+        else:
+            return width, height
+
+
+def _webp(raw: bytes) -> tuple[int, int] | None:
+    """The canvas's size from the first chunk (lossy, lossless, or extended)."""
+    chunk = raw[12:16]
+    if chunk == b"VP8 ":
+        if _need(raw, 26, "3s", 23)[0] != b"\x9d\x01\x2a":
+            return None
+        w, h = _need(raw, 30, "<HH", 26)
+        return w & 0x3FFF, h & 0x3FFF
+    if chunk == b"VP8L":
+        if _need(raw, 21, "B", 20)[0] != 0x2F:
+            return None
+        (bits,) = _need(raw, 25, "<I", 21)
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    if chunk == b"VP8X":
+        w0, w1, w2, h0, h1, h2 = _need(raw, 30, "6B", 24)
+        return (w0 | w1 << 8 | w2 << 16) + 1, (h0 | h1 << 8 | h2 << 16) + 1
+    return None
+
+
+# What of a picture's base64 is decoded to find its size: its first bytes (a PNG's, a GIF's and
+# a WebP's size are in them, a JPEG's after its metadata: EXIF, ICC profile), then more.
+HEAD_BYTES = (4096, 256 * 1024, MAX_IMAGE_BYTES)
+
+
+def dimensions_b64(data: str) -> tuple[int, int] | None:
+    """`dimensions` of a picture given as base64 text, decoding as little of it as tells."""
+    for n in HEAD_BYTES:
+        head = data[:encoded_size_bound(n)]  # a whole number of 4-character groups
+        try:
+            found = dimensions(base64.b64decode(head, validate=True))
+        except (binascii.Error, ValueError):
+            return None
+        if found is not None or len(head) == len(data):
+            return found
+    return None
+
+
+def pixel_problem(sources: Sequence[Source], megapixels: int) -> tuple[str, str] | None:
+    """(why, where) when a picture's header claims more than MAX_PIXELS, or the pictures'
+    together more than `megapixels` million (each named with its size); None when they fit, or
+    when a header does not say (the runner reads that picture, and refuses it if it must)."""
+    limit = megapixels * 1_000_000
+    sized: list[tuple[Source, int, int]] = []
+    total, over = 0, None
+    for s in sources:
+        found = dimensions_b64(s.data) if s.data is not None else None
+        if found is None:
+            continue
+        w, h = found
+        if w * h > MAX_PIXELS:
+            return (f"`{s.where}`: the image cannot be used: {w}x{h} pixels is more than the "
+                    f"{MAX_PIXELS // 1_000_000} megapixels a picture may have", s.where)
+        sized.append((s, w, h))
+        total += w * h
+        if over is None and total > limit:
+            over = s.where
+    if over is None:
+        return None
+    shown = ", ".join(f"`{s.where}` {w}x{h}" for s, w, h in sized)
+    return (f"{shown}: {total / 1e6:.1f} megapixels in all, more than the {megapixels} "
+            "megapixels a request's pictures may have together (api.max_request_megapixels)",
+            over)

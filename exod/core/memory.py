@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from exod.core.images import MAX_IMAGES, MAX_PIXELS
 from exod.core.shards import Shard
 from exod.core.sizes import format_size
 
@@ -44,6 +45,21 @@ _VISION = re.compile(r"(?:^|\.)(?:vision_tower|vision_model|visual|multi_modal_p
 FEATURE_CACHE_BYTES = 256 * 2**20
 # Activations a tower layer holds per patch, in hidden sizes (its MLP widens 4x; residuals).
 TOWER_ACTIVATIONS = 8
+# A picture being decoded (exod.runner.vision.images): one at a time, whole, in the mode it is
+# stored in (PIL holds 1 to 4 bytes a pixel), before it is reduced to the model's resolution.
+DECODE_BYTES = MAX_PIXELS * 4
+# Bytes a pixel of a picture takes once decoded at the model's resolution (PIL's RGB), and once
+# the processor has made its arrays of it (float32, 3 channels; Qwen's two frames of a picture:
+# 24 bytes), with their copies while they are made: measured on Qwen2.5-VL's processor at
+# 12.8 megapixels, 64 at the peak and 26 held.
+DECODED_BYTES_PER_PIXEL = 4
+PROCESSED_BYTES_PER_PIXEL = 64
+# The pictures a runner holds at the model's resolution, from a request's reading until the
+# tower has seen them, across requests (exod.runner.vision.images.PictureBudget): room for
+# MAX_IMAGES pictures of the processor's largest size (each decoded up to 4 times that: it is
+# reduced by a whole factor), within these.
+PICTURE_BYTES_MIN = 64 * 2**20
+PICTURE_BYTES_MAX = 2 * 2**30
 
 
 class HeaderError(ValueError):
@@ -80,10 +96,11 @@ class KvSpec:
 @dataclass(frozen=True)
 class Tower:
     """A model's vision tower, as its config.json and its processor's files say: its width,
-    and the patches of the largest picture its processor makes."""
+    and the patches and pixels of the largest picture its processor makes."""
 
     hidden: int
     patches: int
+    pixels: int = 0
 
 
 @dataclass(frozen=True)
@@ -233,8 +250,18 @@ def elem_size(config: dict[str, object], cast_to: str | None) -> int:
 
 
 def vision_bytes(tower: Tower, elem: int) -> int:
-    """A tower's activations for one picture at its largest, and the feature cache."""
-    return TOWER_ACTIVATIONS * tower.patches * tower.hidden * elem + FEATURE_CACHE_BYTES
+    """A tower's activations for one picture at its largest, the feature cache, and the
+    pictures being decoded."""
+    return (TOWER_ACTIVATIONS * tower.patches * tower.hidden * elem + FEATURE_CACHE_BYTES
+            + DECODE_BYTES + picture_budget(tower))
+
+
+def picture_budget(tower: Tower | None) -> int:
+    """Bytes of pictures at the model's resolution a runner holds at once
+    (exod.runner.vision.images.PictureBudget)."""
+    pixels = tower.pixels if tower is not None else 0
+    one = pixels * (4 * DECODED_BYTES_PER_PIXEL + PROCESSED_BYTES_PER_PIXEL)
+    return min(PICTURE_BYTES_MAX, max(PICTURE_BYTES_MIN, MAX_IMAGES * one))
 
 
 def estimate(tensors: list[Tensor], config: dict[str, object], shard: Shard, parallelism: str,

@@ -203,7 +203,7 @@ def test_a_model_that_sees_keeps_its_tower_on_the_first_rank(tmp_path: Path) -> 
     """The tower's blocks are not the language model's layers: a pipeline's first rank holds
     the tower, its projector and their needs (activations, the feature cache), whole."""
     from exod.config.vision import tower
-    from exod.core.memory import FEATURE_CACHE_BYTES, Tower
+    from exod.core.memory import DECODE_BYTES, FEATURE_CACHE_BYTES, Tower, picture_budget
 
     tensors = {"language_model.model.embed_tokens.weight": ("F32", 1000),
                "vision_tower.blocks.3.attn.qkv.weight": ("F32", 4000),
@@ -217,7 +217,7 @@ def test_a_model_that_sees_keeps_its_tower_on_the_first_rank(tmp_path: Path) -> 
         "vision_config": {"hidden_size": 64, "patch_size": 14}}))
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({"max_pixels": 14 * 14 * 50}))
     sight = tower(tmp_path)
-    assert sight == Tower(64, 50)
+    assert sight == Tower(64, 50, 14 * 14 * 50)
     loaded = model_tensors(tmp_path)
     assert sorted(t.name for t in loaded if t.vision) == [
         "multi_modal_projector.linear_1.weight", "vision_tower.blocks.3.attn.qkv.weight",
@@ -227,7 +227,11 @@ def test_a_model_that_sees_keeps_its_tower_on_the_first_rank(tmp_path: Path) -> 
            for s in (first, last)]
     assert est[0].weights == 1000 + 4600 + 2 * 100
     assert est[1].weights == 1000 + 2 * 100  # the head is tied to the embedding
-    assert est[0].vision == 8 * 50 * 64 * 4 + FEATURE_CACHE_BYTES and est[1].vision == 0
+    # The pictures being decoded: one whole at the 50-megapixel cap, and a budget of those held
+    # at the model's resolution (here its floor: the processor makes ~0.01 megapixels).
+    assert picture_budget(sight) == 64 * 2**20
+    assert est[0].vision == (8 * 50 * 64 * 4 + FEATURE_CACHE_BYTES + DECODE_BYTES
+                             + picture_budget(sight)) and est[1].vision == 0
     assert est[0].total == est[0].weights + est[0].kv + est[0].runtime + est[0].vision
     assert "vision" in est[0].describe() and "vision" not in est[1].describe()
     assert tower(Path(tmp_path / "nothing")) is None

@@ -45,6 +45,7 @@ from mlx_lm.models.cache import LRUPromptCache
 
 from exod import messages as m
 from exod.config.schema import GrammarLimits
+from exod.core import memory
 from exod.runner.log import ERR, log
 from exod.runner.serving.loop import NoPromptCache
 from exod.runner.serving import model_checks, tool_calls
@@ -59,7 +60,8 @@ from exod.runner.serving.token_events import done, show_token
 from exod.runner.vision.cache import KeptPrompts, placeholders
 from exod.runner.vision.features import FeatureCache
 from exod.runner.vision.generator import Generator
-from exod.runner.vision.prompt import Seen, read_seen
+from exod.runner.vision.images import PictureBudget, fit_of
+from exod.runner.vision.prompt import Pictures, Seen, read_seen
 from exod.runner.vision.request import Request, Shipped
 from exod.runner.vision.sampling import last_processor
 
@@ -75,13 +77,14 @@ class VisionEngine(NoPromptCache, KeptPrompts):
                  prefill_step: int = 256, grammar_limits: GrammarLimits | None = None,
                  feature_bytes: int = 256 << 20, cache_bytes: int = 0,
                  on_new_generator: Callable[[], None] | None = None,
-                 language_model: Any = None) -> None:
+                 language_model: Any = None, picture_bytes: int | None = None) -> None:
         """`tokenizer`: mlx-lm's wrapper of the model's tokenizer (detokenizer, end tokens,
         tool-call and think markers, as the text runner has them). `on_new_generator`: called
         after each generator is made (it sets Metal's wired limit as it is made; the instance's
         own setting goes back on after it, as in exod.runner.serving.batch_engine).
         `language_model`: what the generator calls in place of the model's own (a group's rank:
-        exod.runner.group.group_model.GroupModel over it)."""
+        exod.runner.group.group_model.GroupModel over it). `picture_bytes`: the pictures it
+        holds at the model's resolution at once (exod.core.memory.picture_budget)."""
         self._on_new_generator = on_new_generator
         self.model, self.processor, self.tokenizer = model, processor, tokenizer
         self.language_model = language_model if language_model is not None \
@@ -91,6 +94,8 @@ class VisionEngine(NoPromptCache, KeptPrompts):
         self.vocab, self.window = sizes(model, tokenizer)
         self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or GrammarLimits())
         self.features = FeatureCache(model, feature_bytes)
+        self.pictures = Pictures(fit_of(processor), PictureBudget(
+            picture_bytes if picture_bytes is not None else memory.picture_budget(None)))
         self.text = TokenText(tokenizer)
         self.placeholders = placeholders(model.config)
         self.cache_bytes = max(0, cache_bytes)
@@ -139,7 +144,7 @@ class VisionEngine(NoPromptCache, KeptPrompts):
 
     def read(self, req: m.Generate) -> Prompt:
         return read_seen(self.processor, self.model.config, self.tokenizer, req, self.vocab,
-                         self.window, self.grammars)
+                         self.window, self.grammars, self.pictures)
 
     def admit(self, req: m.Generate, prompt: Prompt) -> None:
         if not isinstance(prompt, Seen):
@@ -201,6 +206,8 @@ class VisionEngine(NoPromptCache, KeptPrompts):
         except Exception as e:  # noqa: BLE001 -- a family's tower or merge refusing the input
             log(f"seeing {r.rid} failed: {type(e).__name__}: {e}", ERR)
             return [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")]
+        finally:
+            r.seen.let_go()  # its pictures' arrays, for the rest of its life
         self._held[r.rid] = r
         return [m.Prefill(r.rid, 0, r.prompt_tokens)]
 

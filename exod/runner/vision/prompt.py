@@ -1,4 +1,5 @@
-"""A request as a model that sees takes it: its pictures decoded and checked
+"""A request as a model that sees takes it: its pictures' headers read and checked, each and
+together, before any is decoded, then each decoded at the model's resolution, one at a time
 (exod.runner.vision.images), its messages through mlx-vlm's chat template (which knows how each
 family marks an image), the processor's work (each picture into its placeholder tokens and its
 pixel arrays), then the same request rules as text (exod.runner.serving.prepare.read_prompt: the
@@ -16,17 +17,20 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from exod import messages as m
 from exod.core import images as limits
+from exod.core import memory
 from exod.core.request_rules import RequestError
 from exod.runner.serving.grammar import Grammars
 from exod.core import request_rules as rules
 from exod.runner.serving.prepare import read_prompt
 from exod.runner.serving.reading import Prompt
-from exod.runner.vision.images import decode
+from exod.runner.vision.images import (Fit, Hold, Opened, PictureBudget, decode_opened,
+                                       give_back_memory, open_picture)
 
 __all__ = ["Seen", "read_seen"]
 
@@ -35,14 +39,32 @@ __all__ = ["Seen", "read_seen"]
 class Seen(Prompt):
     """A prompt as read (exod.runner.serving.reading.Prompt), and what the model must see with
     it: the processor's outputs (pixels and the family's own arrays; none for text) and the
-    SHA-256 of each picture's bytes, in the order the prompt shows them."""
+    SHA-256 of each picture's bytes, in the order the prompt shows them. `hold`: its share of
+    the runner's PictureBudget, until `let_go` (or until it is dropped)."""
 
     inputs: dict[str, Any] = field(default_factory=dict)
     keys: tuple[str, ...] = ()
+    hold: Hold | None = None
+
+    def let_go(self) -> None:
+        """The tower has seen its pictures: their arrays go, and their share of the budget."""
+        self.inputs.clear()
+        if self.hold is not None:
+            self.hold.release()
+
+
+@dataclass(frozen=True)
+class Pictures:
+    """How a runner decodes pictures: at the size its model's processor makes (`Fit`), within
+    its budget."""
+
+    fit: Fit
+    budget: PictureBudget
 
 
 def read_seen(processor: Any, config: Any, tokenizer: Any, req: m.Generate, vocab: int,
-              window: int | None, grammars: Grammars | None) -> Seen:
+              window: int | None, grammars: Grammars | None,
+              pictures: Pictures | None = None) -> Seen:
     """The request read (RequestError naming the field, a picture's part, at fault)."""
     if req.kind != "chat":  # a completion: plain text, as the text runner reads it
         read = read_prompt(tokenizer, req, vocab, window, grammars)
@@ -51,16 +73,41 @@ def read_seen(processor: Any, config: Any, tokenizer: Any, req: m.Generate, voca
     if req.context_edits:  # they count tokens of a template that has no pictures yet
         raise RequestError("context_management is not supported yet for a model that sees",
                            req.named("context_edits"))
+    how = pictures or Pictures(Fit(), PictureBudget(memory.picture_budget(None)))
     order = [(n, req.named(where)) for n, where in _image_order(req.messages or [])]
-    pictures = [_picture(req.images[n].data, where) for n, where in order]
-    keys = tuple(hashlib.sha256(req.images[n].data.encode()).hexdigest() for n, _ in order)
-    text = _template(processor, config, req)
-    inputs = _process(processor, config, text, pictures)
-    ids = inputs.pop("input_ids")
-    tokens = [int(t) for t in ids[0].tolist()]
-    read = read_prompt(tokenizer, req, vocab, window, grammars, tokens=tokens)
+    opened = [(_checked(open_picture, req.images[n].data, where), where) for n, where in order]
+    hold = _held(how, opened) if opened else None
+    try:
+        decoded = [_checked(decode_opened, o, where, how.fit) for o, where in opened]
+        del opened  # each whole picture went as soon as it was reduced
+        keys = tuple(hashlib.sha256(req.images[n].data.encode()).hexdigest() for n, _ in order)
+        text = _template(processor, config, req)
+        inputs = _process(processor, config, text, decoded)
+        del decoded
+        ids = inputs.pop("input_ids")
+        tokens = [int(t) for t in ids[0].tolist()]
+        read = read_prompt(tokenizer, req, vocab, window, grammars, tokens=tokens)
+    except BaseException:
+        if hold is not None:
+            hold.release()
+        raise
+    finally:
+        if order:
+            give_back_memory()
     return Seen(read.tokens, read.max_tokens, read.constraint, read.args_check,
-                read.applied_edits, inputs=inputs, keys=keys)
+                read.applied_edits, inputs=inputs, keys=keys, hold=hold)
+
+
+def _held(how: Pictures, opened: list[tuple[Opened, str]]) -> Hold:
+    """The pictures' share of the runner's budget, taken before any is decoded (waiting while
+    requests read before hold too much); RequestError naming them when they alone take more."""
+    need = sum(o.cost(how.fit) for o, _ in opened)
+    why = how.budget.problem(need)
+    if why is not None:
+        sizes = ", ".join(f"{where} ({o.width}x{o.height})" for o, where in opened)
+        raise RequestError(f"{sizes}: the request's pictures cannot be used: {why}",
+                           opened[0][1])
+    return how.budget.take(need)
 
 
 def _image_order(messages: list[dict[str, Any]]) -> list[tuple[int, str]]:
@@ -70,9 +117,11 @@ def _image_order(messages: list[dict[str, Any]]) -> list[tuple[int, str]]:
             for j, part in enumerate(msg["content"]) if part.get("type") == "image"]
 
 
-def _picture(data: str, where: str) -> Any:
+def _checked(step: Callable[..., Any], what: Any, where: str, *args: Any) -> Any:
+    """A picture through `step` (open_picture or decode_opened), its ImageError a
+    RequestError naming its part."""
     try:
-        return decode(data)
+        return step(what, *args)
     except limits.ImageError as e:
         raise RequestError(f"{where}: the image cannot be used: {e}", where) from None
 

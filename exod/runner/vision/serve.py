@@ -147,6 +147,7 @@ def first_token(r: Runner, loaded: LoadedVision, group: Group | None) -> None:
 
 
 def run_loop(r: Runner, loaded: LoadedVision, group: Group | None) -> None:
+    from exod.config.vision import tower
     from exod.runner import wired
     from exod.runner.load import ModelError
     from exod.runner.serving.loop import ServeLoop, Ticker
@@ -154,6 +155,8 @@ def run_loop(r: Runner, loaded: LoadedVision, group: Group | None) -> None:
     from exod.runner.vision.group import VisionLeader, follow_vision
 
     spec, opts = r.spec, r.spec.options
+    # What memory admission counted for the pictures held at the model's resolution.
+    picture_bytes = memory.picture_budget(tower(spec.model))
 
     def wired_limit() -> None:
         try:
@@ -166,7 +169,8 @@ def run_loop(r: Runner, loaded: LoadedVision, group: Group | None) -> None:
                             prefill_step=prefill_step, grammar_limits=opts.grammar,
                             feature_bytes=FEATURE_CACHE_BYTES, cache_bytes=cache_bytes,
                             on_new_generator=wired_limit,
-                            language_model=language_model(loaded, group))
+                            language_model=language_model(loaded, group),
+                            picture_bytes=picture_bytes)
 
     wired_limit()
     vocab, window = sizes(loaded.model, loaded.tokenizer)
