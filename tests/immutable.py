@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -14,7 +14,7 @@ import pytest
 
 
 @contextmanager
-def immutable_files() -> Iterator[object]:
+def immutable_files() -> Iterator[Callable[[Path], None]]:
     """Yields `make(path)`: the file at `path` cannot be removed until the block ends (skips
     the test where chattr, root or the filesystem's support is missing)."""
     if shutil.which("chattr") is None or os.geteuid() != 0:

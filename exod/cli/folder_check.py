@@ -15,6 +15,7 @@ from exod import paths
 from exod.config.schema import Config
 from exod.daemon.cache_owner import LOCK, base_folder
 from exod.hub import cache as hub_cache
+from exod.models._io import STAMP_NAME
 
 
 def lines(cfg: Config) -> list[str]:
@@ -51,7 +52,8 @@ def folders(cfg: Config) -> Iterator[tuple[Path, int]]:
     env, euid = os.environ, os.geteuid()
     own = paths.cache_dir()
     yield own, paths.PRIVATE
-    yield from ((p, paths.PRIVATE) for p in _subfolders(own))
+    for p in _subfolders(own):  # a prepared model (the demo's) is readable, as a hub's are
+        yield p, paths.READABLE if (p / STAMP_NAME).exists() else paths.PRIVATE
     state = paths.state_dir()
     systemd_made = "STATE_DIRECTORY" in env or state == paths.SYSTEM_STATE
     yield state, 0o750 if systemd_made else paths.PRIVATE

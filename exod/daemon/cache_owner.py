@@ -46,12 +46,13 @@ class CacheOwner:
         self._busy: dict[Path, str] = {}  # DIR/ID → whose it is, while another exod holds it
 
     def folder(self, c: Instance) -> Path | None:
-        """`c`'s folder, None while another exod holds the folder it is in."""
+        """`c`'s folder, None while another exod holds the folder it is in (or it cannot be
+        made a folder of this daemon's)."""
         base = base_folder(c, self.env, self.config)
         return None if base in self._busy else base / c.name
 
     def busy(self, c: Instance) -> str | None:
-        """Why `c` keeps no disk tier: its folder is another exod's."""
+        """Why `c` keeps no disk tier: its folder is another exod's, or not a folder."""
         return self._busy.get(base_folder(c, self.env, self.config))
 
     def claim(self, instances: Iterable[Instance]) -> None:
@@ -62,23 +63,25 @@ class CacheOwner:
         for base in bases:
             if base in self._held:
                 continue
-            whose = self._lock(base)
-            if whose is None:
+            why = self._lock(base)
+            if why is None:
                 self._busy.pop(base, None)
             elif base not in self._busy:
-                self._busy[base] = whose
-                logger.warning("prompt cache: {} is in use by another exod ({}), started from "
-                               "the same config file: this daemon's instances keep no disk "
-                               "tier there (give one of the two another prompt_cache_dir)",
-                               base, whose)
+                self._busy[base] = why
+                logger.warning("prompt cache: {}: this daemon's instances keep no disk tier "
+                               "there", why)
 
     def _lock(self, base: Path) -> str | None:
-        """Take `base`'s lock; who holds it when another process does, else None (taken, or it
-        cannot be taken at all: then the runners say what is wrong with the folder)."""
+        """Take `base`'s lock; why this daemon may not use it (another process holds it, or
+        what stands there is not a folder and stays), else None (taken, or it cannot be taken
+        at all: then the runners say what is wrong with the folder)."""
         try:
             odd = cache_files.strange(base, want_folder=True)
             if odd is not None:  # exod's own name: what stands there is not followed, removed
-                logger.warning("prompt cache: {}", cache_files.remove(base).text())
+                removed = cache_files.remove(base)
+                logger.warning("prompt cache: {}", removed.text())
+                if not removed.whole:
+                    return f"{base} is {odd}, and it cannot be removed"
             paths.make_dirs(base, paths.PRIVATE)
             fd = os.open(base / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o600)
@@ -92,7 +95,8 @@ class CacheOwner:
                 whose = os.pread(fd, 512, 0).decode(errors="replace").strip() or "?"
             finally:
                 os.close(fd)
-            return whose
+            return (f"{base} is in use by another exod ({whose}), started from the same config "
+                    "file (give one of the two another prompt_cache_dir)")
         except OSError as e:  # a filesystem without locks: nothing shows the folder busy
             os.close(fd)
             logger.warning("prompt cache: cannot lock {}: {}", base, e.strerror or e)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from exod.paths import PRIVATE, make_dirs
+from exod.paths import READABLE, make_dirs
 
 STAMP_NAME = ".exod-model.json"
 
@@ -92,7 +92,7 @@ def build_atomically(
     out_dir = out_dir.absolute()
     if not force and is_complete(out_dir, params):
         return out_dir  # fast path without the lock: the stamp is only ever written complete
-    make_dirs(out_dir.parent, PRIVATE)
+    make_dirs(out_dir.parent, READABLE)  # the demo's: exod's cache, made 0700 before
     with _locked(out_dir.parent / f".{out_dir.name}.lock"):
         if not force and is_complete(out_dir, params):
             return out_dir  # another process built it while we waited
@@ -102,7 +102,7 @@ def build_atomically(
         for stale in out_dir.parent.glob(f".{out_dir.name}.staging-*"):
             shutil.rmtree(stale, ignore_errors=True)
         staging = out_dir.parent / f".{out_dir.name}.staging-{os.getpid()}"
-        make_dirs(staging, PRIVATE)  # the model's folder once published
+        make_dirs(staging, READABLE)  # the model's folder once published: readable, as a hub's
         try:
             build(staging)
             _write_stamp(staging, params)

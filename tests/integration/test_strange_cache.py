@@ -74,7 +74,7 @@ def untouched(outside: Path) -> bool:
 def immutable() -> Iterator[Callable[[Path], None]]:
     """Make a file that even root cannot remove (chattr +i), undone after the test."""
     with immutable_files() as make:
-        yield make  # type: ignore[misc]
+        yield make
 
 
 def hub(d: Daemon) -> Path:

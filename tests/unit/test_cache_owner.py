@@ -13,6 +13,7 @@ from exod import paths
 from exod.config.schema import Instance
 from exod.daemon.cache_owner import LOCK, CacheOwner
 from exod.daemon.cache_commands import clear
+from tests.immutable import immutable_files
 
 
 def inst(tmp_path: Path, name: str = "t", **kw: object) -> Instance:
@@ -74,3 +75,19 @@ def test_a_link_in_place_of_the_daemons_folder_is_removed_as_a_link(tmp_path: Pa
     owner.claim([inst(tmp_path)])
     assert base.is_dir() and not base.is_symlink() and (base / LOCK).exists()
     assert sorted(p.name for p in elsewhere.iterdir()) == ["keep"]
+
+
+def test_a_link_that_cannot_be_removed_leaves_no_disk_tier_there(tmp_path: Path) -> None:
+    config = tmp_path / "exod.yaml"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    base = tmp_path / "shared" / paths.daemon_id(config)
+    base.parent.mkdir()
+    base.symlink_to(elsewhere)
+    t = inst(tmp_path)
+    with immutable_files() as make:
+        make(base.parent)  # nothing in it can be removed: the link stays
+        owner = CacheOwner(config, {})
+        owner.claim([t])
+        assert owner.folder(t) is None and base.is_symlink()
+        assert "is a symlink to" in (owner.busy(t) or "") and list(elsewhere.iterdir()) == []

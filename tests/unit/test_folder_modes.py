@@ -18,6 +18,7 @@ from exod.config.schema import Instance
 from exod.daemon.cache_owner import CacheOwner
 from exod.hub import cache as hc
 from exod.hub.ref import HubRef
+from exod.models._io import STAMP_NAME
 from tests.unit.test_memory import model as tiny_model
 
 UMASKS = [0o022, 0o000, 0o077]
@@ -149,10 +150,12 @@ def test_the_state_cache_and_helper_folders(tmp_path: Path, umask: int,
                          lambda staging: (staging / "config.json").touch())
 
     found = folders_made(tmp_path, made)
-    names = {p.relative_to(tmp_path).as_posix() for p in found}
-    assert {"state", "state/exod", "cache/exod/probe", "cache/exod/imports", "cache/exod/demo",
-            "cache/exod/demo/model", "xdg", "xdg/cache", "xdg/cache/exod"} <= names, names
-    assert set(found.values()) == {0o700}, found
+    modes = {p.relative_to(tmp_path).as_posix(): m for p, m in found.items()}
+    models = {"cache/exod/demo", "cache/exod/demo/model"}  # a prepared model: readable
+    assert {"state", "state/exod", "cache/exod/probe", "cache/exod/imports", "xdg", "xdg/cache",
+            "xdg/cache/exod", *models} <= set(modes), modes
+    assert {m for p, m in modes.items() if p not in models} == {0o700}, modes
+    assert {modes[p] for p in models} == {0o755}, modes
 
 
 def test_the_service_files_and_the_runtime_folder(tmp_path: Path, umask: int) -> None:
@@ -228,6 +231,9 @@ def test_exod_check_names_each_folder_wider_than_its_mode(
     paths.make_dirs(tmp_path / "run", 0o700)
     repo = hc.repo_dir(tmp_path / "hub", HubRef("org/tiny"))
     paths.make_dirs(repo / "blobs", 0o755)
+    demo = tmp_path / "xdg-cache" / "exod" / "demo-model"  # a prepared model: readable
+    paths.make_dirs(demo, 0o755)
+    (demo / STAMP_NAME).write_text("{}")
     assert check() == []  # each as exod makes it
     for folder, wide in ((rank, 0o755), (base, 0o750), (tmp_path / "xdg-state" / "exod", 0o755),
                          (tmp_path / "xdg-cache" / "exod" / "probe", 0o711),
