@@ -810,7 +810,8 @@ class Api:
     image_urls: bool = field(
         default=True,
         metadata=doc("fetch the http(s) URLs of pictures that requests name (for models that "
-                     "see): never from a private, loopback or link-local address, nor through a "
+                     "see): never from an address that is not global (private, loopback, "
+                     "link-local, reserved, an IPv4 one disguised in IPv6), nor through a "
                      "redirect to one; false refuses such a picture (400, naming it): clients "
                      "must then send the bytes (base64)"),
     )
