@@ -63,13 +63,15 @@ def _chmod_folder(folder: Path, mode: int) -> None:
 
 def wider(folder: Path, mode: int) -> str | None:
     """What `exod check` says of a folder of exod's whose mode has bits beyond `mode`; None
-    when it has not (or is missing, or is not a folder)."""
+    when it has not (or is missing, or is not a folder, or is a sticky folder: a shared one
+    such as /tmp, which a config may name for the control socket or the prompt cache, and
+    which exod never made and must not be narrowed)."""
     try:
         st = os.lstat(folder)
     except OSError:
         return None
     have = stat.S_IMODE(st.st_mode)
-    if not stat.S_ISDIR(st.st_mode) or not have & 0o777 & ~mode:
+    if not stat.S_ISDIR(st.st_mode) or have & stat.S_ISVTX or not have & 0o777 & ~mode:
         return None
     return (f"{folder} is mode {have:04o}, wider than the {mode:04o} exod gives it: "
             f"chmod {have & mode:o} {folder}")

@@ -268,3 +268,29 @@ def test_exod_check_names_the_prompt_cache_of_an_older_exod(tmp_path: Path) -> N
     mine = tmp_path / "pc" / paths.daemon_id(cfg) / "t"
     assert f"warning: {tmp_path}/pc/t holds the prompt cache of an older exod, which nothing " \
            f"reads now (this one keeps t's in {mine}): remove it" in out.output, out.output
+def test_exod_check_never_asks_to_narrow_a_shared_sticky_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A control socket (or the prompt cache's base) in a folder such as /tmp: mode 1777 is
+    that folder's own, which exod never made; `chmod 700 /tmp` would break the host."""
+    from click.testing import CliRunner
+
+    from exod.cli.exod import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+    model = tmp_path / "m"
+    model.mkdir()
+    tiny_model(model)
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    cfg = tmp_path / "exod.yaml"
+    cfg.write_text(f"control: {{socket: {shared}/c.sock}}\n"
+                   f"instances:\n  t: {{model: {model}}}\n")
+    out = CliRunner().invoke(main, ["check", "-c", str(cfg)])
+    assert out.exit_code == 0, out.output
+    assert f"{tmp_path}" in out.output  # the check ran on this config
+    assert "wider than" not in out.output, out.output
+    shared.chmod(0o777)  # the same folder, not sticky: a folder exod would make 0700
+    out = CliRunner().invoke(main, ["check", "-c", str(cfg)])
+    assert f"warning: {shared} is mode 0777" in out.output, out.output
