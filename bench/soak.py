@@ -1,45 +1,57 @@
-"""A daemon whose memory stays flat (issue 28): a mixed soak under chaos, measuring the daemon's
-resident memory after warm-up.
+"""An hour of every kind of traffic under chaos (issues 28 and 45): nothing lost, nothing grown.
 
-One daemon serves a tiny tool-template model (its tokens are cheap, so the daemon's own work
-dominates) to `CLIENTS` threads that loop over every kind of request exod serves: chat whole and
+One daemon serves five instances (bench.soak_traffic.Names): tiny tool-template chat models
+(`soak` takes runner chaos, `steady` none), a tiny Qwen2.5-VL that sees, a BERT that embeds and
+a reranker. `CLIENTS` threads loop over every kind of request exod serves: chat whole and
 streamed, forced tool calls, `json_schema`, streamed Messages and Responses, completions,
-refusals (400, 404) and clients that leave mid-stream. Meanwhile a chaos thread kills, freezes
-(past `hang_after`), restarts and reloads the instance in turn.
+Ollama's chat and generate, pictures as data URLs and fetched from a local picture server on an
+address the config allows, embeddings (OpenAI's and Ollama's), rerank, requests that share a
+long prefix (served from the disk tier after each restart), refusals (400, 404) and clients
+that leave mid-stream. Meanwhile bench.soak_chaos kills and freezes runners, restarts and
+reloads instances, fills the prompt cache's disk (a tmpfs: run as root) for a while, and
+restarts the daemon itself twice, at a quarter and at half of the run.
 
-The figure: the daemon's RSS (VmRSS, sampled every `SAMPLE` s) at the end over its level just
-after warm-up, each the median of a window of samples. Goal: at most 1.02x.
+The figures:
+- requests lost: 0 is the goal (bench.soak_traffic says what counts as lost);
+- every instance ready after the chaos stops;
+- the daemon's RSS at the end of each of its lives over its level after that life's warm-up
+  (each the median of a minute of samples): goal <= 1.02x;
+- each instance's runner RSS likewise, whichever runner serves it: goal <= 1.05x;
+- hits of the prompt cache's disk tier.
 
-`EXOD_SOAK_MINUTES` (default 60) sets the length, `EXOD_SOAK_WARMUP` (default a sixth of it)
+`EXOD_SOAK_MINUTES` (default 60) sets the length, `EXOD_SOAK_WARMUP` (default 5, each life's)
 the warm-up, `EXOD_SOAK_CHAOS_EVERY` (default 30 s) the time between two chaos events.
 `EXOD_SOAK_TRACE=1` also runs the daemon under tracemalloc and prints the allocation sites
-that grew most between the end of warm-up and the end; `EXOD_SOAK_TRACE=types` counts the
-daemon's objects by type instead, and what a trim of the heap returns (developers' tools:
-they slow the daemon).
+that grew most between the end of warm-up and the end of its first life; `EXOD_SOAK_TRACE=types`
+counts the daemon's objects by type instead, and what a trim of the heap returns (developers'
+tools: they slow the daemon).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
-import httpx
-
 from bench.common import CACHE, PY, REPO, report, verdict
-from tests.harness import Daemon
+from bench.soak_chaos import Chaos, Disk
+from bench.soak_trace import growth_sites, traced_env, type_growth
+from bench.soak_traffic import TIMEOUT, Load, Names, PictureServer
+from tests.harness import Daemon, free_port
 
 MINUTES = float(os.environ.get("EXOD_SOAK_MINUTES", "60"))
-WARMUP = float(os.environ.get("EXOD_SOAK_WARMUP", str(MINUTES / 6)))
+WARMUP = float(os.environ.get("EXOD_SOAK_WARMUP", "5"))
 TRACE = os.environ.get("EXOD_SOAK_TRACE") == "1"
 TYPES = os.environ.get("EXOD_SOAK_TRACE") == "types"  # object counts by type: cheap
 CLIENTS = 6
@@ -47,17 +59,17 @@ SAMPLE = 5.0  # seconds between RSS samples
 WINDOW = 12  # samples per window (a minute)
 # Seconds between two chaos events (EXOD_SOAK_CHAOS_EVERY).
 CHAOS_EVERY = float(os.environ.get("EXOD_SOAK_CHAOS_EVERY", "30"))
-GOAL = 1.02
+GOAL, RUNNER_GOAL = 1.02, 1.05
+PICTURE_HOST = "127.0.0.2"  # loopback, refused unless allowed: the config allows it
+NAMES = Names()
+DISK_MIB = 64  # the prompt cache's tmpfs
 
-TOOL = {"type": "function", "function": {
-    "name": "add", "description": "Add two numbers",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                    "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}
-SCHEMA = {"type": "object", "properties": {"tags": {"type": "array", "maxItems": 4,
-                                                     "items": {"type": "string",
-                                                               "maxLength": 12}}},
-          "required": ["tags"], "additionalProperties": False}
+
+def made(module: str, root: Path, *families: str) -> dict[str, dict[str, str]]:
+    res = subprocess.run([PY, "-m", module, str(root), *families], capture_output=True,
+                         text=True, check=True, cwd=REPO)
+    out: dict[str, dict[str, str]] = json.loads(res.stdout.strip().splitlines()[-1])
+    return out
 
 
 def tool_model() -> Path:
@@ -74,116 +86,42 @@ def tool_model() -> Path:
     return out
 
 
-# ---- the request mix --------------------------------------------------------------------------
-def _user(i: int) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": f"Request {i}: tell me about {i % 97} cats."}]
+def png() -> bytes:
+    code = ("import io, sys; from tests.models.vision_zoo import picture\n"
+            "b = io.BytesIO(); picture(64, 48, seed=5).save(b, 'PNG')\n"
+            "sys.stdout.buffer.write(b.getvalue())")
+    return subprocess.run([PY, "-c", code], cwd=REPO, check=True, capture_output=True).stdout
 
 
-def requests_mix(i: int) -> tuple[str, dict[str, Any], bool]:
-    """(path, body, streamed) of the i-th request."""
-    kind = i % 10
-    base: dict[str, Any] = {"model": "soak", "max_tokens": 24, "temperature": 0.7, "seed": i}
-    if kind == 0:
-        return "/v1/chat/completions", {**base, "messages": _user(i)}, False
-    if kind == 1:
-        return "/v1/chat/completions", {**base, "messages": _user(i), "stream": True,
-                                        "stream_options": {"include_usage": True}}, True
-    if kind == 2:
-        return "/v1/chat/completions", {**base, "messages": _user(i), "tools": [TOOL],
-                                        "tool_choice": "required", "max_tokens": 64}, False
-    if kind == 3:
-        return "/v1/chat/completions", {**base, "messages": _user(i), "max_tokens": 64,
-                                        "response_format": {"type": "json_schema", "json_schema": {
-                                            "name": "t", "schema": SCHEMA}}}, False
-    if kind == 4:
-        return "/v1/messages", {"model": "soak", "max_tokens": 24, "stream": True,
-                                "system": [{"type": "text", "text": "Be brief.",
-                                            "cache_control": {"type": "ephemeral"}}],
-                                "messages": _user(i)}, True
-    if kind == 5:
-        return "/v1/responses", {"model": "soak", "max_output_tokens": 24, "stream": True,
-                                 "instructions": "Be brief.", "input": f"Question {i}"}, True
-    if kind == 6:
-        return "/v1/completions", {**base, "prompt": f"Once upon a time {i}"}, False
-    if kind == 7:  # a refusal: a field out of range
-        return "/v1/chat/completions", {**base, "messages": _user(i), "temperature": 9}, False
-    if kind == 8:  # an instance that does not exist
-        return "/v1/chat/completions", {**base, "model": f"nobody-{i}", "messages": _user(i)}, \
-            False
-    return "/v1/chat/completions", {**base, "messages": _user(i), "stream": True,
-                                    "max_tokens": 200}, True  # left mid-stream below
+class Models:
+    def __init__(self) -> None:
+        self.tools = str(tool_model())
+        self.eye = made("tests.models.vision_zoo", CACHE / "soak-vision",
+                        "qwen2_5_vl")["qwen2_5_vl"]["path"]
+        embed = made("tests.models.embed_zoo", CACHE / "soak-embed", "bert", "reranker")
+        self.vec, self.rank = embed["bert"]["path"], embed["reranker"]["path"]
 
 
-class Load:
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.stop = threading.Event()
-        self.done = 0
-        self.statuses: dict[int, int] = {}
-        self.lock = threading.Lock()
-
-    def client(self, c: int) -> None:
-        i = c
-        with httpx.Client(base_url=self.url, timeout=120) as http:
-            while not self.stop.is_set():
-                path, body, streamed = requests_mix(i)
-                status = self.one(http, path, body, streamed, leave=i % 10 == 9)
-                with self.lock:
-                    self.done += 1
-                    self.statuses[status] = self.statuses.get(status, 0) + 1
-                i += CLIENTS
-
-    def one(self, http: httpx.Client, path: str, body: dict[str, Any], streamed: bool,
-            leave: bool) -> int:
-        try:
-            if not streamed:
-                return http.post(path, json=body).status_code
-            with http.stream("POST", path, json=body) as r:
-                for n, _ in enumerate(r.iter_lines()):
-                    if leave and n == 3:
-                        break  # the client leaves: the connection closes mid-stream
-                return r.status_code
-        except httpx.HTTPError:
-            return -1
-
-
-# ---- chaos ------------------------------------------------------------------------------------
-def runner_pid(d: Daemon) -> int | None:
-    ranks = d.instance("soak").get("ranks") or []
-    pid = ranks[0].get("pid") if ranks else None
-    return int(pid) if pid else None
-
-
-def chaos(d: Daemon, stop: threading.Event, counts: dict[str, int]) -> None:
-    events = ("kill", "freeze", "restart", "reload")
-    n = 0
-    while not stop.wait(CHAOS_EVERY):
-        what = events[n % len(events)]
-        n += 1
-        pid = runner_pid(d)
-        try:
-            if what == "kill" and pid:
-                os.kill(pid, signal.SIGKILL)
-            elif what == "freeze" and pid:
-                os.kill(pid, signal.SIGSTOP)  # hang_after notices; the ladder ends it
-            elif what == "restart":
-                d.ctl("restart", "soak", check=False, timeout=60)
-            elif what == "reload":
-                d.write_config(config(max_queue=16 + n % 2))
-                d.send_signal(signal.SIGHUP)
-        except (ProcessLookupError, OSError):
-            pass
-        counts[what] = counts.get(what, 0) + 1
-
-
-def config(max_queue: int = 16) -> dict[str, Any]:
+def config(models: Models, port: int, cache: Path, variant: int = 0) -> dict[str, Any]:
+    common = {"restart": "always", "hang_after": "4s", "env": {"OPENBLAS_NUM_THREADS": "1"}}
     return {
+        "api": {"listen": f"127.0.0.1:{port}", "image_url_allow": [f"{PICTURE_HOST}/32"]},
         "defaults": {"stop": {"grace": "3s", "attempts": 1, "interval": "1s"},
                      "start_limit": {"burst": 1000, "interval": "60s"},
                      "backoff": {"initial": "100ms", "max": "1s"}},
-        "instances": {"soak": {"model": str(tool_model()), "max_concurrency": 8,
-                               "max_queue": max_queue, "hang_after": "4s", "restart": "always",
-                               "env": {"OPENBLAS_NUM_THREADS": "1"}}},
+        "instances": {
+            NAMES.chat: {"model": models.tools, "max_concurrency": 8, "max_queue": 16 + variant,
+                         "prompt_cache_dir": str(cache), "prompt_cache_bytes": 16 << 20,
+                         "prompt_cache_disk_bytes": "12MiB", **common},
+            NAMES.steady: {"model": models.tools, "max_concurrency": 8, "max_queue": 16,
+                           "prompt_cache_dir": str(cache), "prompt_cache_bytes": 16 << 20,
+                           "prompt_cache_disk_bytes": "12MiB", **common},
+            NAMES.eye: {"model": models.eye, "max_concurrency": 4, "max_queue": 16,
+                        "prompt_cache_dir": str(cache), "prompt_cache_bytes": 16 << 20,
+                        "prompt_cache_disk_bytes": "12MiB", **common},
+            NAMES.vec: {"model": models.vec, "max_queue": 16, **common},
+            NAMES.rank: {"model": models.rank, "max_queue": 16, **common},
+        },
     }
 
 
@@ -210,135 +148,195 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-TRACER = textwrap.dedent("""
-    import sys
-    if any(a.endswith("exod") for a in sys.orig_argv[:2]) and "run" in sys.orig_argv:
-        import signal, tracemalloc
-        tracemalloc.start(12)
-        def _dump(sig, frame):
-            import os
-            path = os.environ["EXOD_SOAK_SNAPSHOT"] + str(sig)
-            tracemalloc.take_snapshot().dump(path + ".tmp")
-            os.rename(path + ".tmp", path)
-        signal.signal(signal.SIGUSR1, _dump)
-        signal.signal(signal.SIGUSR2, _dump)
-""")
+@dataclass(frozen=True)
+class Sample:
+    t: float  # seconds from the start
+    life: int  # which of the daemon's lives
+    who: str  # "daemon" or an instance's name
+    pid: int
+    rss: int  # KiB
 
 
-COUNTER = textwrap.dedent("""
-    import sys
-    if any(a.endswith("exod") for a in sys.orig_argv[:2]) and "run" in sys.orig_argv:
-        import signal
-        def _count(sig, frame):
-            import collections, gc, json, os
-            gc.collect()
-            counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
-            def rss():
-                for line in open("/proc/self/status"):
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1])
-            counts["~rss_before_trim"] = rss()
-            import ctypes
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-            counts["~rss_after_trim"] = rss()
-            path = os.environ["EXOD_SOAK_SNAPSHOT"] + str(sig)
-            with open(path + ".tmp", "w") as f:
-                json.dump(counts, f)
-            os.rename(path + ".tmp", path)
-        signal.signal(signal.SIGUSR1, _count)
-        signal.signal(signal.SIGUSR2, _count)
-""")
+class Sampler:
+    """The daemon's and each ready runner's RSS every `SAMPLE` s, and the disk tier's hits of
+    each runner (its counters start again with it)."""
+
+    def __init__(self, d: Daemon, chaos: Chaos, t0: float) -> None:
+        self.d, self.chaos, self.t0 = d, chaos, t0
+        self.samples: list[Sample] = []
+        self.disk_hits: dict[int, int] = {}
+        self.maps: dict[str, dict[str, int]] = {}  # the daemon's mappings: "warm", "end"
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(SAMPLE):  # a sampling period, not a synchronisation
+            if self.chaos.daemon_lock.locked():
+                continue  # the daemon is being restarted
+            try:
+                self.once(time.monotonic() - self.t0, len(self.chaos.lives) - 1)
+            except (OSError, ValueError, IndexError, KeyError, StopIteration, TimeoutError):
+                continue  # the daemon went down under the sample
+
+    def once(self, t: float, life: int) -> None:
+        assert self.d.proc is not None
+        pid = self.d.proc.pid
+        self.samples.append(Sample(t, life, "daemon", pid, rss_kib(pid)))
+        if life == 0 and "warm" not in self.maps and t >= WARMUP * 60:
+            self.maps["warm"] = mappings(pid)
+        if life == 0:
+            self.maps["end"] = mappings(pid)
+        for inst in self.d.status()["instances"]:
+            ranks = inst.get("ranks") or []
+            if inst["state"] != "ready" or not ranks or not ranks[0].get("pid"):
+                continue
+            runner = int(ranks[0]["pid"])
+            self.samples.append(Sample(t, life, inst["name"], runner, rss_kib(runner)))
+            cache = (inst.get("serving") or {}).get("prompt_cache") or {}
+            hits = int((cache.get("disk") or {}).get("hits") or 0)
+            self.disk_hits[runner] = max(self.disk_hits.get(runner, 0), hits)
 
 
-def type_growth(folder: Path) -> list[str]:
-    first = json.loads((folder / f"snap-{int(signal.SIGUSR1)}").read_text())
-    last = json.loads((folder / f"snap-{int(signal.SIGUSR2)}").read_text())
-    diff = sorted(((last.get(k, 0) - first.get(k, 0), k) for k in set(first) | set(last)),
-                  reverse=True)
-    return [f"{d:+d} {k} (now {last.get(k, 0)})" for d, k in diff[:20] if d] + [
-        f"objects in all: {sum(first.values())} -> {sum(last.values())}"]
-
-
-def traced_env(folder: Path) -> dict[str, str]:
-    (folder / "sitecustomize.py").write_text(COUNTER if TYPES else TRACER)
-    return {"PYTHONPATH": f"{folder}:{REPO}", "EXOD_SOAK_SNAPSHOT": str(folder / "snap-")}
-
-
-def growth_sites(folder: Path) -> list[str]:
-    import tracemalloc
-    first = tracemalloc.Snapshot.load(str(folder / f"snap-{int(signal.SIGUSR1)}"))
-    last = tracemalloc.Snapshot.load(str(folder / f"snap-{int(signal.SIGUSR2)}"))
-    stats = last.compare_to(first, "traceback")[:12]
+def growth(samples: list[Sample], lives: list[tuple[float, int]], who: str
+           ) -> list[tuple[int, float, float, float]]:
+    """(life, KiB after its warm-up, KiB at its end, minutes between) of each life long
+    enough to hold two windows after its warm-up."""
     out = []
-    for s in stats:
-        out.append(f"{s.size_diff / 1024:+.0f} KiB ({s.count_diff:+d} blocks)")
-        out.extend("    " + line for line in s.traceback.format()[-8:])
+    for life, (start, _) in enumerate(lives):
+        after = [s.rss for s in samples
+                 if s.life == life and s.who == who and s.t >= start + WARMUP * 60]
+        if len(after) >= 2 * WINDOW:
+            span = [s.t for s in samples if s.life == life and s.who == who]
+            out.append((life, statistics.median(after[:WINDOW]),
+                        statistics.median(after[-WINDOW:]), (span[-1] - start) / 60 - WARMUP))
     return out
+
+
+def mount_disk(where: Path) -> Disk | None:
+    """The prompt cache's own small filesystem, to fill on cue; None unless run as root."""
+    where.mkdir(mode=0o700)
+    if os.geteuid() != 0:
+        return None
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MIB}m,mode=0700", "tmpfs",
+                    str(where)], check=True)
+    return Disk(where)
 
 
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="soak-"))
-    env = traced_env(tmp) if TRACE or TYPES else None
+    env = traced_env(tmp, TYPES) if TRACE or TYPES else None
     extra = dict(kv.split("=", 1) for kv in os.environ.get("EXOD_SOAK_ENV", "").split())
-    d = Daemon(config(), env={**(env or {}), **extra}, name="bench-soak")
-    d.start()
-    d.until_state("soak", "ready")
-    assert d.proc is not None
-    pid = d.proc.pid
-    load = Load(d.api_url())
-    threads = [threading.Thread(target=load.client, args=(c,), daemon=True)
-               for c in range(CLIENTS)]
-    counts: dict[str, int] = {}
-    chaos_thread = threading.Thread(target=chaos, args=(d, load.stop, counts), daemon=True)
-    samples: list[tuple[float, int]] = []
-    t0 = time.monotonic()
+    models, port, cache = Models(), free_port(), tmp / "prompt-cache"
+    disk = mount_disk(cache)
+    pictures = PictureServer(PICTURE_HOST, png())
+    data_url = "data:image/png;base64," + base64.b64encode(png()).decode()
+    d = Daemon(config(models, port, cache), env={**(env or {}), **extra}, name="bench-soak")
+    # Tracing follows one daemon: no daemon restarts then.
+    restarts = [] if TRACE or TYPES else [MINUTES * 60 / 4, MINUTES * 60 / 2]
+    chaos = Chaos(d, disk, CHAOS_EVERY, restarts, lambda v: {
+        "control": {"socket": str(d.socket)}, **config(models, port, cache, v)})
     try:
+        d.start()
+        for name in asdict(NAMES).values():
+            d.until_state(name, "ready", timeout=600)
+        load = Load(f"http://127.0.0.1:{port}", NAMES, data_url, pictures.url)
+        t0 = time.monotonic()
+        sampler = Sampler(d, chaos, t0)
+        threads = [threading.Thread(target=load.client, args=(c, CLIENTS), daemon=True)
+                   for c in range(CLIENTS)]
+        threads += [threading.Thread(target=chaos.run, args=(t0,), daemon=True),
+                    threading.Thread(target=sampler.run, daemon=True)]
         for t in threads:
             t.start()
-        chaos_thread.start()
-        traced_first = False
-        maps_warm: dict[str, int] = {}
-        while (elapsed := time.monotonic() - t0) < MINUTES * 60:
-            samples.append((elapsed, rss_kib(pid)))
-            if not maps_warm and elapsed >= WARMUP * 60:
-                maps_warm = mappings(pid)
-            if (TRACE or TYPES) and not traced_first and elapsed >= WARMUP * 60:
-                os.kill(pid, signal.SIGUSR1)
-                traced_first = True
-            time.sleep(SAMPLE)  # a sampling period, not a synchronisation
-        maps_end = mappings(pid)
         if TRACE or TYPES:
-            os.kill(pid, signal.SIGUSR2)
-            written = tmp / f"snap-{int(signal.SIGUSR2)}"
-            deadline = time.monotonic() + 120
-            while not written.exists() and time.monotonic() < deadline:
-                time.sleep(0.1)  # polling for the file the daemon renames into place
-    finally:
+            chaos.stop.wait(WARMUP * 60)
+            assert d.proc is not None
+            d.proc.send_signal(signal.SIGUSR1)
+        chaos.stop.wait(max(0.0, MINUTES * 60 - (time.monotonic() - t0)))  # the run's length
+        sites = traced(d, tmp) if TRACE or TYPES else []
         load.stop.set()
+        chaos.stop.set()
+        sampler.stop.set()
         for t in threads:
-            t.join(130)
-        rows_sites = growth_sites(tmp) if TRACE else type_growth(tmp) if TYPES else []
+            t.join(TIMEOUT + 60)
+        ready = after_chaos(d)
+    finally:
+        if d.log_path.exists():
+            shutil.copy(d.log_path, tmp / "exod.log")  # the daemon's folder goes with it
         d.close()
-    after_warm = [r for t, r in samples if t >= WARMUP * 60][:WINDOW]
-    last = [r for _, r in samples][-WINDOW:]
-    base, end = statistics.median(after_warm), statistics.median(last)
-    ratio = end / base
-    series = " ".join(f"{int(t // 60)}m:{r // 1024}" for t, r in samples[::WINDOW])
-    report("soak: the daemon's memory under a mixed load with chaos", [
-        ("length, warm-up", f"{MINUTES:g} min, {WARMUP:g} min"),
-        ("requests", f"{load.done} ({json.dumps(dict(sorted(load.statuses.items())))})"),
-        ("chaos events", json.dumps(counts)),
-        ("RSS after warm-up, at the end", f"{base / 1024:.1f} MiB, {end / 1024:.1f} MiB"),
-        ("RSS per minute (MiB)", series),
-        ("RSS by mapping, after warm-up -> end (KiB)",
-         ", ".join(f"{k} {maps_warm.get(k, 0)}->{v}" for k, v in sorted(maps_end.items()))),
-        ("growth end / after warm-up", f"{ratio:.3f}x (goal <= {GOAL}x) "
-                                       f"{verdict(ratio <= GOAL)}"),
-    ])
-    if rows_sites:
+        pictures.close()
+        if disk is not None:
+            subprocess.run(["umount", "-l", str(cache)], check=False)
+    figures(load, chaos, sampler, disk is not None, ready)
+    print(f"\nthe daemon's log: {tmp / 'exod.log'}")
+    if chaos.failed:
+        print(f"the chaos thread failed: {chaos.failed}")
+    if sites:
         print("\n== allocation sites that grew most (tracemalloc)")
-        print("\n".join(rows_sites))
+        print("\n".join(sites))
     sys.stdout.flush()
+
+
+def traced(d: Daemon, tmp: Path) -> list[str]:
+    assert d.proc is not None
+    d.proc.send_signal(signal.SIGUSR2)
+    written = tmp / f"snap-{int(signal.SIGUSR2)}"
+    deadline = time.monotonic() + 120
+    while not written.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling for the file the daemon renames into place
+    return growth_sites(tmp) if TRACE else type_growth(tmp)
+
+
+def after_chaos(d: Daemon) -> dict[str, str]:
+    """Each instance's state once the chaos has stopped: ready, or what it was after 5 min."""
+    assert d.proc is not None
+    if d.proc.poll() is not None:
+        return {"daemon": f"exited with {d.proc.returncode}"}
+    out = {}
+    for name in asdict(NAMES).values():
+        try:
+            d.until_state(name, "ready", timeout=300)
+            out[name] = "ready"
+        except AssertionError:
+            out[name] = d.instance(name)["state"]
+    return out
+
+
+def figures(load: Load, chaos: Chaos, sampler: Sampler, full_disk: bool,
+            ready: dict[str, str]) -> None:
+    tally = load.tally
+    rows = [
+        ("length, each life's warm-up", f"{MINUTES:g} min, {WARMUP:g} min; {CLIENTS} clients"),
+        ("requests", f"{tally.done}: {json.dumps(dict(sorted(tally.outcomes.items())))}; "
+                     f"connections refused while the daemon restarted, tried again: "
+                     f"{tally.reconnects}"),
+        ("by kind", "; ".join(f"{k} {dict(v)}" for k, v in sorted(tally.by_kind.items()))),
+        ("refusals' reasons (most common)",
+         "; ".join(f"{n}x {r}" for r, n in tally.reasons.most_common(8))),
+        ("requests lost", f"{tally.outcomes['lost']} (goal 0) "
+                          f"{verdict(tally.outcomes['lost'] == 0)}"),
+        ("chaos events", json.dumps(dict(sorted(chaos.counts.items())))
+         + ("" if full_disk else "; no full disk: it needs root (a tmpfs)")),
+        ("disk-tier hits (runners that hit / runners seen)",
+         f"{sum(sampler.disk_hits.values())} "
+         f"({sum(1 for h in sampler.disk_hits.values() if h)}/{len(sampler.disk_hits)})"),
+        ("every instance ready after", f"{json.dumps(ready)} "
+                                       f"{verdict(all(v == 'ready' for v in ready.values()))}"),
+    ]
+    for who, goal in [("daemon", GOAL), *((n, RUNNER_GOAL) for n in asdict(NAMES).values())]:
+        lives = growth(sampler.samples, chaos.lives, who)
+        worst = max((end / base for _, base, end, _ in lives), default=0.0)
+        rows.append((f"RSS of {who}: after warm-up -> end, by life",
+                     ", ".join(f"life {li}: {base / 1024:.1f} -> {end / 1024:.1f} MiB "
+                               f"over {mins:.0f} min" for li, base, end, mins in lives)
+                     + f"; worst {worst:.3f}x (goal <= {goal}x) "
+                       f"{verdict(bool(lives) and worst <= goal)}"))
+    warm, end = sampler.maps.get("warm", {}), sampler.maps.get("end", {})
+    rows.append(("the daemon's first life, RSS by mapping, after warm-up -> end (KiB)",
+                 ", ".join(f"{k} {warm.get(k, 0)}->{v}" for k, v in sorted(end.items()))))
+    report("soak: an hour of every kind of traffic under chaos", rows)
+    if tally.lost:
+        print("\n== the first requests lost")
+        print("\n".join(tally.lost))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ runner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import os
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 from loguru import logger
 
-from exod.api import address, page
+from exod.api import address, page, stopping
 from exod.api.dialects import anthropic_request as anthropic
 from exod.api.dialects import ollama_embed
 from exod.api.dialects import responses_request as responses
@@ -95,6 +96,8 @@ class ApiServer(Middlewares, ModelList):
         self.cors = CorsPolicy(cfg.cors_origins)
         self.ratelog = RateLimitedLog()
         self.guard = ConnectionGuard(cfg.max_connections, self.ratelog)
+        self._sites: list[GuardedSite] = []
+        self._refusals: list[asyncio.Future[None]] = []  # 503s at a stop, under way
         self._bodies = asyncio.Semaphore(BODY_SLOTS)
         self.max_body = cfg.max_body_kib * 1024
         self._runner: web.AppRunner | None = None
@@ -149,6 +152,7 @@ class ApiServer(Middlewares, ModelList):
         await self._runner.setup()
         for i, (host, port) in enumerate(self.addresses):
             site = GuardedSite(self._runner, host, port, self.guard)
+            self._sites.append(site)
             try:
                 await site.start()
             except OSError as e:
@@ -161,8 +165,30 @@ class ApiServer(Middlewares, ModelList):
         logger.info("HTTP API on {}{}", ", ".join(self.urls),
                     " (bearer token required)" if self.token else "")
 
+    async def stop_listening(self) -> None:
+        """At the daemon's stop: no new connection from now on, and none dropped
+        (exod.api.stopping). Requests under way go on, answered as the instances stop."""
+        answered = 0
+        for site in self._sites:
+            refusals = await site.stop_listening()
+            answered += len(refusals)
+            self._refusals += refusals
+        if self._sites:
+            logger.bind(event="api-closed", answered=answered).info(
+                "HTTP API: no longer listening (exod is stopping); {} connection(s) waiting in "
+                "its backlog answered 503", answered)
+        self._sites.clear()
+
     async def close(self) -> None:
         if self._runner is not None:
+            await self.stop_listening()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + stopping.FIRST_REQUEST
+            if self._runner.server is not None:
+                await stopping.first_requests(list(self._runner.server.connections),
+                                              self.guard.seen, deadline)
+            with contextlib.suppress(TimeoutError):  # each is bounded by READ_S already
+                await asyncio.wait_for(asyncio.gather(*self._refusals), stopping.READ_S + 1)
             await self._runner.cleanup()
             self._runner = None
         await self.serving.fetcher.close()

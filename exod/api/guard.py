@@ -11,11 +11,13 @@ timer, which runs from a connection's start and from each answer, until a reques
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
+from exod.api.stopping import stop_listening
 from exod.daemon.ratelog import RateLimitedLog
 
 REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
@@ -35,6 +37,8 @@ class ConnectionGuard:
     def __init__(self, limit: int, log: RateLimitedLog) -> None:
         self.limit = limit
         self.busy: set[Any] = set()  # transports with a request in progress
+        # Transports that have sent a request: at a stop, the others are given a moment to.
+        self.seen: weakref.WeakSet[Any] = weakref.WeakSet()
         self.evicted = 0
         self.refused = 0
         self._log = log
@@ -88,3 +92,12 @@ class GuardedSite(web.BaseSite):
         self._server = await loop.create_server(self._guard.factory(server), self._host,
                                                 self._port, backlog=self._backlog,
                                                 reuse_address=True)
+
+    async def stop_listening(self) -> list[asyncio.Future[None]]:
+        """Stop taking connections, answering (503) those the backlog holds
+        (exod.api.stopping); what is under way is returned. Once only."""
+        server, self._server = self._server, None
+        if not isinstance(server, asyncio.Server):
+            return []
+        return await stop_listening(server)
+

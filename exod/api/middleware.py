@@ -29,6 +29,7 @@ class Middlewares:
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         transport = request.transport
         self.guard.busy.add(transport)  # a connection with a request in progress is not idle
+        self.guard.seen.add(transport)
         try:
             return await handler(request)
         except ApiError as e:

@@ -309,6 +309,8 @@ class Supervisor(HubSeam, ConfigReload):
         self.loop.create_task(self._finish_shutdown())
 
     async def _finish_shutdown(self) -> None:
+        if self.api is not None:  # no new connection; those made are answered (api.stopping)
+            await self.api.stop_listening()
         await self.procs.wait_empty()
         assert self._done is not None
         self._done.set()
