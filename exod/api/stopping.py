@@ -26,6 +26,9 @@ from typing import Any
 READ_S = 2.0
 MAX_READ = 1 << 20  # bytes of a refused request read at most; past it, answered anyway
 FIRST_REQUEST = 2.0  # seconds a connection taken before the stop has to send its request
+# Connections taken from a backlog at most (twice the backlog exod asks for): a client that
+# keeps connecting cannot hold a stop open.
+MAX_TAKEN = 1024
 MESSAGE = "exod is stopping: the request was not started; send it again in a moment"
 BODY = json.dumps({"error": {"message": MESSAGE, "type": "service_unavailable_error",
                              "param": None, "code": "stopping"}}).encode()
@@ -102,7 +105,7 @@ async def stop_listening(server: asyncio.Server) -> list[asyncio.Future[None]]:
     answers: list[asyncio.Future[None]] = []
     for s in held:
         with s:
-            while True:  # until the backlog is empty; then closed in the same step
+            for _ in range(MAX_TAKEN):  # until the backlog is empty; then closed in one step
                 try:
                     conn, _ = s.accept()
                 except (BlockingIOError, InterruptedError):
