@@ -108,9 +108,7 @@ async def stop_listening(server: asyncio.Server) -> list[asyncio.Future[None]]:
             for _ in range(MAX_TAKEN):  # until the backlog is empty; then closed in one step
                 try:
                     conn, _ = s.accept()
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
+                except OSError:  # BlockingIOError: the backlog is empty
                     break
                 conn.setblocking(False)
                 refusal = Refusal()
