@@ -49,9 +49,12 @@ def test_wheel_and_sdist_install_into_a_fresh_venv(tmp_path: Path) -> None:
     no_test_code(members)
 
     venv = tmp_path / "venv"
-    run(sys.executable, "-m", "venv", "--without-pip", str(venv))
+    # Without the caller's PYTHONPATH (`make test-profile` sets it to the checkout): there pip
+    # found the checkout's exod.egg-info, took exod as installed, and installed no `exod`.
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run(sys.executable, "-m", "venv", "--without-pip", str(venv), env=clean)
     run(sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q",
-        "--no-deps", "--no-index", str(wheel))
+        "--no-deps", "--no-index", str(wheel), env=clean)
     # The CLI's dependencies from this venv (installing them afresh takes minutes), after the
     # fresh venv's own site-packages, so that exod itself comes from the wheel.
     site = next(venv.glob("lib/python*/site-packages"))
