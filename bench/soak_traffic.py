@@ -61,11 +61,13 @@ class Ask:
 @dataclass(frozen=True)
 class Names:
     """The soak's instances: `chat` takes runner chaos; `steady` never does (its runner lives
-    for a daemon's whole life); `eye` sees; `vec` embeds; `rank` reranks."""
+    for a daemon's whole life); `eye` sees, and takes runner chaos, `steady_eye` sees and never
+    does; `vec` embeds; `rank` reranks."""
 
     chat: str = "soak"
     steady: str = "steady"
     eye: str = "eye"
+    steady_eye: str = "eye-steady"
     vec: str = "vec"
     rank: str = "rank"
 
@@ -82,6 +84,7 @@ def _picture(url: str, i: int) -> list[dict[str, Any]]:
 def mix(i: int, n: Names, data_url: str, fetch_url: str) -> Ask:
     """The i-th request: eighteen kinds in turn."""
     base: dict[str, Any] = {"model": n.chat, "max_tokens": 24, "temperature": 0.7, "seed": i}
+    eye = n.eye if (i // 18) % 2 else n.steady_eye  # pictures to each in turn, round by round
     kinds: list[Ask] = [
         Ask("chat", "/v1/chat/completions", {**base, "messages": _user(i)}),
         Ask("chat stream", "/v1/chat/completions", {
@@ -110,9 +113,9 @@ def mix(i: int, n: Names, data_url: str, fetch_url: str) -> Ask:
             "model": n.steady, "prompt": f"Say {i}", "stream": False,
             "options": {"num_predict": 24, "seed": i}}),
         Ask("picture (data)", "/v1/chat/completions", {
-            **base, "model": n.eye, "max_tokens": 12, "messages": _picture(data_url, i)}),
+            **base, "model": eye, "max_tokens": 12, "messages": _picture(data_url, i)}),
         Ask("picture (fetched)", "/v1/chat/completions", {
-            **base, "model": n.eye, "max_tokens": 12, "stream": True,
+            **base, "model": eye, "max_tokens": 12, "stream": True,
             "messages": _picture(f"{fetch_url}?i={i}", i)}, "chat"),
         Ask("embeddings", "/v1/embeddings", {
             "model": n.vec, "input": [f"text {i} {w}" for w in WORDS[: 1 + i % 8]]}),
