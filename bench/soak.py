@@ -211,9 +211,13 @@ def per_process(samples: list[Sample], who: str) -> list[tuple[int, float, float
         mine = [s for s in samples if s.who == who and s.pid == pid]
         after = [s.rss for s in mine if s.t >= mine[0].t + WARMUP * 60]
         if len(after) >= 2 * WINDOW:
-            out.append((pid, statistics.median(after[:WINDOW]),
-                        statistics.median(after[-WINDOW:]), (mine[-1].t - mine[0].t) / 60 - WARMUP))
+            out.append((pid, *_ends(after), (mine[-1].t - mine[0].t) / 60 - WARMUP))
     return out
+
+
+def _ends(after: list[int]) -> tuple[float, float]:
+    """The first and the last window's medians of samples taken after a warm-up."""
+    return statistics.median(after[:WINDOW]), statistics.median(after[-WINDOW:])
 
 
 def growth(samples: list[Sample], lives: list[tuple[float, int]], who: str
@@ -226,8 +230,7 @@ def growth(samples: list[Sample], lives: list[tuple[float, int]], who: str
                  if s.life == life and s.who == who and s.t >= start + WARMUP * 60]
         if len(after) >= 2 * WINDOW:
             span = [s.t for s in samples if s.life == life and s.who == who]
-            out.append((life, statistics.median(after[:WINDOW]),
-                        statistics.median(after[-WINDOW:]), (span[-1] - start) / 60 - WARMUP))
+            out.append((life, *_ends(after), (span[-1] - start) / 60 - WARMUP))
     return out
 
 
@@ -345,10 +348,10 @@ def figures(load: Load, chaos: Chaos, sampler: Sampler, full_disk: bool,
     replaced = {n for names in TARGETS.values() for n in names}  # by runner chaos
     for who, goal in [("daemon", GOAL), *((n, RUNNER_GOAL) for n in asdict(NAMES).values())]:
         lives = growth(sampler.samples, chaos.lives, who)
-        worst = max((end / base for _, base, end, _ in lives), default=0.0)
         said = ", ".join(f"life {li}: {base / 1024:.1f} -> {end / 1024:.1f} MiB over "
                          f"{mins:.0f} min" for li, base, end, mins in lives)
         if who not in replaced:
+            worst = max((end / base for _, base, end, _ in lives), default=0.0)
             ok = bool(lives) and worst <= goal
             rows.append((f"RSS of {who}: after warm-up -> end, by life",
                          f"{said}; worst {worst:.3f}x (goal <= {goal}x) {verdict(ok)}"))
