@@ -479,6 +479,19 @@ def test_a_cancel_frees_the_slot_within_a_step(zoo: Path) -> None:
     assert eng.active == 0 and eng.step() == []
 
 
+def test_an_engine_alone_keeps_nothing_of_the_requests_it_served(zoo: Path) -> None:
+    """A runner alone kept each request's tokens and embeddings for a group's ranks that do not
+    exist (~12 KB a picture: the soak's picture runner grew for an hour). Once served, nothing of
+    a request is held but the prompt cache's entry."""
+    eng = engine(zoo, "qwen2_5_vl", cache_bytes=64 << 20)
+    for _ in range(2):
+        ends = run(eng, [ask([0], f"Picture {i}?") for i in range(3)] + [ask([], "Text?")])
+        assert all(isinstance(e, m.Done) for e in ends.values()), ends
+    assert eng.shipped == [] and eng.active == 0
+    assert not (eng._by_uid or eng._by_rid or eng._ended or eng._waiting or eng._held)
+    assert eng.cache_entries >= 4  # what it keeps on purpose
+
+
 def test_the_text_runner_refuses_pictures_naming_the_part() -> None:
     from exod.runner.serving.prepare import prompt_tokens
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import mlx.core as mx
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
+from exod.runner.prompt_cache import snapshot
 from exod.runner.vision.generator import Generator
 from exod.runner.vision.request import Request
 
@@ -73,7 +73,7 @@ class KeptPrompts:
         for uid, cache in self._gen.kept.items():
             r = self._ended.pop(uid, None)
             if r is not None and cache:
-                mx.async_eval([c.state for c in cache])
+                snapshot.prepare(cache)  # its own arrays: a view would hold the whole batch's
                 self._cache.insert_cache(CACHE_KEY, r.key + r.generated, cache)
         self._gen.kept.clear()
         self._ended.clear()

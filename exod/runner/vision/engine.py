@@ -116,7 +116,10 @@ class VisionEngine(NoPromptCache, KeptPrompts):
         self._gen = self._new_generator()
         self.prompt_tokens = 0
         self.failed_steps = 0  # a group must not go on after one (exod.runner.group.lockstep)
-        # What the requests put into the generator give a group's ranks, until taken.
+        # What the requests put into the generator give a group's ranks, until taken: kept only
+        # on rank 0 of a group (`leads`, set by its VisionLeader, whose every step takes them),
+        # never on a runner alone, where nothing would take them.
+        self.leads = False
         self.shipped: list[Shipped] = []
 
     def _new_generator(self) -> Generator:
@@ -293,7 +296,7 @@ class VisionEngine(NoPromptCache, KeptPrompts):
         self.admit(req, seen)
         given = {"inputs_embeds": mx.zeros((1, len(tokens), width), getattr(mx, dtype)),
                  **features}
-        events = self._insert(self._waiting.pop(req.id), given, cold=not cached, shipped=False)
+        events = self._insert(self._waiting.pop(req.id), given, cold=not cached)
         if any(isinstance(ev, m.Error) for ev in events):
             self.failed_steps += 1
             raise RuntimeError(f"request {req.id} could not go into the generator")
@@ -307,11 +310,11 @@ class VisionEngine(NoPromptCache, KeptPrompts):
 
     # ---- inside ----------------------------------------------------------------------------
     def _insert(self, r: Request, features: dict[str, Any], cold: bool = False,
-                crowded: bool = False, shipped: bool = True) -> list[m.Event]:
+                crowded: bool = False) -> list[m.Event]:
         """A request seen (`features`: its embeddings and what else the language model reads)
         into the generator, from the prompt cache where it holds the prompt's start (never when
-        `cold`; a short hit declined when `crowded`). `shipped`: recorded for a group's ranks
-        (rank 0)."""
+        `cold`; a short hit declined when `crowded`), recorded for a group's ranks when it
+        `leads` them."""
         r.features = None
         tokens = list(r.seen.tokens)
         try:
@@ -329,7 +332,7 @@ class VisionEngine(NoPromptCache, KeptPrompts):
             return [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")]
         r.uid, r.cached_tokens, r.prefilled = uid, cached, cached
         self._by_uid[uid] = self._by_rid[r.rid] = r
-        if shipped:
+        if self.leads:
             self.shipped.append(Shipped(r.rid, tokens, list(r.seen.keys), features, cached))
         self.prompt_tokens += r.prompt_tokens
         return [m.Prefill(r.rid, cached, r.prompt_tokens)]

@@ -41,6 +41,10 @@ class VisionLeader(LeaderEngine):
 
     engine: VisionEngine
 
+    def __init__(self, engine: VisionEngine, group: Group) -> None:
+        super().__init__(engine, group)
+        engine.leads = True  # each step below takes what it ships
+
     def admit(self, req: m.Generate, prompt: Prompt) -> None:
         self.engine.admit(seeded(req), prompt)  # recorded once seen
 
