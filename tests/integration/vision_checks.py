@@ -479,7 +479,7 @@ def test_a_cancel_frees_the_slot_within_a_step(zoo: Path) -> None:
     assert eng.active == 0 and eng.step() == []
 
 
-def test_an_engine_alone_keeps_nothing_of_the_requests_it_served(zoo: Path) -> None:
+def test_an_engine_alone_keeps_nothing_of_its_requests_but_the_cache_it_clears(zoo: Path) -> None:
     """A runner alone kept each request's tokens and embeddings for a group's ranks that do not
     exist (~12 KB a picture: the soak's picture runner grew for an hour). Once served, nothing of
     a request is held but the prompt cache's entry."""
@@ -490,6 +490,8 @@ def test_an_engine_alone_keeps_nothing_of_the_requests_it_served(zoo: Path) -> N
     assert eng.shipped == [] and eng.active == 0
     assert not (eng._by_uid or eng._by_rid or eng._ended or eng._waiting or eng._held)
     assert eng.cache_entries >= 4  # what it keeps on purpose
+    eng.clear_cache()  # exoctl cache clear
+    assert eng.cache_entries == 0
 
 
 def test_the_text_runner_refuses_pictures_naming_the_part() -> None:

@@ -122,8 +122,9 @@ class AsItComes:
 
 
 class NoPromptCache:
-    """The Engine's prompt cache methods for an engine that keeps none (mlx-lm's turn path,
-    the vision engine): nothing behind the requests, nothing to keep at the stop."""
+    """The Engine's prompt cache methods for an engine that keeps none (mlx-lm's turn path), or
+    none on disk (the vision engine, whose RAM entries its own `clear_cache` empties): nothing
+    to warm, nothing behind the requests, nothing to keep at the stop."""
 
     background = False
 

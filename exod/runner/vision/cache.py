@@ -90,6 +90,11 @@ class KeptPrompts:
     def trim_cache(self, entries: int) -> None:
         self._cache.trim_to(n_sequences=entries)
 
+    def clear_cache(self) -> None:
+        """`exoctl cache clear`: every entry (a group's ranks replay it: exod.runner.group.
+        lockstep)."""
+        self._cache.trim_to(n_sequences=0)
+
 
 def _first_picture(tokens: list[int], placeholders: frozenset[int]) -> int:
     """Where a prompt's first picture starts (its length when it shows none)."""

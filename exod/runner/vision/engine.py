@@ -72,7 +72,7 @@ PREFILL_BATCH = 8
 NOT_FOR_THE_LANGUAGE_MODEL = ("attention_mask_4d",)
 
 
-class VisionEngine(NoPromptCache, KeptPrompts):
+class VisionEngine(KeptPrompts, NoPromptCache):  # KeptPrompts' cache first: it keeps one
     def __init__(self, model: Any, processor: Any, tokenizer: Any, *, width: int,
                  prefill_step: int = 256, grammar_limits: GrammarLimits | None = None,
                  feature_bytes: int = 256 << 20, cache_bytes: int = 0,
