@@ -65,13 +65,15 @@ warm: setup-test  ## mlx's kernel cache, the demo model, bytecode: once, before 
 	$(BIN)/python -m tests.warm
 
 setup: $(VENV)/.run-deps
-setup-test: $(VENV)/.test-deps $(AGENTS)/.installed
+# PyPI's packages and npm's agents are fetched side by side (npm waits only for Node).
+setup-test:
+	@$(MAKE) --no-print-directory -j2 $(VENV)/.test-deps $(AGENTS)/.installed
 
-$(AGENTS)/.installed: scripts/agents.sh | $(VENV)/.test-deps
+$(AGENTS)/.installed: scripts/agents.sh | $(VENV)/.system-test
 	scripts/agents.sh
 	touch $@
 
-agents: | $(VENV)/.test-deps  ## update the coding agents the tests drive to npm's newest
+agents: | $(VENV)/.system-test  ## update the coding agents the tests drive to npm's newest
 	scripts/agents.sh
 	touch $(AGENTS)/.installed
 
@@ -91,9 +93,13 @@ $(VENV)/.run-deps: pyproject.toml scripts/system-deps.sh
 	$(BYTECODE) exod
 	touch $@
 
-# The tests cover the optional extras too (vision: mlx-vlm), so the test set-up installs them.
-$(VENV)/.test-deps: $(VENV)/.run-deps
+# Debian's packages the tests need (Node among them), after the run's: one apt at a time.
+$(VENV)/.system-test: scripts/system-deps.sh | $(VENV)/.run-deps
 	scripts/system-deps.sh test
+	touch $@
+
+# The tests cover the optional extras too (vision: mlx-vlm), so the test set-up installs them.
+$(VENV)/.test-deps: $(VENV)/.run-deps $(VENV)/.system-test
 	$(call INSTALL_DEPS,-e '.[test$(comma)vision]')
 	touch $@
 
