@@ -120,9 +120,9 @@ def config(models: Models, port: int, cache: Path, variant: int = 0) -> dict[str
             NAMES.steady: {"model": models.tools, "max_concurrency": 8, "max_queue": 16,
                            "prompt_cache_dir": str(cache), "prompt_cache_bytes": 16 << 20,
                            "prompt_cache_disk_bytes": "12MiB", **common},
+            # A model that sees keeps its prompt cache in RAM only (docs/vision.md).
             **{name: {"model": models.eye, "max_concurrency": 4, "max_queue": 16,
-                      "prompt_cache_dir": str(cache), "prompt_cache_bytes": 16 << 20,
-                      "prompt_cache_disk_bytes": "12MiB", **common}
+                      "prompt_cache_bytes": 16 << 20, **common}
                for name in (NAMES.eye, NAMES.steady_eye)},
             NAMES.vec: {"model": models.vec, "max_queue": 16, **common},
             NAMES.rank: {"model": models.rank, "max_queue": 16, **common},

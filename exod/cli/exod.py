@@ -233,7 +233,7 @@ def cache_lines(cfg: Config) -> list[str]:
     import os
     import shutil
 
-    from exod.config.mlx_options import turn_reason
+    from exod.config.mlx_options import CACHE_KEYS, idle_cache_keys, turn_reason
     from exod.core.sizes import format_size
     from exod.daemon.cache_owner import prompt_cache_folder
 
@@ -243,9 +243,14 @@ def cache_lines(cfg: Config) -> list[str]:
         if turns is not None:
             lines.append(f"prompt cache of {inst.name}: none (served by turns: {turns})")
             continue
+        idle = idle_cache_keys(inst)
+        if idle is not None and idle[0] == CACHE_KEYS:
+            lines.append(f"prompt cache of {inst.name}: none ({idle[1]})")
+            continue
         ram = format_size(inst.prompt_cache_bytes) if inst.prompt_cache_bytes else "off"
-        if not inst.prompt_cache_disk_bytes:
-            lines.append(f"prompt cache of {inst.name}: RAM {ram}, disk off")
+        if idle is not None or not inst.prompt_cache_disk_bytes:
+            lines.append(f"prompt cache of {inst.name}: RAM {ram}, disk off"
+                         + (f" ({idle[1]})" if idle is not None else ""))
             continue
         folder = prompt_cache_folder(inst, os.environ, cfg.path)
         where = next((p for p in (folder, *folder.parents) if p.exists()), folder)

@@ -18,6 +18,7 @@ from exod.config.schema import Instance, RunnerOptions
 
 ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")  # what mlx_lm.lora writes
 
+CACHE_KEYS = ("prompt_cache_bytes", "prompt_cache_disk_bytes", "warm")
 # Which key needs which: written alone it would change nothing.
 _NEEDS = {"kv_group_size": "kv_bits", "quantized_kv_start": "kv_bits",
           "num_draft_tokens": "draft_model"}
@@ -47,15 +48,33 @@ def turn_reason(instance: RunnerOptions) -> str | None:
     return None
 
 
+def idle_cache_keys(instance: Instance) -> tuple[tuple[str, ...], str] | None:
+    """The prompt cache's keys that change nothing for this instance, and why; None when each
+    has its effect (or the model is not fetched yet, and what it is not known)."""
+    turns = turn_reason(instance)
+    if turns is not None:
+        return CACHE_KEYS, f"the instance serves by turns ({turns}), which keeps no prompt cache"
+    if instance.hub is not None:
+        return None
+    from exod.config.embed import encoding
+    from exod.config.vision import sees
+
+    if encoding(instance.model) is not None:
+        return CACHE_KEYS, "an embedding model or a reranker keeps no prompt cache"
+    if sees(instance.model) is not None:
+        return CACHE_KEYS[1:], ("a model that sees keeps its prompt cache in RAM only (no disk "
+                                "tier, no warm prompts yet)")
+    return None
+
+
 def check_mlx_options(instance: Instance, written: Collection[str],
                       platform: str = sys.platform) -> list[Issue]:
     issues = [Issue(key, f"applies only with `{needs}` (it would change nothing alone)")
               for key, needs in _NEEDS.items() if key in written and needs not in written]
-    turns = turn_reason(instance)
-    for key in ("prompt_cache_bytes", "prompt_cache_disk_bytes", "warm"):
-        if turns is not None and key in written and getattr(instance, key):
-            issues.append(Issue(key, f"has no effect here: the instance serves by turns "
-                                     f"({turns}), which keeps no prompt cache; remove it"
+    keys, why = idle_cache_keys(instance) or ((), "")
+    for key in keys:
+        if key in written and getattr(instance, key):
+            issues.append(Issue(key, f"has no effect here: {why}; remove it"
                                      + ("" if key == "warm" else " (or write 0)")))
     if instance.kv_bits is not None and instance.max_kv_size is not None:
         issues.append(Issue("max_kv_size", "cannot go with kv_bits: mlx-lm cannot quantize a "

@@ -226,7 +226,9 @@ class RunnerOptions:
                      "own layers' part, up to this many bytes; a hit needs every rank to hold "
                      "the entry, else it is a miss on every rank. An instance served by turns "
                      "(`kv_bits`, `draft_model`, a family mlx-lm cannot batch) keeps no prompt "
-                     "cache, in RAM or on disk. 0 disables the disk tier.", minimum=0,
+                     "cache, in RAM or on disk; a model that sees keeps its cache in RAM only, "
+                     "and an embedding model or a reranker keeps none (written on such an "
+                     "instance, this key is refused). 0 disables the disk tier.", minimum=0,
                      inherit="prompt_cache_disk_bytes"),
     )
     warm: tuple[Path, ...] = field(
@@ -238,7 +240,8 @@ class RunnerOptions:
                      "optionally `tools` (function tools), or plain text, one system message. "
                      "Its prompt is the model's chat template over those turns without an "
                      "assistant's turn after them, with `chat_template_kwargs`. A file that "
-                     "cannot be read or is no such prompt is a config error."),
+                     "cannot be read or is no such prompt is a config error. Not for a model "
+                     "that sees, an embedding model or a reranker (refused there)."),
     )
     grammar: GrammarLimits = field(
         default_factory=GrammarLimits,

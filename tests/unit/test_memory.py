@@ -165,6 +165,24 @@ def test_exod_check_prints_each_prompt_cache_budget(tmp_path: Path) -> None:
     assert lines[3].startswith("prompt cache of q: none (served by turns: quantized KV cache")
 
 
+def test_exod_check_shows_no_tier_a_model_kind_does_not_keep(tmp_path: Path) -> None:
+    """A model that sees has no disk tier, an encoder no prompt cache: the defaults' budgets
+    are not shown as if they were kept."""
+    from tests.unit.conftest import make_model_dir
+
+    make_model_dir(tmp_path / "eye", {"model_type": "llama", "num_hidden_layers": 4,
+                                      "vision_config": {"depth": 1}})
+    make_model_dir(tmp_path / "vec", {"model_type": "bert", "architectures": ["BertModel"],
+                                      "hidden_size": 64, "max_position_embeddings": 512})
+    lines = [ln for ln in exod_check(tmp_path, (
+        f"instances:\n  eye: {{model: {tmp_path}/eye}}\n  vec: {{model: {tmp_path}/vec}}\n"))
+        if ln.startswith("prompt cache of ")]
+    assert lines == [
+        "prompt cache of eye: RAM 1GiB, disk off (a model that sees keeps its prompt cache in "
+        "RAM only (no disk tier, no warm prompts yet))",
+        "prompt cache of vec: none (an embedding model or a reranker keeps no prompt cache)"]
+
+
 def test_exod_check_warns_about_a_port_base_in_the_ephemeral_range(tmp_path: Path) -> None:
     from click.testing import CliRunner
 

@@ -230,3 +230,40 @@ def test_runner_options_reach_the_runner() -> None:
     assert options_reason(got) is not None and "speculative" in str(options_reason(got))
     assert options_reason(sent(Instance(name="x", model=Path("m")))) is None
     json.dumps(to_wire(sent(Instance(name="x", model=Path("m")))))  # every default is plain
+
+
+EYE = {**LLAMA, "vision_config": {"depth": 1}}
+BERT = {"model_type": "bert", "architectures": ["BertModel"], "hidden_size": 64,
+        "max_position_embeddings": 512}
+
+
+@pytest.mark.parametrize("config, body, expected", [
+    (EYE, "prompt_cache_disk_bytes: 1GiB\n", "4:30: instances.x.prompt_cache_disk_bytes: has no "
+     "effect here: a model that sees keeps its prompt cache in RAM only"),
+    (EYE, "warm: [p.txt]\n", "4:11: instances.x.warm: has no effect here: a model that sees"),
+    (BERT, "prompt_cache_bytes: 1073741824\n", "4:25: instances.x.prompt_cache_bytes: has no "
+     "effect here: an embedding model or a reranker keeps no prompt cache; remove it (or write "
+     "0)"),
+], ids=["vision disk", "vision warm", "encoder RAM"])
+def test_a_prompt_cache_key_a_model_kind_does_not_keep_is_refused(
+        cfg_dir: ConfigDir, config: dict[str, Any], body: str, expected: str) -> None:
+    """A vision runner keeps no disk tier or warm prompts, an encoder no prompt cache at all:
+    such a key written on the instance was accepted and did nothing."""
+    cfg_dir.model("x-model", config)
+    (cfg_dir.root / "p.txt").write_text("a prompt")
+    path = cfg_dir.write("exod.yaml", f"instances:\n  x:\n    model: x-model\n    {body}")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert any(f"exod.yaml:{expected}" in p for p in str(info.value).splitlines()), info.value
+
+
+def test_a_prompt_cache_default_is_not_refused_where_it_does_nothing(cfg_dir: ConfigDir) -> None:
+    cfg_dir.model("eye", EYE)
+    cfg_dir.model("vec", BERT)
+    path = cfg_dir.write("exod.yaml", """\
+        defaults: {prompt_cache_disk_bytes: 2GiB}
+        instances:
+          eye: {model: eye, prompt_cache_bytes: 67108864}
+          vec: {model: vec}
+        """)
+    assert sorted(load_config(path).instances) == ["eye", "vec"]
