@@ -1,12 +1,12 @@
 """The memory the daemon frees goes back to the system, so that its resident size stays flat
 for months.
 
-Measured (`python -m bench soak`): under a mixed load with chaos, the daemon's Python objects
-stay flat, yet its RSS rose ~1.5% in 10 minutes: glibc keeps freed blocks in the middle of its
+Under a mixed load with chaos (`python -m bench soak`; docs/benchmarks.md), the daemon's
+Python objects stayed flat, yet its RSS rose: glibc keeps freed blocks in the middle of its
 heap (request bodies, frames and answers of every size) and returns only the top of it. Its
 `malloc_trim(0)` hands every free page back; macOS's `malloc_zone_pressure_relief` does the same
-for its zones. Trimming a heap of tens of MiB takes well under a millisecond, so the daemon does
-it once a `period` after a busy one, on the seam's clock, and never while idle.
+for its zones. A trim is cheap (docs/benchmarks.md, `soak`), so the daemon does it once a
+`period` after a busy one, on the seam's clock, and never while idle.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """transformers' lazy import table, kept on disk between runner starts.
 
 Every `import mlx_lm` imports transformers, whose package builds its lazy import table by reading
-every source file under transformers/models (3,344 files in transformers 5.24): ~0.7 CPU-seconds,
-over a third of what a runner spends before READY, paid again by every runner of every start.
-The table depends on nothing but those files, so it is kept in the cache directory under a
+every source file under transformers/models: a large share of what a runner spends before READY
+(docs/development.md, Layout; docs/design/runner-start.md), paid again by every runner of every
+start. The table depends on nothing but those files, so it is kept in the cache directory under a
 digest of their names, sizes and modification times (and of the file that holds transformers'
 function), and read back at the next start. Anything wrong with the cache (unwritable,
 unreadable, malformed, a transformers without that function) falls back to transformers' own
@@ -105,7 +105,8 @@ def key(module_path: str, prefix: str | None, logic: Path) -> str:
 @functools.cache
 def tree_digest(root: str) -> str:
     """Every directory's name, and every .py file's name, size and modification time, under
-    root (the files transformers reads); ~40 ms for transformers/models."""
+    root (the files transformers reads): far cheaper than reading them
+    (docs/design/runner-start.md)."""
     h = hashlib.sha256()
     todo = [root]
     while todo:

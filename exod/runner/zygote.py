@@ -1,27 +1,18 @@
 """`python -m exod.runner --zygote-fd N`: a runner's imports done once, then forked per rank.
 
 Every runner imports mlx-lm (with it transformers, huggingface_hub and numpy) and exod's runner
-modules before it can load a layer: ~0.7 CPU-seconds, nearly all of what a small model's rank
-costs before READY, paid again by every rank of every start. The zygote pays it once per daemon.
-It imports what a text runner imports, says it is ready, and then, for each rank the daemon asks
-for, forks twice: the grandchild becomes the runner, set up as an exec'd runner would be (its
-channel and output pipes, a process group of its own, default signal dispositions, the rank's
-environment) and goes on into the runner's `main`; the middle process exits at once, so the
-runner is re-parented to the daemon, which made itself the subreaper of its descendants
-(exod.daemon.zygote). The daemon then reaps the runner and reads its exit code as if it had
-spawned it, and the runner's parent-death signal is the daemon's, as before.
+modules before it can load a layer: nearly all of what a small model's rank costs before READY
+(docs/operating.md, "The zygote"; `python -m bench runner_start`). The zygote imports them once
+per daemon, says it is ready, and for each rank the daemon asks for forks twice: the grandchild
+is set up as an exec'd runner would be and goes on into the runner's `main`; the middle process
+exits at once, so the runner is re-parented to the daemon, its subreaper (exod.daemon.zygote).
 
-Fork is safe here because nothing in the zygote holds state a fork cannot copy: it never runs a
-model, allocates mlx memory or touches a device, and the only threads are OpenBLAS's, which
-stop themselves around a fork (pthread_atfork) and start again in the child when first needed.
-Where that cannot be promised (not Linux: Metal must not be forked; a GPU build of mlx) the
-zygote declines and the daemon execs every runner, as it always could.
-
-A library that reads an environment variable when it is imported reads the zygote's, so the
-daemon forks only runners whose environment is the zygote's but for the two variables it sets
-for people (EXOD_INSTANCE, EXOD_RANK: in the runner's os.environ, not in /proc/PID/environ,
-which shows the environment a process was exec'd with). An instance with an `env:` of its own
-is exec'd.
+Fork is safe because nothing in the zygote holds state a fork cannot copy: it never runs a
+model, allocates mlx memory or touches a device, and its only threads, OpenBLAS's, stop around a
+fork (pthread_atfork). Where that cannot be promised (not Linux: Metal must not be forked; a GPU
+build of mlx) it declines and every runner is exec'd. A library reads the zygote's environment
+at import, so only runners whose environment is the zygote's (but for EXOD_INSTANCE and
+EXOD_RANK, set in os.environ) are forked; an instance with an `env:` of its own is exec'd.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 mlx has no CPU kernel for `mx.fast.scaled_dot_product_attention`: there it runs as its fallback,
 two matmuls around a softmax over every head's queries x keys, and the softmax (an exp per
-score, ~18 ns on one thread) is most of it: about half of the demo model's prefill of 512
-tokens. Heads are independent, so exod.runner.cpu.split's thread allowance also cuts a call's
-heads into a slice per core, each computed by mlx's own function on a CPU stream of its own,
-and joins them. A grouped-query call (fewer key/value heads than query heads) has its keys and
+score, on one thread) is most of it (docs/api.md, "Activations and attention on every core
+during prefill"; `python -m bench split`). Heads are independent, so exod.runner.cpu.split's
+thread allowance also cuts a call's heads into a slice per core, each computed by mlx's own
+function on a CPU stream of its own, and joins them. A grouped-query call has its keys and
 values repeated to one per query head first, so that a slice may end inside a group (the demo
 model's 3 groups of 3 heads cut in two): the same scores, summed in the same order.
 

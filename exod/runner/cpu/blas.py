@@ -1,4 +1,5 @@
-"""OpenBLAS for float32 on Linux CPU: the mlx-cpu wheel's reference BLAS is ~60x slower.
+"""OpenBLAS for float32 on Linux CPU: the mlx-cpu wheel's reference BLAS is many times slower
+(docs/development.md, Set-up).
 
 Loading libopenblas with RTLD_GLOBAL before the first `import mlx` makes mlx resolve its BLAS
 symbols there, with identical results. Must run before mlx is imported.

@@ -1,30 +1,18 @@
 """On a CPU, mlx's normalisations and rotary embedding run fused during decode.
 
-mlx has no CPU kernel for `mx.fast.rope`, `mx.fast.rms_norm` and `mx.fast.layer_norm`: there
-each runs as its fallback, a chain of 5-20 primitive ops (positions, frequencies, cos, sin,
-products, a concatenation...), every one dispatched and written out to memory on its own. A
-decode step runs them two or three times per layer on a single position, where that dispatch
-is most of their cost: 0.2 ms a rope where the layer's matmuls take ~1 ms (demo model).
+mlx has no CPU kernel for `mx.fast.rope`, `mx.fast.rms_norm` and `mx.fast.layer_norm`: each runs
+as its fallback, a chain of small ops dispatched one by one, and on a decode step's one position
+that dispatch is most of their cost. Here each is the same chain under `mx.compile`, with every
+number that depends on the model (eps, 1/width, the rope's scale and frequency exponent) an input
+array rather than a constant, so that one kernel serves every model of a dtype: mlx builds each
+new kernel with the system's C++ compiler, and numbers baked in would build again per model and
+after every service start (PrivateTmp). Only decode shapes go through here: mx.compile keeps an
+entry per input shape, and prefill's matmuls dominate anyway.
 
-Here each is the same chain of ops, written out with every number that depends on the model
-(eps, 1/width, the rope's scale and frequency exponent) as an input array rather than a
-constant, under `mx.compile`: elementwise runs fuse into one kernel, and one kernel serves every
-model of a dtype. mx.compile of mlx's own fallback would bake those numbers into its kernels,
-and on a CPU mlx builds each new kernel with the system's C++ compiler (~0.7 s): per model,
-and again after every service start (PrivateTmp).
-
-Bitwise mlx's results, checked: the first call of each kind (function, dtype, layout, numbers)
-computes both and keeps ours only if every bit agrees; otherwise that kind stays mlx's own
-(tests/integration/test_fused.py checks the whole grid on the installed mlx). Only decode
-shapes (one position per sequence) go through here: mx.compile keeps an entry per input shape,
-so prefill chunks of every length would pile up entries for little gain (their matmuls
-dominate). On Metal these ops are native kernels and nothing changes. EXOD_FUSE=0: off.
-
-Safe against another mlx: the patch is installed only on the mlx versions it was checked
-against (`CHECKED_MLX`), and then only if a self-test passes at once: each patched function,
-called as model code calls it, must return mlx's own result bit for bit, and any exception
-(a changed signature's TypeError included) or difference removes the patch. Either way one log
-line says why mlx's own functions run.
+Bitwise mlx's results: the first call of each kind computes both and keeps ours only if every
+bit agrees; the patch is installed only on the mlx versions it was checked against
+(`CHECKED_MLX`) and after a self-test, else a log line says why. EXOD_FUSE=0: off. docs/api.md,
+"Fused rope and norms on a CPU"; docs/design/runner-cpu.md; `python -m bench fused`.
 """
 
 from __future__ import annotations
@@ -117,10 +105,10 @@ def self_test() -> None:
     result bit for bit; raises on a difference, or whatever a call raises.
 
     It runs with mx.compile off: compiled, these calls made mlx build 12 kernels with the C++
-    compiler (~9 s of CPU at a cold start, which every service start is, with its private
-    /tmp), of which a model's decode used 4. So this checks the signatures and the chains'
-    arithmetic; the compiled kernels are still compared, kind by kind, at their first real
-    call (its verdicts are dropped here so that they are)."""
+    compiler (seconds of CPU at a cold start, which every service start is, with its private
+    /tmp: docs/design/runner-cpu.md), of which a model's decode used 4. So this checks the
+    signatures and the chains' arithmetic; the compiled kernels are still compared, kind by
+    kind, at their first real call (its verdicts are dropped here so that they are)."""
     global _quiet
     _quiet = True
     mx.disable_compile()

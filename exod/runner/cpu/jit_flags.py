@@ -1,28 +1,18 @@
 """On x86-64 Linux, mlx's CPU kernels compiled for the instructions the machine has.
 
-mlx compiles each fused kernel it meets (mx.compile: mlx's and mlx-lm's activations, exod's
-fused decode step, a BERT's GELU) with the `g++` it finds on PATH, as `g++ -std=c++17 -O3 -Wall
--fPIC -shared`. The x86-64 wheel on PyPI is built for the baseline (SSE2), and so is that
-command: every `std::fma` in mlx's SIMD math (a dozen in its exp, more in erf and erfinv) is a
-call into libm. A BERT's GELU costs ~30 ns an element that way, half of an encoder pass over
-one input. mlx's own source adds `-mavx2 -mfma -mf16c` to the command when the library itself is
-built for AVX2; the wheel is not.
+mlx builds each fused kernel it meets (mx.compile) with the `g++` on PATH, and the x86-64
+wheel's command targets the baseline CPU: every `std::fma` in mlx's SIMD exp and erf is a call
+into libm. mlx's own source adds `-mavx2 -mfma -mf16c` only when the library is built for AVX2,
+which the wheel is not. So a runner on a CPU with all three puts a `g++` of its own first on its
+PATH (a two-line script beside its kernels) that passes those flags to the real compiler. The
+bits stay the same (an fma is exact in hardware as in libm; g++'s ISO C++ mode fuses nothing
+the source does not, `-ffp-contract=off` to leave no doubt); `check()` confirms it before the
+model loads and drops the flags otherwise, and `settle` drops them on a GPU.
 
-So a runner on such a machine puts a `g++` of its own first on its PATH (a two-line script
-beside its kernels) that passes those flags, when /proc/cpuinfo lists all three, to the real
-compiler. The results are the same bits: an fma is exact in hardware as in libm, and in ISO C++
-mode (`-std=c++17`) g++ fuses no multiply and add that the source does not write as one
-(`-ffp-contract=off`, passed too, to leave no doubt). `check()` confirms it before the model
-loads, on a kernel of exp, erf and a sigmoid over every float type, and drops the flags
-otherwise; a runner whose mlx computes on a GPU drops them then too (`settle`). A GELU is ~3x
-faster, an encoder pass over one input ~1.3x (`bench jit_flags`).
-
-The kernels built this way live in a cache of their own: the runner's TMPDIR (where mlx keeps
-its kernels, exod.runner.cpu.jit_header) becomes a folder named after the flags, so no other
-mlx program sharing the machine's temporary folder loads them, nor they its. It is made this
-user's alone (0700), and a folder of that name that is not (another user's, a link, open to
-others) is not used: what is there is run.
-`EXOD_JIT_FLAGS=0` leaves the compiler as mlx calls it.
+Those kernels live in a cache of their own (TMPDIR becomes a folder named after the flags), so
+no other mlx program loads them, nor they its; a folder of that name that is not this user's
+alone (0700) is not used, since what is there is run. EXOD_JIT_FLAGS=0: off. docs/api.md, "mlx's
+kernels built for the CPU's instructions"; `python -m bench jit_flags`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,18 @@
 """A precompiled header for mlx's CPU kernels, kept in mlx's own kernel cache.
 
 On CPU, mlx compiles each fused kernel it meets (mx.compile: mlx-lm's activations, exod's fused
-decode step) with `g++ ... -I <mlx's include folder>` into $TMPDIR/mlx/<version>/cpu. Each kernel
-is a few lines, but it includes mlx's kernel preamble, whose SIMD headers take g++ ~0.5 CPU-s
-to parse: nearly all of a kernel's compile, paid again by every kernel (dozens per model on a
-machine's first load of it, each on the critical path of a forward).
+decode step) with `g++ ... -I <mlx's include folder>` into $TMPDIR/mlx/<version>/cpu. Nearly
+all of each compile is g++ parsing mlx's kernel preamble (its SIMD headers), paid again by every
+kernel, each on the critical path of a forward.
 
 g++ uses `X.h.gch` instead of `X.h` when it finds it first on the search path and it was built
 with the same options; a quoted include is searched for first beside the file that includes it.
 So a `mlx/backend/cpu/compiled_preamble.h.gch` in the kernel cache folder is used by every kernel
-compiled there: ~0.15 CPU-s each instead of ~0.55 (`python -m bench jit_header`). It lives in the
-folder mlx names after its version, so an upgraded mlx never meets a header built from another
-version's preamble; g++ checks the rest (its own version, the options) and parses the real
-header whenever the precompiled one does not fit. Built once per machine and mlx version, by
-the first runner that finds it missing (~1.8 CPU-s), before its model's kernels are compiled.
+compiled there. It lives in the folder mlx names after its version, so an upgraded mlx never
+meets a header built from another version's preamble; g++ checks the rest (its own version, the
+options) and parses the real header whenever the precompiled one does not fit. Built once per
+machine and mlx version, by the first runner that finds it missing, before its model's kernels
+are compiled. What it saves and costs: `python -m bench jit_header`, docs/benchmarks.md.
 """
 
 from __future__ import annotations

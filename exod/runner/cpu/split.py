@@ -1,32 +1,18 @@
 """On a CPU, a model's activation functions computed by every core at once.
 
-mlx's CPU backend runs an elementwise op on one thread, and the transcendental ones are slow
-there: erf ~34 ns an element, exp ~18 (x86, mlx 0.32), where an add is under 1. A BERT's GELU
-is therefore ~40% of an encoder pass over one input (a MiniLM-shaped model, 48 positions: 12 of
-29 ms), computed on one core while the other waits; only OpenBLAS's matmuls used both.
-
-An activation is position-wise, so its rows can be cut into one slice per core, each computed
-on a CPU stream of its own (mlx runs each stream on its own thread) and joined again: the same
-op on the same elements, so every bit of the result is the one the whole op gives (checked by
-tests/integration/test_embeddings.py's comparison with mlx-vlm in process). Only activation
-*modules* are wrapped (nn.GELU, nn.SiLU...), found by type in the model's tree: the encoder
-families and vision towers use them; mlx-lm's decoders call theirs as functions and keep them.
-
-Gated MLPs (`down(act(gate(x)) * up(x))`: Llama, Qwen, Mistral, Gemma, and the vision towers
-of Qwen2.5-VL and Pixtral) call their activation as a function, so there the MLP's class is
-swapped for a subclass (the module keeps its object, weights and place in the tree) whose call
-runs the two projections whole, the activation and product a slice per core, and the last
-projection whole. Which function the family applies is found at install, not assumed: each
-candidate (mlx-lm's compiled swiglu, which mlx-vlm's families use too, silu, the GELUs) is
-tried on a random input against the module's own call, and the class is swapped only for one
-whose every bit agrees; otherwise it keeps its call, and `install` says so. Rows are a
-sequence's positions (the next-to-last axis), so a decode step (one position) is never cut:
-prefill and encoders are.
-
-How many cores a pass may use is set per thread (`Splitter.cores`, `Splitter.allow`): where a
-step already runs one pass per core (exod.runner.embed.encoder), each pass keeps its
-activations whole. Small inputs (under MIN_ELEMENTS) stay whole too: a stream's hand-over costs
-tens of microseconds. EXOD_SPLIT=0: off.
+mlx's CPU backend runs an elementwise op on one thread, and its transcendental ones (erf, exp)
+are slow there: activations kept one core busy while only OpenBLAS's matmuls used the others.
+An activation is position-wise, so its rows (a sequence's positions, the next-to-last axis) are
+cut into a slice per core, each computed on a CPU stream of its own and joined again: the same
+op on the same elements, so every bit is the whole op's. Activation modules (nn.GELU, nn.SiLU...)
+are wrapped where found. A gated MLP calls its activation as a function, so its class is
+swapped for a subclass (the module keeps its object and weights) that cuts only the activation
+and product, once the function the family applies is found among the candidates (mlx-lm's
+swiglu, silu, the GELUs) by agreeing with the module's own call on every bit; else it keeps its
+call, and `install` says so. A decode step (one position) and inputs under MIN_ELEMENTS are
+never cut; a thread whose step already runs a pass per core (exod.runner.embed.encoder) keeps
+its passes whole (`Splitter.allow`). EXOD_SPLIT=0: off. docs/api.md, "Activations and attention
+on every core during prefill"; docs/design/runner-cpu.md; `python -m bench split`.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 commands (exod.runner.group.wire) after a handshake (exod.runner.group.handshake).
 
 Why not mx.distributed for these too: the ring backend polls while it waits, so a rank idling
-in `recv` burns ~40-60% of a core, forever, on a service meant to idle for months. A blocking
-TCP read costs nothing. Tensors (hidden states, logits, all_sum) still go through MLX; only the
-"what next" messages, which a worker waits for most of its life, come this way.
+in `recv` burns a good part of a core (`python -m bench group_start`), forever, on a service
+meant to idle for months; a blocking TCP read costs nothing. Tensors still go through MLX;
+only the "what next" messages, which a worker waits for most of its life, come this way.
 
 Rank 0 listens on the control address of its spec (`exod.specs.GroupSpec.control`: its own
 address, one port past the ranks' ports) until every other rank has connected and proved it

@@ -1,28 +1,18 @@
 """Constrained decoding: a request's grammar (a JSON schema, or a forced tool call) compiled by
-llguidance, and applied as a logits processor of that sequence alone, so a batch mixes free and
-constrained requests.
+llguidance and applied to that sequence alone, so a batch mixes free and constrained requests.
+Why llguidance: docs/tools.md, "Why llguidance". The JSON a grammar allows is bounded where the
+client's schema sets no end (exod.runner.serving.json_bounds makes every JSON part of it).
 
-llguidance was chosen on a measurement (docs/tools.md, "Why llguidance"): with the test models'
-tokenizers it compiles a typical tool schema in about a millisecond (it builds its lexer
-lazily) and computes a token's mask in microseconds, and its fuel and size limits refuse a
-hostile schema in milliseconds where others took a minute; it has no dependencies.
-
-The JSON a grammar allows is bounded where the client's schema sets no end (no extra keys,
-numbers of bounded length, no whitespace: exod.runner.serving.json_bounds, which makes every
-JSON part of every grammar).
-
-A grammar is compiled where a request is read (exod.runner.serving.reading: off the serve
-loop's thread), and its first mask computed there too, since that is where the lexer is built:
-the serve loop only ever computes the mask of one more token. Compiled grammars are kept
-(CACHED, least recently used out): agents send the same schema or tool set on every turn, and a
-request whose grammar was seen before gets a copy of it instead of a compile (a 30 KB tool set:
-about 50 ms of CPU, then under one). The copies share the lexer, which llguidance builds a
-state at a time as masks need them: a warm one costs less per token (measured on nested
-objects and tool sets: a quarter to a third less). Its errors are shared too: a copy that runs
-past the step fuel or max_lexer_states ends the copies running beside it on the same grammar
-(the same schema: one client's, as a rule), and the grammar is compiled afresh for the next
-request. Every rank of a group compiles the same grammar from the same request, and the mask is
-a function of the tokens: the same token is chosen on every rank.
+A grammar is compiled, and its first mask computed (where llguidance builds its lexer), where a
+request is read (exod.runner.serving.reading), off the serve loop's thread: the serve loop only
+ever computes the mask of one more token. Compiled grammars are kept (CACHED, least recently
+used out), since agents send the same schema or tool set on every turn: a request whose grammar
+was seen before gets a copy instead of a compile. The copies share the lexer, which llguidance
+builds a state at a time, so a warm one masks for less; its errors are shared too: a copy that
+runs past the step fuel or max_lexer_states ends the copies beside it, and the grammar is
+compiled afresh for the next request. Every rank of a group compiles the same grammar, and the
+mask is a function of the tokens: the same token is chosen on every rank. What each part costs:
+docs/tools.md, "Constrained decoding"; docs/design/constrained-decoding.md.
 """
 
 from __future__ import annotations
@@ -54,21 +44,20 @@ COPIES = 256
 # The token sets llguidance's mask computation takes whole where a lexer state allows all of
 # them, rather than walking the token trie (its "slices"). Its default cuts string characters
 # at 10 and 30: inside a string with a maxLength, fewer characters left than 10 walk every
-# token, which made such a string ~20x a plain one's mask. Cut at 1, 2, 4, 8, 10, 16 and 30,
-# the sets of short tokens stay whole down to the last characters: on bench.agent_constrained's
-# schemas and the demo tokenizer (49k tokens), random walks of allowed tokens, 10-20% less CPU
-# a mask (string array with maxLength 130 -> 121 us, nested objects 74 -> 66, pydantic's 67 ->
-# 53) and the same masks, every bit (tests/integration/slices_checks.py); the tokenizer
-# builds in half the time (0.11 s). Slices only speed the masks up: llguidance checks that a
-# state allows a whole set before taking it.
+# token, many times a plain string's mask. Cut at 1, 2, 4, 8, 10, 16 and 30, the sets of short
+# tokens stay whole down to the last characters, with the same masks, every bit
+# (tests/integration/slices_checks.py; what it saves: docs/design/constrained-decoding.md).
+# Slices only speed the masks up: llguidance checks that a state allows a whole set before
+# taking it.
 _CHAR = r'[^"\\\x00-\x1F\x7F]'  # a JSON string's character, unescaped (llguidance's class)
 SLICES = [r"[\x20\x0A\x0D\x09]+", *(f"{_CHAR}{{1,{n}}}" for n in (1, 2, 4, 8, 10, 16, 30)),
           f"{_CHAR}+"]
 
 
 class Grammars:
-    """Compiles grammars for one model's tokenizer. llguidance's view of the tokenizer is built
-    once, at the first constrained request (about a second for a vocabulary of 32k)."""
+    """Compiles grammars for one model's tokenizer. llguidance's view of the tokenizer, slow to
+    build (docs/design/constrained-decoding.md), is built once, at the first constrained
+    request."""
 
     def __init__(self, tokenizer: Any, vocab: int, limits: GrammarLimits) -> None:
         self.tokenizer, self.vocab = tokenizer, vocab

@@ -1,24 +1,18 @@
 """The logits a decode step normalises, caught on their way into mlx-lm's log-softmax, so that
 the step's grammar masks can wait for the forward pass alone (exod.runner.serving.mask_round).
 
-Why: on a CPU, a step's forward pass runs its large matmuls on OpenBLAS's threads, one per core,
-each with a fixed share of the work. A grammar's masks computed beside them take a core from
-one of those threads, and the matmul waits for its slowest share: 1.2 ms of masks cost ~1.2 ms
-of the step whatever core they ran on (a spin of that length on the stepping thread cost 14% of
-an 8-row step of bench.agent_constrained's model; a sleep of that length, nothing). The
-log-softmax over the vocabulary that follows (mlx-lm's `logits - logsumexp(logits)`) runs on
-mlx's stream thread alone, with OpenBLAS's threads idle: 5 ms a step for 8 rows of a 49k
-vocabulary on that machine, 2.5 ms a row of Qwen's 152k. Masks computed there take a core
-nobody needs.
+Why: on a CPU, a forward pass runs its large matmuls on OpenBLAS's threads, one per core, each
+with a fixed share of the work, and a matmul waits for its slowest share: masks computed beside
+it take a core from one of those threads and lengthen the step by about their own time. The
+log-softmax that follows (mlx-lm's `logits - logsumexp(logits)`) runs on mlx's stream thread
+alone, with OpenBLAS's threads idle: masks computed then take a core nobody needs (measured:
+docs/design/constrained-decoding.md).
 
-mlx-lm hands the batch sampler only the log-softmax's result, so `mx.logsumexp` is wrapped,
-once per runner and only on a CPU (on a GPU the forward pass needs no core, and the masks are
-best computed beside all of it): while a step is armed (`arm`, before each
-BatchGenerator.next()), the wrapper keeps its last input on this thread. `take` gives it back
-when it has the step's shape, else None. Nothing else changes: the wrapper returns mlx's own
-result, and what is caught only decides when the stepping thread waits. If mlx-lm ever
-normalises otherwise, nothing is caught and the masks are computed beside the forward pass,
-as before. EXOD_LOGITS_TAP=0: off.
+mlx-lm hands the batch sampler only the log-softmax's result, so `mx.logsumexp` is wrapped, once
+per runner and only on a CPU (on a GPU the forward needs no core): while a step is armed (`arm`),
+the wrapper keeps its last input on this thread, and `take` gives it back when it has the
+step's shape. It returns mlx's own result: what is caught only decides when the stepping thread
+waits (if mlx-lm normalises otherwise, the masks go beside the forward). EXOD_LOGITS_TAP=0: off.
 """
 
 from __future__ import annotations

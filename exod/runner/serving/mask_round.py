@@ -1,37 +1,18 @@
 """A decode step's grammar masks, computed for every constrained row at once and applied to the
 batch's logprobs in one pass (exod.runner.serving.batch_sampler calls `apply`).
 
-A mask needs the token just chosen. As a logits processor, a grammar read it from the context
-mlx-lm hands each processor, a new lazy op: from the second row on it queued behind the whole
-forward the first row had started, and the masks were computed one row after another with the
-forward done and a core idle. At 8 clients that cost 20-40% of the tokens/s.
-
-Here, in order:
-1. The step's forward pass is handed to mlx first: it queues behind the tokens chosen at the
-   step before, so the model never waits on this thread. (Reading those tokens first, then
-   starting the forward, left it idle for the read and the matchers' bookkeeping; on a GPU it
-   starts at once, on a CPU mlx's async_eval returns when most of the graph is under way.)
-2. The batch sampler kept the array of those tokens, already scheduled: reading it queues
-   nothing. Each row consumes its token. Then llguidance's executor computes every row's next
-   mask, on this thread:
-   - on a CPU, once the forward pass is done, while mlx runs the log-softmax over the
-     vocabulary on one thread (exod.runner.serving.logits_tap says why and how: masks
-     computed beside the forward's matmuls took a core from one of OpenBLAS's threads, and the
-     matmul waited for it). In process, 8 rows of bench.grammar_paths's model, two runs each:
-     0.886x and 0.898x of free decoding for a string array with maxLength (0.811x and 0.837x
-     beside the matmuls), 0.910x and 0.915x for nested objects (0.868x, 0.875x), 0.919x and
-     0.910x for pydantic's schema (0.893x, 0.882x); served, docs/benchmarks.md;
-   - on a GPU, with fewer logits than SOFTMAX_COVERS, or where the log-softmax's input is not
-     caught, beside the whole step.
-3. The masks are applied by one compiled mlx kernel that reads llguidance's words (a bit per
-   token) beside the logprobs and keeps a logprob where its bit is set, -inf elsewhere (a
-   minimum with +inf or -inf: a select branched on every element, `_allowed` says why): one
-   pass over the batch, and 4 bytes a 32 tokens to copy into mlx. Before, a float matrix (0 or
-   -inf per token) was made with numpy, copied into mlx and added: ~0.6 ms of CPU a step for 8
-   rows of a 49k vocabulary, where llguidance's masks take 0.6-1.4 ms (`python -m bench
-   grammar_paths`: the kernel 0-4% ahead of the matrix in tokens/s). A vocabulary that is not a
-   multiple of 32 wide (none of the families here), or a kernel that does not give the
-   matrix's result at its first call (it is checked there, every bit), keeps the matrix.
+As each row's logits processor, a grammar read the token just chosen as a new lazy op, queued
+behind the forward the row before had started: the masks were computed one row after another
+with the forward done and a core idle. Here, in order (docs/design/constrained-decoding.md):
+1. the step's forward pass is handed to mlx first, behind the tokens chosen at the step before
+   (kept by the batch sampler, already scheduled), so the model never waits on this thread;
+2. each row consumes its token and llguidance's executor computes every row's next mask on this
+   thread: on a CPU once the forward is done, while mlx runs the log-softmax (why:
+   exod.runner.serving.logits_tap); on a GPU, below SOFTMAX_COVERS, or where the log-softmax's
+   input is not caught, beside the whole step;
+3. one compiled kernel (`_allowed`) reads llguidance's words (a bit a token, 4 bytes a 32 tokens
+   to copy into mlx) and masks the logprobs in one pass; a vocabulary not a multiple of 32 wide,
+   or a kernel not bitwise the float matrix (`_added`) at its first call, keeps the matrix.
 """
 
 from __future__ import annotations
@@ -49,10 +30,9 @@ from exod.runner.log import WARNING, log
 Sampler = Callable[[mx.array], mx.array]  # mlx-lm's: logprobs in, tokens out
 FREE = np.uint32(0xFFFFFFFF)  # a free row's words: every token allowed
 # The masks wait for the forward pass and go beside the log-softmax only when it has at least
-# this many logits (4 rows of a 49k vocabulary, ~2.6 ms on the 2-core test machine): the wait
-# leaves the next step's graph to be built after the forward, which a short log-softmax does
-# not cover. Served, 1 client of bench.agent_constrained's model (49k): 0.77-0.82x of free
-# decoding waiting, 0.84-0.88x not; 8 clients: waiting is the better (docstring, 2.).
+# this many logits (4 rows of a 49k vocabulary): the wait leaves the next step's graph to be
+# built after the forward, which a short log-softmax does not cover. At 1 client not waiting is
+# the better, at 8 waiting (docs/design/constrained-decoding.md).
 SOFTMAX_COVERS = 4 * 49152
 
 
@@ -161,10 +141,9 @@ def _allowed(logprobs: mx.array, words: mx.array, shifts: mx.array) -> mx.array:
     fused elementwise kernel, the same for every shape (it has none of its own). A minimum with
     +inf (kept) or -inf (refused), not a select: mlx's select on a CPU branches on each element,
     and a grammar's allowed tokens lie scattered over the vocabulary (inside a JSON string,
-    every token without a quote or backslash), so the branch mispredicts: 1.7 ms for 8 rows of
-    a 49k vocabulary with random bits, 0.35 ms with none set, on the 2-core x86 test machine.
-    The minimum takes 0.48 ms whatever the bits (`python -m bench grammar_paths`; 0.26-0.36 ms
-    with a runner's kernel flags, exod.runner.cpu.jit_flags). The result is the matrix's sum
+    every token without a quote or backslash), so the branch mispredicts: several times slower
+    with scattered bits than with none set, where the minimum takes the same time whatever the
+    bits (`python -m bench grammar_paths`; docs/benchmarks.md). The result is the matrix's sum
     for every logprob but +inf (refused: -inf here, NaN there) and the sign of a zero, neither
     of which a log-softmax gives."""
     bound = (((words >> shifts) & 1).astype(mx.float32) * 2 - 1) * mx.inf  # +inf or -inf
@@ -180,7 +159,8 @@ _BYTES = np.where(np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1,
 def _matrix(words: np.ndarray, width: int) -> np.ndarray:
     """The masks as a matrix to add: 0 where a row's word allows the token, -inf elsewhere.
     Made from the words' bytes by one lookup (each byte picks its 8 floats from a table of
-    256 rows): half the CPU of unpacking each row's bits and choosing between 0 and -inf."""
+    256 rows): cheaper than unpacking each row's bits and choosing between 0 and -inf
+    (docs/benchmarks.md, `grammar_paths`)."""
     packed = words.view(np.uint8)
     out = np.empty((*packed.shape, 8), dtype=np.float32)
     np.take(_BYTES, packed, axis=0, out=out)
