@@ -2,18 +2,15 @@
 converter), written once: never importing from the working directory.
 
 `python -m MODULE` puts the folder it starts in first on sys.path, so a folder that holds an
-`exod/`, an `mlx/` or even a `runpy.py` (a checkout, a download folder, someone else's
-directory) would be imported in place of the installed code. So every child runs in safe-path
-mode (`-P`, Python 3.11+), and in a folder exod owns, never the daemon's working directory.
-posix_spawn cannot set a child's working directory, hence a bootstrap of a few lines (`-c`)
-in place of `-m`: it changes to that folder, then runs the module as `-m` would
-(runpy.run_module). On Python 3.10, which has no `-P`, its first line drops the entry `-c` puts
-there, before anything is imported. `-I` is not used: it would also drop PYTHONPATH and the
-user's site-packages, which an operator (or `pip install --user`) may rely on.
-
-An explicit PYTHONPATH is the operator's choice and keeps its meaning: its relative entries are
-made absolute from the daemon's own working directory, and its empty ones (which Python reads
-as "the working directory", most often a stray colon) are dropped.
+`exod/`, an `mlx/` or even a `runpy.py` would be imported in place of the installed code. So
+every child runs in safe-path mode (`-P`, Python 3.11+), and in a folder exod owns. posix_spawn
+cannot set a child's working directory, hence a bootstrap of a few lines (`-c`) in place of
+`-m`: it changes to that folder, then runs the module as `-m` would (runpy.run_module). On
+Python 3.10, which has no `-P`, its first line drops the entry `-c` puts there, before anything
+is imported. `-I` is not used: it would also drop PYTHONPATH and the user's site-packages, which
+an operator (or `pip install --user`) may rely on. An explicit PYTHONPATH keeps its meaning: its
+relative entries are made absolute from the daemon's working directory, and its empty ones
+(read as "the working directory", most often a stray colon) are dropped.
 """
 
 from __future__ import annotations

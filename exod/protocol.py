@@ -7,14 +7,12 @@ talks to carries the same objects one per line instead (see `exod.control_messag
 
 Messages: frozen dataclasses whose `type` ClassVar names them on the wire (the `tag` key,
 "type" unless a wire says otherwise). `to_wire` turns one into its JSON object, `from_wire`
-turns an object back into one of the classes a receiver allows, checking every field (its
-type, required, no unknown keys; nested messages, lists and optional fields alike; a choice
-among its Literal's values, of their type) before anyone acts on it: ProtocolError for anything
-else, never another exception. Paths travel as text, tuples as lists; the config schema's own
-classes travel so too (a runner's options, exod.specs).
+turns an object back into one of the classes a receiver allows, checking every field (its type,
+required, no unknown keys, nested messages and Literal choices alike) before anyone acts on it:
+ProtocolError for anything else, never another exception. Paths travel as text, tuples as
+lists, the config schema's own classes too (a runner's options, exod.specs).
 
-JSON, not pickle: a peer must never be able to make us execute anything.
-Shared by every process; imports nothing heavy.
+JSON, not pickle: a peer must never be able to make us execute anything. Imports nothing heavy.
 """
 
 from __future__ import annotations

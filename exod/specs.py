@@ -1,15 +1,10 @@
 """What each child process of exod starts from, and the questions put to the short-lived ones.
 
-A child's command line holds its channel's descriptor alone (`--channel-fd N`: a socketpair
-carrying `exod.protocol` frames). The child says `Hello` with its protocol version first
-(`exod.messages`); once the parent has checked the version, its first frame is one of these,
-checked field by field on arrival like every message, and versioned too:
-
-- a runner (`python -m exod.runner`): `RunnerSpec`, from the daemon;
-- a fetcher (`python -m exod.hub`): `FetchSpec`, from the daemon; or `PlanAsk` from `exod
-  check`, answered by one `Planned` (or `Failed`, the refusal);
-- the split probe (`python -m exod.runner.split.probe`): `ProbeAsk`, answered by one
-  `ProbeAnswer`.
+A child's command line holds its channel's descriptor alone (`--channel-fd N`). The child says
+`Hello` with its protocol version first (`exod.messages`); once the parent has checked it, its
+first frame is one of these, checked field by field like every message, and versioned too: a
+runner's `RunnerSpec`; a fetcher's `FetchSpec`, or `PlanAsk` from `exod check`, answered by one
+`Planned` (or `Failed`); the split probe's `ProbeAsk`, answered by one `ProbeAnswer`.
 
 What a runner reads of its instance's settings travels as the schema's own class
 (`exod.config.schema.RunnerOptions`), and the other fields that come from the config are typed

@@ -1,22 +1,7 @@
-"""The HTTP server (aiohttp, inside the daemon's event loop) and its routes.
-
-    GET  /                     the status page to a browser (static HTML: no data, no token
-                               needed), "Ollama is running" to others (HEAD too)
-    GET  /status.json          what the status page shows (exod.api.page)
-    GET  /health               the daemon is alive (never needs the token)
-    GET  /ready                200 when every autostart instance is ready, else 503 naming them
-    GET  /metrics              Prometheus text format (exod.api.metrics)
-    GET  /v1/models            every instance, with its state
-    GET  /v1/models/{model}
-    POST /v1/chat/completions  chat template applied by the runner; stream or not
-    POST /v1/completions       raw prompt
-    POST /v1/messages          Anthropic Messages (exod.api.dialects: an adapter over chat)
-    POST /v1/messages/count_tokens
-    POST /v1/responses         OpenAI Responses, stateless (an adapter over chat)
-    POST /v1/embeddings        an embedding model's vectors (exod.api.embedding)
-    POST /v1/rerank            a reranker's scores, in the Jina/Cohere shape
-    /api/*                     Ollama's API (exod.api.ollama; /api/embed and /api/embeddings
-                               here, by exod.api.dialects.ollama_embed)
+"""The HTTP server (aiohttp, inside the daemon's event loop) and its routes: OpenAI's API
+(`/v1/...`; Anthropic Messages and OpenAI Responses are adapters over chat, exod.api.dialects),
+Ollama's (`/api/*`: exod.api.ollama), `/health`, `/ready`, `/metrics` (exod.api.metrics) and the
+status page (`/`, `/status.json`: exod.api.page). Every endpoint: docs/api.md, "Endpoints".
 
 A request goes to an instance only while it is `ready` (for a multi-rank instance: every rank
 is; an on-demand instance is started by the request, which waits in the queue while it loads),

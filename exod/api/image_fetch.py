@@ -3,19 +3,15 @@ so that a request goes to the runner with every picture's bytes. Only bytes: the
 decodes a picture (the runner does, exod.runner.vision.images).
 
 A URL from a client must not reach what the daemon can reach and the client cannot (SSRF):
-- an address that is not global unicast is refused, by the one rule of every fetch made for a
-  client, which the audio fetcher must ask too (exod.core.addresses: private, loopback,
-  link-local, shared, reserved, multicast, and every IPv4-in-IPv6 form unwrapped), whether
-  the URL names it, a name resolves to it or a redirect leads there, unless the operator
-  allows it (`api.image_url_allow`);
-- the connection goes to the very addresses that were checked: the resolver that checks them
-  is the one aiohttp connects through, with no DNS cache (a name that answers a public address
-  to the check and a private one to the connection, DNS rebinding, has no second answer to
-  give);
+- an address that is not global unicast is refused by exod.core.addresses (the one rule of every
+  fetch made for a client), whether the URL names it, a name resolves to it or a redirect leads
+  there, unless the operator allows it (`api.image_url_allow`);
+- the connection goes to the very addresses that were checked: the resolver that checks them is
+  the one aiohttp connects through, with no DNS cache, so DNS rebinding has no second answer;
 - redirects are followed here, a few at most, each checked as the first URL was;
 - no proxy from the environment (it would connect where the check did not look).
-A picture is capped in bytes (refused as soon as it says or shows more) and in time (the whole
-fetch, redirects included). Every failure is a 400 naming the picture's part.
+A picture is capped in bytes and in time (the whole fetch, redirects included). Every failure
+is a 400 naming the picture's part. docs/vision.md, "Pictures by URL".
 """
 
 from __future__ import annotations

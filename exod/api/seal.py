@@ -4,17 +4,14 @@
 back to the prompt; one exod did not make (another server's, or altered) opens to nothing, and
 the dialect reports it ignored.
 
-A seal is `exod1.` + the text (zlib, base64url) + `.` + its HMAC-SHA256 (base64url): opaque to
-clients and integrity-protected, not secret (the reasoning is the client's own answer). The key
-is 32 random bytes in the state directory (`reasoning.key`, mode 0600), made on first use and
-kept across restarts, so a restart loses nothing; where it cannot be kept, a key of the
-process's own serves, and seals made before a restart no longer open.
-
-zlib gives back up to a thousand times what it was given: the seal of a model's looping
-reasoning is a few dozen bytes, and one request may send it back thousands of times. So the
-seals of one request (`Seals`) together open to at most `most` bytes, what the request body
-could have held as plain text (api.max_body_kib), and none is unpacked past what is left: the
-seal that goes over is the client's error, named.
+A seal is `exod1.` + the text (zlib, base64url) + `.` + its HMAC-SHA256 (base64url): opaque and
+integrity-protected, not secret (the reasoning is the client's own answer). The key is kept in
+the state directory (`reasoning.key`), so a restart loses nothing; where it cannot be kept, a
+key of the process's own serves, and seals made before a restart no longer open. zlib gives
+back up to a thousand times what it was given, and one request may send a seal back thousands
+of times, so the seals of one request (`Seals`) together open to at most `most` bytes, what the
+body could have held as plain text (api.max_body_kib): the seal that goes over is the client's
+error, named. docs/api.md, "Anthropic Messages and OpenAI Responses".
 """
 
 from __future__ import annotations

@@ -8,14 +8,11 @@ scores (a cross-encoder reranker), or text (chat and completions). Never by a li
   whose only use is its hidden states).
 - Anything else is a chat model (mlx-lm's runner, or the vision runner for a model that sees).
 
-How vectors are made comes from the same files: the pooling mode (the Pooling module's config),
-normalisation (a Normalize module), a Dense head after pooling, the longest input
-(sentence_bert_config.json, the tokenizer's `model_max_length`, the position table), the vector
-size, and the sizes a vector may be cut to (config.json's `matryoshka_dimensions`, or
-`is_matryoshka`: the keys vLLM and SGLang read). Both kinds run on mlx-vlm's encoder models (the
-extra `exod[vision]`); exod.runner.embed serves them.
-
-Reads files only: the daemon and the CLI never import mlx-vlm.
+How vectors are made comes from the same files (pooling, normalisation, a Dense head, the
+longest input, the vector's size and the sizes it may be cut to): docs/embeddings.md, "What an
+instance serves: the model's own files". Both kinds run on mlx-vlm's encoder models (the extra
+`exod[vision]`; exod.runner.embed serves them), but this module reads files only: the daemon
+and the CLI never import mlx-vlm.
 """
 
 from __future__ import annotations

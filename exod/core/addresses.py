@@ -4,25 +4,15 @@ every address its name resolves to and every redirect's, before connecting; the 
 must use it too, and so must any later fetch made for a client. Pure: no socket, no resolver.
 
 Only global unicast is fetched. An IPv4 address in IPv6 clothes is unwrapped first, and the
-IPv4 it carries named in the refusal:
-- IPv4-mapped (::ffff:0:0/96): the socket connects to that IPv4 address itself, so it is judged
-  as itself, and the operator's allow-list applies to it as to the bare address;
-- 6to4 (2002::/16), Teredo (2001::/32: its server and its de-obfuscated client) and NAT64's
-  well-known prefix (64:ff9b::/96): a relay or translator delivers to the IPv4 address carried,
-  so each is refused when what it carries is not global, and fetched when it is (64:ff9b::808:808
-  reaches 8.8.8.8, which a client could name directly);
-- IPv4-compatible (::/96, deprecated by RFC 4291), IPv4-translated (::ffff:0:0:0/96, RFC 2765,
-  obsolete) and NAT64's local-use prefix (64:ff9b:1::/48, RFC 8215: not globally reachable, and
-  where its IPv4 sits depends on the local translator's prefix length, read here as a /96) are
-  refused whatever they carry.
-Then a named range refuses it (loopback, private, shared, link-local, site-local, unique-local,
-multicast, documentation, benchmarking, reserved...), then anything outside IPv6's global
-unicast space (2000::/3), then anything `ipaddress` does not call global.
-
-The operator's allow-list (`api.image_url_allow`) wins where an allowed network holds the
-address as written, or the IPv4 address of an IPv4-mapped one. A tunnel's or translator's IPv4
-is reached in the relay's network, not the operator's: an allowed 10.1.2.0/24 does not allow
-64:ff9b::a01:203; the operator allows that address (or 64:ff9b::/96) by name.
+IPv4 it carries named in the refusal: IPv4-mapped is judged as that IPv4 address itself (the
+socket connects to it); 6to4, Teredo and NAT64's well-known prefix are refused when what they
+carry is not global, since a relay delivers to it; the deprecated and local-use forms are
+refused whatever they carry. Then named ranges, anything outside IPv6's global unicast space
+(2000::/3), and anything `ipaddress` does not call global. The operator's allow-list
+(`api.image_url_allow`) wins where one of its networks holds the address as written, or an
+IPv4-mapped one's IPv4: a tunnel's or translator's IPv4 is reached in the relay's network, not
+the operator's, so only its IPv6 form allows it. Every prefix and range: docs/vision.md,
+"Pictures by URL".
 """
 
 from __future__ import annotations

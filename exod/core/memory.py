@@ -2,20 +2,14 @@
 
 Read from the safetensors headers only (an 8-byte little-endian length, then that much JSON
 naming each tensor's dtype and byte range): no weight is read, so a 100 GB model is estimated
-in milliseconds. A rank holds
-  - the tensors of the layers it owns (a pipeline rank) or its 1/world part of every layer
-    (tensor parallelism), plus the non-layer tensors it uses (embeddings on the first rank, and
-    on the last when the head is tied; the head on the last; norms everywhere);
-  - in the dtype it runs in: `auto` is float32 on a CPU, so bfloat16 and float16 weights
-    double; integer tensors (quantized weights) keep their size;
-  - KV cache headroom for `max_concurrency` generations of `context_tokens` each (at most
-    `max_kv_size`, a rotating cache), in the size a `kv_bits` cache takes once quantized;
-  - a draft model of speculative decoding, whole, with its own KV cache;
-  - for a model that sees, on the first rank only (the vision tower runs there, exod.runner.
-    vision): the tower and its projector (their weights), its activations for the largest
-    picture its processor makes, and the feature cache (the tower's outputs kept by picture);
-  - the runtime itself (Python, mlx, the tokenizer).
-Pure, apart from reading headers.
+in milliseconds. A rank holds the tensors it owns (its layers in a pipeline, its 1/world part of
+every layer in tensor parallelism, and the non-layer tensors it uses) in the dtype it runs in
+(`auto` is float32 on a CPU, so bfloat16 and float16 weights double; quantized weights keep
+their size); KV cache headroom for `max_concurrency` generations of `context_tokens` each, in
+the size a `kv_bits` cache takes; a draft model, whole, with its own KV cache; for a model that
+sees, on the first rank only, the vision tower and projector, its activations for the largest
+picture and the feature cache; and the runtime itself. Pure, apart from reading headers.
+docs/operating.md, "Memory admission".
 """
 
 from __future__ import annotations

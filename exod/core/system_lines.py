@@ -2,18 +2,14 @@
 per-request or per-session text that an agent writes atop its system prompt for its own vendor,
 which changes what the prompt cache can reuse and nothing the model needs.
 
-Why not match around it: the KV of every token after a changed line depends on that line (each
-layer past the first attends to it), so no entry made before the change serves the tokens after
-it exactly. The prompt cache matches exact token prefixes only (exod.runner.prompt_cache.index),
-and a line that changes near the top voids the rest. The remedy is on the prompt's side, and it
-is the operator's choice: off unless configured, documented in docs/prompt-cache.md.
-
-Claude Code's case (the reason this exists): its first system block is one line,
-`x-anthropic-billing-header: cc_version=V.XYZ; cc_entrypoint=...;`, where XYZ is a hash of
-three characters of the session's first prompt, so each new session's system prompt differs at
-its start. Dropped here, the prompt is the one Claude Code itself sends when
-`CLAUDE_CODE_ATTRIBUTION_HEADER=0` turns the line off: a dropped line takes the blank lines
-after it (or, last, those before it) with it, as a block never sent would have.
+Why not match around it: the KV of every token after a changed line depends on that line, so no
+entry made before the change serves the tokens after it exactly, and the prompt cache matches
+exact token prefixes only (exod.runner.prompt_cache.index). The remedy is on the prompt's side,
+and it is the operator's choice: off unless configured, documented in docs/prompt-cache.md.
+Claude Code's case, the reason this exists, is there too (its billing line differs in every
+session): dropped here, the prompt is the one Claude Code itself sends when
+`CLAUDE_CODE_ATTRIBUTION_HEADER=0` turns the line off, since a dropped line takes the blank
+lines after it (or, last, those before it) with it, as a block never sent would have.
 
 Pure text: no I/O.
 """

@@ -1,20 +1,17 @@
 """The daemon's end of one child's channel (a runner's, or a fetcher's): typed messages both
 ways, requests by id.
 
-Frames (`exod.protocol`) carry `exod.messages`. The child says Hello first; once its version
+Frames (`exod.protocol`) carry `exod.messages`: the child says Hello first; once its version
 matches, the daemon's first frame is the child's start-up spec (`exod.specs`), and only then
-whatever was queued for it. Daemon → runner: Generate (or Embed), Cancel, Shutdown. Runner →
-daemon: lifecycle reports (Status, Progress, Ready, Failed, Heartbeat, Stopping), handed to
-`on_message`; and per request, in order, Text (or Vectors) events ending with Done or Error,
-delivered to that request's `RequestStream`. What a child says is checked against its own
-union (`decode`: a runner's messages, or a fetcher's).
+whatever was queued for it. Lifecycle reports go to `on_message`; a request's events, in order
+and ending with Done or Error, to that request's `RequestStream`. What a child says is checked
+against its own union (`decode`: a runner's messages, or a fetcher's).
 
-The channel is an asyncio stream (`open_unix_connection(sock=...)`) read by one task, with a
-frame-size limit. A frame that is not a valid message, a version other than ours, or anything
-before Hello is a protocol error: logged once, reported to `on_broken` (which ends the runner
-through the ladder), and nothing more is read. It never raises into the event loop. When the
-runner goes away (end of stream, or its exit is reaped), every open request gets a final
-Error event, so no request ever waits for a runner that is gone.
+The channel is an asyncio stream read by one task, with a frame-size limit. A frame that is not
+a valid message, a version other than ours, or anything before Hello is a protocol error:
+logged once, reported to `on_broken` (which ends the runner through the ladder), and nothing
+more is read; it never raises into the event loop. When the runner goes away, every open
+request gets a final Error event, so no request ever waits for a runner that is gone.
 """
 
 from __future__ import annotations

@@ -3,21 +3,11 @@
 One channel per runner: the socketpair it inherits (`--channel-fd`, the only thing on its
 command line), carrying `exod.protocol` frames. Each frame holds one JSON object whose `type`
 names a dataclass of this package (`lifecycle`, `events`, `work`); its other keys are that
-dataclass's fields, checked by `exod.protocol.from_wire` (types, required, no unknown keys)
-before either end acts on them. A runner's first message is `Hello`, whose `version` must
-equal `VERSION`; the daemon's first is the runner's start-up spec (`exod.specs.RunnerSpec`), sent
-once the version matched.
-
-Runner → daemon, lifecycle: Hello, Status, Progress, Ready, Failed, Heartbeat, Stopping;
-and Serving, the engine's figures, whenever the number of generations in flight changes.
-Runner → daemon, work (one stream per request id, in order, ending with Done or Error):
-Prefill (while the prompt goes through the model, before the first Text), Text, ToolCall,
-Done, Error; for an Embed, Vectors then Done.
-Daemon → runner: Generate (an embedding or reranker model: Embed), Cancel, Shutdown, ClearCache.
-Fetcher (`python -m exod.hub`, on the same kind of channel, started by `exod.specs.FetchSpec`)
-→ daemon: Hello, Status, Download, Failed, Fetched, Stopping. Daemon → fetcher: Shutdown.
-Each end checks what it reads against its own union: a fetcher's message from a runner (or a
-runner's from a fetcher) is a protocol error.
+dataclass's fields, checked by `exod.protocol.from_wire` before either end acts on them. A
+runner's first message is `Hello`, whose `version` must equal `VERSION`; the daemon's first is
+the runner's start-up spec (`exod.specs.RunnerSpec`). Fetchers (`python -m exod.hub`) speak on
+the same kind of channel with a union of their own, and each end checks what it reads against
+its own union. Which messages go which way: docs/api.md, "Daemon ↔ runner".
 
 Imports nothing heavy: the daemon and the runner both use it. A field added to a message is a
 new `VERSION`: the daemon refuses a runner speaking another one (a stale install after an

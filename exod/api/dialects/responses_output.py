@@ -8,12 +8,10 @@ reasoning item) and deltas (`response.output_text.delta`, `response.reasoning_te
 `response.function_call_arguments.delta`), their `...done` events and
 `response.output_item.done`; last `response.completed` (or `response.incomplete` when
 max_output_tokens cut it short, or `error` then `response.failed` when the generation failed).
-Every event carries a `sequence_number`.
-
-A call to a namespace's function comes back with `name` and `namespace` apart (Codex's
-router joins them). With `include: ["reasoning.encrypted_content"]`, a reasoning item carries
-`encrypted_content`, its text sealed (exod.api.seal), which the next turn may send back
-instead of the text.
+Every event carries a `sequence_number`. A call to a namespace's function comes back with
+`name` and `namespace` apart (Codex's router joins them). With `include:
+["reasoning.encrypted_content"]`, a reasoning item carries `encrypted_content`, its text sealed
+(exod.api.seal), which the next turn may send back instead of the text.
 """
 
 from __future__ import annotations

@@ -1,27 +1,18 @@
 """The rules a generation request must pass: one copy of each, for the daemon and the runner.
-One module per topic (base: what every rule shares; generation: the body, lengths, sampling and
-what comes back; messages: what a chat is generated from; tools: tools and structured output),
-all of it importable from here (`rules.max_tokens`, `rules.RequestError`); and the inputs of
-embeddings and rerank requests (`rules.embeddings.inputs`).
-
-The daemon checks every field of a request body here (exod.api.schema turns a RequestError into
-an HTTP 400 naming the field); the runner checks again here, with the numbers of the model as
-loaded, whatever sent the request (exod.runner.serving.prepare: nothing reaches mlx unchecked).
-Pure logic: no I/O, no mlx, nothing of HTTP.
+One module per topic (base, generation, messages, tools; embeddings and rerank inputs), all of
+it importable from here (`rules.max_tokens`, `rules.RequestError`). The daemon checks every
+field of a request body here (exod.api.schema turns a RequestError into an HTTP 400 naming the
+field); the runner checks again here, with the numbers of the model as loaded, whatever sent
+the request (exod.runner.serving.prepare: nothing reaches mlx unchecked). Pure logic.
 
 How a rule is written, so that it is written once:
-- One rule = one small function named after its field. It takes the raw value (and the model's
-  numbers when the rule needs them: a vocabulary size, a context window), returns the checked
-  value, or raises `RequestError(message, param)`. Its message is written there and nowhere
-  else: "`field` must be ...", naming the field in backticks, in one line.
-- A number with a default and a range is a row of `NUMBERS` instead of a function: `number(name,
-  raw)` checks it (finite, inside the range; a bool is no number).
-- A limit is a constant of its module (MAX_...), so the API, the runner and the docs quote one
-  figure.
-- Then wire it: exod.api.schema calls it for the endpoints that take the field; when the runner
-  must check it again before mlx (it indexes a table, or feeds a sampler),
-  exod.runner.serving.prepare calls the same function. tests/unit/test_request_rules.py gets one
-  test for the rule, which fails when the rule is dropped.
+- one small function named after its field: the raw value (and the model's numbers it needs)
+  in, the checked value out, or `RequestError(message, param)`, its message written there and
+  nowhere else ("`field` must be ...", in one line); a number with a default and a range is a
+  row of `NUMBERS` instead (`number(name, raw)`); a limit is a constant of its module (MAX_...);
+- wired once: exod.api.schema calls it for the endpoints that take the field, and
+  exod.runner.serving.prepare calls the same function when the runner must check it again
+  before mlx; tests/unit/test_request_rules.py gets a test that fails when the rule is dropped.
 """
 
 from __future__ import annotations

@@ -1,27 +1,18 @@
 """One forward pass of an embedding model or a reranker over a batch of inputs, and what comes
-out of it as the model's files say (exod.config.embed.Encoding).
+out of it as the model's files say (exod.config.embed.Encoding): an embedding pooled, cut for
+`dimensions` (Matryoshka: its first values) and normalized where the model normalizes; a
+reranker's one relevance logit per pair through a sigmoid (a score from 0 to 1, as mlx-vlm's
+server and Cohere's API give it).
 
 The inputs are padded on the right to the longest, with an attention mask: an encoder ignores
 the padding through the mask, and a decoder (Qwen3-Embedding's causal attention) never attends
 forward, so its positions are those of the input alone and its last real token is the one
 pooled. Each input's vector is therefore its vector alone, whatever it is batched with (up to
-float rounding), which tests/integration/test_embeddings.py checks (a batch and alone).
+float rounding), which tests/integration/test_embeddings.py checks.
 
-- An embedding: the family's model pools with the Pooling module's mode (set on the model at
-  load, as mlx-vlm's server sets it) and normalizes; a model without a Normalize module is pooled
-  here by mlx-vlm's own `pool_by_config`, from the last hidden state, and left as it is. A
-  `dimensions` request keeps the first values (Matryoshka) and normalizes again when the model
-  normalizes.
-- A reranker: its one relevance logit per pair, through a sigmoid (a score from 0 to 1, as
-  mlx-vlm's server and Cohere's API give it).
-
-On a CPU a step's parts (exod.runner.embed.engine.split) run at once, one per core: mlx's CPU
-backend runs each elementwise op on one thread, and those (a BERT's GELU: its erf alone is about
-half of a forward pass) left one of two cores idle while only OpenBLAS's matmuls used both.
-Since mlx 0.31.2 each thread evaluates on a stream of its own, so threads compute side by side
-on the shared, already evaluated weights (as mlx-vlm's server runs a pass per request thread).
-OpenBLAS's threads are shared out among the parts while they run. A part that runs alone
-(one input: a search query) computes its activations on every core (exod.runner.cpu.split).
+On a CPU a step's parts (exod.runner.embed.engine.split) run at once, a thread per core, with
+OpenBLAS's threads shared out among them; a part that runs alone computes its activations on
+every core (exod.runner.cpu.split). Why: docs/embeddings.md, Batching; docs/design/runner-cpu.md.
 """
 
 from __future__ import annotations

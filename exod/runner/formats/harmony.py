@@ -1,22 +1,18 @@
 """OpenAI's harmony format (gpt-oss), which mlx-lm does not parse. A turn is a run of messages,
-each `<|start|>assistant` (the prompt ends with the first one), a header and a body:
+each `<|start|>assistant` (the prompt ends with the first one), a header and a body (the second
+message here is on two lines, in the text on one):
 
     <|channel|>analysis<|message|>reasoning<|end|>
     <|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS
     <|call|>
     <|start|>assistant<|channel|>final<|message|>answer<|return|>
 
-(the second message on two lines here, one in the text).
+`<|call|>` and `<|return|>` end the generation (end-of-sequence tokens in gpt-oss's generation
+config). The recipient may also come before the channel, as gpt-oss's own template writes past
+calls: both are read. A commentary message without a recipient (a preamble) is answer text.
 
-`<|call|>` and `<|return|>` end the generation (they are end-of-sequence tokens in gpt-oss's
-generation config). The recipient may also come before the channel
-(`<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>`), as gpt-oss's own
-template writes past calls: both are read. A commentary message without a recipient (a
-preamble to the user) is answer text.
-
-Written on mlx-lm's interfaces, so it can go upstream as it is: the module-level
-`tool_call_start`, `tool_call_end` and `parse_tool_call(text, tools)` of `mlx_lm.tool_parsers`,
-and `RESPONSE_FORMAT` in the shape of `mlx_lm.chat_templates` (the states a turn passes).
+Written on mlx-lm's interfaces (`mlx_lm.tool_parsers`' module-level functions, `RESPONSE_FORMAT`
+in the shape of `mlx_lm.chat_templates`), so it can go upstream as it is.
 """
 
 from __future__ import annotations

@@ -1,31 +1,18 @@
 """The same serving loop on every rank of a group.
 
-Every rank runs its own BatchEngine (exod.runner.serving.batch_engine: continuous batching, prompt
-cache, chunked prefill) over `GroupModel` (exod.runner.group.group_model), whose forward includes
-the group's communication and returns the same logits on every rank. Rank 0 serves: ServeLoop
-(exod.runner.serving.loop) drives a `LeaderEngine`, which does each engine operation on rank 0's
-BatchEngine and records it. Before each step, rank 0 sends the other ranks a plan
-(exod.runner.group.plan): the operations since the last step, in order (admit a request, cancel
-one, end the prompts still being read, end every request), the prompt cache's entry count after
-the last step, and whether to step. The other ranks (`follow`) replay each plan on their own
-BatchEngine and throw the events away: the group's engines stay in step, operation for
-operation, so every forward meets its peers'.
-
-What a rank could decide differently is decided by rank 0 and carried in the plan:
-- a request without a seed gets one from rank 0, so sampling draws the same on every rank;
-- the prompt cache evicts by bytes, and a rank's entries hold other bytes than rank 0's (other
-  layers, stand-ins): the other ranks never evict on their own and keep rank 0's entry count,
-  so the same prompts hit on every rank;
-- each rank keeps its own layers' KV on its own disk: rank 0 chooses the disk entry a prompt
-  starts from (Admit), every rank loads its own part, and the engines agree each step (an
-  all-reduce) on when all have it, or that one cannot (then it is a miss on every rank);
-- cancels, a stop's end of the prompts being read, the drain's end, a warm-up prompt, a
-  clear of the cache: they are operations.
-The rest is a function of the requests and the tokens, the same on every rank: stop sequences,
-end-of-sequence, max_tokens, which prompts are prefilled together and in what chunks.
-
-A rank whose step fails (not a lost peer: an error inside mlx) can no longer be sure it is in
-step with the others, so the whole group restarts, as after a lost peer (exit 76).
+Every rank runs its own BatchEngine over `GroupModel` (exod.runner.group.group_model), whose
+forward includes the group's communication and returns the same logits on every rank. Rank 0
+serves: ServeLoop drives a `LeaderEngine`, which does each engine operation on rank 0's engine
+and records it; before each step it sends the other ranks a plan (exod.runner.group.plan) of
+the operations since the last one. The other ranks (`follow`) replay each plan on their own
+engine and throw the events away, so the engines stay in step and every forward meets its
+peers'. What a rank could decide differently is decided by rank 0 and carried in the plan: a
+seed for a request without one, the prompt cache's entry count (the other ranks never evict by
+their own bytes), the disk entry a prompt starts from (the engines then agree each step, by an
+all-reduce, on when every rank has loaded its part, or that one cannot: a miss everywhere).
+The rest is a function of the requests and the tokens. A rank whose step fails inside mlx can
+no longer be sure it is in step, so the whole group restarts, as after a lost peer (exit 76).
+docs/api.md, "Sharded instances".
 """
 
 from __future__ import annotations

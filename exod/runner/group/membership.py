@@ -1,19 +1,18 @@
 """A rank's membership in its group: mx.distributed init, the control messages rank 0 sends to
 the other ranks, liveness, and what happens when a peer is lost.
 
-Rank 0 drives; the other ranks ("workers") wait for its messages: a serving plan (what to admit,
-cancel and step next: exod.runner.group.lockstep), a heartbeat or a shutdown, sent over the group's
-control connections (`exod.runner.group.control`: plain TCP, since MLX's ring backend burns CPU
-while a rank idles in recv), as the typed commands of `exod.runner.group.wire`. Tensors move
-through mx.distributed, inside the model's forward.
+Rank 0 drives; the other ranks ("workers") wait for its messages (a serving plan,
+exod.runner.group.lockstep; a heartbeat; a shutdown), sent as the typed commands of
+`exod.runner.group.wire` over the group's control connections (`exod.runner.group.control`:
+plain TCP, since MLX's ring backend burns CPU while a rank idles in recv). Tensors move through
+mx.distributed, inside the model's forward.
 
-Peers are lost in two ways. A peer process that dies closes its sockets: the next send/recv
-raises, we turn that into PeerLost and the runner exits with EXIT_PEER_LOST (76, EX_PROTOCOL),
-so its daemon restarts it with backoff and it waits for the group to form again. A network
+A peer process that dies closes its sockets: the next send/recv raises PeerLost and the runner
+exits with EXIT_PEER_LOST (76, EX_PROTOCOL), so its daemon restarts it with backoff. A network
 partition closes nothing: once the group is ready, rank 0 sends a heartbeat when idle (its
-serve loop never waits on a request being read: exod.runner.serving.reading), and a watchdog thread
-ends a rank whose group has been silent for `peer_timeout`. Never while loading: loading stays
-timeout-free.
+serve loop never waits on a request being read), and a watchdog thread ends a rank whose group
+has been silent for `peer_timeout`. Never while loading: loading stays timeout-free.
+docs/sharding.md, "Several hosts".
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
 """The disk tier of a rank's prompt cache: entries kept as files, across restarts and reboots.
 
-Layout, under the instance's folder (`prompt_cache_dir`/DAEMON-ID/INSTANCE):
+Layout, under the instance's folder (`prompt_cache_dir`/DAEMON-ID/INSTANCE, this daemon's alone:
+exod.daemon.cache_owner):
     weights.json                   hashes of the weight files, when not recorded beside them
     rank<R>/<FINGERPRINT>/<KEY>.safetensors   one entry (exod.runner.prompt_cache.entry_file)
-Each rank keeps the KV of its own layers. A folder is one fingerprint
-(exod.runner.prompt_cache.fingerprint): at start a rank opens its own and removes the other
-folders of its rank, whose entries could never be valid again (other weights or settings).
-The instance's folder is this daemon's alone (exod.daemon.cache_owner: DIR/ID/NAME), so what
-is removed here is never another daemon's. What stands where a folder or an entry of the tier
-should be and is not one (a link, a FIFO, a file, a folder) is removed as what it is, a link
-as a link, never followed: nothing outside the folder is read or removed, and the log says
-what was removed and what could not be. Folders are made 0700 whatever the umask.
+At start a rank opens its fingerprint's folder (exod.runner.prompt_cache.fingerprint) and
+removes its rank's others, whose entries could never be valid again; what stands where a
+folder or an entry should be and is not one is removed as what it is, a link never followed.
 
-All I/O runs on two worker threads (exod.runner.prompt_cache.worker), never on the serve loop:
-the writer opens the tier (hashes weights if it must, reads every entry's header), writes
-entries and deletes files; the reader checks a file before it is loaded (its header's tokens,
-its CRC). The index (exod.runner.prompt_cache.index) is shared under a lock: the serve loop
-only matches against it and pins what it loads. Any fault (a full disk, a folder that cannot be
-written, a file cut short, corrupt or unreadable) is a miss: logged once per kind, counted, and
-the file, if any, removed. Never an exception out of here into a request. A read that hangs
-(a network filesystem gone) holds only the request that waits for it, which a cancel or a
-stop ends as they end a prefill; the scan at open reads regular files only.
+All I/O runs on two worker threads (exod.runner.prompt_cache.worker), never on the serve loop,
+which only matches against the shared index and pins what it loads; a read that hangs (a
+network filesystem gone) holds only the request waiting for it, which a cancel or a stop ends.
+Any fault (a full disk, a file cut short, corrupt or unreadable) is a miss, logged once per kind
+and the file removed: never an exception out of here into a request. docs/prompt-cache.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
 """What makes a stored KV cache valid, as one name: the fingerprint of a disk entry's folder.
+It covers the weights by content (the SHA-256 of every file mlx-lm reads, the adapter's too),
+the settings that change the numbers, the rank's place in its group, exod's cache format and
+the mlx and mlx-lm versions (docs/prompt-cache.md, "Never a wrong answer").
 
-A KV cache is a function of the tokens (compared in full, apart) and of everything below:
-- the weights by content, not by path: the SHA-256 of every file mlx-lm reads to build the model
-  (config.json, model*.safetensors) and of the adapter's (adapter_config.json,
-  adapters.safetensors), so new weights at the same path are a new fingerprint;
-- the settings that change the numbers: dtype, KV quantization, a rotating cache's size;
-- the rank's place in its group: its layers, the split and the world size;
-- exod's cache format and the mlx and mlx-lm versions (their model code computes the KV).
-
-Hashing every byte of a model costs a read of it (seconds per GB), so each file's hash is
-recorded with the file's identity: device, inode, size, mtime and ctime, in nanoseconds. Any
-write to a file changes its mtime and ctime, a file put in its place has another inode or ctime,
-and no program can set a ctime (only the kernel does, to now), so a file whose identity is the
-recorded one still has the recorded content. As git's index does, a hash taken within
-`RACY` seconds of the file's last change is not trusted again (a write in the same clock tick
-leaves the times as they were). The record sits beside the files when they are plain files in
-a writable folder (shared by every instance of that model), else in the disk tier's own folder
-(a hub snapshot's files are links into huggingface_hub's blobs, a folder exod leaves alone).
+Hashing every byte of a model costs a read of it, so each file's hash is recorded with the
+file's identity: device, inode, size, mtime and ctime, in nanoseconds. Any write to a file
+changes its mtime and ctime, a file put in its place has another inode or ctime, and no program
+can set a ctime (only the kernel does, to now), so a file whose identity is the recorded one
+still has the recorded content. As git's index does, a hash taken within `RACY` seconds of the
+file's last change is not trusted again (a write in the same clock tick leaves the times as they
+were). The record sits beside the files when they are plain files in a writable folder (shared
+by every instance of that model), else in the disk tier's own folder (a hub snapshot's files
+are links into huggingface_hub's blobs, a folder exod leaves alone).
 """
 
 from __future__ import annotations

@@ -10,11 +10,9 @@ prefix of the prompt covers them all; one that goes past the prompt, or equals i
 trimmed back to the common prefix, and to one token short of the whole prompt (its last token
 must run, for its logits), which only a trimmable cache allows (a hybrid model's recurrent
 state cannot be rewound). The best match covers the most tokens; among equals, the one with the
-least to trim, then the most recently used.
-
-Least recently used entries leave first once the tier holds more than its budget in bytes; an
-entry being read (pinned) never leaves. A trimmable entry makes the entries whose tokens are a
-prefix of its own redundant: it serves every prompt they serve.
+least to trim, then the most recently used. Least recently used entries leave first past the
+tier's budget in bytes; a pinned entry (being read) never leaves, and a trimmable entry makes
+those whose tokens are a prefix of its own redundant.
 """
 
 from __future__ import annotations

@@ -2,21 +2,17 @@
 
 RAM holds entries (a request's KV cache, under its tokens) up to `prompt_cache_bytes`; disk
 (exod.runner.prompt_cache.disk) up to `prompt_cache_disk_bytes`. A lookup takes the entry that
-covers the most of the prompt in either tier (exod.runner.prompt_cache.index): from RAM a copy
-at once; from disk a `FromDisk` load, which the engine steps like prefill (a bounded number of
-bytes a step) and can drop at any step (a cancel, a stop).
-
-Entries go to disk behind the requests: when they leave RAM (evicted), when the engine is idle,
-and at the stop (`flush`, bounded by a deadline: what is not written by then is dropped). Only
-the arrays' bytes cross to the writer thread (exod.runner.prompt_cache.snapshot); no request
-ever waits for a write.
+covers the most of the prompt in either tier: from RAM a copy at once; from disk a `FromDisk`
+load, which the engine steps like prefill and can drop at any step (a cancel, a stop). Entries
+go to disk behind the requests (evicted, idle, and at the stop: `flush`, bounded by a deadline);
+only the arrays' bytes cross to the writer thread, and no request ever waits for a write.
 
 An entry evicted to disk is in neither tier until its write ends (seconds for the gigabytes of
 an agent's prompt, longer than an agent takes to run a tool and send its next turn), though its
 arrays are in memory all along, held by the write. On a rank alone (`DiskTier.solo`) such
-entries are matched as RAM's are (`writing`) until they are on disk: the next turn of an agent
-whose prompt's KV is bigger than the RAM tier reuses it instead of prefilling it whole. A
-group's ranks do not (each has its own writer: they could not agree on what is still there).
+entries are matched as RAM's are (`writing`) until they are on disk, so the agent's next turn
+reuses its KV instead of prefilling it whole. A group's ranks do not: each has its own writer,
+so they could not agree on what is still there. docs/prompt-cache.md.
 """
 
 from __future__ import annotations

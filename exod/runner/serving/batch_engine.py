@@ -1,35 +1,18 @@
-"""The serving engine of each rank: continuous batching with mlx-lm's own
-`BatchGenerator`, a prompt (prefix) cache with mlx-lm's `LRUPromptCache`, prefill in chunks.
+"""The serving engine of each rank: continuous batching with mlx-lm's own `BatchGenerator`, a
+prompt (prefix) cache in RAM and on disk (exod.runner.prompt_cache.tiers), prefill in chunks.
 
 The serve loop calls `step()` over and over, and between two calls it picks up new requests,
 cancels and stops. One step is one `BatchGenerator.next()`: one decode step for every request
-past its prompt, plus at most one chunk of prompt for those still in prefill. The chunk is sized
-so that a step never prefills more than `prefill_step` tokens in all, whatever the number of
-prompts in flight: a cancel or a stop is therefore seen within one bounded step, even during a
-very long prompt.
+past its prompt, plus at most one chunk of prompt, sized so that a step never prefills more than
+`prefill_step` tokens in all, whatever the number of prompts in flight; an entry read from disk
+loads a bounded number of bytes a step the same way (exod.runner.serving.disk_loads). So a
+cancel or a stop is seen within one bounded step, even during a very long prompt.
 
 Requests join the running batch as they come (up to `width`, the instance's max_concurrency)
-and leave it when they finish; each keeps its own sampler (a seed reproduces per request) and
-grammar, both run by the batch's one sampler (exod.runner.serving.batch_sampler), its logits
-processors (logit bias, penalties), and its output (exod.runner.serving.output: streaming
-detokenizer, stop sequences, reasoning apart, logprobs; then its tool calls).
-
-Prompt cache (exod.runner.prompt_cache.tiers): when a request ends, the KV cache of its prompt
-and completion is stored under those tokens; a later request that shares a prefix with a stored
-entry (the next turn of a chat, the same agent prompt after a restart) starts from it and
-prefills only the rest. RAM holds `cache_bytes`, least recently used out first, to the disk tier
-when there is one, which also gets what RAM holds whenever the engine is idle (`idle`) and at the
-stop (`flush`). A prompt best served from disk waits while its entry is read, a bounded
-number of bytes a step, like prefill (exod.runner.serving.disk_loads): a cancel or a stop ends
-it between two steps. For a model whose cache cannot be trimmed back (a hybrid model's
-recurrent state, a rotating window), the cache at the end of the prompt is kept as well: the
-same prompt again can start from it. `warm` prefills a prompt into the cache with nobody
-waiting for it.
-
-On a group's ranks (exod.runner.group.lockstep) every step is the same on every rank, but each
-rank reads its own disk: rank 0 picks the entry and the others load the same one, and `agree`
-(an all-reduce over the group) says when every rank has it; if one rank cannot, it is a miss on
-every rank.
+and leave it when they finish; each keeps its own sampler, grammar and logits processors, run
+by the batch's one sampler (exod.runner.serving.batch_sampler), and its own output
+(exod.runner.serving.output). On a group's ranks (exod.runner.group.lockstep), `agree` says
+when every rank has the disk entry rank 0 chose. docs/api.md, "Batching and the prompt cache".
 """
 
 from __future__ import annotations

@@ -4,35 +4,14 @@ thinking block, the check of a strict tool's call) is made here, from `bounded(s
 `options(strict)`.
 
 Agent libraries make schemas from code (pydantic's `model_json_schema()`, LangChain's tool
-schemas, instructor's response models) that rarely close their objects or bound their numbers.
-On such a schema a degenerate model (a small quantized one, a random one) wrote keys the
-schema never named, one after another, or integers of 200 digits, until `max_tokens` cut the
-answer as invalid JSON. `bounded` rewrites a schema so that this cannot happen, keeping every
-document it allows valid against the client's own schema:
-
-- Keys: an object takes no key beyond its `properties` unless `additionalProperties` allows
-  it; absent means not allowed, as xgrammar's strict mode reads it. A key that `required`
-  names but `properties` does not stays allowed. Objects merged with others (the members of an
-  `allOf`, a `$ref` beside `properties`) are left as they are: closing one would forbid the
-  keys of the others. Where `additionalProperties` (`true` or a schema) does allow more keys,
-  each is at most KEY_CHARS characters.
-- Items: a tuple (`prefixItems`, or draft 4's array `items`) takes no item beyond those it
-  lists unless `items` (`additionalItems`) allows more.
-- Numbers: an integer or number with no bound gets [-10^16, 10^16], so at most 16 integral
-  digits (llama.cpp's bound), and a number with no `multipleOf` at most FRACTION_DIGITS
-  fraction digits (the grammar engine reads `multipleOf` 10^-k as "k fraction digits"; past
-  10^-10 its reading of the float goes wrong, so 10 where llama.cpp allows 16). A bounded
-  number is written without an exponent.
-- Free values (`{}`, `true`, an array without `items`, `json_object`): any JSON value nested
-  at most ANY_DEPTH containers deep, with the bounds above.
-- Times: a `date-time`, `time` or `duration` string with no `maxLength` gets one (the
-  engine's patterns for them allow digits without end).
-- Whitespace: none between tokens (compact JSON, `options`).
-
-A string without `maxLength` (or enum, pattern, format) is still ended by the model, as is an
-array without `maxItems`: no bound on those would be right for every client.
-
-Pure: no engine, no mlx; unit-tested on its own.
+schemas, instructor's response models) that rarely close their objects or bound their numbers,
+and on such a schema a degenerate model (a small quantized one, a random one) wrote keys the
+schema never named, or integers of 200 digits, until `max_tokens` cut the answer as invalid
+JSON. `bounded` rewrites a schema so that this cannot happen, keeping every document it allows
+valid against the client's own schema: no key or tuple item beyond those named unless the schema
+allows more, numbers of bounded digits, free values of bounded depth, no whitespace. Strings and
+arrays without a bound are still ended by the model. Each bound and its reason: docs/tools.md,
+"Bounds where the schema sets none". Pure: no engine, no mlx; unit-tested on its own.
 """
 
 from __future__ import annotations
@@ -44,7 +23,7 @@ if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
 INT_BOUND = 10 ** 16  # 16 integral digits (10^16 itself has 17, the one exception)
-FRACTION_DIGITS = 10
+FRACTION_DIGITS = 10  # not llama.cpp's 16: the engine reads a multipleOf past 10^-10 wrongly
 KEY_CHARS = 256
 ANY_DEPTH = 16
 FORMAT_CHARS = {"date-time": 35, "time": 24, "duration": 32}  # nanoseconds and an offset

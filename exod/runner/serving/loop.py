@@ -1,26 +1,17 @@
 """The runner's serve loop: generation requests from the daemon, driven through an engine.
 
-The engine owns the generations (`exod.runner.serving.batch_engine.BatchEngine`: continuous
-batching; on rank 0 of a group, `exod.runner.group.lockstep.LeaderEngine`, which also tells the
-other ranks what to replay on theirs); the loop owns the channel. New requests are read (templated,
-tokenized, checked) on a thread of their own (exod.runner.serving.reading), so a body of megabytes
-stands neither the batch nor a stop still. Between two engine steps, the loop admits the requests
-read by then, drops cancelled ones (the client went away: cancelled within one step) and, once asked
-to stop, lets in-flight work finish until the drain deadline, then ends it with an error event and
-returns (the runner then exits 0). A step is bounded (one decode step, plus at most one prefill
-chunk), so a stop is always answered quickly, even during a long prompt: the ladder's rung 1 is
-enough. After each take, the loop tells the engine how many requests are still being read
-(`expect`): the vision engine holds a burst's first requests for them, and when it has nothing
-else to do, the loop waits for those reads rather than step. The engine's figures go to the
-daemon whenever the number of generations changes.
-
-A heartbeat goes to the daemon from this loop, so a stuck loop stops sending it; `tick` lets
-rank 0 of a group keep the group's own heartbeat from here too.
-
-The engine's prompt cache goes to disk behind the requests: the loop calls the engine's `idle`
-whenever nothing is in flight (before it waits for the next message); after the drain, the
-runner calls its `save_cache` until the stop's grace is nearly over (`flush_deadline`): all
-within rung 1 of the ladder.
+The engine owns the generations (`exod.runner.serving.batch_engine.BatchEngine`; on rank 0 of a
+group, `exod.runner.group.lockstep.LeaderEngine`, which also tells the other ranks what to
+replay); the loop owns the channel. New requests are read (templated, tokenized, checked) on a
+thread of their own (exod.runner.serving.reading), so a body of megabytes stands neither the
+batch nor a stop still. Between two engine steps, the loop admits the requests read by then,
+drops cancelled ones and, once asked to stop, lets in-flight work finish until the drain
+deadline, then ends it with an error event and returns (the runner then exits 0). A step is
+bounded, so a stop is always answered within the ladder's rung 1, even during a long prompt;
+the prompt cache's writes to disk fit there too (the engine's `idle` whenever nothing is in
+flight, then `save_cache` until `flush_deadline`). The heartbeat goes to the daemon from this
+loop, so a stuck loop stops sending it (`tick`: rank 0's group heartbeat too). `expect` tells
+the engine how many requests are still being read (the vision engine holds a burst for them).
 """
 
 from __future__ import annotations

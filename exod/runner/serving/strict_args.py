@@ -1,19 +1,16 @@
 """`strict: true` tools whose calls are not forced (`tool_choice: auto`): the arguments of such a
 call are checked, once the call is parsed, against the tool's `parameters` by the grammar engine
 that forces calls (llguidance, with the instance's bounds), so a strict schema means the same
-thing whether the call was forced or not. A call that does not validate is returned as text, as
-one that does not parse is (exod.runner.serving.tool_calls).
+thing whether the call was forced or not. A call that does not validate is dropped and logged,
+as one that does not parse is (exod.runner.formats.splitter).
 
 The engine reads the arguments one byte per token (a tokenizer of the 256 bytes, built here):
 what is checked is the JSON text, whatever the model's tokenizer. It reads an object's
 properties in the order its schema lists them, so the arguments are written in that order
 first (`ordered`): the order of keys means nothing in JSON. The schema is bounded as a forced
-call's is (exod.runner.serving.json_bounds: no key the schema does not allow, numbers of at most
-16 integral digits), so a strict schema allows the same calls forced or not. Its regular
-expressions run in linear time, and its fuel bounds every step: no schema a client sends can
-stall the runner, as a backtracking validator could on a hostile `pattern`.
-
-No mlx here: unit-tested on its own.
+call's is (exod.runner.serving.json_bounds). Its regular expressions run in linear time, and its
+fuel bounds every step: no schema a client sends can stall the runner, as a backtracking
+validator could on a hostile `pattern`. No mlx here: unit-tested on its own.
 """
 
 from __future__ import annotations

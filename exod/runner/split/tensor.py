@@ -3,17 +3,14 @@
 A family's own `shard(group)` is used where mlx-lm has one. It runs once, on the lazily loaded
 model before any weight is read: each block's weights are then read and sliced as that block is
 evaluated, so a rank's peak memory stays its share plus one block, and a shard() that also
-touches what lies outside the blocks (a vocabulary-split head, per-layer gates kept beside the
-blocks) sees the model whole, as it expects.
+touches what lies outside the blocks (a vocabulary-split head) sees the model whole.
 
-Elsewhere each block is sharded by projection role with mlx's distributed layers: within a
-module that has both roles, the projections that fan out (q/k/v, gate/up, ...) are split by
-output ("all-to-sharded") and those that fan back in (o, down, ...) by input ("sharded-to-all",
-which sums across ranks), and the module's head counts are divided by the number of ranks.
-Expert stacks (mlx-lm's SwitchGLU / SwitchMLP) are split in place and their output summed
-across ranks. A module whose roles are not all known (fused qkv, low-rank attention, a norm
-over the full projection), or whose forward no longer builds once split (one that reshapes its
-output to the full hidden width), stays replicated: slower, never wrong.
+Elsewhere each block is sharded by projection role with mlx's distributed layers: the
+projections that fan out (q/k/v, gate/up, ...) split by output, those that fan back in (o,
+down, ...) by input and summed across ranks, the module's head counts divided; expert stacks
+(SwitchGLU / SwitchMLP) split in place. A module whose roles are not all known (fused qkv,
+low-rank attention), or whose forward no longer builds once split, stays replicated: slower,
+never wrong. docs/sharding.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,18 @@
 """The serving engine of a model that sees: requests with and without pictures batched together
-in mlx-vlm's `BatchGenerator`, behind the serve loop's Engine interface
-(exod.runner.serving.loop), as the text runner's BatchEngine is.
+in mlx-vlm's `BatchGenerator`, behind the serve loop's Engine interface, as BatchEngine is.
 
-A request's life, one bounded unit of work per `step()`, so a cancel or a stop is seen between
-any two of them:
-
-- read (the reader's thread, exod.runner.vision.prompt): pictures decoded and checked, the chat
-  template, the processor, the request rules;
-- admitted: it waits for its turn to be *seen*;
-- seen (one step, one request at a time): `get_input_embeddings`, the vision tower (or, picture
-  by picture, its cached output, exod.runner.vision.features) and the merge of its features
-  into the prompt's embeddings, evaluated there, keeping only the features the language model
-  reads (mlx-vlm's own `attention_mask_4d`, pixel masks and sizes would break a batch of
-  prompts of several lengths: docs/design/vision.md);
-- held, then released (`release`): the requests seen go into the generator together, once no
-  other is waiting to be seen or being read by the serve loop (`expect`), or a prompt batch's
-  worth is held. Through the daemon, a burst's first request is seen while the others are
-  still on their way or being read: put into the generator at once, it was prefilled in a
-  prompt batch of its own and the others in two to four later ones (an 8-request burst, traced
-  through a daemon), each seen between two decode steps of the ones before;
-- prefilled and decoded by the generator (exod.runner.vision.generator): each step is one
-  `next()`, one decode step for the batch plus at most one chunk of prompts (`prefill_step`
-  tokens) and one chunk of a prompt that starts from the prompt cache. While nothing decodes
-  and no prompt batch has begun, a step sees the next waiting request and the generator waits
-  (`gathering`): requests that came together are prefilled in one batch and decode from the
-  same step, as mlx-vlm's server does by seeing all of them before its step.
-
-A group's other ranks are told of a request when rank 0 puts it into its generator
-(`shipped`), so they insert the same requests between the same two steps.
-
-The prompt cache is exod.runner.vision.cache's; per-request sampling and logprobs,
-exod.runner.vision.sampling's.
+A request is read (exod.runner.vision.prompt, the reader's thread), admitted, then *seen* (one
+step, one request: the vision tower or its cached output, exod.runner.vision.features, merged
+into the prompt's embeddings, keeping only the features the language model reads: the others
+break a batch of several lengths, docs/design/vision.md), held, and released into the generator
+(exod.runner.vision.generator) with the others seen, once none is waiting to be seen or being
+read (`expect`) or a prompt batch's worth is held: put in at once, a burst's first request was
+prefilled alone and the others in later batches. While nothing decodes and no prompt batch has
+begun, a step sees the next request and the generator waits (`gathering`), so requests that
+came together decode from the same step. Each step is one bounded unit of work, so a cancel or
+a stop is seen between any two. A group's other ranks are told of a request when rank 0 puts it
+into its generator (`shipped`). The prompt cache: exod.runner.vision.cache; sampling and
+logprobs: exod.runner.vision.sampling. The stages: docs/design/vision.md, "Interface".
 """
 
 from __future__ import annotations

@@ -2,28 +2,17 @@
 SHA-256, so that a later request showing it again (the next turn, or another picture beside it)
 runs the tower only on the pictures it has not seen.
 
-It keeps the tower's own output (`model.vision_tower(...)` or `model.vision_model(...)`,
-whatever the family returns there) rather than the features `get_input_embeddings` merges into
-the prompt: what each family does after its tower (a projector, a pixel shuffle, Qwen's M-RoPE
-positions) runs as without a cache. mlx-vlm's own VisionFeatureCache serves only the families
-with `encode_image(s)` (none of the common ones: docs/design/vision.md).
-
-One call of the tower sees all of a request's pictures together. To keep them apart, a `Layout`
-says which part of the call's inputs and of its output is whose, from the call itself:
-- Qwen's towers take every picture's patches in one array, with a row of `grid_thw` each: a
-  picture's rows are its t*h*w patches, and its output rows the same share of the output's;
-- Pixtral's (Mistral 3) takes a picture per row with its `image_sizes`, and gives one sequence
-  of every picture's patches: a picture's share is its h*w;
-- the others (SigLIP, CLIP: Gemma 3, SmolVLM, LLaVA) take a picture per row and give a row
-  each.
-When a layout does not fit a call (a SmolVLM picture split into tiles: more rows than pictures),
-the call's pictures are kept together, under all their hashes. A call about pictures none of
-which is cached is the same call as without a cache, so its output is the same, bit for bit; a
-call about some cached pictures runs the tower on the others only, and the output is joined.
-
-The tower keeps its object (its weights, its place in the model): only its class is swapped for
-a subclass that asks the cache first, while `seeing(keys)` says which pictures the call is about.
-Entries are evicted least recently used first past `max_bytes` (0: no cache).
+It keeps the tower's own output rather than the features `get_input_embeddings` merges into the
+prompt, so what each family does after its tower (a projector, a pixel shuffle, Qwen's M-RoPE
+positions) runs as without a cache; mlx-vlm's own VisionFeatureCache serves none of the common
+families. One tower call sees all of a request's pictures, and a `Layout`, read from the call,
+says which part of its inputs and output is whose (Qwen's `grid_thw` rows, Pixtral's
+`image_sizes`, a row each for SigLIP and CLIP); a call it does not fit keeps its pictures
+together, under all their hashes. A call about no cached picture is the call without a cache,
+bit for bit; one about some runs the tower on the others only. The tower keeps its object: only
+its class is swapped for a subclass that asks the cache first, while `seeing(keys)` says which
+pictures the call is about. Least recently used out past `max_bytes` (0: no cache).
+docs/design/vision.md, "Caches".
 """
 
 from __future__ import annotations

@@ -3,24 +3,16 @@ thread): whatever a client sent is either an RGB picture at most a little larger
 model's own resolution, or a clean refusal within a fraction of a second, never a crash, a
 stall or a memory blow-up.
 
-The format is told from the bytes (JPEG, PNG, WebP, GIF; the first frame of an animation), and
-the size from the header, before any pixel is decoded: a 100-megapixel PNG of one colour (tiny
-on the wire) or a decompression bomb (a header claiming billions of pixels) is refused there,
-and so is a request whose pictures would take more than the runner's budget
-(`PictureBudget`), before any of them is decoded. A truncated or corrupt file fails while
-decoding. The picture is then turned upright by its EXIF orientation and made RGB, as
-mlx-vlm's own `load_image` does, so the same file gives the same pixels (and tokens) here as
-there.
-
-A picture of more than 4 megapixels and at least twice the size the model's processor makes of
-it (`Fit`) is reduced while it is decoded, by a whole factor that keeps it at least that size
-(the processor still makes the last resize): a JPEG decodes at 1/2, 1/4 or 1/8 scale
-(libjpeg's draft mode), any other format whole in its own mode (1 to 4 bytes a pixel), then
-made RGB and reduced a strip at a time. A 7071x7071 picture of one bit a pixel is read as 50 MB
-and kept as ~0.01 megapixels for a model of 112x112, not as 200 MB of RGB for the processor
-to resize. A smaller picture costs little to decode whole (16 MB of RGB at most), and is
-decoded as mlx-vlm decodes it, pixel for pixel. Pictures are decoded one at a time, on the
-reader's one thread: one runner never decodes two at once.
+The format is told from the bytes and the size from the header, before any pixel is decoded: a
+100-megapixel PNG of one colour or a decompression bomb is refused there, and so is a request
+whose pictures would take more than the runner's budget (`PictureBudget`). A picture is turned
+upright by its EXIF orientation and made RGB, as mlx-vlm's own `load_image` does, so the same
+file gives the same pixels (and tokens) here as there. A picture of more than 4 megapixels and
+at least twice the size the processor makes of it (`Fit`) is reduced while it is decoded (a
+JPEG in libjpeg's draft mode, others a strip at a time), where decoding it whole would hold
+hundreds of megabytes of RGB for the processor to resize; a smaller one is decoded as mlx-vlm
+decodes it. Pictures are decoded one at a time, on the reader's one thread. The limits and what
+they cost: docs/vision.md, "Limits".
 """
 
 from __future__ import annotations

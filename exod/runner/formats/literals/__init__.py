@@ -3,17 +3,15 @@
 (LFM2: `[NAME(key="text", n=1)]`).
 
 Calls are forced by one converter: a tool's parameters, bounded as every grammar exod builds
-from a JSON schema is (exod.runner.serving.json_bounds: no keys beyond `properties`, 16 integral
-and 10 fraction digits, free values 16 containers deep), walked into Lark rules that write each
-value in the format's syntax (a `Syntax`: its strings, keys, separators, literals, and whether
-keys are sorted, as Gemma's templates `dictsort` them). What the converter cannot write is, for
-a strict tool, the request's error (400, `tools`), and for a lenient one the free value.
-Numbers are written as JSON writes them (every one of these syntaxes reads a JSON number), so a
-bounded number is the engine's own (`%json`).
+from a JSON schema is (exod.runner.serving.json_bounds), walked into Lark rules that write each
+value in the format's syntax. What the converter cannot write is, for a strict tool, the
+request's error (400, `tools`), and for a lenient one the free value. Numbers are written as
+JSON writes them (every one of these syntaxes reads a JSON number), so a bounded number is the
+engine's own (`%json`).
 
 Its parts: `syntax` (how a literal syntax writes JSON values, and the rules of one grammar),
-`writer` (the converter from a tool's parameters to those rules) and `formats` (the three
-formats, each a call's head and closing around the converter's arguments).
+`writer` (the converter) and `formats` (the three formats, each a call's head and closing around
+the converter's arguments). The formats' table: docs/tools.md, "Formats".
 """
 
 from __future__ import annotations

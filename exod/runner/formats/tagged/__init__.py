@@ -2,21 +2,17 @@
 values as JSON: Qwen3-Coder's XML, GLM's `<arg_key>`/`<arg_value>` (and Laguna's, LongCat's),
 MiniMax-M2's `<invoke>`, MiniCPM5's `<function name=...>`, Kimi K3's XTML, Muse Spark's.
 
-A parameter's value is written as its template writes it: a string (a plain `string`, a string
-enum, a string or null: pydantic's `Optional[str]`) as the text itself, anything else as compact
-JSON (booleans as Python's `True`/`False` where the template prints them with Jinja's
-`| string`). A string inside any other union (`anyOf` a string and a number) is JSON-quoted:
-raw, no parser could tell it from a number.
-
-Forced calls are read back exactly: mlx-lm's parsers (0.32) strip string values, read `null` as
-None whatever the type, and read strings that look like JSON as JSON, so these formats read the
+A value is written as its template writes it; a string inside a union with other types (`anyOf`
+a string and a number) is JSON-quoted, since raw no parser could tell it from a number. Forced
+calls are read back exactly: mlx-lm's parsers (0.32) strip string values, read `null` as None
+whatever the type, and read strings that look like JSON as JSON, so these formats read the
 values themselves, by the tool's schema (`Tagged.read`); mlx-lm's parser still reads what they
-do not recognise (GLM's JSON-shaped calls). Kimi K3 names each argument's type in the text, so
-mlx-lm's parser reads it exactly as it is.
+do not recognise (GLM's JSON-shaped calls), and Kimi K3's, whose arguments name their types.
 
 Its parts: `values` (how a parameter's value is written, and read back), `base` (`Tagged`, what
 the formats share), and the formats by the shape of their tags: `xml` (Qwen3-Coder, GLM,
-MiniCPM5), `invoke` (MiniMax-M2, Muse Spark) and `xtml` (Kimi K3).
+MiniCPM5), `invoke` (MiniMax-M2, Muse Spark) and `xtml` (Kimi K3). The formats' table:
+docs/tools.md, "Formats".
 """
 
 from __future__ import annotations
