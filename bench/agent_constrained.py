@@ -239,7 +239,7 @@ def costs_here(model_dir: str) -> None:
     import numpy as np
     from mlx_lm.tokenizer_utils import load
 
-    from exod import messages as m
+    from exod.wire import messages as m
     from exod.config.schema import GrammarLimits
     from exod.runner.serving import grammar
     from exod.runner import formats

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from bench.common import PY, big_model, median, report, verdict
-from exod import messages as m
-from exod.ask import ask
+from exod.wire import messages as m
+from exod.wire.ask import ask
 from exod.config.schema import Instance
 from exod.core.shards import Shard
 from exod.daemon.launch import Launcher

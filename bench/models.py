@@ -32,10 +32,10 @@ from pathlib import Path
 import openai
 
 from bench.common import CACHE, PY, REPO, median, model, report, verdict
-from exod import messages as m
-from exod.ask import ask
+from exod.wire import messages as m
+from exod.wire.ask import ask
 from exod.hub.ref import HubRef
-from exod.specs import FetchSpec
+from exod.wire.specs import FetchSpec
 from tests.harness import Daemon
 from tests.hub import Hub
 

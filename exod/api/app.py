@@ -50,7 +50,7 @@ from exod.api.ollama.generate import OllamaGenerate
 from exod.api.ollama.manage import OllamaManage
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
-from exod.control_status import ApiStatus
+from exod.wire.control_status import ApiStatus
 from exod.api.view import Daemon
 from exod.config.schema import Api
 from exod.core.states import State

@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.api.dialects.embed_request import EmbedRequest
 from exod.api.errors import ApiError, runner_error
 from exod.api.ignored import header
@@ -32,7 +32,7 @@ from exod.api.metrics import Meter
 from exod.api.serving import Serving, refusal
 from exod.daemon.channel import RequestStream, TooLarge
 from exod.daemon.traffic import Refused
-from exod.protocol import MAX_FRAME
+from exod.wire.protocol import MAX_FRAME
 
 BIG_ANSWER = 1 << 20  # bytes of results past which the JSON is written in a thread
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.api import window_errors
 
 RETRY_AFTER_S = 5  # a hint for clients of an instance that is loading, stopping or restarting

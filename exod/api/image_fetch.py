@@ -32,7 +32,7 @@ from exod.api.schema import GenRequest
 from exod.core import images
 from exod.core.addresses import Network, address_problem
 from exod.core.images import Source
-from exod.messages import Image
+from exod.wire.messages import Image
 
 MAX_REDIRECTS = 3
 CHUNK = 64 * 1024

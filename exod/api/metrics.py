@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.api.ignored import IgnoredFields
 from exod.api.view import Daemon
 from exod.core.ladder import Step

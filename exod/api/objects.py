@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exod import __version__
-from exod import messages as m
+from exod.wire import messages as m
 
 FINGERPRINT = f"exod-{__version__}"
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from exod.protocol import to_wire
+from exod.wire.protocol import to_wire
 
 if TYPE_CHECKING:
     from exod.api.serving import Serving

@@ -21,7 +21,7 @@ from exod.core import images
 from exod.core import request_rules as rules
 from exod.core.images import Pictures, Source
 from exod.core.request_rules import RequestError
-from exod.messages import Generate, Image
+from exod.wire.messages import Generate, Image
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from loguru import logger
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.api.errors import (ApiError, bad_request, model_not_found, not_ready, queue_full,
                              runner_error, served_elsewhere, serves_other)
 from exod.api.ignored import header
@@ -30,7 +30,7 @@ from exod.core.system_lines import drop_system_lines
 from exod.core.sizes import format_size
 from exod.daemon.channel import RequestStream, TooLarge
 from exod.daemon.traffic import Busy, Mismatch, NotServing, Refused, ServedElsewhere
-from exod.protocol import MAX_FRAME
+from exod.wire.protocol import MAX_FRAME
 
 if TYPE_CHECKING:
     from exod.daemon.instance import InstanceRuntime

@@ -7,7 +7,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 
 ARGUMENT_PIECE = 64  # characters of arguments per streamed chunk
 

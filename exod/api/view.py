@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from exod.daemon.downloads import Download, Downloads, Outcome
     from exod.daemon.instance import InstanceRuntime
-    from exod.control_status import Snapshot
+    from exod.wire.control_status import Snapshot
     from exod.daemon.log_ring import LogRings
     from exod.daemon.traffic import Traffic
     from exod.hub.ref import HubRef

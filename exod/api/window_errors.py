@@ -10,7 +10,7 @@ is what other clients look for; Ollama's clients see its own text, "the input le
 the context length". Any other 400 is shown raw, and an agent retries it or gives up.
 
 The runner refuses such a prompt (exod.core.request_rules.fit_window) and sends the refusal
-with its numbers (exod.messages' `Error`, code `context_length_exceeded`): `from_runner`
+with its numbers (exod.wire.messages' `Error`, code `context_length_exceeded`): `from_runner`
 words them.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exod import messages as m
+from exod.wire import messages as m
 
 CODE = "context_length_exceeded"  # OpenAI's code for it, which Codex and others test
 

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from exod.control_status import Snapshot
+from exod.wire.control_status import Snapshot
 from exod.core.text import clip
 
 

@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 import click
 
-from exod import control_messages as cm
+from exod.wire import control as cm
 from exod.core.exits import EXIT_NOT_RUNNING
-from exod.protocol import ProtocolError, to_wire
+from exod.wire.protocol import ProtocolError, to_wire
 
 EXIT_TIMEOUT = 4
 

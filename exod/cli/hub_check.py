@@ -1,6 +1,7 @@
 """`exod check`'s lines for models named by hub repository: cached or not, the size, and whether
 it fits in memory and on disk. Nothing is downloaded: a model not in the cache is looked up by
-the fetcher, asked for a plan (`exod.specs.PlanAsk`: file sizes only), unless exod is offline."""
+the fetcher, asked for a plan (`exod.wire.specs.PlanAsk`: file sizes only), unless exod is
+offline."""
 
 from __future__ import annotations
 
@@ -8,15 +9,15 @@ import dataclasses
 import os
 from pathlib import Path
 
-from exod import messages as m
-from exod.ask import NoAnswer, ask
+from exod.wire import messages as m
+from exod.wire.ask import NoAnswer, ask
 from exod.config.schema import Config, Instance
 from exod.core.memory import RUNTIME_BYTES
 from exod.hub import cache as hub_cache
 from exod.core.sizes import format_size
 from exod.hub.files import disk_problem
 from exod.hub.ref import HubRef
-from exod.specs import PlanAsk, Planned
+from exod.wire.specs import PlanAsk, Planned
 
 PLAN_TIMEOUT = 120.0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from exod.control_status import InstanceStatus
+from exod.wire.control_status import InstanceStatus
 
 
 class Progress:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from exod import control_messages as cm
+from exod.wire import control as cm
 from exod.config.durations import format_duration
 from exod.core.sizes import format_size
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exod import control_status as cs
+from exod.wire import control_status as cs
 from exod.core.sizes import format_size
 from exod.core.states import State
 

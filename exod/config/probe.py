@@ -1,6 +1,6 @@
 """Whether a layout (shards, parallelism, layers) of a model works, asked of the code that
 will run it: `python -m exod.runner.split.probe` in a subprocess, since the daemon and `exod check`
-never import mlx. The question and its answer are typed messages on a channel (`exod.ask`:
+never import mlx. The question and its answer are typed messages on a channel (`exod.wire.ask`:
 `ProbeAsk`; one `ProbeAnswer`, a `Verdict` per layout). Answers are cached on disk per (mlx-lm
 version, model_type, config.json, layout, exod's splitting code), so a config is probed once,
 not at every reload.
@@ -26,12 +26,12 @@ from importlib import metadata
 from collections.abc import Callable
 from pathlib import Path
 
-from exod import messages as m
-from exod import ask as asking
+from exod.wire import messages as m
+from exod.wire import ask as asking
 from exod.config.schema import Parallelism
 from exod.paths import PRIVATE, cache_dir, make_dirs
-from exod.protocol import ProtocolError, decode_as, to_wire
-from exod.specs import Layout, ProbeAnswer, ProbeAsk, Verdict
+from exod.wire.protocol import ProtocolError, decode_as, to_wire
+from exod.wire.specs import Layout, ProbeAnswer, ProbeAsk, Verdict
 
 PROBE_TIMEOUT = 120.0
 # The probe's answer depends on its own module and every exod module it imports, directly or

@@ -181,7 +181,7 @@ class Host:
 @dataclass(frozen=True, kw_only=True)
 class RunnerOptions:
     """What a runner reads of its instance's settings: how it loads the model and serves. Each
-    rank gets them whole in its start-up spec (`exod.specs.RunnerSpec`), checked field by field
+    rank gets them whole in its start-up spec (`exod.wire.specs.RunnerSpec`), checked field by field
     on arrival against these very types, so an option added here reaches every runner with its
     default, bounds and choices declared once. `Instance` inherits them: in the YAML they are
     keys of an instance like any other."""

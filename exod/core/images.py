@@ -3,7 +3,7 @@
 headers (`dimensions`, `pixel_problem`); each picture's pixels in the runner before any is
 decoded (exod.runner.vision.images).
 
-A `Generate` carries images as base64 text in its JSON frame (exod.messages.Image), and its
+A `Generate` carries images as base64 text in its JSON frame (exod.wire.messages.Image), and its
 messages place them: a message's content is its text, or a list of parts, each
 {"type": "text", "text": ...} or {"type": "image", "image": N} (N: the request's N-th image,
 each image placed exactly once). `content_problem` checks that shape.
@@ -31,7 +31,7 @@ from exod.core.sizes import format_size
 # Bytes of one image as sent (a 48-megapixel phone JPEG is 10-20 MB).
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 # Images of one request, and their bytes together: the frame that carries them (64 MiB,
-# exod.protocol.MAX_FRAME) holds them in base64 (4/3 of the bytes) with room to spare.
+# exod.wire.protocol.MAX_FRAME) holds them in base64 (4/3 of the bytes) with room to spare.
 MAX_IMAGES = 16
 MAX_REQUEST_IMAGE_BYTES = 40 * 1024 * 1024
 # Pixels of one image, read from its header before any is decoded: above this a picture is

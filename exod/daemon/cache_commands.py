@@ -1,6 +1,6 @@
 """`exoctl cache clear [NAME]`: empty instances' prompt caches, in RAM and on disk.
 
-A ready instance's rank 0 is asked over its channel (exod.messages.ClearCache): it clears its
+A ready instance's rank 0 is asked over its channel (exod.wire.messages.ClearCache): it clears its
 own tiers and, in a group, has every rank clear its own (exod.runner.group.lockstep), so no
 rank ever holds an entry the others forgot. An instance with no runner alive has its folder on
 this host emptied here (a remote rank's folder stays until its runner next clears it): what
@@ -17,8 +17,8 @@ from pathlib import Path
 from loguru import logger
 
 from exod import cache_files
-from exod import control_messages as cm
-from exod import messages as m
+from exod.wire import control as cm
+from exod.wire import messages as m
 from exod.daemon.control import CommandError
 from exod.daemon.instance import InstanceRuntime
 

@@ -1,11 +1,11 @@
 """The daemon's end of one child's channel (a runner's, or a fetcher's): typed messages both
 ways, requests by id.
 
-Frames (`exod.protocol`) carry `exod.messages`: the child says Hello first; once its version
-matches, the daemon's first frame is the child's start-up spec (`exod.specs`), and only then
-whatever was queued for it. Lifecycle reports go to `on_message`; a request's events, in order
-and ending with Done or Error, to that request's `RequestStream`. What a child says is checked
-against its own union (`decode`: a runner's messages, or a fetcher's).
+Frames (`exod.wire.protocol`) carry `exod.wire.messages`: the child says Hello first; once its
+version matches, the daemon's first frame is the child's start-up spec (`exod.wire.specs`), and
+only then whatever was queued for it. Lifecycle reports go to `on_message`; a request's events,
+in order and ending with Done or Error, to that request's `RequestStream`. What a child says is
+checked against its own union (`decode`: a runner's messages, or a fetcher's).
 
 The channel is an asyncio stream read by one task, with a frame-size limit. A frame that is not
 a valid message, a version other than ours, or anything before Hello is a protocol error:
@@ -25,8 +25,8 @@ from typing import Any, Generic, TypeVar
 
 from loguru import logger
 
-from exod import messages as m
-from exod.protocol import HEADER, MAX_FRAME, ProtocolError, encode, parse
+from exod.wire import messages as m
+from exod.wire.protocol import HEADER, MAX_FRAME, ProtocolError, encode, parse
 
 MAX_PENDING = 4096  # events waiting for a client: a slow reader beyond this is dropped
 # What the stream buffers ahead of the reader. A frame may still be up to MAX_FRAME (readexactly

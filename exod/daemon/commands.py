@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from exod import control_messages as cm
-from exod import control_status as cs
+from exod.wire import control as cm
+from exod.wire import control_status as cs
 from exod.core.states import State
 from exod.daemon import cache_commands, hub_commands
 from exod.daemon.control import CommandError, Emit

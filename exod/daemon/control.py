@@ -2,8 +2,8 @@
 
 A request is one line, `{"cmd": "status"}` / `{"cmd": "start", "name": "big"}` / … ; the answer is
 one line `{"ok": true, …}` or `{"ok": false, "error": "…"}`. `wait` streams `{"event": …}` lines
-until its final answer. Every one is a typed message of exod.control_messages: a request is
-checked field by field before any command sees it (why lines, not exod.protocol's frames: see
+until its final answer. Every one is a typed message of exod.wire.control: a request is
+checked field by field before any command sees it (why lines, not exod.wire.protocol's frames: see
 there). The socket file gets `control.mode` (0660 by default) so that a group can
 be allowed to drive exod without being root; each client's uid is checked on the connection too
 (exod.trust). The request line must arrive within REQUEST_TIMEOUT; at most `max_connections`
@@ -23,10 +23,10 @@ from typing import Any, Protocol
 
 from loguru import logger
 
-from exod import control_messages as cm
+from exod.wire import control as cm
 from exod import trust
 from exod.daemon.ratelog import RateLimitedLog
-from exod.protocol import ProtocolError, to_wire
+from exod.wire.protocol import ProtocolError, to_wire
 
 MAX_REQUEST = 64 * 1024
 REQUEST_TIMEOUT = 10.0

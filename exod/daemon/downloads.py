@@ -27,9 +27,9 @@ from typing import Protocol
 
 from loguru import logger
 
-from exod import control_messages as cm
-from exod import control_status as cs
-from exod import messages as m
+from exod.wire import control as cm
+from exod.wire import control_status as cs
+from exod.wire import messages as m
 from exod.config.durations import format_duration
 from exod.config.schema import BackoffPolicy, StopPolicy
 from exod.core.exits import PERMANENT_EXIT_CODES, ExitInfo

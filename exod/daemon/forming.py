@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config.durations import format_duration
 from exod.daemon.clock import Clock, Timer
 from exod.daemon.rank import RankRuntime

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config.schema import Instance
 from exod.core.exits import EXIT_PROTOCOL, ExitInfo, Hung
 from exod.core.restarts import Decision, RestartTracker

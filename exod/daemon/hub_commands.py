@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from loguru import logger
 
-from exod import control_messages as cm
+from exod.wire import control as cm
 from exod.cache_files import Removal
 from exod.core.states import State
 from exod.daemon.control import CommandError, Emit

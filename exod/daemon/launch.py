@@ -2,7 +2,7 @@
 the hostfile.
 
 A child's command line holds its channel's descriptor alone; what it is to do goes to it as a
-typed spec (exod.specs), the daemon's first frame on its channel once its hello has the right
+typed spec (exod.wire.specs), the daemon's first frame on its channel once its hello has the right
 version (exod.daemon.channel). Pure but for the hostfile and the free ports of a group without
 `port_base`, which it keeps in a registry while the group's ranks live (so no two groups of this
 daemon share a port); the supervisor hands the result to the process table. What gets exec'd is
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config import model_layer_count
 from exod.config.checks import port_count
 from exod.config.schema import Instance
@@ -28,7 +28,7 @@ from exod.daemon import rank_addresses
 from exod.daemon import spawn as os_seam
 from exod.daemon.cache_owner import CacheOwner
 from exod.hub.ref import HubRef
-from exod.specs import FetchSpec, GroupSpec, RunnerSpec, runner_options
+from exod.wire.specs import FetchSpec, GroupSpec, RunnerSpec, runner_options
 
 M = TypeVar("M")
 

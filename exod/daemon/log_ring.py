@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from exod.control_messages import LineEvent
+from exod.wire.control import LineEvent
 
 LINES_PER_RANK = 1000
 MAX_TEXT = 4096  # longer lines are cut in the ring (the log itself keeps them whole)

@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from loguru import logger
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core.exits import ExitInfo
 from exod.daemon import spawn as os_seam
 from exod.daemon.channel import RunnerChannel

@@ -9,7 +9,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config.schema import StopPolicy
 from exod.core.exits import ExitInfo
 from exod.core.ladder import Step

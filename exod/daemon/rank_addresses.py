@@ -2,7 +2,7 @@
 
 Rank r runs on `hosts[r]` (every rank on this host when `hosts` is not given) and listens on
 `port_base + r`; rank 0 also listens on `port_base + N` for the group's control connections
-(`exod.specs.GroupSpec.control`). Without `port_base` (possible only when every rank is on this
+(`exod.wire.specs.GroupSpec.control`). Without `port_base` (possible only when every rank is on this
 host) free ports are chosen each time the group starts, outside the kernel's ephemeral range
 (exod.core.ports says why). The ring backend reads the ranks' list from a JSON hostfile
 (MLX_HOSTFILE, which each runner sets from its spec), which each daemon writes for its own

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
-from exod import control_messages as cm
+from exod.wire import control as cm
 from exod.config import ConfigError, diff, load_config
 from exod.config.schema import Config, Instance
 from exod.core.names import Names

@@ -5,7 +5,7 @@ safe-path mode and in the daemon's runtime folder: exod.child_start), never by f
 daemon: a fork would copy the event loop, sockets and threads. Each runner gets its own process
 group (so a terminal's Ctrl-C and launchd's group signal reach only the daemon), /dev/null as
 stdin, pipes for stdout/stderr, and one end of a socketpair as its channel, whose descriptor is
-all its command line holds (its spec comes on the channel: exod.specs).
+all its command line holds (its spec comes on the channel: exod.wire.specs).
 """
 
 from __future__ import annotations

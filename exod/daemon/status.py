@@ -1,12 +1,12 @@
-"""Status snapshots: what `exoctl status` shows (typed: exod.control_status), and the one-line
+"""Status snapshots: what `exoctl status` shows (typed: exod.wire.control_status), and the one-line
 summary that goes to the service manager's STATUS=. Built on demand from the runtimes; nothing
 is cached."""
 
 from __future__ import annotations
 
-from exod import control_status as cs
+from exod.wire import control_status as cs
 from exod.config.durations import format_duration
-from exod.messages import Phase, Serving
+from exod.wire.messages import Phase, Serving
 from exod.core.states import State
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.rank import RankRuntime

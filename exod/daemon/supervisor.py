@@ -20,12 +20,12 @@ from typing import Any
 from loguru import logger
 
 from exod import __version__
-from exod import control_status as cs
+from exod.wire import control_status as cs
 from exod.config.schema import Config, Instance
 from exod.core import ladder
 from exod.core.intents import Retire
 from exod.core.shards import Shard, ShardError
-from exod import messages as m
+from exod.wire import messages as m
 from exod.daemon import rank_addresses, status, zygote
 from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer

@@ -27,10 +27,10 @@ from pathlib import Path
 
 from loguru import logger
 
-from exod import zygote_wire as wire
+from exod.wire import zygote as wire
 from exod.child_start import python_argv
 from exod.daemon import spawn as os_seam
-from exod.protocol import ProtocolError
+from exod.wire.protocol import ProtocolError
 
 # Set by the daemon for people and their tools, per rank: the only variables a forked runner's
 # environment may differ from the zygote's by (a runner reads its spec, not these).

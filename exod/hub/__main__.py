@@ -2,7 +2,7 @@
 `exod check` to learn what fetching one would take.
 
 Its command line holds the channel's descriptor alone. It says hello on the channel; the first
-frame it reads is what to do (exod.specs): a `FetchSpec` (fetch, reporting `Download` progress,
+frame it reads is what to do (exod.wire.specs): a `FetchSpec` (fetch, reporting `Download` progress,
 then `Fetched` or `Failed`), or a `PlanAsk` (one `Planned` or `Failed`, nothing downloaded).
 Then a shutdown request (rung 1 of the ladder) or the end of the channel ends the process at
 once: whatever was downloaded stays on disk, and the next fetch resumes from it.
@@ -18,13 +18,13 @@ import os
 import sys
 from pathlib import Path
 
-from exod import messages as m
-from exod.child_end import ChildEnd
+from exod.wire import messages as m
+from exod.wire.child_end import ChildEnd
 from exod.core.exits import EXIT_UNAVAILABLE, EXIT_USAGE
 from exod.hub.fetch import Job, main, plan_only
 from exod.hub.ref import make
 from exod.secret_file import SecretFileError, read_secret
-from exod.specs import FETCHER_FIRST, FetchSpec, PlanAsk
+from exod.wire.specs import FETCHER_FIRST, FetchSpec, PlanAsk
 
 SPEC_WAIT = 60.0  # the parent sends it as soon as it reads the hello
 

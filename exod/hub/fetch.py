@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core.exits import EXIT_TEMPFAIL, EXIT_UNAVAILABLE
 from exod.hub import cache as hc
 from exod.hub.files import disk_problem, wanted
-from exod.child_end import ChildEnd
+from exod.wire.child_end import ChildEnd
 from exod.hub.ref import HubRef
 from exod.hub.verify import Hasher, digest
 from exod.paths import READABLE, make_dirs
-from exod.specs import FetchSpec, Planned
+from exod.wire.specs import FetchSpec, Planned
 
 TICK = 0.5  # seconds between two progress reports while bytes arrive
 CHUNK = 1 << 16

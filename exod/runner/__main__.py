@@ -2,8 +2,8 @@
 when asked.
 
 Its command line holds the channel's descriptor alone. It says hello on the channel; the daemon
-answers with the rank's whole start-up spec (`exod.specs.RunnerSpec`: the model, its layers, the
-instance's runner options, the group), checked field by field on arrival.
+answers with the rank's whole start-up spec (`exod.wire.specs.RunnerSpec`: the model, its layers,
+the instance's runner options, the group), checked field by field on arrival.
 
 Exit codes (see exod.core.exits): 0 after a requested stop, 65 when the model cannot be loaded
 (the daemon then marks the instance failed instead of retrying), 69 when mlx is unusable, 64 for
@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core.exits import (
     EXIT_MODEL,
     EXIT_OK,
@@ -32,7 +32,7 @@ from exod.runner.log import ERR, INFO, WARNING, log
 from exod.runner.report import Reporter
 from exod.runner.text import (Runner, first_token, generation_options, join_group, load,
                               options_reason, serve_alone, serve_group)
-from exod.specs import RunnerSpec
+from exod.wire.specs import RunnerSpec
 
 # The daemon sends the spec as soon as it reads the hello: a long wait is a daemon that will
 # never send it (as long as the daemon waits for a hello: exod.daemon.processes).

@@ -1,9 +1,9 @@
-"""The runner's end of its one channel to the daemon (`exod.child_end`), and what it does with
+"""The runner's end of its one channel to the daemon (`exod.wire.child_end`), and what it does with
 the daemon's messages.
 
-Everything goes through it, as `exod.messages` in `exod.protocol` frames: the runner's hello,
-then the daemon's start-up spec (`exod.specs.RunnerSpec`, which `spec()` waits for), then
-lifecycle reports and generation events out (`send`, from any thread) and requests in.
+Everything goes through it, as `exod.wire.messages` in `exod.wire.protocol` frames: the runner's
+hello, then the daemon's start-up spec (`exod.wire.specs.RunnerSpec`, which `spec()` waits for),
+then lifecycle reports and generation events out (`send`, from any thread) and requests in.
 Incoming requests land in `inbox` for the main thread, except the ones that must act at once:
 `Shutdown` (stop, with the grace its prompt cache may be written in) and `Cancel` (abort one
 generation); `ClearCache` queues like a request. End of stream means the daemon is gone: stop.
@@ -19,12 +19,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from exod import messages as m
-from exod.child_end import ChildEnd
+from exod.wire import messages as m
+from exod.wire.child_end import ChildEnd
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, log
 from exod.runner.serving.reading import Read
-from exod.specs import RUNNER_FIRST, RunnerSpec
+from exod.wire.specs import RUNNER_FIRST, RunnerSpec
 
 
 class Channel:

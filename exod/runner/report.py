@@ -6,7 +6,7 @@ then the runner stops anyway); `Channel.send` just returns False.
 
 from __future__ import annotations
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.runner.channel import Channel
 
 

@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config.schema import RunnerOptions
 from exod.core.serving import DEFAULT_PREFILL_STEP
 from exod.core.shards import Shard
@@ -18,7 +18,7 @@ from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import WARNING, log
 from exod.runner.report import Reporter
-from exod.specs import RunnerSpec
+from exod.wire.specs import RunnerSpec
 
 if TYPE_CHECKING:
     from exod.runner.group.lockstep import LeaderEngine

@@ -26,8 +26,8 @@ import signal
 import socket
 import sys
 
-from exod import zygote_wire as wire
-from exod.protocol import ProtocolError
+from exod.wire import zygote as wire
+from exod.wire.protocol import ProtocolError
 
 PR_SET_PDEATHSIG = 1
 # What a text runner imports before it loads (exod.runner.__main__.run and exod.runner.text).

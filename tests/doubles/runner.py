@@ -3,7 +3,7 @@ its channel, exit codes) but loads nothing, and misbehaves on purpose. The daemo
 place of exod.runner when its own environment says `EXOD_RUNNER_MODULE=tests.doubles.runner`
 (see tests/harness.py); an instance then picks a behaviour with `env: {EXOD_DOUBLE: <name>}`.
 Without EXOD_DOUBLE it execs the real runner, so one daemon can mix real runners and doubles.
-Like the real runner it says hello and then reads its start-up spec (exod.specs.RunnerSpec) on
+Like the real runner it says hello and then reads its start-up spec (exod.wire.specs.RunnerSpec) on
 its channel: its layer count comes from there (4 when the daemon could not count them).
 
 Behaviours:
@@ -82,12 +82,12 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from exod import messages as m
-from exod.protocol import HEADER, MAX_FRAME, FrameDecoder, encode, from_wire
+from exod.wire import messages as m
+from exod.wire.protocol import HEADER, MAX_FRAME, FrameDecoder, encode, from_wire
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.report import Reporter
-from exod.specs import RUNNER_FIRST, RunnerSpec
+from exod.wire.specs import RUNNER_FIRST, RunnerSpec
 
 
 def gated_load(notify: Reporter, life: Lifecycle, n: int) -> bool:

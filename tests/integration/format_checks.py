@@ -25,7 +25,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core.shards import Shard
 from exod.runner.cpu import blas
 

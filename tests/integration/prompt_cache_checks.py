@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core.shards import Shard
 from exod.runner.cpu import blas
 

@@ -20,7 +20,7 @@ import mlx.core as mx
 import mlx_lm
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.runner.serving.batch_engine import BatchEngine
 from exod.runner.serving.turn_engine import TurnEngine
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core.exits import EXIT_MODEL
 from exod.core.exits import ExitInfo
 from exod.daemon import processes
@@ -31,8 +31,8 @@ from exod.daemon.procinfo import rss_bytes
 from exod.config.schema import Instance
 from exod.core.shards import Shard
 from exod.daemon.launch import Launch, Launcher
-from exod.protocol import MAX_FRAME, FrameDecoder, encode
-from exod.specs import RunnerSpec
+from exod.wire.protocol import MAX_FRAME, FrameDecoder, encode
+from exod.wire.specs import RunnerSpec
 from tests.harness import DOUBLES_ENV, SAFETY, Daemon
 from tests.integration.conftest import double_env
 from tests.integration.test_security import log_lines, tracebacks

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from exod.protocol import encode, to_wire
+from exod.wire.protocol import encode, to_wire
 from exod.runner.group import control
 from exod.runner.group.wire import NONCE, PREAMBLE, Greeting
 from tests.harness import Daemon, port_block

@@ -221,7 +221,7 @@ def test_worker_turns_bad_messages_into_peer_lost() -> None:
     allocation."""
     script = """
 import socket
-from exod.protocol import HEADER, encode
+from exod.wire.protocol import HEADER, encode
 from exod.runner.group.membership import Group, PeerLost
 bad = [HEADER.pack(1 << 30), encode({"type": "rm"}),
        encode({"type": "plan", "ops": [{"type": "rm", "id": "x"}], "keep": 0, "step": True}),

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config.schema import Instance
 from exod.core.shards import Shard
 from exod.daemon.launch import Launcher
-from exod.protocol import FrameDecoder, encode
+from exod.wire.protocol import FrameDecoder, encode
 from tests.harness import REPO, SAFETY
 from tests.unit.test_vision_images import HOSTILE
 

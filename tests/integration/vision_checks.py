@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core.request_rules import RequestError
 from exod.runner.cpu import blas
 

@@ -26,7 +26,7 @@ from exod.daemon.downloads import Download, Downloads
 from exod.daemon.instance import Continuation, InstanceRuntime
 from exod.daemon.rank import RankRuntime
 from exod.daemon.traffic import Traffic
-from exod import messages as m
+from exod.wire import messages as m
 
 ASK = "ask"
 TERM = "SIGTERM"

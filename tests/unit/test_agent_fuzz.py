@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from exod.api.errors import ApiError
 from exod.api.schema import ModelLimits, apply_limits, parse_chat
-from exod.messages import decode_to_runner, to_wire
+from exod.wire.messages import decode_to_runner, to_wire
 
 # Python's JSON reads `Infinity` and `NaN` too: they must be refused, not sent to a runner.
 JSON = st.recursive(

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from exod import messages as m
-from exod.messages import Generate, decode_to_runner, to_wire
+from exod.wire import messages as m
+from exod.wire.messages import Generate, decode_to_runner, to_wire
 
 from exod.api import address
 from exod.api.errors import ApiError

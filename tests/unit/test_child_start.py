@@ -1,5 +1,5 @@
 """How exod starts its Python children (exod.child_start), as each launcher builds it: a runner
-or a fetcher (exod.daemon.spawn), the zygote (exod.daemon.zygote), the split probe (exod.ask)
+or a fetcher (exod.daemon.spawn), the zygote (exod.daemon.zygote), the split probe (exod.wire.ask)
 and the demo converter (exod.cli.demo) get safe-path mode, the bootstrap that changes to a
 folder exod owns, and an explicit PYTHONPATH that keeps its meaning. posix_spawn and
 subprocess are replaced by recorders: no process starts here (tests/integration/
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from exod import ask as asking
+from exod.wire import ask as asking
 from exod import child_start
-from exod import messages as m
+from exod.wire import messages as m
 from exod.child_start import BOOT, explicit_path, python_argv
 from exod.cli import demo
 from exod.config.schema import Instance
@@ -26,7 +26,7 @@ from exod.core.shards import Shard
 from exod.daemon import spawn, zygote
 from exod.daemon.launch import Launcher, fetcher_launch
 from exod.hub.ref import HubRef
-from exod.specs import Layout, ProbeAnswer, ProbeAsk
+from exod.wire.specs import Layout, ProbeAnswer, ProbeAsk
 
 SAFE = ["-P"] if sys.version_info >= (3, 11) else []
 

@@ -10,7 +10,7 @@ import pytest
 
 from exod.core import context_edits as ce
 from exod.core.request_rules import RequestError
-from exod.messages import Generate
+from exod.wire.messages import Generate
 from exod.runner.serving.prepare import edited_prompt
 
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exod import control_messages as cm
-from exod import control_status as cs
+from exod.wire import control as cm
+from exod.wire import control_status as cs
 from exod.daemon.control import parse_request
-from exod.protocol import ProtocolError, to_wire
+from exod.wire.protocol import ProtocolError, to_wire
 
 RANK = cs.RankStatus(
     rank=1, host="10.0.0.2", remote=True, pid=None, state="ready", layers=[2, 4],

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config.schema import RunnerOptions
 from exod.core.shards import Shard
 from exod.daemon.channel import MAX_RUNNER_FRAME, RunnerChannel
-from exod.protocol import FrameDecoder, encode, from_wire
-from exod.specs import RUNNER_FIRST, RunnerSpec
+from exod.wire.protocol import FrameDecoder, encode, from_wire
+from exod.wire.specs import RUNNER_FIRST, RunnerSpec
 
 SPEC = RunnerSpec(version=m.VERSION, instance="x", model=Path("/m"), parallelism="pipeline",
                   shard=Shard(0, 1, 0, 4, 4), width=2, heartbeat=5.0, parent_pid=1,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.api.dialects import anthropic_request as anthropic
 from exod.api.dialects import responses_request as responses
 from exod.api.dialects.anthropic_output import AnthropicOutput, CountOutput
@@ -18,7 +18,7 @@ from exod.api.dialects.responses_output import ResponsesOutput
 from exod.api.errors import ApiError, bad_request, not_ready, queue_full
 from exod.api.schema import GenRequest
 from exod.api.seal import Sealer
-from exod.messages import Generate
+from exod.wire.messages import Generate
 
 HI: list[Any] = [{"role": "user", "content": "hi"}]
 TOOL: dict[str, Any] = {"name": "get", "description": "d",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config.schema import BackoffPolicy, StopPolicy
 from exod.core.exits import EXIT_TEMPFAIL
 from exod.core.states import IllegalTransition, Tracked

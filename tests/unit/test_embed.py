@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.api.dialects import ollama_embed
 from exod.api.dialects.embed_request import embed_request, parse_embeddings, parse_rerank
 from exod.api.embedding import Embedded, openai_embeddings, rerank_answer
@@ -28,7 +28,7 @@ from exod.core.request_rules import RequestError
 from exod.core.request_rules import embeddings as rules
 from exod.core.states import State
 from exod.daemon.on_demand import OnDemand
-from exod.protocol import ProtocolError
+from exod.wire.protocol import ProtocolError
 from exod.runner.embed.engine import Item, plan, split, vectors
 from exod.runner.embed.inputs import PREFIX_CHARS, read_inputs
 

@@ -133,7 +133,7 @@ def test_the_state_cache_and_helper_folders(tmp_path: Path, umask: int,
     from exod.config import probe
     from exod.models._io import build_atomically
     from exod.runner import import_table
-    from exod.specs import Verdict
+    from exod.wire.specs import Verdict
 
     from exod.child_start import helper_dir
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from exod.protocol import HEADER, encode, to_wire
+from exod.wire.protocol import HEADER, encode, to_wire
 from exod.runner.group import control, wire
 from exod.runner.group.handshake import RANK, LeaderHandshake, Refused, mac, worker_handshake
 from exod.runner.group.plan import Plan

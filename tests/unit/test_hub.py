@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from exod import control_messages as cm
-from exod import messages as m
+from exod.wire import control as cm
+from exod.wire import messages as m
 from exod.cli.pull_view import PullView
 from exod.config.schema import Instance
 from exod.core.exits import EXIT_TEMPFAIL, EXIT_UNAVAILABLE
@@ -278,7 +278,7 @@ class ConnectError(OSError):
 
 def test_no_network_fails_a_missing_model_at_once_and_retries_a_download_under_way(
         tmp_path: Path) -> None:
-    from exod.child_end import ChildEnd
+    from exod.wire.child_end import ChildEnd
     from exod.hub.fetch import Job, cannot_connect, unreachable
 
     job = Job(REF, tmp_path, False, False, None, ChildEnd(None, {}, {}))

@@ -20,7 +20,7 @@ from exod.config.schema import (
     StartLimit,
     StopPolicy,
 )
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core.exits import ExitInfo
 from exod.core.shards import pipeline_shards
 from exod.core.states import State
@@ -718,7 +718,7 @@ def test_blas_threads_are_split_among_the_local_ranks_of_a_group() -> None:
 
 
 def test_status_says_when_a_stop_would_turn_to_sigkill(seam: FakeSeam) -> None:
-    from exod.control_status import LadderStatus
+    from exod.wire.control_status import LadderStatus
     from exod.daemon.status import detail, rank_status
 
     inst, (pid,) = ready(seam)

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exod import messages as m
-from exod.protocol import FrameDecoder, ProtocolError, encode
+from exod.wire import messages as m
+from exod.wire.protocol import FrameDecoder, ProtocolError, encode
 
 EXAMPLES: list[m.Message] = [
     m.Hello(version=m.VERSION, pid=42),

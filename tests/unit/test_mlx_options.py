@@ -17,13 +17,13 @@ from exod.core.memory import KvSpec, cache_bytes, kv_bytes
 from exod.core.shards import Shard
 from exod.config.schema import RunnerOptions
 from exod.hub.ref import HubRef
-from exod.protocol import decode_as, to_wire
+from exod.wire.protocol import decode_as, to_wire
 from exod.runner import wired
 from tests.unit.conftest import ConfigDir
 
 def sent(inst: Instance) -> RunnerOptions:
     """The options a runner of `inst` receives in its spec, as its end decodes them."""
-    from exod.specs import runner_options
+    from exod.wire.specs import runner_options
 
     got: RunnerOptions = decode_as(to_wire(runner_options(inst)), RunnerOptions)
     return got

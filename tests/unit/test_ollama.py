@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.api.dialects.ollama_output import OllamaOutput
 from exod.api.dialects.ollama_request import UNBOUNDED, fill_in_middle, parse, render
 from exod.api.errors import ApiError
@@ -24,9 +24,9 @@ from exod.api.schema import ModelLimits, apply_limits
 from exod.api.tool_output import streamed_call
 from exod.config.model_caps import Capabilities
 from exod.config.model_facts import ModelFacts
-from exod.control_messages import DownloadEvent
+from exod.wire.control import DownloadEvent
 from exod.hub.ref import HubRef
-from exod.messages import decode_to_runner, to_wire
+from exod.wire.messages import decode_to_runner, to_wire
 
 HELLO = [{"role": "user", "content": "hello"}]
 

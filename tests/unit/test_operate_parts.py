@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from typing import Literal
 
-from exod import control_status as cs
+from exod.wire import control_status as cs
 from exod.core.states import State
 from exod.daemon.log_ring import LogRings
 

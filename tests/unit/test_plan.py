@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exod import messages as m
-from exod.protocol import FrameDecoder, ProtocolError, from_wire, to_wire
+from exod.wire import messages as m
+from exod.wire.protocol import FrameDecoder, ProtocolError, from_wire, to_wire
 from exod.runner.group import wire
 from exod.runner.group.plan import (
     AbortAll, AbortPrefilling, Admit, Cancel, ClearCache, Op, Plan, Settings, Warm,

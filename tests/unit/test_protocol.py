@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from exod.protocol import HEADER, MAX_FRAME, FrameDecoder, ProtocolError, encode
+from exod.wire.protocol import HEADER, MAX_FRAME, FrameDecoder, ProtocolError, encode
 
 MESSAGES: list[dict[str, Any]] = [
     {},

@@ -7,7 +7,7 @@ import queue
 import threading
 import time
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.runner.serving.reading import Prompt, Read, Reader
 from exod.core.request_rules import RequestError
 

@@ -11,7 +11,7 @@ import pytest
 
 from exod.core import request_rules as rules
 from exod.core.request_rules import RequestError
-from exod.messages import Generate, decode_to_runner, to_wire
+from exod.wire.messages import Generate, decode_to_runner, to_wire
 
 
 def refused(fn: Any, *args: Any) -> RequestError:
@@ -461,7 +461,7 @@ def test_chat_template_kwargs_are_small_plain_variables() -> None:
 
 
 def test_chat_template_kwargs_are_nested_no_deeper_than_a_schema() -> None:
-    """The daemon writes a request to its runner by recursion (exod.protocol.to_wire): a
+    """The daemon writes a request to its runner by recursion (exod.wire.protocol.to_wire): a
     variable nested 500 lists deep (1,000 bytes) overflowed Python's stack there, a 500 after
     the request was admitted."""
     def nested(n: int) -> dict[str, Any]:

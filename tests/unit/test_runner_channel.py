@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from exod import messages as m
-from exod.protocol import FrameDecoder
+from exod.wire import messages as m
+from exod.wire.protocol import FrameDecoder
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.api.objects import Reply
 from exod.api.schema import parse_chat, parse_completion, with_template_defaults
 from exod.config import ConfigError, load_config

@@ -352,7 +352,7 @@ def test_exod_raises_its_open_files_limit_to_the_hard_one() -> None:
 
 # ---- bounded queues: a client that does not read is dropped, never buffered for --------------
 def test_a_request_stream_drops_a_client_that_reads_too_slowly() -> None:
-    from exod import messages as m
+    from exod.wire import messages as m
     from exod.daemon.channel import MAX_PENDING, RequestStream
 
     sent: list[object] = []

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from exod.cli.table import serving_note
-from exod.control_status import SpeculativeStatus
-from exod.messages import Serving
+from exod.wire.control_status import SpeculativeStatus
+from exod.wire.messages import Serving
 from exod.daemon.status import serving_status
 
 BATCH = Serving(batching="continuous", width=8, active=3, prefill_step=256, cache_entries=2,

@@ -1,4 +1,4 @@
-"""The start-up contracts (exod.specs): what a runner, a fetcher and the probe start from.
+"""The start-up contracts (exod.wire.specs): what a runner, a fetcher and the probe start from.
 
 - No default or choice list of the config is declared a second time: a spec carries the
   schema's own `RunnerOptions`, its other fields from the config are typed with the schema's
@@ -23,17 +23,17 @@ from typing import Any, Literal, get_args, get_origin
 
 import pytest
 
-from exod import messages as m
-from exod import specs
-from exod.child_end import ChildEnd
+from exod.wire import messages as m
+from exod.wire import specs
+from exod.wire.child_end import ChildEnd
 from exod.config.schema import GrammarLimits, Instance, RunnerOptions
 from exod.config.validate import field_hints, unwrap
 from exod.core.shards import Shard
 from exod.daemon.launch import Launcher
 from exod.hub.ref import HubRef
-from exod.protocol import FrameDecoder, ProtocolError, encode, from_wire, to_wire
+from exod.wire.protocol import FrameDecoder, ProtocolError, encode, from_wire, to_wire
 
-EXOD = Path(specs.__file__).resolve().parent
+EXOD = Path(specs.__file__).resolve().parents[1]
 SPEC_CLASSES = [c for c in vars(specs).values()
                 if isinstance(c, type) and dataclasses.is_dataclass(c)
                 and c.__module__ == specs.__name__]
@@ -66,7 +66,7 @@ def test_no_runner_child_re_declares_a_choice_list_of_the_schema() -> None:
                for h in field_hints(cls).values() if get_origin(unwrap(h)[0]) is Literal}
     assert ("pipeline", "tensor") in choices
     for path in ("runner/__main__.py", "runner/text.py", "hub/__main__.py", "runner/split/probe.py",
-                 "specs.py", "daemon/launch.py", "child_end.py"):
+                 "wire/specs.py", "daemon/launch.py", "wire/child_end.py"):
         tree = ast.parse((EXOD / path).read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Tuple) and all(isinstance(e, ast.Constant) for e in node.elts):

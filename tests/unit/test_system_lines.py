@@ -17,7 +17,7 @@ from exod.api.serving import without_system_lines
 from exod.config.errors import ConfigError
 from exod.config.load import load_config
 from exod.core.system_lines import drop_lines, drop_system_lines
-from exod.messages import Generate
+from exod.wire.messages import Generate
 
 BILLING = "x-anthropic-billing-header:"
 LINE = "x-anthropic-billing-header: cc_version=2.1.332.e5a; cc_entrypoint=sdk-cli;"

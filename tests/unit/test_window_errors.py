@@ -1,5 +1,5 @@
 """A prompt past the context window: the runner's refusal (exod.core.request_rules.fit_window,
-sent with its numbers: exod.messages' `Error`), answered in each dialect's shape, in the words
+sent with its numbers: exod.wire.messages' `Error`), answered in each dialect's shape, in the words
 each one's clients act on (exod.api.window_errors): Claude Code's regular expression, OpenAI's
 `context_length_exceeded` that Codex tests, Ollama's own text."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.api.dialects.anthropic_output import AnthropicOutput, usage
 from exod.api.dialects.ollama_output import OllamaOutput
 from exod.api.dialects.responses_output import ResponsesOutput

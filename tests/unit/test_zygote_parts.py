@@ -1,5 +1,5 @@
 """The zygote's pure parts: which runners may be forked from it (exod.daemon.zygote.fits), and
-its wire (exod.zygote_wire) over a real SOCK_SEQPACKET socketpair, descriptors included."""
+its wire (exod.wire.zygote) over a real SOCK_SEQPACKET socketpair, descriptors included."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import socket
 
 import pytest
 
-from exod import zygote_wire as wire
+from exod.wire import zygote as wire
 from exod.daemon.zygote import fits
-from exod.protocol import ProtocolError
+from exod.wire.protocol import ProtocolError
 
 BASE = {"PATH": "/usr/bin", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
 

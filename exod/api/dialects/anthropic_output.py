@@ -17,7 +17,7 @@ import json
 import secrets
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.api import sse
 from exod.api.dialects.anthropic_request import View, error_body
 from exod.api.errors import ApiError

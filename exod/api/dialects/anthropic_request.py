@@ -19,7 +19,7 @@ from exod.api.seal import Sealer, Seals
 from exod.core import context_edits, images
 from exod.core import request_rules as rules
 from exod.core.images import Pictures, Source
-from exod.messages import Generate, ToolChoice
+from exod.wire.messages import Generate, ToolChoice
 
 # Thinking and effort map onto the chat template's switch (`enable_thinking`): a local
 # template has no effort scale, only on or off.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.api.fields import EMBEDDINGS, RERANK, Reading
 from exod.api.schema import http
 from exod.core import request_rules as rules

@@ -18,7 +18,7 @@ import json
 import time
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.api.dialects.ollama_request import Endpoint
 from exod.api.errors import ApiError
 from exod.api.ollama.objects import error_text, timestamp

@@ -20,7 +20,7 @@ from exod.core import images as pictures
 from exod.core import keep_alive as keep
 from exod.core import request_rules as rules
 from exod.core.request_rules import RequestError
-from exod.messages import Generate, Image
+from exod.wire.messages import Generate, Image
 
 Endpoint = Literal["chat", "generate"]
 UNBOUNDED = (1 << 31) - 1  # num_predict -1: clamped to the context window (and the cap)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.api import sse
 from exod.api.errors import ApiError
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.api import sse
 from exod.api.dialects.responses_request import View
 from exod.api.errors import ApiError

@@ -20,7 +20,7 @@ from exod.api.seal import Sealer, Seals
 from exod.core import images
 from exod.core import request_rules as rules
 from exod.core.images import Pictures, Source
-from exod.messages import Generate, ToolChoice
+from exod.wire.messages import Generate, ToolChoice
 
 # A local chat template has one thinking switch (`enable_thinking`), not a scale of effort.
 EFFORT_THINKS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True,

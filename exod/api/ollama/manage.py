@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from exod import control_messages as cm
+from exod.wire import control as cm
 from exod.api import page
 from exod.api.errors import ApiError, bad_request, model_not_found
 from exod.api.fields import OLLAMA_MANAGE, Reading

@@ -179,7 +179,7 @@ def fit_window(prompt: int, max_tokens: int, window: int | None, param: str,
 class WindowExceeded(RequestError):
     """A prompt refused by `fit_window`: its length, the window, and whether that window was
     the request's own (Ollama's `num_ctx`) rather than the model's. The runner sends the
-    numbers with its error (exod.messages' `Error`), and each dialect words the refusal as its
+    numbers with its error (exod.wire.messages' `Error`), and each dialect words the refusal as its
     clients recognise it (exod.api.window_errors)."""
 
     def __init__(self, message: str, param: str, *, prompt: int, window: int,
@@ -293,7 +293,7 @@ def chat_template_kwargs(raw: Any, param: str = "chat_template_kwargs") -> dict[
                                "of letters, digits and _, not an argument of the template call "
                                "itself)", param)
     # Nested as deep as a schema at most: the daemon writes the request to the runner by
-    # recursion (exod.protocol), which a value 500 lists deep overflowed (a 500).
+    # recursion (exod.wire.protocol), which a value 500 lists deep overflowed (a 500).
     depth(dict(raw), param)
     try:
         as_json = json.dumps(raw, ensure_ascii=False, allow_nan=False)

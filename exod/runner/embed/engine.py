@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config.embed import Encoding
 from exod.core.request_rules import RequestError
 from exod.runner.embed.inputs import Inputs, read_inputs

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config.embed import Encoding
 from exod.core.request_rules import RequestError
 from exod.core.request_rules import embeddings as rules

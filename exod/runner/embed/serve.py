@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config.embed import ENDPOINTS, Encoding, encoding
 from exod.core.exits import EXIT_MODEL, EXIT_OK, EXIT_UNAVAILABLE
 from exod.core.serving import EMBED_BATCH_TOKENS, EMBED_MAX_BATCH

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.runner.formats import harmony, literals, tagged
 from exod.runner.formats.base import (MAX_CALLS, Allowed, Call, Piece, Thought, ToolFormat,
                                       Transitions)

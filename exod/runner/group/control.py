@@ -6,7 +6,7 @@ in `recv` burns a good part of a core (`python -m bench group_start`), forever, 
 meant to idle for months; a blocking TCP read costs nothing. Tensors still go through MLX;
 only the "what next" messages, which a worker waits for most of its life, come this way.
 
-Rank 0 listens on the control address of its spec (`exod.specs.GroupSpec.control`: its own
+Rank 0 listens on the control address of its spec (`exod.wire.specs.GroupSpec.control`: its own
 address, one port past the ranks' ports) until every other rank has connected and proved it
 holds the group's key (the file the spec names), then closes the port. It runs every
 connection's handshake at once, each bounded by HANDSHAKE_TIMEOUT: strangers (a port scanner,
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.runner.group.handshake import SAME_VERSION, LeaderHandshake, Refused, worker_handshake
 from exod.runner.group.wire import Closed, ControlLost
 from exod.runner.log import WARNING, log

@@ -26,7 +26,7 @@ from collections.abc import Collection
 from typing import Any
 
 from exod.core.text import clip
-from exod.protocol import FrameDecoder, ProtocolError, encode, from_wire, to_wire
+from exod.wire.protocol import FrameDecoder, ProtocolError, encode, from_wire, to_wire
 from exod.runner.group import wire
 from exod.runner.group.wire import (
     HANDSHAKE_FRAME, MAX_LINE, NONCE, OURS, PREAMBLE, Challenge, ControlLost, Greeting, Proof,

@@ -23,9 +23,9 @@ import secrets
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config.schema import GrammarLimits
-from exod.protocol import to_wire
+from exod.wire.protocol import to_wire
 import mlx.core as mx
 
 from exod.runner.serving.batch_engine import BatchEngine, DiskChoice

@@ -33,9 +33,9 @@ from exod.core.exits import EXIT_PEER_LOST
 from exod.runner.group import control, wire
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import ERR, WARNING, log
-from exod import messages as m
+from exod.wire import messages as m
 from exod.runner.report import Reporter
-from exod.specs import GroupSpec
+from exod.wire.specs import GroupSpec
 
 
 # Seconds a peer may take per position of a step, on top of peer_timeout: a 2048-token prefill

@@ -1,7 +1,7 @@
 """The plan rank 0 of a group sends the other ranks before each step (exod.runner.group.lockstep):
 the engine operations since the last step, in order, the prompt cache's entry count, and
 whether to step. Pure (no mlx): each operation is a typed message, and the plan is one of the
-group's commands (exod.runner.group.wire), checked field by field by exod.protocol's decoder
+group's commands (exod.runner.group.wire), checked field by field by exod.wire.protocol's decoder
 when it arrives.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from exod import messages as m
-from exod.protocol import ProtocolError
+from exod.wire import messages as m
+from exod.wire.protocol import ProtocolError
 
 
 # ---- operations, replayed in order on every other rank's engine --------------------------------

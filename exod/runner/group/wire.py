@@ -1,6 +1,6 @@
 """What a group's control connections carry (rank 0 ↔ each other rank, plain TCP; see
-exod.runner.group.control for why not mx.distributed): exod.protocol's frames of typed messages,
-after a version line.
+exod.runner.group.control for why not mx.distributed): exod.wire.protocol's frames of typed
+messages, after a version line.
 
 A connection opens with each side's version line, `EXOD-GROUP-<VERSION>\\n` (every version
 starts so, and so can name another's), then the handshake (exod.runner.group.handshake):
@@ -24,7 +24,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from exod.protocol import HEADER, ProtocolError, encode, from_wire, parse, to_wire
+from exod.wire.protocol import HEADER, ProtocolError, encode, from_wire, parse, to_wire
 from exod.runner.group.plan import Plan
 
 VERSION = 8  # 3: load barrier on these connections; 5: no WAIT; 6: typed frames;

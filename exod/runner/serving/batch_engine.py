@@ -24,7 +24,7 @@ from typing import Any
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config.schema import GrammarLimits
 from exod.runner.serving.prepare import check_request, context_window, read_prompt, vocab_size
 from exod.runner.log import ERR, log

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.runner.prompt_cache.tiers import PromptCache
 from exod.runner.serving.batch_request import BatchRequest
 

@@ -3,7 +3,7 @@ prompt cache's tiers."""
 
 from __future__ import annotations
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.runner.prompt_cache.tiers import PromptCache
 
 

@@ -1,4 +1,4 @@
-"""Logprob entries (exod.messages.TokenLogprob) for the tokens a step generated, for the
+"""Logprob entries (exod.wire.messages.TokenLogprob) for the tokens a step generated, for the
 requests that asked.
 
 The log-probabilities are the rows mlx-lm's generators return with each token: the model's
@@ -18,7 +18,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core import request_rules as rules
 
 FLOOR = -9999.0  # a logprob of -inf (a token ruled out) as OpenAI reports it: JSON has no inf

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core.request_rules import RequestError, WindowExceeded
 from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle

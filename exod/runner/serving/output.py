@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.runner.serving.stop_sequences import StopMatcher
 
 

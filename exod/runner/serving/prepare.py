@@ -17,7 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core import context_edits, images, request_rules as rules
 from exod.core.request_rules import RequestError
 from exod.runner import formats

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.runner.serving.busy_notice import Meanwhile
 
 

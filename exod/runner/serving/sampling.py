@@ -21,7 +21,7 @@ import mlx.core as mx
 from mlx_lm.sample_utils import (apply_min_p, apply_top_k, apply_top_p, greedy_sampler,
                                  make_logits_processors)
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core import request_rules as rules
 from exod.runner.serving import model_checks
 

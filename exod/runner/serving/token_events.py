@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.runner.serving import tool_calls
 from exod.runner.serving.output import Output, with_pieces
 

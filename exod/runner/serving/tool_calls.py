@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core.request_rules import RequestError
 from exod.runner import formats
 from exod.runner.formats import Piece, Splitter, ToolFormat

@@ -22,7 +22,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step, generation_stream, speculative_generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config.schema import GrammarLimits
 from exod.runner.serving.prepare import (Processor, check_request, context_window, read_prompt,
                                          vocab_size)

@@ -8,10 +8,10 @@ and calls the model's forward on a few tokens with its own cache, without evalua
 A missing list of blocks, head counts that do not divide, a block whose output is not the
 hidden state, a projection reshaped to the full width after sharding: all of them fail there.
 
-The question comes on its channel (`exod.specs.ProbeAsk`, after its hello), the answer goes back
-there: one `ProbeAnswer`, a `Verdict` per layout, `unknown` when mlx-lm cannot even build the
+The question comes on its channel (`exod.wire.specs.ProbeAsk`, after its hello), the answer goes
+back there: one `ProbeAnswer`, a `Verdict` per layout, `unknown` when mlx-lm cannot even build the
 model from that config. A refusal's reason is in words (exod.runner.split.wording); `detail`
-keeps the raw error it was translated from. The daemon and `exod check` ask it (exod.ask:
+keeps the raw error it was translated from. The daemon and `exod check` ask it (exod.wire.ask:
 they never import mlx) and cache the answer.
 """
 
@@ -25,13 +25,13 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-from exod.child_end import ChildEnd
+from exod.wire.child_end import ChildEnd
 from exod.config.vision import SPLIT_BY_LAYERS, sees
 from exod.core.exits import EXIT_USAGE
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
 from exod.runner import import_table
 from exod.runner.split.wording import explain
-from exod.specs import PROBE_FIRST, ProbeAnswer, ProbeAsk, Verdict
+from exod.wire.specs import PROBE_FIRST, ProbeAnswer, ProbeAsk, Verdict
 
 ASK_WAIT = 60.0  # the question comes as soon as the asker reads the hello
 

@@ -25,7 +25,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import LRUPromptCache
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.config.schema import GrammarLimits
 from exod.core import memory
 from exod.runner.log import ERR, log

@@ -21,7 +21,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core import images
 from exod.runner.group.lockstep import LeaderEngine, follow, seeded
 from exod.runner.group.membership import Group, PeerLost

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core import images as limits
 from exod.core import memory
 from exod.core.request_rules import RequestError

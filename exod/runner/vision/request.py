@@ -9,7 +9,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.runner.serving import tool_calls
 from exod.runner.serving.output import Output
 from exod.runner.serving.prepare import Checked, Processor

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.core import memory
 from exod.core.exits import (EXIT_MODEL, EXIT_OK, EXIT_PEER_LOST, EXIT_TEMPFAIL,
                              EXIT_UNAVAILABLE)
@@ -19,7 +19,7 @@ from exod.runner.channel import Channel
 from exod.runner.lifecycle import Lifecycle
 from exod.runner.log import log
 from exod.runner.report import Reporter
-from exod.specs import RunnerSpec
+from exod.wire.specs import RunnerSpec
 
 if TYPE_CHECKING:
     from exod.runner.group.membership import Group

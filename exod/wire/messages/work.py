@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 from exod.core import images
 from exod.core.request_rules import embeddings as embed_rules
 from exod.core.sizes import format_size
-from exod.protocol import ProtocolError
+from exod.wire.protocol import ProtocolError
 
 
 # ---- daemon → runner --------------------------------------------------------------------------

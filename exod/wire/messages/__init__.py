@@ -1,11 +1,11 @@
 """Every message between the daemon and a runner, defined once, for both ends.
 
 One channel per runner: the socketpair it inherits (`--channel-fd`, the only thing on its
-command line), carrying `exod.protocol` frames. Each frame holds one JSON object whose `type`
+command line), carrying `exod.wire.protocol` frames. Each frame holds one JSON object whose `type`
 names a dataclass of this package (`lifecycle`, `events`, `work`); its other keys are that
-dataclass's fields, checked by `exod.protocol.from_wire` before either end acts on them. A
+dataclass's fields, checked by `exod.wire.protocol.from_wire` before either end acts on them. A
 runner's first message is `Hello`, whose `version` must equal `VERSION`; the daemon's first is
-the runner's start-up spec (`exod.specs.RunnerSpec`). Fetchers (`python -m exod.hub`) speak on
+the runner's start-up spec (`exod.wire.specs.RunnerSpec`). Fetchers (`python -m exod.hub`) speak on
 the same kind of channel with a union of their own, and each end checks what it reads against
 its own union. Which messages go which way: docs/api.md, "Daemon ↔ runner".
 
@@ -21,12 +21,12 @@ from typing import Any
 
 # Every message is re-exported here: some 70 modules (the runner's serving/ among them) use them
 # as `m.Generate`, one namespace for both ends.
-from exod.messages.events import (VECTORS_BYTES, Done, Error, ErrorCode, FinishReason, Held,
+from exod.wire.messages.events import (VECTORS_BYTES, Done, Error, ErrorCode, FinishReason, Held,
                                   Prefill, Text, TokenLogprob, ToolCall, TopLogprob, Vectors)
-from exod.messages.lifecycle import (HEARTBEAT_EVERY, Download, Failed, Fetched, Heartbeat,
+from exod.wire.messages.lifecycle import (HEARTBEAT_EVERY, Download, Failed, Fetched, Heartbeat,
                                      Hello, Phase, Progress, Ready, Serving, Status, Stopping)
-from exod.messages.work import Cancel, ClearCache, Embed, Generate, Image, Shutdown, ToolChoice
-from exod.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
+from exod.wire.messages.work import Cancel, ClearCache, Embed, Generate, Image, Shutdown, ToolChoice
+from exod.wire.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
 __all__ = [
     "HEARTBEAT_EVERY", "VECTORS_BYTES", "VERSION", "Cancel", "ClearCache", "Done", "Download",
@@ -44,7 +44,7 @@ VERSION = 21  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
 # 11: Serving's speculative decoding counts; 12: Done.reasoning_tokens;
 # 13: Generate.think_budget; 14: Generate.names and context_edits, Done.applied_edits;
-# 15: Generate.images and content parts (exod.core.images); 16: start-up specs (exod.specs)
+# 15: Generate.images and content parts (exod.core.images); 16: start-up specs (exod.wire.specs)
 # on the channel, not argv; 17: Generate.context_window; 18: Embed, Vectors, Serving's batch
 # counts; 19: Shutdown.grace, ClearCache, Serving's disk tier; 20: ToolCall.call_id;
 # 21: Error's context_length_exceeded, prompt_tokens, window, own_window

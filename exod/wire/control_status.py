@@ -1,6 +1,6 @@
 """What `exoctl status` shows, typed: the daemon's snapshot of itself and of every instance,
 rank, download and serving engine (made by exod.daemon.status; carried by the control socket's
-answers and events, exod.control_messages)."""
+answers and events, exod.wire.control)."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 split probe's, written once.
 
 The parent passes one end of a socketpair as an inherited descriptor (`--channel-fd N`, the
-only thing on the child's command line), carrying `exod.protocol` frames. The child says
+only thing on the child's command line), carrying `exod.wire.protocol` frames. The child says
 `Hello` with its protocol version (`start`); the parent's first frame then says what to do
-(a start-up spec or a question, `exod.specs`: `spec()` waits for it), and whatever follows is
+(a start-up spec or a question, `exod.wire.specs`: `spec()` waits for it), and whatever follows is
 read by a thread, checked against the messages this child takes, and handed to `on_message`.
 End of stream, or a frame that is not one of those messages, ends the channel: `on_closed`,
 with the reason when it was broken. The same thread may watch one more descriptor (a runner's
@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from exod import messages as m
-from exod.protocol import FrameDecoder, ProtocolError, encode, from_wire, to_wire
+from exod.wire import messages as m
+from exod.wire.protocol import FrameDecoder, ProtocolError, encode, from_wire, to_wire
 
 S = TypeVar("S")
 OnClosed = Callable[[str | None], None]  # why, when the channel broke; None: it just ended

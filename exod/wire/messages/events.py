@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from exod.core.request_rules import embeddings as embed_rules
-from exod.protocol import ProtocolError
+from exod.wire.protocol import ProtocolError
 
 
 # ---- runner → daemon: work ------------------------------------------------------------------

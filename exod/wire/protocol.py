@@ -1,16 +1,16 @@
 """The one wire format of exod's processes: frames of JSON objects, each object a typed message.
 
 Framing: each frame is a 4-byte big-endian length then that many bytes of UTF-8 JSON (an
-object). Carried by the daemon ↔ runner channel (what the objects say: `exod.messages`) and
+object). Carried by the daemon ↔ runner channel (what the objects say: `exod.wire.messages`) and
 by a group's control connections (`exod.runner.group.wire`). The control socket that exoctl
-talks to carries the same objects one per line instead (see `exod.control_messages` for why).
+talks to carries the same objects one per line instead (see `exod.wire.control` for why).
 
 Messages: frozen dataclasses whose `type` ClassVar names them on the wire (the `tag` key,
 "type" unless a wire says otherwise). `to_wire` turns one into its JSON object, `from_wire`
 turns an object back into one of the classes a receiver allows, checking every field (its type,
 required, no unknown keys, nested messages and Literal choices alike) before anyone acts on it:
 ProtocolError for anything else, never another exception. Paths travel as text, tuples as
-lists, the config schema's own classes too (a runner's options, exod.specs).
+lists, the config schema's own classes too (a runner's options, exod.wire.specs).
 
 JSON, not pickle: a peer must never be able to make us execute anything. Imports nothing heavy.
 """

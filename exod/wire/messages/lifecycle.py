@@ -8,7 +8,7 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
-from exod.protocol import ProtocolError
+from exod.wire.protocol import ProtocolError
 
 
 class Phase(str, enum.Enum):

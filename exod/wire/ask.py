@@ -3,7 +3,7 @@ the same kind of channel as a runner's, with the same typed, versioned, checked 
 
 `python -m MODULE --channel-fd N` (in safe-path mode, in exod's own folder: exod.child_start):
 the child says `Hello` (its version must be ours), gets the
-question as its first frame (`exod.specs`), and answers with one message of `answers`; what it
+question as its first frame (`exod.wire.specs`), and answers with one message of `answers`; what it
 says before that (`meanwhile`, e.g. a fetcher's status) is checked and passed over. Anything
 else, a child of another version, a child that dies or says nothing in time: `NoAnswer`, with
 the reason in one line. The child's output goes nowhere (mlx-lm prints as it likes), and its
@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from exod import messages as m
+from exod.wire import messages as m
 from exod.child_start import explicit_path, helper_dir, python_argv
-from exod.protocol import FrameDecoder, ProtocolError, encode, from_wire, to_wire
+from exod.wire.protocol import FrameDecoder, ProtocolError, encode, from_wire, to_wire
 
 EXIT_WAIT = 5.0  # once it answered, the child exits at once (its channel closes)
 

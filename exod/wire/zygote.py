@@ -1,7 +1,7 @@
 """What the daemon and its zygote (exod.runner.zygote) say to each other, and how.
 
 One SOCK_SEQPACKET socketpair: a datagram is one message, the JSON of one of the dataclasses
-below (exod.protocol's to_wire/from_wire, checked field by field), and a `Fork` carries the
+below (exod.wire.protocol's to_wire/from_wire, checked field by field), and a `Fork` carries the
 runner's three descriptors (its channel, stdout and stderr) as SCM_RIGHTS. The zygote speaks
 first, once: `ZygoteReady` when its imports are done, or `ZygoteDeclined` with the reason it
 cannot fork runners here. Then each `Fork` is answered by `Forked` (the runner's pid) or
@@ -16,7 +16,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from exod.protocol import ProtocolError, from_wire, to_wire
+from exod.wire.protocol import ProtocolError, from_wire, to_wire
 
 MAX_DATAGRAM = 1 << 20  # a Fork holds a whole environment
 FORK_FDS = 3  # channel, stdout, stderr

@@ -1,7 +1,7 @@
 """Every request and answer on the control socket between exoctl and the daemon, defined once
-for both ends, each checked field by field on arrival by exod.protocol's decoder.
+for both ends, each checked field by field on arrival by exod.wire.protocol's decoder.
 
-The socket carries one JSON object per line rather than exod.protocol's length-prefixed frames:
+The socket carries one JSON object per line rather than exod.wire.protocol's length-prefixed frames:
 exoctl(1) documents this protocol for people, who script it with `socat`/`nc -U` and read its
 answers as they come; a binary length in front of each object would end that. The objects are
 the same kind of typed messages all the same.
@@ -9,7 +9,7 @@ the same kind of typed messages all the same.
 A request names its command under "cmd" (`{"cmd": "stop", "name": "big"}`). The final answer
 is `{"ok": true, ...}` with the command's fields, or `Failure` (`{"ok": false, "error": ...}`);
 the streaming commands (wait, watch, logs) send events first, named under "event". The
-snapshot that status answers and events carry is exod.control_status. Imports nothing heavy:
+snapshot that status answers and events carry is exod.wire.control_status. Imports nothing heavy:
 exoctl starts in well under 0.3 s.
 """
 
@@ -19,9 +19,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from exod.control_status import InstanceStatus, Snapshot
+from exod.wire.control_status import InstanceStatus, Snapshot
 from exod.core.states import State
-from exod.protocol import ProtocolError, decode_as, from_wire
+from exod.wire.protocol import ProtocolError, decode_as, from_wire
 
 REQUEST_TAG, EVENT_TAG = "cmd", "event"
 

@@ -1,7 +1,7 @@
 """What each child process of exod starts from, and the questions put to the short-lived ones.
 
 A child's command line holds its channel's descriptor alone (`--channel-fd N`). The child says
-`Hello` with its protocol version first (`exod.messages`); once the parent has checked it, its
+`Hello` with its protocol version first (`exod.wire.messages`); once the parent has checked it, its
 first frame is one of these, checked field by field like every message, and versioned too: a
 runner's `RunnerSpec`; a fetcher's `FetchSpec`, or `PlanAsk` from `exod check`, answered by one
 `Planned` (or `Failed`); the split probe's `ProbeAsk`, answered by one `ProbeAnswer`.
@@ -26,7 +26,7 @@ from exod.config.schema import Backend, Parallelism, RunnerOptions
 from exod.config.types import Duration, JsonValue, ModelDir
 from exod.core.shards import Shard
 from exod.hub.ref import HubRef
-from exod.protocol import ProtocolError
+from exod.wire.protocol import ProtocolError
 
 
 # ---- a runner ---------------------------------------------------------------------------------
