@@ -152,7 +152,7 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
             folder_check.lines(cfg) + folder_check.old_layout(cfg):
         click.echo(f"warning: {warning}", err=True)
     n = len(cfg.instances)
-    worst = ladder.longest(cfg)
+    worst = ladder.longest(cfg.stop_policies())
     files = [("unit", u) for u in units] + [("plist", p) for p in plists]
     for kind, f in files or checks.installed():
         check_file = checks.check_unit if kind == "unit" else checks.check_plist
@@ -173,7 +173,7 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
 def serving_lines(inst: Instance) -> list[str]:
     """`exod check`'s words for the names an instance answers to, and for an on-demand one its
     idle stop and the keep_alive a request may set."""
-    from exod.config.durations import format_duration
+    from exod.core.durations import format_duration
 
     def show(seconds: float) -> str:
         return "never" if math.isinf(seconds) else format_duration(seconds)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from exod.wire import control as cm
-from exod.config.durations import format_duration
+from exod.core.durations import format_duration
 from exod.core.sizes import format_size
 
 BAR = 16  # cells of the bar

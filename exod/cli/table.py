@@ -10,7 +10,7 @@ from exod.core.states import State
 def human_duration(s: float | None) -> str:
     if s is None:
         return "-"
-    from exod.config.durations import format_duration
+    from exod.core.durations import format_duration
 
     return format_duration(float(int(s)))  # whole seconds: an uptime, not a measurement
 

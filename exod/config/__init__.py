@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from exod.config.diff import ConfigDiff, diff
 
 if TYPE_CHECKING:
-    from exod.config.durations import format_duration, parse_duration
     from exod.config.errors import ConfigError, Problem
     from exod.config.explain import explain_keys
     from exod.config.load import load_config, resolve_config_path
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
     )
 
 _MODULES = {
-    "durations": ("format_duration", "parse_duration"),
     "errors": ("ConfigError", "Problem"),
     "explain": ("explain_keys",),
     "load": ("load_config", "resolve_config_path"),
@@ -48,8 +46,7 @@ _HOME = {name: module for module, names in _MODULES.items() for name in names}
 __all__ = [
     "DEFAULT_API_PORT", "DEFAULT_CONFIG_PATH", "Api", "BackoffPolicy", "Config", "ConfigDiff",
     "ConfigError", "Control", "Defaults", "Host", "Instance", "Node", "Problem", "StartLimit",
-    "StopPolicy", "diff", "explain_keys", "format_duration", "load_config", "model_layer_count",
-    "parse_duration", "resolve_config_path",
+    "StopPolicy", "diff", "explain_keys", "load_config", "model_layer_count", "resolve_config_path",
 ]
 
 

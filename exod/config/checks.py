@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from exod.config.durations import format_duration
+from exod.core.durations import format_duration
 from exod.core import names, request_rules
 from exod.config.model_dir import model_heads, model_layer_count
 from exod.config.probe import layout_problem

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from exod.config.durations import format_duration
+from exod.core.durations import format_duration
 from exod.config.schema import Config
 from exod.core.sizes import format_size
 from exod.config.types import Kind

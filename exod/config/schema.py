@@ -7,7 +7,7 @@ Each field's `metadata["doc"]` is the text shown to operators, the one copy of i
 `code` is set in bold on the man page.
 
 Durations are plain floats in seconds once loaded; the YAML side accepts `500ms`, `10s`, `2m`,
-`1h` or a bare number of seconds (see `exod.config.durations`).
+`1h` or a bare number of seconds (see `exod.core.durations`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from exod.core.serving import (DEFAULT_KV_GROUP_SIZE, DEFAULT_NUM_DRAFT_TOKENS,
                                DEFAULT_QUANTIZED_KV_START)
 from exod.core.names import ALIAS_RE
 from exod.core.images import MAX_IMAGES, MAX_PIXELS, REQUEST_MEGAPIXELS
+from exod.core.restarts import RestartMode
 from exod.hub.ref import HubRef
 from exod.config.types import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir,
                                Network, Octal, Size)
 from exod.paths import default_control_socket
 
-RestartMode = Literal["no", "on-failure", "always"]
 Parallelism = Literal["pipeline", "tensor"]
 ReadyPolicy = Literal["daemon", "instances"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -884,3 +884,7 @@ class Config:
         metadata=doc("The instances, each under its name: one model each, served by one rank or "
                      "several (runner processes)."),
     )
+
+    def stop_policies(self) -> list[StopPolicy]:
+        """Every stop ladder this config declares: each instance's and the defaults'."""
+        return [*(i.stop for i in self.instances.values()), self.defaults.stop]

@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from exod.config.durations import format_duration, parse_duration
+from exod.core.durations import format_duration, parse_duration
 from exod.config.errors import Mark, Problem
 from exod.config.model_dir import model_dir_problem
 from exod.core.sizes import parse_size

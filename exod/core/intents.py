@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar
 
-from exod.config.schema import Instance
 from exod.core.restarts import Decision
+
+Settings = TypeVar("Settings")  # what replaces a retired instance: its new config (the daemon's)
 
 
 @dataclass(frozen=True)
@@ -44,17 +46,17 @@ class Recover:
 
 
 @dataclass(frozen=True)
-class Retire:
+class Retire(Generic[Settings]):
     """A reload removed it (`replacement` None) or changed it: this runtime never starts
     again, and the replacement takes its place once it is stopped. `restart`: it was running,
     so the replacement starts; `hold`: an operator's stop holds the replacement too."""
 
-    replacement: Instance | None
+    replacement: Settings | None
     hold: bool
     restart: bool
 
 
-Intent = Rest | Hold | Again | Recover | Retire
+Intent = Rest | Hold | Again | Recover | Retire[Any]
 
 
 @dataclass
@@ -87,7 +89,8 @@ def on_start(current: Intent, operator: bool) -> Intent:
     return Again(operator or (isinstance(current, Again) and current.operator))
 
 
-def on_retire(current: Intent | None, replacement: Instance | None, running: bool) -> Retire:
+def on_retire(current: Intent | None, replacement: Settings | None,
+              running: bool) -> Retire[Settings]:
     """A reload during a retirement only changes what replaces it: the latest config wins."""
     if isinstance(current, Retire):
         return replace(current, replacement=replacement)

@@ -7,13 +7,22 @@ to keep it; in exod, an on-demand instance's idle window, within the operator's 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol
 
-from exod.config.durations import parse_signed
-from exod.config.schema import KeepAliveBounds
+from exod.core.durations import parse_signed
 from exod.core.request_rules import RequestError
 
 NEVER = math.inf
+
+
+class KeepAliveBounds(Protocol):
+    """The operator's floor and ceiling (the config's `keep_alive: {min, max}`), in seconds."""
+
+    @property
+    def min(self) -> float: ...
+
+    @property
+    def max(self) -> float: ...
 
 
 def parse(raw: Any, param: str = "keep_alive") -> float | None:

@@ -9,9 +9,25 @@ here sleeps or touches a process.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
-from exod.config.schema import Config, StopPolicy
+
+class StopPolicy(Protocol):
+    """What the ladder reads of a stop policy (the config's `stop`), in seconds."""
+
+    @property
+    def grace(self) -> float: ...
+
+    @property
+    def attempts(self) -> int: ...
+
+    @property
+    def interval(self) -> float: ...
+
+    @property
+    def kill_interval(self) -> float: ...
 
 
 class Step(str, enum.Enum):
@@ -48,10 +64,9 @@ def worst_case(policy: StopPolicy) -> float:
 STOP_MARGIN = 5.0
 
 
-def longest(config: Config) -> float:
-    """The worst case of the longest ladder in a config (the defaults' included)."""
-    return max([worst_case(i.stop) for i in config.instances.values()]
-               + [worst_case(config.defaults.stop)])
+def longest(policies: Iterable[StopPolicy]) -> float:
+    """The worst case of the longest of these ladders (a config's: its defaults' included)."""
+    return max(worst_case(p) for p in policies)
 
 
 def describe(policy: StopPolicy) -> str:

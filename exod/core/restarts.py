@@ -9,9 +9,40 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass
+from typing import Literal, Protocol
 
-from exod.config.schema import BackoffPolicy, RestartMode, StartLimit
 from exod.core.exits import ExitInfo
+
+RestartMode = Literal["no", "on-failure", "always"]
+
+
+class BackoffPolicy(Protocol):
+    """What a backoff reads of its policy (the config's `backoff`); durations in seconds."""
+
+    @property
+    def initial(self) -> float: ...
+
+    @property
+    def multiplier(self) -> float: ...
+
+    @property
+    def max(self) -> float: ...
+
+    @property
+    def jitter(self) -> float: ...
+
+    @property
+    def reset_after(self) -> float: ...
+
+
+class StartLimit(Protocol):
+    """At most `burst` failed starts within `interval` seconds (the config's `start_limit`)."""
+
+    @property
+    def burst(self) -> int: ...
+
+    @property
+    def interval(self) -> float: ...
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from loguru import logger
 from exod.wire import control as cm
 from exod.wire import control_status as cs
 from exod.wire import messages as m
-from exod.config.durations import format_duration
+from exod.core.durations import format_duration
 from exod.config.schema import BackoffPolicy, StopPolicy
 from exod.core.exits import PERMANENT_EXIT_CODES, ExitInfo
 from exod.core.ladder import Step

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from exod.wire import messages as m
-from exod.config.durations import format_duration
+from exod.core.durations import format_duration
 from exod.daemon.clock import Clock, Timer
 from exod.daemon.rank import RankRuntime
 

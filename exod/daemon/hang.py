@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from exod.config.durations import format_duration
+from exod.core.durations import format_duration
 from exod.daemon.channel import RequestStream
 from exod.daemon.clock import Clock, Timer
 

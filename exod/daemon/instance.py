@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from loguru import logger
 
 from exod.config.schema import Instance
-from exod.config.durations import format_duration
+from exod.core.durations import format_duration
 from exod.core import intents
 from exod.core.exits import EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo, Hung
 from exod.core.intents import Again, Intent, Recover, Retire, StopJob
@@ -74,7 +74,7 @@ class Seam(RankSeam, Protocol):
         """The model's files are at `path`: plan the ranks from its config.json."""
         ...
 
-    def retired(self, inst: InstanceRuntime, then: Retire) -> None:
+    def retired(self, inst: InstanceRuntime, then: Retire[Instance]) -> None:
         """`inst` is stopped for a reload: drop it, or put `then.replacement` in its place."""
         ...
 

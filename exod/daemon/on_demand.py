@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from loguru import logger
 
-from exod.config.durations import format_duration
+from exod.core.durations import format_duration
 from exod.core.keep_alive import bounded
 from exod.core.states import State
 from exod.daemon.clock import Clock, Timer

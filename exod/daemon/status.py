@@ -5,7 +5,7 @@ is cached."""
 from __future__ import annotations
 
 from exod.wire import control_status as cs
-from exod.config.durations import format_duration
+from exod.core.durations import format_duration
 from exod.wire.messages import Phase, Serving
 from exod.core.states import State
 from exod.daemon.instance import InstanceRuntime

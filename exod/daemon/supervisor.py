@@ -173,7 +173,7 @@ class Supervisor(HubSeam, ConfigReload):
                 control_socket=str(self.config.control.socket),
                 summary=self.readiness.line(self),
                 api=self.api.info() if self.api is not None else None,
-                stop_worst_case_s=ladder.longest(self.config),
+                stop_worst_case_s=ladder.longest(self.config.stop_policies()),
             ),
             instances=[status.instance_status(i, now, stall) for i in self.ordered()],
         )
@@ -326,7 +326,7 @@ class Supervisor(HubSeam, ConfigReload):
         wins."""
         self.instances[name].retire(replacement)
 
-    def retired(self, old: InstanceRuntime, then: Retire) -> None:
+    def retired(self, old: InstanceRuntime, then: Retire[Instance]) -> None:
         latest = then.replacement
         if latest is None:
             del self.instances[old.name]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from exod import __version__
 from exod.core.ladder import STOP_MARGIN
-from exod.config.durations import parse_timespan
+from exod.core.durations import parse_timespan
 from exod.service_files.install import exod_command
 from exod.service_files.stamp import older, read_stamp
 from exod.service_files.unitfile import load_unit

@@ -197,7 +197,7 @@ def config_problems(path: Path, svc: dict[str, str], who: Identity, active: bool
             why, fix = problem
             out.append(Problem(f"hub.cache {hub_cache}: {why}", fix))
     ports = [] if active else port_problems(cfg, bind)
-    return out + ports, longest(cfg)
+    return out + ports, longest(cfg.stop_policies())
 
 
 def group_exists(name: str) -> bool:

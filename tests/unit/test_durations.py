@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exod.config import format_duration, parse_duration
+from exod.core.durations import format_duration, parse_duration
 
 
 @pytest.mark.parametrize("value, seconds", [

@@ -18,7 +18,7 @@ from exod.core.ladder import worst_case
 from exod import __version__
 from exod.service_files import checks, files, install, steps
 from exod.service_files.stamp import read_stamp
-from exod.config.durations import parse_timespan
+from exod.core.durations import parse_timespan
 from exod.service_files.unitfile import load_unit, parse_unit
 
 REPO = Path(__file__).resolve().parents[2]
