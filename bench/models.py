@@ -34,7 +34,7 @@ import openai
 from bench.common import CACHE, PY, REPO, median, model, report, verdict
 from exod.wire import messages as m
 from exod.wire.ask import ask
-from exod.hub.ref import HubRef
+from exod.core.hub_ref import HubRef
 from exod.wire.specs import FetchSpec
 from tests.harness import Daemon
 from tests.hub import Hub

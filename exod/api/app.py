@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 from loguru import logger
 
-from exod.api import address, page, stopping
+from exod.api import page, stopping
 from exod.api.dialects import anthropic_request as anthropic
 from exod.api.dialects import ollama_embed
 from exod.api.dialects import responses_request as responses
@@ -53,6 +53,7 @@ from exod.api.token import read_tokens
 from exod.wire.control_status import ApiStatus
 from exod.api.view import Daemon
 from exod.config.schema import Api
+from exod.core import listen
 from exod.core.states import State
 from exod.paths import state_dir
 
@@ -74,7 +75,7 @@ class ApiServer(Middlewares, ModelList):
         self.cfg = cfg
         self.sup = daemon
         # Every address is served alike (e.g. exod's own port and Ollama's, 11434).
-        self.addresses = [address.parse_listen(a) for a in cfg.listen]
+        self.addresses = [listen.parse_listen(a) for a in cfg.listen]
         self.tokens: list[bytes] = []
         self.started_wall = int(time.time())
         self.hosts = HostPolicy([h for h, _ in self.addresses], cfg.allowed_hosts)
@@ -180,7 +181,7 @@ class ApiServer(Middlewares, ModelList):
 
     @property
     def urls(self) -> list[str]:
-        return [address.url(h, p) for h, p in self.addresses]
+        return [listen.url(h, p) for h, p in self.addresses]
 
     def info(self) -> ApiStatus:
         """For the status snapshot: where exoctl (and people) find the API."""

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from exod.wire.control_status import Snapshot
     from exod.daemon.log_ring import LogRings
     from exod.daemon.traffic import Traffic
-    from exod.hub.ref import HubRef
+    from exod.core.hub_ref import HubRef
 
 
 class Daemon(Protocol):

@@ -16,7 +16,7 @@ from exod.core.memory import RUNTIME_BYTES
 from exod.hub import cache as hub_cache
 from exod.core.sizes import format_size
 from exod.hub.files import disk_problem
-from exod.hub.ref import HubRef
+from exod.core.hub_ref import HubRef
 from exod.wire.specs import PlanAsk, Planned
 
 PLAN_TIMEOUT = 120.0

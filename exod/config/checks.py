@@ -197,7 +197,7 @@ def _span(instance: Instance) -> str:
 def listen_problems(addresses: Sequence[str]) -> list[tuple[int, str]]:
     """(index, why) of each api.listen address that repeats an earlier one (port 0 aside:
     each of those binds its own free port)."""
-    from exod.api.address import parse_listen
+    from exod.core.listen import parse_listen
 
     seen: dict[tuple[str, int], int] = {}
     out = []

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from exod.config.errors import Mark
 from exod.config.yamlpos import MapNode, Node, Scalar, describe
-from exod.hub import ref as hub_ref
-from exod.hub.ref import HubRef
+from exod.core import hub_ref
+from exod.core.hub_ref import HubRef
 
 Problem = tuple[Mark, str, str]  # where, key path, message
 

@@ -7,7 +7,7 @@ import ipaddress
 import os
 import stat
 
-from exod.api.address import parse_listen
+from exod.core.listen import parse_listen
 from exod.config.schema import Config
 
 

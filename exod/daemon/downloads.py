@@ -40,7 +40,7 @@ from exod.core.text import clip
 from exod.daemon.clock import Clock, Timer
 from exod.daemon.ladder_driver import LadderDriver
 from exod.hub.files import progress_text
-from exod.hub.ref import HubRef
+from exod.core.hub_ref import HubRef
 
 RATE_WINDOW = 5.0  # seconds of samples the shown rate averages over
 

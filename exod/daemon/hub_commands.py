@@ -21,8 +21,8 @@ from exod.daemon.downloads import Download, Downloads, Outcome
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.traffic import Traffic
 from exod.hub import cache as hub_cache
-from exod.hub import ref as hub_ref
-from exod.hub.ref import HubRef
+from exod.core import hub_ref
+from exod.core.hub_ref import HubRef
 
 
 

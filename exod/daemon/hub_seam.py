@@ -20,7 +20,7 @@ from exod.daemon.instance import InstanceRuntime, RankRuntime
 from exod.daemon.launch import Launcher, fetcher_launch, plan_shards
 from exod.daemon.processes import RunnerHandlers
 from exod.hub import cache as hub_cache
-from exod.hub.ref import HubRef
+from exod.core.hub_ref import HubRef
 
 if TYPE_CHECKING:
     from exod.daemon.processes import ProcessTable

@@ -27,7 +27,7 @@ from exod.core.shards import Shard, pipeline_shards, tensor_shards
 from exod.daemon import rank_addresses
 from exod.daemon import spawn as os_seam
 from exod.daemon.cache_owner import CacheOwner
-from exod.hub.ref import HubRef
+from exod.core.hub_ref import HubRef
 from exod.wire.specs import FetchSpec, GroupSpec, RunnerSpec, runner_options
 
 M = TypeVar("M")

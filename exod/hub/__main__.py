@@ -22,7 +22,7 @@ from exod.wire import messages as m
 from exod.wire.child_end import ChildEnd
 from exod.core.exits import EXIT_UNAVAILABLE, EXIT_USAGE
 from exod.hub.fetch import Job, main, plan_only
-from exod.hub.ref import make
+from exod.core.hub_ref import make
 from exod.secret_file import SecretFileError, read_secret
 from exod.wire.specs import FETCHER_FIRST, FetchSpec, PlanAsk
 

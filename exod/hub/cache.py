@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from exod import cache_files
-from exod.hub.ref import COMMIT_RE, HubRef
+from exod.core.hub_ref import COMMIT_RE, HubRef
 from exod.paths import READABLE, SYSTEM_STATE, make_dirs, user_cache
 
 REPO_FOLDERS = ("blobs", "refs", "snapshots", "exod")

@@ -22,7 +22,7 @@ from exod.core.exits import EXIT_TEMPFAIL, EXIT_UNAVAILABLE
 from exod.hub import cache as hc
 from exod.hub.files import disk_problem, wanted
 from exod.wire.child_end import ChildEnd
-from exod.hub.ref import HubRef
+from exod.core.hub_ref import HubRef
 from exod.hub.verify import Hasher, digest
 from exod.paths import READABLE, make_dirs
 from exod.wire.specs import FetchSpec, Planned

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from exod.config.schema import Backend, Parallelism, RunnerOptions
 from exod.config.types import Duration, JsonValue, ModelDir
 from exod.core.shards import Shard
-from exod.hub.ref import HubRef
+from exod.core.hub_ref import HubRef
 from exod.wire.protocol import ProtocolError
 
 

@@ -11,7 +11,7 @@ import pytest
 from exod.wire import messages as m
 from exod.wire.messages import Generate, decode_to_runner, to_wire
 
-from exod.api import address
+from exod.core import listen as address
 from exod.api.errors import ApiError
 from exod.api import sse
 from exod.api.objects import Reply

@@ -25,7 +25,7 @@ from exod.config.schema import Instance
 from exod.core.shards import Shard
 from exod.daemon import spawn, zygote
 from exod.daemon.launch import Launcher, fetcher_launch
-from exod.hub.ref import HubRef
+from exod.core.hub_ref import HubRef
 from exod.wire.specs import Layout, ProbeAnswer, ProbeAsk
 
 SAFE = ["-P"] if sys.version_info >= (3, 11) else []

@@ -13,7 +13,7 @@ from exod.config.schema import BackoffPolicy, StopPolicy
 from exod.core.exits import EXIT_TEMPFAIL
 from exod.core.states import IllegalTransition, Tracked
 from exod.daemon.downloads import FETCH_TRANSITIONS, Download, Downloads, Fetch, Outcome
-from exod.hub.ref import HubRef
+from exod.core.hub_ref import HubRef
 from tests.unit.fakes import ASK, KILL, TERM, FakeSeam
 
 REF = HubRef("org/tiny")

@@ -17,7 +17,7 @@ from exod import paths
 from exod.config.schema import Instance
 from exod.daemon.cache_owner import CacheOwner
 from exod.hub import cache as hc
-from exod.hub.ref import HubRef
+from exod.core.hub_ref import HubRef
 from exod.models._io import STAMP_NAME
 from tests.unit.test_memory import model as tiny_model
 

@@ -20,7 +20,7 @@ from exod.core.shards import pipeline_shards
 from exod.core.states import State
 from exod.daemon.instance import InstanceRuntime
 from exod.hub import cache as hc
-from exod.hub import ref as hub_ref
+from exod.core import hub_ref
 from exod.hub.fetch import Job
 from exod.hub.fetch import main as fetch_main
 from exod.hub.files import disk_problem, progress_text, wanted

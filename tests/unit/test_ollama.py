@@ -25,7 +25,7 @@ from exod.api.tool_output import streamed_call
 from exod.config.model_caps import Capabilities
 from exod.config.model_facts import ModelFacts
 from exod.wire.control import DownloadEvent
-from exod.hub.ref import HubRef
+from exod.core.hub_ref import HubRef
 from exod.wire.messages import decode_to_runner, to_wire
 
 HELLO = [{"role": "user", "content": "hello"}]

@@ -30,7 +30,7 @@ from exod.config.schema import GrammarLimits, Instance, RunnerOptions
 from exod.config.validate import field_hints, unwrap
 from exod.core.shards import Shard
 from exod.daemon.launch import Launcher
-from exod.hub.ref import HubRef
+from exod.core.hub_ref import HubRef
 from exod.wire.protocol import FrameDecoder, ProtocolError, encode, from_wire, to_wire
 
 EXOD = Path(specs.__file__).resolve().parents[1]

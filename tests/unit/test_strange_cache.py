@@ -20,7 +20,7 @@ import pytest
 
 from exod import cache_files
 from exod.hub import cache as hc
-from exod.hub.ref import HubRef
+from exod.core.hub_ref import HubRef
 from exod.runner.prompt_cache import fingerprint as fp
 from exod.runner.prompt_cache.disk import DiskTier
 from tests.immutable import immutable_files

@@ -34,8 +34,8 @@ from exod.core import request_rules as rules
 from exod.core.states import State
 from exod.daemon import hub_commands
 from exod.daemon.downloads import Outcome
-from exod.hub import ref as hub_ref
-from exod.hub.ref import HubRef
+from exod.core import hub_ref
+from exod.core.hub_ref import HubRef
 
 if TYPE_CHECKING:
     from exod.api.ollama.host import Host

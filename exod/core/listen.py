@@ -1,4 +1,5 @@
-"""`api.listen` values: `HOST:PORT`, `[IPV6]:PORT`, or "" (the API is off)."""
+"""`api.listen` values: `HOST:PORT`, `[IPV6]:PORT`, or "" (the API is off); where a local client
+reaches a server bound so. Pure: the config checks them, the API binds by them, the CLI connects."""
 
 from __future__ import annotations
 
