@@ -19,7 +19,9 @@ from exod.core.exits import EXIT_CONFIG
 STARTUP_EXTENSION = 15.0
 
 if TYPE_CHECKING:
-    from exod.config.schema import Config, Instance
+    from exod.config.schema import Api, Config, Instance
+    from exod.daemon.front import Front
+    from exod.daemon.supervisor import Supervisor
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -100,9 +102,16 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
 
     async def serve() -> int:
         install_loop_handler(asyncio.get_running_loop(), RateLimitedLog())
-        return await Supervisor(cfg, service).run()
+        return await Supervisor(cfg, service, api_server).run()
 
     sys.exit(asyncio.run(serve()))
+
+
+def api_server(cfg: Api, daemon: Supervisor) -> Front:
+    """The HTTP API the daemon serves (aiohttp is imported only when api.listen is set)."""
+    from exod.api.app import ApiServer
+
+    return ApiServer(cfg, daemon)
 
 
 @main.command()

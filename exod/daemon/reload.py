@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loguru import logger
 
@@ -15,6 +15,7 @@ from exod.config import ConfigError, diff, load_config
 from exod.config.schema import Config, Instance
 from exod.core.names import Names
 from exod.daemon.clock import Timer
+from exod.daemon.front import Front
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.launch import Launcher
 from exod.daemon.manager_notify import ServiceNotifier
@@ -29,7 +30,7 @@ class ConfigReload:
     stopping: bool
     service: ServiceNotifier
     readiness: Readiness
-    api: Any
+    api: Front | None
     memory: MemoryCheck
     launcher: Launcher
     reloads: dict[str, int]

@@ -15,13 +15,13 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from loguru import logger
 
 from exod import __version__
 from exod.wire import control_status as cs
-from exod.config.schema import Config, Instance
+from exod.config.schema import Api, Config, Instance
 from exod.core import ladder
 from exod.core.intents import Retire
 from exod.core.shards import Shard, ShardError
@@ -37,6 +37,7 @@ from exod.daemon.channel import RunnerChannel
 from exod.daemon.log_ring import LogRings
 from exod.daemon.manager_notify import ServiceNotifier
 from exod.daemon.downloads import Download, Downloads
+from exod.daemon.front import Front
 from exod.daemon.hub_seam import HubSeam
 from exod.daemon.memory_check import MemoryCheck
 from exod.daemon.processes import ProcessTable, RunnerHandlers
@@ -47,9 +48,17 @@ from exod.daemon.traffic import Traffic
 from exod.daemon.manager_notify import watchdog_interval
 
 
+class FrontFactory(Protocol):
+    """Builds the HTTP API over this daemon (exod.cli.exod hands in exod.api's)."""
+
+    def __call__(self, cfg: Api, daemon: Supervisor, /) -> Front: ...
+
+
 class Supervisor(HubSeam, ConfigReload):
-    def __init__(self, config: Config, service: ServiceNotifier | None = None) -> None:
+    def __init__(self, config: Config, service: ServiceNotifier | None = None,
+                 front: FrontFactory | None = None) -> None:
         self.config = config
+        self._front = front  # builds the HTTP API, when api.listen is set
         self.names = names_of(config)
         self.service = service or ServiceNotifier()
         self.instances: dict[str, InstanceRuntime] = {}
@@ -70,7 +79,7 @@ class Supervisor(HubSeam, ConfigReload):
         self.control = ControlServer(config.control.socket, config.control.mode, self.commands,
                                      config.control.group, config.control.max_connections)
         self.readiness = Readiness(config.ready, self.service)
-        self.api: Any = None  # the HTTP API (exod.api.app.ApiServer), when api.listen is set
+        self.api: Front | None = None  # the HTTP API, when api.listen is set
         self.logs = LogRings()
         self.memory = MemoryCheck(config.defaults.memory_headroom)
         self.reloads = {"ok": 0, "failed": 0}
@@ -242,12 +251,10 @@ class Supervisor(HubSeam, ConfigReload):
         await z.ready(zygote.READY_WAIT)
 
     async def _start_api(self) -> None:
-        """The HTTP API, unless api.listen is "" (aiohttp is imported only then)."""
-        if not self.config.api.listen:
+        """The HTTP API, unless api.listen is "" (or no front was handed in)."""
+        if not self.config.api.listen or self._front is None:
             return
-        from exod.api.app import ApiServer
-
-        self.api = ApiServer(self.config.api, self)
+        self.api = self._front(self.config.api, self)
         await self.api.start()
 
     def _add(self, cfg: Instance) -> InstanceRuntime:
