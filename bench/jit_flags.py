@@ -38,7 +38,7 @@ jit_header.ensure()
 import mlx.core as mx, mlx.nn as nn
 assert (jit_flags.check() is None) if on else said is None, "flags not installed"
 from exod.runner.cpu import fused, split
-from exod.config.embed import encoding
+from exod.facts.embed import encoding
 from exod.runner.embed.load import load_encoder
 from exod.runner.embed.encoder import Encoder
 from mlx_lm import load

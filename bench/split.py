@@ -71,7 +71,7 @@ def vision():
     return model, run
 
 def embed():
-    from exod.config.embed import encoding
+    from exod.facts.embed import encoding
     from exod.runner.embed.load import load_encoder
     from pathlib import Path
     enc = encoding(Path(embed_path))

@@ -14,7 +14,7 @@ from typing import Any
 
 import openai
 
-from exod.config.probe import answers as probe_answers
+from exod.facts.probe import answers as probe_answers
 from tests.models.zoo import zoo_name
 from tests.harness import REPO, SAFETY, Daemon
 

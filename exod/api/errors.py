@@ -78,8 +78,8 @@ def served_elsewhere(name: str, host: str) -> ApiError:
 
 def serves_other(name: str, serves: str) -> ApiError:
     """A request for a kind of work the instance's model does not do (`serves`: its role,
-    exod.config.embed)."""
-    from exod.config.embed import ENDPOINTS, Role
+    exod.facts.embed)."""
+    from exod.facts.embed import ENDPOINTS, Role
 
     role: Role = "embed" if serves == "embed" else "rerank" if serves == "rerank" else "chat"
     return ApiError(400, f"The model `{name}` serves {ENDPOINTS[role]}: send this request to "

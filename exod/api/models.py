@@ -13,8 +13,8 @@ from aiohttp import web
 from exod.api.errors import model_not_found
 from exod.api.schema import ModelLimits
 from exod.api.view import Daemon
-from exod.config.embed import Encoding, encoding
-from exod.config.model_caps import Capabilities
+from exod.facts.embed import Encoding, encoding
+from exod.facts.caps import Capabilities
 
 if TYPE_CHECKING:
     from exod.daemon.instance import InstanceRuntime

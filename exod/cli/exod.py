@@ -171,7 +171,7 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
                f"stop ladder worst case {worst:g}s")
     for line in memory_lines(cfg) + cache_lines(cfg):
         click.echo(line)
-    from exod.config.embed import describe as describe_encoder
+    from exod.config.model_checks import describe_encoder
     from exod.config.mlx_options import describe as describe_options
 
     for inst in cfg.instances.values():

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from exod.config.errors import ConfigError, Problem
     from exod.config.explain import explain_keys
     from exod.config.load import load_config, resolve_config_path
-    from exod.config.model_dir import model_layer_count
     from exod.config.schema import (
         DEFAULT_API_PORT,
         DEFAULT_CONFIG_PATH,
@@ -37,7 +36,6 @@ _MODULES = {
     "errors": ("ConfigError", "Problem"),
     "explain": ("explain_keys",),
     "load": ("load_config", "resolve_config_path"),
-    "model_dir": ("model_layer_count",),
     "schema": ("DEFAULT_API_PORT", "DEFAULT_CONFIG_PATH", "Api", "BackoffPolicy", "Config",
                "Control", "Defaults", "Host", "Instance", "Node", "StartLimit", "StopPolicy"),
 }
@@ -46,7 +44,7 @@ _HOME = {name: module for module, names in _MODULES.items() for name in names}
 __all__ = [
     "DEFAULT_API_PORT", "DEFAULT_CONFIG_PATH", "Api", "BackoffPolicy", "Config", "ConfigDiff",
     "ConfigError", "Control", "Defaults", "Host", "Instance", "Node", "Problem", "StartLimit",
-    "StopPolicy", "diff", "explain_keys", "load_config", "model_layer_count", "resolve_config_path",
+    "StopPolicy", "diff", "explain_keys", "load_config", "resolve_config_path",
 ]
 
 

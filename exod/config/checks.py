@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from exod.core.durations import format_duration
 from exod.core import names, request_rules
-from exod.config.model_dir import model_heads, model_layer_count
-from exod.config.probe import layout_problem
+from exod.facts.model_dir import model_heads, model_layer_count
+from exod.facts.probe import layout_problem
 from exod.config.schema import Instance
 from exod.secret_file import KEY_BYTES, secret_problem
 
@@ -27,7 +27,7 @@ class Issue:
 def check_sharding(instance: Instance, node_name: str,
                    probe_layouts: bool = True) -> list[Issue]:
     """Every combination of shards, parallelism, model and hosts that cannot work, explained.
-    Whether the model can be split so is asked of the runner's own code (exod.config.probe)."""
+    Whether the model can be split so is asked of the runner's own code (exod.facts.probe)."""
     n = instance.shards
     if n == 1:
         return []

@@ -15,13 +15,12 @@ from typing import Any
 from exod.config.checks import (Issue, check_layout, check_names, check_on_demand,
                                 check_ports, check_sharding, check_template_kwargs, check_warm,
                                 listen_problems)
-from exod.config.embed import check_embed
-from exod.config.vision import check_vision
-from exod.config.probe import answers as probe_answers
+from exod.config.model_checks import check_embed, check_vision
+from exod.facts.probe import answers as probe_answers
 from exod.config.errors import ConfigError, Mark, Problem
 from exod.config.hub_model import names_hub, parse_model, placeholder
 from exod.config.mlx_options import check_mlx_options
-from exod.config.model_dir import model_layer_count
+from exod.facts.model_dir import model_layer_count
 from exod.config.safety import control_socket_problem
 from exod.config.schema import DEFAULT_CONFIG_PATH, Config, Defaults, Instance
 from exod.config.schema import Node as NodeSection
@@ -283,7 +282,7 @@ class _Loader:
         return given
 
     def cross_check(self, node_name: str) -> None:
-        # One probe process for every layout not yet cached (exod.config.probe).
+        # One probe process for every layout not yet cached (exod.facts.probe).
         probe_answers([(i.model, i.shards, i.parallelism, i.layers)
                        for i in self.instances.values() if i.shards > 1], self.on_probe)
         for instance in self.instances.values():

@@ -13,7 +13,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from exod.config.checks import Issue
-from exod.config.model_dir import model_config, model_limits
+from exod.facts.model_dir import model_config, model_limits
 from exod.config.schema import Instance, RunnerOptions
 
 ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")  # what mlx_lm.lora writes
@@ -56,8 +56,8 @@ def idle_cache_keys(instance: Instance) -> tuple[tuple[str, ...], str] | None:
         return CACHE_KEYS, f"the instance serves by turns ({turns}), which keeps no prompt cache"
     if instance.hub is not None:
         return None
-    from exod.config.embed import encoding
-    from exod.config.vision import sees
+    from exod.facts.embed import encoding
+    from exod.facts.vision import sees
 
     if encoding(instance.model) is not None:
         return CACHE_KEYS, "an embedding model or a reranker keeps no prompt cache"

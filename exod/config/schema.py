@@ -24,12 +24,12 @@ from exod.core.serving import (DEFAULT_KV_GROUP_SIZE, DEFAULT_NUM_DRAFT_TOKENS,
 from exod.core.names import ALIAS_RE
 from exod.core.images import MAX_IMAGES, MAX_PIXELS, REQUEST_MEGAPIXELS
 from exod.core.restarts import RestartMode
+from exod.core.shards import Parallelism
 from exod.core.hub_ref import HubRef
 from exod.config.types import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir,
                                Network, Octal, Size)
 from exod.paths import default_control_socket
 
-Parallelism = Literal["pipeline", "tensor"]
 ReadyPolicy = Literal["daemon", "instances"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Backend = Literal["ring", "mpi"]

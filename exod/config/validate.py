@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 
 from exod.core.durations import format_duration, parse_duration
 from exod.config.errors import Mark, Problem
-from exod.config.model_dir import model_dir_problem
+from exod.facts.model_dir import model_dir_problem
 from exod.core.sizes import parse_size
 from exod.config.types import INSTANCE_NAME_RE, Kind
 from exod.config.yamlpos import (

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+Parallelism = Literal["pipeline", "tensor"]  # by layers, or each layer across the ranks
 
 
 @dataclass(frozen=True)

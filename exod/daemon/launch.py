@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from exod.wire import messages as m
-from exod.config import model_layer_count
+from exod.facts.model_dir import model_layer_count
 from exod.config.checks import port_count
 from exod.config.schema import Instance
 from exod.core import ports

@@ -12,10 +12,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable
 
-from exod.config.model_dir import model_config
-from exod.config.vision import tower
+from exod.facts.model_dir import model_config
+from exod.facts.vision import tower
 from exod.config.schema import Instance
-from exod.config.embed import encoding
+from exod.facts.embed import encoding
 from exod.core.memory import (Estimate, HeaderError, KvSpec, auto_width, encoder_estimate,
                               estimate, model_tensors, refusal)
 from exod.core.serving import EMBED_BATCH_TOKENS

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from exod.config.embed import Role, role
-from exod.config.model_caps import Capabilities, model_capabilities
-from exod.config.model_dir import model_limits
-from exod.config.model_facts import ModelFacts, model_facts
+from exod.facts.embed import Role, role
+from exod.facts.caps import Capabilities, model_capabilities
+from exod.facts.model_dir import model_limits
+from exod.facts.details import ModelFacts, model_facts
 from exod.core.states import State
 from exod.daemon.admission import Gate, QueueFull
 from exod.daemon.hang import HangWatch
@@ -176,7 +176,7 @@ class Traffic:
         return lane.size
 
     async def serves(self, inst: InstanceRuntime) -> Role | None:
-        """What the instance's model serves (exod.config.embed), from its files, off the loop;
+        """What the instance's model serves (exod.facts.embed), from its files, off the loop;
         None while they are not there (a model on the hub not fetched yet)."""
         lane = self._lane(inst)
         model = inst.config.model  # a hub model's name until it is fetched
@@ -196,7 +196,7 @@ class Traffic:
         return lane.caps
 
     async def facts(self, inst: InstanceRuntime, model_dir: Path) -> ModelFacts:
-        """What Ollama's clients are told of the model's files (exod.config.model_facts),
+        """What Ollama's clients are told of the model's files (exod.facts.details),
         read off the loop once per runtime and folder (a hub model's folder is its snapshot)."""
         lane = self._lane(inst)
         if lane.facts is not None and lane.facts[0] == model_dir:

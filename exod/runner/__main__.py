@@ -132,8 +132,8 @@ def prepare(r: Runner) -> str:
 def run(r: Runner) -> tuple[int, str]:
     """Load, then serve until asked to stop: (exit code, why it failed)."""
     blas_msg = prepare(r)
-    from exod.config.embed import encoding
-    from exod.config.vision import sees
+    from exod.facts.embed import encoding
+    from exod.facts.vision import sees
 
     if encoding(r.spec.model) is not None:  # an embedding model or a reranker
         from exod.runner.embed.serve import serve as serve_encoder

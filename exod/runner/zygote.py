@@ -36,7 +36,7 @@ WARM = ("mlx.core", "mlx_lm", "exod.runner.load", "exod.runner.cpu.fused",
         "exod.runner.serving.loop", "exod.runner.serving.turn_engine",
         "exod.runner.serving.prepare", "exod.runner.serving.model_checks",
         "exod.runner.prompt_cache.disk", "exod.runner.prompt_cache.fingerprint",
-        "exod.config.warm", "exod.config.mlx_options", "exod.config.embed", "exod.config.vision")
+        "exod.config.warm", "exod.config.mlx_options", "exod.facts.embed", "exod.facts.vision")
 # mlx builds whose device runtime must never be forked (the distributions' name prefixes).
 GPU_BUILDS = ("mlx-cuda", "mlx-metal")
 # What a forked runner runs of these is what the zygote imported: once any of them is upgraded

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from exod.config.schema import Backend, Parallelism, RunnerOptions
+from exod.config.schema import Backend, RunnerOptions
 from exod.config.types import Duration, JsonValue, ModelDir
-from exod.core.shards import Shard
+from exod.core.shards import Parallelism, Shard
 from exod.core.hub_ref import HubRef
 from exod.wire.protocol import ProtocolError
 
@@ -127,7 +127,7 @@ class Layout:
 
 @dataclass(frozen=True)
 class ProbeAsk:
-    """Does each layout work? Asked of the code that will run it (exod.config.probe)."""
+    """Does each layout work? Asked of the code that will run it (exod.facts.probe)."""
 
     type: ClassVar[str] = "probe"
     version: int

@@ -34,7 +34,7 @@ ids = itertools.count()
 
 def load(env: str) -> Loaded:
     path = Path(os.environ[env])
-    from exod.config.model_dir import model_layer_count
+    from exod.facts.model_dir import model_layer_count
 
     n = model_layer_count(path) or 0
     fused.install()  # as the runner serves

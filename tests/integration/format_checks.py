@@ -65,7 +65,7 @@ NOTE = {"type": "function", "function": {"name": "note", "description": "Keep a 
 
 def load(path: str) -> Loaded:
     if path not in _loaded:
-        from exod.config.model_dir import model_layer_count
+        from exod.facts.model_dir import model_layer_count
 
         n = model_layer_count(Path(path)) or 0
         _loaded[path] = load_shard(Path(path), Shard(0, 1, 0, n, n), progress=lambda i, n: None,

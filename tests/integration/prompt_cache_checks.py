@@ -31,7 +31,7 @@ from exod.core.shards import Shard
 from exod.runner.cpu import blas
 
 blas.preload()  # before mlx, as in the runner
-from exod.config.model_dir import model_layer_count  # noqa: E402
+from exod.facts.model_dir import model_layer_count  # noqa: E402
 from exod.runner.cpu import fused  # noqa: E402
 from exod.runner.load import Loaded, load_shard  # noqa: E402
 from exod.runner.prompt_cache import fingerprint as fp  # noqa: E402

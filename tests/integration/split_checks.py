@@ -28,7 +28,7 @@ import mlx.nn as nn  # noqa: E402
 import mlx_lm  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from exod.config.embed import encoding  # noqa: E402
+from exod.facts.embed import encoding  # noqa: E402
 from exod.runner.cpu import attention, split  # noqa: E402
 from exod.runner.cpu.streams import Splitter  # noqa: E402
 from exod.runner.embed.encoder import Encoder  # noqa: E402

@@ -11,7 +11,7 @@ from typing import Any
 import openai
 import pytest
 
-from exod.config.model_dir import model_config
+from exod.facts.model_dir import model_config
 from exod.core.memory import estimate, model_tensors
 from exod.core.shards import Shard
 from tests.harness import Daemon

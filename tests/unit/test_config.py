@@ -18,11 +18,11 @@ from exod.config import (
     StopPolicy,
     explain_keys,
     load_config,
-    model_layer_count,
     resolve_config_path,
 )
 from exod.config.checks import check_sharding
 from exod.config.schema import DEFAULT_CONFIG_PATH, KeepAliveBounds
+from exod.facts.model_dir import model_layer_count
 
 if TYPE_CHECKING:
     from tests.unit.conftest import ConfigDir

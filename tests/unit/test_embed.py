@@ -1,5 +1,5 @@
 """Embedding models and rerankers, the pure parts: what a model's files make of an instance
-(exod.config.embed), the request rules and the two dialects' bodies, the engine's batch plan and
+(exod.facts.embed), the request rules and the two dialects' bodies, the engine's batch plan and
 its Vectors, the length rule over a tokenizer that counts what it reads, the answers' shapes,
 the memory estimate, and eviction that spares `evictable: false`. No processes, no mlx."""
 
@@ -20,9 +20,10 @@ from exod.api.dialects import ollama_embed
 from exod.api.dialects.embed_request import embed_request, parse_embeddings, parse_rerank
 from exod.api.embedding import Embedded, openai_embeddings, rerank_answer
 from exod.api.errors import ApiError
-from exod.config.embed import check_embed, encoding, role
+from exod.config.model_checks import check_embed
+from exod.facts.embed import encoding, role
 from exod.config.schema import Instance
-from exod.config.vision import sees
+from exod.facts.vision import sees
 from exod.core.memory import Tensor, encoder_estimate
 from exod.core.request_rules import RequestError
 from exod.core.request_rules import embeddings as rules

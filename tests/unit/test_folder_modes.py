@@ -130,7 +130,7 @@ def test_the_hub_cache_folders(tmp_path: Path, umask: int) -> None:
 def test_the_state_cache_and_helper_folders(tmp_path: Path, umask: int,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from exod.api.seal import load_key
-    from exod.config import probe
+    from exod.facts import probe
     from exod.models._io import build_atomically
     from exod.runner import import_table
     from exod.wire.specs import Verdict

@@ -220,7 +220,7 @@ def test_an_unset_max_concurrency_is_sized_by_memory() -> None:
 def test_a_model_that_sees_keeps_its_tower_on_the_first_rank(tmp_path: Path) -> None:
     """The tower's blocks are not the language model's layers: a pipeline's first rank holds
     the tower, its projector and their needs (activations, the feature cache), whole."""
-    from exod.config.vision import tower
+    from exod.facts.vision import tower
     from exod.core.memory import DECODE_BYTES, FEATURE_CACHE_BYTES, Tower, picture_budget
 
     tensors = {"language_model.model.embed_tokens.weight": ("F32", 1000),

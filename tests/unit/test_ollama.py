@@ -22,8 +22,8 @@ from exod.api.ollama.manage import repository, status_line
 from exod.api.objects import Reply
 from exod.api.schema import ModelLimits, apply_limits
 from exod.api.tool_output import streamed_call
-from exod.config.model_caps import Capabilities
-from exod.config.model_facts import ModelFacts
+from exod.facts.caps import Capabilities
+from exod.facts.details import ModelFacts
 from exod.wire.control import DownloadEvent
 from exod.core.hub_ref import HubRef
 from exod.wire.messages import decode_to_runner, to_wire

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exod.config import probe
+from exod.facts import probe
 
 EXOD = Path(probe.__file__).resolve().parents[1]
 

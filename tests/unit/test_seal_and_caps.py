@@ -1,6 +1,6 @@
 """Sealed reasoning (exod.api.seal: round trip, tampering, another key, the key file kept
 across restarts with mode 0600) and a model's capabilities read from its tokenizer files
-(exod.config.model_caps), as /v1/models reports them."""
+(exod.facts.caps), as /v1/models reports them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 from exod.api.seal import KEY_BYTES, Sealer, load_key
-from exod.config.model_caps import Capabilities, model_capabilities
+from exod.facts.caps import Capabilities, model_capabilities
 
 
 def test_a_seal_round_trips_and_nothing_else_opens() -> None:

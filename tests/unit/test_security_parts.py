@@ -24,7 +24,7 @@ from exod.api.schema import ModelLimits, apply_limits, parse_chat, parse_complet
 from exod.api.token import read_token, read_tokens
 from exod.secret_file import KEY_BYTES, MAX_BYTES, secret_problem
 from exod.config import ConfigError, load_config
-from exod.config.model_dir import model_limits
+from exod.facts.model_dir import model_limits
 from exod.config.safety import is_public, warnings
 from exod.daemon.logs import split_priority
 from exod.daemon.rank_addresses import write_private

@@ -1,4 +1,4 @@
-"""Which runner serves a model, told by its own files (exod.config.vision): a vision_config, or
+"""Which runner serves a model, told by its own files (exod.facts.vision): a vision_config, or
 a model type only mlx-vlm has a module for; and the config check that refuses a model that sees
 up front when the extra is missing (naming the install command) or when it is split."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from exod.config import ConfigError, load_config
-from exod.config import vision
+from exod.facts import vision
 from tests.unit.conftest import ConfigDir
 
 TEXT = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 64,

@@ -27,9 +27,9 @@ from exod.api.fields import OLLAMA_MANAGE, Reading
 from exod.api.ignored import header
 from exod.api.ollama import objects
 from exod.api.schema import http
-from exod.config import vision
-from exod.config.model_caps import chat_template
-from exod.config.model_facts import ModelFacts
+from exod.facts import vision
+from exod.facts.caps import chat_template
+from exod.facts.details import ModelFacts
 from exod.core import request_rules as rules
 from exod.core.states import State
 from exod.daemon import hub_commands

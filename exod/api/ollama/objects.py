@@ -1,5 +1,5 @@
 """The objects Ollama's read-only endpoints answer, from an instance's model files
-(exod.config.model_facts, model_caps) and its state. Pure.
+(exod.facts.details, exod.facts.caps) and its state. Pure.
 
 Copilot reads `/api/version` as integers and wants at least 0.6.4; it lists a model only when
 /api/show has `model_info` with `general.architecture` and `<arch>.context_length`, and
@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from exod.api.errors import ApiError
-from exod.config.model_caps import Capabilities
-from exod.config.model_facts import ModelFacts
+from exod.facts.caps import Capabilities
+from exod.facts.details import ModelFacts
 
 # The Ollama API whose shapes exod answers in (think, tools, structured outputs, keep_alive).
 API_VERSION = "0.12.0"

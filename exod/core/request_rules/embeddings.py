@@ -85,7 +85,7 @@ def encoding_format(raw: Any) -> str:
 
 def dimensions(raw: Any) -> int | None:
     """The size the vectors are cut to (None: the model's own); whether the model was trained
-    for it is the runner's rule (exod.config.embed.Encoding.cut)."""
+    for it is the runner's rule (exod.facts.embed.Encoding.cut)."""
     if raw is None:
         return None
     return integer(raw, "dimensions", 0, 1, MAX_DIMENSIONS)

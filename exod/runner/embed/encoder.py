@@ -1,5 +1,5 @@
 """One forward pass of an embedding model or a reranker over a batch of inputs, and what comes
-out of it as the model's files say (exod.config.embed.Encoding): an embedding pooled, cut for
+out of it as the model's files say (exod.facts.embed.Encoding): an embedding pooled, cut for
 `dimensions` (Matryoshka: its first values) and normalized where the model normalizes; a
 reranker's one relevance logit per pair through a sigmoid (a score from 0 to 1, as mlx-vlm's
 server and Cohere's API give it).
@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 
-from exod.config.embed import Encoding
+from exod.facts.embed import Encoding
 from exod.runner.cpu import blas, split
 from exod.runner.embed.part import Part
 

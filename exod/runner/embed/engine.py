@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from exod.wire import messages as m
-from exod.config.embed import Encoding
+from exod.facts.embed import Encoding
 from exod.core.request_rules import RequestError
 from exod.runner.embed.inputs import Inputs, read_inputs
 from exod.runner.serving.loop import AsItComes, NoPromptCache

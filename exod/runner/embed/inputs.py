@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exod.wire import messages as m
-from exod.config.embed import Encoding
+from exod.facts.embed import Encoding
 from exod.core.request_rules import RequestError
 from exod.core.request_rules import embeddings as rules
 

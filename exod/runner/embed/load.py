@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exod.config.embed import Encoding
+from exod.facts.embed import Encoding
 from exod.runner.load import ModelError, evaluate_whole
 
 

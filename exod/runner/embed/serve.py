@@ -1,4 +1,4 @@
-"""The runner's path for an embedding model or a reranker (exod.config.embed tells which): load
+"""The runner's path for an embedding model or a reranker (exod.facts.embed tells which): load
 it with mlx-vlm's encoder loader, run one input through it, then serve it with the embedding
 engine behind the same serve loop as text. One rank, and none of mlx-lm's generation options
 (it generates no tokens): each is refused before loading, with the reason.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from exod.wire import messages as m
-from exod.config.embed import ENDPOINTS, Encoding, encoding
+from exod.facts.embed import ENDPOINTS, Encoding, encoding
 from exod.core.exits import EXIT_MODEL, EXIT_OK, EXIT_UNAVAILABLE
 from exod.core.serving import EMBED_BATCH_TOKENS, EMBED_MAX_BATCH
 from exod.runner.log import log

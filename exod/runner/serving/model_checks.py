@@ -18,7 +18,7 @@ __all__ = ["bias_processor", "context_window", "greedy_temperature", "model_voca
 _MAX_SCALE = 3.0e38
 
 
-# Where model configs give the context window (as exod.config.model_dir reads config.json).
+# Where model configs give the context window (as exod.facts.model_dir reads config.json).
 _WINDOW_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length",
                 "max_sequence_length")
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from exod.wire.child_end import ChildEnd
-from exod.config.vision import SPLIT_BY_LAYERS, sees
+from exod.facts.vision import SPLIT_BY_LAYERS, sees
 from exod.core.exits import EXIT_USAGE
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
 from exod.runner import import_table

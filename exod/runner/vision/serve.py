@@ -1,4 +1,4 @@
-"""The runner's path for a model that sees (exod.config.vision tells which): load it with
+"""The runner's path for a model that sees (exod.facts.vision tells which): load it with
 mlx-vlm, put one token through it, then serve it with the vision engine behind the same serve
 loop as text. Split across the ranks of a pipeline group, every rank runs the same engine in
 step (exod.runner.vision.group), the vision tower on rank 0. mlx-lm's generation options (a
@@ -147,7 +147,7 @@ def first_token(r: Runner, loaded: LoadedVision, group: Group | None) -> None:
 
 
 def run_loop(r: Runner, loaded: LoadedVision, group: Group | None) -> None:
-    from exod.config.vision import tower
+    from exod.facts.vision import tower
     from exod.runner import wired
     from exod.runner.load import ModelError
     from exod.runner.serving.loop import ServeLoop, Ticker

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from exod.wire import messages as m
 from exod.wire import ask as asking
-from exod.config.schema import Parallelism
+from exod.core.shards import Parallelism
 from exod.paths import PRIVATE, cache_dir, make_dirs
 from exod.wire.protocol import ProtocolError, decode_as, to_wire
 from exod.wire.specs import Layout, ProbeAnswer, ProbeAsk, Verdict

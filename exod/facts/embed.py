@@ -22,10 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from exod.config.checks import Issue
-from exod.config.model_dir import config_json
-from exod.config.schema import Instance
-from exod.config.extra import INSTALL, have_extra
+from exod.facts.model_dir import config_json
 
 Kind = Literal["embed", "rerank"]  # what an encoder model serves
 Role = Literal["chat", "embed", "rerank"]
@@ -214,46 +211,3 @@ def _matryoshka(config: dict[str, object]) -> tuple[int, ...] | Literal["any"] |
     if isinstance(sizes, list) and sizes and all(_positive(s) for s in sizes):
         return tuple(sorted({int(s) for s in sizes}))
     return "any" if config.get("is_matryoshka") is True else None
-
-
-def check_embed(instance: Instance) -> list[Issue]:
-    """An embedding or reranker model exod cannot serve as configured: without the extra, split
-    across ranks, with generation options, or with files exod cannot follow."""
-    if instance.hub is not None:  # not on disk yet: the runner says so once it is fetched
-        return []
-    enc = encoding(instance.model)
-    if enc is None:
-        return []
-    what = "an embedding model" if enc.role == "embed" else "a reranker"
-    if enc.problem is not None:
-        return [Issue("model", f"{instance.model} is {what} exod cannot serve: {enc.problem}")]
-    if not have_extra():
-        return [Issue("model", f"{instance.model} is {what} ({enc.why}): serving it needs the "
-                               f"optional extra exod[vision] (mlx-vlm), which is not installed: "
-                               f"{INSTALL}")]
-    if instance.shards > 1:
-        return [Issue("shards", f"{what} runs on one rank; serve it with shards: 1")]
-    for key in ("kv_bits", "max_kv_size", "draft_model", "adapters"):
-        if getattr(instance, key) is not None:
-            return [Issue(key, f"{key} is a generation option: {what} generates no tokens")]
-    return []
-
-
-def describe(instance: Instance) -> list[str]:
-    """`exod check`'s line for an embedding or reranker instance: what it serves and how its
-    files say vectors are made."""
-    if instance.hub is not None:
-        return []
-    enc = encoding(instance.model)
-    if enc is None or enc.problem is not None:
-        return []
-    if enc.role == "rerank":
-        return [f"{instance.name}: serves {ENDPOINTS['rerank']}: {enc.why}; inputs of at most "
-                f"{enc.max_tokens} tokens"]
-    pooling = (enc.pooling or {}).get("pooling_mode", "the family's own")
-    sizes = ("" if enc.matryoshka is None else "; may be cut to any size" if
-             enc.matryoshka == "any" else
-             f"; may be cut to {', '.join(map(str, enc.matryoshka))}")
-    return [f"{instance.name}: serves {ENDPOINTS['embed']}: {enc.why}; {pooling} pooling, "
-            f"{'normalized' if enc.normalize else 'not normalized'}, {enc.dimensions} "
-            f"dimensions{sizes}; inputs of at most {enc.max_tokens} tokens"]

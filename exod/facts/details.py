@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from exod.config.model_dir import model_config, model_limits, positive_int
+from exod.facts.model_dir import model_config, model_limits, positive_int
 from exod.core.memory import FLOAT_SIZES, HeaderError, model_tensors
 
 # config.json's keys of the sizes model_info reports (the language model's section).

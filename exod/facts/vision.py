@@ -15,17 +15,15 @@ import importlib.util
 import re
 from pathlib import Path
 
-from exod.config.checks import Issue
-from exod.config.extra import INSTALL, have_extra
-from exod.config.model_dir import config_json
-from exod.config.schema import Instance
+from exod.facts.extra import INSTALL, have_extra
+from exod.facts.model_dir import config_json
 from exod.core.memory import Tower
 
 
 
 def sees(model_dir: Path) -> str | None:
     """Why `model_dir` is a model that sees (served by the vision runner), or None."""
-    from exod.config.embed import encoding  # which imports this module
+    from exod.facts.embed import encoding  # which imports this module
 
     data = config_json(model_dir)
     if data is None or encoding(model_dir) is not None:  # an encoder: exod.runner.embed's
@@ -81,20 +79,6 @@ def extra_problem(model_dir: Path) -> str | None:
 
 SPLIT_BY_LAYERS = ("a model that sees is split by layers only (parallelism: pipeline): its "
                    "vision tower runs whole on rank 0")
-
-
-def check_vision(instance: Instance) -> list[Issue]:
-    """A model that sees, without the extra, or split other than by layers (whether its
-    layers split is the split probe's question, as for text: exod.runner.split.probe)."""
-    if instance.hub is not None:  # not on disk yet: the runner says so once it is fetched
-        return []
-    problem = extra_problem(instance.model)
-    if problem is not None:
-        return [Issue("model", problem)]
-    if instance.shards > 1 and instance.parallelism != "pipeline" \
-            and sees(instance.model) is not None:
-        return [Issue("parallelism", SPLIT_BY_LAYERS)]
-    return []
 
 
 NAME = re.compile(r"[A-Za-z0-9_-]+")  # a model type as a module name, never a path

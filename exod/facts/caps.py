@@ -1,7 +1,7 @@
 """What a model can do for a client, read from its tokenizer files without loading it (the
 daemon never imports mlx): whether its chat template writes tool calls in a format the runner
 parses, whether its vocabulary has single-token think markers (reasoning comes apart from
-the answer), and whether it sees pictures (exod.config.vision). /v1/models reports them, so
+the answer), and whether it sees pictures (exod.facts.vision). /v1/models reports them, so
 clients size themselves before the first request.
 
 The markers are the facts mlx-lm's tokenizer wrapper infers a tool parser from (mlx_lm
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exod.config.vision import sees
+from exod.facts.vision import sees
 
 # Any of these in a chat template: the model writes tool calls mlx-lm parses.
 TOOL_MARKERS = ("<minimax:tool_call>", "<|tool_call>", "<start_function_call>",
