@@ -128,7 +128,7 @@ agents-matrix: setup-test warm rewrites  ## rerun the agents' and formats' tests
 bench: setup-test  ## benchmarks: print ratios against baselines measured in the same run
 	$(BIN)/python -m bench
 
-man: setup  ## exod.yaml(5)'s KEYS section, written from the schema (exod/config/schema.py)
+man: setup  ## exod.yaml(5)'s KEYS section, written from the schema (exod/config/schema.py, exod/wire/options.py)
 	$(BIN)/python -c 'import sys; from exod.config.explain import write_pages; \
 		write_pages(sys.argv[1:])' man/exod.yaml.5
 

@@ -240,7 +240,7 @@ def costs_here(model_dir: str) -> None:
     from mlx_lm.tokenizer_utils import load
 
     from exod.wire import messages as m
-    from exod.config.schema import GrammarLimits
+    from exod.wire.options import GrammarLimits
     from exod.runner.serving import grammar
     from exod.runner import formats
 

@@ -53,7 +53,7 @@ def measure_here(model_dir: str) -> None:
     from mlx_lm.sample_utils import greedy_sampler
 
     from bench.agent_constrained import cases
-    from exod.config.schema import GrammarLimits
+    from exod.wire.options import GrammarLimits
     from exod.runner.serving import grammar, mask_round
     from exod.runner.serving.batch_sampler import BatchSampler, generator_rows
     from exod.runner.serving.prepare import bias_processors

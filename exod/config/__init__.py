@@ -1,8 +1,8 @@
 """Config: YAML files in; a validated, frozen `Config` out, or every problem at once.
 
-The names below are imported when first used: a runner reads the schema alone (its start-up
-spec carries `schema.RunnerOptions`), and loading the YAML reader, the validator and the checks
-too would add a tenth of a second to every runner's start.
+The names below are imported when first used: a runner reads a module or two of them alone
+(`warm`, `mlx_options`), and loading the YAML reader, the validator and the checks too would add
+a tenth of a second to every runner's start.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Any, Literal, get_args, get_origin
 from exod.core.durations import format_duration
 from exod.config.schema import Config
 from exod.core.sizes import format_size
-from exod.config.types import Kind
+from exod.core.kinds import Kind
 from exod.config.validate import field_hints, settable_fields, unwrap
 
 _KIND_NAMES = {
@@ -184,8 +184,8 @@ def _show(value: object, kind: Kind | None) -> str:
 
 
 # ---- exod.yaml(5) -----------------------------------------------------------------------------
-BEGIN = ('.\\" The KEYS section is generated from exod/config/schema.py (`make man`): edit the '
-         'schema, not this.')
+BEGIN = ('.\\" The KEYS section is generated from exod/config/schema.py and exod/wire/options.py '
+         '(`make man`): edit the schema, not this.')
 END = '.\\" End of the generated KEYS section.'
 ROFF_WIDTH = 78
 INTRO = ("Each key is listed with its type and default, then what it does;\n"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from exod.config.checks import Issue
 from exod.facts.model_dir import model_config, model_limits
-from exod.config.schema import Instance, RunnerOptions
+from exod.config.schema import Instance
+from exod.wire.options import RunnerOptions
 
 ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")  # what mlx_lm.lora writes
 

@@ -24,7 +24,7 @@ from exod.core.durations import format_duration, parse_duration
 from exod.config.errors import Mark, Problem
 from exod.facts.model_dir import model_dir_problem
 from exod.core.sizes import parse_size
-from exod.config.types import INSTANCE_NAME_RE, Kind
+from exod.core.kinds import INSTANCE_NAME_RE, Kind
 from exod.config.yamlpos import (
     Broken,
     Entry,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exod.wire import messages as m
-from exod.config.schema import RunnerOptions
+from exod.wire.options import RunnerOptions
 from exod.core.serving import DEFAULT_PREFILL_STEP
 from exod.core.shards import Shard
 from exod.runner.channel import Channel
@@ -273,7 +273,7 @@ def serve_group(r: Runner, loaded: Loaded, group: Group) -> None:
 
 
 def _layer_count(model: Path) -> int:
-    from exod.config.load import model_layer_count
+    from exod.facts.model_dir import model_layer_count
 
     n = model_layer_count(model)
     return n if n is not None else 0

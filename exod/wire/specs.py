@@ -7,7 +7,7 @@ runner's `RunnerSpec`; a fetcher's `FetchSpec`, or `PlanAsk` from `exod check`, 
 `Planned` (or `Failed`); the split probe's `ProbeAsk`, answered by one `ProbeAnswer`.
 
 What a runner reads of its instance's settings travels as the schema's own class
-(`exod.config.schema.RunnerOptions`), and the other fields that come from the config are typed
+(`exod.wire.options.RunnerOptions`), and the other fields that come from the config are typed
 with the schema's own aliases and have no default: no default or choice list of the config is
 declared here again, and an option added to the schema reaches every runner. The rest is what
 the daemon decided for this start (where a rank's layers are, the batch width, the group's
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from exod.config.schema import Backend, RunnerOptions
-from exod.config.types import Duration, JsonValue, ModelDir
+from exod.wire.options import Backend, RunnerOptions
+from exod.core.kinds import Duration, JsonValue, ModelDir
 from exod.core.shards import Parallelism, Shard
 from exod.core.hub_ref import HubRef
 from exod.wire.protocol import ProtocolError

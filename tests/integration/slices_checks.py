@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from bench.agent_constrained import cases
-from exod.config.schema import GrammarLimits
+from exod.wire.options import GrammarLimits
 from exod.runner.serving import grammar
 
 STEPS, WALKS = 48, 3

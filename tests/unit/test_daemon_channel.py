@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from exod.wire import messages as m
-from exod.config.schema import RunnerOptions
+from exod.wire.options import RunnerOptions
 from exod.core.shards import Shard
 from exod.daemon.channel import MAX_RUNNER_FRAME, RunnerChannel
 from exod.wire.protocol import FrameDecoder, encode, from_wire

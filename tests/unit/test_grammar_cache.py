@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from exod.config.schema import GrammarLimits
+from exod.wire.options import GrammarLimits
 from exod.core.request_rules import RequestError
 from exod.runner.serving import grammar
 from exod.runner.serving.grammar import Constraint, Grammars

@@ -15,7 +15,7 @@ from exod.config import ConfigError, Instance, explain_keys, load_config
 from exod.config.mlx_options import check_mlx_options, describe
 from exod.core.memory import KvSpec, cache_bytes, kv_bytes
 from exod.core.shards import Shard
-from exod.config.schema import RunnerOptions
+from exod.wire.options import RunnerOptions
 from exod.core.hub_ref import HubRef
 from exod.wire.protocol import decode_as, to_wire
 from exod.runner import wired

@@ -26,7 +26,8 @@ import pytest
 from exod.wire import messages as m
 from exod.wire import specs
 from exod.wire.child_end import ChildEnd
-from exod.config.schema import GrammarLimits, Instance, RunnerOptions
+from exod.config.schema import Instance
+from exod.wire.options import GrammarLimits, RunnerOptions
 from exod.config.validate import field_hints, unwrap
 from exod.core.shards import Shard
 from exod.daemon.launch import Launcher

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from exod.config.schema import GrammarLimits
+from exod.wire.options import GrammarLimits
 from exod.core.request_rules import RequestError
 from exod.runner.serving.strict_args import ArgsCheck, canonical, ordered
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from exod.config.schema import GrammarLimits
+from exod.wire.options import GrammarLimits
 from exod.runner.formats import MAX_CALLS, Splitter, Thought
 from exod.runner.formats.base import Call, ToolFormat
 from exod.runner.formats.json_body import JsonTools

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from exod.wire import messages as m
-from exod.config.schema import GrammarLimits
+from exod.wire.options import GrammarLimits
 from exod.wire.protocol import to_wire
 import mlx.core as mx
 

@@ -25,7 +25,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache
 
 from exod.wire import messages as m
-from exod.config.schema import GrammarLimits
+from exod.wire.options import GrammarLimits
 from exod.runner.serving.prepare import check_request, context_window, read_prompt, vocab_size
 from exod.runner.log import ERR, log
 from exod.runner.serving import tool_calls

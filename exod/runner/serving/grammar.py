@@ -27,7 +27,7 @@ import llguidance
 import mlx.core as mx
 import numpy as np
 
-from exod.config.schema import GrammarLimits
+from exod.wire.options import GrammarLimits
 from exod.runner.log import WARNING, log
 from exod.core.request_rules import RequestError
 from exod.runner.serving import json_bounds

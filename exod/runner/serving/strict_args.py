@@ -23,7 +23,7 @@ from typing import Any
 
 import llguidance
 
-from exod.config.schema import GrammarLimits
+from exod.wire.options import GrammarLimits
 from exod.core.request_rules import RequestError
 from exod.core.text import clip
 from exod.runner.serving import json_bounds

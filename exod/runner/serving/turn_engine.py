@@ -23,7 +23,7 @@ from mlx_lm.generate import generate_step, generation_stream, speculative_genera
 from mlx_lm.models.cache import make_prompt_cache
 
 from exod.wire import messages as m
-from exod.config.schema import GrammarLimits
+from exod.wire.options import GrammarLimits
 from exod.runner.serving.prepare import (Processor, check_request, context_window, read_prompt,
                                          vocab_size)
 from exod.runner.log import ERR, log

@@ -26,7 +26,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import LRUPromptCache
 
 from exod.wire import messages as m
-from exod.config.schema import GrammarLimits
+from exod.wire.options import GrammarLimits
 from exod.core import memory
 from exod.runner.log import ERR, log
 from exod.runner.serving.loop import NoPromptCache

@@ -1,4 +1,5 @@
-"""Value kinds that need more than a Python type to validate (see `exod.config.validate`)."""
+"""What the config schema declares of a field beyond its Python type: the value kinds that need
+more to validate (see `exod.config.validate`), and the operator-facing documentation (`doc`)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,8 @@ JsonValue = Annotated[object, Kind.JSON]
 Network = Annotated[str, Kind.NETWORK]
 
 INSTANCE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+
+
+def doc(text: str, **extra: object) -> dict[str, object]:
+    """Field metadata: operator-facing documentation (plus validator hints)."""
+    return {"doc": text, **extra}
