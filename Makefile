@@ -17,16 +17,22 @@ QUIET_WORKERS := 4
 # of those only the modules with a `timing` test are needed here.
 QUIET_PATHS = tests/unit tests/system $(shell grep -l 'mark\.timing' tests/integration/*.py)
 
-# An editable install is never byte-compiled by pip, and where PYTHONDONTWRITEBYTECODE is set
-# (as on CI's machines) no import writes a .pyc either: every runner, probe and daemon then
-# compiles exod from source, ~15% of a runner's start (a zoo chunk: 29 -> 24 CPU-s). Python still
-# reads .pyc files that exist, and recompiles any whose source has changed since.
+# Python writes each module's bytecode (.pyc) when it is first imported, as it does by default,
+# even where the environment says not to (PYTHONDONTWRITEBYTECODE, as on CI's machines): there
+# every runner, probe and daemon compiled what it imported from source, every time. So nothing
+# is compiled ahead that no process imports: the test extras alone are ~14,000 files that no test
+# imports (anthropic's and openai's SDKs, pandas, scipy...), ~35 CPU-s of a fresh clone's set-up.
+unexport PYTHONDONTWRITEBYTECODE
+# An editable install is never byte-compiled by pip: exod, its tests and bench are compiled
+# once before the tests run in parallel, so their processes do not each compile them at once
+# (a runner compiling exod spends ~15% of its start on it). Python recompiles any .pyc whose
+# source has changed since.
 BYTECODE = $(BIN)/python -m compileall -q -j 0
 # pytest rewrites the asserts of each test module it imports, and keeps the result beside the
-# module's .pyc; where PYTHONDONTWRITEBYTECODE is set it keeps nothing, so each of `make test`'s
-# 8 workers rewrote every module it collected (half of a worker's collection: 13 -> 6.7 CPU-s in
-# the quiet phase, 10 -> 5.6 in the integration tier). Rewritten once here, read by every worker.
-REWRITES = PYTHONDONTWRITEBYTECODE= $(BIN)/pytest --collect-only -q -p no:cacheprovider tests
+# module's .pyc, which each of `make test`'s 8 workers would otherwise write at once for every
+# module it collects (half of a worker's collection: 13 -> 6.7 CPU-s in the quiet phase, 10 ->
+# 5.6 in the integration tier). Rewritten once here, read by every worker.
+REWRITES = $(BIN)/pytest --collect-only -q -p no:cacheprovider tests
 
 # The coding agents the integration tests drive (Claude Code, Codex CLI): npm's newest when
 # first set up, in a git-ignored folder of the checkout. `make agents` updates them.
@@ -79,10 +85,10 @@ agents: | $(VENV)/.system-test  ## update the coding agents the tests drive to n
 
 # Packages are installed by uv (from PyPI into the venv, ~2 s), which downloads and installs in
 # parallel: a fresh clone's test set-up 87 s -> 33 s, the same packages at the same versions.
-# Byte-compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set, every runner
-# would otherwise compile transformers from source. pip does it where uv cannot be installed.
+# Not byte-compiled at install (see PYTHONDONTWRITEBYTECODE above); pip, where uv cannot be
+# installed, compiles as it installs.
 PIP_INSTALL = $(BIN)/python -m pip install -q
-UV_INSTALL = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python
+UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python
 INSTALL_DEPS = { $(PIP_INSTALL) uv && $(UV_INSTALL) $(1); } || $(PIP_INSTALL) $(1)
 comma := ,
 
