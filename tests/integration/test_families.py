@@ -30,9 +30,9 @@ from tests.shared import made_once
 from tests.zoo import LAYOUTS, OK, make_zoo, refusals, serve_zoo, spec_name
 
 SPECS = list(FAMILIES) + [f"{f}:4" for f in QUANTIZED] + ["llama:8"]
-# Families per daemon: 11 x (1 + 2 + 2) = 55 runners at most (a chunk per worker). Each daemon
+# Families per daemon: 8 x (1 + 2 + 2) = 40 runners at most (a chunk per worker). Each daemon
 # and its zygote cost ~2 CPU-s however many runners they start (~0.1 each, forked).
-CHUNK = 11
+CHUNK = 8
 CHUNKS = -(-len(SPECS) // CHUNK)
 Zoo = dict[str, dict[str, str]]
 
