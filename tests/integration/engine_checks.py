@@ -84,8 +84,8 @@ def test_overlapping_requests_get_what_each_gets_alone(demo: Loaded) -> None:
     would show here as one differing answer). Sampling with a seed: the same text alone and
     beside others, because each request draws from a random key of its own."""
     e = engine(demo, width=8, cache_bytes=0)
-    greedy: dict[str, Any] = {"max_tokens": 24, "temperature": 0}
-    seeded: dict[str, Any] = {"max_tokens": 16, "temperature": 1.0, "seed": 1234}
+    greedy: dict[str, Any] = {"max_tokens": 8, "temperature": 0}
+    seeded: dict[str, Any] = {"max_tokens": 8, "temperature": 1.0, "seed": 1234}
     alone = [run(e, chat(q, **greedy))[0][0] for q in QUESTIONS]
     seeded_alone = run(e, chat(QUESTIONS[0], **seeded))[0][0]
     together = [t for t, _ in run(e, *[chat(q, **greedy) for q in QUESTIONS],
