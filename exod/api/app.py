@@ -1,7 +1,8 @@
 """The HTTP server (aiohttp, inside the daemon's event loop) and its routes: OpenAI's API
-(`/v1/...`; Anthropic Messages and OpenAI Responses are adapters over chat, exod.api.dialects),
-Ollama's (`/api/*`: exod.api.ollama), `/health`, `/ready`, `/metrics` (exod.api.metrics) and the
-status page (`/`, `/status.json`: exod.api.page). Every endpoint: docs/api.md, "Endpoints".
+(`/v1/...`: chat completions, completions, Anthropic Messages, OpenAI Responses, embeddings:
+exod.api.dialects), Ollama's (`/api/*`: exod.api.dialects.ollama), `/health`, `/ready`,
+`/metrics` (exod.api.metrics) and the status page (`/`, `/status.json`: exod.api.page).
+Every endpoint: docs/api.md, "Endpoints".
 
 A request goes to an instance only while it is `ready` (for a multi-rank instance: every rank
 is; an on-demand instance is started by the request, which waits in the queue while it loads),
@@ -26,28 +27,30 @@ from aiohttp import web
 from loguru import logger
 
 from exod.api import page, stopping
-from exod.api.dialects import anthropic_request as anthropic
-from exod.api.dialects import ollama_embed
-from exod.api.dialects import responses_request as responses
-from exod.api.dialects.anthropic_output import AnthropicOutput, CountOutput
-from exod.api.dialects.embed_request import EmbedRequest, parse_embeddings, parse_rerank
+from exod.api.browser import CorsPolicy, HostPolicy
+from exod.api.dialects.anthropic import request as anthropic
+from exod.api.dialects.anthropic.output import AnthropicOutput, CountOutput
+from exod.api.dialects.embeddings.request import EmbedRequest, parse_embeddings, parse_rerank
+from exod.api.dialects.ollama import embed as ollama_embed
+from exod.api.dialects.ollama.generate import OllamaGenerate
+from exod.api.dialects.ollama.manage import OllamaManage
+from exod.api.dialects.openai.output import OpenAiOutput
+from exod.api.dialects.openai.request import parse_chat, parse_completion
+from exod.api.dialects.responses import request as responses
+from exod.api.dialects.responses.output import ResponsesOutput
 from exod.api.embedding import (BIG_ANSWER, Embedded, Embedder, json_answer,
                                 openai_embeddings, rerank_answer)
-from exod.api.dialects.output import Output
-from exod.api.dialects.responses_output import ResponsesOutput
-from exod.api.browser import CorsPolicy, HostPolicy
 from exod.api.errors import ApiError, bad_request, error_body
 from exod.api.guard import ConnectionGuard, GuardedSite
 from exod.api.httplog import quiet_logger
+from exod.api.ignored import header
 from exod.api.image_fetch import Fetcher, Policy
 from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from exod.api.middleware import Middlewares
 from exod.api.models import ModelList
-from exod.api.ignored import header
-from exod.api.schema import GenRequest, ModelLimits, parse_chat, parse_completion
+from exod.api.output import Output
+from exod.api.request import GenRequest, ModelLimits
 from exod.api.seal import Sealer
-from exod.api.ollama.generate import OllamaGenerate
-from exod.api.ollama.manage import OllamaManage
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
 from exod.wire.control_status import ApiStatus
@@ -213,11 +216,11 @@ class ApiServer(Middlewares, ModelList):
     # ---- generation -------------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
         req = await self.body(request, lambda b: parse_chat(b, self.cfg.strict_fields))
-        return await self.generate(request, "chat", req)
+        return await self.generate(request, "chat", req, OpenAiOutput(req))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         req = await self.body(request, lambda b: parse_completion(b, self.cfg.strict_fields))
-        return await self.generate(request, "completion", req)
+        return await self.generate(request, "completion", req, OpenAiOutput(req))
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         req, view = await self.body(request, lambda b: anthropic.parse(
@@ -271,8 +274,7 @@ class ApiServer(Middlewares, ModelList):
             raise
 
     async def generate(self, request: web.Request, dialect: str, req: GenRequest,
-                        out: Output | None = None,
-                        keep_alive: float | None = None) -> web.StreamResponse:
+                       out: Output, keep_alive: float | None = None) -> web.StreamResponse:
         """Serve a checked request; what it ignored is counted, and named in the answer's
         header (an error's too)."""
         self.metrics.ignored.record(dialect, req.ignored)

@@ -5,7 +5,7 @@ runner's Vectors gathered and written in the dialect's shape.
 
 `Embedder.run` is the one path; OpenAI's embeddings object and the Jina/Cohere rerank object
 are written here (`openai_embeddings`, `rerank_answer`), Ollama's /api/embed and
-/api/embeddings in exod.api.dialects.ollama_embed, from `Embedded`.
+/api/embeddings in exod.api.dialects.ollama.embed, from `Embedded`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from exod.wire import messages as m
-from exod.api.dialects.embed_request import EmbedRequest
+from exod.api.dialects.embeddings.request import EmbedRequest
 from exod.api.errors import ApiError, runner_error
 from exod.api.ignored import header
 from exod.api.metrics import Meter

@@ -28,7 +28,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from exod.api.errors import ApiError, bad_request
-from exod.api.schema import GenRequest
+from exod.api.request import GenRequest
 from exod.core import images
 from exod.core.addresses import Network, address_problem
 from exod.core.images import Source

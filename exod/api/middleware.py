@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from exod.api.browser import PREFLIGHT_HEADERS, CorsPolicy, HostPolicy, is_json
-from exod.api.dialects import anthropic_request as anthropic
+from exod.api.dialects.anthropic import request as anthropic
 from exod.api.errors import ApiError, unauthorized
 from exod.api.guard import ConnectionGuard
-from exod.api.ollama.objects import error_text
+from exod.api.dialects.ollama.objects import error_text
 
 PUBLIC = ("/health", "/")  # no data behind them: the page's script asks for the token
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

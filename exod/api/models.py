@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from exod.api.errors import model_not_found
-from exod.api.schema import ModelLimits
+from exod.api.request import ModelLimits
 from exod.api.view import Daemon
 from exod.facts.embed import Encoding, encoding
 from exod.facts.caps import Capabilities

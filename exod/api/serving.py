@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import replace
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from loguru import logger
@@ -20,10 +20,9 @@ from exod.api.errors import (ApiError, bad_request, model_not_found, not_ready, 
 from exod.api.ignored import header
 from exod.api.image_fetch import Fetcher
 from exod.api.metrics import Meter, Metrics
-from exod.api.dialects.output import OpenAiOutput, Output
-from exod.api.objects import Reply
-from exod.api.tool_output import streamed_call, whole_call
-from exod.api.schema import GenRequest, ModelLimits, apply_limits, with_template_defaults
+from exod.api.output import Output
+from exod.api.reply import Deltas, Whole
+from exod.api.request import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import Daemon
 from exod.core.images import REQUEST_MEGAPIXELS, pixel_problem, unseen
 from exod.core.system_lines import drop_system_lines
@@ -74,14 +73,12 @@ class Serving:
 
     # ---- one request ------------------------------------------------------------------------
     async def generate(self, request: web.Request, req: GenRequest, limits: Limits,
-                       out: Output | None = None,
-                       keep_alive: float | None = None) -> web.StreamResponse:
-        """Serve one request; `out`: the dialect its answer is rendered in (OpenAI's chat
-        completions by default, see exod.api.dialects); `keep_alive`: the idle window it asks
-        for once it ends (Ollama's, exod.core.keep_alive)."""
+                       out: Output, keep_alive: float | None = None) -> web.StreamResponse:
+        """Serve one request; `out`: the dialect its answer is rendered in (exod.api.output,
+        exod.api.dialects); `keep_alive`: the idle window it asks for once it ends (Ollama's,
+        exod.core.keep_alive)."""
         with self.metered(req.model) as meter:
-            resp = await self._admitted(request, req, meter, limits, out or OpenAiOutput(),
-                                        keep_alive)
+            resp = await self._admitted(request, req, meter, limits, out, keep_alive)
             meter.status = resp.status
             return resp
 
@@ -175,26 +172,15 @@ def too_large_for_runner(req: GenRequest, size: int) -> ApiError:
 
 
 async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: Output) -> web.Response:
-    parts: list[str] = []
-    calls: list[dict[str, Any]] = []
-    thoughts: list[str] = []
-    logprobs: list[m.TokenLogprob] = []
+    deltas, whole = Deltas(), Whole()
     async for ev in events:
         if isinstance(ev, (m.Prefill, m.Held, m.Vectors)):
             continue  # progress only (see _events); no Vectors for a generation
-        if isinstance(ev, m.Text):
-            parts.append(ev.text)
-            thoughts.append(ev.reasoning)
-            logprobs += ev.logprobs
-        elif isinstance(ev, m.ToolCall):
-            calls.append(whole_call(ev))
-        elif isinstance(ev, m.Done):
-            reply = Reply(req.gen.kind, req.model, logprobs=req.gen.logprobs)
-            return web.json_response(out.whole(reply.whole(
-                "".join(parts), ev, calls, reasoning="".join(thoughts), logprobs=logprobs)),
-                headers=header(req.ignored))
-        else:
+        if isinstance(ev, m.Error):
             raise runner_error(ev)
+        reply = whole.add(deltas.of(ev))
+        if reply is not None:
+            return web.json_response(out.whole(reply), headers=header(req.ignored))
     raise AssertionError("unreachable: the event stream never ends")
 
 
@@ -208,31 +194,18 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
     if isinstance(first, m.Error):
         raise runner_error(first)
     resp = web.StreamResponse(headers={**out.stream_headers, **header(req.ignored)})
-    reply = Reply(req.gen.kind, req.model, include_usage=req.include_usage,
-                  logprobs=req.gen.logprobs)
+    deltas = Deltas()
     try:
         await resp.prepare(request)
         await resp.write(out.begin())
-        if req.gen.kind == "chat":
-            await resp.write(out.chunk(reply.chunk(role=True)))
-        calls = 0
         async for ev in _after(first, events):
             if isinstance(ev, (m.Prefill, m.Held, m.Vectors)):
                 continue  # progress only (see _events); no Vectors for a generation
-            if isinstance(ev, m.Text):
-                await resp.write(out.chunk(reply.chunk(
-                    ev.text if ev.text or not ev.reasoning else None, reasoning=ev.reasoning,
-                    logprobs=ev.logprobs)))
-                continue
-            if isinstance(ev, m.ToolCall):
-                for piece in streamed_call(ev, calls):
-                    await resp.write(out.chunk(reply.chunk(tool_calls=piece)))
-                calls += 1
+            if isinstance(ev, (m.Text, m.ToolCall)):
+                await resp.write(out.delta(deltas.of(ev)))
                 continue
             if isinstance(ev, m.Done):
-                await resp.write(out.chunk(reply.chunk(finish_reason=ev.finish_reason)))
-                if req.include_usage:
-                    await resp.write(out.chunk(reply.usage_chunk(ev)))
+                await resp.write(out.delta(deltas.of(ev)))
             else:
                 err = runner_error(ev)
                 meter.failed_code = err.status

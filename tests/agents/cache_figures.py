@@ -179,8 +179,9 @@ def _counts(tokenizer: Any, sealer: Any, requests: list[dict[str, Any]],
             drop: tuple[str, ...]) -> list[dict[str, int]]:
     from dataclasses import replace
 
-    from exod.api.dialects import anthropic_request, responses_request
-    from exod.api.schema import parse_chat
+    from exod.api.dialects.anthropic import request as anthropic_request
+    from exod.api.dialects.responses import request as responses_request
+    from exod.api.dialects.openai.request import parse_chat
     from exod.core.system_lines import drop_system_lines
     from exod.runner.serving.prepare import chat_prompt, prompt_tokens
 

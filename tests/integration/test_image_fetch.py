@@ -20,7 +20,8 @@ from aiohttp import web
 
 from exod.api.errors import ApiError
 from exod.api.image_fetch import Fetcher, Policy
-from exod.api.schema import GenRequest, parse_chat
+from exod.api.dialects.openai.request import parse_chat
+from exod.api.request import GenRequest
 from exod.core import images
 
 HOST = "127.0.0.2"

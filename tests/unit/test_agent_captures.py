@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from exod.api.dialects import anthropic_request, responses_request
+from exod.api.dialects.anthropic import request as anthropic_request
+from exod.api.dialects.responses import request as responses_request
 from exod.api.seal import Sealer
 
 CAPTURES = Path(__file__).resolve().parents[1] / "agents" / "captures"

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exod.api.errors import ApiError
-from exod.api.schema import ModelLimits, apply_limits, parse_chat
+from exod.api.dialects.openai.request import parse_chat
+from exod.api.request import ModelLimits, apply_limits
 from exod.wire.messages import decode_to_runner, to_wire
 
 # Python's JSON reads `Infinity` and `NaN` too: they must be refused, not sent to a runner.

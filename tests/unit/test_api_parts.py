@@ -14,8 +14,9 @@ from exod.wire.messages import Generate, decode_to_runner, to_wire
 from exod.core import listen as address
 from exod.api.errors import ApiError
 from exod.api import sse
-from exod.api.objects import Reply
-from exod.api.schema import parse_chat, parse_completion
+from exod.api.dialects.openai.objects import ChatObjects
+from exod.api.reply import Finished, Reply, Usage
+from exod.api.dialects.openai.request import parse_chat, parse_completion
 from exod.runner.serving.stop_sequences import StopMatcher
 
 
@@ -136,7 +137,7 @@ def test_completion_prompt_forms() -> None:
 
 # ---- response objects and SSE framing ----------------------------------------------------------
 def test_chat_chunks_share_id_created_model() -> None:
-    r = Reply("chat", "m", include_usage=True)
+    r = ChatObjects("chat", "m", include_usage=True)
     first, piece, last = r.chunk(role=True), r.chunk("hi"), r.chunk(finish_reason="stop")
     assert r.id.startswith("chatcmpl-")
     for c in (first, piece, last):
@@ -148,12 +149,12 @@ def test_chat_chunks_share_id_created_model() -> None:
     assert piece["choices"][0] == {"index": 0, "delta": {"content": "hi"}, "logprobs": None,
                                    "finish_reason": None}
     assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "stop"
-    u = r.usage_chunk(m.Done("r", "stop", 3, 4, reasoning_tokens=2))
+    u = r.usage_chunk(Usage(3, 4, reasoning=2))
     assert u["choices"] == [] and u["usage"] == {
         "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
         "prompt_tokens_details": {"cached_tokens": 0},
         "completion_tokens_details": {"reasoning_tokens": 2}}
-    assert "usage" not in Reply("chat", "m").chunk("x")  # only with include_usage
+    assert "usage" not in ChatObjects("chat", "m").chunk("x")  # only with include_usage
 
 
 def test_sse_framing() -> None:
@@ -168,13 +169,14 @@ def test_sse_framing() -> None:
 
 
 def test_whole_objects() -> None:
-    chat = Reply("chat", "m").whole("Paris.", m.Done("r", "stop", 10, 3))
+    chat = ChatObjects("chat", "m").whole(Reply("Paris.", Finished.of(m.Done("r", "stop", 10, 3))))
     assert chat["object"] == "chat.completion"
     assert chat["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Paris.",
                                                         "refusal": None},
                                 "logprobs": None, "finish_reason": "stop"}]
     assert chat["usage"]["total_tokens"] == 13
-    text = Reply("completion", "m").whole("x", m.Done("r", "length", 1, 1))
+    text = ChatObjects("completion", "m").whole(Reply("x", Finished.of(m.Done("r", "length", 1,
+                                                                           1))))
     assert text["object"] == "text_completion" and text["id"].startswith("cmpl-")
     assert text["choices"][0]["text"] == "x"
 

@@ -11,13 +11,15 @@ from typing import Any
 import pytest
 
 from exod.wire import messages as m
-from exod.api.dialects import anthropic_request as anthropic
-from exod.api.dialects import responses_request as responses
-from exod.api.dialects.anthropic_output import AnthropicOutput, CountOutput
-from exod.api.dialects.responses_output import ResponsesOutput
+from exod.api.dialects.anthropic import request as anthropic
+from exod.api.dialects.responses import request as responses
+from exod.api.dialects.anthropic.output import AnthropicOutput, CountOutput
+from exod.api.dialects.responses.output import ResponsesOutput
 from exod.api.errors import ApiError, bad_request, not_ready, queue_full
-from exod.api.schema import GenRequest
+from exod.api.reply import Call, Called, Finished, Piece, Reply, Usage
+from exod.api.request import GenRequest
 from exod.api.seal import Sealer
+from exod.api.stop_reasons import Stop
 from exod.wire.messages import Generate
 
 HI: list[Any] = [{"role": "user", "content": "hi"}]
@@ -87,7 +89,7 @@ def test_messages_sampling_stop_and_stream_fields_map_onto_the_request() -> None
 
 def test_agents_max_tokens_passes_the_parse_and_is_clamped_against_the_model() -> None:
     """Claude Code sends max_tokens 32000 on any model: apply_limits clamps it."""
-    from exod.api.schema import ModelLimits, apply_limits
+    from exod.api.request import ModelLimits, apply_limits
     req = claude_req(max_tokens=32000)
     assert apply_limits(req, ModelLimits(context=2048, cap=None)).gen.max_tokens == 2048
     assert apply_limits(req, ModelLimits(context=2048, cap=64)).gen.max_tokens == 64
@@ -337,17 +339,17 @@ def test_anthropic_error_shape_and_statuses() -> None:
 
 
 # ---- Anthropic Messages answers -----------------------------------------------------------------
-def chat_object(content: str | None = "hi", finish: str = "stop", **message: Any
-                ) -> dict[str, Any]:
-    return {"choices": [{"message": {"role": "assistant", "content": content, **message},
-                         "finish_reason": finish}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 2,
-                      "prompt_tokens_details": {"cached_tokens": 3}}}
+def chat_object(content: str | None = "hi", finish: m.FinishReason = "stop",
+                reasoning_content: str = "", tool_calls: tuple[Call, ...] = (),
+                **done: Any) -> Reply:
+    """A whole answer, as the core hands it to every dialect."""
+    end = m.Done("r", finish, 5, 2, cached_tokens=3, **done)
+    return Reply(content or "", Finished.of(end), reasoning_content, tool_calls)
 
 
 def test_a_whole_message_has_thinking_text_and_tool_use_blocks_in_order() -> None:
-    call = {"id": "c", "type": "function", "function": {"name": "get", "arguments": '{"a":1}'}}
-    obj = chat_object("ok", "tool_calls", reasoning_content="hmm", tool_calls=[call])
+    call = Call("c", "get", '{"a":1}')
+    obj = chat_object("ok", "tool_calls", reasoning_content="hmm", tool_calls=(call,))
     msg = AnthropicOutput("m").whole(obj)
     assert msg["content"] == [{"type": "thinking", "thinking": "hmm", "signature": ""},
                               {"type": "text", "text": "ok"},
@@ -359,9 +361,7 @@ def test_a_whole_message_has_thinking_text_and_tool_use_blocks_in_order() -> Non
 
 def test_a_matched_stop_sequence_is_named() -> None:
     out = AnthropicOutput("m")
-    out.seen(m.Done(id="r", finish_reason="stop", prompt_tokens=1, completion_tokens=1,
-                    stop_sequence="END"))
-    msg = out.whole(chat_object())
+    msg = out.whole(chat_object(stop_sequence="END"))
     assert (msg["stop_reason"], msg["stop_sequence"]) == ("stop_sequence", "END")
     assert AnthropicOutput("m").whole(chat_object(finish="length"))["stop_reason"] == \
         "max_tokens"
@@ -377,20 +377,16 @@ def events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def delta(**d: Any) -> dict[str, Any]:
-    return {"choices": [{"delta": d, "finish_reason": None}]}
+def finished(prompt: int, completion: int, stop: Stop = Stop.END) -> Finished:
+    return Finished(stop, Usage(prompt, completion))
 
 
 def test_a_stream_has_anthropic_s_events_in_order_and_thinking_ends_signed() -> None:
     out = AnthropicOutput("m")
-    raw = out.begin() + out.chunk(delta(role="assistant")) + out.chunk(
-        delta(reasoning_content="a")) + out.chunk(delta(reasoning_content="b")) + out.chunk(
-        delta(content="c")) + out.chunk(delta(tool_calls=[
-            {"index": 0, "id": "t", "function": {"name": "get", "arguments": '{"a"'}}])) + \
-        out.chunk(delta(tool_calls=[{"index": 0, "function": {"arguments": ":1}"}}])) + \
-        out.chunk({"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}) + \
-        out.chunk({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 5}}) + \
-        out.end()
+    args = '{"a": "' + "x" * 64 + '"}'  # streamed in two pieces
+    raw = out.begin() + out.delta(Piece("", "a")) + out.delta(Piece("", "b")) + out.delta(
+        Piece("c")) + out.delta(Called(0, Call("t", "get", args))) + \
+        out.delta(finished(4, 5, Stop.TOOL_CALLS)) + out.end()
     seen = [(n, d.get("delta", {}).get("type") or d.get("content_block", {}).get("type"))
             for n, d in events(raw)]
     assert seen == [
@@ -409,7 +405,7 @@ def test_a_stream_has_anthropic_s_events_in_order_and_thinking_ends_signed() -> 
 
 def test_an_error_mid_stream_closes_the_block_and_ends_the_stream() -> None:
     out = AnthropicOutput("m")
-    raw = out.begin() + out.chunk(delta(content="a")) + out.failed(
+    raw = out.begin() + out.delta(Piece("a")) + out.failed(
         ApiError(503, "gone", "service_unavailable_error", "aborted")) + out.end()
     names = [n for n, _ in events(raw)]
     assert names[-2:] == ["content_block_stop", "error"]
@@ -426,9 +422,8 @@ def test_thinking_is_signed_and_omitted_when_asked_whole_and_streamed() -> None:
     shown = AnthropicOutput("m", sealer=SEALER).whole(chat_object("ok", reasoning_content="hm"))
     assert shown["content"][0]["thinking"] == "hm"
     out = AnthropicOutput("m", omit, SEALER)
-    raw = out.begin() + out.chunk(delta(reasoning_content="a")) + out.chunk(
-        delta(reasoning_content="b")) + out.chunk(delta(content="c")) + out.chunk(
-        {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 3}}) + out.end()
+    raw = out.begin() + out.delta(Piece("", "a")) + out.delta(Piece("", "b")) + out.delta(
+        Piece("c")) + out.delta(finished(1, 3)) + out.end()
     deltas = [d["delta"] for n, d in events(raw) if n == "content_block_delta"]
     assert [d["type"] for d in deltas] == ["signature_delta", "text_delta"]
     assert SEALER.open(deltas[0]["signature"]) == "ab"
@@ -440,18 +435,15 @@ def test_applied_context_edits_are_reported_whole_streamed_and_counted() -> None
     done = m.Done(id="r", finish_reason="stop", prompt_tokens=5, completion_tokens=2,
                   applied_edits=applied)
     out = AnthropicOutput("m", anthropic.View(edits=True))
-    out.seen(done)
-    assert out.whole(chat_object())["context_management"] == {"applied_edits": applied}
+    assert out.whole(chat_object(applied_edits=applied))["context_management"] == {
+        "applied_edits": applied}
     assert "context_management" not in AnthropicOutput("m").whole(chat_object())
     stream = AnthropicOutput("m", anthropic.View(edits=True))
-    stream.seen(done)
-    raw = stream.begin() + stream.chunk(delta(content="a")) + stream.chunk(
-        {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+    raw = stream.begin() + stream.delta(Piece("a")) + stream.delta(Finished.of(done))
     (msg_delta,) = [d for n, d in events(raw) if n == "message_delta"]
     assert msg_delta["context_management"] == {"applied_edits": applied}
     count = CountOutput()
-    count.seen(done)
-    assert count.whole({"usage": {"prompt_tokens": 5}}) == {
+    assert count.whole(Reply("", Finished.of(done))) == {
         "input_tokens": 5, "context_management": {"original_input_tokens": 12}}
 
 
@@ -701,9 +693,9 @@ def test_responses_errors_name_openai_responses_fields(body: dict[str, Any],
 
 # ---- OpenAI Responses answers -------------------------------------------------------------------
 def test_a_whole_response_holds_reasoning_message_and_calls_in_order() -> None:
-    call = {"id": "c", "type": "function", "function": {"name": "get", "arguments": "{}"}}
+    call = Call("c", "get", "{}")
     r = ResponsesOutput("m", {}).whole(chat_object("ok", "length", reasoning_content="hmm",
-                                                   tool_calls=[call]))
+                                                   tool_calls=(call,)))
     assert [i["type"] for i in r["output"]] == ["reasoning", "message", "function_call"]
     assert [i["id"][:3] for i in r["output"]] == ["rs_", "msg", "fc_"]
     assert r["status"] == "incomplete"
@@ -713,21 +705,19 @@ def test_a_whole_response_holds_reasoning_message_and_calls_in_order() -> None:
 
 def test_a_namespaced_call_comes_back_with_its_namespace_and_reasoning_sealed() -> None:
     view = responses.View({"ns__go": ("ns", "go")}, encrypted=True)
-    call = {"id": "c", "type": "function", "function": {"name": "ns__go", "arguments": "{}"}}
+    call = Call("c", "ns__go", "{}")
     r = ResponsesOutput("m", {}, view, SEALER).whole(chat_object(
-        None, "tool_calls", reasoning_content="why", tool_calls=[call]))
+        None, "tool_calls", reasoning_content="why", tool_calls=(call,)))
     reasoning, fc = r["output"]
     assert (fc["name"], fc["namespace"], fc["call_id"]) == ("go", "ns", "c")
     assert SEALER.open(reasoning["encrypted_content"]) == "why"
     plain = ResponsesOutput("m", {}).whole(chat_object(None, "tool_calls",
                                                        reasoning_content="why",
-                                                       tool_calls=[call]))
+                                                       tool_calls=(call,)))
     assert "encrypted_content" not in plain["output"][0]
     assert "namespace" not in plain["output"][1] and plain["output"][1]["name"] == "ns__go"
     out = ResponsesOutput("m", {}, view, SEALER)
-    raw = out.begin() + out.chunk(delta(tool_calls=[
-        {"index": 0, "id": "c", "function": {"name": "ns__go", "arguments": "{}"}}])) + \
-        out.chunk({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}})
+    raw = out.begin() + out.delta(Called(0, call)) + out.delta(finished(1, 2))
     added = [e for e in sse_types(raw) if e["type"] == "response.output_item.added"]
     assert (added[0]["item"]["name"], added[0]["item"]["namespace"]) == ("go", "ns")
 
@@ -738,9 +728,8 @@ def sse_types(raw: bytes) -> list[dict[str, Any]]:
 
 def test_a_reasoning_item_streams_with_its_part_and_events_are_numbered() -> None:
     out = ResponsesOutput("m", {})
-    raw = out.begin() + out.chunk(delta(reasoning_content="a")) + out.chunk(
-        delta(content="b")) + out.chunk({"choices": [{"delta": {}, "finish_reason": "stop"}]}) \
-        + out.chunk({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}})
+    raw = out.begin() + out.delta(Piece("", "a")) + out.delta(Piece("b")) + out.delta(
+        finished(1, 2))
     evs = sse_types(raw)
     assert [e["type"] for e in evs] == [
         "response.created", "response.in_progress",
@@ -757,7 +746,7 @@ def test_a_reasoning_item_streams_with_its_part_and_events_are_numbered() -> Non
 
 def test_a_failure_mid_stream_is_error_then_response_failed() -> None:
     out = ResponsesOutput("m", {})
-    raw = out.begin() + out.chunk(delta(content="a")) + out.failed(
+    raw = out.begin() + out.delta(Piece("a")) + out.failed(
         ApiError(503, "gone", "service_unavailable_error", "aborted")) + out.end()
     *_, error, failed = sse_types(raw)
     assert error["type"] == "error" and (error["code"], error["message"]) == ("aborted", "gone")

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from exod.wire import messages as m
-from exod.api.dialects import ollama_embed
-from exod.api.dialects.embed_request import embed_request, parse_embeddings, parse_rerank
+from exod.api.dialects.ollama import embed as ollama_embed
+from exod.api.dialects.embeddings.request import embed_request, parse_embeddings, parse_rerank
 from exod.api.embedding import Embedded, openai_embeddings, rerank_answer
 from exod.api.errors import ApiError
 from exod.config.model_checks import check_embed

@@ -19,10 +19,14 @@ from openai.types.responses import response_create_params, response_includable
 from openai.types.responses import response_input_item_param, tool_param
 
 from exod.api.errors import ApiError
-from exod.api.fields import (CHAT, COMPLETION, DIALECTS, EMBEDDINGS, MESSAGES, RESPONSES, Kind,
-                             Reading)
+from exod.api.dialects.anthropic.fields import MESSAGES
+from exod.api.dialects.embeddings.fields import EMBEDDINGS
+from exod.api.dialects.openai.fields import CHAT, COMPLETION
+from exod.api.dialects.responses.fields import RESPONSES
+from exod.api.dialects.tables import DIALECTS
+from exod.api.fields import Kind, Reading
 from exod.api.ignored import HEADER, MAX_HEADER_NAMES, MORE, IgnoredFields, header
-from exod.api.schema import parse_chat, parse_completion
+from exod.api.dialects.openai.request import parse_chat, parse_completion
 from exod.core.request_rules import RequestError
 from tests.field_docs import PAGE, render
 

@@ -1,5 +1,5 @@
 """Ollama's dialect, its pure parts: bodies of /api/chat and /api/generate onto the one request
-(exod.api.dialects.ollama_request), the answer's NDJSON lines and statistics
+(exod.api.dialects.ollama.request), the answer's NDJSON lines and statistics
 (ollama_output), a client's own Go template, fill in the middle, the objects of the read-only
 endpoints and the names of a pull; hostile bodies fuzzed as the other dialects' are."""
 
@@ -14,14 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exod.wire import messages as m
-from exod.api.dialects.ollama_output import OllamaOutput
-from exod.api.dialects.ollama_request import UNBOUNDED, fill_in_middle, parse, render
+from exod.api.dialects.ollama.output import OllamaOutput
+from exod.api.dialects.ollama.request import UNBOUNDED, fill_in_middle, parse, render
 from exod.api.errors import ApiError
-from exod.api.ollama import objects
-from exod.api.ollama.manage import repository, status_line
-from exod.api.objects import Reply
-from exod.api.schema import ModelLimits, apply_limits
-from exod.api.tool_output import streamed_call
+from exod.api.dialects.ollama import objects
+from exod.api.dialects.ollama.manage import repository, status_line
+from exod.api.request import ModelLimits, apply_limits
+from exod.api.reply import Deltas, Finished, Reply
 from exod.facts.caps import Capabilities
 from exod.facts.details import ModelFacts
 from exod.wire.control import DownloadEvent
@@ -196,29 +195,21 @@ def test_fill_in_the_middle_in_the_models_tokens() -> None:
 
 
 # ---- answers ---------------------------------------------------------------------------------
-def stream(out: OllamaOutput, kind: str, events: list[m.Event]) -> list[dict[str, Any]]:
-    """Events through the core's chunks and the output, as exod.api.serving streams them."""
-    reply = Reply(kind, "m")
+def stream(out: OllamaOutput, events: list[m.Event]) -> list[dict[str, Any]]:
+    """Events through the core's typed pieces and the output, as exod.api.serving streams
+    them."""
+    deltas = Deltas()
     raw = out.begin()
-    if kind == "chat":
-        raw += out.chunk(reply.chunk(role=True))
-    calls = 0
     for ev in events:
         out.seen(ev)
-        if isinstance(ev, m.Text):
-            raw += out.chunk(reply.chunk(ev.text or None, reasoning=ev.reasoning))
-        elif isinstance(ev, m.ToolCall):
-            for piece in streamed_call(ev, calls):
-                raw += out.chunk(reply.chunk(tool_calls=piece))
-            calls += 1
-        elif isinstance(ev, m.Done):
-            raw += out.chunk(reply.chunk(finish_reason=ev.finish_reason))
+        if isinstance(ev, (m.Text, m.ToolCall, m.Done)):
+            raw += out.delta(deltas.of(ev))
     raw += out.end()
     return [json.loads(x) for x in raw.splitlines()]
 
 
 def test_a_chat_stream_as_ollama_streams_it() -> None:
-    lines = stream(OllamaOutput("chat", "tiny"), "chat", [
+    lines = stream(OllamaOutput("chat", "tiny"), [
         m.Prefill("1", 0, 0), m.Prefill("1", 5, 5), m.Text("1", "", reasoning="hmm"),
         m.Text("1", "Hi"), m.ToolCall("1", "add", '{"a": 1, "b": "' + "x" * 100 + '"}'),
         m.ToolCall("1", "sub", "{}"), m.Done("1", "tool_calls", 5, 4)])
@@ -237,13 +228,13 @@ def test_a_chat_stream_as_ollama_streams_it() -> None:
 
 
 def test_a_generate_answer_whole_and_streamed() -> None:
-    lines = stream(OllamaOutput("generate", "tiny"), "completion",
+    lines = stream(OllamaOutput("generate", "tiny", "completion"),
                    [m.Text("1", "a"), m.Text("1", "b"), m.Done("1", "length", 3, 2)])
     assert [x["response"] for x in lines] == ["a", "b", ""]
     assert lines[-1]["done_reason"] == "length" and "message" not in lines[-1]
-    out = OllamaOutput("generate", "tiny")
+    out = OllamaOutput("generate", "tiny", "completion")
     out.seen(m.Done("1", "stop", 3, 2))
-    whole = out.whole(Reply("completion", "tiny").whole("ab", m.Done("1", "stop", 3, 2)))
+    whole = out.whole(Reply("ab", Finished.of(m.Done("1", "stop", 3, 2))))
     assert (whole["response"], whole["done"], whole["eval_count"]) == ("ab", True, 2)
 
 

@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from exod.api.dialects import anthropic_request as anthropic
-from exod.api.dialects import responses_request as responses
+from exod.api.dialects.anthropic import request as anthropic
+from exod.api.dialects.responses import request as responses
 from exod.api.errors import ApiError
 from exod.api.image_fetch import CheckedResolver, Fetcher, Policy, Unfit, address_problem
-from exod.api.schema import GenRequest, parse_chat
+from exod.api.dialects.openai.request import parse_chat
+from exod.api.request import GenRequest
 from exod.api.seal import Sealer
 from exod.core import images
 from exod.core.request_rules import RequestError

@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from exod.wire import messages as m
-from exod.api.objects import Reply
-from exod.api.schema import parse_chat, parse_completion, with_template_defaults
+from exod.api.dialects.openai.objects import ChatObjects
+from exod.api.reply import Finished, Reply
+from exod.api.dialects.openai.request import parse_chat, parse_completion
+from exod.api.request import with_template_defaults
 from exod.config import ConfigError, load_config
 from exod.runner.serving.output import Output, opens_thinking
 
@@ -114,8 +116,9 @@ LOGPROBS = [m.TokenLogprob("Hi", -0.5, [72, 105], [m.TopLogprob("Hi", -0.5, [72,
 
 
 def test_chat_logprobs_reasoning_and_cached_tokens() -> None:
-    whole = Reply("chat", "m", logprobs=True).whole(
-        "Hi!", m.Done("r", "stop", 5, 2, cached_tokens=3), reasoning="hmm", logprobs=LOGPROBS)
+    whole = ChatObjects("chat", "m", logprobs=True).whole(Reply(
+        "Hi!", Finished.of(m.Done("r", "stop", 5, 2, cached_tokens=3)), reasoning="hmm",
+        logprobs=tuple(LOGPROBS)))
     choice: dict[str, Any] = whole["choices"][0]
     assert choice["message"]["reasoning_content"] == "hmm"
     assert choice["logprobs"]["content"][0] == {
@@ -123,16 +126,17 @@ def test_chat_logprobs_reasoning_and_cached_tokens() -> None:
         "top_logprobs": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105]},
                          {"token": "Ho", "logprob": -1.5, "bytes": [72, 111]}]}
     assert whole["usage"]["prompt_tokens_details"] == {"cached_tokens": 3}
-    chunk = Reply("chat", "m", logprobs=True).chunk(None, reasoning="hm", logprobs=[])
+    chunk = ChatObjects("chat", "m", logprobs=True).chunk(None, reasoning="hm", logprobs=[])
     assert chunk["choices"][0]["delta"] == {"reasoning_content": "hm"}
     assert chunk["choices"][0]["logprobs"] == {"content": [], "refusal": None}
-    plain = Reply("chat", "m").whole("Hi!", m.Done("r", "stop", 5, 2), logprobs=LOGPROBS)
+    plain = ChatObjects("chat", "m").whole(Reply("Hi!", Finished.of(m.Done("r", "stop", 5, 2)),
+                                                 logprobs=tuple(LOGPROBS)))
     assert plain["choices"][0]["logprobs"] is None
     assert "reasoning_content" not in plain["choices"][0]["message"]
 
 
 def test_completion_logprobs_in_the_legacy_shape() -> None:
-    reply = Reply("completion", "m", logprobs=True)
+    reply = ChatObjects("completion", "m", logprobs=True)
     first, second = reply.chunk("Hi", logprobs=LOGPROBS[:1]), reply.chunk("!",
                                                                           logprobs=LOGPROBS[1:])
     assert first["choices"][0]["logprobs"] == {

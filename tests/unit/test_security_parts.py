@@ -20,7 +20,8 @@ import pytest
 from exod import trust
 from exod.api.browser import CorsPolicy, HostPolicy, host_name, is_json
 from exod.api.errors import ApiError
-from exod.api.schema import ModelLimits, apply_limits, parse_chat, parse_completion
+from exod.api.dialects.openai.request import parse_chat, parse_completion
+from exod.api.request import ModelLimits, apply_limits
 from exod.api.token import read_token, read_tokens
 from exod.secret_file import KEY_BYTES, MAX_BYTES, secret_problem
 from exod.config import ConfigError, load_config

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from exod.api.dialects import anthropic_request
-from exod.api.schema import GenRequest
+from exod.api.dialects.anthropic import request as anthropic_request
+from exod.api.request import GenRequest
 from exod.api.seal import Sealer
 from exod.api.serving import without_system_lines
 from exod.config.errors import ConfigError

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from exod.wire import messages as m
-from exod.api.dialects.anthropic_output import AnthropicOutput, usage
-from exod.api.dialects.ollama_output import OllamaOutput
-from exod.api.dialects.responses_output import ResponsesOutput
+from exod.api.dialects.anthropic.output import AnthropicOutput, usage
+from exod.api.dialects.ollama.output import OllamaOutput
+from exod.api.dialects.responses.output import ResponsesOutput
+from exod.api.reply import Usage
 from exod.api.errors import ApiError, runner_error
 from exod.api.middleware import error_response
 from exod.core import request_rules as rules
@@ -129,8 +130,7 @@ def test_a_stream_that_fails_so_says_it_in_its_dialect() -> None:
 def test_anthropic_usage_counts_a_cached_token_once() -> None:
     """Claude Code adds `input_tokens` and `cache_read_input_tokens` up to know how full its
     window is: the prompt's cached part is in the second only."""
-    got = usage({"prompt_tokens": 30000, "completion_tokens": 5,
-                 "prompt_tokens_details": {"cached_tokens": 29000}})
+    got = usage(Usage(prompt=30000, completion=5, cached=29000))
     assert got == {"input_tokens": 1000, "output_tokens": 5,
                    "cache_read_input_tokens": 29000, "cache_creation_input_tokens": 0}
-    assert usage({"prompt_tokens": 7, "completion_tokens": 1})["input_tokens"] == 7
+    assert usage(Usage(prompt=7, completion=1))["input_tokens"] == 7

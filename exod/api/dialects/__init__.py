@@ -1,5 +1,5 @@
-"""The API dialects other than OpenAI's chat completions and completions (exod.api.schema):
-each maps its request body onto the one request the core serves (exod.api.schema.GenRequest:
+"""The API dialects other than OpenAI's chat completions and completions (exod.api.request):
+each maps its request body onto the one request the core serves (exod.api.request.GenRequest:
 its table of fields in exod.api.fields, the core's rules under the client's own field names),
 and renders what the core renders (OpenAI's chat completion object, or its chunks) in its own
 shape (`Output`). No dialect has a generation path of its own: batching, the prompt cache,

@@ -1,7 +1,7 @@
 """The rules a generation request must pass: one copy of each, for the daemon and the runner.
 One module per topic (base, generation, messages, tools; embeddings and rerank inputs), all of
 it importable from here (`rules.max_tokens`, `rules.RequestError`). The daemon checks every
-field of a request body here (exod.api.schema turns a RequestError into an HTTP 400 naming the
+field of a request body here (exod.api.request turns a RequestError into an HTTP 400 naming the
 field); the runner checks again here, with the numbers of the model as loaded, whatever sent
 the request (exod.runner.serving.prepare: nothing reaches mlx unchecked). Pure logic.
 
@@ -10,7 +10,7 @@ How a rule is written, so that it is written once:
   in, the checked value out, or `RequestError(message, param)`, its message written there and
   nowhere else ("`field` must be ...", in one line); a number with a default and a range is a
   row of `NUMBERS` instead (`number(name, raw)`); a limit is a constant of its module (MAX_...);
-- wired once: exod.api.schema calls it for the endpoints that take the field, and
+- wired once: exod.api.request calls it for the endpoints that take the field, and
   exod.runner.serving.prepare calls the same function when the runner must check it again
   before mlx; tests/unit/test_request_rules.py gets a test that fails when the rule is dropped.
 """

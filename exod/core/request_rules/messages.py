@@ -14,7 +14,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 # The keys of a message that reach the chat template. `reasoning_content` is an assistant's
 # thinking, the key Qwen3's and DeepSeek's templates read (what they do with it is theirs: Qwen3
 # shows only the thinking after the last user turn). Which other keys a dialect's messages may
-# hold, and what becomes of them, is its field table (exod.api.fields).
+# hold, and what becomes of them, is its field table (exod.api.dialects).
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content")
 CALL_KEYS = ("id", "function.name", "function.arguments")  # chat completions' spelling
 

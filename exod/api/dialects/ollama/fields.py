@@ -1,14 +1,16 @@
 """Ollama's API (`POST /api/chat`, `/api/generate`, and the management endpoints' bodies): what
-exod does with each field (the mapping is exod.api.dialects.ollama_request and
-exod.api.ollama.manage)."""
+exod does with each field (the mapping is exod.api.dialects.ollama.request and
+exod.api.dialects.ollama.manage)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from exod.api.fields.policy import (Dialect, Field, Obj, Variants, empty, false, inert, null,
-                                    refused, works)
+from exod.api.fields import (Dialect, Field, Obj, Variants, empty, false, inert, null,
+                             refused, works)
+from exod.api.dialects.embeddings.fields import MODEL
 from exod.core import request_rules as rules
+from exod.core.request_rules import embeddings as embed_rules
 
 
 def _off(off: float) -> Any:
@@ -148,3 +150,35 @@ OLLAMA_MANAGE = Dialect("ollama", "POST /api/show, /api/pull, DELETE /api/delete
     "delete": Obj("", {"model": works("a hub repository, or an instance (its hub model)"),
                        "name": works("as `model` (older clients)")}, "/api/delete"),
 })
+
+OLLAMA_OPTIONS = inert("Ollama's model options (sampling, `num_ctx`, threads...) do not change "
+                       "an encoder's vectors here: an input is cut at the model's own length "
+                       "(`truncate`)")
+OLLAMA_KEEP_ALIVE = works("the idle window of an on-demand instance once the request ends, as "
+                          "for /api/chat: a duration (`5m`), seconds, `0` or `-1`, within the "
+                          "instance's `keep_alive: {min, max}`")
+
+OLLAMA_EMBED = Dialect("ollama_embed", "POST /api/embed", intro=(
+    "Ollama's embeddings endpoint, served as `/v1/embeddings` is (docs/embeddings.md). The "
+    "answer: `{model, embeddings, total_duration, load_duration, prompt_eval_count}`, each "
+    "vector of length 1 (as Ollama gives them, whatever the model's own normalization)."),
+    objects={"body": Obj("", {
+        "model": MODEL,
+        "input": works(f"a string or an array of strings (at most {embed_rules.MAX_INPUTS})"),
+        "truncate": works("an input longer than the model takes: `true` (default) cuts it to "
+                          "the model's length, `false` refuses it (naming it)"),
+        "dimensions": works("vectors cut to this size, then normalized again: only for a model "
+                            "trained for it, else refused by name"),
+        "options": OLLAMA_OPTIONS,
+        "keep_alive": OLLAMA_KEEP_ALIVE,
+    })})
+
+OLLAMA_EMBEDDINGS = Dialect("ollama_embeddings", "POST /api/embeddings", intro=(
+    "Ollama's older embeddings endpoint: one `prompt`, answered `{embedding}`, the vector as "
+    "the model's own files say (normalized or not), as Ollama gives it."), objects={
+    "body": Obj("", {
+        "model": MODEL,
+        "prompt": works("the text (cut to the model's length when longer)"),
+        "options": OLLAMA_OPTIONS,
+        "keep_alive": OLLAMA_KEEP_ALIVE,
+    })})

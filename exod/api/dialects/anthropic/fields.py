@@ -1,13 +1,13 @@
 """Anthropic Messages (`POST /v1/messages`, `/v1/messages/count_tokens`): what exod does with
-each field (the mapping is exod.api.dialects.anthropic_request)."""
+each field (the mapping is exod.api.dialects.anthropic.request)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from exod.api.fields.chat import OTHER_MEDIA, PICTURES
-from exod.api.fields.policy import (Dialect, Field, Obj, Variants, empty, ignored, inert, null,
-                                    refused, works)
+from exod.api.dialects.openai.fields import OTHER_MEDIA, PICTURES
+from exod.api.fields import (Dialect, Field, Obj, Variants, empty, ignored, inert, null,
+                             refused, works)
 
 
 def _direct(value: Any) -> bool:

@@ -1,7 +1,7 @@
 """Ollama's embeddings endpoints onto the one embeddings request: `POST /api/embed` (`input`: a
 string or strings, `truncate`, `dimensions`) and the older `POST /api/embeddings` (one
-`prompt`). Each body is read against its table (exod.api.fields.embeddings) and checked by the
-same rules as `/v1/embeddings`, under Ollama's field names; the answers are Ollama's objects.
+`prompt`). Each body is read against its table (exod.api.dialects.ollama.fields) and checked
+by the same rules as `/v1/embeddings`, under Ollama's field names; the answers are Ollama's objects.
 
 Ollama gives /api/embed's vectors of length 1 whatever the model's files say (and /api/embeddings'
 as the model makes them), so `embed_answer` normalizes each vector; the statistics are in
@@ -15,9 +15,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from exod.api.dialects.embed_request import EmbedRequest, embed_request
-from exod.api.fields import OLLAMA_EMBED, OLLAMA_EMBEDDINGS, Reading
-from exod.api.schema import http
+from exod.api.dialects.embeddings.request import EmbedRequest, embed_request
+from exod.api.dialects.ollama.fields import OLLAMA_EMBED, OLLAMA_EMBEDDINGS
+from exod.api.fields import Reading
+from exod.api.request import http
 from exod.core import keep_alive as keep
 from exod.core import request_rules as rules
 

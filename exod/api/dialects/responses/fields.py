@@ -1,14 +1,14 @@
 """OpenAI Responses (`POST /v1/responses`, stateless): what exod does with each field (the
-mapping is exod.api.dialects.responses_request)."""
+mapping is exod.api.dialects.responses.request)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from exod.api.fields.chat import OTHER_MEDIA, PICTURES
-from exod.api.fields.messages import DEFERRED
-from exod.api.fields.policy import (Dialect, Field, Obj, Variants, empty, false, ignored, inert,
-                                    null, refused, works)
+from exod.api.dialects.openai.fields import OTHER_MEDIA, PICTURES
+from exod.api.dialects.anthropic.fields import DEFERRED
+from exod.api.fields import (Dialect, Field, Obj, Variants, empty, false, ignored, inert,
+                             null, refused, works)
 
 STATELESS = "exod's Responses API is stateless: it keeps no responses"
 HOSTED_TOOL = ignored("a tool OpenAI's servers run (or one that is not a function): not "

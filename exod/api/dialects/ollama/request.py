@@ -1,7 +1,7 @@
 """Ollama's `POST /api/chat` and `POST /api/generate` onto the one request every dialect becomes
-(exod.api.schema.GenRequest).
+(exod.api.request.GenRequest).
 
-What each field is, is the dialect's table (exod.api.fields.ollama); each field passes the
+What each field is, is the dialect's table (exod.api.dialects.ollama.fields); each field passes the
 core's rules under the name the client sent (`options.temperature`, `format`), so an error
 names what the client sent. A body with nothing to generate (no `messages`, no `prompt`) loads
 the model or, with `keep_alive: 0`, stops it: `View.load_only`.
@@ -13,9 +13,10 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from exod.api.dialects.anthropic_request import EFFORT_THINKS
-from exod.api.fields import OLLAMA_CHAT, OLLAMA_GENERATE, Reading
-from exod.api.schema import GenRequest, function_tools, http, tool_names
+from exod.api.dialects.anthropic.request import EFFORT_THINKS
+from exod.api.dialects.ollama.fields import OLLAMA_CHAT, OLLAMA_GENERATE
+from exod.api.fields import Reading
+from exod.api.request import GenRequest, function_tools, http, tool_names
 from exod.core import images as pictures
 from exod.core import keep_alive as keep
 from exod.core import request_rules as rules

@@ -1,11 +1,11 @@
 """OpenAI Responses requests (`POST /v1/responses`, stateless) onto the one request every
-dialect becomes (exod.api.schema.GenRequest).
+dialect becomes (exod.api.request.GenRequest).
 
-What each field is, is the dialect's table (exod.api.fields.responses); each field passes the
-core's rules under the name the client sent (`max_output_tokens`, `input[3].arguments`), so an
-error names what the client sent. Codex's `namespace` tools are unfolded into functions named
-`NAMESPACE__NAME` (Codex's own flat spelling); a call to one comes back with `name` and
-`namespace` apart, as Codex's tool router reads it.
+What each field is, is the dialect's table (exod.api.dialects.responses.fields); each field
+passes the core's rules under the name the client sent (`max_output_tokens`,
+`input[3].arguments`), so an error names what the client sent. Codex's `namespace` tools are
+unfolded into functions named `NAMESPACE__NAME` (Codex's own flat spelling); a call to one
+comes back with `name` and `namespace` apart, as Codex's tool router reads it.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from exod.api.fields.policy import ImageReader, Reading
-from exod.api.fields.responses import RESPONSES
-from exod.api.schema import GenRequest, http, pictured, tool_names
+from exod.api.fields import ImageReader, Reading
+from exod.api.dialects.responses.fields import RESPONSES
+from exod.api.request import GenRequest, http, pictured, tool_names
 from exod.api.seal import Sealer, Seals
 from exod.core import images
 from exod.core import request_rules as rules

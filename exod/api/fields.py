@@ -12,7 +12,8 @@ and its variants (the values of a `type` key that pick an object's kind). Its ma
 reads a body with a `Reading`, which checks each object's keys and each variant against the
 table and collects what was ignored, for the response header and /metrics
 (exod.api.ignored). The docs' field tables are rendered from the same tables
-(exod.api.fields.docs). Pure data and logic: no I/O.
+(tests.field_docs). The tables themselves sit with their dialects (exod.api.dialects). Pure
+data and logic: no I/O.
 """
 
 from __future__ import annotations

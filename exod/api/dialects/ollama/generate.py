@@ -1,4 +1,4 @@
-"""`POST /api/chat` and `POST /api/generate`: Ollama's dialect (exod.api.dialects.ollama_request,
+"""`POST /api/chat` and `POST /api/generate`: Ollama's dialect (exod.api.dialects.ollama.request,
 ollama_output) through the one generation path, with its `keep_alive`. What needs the model
 before the request can be built is done here: a `suffix` placed in the model's
 fill-in-the-middle tokens, and `think` refused for a model that does not think (as Ollama
@@ -13,18 +13,18 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from exod.api.dialects import ollama_request
-from exod.api.dialects.ollama_output import OllamaOutput
-from exod.api.dialects.ollama_request import Endpoint, View
+from exod.api.dialects.ollama import request as ollama_request
+from exod.api.dialects.ollama.output import OllamaOutput
+from exod.api.dialects.ollama.request import Endpoint, View
 from exod.api.errors import bad_request, model_not_found
 from exod.api.ignored import header
-from exod.api.ollama.objects import timestamp
+from exod.api.dialects.ollama.objects import timestamp
 from exod.api.serving import refusal
 from exod.core.states import State
 from exod.daemon.traffic import Refused
 
 if TYPE_CHECKING:
-    from exod.api.ollama.host import Host
+    from exod.api.dialects.ollama.host import Host
 
 DIALECTS = {"chat": "ollama_chat", "generate": "ollama_generate"}
 
@@ -50,7 +50,7 @@ class OllamaGenerate:
         if req is None:
             self.api.metrics.ignored.record(DIALECTS[endpoint], view.ignored)
             return await self._load(view)
-        out = OllamaOutput(endpoint, view.model)  # timed from here
+        arrived = time.monotonic_ns()  # the answer's durations count from here
         inst = self.sup.serving(view.model)
         if inst is not None and (view.suffix is not None or view.think):
             caps = await self.sup.traffic.capabilities(inst)
@@ -58,6 +58,7 @@ class OllamaGenerate:
                 req = ollama_request.fill_in_middle(req, view.suffix, caps.fim, inst.name)
             if view.think and caps.thinking is False:
                 raise bad_request(f'"{inst.name}" does not support thinking', "think")
+        out = OllamaOutput(endpoint, view.model, req.gen.kind, arrived)
         return await self.api.generate(request, DIALECTS[endpoint], req, out, view.keep_alive)
 
     async def _load(self, view: View) -> web.Response:

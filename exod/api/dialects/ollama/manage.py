@@ -1,6 +1,6 @@
 """Ollama's endpoints that generate nothing: `GET /` (`HEAD /`), `/api/version`, `/api/tags`,
 `POST /api/show`, `GET /api/ps`, `POST /api/pull`, `DELETE /api/delete` (`/api/embed` and
-`/api/embeddings` are the embedding instances', exod.api.dialects.ollama_embed).
+`/api/embeddings` are the embedding instances', exod.api.dialects.ollama.embed).
 
 What they list are exod's instances, by name, as /v1/models does. A pull fetches a hub
 repository through exod's own fetcher (exod.daemon.hub_commands: never timed out, resumed
@@ -23,10 +23,11 @@ from aiohttp import web
 from exod.wire import control as cm
 from exod.api import page
 from exod.api.errors import ApiError, bad_request, model_not_found
-from exod.api.fields import OLLAMA_MANAGE, Reading
+from exod.api.dialects.ollama.fields import OLLAMA_MANAGE
+from exod.api.fields import Reading
 from exod.api.ignored import header
-from exod.api.ollama import objects
-from exod.api.schema import http
+from exod.api.dialects.ollama import objects
+from exod.api.request import http
 from exod.facts import vision
 from exod.facts.caps import chat_template
 from exod.facts.details import ModelFacts
@@ -38,7 +39,7 @@ from exod.core import hub_ref
 from exod.core.hub_ref import HubRef
 
 if TYPE_CHECKING:
-    from exod.api.ollama.host import Host
+    from exod.api.dialects.ollama.host import Host
     from exod.daemon.instance import InstanceRuntime
 
 NDJSON = "application/x-ndjson"

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from exod.api.dialects.output import Output
     from exod.api.metrics import Metrics
-    from exod.api.schema import GenRequest, ModelLimits
+    from exod.api.output import Output
+    from exod.api.request import GenRequest, ModelLimits
     from exod.api.view import Daemon
     from exod.config.schema import Api
     from exod.daemon.instance import InstanceRuntime
@@ -38,7 +38,6 @@ class Host(Protocol):
     async def limits(self, inst: InstanceRuntime) -> ModelLimits: ...
 
     async def generate(self, request: web.Request, dialect: str, req: GenRequest,
-                       out: Output | None = None,
-                       keep_alive: float | None = None) -> web.StreamResponse:
+                       out: Output, keep_alive: float | None = None) -> web.StreamResponse:
         """Serve a checked request through the one generation path."""
         ...

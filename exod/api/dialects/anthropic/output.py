@@ -1,4 +1,4 @@
-"""Anthropic Messages answers, from what the chat completions core renders.
+"""Anthropic Messages answers, from the typed answer (exod.api.reply).
 
 Whole: a `message` object with content blocks (thinking, text, tool_use), `stop_reason` and
 usage. Streamed: Anthropic's named server-sent events in their order: `message_start`, `ping`,
@@ -19,28 +19,25 @@ from typing import Any
 
 from exod.wire import messages as m
 from exod.api import sse
-from exod.api.dialects.anthropic_request import View, error_body
+from exod.api.dialects.anthropic.request import View, error_body
 from exod.api.errors import ApiError
+from exod.api.reply import Call, Called, Delta, Finished, Piece, Reply, Usage
 from exod.api.seal import Sealer
-
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+from exod.api.stop_reasons import Stop, wording
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
     return sse.frame({"type": name, **data}, name)
 
 
-def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any]:
+def usage(u: Usage | None) -> dict[str, Any]:
     """Anthropic's counts: `input_tokens` are the prompt's tokens not read from the cache, so
     that the prompt is `input_tokens + cache_read_input_tokens` (+ the creation count, always
     0 here). Claude Code adds them up to know how full the context window is, and compacts by
     it: a cached token counted twice would make it compact at half the window."""
-    u = chat_usage or {}
-    cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    prompt = u.get("prompt_tokens", 0)
-    return {"input_tokens": max(prompt - cached, 0), "output_tokens":
-            u.get("completion_tokens", 0), "cache_read_input_tokens": cached,
-            "cache_creation_input_tokens": 0}
+    u = u or Usage(0, 0)
+    return {"input_tokens": max(u.prompt - u.cached, 0), "output_tokens": u.completion,
+            "cache_read_input_tokens": u.cached, "cache_creation_input_tokens": 0}
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
@@ -63,56 +60,45 @@ class AnthropicOutput:
         self.sealer = sealer
         self.id = f"msg_{secrets.token_hex(12)}"
         self.prompt_tokens = 0
-        self.stop_sequence: str | None = None
-        self.applied: list[dict[str, Any]] = []
         self._thought = ""  # the open thinking block's text, for its signature
-        self._stopped_by_sequence = False
         self._block: tuple[str, int] | None = None  # (kind, tool index) of the open block
         self._index = -1
-        self._finish: str | None = None
         self._over = False  # message_delta (or an error event) was sent: nothing more but stop
         self._failed = False  # an error event ends an Anthropic stream: no message_stop after
 
     def seen(self, ev: m.Event) -> None:
         if isinstance(ev, m.Prefill) and ev.total:
             self.prompt_tokens = ev.total
-        elif isinstance(ev, m.Done):
-            self.stop_sequence = ev.stop_sequence
-            self.applied = ev.applied_edits
 
     def _signature(self, text: str) -> str:
         return self.sealer.seal(text) if self.sealer is not None else ""
 
-    def _managed(self) -> dict[str, Any]:
+    def _managed(self, end: Finished | None) -> dict[str, Any]:
         """`context_management`, when the request asked for it."""
-        return {"context_management": {"applied_edits": self.applied}} if self.view.edits \
-            else {}
+        applied = list(end.applied_edits) if end is not None else []
+        return {"context_management": {"applied_edits": applied}} if self.view.edits else {}
 
-    def _stop_reason(self, finish: str | None) -> str:
-        if finish == "stop" and self.stop_sequence is not None:
-            return "stop_sequence"
-        return STOP_REASONS.get(finish or "stop", "end_turn")
+    @staticmethod
+    def _stop(end: Finished | None) -> dict[str, Any]:
+        stop = end.stop if end is not None else None
+        sequence = end.stop_sequence if end is not None and stop is Stop.STOP_SEQUENCE else None
+        return {"stop_reason": wording(stop).anthropic, "stop_sequence": sequence}
 
     # ---- whole ---------------------------------------------------------------------------
-    def whole(self, obj: dict[str, Any]) -> dict[str, Any]:
-        choice = obj["choices"][0]
-        msg = choice.get("message") or {}
+    def whole(self, reply: Reply) -> dict[str, Any]:
         content: list[dict[str, Any]] = []
-        if msg.get("reasoning_content"):
-            text = msg["reasoning_content"]
+        if reply.reasoning:
+            text = reply.reasoning
             content.append({"type": "thinking", "signature": self._signature(text),
                             "thinking": "" if self.view.omit_thinking else text})
-        if msg.get("content"):
-            content.append({"type": "text", "text": msg["content"]})
-        for call in msg.get("tool_calls") or []:
-            fn = call.get("function") or {}
-            content.append({"type": "tool_use", "id": call.get("id"), "name": fn.get("name"),
-                            "input": tool_input(fn.get("arguments", ""))})
-        reason = self._stop_reason(choice.get("finish_reason"))
+        if reply.text:
+            content.append({"type": "text", "text": reply.text})
+        for call in reply.calls:
+            content.append({"type": "tool_use", "id": call.id, "name": call.name,
+                            "input": tool_input(call.arguments)})
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
-                "content": content, "stop_reason": reason,
-                "stop_sequence": self.stop_sequence if reason == "stop_sequence" else None,
-                "usage": usage(obj.get("usage")), **self._managed()}
+                "content": content, **self._stop(reply.finished), "usage": usage(reply.usage),
+                **self._managed(reply.finished)}
 
     # ---- streamed ------------------------------------------------------------------------
     def begin(self) -> bytes:
@@ -122,39 +108,33 @@ class AnthropicOutput:
             "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}
         return event("message_start", {"message": message}) + event("ping", {})
 
-    def chunk(self, obj: dict[str, Any]) -> bytes:
+    def delta(self, d: Delta) -> bytes:
+        if isinstance(d, Called):
+            return self._tool_use(d.index, d.call)
+        if isinstance(d, Finished):
+            return self._close() + self._finished(d)
+        return self._piece(d)
+
+    def _piece(self, d: Piece) -> bytes:
         out = b""
-        for choice in obj.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("reasoning_content"):
-                out += self._open("thinking")
-                self._thought += delta["reasoning_content"]
-                if not self.view.omit_thinking:
-                    out += self._delta({"type": "thinking_delta",
-                                        "thinking": delta["reasoning_content"]})
-            if delta.get("content"):
-                out += self._open("text") + self._delta(
-                    {"type": "text_delta", "text": delta["content"]})
-            for call in delta.get("tool_calls") or []:
-                out += self._tool_piece(call)
-            if choice.get("finish_reason"):
-                self._finish = choice["finish_reason"]
-        if obj.get("usage"):
-            out += self._close() + self._finished(obj["usage"])
+        if d.reasoning:
+            out += self._open("thinking")
+            self._thought += d.reasoning
+            if not self.view.omit_thinking:
+                out += self._delta({"type": "thinking_delta", "thinking": d.reasoning})
+        if d.text:
+            out += self._open("text") + self._delta({"type": "text_delta", "text": d.text})
         return out
 
-    def _tool_piece(self, call: dict[str, Any]) -> bytes:
-        fn = call.get("function") or {}
-        out = b""
-        index = int(call.get("index", 0))
-        if self._block != ("tool_use", index):
-            out += self._close()
-            self._index += 1
-            self._block = ("tool_use", index)
-            out += event("content_block_start", {"index": self._index, "content_block": {
-                "type": "tool_use", "id": call.get("id"), "name": fn.get("name"), "input": {}}})
-        if fn.get("arguments"):
-            out += self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]})
+    def _tool_use(self, index: int, call: Call) -> bytes:
+        """A tool_use block: its id and name first, then its arguments in pieces."""
+        out = self._close()
+        self._index += 1
+        self._block = ("tool_use", index)
+        out += event("content_block_start", {"index": self._index, "content_block": {
+            "type": "tool_use", "id": call.id, "name": call.name, "input": {}}})
+        for piece in call.pieces():
+            out += self._delta({"type": "input_json_delta", "partial_json": piece})
         return out
 
     def _open(self, kind: str) -> bytes:
@@ -182,13 +162,11 @@ class AnthropicOutput:
         self._block = None
         return out + event("content_block_stop", {"index": self._index})
 
-    def _finished(self, chat_usage: dict[str, Any] | None) -> bytes:
+    def _finished(self, end: Finished | None) -> bytes:
         self._over = True
-        reason = self._stop_reason(self._finish)
-        delta = {"stop_reason": reason,
-                 "stop_sequence": self.stop_sequence if reason == "stop_sequence" else None}
-        return event("message_delta", {"delta": delta, "usage": usage(chat_usage),
-                                       **self._managed()})
+        return event("message_delta", {"delta": self._stop(end),
+                                       "usage": usage(end.usage if end else None),
+                                       **self._managed(end)})
 
     def failed(self, err: ApiError) -> bytes:
         self._over = True
@@ -209,25 +187,22 @@ class CountOutput:
 
     stream_headers = sse.HEADERS
 
-    def __init__(self) -> None:
-        self.applied: list[dict[str, Any]] = []
-
     def seen(self, ev: m.Event) -> None:
-        if isinstance(ev, m.Done):
-            self.applied = ev.applied_edits
+        pass
 
-    def whole(self, obj: dict[str, Any]) -> dict[str, Any]:
-        n = obj["usage"]["prompt_tokens"]
-        if not self.applied:
+    def whole(self, reply: Reply) -> dict[str, Any]:
+        n = reply.usage.prompt
+        applied = reply.finished.applied_edits
+        if not applied:
             return {"input_tokens": n}
-        before = n + sum(e.get("cleared_input_tokens", 0) for e in self.applied)
+        before = n + sum(e.get("cleared_input_tokens", 0) for e in applied)
         return {"input_tokens": n, "context_management": {"original_input_tokens": before}}
 
     # A count is never streamed (its request has no `stream`): nothing below is called.
     def begin(self) -> bytes:
         return b""
 
-    def chunk(self, obj: dict[str, Any]) -> bytes:
+    def delta(self, d: Delta) -> bytes:
         return b""
 
     def failed(self, err: ApiError) -> bytes:

@@ -1,10 +1,10 @@
 """OpenAI embeddings (`POST /v1/embeddings`) and the Jina/Cohere rerank shape (`POST
 /v1/rerank`): what exod does with each field (the rules are exod.core.request_rules.embeddings;
-the mapping is exod.api.dialects.embed_request)."""
+the mapping is exod.api.dialects.embeddings.request)."""
 
 from __future__ import annotations
 
-from exod.api.fields.policy import Dialect, Obj, inert, null, refused, works
+from exod.api.fields import Dialect, Obj, inert, null, refused, works
 from exod.core.request_rules import embeddings as rules
 
 TRUNCATE = works("an input longer than the model takes: `true` (default) or `\"END\"` cuts "
@@ -57,35 +57,3 @@ RERANK = Dialect("rerank", "POST /v1/rerank", intro=(
         "user": inert("who the user is"),
     }),
 })
-
-OLLAMA_OPTIONS = inert("Ollama's model options (sampling, `num_ctx`, threads...) do not change "
-                       "an encoder's vectors here: an input is cut at the model's own length "
-                       "(`truncate`)")
-OLLAMA_KEEP_ALIVE = works("the idle window of an on-demand instance once the request ends, as "
-                          "for /api/chat: a duration (`5m`), seconds, `0` or `-1`, within the "
-                          "instance's `keep_alive: {min, max}`")
-
-OLLAMA_EMBED = Dialect("ollama_embed", "POST /api/embed", intro=(
-    "Ollama's embeddings endpoint, served as `/v1/embeddings` is (docs/embeddings.md). The "
-    "answer: `{model, embeddings, total_duration, load_duration, prompt_eval_count}`, each "
-    "vector of length 1 (as Ollama gives them, whatever the model's own normalization)."),
-    objects={"body": Obj("", {
-        "model": MODEL,
-        "input": works(f"a string or an array of strings (at most {rules.MAX_INPUTS})"),
-        "truncate": works("an input longer than the model takes: `true` (default) cuts it to "
-                          "the model's length, `false` refuses it (naming it)"),
-        "dimensions": works("vectors cut to this size, then normalized again: only for a model "
-                            "trained for it, else refused by name"),
-        "options": OLLAMA_OPTIONS,
-        "keep_alive": OLLAMA_KEEP_ALIVE,
-    })})
-
-OLLAMA_EMBEDDINGS = Dialect("ollama_embeddings", "POST /api/embeddings", intro=(
-    "Ollama's older embeddings endpoint: one `prompt`, answered `{embedding}`, the vector as "
-    "the model's own files say (normalized or not), as Ollama gives it."), objects={
-    "body": Obj("", {
-        "model": MODEL,
-        "prompt": works("the text (cut to the model's length when longer)"),
-        "options": OLLAMA_OPTIONS,
-        "keep_alive": OLLAMA_KEEP_ALIVE,
-    })})

@@ -1,9 +1,9 @@
 """Anthropic Messages requests (`POST /v1/messages`, `/v1/messages/count_tokens`) onto the one
-request every dialect becomes (exod.api.schema.GenRequest).
+request every dialect becomes (exod.api.request.GenRequest).
 
-What each field is, is the dialect's table (exod.api.fields.messages); each field passes the
-core's rules under the name the client sent (`stop_sequences`, `tools[0].input_schema`), so
-an error names what the client sent.
+What each field is, is the dialect's table (exod.api.dialects.anthropic.fields); each field
+passes the core's rules under the name the client sent (`stop_sequences`,
+`tools[0].input_schema`), so an error names what the client sent.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from exod.api.errors import ApiError
-from exod.api.fields.messages import MESSAGES
-from exod.api.fields.policy import Reading
-from exod.api.schema import GenRequest, http, pictured, tool_names
+from exod.api.dialects.anthropic.fields import MESSAGES
+from exod.api.fields import Reading
+from exod.api.request import GenRequest, http, pictured, tool_names
 from exod.api.seal import Sealer, Seals
 from exod.core import context_edits, images
 from exod.core import request_rules as rules

@@ -1,12 +1,12 @@
 """OpenAI chat completions (`POST /v1/chat/completions`) and completions (`POST
 /v1/completions`): what exod does with each field (the rules they pass are
-exod.core.request_rules; the mapping is exod.api.schema)."""
+exod.core.request_rules; the mapping is exod.api.request)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from exod.api.fields.policy import Dialect, Field, Obj, Variants, empty, inert, null, refused, works
+from exod.api.fields import Dialect, Field, Obj, Variants, empty, inert, null, refused, works
 from exod.core import request_rules as rules
 
 

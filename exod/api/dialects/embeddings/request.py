@@ -1,6 +1,6 @@
 """Embeddings and rerank bodies onto the one request the runner takes (`m.Embed`), with what
 only HTTP needs beside it (`EmbedRequest`). Each field is read against its dialect's table
-(exod.api.fields.embeddings) and checked by its rule (exod.core.request_rules.embeddings).
+(exod.api.dialects.embeddings.fields) and checked by its rule (exod.core.request_rules.embeddings).
 
 Another dialect (Ollama's /api/embed and /api/embeddings) maps its body with `embed_request`,
 then serves it with exod.api.embedding.Embedder.run, as these two endpoints do.
@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from exod.wire import messages as m
-from exod.api.fields import EMBEDDINGS, RERANK, Reading
-from exod.api.schema import http
+from exod.api.dialects.embeddings.fields import EMBEDDINGS, RERANK
+from exod.api.fields import Reading
+from exod.api.request import http
 from exod.core import request_rules as rules
 from exod.core.request_rules import embeddings as embed_rules
 

@@ -1,4 +1,4 @@
-"""OpenAI Responses answers, from what the chat completions core renders.
+"""OpenAI Responses answers, from the typed answer (exod.api.reply).
 
 Whole: a `response` object whose `output` holds items in the order they were generated:
 `reasoning` (thinking text), `message` (with an `output_text` part), `function_call`s.
@@ -23,24 +23,28 @@ from typing import Any
 
 from exod.wire import messages as m
 from exod.api import sse
-from exod.api.dialects.responses_request import View
+from exod.api.dialects.responses.request import View
 from exod.api.errors import ApiError
+from exod.api.reply import Call, Called, Delta, Finished, Reply, Usage
 from exod.api.seal import Sealer
+from exod.api.stop_reasons import Stop, wording
 from exod.api.window_errors import CODE as CONTEXT_EXCEEDED
 
 
 class _Item:
     """One output item being built: a message, a reasoning item or a function call."""
 
-    def __init__(self, kind: str, index: int, call: dict[str, Any] | None = None,
-                 seal: Callable[[str], str] | None = None) -> None:
+    def __init__(self, kind: str, index: int, call: Call | None = None,
+                 seal: Callable[[str], str] | None = None,
+                 namespaced: tuple[str, str] | None = None) -> None:
         self.kind = kind
         self.index = index
         prefix = {"function_call": "fc", "reasoning": "rs", "message": "msg"}[kind]  # OpenAI's
         self.id = f"{prefix}_{secrets.token_hex(12)}"
         self.text = ""
-        self.call = call or {}
+        self.call = call
         self.seal = seal  # a reasoning item's encrypted_content, when asked for
+        self.namespaced = namespaced  # (namespace, name) of a namespace's function
 
     def json(self, done: bool) -> dict[str, Any]:
         status = "completed" if done else "in_progress"
@@ -57,9 +61,20 @@ class _Item:
                 out["encrypted_content"] = self.seal(self.text) if done else None
             return out
         return {"id": self.id, "type": "function_call", "status": status,
-                "call_id": self.call.get("id") or self.id, "name": self.call.get("name", ""),
-                **({"namespace": self.call["namespace"]} if "namespace" in self.call else {}),
+                "call_id": self.call_id, "name": self.name,
+                **({"namespace": self.namespaced[0]} if self.namespaced else {}),
                 "arguments": self.text if done else ""}
+
+    @property
+    def call_id(self) -> str:
+        return self.call.id if self.call is not None and self.call.id else self.id
+
+    @property
+    def name(self) -> str:
+        """A call's function as the client named it: a namespace's apart from its name."""
+        if self.namespaced is not None:
+            return self.namespaced[1]
+        return self.call.name if self.call is not None else ""
 
 
 def _part(item: _Item, text: str) -> dict[str, Any]:
@@ -83,20 +98,20 @@ class ResponsesOutput:
         self._items: list[_Item] = []
         self._open: _Item | None = None
         self._tool_items: dict[int, _Item] = {}
-        self._finish: str | None = None
 
     def seen(self, ev: m.Event) -> None:
         pass
 
     # ---- the response object ---------------------------------------------------------------
-    def _response(self, status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+    def _response(self, status: str, usage: Usage | None,
+                  stop: Stop | None = None) -> dict[str, Any]:
         # The request's fields as it sent them: each passed its rule, or is ECHOED (plain JSON).
         b = self.body
         out: dict[str, Any] = {
             "id": self.id, "object": "response", "created_at": self.created, "status": status,
             "model": self.model, "output": [i.json(True) for i in self._items]
             if status != "in_progress" else [],
-            "error": None, "incomplete_details": {"reason": "max_output_tokens"}
+            "error": None, "incomplete_details": {"reason": wording(stop).incomplete}
             if status == "incomplete" else None,
             "instructions": b.get("instructions"), "metadata": b.get("metadata") or {},
             "parallel_tool_calls": b.get("parallel_tool_calls", True),
@@ -107,44 +122,32 @@ class ResponsesOutput:
             "text": b.get("text") or {"format": {"type": "text"}}, "truncation": "disabled",
             "usage": None}
         if usage is not None:
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
             out["usage"] = {
-                "input_tokens": usage["prompt_tokens"],
-                "input_tokens_details": {"cached_tokens": cached},
-                "output_tokens": usage["completion_tokens"],
-                "output_tokens_details": {"reasoning_tokens": (
-                    usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)},
-                "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
+                "input_tokens": usage.prompt,
+                "input_tokens_details": {"cached_tokens": usage.cached},
+                "output_tokens": usage.completion,
+                "output_tokens_details": {"reasoning_tokens": usage.reasoning},
+                "total_tokens": usage.prompt + usage.completion}
         return out
 
-    def _status(self) -> str:
-        return "incomplete" if self._finish == "length" else "completed"
+    def _ended(self, end: Finished) -> dict[str, Any]:
+        return self._response(wording(end.stop).responses, end.usage, end.stop)
 
     # ---- whole -----------------------------------------------------------------------------
-    def whole(self, obj: dict[str, Any]) -> dict[str, Any]:
-        choice = obj["choices"][0]
-        msg = choice.get("message") or {}
-        self._finish = choice.get("finish_reason")
-        if msg.get("reasoning_content"):
-            self._new("reasoning").text = msg["reasoning_content"]
-        if msg.get("content"):
-            self._new("message").text = msg["content"]
-        for call in msg.get("tool_calls") or []:
-            fn = call.get("function") or {}
-            item = self._new("function_call", {"id": call.get("id"), "name": fn.get("name")})
-            item.text = fn.get("arguments", "")
-        return self._response(self._status(), obj.get("usage"))
+    def whole(self, reply: Reply) -> dict[str, Any]:
+        if reply.reasoning:
+            self._new("reasoning").text = reply.reasoning
+        if reply.text:
+            self._new("message").text = reply.text
+        for call in reply.calls:
+            self._new("function_call", call).text = call.arguments
+        return self._ended(reply.finished)
 
-    def _new(self, kind: str, call: dict[str, Any] | None = None) -> _Item:
-        item = _Item(kind, len(self._items), self._named(call) if call else None,
-                     self.seal if kind == "reasoning" else None)
+    def _new(self, kind: str, call: Call | None = None) -> _Item:
+        item = _Item(kind, len(self._items), call, self.seal if kind == "reasoning" else None,
+                     self.view.namespaces.get(call.name) if call is not None else None)
         self._items.append(item)
         return item
-
-    def _named(self, call: dict[str, Any]) -> dict[str, Any]:
-        """A call as the client named the function: a namespace's apart from its name."""
-        found = self.view.namespaces.get(call.get("name") or "")
-        return call if found is None else {**call, "namespace": found[0], "name": found[1]}
 
     # ---- streamed --------------------------------------------------------------------------
     def _event(self, kind: str, **data: Any) -> bytes:
@@ -157,22 +160,17 @@ class ResponsesOutput:
         return self._event("response.created", response=started) + \
             self._event("response.in_progress", response=started)
 
-    def chunk(self, obj: dict[str, Any]) -> bytes:
+    def delta(self, d: Delta) -> bytes:
+        if isinstance(d, Called):
+            return self._call(d.index, d.call)
+        if isinstance(d, Finished):
+            kind = f"response.{wording(d.stop).responses}"  # completed, or incomplete
+            return self._close() + self._event(kind, response=self._ended(d))
         out = b""
-        for choice in obj.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("reasoning_content"):
-                out += self._text("reasoning", delta["reasoning_content"])
-            if delta.get("content"):
-                out += self._text("message", delta["content"])
-            for call in delta.get("tool_calls") or []:
-                out += self._call_piece(call)
-            if choice.get("finish_reason"):
-                self._finish = choice["finish_reason"]
-        if obj.get("usage"):
-            out += self._close()
-            kind = "response.incomplete" if self._finish == "length" else "response.completed"
-            out += self._event(kind, response=self._response(self._status(), obj["usage"]))
+        if d.reasoning:
+            out += self._text("reasoning", d.reasoning)
+        if d.text:
+            out += self._text("message", d.text)
         return out
 
     def _start(self, item: _Item) -> bytes:
@@ -198,19 +196,14 @@ class ResponsesOutput:
         return out + self._event(name, item_id=item.id, output_index=item.index,
                                  content_index=0, delta=piece, **extra)
 
-    def _call_piece(self, call: dict[str, Any]) -> bytes:
-        out = b""
-        index = int(call.get("index", 0))
-        fn = call.get("function") or {}
-        item = self._tool_items.get(index)
-        if item is None:
-            item = self._tool_items[index] = self._new(
-                "function_call", {"id": call.get("id"), "name": fn.get("name")})
-            out += self._start(item)
-        if fn.get("arguments"):
-            item.text += fn["arguments"]
+    def _call(self, index: int, call: Call) -> bytes:
+        """A function_call item: added, then its arguments in pieces."""
+        item = self._tool_items[index] = self._new("function_call", call)
+        out = self._start(item)
+        for piece in call.pieces():
+            item.text += piece
             out += self._event("response.function_call_arguments.delta", item_id=item.id,
-                               output_index=item.index, delta=fn["arguments"])
+                               output_index=item.index, delta=piece)
         return out
 
     def _close(self) -> bytes:
@@ -232,7 +225,7 @@ class ResponsesOutput:
                                part=_part(item, item.text))
         else:
             out += self._event("response.function_call_arguments.done", **where,
-                               name=item.call.get("name", ""), arguments=item.text)
+                               name=item.name, arguments=item.text)
         return out + self._event("response.output_item.done", output_index=item.index,
                                  item=item.json(True))
 
