@@ -1,12 +1,12 @@
 """The docs' field tables (docs/api-fields.md), rendered from the tables the API applies
-(each dialect's `fields`, exod.api.dialects.tables): `python -m tests.field_docs` writes the
+(each dialect's `fields`, exod.api.dialects.DIALECTS): `python -m tests.field_docs` writes the
 page; a unit test (tests/unit/test_fields.py) fails when page and code differ."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from exod.api.dialects.tables import DIALECTS
+from exod.api.dialects import DIALECTS
 from exod.api.fields import Dialect, Field, Kind
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "api-fields.md"

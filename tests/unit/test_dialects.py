@@ -1,7 +1,8 @@
 """The dialect adapters' pure translation (exod.api.dialects), a rule per test: Anthropic
-Messages and OpenAI Responses requests into chat completions bodies, the core's objects and
-chunks back into each dialect's answers and events, and the core's errors in each dialect's
-field names. No processes, no sockets (test_dialects drives them end to end)."""
+Messages and OpenAI Responses requests into chat completions bodies, the one typed reply
+(whole, or its pieces) into each dialect's answers and events, with one table of stop reasons,
+and the core's errors in each dialect's field names. No processes, no sockets (test_dialects
+drives them end to end)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from exod.api.errors import ApiError, bad_request, not_ready, queue_full
 from exod.api.reply import Call, Called, Finished, Piece, Reply, Usage
 from exod.api.request import GenRequest
 from exod.api.seal import Sealer
-from exod.api.stop_reasons import Stop
+from exod.api.stop_reasons import STOP_REASONS, Stop
 from exod.wire.messages import Generate
 
 HI: list[Any] = [{"role": "user", "content": "hi"}]
@@ -365,6 +366,22 @@ def test_a_matched_stop_sequence_is_named() -> None:
     assert (msg["stop_reason"], msg["stop_sequence"]) == ("stop_sequence", "END")
     assert AnthropicOutput("m").whole(chat_object(finish="length"))["stop_reason"] == \
         "max_tokens"
+
+
+def test_one_table_words_every_stop_in_every_dialect() -> None:
+    """The runner's finish reason and stop sequence become one stop, which each dialect words
+    from the one table (exod.api.stop_reasons)."""
+    def stop(finish: m.FinishReason, sequence: str | None = None) -> Stop:
+        return Stop.of(m.Done("r", finish, 1, 1, stop_sequence=sequence))
+    assert [stop("stop"), stop("stop", "END"), stop("length"), stop("tool_calls")] == [
+        Stop.END, Stop.STOP_SEQUENCE, Stop.LENGTH, Stop.TOOL_CALLS]
+    words = {s: (w.openai, w.anthropic, w.responses, w.incomplete, w.ollama)
+             for s, w in STOP_REASONS.items()}
+    assert words == {
+        Stop.END: ("stop", "end_turn", "completed", None, "stop"),
+        Stop.STOP_SEQUENCE: ("stop", "stop_sequence", "completed", None, "stop"),
+        Stop.LENGTH: ("length", "max_tokens", "incomplete", "max_output_tokens", "length"),
+        Stop.TOOL_CALLS: ("tool_calls", "tool_use", "completed", None, "stop")}
 
 
 def events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:

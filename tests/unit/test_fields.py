@@ -23,7 +23,7 @@ from exod.api.dialects.anthropic.fields import MESSAGES
 from exod.api.dialects.embeddings.fields import EMBEDDINGS
 from exod.api.dialects.openai.fields import CHAT, COMPLETION
 from exod.api.dialects.responses.fields import RESPONSES
-from exod.api.dialects.tables import DIALECTS
+from exod.api.dialects import DIALECTS
 from exod.api.fields import Kind, Reading
 from exod.api.ignored import HEADER, MAX_HEADER_NAMES, MORE, IgnoredFields, header
 from exod.api.dialects.openai.request import parse_chat, parse_completion

@@ -1,7 +1,8 @@
 """Ollama's dialect, its pure parts: bodies of /api/chat and /api/generate onto the one request
 (exod.api.dialects.ollama.request), the answer's NDJSON lines and statistics
-(ollama_output), a client's own Go template, fill in the middle, the objects of the read-only
-endpoints and the names of a pull; hostile bodies fuzzed as the other dialects' are."""
+(exod.api.dialects.ollama.output), a client's own Go template, fill in the middle, the objects
+of the read-only endpoints and the names of a pull; hostile bodies fuzzed as the other
+dialects' are."""
 
 from __future__ import annotations
 
