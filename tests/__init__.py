@@ -1,7 +1,7 @@
 """exod's tests. Every process that imports them (pytest's workers, the own-process checks,
 `python -m tests.models.*`) reads transformers' lazy import table from exod's cache, as runners
-do (exod.runner.import_table): each such process that imports mlx_lm builds it otherwise."""
+do (exod.runner.start.import_table): each such process that imports mlx_lm builds it otherwise."""
 
-from exod.runner import import_table
+from exod.runner.start import import_table
 
 import_table.install()

@@ -7,7 +7,7 @@ once, what the first tests of a parallel run would otherwise each fill at the sa
   the first runners of several tests started together each compile the same kernels.
 - the demo model, converted once into the test cache (EXOD_TEST_CACHE, or ~/.cache/exod-test),
   and llama.cpp's chat templates fetched into it (tests.models.templates).
-- the runners' transformers import table (exod.runner.import_table).
+- the runners' transformers import table (exod.runner.start.import_table).
 
 One daemon serves the tiny model on 1 rank and in both 2-rank layouts, and the demo model; each
 answers greedy and sampled requests, alone and several at once, short and long.

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from exod.wire import messages as m
+from exod.facts.embed import encoding
 from exod.facts.model_dir import model_layer_count
+from exod.facts.vision import sees
 from exod.config.checks import port_count
 from exod.config.schema import Instance
 from exod.core import ports
@@ -28,7 +30,7 @@ from exod.daemon import rank_addresses
 from exod.daemon import spawn as os_seam
 from exod.daemon.cache_owner import CacheOwner
 from exod.core.hub_ref import HubRef
-from exod.wire.specs import FetchSpec, GroupSpec, RunnerSpec, runner_options
+from exod.wire.specs import FetchSpec, GroupSpec, RunnerKind, RunnerSpec, runner_options
 
 M = TypeVar("M")
 
@@ -119,8 +121,8 @@ class Launcher:
                               control=self._group_control[c.name], key_file=self.group_key(c),
                               blas_threads=threads)
         spec = RunnerSpec(version=m.VERSION, instance=c.name, model=c.model,
-                          parallelism=c.parallelism, shard=shard, width=width,
-                          heartbeat=m.HEARTBEAT_EVERY, parent_pid=os.getpid(),
+                          kind=runner_kind(c.model), parallelism=c.parallelism, shard=shard,
+                          width=width, heartbeat=m.HEARTBEAT_EVERY, parent_pid=os.getpid(),
                           options=runner_options(c), group=group,
                           prompt_cache_folder=self.cache.folder(c)
                           if c.prompt_cache_disk_bytes > 0 else None,
@@ -140,6 +142,13 @@ class Launcher:
             # For people and their tools (ps, /proc): the runner reads its spec, not these.
             own.update({"EXOD_INSTANCE": c.name, "EXOD_RANK": str(rank)})
         return os_seam.runner_env(self.daemon_env, own)
+
+
+def runner_kind(model: Path) -> RunnerKind:
+    """Which runner serves the model, told by its own files (exod.facts), once, here."""
+    if encoding(model) is not None:
+        return "embed"
+    return "vision" if sees(model) is not None else "text"
 
 
 def plan_shards(inst: Instance) -> list[Shard]:

@@ -1,5 +1,5 @@
-"""The daemon's side of the zygote (exod.runner.zygote): runners forked from a process that has
-already imported what a runner imports, instead of each exec'd and importing it all again.
+"""The daemon's side of the zygote (exod.runner.start.zygote): runners forked from a process that
+has already imported what a runner imports, instead of each exec'd and importing it all again.
 
 The zygote is started (`start`) when the first instance that can use it is about to run: at
 start-up the daemon waits for its imports (`ready`, at most READY_WAIT), later ones do not wait.

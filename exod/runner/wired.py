@@ -12,9 +12,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from exod.runner.failures import ModelError
 
-class WiredLimitError(Exception):
-    """The limit cannot be set on this machine (retrying will not help)."""
+
+class WiredLimitError(ModelError):
+    """The limit cannot be set on this machine: the model cannot be served here (retrying will
+    not help)."""
 
 
 def limit_for(setting: int | None, device_info: dict[str, Any]) -> int | None:

@@ -8,7 +8,7 @@ only thing on the child's command line), carrying `exod.wire.protocol` frames. T
 read by a thread, checked against the messages this child takes, and handed to `on_message`.
 End of stream, or a frame that is not one of those messages, ends the channel: `on_closed`,
 with the reason when it was broken. The same thread may watch one more descriptor (a runner's
-signal wake-up pipe, exod.runner.lifecycle). Without a channel (started by hand) nothing
+signal wake-up pipe, exod.runner.link.lifecycle). Without a channel (started by hand) nothing
 arrives and what would be sent is dropped.
 """
 

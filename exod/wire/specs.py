@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from exod.wire.options import Backend, RunnerOptions
 from exod.core.kinds import Duration, JsonValue, ModelDir
@@ -30,6 +30,11 @@ from exod.wire.protocol import ProtocolError
 
 
 # ---- a runner ---------------------------------------------------------------------------------
+# Which runner serves the model, as the daemon reads it from the model's files (exod.facts): mlx-lm
+# for text, mlx-vlm for a model that sees, mlx-vlm's encoders for an embedding model or a reranker.
+RunnerKind = Literal["text", "vision", "embed"]
+
+
 @dataclass(frozen=True)
 class GroupSpec:
     """A rank's place in its group (shards > 1). mx.distributed reads the hostfile and the rank
@@ -51,6 +56,7 @@ class RunnerSpec:
     version: int
     instance: str
     model: ModelDir  # the model's directory (for a model named by hub repository, its snapshot)
+    kind: RunnerKind  # the runner's path: told by the daemon, never read again by the runner
     parallelism: Parallelism
     shard: Shard  # its layers; total 0: the daemon could not count them, the rank loads all
     width: int  # generations at once: max_concurrency, or as memory admission sized it

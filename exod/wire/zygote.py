@@ -1,4 +1,4 @@
-"""What the daemon and its zygote (exod.runner.zygote) say to each other, and how.
+"""What the daemon and its zygote (exod.runner.start.zygote) say to each other, and how.
 
 One SOCK_SEQPACKET socketpair: a datagram is one message, the JSON of one of the dataclasses
 below (exod.wire.protocol's to_wire/from_wire, checked field by field), and a `Fork` carries the

@@ -84,9 +84,9 @@ from pathlib import Path
 
 from exod.wire import messages as m
 from exod.wire.protocol import HEADER, MAX_FRAME, FrameDecoder, encode, from_wire
-from exod.runner.channel import Channel
-from exod.runner.lifecycle import Lifecycle
-from exod.runner.report import Reporter
+from exod.runner.link.channel import Channel
+from exod.runner.link.lifecycle import Lifecycle
+from exod.runner.link.report import Reporter
 from exod.wire.specs import RUNNER_FIRST, RunnerSpec
 
 

@@ -21,7 +21,8 @@ from exod.runner.cpu import blas
 
 blas.preload()  # before mlx, as in the runner
 from exod.runner.cpu import fused  # noqa: E402
-from exod.runner.load import Loaded, load_shard  # noqa: E402
+from exod.runner.load import Loaded  # noqa: E402
+from exod.runner.text.load import load_shard  # noqa: E402
 from exod.runner.serving.batch_engine import BatchEngine  # noqa: E402
 
 QUESTIONS = ["What is the capital of France?", "Count to five.", "Name a colour.", "Say hi.",

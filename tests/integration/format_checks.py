@@ -31,7 +31,8 @@ from exod.runner.cpu import blas
 
 blas.preload()  # before mlx, as in the runner
 from exod.runner import formats  # noqa: E402
-from exod.runner.load import Loaded, load_shard  # noqa: E402
+from exod.runner.load import Loaded  # noqa: E402
+from exod.runner.text.load import load_shard  # noqa: E402
 from exod.runner.serving.batch_engine import BatchEngine  # noqa: E402
 from tests.agents import matrix  # noqa: E402
 from tests.models.agent import AFTER, PLAIN  # noqa: E402

@@ -33,7 +33,8 @@ from exod.runner.cpu import blas
 blas.preload()  # before mlx, as in the runner
 from exod.facts.model_dir import model_layer_count  # noqa: E402
 from exod.runner.cpu import fused  # noqa: E402
-from exod.runner.load import Loaded, load_shard  # noqa: E402
+from exod.runner.load import Loaded  # noqa: E402
+from exod.runner.text.load import load_shard  # noqa: E402
 from exod.runner.prompt_cache import fingerprint as fp  # noqa: E402
 from exod.runner.prompt_cache.disk import DiskTier  # noqa: E402
 from exod.runner.serving import can_batch, disk_loads  # noqa: E402

@@ -78,8 +78,8 @@ def test_the_real_runner_says_hello_then_reports_its_failure(tmp_path: Path) -> 
 
 WAKE_PROBE = """
 import mlx.core as mx
-from exod.runner.channel import Channel
-from exod.runner.lifecycle import Lifecycle
+from exod.runner.link.channel import Channel
+from exod.runner.link.lifecycle import Lifecycle
 life = Lifecycle(None)
 life.install()
 life.on_stop(lambda: print(f"stop seen: {life.reason}", flush=True))

@@ -12,7 +12,7 @@ already run everything 1 rank does (the family's own forward, batched by the sam
 rank 0, the same loader) and more. `python -m bench families` serves every family in all
 three layouts for the table in docs/models.md.
 About 500 runners in all: each costs ~0.8 CPU-seconds, most of it importing mlx-lm (~1.9 before
-exod.runner.import_table). The zoo is made once per run; its chunks run on any xdist worker.
+exod.runner.start.import_table). The zoo is made once per run; its chunks run on any xdist worker.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""exod.runner.import_table with the real transformers, each start in a process of its own (the
-suite's process never imports transformers): a runner's cached import table gives transformers
+"""exod.runner.start.import_table with the real transformers, each start in a process of its own
+(the suite's process never imports transformers): a runner's cached import table gives transformers
 exactly the names it finds by reading its sources, and it truly is read from the cache."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from exod.runner import import_table
+from exod.runner.start import import_table
 
 START = """
 import json, sys
 from pathlib import Path
-from exod.runner import import_table
+from exod.runner.start import import_table
 if sys.argv[1] != "-":
     assert import_table.install(Path(sys.argv[1]))
 import transformers

@@ -222,7 +222,8 @@ def test_worker_turns_bad_messages_into_peer_lost() -> None:
     script = """
 import socket
 from exod.wire.protocol import HEADER, encode
-from exod.runner.group.membership import Group, PeerLost
+from exod.runner.failures import PeerLost
+from exod.runner.group.membership import Group
 bad = [HEADER.pack(1 << 30), encode({"type": "rm"}),
        encode({"type": "plan", "ops": [{"type": "rm", "id": "x"}], "keep": 0, "step": True}),
        encode({"type": "plan", "ops": [], "keep": -1, "step": True}),

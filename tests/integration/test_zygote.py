@@ -1,6 +1,6 @@
-"""Runners forked from the zygote (exod.daemon.zygote, exod.runner.zygote), against real daemons
-and real runners of the tiny model: a forked runner is the daemon's own child (its parent, its
-exit status, its process group), what cannot be forked is exec'd, and a zygote that dies or is
+"""Runners forked from the zygote (exod.daemon.zygote, exod.runner.start.zygote), against real
+daemons and real runners of the tiny model: a forked runner is the daemon's own child (its parent,
+its exit status, its process group), what cannot be forked is exec'd, and a zygote that dies or is
 turned off changes how runners start, nothing else."""
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from exod.runner.cpu import blas
 
 blas.preload()  # before mlx, as in the runner
 from exod.runner.vision.engine import VisionEngine  # noqa: E402
-from exod.runner.load import LoadAborted  # noqa: E402
+from exod.runner.failures import LoadAborted  # noqa: E402
 from exod.runner.vision.load import LoadedVision, load_vision, tower_blocks  # noqa: E402
 from tests.models.added_tokens import copy_with_tokens  # noqa: E402
 from tests.models.thinking import OPEN_BLOCK, THINK  # noqa: E402
@@ -326,9 +326,9 @@ def test_the_serve_loop_holds_a_burst_s_first_request_for_the_ones_being_read(
     (the loop waits for the reads), and the burst is prefilled in one prompt batch, every
     first token in the same step. Put into the generator at once, the first was prefilled
     alone and the others after it."""
-    from exod.runner.channel import Channel
-    from exod.runner.lifecycle import Lifecycle
-    from exod.runner.report import Reporter
+    from exod.runner.link.channel import Channel
+    from exod.runner.link.lifecycle import Lifecycle
+    from exod.runner.link.report import Reporter
     from exod.runner.serving.loop import ServeLoop
 
     life = Lifecycle()

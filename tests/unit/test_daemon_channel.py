@@ -22,9 +22,9 @@ from exod.daemon.channel import MAX_RUNNER_FRAME, RunnerChannel
 from exod.wire.protocol import FrameDecoder, encode, from_wire
 from exod.wire.specs import RUNNER_FIRST, RunnerSpec
 
-SPEC = RunnerSpec(version=m.VERSION, instance="x", model=Path("/m"), parallelism="pipeline",
-                  shard=Shard(0, 1, 0, 4, 4), width=2, heartbeat=5.0, parent_pid=1,
-                  options=RunnerOptions(), group=None, prompt_cache_folder=None,
+SPEC = RunnerSpec(version=m.VERSION, instance="x", model=Path("/m"), kind="text",
+                  parallelism="pipeline", shard=Shard(0, 1, 0, 4, 4), width=2, heartbeat=5.0,
+                  parent_pid=1, options=RunnerOptions(), group=None, prompt_cache_folder=None,
                   chat_template_kwargs={})
 
 

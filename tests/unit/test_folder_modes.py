@@ -132,7 +132,7 @@ def test_the_state_cache_and_helper_folders(tmp_path: Path, umask: int,
     from exod.api.seal import load_key
     from exod.facts import probe
     from exod.models._io import build_atomically
-    from exod.runner import import_table
+    from exod.runner.start import import_table
     from exod.wire.specs import Verdict
 
     from exod.child_start import helper_dir

@@ -1,4 +1,4 @@
-"""exod.runner.import_table's cache, around a stand-in for transformers' table function over a
+"""exod.runner.start.import_table's cache, around a stand-in for transformers' table function over a
 small source tree: built once, then read; built again when a source changes or the cache file is
 bad; an unwritable cache costs time only. (Real transformers: tests/integration/
 test_import_table.py.)"""
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from exod.runner import import_table
-from exod.runner.import_table import Table
+from exod.runner.start import import_table
+from exod.runner.start.import_table import Table
 
 TABLE: Table = {frozenset({"torch"}): {"models.a.modeling_a": {"AModel"}},
                 frozenset(): {"models.a.configuration_a": {"AConfig", "BConfig"}}}

@@ -218,7 +218,7 @@ def test_no_wired_limit_without_metal() -> None:
 
 
 def test_runner_options_reach_the_runner() -> None:
-    from exod.runner.text import options_reason
+    from exod.runner.text.options import options_reason
 
     inst = Instance(name="x", model=Path("m"), kv_bits=8, kv_group_size=32, max_kv_size=64,
                     draft_model=Path("d"), num_draft_tokens=2, adapters=Path("a"),

@@ -211,7 +211,8 @@ def hostfile_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, address: str) 
 @pytest.mark.parametrize("holder", ["listener", "reuseport-listener", "bound"])
 def test_a_rank_finds_its_port_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                     holder: str) -> None:
-    from exod.runner.group.membership import AddressInUse, check_own_port
+    from exod.runner.failures import AddressInUse
+    from exod.runner.group.membership import check_own_port
 
     with socket.socket() as other:
         if holder == "reuseport-listener":  # what MLX would share, then hang

@@ -1,4 +1,4 @@
-"""The runner's channel (exod.runner.channel) over a real socketpair: a batch step's events go
+"""The runner's channel (exod.runner.link.channel) over a real socketpair: a batch step's events go
 out in one write, whole and in order, and a channel whose daemon is gone says so."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from exod.wire import messages as m
 from exod.wire.protocol import FrameDecoder
-from exod.runner.channel import Channel
-from exod.runner.lifecycle import Lifecycle
+from exod.runner.link.channel import Channel
+from exod.runner.link.lifecycle import Lifecycle
 
 EVENTS: list[m.FromRunner] = [m.Text("r1", "héllo "), m.Prefill("r2", 32, 900),
                               m.Text("r3", "€"), m.Done("r1", "length", 12, 4)]

@@ -1,4 +1,4 @@
-"""The runner's interruptible waits (exod.runner.lifecycle): pure Python, no mlx. Timers and
+"""The runner's interruptible waits (exod.runner.link.lifecycle): pure Python, no mlx. Timers and
 the process exit are replaced by recorders, so the test fires each grace timer itself."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from exod.runner import lifecycle
-from exod.runner.lifecycle import Lifecycle
+from exod.runner.link import lifecycle
+from exod.runner.link.lifecycle import Lifecycle
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
 """The start-up contracts (exod.wire.specs): what a runner, a fetcher and the probe start from.
 
 - No default or choice list of the config is declared a second time: a spec carries the
-  schema's own `RunnerOptions`, its other fields from the config are typed with the schema's
-  own aliases, and no field of a spec has a default of its own (walked, not listed, so a new
-  field is checked too).
+  `RunnerOptions` the schema's `Instance` inherits (exod.wire.options), its other fields from
+  the config are typed with the schema's own aliases, and no field of a spec has a default of
+  its own (walked, not listed, so a new field is checked too).
 - Every runner option reaches the runner: an instance with each option away from its default
   (found by walking the schema) gives a spec that comes out of the wire equal.
 - A group's facts travel in the spec, not in the environment; children keep at most their
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import socket
 import typing
 from pathlib import Path
@@ -66,8 +67,10 @@ def test_no_runner_child_re_declares_a_choice_list_of_the_schema() -> None:
     choices = {tuple(get_args(unwrap(h)[0])) for cls in (Instance, GrammarLimits)
                for h in field_hints(cls).values() if get_origin(unwrap(h)[0]) is Literal}
     assert ("pipeline", "tensor") in choices
-    for path in ("runner/__main__.py", "runner/text.py", "hub/__main__.py", "runner/split/probe.py",
-                 "wire/specs.py", "daemon/launch.py", "wire/child_end.py"):
+    for path in ("runner/__main__.py", "runner/text/serve.py", "runner/text/options.py",
+                 "runner/text/load.py", "runner/text/cache.py", "hub/__main__.py",
+                 "runner/split/probe.py", "wire/specs.py", "daemon/launch.py",
+                 "wire/child_end.py"):
         tree = ast.parse((EXOD / path).read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Tuple) and all(isinstance(e, ast.Constant) for e in node.elts):
@@ -144,8 +147,22 @@ def test_a_group_s_facts_travel_in_the_spec_not_the_environment(tmp_path: Path) 
     assert launch.env["EXOD_RANK"] == "1"  # for people and tools only
 
 
+@pytest.mark.parametrize(("config", "kind"), [
+    ({"model_type": "llama"}, "text"), ({"architectures": ["BertModel"]}, "embed"),
+    ({"model_type": "llava", "vision_config": {"hidden_size": 8}}, "vision"), (None, "text")])
+def test_the_daemon_names_the_kind_of_runner_from_the_model_s_files(
+        tmp_path: Path, config: dict[str, Any] | None, kind: str) -> None:
+    """The runner takes its path from the spec and never reads the model's files for it."""
+    if config is not None:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = Launcher(tmp_path, {}).launch(Instance(name="x", model=tmp_path),
+                                         Shard(0, 1, 0, 4, 4), 1, 1).spec
+    assert isinstance(spec, specs.RunnerSpec) and spec.kind == kind
+    assert from_wire(to_wire(spec), specs.RUNNER_FIRST) == spec
+
+
 @pytest.mark.parametrize("change, why", [
-    ({"width": 0}, "width"), ({"heartbeat": 0.0}, "heartbeat"),
+    ({"width": 0}, "width"), ({"heartbeat": 0.0}, "heartbeat"), ({"kind": "sound"}, "kind"),
     ({"shard": Shard(2, 2, 0, 4, 4)}, "shard"), ({"shard": Shard(0, 2, 0, 4, 4)}, "group"),
 ])
 def test_an_impossible_runner_spec_is_refused(tmp_path: Path, change: dict[str, Any],

@@ -25,7 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from exod.runner.log import NOTICE, WARNING, log
+from exod.runner.link.log import NOTICE, WARNING, log
 
 # The chains below are mlx 0.32's fallbacks written out, and the wrappers take mx.fast's 0.32
 # signatures: both were checked bit for bit on 0.32 only. Another minor release may compute

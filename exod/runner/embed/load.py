@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from exod.facts.embed import Encoding
-from exod.runner.load import ModelError, evaluate_whole
+from exod.runner.failures import ModelError
+from exod.runner.load import evaluate_whole
 
 
 @dataclass

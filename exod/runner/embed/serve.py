@@ -1,6 +1,7 @@
-"""The runner's path for an embedding model or a reranker (exod.facts.embed tells which): load
-it with mlx-vlm's encoder loader, run one input through it, then serve it with the embedding
-engine behind the same serve loop as text. One rank, and none of mlx-lm's generation options
+"""The runner's path for an embedding model or a reranker (the daemon says so in the spec's
+`kind`, from exod.facts.embed; how it makes vectors comes from the same files): load it with
+mlx-vlm's encoder loader, run one input through it, then serve it with the embedding engine
+behind the same serve loop as text. One rank, and none of mlx-lm's generation options
 (it generates no tokens): each is refused before loading, with the reason.
 """
 
@@ -8,50 +9,43 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from exod.wire import messages as m
-from exod.facts.embed import ENDPOINTS, Encoding, encoding
-from exod.core.exits import EXIT_MODEL, EXIT_OK, EXIT_UNAVAILABLE
 from exod.core.serving import EMBED_BATCH_TOKENS, EMBED_MAX_BATCH
-from exod.runner.log import log
-from exod.runner.vision.serve import Runner
+from exod.facts.embed import ENDPOINTS, Encoding, encoding
+from exod.runner.failures import CannotServe, ModelError, Unavailable
+from exod.runner.link.log import log
+from exod.runner.runner import Runner
+from exod.wire import messages as m
 
 if TYPE_CHECKING:
     from exod.runner.embed.engine import EmbedEngine as EmbedEngineT
     from exod.runner.embed.load import LoadedEncoder
 
 
-def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
-    """Load, then serve until asked to stop: (exit code, why it failed)."""
+def serve(r: Runner, blas_msg: str) -> None:
+    """Load, then serve until asked to stop."""
     model = r.spec.model
     enc = encoding(model)
     if enc is None:
-        return EXIT_MODEL, f"cannot serve {model}: it is no longer an embedding model"
+        raise CannotServe("it is no longer an embedding model")
     try:
         from exod.runner.embed.load import load_encoder
-        from exod.runner.load import LoadAborted, ModelError
     except ImportError as e:
-        return EXIT_UNAVAILABLE, f"mlx-vlm is not usable: {e} (pip install 'exod[vision]')"
+        raise Unavailable(f"mlx-vlm is not usable: {e} (pip install 'exod[vision]')") from e
     why = enc.problem or unsupported(r)
     if why is not None:
-        return EXIT_MODEL, f"cannot serve {model}: {why}"
-    try:
-        log(f"loading {model} ({ENDPOINTS[enc.role]}: {enc.why}, through mlx-vlm)")
-        loaded = load_encoder(model, enc, dtype=r.spec.options.dtype,
-                              progress=r.report.progress, should_stop=r.life.stop.is_set)
-        log(f"loaded {loaded.layers} layers in {loaded.seconds:.2f}s as {loaded.dtype}; "
-            f"{blas_msg}")
-        r.report.status(m.Phase.WAITING, "encoding a first input")
-        engine = make_engine(r, loaded)
-        split = engine.encoder.split
-        log(f"a step's forward passes run on {engine.encoder.threads} thread(s); "
-            + (f"a pass alone: {split.describe()}" if split is not None else "activations whole"))
-        first_input(engine)
-        run_loop(r, engine, enc)
-    except LoadAborted:
-        log(f"stopped during load ({r.life.reason})")
-    except ModelError as e:
-        return EXIT_MODEL, f"cannot load {model}: {e}"
-    return EXIT_OK, ""
+        raise CannotServe(why)
+    log(f"loading {model} ({ENDPOINTS[enc.role]}: {enc.why}, through mlx-vlm)")
+    loaded = load_encoder(model, enc, dtype=r.spec.options.dtype,
+                          progress=r.report.progress, should_stop=r.life.stop.is_set)
+    log(f"loaded {loaded.layers} layers in {loaded.seconds:.2f}s as {loaded.dtype}; "
+        f"{blas_msg}")
+    r.report.status(m.Phase.WAITING, "encoding a first input")
+    engine = make_engine(r, loaded)
+    split = engine.encoder.split
+    log(f"a step's forward passes run on {engine.encoder.threads} thread(s); "
+        + (f"a pass alone: {split.describe()}" if split is not None else "activations whole"))
+    first_input(engine)
+    run_loop(r, engine, enc)
 
 
 def unsupported(r: Runner) -> str | None:
@@ -82,8 +76,6 @@ def make_engine(r: Runner, loaded: LoadedEncoder) -> EmbedEngineT:
 
 def first_input(engine: EmbedEngineT) -> None:
     """READY means it can answer: one input through the model first."""
-    from exod.runner.load import ModelError
-
     probe = m.Embed(id="first", kind=engine.enc.role, texts=["exod"],
                     query="exod" if engine.enc.role == "rerank" else None)
     try:
@@ -95,14 +87,9 @@ def first_input(engine: EmbedEngineT) -> None:
 
 
 def run_loop(r: Runner, engine: EmbedEngineT, enc: Encoding) -> None:
-    from exod.runner import wired
-    from exod.runner.load import ModelError
     from exod.runner.serving.loop import ServeLoop
 
-    try:
-        wired.apply(r.spec.options.wired_limit)
-    except wired.WiredLimitError as e:
-        raise ModelError(str(e)) from e
+    r.set_wired_limit()
     r.report.ready(vocab_size=engine.vocab, context_length=enc.max_tokens)
     ServeLoop(engine, r.channel, r.life, r.report, r.spec.heartbeat, takes=m.Embed,
               refusal=f"this instance serves {ENDPOINTS[enc.role]}, not chat or "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from exod.core.text import clip
 from exod.runner.formats.base import Piece, Thought, ToolFormat, Transitions
-from exod.runner.log import WARNING, log
+from exod.runner.link.log import WARNING, log
 from exod.runner.serving.strict_args import ArgsCheck
 
 SHOWN, THINKING, CALLING = "normal", "reasoning", "tool"

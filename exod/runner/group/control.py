@@ -28,8 +28,8 @@ from pathlib import Path
 from exod.wire import messages as m
 from exod.runner.group.handshake import SAME_VERSION, LeaderHandshake, Refused, worker_handshake
 from exod.runner.group.wire import Closed, ControlLost
-from exod.runner.log import WARNING, log
-from exod.runner.report import Reporter
+from exod.runner.link.log import WARNING, log
+from exod.runner.link.report import Reporter
 from exod.secret_file import KEY_BYTES, SecretFileError, read_secret
 
 HANDSHAKE_TIMEOUT = 2.0  # a real rank answers in a round trip; a silent stranger goes then

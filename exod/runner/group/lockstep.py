@@ -32,9 +32,10 @@ from exod.runner.serving.batch_engine import BatchEngine, DiskChoice
 from exod.runner.group import wire
 from exod.runner.group.plan import (AbortAll, AbortPrefilling, Admit, Cancel, ClearCache, Op,
                                     Plan, See, Settings, Warm)
-from exod.runner.lifecycle import Lifecycle
-from exod.runner.log import ERR, log
-from exod.runner.group.membership import Group, PeerLost
+from exod.runner.link.lifecycle import Lifecycle
+from exod.runner.link.log import ERR, log
+from exod.runner.failures import PeerLost
+from exod.runner.group.membership import Group
 from exod.runner.serving.reading import Prompt
 from exod.runner.prompt_cache.disk import DiskTier
 

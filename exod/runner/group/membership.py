@@ -30,26 +30,18 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from exod.core.exits import EXIT_PEER_LOST
+from exod.runner.failures import AddressInUse, PeerLost
 from exod.runner.group import control, wire
-from exod.runner.lifecycle import Lifecycle
-from exod.runner.log import ERR, WARNING, log
+from exod.runner.link.lifecycle import Lifecycle
+from exod.runner.link.log import ERR, WARNING, log
 from exod.wire import messages as m
-from exod.runner.report import Reporter
+from exod.runner.link.report import Reporter
 from exod.wire.specs import GroupSpec
 
 
 # Seconds a peer may take per position of a step, on top of peer_timeout: a 2048-token prefill
 # chunk on a slow host must not look like a lost peer (CPU decode is well above 2 tokens/s).
 PER_TOKEN = 0.5
-
-
-class PeerLost(BaseException):
-    """The group is broken. A BaseException so that no `except Exception` meant for one
-    request swallows it: the whole runner must exit and be restarted."""
-
-
-class AddressInUse(Exception):
-    pass
 
 
 @dataclass

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from exod import cache_files
 from exod.paths import PRIVATE, make_dirs
-from exod.runner.log import WARNING, log
+from exod.runner.link.log import WARNING, log
 from exod.runner.prompt_cache import entry_file, fingerprint as fp
 from exod.runner.prompt_cache.entry_file import EntryError, Tensor
 from exod.runner.prompt_cache.index import Entry, Index, Match, Removed

@@ -25,7 +25,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import trim_prompt_cache
 
-from exod.runner.log import WARNING, log
+from exod.runner.link.log import WARNING, log
 from exod.runner.prompt_cache import entry_file, snapshot
 from exod.runner.prompt_cache.disk import DiskTier, Loading
 from exod.runner.prompt_cache.fingerprint import FORMAT_VERSION

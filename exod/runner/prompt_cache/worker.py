@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from exod.runner.log import ERR, log
+from exod.runner.link.log import ERR, log
 
 Job = Callable[[], None]
 

@@ -27,7 +27,7 @@ from mlx_lm.models.cache import KVCache
 from exod.wire import messages as m
 from exod.wire.options import GrammarLimits
 from exod.runner.serving.prepare import check_request, context_window, read_prompt, vocab_size
-from exod.runner.log import ERR, log
+from exod.runner.link.log import ERR, log
 from exod.runner.serving import tool_calls
 from exod.runner.serving.gen_options import KvOptions
 from exod.runner.serving.batch_request import BatchRequest

@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from exod.wire.options import GrammarLimits
-from exod.runner.log import WARNING, log
+from exod.runner.link.log import WARNING, log
 from exod.core.request_rules import RequestError
 from exod.runner.serving import json_bounds
 from exod.runner.serving.think_grammar import Thinking

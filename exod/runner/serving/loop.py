@@ -26,11 +26,11 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from exod.wire import messages as m
 from exod.core.request_rules import RequestError, WindowExceeded
-from exod.runner.channel import Channel
-from exod.runner.lifecycle import Lifecycle
-from exod.runner.log import ERR, log
+from exod.runner.link.channel import Channel
+from exod.runner.link.lifecycle import Lifecycle
+from exod.runner.link.log import ERR, log
 from exod.runner.serving.reading import Prompt, Read, Reader
-from exod.runner.report import Reporter
+from exod.runner.link.report import Reporter
 
 # What the loop's thread is handed: a request, a request read, a cache to clear, or a stop's
 # wake-up.

@@ -25,7 +25,7 @@ import llguidance
 import mlx.core as mx
 import numpy as np
 
-from exod.runner.log import WARNING, log
+from exod.runner.link.log import WARNING, log
 
 Sampler = Callable[[mx.array], mx.array]  # mlx-lm's: logprobs in, tokens out
 FREE = np.uint32(0xFFFFFFFF)  # a free row's words: every token allowed

@@ -26,7 +26,7 @@ from exod.wire import messages as m
 from exod.wire.options import GrammarLimits
 from exod.runner.serving.prepare import (Processor, check_request, context_window, read_prompt,
                                          vocab_size)
-from exod.runner.log import ERR, log
+from exod.runner.link.log import ERR, log
 from exod.runner.serving import tool_calls
 from exod.runner.serving.gen_options import Draft, KvOptions
 from exod.runner.serving.grammar import Grammars

@@ -29,7 +29,7 @@ from exod.wire.child_end import ChildEnd
 from exod.facts.vision import SPLIT_BY_LAYERS, sees
 from exod.core.exits import EXIT_USAGE
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
-from exod.runner import import_table
+from exod.runner.start import import_table
 from exod.runner.split.wording import explain
 from exod.wire.specs import PROBE_FIRST, ProbeAnswer, ProbeAsk, Verdict
 

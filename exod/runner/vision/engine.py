@@ -28,7 +28,7 @@ from mlx_lm.models.cache import LRUPromptCache
 from exod.wire import messages as m
 from exod.wire.options import GrammarLimits
 from exod.core import memory
-from exod.runner.log import ERR, log
+from exod.runner.link.log import ERR, log
 from exod.runner.serving.loop import NoPromptCache
 from exod.runner.serving import model_checks, tool_calls
 from exod.runner.serving.cache_key import prompt_key

@@ -24,9 +24,10 @@ import mlx.core as mx
 from exod.wire import messages as m
 from exod.core import images
 from exod.runner.group.lockstep import LeaderEngine, follow, seeded
-from exod.runner.group.membership import Group, PeerLost
+from exod.runner.failures import PeerLost
+from exod.runner.group.membership import Group
 from exod.runner.group.plan import Ints, See, Settings
-from exod.runner.lifecycle import Lifecycle
+from exod.runner.link.lifecycle import Lifecycle
 from exod.runner.serving.reading import Prompt
 from exod.runner.vision.engine import VisionEngine
 from exod.runner.vision.request import Shipped

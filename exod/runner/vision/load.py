@@ -1,9 +1,9 @@
-"""Load a model that sees, as the text runner loads one (exod.runner.load): lazily first (mlx-vlm
-reads the files' headers, names and quantizes the module tree), then the vision tower's blocks
-one at a time, then what else lies outside the language model's blocks (the rest of the tower,
-its projector, the embeddings and the head) and one block at a time, with progress after each
-block, the tower's counted with the language model's, and no timer anywhere (a tower is up to a
-tenth of a model: Qwen2.5-VL's 670M parameters).
+"""Load a model that sees, as the text runner loads one (exod.runner.text.load): lazily first
+(mlx-vlm reads the files' headers, names and quantizes the module tree), then the vision tower's
+blocks one at a time, then what else lies outside the language model's blocks (the rest of the
+tower, its projector, the embeddings and the head) and one block at a time, with progress after
+each block, the tower's counted with the language model's, and no timer anywhere (a tower is up
+to a tenth of a model: Qwen2.5-VL's 670M parameters).
 
 A rank of a pipeline group keeps its own blocks only (exod.runner.split.pipeline: stand-ins for
 the others, never read from disk); rank 0 reads the vision tower and its projector, whole, as
@@ -27,7 +27,8 @@ import mlx.core as mx
 from mlx import nn
 
 from exod.core.shards import Shard
-from exod.runner.load import DTYPES, LoadAborted, ModelError, evaluate_weights, resolve_dtype
+from exod.runner.failures import LoadAborted, ModelError
+from exod.runner.load import DTYPES, evaluate_weights, resolve_dtype
 from exod.runner.split import pipeline
 from exod.runner.split.blocks import NoBlocks, find_blocks, flat_arrays
 from exod.runner.split.pipeline import Link

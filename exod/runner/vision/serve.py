@@ -1,4 +1,5 @@
-"""The runner's path for a model that sees (exod.facts.vision tells which): load it with
+"""The runner's path for a model that sees (the daemon says so in the spec's `kind`, from
+exod.facts.vision): load it with
 mlx-vlm, put one token through it, then serve it with the vision engine behind the same serve
 loop as text. Split across the ranks of a pipeline group, every rank runs the same engine in
 step (exod.runner.vision.group), the vision tower on rank 0. mlx-lm's generation options (a
@@ -8,17 +9,14 @@ reason.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from exod.wire import messages as m
 from exod.core import memory
-from exod.core.exits import (EXIT_MODEL, EXIT_OK, EXIT_PEER_LOST, EXIT_TEMPFAIL,
-                             EXIT_UNAVAILABLE)
 from exod.core.serving import DEFAULT_PREFILL_STEP
-from exod.runner.channel import Channel
-from exod.runner.lifecycle import Lifecycle
-from exod.runner.log import log
-from exod.runner.report import Reporter
+from exod.runner.failures import CannotServe, ModelError, PeerLost, Unavailable
+from exod.runner.link.log import log
+from exod.runner.runner import Runner, join_group
+from exod.wire import messages as m
 from exod.wire.specs import RunnerSpec
 
 if TYPE_CHECKING:
@@ -27,60 +25,39 @@ if TYPE_CHECKING:
     from exod.runner.vision.engine import VisionEngine
     from exod.runner.vision.load import LoadedVision
 
-
-class Runner(Protocol):
-    """What a runner's life gives this path (exod.runner.text.Runner)."""
-
-    spec: RunnerSpec
-    life: Lifecycle
-    channel: Channel
-    report: Reporter
-
 # Bytes of vision tower output kept for the next turns about the same pictures.
 FEATURE_CACHE_BYTES = memory.FEATURE_CACHE_BYTES
 
 
-def serve(r: Runner, blas_msg: str) -> tuple[int, str]:
-    """Load, then serve until asked to stop: (exit code, why it failed)."""
+def serve(r: Runner, blas_msg: str) -> None:
+    """Load, then serve until asked to stop."""
     try:
         from exod.runner.cpu import fused, split
-        from exod.runner.group.membership import AddressInUse, PeerLost
-        from exod.runner.load import LoadAborted, ModelError
         from exod.runner.vision.load import load_vision
     except ImportError as e:
-        return EXIT_UNAVAILABLE, f"mlx-vlm is not usable: {e} (pip install 'exod[vision]')"
+        raise Unavailable(f"mlx-vlm is not usable: {e} (pip install 'exod[vision]')") from e
     spec = r.spec
     why = unsupported(spec)
     if why is not None:
-        return EXIT_MODEL, f"cannot serve {spec.model}: {why}"
+        raise CannotServe(why)
     # The language model's decode steps run the fused rope and norms as text models do (the
     # vision tower's calls are not decode-shaped and keep mlx's own): bitwise the same tokens,
     # ~5% more tokens/s on bench vision's Qwen2.5-VL.
     blas_msg += fused.install_note()
-    try:
-        group = join(r) if spec.group is not None else None
-        where = f", rank {spec.shard.rank} of {spec.shard.world}" if group is not None else ""
-        log(f"loading {spec.model} (a model that sees, through mlx-vlm){where}")
-        loaded = load_vision(spec.model, dtype=spec.options.dtype, progress=r.report.progress,
-                             should_stop=r.life.stop.is_set, shard=spec.shard,
-                             group=group.group if group is not None else None)
-        owned = loaded.shard.count if loaded.shard is not None else loaded.layers
-        tower = "" if loaded.shard is not None and not loaded.shard.first \
-            else " and the vision tower"
-        log(f"loaded {owned} layers{tower} in {loaded.seconds:.2f}s as {loaded.dtype}; "
-            f"{blas_msg}")
-        log(split.here(loaded.model))
-        first_token(r, loaded, group)
-        run_loop(r, loaded, group)
-    except LoadAborted:
-        log(f"stopped during load ({r.life.reason})")
-    except ModelError as e:
-        return EXIT_MODEL, f"cannot load {spec.model}: {e}"
-    except AddressInUse as e:
-        return EXIT_TEMPFAIL, f"address {e} is in use (another instance or program on its port?)"
-    except PeerLost as e:
-        return EXIT_PEER_LOST, f"peer lost: {e}; exiting so the group can form again"
-    return EXIT_OK, ""
+    group = join_group(r) if spec.group is not None else None
+    where = f", rank {spec.shard.rank} of {spec.shard.world}" if group is not None else ""
+    log(f"loading {spec.model} (a model that sees, through mlx-vlm){where}")
+    loaded = load_vision(spec.model, dtype=spec.options.dtype, progress=r.report.progress,
+                         should_stop=r.life.stop.is_set, shard=spec.shard,
+                         group=group.group if group is not None else None)
+    owned = loaded.shard.count if loaded.shard is not None else loaded.layers
+    tower = "" if loaded.shard is not None and not loaded.shard.first \
+        else " and the vision tower"
+    log(f"loaded {owned} layers{tower} in {loaded.seconds:.2f}s as {loaded.dtype}; "
+        f"{blas_msg}")
+    log(split.here(loaded.model))
+    first_token(r, loaded, group)
+    run_loop(r, loaded, group)
 
 
 def unsupported(spec: RunnerSpec) -> str | None:
@@ -93,16 +70,6 @@ def unsupported(spec: RunnerSpec) -> str | None:
         if value is not None:
             return f"{flag} is not supported yet for a model that sees"
     return None
-
-
-def join(r: Runner) -> Group:
-    from exod.runner.group.membership import connect
-
-    spec = r.spec
-    assert spec.group is not None
-    g = connect(spec.shard.rank, spec.shard.world, spec.group, r.life, r.report)
-    log(f"joined the group: rank {g.rank} of {g.size} ({spec.group.backend})")
-    return g
 
 
 def language_model(loaded: LoadedVision, group: Group | None) -> Any:
@@ -123,9 +90,6 @@ def first_token(r: Runner, loaded: LoadedVision, group: Group | None) -> None:
     every rank of a group, once they all have loaded)."""
     import mlx.core as mx
     from mlx_vlm.models.cache import make_prompt_cache
-
-    from exod.runner.group.membership import PeerLost
-    from exod.runner.load import ModelError
 
     if group is not None:
         r.report.status(m.Phase.WAITING,
@@ -148,8 +112,6 @@ def first_token(r: Runner, loaded: LoadedVision, group: Group | None) -> None:
 
 def run_loop(r: Runner, loaded: LoadedVision, group: Group | None) -> None:
     from exod.facts.vision import tower
-    from exod.runner import wired
-    from exod.runner.load import ModelError
     from exod.runner.serving.loop import ServeLoop, Ticker
     from exod.runner.vision.engine import VisionEngine, sizes
     from exod.runner.vision.group import VisionLeader, follow_vision
@@ -158,21 +120,15 @@ def run_loop(r: Runner, loaded: LoadedVision, group: Group | None) -> None:
     # What memory admission counted for the pictures held at the model's resolution.
     picture_bytes = memory.picture_budget(tower(spec.model))
 
-    def wired_limit() -> None:
-        try:
-            wired.apply(opts.wired_limit)
-        except wired.WiredLimitError as e:
-            raise ModelError(str(e)) from e
-
     def engine(width: int, cache_bytes: int, prefill_step: int) -> VisionEngine:
         return VisionEngine(loaded.model, loaded.processor, loaded.tokenizer, width=width,
                             prefill_step=prefill_step, grammar_limits=opts.grammar,
                             feature_bytes=FEATURE_CACHE_BYTES, cache_bytes=cache_bytes,
-                            on_new_generator=wired_limit,
+                            on_new_generator=r.set_wired_limit,
                             language_model=language_model(loaded, group),
                             picture_bytes=picture_bytes)
 
-    wired_limit()
+    r.set_wired_limit()
     vocab, window = sizes(loaded.model, loaded.tokenizer)
     r.report.ready(vocab_size=vocab, context_length=window or 0)
     if group is not None and group.rank != 0:
@@ -185,8 +141,6 @@ def run_loop(r: Runner, loaded: LoadedVision, group: Group | None) -> None:
     if group is None:
         ServeLoop(served, r.channel, r.life, r.report, spec.heartbeat).run()
         return
-    from exod.runner.group.membership import PeerLost
-
     leader = VisionLeader(served, group)
     ServeLoop(leader, r.channel, r.life, r.report, spec.heartbeat,
               tick=Ticker(leader.heartbeat, group.heartbeat_every)).run()

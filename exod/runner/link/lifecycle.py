@@ -4,7 +4,7 @@ All of them end in `request_stop`, which sets one event that the load loop check
 and that wakes the serve loop. Signals are seen through `signal.set_wakeup_fd`: the interpreter's
 C-level handler writes the signal's number to a pipe the instant it arrives, even while the main
 thread sits in a long C call (a prefill, mx.distributed), and the channel thread
-(`exod.runner.channel`), which watches that pipe, does the rest. The Python-level handler does
+(`exod.runner.link.channel`), which watches that pipe, does the rest. The Python-level handler does
 nothing; it only replaces the default action (death).
 
 Runners ignore SIGINT: Ctrl-C in a terminal is for the daemon, which then runs its ladder.
@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 
-from exod.runner.log import NOTICE, log
+from exod.runner.link.log import NOTICE, log
 
 PR_SET_PDEATHSIG = 1
 

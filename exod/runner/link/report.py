@@ -7,7 +7,7 @@ then the runner stops anyway); `Channel.send` just returns False.
 from __future__ import annotations
 
 from exod.wire import messages as m
-from exod.runner.channel import Channel
+from exod.runner.link.channel import Channel
 
 
 class Reporter:

@@ -31,12 +31,13 @@ from exod.wire.protocol import ProtocolError
 
 PR_SET_PDEATHSIG = 1
 # What a text runner imports before it loads (exod.runner.__main__.run and exod.runner.text).
-WARM = ("mlx.core", "mlx_lm", "exod.runner.load", "exod.runner.cpu.fused",
-        "exod.runner.group.membership", "exod.runner.serving.batch_engine",
-        "exod.runner.serving.loop", "exod.runner.serving.turn_engine",
-        "exod.runner.serving.prepare", "exod.runner.serving.model_checks",
-        "exod.runner.prompt_cache.disk", "exod.runner.prompt_cache.fingerprint",
-        "exod.config.warm", "exod.config.mlx_options", "exod.facts.embed", "exod.facts.vision")
+WARM = ("mlx.core", "mlx_lm", "exod.runner.text.serve", "exod.runner.text.load",
+        "exod.runner.cpu.fused", "exod.runner.group.membership",
+        "exod.runner.serving.batch_engine", "exod.runner.serving.loop",
+        "exod.runner.serving.turn_engine", "exod.runner.serving.prepare",
+        "exod.runner.serving.model_checks", "exod.runner.prompt_cache.disk",
+        "exod.runner.prompt_cache.fingerprint", "exod.config.warm", "exod.config.mlx_options",
+        "exod.facts.model_dir")
 # mlx builds whose device runtime must never be forked (the distributions' name prefixes).
 GPU_BUILDS = ("mlx-cuda", "mlx-metal")
 # What a forked runner runs of these is what the zygote imported: once any of them is upgraded
@@ -108,7 +109,7 @@ def warm() -> str | None:
         name = (dist.metadata["Name"] or "").lower().replace("_", "-")
         if name.startswith(GPU_BUILDS):  # mlx-cuda-12, mlx-cuda-13, mlx-metal...
             return f"{name} is installed: a GPU runtime must not be forked"
-    from exod.runner import import_table
+    from exod.runner.start import import_table
     from exod.runner.cpu import blas
 
     import_table.install()  # before mlx_lm imports transformers

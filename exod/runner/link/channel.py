@@ -7,7 +7,7 @@ then lifecycle reports and generation events out (`send`, from any thread) and r
 Incoming requests land in `inbox` for the main thread, except the ones that must act at once:
 `Shutdown` (stop, with the grace its prompt cache may be written in) and `Cancel` (abort one
 generation); `ClearCache` queues like a request. End of stream means the daemon is gone: stop.
-The same thread watches the signal wakeup pipe (`exod.runner.lifecycle`). Without a channel (a
+The same thread watches the signal wakeup pipe (`exod.runner.link.lifecycle`). Without a channel (a
 runner started by hand) it only watches for signals, and what would be sent is dropped.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 
 from exod.wire import messages as m
 from exod.wire.child_end import ChildEnd
-from exod.runner.lifecycle import Lifecycle
-from exod.runner.log import ERR, log
+from exod.runner.link.lifecycle import Lifecycle
+from exod.runner.link.log import ERR, log
 from exod.runner.serving.reading import Read
 from exod.wire.specs import RUNNER_FIRST, RunnerSpec
 
