@@ -312,7 +312,7 @@ class ApiServer(Middlewares, ModelList):
         schema = inst.config.grammar.max_schema_kib * 1024
         if info is not None and info.vocab_size > 0 and info.context_length > 0:
             return ModelLimits(info.vocab_size, info.context_length, cap, schema)
-        vocab, context = await self.sup.traffic.size(inst)
+        vocab, context = await inst.lane.size()
         return ModelLimits(vocab, context, cap, schema)
 
 

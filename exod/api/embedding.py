@@ -31,7 +31,7 @@ from exod.api.ignored import header
 from exod.api.metrics import Meter
 from exod.api.serving import Serving, refusal
 from exod.daemon.channel import RequestStream, TooLarge
-from exod.daemon.traffic import Refused
+from exod.daemon.refusals import NotAdmitted
 from exod.wire.protocol import MAX_FRAME
 
 BIG_ANSWER = 1 << 20  # bytes of results past which the JSON is written in a thread
@@ -71,24 +71,22 @@ class Embedder:
         with self.serving.metered(req.model) as meter:
             meter.inputs(req.embed.count)
             try:
-                await self.traffic.expect(req.model, req.embed.kind)
-                inst = self.traffic.find(req.model)
-                async with self.traffic.slot(inst, keep_alive) as link:
+                lease = await self.traffic.admit(req.model, req.embed.kind, keep_alive)
+                async with lease:
                     waited = time.monotonic_ns() - arrived
                     try:
-                        stream = link.open(req.embed)
+                        stream = lease.open(req.embed)
                     except TooLarge as e:
                         raise ApiError(413, f"The request is {e.size} bytes once encoded for "
                                             f"the runner, more than the {MAX_FRAME >> 20} MiB "
                                             "a runner takes: send fewer inputs.",
                                        "invalid_request_error", "request_too_large",
                                        req.embed.named("texts")) from None
-                    try:
-                        with self.traffic.watching(inst, stream):
-                            got = await _gather(stream, req.embed.count, meter)
+                    try:  # watched for a hang by the lease
+                        got = await _gather(stream, req.embed.count, meter)
                     finally:
                         stream.close()  # cancels the work unless it finished
-            except Refused as e:
+            except NotAdmitted as e:
                 raise refusal(e) from None
             meter.status = 200
             return dataclasses.replace(got, waited_ns=waited)

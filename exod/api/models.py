@@ -34,20 +34,20 @@ class ModelList:
         (`context_length`, vLLM's `max_model_len`, Anthropic's `max_input_tokens` and
         `max_tokens`) and capabilities (Anthropic's object; OpenRouter's
         `supported_parameters`), from the model's files."""
-        active, queued = self.sup.traffic.load(inst)
+        active, queued = inst.lane.load()
         created = datetime.fromtimestamp(self.started_wall, timezone.utc)
         head = {"id": inst.name, "object": "model", "created": self.started_wall,
                 "owned_by": "exod", "type": "model", "display_name": inst.name,
                 "created_at": created.isoformat().replace("+00:00", "Z"),
                 "state": inst.state.value}
         tail = {"active": active, "queued": queued}
-        serves = await self.sup.traffic.serves(inst)
+        serves = await inst.lane.serves()
         if serves in ("embed", "rerank"):
             enc = await asyncio.to_thread(encoding, inst.config.model)
             if enc is not None:
                 return {**head, **encoder_json(enc), **tail}
         limits = await self.limits(inst)
-        caps = await self.sup.traffic.capabilities(inst)
+        caps = await inst.lane.capabilities()
         most = min(x for x in (limits.context, limits.cap) if x is not None) \
             if limits.context is not None or limits.cap is not None else None
         return {**head, "serves": "chat" if serves else None, "context_length": limits.context,

@@ -33,7 +33,7 @@ def status_json(sup: Daemon, serving: Serving) -> dict[str, Any]:
     snap = to_wire(sup.snapshot())
     figures: dict[str, Any] = {}
     for inst in sup.ordered():
-        active, queued = sup.traffic.load(inst)
+        active, queued = inst.lane.load()
         stats = serving.metrics.stats.get(inst.name)
         figures[inst.name] = {
             "active": active,

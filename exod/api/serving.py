@@ -1,6 +1,6 @@
-"""The generation path of the HTTP API: ask the daemon for the instance and a place at its
-runner (exod.daemon.traffic: on-demand start, admission queue, hang watch), send the request on
-rank 0's link, and relay the events back, whole or as SSE. Every request is metered
+"""The generation path of the HTTP API: ask the daemon once for a lease on the instance
+(exod.daemon.traffic, exod.daemon.lease: on-demand start, admission queue, hang watch), send
+the request on rank 0's link, and relay the events back, whole or as SSE. Every request is metered
 (exod.api.metrics). The daemon's refusals become errors in OpenAI's shape here.
 """
 
@@ -28,7 +28,8 @@ from exod.core.images import REQUEST_MEGAPIXELS, pixel_problem, unseen
 from exod.core.system_lines import drop_system_lines
 from exod.core.sizes import format_size
 from exod.daemon.channel import RequestStream, TooLarge
-from exod.daemon.traffic import Busy, Mismatch, NotServing, Refused, ServedElsewhere
+from exod.daemon.lease import Lease
+from exod.daemon.refusals import Busy, Mismatch, NotAdmitted, NotServing, ServedElsewhere
 from exod.wire.protocol import MAX_FRAME
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 Limits = Callable[["InstanceRuntime"], Awaitable[ModelLimits]]
 
 
-def refusal(e: Refused) -> ApiError:
+def refusal(e: NotAdmitted) -> ApiError:
     """The daemon's reason not to serve a request, as the client reads it."""
     if isinstance(e, NotServing):
         return not_ready(e.name, e.detail, e.stopping)
@@ -67,7 +68,7 @@ class Serving:
         (api.max_request_megapixels)."""
         self.sup = sup
         self.traffic = sup.traffic
-        self.metrics = Metrics(sup, self.traffic.load)
+        self.metrics = Metrics(sup, lambda inst: inst.lane.load())
         self.fetcher = fetcher
         self.megapixels = megapixels
 
@@ -105,22 +106,22 @@ class Serving:
                         limits: Limits, out: Output,
                         keep_alive: float | None) -> web.StreamResponse:
         try:
-            await self.traffic.expect(req.model, "chat")
-            inst = self.traffic.find(req.model)
-            req = await self._pictures(inst, req)
+            lease = await self.traffic.admit(req.model, "chat", keep_alive)
+            inst = lease.instance
+            req = await self._pictures(lease, req)
             req = apply_limits(req, await limits(inst))
             req = with_template_defaults(req, inst.config.chat_template_kwargs)
             req = without_system_lines(req, inst.config.drop_system_lines)
-            async with self.traffic.slot(inst, keep_alive) as link:
+            async with lease:
                 try:
-                    stream = link.open(req.gen)
+                    stream = lease.open(req.gen)
                 except TooLarge as e:
                     raise too_large_for_runner(req, e.size) from None
-                return await self._relay(request, req, inst, stream, meter, out)
-        except Refused as e:
+                return await self._relay(request, req, stream, meter, out)
+        except NotAdmitted as e:
             raise refusal(e) from None
 
-    async def _pictures(self, inst: InstanceRuntime, req: GenRequest) -> GenRequest:
+    async def _pictures(self, lease: Lease, req: GenRequest) -> GenRequest:
         """A request's pictures: refused for a model known not to see (the runner refuses them
         too, when its files do not tell yet), else their URLs fetched (outside any slot: the
         runner's place is not held while a picture downloads), then their pixels together
@@ -128,23 +129,22 @@ class Serving:
         request takes a place in a queue or the runner decodes any of them."""
         if not req.pictures:
             return req
-        if (await self.traffic.capabilities(inst)).vision is False:
+        if (await lease.capabilities()).vision is False:
             where = req.pictures[0].where
-            raise bad_request(unseen(inst.name, where), where)
+            raise bad_request(unseen(lease.instance.name, where), where)
         req = await self.fetcher.resolve(req)
         problem = pixel_problem(req.pictures, self.megapixels)
         if problem is not None:
             raise bad_request(*problem, code="image_too_large")
         return req
 
-    async def _relay(self, request: web.Request, req: GenRequest, inst: InstanceRuntime,
-                     stream: RequestStream, meter: Meter, out: Output) -> web.StreamResponse:
-        try:
-            with self.traffic.watching(inst, stream):
-                events = _events(stream, meter, out)
-                if req.stream:
-                    return await _stream(request, req, events, meter, out)
-                return await _whole(req, events, out)
+    async def _relay(self, request: web.Request, req: GenRequest, stream: RequestStream,
+                     meter: Meter, out: Output) -> web.StreamResponse:
+        try:  # watched for a hang by the lease
+            events = _events(stream, meter, out)
+            if req.stream:
+                return await _stream(request, req, events, meter, out)
+            return await _whole(req, events, out)
         finally:
             stream.close()  # cancels the generation unless it finished
 

@@ -1,6 +1,7 @@
 """What the HTTP API needs of the daemon: a narrow view, so the API never imports the
-supervisor (which starts it). Instances are the daemon's own runtimes; what requests need of
-them (on-demand starts, queues, hang watches) the daemon's `traffic` answers."""
+supervisor (which starts it). Instances are the daemon's own runtimes, each holding its
+request lane and idle clock; a request asks the daemon's `traffic` once (`admit`: a lease on
+the instance, with on-demand start, queue and hang watch)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,6 @@ from exod.core.states import State
 from exod.daemon.control import CommandError, Emit
 from exod.daemon.downloads import Download, Downloads, Outcome
 from exod.daemon.instance import InstanceRuntime
-from exod.daemon.traffic import Traffic
 from exod.hub import cache as hub_cache
 from exod.core import hub_ref
 from exod.core.hub_ref import HubRef
@@ -41,9 +40,6 @@ class Daemon(Protocol):
 
     @property
     def downloads(self) -> Downloads: ...
-
-    @property
-    def traffic(self) -> Traffic: ...
 
 
 def _ref(name: str) -> HubRef:
@@ -119,13 +115,13 @@ def users(sup: Daemon, repo: str) -> list[tuple[InstanceRuntime, HubRef]]:
 
 def models(sup: Daemon) -> list[cm.CachedModel]:
     """The cache's repositories; the last use of each is the later of its last fetch or start
-    (its record's time, on disk) and the last request one of its instances served."""
+    (its record's time, on disk) and the last use of one of its instances (its idle clock:
+    exod.daemon.idle)."""
     wall = time.time() - sup.now()  # the seam's monotonic clock to the epoch
     out = []
     for e in hub_cache.entries(sup.hub_cache):
         using = users(sup, e.repo)
-        served = [sup.traffic.last_request[i.name] + wall for i, _ in using
-                  if i.name in sup.traffic.last_request]
+        served = [i.idle.last_used + wall for i, _ in using if i.idle.last_used is not None]
         last = max([*served, *([e.last_use] if e.last_use is not None else [])], default=None)
         out.append(cm.CachedModel(e.repo, e.revisions, list(e.commits), e.size, e.partial,
                                   [cm.ModelUser(i.name, i.state, ref.revision)

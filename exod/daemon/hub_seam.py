@@ -35,7 +35,6 @@ class HubSeam:
     launcher: Launcher
     stopping: bool
     _download_listeners: set[Callable[[Download], None]]
-    _prefetch: dict[str, Instance]  # a reload's new config, waiting for its model
     readiness: Readiness
 
     def _publish(self, inst: InstanceRuntime) -> None: ...
@@ -144,13 +143,13 @@ class HubSeam:
         self.cancel_prefetch(name)
         old = self.instances.get(name)
         ref = None if old is None or not old.state.active else self._to_fetch(cfg, old.config)
-        if ref is None:
+        if ref is None or old is None:
             self._retire(name, replacement=cfg)
             return
-        self._prefetch[name] = cfg
+        old.prefetch = cfg
 
         def done(outcome: Outcome) -> None:
-            latest = self._prefetch.pop(name, None)
+            latest, old.prefetch = old.prefetch, None
             if latest is None or self.stopping:
                 return
             if outcome.path is None:
@@ -187,5 +186,7 @@ class HubSeam:
                 inst.start(operator=True)
 
     def cancel_prefetch(self, name: str) -> None:
-        if self._prefetch.pop(name, None) is not None:
+        inst = self.instances.get(name)
+        if inst is not None and inst.prefetch is not None:
+            inst.prefetch = None
             self.downloads.leave(("reload", name), lambda: None)

@@ -28,10 +28,13 @@ from exod.core.shards import Shard
 from exod.core.states import Machine, State
 from exod.daemon.clock import Timer
 from exod.daemon.group import RankGroup
+from exod.daemon.idle import IdleClock
+from exod.daemon.lane import Lane
 from exod.daemon.rank import RankRuntime, RankSeam
 
 if TYPE_CHECKING:
     from exod.daemon.downloads import Download, Outcome
+    from exod.daemon.launch import GroupPlan
 
 Continuation = Callable[[], None]
 PERMANENT_SPAWN_ERRORS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR})
@@ -97,6 +100,11 @@ class InstanceRuntime(RankGroup):
         self.download: Download | None = None  # while downloading: the download it waits for
         self.auto_width: int | None = None  # max_concurrency unset: what memory admission chose
         self.log = logger.bind(instance=self.name)
+        # Its parts, made and dropped with it (nothing of it is kept by name elsewhere):
+        self.lane = Lane(self)  # its requests: queue, hang watch, what its files say
+        self.idle = IdleClock(self)  # when it was last used, and its idle stop
+        self.prefetch: Instance | None = None  # a reload's new config, waiting for its model
+        self.group_plan: GroupPlan | None = None  # a group's addresses, from its last start
 
     # ---- queries -------------------------------------------------------------------------
     @property

@@ -63,6 +63,14 @@ def fetcher_launch(ref: HubRef, commit: str | None, cache: Path, offline: bool,
     return Launch(FETCHER_MODULE, spec, env, m.decode_from_fetcher, cwd)
 
 
+@dataclass(frozen=True)
+class GroupPlan:
+    """A group's addresses as agreed at one start, kept by its instance until the next."""
+
+    control: str  # `address:port` where rank 0 takes the group's control connections
+    ports: tuple[int, ...]  # chosen at run time (none with `port_base`): the next start avoids them
+
+
 class Launcher:
     def __init__(self, run_dir: Path, daemon_env: Mapping[str, str],
                  config: Path | None = None) -> None:
@@ -72,9 +80,7 @@ class Launcher:
         # and at each reload (exod.daemon.cache_owner).
         self.cache = CacheOwner(config, daemon_env)
         self.module = daemon_env.get("EXOD_RUNNER_MODULE") or os_seam.DEFAULT_MODULE
-        self._group_control: dict[str, str] = {}  # instance → rank 0's control address
         self.ports = ports.Registry()
-        self._last: dict[str, tuple[int, ...]] = {}  # instance → the ports of its last start
 
     def configure(self, instances: Iterable[Instance]) -> None:
         """The `port_base` ranges of the config: never handed out to a group without one."""
@@ -88,37 +94,40 @@ class Launcher:
         """The group's secret: the operator's cluster_key_file, else one made at each start."""
         return c.cluster_key_file or self.run_dir / "groups" / f"{c.name}.key"
 
-    def prepare(self, c: Instance, owner: Hashable) -> None:
+    def prepare(self, c: Instance, owner: Hashable, last: GroupPlan | None = None
+                ) -> GroupPlan | None:
         """A group is about to start: agree on its addresses (write the MLX hostfile) and, for
-        a group on this host alone, make its secret. Its ports stay reserved for `owner` until
-        `release`. A restart gets ports other than the last start's: one of those may be what
-        failed. Raises ports.NoFreePorts or OSError."""
-        if c.shards > 1:
-            chosen = None
-            if c.port_base is None:
-                self.ports.release(owner)
-                avoid = self.ports.reserved() | set(self._last.get(c.name, ()))
-                chosen = rank_addresses.free_ports(c.shards + 1, avoid)
-                self.ports.hold(owner, chosen)
-                self._last[c.name] = tuple(chosen)
-            addrs = rank_addresses.addresses(c, chosen)
-            rank_addresses.write_hostfile(self.hostfile(c.name), addrs.ranks)
-            if c.cluster_key_file is None:
-                rank_addresses.new_group_key(self.group_key(c))
-            self._group_control[c.name] = addrs.control
+        a group on this host alone, make its secret; None for a single rank. Its ports stay
+        reserved for `owner` until `release`. A restart gets ports other than its `last`
+        start's: one of those may be what failed. Raises ports.NoFreePorts or OSError."""
+        if c.shards <= 1:
+            return None
+        chosen = None
+        if c.port_base is None:
+            self.ports.release(owner)
+            avoid = self.ports.reserved() | set(last.ports if last is not None else ())
+            chosen = rank_addresses.free_ports(c.shards + 1, avoid)
+            self.ports.hold(owner, chosen)
+        addrs = rank_addresses.addresses(c, chosen)
+        rank_addresses.write_hostfile(self.hostfile(c.name), addrs.ranks)
+        if c.cluster_key_file is None:
+            rank_addresses.new_group_key(self.group_key(c))
+        return GroupPlan(addrs.control, tuple(chosen or ()))
 
     def release(self, owner: Hashable) -> None:
         """`owner`'s ranks are all gone: its ports may go to another group."""
         self.ports.release(owner)
 
-    def launch(self, c: Instance, shard: Shard, local_ranks: int, width: int
-               ) -> Launch[m.FromRunner]:
+    def launch(self, c: Instance, shard: Shard, local_ranks: int, width: int,
+               plan: GroupPlan | None = None) -> Launch[m.FromRunner]:
+        """`plan`: what `prepare` agreed for the group (required with more than one rank)."""
         group = None
         if shard.world > 1:
+            assert plan is not None, "a group's ranks start after `prepare`"
             threads = rank_addresses.thread_split(c, local_ranks, self.daemon_env)
             group = GroupSpec(backend=c.backend, peer_timeout=c.peer_timeout,
                               hostfile=self.hostfile(c.name),
-                              control=self._group_control[c.name], key_file=self.group_key(c),
+                              control=plan.control, key_file=self.group_key(c),
                               blas_threads=threads)
         spec = RunnerSpec(version=m.VERSION, instance=c.name, model=c.model,
                           kind=runner_kind(c.model), parallelism=c.parallelism, shard=shard,

@@ -70,7 +70,6 @@ class Supervisor(HubSeam, ConfigReload):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: set[Callable[[InstanceRuntime], None]] = set()
         self._download_listeners: set[Callable[[Download], None]] = set()
-        self._prefetch: dict[str, Instance] = {}
         self._reload_lock = asyncio.Lock()  # reloads read files in a thread: one at a time
         self.launcher = Launcher(config.control.socket.parent, os.environ, config.path)
         self.launcher.configure(config.instances.values())
@@ -109,11 +108,11 @@ class Supervisor(HubSeam, ConfigReload):
         return self.memory.missing(inst, self.instances.values())
 
     def prepare(self, inst: InstanceRuntime) -> None:
-        self.launcher.prepare(inst.config, owner=inst)
+        inst.group_plan = self.launcher.prepare(inst.config, owner=inst, last=inst.group_plan)
 
     def spawn(self, inst: InstanceRuntime, rank: RankRuntime) -> int:
         launch = self.launcher.launch(inst.config, rank.shard, sum(r.local for r in inst.ranks),
-                                      inst.width)
+                                      inst.width, inst.group_plan)
         context = {"instance": inst.name, "rank": rank.rank}
         self.heap.touched()  # a runner's start, and the exit before it, come and go in bursts
         return self.procs.spawn(launch, context, RunnerHandlers(

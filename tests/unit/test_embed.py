@@ -376,12 +376,13 @@ def test_an_encoder_s_estimate_has_no_kv_cache_and_counts_its_batch() -> None:
 def test_an_instance_that_is_not_evictable_is_never_stopped_for_room() -> None:
     def inst(name: str, state: State, evictable: bool = True) -> Any:
         cfg = Instance(name=name, model=Path("/m"), autostart="on-demand", evictable=evictable)
-        return SimpleNamespace(name=name, state=state, config=cfg, memory_need=100)
+        return SimpleNamespace(name=name, state=state, config=cfg, memory_need=100,
+                               idle=SimpleNamespace(last_used=used[name]),
+                               lane=SimpleNamespace(busy=False))
 
+    used = {"new": None, "chat": 1.0, "other": 2.0}
     new, chat, other = (inst("new", State.STOPPED), inst("chat", State.READY, False),
                         inst("other", State.READY))
-    od = OnDemand(SimpleNamespace(ordered=lambda: [new, chat, other]),  # type: ignore[arg-type]
-                  lambda i: None)
-    od.last_used.update({"chat": 1.0, "other": 2.0})
+    od = OnDemand(SimpleNamespace(ordered=lambda: [new, chat, other]))  # type: ignore[arg-type]
     assert od._victims(new, 50) == [other]  # the least recently used is kept: not evictable
     assert od._victims(new, 150) == []

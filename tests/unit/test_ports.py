@@ -147,18 +147,21 @@ def test_launcher_never_gives_two_live_groups_a_port_and_a_restart_new_ports(
     launcher.configure([group("fixed", port_base=21000)])
     owners = [object() for _ in range(30)]
     held: set[int] = set()
+    plans = []
     for k, owner in enumerate(owners):
-        launcher.prepare(group(f"g{k}", shards=3), owner)
+        plan = launcher.prepare(group(f"g{k}", shards=3), owner)
+        assert plan is not None
+        plans.append(plan)
         mine = set(launcher.ports.held[owner])
         assert len(mine) == 4 and not mine & held
         assert mine == set(hostfile_ports(launcher, f"g{k}")) | {
-            int(launcher._group_control[f"g{k}"].rpartition(":")[2])}
+            int(plan.control.rpartition(":")[2])}
         held |= mine
     assert not held & {21000, 21001, 21002}  # fixed's port_base range
     first = launcher.ports.held[owners[0]]
     launcher.release(owners[0])
     assert owners[0] not in launcher.ports.held
-    launcher.prepare(group("g0", shards=3), owners[0])  # the restart
+    launcher.prepare(group("g0", shards=3), owners[0], last=plans[0])  # the restart
     assert not set(launcher.ports.held[owners[0]]) & set(first)
 
 
@@ -171,10 +174,10 @@ def test_launcher_keeps_port_base_and_hosts(tmp_path: Path) -> None:
     inst = group("pair", port_base=6310,
                  hosts=(Host(name="a", address="10.0.0.1"), Host(name="b", address="fd00::2")))
     owner = object()
-    launcher.prepare(inst, owner)
+    plan = launcher.prepare(inst, owner)
     assert json.loads(launcher.hostfile("pair").read_text()) == [["10.0.0.1:6310"],
                                                                   ["[fd00::2]:6311"]]
-    assert launcher._group_control["pair"] == "10.0.0.1:6312"
+    assert plan is not None and plan.control == "10.0.0.1:6312"
     assert owner not in launcher.ports.held
 
 

@@ -131,9 +131,9 @@ def test_every_runner_option_away_from_its_default_reaches_the_runner(tmp_path: 
 def test_a_group_s_facts_travel_in_the_spec_not_the_environment(tmp_path: Path) -> None:
     inst = Instance(name="g", model=tmp_path, shards=2, backend="ring", peer_timeout=7.0)
     launcher = Launcher(tmp_path, {})
-    launcher.prepare(inst, owner="g")
+    plan = launcher.prepare(inst, owner="g")
     try:
-        launch = launcher.launch(inst, Shard(1, 2, 2, 4, 4), 2, 1)
+        launch = launcher.launch(inst, Shard(1, 2, 2, 4, 4), 2, 1, plan)
     finally:
         launcher.release("g")
     spec = from_wire(to_wire(launch.spec), specs.RUNNER_FIRST)

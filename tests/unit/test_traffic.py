@@ -1,4 +1,5 @@
-"""The daemon's side of requests (exod.daemon.traffic), on the fake seam's clock: the admission
+"""The daemon's side of requests (exod.daemon.traffic, and what each instance holds of them:
+exod.daemon.lane, exod.daemon.idle, exod.daemon.lease), on the fake seam's clock: the admission
 gate, on-demand starts and the wait in the queue, idle stops, eviction for room, hang watches,
 and refusals once an instance cannot serve. The instances are real runtimes driven through
 `FakeDaemon`; only the gate's waiters need an event loop (its futures), never its time."""
@@ -20,7 +21,7 @@ from exod.daemon.admission import Gate, QueueFull
 from exod.daemon.hang import HangWatch
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.on_demand import OnDemand
-from exod.daemon.traffic import Busy, NotServing, ServedElsewhere, Unknown
+from exod.daemon.refusals import Busy, NotServing, ServedElsewhere, Unknown
 from tests.unit.fakes import ASK, FakeDaemon, FakeLink, FakeSeam
 
 STOP = StopPolicy(grace=10.0, drain=0.0, attempts=1, interval=5.0, kill_interval=1.0)
@@ -172,7 +173,7 @@ def test_a_hang_restarts_the_instance_through_the_ladder() -> None:
     inst.start()
     pid = loaded(daemon, inst)
     stream = FakeStream()
-    with daemon.traffic.watching(inst, stream):  # type: ignore[arg-type]
+    with inst.lane.watching(stream):  # type: ignore[arg-type]
         daemon.advance(5.0)
         assert stream.failed and stream.failed[0][0] == "hung"
     assert inst.state is State.STOPPING and inst.hung == "hung (no progress for 5s)"
@@ -180,24 +181,23 @@ def test_a_hang_restarts_the_instance_through_the_ladder() -> None:
 
 
 # ---- eviction ----------------------------------------------------------------------------------
-def instance(name: str, state: State, need: int, on_demand: bool = True) -> Any:
+def instance(name: str, state: State, need: int, on_demand: bool = True,
+             last_used: float | None = None, busy: bool = False) -> Any:
     cfg = Instance(name=name, model=Path("/m"), autostart="on-demand" if on_demand else True)
-    return SimpleNamespace(name=name, state=state, config=cfg, memory_need=need)
+    return SimpleNamespace(name=name, state=state, config=cfg, memory_need=need,
+                           idle=SimpleNamespace(last_used=last_used),
+                           lane=SimpleNamespace(busy=busy))
 
 
 def test_eviction_takes_idle_on_demand_instances_least_recently_used_first() -> None:
     new = instance("new", State.STOPPED, 50)
-    old = instance("old", State.READY, 30)
-    mid = instance("mid", State.READY, 30)
-    busy = instance("busy", State.READY, 100)
+    old = instance("old", State.READY, 30, last_used=1.0)
+    mid = instance("mid", State.READY, 30, last_used=2.0)
+    busy = instance("busy", State.READY, 100, last_used=0.5, busy=True)  # a request at it
     always = instance("always", State.READY, 500, on_demand=False)
     loading = instance("loading", State.LOADING, 100)
-    busy_gate = Gate(1, 1)
-    busy_gate.active = 1
     daemon = SimpleNamespace(ordered=lambda: [new, old, mid, busy, always, loading])
-    od = OnDemand(daemon,  # type: ignore[arg-type]
-                  lambda i: busy_gate if i is busy else None)
-    od.last_used.update({"old": 1.0, "mid": 2.0, "busy": 0.5})
+    od = OnDemand(daemon)  # type: ignore[arg-type]
     assert od._victims(new, 0) == []  # it fits
     assert od._victims(new, 20) == [old]
     assert od._victims(new, 50) == [old, mid]
@@ -226,19 +226,20 @@ def test_a_request_starts_an_on_demand_instance_and_waits_for_it_in_the_queue() 
     traffic = daemon.traffic
 
     async def scenario() -> FakeLink:
-        assert traffic.find("a") is inst and inst.state is State.STARTING
-        async with traffic.slot(inst) as link:
-            return link  # type: ignore[return-value]
+        lease = await traffic.admit("a", None)
+        assert lease.instance is inst and inst.state is State.STARTING
+        async with lease:
+            return lease.link  # type: ignore[return-value]
 
     async def load_later() -> FakeLink:
         request = asyncio.create_task(scenario())
         await asyncio.sleep(0)
-        assert not request.done() and traffic.load(inst) == (1, 0)  # its slot, while loading
+        assert not request.done() and inst.lane.load() == (1, 0)  # its slot, while loading
         loaded(daemon, inst)
         return await request
 
     link = asyncio.run(load_later())
-    assert link == FakeLink(daemon.pids(inst)[0]) and traffic.load(inst) == (0, 0)
+    assert link == FakeLink(daemon.pids(inst)[0]) and inst.lane.load() == (0, 0)
 
 
 def test_an_idle_on_demand_instance_stops_after_its_window_and_a_busy_one_does_not() -> None:
@@ -246,12 +247,12 @@ def test_an_idle_on_demand_instance_stops_after_its_window_and_a_busy_one_does_n
     inst = runtime(daemon, "a", idle_stop_after=60.0)
     daemon.traffic.find("a")
     pid = loaded(daemon, inst)  # the idle clock starts once it is ready
-    gate = daemon.traffic._lane(inst).gate
+    gate = inst.lane.gate
     gate.active = 1  # a request at the runner past the window: not idle
     daemon.advance(60.0)
     assert inst.state is State.READY
     gate.active = 0
-    daemon.traffic.on_demand.used(inst)  # what the request's end does
+    inst.idle.used()  # what the request's end does
     daemon.advance(59.0)
     assert inst.state is State.READY
     daemon.advance(1.0)
@@ -263,22 +264,22 @@ def test_an_idle_on_demand_instance_stops_after_its_window_and_a_busy_one_does_n
 def test_a_requests_keep_alive_sets_the_window_until_the_next_request() -> None:
     daemon = FakeDaemon()
     inst = runtime(daemon, "a", idle_stop_after=600.0)
-    on_demand = daemon.traffic.on_demand
+    idle = inst.idle
     daemon.traffic.find("a")
     pid = loaded(daemon, inst)
-    assert on_demand.stops_at(inst) == daemon.now() + 600
-    on_demand.finished(inst, 30.0)  # a request that asked keep_alive 30s
-    assert on_demand.window(inst) == 30 and on_demand.stops_at(inst) == daemon.now() + 30
+    assert idle.stops_at() == daemon.now() + 600
+    idle.finished(30.0)  # a request that asked keep_alive 30s
+    assert idle.window() == 30 and idle.stops_at() == daemon.now() + 30
     daemon.advance(20.0)
-    on_demand.finished(inst)  # the next one asked nothing: idle_stop_after again
-    assert on_demand.window(inst) == 600
+    idle.finished()  # the next one asked nothing: idle_stop_after again
+    assert idle.window() == 600
     daemon.advance(599.0)
     assert inst.state is State.READY
-    on_demand.finished(inst, math.inf)  # keep_alive -1: never
-    assert on_demand.stops_at(inst) == math.inf
+    idle.finished(math.inf)  # keep_alive -1: never
+    assert idle.stops_at() == math.inf
     daemon.advance(10_000.0)
     assert inst.state is State.READY and daemon.pending() == []
-    on_demand.finished(inst, 5.0)
+    idle.finished(5.0)
     daemon.advance(5.0)
     assert inst.state is State.STOPPING and daemon.steps(pid) == [(daemon.now(), ASK)]
 
@@ -286,14 +287,14 @@ def test_a_requests_keep_alive_sets_the_window_until_the_next_request() -> None:
 def test_keep_alive_within_the_operators_floor_and_ceiling() -> None:
     daemon = FakeDaemon()
     inst = runtime(daemon, "a", keep_alive=KeepAliveBounds(min=60.0, max=3600.0))
-    on_demand = daemon.traffic.on_demand
+    idle = inst.idle
     daemon.traffic.find("a")
     pid = loaded(daemon, inst)
-    assert on_demand.stops_at(inst) == math.inf  # idle_stop_after never, asked nothing
-    on_demand.finished(inst, math.inf)  # -1: kept as long as the ceiling lets it
-    assert on_demand.window(inst) == 3600
-    on_demand.finished(inst, 0.0)  # 0: no sooner than the floor
-    assert on_demand.window(inst) == 60
+    assert idle.stops_at() == math.inf  # idle_stop_after never, asked nothing
+    idle.finished(math.inf)  # -1: kept as long as the ceiling lets it
+    assert idle.window() == 3600
+    idle.finished(0.0)  # 0: no sooner than the floor
+    assert idle.window() == 60
     daemon.advance(59.0)
     assert inst.state is State.READY
     daemon.advance(1.0)
@@ -306,19 +307,19 @@ def test_keep_alive_0_stops_once_the_requests_in_flight_end() -> None:
     traffic = daemon.traffic
     traffic.find("a")
     pid = loaded(daemon, inst)
-    gate = traffic._lane(inst).gate
+    gate = inst.lane.gate
     gate.active = 1  # another request at the runner
-    traffic.on_demand.finished(inst, 0.0)
+    inst.idle.finished(0.0)
     daemon.advance(0.0)
     assert inst.state is State.READY  # not while it runs
     gate.active = 0
-    traffic.on_demand.finished(inst)  # it ends, asking nothing: the stop asked for stands
+    inst.idle.finished()  # it ends, asking nothing: the stop asked for stands
     daemon.advance(0.0)
     assert inst.state is State.STOPPING and daemon.steps(pid) == [(daemon.now(), ASK)]
     daemon.exit(pid, code=0)
     traffic.find("a")  # the next request starts it with its own window again
     loaded(daemon, inst)
-    assert traffic.on_demand.window(inst) == math.inf
+    assert inst.idle.window() == math.inf
 
 
 def test_unload_applies_to_a_running_on_demand_instance_only() -> None:
@@ -382,7 +383,7 @@ def test_waiters_are_refused_when_the_queue_is_full_or_the_instance_stops_servin
     traffic = daemon.traffic
 
     async def request() -> None:
-        async with traffic.slot(inst):
+        async with await traffic.admit("a", None):
             await asyncio.Event().wait()  # at the runner until cancelled
 
     async def scenario() -> None:
@@ -400,19 +401,22 @@ def test_waiters_are_refused_when_the_queue_is_full_or_the_instance_stops_servin
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
-        assert traffic.load(inst) == (0, 0)
+        assert inst.lane.load() == (0, 0)
 
     asyncio.run(scenario())
 
 
 def test_a_retired_runtime_drops_its_lane() -> None:
+    """Its lane and idle clock are its own: nothing of it is kept beside it, by runtime or by
+    name, for a replacement of the same name to inherit."""
     daemon = FakeDaemon()
     inst = runtime(daemon, "a", on_demand=False)
     inst.start()
     pid = loaded(daemon, inst)
-    daemon.traffic._lane(inst)
+    lane = inst.lane
     inst.retire(replacement=None)
     daemon.exit(pid, code=0)
-    assert inst.retired and inst not in daemon.traffic.lanes
-    daemon.traffic._lane(inst)  # a request that found it just before: kept by nobody
-    assert inst not in daemon.traffic.lanes
+    assert inst.retired and inst.lane is lane
+    for part in (daemon.traffic, daemon.traffic.on_demand):
+        assert not [v for v in vars(part).values() if isinstance(v, (dict, set, list)) and v]
+    assert runtime(daemon, "a", on_demand=False).lane is not lane  # a replacement's own

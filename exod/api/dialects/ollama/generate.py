@@ -21,7 +21,7 @@ from exod.api.ignored import header
 from exod.api.dialects.ollama.objects import timestamp
 from exod.api.serving import refusal
 from exod.core.states import State
-from exod.daemon.traffic import Refused
+from exod.daemon.refusals import NotAdmitted
 
 if TYPE_CHECKING:
     from exod.api.dialects.ollama.host import Host
@@ -53,7 +53,7 @@ class OllamaGenerate:
         arrived = time.monotonic_ns()  # the answer's durations count from here
         inst = self.sup.serving(view.model)
         if inst is not None and (view.suffix is not None or view.think):
-            caps = await self.sup.traffic.capabilities(inst)
+            caps = await inst.lane.capabilities()
             if view.suffix is not None:
                 req = ollama_request.fill_in_middle(req, view.suffix, caps.fim, inst.name)
             if view.think and caps.thinking is False:
@@ -73,10 +73,9 @@ class OllamaGenerate:
                 stays = not traffic.unload(inst) and inst.state is State.READY
                 reason = "load" if stays else "unload"
             else:
-                inst = traffic.find(view.model)
-                async with traffic.slot(inst, view.keep_alive):
+                async with await traffic.admit(view.model, None, view.keep_alive):
                     reason = "load"
-        except Refused as e:
+        except NotAdmitted as e:
             raise refusal(e) from None
         obj: dict[str, object] = {"model": view.model, "created_at": timestamp(time.time())}
         if view.endpoint == "chat":

@@ -104,7 +104,7 @@ class OllamaManage:
         model_dir = await asyncio.to_thread(self.sup.model_dir, inst)
         if model_dir is None:
             return ModelFacts()  # a hub model not fetched yet
-        return await self.sup.traffic.facts(inst, model_dir)
+        return await inst.lane.facts(model_dir)
 
     async def tags(self, request: web.Request) -> web.Response:
         """The instances, as /v1/models lists them."""
@@ -115,14 +115,14 @@ class OllamaManage:
         name, _, ignored = await self.api.body(request, lambda b: model_field(b, "show"))
         inst = self._instance(name)
         facts = await self._facts(inst)
-        caps = await self.sup.traffic.capabilities(inst)
+        caps = await inst.lane.capabilities()
         model_dir = await asyncio.to_thread(self.sup.model_dir, inst)
         template = await asyncio.to_thread(chat_template, model_dir) if model_dir else None
         sees = model_dir is not None and await asyncio.to_thread(vision.sees, model_dir) is not None
         limits = await self.api.limits(inst)
         source = str(inst.config.hub) if inst.config.hub is not None else str(inst.config.model)
         obj = objects.show(facts, caps, template, source, limits.context, sees)
-        serves = await self.sup.traffic.serves(inst)
+        serves = await inst.lane.serves()
         if serves in ("embed", "rerank"):  # an encoder generates nothing; Ollama has no rerank
             obj["capabilities"] = ["embedding"] if serves == "embed" else []
         return web.json_response(obj, headers=header(ignored))
@@ -135,7 +135,7 @@ class OllamaManage:
             if inst.state is not State.READY or inst.served_by is not None:
                 continue
             facts = await self._facts(inst)
-            due = self.sup.traffic.on_demand.stops_at(inst)
+            due = inst.idle.stops_at()
             left = objects.FOREVER if math.isinf(due) else max(0.0, due - now)
             limits = await self.api.limits(inst)
             models.append(objects.running(inst.name, facts, inst.memory_need or facts.size,
