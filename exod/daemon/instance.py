@@ -106,6 +106,12 @@ class InstanceRuntime(RankGroup):
         self.prefetch: Instance | None = None  # a reload's new config, waiting for its model
         self.group_plan: GroupPlan | None = None  # a group's addresses, from its last start
 
+    def sized(self, need: int | None, auto_width: int | None) -> None:
+        """What memory admission found (exod.daemon.memory_check): the bytes this host's ranks
+        need (None: it cannot be told), and the width it chose if max_concurrency is unset."""
+        self.memory_need = need
+        self.auto_width = auto_width
+
     # ---- queries -------------------------------------------------------------------------
     @property
     def width(self) -> int:

@@ -75,20 +75,25 @@ class Lane:
         """Every request waiting in the queue fails with what `make_error` makes."""
         self._gate.reject_waiting(make_error)
 
+    def opened(self, stream: RequestStream) -> None:
+        """Watch `stream` for a hang while the runner serves it (progress counts as events
+        arrive, read or not), until `closed`."""
+        if self.watch is not None:
+            self.watch.opened(stream)
+            stream.on_event = self.watch.progress
+
+    def closed(self, stream: RequestStream) -> None:
+        if self.watch is not None:
+            self.watch.closed(stream)
+
     @contextlib.contextmanager
     def watching(self, stream: RequestStream) -> Iterator[None]:
-        """Watch `stream` for a hang while the runner serves it (progress counts as events
-        arrive, read or not)."""
-        watch = self.watch
-        if watch is None:
-            yield
-            return
-        watch.opened(stream)
-        stream.on_event = watch.progress
+        """`stream` watched for a hang while in this block."""
+        self.opened(stream)
         try:
             yield
         finally:
-            watch.closed(stream)
+            self.closed(stream)
 
     # ---- the model's files ---------------------------------------------------------------
     async def size(self) -> ModelSize:

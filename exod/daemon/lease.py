@@ -54,11 +54,8 @@ class Lease:
         """Send `work` on the runner's link (raises TooLarge); the stream is watched for a hang
         until the lease ends."""
         stream = self.link.open(work)
-        watch = self.instance.lane.watch
-        if watch is not None:
-            watch.opened(stream)
-            stream.on_event = watch.progress
-            self._streams.append(stream)
+        self.instance.lane.opened(stream)
+        self._streams.append(stream)
         return stream
 
     async def __aenter__(self) -> Lease:
@@ -68,10 +65,8 @@ class Lease:
 
     async def __aexit__(self, kind: type[BaseException] | None, e: BaseException | None,
                         tb: TracebackType | None) -> None:
-        watch = self.instance.lane.watch
         for stream in self._streams:
-            if watch is not None:
-                watch.closed(stream)
+            self.instance.lane.closed(stream)
         self._streams.clear()
         assert self._held is not None
         held, self._held, self._link = self._held, None, None

@@ -76,8 +76,8 @@ class MemoryCheck:
         """(need, available, reserved by other loads) in bytes; None if it cannot be told."""
         others = list(others)
         one = self.need(inst)
-        inst.memory_need = None
         if one is None:
+            inst.sized(None, inst.auto_width)
             return None
         live = [r.pid for o in others for r in o.ranks if r.pid is not None]
         try:
@@ -86,12 +86,14 @@ class MemoryCheck:
             inst.log.warning("no memory check: EXOD_MEMORY_AVAILABLE: {}", e)
             available = None
         reserved = sum(self.still_to_take(o) for o in others if o is not inst)
+        width = inst.auto_width
         if inst.config.max_concurrency is None:
             free = AUTO_FREE_UNKNOWN if available is None else \
                 available - self.headroom - reserved
-            inst.auto_width = auto_width(one, free)
-            inst.log.info("batch width {} (sized by memory admission)", inst.auto_width)
-        inst.memory_need = need = scaled(one, inst.width)
+            width = auto_width(one, free)
+            inst.log.info("batch width {} (sized by memory admission)", width)
+        need = scaled(one, inst.config.max_concurrency or width or 1)
+        inst.sized(need, width)
         if available is None:
             return None
         return need, available, reserved
