@@ -162,7 +162,7 @@ class LiveCollector(Collector):
                 state.add_metric([name, s.value], 1.0 if inst.state is s else 0.0)
             restarts.add_metric([name], inst.tracker.restarts)
             for step in Step:
-                rungs.add_metric([name, step.value], inst.rungs_used[step.value])
+                rungs.add_metric([name, step.value], inst.group.rungs_used[step.value])
             at_runner, waiting = self.load(inst)
             queued.add_metric([name], waiting)
             active.add_metric([name], at_runner)

@@ -11,8 +11,8 @@ started again with backoff; so is one that failed on the network once under way.
 disk too small) ends a download with an error for its waiters. A download's life is its own
 state machine (`Fetch`), its stops walk the ladder through the same driver as runners' ranks,
 and its retries wait by the same backoff as restarts (reset once bytes flowed for
-`reset_after`). Everything that touches the OS goes through `Seam`, so this runs in unit tests
-with a fake one.
+`reset_after`). Everything that touches the OS goes through `DownloadSeam`, so this runs in unit
+tests with a fake one.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from exod.core.hub_ref import HubRef
 RATE_WINDOW = 5.0  # seconds of samples the shown rate averages over
 
 
-class Seam(Clock, Protocol):
+class DownloadSeam(Clock, Protocol):
     def spawn_fetcher(self, d: Download) -> int:
         """Start `python -m exod.hub` for `d`; its pid. Raises OSError when exec fails."""
         ...
@@ -197,7 +197,7 @@ class Download:
 
 
 class Downloads:
-    def __init__(self, seam: Seam, stall_after: float, stop: StopPolicy,
+    def __init__(self, seam: DownloadSeam, stall_after: float, stop: StopPolicy,
                  backoff: BackoffPolicy) -> None:
         self.seam = seam
         self.stall_after = stall_after

@@ -105,7 +105,7 @@ class HubSeam:
         inst.config = dataclasses.replace(inst.config, model=path)
         shards = plan_shards(inst.config)
         if [r.shard for r in inst.ranks] != shards:
-            inst.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
+            inst.group.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
             self._place(inst)
 
     def spawn_fetcher(self, d: Download) -> int:

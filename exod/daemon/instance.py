@@ -1,16 +1,15 @@
 """One instance: its state machine, the commands it takes (start, stop, retire, restart), what
 follows a stop (the intent its STOPPING state carries: exod.core.intents) and its restarts.
-Its ranks, what their runners report and stopping them through the ladder are its base class's
-(exod.daemon.group).
+It holds its ranks as a group (exod.daemon.group), which reports what their runners do and
+stops them through the ladder.
 
-Everything that touches the OS goes through `Seam` (spawn, ask, signal, clock, timers), so this
-logic runs in unit tests with a fake seam and a fake clock, and in the daemon with the real one.
-The instance never blocks.
+Everything that touches the OS goes through `InstanceSeam` (spawn, ask, signal, clock, timers),
+so this logic runs in unit tests with a fake seam and a fake clock, and in the daemon with the
+real one. The instance never blocks.
 """
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -20,7 +19,7 @@ from loguru import logger
 from exod.config.schema import Instance
 from exod.core.durations import format_duration
 from exod.core import intents
-from exod.core.exits import EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo, Hung
+from exod.core.exits import ExitInfo, Hung
 from exod.core.intents import Again, Intent, Recover, Retire, StopJob
 from exod.core.ports import NoFreePorts
 from exod.core.restarts import Decision, GiveUp, Rest, Restart, RestartTracker
@@ -33,17 +32,18 @@ from exod.daemon.lane import Lane
 from exod.daemon.rank import RankRuntime, RankSeam
 
 if TYPE_CHECKING:
+    from exod.daemon.channel import RunnerChannel
     from exod.daemon.downloads import Download, Outcome
     from exod.daemon.launch import GroupPlan
+    from exod.wire import messages as m
 
 Continuation = Callable[[], None]
-PERMANENT_SPAWN_ERRORS = frozenset({errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR})
-# The host is short of something right now: retried with backoff, never counted toward the
-# start limit (the runner did nothing wrong).
-SHORTAGE_SPAWN_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 
 
-class Seam(RankSeam, Protocol):
+class InstanceSeam(RankSeam, Protocol):
+    """What an instance needs of the daemon: its runners' processes (the ranks' seam), memory
+    admission, the group's files, hub models, and where its status and its end are reported."""
+
     def admit(self, inst: InstanceRuntime) -> str | None:
         """Why this host cannot start `inst` now (memory), or None to go ahead."""
         ...
@@ -82,11 +82,9 @@ class Seam(RankSeam, Protocol):
         ...
 
 
-class InstanceRuntime(RankGroup):
-    seam: Seam
-
-    def __init__(self, config: Instance, shards: list[Shard], seam: Seam) -> None:
-        super().__init__(shards, seam)
+class InstanceRuntime:
+    def __init__(self, config: Instance, shards: list[Shard], seam: InstanceSeam) -> None:
+        self.seam = seam
         self.config = config
         self.name = config.name
         self.machine = Machine(since=seam.now())
@@ -101,6 +99,7 @@ class InstanceRuntime(RankGroup):
         self.auto_width: int | None = None  # max_concurrency unset: what memory admission chose
         self.log = logger.bind(instance=self.name)
         # Its parts, made and dropped with it (nothing of it is kept by name elsewhere):
+        self.group = RankGroup(shards, seam, self)  # its ranks, their reports and ladders
         self.lane = Lane(self)  # its requests: queue, hang watch, what its files say
         self.idle = IdleClock(self)  # when it was last used, and its idle stop
         self.prefetch: Instance | None = None  # a reload's new config, waiting for its model
@@ -113,6 +112,28 @@ class InstanceRuntime(RankGroup):
         self.auto_width = auto_width
 
     # ---- queries -------------------------------------------------------------------------
+    @property
+    def state(self) -> State:
+        return self.machine.state
+
+    @property
+    def ranks(self) -> list[RankRuntime]:
+        return self.group.ranks
+
+    def alive(self) -> list[RankRuntime]:
+        return self.group.alive()
+
+    @property
+    def served_by(self) -> str | None:
+        return self.group.served_by
+
+    @property
+    def model_info(self) -> m.Ready | None:
+        return self.group.model_info
+
+    def serving_link(self) -> RunnerChannel | None:
+        return self.group.serving_link()
+
     @property
     def width(self) -> int:
         """Generations at once: max_concurrency, else as sized by memory admission."""
@@ -156,8 +177,49 @@ class InstanceRuntime(RankGroup):
         if publish:
             self.seam.changed(self)
 
-    def _changed(self) -> None:
+    # ---- what the group reports (exod.daemon.group.GroupOwner) ------------------------------
+    def group_changed(self) -> None:
         self.seam.changed(self)
+
+    def group_loading(self) -> None:
+        if self.state is State.STARTING:
+            self._move(State.LOADING, publish=False)
+
+    def group_ready(self, now: float) -> None:
+        if self.state in (State.STARTING, State.LOADING):
+            self.group.remote_follow(State.READY, "ready (group barrier passed)")
+            self.tracker.on_ready(now)
+            self._move(State.READY, publish=False)
+
+    def group_failed(self, info: ExitInfo, error: str, reason: str, counts: bool = True) -> None:
+        decision = self.tracker.on_exit(self.seam.now(), info, error, counts=counts)
+        if self.group.alive():
+            # A group is all or nothing: stop the siblings (through the ladder), then decide.
+            self._fail_stopping(decision, reason)
+        else:
+            self._apply(decision)
+
+    def group_not_formed(self, why: str) -> None:
+        self.hung = f"hung connecting: {why}"
+        self.log.bind(event="hung").error("{}: restarting on new ports", why)
+        self._fail_stopping(self.tracker.on_exit(self.seam.now(), Hung(), why), self.hung)
+
+    def group_stopped(self) -> None:
+        self._finish_stop()
+
+    # ---- events from the process table, for the group --------------------------------------
+    def on_message(self, pid: int, msg: m.FromRunner) -> None:
+        self.group.on_message(pid, msg)
+
+    def on_broken(self, pid: int, why: str) -> None:
+        self.group.on_broken(pid, why)
+
+    def on_exit(self, pid: int, info: ExitInfo) -> None:
+        self.group.on_exit(pid, info)
+
+    def hurry(self) -> None:
+        """A second stop signal to the daemon: skip what is left of rung 1's grace."""
+        self.group.hurry()
 
     def _admitted(self) -> bool:
         """Memory allows the start and the group's files are written; else the instance fails
@@ -191,11 +253,11 @@ class InstanceRuntime(RankGroup):
             return
         if operator:
             self.job = None  # an operator's start releases a hold
-        if not self.has_local_ranks:
+        if not self.group.has_local_ranks:
             self.log.info("not started here: every rank runs on another host")
             return
         self._cancel_restart()
-        self.forming.cancel()
+        self.group.forming.cancel()
         self.job = None
         self.hung = ""
         why = "started by operator" if operator else ""
@@ -231,32 +293,9 @@ class InstanceRuntime(RankGroup):
         """Admission, then spawn every local rank."""
         if not self._admitted():
             return
-        self._remote_follow(State.STARTING, "remote")
+        self.group.remote_follow(State.STARTING, "remote")
         self._move(State.STARTING, why)
-        failed: list[tuple[RankRuntime, str, int]] = []
-        for rank in self.ranks:
-            if not rank.local:
-                continue
-            rank.starting(self.seam.now())
-            rank.move(State.STARTING, self.seam.now())
-            try:
-                rank.pid = self.seam.spawn(self, rank)
-            except OSError as e:
-                rank.shortage = e.errno in SHORTAGE_SPAWN_ERRORS
-                # A missing or unusable interpreter will not fix itself; EAGAIN/ENOMEM may.
-                code = EXIT_UNAVAILABLE if e.errno in PERMANENT_SPAWN_ERRORS else EXIT_TEMPFAIL
-                failed.append((rank, f"cannot start runner: {e}", code))
-                continue
-            except Exception as e:  # noqa: BLE001 -- our bug: fail the instance, not the daemon
-                self.log.opt(exception=True).error("cannot start rank {}", rank.rank)
-                failed.append((rank, f"internal error starting the runner: {e!r}",
-                               EXIT_UNAVAILABLE))
-                continue
-            self.log.bind(rank=rank.rank, pid=rank.pid).info(
-                "started, layers [{}, {})", rank.shard.start, rank.shard.end)
-        for rank, why, code in failed:
-            rank.error = why
-            self._rank_gone(rank, ExitInfo(code=code))
+        self.group.start(lambda rank: self.seam.spawn(self, rank))
 
     def stop(self, then: Continuation | None = None, operator: bool = False) -> None:
         """Stop every rank through the ladder; `then` runs once all are gone. Any stop
@@ -292,16 +331,16 @@ class InstanceRuntime(RankGroup):
             self.download = None
             self.seam.unfetch(self, self._fetch_gone)
             return
-        self._stop_ranks()
+        self.group.stop()
 
     def _fail_stopping(self, decision: Decision, reason: str) -> None:
         """A failure: stop what is left of the group, then follow the restart policy."""
         self.job = StopJob(Recover(decision))
         self._move(State.STOPPING, reason)
-        self._stop_ranks()
+        self.group.stop()
 
     def _fetch_gone(self) -> None:
-        if self.state is State.STOPPING and not self.alive():
+        if self.state is State.STOPPING and not self.group.alive():
             self._finish_stop()
 
     def restart(self) -> None:
@@ -322,7 +361,7 @@ class InstanceRuntime(RankGroup):
         """Every process is gone: what the stop asked for follows, then its waiters run."""
         job = self.job
         assert job is not None
-        self._remote_follow(State.STOPPED)
+        self.group.remote_follow(State.STOPPED)
         waiters, job.waiters = job.waiters, []
         then = job.then
         if isinstance(then, Recover):
@@ -338,7 +377,7 @@ class InstanceRuntime(RankGroup):
             self.start(operator=then.operator)
 
     def _apply(self, decision: Decision) -> None:
-        self._remote_follow(State.STOPPED)
+        self.group.remote_follow(State.STOPPED)
         if isinstance(decision, Restart):
             self._move(State.BACKOFF, f"restart in {decision.delay:.1f}s")
             when = self.seam.now() + decision.delay

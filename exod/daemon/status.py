@@ -36,7 +36,7 @@ def detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
 
 def _detail(inst: InstanceRuntime, now: float, stall_after: float) -> str:
     state = inst.state
-    if not inst.has_local_ranks:
+    if not inst.group.has_local_ranks:
         return "remote: every rank runs on another host"
     if state is State.DOWNLOADING:
         return inst.download.describe(now) if inst.download is not None else "downloading"

@@ -1,5 +1,5 @@
-"""Test doubles for the pure parts: a `Seam` with a fake monotonic clock and recorded actions,
-and `FakeDaemon`, which adds what requests need of the daemon (exod.daemon.traffic).
+"""Test doubles for the pure parts: an `InstanceSeam` with a fake monotonic clock and recorded
+actions, and `FakeDaemon`, which adds what requests need of the daemon (exod.daemon.traffic).
 
 `FakeSeam` is what the supervisor is to an `InstanceRuntime`, minus every OS call: `spawn`
 hands out pids, `ask`/`kill` are recorded, timers sit in a heap that `advance(dt)` fires in
@@ -55,7 +55,7 @@ class Spawned:
 
 
 class FakeSeam:
-    """Seam for InstanceRuntime: fake clock + timer heap + records of spawns, asks and signals."""
+    """InstanceSeam and DownloadSeam: fake clock, timer heap, records of spawns, asks, signals."""
 
     def __init__(self, start: float = 1000.0) -> None:
         self.clock = start
@@ -82,7 +82,7 @@ class FakeSeam:
         self.download_changes = 0
         self.retirements: list[tuple[float, str, Retire]] = []  # (time, instance, intent)
 
-    # ---- the Seam protocol ------------------------------------------------------------------
+    # ---- the InstanceSeam protocol ------------------------------------------------------------
     def now(self) -> float:
         return self.clock
 
