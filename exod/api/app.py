@@ -54,7 +54,7 @@ from exod.api.seal import Sealer
 from exod.api.serving import Serving
 from exod.api.token import read_tokens
 from exod.wire.control_status import ApiStatus
-from exod.api.view import Daemon
+from exod.api.view import DaemonView
 from exod.config.schema import Api
 from exod.core import listen
 from exod.core.states import State
@@ -74,7 +74,7 @@ T = TypeVar("T")
 
 
 class ApiServer(Middlewares, ModelList):
-    def __init__(self, cfg: Api, daemon: Daemon) -> None:
+    def __init__(self, cfg: Api, daemon: DaemonView) -> None:
         self.cfg = cfg
         self.sup = daemon
         # Every address is served alike (e.g. exod's own port and Ollama's, 11434).

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from exod.wire import messages as m
 from exod.api.ignored import IgnoredFields
-from exod.api.view import Daemon
+from exod.api.view import DaemonView
 from exod.core.ladder import Step
 from exod.core.states import State
 
@@ -48,7 +48,7 @@ class InstanceStats:
 
 
 class Metrics:
-    def __init__(self, daemon: Daemon, load: Load) -> None:
+    def __init__(self, daemon: DaemonView, load: Load) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.stats: dict[str, InstanceStats] = collections.defaultdict(InstanceStats)
         self.ignored = IgnoredFields()
@@ -115,7 +115,7 @@ class Meter:
 
 
 class LiveCollector(Collector):
-    def __init__(self, daemon: Daemon, load: Load, stats: dict[str, InstanceStats],
+    def __init__(self, daemon: DaemonView, load: Load, stats: dict[str, InstanceStats],
                  ignored: IgnoredFields) -> None:
         self.daemon = daemon
         self.load = load
@@ -128,11 +128,11 @@ class LiveCollector(Collector):
                                 value=time.monotonic() - d.started)
         reloads = CounterMetricFamily("exod_reloads", "Configuration reloads, by result",
                                       labels=["result"])
-        for result, n in sorted(d.reloads.items()):
+        for result, n in sorted(d.reloader.reloads.items()):
             reloads.add_metric([result], n)
         yield reloads
         yield CounterMetricFamily("exod_config_errors", "Problems found in configurations "
-                                  "that reloads refused", value=d.config_errors)
+                                  "that reloads refused", value=d.reloader.config_errors)
         yield from self._instances(list(d.ordered()))
         yield from self._requests()
         ignored = CounterMetricFamily("exod_ignored_fields", "Request fields accepted and not "

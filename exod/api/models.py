@@ -12,7 +12,7 @@ from aiohttp import web
 
 from exod.api.errors import model_not_found
 from exod.api.request import ModelLimits
-from exod.api.view import Daemon
+from exod.api.view import DaemonView
 from exod.facts.embed import Encoding, encoding
 from exod.facts.caps import Capabilities
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 class ModelList:
-    sup: Daemon
+    sup: DaemonView
     started_wall: int
 
     if TYPE_CHECKING:  # ApiServer's

@@ -14,7 +14,7 @@ from exod.wire.protocol import to_wire
 
 if TYPE_CHECKING:
     from exod.api.serving import Serving
-    from exod.api.view import Daemon
+    from exod.api.view import DaemonView
 
 LOG_LINES = 8  # per instance, on the page
 
@@ -29,7 +29,7 @@ async def index(request: web.Request) -> web.Response:
                         headers={"Cache-Control": "no-cache"})
 
 
-def status_json(sup: Daemon, serving: Serving) -> dict[str, Any]:
+def status_json(sup: DaemonView, serving: Serving) -> dict[str, Any]:
     snap = to_wire(sup.snapshot())
     figures: dict[str, Any] = {}
     for inst in sup.ordered():

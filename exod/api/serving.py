@@ -23,7 +23,7 @@ from exod.api.metrics import Meter, Metrics
 from exod.api.output import Output
 from exod.api.reply import Deltas, Whole
 from exod.api.request import GenRequest, ModelLimits, apply_limits, with_template_defaults
-from exod.api.view import Daemon
+from exod.api.view import DaemonView
 from exod.core.images import REQUEST_MEGAPIXELS, pixel_problem, unseen
 from exod.core.system_lines import drop_system_lines
 from exod.core.sizes import format_size
@@ -62,7 +62,7 @@ def without_system_lines(req: GenRequest, prefixes: tuple[str, ...]) -> GenReque
 
 
 class Serving:
-    def __init__(self, sup: Daemon, fetcher: Fetcher,
+    def __init__(self, sup: DaemonView, fetcher: Fetcher,
                  megapixels: int = REQUEST_MEGAPIXELS) -> None:
         """`megapixels`: the pixels a request's pictures may have together, in millions
         (api.max_request_megapixels)."""

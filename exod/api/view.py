@@ -5,20 +5,19 @@ the instance, with on-demand start, queue and hang watch)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from exod.daemon.downloads import Download, Downloads, Outcome
+    from exod.daemon.hub_models import HubModels
     from exod.daemon.instance import InstanceRuntime
+    from exod.daemon.reload import Reloader
     from exod.wire.control_status import Snapshot
     from exod.daemon.log_ring import LogRings
     from exod.daemon.traffic import Traffic
-    from exod.core.hub_ref import HubRef
 
 
-class Daemon(Protocol):
+class DaemonView(Protocol):
     @property
     def phase(self) -> str: ...
 
@@ -31,10 +30,9 @@ class Daemon(Protocol):
         ...
 
     @property
-    def reloads(self) -> dict[str, int]: ...
-
-    @property
-    def config_errors(self) -> int: ...
+    def reloader(self) -> Reloader:
+        """Its reloads, counted for /metrics."""
+        ...
 
     @property
     def logs(self) -> LogRings: ...
@@ -61,16 +59,6 @@ class Daemon(Protocol):
     def instances(self) -> dict[str, InstanceRuntime]: ...
 
     @property
-    def hub_cache(self) -> Path: ...
-
-    @property
-    def downloads(self) -> Downloads: ...
-
-    def model_dir(self, inst: InstanceRuntime) -> Path | None:
-        """Where its model is now (a hub model's snapshot; None before it is fetched)."""
+    def hub(self) -> HubModels:
+        """The cache, `pull`, downloads, and where an instance's model is now."""
         ...
-
-    def pull(self, ref: HubRef, owner: object, on_done: Callable[[Outcome], None]
-             ) -> Download: ...
-
-    def listen_downloads(self, fn: Callable[[Download], None]) -> Callable[[], None]: ...

@@ -17,11 +17,12 @@ from exod.daemon import cache_commands, hub_commands
 from exod.daemon.control import CommandError, Emit
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.log_ring import Line, LogRings
+from exod.daemon.reload import Reloader
 
 MAX_TAIL = 100_000  # more than any ring holds: asking for more is asking for everything
 
 
-class Daemon(Protocol):
+class CommandTarget(Protocol):
     """What the operator commands need of the daemon."""
 
     @property
@@ -34,7 +35,8 @@ class Daemon(Protocol):
 
     def snapshot(self) -> cs.Snapshot: ...
 
-    async def reload(self) -> cm.ReloadReply | cm.Failure: ...
+    @property
+    def reloader(self) -> Reloader: ...
 
     def instance(self, name: str) -> InstanceRuntime | None: ...
 
@@ -70,7 +72,7 @@ def _offer(q: asyncio.Queue[T], overflow: list[bool], make: Callable[[], T]) -> 
 
 
 class Commands:
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: CommandTarget) -> None:
         self.sup = daemon
 
     def _get(self, name: str) -> InstanceRuntime:
@@ -85,7 +87,7 @@ class Commands:
             snap = sup.snapshot()
             return cm.StatusReply(snap.daemon, snap.instances)
         if isinstance(req, cm.Reload):
-            return await sup.reload()
+            return await sup.reloader.reload()
         if sup.stopping and isinstance(req, (cm.Start, cm.Restart)):
             return cm.Failure("exod is stopping")
         if isinstance(req, cm.Start):

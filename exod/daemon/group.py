@@ -19,7 +19,7 @@ from exod.config.schema import Instance
 from exod.core.exits import EXIT_PROTOCOL, EXIT_TEMPFAIL, EXIT_UNAVAILABLE, ExitInfo
 from exod.core.shards import Shard
 from exod.core.states import State
-from exod.daemon import forming
+from exod.daemon import forming, rank_addresses
 from exod.daemon.forming import FormingWatch
 from exod.daemon.rank import RankRuntime, RankSeam
 
@@ -80,6 +80,12 @@ class RankGroup:
         self.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
         self.forming = FormingWatch(seam)  # a group on this host alone must form in time
         self.rungs_used: collections.Counter[str] = collections.Counter()  # ladder steps taken
+
+    def place(self, node: str) -> None:
+        """Which host runs each rank (the config's `hosts`), and so which run here, on `node`."""
+        for rank in self.ranks:
+            rank.host = rank_addresses.host_of(self.owner.config, rank.rank, node)
+            rank.local = rank.host == node
 
     # ---- queries ----------------------------------------------------------------------------
     def alive(self) -> list[RankRuntime]:

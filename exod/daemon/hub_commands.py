@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any, Protocol
 
 from loguru import logger
@@ -17,29 +16,24 @@ from exod.wire import control as cm
 from exod.cache_files import Removal
 from exod.core.states import State
 from exod.daemon.control import CommandError, Emit
-from exod.daemon.downloads import Download, Downloads, Outcome
+from exod.daemon.downloads import Download, Outcome
+from exod.daemon.hub_models import HubModels
 from exod.daemon.instance import InstanceRuntime
 from exod.hub import cache as hub_cache
 from exod.core import hub_ref
 from exod.core.hub_ref import HubRef
 
 
+class HubCommandTarget(Protocol):
+    """What the hub models' commands need of the daemon (exoctl's and the Ollama API's)."""
 
-class Daemon(Protocol):
     @property
-    def hub_cache(self) -> Path: ...
+    def hub(self) -> HubModels: ...
 
     @property
     def instances(self) -> dict[str, InstanceRuntime]: ...
 
-    def pull(self, ref: HubRef, owner: object, on_done: Any) -> Download: ...
-
-    def listen_downloads(self, fn: Any) -> Any: ...
-
     def now(self) -> float: ...
-
-    @property
-    def downloads(self) -> Downloads: ...
 
 
 def _ref(name: str) -> HubRef:
@@ -49,15 +43,16 @@ def _ref(name: str) -> HubRef:
         raise CommandError(str(e)) from None
 
 
-async def run(sup: Daemon, req: cm.Pull | cm.Models | cm.RemoveModel, emit: Emit) -> cm.Reply:
+async def run(sup: HubCommandTarget, req: cm.Pull | cm.Models | cm.RemoveModel,
+              emit: Emit) -> cm.Reply:
     if isinstance(req, cm.Pull):
         return await pull(sup, _ref(req.name), emit)
     if isinstance(req, cm.Models):
-        return cm.ModelsReply(str(sup.hub_cache), models(sup))
+        return cm.ModelsReply(str(sup.hub.hub_cache), models(sup))
     return await remove(sup, _ref(req.name))
 
 
-async def follow(sup: Daemon, ref: HubRef) -> AsyncIterator[cm.DownloadEvent | Outcome]:
+async def follow(sup: HubCommandTarget, ref: HubRef) -> AsyncIterator[cm.DownloadEvent | Outcome]:
     """Fetch `ref` (sharing a download in progress): its progress at every change, then its
     outcome. A client that stops following (its task cancelled) leaves the download, which
     goes on only for whoever else waits for it; its partial files stay for the next pull."""
@@ -69,13 +64,13 @@ async def follow(sup: Daemon, ref: HubRef) -> AsyncIterator[cm.DownloadEvent | O
         if not done.done():
             done.set_result(outcome)
 
-    d = sup.pull(ref, owner, finished)
+    d = sup.hub.pull(ref, owner, finished)
 
     def changed(changed: Download) -> None:
         if changed is d and not q.full():
             q.put_nowait(d.event(sup.now()))
 
-    unlisten = sup.listen_downloads(changed)
+    unlisten = sup.hub.listen_downloads(changed)
     try:
         if not done.done():
             yield d.event(sup.now())
@@ -91,11 +86,11 @@ async def follow(sup: Daemon, ref: HubRef) -> AsyncIterator[cm.DownloadEvent | O
     finally:
         unlisten()
         if not done.done():  # the client went away: the download need not go on for it
-            sup.downloads.leave(owner, lambda: None)
+            sup.hub.downloads.leave(owner, lambda: None)
     yield done.result()
 
 
-async def pull(sup: Daemon, ref: HubRef, emit: Emit) -> cm.PullReply | cm.Failure:
+async def pull(sup: HubCommandTarget, ref: HubRef, emit: Emit) -> cm.PullReply | cm.Failure:
     """`exoctl pull`: a progress event at every change, then where the snapshot is."""
     async for step in follow(sup, ref):
         if isinstance(step, cm.DownloadEvent):
@@ -107,19 +102,19 @@ async def pull(sup: Daemon, ref: HubRef, emit: Emit) -> cm.PullReply | cm.Failur
     raise AssertionError("unreachable: follow ends with the outcome")
 
 
-def users(sup: Daemon, repo: str) -> list[tuple[InstanceRuntime, HubRef]]:
+def users(sup: HubCommandTarget, repo: str) -> list[tuple[InstanceRuntime, HubRef]]:
     """The instances whose model or draft model is `repo`, with the revision each names."""
     return [(i, ref) for i in sup.instances.values()
             for ref in (i.config.hub, i.config.draft_hub) if ref is not None and ref.repo == repo]
 
 
-def models(sup: Daemon) -> list[cm.CachedModel]:
+def models(sup: HubCommandTarget) -> list[cm.CachedModel]:
     """The cache's repositories; the last use of each is the later of its last fetch or start
     (its record's time, on disk) and the last use of one of its instances (its idle clock:
     exod.daemon.idle)."""
     wall = time.time() - sup.now()  # the seam's monotonic clock to the epoch
     out = []
-    for e in hub_cache.entries(sup.hub_cache):
+    for e in hub_cache.entries(sup.hub.hub_cache):
         using = users(sup, e.repo)
         served = [i.idle.last_used + wall for i, _ in using if i.idle.last_used is not None]
         last = max([*served, *([e.last_use] if e.last_use is not None else [])], default=None)
@@ -133,19 +128,19 @@ class InUse(Exception):
     """Why a repository cannot be removed now."""
 
 
-async def remove(sup: Daemon, ref: HubRef) -> cm.RemovedReply | cm.Failure:
+async def remove(sup: HubCommandTarget, ref: HubRef) -> cm.RemovedReply | cm.Failure:
     try:
         removed = await remove_repo(sup, ref)
     except InUse as e:
         return cm.Failure(str(e))
     if not removed.found:
-        return cm.Failure(f"{ref.repo} is not in the cache at {sup.hub_cache}")
+        return cm.Failure(f"{ref.repo} is not in the cache at {sup.hub.hub_cache}")
     if not removed.whole:
         return cm.Failure(f"cannot remove all of {ref.repo}: {removed.text()}")
     return cm.RemovedReply(ref.repo, removed.text())
 
 
-async def remove_repo(sup: Daemon, ref: HubRef) -> Removal:
+async def remove_repo(sup: HubCommandTarget, ref: HubRef) -> Removal:
     """Delete `ref`'s repository from the cache, whatever stands at its name (a link as a link,
     never followed), and log what was done; raises InUse, naming the instances that run from
     it, or the download under way."""
@@ -154,9 +149,9 @@ async def remove_repo(sup: Daemon, ref: HubRef) -> Removal:
     if busy:
         raise InUse(f"{ref.repo} is used by instance{'s' if len(busy) > 1 else ''} "
                     f"{', '.join(busy)}: stop {'them' if len(busy) > 1 else 'it'} first")
-    if any(d.ref.repo == ref.repo for d in sup.downloads.by_key.values()):
+    if any(d.ref.repo == ref.repo for d in sup.hub.downloads.by_key.values()):
         raise InUse(f"{ref.repo} is being downloaded")
-    removed = await asyncio.to_thread(hub_cache.remove, sup.hub_cache, ref)
+    removed = await asyncio.to_thread(hub_cache.remove, sup.hub.hub_cache, ref)
     if removed.found:
         log = logger.info if removed.whole else logger.warning
         log("hub cache: {}: {}", ref.repo, removed.text())

@@ -20,7 +20,7 @@ from exod.daemon.instance import InstanceRuntime
 from exod.daemon.manager_notify import ServiceNotifier
 
 
-class Daemon(Clock, Protocol):
+class ReadinessSource(Clock, Protocol):
     """What readiness needs of the daemon (its tick runs on the seam's clock)."""
 
     @property
@@ -47,11 +47,11 @@ class Readiness:
         self._tick: Timer | None = None
         self.reload_error: str | None = None  # sticky in STATUS until a reload succeeds
 
-    def spawned(self, sup: Daemon, now: float) -> None:
+    def spawned(self, sup: ReadinessSource, now: float) -> None:
         self._spawned = True
         self.update(sup, now)
 
-    def update(self, sup: Daemon, now: float) -> None:
+    def update(self, sup: ReadinessSource, now: float) -> None:
         if sup.stopping or not self._spawned:
             return
         summary = self.line(sup)
@@ -67,7 +67,7 @@ class Readiness:
         if self._tick is None:
             self._on_tick(sup)
 
-    def _on_tick(self, sup: Daemon) -> None:
+    def _on_tick(self, sup: ReadinessSource) -> None:
         """Extend the start timeout while a runner of a starting autostart instance lives."""
         self._tick = None
         if self.ready_sent or sup.stopping:
@@ -77,7 +77,7 @@ class Readiness:
             self.service.extend_timeout(EXTEND_BY)
             self._tick = sup.call_at(sup.now() + TICK, lambda: self._on_tick(sup))
 
-    def line(self, sup: Daemon) -> str:
+    def line(self, sup: ReadinessSource) -> str:
         if self.reload_error:
             return f"{self.reload_error}; {sup.summary()}"
         return sup.summary()
@@ -88,7 +88,7 @@ class Readiness:
         if self.ready_sent:
             self.service.reloading()
 
-    def reloaded(self, sup: Daemon, now: float, error: str | None) -> None:
+    def reloaded(self, sup: ReadinessSource, now: float, error: str | None) -> None:
         """READY=1 closes every RELOADING=1, a failed reload included (STATUS says so)."""
         self.reload_error = error
         if self.ready_sent:

@@ -1,86 +1,104 @@
 """Reload: the config file read again (SIGHUP or `exoctl reload`), validated first, then applied
-as a diff (instances added, removed, changed; the rest left alone). A mixin of
-`exod.daemon.supervisor.Supervisor`, kept apart so each module stays one job."""
+as a diff (instances added, removed, changed; the rest left alone). The supervisor holds one
+`Reloader`, which counts the reloads for /metrics."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from loguru import logger
 
 from exod.wire import control as cm
 from exod.config import ConfigError, diff, load_config
 from exod.config.schema import Config, Instance
-from exod.core.names import Names
-from exod.daemon.clock import Timer
 from exod.daemon.front import Front
 from exod.daemon.instance import InstanceRuntime
-from exod.daemon.launch import Launcher
-from exod.daemon.manager_notify import ServiceNotifier
-from exod.daemon.memory_check import MemoryCheck
-from exod.daemon.readiness import Readiness
 
 
-class ConfigReload:
-    config: Config
-    names: Names
-    instances: dict[str, InstanceRuntime]
-    stopping: bool
-    service: ServiceNotifier
-    readiness: Readiness
-    api: Front | None
-    memory: MemoryCheck
-    launcher: Launcher
-    reloads: dict[str, int]
-    config_errors: int
-    _reload_lock: asyncio.Lock
+class ReloadTarget(Protocol):
+    """The supervisor, as a reload sees it and changes it."""
 
-    if TYPE_CHECKING:  # declared only: a stub here would shadow HubSeam's methods at run time
-        def now(self) -> float: ...
+    @property
+    def config(self) -> Config: ...
 
-        def call_at(self, when: float, fn: Callable[[], None]) -> Timer: ...
+    @property
+    def stopping(self) -> bool: ...
 
-        def ordered(self) -> list[InstanceRuntime]: ...
+    @property
+    def instances(self) -> dict[str, InstanceRuntime]: ...
 
-        def summary(self) -> str: ...
+    @property
+    def api(self) -> Front | None:
+        """The HTTP API, whose tokens a reload reads again."""
+        ...
 
-        def _add(self, cfg: Instance) -> InstanceRuntime: ...
+    def configure(self, new: Config) -> None:
+        """Take a validated config: what follows it with no restart (names, memory, ranks)."""
+        ...
 
-        def _retire(self, name: str, replacement: Instance | None) -> None: ...
+    def add(self, cfg: Instance) -> InstanceRuntime:
+        """A new instance, not started."""
+        ...
 
-        def cancel_prefetch(self, name: str) -> None: ...
 
-        def replace_after_fetch(self, name: str, cfg: Instance) -> None: ...
+class Prefetching(Protocol):
+    """The hub part's side of a reload: a changed instance's new model fetched first
+    (exod.daemon.hub_models)."""
 
-        def refetch_failed(self, names: Iterable[str]) -> None: ...
+    def replace_after_fetch(self, name: str, cfg: Instance) -> None: ...
+
+    def cancel_prefetch(self, name: str) -> None: ...
+
+    def refetch_failed(self, names: Iterable[str]) -> None: ...
+
+
+class Reloader:
+    """`extend_timeout` asks the service manager for time while files are read; `reloading` and
+    `reloaded` tell readiness (exod.daemon.readiness) a reload's start and its outcome (None,
+    or the error STATUS shows)."""
+
+    def __init__(self, target: ReloadTarget, hub: Prefetching,
+                 extend_timeout: Callable[[float], None], reloading: Callable[[], None],
+                 reloaded: Callable[[str | None], None]) -> None:
+        self.target = target
+        self.hub = hub
+        self._extend_timeout = extend_timeout
+        self._reloading = reloading
+        self._reloaded = reloaded
+        self.reloads = {"ok": 0, "failed": 0}
+        self.config_errors = 0  # problems found by failed reloads, all told
+        self._lock = asyncio.Lock()  # reloads read files in a thread: one at a time
 
     async def reload(self) -> cm.ReloadReply | cm.Failure:
-        async with self._reload_lock:
-            if self.stopping:
+        target = self.target
+        async with self._lock:
+            if target.stopping:
                 return cm.Failure("exod is stopping")
-            self.readiness.reloading()
+            self._reloading()
             # Files are read in a thread: a slow disk or a huge file must not stall the loop.
             try:
                 loop = asyncio.get_running_loop()
 
                 def probing(seconds: float) -> None:  # from the loading thread
-                    loop.call_soon_threadsafe(self.service.extend_timeout, seconds + 10)
+                    loop.call_soon_threadsafe(self._extend_timeout, seconds + 10)
 
                 new: Config | ConfigError = await asyncio.to_thread(
-                    load_config, self.config.path, probing)
+                    load_config, target.config.path, probing)
             except ConfigError as e:
                 new = e
-            if self.api is not None and not isinstance(new, ConfigError):
+            api = target.api
+            if api is not None and not isinstance(new, ConfigError):
                 try:
-                    await asyncio.to_thread(self.api.load_tokens)
+                    await asyncio.to_thread(api.load_tokens)
                 except OSError as e:
                     logger.error("reload: {}; the API keeps its previous tokens", e.strerror)
             return self._reload(new)
 
     def _reload(self, new: Config | ConfigError) -> cm.ReloadReply | cm.Failure:
-        if self.stopping:
+        target = self.target
+        if target.stopping:
             return cm.Failure("exod is stopping")
         if isinstance(new, ConfigError):
             problems = str(new).splitlines()
@@ -89,45 +107,38 @@ class ConfigReload:
             logger.error("reload failed: {} problem(s); nothing was changed", len(problems))
             self.reloads["failed"] += 1
             self.config_errors += len(problems)
-            self.readiness.reloaded(self, self.now(),
-                                    f"reload failed ({len(problems)} problem(s)): {problems[0]}")
+            self._reloaded(f"reload failed ({len(problems)} problem(s)): {problems[0]}")
             return cm.Failure("invalid configuration; nothing was changed", problems)
-        d = diff(self.config, new)
+        d = diff(target.config, new)
         if d.daemon_changed:
             logger.warning("control.socket changed: takes effect at the next restart of exod")
-        if new.api != self.config.api:
+        if new.api != target.config.api:
             logger.warning("api changed: takes effect at the next restart of exod")
-        new = _keep_control(new, self.config)
-        self.config = new
-        self.names = names_of(new)  # aliases change with no restart (they compare equal)
-        self.memory.headroom = new.defaults.memory_headroom
-        self.launcher.configure(new.instances.values())
-        self.launcher.cache.claim(new.instances.values())
+        new = _keep_control(new, target.config)
+        target.configure(new)
+        # A removed or changed instance stops through the ladder, and is dropped (or replaced)
+        # once every runner is gone; a reload during that stop updates the replacement.
         for name in d.removed:
-            self._retire(name, replacement=None)
+            target.instances[name].retire(replacement=None)
         for name in d.removed:
-            self.cancel_prefetch(name)
+            self.hub.cancel_prefetch(name)
         for name in d.changed:
-            self.replace_after_fetch(name, new.instances[name])
+            self.hub.replace_after_fetch(name, new.instances[name])
         for name in d.added:
-            gone = self.instances.get(name)
+            gone = target.instances.get(name)
             if gone is not None and gone.retiring:  # removed by an earlier reload, stopping
-                self._retire(name, replacement=new.instances[name])
+                gone.retire(replacement=new.instances[name])
                 continue
-            inst = self._add(new.instances[name])
+            inst = target.add(new.instances[name])
             if inst.config.always_on:
                 inst.start()
-        self.refetch_failed(d.unchanged)
+        self.hub.refetch_failed(d.unchanged)
         self.reloads["ok"] += 1
         logger.info("reloaded: {} added, {} removed, {} changed, {} unchanged",
                     len(d.added), len(d.removed), len(d.changed), len(d.unchanged))
-        self.readiness.reloaded(self, self.now(), None)
+        self._reloaded(None)
         return cm.ReloadReply(added=list(d.added), removed=list(d.removed),
                               changed=list(d.changed), unchanged=list(d.unchanged))
-
-
-def names_of(config: Config) -> Names:
-    return Names({name: i.aliases for name, i in config.instances.items()})
 
 
 def _keep_control(new: Config, old: Config) -> Config:

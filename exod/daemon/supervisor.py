@@ -3,7 +3,8 @@
 Lifecycle: start sockets → spawn autostart instances → READY → serve until SIGTERM/SIGINT →
 run every instance's ladder → exit once no runner is alive. Signal handlers only schedule work
 on the loop. SIGHUP (or `exoctl reload`) re-reads the config: validate first, then apply the
-diff (exod.daemon.reload). Never imports mlx: runners do that, in their own processes.
+diff (its `Reloader`, exod.daemon.reload). Models named by hub repository are its `HubModels`'
+(exod.daemon.hub_models). Never imports mlx: runners do that, in their own processes.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from exod.wire import control_status as cs
 from exod.config.schema import Api, Config, Instance
 from exod.core import ladder
 from exod.core.intents import Retire
+from exod.core.names import Names
 from exod.core.shards import Shard, ShardError
 from exod.wire import messages as m
-from exod.daemon import rank_addresses, status, zygote
+from exod.daemon import status, zygote
 from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer
 from exod.daemon.clock import Timer
-from exod.daemon.instance import InstanceRuntime
+from exod.daemon.instance import Continuation, InstanceRuntime
 from exod.daemon.rank import RankRuntime
 from exod.daemon.launch import Launcher, plan_shards
 from exod.daemon.channel import RunnerChannel
@@ -38,11 +40,11 @@ from exod.daemon.log_ring import LogRings
 from exod.daemon.manager_notify import ServiceNotifier
 from exod.daemon.downloads import Download, Downloads
 from exod.daemon.front import Front
-from exod.daemon.hub_seam import HubSeam
+from exod.daemon.hub_models import HubModels
 from exod.daemon.memory_check import MemoryCheck
 from exod.daemon.processes import ProcessTable, RunnerHandlers
 from exod.daemon.readiness import Readiness
-from exod.daemon.reload import ConfigReload, names_of
+from exod.daemon.reload import Reloader
 from exod.daemon.heap import HeapTrim
 from exod.daemon.traffic import Traffic
 from exod.daemon.manager_notify import watchdog_interval
@@ -54,7 +56,9 @@ class FrontFactory(Protocol):
     def __call__(self, cfg: Api, daemon: Supervisor, /) -> Front: ...
 
 
-class Supervisor(HubSeam, ConfigReload):
+class Supervisor:
+    procs: ProcessTable  # made by `run`, on the running loop
+
     def __init__(self, config: Config, service: ServiceNotifier | None = None,
                  front: FrontFactory | None = None) -> None:
         self.config = config
@@ -69,8 +73,6 @@ class Supervisor(HubSeam, ConfigReload):
         self._done: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: set[Callable[[InstanceRuntime], None]] = set()
-        self._download_listeners: set[Callable[[Download], None]] = set()
-        self._reload_lock = asyncio.Lock()  # reloads read files in a thread: one at a time
         self.launcher = Launcher(config.control.socket.parent, os.environ, config.path)
         self.launcher.configure(config.instances.values())
         self.launcher.cache.claim(config.instances.values())
@@ -81,13 +83,17 @@ class Supervisor(HubSeam, ConfigReload):
         self.api: Front | None = None  # the HTTP API, when api.listen is set
         self.logs = LogRings()
         self.memory = MemoryCheck(config.defaults.memory_headroom)
-        self.reloads = {"ok": 0, "failed": 0}
-        self.downloads = Downloads(self, config.hub.stall_after, config.defaults.stop,
-                                   config.defaults.backoff)
+        downloads = Downloads(self, config.hub.stall_after, config.defaults.stop,
+                              config.defaults.backoff)
+        self.hub = HubModels(self, downloads, self.readiness, self.launcher.run_dir,
+                             lambda launch, context, handlers: self.procs.spawn(
+                                 launch, context, handlers), self._publish)
+        self.reloader = Reloader(self, self.hub, self.service.extend_timeout,
+                                 self.readiness.reloading,
+                                 lambda error: self.readiness.reloaded(self, self.now(), error))
         self.heap = HeapTrim(self)  # freed memory back to the system, after busy minutes
         # requests: on-demand starts, idle stops, queues, hangs
         self.traffic = Traffic(self, touched=self.heap.touched)
-        self.config_errors = 0  # problems found by failed reloads, all told
 
     # ---- Seam for InstanceRuntime -------------------------------------------------------
     @property
@@ -131,6 +137,25 @@ class Supervisor(HubSeam, ConfigReload):
         if not inst.state.active and not inst.alive():  # no rank listens on its ports now
             self.launcher.release(inst)
         self._publish(inst)
+
+    def cached(self, inst: InstanceRuntime) -> bool:
+        return self.hub.cached(inst)
+
+    def fetch(self, inst: InstanceRuntime) -> None:
+        self.hub.fetch(inst)
+
+    def unfetch(self, inst: InstanceRuntime, then: Continuation) -> None:
+        self.hub.unfetch(inst, then)
+
+    def use_model(self, inst: InstanceRuntime, path: Path) -> None:
+        self.hub.use_model(inst, path)
+
+    # ---- Seam for Downloads -------------------------------------------------------------
+    def spawn_fetcher(self, d: Download) -> int:
+        return self.hub.spawn_fetcher(d)
+
+    def download_changed(self, d: Download) -> None:
+        self.hub.download_changed(d)
 
     # ---- status -----------------------------------------------------------------------------
     def listen(self, fn: Callable[[InstanceRuntime], None]) -> Callable[[], None]:
@@ -211,7 +236,7 @@ class Supervisor(HubSeam, ConfigReload):
                     os.getpid(), len(self.config.instances), self.config.path,
                     ladder.describe(self.config.defaults.stop))
         for inst_cfg in self.config.instances.values():
-            self._add(inst_cfg)
+            self.add(inst_cfg)
         await self._start_zygote()
         if not self.stopping:  # a stop during the zygote's imports starts nothing
             for inst in self.ordered():
@@ -256,21 +281,17 @@ class Supervisor(HubSeam, ConfigReload):
         self.api = self._front(self.config.api, self)
         await self.api.start()
 
-    def _add(self, cfg: Instance) -> InstanceRuntime:
+    def add(self, cfg: Instance) -> InstanceRuntime:
+        """A new instance, placed on its hosts, not started."""
         try:
             shards = plan_shards(cfg)
         except ShardError as e:  # validation should have caught it; never crash the loop
             shards = [Shard(0, 1, 0, 0, 0)]
             logger.bind(instance=cfg.name).error("cannot split {}: {}", cfg.name, e)
         inst = InstanceRuntime(cfg, shards, self)
-        self._place(inst)
+        inst.group.place(self.config.node.name)
         self.instances[cfg.name] = inst
         return inst
-
-    def _place(self, inst: InstanceRuntime) -> None:
-        for rank in inst.ranks:
-            rank.host = rank_addresses.host_of(inst.config, rank.rank, self.config.node.name)
-            rank.local = rank.host == self.config.node.name
 
     def _start_watchdog(self) -> None:
         interval = watchdog_interval()
@@ -311,7 +332,7 @@ class Supervisor(HubSeam, ConfigReload):
             inst.stop()
         if self.procs.zygote is not None:
             self.procs.zygote.close()  # the start-up's wait for it, if any, ends now
-        self.downloads.stop_all()  # what `exoctl pull` or a reload fetches ahead
+        self.hub.downloads.stop_all()  # what `exoctl pull` or a reload fetches ahead
         self.loop.create_task(self._finish_shutdown())
 
     async def _finish_shutdown(self) -> None:
@@ -324,13 +345,15 @@ class Supervisor(HubSeam, ConfigReload):
     # ---- reload ---------------------------------------------------------------------------
     def _on_hup(self) -> None:
         logger.info("SIGHUP: reloading {}", self.config.path)
-        self.loop.create_task(self.reload())
+        self.loop.create_task(self.reloader.reload())
 
-    def _retire(self, name: str, replacement: Instance | None) -> None:
-        """Stop through the ladder; drop (or replace) only once every runner is gone (see
-        `retired`). A reload during that stop only updates the replacement: the latest config
-        wins."""
-        self.instances[name].retire(replacement)
+    def configure(self, new: Config) -> None:
+        """A reload's config, validated: what follows it with no restart of exod."""
+        self.config = new
+        self.names = names_of(new)  # aliases change with no restart (they compare equal)
+        self.memory.headroom = new.defaults.memory_headroom
+        self.launcher.configure(new.instances.values())
+        self.launcher.cache.claim(new.instances.values())
 
     def retired(self, old: InstanceRuntime, then: Retire[Instance]) -> None:
         latest = then.replacement
@@ -339,9 +362,13 @@ class Supervisor(HubSeam, ConfigReload):
             self.logs.forget(old.name)
             self._publish(old)
             return
-        new = self._add(latest)
+        new = self.add(latest)
         if then.hold:
             new.stop(operator=True)  # the operator's stop holds the replacement too
         elif (then.restart or latest.always_on) and not self.stopping:
             new.start()
         self._publish(new)
+
+
+def names_of(config: Config) -> Names:
+    return Names({name: i.aliases for name, i in config.instances.items()})

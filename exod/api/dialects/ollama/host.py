@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from exod.api.metrics import Metrics
     from exod.api.output import Output
     from exod.api.request import GenRequest, ModelLimits
-    from exod.api.view import Daemon
+    from exod.api.view import DaemonView
     from exod.config.schema import Api
     from exod.daemon.instance import InstanceRuntime
 
@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 class Host(Protocol):
     @property
-    def sup(self) -> Daemon: ...
+    def sup(self) -> DaemonView: ...
 
     @property
     def cfg(self) -> Api: ...

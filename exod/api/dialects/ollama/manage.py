@@ -101,7 +101,7 @@ class OllamaManage:
         return web.json_response({"version": objects.API_VERSION})
 
     async def _facts(self, inst: InstanceRuntime) -> ModelFacts:
-        model_dir = await asyncio.to_thread(self.sup.model_dir, inst)
+        model_dir = await asyncio.to_thread(self.sup.hub.model_dir, inst)
         if model_dir is None:
             return ModelFacts()  # a hub model not fetched yet
         return await inst.lane.facts(model_dir)
@@ -116,7 +116,7 @@ class OllamaManage:
         inst = self._instance(name)
         facts = await self._facts(inst)
         caps = await inst.lane.capabilities()
-        model_dir = await asyncio.to_thread(self.sup.model_dir, inst)
+        model_dir = await asyncio.to_thread(self.sup.hub.model_dir, inst)
         template = await asyncio.to_thread(chat_template, model_dir) if model_dir else None
         sees = model_dir is not None and await asyncio.to_thread(vision.sees, model_dir) is not None
         limits = await self.api.limits(inst)
@@ -213,7 +213,7 @@ class OllamaManage:
                            "model_in_use", "model") from None
         if not removed.found:
             raise ApiError(404, f"model '{name}' not found: {ref.repo} is not in exod's cache "
-                                f"({self.sup.hub_cache})", "invalid_request_error",
+                                f"({self.sup.hub.hub_cache})", "invalid_request_error",
                            "model_not_found", "model")
         if not removed.whole:  # the cache holds what exod may not remove (another's files)
             raise ApiError(409, f"cannot delete all of {ref.repo}: {removed.text()}",

@@ -1,7 +1,7 @@
-"""The supervisor's part in models named by hub repository: the Seam methods InstanceRuntime
-and Downloads call (is it cached, fetch it, stop waiting, start a fetcher), and a reload that
-changes an instance's model fetching the new one before the running instance is replaced.
-A mixin of `exod.daemon.supervisor.Supervisor`, kept apart so each module stays one job."""
+"""Models named by hub repository, the supervisor's part in them (`HubModels`): what instances
+ask through their seam (is it cached, fetch it, stop waiting) and downloads through theirs (start
+a fetcher, a download changed), `exoctl pull`, and a reload that changes an instance's model
+fetching the new one before the running instance is replaced."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from loguru import logger
 
@@ -17,31 +17,53 @@ from exod.config.schema import Config, Instance
 from exod.core.states import State
 from exod.daemon.downloads import Download, Downloads, Outcome
 from exod.daemon.instance import InstanceRuntime, RankRuntime
-from exod.daemon.launch import Launcher, fetcher_launch, plan_shards
+from exod.daemon.launch import Launch, fetcher_launch, plan_shards
 from exod.daemon.processes import RunnerHandlers
+from exod.daemon.readiness import Readiness
 from exod.hub import cache as hub_cache
 from exod.core.hub_ref import HubRef
+from exod.wire import messages as m
 
-if TYPE_CHECKING:
-    from exod.daemon.processes import ProcessTable
-    from exod.daemon.readiness import Readiness
+SpawnFetcher = Callable[
+    [Launch[m.FromFetcher], dict[str, object], RunnerHandlers[m.FromFetcher]], int]
 
 
-class HubSeam:
-    config: Config
-    instances: dict[str, InstanceRuntime]
-    downloads: Downloads
-    procs: ProcessTable
-    launcher: Launcher
-    stopping: bool
-    _download_listeners: set[Callable[[Download], None]]
-    readiness: Readiness
+class HubHost(Protocol):
+    """What the hub part reads of the supervisor as it runs: a reload replaces the config and
+    the instances, a shutdown sets `stopping`."""
 
-    def _publish(self, inst: InstanceRuntime) -> None: ...
+    @property
+    def config(self) -> Config: ...
 
-    def _place(self, inst: InstanceRuntime) -> None: ...
+    @property
+    def instances(self) -> dict[str, InstanceRuntime]: ...
 
-    def _retire(self, name: str, replacement: Instance | None) -> None: ...
+    @property
+    def stopping(self) -> bool: ...
+
+
+class HubModels:
+    def __init__(self, host: HubHost, downloads: Downloads, readiness: Readiness, run_dir: Path,
+                 spawn: SpawnFetcher, publish: Callable[[InstanceRuntime], None]) -> None:
+        self.host = host
+        self.downloads = downloads
+        self.readiness = readiness  # a reload's model that cannot come is said in STATUS
+        self.run_dir = run_dir  # fetchers run in the daemon's runtime folder
+        self._spawn = spawn  # the process table's (it exists once the daemon runs)
+        self._publish = publish
+        self._download_listeners: set[Callable[[Download], None]] = set()
+
+    @property
+    def config(self) -> Config:
+        return self.host.config
+
+    @property
+    def instances(self) -> dict[str, InstanceRuntime]:
+        return self.host.instances
+
+    @property
+    def stopping(self) -> bool:
+        return self.host.stopping
 
     @property
     def hub_cache(self) -> Path:
@@ -106,13 +128,13 @@ class HubSeam:
         shards = plan_shards(inst.config)
         if [r.shard for r in inst.ranks] != shards:
             inst.group.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
-            self._place(inst)
+            inst.group.place(self.config.node.name)
 
     def spawn_fetcher(self, d: Download) -> int:
         launch = fetcher_launch(d.ref, d.commit or None, self.hub_cache, self.offline,
                                 self.config.hub.hf_token_file, os.environ,
-                                self.launcher.run_dir)
-        return self.procs.spawn(launch, {"instance": f"fetch {d.ref}"},
+                                self.run_dir)
+        return self._spawn(launch, {"instance": f"fetch {d.ref}"},
                                 RunnerHandlers(on_exit=self.downloads.on_exit,
                                                on_message=self.downloads.on_message,
                                                on_broken=self.downloads.on_broken))
@@ -144,7 +166,7 @@ class HubSeam:
         old = self.instances.get(name)
         ref = None if old is None or not old.state.active else self._to_fetch(cfg, old.config)
         if ref is None or old is None:
-            self._retire(name, replacement=cfg)
+            self.instances[name].retire(replacement=cfg)
             return
         old.prefetch = cfg
 
