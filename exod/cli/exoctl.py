@@ -202,7 +202,7 @@ def cache() -> None:
 def cache_clear(client: Client, name: str | None) -> None:
     """Empty the prompt cache of NAME (default: every instance), in RAM and on disk. A ready
     instance's runners clear their own; a stopped one's folder is emptied."""
-    answer = ok_or_fail(client.call(cm.ClearCache(name)), cm.ClearedReply)
+    answer = ok_or_fail(client.call(cm.ClearCacheRequest(name)), cm.ClearedReply)
     from exod.core.sizes import format_size
 
     for c in answer.cleared:

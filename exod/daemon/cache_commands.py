@@ -1,12 +1,13 @@
 """`exoctl cache clear [NAME]`: empty instances' prompt caches, in RAM and on disk.
 
-A ready instance's rank 0 is asked over its channel (exod.wire.messages.ClearCache): it clears its
-own tiers and, in a group, has every rank clear its own (exod.runner.group.lockstep), so no
-rank ever holds an entry the others forgot. An instance with no runner alive has its folder on
-this host emptied here (a remote rank's folder stays until its runner next clears it): what
-stands there is removed as what it is, a link as a link (never followed), and the answer names
-what could not be removed. One starting or stopping is refused: its runner may be opening or
-writing that folder. A folder another exod holds is left alone (exod.daemon.cache_owner).
+A ready instance's rank 0 is asked over its channel (exod.wire.messages.ClearCacheWork): it
+clears its own tiers and, in a group, has every rank clear its own (exod.runner.group.lockstep),
+so no rank ever holds an entry the others forgot. An instance with no runner alive has its
+folder on this host emptied here (a remote rank's folder stays until its runner next clears
+it): what stands there is removed as what it is, a link as a link (never followed), and the
+answer names what could not be removed. One starting or stopping is refused: its runner may be
+opening or writing that folder. A folder another exod holds is left alone
+(exod.daemon.cache_owner).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def clear(instances: list[InstanceRuntime],
     for inst in instances:
         link = inst.serving_link()
         if link is not None:
-            link.send(m.ClearCache())
+            link.send(m.ClearCacheWork())
             out.append(cm.ClearedCache(inst.name, "runner", 0))
         elif all(rank.pid is None for rank in inst.ranks):
             folder = folder_of(inst)

@@ -114,7 +114,7 @@ class Commands:
             return await self._watch(emit)
         if isinstance(req, (cm.Pull, cm.Models, cm.RemoveModel)):
             return await hub_commands.run(sup, req, emit)  # type: ignore[arg-type]
-        if isinstance(req, cm.ClearCache):
+        if isinstance(req, cm.ClearCacheRequest):
             chosen = [self._get(req.name)] if req.name is not None else sup.ordered()
             return cache_commands.clear(chosen, sup.cache_folder)
         return await self._logs(req, emit)

@@ -95,7 +95,7 @@ class Supervisor:
         # requests: on-demand starts, idle stops, queues, hangs
         self.traffic = Traffic(self, touched=self.heap.touched)
 
-    # ---- Seam for InstanceRuntime -------------------------------------------------------
+    # ---- InstanceSeam, and DownloadSeam's clock and signals ------------------------------
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         assert self._loop is not None
@@ -138,6 +138,7 @@ class Supervisor:
             self.launcher.release(inst)
         self._publish(inst)
 
+    # ---- hub models, for instances and downloads: their seams' calls go to `hub` -------
     def cached(self, inst: InstanceRuntime) -> bool:
         return self.hub.cached(inst)
 
@@ -150,7 +151,6 @@ class Supervisor:
     def use_model(self, inst: InstanceRuntime, path: Path) -> None:
         self.hub.use_model(inst, path)
 
-    # ---- Seam for Downloads -------------------------------------------------------------
     def spawn_fetcher(self, d: Download) -> int:
         return self.hub.spawn_fetcher(d)
 

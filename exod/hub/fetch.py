@@ -32,7 +32,7 @@ CHUNK = 1 << 16
 READ_TIMEOUT = 60.0  # no byte for this long: a network error (the daemon retries with backoff)
 
 
-class Refused(Exception):
+class FetchRefused(Exception):
     """Retrying will not help (not found, no access, offline and not cached, disk too small).
     So is the hub unreachable before any byte (`unreachable`): retried only when asked."""
 
@@ -86,7 +86,7 @@ def plan(job: Job) -> hc.Manifest:
     """The files to have, with the hub's hashes: from exod's record, else from the hub."""
     strange = hc.repo_problem(job.cache, job.ref, job.commit)
     if strange is not None:  # e.g. a link out of the cache: never read through, nor written
-        raise Refused(strange)
+        raise FetchRefused(strange)
     commit = job.commit
     if commit is not None:
         known = hc.read_manifest(job.cache, job.ref, commit)
@@ -102,7 +102,7 @@ def plan(job: Job) -> hc.Manifest:
     if job.offline:
         found = from_blobs(job, commit) if commit is not None else None
         if found is None:
-            raise Refused(f"{job.ref} is not in the cache at {job.cache}, and exod is offline")
+            raise FetchRefused(f"{job.ref} is not in the cache at {job.cache}, and exod is offline")
         return found
     try:
         return ask_hub(job, commit)
@@ -129,7 +129,7 @@ def ask_hub(job: Job, commit: str | None) -> hc.Manifest:
     tree = api.list_repo_tree(job.ref.repo, revision=commit, recursive=True)
     files = {f.path: record(f) for f in tree if isinstance(f, RepoFile) and wanted(f.path)}
     if not files:
-        raise Refused(f"{job.ref} has no model files (weights, config, tokenizer)")
+        raise FetchRefused(f"{job.ref} has no model files (weights, config, tokenizer)")
     return hc.Manifest(commit, files)
 
 
@@ -214,12 +214,12 @@ def download(job: Job, manifest: hc.Manifest) -> None:
         return
     if job.offline or not all(manifest.files[n].hashed for n in missing):
         why = "exod is offline" if job.offline else "the hub cannot be reached"
-        raise Refused(f"{job.ref} is only partly in the cache at {job.cache}, and {why}")
+        raise FetchRefused(f"{job.ref} is only partly in the cache at {job.cache}, and {why}")
     need = manifest.size - hc.partial_bytes(job.cache, job.ref,
                                             {r.blob: r.size for r in manifest.files.values()})
     problem = disk_problem(str(job.ref), need, free_space(job.cache), str(job.cache))
     if problem:
-        raise Refused(problem)
+        raise FetchRefused(problem)
     with Reporter(job, manifest):
         for name in missing:
             good = fetch_file(job, manifest.commit, name, manifest.files[name])
@@ -337,7 +337,7 @@ def run(job: Job) -> Path:
             break
         what = ", ".join(bad)
         if attempt or job.offline:
-            raise Refused(f"{job.ref}: {what} does not match the hub's hash "
+            raise FetchRefused(f"{job.ref}: {what} does not match the hub's hash "
                           f"({'offline: cannot fetch it again' if job.offline else 'twice'})")
         job.status(f"{what} does not match the hub's hash: fetching it again")
         print(f"{what} does not match the hub's hash: fetching it again", flush=True)
@@ -348,7 +348,7 @@ def run(job: Job) -> Path:
 
 def refusal(e: Exception) -> str | None:
     """Why retrying `e` will not help, or None (a network error: retried with backoff)."""
-    if isinstance(e, Refused):
+    if isinstance(e, FetchRefused):
         return str(e)
     from huggingface_hub import errors
 
@@ -387,7 +387,7 @@ def main(job: Job) -> int:
     except Exception as e:  # noqa: BLE001 -- every failure is reported, as one line
         why = refusal(e) or unreachable(job, e)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        reason = f"{job.ref}: {why}" if why and not isinstance(e, Refused) else why or \
+        reason = f"{job.ref}: {why}" if why and not isinstance(e, FetchRefused) else why or \
             f"{job.ref}: {type(e).__name__}: {first}"
         job.link.send(m.Failed(reason=reason, exit_code=EXIT_UNAVAILABLE if why else
                                EXIT_TEMPFAIL))

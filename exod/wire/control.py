@@ -113,7 +113,7 @@ class RemoveModel:
 
 
 @dataclass(frozen=True)
-class ClearCache:
+class ClearCacheRequest:
     """Empty the prompt cache of NAME (every instance without one), in RAM and on disk."""
 
     type: ClassVar[str] = "cache_clear"
@@ -121,7 +121,7 @@ class ClearCache:
 
 
 Request = (GetStatus | Start | Stop | Restart | Reload | Wait | Watch | Logs | Pull | Models
-           | RemoveModel | ClearCache)
+           | RemoveModel | ClearCacheRequest)
 REQUESTS: dict[str, type[Any]] = {c.type: c for c in typing.get_args(Request)}
 STREAMING = (Wait, Watch, Logs, Pull)  # they end when their client goes away
 
@@ -291,7 +291,7 @@ EVENTS: dict[str, type[Any]] = {c.type: c for c in typing.get_args(Event)}
 EXPECTS: dict[type[Any], type[Any]] = {  # each request's answer, when it succeeds
     GetStatus: StatusReply, Start: StateReply, Stop: StateReply, Restart: StateReply,
     Reload: ReloadReply, Wait: WaitReply, Watch: Done, Logs: Done, Pull: PullReply,
-    Models: ModelsReply, RemoveModel: RemovedReply, ClearCache: ClearedReply}
+    Models: ModelsReply, RemoveModel: RemovedReply, ClearCacheRequest: ClearedReply}
 
 
 def decode_line(obj: dict[str, Any], request: Request) -> Event | Reply:

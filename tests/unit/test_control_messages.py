@@ -40,8 +40,8 @@ DAEMON = cs.DaemonStatus(
 REQUESTS: list[cm.Request] = [
     cm.GetStatus(), cm.Start("big"), cm.Stop("big"), cm.Restart("big"), cm.Reload(),
     cm.Wait("big"), cm.Watch(), cm.Logs("big"), cm.Logs("big", lines=0, rank=1, follow=True),
-    cm.Pull("hf:org/tiny@v1"), cm.Models(), cm.RemoveModel("hf:org/tiny"), cm.ClearCache(),
-    cm.ClearCache("big")]
+    cm.Pull("hf:org/tiny@v1"), cm.Models(), cm.RemoveModel("hf:org/tiny"), cm.ClearCacheRequest(),
+    cm.ClearCacheRequest("big")]
 ANSWERS: list[tuple[cm.Request, Any]] = [
     (cm.GetStatus(), cm.StatusReply(DAEMON, [INSTANCE])),
     (cm.Start("big"), cm.StateReply("starting")),
@@ -59,7 +59,7 @@ ANSWERS: list[tuple[cm.Request, Any]] = [
         "org/tiny", {"main": "abc"}, ["abc"], 3_500_000, 0,
         [cm.ModelUser("a", "ready", "main")])])),
     (cm.RemoveModel("hf:org/tiny"), cm.RemovedReply("org/tiny")),
-    (cm.ClearCache(), cm.ClearedReply([cm.ClearedCache("big", "runner", 0),
+    (cm.ClearCacheRequest(), cm.ClearedReply([cm.ClearedCache("big", "runner", 0),
                                        cm.ClearedCache("off", "files", 1234)])),
 ]
 

@@ -17,7 +17,8 @@ import pytest
 
 from exod.wire.protocol import HEADER, encode, to_wire
 from exod.runner.group import control, wire
-from exod.runner.group.handshake import RANK, LeaderHandshake, Refused, mac, worker_handshake
+from exod.runner.group.handshake import (RANK, HandshakeRefused, LeaderHandshake, mac,
+                                         worker_handshake)
 from exod.runner.group.plan import Plan
 
 KEY = b"k" * 32
@@ -29,10 +30,10 @@ def lead(sock: socket.socket, key: bytes, size: int, taken: set[int]) -> int:
     while shake.rank is None:
         data = sock.recv(4096)
         if not data:
-            raise Refused("closed")
+            raise HandshakeRefused("closed")
         try:
             sock.sendall(shake.feed(data))
-        except Refused as e:
+        except HandshakeRefused as e:
             sock.sendall(e.reply)
             raise
     return shake.rank
@@ -58,7 +59,7 @@ def handshake(leader_key: bytes, worker_key: bytes, rank: int, size: int = 3,
     t.start()
     try:
         out["leader"] = lead(a, leader_key, size, set(taken))
-    except Refused as e:
+    except HandshakeRefused as e:
         out["leader"] = e
     finally:
         a.close()
@@ -73,11 +74,11 @@ def test_a_rank_that_holds_the_key_is_welcome() -> None:
 def test_strangers_and_fake_leaders_are_refused_and_told_why() -> None:
     leader, worker = handshake(KEY, b"x" * 32, 1)
     assert isinstance(worker, wire.ControlLost)  # the worker does not trust rank 0 ...
-    assert isinstance(leader, Refused)  # ... which gets nothing from it
+    assert isinstance(leader, HandshakeRefused)  # ... which gets nothing from it
     for rank, taken, why in ((0, (), "outside 1..2"), (3, (), "outside 1..2"),
                              (-5, (), "outside"), (1, (1,), "already connected")):
         leader, worker = handshake(KEY, KEY, rank, taken=taken)
-        assert isinstance(leader, Refused) and why in str(leader), (rank, leader)
+        assert isinstance(leader, HandshakeRefused) and why in str(leader), (rank, leader)
         # A rank of ours that spoke our version hears why.
         assert f"rank 0 refused this rank: claims rank {rank}" in str(worker), worker
 
@@ -93,7 +94,7 @@ def test_strangers_and_fake_leaders_are_refused_and_told_why() -> None:
     (wire.PREAMBLE + b"\x00\x00\x00\x02[]", "a frame must hold a JSON object"),
 ])
 def test_garbage_is_refused(data: bytes, why: str) -> None:
-    with pytest.raises(Refused, match=None) as e:
+    with pytest.raises(HandshakeRefused, match=None) as e:
         LeaderHandshake(KEY, 2, set()).feed(data)
     assert why in str(e.value), e.value
 
@@ -102,7 +103,7 @@ def test_a_rank_of_another_version_is_refused_naming_both() -> None:
     """The version line opens every connection in every version: EXOD-GROUP-5's own greeting
     was that line then 32 bytes of nonce."""
     shake = LeaderHandshake(KEY, 2, set())
-    with pytest.raises(Refused) as e:
+    with pytest.raises(HandshakeRefused) as e:
         shake.feed(b"EXOD-GROUP-5\n" + os.urandom(32))
     assert str(e.value) == ("it speaks EXOD-GROUP-5, this rank EXOD-GROUP-8 (every host of a "
                             "group must run the same exod version)")
@@ -400,7 +401,7 @@ def test_a_worker_let_go_without_a_verdict_connects_again(group_env: int) -> Non
                     conn.settimeout(10)
                     try:
                         lead(conn, b"x" * 32, 2, set())
-                    except Refused:
+                    except HandshakeRefused:
                         return
 
     t = threading.Thread(target=impostor)

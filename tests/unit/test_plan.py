@@ -15,7 +15,7 @@ from exod.wire import messages as m
 from exod.wire.protocol import FrameDecoder, ProtocolError, from_wire, to_wire
 from exod.runner.group import wire
 from exod.runner.group.plan import (
-    AbortAll, AbortPrefilling, Admit, Cancel, ClearCache, Op, Plan, Settings, Warm,
+    AbortAll, AbortPrefilling, Admit, Cancel, ClearCacheOp, Op, Plan, Settings, Warm,
 )
 
 REQ = m.Generate(id="r1", kind="chat", max_tokens=5, seed=42, stop=["\n"],
@@ -78,7 +78,7 @@ DISK = st.none() | st.tuples(st.text("0123456789abcdef", min_size=32, max_size=3
                              st.integers(1, 10**6))
 OPS: st.SearchStrategy[Op] = st.one_of(
     st.builds(lambda g, d: Admit(g, *(d or (None, 0))), GENERATE, DISK), TEXT.map(Cancel),
-    st.just(AbortPrefilling()), st.just(AbortAll()), st.just(ClearCache()),
+    st.just(AbortPrefilling()), st.just(AbortAll()), st.just(ClearCacheOp()),
     st.lists(st.integers(0, 2**31), max_size=50).map(Warm))
 PLANS = st.builds(Plan, ops=st.lists(OPS, max_size=6), keep=st.integers(0, 10**6),
                   step=st.booleans(),

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exod.wire import messages as m
-from exod.runner.group.handshake import SAME_VERSION, LeaderHandshake, Refused, worker_handshake
+from exod.runner.group.handshake import (SAME_VERSION, HandshakeRefused, LeaderHandshake,
+                                         worker_handshake)
 from exod.runner.group.wire import Closed, ControlLost
 from exod.runner.link.log import WARNING, log
 from exod.runner.link.report import Reporter
@@ -179,7 +180,7 @@ class _Acceptor:
             return
         try:
             reply = k.shake.feed(data)
-        except Refused as e:
+        except HandshakeRefused as e:
             self._drop(k, str(e), e.reply)
             return
         if reply and not self._say(k, reply):

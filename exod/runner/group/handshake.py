@@ -37,7 +37,7 @@ RANK = struct.Struct("!i")  # how a rank is bound into its proof
 SAME_VERSION = "every host of a group must run the same exod version"
 
 
-class Refused(Exception):
+class HandshakeRefused(Exception):
     """One connection failed the handshake (the listener goes on). `reply` is what the peer
     is told before the connection closes (nothing, for what is no exod rank at all)."""
 
@@ -53,7 +53,7 @@ def mac(key: bytes, label: bytes, *parts: bytes) -> str:
 class LeaderHandshake:
     """Rank 0's side of one connection. `feed` takes the bytes that came and returns those to
     send back; `rank` is set once the peer proved which rank it is (and is not one of `taken`,
-    the ranks connected by then). Refused otherwise."""
+    the ranks connected by then). HandshakeRefused otherwise."""
 
     def __init__(self, key: bytes, size: int, taken: Collection[int]) -> None:
         self.key, self.size, self.taken = key, size, taken
@@ -75,7 +75,7 @@ class LeaderHandshake:
             if end < 0:
                 self._line += data
                 if len(self._line) > MAX_LINE:
-                    raise Refused("not an exod rank (bad greeting)")
+                    raise HandshakeRefused("not an exod rank (bad greeting)")
                 return b""
             data = self._line + data
             self._line, data = data[:end + 1], data[end + 1:]
@@ -90,15 +90,15 @@ class LeaderHandshake:
     def _version(self, line: bytes) -> None:
         theirs = wire.version_of(line)
         if theirs is None:
-            raise Refused("not an exod rank (bad greeting)")
+            raise HandshakeRefused("not an exod rank (bad greeting)")
         if line != PREAMBLE:
             raise self._refuse(f"it speaks {theirs}, this rank {OURS} ({SAME_VERSION})",
                                f"rank 0 speaks {OURS}, this rank {theirs} ({SAME_VERSION})")
 
-    def _refuse(self, reason: str, told: str | None = None) -> Refused:
+    def _refuse(self, reason: str, told: str | None = None) -> HandshakeRefused:
         """A refusal the peer hears too: it wrote a version line, so it can read why."""
         line, self._said = (b"" if self._said else PREAMBLE), PREAMBLE
-        return Refused(reason, line + encode(to_wire(Refusal(clip(told or reason, 500)))))
+        return HandshakeRefused(reason, line + encode(to_wire(Refusal(clip(told or reason, 500)))))
 
     def _step(self, obj: dict[str, Any]) -> bytes:
         if self.rank is not None:

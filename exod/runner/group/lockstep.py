@@ -30,7 +30,7 @@ import mlx.core as mx
 
 from exod.runner.serving.batch_engine import BatchEngine, DiskChoice
 from exod.runner.group import wire
-from exod.runner.group.plan import (AbortAll, AbortPrefilling, Admit, Cancel, ClearCache, Op,
+from exod.runner.group.plan import (AbortAll, AbortPrefilling, Admit, Cancel, ClearCacheOp, Op,
                                     Plan, See, Settings, Warm)
 from exod.runner.link.lifecycle import Lifecycle
 from exod.runner.link.log import ERR, log
@@ -133,7 +133,7 @@ class LeaderEngine:
 
     def clear_cache(self) -> None:
         self.engine.clear_cache()
-        self._record(ClearCache())
+        self._record(ClearCacheOp())
 
     def cancel(self, rid: str) -> None:
         self.engine.cancel(rid)
@@ -259,7 +259,7 @@ def replay(engine: Any, plan: Plan) -> None:
                 engine.abort_prefilling("aborted", "")
             elif isinstance(op, Warm):
                 engine.warm(op.tokens, force=True)
-            elif isinstance(op, ClearCache):
+            elif isinstance(op, ClearCacheOp):
                 engine.clear_cache()
             else:
                 engine.abort_all("aborted", "")

@@ -96,13 +96,13 @@ class Warm:
 
 
 @dataclass(frozen=True)
-class ClearCache:
+class ClearCacheOp:
     """`exoctl cache clear`: every rank forgets its prompt cache, in RAM and on its disk."""
 
     type: ClassVar[str] = "clear_cache"
 
 
-Op = Admit | See | Cancel | AbortPrefilling | AbortAll | Warm | ClearCache
+Op = Admit | See | Cancel | AbortPrefilling | AbortAll | Warm | ClearCacheOp
 
 
 @dataclass(frozen=True)

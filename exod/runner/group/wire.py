@@ -28,7 +28,7 @@ from exod.wire.protocol import HEADER, ProtocolError, encode, from_wire, parse, 
 from exod.runner.group.plan import Plan
 
 VERSION = 8  # 3: load barrier on these connections; 5: no WAIT; 6: typed frames;
-# 7: the prompt cache's disk tier in plans (Admit's disk entry, Warm, ClearCache); 8: See.cached
+# 7: the prompt cache's disk tier in plans (Admit's disk entry, Warm, ClearCacheOp); 8: See.cached
 PREAMBLE = b"EXOD-GROUP-%d\n" % VERSION
 MAX_LINE = 32  # a version line is shorter: anything longer is no exod rank
 # A plan carries at most a few requests, each no bigger than a daemon frame (64 MiB): rank 0

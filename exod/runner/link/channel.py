@@ -6,9 +6,10 @@ hello, then the daemon's start-up spec (`exod.wire.specs.RunnerSpec`, which `spe
 then lifecycle reports and generation events out (`send`, from any thread) and requests in.
 Incoming requests land in `inbox` for the main thread, except the ones that must act at once:
 `Shutdown` (stop, with the grace its prompt cache may be written in) and `Cancel` (abort one
-generation); `ClearCache` queues like a request. End of stream means the daemon is gone: stop.
-The same thread watches the signal wakeup pipe (`exod.runner.link.lifecycle`). Without a channel (a
-runner started by hand) it only watches for signals, and what would be sent is dropped.
+generation); `ClearCacheWork` queues like a request. End of stream means the daemon is gone:
+stop. The same thread watches the signal wakeup pipe (`exod.runner.link.lifecycle`). Without a
+channel (a runner started by hand) it only watches for signals, and what would be sent is
+dropped.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ class Channel:
     def __init__(self, fd: int | None, life: Lifecycle) -> None:
         self.end: ChildEnd[RunnerSpec] = ChildEnd(fd, RUNNER_FIRST, m.TO_RUNNER)
         self.life = life
-        # None wakes the main thread (a stop); requests (Generate, Embed) and ClearCache queue.
+        # None wakes the main thread (a stop); requests (Generate, Embed) and ClearCacheWork queue.
         # The serve loop's reader hands requests back here once read
         # (exod.runner.serving.reading).
-        self.inbox: queue.Queue[m.Work | m.ClearCache | Read[Any, Any] | None] = queue.Queue()
+        self.inbox: queue.Queue[m.Work | m.ClearCacheWork | Read[Any, Any] | None] = queue.Queue()
         self.cancelled: set[str] = set()
         self.drain: float | None = None  # seconds the daemon allows in-flight work to finish
         self.exit_by: float | None = None  # time.monotonic() the grace of a Shutdown ends

@@ -34,7 +34,7 @@ from exod.runner.link.report import Reporter
 
 # What the loop's thread is handed: a request, a request read, a cache to clear, or a stop's
 # wake-up.
-Inbox = m.Work | m.ClearCache | Read[Any, Any] | None
+Inbox = m.Work | m.ClearCacheWork | Read[Any, Any] | None
 R = TypeVar("R", bound=m.Work)  # the requests an engine takes
 R_in = TypeVar("R_in", bound=m.Work, contravariant=True)
 P = TypeVar("P")  # what it reads of one (a Prompt for text)
@@ -207,7 +207,7 @@ class ServeLoop(Generic[R, P]):
         for item in _drain_queue(self.channel.inbox, block, wake):
             if item is None:
                 continue  # a stop's wake-up
-            if isinstance(item, m.ClearCache):
+            if isinstance(item, m.ClearCacheWork):
                 self.engine.clear_cache()
                 continue
             if isinstance(item, Read):

@@ -25,11 +25,12 @@ from exod.wire.messages.events import (VECTORS_BYTES, Done, Error, ErrorCode, Fi
                                   Prefill, Text, TokenLogprob, ToolCall, TopLogprob, Vectors)
 from exod.wire.messages.lifecycle import (HEARTBEAT_EVERY, Download, Failed, Fetched, Heartbeat,
                                      Hello, Phase, Progress, Ready, Serving, Status, Stopping)
-from exod.wire.messages.work import Cancel, ClearCache, Embed, Generate, Image, Shutdown, ToolChoice
+from exod.wire.messages.work import (Cancel, ClearCacheWork, Embed, Generate, Image, Shutdown,
+                                     ToolChoice)
 from exod.wire.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
 __all__ = [
-    "HEARTBEAT_EVERY", "VECTORS_BYTES", "VERSION", "Cancel", "ClearCache", "Done", "Download",
+    "HEARTBEAT_EVERY", "VECTORS_BYTES", "VERSION", "Cancel", "ClearCacheWork", "Done", "Download",
     "Embed", "Error", "ErrorCode", "Event", "Failed", "Fetched", "FinishReason", "FromFetcher",
     "FromRunner", "Generate", "Heartbeat", "Held", "Hello", "Image", "Message", "Phase",
     "Prefill", "Progress", "Ready", "Serving", "Shutdown", "Status", "Stopping", "Text",
@@ -46,13 +47,13 @@ VERSION = 22  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
 # 13: Generate.think_budget; 14: Generate.names and context_edits, Done.applied_edits;
 # 15: Generate.images and content parts (exod.core.images); 16: start-up specs (exod.wire.specs)
 # on the channel, not argv; 17: Generate.context_window; 18: Embed, Vectors, Serving's batch
-# counts; 19: Shutdown.grace, ClearCache, Serving's disk tier; 20: ToolCall.call_id;
+# counts; 19: Shutdown.grace, ClearCacheWork, Serving's disk tier; 20: ToolCall.call_id;
 # 21: Error's context_length_exceeded, prompt_tokens, window, own_window; 22: RunnerSpec.kind
 
 
 FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
               | Prefill | Held | Text | ToolCall | Vectors | Done | Error)
-ToRunner = Generate | Embed | Cancel | Shutdown | ClearCache
+ToRunner = Generate | Embed | Cancel | Shutdown | ClearCacheWork
 Work = Generate | Embed  # a request, whichever kind of model it is for
 FromFetcher = Hello | Status | Download | Failed | Fetched | Stopping
 ToFetcher = Shutdown

@@ -1,5 +1,5 @@
 """What the daemon asks of a runner: a request (Generate, or Embed for an embedding or reranker
-model), Cancel, Shutdown (a fetcher's too), ClearCache."""
+model), Cancel, Shutdown (a fetcher's too), ClearCacheWork."""
 
 from __future__ import annotations
 
@@ -173,7 +173,7 @@ class Shutdown:
 
 
 @dataclass(frozen=True)
-class ClearCache:
+class ClearCacheWork:
     """`exoctl cache clear`: forget every prompt cache entry, in RAM and on disk."""
 
     type: ClassVar[str] = "clear_cache"
