@@ -51,7 +51,7 @@ from exod.api.models import ModelList
 from exod.api.output import Output
 from exod.api.request import GenRequest, ModelLimits
 from exod.api.seal import Sealer
-from exod.api.serving import Serving
+from exod.api.serving import Adapt, Serving
 from exod.api.token import read_tokens
 from exod.wire.control_status import ApiStatus
 from exod.api.view import DaemonView
@@ -274,12 +274,14 @@ class ApiServer(Middlewares, ModelList):
             raise
 
     async def generate(self, request: web.Request, dialect: str, req: GenRequest,
-                       out: Output, keep_alive: float | None = None) -> web.StreamResponse:
+                       out: Output, keep_alive: float | None = None,
+                       adapt: Adapt | None = None) -> web.StreamResponse:
         """Serve a checked request; what it ignored is counted, and named in the answer's
-        header (an error's too)."""
+        header (an error's too). `adapt`: exod.api.serving.Adapt."""
         self.metrics.ignored.record(dialect, req.ignored)
         try:
-            return await self.serving.generate(request, req, self.limits, out, keep_alive)
+            return await self.serving.generate(request, req, self.limits, out, keep_alive,
+                                               adapt)
         except ApiError as e:
             e.headers.update(header(req.ignored))
             raise

@@ -60,7 +60,6 @@ class Embedded:
 class Embedder:
     def __init__(self, serving: Serving) -> None:
         self.serving = serving
-        self.traffic = serving.traffic
 
     async def run(self, req: EmbedRequest, keep_alive: float | None = None) -> Embedded:
         """Serve a checked request: its results once the runner has given them all; raises
@@ -68,10 +67,10 @@ class Embedder:
         asks for (Ollama's, exod.core.keep_alive), None: the instance's own."""
         self.serving.metrics.ignored.record(req.dialect, req.ignored)
         arrived = time.monotonic_ns()
-        with self.serving.metered(req.model) as meter:
+        with self.serving.metered() as meter:
             meter.inputs(req.embed.count)
+            lease = await self.serving.admit(req.model, req.embed.kind, meter, keep_alive)
             try:
-                lease = await self.traffic.admit(req.model, req.embed.kind, keep_alive)
                 async with lease:
                     waited = time.monotonic_ns() - arrived
                     try:

@@ -69,28 +69,43 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def meter(self, instance: str) -> Meter:
-        return Meter(self, instance, time.monotonic())
+    def meter(self) -> Meter:
+        return Meter(self, time.monotonic())
 
 
 class Meter:
-    """Follows one generation request: feed it each runner event, then `finish` it."""
+    """Follows one generation request: `label` it with the instance the daemon admitted it to
+    (or refused it for), feed it each runner event, then `finish` it. A request the daemon
+    found no instance for stays unlabelled and uncounted: no label for any name a client
+    sends."""
 
-    def __init__(self, metrics: Metrics, instance: str, arrived: float) -> None:
+    def __init__(self, metrics: Metrics, arrived: float) -> None:
         self.metrics = metrics
-        self.instance = instance
+        self.instance: str | None = None
         self.arrived = arrived
+        self._inputs = 0  # an embeddings request's inputs, before it is labelled
         self.first: float | None = None
         self.counted = 0  # text and held events: a token each, until `done` gives the total
         self.failed_code: int | None = None  # an error after the 200 went out (streams)
         self.status = 499  # the answer's, once there is one (until then: the client left)
 
+    def label(self, instance: str | None) -> None:
+        self.instance = instance
+        if self._inputs:
+            self.inputs(self._inputs)
+
     def inputs(self, n: int) -> None:
-        """An embeddings or rerank request of `n` inputs."""
+        """An embeddings or rerank request of `n` inputs (counted even if it is refused)."""
+        if self.instance is None:
+            self._inputs = n  # until the daemon names the instance
+            return
+        self._inputs = 0
         self.metrics.stats[self.instance].inputs += n
         self.metrics.inputs.labels(self.instance).observe(n)
 
     def event(self, ev: m.Event) -> None:
+        if self.instance is None:
+            return
         now = time.monotonic()
         stats = self.metrics.stats[self.instance]
         if isinstance(ev, (m.Text, m.Held)):
@@ -110,6 +125,8 @@ class Meter:
                     (now - self.first) / (generated - 1))
 
     def finish(self, status: int) -> None:
+        if self.instance is None:
+            return
         code = self.failed_code if status == 200 and self.failed_code else status
         self.metrics.stats[self.instance].requests[str(code)] += 1
 

@@ -30,12 +30,16 @@ from exod.core.sizes import format_size
 from exod.daemon.channel import RequestStream, TooLarge
 from exod.daemon.lease import Lease
 from exod.daemon.refusals import Busy, Mismatch, NotAdmitted, NotServing, ServedElsewhere
+from exod.facts.embed import Role
 from exod.wire.protocol import MAX_FRAME
 
 if TYPE_CHECKING:
     from exod.daemon.instance import InstanceRuntime
 
 Limits = Callable[["InstanceRuntime"], Awaitable[ModelLimits]]
+# A dialect's last word on its request, once admitted: Ollama's suffix and think need what the
+# model can do.
+Adapt = Callable[[Lease, GenRequest], Awaitable[GenRequest]]
 
 
 def refusal(e: NotAdmitted) -> ApiError:
@@ -74,22 +78,22 @@ class Serving:
 
     # ---- one request ------------------------------------------------------------------------
     async def generate(self, request: web.Request, req: GenRequest, limits: Limits,
-                       out: Output, keep_alive: float | None = None) -> web.StreamResponse:
+                       out: Output, keep_alive: float | None = None,
+                       adapt: Adapt | None = None) -> web.StreamResponse:
         """Serve one request; `out`: the dialect its answer is rendered in (exod.api.output,
         exod.api.dialects); `keep_alive`: the idle window it asks for once it ends (Ollama's,
-        exod.core.keep_alive)."""
-        with self.metered(req.model) as meter:
-            resp = await self._admitted(request, req, meter, limits, out, keep_alive)
+        exod.core.keep_alive); `adapt`: the dialect's last word on the request once the
+        daemon has admitted it (what the model can do is known then)."""
+        with self.metered() as meter:
+            resp = await self._admitted(request, req, meter, limits, out, keep_alive, adapt)
             meter.status = resp.status
             return resp
 
     @contextlib.contextmanager
-    def metered(self, model: str) -> Iterator[Meter]:
-        """A request for `model`, counted by its status once it ends (set `meter.status` to
-        the answer's; a client that left is 499)."""
-        inst = self.sup.serving(model)  # by its name or an alias
-        known = inst is not None  # no label for any name a client sends
-        meter = self.metrics.meter(inst.name if inst is not None else model)
+    def metered(self) -> Iterator[Meter]:
+        """A request, counted by its status once it ends (set `meter.status` to the answer's;
+        a client that left is 499) for the instance it is labelled with."""
+        meter = self.metrics.meter()
         try:
             yield meter
         except ApiError as e:
@@ -99,19 +103,32 @@ class Serving:
             meter.status = 500
             raise
         finally:
-            if known:
-                meter.finish(meter.status)
+            meter.finish(meter.status)
+
+    async def admit(self, req_model: str, wants: Role | None, meter: Meter,
+                    keep_alive: float | None) -> Lease:
+        """The daemon's one answer to a request: a lease, or its refusal worded (ApiError);
+        either way `meter` is labelled with the instance it concerns."""
+        try:
+            lease = await self.traffic.admit(req_model, wants, keep_alive)
+        except NotAdmitted as e:
+            meter.label(e.instance)
+            raise refusal(e) from None
+        meter.label(lease.instance.name)
+        return lease
 
     async def _admitted(self, request: web.Request, req: GenRequest, meter: Meter,
-                        limits: Limits, out: Output,
-                        keep_alive: float | None) -> web.StreamResponse:
+                        limits: Limits, out: Output, keep_alive: float | None,
+                        adapt: Adapt | None) -> web.StreamResponse:
+        lease = await self.admit(req.model, "chat", meter, keep_alive)
+        inst = lease.instance
+        if adapt is not None:
+            req = await adapt(lease, req)
+        req = await self._pictures(lease, req)
+        req = apply_limits(req, await limits(inst))
+        req = with_template_defaults(req, inst.config.chat_template_kwargs)
+        req = without_system_lines(req, inst.config.drop_system_lines)
         try:
-            lease = await self.traffic.admit(req.model, "chat", keep_alive)
-            inst = lease.instance
-            req = await self._pictures(lease, req)
-            req = apply_limits(req, await limits(inst))
-            req = with_template_defaults(req, inst.config.chat_template_kwargs)
-            req = without_system_lines(req, inst.config.drop_system_lines)
             async with lease:
                 try:
                     stream = lease.open(req.gen)

@@ -9,6 +9,8 @@ from exod.facts.embed import Role
 class NotAdmitted(Exception):
     """Why a request for `name` is not served."""
 
+    instance: str | None = None  # the instance it concerns (set by Traffic.admit); None: none
+
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.name = name

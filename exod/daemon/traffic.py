@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from exod.core.states import State
 from exod.daemon.lease import Lease
 from exod.daemon.on_demand import Fleet, OnDemand
-from exod.daemon.refusals import Mismatch, NotServing, ServedElsewhere, Unknown
+from exod.daemon.refusals import Mismatch, NotAdmitted, NotServing, ServedElsewhere, Unknown
 from exod.facts.embed import Role
 
 if TYPE_CHECKING:
@@ -47,22 +47,21 @@ class Traffic:
     # ---- one request ----------------------------------------------------------------------
     async def admit(self, name: str, wants: Role | None,
                     keep_alive: float | None = None) -> Lease:
-        """A lease on the instance that serves `name` (an on-demand one is started), for a
-        request of the kind `wants` (None: any); raises NotAdmitted. `keep_alive`: the idle
-        window the request asks for once it ends (exod.core.keep_alive), None: the
-        instance's own."""
-        if wants is not None:
-            await self.expect(name, wants)
-        inst = self.find(name)
+        """A lease on the instance that serves `name` (by its name or an alias; an on-demand
+        one is started), for a request of the kind `wants` (None: any); raises NotAdmitted,
+        whose `instance` names the instance it concerns. `keep_alive`: the idle window the
+        request asks for once it ends (exod.core.keep_alive), None: the instance's own."""
+        inst = self.daemon.serving(name)
+        try:
+            # Told by its model's files, before an on-demand instance is started for nothing.
+            serves = None if inst is None or wants is None else await inst.lane.serves()
+            if serves is not None and serves != wants:
+                raise Mismatch(name, serves)
+            inst = self.find(name)
+        except NotAdmitted as e:
+            e.instance = None if inst is None else inst.name
+            raise
         return Lease(inst, keep_alive, self.on_demand, self.daemon.instance)
-
-    async def expect(self, name: str, wants: Role) -> None:
-        """Mismatch when the instance `name` serves another kind of request than `wants` (told
-        by its model's files, before `find` may start it)."""
-        inst = self.daemon.serving(name)  # by its name or an alias
-        serves = None if inst is None else await inst.lane.serves()
-        if serves is not None and serves != wants:
-            raise Mismatch(name, serves)
 
     def find(self, name: str) -> InstanceRuntime:
         """The instance that serves `name`, started if it is on demand; raises NotAdmitted."""

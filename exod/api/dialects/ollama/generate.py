@@ -1,9 +1,10 @@
 """`POST /api/chat` and `POST /api/generate`: Ollama's dialect (exod.api.dialects.ollama.request,
 ollama_output) through the one generation path, with its `keep_alive`. What needs the model
-before the request can be built is done here: a `suffix` placed in the model's
-fill-in-the-middle tokens, and `think` refused for a model that does not think (as Ollama
-refuses it). A body with nothing to generate loads the model (an on-demand instance starts,
-and the answer waits until it is ready) or, with `keep_alive: 0`, stops it once idle.
+before the request can be built is done here, once the daemon has admitted it: a `suffix`
+placed in the model's fill-in-the-middle tokens, and `think` refused for a model that does not
+think (as Ollama refuses it). A body with nothing to generate loads the model (an on-demand
+instance starts, and the answer waits until it is ready) or, with `keep_alive: 0`, stops it
+once idle.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from exod.api.dialects.ollama.request import Endpoint, View
 from exod.api.errors import bad_request, model_not_found
 from exod.api.ignored import header
 from exod.api.dialects.ollama.objects import timestamp
+from exod.api.request import GenRequest
 from exod.api.serving import refusal
 from exod.core.states import State
+from exod.daemon.lease import Lease
 from exod.daemon.refusals import NotAdmitted
 
 if TYPE_CHECKING:
@@ -51,15 +54,20 @@ class OllamaGenerate:
             self.api.metrics.ignored.record(DIALECTS[endpoint], view.ignored)
             return await self._load(view)
         arrived = time.monotonic_ns()  # the answer's durations count from here
-        inst = self.sup.serving(view.model)
-        if inst is not None and (view.suffix is not None or view.think):
-            caps = await inst.lane.capabilities()
+
+        async def adapt(lease: Lease, req: GenRequest) -> GenRequest:
+            if view.suffix is None and not view.think:
+                return req
+            name, caps = lease.instance.name, await lease.capabilities()
             if view.suffix is not None:
-                req = ollama_request.fill_in_middle(req, view.suffix, caps.fim, inst.name)
+                req = ollama_request.fill_in_middle(req, view.suffix, caps.fim, name)
             if view.think and caps.thinking is False:
-                raise bad_request(f'"{inst.name}" does not support thinking', "think")
+                raise bad_request(f'"{name}" does not support thinking', "think")
+            return req
+
         out = OllamaOutput(endpoint, view.model, req.gen.kind, arrived)
-        return await self.api.generate(request, DIALECTS[endpoint], req, out, view.keep_alive)
+        return await self.api.generate(request, DIALECTS[endpoint], req, out, view.keep_alive,
+                                       adapt)
 
     async def _load(self, view: View) -> web.Response:
         """Nothing to generate: load the model (waiting while an on-demand instance starts),

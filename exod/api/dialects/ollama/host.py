@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from exod.api.metrics import Metrics
     from exod.api.output import Output
     from exod.api.request import GenRequest, ModelLimits
+    from exod.api.serving import Adapt
     from exod.api.view import DaemonView
     from exod.config.schema import Api
     from exod.daemon.instance import InstanceRuntime
@@ -38,6 +39,7 @@ class Host(Protocol):
     async def limits(self, inst: InstanceRuntime) -> ModelLimits: ...
 
     async def generate(self, request: web.Request, dialect: str, req: GenRequest,
-                       out: Output, keep_alive: float | None = None) -> web.StreamResponse:
+                       out: Output, keep_alive: float | None = None,
+                       adapt: Adapt | None = None) -> web.StreamResponse:
         """Serve a checked request through the one generation path."""
         ...
