@@ -81,6 +81,12 @@ class RankGroup:
         self.forming = FormingWatch(seam)  # a group on this host alone must form in time
         self.rungs_used: collections.Counter[str] = collections.Counter()  # ladder steps taken
 
+    def reshard(self, shards: list[Shard], node: str) -> None:
+        """The model's layers are known now (a hub model's config.json): a rank per shard."""
+        if [r.shard for r in self.ranks] != shards:
+            self.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
+            self.place(node)
+
     def place(self, node: str) -> None:
         """Which host runs each rank (the config's `hosts`), and so which run here, on `node`."""
         for rank in self.ranks:

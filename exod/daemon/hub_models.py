@@ -16,7 +16,7 @@ from loguru import logger
 from exod.config.schema import Config, Instance
 from exod.core.states import State
 from exod.daemon.downloads import Download, Downloads, Outcome
-from exod.daemon.instance import InstanceRuntime, RankRuntime
+from exod.daemon.instance import InstanceRuntime
 from exod.daemon.launch import Launch, fetcher_launch, plan_shards
 from exod.daemon.processes import RunnerHandlers
 from exod.daemon.readiness import Readiness
@@ -88,7 +88,7 @@ class HubModels:
             if found is None or not found.checked:
                 return False
             hub_cache.touch(self.hub_cache, inst.config.draft_hub, found.commit)
-            inst.config = dataclasses.replace(inst.config, draft_model=found.path)
+            inst.use_draft(found.path)
         return True
 
     def model_dir(self, inst: InstanceRuntime) -> Path | None:
@@ -100,7 +100,7 @@ class HubModels:
         found = hub_cache.cached(self.hub_cache, ref)
         return found.path if found is not None else None
 
-    def fetch(self, inst: InstanceRuntime) -> None:
+    def fetch(self, inst: InstanceRuntime) -> Download:
         """The model first, then the draft model (the instance calls again once the first is
         fetched)."""
         ref = inst.config.hub
@@ -111,24 +111,19 @@ class HubModels:
 
             def draft_done(outcome: Outcome) -> None:
                 if outcome.path is not None:
-                    inst.config = dataclasses.replace(inst.config, draft_model=outcome.path)
+                    inst.use_draft(outcome.path)
                 inst.fetched(outcome, draft=True)
 
             on_done = draft_done
         assert ref is not None
-        d = self.downloads.want(ref, inst, on_done, hub_cache.commit_of(self.hub_cache, ref))
-        if inst.state is State.DOWNLOADING:  # not failed at once (the fetcher cannot start)
-            inst.download = d
+        return self.downloads.want(ref, inst, on_done, hub_cache.commit_of(self.hub_cache, ref))
 
     def unfetch(self, inst: InstanceRuntime, then: Callable[[], None]) -> None:
         self.downloads.leave(inst, then)
 
     def use_model(self, inst: InstanceRuntime, path: Path) -> None:
-        inst.config = dataclasses.replace(inst.config, model=path)
-        shards = plan_shards(inst.config)
-        if [r.shard for r in inst.ranks] != shards:
-            inst.group.ranks = [RankRuntime(shard=s, layers_total=s.count) for s in shards]
-            inst.group.place(self.config.node.name)
+        model = dataclasses.replace(inst.config, model=path)
+        inst.use_model(path, plan_shards(model), self.config.node.name)
 
     def spawn_fetcher(self, d: Download) -> int:
         launch = fetcher_launch(d.ref, d.commit or None, self.hub_cache, self.offline,

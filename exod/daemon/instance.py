@@ -10,6 +10,7 @@ real one. The instance never blocks.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -64,7 +65,7 @@ class InstanceSeam(RankSeam, Protocol):
         """A hub model is in the cache, checked: `inst.config.model` now names its snapshot."""
         ...
 
-    def fetch(self, inst: InstanceRuntime) -> None:
+    def fetch(self, inst: InstanceRuntime) -> Download:
         """Fetch a hub model (sharing a download in progress); `inst.fetched` is called when
         it is done, with the snapshot or the reason it cannot be fetched."""
         ...
@@ -263,7 +264,7 @@ class InstanceRuntime:
         why = "started by operator" if operator else ""
         if self.names_hub and not self.seam.cached(self):
             self._move(State.DOWNLOADING, why)
-            self.seam.fetch(self)
+            self._fetch()
             return
         self._launch(why)
 
@@ -274,7 +275,7 @@ class InstanceRuntime:
 
     def fetched(self, outcome: Outcome, draft: bool = False) -> None:
         """The download this instance waited for is over (its draft model's: `draft`, whose
-        path the seam has already put in the config)."""
+        path the seam has already told it: use_draft)."""
         self.download = None
         if self.state is not State.DOWNLOADING:
             return
@@ -285,9 +286,22 @@ class InstanceRuntime:
         if not draft:
             self.seam.use_model(self, outcome.path)
         if self.config.draft_hub is not None and not self.seam.cached(self):
-            self.seam.fetch(self)  # the draft model next, still downloading
+            self._fetch()  # the draft model next, still downloading
             return
         self._launch("model fetched")
+
+    def _fetch(self) -> None:
+        d = self.seam.fetch(self)
+        if self.state is State.DOWNLOADING:  # not failed at once (the fetcher cannot start)
+            self.download = d
+
+    def use_model(self, path: Path, shards: list[Shard], node: str) -> None:
+        """Its model's files are at `path` (a hub model's snapshot), in these shards."""
+        self.config = dataclasses.replace(self.config, model=path)
+        self.group.reshard(shards, node)
+
+    def use_draft(self, path: Path) -> None:
+        self.config = dataclasses.replace(self.config, draft_model=path)
 
     def _launch(self, why: str) -> None:
         """Admission, then spawn every local rank."""

@@ -142,8 +142,8 @@ class Supervisor:
     def cached(self, inst: InstanceRuntime) -> bool:
         return self.hub.cached(inst)
 
-    def fetch(self, inst: InstanceRuntime) -> None:
-        self.hub.fetch(inst)
+    def fetch(self, inst: InstanceRuntime) -> Download:
+        return self.hub.fetch(inst)
 
     def unfetch(self, inst: InstanceRuntime, then: Continuation) -> None:
         self.hub.unfetch(inst, then)

@@ -15,7 +15,6 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import dataclasses
 from pathlib import Path
 
 from exod.config.schema import BackoffPolicy, StopPolicy
@@ -132,17 +131,15 @@ class FakeSeam:
             self.use_model(inst, path)
         return path is not None
 
-    def fetch(self, inst: InstanceRuntime) -> None:
+    def fetch(self, inst: InstanceRuntime) -> Download:
         assert inst.config.hub is not None
-        d = self.downloads.want(inst.config.hub, inst, inst.fetched)
-        if inst.state.value == "downloading":
-            inst.download = d
+        return self.downloads.want(inst.config.hub, inst, inst.fetched)
 
     def unfetch(self, inst: InstanceRuntime, then: Continuation) -> None:
         self.downloads.leave(inst, then)
 
     def use_model(self, inst: InstanceRuntime, path: Path) -> None:
-        inst.config = dataclasses.replace(inst.config, model=path)
+        inst.use_model(path, [r.shard for r in inst.ranks], "this-host")  # the same shards
 
     def retired(self, inst: InstanceRuntime, then: Retire) -> None:
         self.retirements.append((self.clock, inst.name, then))
