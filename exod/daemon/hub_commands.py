@@ -48,7 +48,7 @@ async def run(sup: HubCommandTarget, req: cm.Pull | cm.Models | cm.RemoveModel,
     if isinstance(req, cm.Pull):
         return await pull(sup, _ref(req.name), emit)
     if isinstance(req, cm.Models):
-        return cm.ModelsReply(str(sup.hub.hub_cache), models(sup))
+        return cm.ModelsReply(str(sup.hub.folder), models(sup))
     return await remove(sup, _ref(req.name))
 
 
@@ -114,7 +114,7 @@ def models(sup: HubCommandTarget) -> list[cm.CachedModel]:
     exod.daemon.idle)."""
     wall = time.time() - sup.now()  # the seam's monotonic clock to the epoch
     out = []
-    for e in hub_cache.entries(sup.hub.hub_cache):
+    for e in hub_cache.entries(sup.hub.folder):
         using = users(sup, e.repo)
         served = [i.idle.last_used + wall for i, _ in using if i.idle.last_used is not None]
         last = max([*served, *([e.last_use] if e.last_use is not None else [])], default=None)
@@ -134,7 +134,7 @@ async def remove(sup: HubCommandTarget, ref: HubRef) -> cm.RemovedReply | cm.Fai
     except InUse as e:
         return cm.Failure(str(e))
     if not removed.found:
-        return cm.Failure(f"{ref.repo} is not in the cache at {sup.hub.hub_cache}")
+        return cm.Failure(f"{ref.repo} is not in the cache at {sup.hub.folder}")
     if not removed.whole:
         return cm.Failure(f"cannot remove all of {ref.repo}: {removed.text()}")
     return cm.RemovedReply(ref.repo, removed.text())
@@ -151,7 +151,7 @@ async def remove_repo(sup: HubCommandTarget, ref: HubRef) -> Removal:
                     f"{', '.join(busy)}: stop {'them' if len(busy) > 1 else 'it'} first")
     if any(d.ref.repo == ref.repo for d in sup.hub.downloads.by_key.values()):
         raise InUse(f"{ref.repo} is being downloaded")
-    removed = await asyncio.to_thread(hub_cache.remove, sup.hub.hub_cache, ref)
+    removed = await asyncio.to_thread(hub_cache.remove, sup.hub.folder, ref)
     if removed.found:
         log = logger.info if removed.whole else logger.warning
         log("hub cache: {}: {}", ref.repo, removed.text())

@@ -66,7 +66,8 @@ class HubModels:
         return self.host.stopping
 
     @property
-    def hub_cache(self) -> Path:
+    def folder(self) -> Path:
+        """The hub cache's folder (hub.cache, else the environment's default one)."""
         return self.config.hub.cache or hub_cache.default_cache(os.environ, os.geteuid())
 
     @property
@@ -78,16 +79,16 @@ class HubModels:
         """Its hub model and hub draft model, whichever it names, are in the cache, checked:
         the config now names their snapshots."""
         if inst.config.hub is not None:
-            found = hub_cache.cached(self.hub_cache, inst.config.hub)
+            found = hub_cache.cached(self.folder, inst.config.hub)
             if found is None or not found.checked:
                 return False
-            hub_cache.touch(self.hub_cache, inst.config.hub, found.commit)
+            hub_cache.touch(self.folder, inst.config.hub, found.commit)
             self.use_model(inst, found.path)
         if inst.config.draft_hub is not None:
-            found = hub_cache.cached(self.hub_cache, inst.config.draft_hub)
+            found = hub_cache.cached(self.folder, inst.config.draft_hub)
             if found is None or not found.checked:
                 return False
-            hub_cache.touch(self.hub_cache, inst.config.draft_hub, found.commit)
+            hub_cache.touch(self.folder, inst.config.draft_hub, found.commit)
             inst.use_draft(found.path)
         return True
 
@@ -97,7 +98,7 @@ class HubModels:
         ref = inst.config.hub
         if ref is None or inst.config.model.is_dir():
             return inst.config.model
-        found = hub_cache.cached(self.hub_cache, ref)
+        found = hub_cache.cached(self.folder, ref)
         return found.path if found is not None else None
 
     def fetch(self, inst: InstanceRuntime) -> Download:
@@ -105,7 +106,7 @@ class HubModels:
         fetched)."""
         ref = inst.config.hub
         on_done: Callable[[Outcome], None] = inst.fetched
-        main = hub_cache.cached(self.hub_cache, ref) if ref is not None else None
+        main = hub_cache.cached(self.folder, ref) if ref is not None else None
         if ref is None or (main is not None and main.checked):
             ref = inst.config.draft_hub
 
@@ -116,7 +117,7 @@ class HubModels:
 
             on_done = draft_done
         assert ref is not None
-        return self.downloads.want(ref, inst, on_done, hub_cache.commit_of(self.hub_cache, ref))
+        return self.downloads.want(ref, inst, on_done, hub_cache.commit_of(self.folder, ref))
 
     def unfetch(self, inst: InstanceRuntime, then: Callable[[], None]) -> None:
         self.downloads.leave(inst, then)
@@ -126,7 +127,7 @@ class HubModels:
         inst.use_model(path, plan_shards(model), self.config.node.name)
 
     def spawn_fetcher(self, d: Download) -> int:
-        launch = fetcher_launch(d.ref, d.commit or None, self.hub_cache, self.offline,
+        launch = fetcher_launch(d.ref, d.commit or None, self.folder, self.offline,
                                 self.config.hub.hf_token_file, os.environ,
                                 self.run_dir)
         return self._spawn(launch, {"instance": f"fetch {d.ref}"},
@@ -181,14 +182,14 @@ class HubModels:
             self.replace_after_fetch(name, latest)  # the draft next, else replace it now
 
         logger.bind(instance=name).info("reload: fetching {} before replacing {}", ref, name)
-        self.downloads.want(ref, ("reload", name), done, hub_cache.commit_of(self.hub_cache, ref))
+        self.downloads.want(ref, ("reload", name), done, hub_cache.commit_of(self.folder, ref))
 
     def _to_fetch(self, new: Instance, old: Instance) -> HubRef | None:
         """The first hub repository the new config names anew that the cache lacks."""
         for ref, before in ((new.hub, old.hub), (new.draft_hub, old.draft_hub)):
             if ref is None or ref == before:
                 continue
-            found = hub_cache.cached(self.hub_cache, ref)
+            found = hub_cache.cached(self.folder, ref)
             if found is None or not found.checked:
                 return ref
         return None

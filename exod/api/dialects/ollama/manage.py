@@ -213,7 +213,7 @@ class OllamaManage:
                            "model_in_use", "model") from None
         if not removed.found:
             raise ApiError(404, f"model '{name}' not found: {ref.repo} is not in exod's cache "
-                                f"({self.sup.hub.hub_cache})", "invalid_request_error",
+                                f"({self.sup.hub.folder})", "invalid_request_error",
                            "model_not_found", "model")
         if not removed.whole:  # the cache holds what exod may not remove (another's files)
             raise ApiError(409, f"cannot delete all of {ref.repo}: {removed.text()}",
