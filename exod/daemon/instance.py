@@ -3,9 +3,9 @@ follows a stop (the intent its STOPPING state carries: exod.core.intents) and it
 It holds its ranks as a group (exod.daemon.group), which reports what their runners do and
 stops them through the ladder.
 
-Everything that touches the OS goes through `InstanceSeam` (spawn, ask, signal, clock, timers),
-so this logic runs in unit tests with a fake seam and a fake clock, and in the daemon with the
-real one. The instance never blocks.
+Everything that touches the OS goes through `InstanceSeam` (exod.daemon.instance_seam: spawn,
+ask, signal, clock, timers), so this logic runs in unit tests with a fake seam and a fake
+clock, and in the daemon with the real one. The instance never blocks.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from loguru import logger
 
@@ -30,58 +30,14 @@ from exod.daemon.clock import Timer
 from exod.daemon.group import RankGroup
 from exod.daemon.idle import IdleClock
 from exod.daemon.lane import Lane
-from exod.daemon.rank import RankRuntime, RankSeam
+from exod.daemon.instance_seam import Continuation, InstanceSeam
+from exod.daemon.rank import RankRuntime
 
 if TYPE_CHECKING:
     from exod.daemon.channel import RunnerChannel
     from exod.daemon.downloads import Download, Outcome
     from exod.daemon.launch import GroupPlan
     from exod.wire import messages as m
-
-Continuation = Callable[[], None]
-
-
-class InstanceSeam(RankSeam, Protocol):
-    """What an instance needs of the daemon: its runners' processes (the ranks' seam), memory
-    admission, the group's files, hub models, and where its status and its end are reported."""
-
-    def admit(self, inst: InstanceRuntime) -> str | None:
-        """Why this host cannot start `inst` now (memory), or None to go ahead."""
-        ...
-
-    def prepare(self, inst: InstanceRuntime) -> None:
-        """A group is about to start: agree on its addresses (e.g. write the hostfile)."""
-        ...
-
-    def spawn(self, inst: InstanceRuntime, rank: RankRuntime) -> int:
-        """Start the runner for `rank`; returns its pid; raises OSError when exec fails."""
-        ...
-
-    def changed(self, inst: InstanceRuntime) -> None:
-        """State or progress changed: refresh status, wake waiters."""
-        ...
-
-    def cached(self, inst: InstanceRuntime) -> bool:
-        """A hub model is in the cache, checked: `inst.config.model` now names its snapshot."""
-        ...
-
-    def fetch(self, inst: InstanceRuntime) -> Download:
-        """Fetch a hub model (sharing a download in progress); `inst.fetched` is called when
-        it is done, with the snapshot or the reason it cannot be fetched."""
-        ...
-
-    def unfetch(self, inst: InstanceRuntime, then: Continuation) -> None:
-        """`inst` no longer waits for its download; `then` once no fetcher runs for it."""
-        ...
-
-    def use_model(self, inst: InstanceRuntime, path: Path) -> None:
-        """The model's files are at `path`: plan the ranks from its config.json."""
-        ...
-
-    def retired(self, inst: InstanceRuntime, then: Retire[Instance]) -> None:
-        """`inst` is stopped for a reload: drop it, or put `then.replacement` in its place."""
-        ...
-
 
 class InstanceRuntime:
     def __init__(self, config: Instance, shards: list[Shard], seam: InstanceSeam) -> None:

@@ -32,7 +32,8 @@ from exod.daemon import status, zygote
 from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer
 from exod.daemon.clock import Timer
-from exod.daemon.instance import Continuation, InstanceRuntime
+from exod.daemon.instance import InstanceRuntime
+from exod.daemon.instance_seam import Continuation
 from exod.daemon.rank import RankRuntime
 from exod.daemon.launch import Launcher, plan_shards
 from exod.daemon.channel import RunnerChannel

@@ -22,7 +22,8 @@ from exod.core.exits import ExitInfo
 from exod.core.intents import Retire
 from exod.core.names import Names
 from exod.daemon.downloads import Download, Downloads
-from exod.daemon.instance import Continuation, InstanceRuntime
+from exod.daemon.instance import InstanceRuntime
+from exod.daemon.instance_seam import Continuation
 from exod.daemon.rank import RankRuntime
 from exod.daemon.traffic import Traffic
 from exod.wire import messages as m
