@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from exod.api.dialects import DIALECTS
-from exod.api.fields import Dialect, Field, Kind
+from exod.api.fields import Dialect, Field, Support
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "api-fields.md"
-CLASS = {Kind.WORKS: "works", Kind.INERT: "no effect", Kind.IGNORED: "ignored, reported",
-         Kind.REFUSED: "refused"}
+CLASS = {Support.WORKS: "works", Support.INERT: "no effect", Support.IGNORED: "ignored, reported",
+         Support.REFUSED: "refused"}
 
 HEAD = """# Request fields
 

@@ -48,7 +48,7 @@ from exod.api.image_fetch import Fetcher, Policy
 from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from exod.api.middleware import Middlewares
 from exod.api.models import ModelList
-from exod.api.output import Output
+from exod.api.output import DialectOutput
 from exod.api.request import GenRequest, ModelLimits
 from exod.api.seal import Sealer
 from exod.api.serving import Adapt, Serving
@@ -274,7 +274,7 @@ class ApiServer(Middlewares, ModelList):
             raise
 
     async def generate(self, request: web.Request, dialect: str, req: GenRequest,
-                       out: Output, keep_alive: float | None = None,
+                       out: DialectOutput, keep_alive: float | None = None,
                        adapt: Adapt | None = None) -> web.StreamResponse:
         """Serve a checked request; what it ignored is counted, and named in the answer's
         header (an error's too). `adapt`: exod.api.serving.Adapt."""

@@ -1,6 +1,6 @@
 """The field policy: what exod does with each field a request body may hold, as data.
 
-Every field path of every dialect is in one class (`Kind`): it works; it is accepted and
+Every field path of every dialect is in one class (`Support`): it works; it is accepted and
 cannot change the answer (ids, metadata, caching hints); it names something exod does not
 run and is ignored and reported (a hosted tool a client attaches by default); or it would
 change the answer and exod cannot do it, so it is refused by name (a value that asks for
@@ -34,7 +34,7 @@ ImageReader = Callable[[dict[str, Any], str], Source]
 MAX_KEY = 64  # characters of an unknown key kept in names and errors
 
 
-class Kind(str, enum.Enum):
+class Support(str, enum.Enum):
     WORKS = "works"
     INERT = "accepted, no effect"
     IGNORED = "ignored, reported"
@@ -60,27 +60,27 @@ def false(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Field:
-    kind: Kind
+    kind: Support
     doc: str = ""  # what exod does with it, for the docs table
     ok: Check = never  # REFUSED: the values that ask for nothing, which pass
     why: str = ""  # REFUSED: the reason, in the error
 
 
 def works(doc: str) -> Field:
-    return Field(Kind.WORKS, doc)
+    return Field(Support.WORKS, doc)
 
 
 def inert(doc: str) -> Field:
-    return Field(Kind.INERT, doc)
+    return Field(Support.INERT, doc)
 
 
 def ignored(doc: str) -> Field:
-    return Field(Kind.IGNORED, doc)
+    return Field(Support.IGNORED, doc)
 
 
 def refused(why: str, ok: Check = never, doc: str = "") -> Field:
     """`why` completes "`field`: ..." in the error; `doc` (default: `why`) is the table's."""
-    return Field(Kind.REFUSED, doc or why, ok, why)
+    return Field(Support.REFUSED, doc or why, ok, why)
 
 
 @dataclass(frozen=True)
@@ -147,9 +147,9 @@ class Reading:
             row = keys.get(key)
             if row is None:
                 self.unknown(where)
-            elif row.kind is Kind.REFUSED and not row.ok(value):
+            elif row.kind is Support.REFUSED and not row.ok(value):
                 raise RequestError(f"`{where}`: {row.why}", where)
-            elif row.kind is Kind.IGNORED and not (empty(value) or value is False):
+            elif row.kind is Support.IGNORED and not (empty(value) or value is False):
                 self.ignore(where)
 
     def variant(self, value: Any, kind: str, param: str, key: str = "type") -> bool:
@@ -162,11 +162,11 @@ class Reading:
         row = self.dialect.variants[kind].get(value)
         if row is None:
             self.unknown(where, value)
-        elif row.kind is Kind.REFUSED and not row.ok(value):
+        elif row.kind is Support.REFUSED and not row.ok(value):
             raise RequestError(f"`{where}` {value[:MAX_KEY]!r}: {row.why}", where)
-        elif row.kind is Kind.IGNORED:
+        elif row.kind is Support.IGNORED:
             self.ignore(f"{where}={value[:MAX_KEY]}")
-        return row is not None and row.kind is Kind.WORKS
+        return row is not None and row.kind is Support.WORKS
 
     def items(self, raw: Any, param: str, kind: str, what: str, most: int | None = None,
               default: str | None = None) -> Iterator[tuple[dict[str, Any], str]]:

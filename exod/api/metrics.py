@@ -291,8 +291,8 @@ class LiveCollector(Collector):
         yield from (requests, prompt, generated, inputs)
 
 
-def _per_runner(instances: list[InstanceRuntime], counts: Callable[[m.Serving], bool],
-                families: list[tuple[CounterMetricFamily, Callable[[m.Serving], int]]]
+def _per_runner(instances: list[InstanceRuntime], counts: Callable[[m.ServingReport], bool],
+                families: list[tuple[CounterMetricFamily, Callable[[m.ServingReport], int]]]
                 ) -> Iterator[Metric]:
     """Counters of each instance's rank 0 (as its last Serving report says), for the
     instances where `counts`: each family with its value."""

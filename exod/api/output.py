@@ -17,7 +17,7 @@ from exod.api.errors import ApiError
 from exod.api.reply import Delta, Reply
 
 
-class Output(Protocol):
+class DialectOutput(Protocol):
     # A stream's headers: Server-Sent Events, but for Ollama's NDJSON.
     stream_headers: dict[str, str]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exod.wire import messages as m
-from exod.api.stop_reasons import Stop
+from exod.api.stop_reasons import StopReason
 
 ARGUMENT_PIECE = 64  # characters of a call's arguments per streamed event, in every dialect
 
@@ -61,14 +61,14 @@ class Finished:
     """The answer's end: why it stopped (and the stop sequence that matched), what it counted,
     and the request's context edits that changed the prompt (as Anthropic reports them)."""
 
-    stop: Stop
+    stop: StopReason
     usage: Usage
     stop_sequence: str | None = None
     applied_edits: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def of(cls, done: m.Done) -> Finished:
-        return cls(Stop.of(done), Usage(done.prompt_tokens, done.completion_tokens,
+        return cls(StopReason.of(done), Usage(done.prompt_tokens, done.completion_tokens,
                                         done.cached_tokens, done.reasoning_tokens),
                    done.stop_sequence, tuple(done.applied_edits))
 
@@ -87,7 +87,7 @@ class Reply:
     logprobs: tuple[m.TokenLogprob, ...] = ()
 
     @property
-    def stop(self) -> Stop:
+    def stop(self) -> StopReason:
         return self.finished.stop
 
     @property

@@ -20,7 +20,7 @@ from exod.api.errors import (ApiError, bad_request, model_not_found, not_ready, 
 from exod.api.ignored import header
 from exod.api.image_fetch import Fetcher
 from exod.api.metrics import Meter, Metrics
-from exod.api.output import Output
+from exod.api.output import DialectOutput
 from exod.api.reply import Deltas, Whole
 from exod.api.request import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import DaemonView
@@ -78,7 +78,7 @@ class Serving:
 
     # ---- one request ------------------------------------------------------------------------
     async def generate(self, request: web.Request, req: GenRequest, limits: Limits,
-                       out: Output, keep_alive: float | None = None,
+                       out: DialectOutput, keep_alive: float | None = None,
                        adapt: Adapt | None = None) -> web.StreamResponse:
         """Serve one request; `out`: the dialect its answer is rendered in (exod.api.output,
         exod.api.dialects); `keep_alive`: the idle window it asks for once it ends (Ollama's,
@@ -118,7 +118,7 @@ class Serving:
         return lease
 
     async def _admitted(self, request: web.Request, req: GenRequest, meter: Meter,
-                        limits: Limits, out: Output, keep_alive: float | None,
+                        limits: Limits, out: DialectOutput, keep_alive: float | None,
                         adapt: Adapt | None) -> web.StreamResponse:
         lease = await self.admit(req.model, "chat", meter, keep_alive)
         inst = lease.instance
@@ -156,7 +156,7 @@ class Serving:
         return req
 
     async def _relay(self, request: web.Request, req: GenRequest, stream: RequestStream,
-                     meter: Meter, out: Output) -> web.StreamResponse:
+                     meter: Meter, out: DialectOutput) -> web.StreamResponse:
         try:  # watched for a hang by the lease
             events = _events(stream, meter, out)
             if req.stream:
@@ -166,7 +166,8 @@ class Serving:
             stream.close()  # cancels the generation unless it finished
 
 
-async def _events(stream: RequestStream, meter: Meter, out: Output) -> AsyncIterator[m.Event]:
+async def _events(stream: RequestStream, meter: Meter,
+                  out: DialectOutput) -> AsyncIterator[m.Event]:
     """Every event of the request (progress for the hang watch is counted as they arrive)."""
     while True:
         ev = await stream.next()
@@ -188,7 +189,8 @@ def too_large_for_runner(req: GenRequest, size: int) -> ApiError:
                     "invalid_request_error", "request_too_large", param)
 
 
-async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: Output) -> web.Response:
+async def _whole(req: GenRequest, events: AsyncIterator[m.Event],
+                 out: DialectOutput) -> web.Response:
     deltas, whole = Deltas(), Whole()
     async for ev in events:
         if isinstance(ev, (m.Prefill, m.Held, m.Vectors)):
@@ -202,7 +204,7 @@ async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: Output) -
 
 
 async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m.Event],
-                  meter: Meter, out: Output) -> web.StreamResponse:
+                  meter: Meter, out: DialectOutput) -> web.StreamResponse:
     # The runner checks a request against the model when it takes it: its refusal is the first
     # event, and becomes the answer's status (a 400 naming the field), before any header.
     first = await anext(events)

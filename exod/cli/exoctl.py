@@ -187,7 +187,7 @@ def stop(client: Client, name: str) -> None:
 @click.pass_obj
 def restart(client: Client, name: str) -> None:
     """Stop NAME through the ladder, then start it again."""
-    answer = ok_or_fail(client.call(cm.Restart(name), timeout=float("inf")), cm.StateReply)
+    answer = ok_or_fail(client.call(cm.RestartRequest(name), timeout=float("inf")), cm.StateReply)
     click.echo(f"{name}: {answer.state}")
 
 
@@ -236,9 +236,9 @@ def reload(client: Client) -> None:
 @click.pass_obj
 def wait(client: Client, name: str, timeout: float | None, quiet: bool) -> None:
     """Wait until NAME is ready (exit 0); exit 1 if it fails or is stopped."""
-    from exod.cli.progress import Progress
+    from exod.cli.progress import ProgressBar
 
-    bar = Progress(enabled=not quiet and sys.stdout.isatty())
+    bar = ProgressBar(enabled=not quiet and sys.stdout.isatty())
     start = time.monotonic()
     try:
         if timeout is not None:
@@ -294,7 +294,7 @@ def logs(client: Client, name: str, lines: int, follow: bool, rank: int | None,
                 click.echo(json.dumps(to_wire(msg, cm.EVENT_TAG)) if as_json
                            else format_line(msg))
                 continue
-            ok_or_fail(msg, cm.Done)
+            ok_or_fail(msg, cm.DoneReply)
             return
     except KeyboardInterrupt:
         return

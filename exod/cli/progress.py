@@ -7,7 +7,7 @@ import sys
 from exod.wire.control_status import InstanceStatus
 
 
-class Progress:
+class ProgressBar:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self._drawn = False

@@ -16,7 +16,7 @@ def _target(target: str | None, user: bool) -> steps.Target:
     return steps.Target(target or ("launchd" if sys.platform == "darwin" else "systemd"), user)
 
 
-def _plan(t: steps.Target, root: Path) -> list[inst.Planned]:
+def _plan(t: steps.Target, root: Path) -> list[inst.PlannedFile]:
     exod_bin = inst.exod_binary()
     if t.manager == "launchd":
         return inst.launchd_plan(exod_bin, root, t.user)

@@ -25,7 +25,7 @@ from exod.config.safety import control_socket_problem
 from exod.config.schema import DEFAULT_CONFIG_PATH, Config, Defaults, Instance
 from exod.config.schema import Node as NodeSection
 from exod.config.validate import INVALID, Validator, field_hints, instance_name_problem
-from exod.config.yamlpos import Entry, MapNode, Node, Scalar, SeqNode, describe, parse_yaml
+from exod.config.yamlpos import MapEntry, MapNode, Node, Scalar, SeqNode, describe, parse_yaml
 from exod.secret_file import secret_problem
 
 __all__ = ["ENV_VAR", "load_config", "model_layer_count", "resolve_config_path"]
@@ -151,7 +151,7 @@ class _Loader:
 
     # -- includes ----------------------------------------------------------------------------
 
-    def included_files(self, patterns: tuple[str, ...], entry: Entry | None) -> list[str]:
+    def included_files(self, patterns: tuple[str, ...], entry: MapEntry | None) -> list[str]:
         """Files matched by the `include:` patterns, each pattern's matches in sorted order.
 
         Relative patterns are taken from the main file's folder. A pattern matching nothing is
@@ -195,7 +195,7 @@ class _Loader:
         return out
 
     @staticmethod
-    def item_mark(entry: Entry | None, i: int) -> Mark:
+    def item_mark(entry: MapEntry | None, i: int) -> Mark:
         assert entry is not None
         node = entry.value
         if isinstance(node, SeqNode) and i < len(node.items):
@@ -221,7 +221,7 @@ class _Loader:
 
     # -- instances ---------------------------------------------------------------------------
 
-    def add_instances(self, entry: Entry | None, inherit_from: Defaults | None) -> None:
+    def add_instances(self, entry: MapEntry | None, inherit_from: Defaults | None) -> None:
         if entry is None:
             return
         node = entry.value

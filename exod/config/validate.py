@@ -27,7 +27,7 @@ from exod.core.sizes import parse_size
 from exod.core.kinds import INSTANCE_NAME_RE, Kind
 from exod.config.yamlpos import (
     Broken,
-    Entry,
+    MapEntry,
     MapNode,
     Node,
     Scalar,
@@ -166,7 +166,7 @@ class Validator:
                 kwargs[f.name] = value
         return cls(**kwargs) if ok else INVALID
 
-    def _entries(self, node: Node | None, path: str) -> dict[str, Entry] | None:
+    def _entries(self, node: Node | None, path: str) -> dict[str, MapEntry] | None:
         """The entries of a mapping node; None (reported) when it is not one."""
         if isinstance(node, Broken):
             return None
@@ -178,7 +178,7 @@ class Validator:
         self.report(node.mark, path, f"expected a mapping, got {describe(node)}")
         return None
 
-    def _check_keys(self, cls: type, entries: dict[str, Entry], path: str) -> bool:
+    def _check_keys(self, cls: type, entries: dict[str, MapEntry], path: str) -> bool:
         """Every written key is one an operator may set; each one that is not is reported."""
         settable = [f.name for f in settable_fields(cls)]
         internal = {f.name: f for f in dataclasses.fields(cls)

@@ -36,7 +36,7 @@ class Scalar:
 
 
 @dataclass
-class Entry:
+class MapEntry:
     key: str
     key_mark: Mark
     value: Node
@@ -45,7 +45,7 @@ class Entry:
 @dataclass
 class MapNode:
     mark: Mark
-    entries: dict[str, Entry] = field(default_factory=dict)
+    entries: dict[str, MapEntry] = field(default_factory=dict)
 
 
 @dataclass
@@ -188,7 +188,7 @@ class _Converter:
                 self.problem(kmark, sub, f"duplicate {self.noun(path)} {key!r} "
                                          f"(first defined at {first.key_mark})")
                 continue
-            out.entries[key] = Entry(key, kmark, self.convert(vnode, sub))
+            out.entries[key] = MapEntry(key, kmark, self.convert(vnode, sub))
         # `<<: *base`: keys written here win; among several merged maps the earlier wins.
         for merge in merges:
             sources = merge.value if isinstance(merge, yaml.SequenceNode) else [merge]

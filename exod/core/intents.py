@@ -2,7 +2,7 @@
 unit does, instead of flags beside the state.
 
 A stop ends when every process of the instance is gone; then its intent decides: stay stopped
-(`Rest`), stay stopped across reloads until an operator starts it (`Hold`), start again
+(`StayStopped`), stay stopped across reloads until an operator starts it (`Hold`), start again
 (`Again`), follow the restart policy after a failure (`Recover`), or make way for what a reload
 put in its place (`Retire`). A second request during the stop merges into the intent it finds
 (`on_stop`, `on_start`, `on_retire`). Pure: no I/O.
@@ -20,7 +20,7 @@ Settings = TypeVar("Settings")  # what replaces a retired instance: its new conf
 
 
 @dataclass(frozen=True)
-class Rest:
+class StayStopped:
     """Stay stopped: exod is stopping, the instance is idle or evicted, a plain stop."""
 
 
@@ -56,7 +56,7 @@ class Retire(Generic[Settings]):
     restart: bool
 
 
-Intent = Rest | Hold | Again | Recover | Retire[Any]
+Intent = StayStopped | Hold | Again | Recover | Retire[Any]
 
 
 @dataclass
@@ -78,7 +78,7 @@ def on_stop(current: Intent | None, operator: bool) -> Intent:
     A retirement stays one: the reload that asked for it decides what follows."""
     if isinstance(current, Retire):
         return replace(current, hold=current.hold or operator)
-    return Hold() if operator or isinstance(current, Hold) else Rest()
+    return Hold() if operator or isinstance(current, Hold) else StayStopped()
 
 
 def on_start(current: Intent, operator: bool) -> Intent:

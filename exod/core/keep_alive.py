@@ -15,6 +15,7 @@ from exod.core.request_rules import RequestError
 NEVER = math.inf
 
 
+# The same name as exod.config.schema.KeepAliveBounds, which it describes: core imports no config.
 class KeepAliveBounds(Protocol):
     """The operator's floor and ceiling (the config's `keep_alive: {min, max}`), in seconds."""
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+# The same name as exod.config.schema.StopPolicy, which it describes: core imports no config.
 class StopPolicy(Protocol):
     """What the ladder reads of a stop policy (the config's `stop`), in seconds."""
 

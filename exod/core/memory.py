@@ -61,7 +61,9 @@ class HeaderError(ValueError):
 
 
 @dataclass(frozen=True)
-class Tensor:
+class TensorInfo:
+    """A tensor as a safetensors header describes it: no data."""
+
     name: str
     dtype: str  # safetensors' name: F32, BF16, U32, ...
     nbytes: int
@@ -115,7 +117,7 @@ class Estimate:
 
 
 # ---- reading -------------------------------------------------------------------------------
-def read_header(path: Path) -> list[Tensor]:
+def read_header(path: Path) -> list[TensorInfo]:
     """The tensors a .safetensors file declares. Raises HeaderError (one line) or OSError."""
     with open(path, "rb") as f:
         head = f.read(8)
@@ -145,11 +147,11 @@ def read_header(path: Path) -> list[Tensor]:
             raise HeaderError(f"{path}: tensor {name!r} has no valid dtype/data_offsets") from None
         if nbytes < 0:
             raise HeaderError(f"{path}: tensor {name!r} ends before it starts")
-        out.append(Tensor(name, dtype, nbytes))
+        out.append(TensorInfo(name, dtype, nbytes))
     return out
 
 
-def model_tensors(model_dir: Path) -> list[Tensor]:
+def model_tensors(model_dir: Path) -> list[TensorInfo]:
     """Every tensor of the model's weight files (mlx-lm loads `model*.safetensors`)."""
     files = sorted(model_dir.glob("model*.safetensors"))
     if not files:
@@ -165,14 +167,14 @@ def run_dtype(dtype: str, on_cpu: bool) -> str | None:
     return dtype
 
 
-def tensor_bytes(t: Tensor, cast_to: str | None) -> int:
+def tensor_bytes(t: TensorInfo, cast_to: str | None) -> int:
     size = FLOAT_SIZES.get(t.dtype)
     if cast_to is None or size is None:
         return t.nbytes  # kept as stored: integers (quantized), or no cast
     return t.nbytes // size * RUN_SIZES[cast_to]
 
 
-def uses(t: Tensor, shard: Shard, parallelism: str, tied: bool) -> float:
+def uses(t: TensorInfo, shard: Shard, parallelism: str, tied: bool) -> float:
     """The fraction of tensor `t` this rank holds."""
     layer = t.layer
     if shard.world == 1 or shard.total == 0:
@@ -190,7 +192,7 @@ def uses(t: Tensor, shard: Shard, parallelism: str, tied: bool) -> float:
     return 1.0
 
 
-def weight_bytes(tensors: Iterable[Tensor], shard: Shard, parallelism: str, cast_to: str | None,
+def weight_bytes(tensors: Iterable[TensorInfo], shard: Shard, parallelism: str, cast_to: str | None,
                  tied: bool) -> int:
     return int(sum(tensor_bytes(t, cast_to) * uses(t, shard, parallelism, tied)
                    for t in tensors))
@@ -258,10 +260,10 @@ def picture_budget(tower: Tower | None) -> int:
     return min(PICTURE_BYTES_MAX, max(PICTURE_BYTES_MIN, MAX_IMAGES * one))
 
 
-def estimate(tensors: list[Tensor], config: dict[str, object], shard: Shard, parallelism: str,
+def estimate(tensors: list[TensorInfo], config: dict[str, object], shard: Shard, parallelism: str,
              dtype: str, on_cpu: bool, concurrency: int, context_tokens: int,
              kv: KvSpec = KvSpec(),
-             draft: tuple[list[Tensor], dict[str, object]] | None = None,
+             draft: tuple[list[TensorInfo], dict[str, object]] | None = None,
              tower: Tower | None = None) -> Estimate:
     """draft: the draft model's tensors and config.json (speculative decoding): its weights
     and KV cache are added, with the same options. tower: a model that sees (its weights are
@@ -282,7 +284,7 @@ def estimate(tensors: list[Tensor], config: dict[str, object], shard: Shard, par
     return Estimate(weights=weights, kv=cache, runtime=RUNTIME_BYTES, vision=sight)
 
 
-def encoder_estimate(tensors: list[Tensor], config: dict[str, object], dtype: str, on_cpu: bool,
+def encoder_estimate(tensors: list[TensorInfo], config: dict[str, object], dtype: str, on_cpu: bool,
                      max_tokens: int, batch_tokens: int) -> Estimate:
     """An embedding model or a reranker (exod.runner.embed): its weights, and the activations
     of its largest batch (`batch_tokens` padded tokens, each input at most `max_tokens`): a

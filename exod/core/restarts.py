@@ -16,6 +16,7 @@ from exod.core.exits import ExitInfo
 RestartMode = Literal["no", "on-failure", "always"]
 
 
+# The same name as exod.config.schema.BackoffPolicy, which it describes: core imports no config.
 class BackoffPolicy(Protocol):
     """What a backoff reads of its policy (the config's `backoff`); durations in seconds."""
 
@@ -35,6 +36,7 @@ class BackoffPolicy(Protocol):
     def reset_after(self) -> float: ...
 
 
+# The same name as exod.config.schema.StartLimit, which it describes: core imports no config.
 class StartLimit(Protocol):
     """At most `burst` failed starts within `interval` seconds (the config's `start_limit`)."""
 

@@ -88,7 +88,7 @@ class Commands:
             return cm.StatusReply(snap.daemon, snap.instances)
         if isinstance(req, cm.Reload):
             return await sup.reloader.reload()
-        if sup.stopping and isinstance(req, (cm.Start, cm.Restart)):
+        if sup.stopping and isinstance(req, (cm.Start, cm.RestartRequest)):
             return cm.Failure("exod is stopping")
         if isinstance(req, cm.Start):
             inst = self._get(req.name)
@@ -100,7 +100,7 @@ class Commands:
             inst = self._get(req.name)
             await self._stopped(inst, operator=True)
             return cm.StateReply(inst.state)
-        if isinstance(req, cm.Restart):
+        if isinstance(req, cm.RestartRequest):
             inst = self._get(req.name)
             await self._stopped(inst, operator=False)
             if sup.stopping:  # shutdown began while this instance was stopping
@@ -176,7 +176,7 @@ class Commands:
         finally:
             unlisten()
 
-    async def _logs(self, req: cm.Logs, emit: Emit) -> cm.Done:
+    async def _logs(self, req: cm.Logs, emit: Emit) -> cm.DoneReply:
         """The last lines as line events, then (follow) every new one until the client
         leaves."""
         name = self._get(req.name).name
@@ -193,7 +193,7 @@ class Commands:
                 await emit(line.event())
             while unfollow is not None:
                 await emit((await q.get()).event())
-            return cm.Done()
+            return cm.DoneReply()
         finally:
             if unfollow is not None:
                 unfollow()

@@ -110,7 +110,7 @@ class Progress:
         self.verifying, self.last_bytes_at, self.flowing_since = False, now, None
         self.samples.clear()
 
-    def update(self, msg: m.Download, now: float) -> bool:
+    def update(self, msg: m.DownloadProgress, now: float) -> bool:
         """Record a report; whether bytes moved."""
         moved = (msg.done, msg.verifying, msg.total) != (self.done, self.verifying, self.total)
         if moved:
@@ -315,7 +315,7 @@ class Downloads:
         d = self.by_pid.get(pid)
         if d is None:
             return
-        if isinstance(msg, m.Download):
+        if isinstance(msg, m.DownloadProgress):
             if d.progress.update(msg, self.seam.now()):
                 d.stalled = False
         elif isinstance(msg, m.Status):

@@ -171,7 +171,7 @@ class RankGroup:
         log = self.owner.log.bind(rank=rank.rank, pid=pid)
         if isinstance(msg, m.Status):
             self._watch_forming()
-        elif isinstance(msg, m.Progress):
+        elif isinstance(msg, m.LoadProgress):
             self._progress(rank)
         elif isinstance(msg, m.Failed):
             log.error("{}", rank.error)

@@ -60,7 +60,7 @@ class RankRuntime:
     ladder: LadderDriver | None = None  # while it is being stopped
     signals_sent: list[str] = field(default_factory=list)
     last_heartbeat: float | None = None
-    serving: m.Serving | None = None  # the engine's figures, as the runner last sent them
+    serving: m.ServingReport | None = None  # the engine's figures, as the runner last sent them
 
     @property
     def rank(self) -> int:
@@ -95,10 +95,10 @@ class RankRuntime:
             before = (self.phase, self.status_text, self.attempt)
             self.phase, self.status_text, self.attempt = msg.phase, _said(msg.text), msg.attempt
             return (self.phase, self.status_text, self.attempt) != before
-        if isinstance(msg, m.Progress):
+        if isinstance(msg, m.LoadProgress):
             self.layers_loaded, self.layers_total, self.last_progress = msg.loaded, msg.total, now
             self.phase, self.status_text = m.Phase.LOADING, f"loading {msg.loaded}/{msg.total}"
-        elif isinstance(msg, m.Serving):
+        elif isinstance(msg, m.ServingReport):
             self.serving = msg
         elif isinstance(msg, m.Failed):
             self.error = self.status_text = _said(msg.reason)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from exod.wire import control_status as cs
 from exod.core.durations import format_duration
-from exod.wire.messages import Phase, Serving
+from exod.wire.messages import Phase, ServingReport
 from exod.core.states import State
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.rank import RankRuntime
@@ -94,7 +94,7 @@ def rank_status(rank: RankRuntime, now: float, stall_after: float) -> cs.RankSta
     )
 
 
-def serving_status(s: Serving | None) -> cs.ServingStatus | None:
+def serving_status(s: ServingReport | None) -> cs.ServingStatus | None:
     """How the serving rank serves, as its runner last reported (None before that), with the
     prompt cache's hit rate (hits per lookup)."""
     if s is None:
@@ -113,7 +113,7 @@ def serving_status(s: Serving | None) -> cs.ServingStatus | None:
         speculative(s))
 
 
-def disk_status(s: Serving) -> cs.DiskCacheStatus | None:
+def disk_status(s: ServingReport) -> cs.DiskCacheStatus | None:
     """The disk tier's figures (its hit rate per lookup), or None without a disk tier."""
     if not s.disk_max_bytes:
         return None
@@ -125,7 +125,7 @@ def disk_status(s: Serving) -> cs.DiskCacheStatus | None:
         writes=s.disk_writes, errors=s.disk_errors)
 
 
-def speculative(s: Serving) -> cs.SpeculativeStatus | None:
+def speculative(s: ServingReport) -> cs.SpeculativeStatus | None:
     """A draft model's figures (accepted per drafted token), or None without one."""
     if not s.draft_tokens:
         return None

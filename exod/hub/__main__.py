@@ -2,7 +2,7 @@
 `exod check` to learn what fetching one would take.
 
 Its command line holds the channel's descriptor alone. It says hello on the channel; the first
-frame it reads is what to do (exod.wire.specs): a `FetchSpec` (fetch, reporting `Download` progress,
+frame it reads is what to do (exod.wire.specs): a `FetchSpec` (fetch, reporting `DownloadProgress`,
 then `Fetched` or `Failed`), or a `PlanAsk` (one `Planned` or `Failed`, nothing downloaded).
 Then a shutdown request (rung 1 of the ladder) or the end of the channel ends the process at
 once: whatever was downloaded stays on disk, and the next fetch resumes from it.
@@ -21,7 +21,7 @@ from pathlib import Path
 from exod.wire import messages as m
 from exod.wire.child_end import ChildEnd
 from exod.core.exits import EXIT_UNAVAILABLE, EXIT_USAGE
-from exod.hub.fetch import Job, main, plan_only
+from exod.hub.fetch import FetchJob, main, plan_only
 from exod.core.hub_ref import make
 from exod.secret_file import SecretFileError, read_secret
 from exod.wire.specs import FETCHER_FIRST, FetchSpec, PlanAsk
@@ -77,7 +77,7 @@ def entry(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"bad fetch spec: {e}", flush=True)
         return EXIT_USAGE
-    job = Job(ref, spec.cache, spec.offline, token, spec.commit, link)
+    job = FetchJob(ref, spec.cache, spec.offline, token, spec.commit, link)
     return plan_only(job) if isinstance(spec, PlanAsk) else main(job)
 
 

@@ -197,7 +197,7 @@ def touch(cache: Path, ref: HubRef, commit: str) -> None:
 
 
 @dataclass(frozen=True)
-class Entry:
+class CachedRepo:
     """One repository in the cache, as `exoctl models` lists it."""
 
     repo: str
@@ -243,7 +243,7 @@ def _blob_sizes(folder: Path) -> tuple[int, int]:
     return total, partial
 
 
-def entries(cache: Path) -> list[Entry]:
+def entries(cache: Path) -> list[CachedRepo]:
     try:
         folders = sorted(p for p in cache.iterdir() if p.name.startswith("models--"))
     except OSError:
@@ -253,7 +253,7 @@ def entries(cache: Path) -> list[Entry]:
         repo = folder.name.removeprefix("models--").replace("--", "/", 1)
         why = repo_problem(cache, HubRef(repo))
         if why is not None:
-            out.append(Entry(repo, {}, (), 0, 0, None, problem=why))
+            out.append(CachedRepo(repo, {}, (), 0, 0, None, problem=why))
             continue
         revisions: dict[str, str] = {}
         refs = folder / "refs"
@@ -269,7 +269,7 @@ def entries(cache: Path) -> list[Entry]:
         except OSError:
             commits = ()
         size, partial = _blob_sizes(folder)
-        out.append(Entry(repo, revisions, commits, size, partial, _last_use(folder)))
+        out.append(CachedRepo(repo, revisions, commits, size, partial, _last_use(folder)))
     return out
 
 

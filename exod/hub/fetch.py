@@ -38,7 +38,7 @@ class FetchRefused(Exception):
 
 
 @dataclass
-class Job:
+class FetchJob:
     ref: HubRef
     cache: Path
     offline: bool
@@ -57,7 +57,7 @@ def record(f: Any) -> hc.FileRecord:
     return hc.FileRecord(f.size, f.blob_id, git_sha1=f.blob_id)
 
 
-def from_blobs(job: Job, commit: str) -> hc.Manifest | None:
+def from_blobs(job: FetchJob, commit: str) -> hc.Manifest | None:
     """A snapshot fetched by someone else (mlx-lm): its blobs are named by their hashes. One
     made of plain files instead of links (a cache copied with its links followed, or a file
     system without links) has no hash to tell: its files are taken as they are."""
@@ -82,7 +82,7 @@ def from_blobs(job: Job, commit: str) -> hc.Manifest | None:
     return hc.Manifest(commit, files) if files else None
 
 
-def plan(job: Job) -> hc.Manifest:
+def plan(job: FetchJob) -> hc.Manifest:
     """The files to have, with the hub's hashes: from exod's record, else from the hub."""
     strange = hc.repo_problem(job.cache, job.ref, job.commit)
     if strange is not None:  # e.g. a link out of the cache: never read through, nor written
@@ -115,7 +115,7 @@ def plan(job: Job) -> hc.Manifest:
         return found
 
 
-def ask_hub(job: Job, commit: str | None) -> hc.Manifest:
+def ask_hub(job: FetchJob, commit: str | None) -> hc.Manifest:
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
@@ -147,7 +147,7 @@ def cannot_connect(e: BaseException) -> bool:
     return False
 
 
-def begun(job: Job) -> bool:
+def begun(job: FetchJob) -> bool:
     """A download of this repository is under way: a partial file waits to be resumed (each is
     made before its first request)."""
     try:
@@ -156,7 +156,7 @@ def begun(job: Job) -> bool:
         return False
 
 
-def unreachable(job: Job, e: Exception, where: bool = True) -> str | None:
+def unreachable(job: FetchJob, e: Exception, where: bool = True) -> str | None:
     """With no network, a model not in the cache fails at once, saying why (`exoctl start` or a
     reload tries again); a download under way is retried with backoff, as an outage may pass."""
     if not cannot_connect(e) or begun(job):
@@ -177,10 +177,10 @@ def free_space(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-class Reporter:
+class BytesReporter:
     """A thread that sums the bytes on disk and reports them while they change."""
 
-    def __init__(self, job: Job, manifest: hc.Manifest) -> None:
+    def __init__(self, job: FetchJob, manifest: hc.Manifest) -> None:
         self.job, self.manifest = job, manifest
         self.blobs = {r.blob: r.size for r in manifest.files.values()}
         self._stop = threading.Event()
@@ -190,9 +190,9 @@ class Reporter:
         done = min(hc.partial_bytes(self.job.cache, self.job.ref, self.blobs), self.manifest.size)
         if done != self._last:
             self._last = done
-            self.job.link.send(m.Download(done=done, total=self.manifest.size))
+            self.job.link.send(m.DownloadProgress(done=done, total=self.manifest.size))
 
-    def __enter__(self) -> Reporter:
+    def __enter__(self) -> BytesReporter:
         self.tick()
         threading.Thread(target=self._run, name="exod-hub-progress", daemon=True).start()
         return self
@@ -206,7 +206,7 @@ class Reporter:
         self.tick()
 
 
-def download(job: Job, manifest: hc.Manifest) -> None:
+def download(job: FetchJob, manifest: hc.Manifest) -> None:
     snap = hc.snapshot_dir(job.cache, job.ref, manifest.commit)
     missing = sorted((n for n in manifest.files if not (snap / n).exists()),
                      key=lambda n: manifest.files[n].size)
@@ -220,7 +220,7 @@ def download(job: Job, manifest: hc.Manifest) -> None:
     problem = disk_problem(str(job.ref), need, free_space(job.cache), str(job.cache))
     if problem:
         raise FetchRefused(problem)
-    with Reporter(job, manifest):
+    with BytesReporter(job, manifest):
         for name in missing:
             good = fetch_file(job, manifest.commit, name, manifest.files[name])
             if good:  # hashed as it came: no second read of the file
@@ -229,7 +229,7 @@ def download(job: Job, manifest: hc.Manifest) -> None:
                     manifest.checked[name] = stamp
 
 
-def fetch_file(job: Job, commit: str, name: str, rec: hc.FileRecord) -> bool | None:
+def fetch_file(job: FetchJob, commit: str, name: str, rec: hc.FileRecord) -> bool | None:
     """One file into `blobs/ETAG` and its link in the snapshot, resuming `ETAG.incomplete`;
     whether it matches the hub's hash (hashed as it is written), None if not fetched here.
 
@@ -262,7 +262,7 @@ def fetch_file(job: Job, commit: str, name: str, rec: hc.FileRecord) -> bool | N
     return good
 
 
-def get_rest(job: Job, commit: str, name: str, part: Path, have: int, hasher: Hasher) -> None:
+def get_rest(job: FetchJob, commit: str, name: str, part: Path, have: int, hasher: Hasher) -> None:
     """Append to `part` what follows its first `have` bytes."""
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
@@ -288,7 +288,7 @@ def get_rest(job: Job, commit: str, name: str, part: Path, have: int, hasher: Ha
                 hasher.update(chunk)
 
 
-def check(job: Job, manifest: hc.Manifest) -> list[str]:
+def check(job: FetchJob, manifest: hc.Manifest) -> list[str]:
     """Hash every file not checked since it last changed; the names of the bad ones."""
     snap = hc.snapshot_dir(job.cache, job.ref, manifest.commit)
     todo = {n: r for n, r in manifest.files.items()
@@ -302,7 +302,7 @@ def check(job: Job, manifest: hc.Manifest) -> list[str]:
         done += n
         if time.monotonic() - last >= TICK:
             last = time.monotonic()
-            job.link.send(m.Download(done=min(done, total), total=total, verifying=True))
+            job.link.send(m.DownloadProgress(done=min(done, total), total=total, verifying=True))
 
     bad = []
     for name, rec in sorted(todo.items()):
@@ -315,7 +315,7 @@ def check(job: Job, manifest: hc.Manifest) -> list[str]:
     return bad
 
 
-def drop(job: Job, manifest: hc.Manifest, names: list[str]) -> None:
+def drop(job: FetchJob, manifest: hc.Manifest, names: list[str]) -> None:
     """Remove bad files (their blob and the snapshot's link) so they are fetched again."""
     snap = hc.snapshot_dir(job.cache, job.ref, manifest.commit)
     for name in names:
@@ -327,7 +327,7 @@ def drop(job: Job, manifest: hc.Manifest, names: list[str]) -> None:
                 pass
 
 
-def run(job: Job) -> Path:
+def run(job: FetchJob) -> Path:
     manifest = plan(job)
     for attempt in range(2):
         download(job, manifest)
@@ -366,7 +366,7 @@ def refusal(e: Exception) -> str | None:
     return None
 
 
-def plan_only(job: Job) -> int:
+def plan_only(job: FetchJob) -> int:
     """A `PlanAsk`: one `Planned` (commit, size, missing bytes, free bytes), or the refusal."""
     try:
         manifest = plan(job)
@@ -381,7 +381,7 @@ def plan_only(job: Job) -> int:
     return 0
 
 
-def main(job: Job) -> int:
+def main(job: FetchJob) -> int:
     try:
         path = run(job)
     except Exception as e:  # noqa: BLE001 -- every failure is reported, as one line

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exod.paths import READABLE, make_dirs
-from exod.service_files.install import Planned
+from exod.service_files.install import PlannedFile
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def _current(path: Path) -> tuple[str, int] | None:
         return None
 
 
-def write(plan: list[Planned]) -> list[Change]:
+def write(plan: list[PlannedFile]) -> list[Change]:
     out = []
     for item in plan:
         if item.folder:
@@ -62,7 +62,7 @@ def write(plan: list[Planned]) -> list[Change]:
     return out
 
 
-def _make_folder(item: Planned) -> Change:
+def _make_folder(item: PlannedFile) -> Change:
     """A folder the service needs and its manager will not make (launchd's log folder): made
     with its mode if absent; an existing one is left as it is (the operator's, or ours)."""
     if item.path.is_dir():
@@ -71,7 +71,7 @@ def _make_folder(item: Planned) -> Change:
     return Change(item.path, "created")
 
 
-def set_groups(plan: list[Planned], changes: list[Change]) -> list[str]:
+def set_groups(plan: list[PlannedFile], changes: list[Change]) -> list[str]:
     """chgrp the files this run created that should be readable by the service's group (the
     config, 0640): possible only once systemd-sysusers has made the group."""
     created = {c.path for c in changes if c.what == "created"}

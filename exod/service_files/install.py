@@ -45,7 +45,7 @@ class InstallError(Exception):
 
 
 @dataclass(frozen=True)
-class Planned:
+class PlannedFile:
     path: Path
     content: str
     mode: int = 0o644
@@ -142,25 +142,25 @@ def with_exec(unit: str, exod: Path) -> str:
 
 
 def systemd_plan(exod: Path, root: Path, binds: list[str] | None = None,
-                 tmp: list[str] | None = None) -> list[Planned]:
+                 tmp: list[str] | None = None) -> list[PlannedFile]:
     """The system service; `binds`: the folders under home directories it needs (home_binds),
     `tmp`: those under /tmp and /var/tmp (tmp_binds)."""
     pkg = packaging_dir() / "systemd"
     unit = stamped(with_exec((pkg / "exod.service").read_text(), exod), "unit")
-    plan = [Planned(root / SYSTEM_UNIT, unit)]
+    plan = [PlannedFile(root / SYSTEM_UNIT, unit)]
     if binds:
-        plan.append(Planned(root / HOME_DROPIN, stamped(home_dropin(binds), "unit")))
+        plan.append(PlannedFile(root / HOME_DROPIN, stamped(home_dropin(binds), "unit")))
     if tmp:
-        plan.append(Planned((root / SYSTEM_UNIT).parent / TMP_DROPIN,
+        plan.append(PlannedFile((root / SYSTEM_UNIT).parent / TMP_DROPIN,
                             stamped(tmp_dropin(tmp), "unit")))
     plan += [
-        Planned(root / SYSUSERS, (pkg / "exod.sysusers").read_text()),
-        Planned(root / SYSTEM_CONFIG, example_config(), 0o640, keep_existing=True,
+        PlannedFile(root / SYSUSERS, (pkg / "exod.sysusers").read_text()),
+        PlannedFile(root / SYSTEM_CONFIG, example_config(), 0o640, keep_existing=True,
                 group=SERVICE_GROUP),
     ]
     tmpfiles = pkg / "exod.tmpfiles"
     if tmpfiles.is_file():
-        plan.append(Planned(root / TMPFILES, tmpfiles.read_text()))
+        plan.append(PlannedFile(root / TMPFILES, tmpfiles.read_text()))
     return plan
 
 
@@ -176,34 +176,36 @@ def _rooted(root: Path, path: Path) -> Path:
 
 
 def systemd_user_plan(exod: Path, root: Path, home: Path,
-                      tmp: list[str] | None = None) -> list[Planned]:
+                      tmp: list[str] | None = None) -> list[PlannedFile]:
     """A systemd user service: the user's own manager runs it as the user, so it reads the
     user's models; config in ~/.config/exod, socket in $XDG_RUNTIME_DIR/exod. `tmp`: the
     folders under /tmp and /var/tmp it needs (tmp_binds)."""
     units, config = user_dirs(home)
     text = (packaging_dir() / "systemd" / "exod-user.service").read_text()
-    plan = [Planned(_rooted(root, units / "exod.service"), stamped(with_exec(text, exod), "unit"))]
+    plan = [PlannedFile(_rooted(root, units / "exod.service"),
+                        stamped(with_exec(text, exod), "unit"))]
     if tmp:
-        plan.append(Planned(_rooted(root, units / TMP_DROPIN), stamped(tmp_dropin(tmp), "unit")))
-    return [*plan, Planned(_rooted(root, config / "exod.yaml"), example_config(), 0o600,
+        plan.append(PlannedFile(_rooted(root, units / TMP_DROPIN),
+                                stamped(tmp_dropin(tmp), "unit")))
+    return [*plan, PlannedFile(_rooted(root, config / "exod.yaml"), example_config(), 0o600,
                            keep_existing=True)]
 
 
-def launchd_plan(exod: Path, root: Path, user: bool, home: Path | None = None) -> list[Planned]:
+def launchd_plan(exod: Path, root: Path, user: bool, home: Path | None = None) -> list[PlannedFile]:
     pkg = packaging_dir() / "launchd"
     if user:
         home = home or Path.home()
         text = (pkg / "io.exod.exod.agent.plist").read_text()
         text = text.replace(PLIST_BIN, str(exod)).replace("~/", f"{home}/")
         return [
-            Planned(_rooted(root, home / "Library/LaunchAgents/io.exod.exod.plist"),
+            PlannedFile(_rooted(root, home / "Library/LaunchAgents/io.exod.exod.plist"),
                     stamped(text, "plist")),
-            Planned(_rooted(root, home / ".config/exod/exod.yaml"), example_config(), 0o640,
+            PlannedFile(_rooted(root, home / ".config/exod/exod.yaml"), example_config(), 0o640,
                     keep_existing=True),
         ]
     text = (pkg / "io.exod.exod.plist").read_text().replace(PLIST_BIN, str(exod))
     return [
-        Planned(root / "Library/LaunchDaemons/io.exod.exod.plist", stamped(text, "plist")),
-        Planned(root / SYSTEM_CONFIG, example_config(), 0o640, keep_existing=True),
-        Planned(root / LAUNCHD_LOGS, "", 0o755, folder=True),
+        PlannedFile(root / "Library/LaunchDaemons/io.exod.exod.plist", stamped(text, "plist")),
+        PlannedFile(root / SYSTEM_CONFIG, example_config(), 0o640, keep_existing=True),
+        PlannedFile(root / LAUNCHD_LOGS, "", 0o755, folder=True),
     ]

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Problem:
+class SystemProblem:
     what: str
     fix: str = ""
 
@@ -39,31 +39,31 @@ class Problem:
         return f"problem: {self.what}" + (f"; fix: {self.fix}" if self.fix else "")
 
 
-def unit_problems(path: Path, runner: steps.Runner, live: bool) -> list[Problem]:
+def unit_problems(path: Path, runner: steps.Runner, live: bool) -> list[SystemProblem]:
     """The file itself: written by this exod or a newer one, loaded by systemd as it is."""
     out = []
     version = read_stamp(path.read_text())
     if version is not None and older(version):
-        out.append(Problem(f"{path} was installed by exod {version}, older than this exod "
+        out.append(SystemProblem(f"{path} was installed by exod {version}, older than this exod "
                            f"{__version__}",
                            f"{exod_command('install')} && sudo systemctl restart exod"))
     if live:
         code, text = runner(["systemctl", "show", "exod.service", "--property=NeedDaemonReload",
                              "--value"])
         if code == 0 and text.strip() == "yes":
-            out.append(Problem("systemd runs an older copy of the unit than the one on disk",
+            out.append(SystemProblem("systemd runs an older copy of the unit than the one on disk",
                                "sudo systemctl daemon-reload"))
     return out
 
 
-def exec_problems(svc: dict[str, str], who: Identity) -> list[Problem]:
+def exec_problems(svc: dict[str, str], who: Identity) -> list[SystemProblem]:
     """ExecStart's exod and the interpreter of its #! line, reachable by the service."""
     argv = shlex.split(svc.get("ExecStart", "").lstrip("-@:+!"))
     if not argv:
-        return [Problem("the unit has no ExecStart=", exod_command("install"))]
+        return [SystemProblem("the unit has no ExecStart=", exod_command("install"))]
     exe = Path(argv[0])
     if not os.access(exe, os.X_OK):
-        return [Problem(f"ExecStart names {exe}, which is not an executable file",
+        return [SystemProblem(f"ExecStart names {exe}, which is not an executable file",
                         "run `exod install` with the exod you mean to run")]
     paths = [exe]
     with open(exe, "rb") as f:
@@ -75,7 +75,7 @@ def exec_problems(svc: dict[str, str], who: Identity) -> list[Problem]:
         problem = reach_problem(p, who, svc)
         if problem is not None:
             why, _ = problem
-            out.append(Problem(f"the service cannot run {exe}: {why}",
+            out.append(SystemProblem(f"the service cannot run {exe}: {why}",
                                f"sudo {shlex.quote(str(exe))} install  (adds the read-only "
                                f"binds it needs)"))
             break
@@ -86,7 +86,7 @@ SYSTEM_DIRS = {"RuntimeDirectory": Path("/run"), "StateDirectory": Path("/var/li
 
 
 def dir_problems(svc: dict[str, str], who: Identity,
-                 bases: dict[str, Path] = SYSTEM_DIRS) -> list[Problem]:
+                 bases: dict[str, Path] = SYSTEM_DIRS) -> list[SystemProblem]:
     """RuntimeDirectory=/StateDirectory= that exist already: owned by the user, in their mode
     (systemd creates them at start, so absent is fine)."""
     out = []
@@ -98,10 +98,10 @@ def dir_problems(svc: dict[str, str], who: Identity,
                 continue
             st = d.stat()
             if st.st_uid != who.uid:
-                out.append(Problem(f"{d} belongs to uid {st.st_uid}, not to {who.name}",
+                out.append(SystemProblem(f"{d} belongs to uid {st.st_uid}, not to {who.name}",
                                    f"sudo chown -R {who.name}: {d}"))
             elif stat.S_IMODE(st.st_mode) != mode:
-                out.append(Problem(f"{d} has mode {stat.S_IMODE(st.st_mode):04o}, the unit's "
+                out.append(SystemProblem(f"{d} has mode {stat.S_IMODE(st.st_mode):04o}, the unit's "
                                    f"{key}Mode= is {mode:04o}", f"sudo chmod {mode:04o} {d}"))
     return out
 
@@ -150,7 +150,7 @@ def listeners(cfg: Config) -> list[tuple[str, str]]:
     return out
 
 
-def port_problems(cfg: Config, bind: Bind = try_bind) -> list[Problem]:
+def port_problems(cfg: Config, bind: Bind = try_bind) -> list[SystemProblem]:
     """Every listener's address must be free to bind (asked only while exod is stopped)."""
     out = []
     for setting, listen in listeners(cfg):
@@ -159,14 +159,14 @@ def port_problems(cfg: Config, bind: Bind = try_bind) -> list[Problem]:
         if why is None:
             continue
         key = setting.split(" ")[0]
-        out.append(Problem(f"{setting} {listen} cannot be bound: {why}",
+        out.append(SystemProblem(f"{setting} {listen} cannot be bound: {why}",
                            f"free it (`ss -ltnp 'sport = :{port}'` shows who holds it) or "
                            f"change {key}"))
     return out
 
 
 def config_problems(path: Path, svc: dict[str, str], who: Identity, active: bool,
-                    bind: Bind = try_bind) -> tuple[list[Problem], float | None]:
+                    bind: Bind = try_bind) -> tuple[list[SystemProblem], float | None]:
     """The config readable by the service, valid, its models readable, its ports free. Also
     returns the ladder's worst case (None when the config cannot be read)."""
     from exod.config import ConfigError, load_config
@@ -176,11 +176,11 @@ def config_problems(path: Path, svc: dict[str, str], who: Identity, active: bool
     out = []
     if problem is not None:
         why, fix = problem
-        out.append(Problem(f"config {path}: {why}", fix))
+        out.append(SystemProblem(f"config {path}: {why}", fix))
     try:
         cfg = load_config(path)
     except ConfigError as e:
-        return out + [Problem(f"config {path} is invalid ({len(e.problems)} problem(s))",
+        return out + [SystemProblem(f"config {path} is invalid ({len(e.problems)} problem(s))",
                               f"exod check -c {path}")], None
     for name, inst in sorted(cfg.instances.items()):
         if inst.hub is not None:
@@ -188,14 +188,14 @@ def config_problems(path: Path, svc: dict[str, str], who: Identity, active: bool
         problem = tree_problem(Path(inst.model), who, svc)
         if problem is not None:
             why, fix = problem
-            out.append(Problem(f"instance {name}: model {inst.model}: {why}", fix))
+            out.append(SystemProblem(f"instance {name}: model {inst.model}: {why}", fix))
     hub_cache = cfg.hub.cache
     if hub_cache is not None and any(i.hub for i in cfg.instances.values()):
         # The default (the service's StateDirectory) is its own; a configured one may not be.
         problem = reach_problem(hub_cache, who, svc)
         if problem is not None:
             why, fix = problem
-            out.append(Problem(f"hub.cache {hub_cache}: {why}", fix))
+            out.append(SystemProblem(f"hub.cache {hub_cache}: {why}", fix))
     ports = [] if active else port_problems(cfg, bind)
     return out + ports, longest(cfg.stop_policies())
 
@@ -216,25 +216,25 @@ SYSUSERS_FIX = "sudo systemd-sysusers /etc/sysusers.d/exod.conf"
 def user_problems(svc: dict[str, str],
                   lookup: Callable[[str, str | None, list[str]], Identity | None] = identity,
                   has_group: Callable[[str], bool] = group_exists
-                  ) -> tuple[Identity | None, list[Problem]]:
+                  ) -> tuple[Identity | None, list[SystemProblem]]:
     """The unit's User= (root when unset) and Group= exist: the service's identity, or None
     when there is no such user (nothing can be judged as that user then)."""
     user = svc.get("User", "root")
     who = lookup(user, svc.get("Group"), svc.get("SupplementaryGroups", "").split())
     if who is None:
-        return None, [Problem(f"the service user {user} does not exist", SYSUSERS_FIX)]
+        return None, [SystemProblem(f"the service user {user} does not exist", SYSUSERS_FIX)]
     group = svc.get("Group")
     if group and not has_group(group):
-        return who, [Problem(f"the service group {group} does not exist", SYSUSERS_FIX)]
+        return who, [SystemProblem(f"the service group {group} does not exist", SYSUSERS_FIX)]
     return who, []
 
 
 def check_installed(config: Path | None, runner: steps.Runner, bind: Bind = try_bind
-                    ) -> tuple[list[Problem], str]:
+                    ) -> tuple[list[SystemProblem], str]:
     """Every problem of the installed system service, and a one-line summary when none."""
     unit_path = next((p for p in checks.SYSTEMD_UNITS if p.exists()), None)
     if unit_path is None:
-        return [Problem("no exod.service is installed", exod_command("install"))], ""
+        return [SystemProblem("no exod.service is installed", exod_command("install"))], ""
     svc = load_unit(unit_path).get("Service", {})
     live = steps.systemd_running(False)
     out = unit_problems(unit_path, runner, live)
@@ -246,11 +246,11 @@ def check_installed(config: Path | None, runner: steps.Runner, bind: Bind = try_
     active = live and runner(["systemctl", "is-active", "--quiet", "exod.service"])[0] == 0
     path = config or config_path(svc)
     if path is None:
-        return out + [Problem("ExecStart= names no config (-c FILE)",
+        return out + [SystemProblem("ExecStart= names no config (-c FILE)",
                               exod_command("install"))], ""
     more, worst = config_problems(path, svc, who, active, bind)
     out += more
     if worst is not None:
-        out += [Problem(w) for w in checks.check_unit(unit_path, worst)]
+        out += [SystemProblem(w) for w in checks.check_unit(unit_path, worst)]
     return out, (f"{unit_path}: OK for user {who.name}; config {path} and its models readable; "
                  f"stop ladder worst case {worst:g}s")

@@ -47,7 +47,7 @@ class Stop:
 
 
 @dataclass(frozen=True)
-class Restart:
+class RestartRequest:
     type: ClassVar[str] = "restart"
     name: str
 
@@ -120,7 +120,7 @@ class ClearCacheRequest:
     name: str | None = None
 
 
-Request = (GetStatus | Start | Stop | Restart | Reload | Wait | Watch | Logs | Pull | Models
+Request = (GetStatus | Start | Stop | RestartRequest | Reload | Wait | Watch | Logs | Pull | Models
            | RemoveModel | ClearCacheRequest)
 REQUESTS: dict[str, type[Any]] = {c.type: c for c in typing.get_args(Request)}
 STREAMING = (Wait, Watch, Logs, Pull)  # they end when their client goes away
@@ -169,7 +169,7 @@ class WaitReply:
 
 
 @dataclass(frozen=True)
-class Done:
+class DoneReply:
     """The end of a stream that has nothing more to say (logs)."""
 
     ok: bool = True
@@ -233,7 +233,7 @@ class ClearedReply:
     ok: bool = True
 
 
-Reply = (Failure | StatusReply | StateReply | ReloadReply | WaitReply | Done | PullReply
+Reply = (Failure | StatusReply | StateReply | ReloadReply | WaitReply | DoneReply | PullReply
          | ModelsReply | RemovedReply | ClearedReply)
 
 
@@ -289,8 +289,8 @@ Event = ProgressEvent | SnapshotEvent | LineEvent | DownloadEvent
 EVENT_TYPES = (ProgressEvent, SnapshotEvent, LineEvent, DownloadEvent)
 EVENTS: dict[str, type[Any]] = {c.type: c for c in typing.get_args(Event)}
 EXPECTS: dict[type[Any], type[Any]] = {  # each request's answer, when it succeeds
-    GetStatus: StatusReply, Start: StateReply, Stop: StateReply, Restart: StateReply,
-    Reload: ReloadReply, Wait: WaitReply, Watch: Done, Logs: Done, Pull: PullReply,
+    GetStatus: StatusReply, Start: StateReply, Stop: StateReply, RestartRequest: StateReply,
+    Reload: ReloadReply, Wait: WaitReply, Watch: DoneReply, Logs: DoneReply, Pull: PullReply,
     Models: ModelsReply, RemoveModel: RemovedReply, ClearCacheRequest: ClearedReply}
 
 

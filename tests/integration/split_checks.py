@@ -30,7 +30,7 @@ from mlx.utils import tree_flatten  # noqa: E402
 
 from exod.facts.embed import encoding  # noqa: E402
 from exod.runner.cpu import attention, split  # noqa: E402
-from exod.runner.cpu.streams import Splitter  # noqa: E402
+from exod.runner.cpu.streams import ActivationSplitter  # noqa: E402
 from exod.runner.embed.encoder import Encoder  # noqa: E402
 from exod.runner.embed.load import load_encoder  # noqa: E402
 from tests.models.embed_zoo import make_embed_model  # noqa: E402
@@ -63,7 +63,7 @@ class Spy(nn.Module):
 @pytest.mark.parametrize("shape", [(1, *BIG), (3, 37, 1100), (5, 8192)], ids=str)
 def test_a_cut_activation_is_bitwise_the_whole_one(act: nn.Module,
                                                    shape: tuple[int, ...]) -> None:
-    splitter = Splitter(2)
+    splitter = ActivationSplitter(2)
     cut = split.SplitRows(act, splitter)
     x = mx.random.normal(shape, key=mx.random.key(len(shape))) * 4
     with splitter.cores(2):
@@ -74,7 +74,7 @@ def test_a_cut_activation_is_bitwise_the_whole_one(act: nn.Module,
 
 
 def test_only_large_inputs_are_cut_and_into_the_cores_allowed() -> None:
-    splitter = Splitter(3)
+    splitter = ActivationSplitter(3)
     spy = Spy()
     cut = split.SplitRows(spy, splitter)
     big, small = mx.zeros((1, *BIG)), mx.zeros((1, 16, 1024))
@@ -99,7 +99,7 @@ def test_every_activation_module_is_wrapped_once() -> None:
 
     model = Block()
     model.blocks = [Block(), Block()]
-    splitter = Splitter(2)
+    splitter = ActivationSplitter(2)
     assert split.split_activations(model, splitter) == 6
     assert split.split_activations(model, splitter) == 0  # wrapped ones stay as they are
     assert isinstance(model.blocks[1].act, split.SplitRows)
@@ -211,7 +211,7 @@ def test_a_groups_sharded_projections_are_left_as_they_are() -> None:
             return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
     plain, sharded = MLP(nn.Linear), MLP(Sharded)
-    splitter = Splitter(2)
+    splitter = ActivationSplitter(2)
     assert split.split_gated(sharded, splitter).modules == 0
     assert type(sharded) is MLP
     done = split.split_gated(plain, splitter)
@@ -233,7 +233,7 @@ def test_an_activation_no_candidate_gives_is_kept_with_its_reason() -> None:
             return self.down_proj(mx.square(nn.relu(self.gate_proj(x))) * self.up_proj(x))
 
     mlp = Squared()
-    done = split.split_gated(mlp, Splitter(2))
+    done = split.split_gated(mlp, ActivationSplitter(2))
     assert done.modules == 0 and type(mlp) is Squared
     assert done.kept == {"Squared": "no known activation gives its every bit"}
 
@@ -291,7 +291,7 @@ def test_attention_heads_are_cut_in_prefill_and_never_in_a_decode_step(
         fresh_attention: Any) -> None:
     spy = AttentionSpy(fresh_attention)
     mx.fast.scaled_dot_product_attention = spy
-    splitter = Splitter(2)
+    splitter = ActivationSplitter(2)
     assert attention.install(splitter) == ""
     cut = mx.fast.scaled_dot_product_attention
     assert cut is not spy
@@ -313,6 +313,6 @@ def test_attention_stays_mlxs_own_where_the_self_test_finds_a_difference(
         return fresh_attention(q, k, v, **kw) + q.shape[1]  # differs once the heads are cut
 
     mx.fast.scaled_dot_product_attention = off_by_heads
-    why = attention.install(Splitter(2))
+    why = attention.install(ActivationSplitter(2))
     assert why == "the self-test's plain call differs from mlx's own", why
     assert mx.fast.scaled_dot_product_attention is off_by_heads

@@ -90,7 +90,7 @@ def test_the_runner_serves_a_picture_as_mlx_vlm_does(vision_zoo: Path) -> None:
         while not any(isinstance(x, (m.Ready, m.Failed)) for x in got):
             got += wire.read()
         assert not any(isinstance(x, m.Failed) for x in got), got
-        progress = [x for x in got if isinstance(x, m.Progress)]
+        progress = [x for x in got if isinstance(x, m.LoadProgress)]
         # The tower's 2 blocks, then the language model's 4, a step each.
         assert [(p.loaded, p.total) for p in progress] == [(i, 6) for i in range(7)]
         wire.send(chat("seen", image))

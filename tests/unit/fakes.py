@@ -193,7 +193,7 @@ class FakeSeam:
     def load(self, pid: int, layers: int = 4) -> None:
         """A well-behaved runner: progress for every layer, then ready."""
         for n in range(1, layers + 1):
-            self.send(pid, m.Progress(n, layers))
+            self.send(pid, m.LoadProgress(n, layers))
         self.send(pid, m.Ready())
 
     def exit(self, pid: int, code: int | None = None, sig: int | None = None) -> None:

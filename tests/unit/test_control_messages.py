@@ -38,7 +38,7 @@ DAEMON = cs.DaemonStatus(
     stop_worst_case_s=40.0)
 
 REQUESTS: list[cm.Request] = [
-    cm.GetStatus(), cm.Start("big"), cm.Stop("big"), cm.Restart("big"), cm.Reload(),
+    cm.GetStatus(), cm.Start("big"), cm.Stop("big"), cm.RestartRequest("big"), cm.Reload(),
     cm.Wait("big"), cm.Watch(), cm.Logs("big"), cm.Logs("big", lines=0, rank=1, follow=True),
     cm.Pull("hf:org/tiny@v1"), cm.Models(), cm.RemoveModel("hf:org/tiny"), cm.ClearCacheRequest(),
     cm.ClearCacheRequest("big")]
@@ -52,7 +52,7 @@ ANSWERS: list[tuple[cm.Request, Any]] = [
     (cm.Reload(), cm.Failure("invalid configuration", ["a.yaml:3:1: x: bad"])),
     (cm.Watch(), cm.SnapshotEvent(DAEMON, [])),
     (cm.Logs("big"), cm.LineEvent(1.5, "big", 0, 42, "WARNING", "héllo")),
-    (cm.Logs("big"), cm.Done()),
+    (cm.Logs("big"), cm.DoneReply()),
     (cm.Pull("hf:org/tiny"), cm.DownloadEvent("downloading 1.2 of 4.5 GB (27%, 38 MB/s)")),
     (cm.Pull("hf:org/tiny"), cm.PullReply("/c/models--org--tiny/snapshots/abc", "abc")),
     (cm.Models(), cm.ModelsReply("/c", [cm.CachedModel(

@@ -140,13 +140,13 @@ def test_lifecycle_reports_are_handed_on_after_hello() -> None:
     async def scenario() -> None:
         link, runner, rec = pair()
         runner.hello()
-        runner.send(m.Progress(2, 4))
+        runner.send(m.LoadProgress(2, 4))
         runner.send(m.Status(m.Phase.CONNECTING, "connecting", attempt=3))
         runner.send(m.Ready(vocab_size=1024, context_length=2048))
         while len(rec.messages) < 3:
             rec.event.clear()
             await asyncio.wait_for(rec.event.wait(), 10)
-        assert rec.messages == [m.Progress(2, 4),
+        assert rec.messages == [m.LoadProgress(2, 4),
                                 m.Status(m.Phase.CONNECTING, "connecting", attempt=3),
                                 m.Ready(vocab_size=1024, context_length=2048)]
         assert link.hello == m.Hello(version=m.VERSION, pid=1234) and rec.broken == []
@@ -176,7 +176,7 @@ def test_runner_gone_fails_open_requests_after_delivering_its_last_events() -> N
 
 
 @pytest.mark.parametrize("frames, why", [
-    ([m.Progress(1, 2)], "progress before hello"),
+    ([m.LoadProgress(1, 2)], "progress before hello"),
     ([m.Hello(version=m.VERSION + 1, pid=1)], "speaks version"),
     ([m.Hello(version=m.VERSION, pid=1), {"type": "bogus"}], "unknown message type"),
     ([m.Hello(version=m.VERSION, pid=1), {"type": "progress", "loaded": "1", "total": 2}],
@@ -190,7 +190,7 @@ def test_a_protocol_error_is_reported_once_and_fails_open_requests(
         s = link.open(generate())
         for f in frames:
             runner.send(f)
-        runner.send(m.Progress(1, 2))  # never read: the link stopped at the error
+        runner.send(m.LoadProgress(1, 2))  # never read: the link stopped at the error
         await asyncio.wait_for(rec.event.wait(), 10)
         assert len(rec.broken) == 1 and why in rec.broken[0], rec.broken
         assert rec.messages == []
@@ -274,7 +274,7 @@ def test_the_spec_goes_first_once_the_hello_has_the_right_version() -> None:
 
 
 @pytest.mark.parametrize("fetcher, msg", [
-    (True, m.Progress(1, 2)), (True, m.Text("r1", "x")), (False, m.Download(1, 2)),
+    (True, m.LoadProgress(1, 2)), (True, m.Text("r1", "x")), (False, m.DownloadProgress(1, 2)),
     (False, m.Fetched("/p", "c" * 40)),
 ], ids=["progress-from-a-fetcher", "text-from-a-fetcher", "download-from-a-runner",
         "fetched-from-a-runner"])

@@ -20,7 +20,7 @@ from exod.api.errors import ApiError, bad_request, not_ready, queue_full
 from exod.api.reply import Call, Called, Finished, Piece, Reply, Usage
 from exod.api.request import GenRequest
 from exod.api.seal import Sealer
-from exod.api.stop_reasons import STOP_REASONS, Stop
+from exod.api.stop_reasons import STOP_REASONS, StopReason
 from exod.wire.messages import Generate
 
 HI: list[Any] = [{"role": "user", "content": "hi"}]
@@ -29,7 +29,7 @@ TOOL: dict[str, Any] = {"name": "get", "description": "d",
 SEALER = Sealer(key=b"k" * 32)
 
 
-def parse_claude(body: dict[str, Any], **kw: Any) -> tuple[GenRequest, anthropic.View]:
+def parse_claude(body: dict[str, Any], **kw: Any) -> tuple[GenRequest, anthropic.AnthropicView]:
     return anthropic.parse(body, SEALER, **kw)
 
 
@@ -371,17 +371,17 @@ def test_a_matched_stop_sequence_is_named() -> None:
 def test_one_table_words_every_stop_in_every_dialect() -> None:
     """The runner's finish reason and stop sequence become one stop, which each dialect words
     from the one table (exod.api.stop_reasons)."""
-    def stop(finish: m.FinishReason, sequence: str | None = None) -> Stop:
-        return Stop.of(m.Done("r", finish, 1, 1, stop_sequence=sequence))
+    def stop(finish: m.FinishReason, sequence: str | None = None) -> StopReason:
+        return StopReason.of(m.Done("r", finish, 1, 1, stop_sequence=sequence))
     assert [stop("stop"), stop("stop", "END"), stop("length"), stop("tool_calls")] == [
-        Stop.END, Stop.STOP_SEQUENCE, Stop.LENGTH, Stop.TOOL_CALLS]
+        StopReason.END, StopReason.STOP_SEQUENCE, StopReason.LENGTH, StopReason.TOOL_CALLS]
     words = {s: (w.openai, w.anthropic, w.responses, w.incomplete, w.ollama)
              for s, w in STOP_REASONS.items()}
     assert words == {
-        Stop.END: ("stop", "end_turn", "completed", None, "stop"),
-        Stop.STOP_SEQUENCE: ("stop", "stop_sequence", "completed", None, "stop"),
-        Stop.LENGTH: ("length", "max_tokens", "incomplete", "max_output_tokens", "length"),
-        Stop.TOOL_CALLS: ("tool_calls", "tool_use", "completed", None, "stop")}
+        StopReason.END: ("stop", "end_turn", "completed", None, "stop"),
+        StopReason.STOP_SEQUENCE: ("stop", "stop_sequence", "completed", None, "stop"),
+        StopReason.LENGTH: ("length", "max_tokens", "incomplete", "max_output_tokens", "length"),
+        StopReason.TOOL_CALLS: ("tool_calls", "tool_use", "completed", None, "stop")}
 
 
 def events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
@@ -394,7 +394,7 @@ def events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def finished(prompt: int, completion: int, stop: Stop = Stop.END) -> Finished:
+def finished(prompt: int, completion: int, stop: StopReason = StopReason.END) -> Finished:
     return Finished(stop, Usage(prompt, completion))
 
 
@@ -403,7 +403,7 @@ def test_a_stream_has_anthropic_s_events_in_order_and_thinking_ends_signed() -> 
     args = '{"a": "' + "x" * 64 + '"}'  # streamed in two pieces
     raw = out.begin() + out.delta(Piece("", "a")) + out.delta(Piece("", "b")) + out.delta(
         Piece("c")) + out.delta(Called(0, Call("t", "get", args))) + \
-        out.delta(finished(4, 5, Stop.TOOL_CALLS)) + out.end()
+        out.delta(finished(4, 5, StopReason.TOOL_CALLS)) + out.end()
     seen = [(n, d.get("delta", {}).get("type") or d.get("content_block", {}).get("type"))
             for n, d in events(raw)]
     assert seen == [
@@ -432,7 +432,7 @@ def test_an_error_mid_stream_closes_the_block_and_ends_the_stream() -> None:
 def test_thinking_is_signed_and_omitted_when_asked_whole_and_streamed() -> None:
     """A thinking block's signature seals its text; with `display: omitted` the text is
     empty (streamed: no thinking_delta), and the signature still gives it back."""
-    omit = anthropic.View(omit_thinking=True)
+    omit = anthropic.AnthropicView(omit_thinking=True)
     whole = AnthropicOutput("m", omit, SEALER).whole(chat_object("ok", reasoning_content="hm"))
     block = whole["content"][0]
     assert block["thinking"] == "" and SEALER.open(block["signature"]) == "hm"
@@ -451,11 +451,11 @@ def test_applied_context_edits_are_reported_whole_streamed_and_counted() -> None
                 "cleared_input_tokens": 7}]
     done = m.Done(id="r", finish_reason="stop", prompt_tokens=5, completion_tokens=2,
                   applied_edits=applied)
-    out = AnthropicOutput("m", anthropic.View(edits=True))
+    out = AnthropicOutput("m", anthropic.AnthropicView(edits=True))
     assert out.whole(chat_object(applied_edits=applied))["context_management"] == {
         "applied_edits": applied}
     assert "context_management" not in AnthropicOutput("m").whole(chat_object())
-    stream = AnthropicOutput("m", anthropic.View(edits=True))
+    stream = AnthropicOutput("m", anthropic.AnthropicView(edits=True))
     raw = stream.begin() + stream.delta(Piece("a")) + stream.delta(Finished.of(done))
     (msg_delta,) = [d for n, d in events(raw) if n == "message_delta"]
     assert msg_delta["context_management"] == {"applied_edits": applied}
@@ -465,7 +465,7 @@ def test_applied_context_edits_are_reported_whole_streamed_and_counted() -> None
 
 
 # ---- OpenAI Responses requests ------------------------------------------------------------------
-def parse_resp(body: dict[str, Any], **kw: Any) -> tuple[GenRequest, responses.View]:
+def parse_resp(body: dict[str, Any], **kw: Any) -> tuple[GenRequest, responses.ResponsesView]:
     return responses.parse(body, SEALER, **kw)
 
 
@@ -721,7 +721,7 @@ def test_a_whole_response_holds_reasoning_message_and_calls_in_order() -> None:
 
 
 def test_a_namespaced_call_comes_back_with_its_namespace_and_reasoning_sealed() -> None:
-    view = responses.View({"ns__go": ("ns", "go")}, encrypted=True)
+    view = responses.ResponsesView({"ns__go": ("ns", "go")}, encrypted=True)
     call = Call("c", "ns__go", "{}")
     r = ResponsesOutput("m", {}, view, SEALER).whole(chat_object(
         None, "tool_calls", reasoning_content="why", tool_calls=(call,)))

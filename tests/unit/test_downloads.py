@@ -89,7 +89,7 @@ def test_retries_back_off_and_bytes_that_flowed_start_the_delays_over() -> None:
     seam.advance(4.0)
     assert d.pid is not None
     for n in range(1, 8):  # bytes for 70 s: a good run
-        seam.send(d.pid, m.Download(done=n, total=100))
+        seam.send(d.pid, m.DownloadProgress(done=n, total=100))
         seam.advance(10.0)
     assert fail_once(seam, d) == 2.0
     seam.advance(2.0)

@@ -24,7 +24,7 @@ from exod.config.model_checks import check_embed
 from exod.facts.embed import encoding, role
 from exod.config.schema import Instance
 from exod.facts.vision import sees
-from exod.core.memory import Tensor, encoder_estimate
+from exod.core.memory import TensorInfo, encoder_estimate
 from exod.core.request_rules import RequestError
 from exod.core.request_rules import embeddings as rules
 from exod.core.states import State
@@ -364,7 +364,7 @@ def test_answers_in_openai_s_and_the_rerank_shape() -> None:
 
 # ---- memory and eviction ------------------------------------------------------------------------
 def test_an_encoder_s_estimate_has_no_kv_cache_and_counts_its_batch() -> None:
-    tensors = [Tensor("embeddings.word_embeddings.weight", "F16", 1000)]
+    tensors = [TensorInfo("embeddings.word_embeddings.weight", "F16", 1000)]
     est = encoder_estimate(tensors, {"hidden_size": 64, "num_attention_heads": 4,
                                      "intermediate_size": 128}, "auto", True, 512, 4096)
     assert est.kv == 0 and est.weights == 2000  # float16 runs as float32 on a CPU

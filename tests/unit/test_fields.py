@@ -24,7 +24,7 @@ from exod.api.dialects.embeddings.fields import EMBEDDINGS
 from exod.api.dialects.openai.fields import CHAT, COMPLETION
 from exod.api.dialects.responses.fields import RESPONSES
 from exod.api.dialects import DIALECTS
-from exod.api.fields import Kind, Reading
+from exod.api.fields import Reading, Support
 from exod.api.ignored import HEADER, MAX_HEADER_NAMES, MORE, IgnoredFields, header
 from exod.api.dialects.openai.request import parse_chat, parse_completion
 from exod.core.request_rules import RequestError
@@ -85,20 +85,20 @@ def test_what_the_agents_send_is_never_refused() -> None:
         "client_metadata", "prompt_cache_key", "include", "reasoning", "parallel_tool_calls")}
     tables = {d.name: d for d in DIALECTS}
     for dialect, kind, key in sorted(rows):
-        assert tables[dialect].objects[kind].keys[key].kind in (Kind.WORKS, Kind.INERT), key
+        assert tables[dialect].objects[kind].keys[key].kind in (Support.WORKS, Support.INERT), key
     for kind in ("web_search", "file_search", "code_interpreter", "computer_use_preview",
                  "mcp", "image_generation", "local_shell"):
-        assert RESPONSES.variants["tool"].get(kind).kind is Kind.IGNORED, kind  # type: ignore[union-attr]
+        assert RESPONSES.variants["tool"].get(kind).kind is Support.IGNORED, kind  # type: ignore[union-attr]
     for kind in ("web_search_20250305", "bash_20250124", "text_editor_20250728",
                  "code_execution_20250825"):
-        assert MESSAGES.variants["tool"].get(kind).kind is Kind.IGNORED, kind  # type: ignore[union-attr]
+        assert MESSAGES.variants["tool"].get(kind).kind is Support.IGNORED, kind  # type: ignore[union-attr]
 
 
 def test_every_row_says_what_exod_does() -> None:
     for dialect in DIALECTS:
         for obj in dialect.objects.values():
             assert all(row.doc for row in obj.keys.values()), obj.path
-            assert all(row.why for row in obj.keys.values() if row.kind is Kind.REFUSED)
+            assert all(row.why for row in obj.keys.values() if row.kind is Support.REFUSED)
         for variants in dialect.variants.values():
             assert all(row.doc for row in variants.values.values()), variants.path
 

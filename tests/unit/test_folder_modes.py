@@ -161,11 +161,11 @@ def test_the_state_cache_and_helper_folders(tmp_path: Path, umask: int,
 def test_the_service_files_and_the_runtime_folder(tmp_path: Path, umask: int) -> None:
     from exod import trust
     from exod.service_files.files import write
-    from exod.service_files.install import Planned
+    from exod.service_files.install import PlannedFile
 
     def made() -> None:
-        write([Planned(tmp_path / "etc" / "exod" / "exod.yaml", "x: 1\n", 0o600),
-               Planned(tmp_path / "Library" / "Logs" / "exod", "", 0o755, folder=True)])
+        write([PlannedFile(tmp_path / "etc" / "exod" / "exod.yaml", "x: 1\n", 0o600),
+               PlannedFile(tmp_path / "Library" / "Logs" / "exod", "", 0o755, folder=True)])
         trust.ensure_private_dir(tmp_path / "run" / "user" / "exod", group_access=False)
 
     found = folders_made(tmp_path, made)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from exod.runner.formats import Splitter, Thought
-from exod.runner.formats.base import Allowed, Call, calls_of
+from exod.runner.formats.base import Allowed, ParsedCall, calls_of
 from exod.runner.formats.harmony import Harmony, parse_tool_call
 from exod.runner.formats.json_body import JsonTools, KimiK2, Mistral
 from tests.unit.accepts import accepts
@@ -76,12 +76,12 @@ def test_mistral_calls_of_each_generation_are_parsed_with_their_ids(cut: int) ->
     text = ('[TOOL_CALLS]get[CALL_ID]aB3dE6gH9[ARGS]{"a": 1}'
             '[TOOL_CALLS]add[CALL_ID]zz[ARGS]{}')
     first, second = split(fmt, text, cut)
-    assert first == Call("get", '{"a": 1}', "aB3dE6gH9")
+    assert first == ParsedCall("get", '{"a": 1}', "aB3dE6gH9")
     assert (second.name, second.arguments, len(second.id)) == ("add", "{}", 9)
     assert second.id.isalnum()  # the model's id was not nine characters: one is made
     assert split(mistral(DEVSTRAL), '[TOOL_CALLS]get[ARGS]{"a": 2}', cut)[0].name == "get"
     array = '[TOOL_CALLS][{"name": "get", "arguments": {"a": 3}}]'
-    assert split(mistral(NEMO), array, cut) == [Call("get", '{"a": 3}')]
+    assert split(mistral(NEMO), array, cut) == [ParsedCall("get", '{"a": 3}')]
 
 
 def test_mistral_forced_calls_are_written_as_its_template_writes_them() -> None:
@@ -136,7 +136,8 @@ TURN = ("<|channel|>analysis<|message|>Need the weather.<|end|>"
 
 @pytest.mark.parametrize("cut", [1, 2, 5, 1000])
 def test_harmony_channels_are_reasoning_calls_and_answer(cut: int) -> None:
-    assert split(HARMONY, TURN, cut) == [Thought("Need the weather."), Call("get", '{"a": 1}')]
+    assert split(HARMONY, TURN, cut) == [Thought("Need the weather."),
+                                         ParsedCall("get", '{"a": 1}')]
     final = ("<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant"
              "<|channel|>final<|message|>It is 4.")
     assert split(HARMONY, final, cut) == [Thought("Easy."), "It is 4."]
@@ -148,7 +149,7 @@ def test_harmony_reads_the_recipient_before_the_channel_too() -> None:
     """gpt-oss's template writes past calls that way; a model may too."""
     text = ('<|start|>assistant to=functions.add<|channel|>commentary json<|message|>{}'
             "<|call|>")
-    assert split(HARMONY, text, 3) == [Call("add", "{}")]
+    assert split(HARMONY, text, 3) == [ParsedCall("add", "{}")]
 
 
 def test_harmony_calls_without_tools_and_to_builtins_are_dropped() -> None:
@@ -164,7 +165,8 @@ def test_harmony_forces_one_call_with_constrain_json() -> None:
     assert accepts(grammar, call)
     assert not accepts(grammar, call.replace("<|constrain|>json", "json"))
     assert not accepts(grammar, call.replace('{"a":1}', "{}"))
-    assert calls_of(parse_tool_call(call.split("to=", 1)[1], None)) == [Call("get", '{"a": 1}')]
+    parsed = parse_tool_call(call.split("to=", 1)[1], None)
+    assert calls_of(parsed) == [ParsedCall("get", '{"a": 1}')]
 
 
 def test_harmony_conversation_one_call_a_message_and_thinking() -> None:

@@ -27,7 +27,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from exod.core.request_rules import RequestError
 from exod.runner import formats
-from exod.runner.formats.base import Allowed, Call, ToolFormat
+from exod.runner.formats.base import Allowed, ParsedCall, ToolFormat
 from exod.runner.formats.literals import FunctionGemma, Gemma4, Pythonic
 from exod.runner.serving.strict_args import EOS, byte_tokenizer
 from tests.unit.accepts import accepts
@@ -132,7 +132,7 @@ def grammar(fmt: ToolFormat, *functions: dict[str, Any], most: int = 1,
     return fmt.grammar(Allowed(functions, most, frozenset(strict)), json.dumps, "start")
 
 
-def args_of(calls: list[Call]) -> list[tuple[str, Any]]:
+def args_of(calls: list[ParsedCall]) -> list[tuple[str, Any]]:
     return [(c.name, json.loads(c.arguments)) for c in calls]
 
 

@@ -28,7 +28,7 @@ import pytest
 from exod.core.request_rules import RequestError
 from exod.runner import formats
 from exod.runner.formats import Splitter, Thought
-from exod.runner.formats.base import Allowed, Call
+from exod.runner.formats.base import Allowed, ParsedCall
 from exod.runner.formats.tagged import (Glm, Invoke, KimiK3, MiniCpm5, Muse, Qwen3Coder,
                                         Tagged)
 from tests.models.templates import read_template
@@ -279,7 +279,7 @@ def test_muse_calls_follow_its_headers_and_reasoning_is_a_message_to_itself(
     call = calls_text(templates, case, "muse-glimmer", [("ping", {})])
     turn = f" to=self<|message|>Hm.<|eom|><|start|>assistant{call}<|eom|>"
     assert run(turn, 4, Splitter(*fmt.table(True), fmt, TOOLS, 16)) == [
-        Thought("Hm."), Call("ping", "{}")]
+        Thought("Hm."), ParsedCall("ping", "{}")]
     answer = " to=user<|message|>Hello.<|eot|>"
     assert run(answer, 4, Splitter(*fmt.table(True), fmt, TOOLS, 16)) == ["Hello."]
     assert run(turn, 4, Splitter(*fmt.table(False), fmt, None, 16)) == [Thought("Hm.")]
@@ -418,9 +418,9 @@ def test_qwen3_coder_reads_its_template_python_values() -> None:
 
 def test_glm_reads_a_call_without_arguments_and_leaves_other_shapes_to_mlx_lm() -> None:
     fmt = CASES[1].fmt()
-    assert fmt.parse("ping", TOOLS) == [Call("ping", "{}")]
+    assert fmt.parse("ping", TOOLS) == [ParsedCall("ping", "{}")]
     shaped = fmt.parse('{"name": "write", "arguments": {"count": 1}}', TOOLS)
-    assert shaped == [Call("write", '{"count": 1}')]
+    assert shaped == [ParsedCall("write", '{"count": 1}')]
 
 
 def test_the_formats_are_found_by_mlx_lms_parser_names() -> None:
@@ -442,5 +442,5 @@ def test_qwen3_coders_call_without_its_block_is_read_never_shown(cut: int) -> No
     text = ("I will look.\n<function=ping>\n</function>\n"
             "<function=write>\n<parameter=path>\n/a\n</parameter>\n</function> Done.")
     s = Splitter(initial, table, fmt, TOOLS, 16)
-    assert run(text, cut, s) == ["I will look.\n", Call("ping", "{}"),
-                                 Call("write", '{"path": "/a"}'), " Done."]
+    assert run(text, cut, s) == ["I will look.\n", ParsedCall("ping", "{}"),
+                                 ParsedCall("write", '{"path": "/a"}'), " Done."]

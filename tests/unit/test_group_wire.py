@@ -164,9 +164,9 @@ def test_messages_are_bounds_checked_and_typed() -> None:
         wire.send(a, encode({"type": "rm", "x": 1}))
         with pytest.raises(wire.ControlLost, match="unknown message type 'rm'"):
             wire.recv(b, wire.TO_WORKER)
-        wire.send(a, wire.frame(Plan(step=True)) + wire.frame(wire.Heartbeat()))
+        wire.send(a, wire.frame(Plan(step=True)) + wire.frame(wire.GroupHeartbeat()))
         assert wire.recv(b, wire.TO_WORKER) == Plan(step=True)
-        assert wire.recv(b, wire.TO_WORKER) == wire.Heartbeat()
+        assert wire.recv(b, wire.TO_WORKER) == wire.GroupHeartbeat()
         with pytest.raises(wire.ControlLost, match="past the 10 limit"):
             wire.frame(Plan(), limit=10)
     assert to_wire(wire.Go()) == {"type": "go"}
@@ -313,7 +313,8 @@ def prove(sock: socket.socket, nonce_w: bytes, challenge: wire.Challenge) -> obj
     """The second half: rank 1's proof, and rank 0's answer."""
     proof = mac(KEY, b"exod-worker", bytes.fromhex(challenge.nonce), nonce_w, RANK.pack(1))
     wire.send(sock, encode(to_wire(wire.Proof(1, proof))))
-    return wire.recv(sock, {wire.Welcome.type: wire.Welcome, wire.Refusal.type: wire.Refusal},
+    return wire.recv(sock, {wire.Welcome.type: wire.Welcome,
+                            wire.GroupRefusal.type: wire.GroupRefusal},
                      limit=4096)
 
 

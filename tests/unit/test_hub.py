@@ -21,7 +21,7 @@ from exod.core.states import State
 from exod.daemon.instance import InstanceRuntime
 from exod.hub import cache as hc
 from exod.core import hub_ref
-from exod.hub.fetch import Job
+from exod.hub.fetch import FetchJob
 from exod.hub.fetch import main as fetch_main
 from exod.hub.files import disk_problem, progress_text, wanted
 from exod.hub.verify import digest
@@ -166,7 +166,7 @@ def test_a_snapshot_of_plain_files_is_taken_offline_as_mlx_lm_would_load_it(
     snap = hc.snapshot_dir(plain, REF, COMMIT)
     assert not (snap / "model.safetensors").is_symlink()
     assert hc.cached(plain, REF) is None  # nothing exod recorded yet
-    job = Job(REF, plain, True, False, COMMIT, Heard())  # type: ignore[arg-type]
+    job = FetchJob(REF, plain, True, False, COMMIT, Heard())  # type: ignore[arg-type]
     assert fetch_main(job) == 0
     assert hc.cached(plain, REF) == hc.Cached(snap, COMMIT, 102, True)
     (entry,) = hc.entries(plain)
@@ -190,9 +190,9 @@ def test_two_instances_share_one_download_then_both_start(tmp_path: Path) -> Non
     assert a.state is b.state is State.DOWNLOADING
     (_, pid, _), = seam.fetchers
     seam.send(pid, m.Hello(version=m.VERSION, pid=pid))
-    seam.send(pid, m.Download(done=0, total=4_500_000_000))
+    seam.send(pid, m.DownloadProgress(done=0, total=4_500_000_000))
     seam.advance(2.0)
-    seam.send(pid, m.Download(done=76_000_000, total=4_500_000_000))
+    seam.send(pid, m.DownloadProgress(done=76_000_000, total=4_500_000_000))
     assert a.download is not None
     assert a.download.describe(seam.now()) == "downloading 72.5MiB of 4.2GiB (1%, 36.2MiB/s)"
     seam.send(pid, m.Fetched(path=str(tmp_path), commit=COMMIT))
@@ -232,7 +232,7 @@ def test_a_stall_is_shown_and_retried_with_backoff_never_given_up() -> None:
     a.start()
     for attempt in range(6):
         pid = seam.fetchers[-1][1]
-        seam.send(pid, m.Download(done=attempt + 1, total=100))
+        seam.send(pid, m.DownloadProgress(done=attempt + 1, total=100))
         seam.advance(60.0)  # no new byte for stall_after
         assert a.download is not None and a.download.stalled
         assert "stalled: no bytes for 1m" in a.download.describe(seam.now())
@@ -251,7 +251,7 @@ def test_a_slow_download_is_never_timed_out() -> None:
     pid = seam.fetchers[-1][1]
     for n in range(1, 200):  # a byte every 59 s: slow, but never stalled
         seam.advance(59.0)
-        seam.send(pid, m.Download(done=n, total=1000))
+        seam.send(pid, m.DownloadProgress(done=n, total=1000))
     assert a.state is State.DOWNLOADING and not seam.steps(pid) and len(seam.fetchers) == 1
 
 
@@ -279,9 +279,9 @@ class ConnectError(OSError):
 def test_no_network_fails_a_missing_model_at_once_and_retries_a_download_under_way(
         tmp_path: Path) -> None:
     from exod.wire.child_end import ChildEnd
-    from exod.hub.fetch import Job, cannot_connect, unreachable
+    from exod.hub.fetch import FetchJob, cannot_connect, unreachable
 
-    job = Job(REF, tmp_path, False, False, None, ChildEnd(None, {}, {}))
+    job = FetchJob(REF, tmp_path, False, False, None, ChildEnd(None, {}, {}))
     refused = ConnectError("[Errno 111] Connection refused")
     assert cannot_connect(refused) and not cannot_connect(TimeoutError("read timed out"))
     wrapped = RuntimeError("listing failed")

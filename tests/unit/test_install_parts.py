@@ -24,7 +24,7 @@ from exod.cli.service import install as install_command
 from exod.config import load_config
 from exod.service_files import checks, files, install, steps, system_check
 from exod.service_files.access import Identity, access_problem, hidden_by, reach_problem
-from exod.service_files.install import Planned
+from exod.service_files.install import PlannedFile
 from exod.service_files.stamp import older, read_stamp, stamped
 from tests.unit.conftest import make_model_dir
 
@@ -75,12 +75,12 @@ def test_remove_keeps_other_drop_ins_and_is_idempotent(tmp_path: Path) -> None:
     unit = tmp_path / "exod.service"
     ours = tmp_path / "exod.service.d/exod-install-home.conf"
     theirs = tmp_path / "exod.service.d/operator.conf"
-    files.write([Planned(unit, "u"), Planned(ours, "o"), Planned(theirs, "t")])
+    files.write([PlannedFile(unit, "u"), PlannedFile(ours, "o"), PlannedFile(theirs, "t")])
     changes = files.remove([unit, ours])
     assert [(c.path, c.what) for c in changes] == [(unit, "removed"), (ours, "removed")]
     assert theirs.exists()
     theirs.unlink()
-    files.write([Planned(ours, "o")])
+    files.write([PlannedFile(ours, "o")])
     assert [c.path for c in files.remove([unit, ours])] == [ours, ours.parent]
     assert files.remove([unit, ours]) == []
 

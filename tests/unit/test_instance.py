@@ -92,13 +92,13 @@ def test_start_spawns_then_progress_then_ready(seam: FakeSeam) -> None:
     assert (rank.pid, rank.state, rank.started_at) == (sp.pid, S.STARTING, T0)
 
     seam.advance(3)
-    seam.send(sp.pid, m.Progress(1, 4))
+    seam.send(sp.pid, m.LoadProgress(1, 4))
     assert inst.state is S.LOADING and rank.state is S.LOADING
     assert (rank.layers_loaded, rank.layers_total, rank.last_progress) == (1, 4, T0 + 3)
     assert rank.status_text == "loading 1/4"
 
     seam.advance(2)
-    seam.send(sp.pid, m.Progress(4, 4))
+    seam.send(sp.pid, m.LoadProgress(4, 4))
     assert inst.state is S.LOADING and became_ready == []
     seam.send(sp.pid, m.Ready())
     assert inst.state is S.READY and rank.state is S.READY
@@ -117,7 +117,7 @@ def test_each_message_is_published_once(seam: FakeSeam) -> None:
     inst = make(seam, layers=2)
     inst.start()
     pid = seam.pids(inst)[0]
-    for msg, state in ((m.Progress(1, 2), "loading"), (m.Progress(2, 2), "loading"),
+    for msg, state in ((m.LoadProgress(1, 2), "loading"), (m.LoadProgress(2, 2), "loading"),
                        (m.Ready(), "ready"),
                        (m.Status(m.Phase.SERVING, "serving 1 request(s)", active=1), "ready")):
         before = len(seam.changes)
@@ -201,7 +201,7 @@ def test_group_is_ready_only_when_every_rank_is(seam: FakeSeam) -> None:
     assert [(s.rank, s.layers) for s in seam.spawns] == [(0, "0:2"), (1, "2:4"), (2, "4:6")]
     p0, p1, p2 = seam.pids(inst)
     assert len({p0, p1, p2}) == 3
-    seam.send(p1, m.Progress(1, 2))
+    seam.send(p1, m.LoadProgress(1, 2))
     assert inst.state is S.LOADING
     assert [r.state for r in inst.ranks] == [S.STARTING, S.LOADING, S.STARTING]
     seam.load(p0, 2)
@@ -388,7 +388,7 @@ def test_a_permanent_exit_fails_at_once_with_the_runners_reason(seam: FakeSeam) 
     inst = make(seam)
     inst.start()
     (pid,) = seam.pids(inst)
-    seam.send(pid, m.Progress(2, 4))
+    seam.send(pid, m.LoadProgress(2, 4))
     seam.send(pid, m.Failed("cannot load model: missing model.safetensors", 65))
     seam.exit(pid, code=65)
     rank = inst.ranks[0]
@@ -687,7 +687,7 @@ def test_remote_ranks_follow_the_local_group(seam: FakeSeam) -> None:
     assert inst.ranks[1].state is S.STARTING and inst.ranks[1].pid is None
     pid = inst.ranks[0].pid
     assert pid is not None
-    seam.send(pid, m.Progress(1, 2))
+    seam.send(pid, m.LoadProgress(1, 2))
     seam.send(pid, m.Ready())
     assert inst.state is S.READY and inst.ranks[1].state is S.READY
     seam.exit(pid, code=76)  # the group broke: peer lost
@@ -834,7 +834,7 @@ def test_a_local_group_that_does_not_form_is_restarted_and_counted(seam: FakeSea
 
 def test_a_group_that_forms_or_spans_hosts_is_never_bounded(seam: FakeSeam) -> None:
     inst, pids = joining(seam)
-    seam.send(pids[0], m.Progress(0, 2))  # rank 0 is past joining: the group formed
+    seam.send(pids[0], m.LoadProgress(0, 2))  # rank 0 is past joining: the group formed
     seam.advance(3600)
     assert inst.state is S.LOADING and inst.hung == ""
 

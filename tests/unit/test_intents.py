@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from exod.config.schema import Instance
-from exod.core.intents import (Again, Hold, Intent, Recover, Rest, Retire, holds, on_retire,
+from exod.core.intents import (Again, Hold, Intent, Recover, Retire, StayStopped, holds, on_retire,
                                on_start, on_stop)
 from exod.core.restarts import Restart
 from exod.core.states import State
@@ -26,10 +26,10 @@ def seam() -> FakeSeam:
 
 
 @pytest.mark.parametrize("current, operator, expected", [
-    (None, False, Rest()), (None, True, Hold()),
-    (Rest(), True, Hold()), (Hold(), False, Hold()),  # a hold outlasts a later plain stop
-    (Again(True), False, Rest()), (Again(True), True, Hold()),  # a stop cancels the start
-    (RECOVER, False, Rest()),  # ... and the restart a failure would have had
+    (None, False, StayStopped()), (None, True, Hold()),
+    (StayStopped(), True, Hold()), (Hold(), False, Hold()),  # a hold outlasts a later plain stop
+    (Again(True), False, StayStopped()), (Again(True), True, Hold()),  # a stop cancels the start
+    (RECOVER, False, StayStopped()),  # ... and the restart a failure would have had
     (RETIRE, False, RETIRE), (RETIRE, True, Retire(None, hold=True, restart=True)),
 ])
 def test_a_stop_cancels_what_would_follow_and_an_operators_holds(
@@ -38,7 +38,7 @@ def test_a_stop_cancels_what_would_follow_and_an_operators_holds(
 
 
 @pytest.mark.parametrize("current, operator, expected", [
-    (Rest(), False, Again(False)), (Hold(), True, Again(True)), (RECOVER, True, Again(True)),
+    (StayStopped(), False, Again(False)), (Hold(), True, Again(True)), (RECOVER, True, Again(True)),
     (Again(True), False, Again(True)),  # an operator's start stays one
     (Retire(None, hold=True, restart=True), True, Retire(None, hold=False, restart=True)),
     (Retire(None, hold=True, restart=True), False, Retire(None, hold=True, restart=True)),

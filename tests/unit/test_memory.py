@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from exod.core.sizes import parse_size
-from exod.core.memory import (GIB, RUNTIME_BYTES, HeaderError, Tensor, estimate, kv_bytes,
+from exod.core.memory import (GIB, RUNTIME_BYTES, HeaderError, TensorInfo, estimate, kv_bytes,
                               model_tensors, read_header, refusal)
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
 from exod.paths import daemon_id
@@ -34,7 +34,7 @@ CONFIG = {"num_hidden_layers": LAYERS, "num_attention_heads": 8, "num_key_value_
           "hidden_size": 512, "max_position_embeddings": 1024, "tie_word_embeddings": True}
 
 
-def model(tmp_path: Path, dtype: str = "BF16") -> list[Tensor]:
+def model(tmp_path: Path, dtype: str = "BF16") -> list[TensorInfo]:
     tensors = {"model.embed_tokens.weight": (dtype, 1000), "model.norm.weight": (dtype, 12)}
     for i in range(LAYERS):
         tensors[f"model.layers.{i}.mlp.weight"] = (dtype, 100)

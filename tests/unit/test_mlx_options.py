@@ -168,11 +168,11 @@ def test_a_quantized_cache_is_estimated_at_its_quantized_size() -> None:
 
 
 def test_a_draft_model_adds_its_weights_and_cache(cfg_dir: ConfigDir) -> None:
-    from exod.core.memory import Tensor, estimate
+    from exod.core.memory import TensorInfo, estimate
 
     whole = Shard(0, 1, 0, 4, 4)
-    tensors = [Tensor("model.layers.0.w", "F32", 1000)]
-    draft_tensors = [Tensor("model.layers.0.w", "BF16", 100)]
+    tensors = [TensorInfo("model.layers.0.w", "F32", 1000)]
+    draft_tensors = [TensorInfo("model.layers.0.w", "BF16", 100)]
     alone = estimate(tensors, dict(LLAMA), whole, "pipeline", "auto", True, 1, 64)
     both = estimate(tensors, dict(LLAMA), whole, "pipeline", "auto", True, 1, 64,
                     draft=(draft_tensors, {**LLAMA, "num_hidden_layers": 1}))

@@ -15,7 +15,7 @@ from exod.wire import messages as m
 from exod.wire.protocol import FrameDecoder, ProtocolError, from_wire, to_wire
 from exod.runner.group import wire
 from exod.runner.group.plan import (
-    AbortAll, AbortPrefilling, Admit, Cancel, ClearCacheOp, Op, Plan, Settings, Warm,
+    AbortAll, AbortPrefilling, Admit, CancelOp, ClearCacheOp, Op, Plan, Settings, Warm,
 )
 
 REQ = m.Generate(id="r1", kind="chat", max_tokens=5, seed=42, stop=["\n"],
@@ -32,7 +32,7 @@ def decode(obj: dict[str, Any]) -> Any:
 
 
 def test_a_plan_round_trips_in_order() -> None:
-    plan = Plan(ops=[Admit(REQ), Cancel("r0"), AbortPrefilling(), AbortAll()], keep=3,
+    plan = Plan(ops=[Admit(REQ), CancelOp("r0"), AbortPrefilling(), AbortAll()], keep=3,
                 step=True, settings=Settings(8, 1 << 30, 256))
     got = round_trip(plan)
     assert got == plan
@@ -41,7 +41,7 @@ def test_a_plan_round_trips_in_order() -> None:
 
 
 def test_the_wire_form_names_each_operation() -> None:
-    assert to_wire(Plan(ops=[Cancel("r0"), Admit(m.Generate("r2", "completion", 1, prompt="x"))],
+    assert to_wire(Plan(ops=[CancelOp("r0"), Admit(m.Generate("r2", "completion", 1, prompt="x"))],
                         step=True)) == {
         "type": "plan", "keep": 0, "step": True, "settings": None,
         "ops": [{"type": "cancel", "id": "r0"},
@@ -57,10 +57,10 @@ def test_the_wire_form_names_each_operation() -> None:
                  "disk_key": None, "disk_tokens": 0}]}
 
 
-@pytest.mark.parametrize("msg", [wire.Heartbeat(), wire.Shutdown(), wire.Go()])
+@pytest.mark.parametrize("msg", [wire.GroupHeartbeat(), wire.GroupShutdown(), wire.Go()])
 def test_every_command_round_trips(msg: Any) -> None:
     assert round_trip(msg) == msg
-    assert from_wire(to_wire(wire.Loaded()), wire.TO_LEADER) == wire.Loaded()
+    assert from_wire(to_wire(wire.ShardLoaded()), wire.TO_LEADER) == wire.ShardLoaded()
 
 
 # ---- every operation, any content ---------------------------------------------------------------
@@ -77,7 +77,7 @@ GENERATE = st.builds(
 DISK = st.none() | st.tuples(st.text("0123456789abcdef", min_size=32, max_size=32),
                              st.integers(1, 10**6))
 OPS: st.SearchStrategy[Op] = st.one_of(
-    st.builds(lambda g, d: Admit(g, *(d or (None, 0))), GENERATE, DISK), TEXT.map(Cancel),
+    st.builds(lambda g, d: Admit(g, *(d or (None, 0))), GENERATE, DISK), TEXT.map(CancelOp),
     st.just(AbortPrefilling()), st.just(AbortAll()), st.just(ClearCacheOp()),
     st.lists(st.integers(0, 2**31), max_size=50).map(Warm))
 PLANS = st.builds(Plan, ops=st.lists(OPS, max_size=6), keep=st.integers(0, 10**6),
@@ -163,4 +163,4 @@ def test_any_object_is_a_plan_or_a_protocol_error(ops: list[Any], keep: Any, ste
         return
     # What passed the check is exactly what goes back on the wire, typed all the way down.
     assert json.loads(json.dumps(to_wire(plan))) == to_wire(plan)
-    assert all(isinstance(op, (Admit, Cancel, AbortPrefilling, AbortAll)) for op in plan.ops)
+    assert all(isinstance(op, (Admit, CancelOp, AbortPrefilling, AbortAll)) for op in plan.ops)

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 from exod.cli.table import serving_note
 from exod.wire.control_status import SpeculativeStatus
-from exod.wire.messages import Serving
+from exod.wire.messages import ServingReport
 from exod.daemon.status import serving_status
 
-BATCH = Serving(batching="continuous", width=8, active=3, prefill_step=256, cache_entries=2,
+BATCH = ServingReport(batching="continuous", width=8, active=3, prefill_step=256, cache_entries=2,
                 cache_bytes=3 * 2**20, cache_max_bytes=2**30, cache_lookups=4, cache_hits=1,
                 cached_tokens=40, prompt_tokens=200)
 
@@ -29,7 +29,7 @@ def test_table_line_shows_batch_and_cache_or_why_there_is_no_batch() -> None:
     off = replace(BATCH, cache_max_bytes=0)
     assert serving_note(serving_status(off)) == "batch 3/8, no prompt cache"
     why = "one request at a time: a multi-rank group's forward carries one sequence"
-    assert serving_note(serving_status(Serving(batching=why, width=2, active=0))) == why
+    assert serving_note(serving_status(ServingReport(batching=why, width=2, active=0))) == why
     assert serving_note(None) == ""
 
 
@@ -52,7 +52,8 @@ def test_the_disk_tier_has_its_own_hit_rate_and_its_part_of_the_line() -> None:
 
 def test_speculative_figures_are_accepted_per_drafted_and_absent_without_a_draft() -> None:
     why = "one request at a time: speculative decoding; 4 of 6 drafted tokens accepted (67%)"
-    spec = Serving(batching=why, width=1, active=0, draft_tokens=2, drafted=6, draft_accepted=4)
+    spec = ServingReport(batching=why, width=1, active=0, draft_tokens=2, drafted=6,
+                         draft_accepted=4)
     out = serving_status(spec)
     assert out is not None and out.speculative == SpeculativeStatus(2, 6, 4, 0.6667)
     fresh = serving_status(replace(spec, drafted=0, draft_accepted=0))

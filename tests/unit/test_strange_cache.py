@@ -196,7 +196,7 @@ def test_the_fetcher_refuses_a_linked_repository(tmp_path: Path, outside: Path) 
     cache = tmp_path / "hub"
     cache.mkdir()
     (cache / REF.folder).symlink_to(outside)
-    job = fetch.Job(REF, cache, offline=True, token=False, commit=None,
+    job = fetch.FetchJob(REF, cache, offline=True, token=False, commit=None,
                     link=None)  # type: ignore[arg-type]
     with pytest.raises(fetch.FetchRefused, match="is a symlink to .*exod neither reads nor writes"):
         fetch.plan(job)

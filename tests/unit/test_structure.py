@@ -1,6 +1,7 @@
 """The shape of the code, checked so it stays that way: no import cycles inside exod/ (counting
-imports made only for type checking or inside functions), no function past ~60 lines, and a
-runner that speaks to exod only over its channel (never NOTIFY_SOCKET)."""
+imports made only for type checking or inside functions), no function past ~60 lines, a
+runner that speaks to exod only over its channel (never NOTIFY_SOCKET), and no class name
+defined by two modules unless both mean the same thing."""
 
 from __future__ import annotations
 
@@ -9,6 +10,16 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "exod"
 MAX_FUNCTION_LINES = 60
+# Class names that two modules define for the same thing, each with the modules that may.
+SAME_CONCEPT = {
+    # core's Protocols describe the config's dataclasses structurally: core imports no config.
+    "BackoffPolicy": {"exod.config.schema", "exod.core.restarts"},
+    "StartLimit": {"exod.config.schema", "exod.core.restarts"},
+    "StopPolicy": {"exod.config.schema", "exod.core.ladder"},
+    "KeepAliveBounds": {"exod.config.schema", "exod.core.keep_alive"},
+    # The mask round's Protocol is the part of a row's grammar it uses.
+    "Constraint": {"exod.runner.serving.grammar", "exod.runner.serving.mask_round"},
+}
 
 
 def module_name(path: Path) -> str:
@@ -95,3 +106,18 @@ def test_the_runner_speaks_only_over_its_channel() -> None:
     for p in (PACKAGE / "runner").rglob("*.py"):
         text = p.read_text()
         assert "NOTIFY_SOCKET" not in text and "sdnotify" not in text, p
+
+
+def test_a_class_name_means_one_thing() -> None:
+    """Two modules defining a class of one name is a second meaning for that name (a grep finds
+    both; a reader confuses them): rename one, or list it in SAME_CONCEPT when it is the same."""
+    where: dict[str, set[str]] = {}
+    for name, tree in sources().items():
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, set()).add(name)
+    twice = {cls: mods for cls, mods in where.items() if len(mods) > 1}
+    assert {cls: sorted(mods) for cls, mods in twice.items()
+            if mods != SAME_CONCEPT.get(cls)} == {}
+    assert {cls: where.get(cls) for cls in SAME_CONCEPT
+            if where.get(cls) != SAME_CONCEPT[cls]} == {}

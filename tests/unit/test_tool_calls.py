@@ -12,7 +12,7 @@ import pytest
 
 from exod.wire.options import GrammarLimits
 from exod.runner.formats import MAX_CALLS, Splitter, Thought
-from exod.runner.formats.base import Call, ToolFormat
+from exod.runner.formats.base import ParsedCall, ToolFormat
 from exod.runner.formats.json_body import JsonTools
 from exod.runner.serving.strict_args import ArgsCheck
 
@@ -48,8 +48,8 @@ def run(text: str, cut: int, s: Splitter | None = None) -> list[Any]:
 @pytest.mark.parametrize("cut", [1, 2, 3, 7, 1000])
 def test_calls_found_in_text_cut_anywhere(cut: int) -> None:
     # The whitespace between and after calls is no content.
-    assert run(TEXT, cut) == ["Let me look. ", Call("get", '{"city": "Oslo"}'),
-                              Call("add", '{"a": 1}')]
+    assert run(TEXT, cut) == ["Let me look. ", ParsedCall("get", '{"city": "Oslo"}'),
+                              ParsedCall("add", '{"a": 1}')]
 
 
 def test_a_call_that_does_not_parse_is_dropped_never_shown() -> None:
@@ -59,7 +59,7 @@ def test_a_call_that_does_not_parse_is_dropped_never_shown() -> None:
 
 
 def test_a_call_cut_off_by_the_end_is_parsed_or_dropped() -> None:
-    assert run('<tool_call>{"name": "x", "arguments": {}}', 5) == [Call("x", "{}")]
+    assert run('<tool_call>{"name": "x", "arguments": {}}', 5) == [ParsedCall("x", "{}")]
     assert run('ok <tool_call>{"name": "x", "argu', 5) == ["ok "]
 
 
@@ -83,8 +83,8 @@ def test_without_tools_the_markers_are_text() -> None:
 def test_the_calls_allowed_end_the_generation(most: int) -> None:
     s = splitter(most=most)
     out = s.feed(TEXT * 2)
-    assert [p for p in out if isinstance(p, Call)] == [
-        Call("get", '{"city": "Oslo"}'), Call("add", '{"a": 1}')][:most] and s.done
+    assert [p for p in out if isinstance(p, ParsedCall)] == [
+        ParsedCall("get", '{"city": "Oslo"}'), ParsedCall("add", '{"a": 1}')][:most] and s.done
 
 
 def test_a_strict_tools_call_that_does_not_validate_is_dropped() -> None:
@@ -101,7 +101,7 @@ def test_a_strict_tools_call_that_does_not_validate_is_dropped() -> None:
     loose = '<tool_call>{"name": "add", "arguments": {"days": 99}}</tool_call>'  # not strict
     s = splitter(check=check)
     assert s.feed(good + bad + loose) + s.flush() == [
-        Call("get", '{"days": 3, "city": "Oslo"}'), Call("add", '{"days": 99}')]
+        ParsedCall("get", '{"days": 3, "city": "Oslo"}'), ParsedCall("add", '{"days": 99}')]
     assert s.dropped == 1
 
 

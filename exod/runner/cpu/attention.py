@@ -22,13 +22,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from exod.runner.cpu.streams import Splitter
+from exod.runner.cpu.streams import ActivationSplitter
 
 MIN_SCORES = 1 << 16  # heads x queries x keys: ~1 ms of exp on one core
 _STOCK: list[Callable[..., mx.array]] = []  # mlx's own function, while ours is installed
 
 
-def install(splitter: Splitter) -> str:
+def install(splitter: ActivationSplitter) -> str:
     """Route large calls of mx.fast.scaled_dot_product_attention through the cut, if the
     self-test passes: "" when installed (or already), else why not."""
     if _STOCK:
@@ -48,7 +48,7 @@ def uninstall() -> None:
         mx.fast.scaled_dot_product_attention = _STOCK.pop()
 
 
-def _cut(stock: Callable[..., mx.array], splitter: Splitter,
+def _cut(stock: Callable[..., mx.array], splitter: ActivationSplitter,
          least: Callable[[], int] = lambda: MIN_SCORES) -> Callable[..., mx.array]:
     """mlx's attention with its heads cut where `splitter` allows, for calls of `least()`
     scores or more (the self-test cuts its small calls too)."""
@@ -83,7 +83,7 @@ def _heads(mask: mx.array | str | None, a: int, b: int, heads: int) -> mx.array 
 
 
 def _self_test(stock: Callable[..., mx.array], cut: Callable[..., mx.array],
-               splitter: Splitter) -> str:
+               splitter: ActivationSplitter) -> str:
     """"" when the cut gives every bit of mlx's own result in each form, else the first that
     differs (or what a call raised)."""
     key = mx.random.key(11)

@@ -11,8 +11,8 @@ and product, once the function the family applies is found among the candidates 
 swiglu, silu, the GELUs) by agreeing with the module's own call on every bit; else it keeps its
 call, and `install` says so. A decode step (one position) and inputs under MIN_ELEMENTS are
 never cut; a thread whose step already runs a pass per core (exod.runner.embed.encoder) keeps
-its passes whole (`Splitter.allow`). EXOD_SPLIT=0: off. docs/api.md, "Activations and attention
-on every core during prefill"; docs/design/runner-cpu.md; `python -m bench split`.
+its passes whole (`ActivationSplitter.allow`). EXOD_SPLIT=0: off. docs/api.md, "Activations and
+attention on every core during prefill"; docs/design/runner-cpu.md; `python -m bench split`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from exod.runner.cpu import attention
-from exod.runner.cpu.streams import Splitter
+from exod.runner.cpu.streams import ActivationSplitter
 
 # Position-wise activations whose elements cost enough to share out (exp, erf, tanh inside).
 ACTIVATIONS: tuple[type[nn.Module], ...] = (
@@ -43,7 +43,7 @@ class SplitRows(nn.Module):
     """An activation module whose input's rows (the next-to-last axis) are cut into a slice
     per allowed core when the input is large enough."""
 
-    def __init__(self, inner: nn.Module, splitter: Splitter) -> None:
+    def __init__(self, inner: nn.Module, splitter: ActivationSplitter) -> None:
         super().__init__()
         self.inner = inner
         self._splitter = splitter  # not a child: kept out of the module tree's parameters
@@ -53,7 +53,8 @@ class SplitRows(nn.Module):
         return self.inner(x) if cut is None else cut
 
 
-def rowwise(splitter: Splitter, fn: Callable[..., mx.array], *xs: mx.array) -> mx.array | None:
+def rowwise(splitter: ActivationSplitter, fn: Callable[..., mx.array],
+            *xs: mx.array) -> mx.array | None:
     """fn(*xs), elementwise over arrays of one shape, computed a slice of rows per allowed core;
     None where it is not worth cutting (one core, few rows, a small input)."""
     n = splitter.allowed()
@@ -69,7 +70,7 @@ def rowwise(splitter: Splitter, fn: Callable[..., mx.array], *xs: mx.array) -> m
     return mx.concatenate(parts, axis=-2)
 
 
-def split_activations(model: nn.Module, splitter: Splitter) -> int:
+def split_activations(model: nn.Module, splitter: ActivationSplitter) -> int:
     """Wrap every activation module of `model` (in place); the number wrapped."""
     count = 0
 
@@ -165,7 +166,7 @@ def _key(module: nn.Module) -> tuple[type, type, str]:
     return type(module), type(module.gate_proj), str(found[1] if found is not None else None)
 
 
-def _swapped_class(base: type, gate: Gate, splitter: Splitter) -> type:
+def _swapped_class(base: type, gate: Gate, splitter: ActivationSplitter) -> type:
     def __call__(self: Any, x: mx.array) -> mx.array:
         g, u = self.gate_proj(x), self.up_proj(x)
         h = rowwise(splitter, gate, g, u)
@@ -176,7 +177,7 @@ def _swapped_class(base: type, gate: Gate, splitter: Splitter) -> type:
     return type(f"Split{base.__name__}", (base,), {"__call__": __call__, "_exod_split": True})
 
 
-def split_gated(model: nn.Module, splitter: Splitter) -> Gated:
+def split_gated(model: nn.Module, splitter: ActivationSplitter) -> Gated:
     """Swap the class of every gated MLP of `model` whose activation is found (in place)."""
     swapped: dict[str, str] = {}
     kept: dict[str, str] = {}
@@ -211,7 +212,7 @@ def split_gated(model: nn.Module, splitter: Splitter) -> Gated:
 
 @dataclass(frozen=True)
 class Installed:
-    splitter: Splitter
+    splitter: ActivationSplitter
     activations: int  # activation modules wrapped
     gated: Gated
     attention: str  # "" where attention's heads are cut, else why not
@@ -228,7 +229,8 @@ class Installed:
                 + (f"; {kept}" if kept else ""))
 
 
-_SPLITTER: list[Splitter] = []  # one per process: attention's cut is mx.fast's, process-wide
+# One per process: attention's cut is mx.fast's, process-wide.
+_SPLITTER: list[ActivationSplitter] = []
 
 
 def install(model: nn.Module, cores: int) -> Installed | None:
@@ -237,7 +239,7 @@ def install(model: nn.Module, cores: int) -> Installed | None:
     if cores < 2 or not enabled():
         return None
     if not _SPLITTER:
-        _SPLITTER.append(Splitter(cores))
+        _SPLITTER.append(ActivationSplitter(cores))
     splitter = _SPLITTER[0]
     return Installed(splitter, split_activations(model, splitter),
                      split_gated(model, splitter), attention.install(splitter))

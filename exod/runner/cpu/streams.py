@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import mlx.core as mx
 
 
-class Splitter:
+class ActivationSplitter:
     """The streams the slices run on, and the cores this thread's current pass may use."""
 
     def __init__(self, cores: int) -> None:

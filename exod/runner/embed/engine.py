@@ -182,8 +182,8 @@ class EmbedEngine(NoPromptCache, AsItComes):
             self.cancel(rid)
         return [m.Error(rid, code, message) for rid in waiting]
 
-    def serving(self) -> m.Serving:
-        return m.Serving(batching=BATCHING, width=self.width, active=len(self.jobs),
+    def serving(self) -> m.ServingReport:
+        return m.ServingReport(batching=BATCHING, width=self.width, active=len(self.jobs),
                          prefill_step=self.batch_tokens, batches=self.figures.batches,
                          batched_inputs=self.figures.inputs)
 

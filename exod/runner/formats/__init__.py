@@ -15,12 +15,12 @@ from typing import Any
 
 from exod.wire import messages as m
 from exod.runner.formats import harmony, literals, tagged
-from exod.runner.formats.base import (MAX_CALLS, Allowed, Call, Piece, Thought, ToolFormat,
+from exod.runner.formats.base import (MAX_CALLS, Allowed, ParsedCall, Piece, Thought, ToolFormat,
                                       Transitions)
 from exod.runner.formats.json_body import JsonTools, KimiK2, Mistral
 from exod.runner.formats.splitter import Splitter
 
-__all__ = ["MAX_CALLS", "Allowed", "Call", "Piece", "Splitter", "Thought", "ToolFormat",
+__all__ = ["MAX_CALLS", "Allowed", "ParsedCall", "Piece", "Splitter", "Thought", "ToolFormat",
            "Transitions", "allowed", "calls_allowed", "events", "format_of", "splitter",
            "text_thinking"]
 
@@ -131,7 +131,7 @@ TAIL = 64  # tokens of the prompt's end in which an opened think block is looked
 def events(rid: str, pieces: list[Piece]) -> list[m.Event]:
     out: list[m.Event] = []
     for p in pieces:
-        if isinstance(p, Call):
+        if isinstance(p, ParsedCall):
             out.append(m.ToolCall(rid, p.name, p.arguments, p.id))
         elif isinstance(p, Thought):
             out.append(m.Text(rid, "", p.text))

@@ -26,7 +26,9 @@ Literal = Callable[[str], str]  # text as a Lark expression: special tokens as t
 
 
 @dataclass(frozen=True)
-class Call:
+class ParsedCall:
+    """A tool call as the format's parser found it in the model's text."""
+
     name: str
     arguments: str  # a JSON object's text
     id: str = ""  # the id the format gives the call (Mistral's nine characters); "": the API's
@@ -39,7 +41,7 @@ class Thought:
     text: str
 
 
-Piece = str | Thought | Call
+Piece = str | Thought | ParsedCall
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class Allowed:
     earlier: int = 0
 
 
-def calls_of(parsed: Any) -> list[Call]:
+def calls_of(parsed: Any) -> list[ParsedCall]:
     """mlx-lm's parse result (a dict, or a list of them) as calls: ValueError for what is not
     one (no name, arguments that are not an object)."""
     out = []
@@ -68,7 +70,7 @@ def calls_of(parsed: Any) -> list[Call]:
             args = json.loads(args) if args.strip() else {}
         if not isinstance(args, dict):
             raise ValueError("arguments that are not a JSON object")
-        out.append(Call(c["name"], json.dumps(args, ensure_ascii=False)))
+        out.append(ParsedCall(c["name"], json.dumps(args, ensure_ascii=False)))
     if not out:
         raise ValueError("no call in it")
     return out
@@ -87,7 +89,7 @@ class ToolFormat:
     # Markers that stay in a call's text when they open or close it (the parser reads them).
     kept: ClassVar[tuple[str, ...]] = ()
 
-    def parse(self, body: str, tools: Any) -> list[Call]:
+    def parse(self, body: str, tools: Any) -> list[ParsedCall]:
         """The calls in the text between the markers: ValueError (or the parser's own
         exceptions) for text that holds none."""
         return calls_of(self.parse_text(body, tools))

@@ -13,7 +13,7 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
-from exod.runner.formats.base import Allowed, Call, Literal, ToolFormat, Transitions, calls_of
+from exod.runner.formats.base import Allowed, Literal, ParsedCall, ToolFormat, Transitions, calls_of
 from exod.runner.formats.grammar_parts import choice, json_args, quoted, repeat
 
 
@@ -57,7 +57,7 @@ class Mistral(ToolFormat):
         # A call ends where the next one opens (or at the end of the turn).
         return "normal", {"normal": [(self.start, "tool")], "tool": [(self.start, "tool")]}
 
-    def parse(self, body: str, tools: Any) -> list[Call]:
+    def parse(self, body: str, tools: Any) -> list[ParsedCall]:
         if body.lstrip().startswith("["):  # the first generation's array
             return calls_of(self.parse_text(body, tools))
         out = []
@@ -67,7 +67,7 @@ class Mistral(ToolFormat):
             args, at = decoder.raw_decode(body, m.end())
             call = calls_of({"name": m.group(1), "arguments": args})[0]
             given = m.group(2) or ""
-            out.append(Call(call.name, call.arguments,
+            out.append(ParsedCall(call.name, call.arguments,
                             given if _MISTRAL_ID.fullmatch(given) else self.new_id()))
             at = len(body) - len(body[at:].lstrip())
         if not out or body[at:].strip():

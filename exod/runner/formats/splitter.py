@@ -23,7 +23,7 @@ def calling(state: str) -> bool:
 
 
 class Splitter:
-    """Text in, pieces out (str: answer; Thought; Call). `fmt`: the model's call format (None:
+    """Text in, pieces out (str: answer; Thought; ParsedCall). `fmt`: the model's call format (None:
     a model that only thinks by text markers). `tools`: the request's (None: calls are not
     parsed, and a format whose calls sit in its table, as harmony's do, has them dropped).
     `most`: calls after which the generation is done. `check`: the strict tools, whose calls

@@ -6,7 +6,7 @@ keep one side's answer from serving as the other's:
   worker → rank 0:  version line, Greeting(nonce_w)
   rank 0 → worker:  version line, Challenge(nonce_0, HMAC(key, "exod-leader" nonce_w nonce_0))
   worker → rank 0:  Proof(rank, HMAC(key, "exod-worker" nonce_0 nonce_w rank))
-  rank 0 → worker:  Welcome (or a Refusal, e.g. of a rank already connected)
+  rank 0 → worker:  Welcome (or a GroupRefusal, e.g. of a rank already connected)
 A rank of another version is refused by whichever side reads the other's version line first,
 naming both versions.
 
@@ -29,8 +29,8 @@ from exod.core.text import clip
 from exod.wire.protocol import FrameDecoder, ProtocolError, encode, from_wire, to_wire
 from exod.runner.group import wire
 from exod.runner.group.wire import (
-    HANDSHAKE_FRAME, MAX_LINE, NONCE, OURS, PREAMBLE, Challenge, ControlLost, Greeting, Proof,
-    Refusal, Welcome,
+    HANDSHAKE_FRAME, MAX_LINE, NONCE, OURS, PREAMBLE, Challenge, ControlLost, Greeting,
+    GroupRefusal, Proof, Welcome,
 )
 
 RANK = struct.Struct("!i")  # how a rank is bound into its proof
@@ -98,7 +98,8 @@ class LeaderHandshake:
     def _refuse(self, reason: str, told: str | None = None) -> HandshakeRefused:
         """A refusal the peer hears too: it wrote a version line, so it can read why."""
         line, self._said = (b"" if self._said else PREAMBLE), PREAMBLE
-        return HandshakeRefused(reason, line + encode(to_wire(Refusal(clip(told or reason, 500)))))
+        refusal = GroupRefusal(clip(told or reason, 500))
+        return HandshakeRefused(reason, line + encode(to_wire(refusal)))
 
     def _step(self, obj: dict[str, Any]) -> bytes:
         if self.rank is not None:
@@ -142,9 +143,9 @@ def worker_handshake(sock: socket.socket, key: bytes, rank: int) -> None:
         raise ControlLost("the process on rank 0's control port is no exod rank")
     if line != PREAMBLE:
         raise ControlLost(f"rank 0 speaks {theirs}, this rank {OURS} ({SAME_VERSION})")
-    msg = wire.recv(sock, {Challenge.type: Challenge, Refusal.type: Refusal},
+    msg = wire.recv(sock, {Challenge.type: Challenge, GroupRefusal.type: GroupRefusal},
                     limit=HANDSHAKE_FRAME)
-    if isinstance(msg, Refusal):
+    if isinstance(msg, GroupRefusal):
         raise ControlLost(f"rank 0 refused this rank: {msg.reason}")
     nonce_0 = bytes.fromhex(msg.nonce)
     if not hmac.compare_digest(msg.proof, mac(key, b"exod-leader", nonce_w, nonce_0)):
@@ -152,7 +153,7 @@ def worker_handshake(sock: socket.socket, key: bytes, rank: int) -> None:
                           "group's key (another program, or a different cluster_key_file)")
     proof = mac(key, b"exod-worker", nonce_0, nonce_w, RANK.pack(rank))
     wire.send(sock, encode(to_wire(Proof(rank, proof))))
-    answer = wire.recv(sock, {Welcome.type: Welcome, Refusal.type: Refusal},
+    answer = wire.recv(sock, {Welcome.type: Welcome, GroupRefusal.type: GroupRefusal},
                        limit=HANDSHAKE_FRAME)
-    if isinstance(answer, Refusal):
+    if isinstance(answer, GroupRefusal):
         raise ControlLost(f"rank 0 refused this rank: {answer.reason}")

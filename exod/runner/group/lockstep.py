@@ -30,7 +30,7 @@ import mlx.core as mx
 
 from exod.runner.serving.batch_engine import BatchEngine, DiskChoice
 from exod.runner.group import wire
-from exod.runner.group.plan import (AbortAll, AbortPrefilling, Admit, Cancel, ClearCacheOp, Op,
+from exod.runner.group.plan import (AbortAll, AbortPrefilling, Admit, CancelOp, ClearCacheOp, Op,
                                     Plan, See, Settings, Warm)
 from exod.runner.link.lifecycle import Lifecycle
 from exod.runner.link.log import ERR, log
@@ -69,7 +69,7 @@ class Replayed(Protocol):
 
     def abort_prefilling(self, code: m.ErrorCode, message: str) -> list[m.Event]: ...
 
-    def serving(self) -> m.Serving: ...
+    def serving(self) -> m.ServingReport: ...
 
     def follow_cache(self) -> None: ...
 
@@ -137,7 +137,7 @@ class LeaderEngine:
 
     def cancel(self, rid: str) -> None:
         self.engine.cancel(rid)
-        self._record(Cancel(rid))
+        self._record(CancelOp(rid))
 
     def expect(self, reading: int) -> bool:
         return self.engine.expect(reading)
@@ -159,7 +159,7 @@ class LeaderEngine:
         self._record(AbortPrefilling())
         return self.engine.abort_prefilling(code, message)
 
-    def serving(self) -> m.Serving:
+    def serving(self) -> m.ServingReport:
         return self.engine.serving()
 
     # ---- the group ---------------------------------------------------------------------------
@@ -175,11 +175,11 @@ class LeaderEngine:
 
     def heartbeat(self) -> None:
         self.flush()
-        self.group.send(wire.Heartbeat())
+        self.group.send(wire.GroupHeartbeat())
         self.group.barrier()
 
     def shutdown(self) -> None:
-        self.group.send(wire.Shutdown())
+        self.group.send(wire.GroupShutdown())
         self.group.barrier()  # so no peer sees a closed socket before everyone is done
 
     def _record(self, op: Op) -> None:
@@ -221,10 +221,10 @@ def follow(model: Any, tokenizer: Any, group: Group, life: Lifecycle,
         # usual case: the daemon asks every rank at once), then leaves anyway.
         with life.interruptible(grace=2.0):
             plan = group.recv()
-        if isinstance(plan, wire.Heartbeat):
+        if isinstance(plan, wire.GroupHeartbeat):
             group.barrier()
             continue
-        if isinstance(plan, wire.Shutdown):
+        if isinstance(plan, wire.GroupShutdown):
             group.barrier()
             return engine
         if not isinstance(plan, Plan):
@@ -253,7 +253,7 @@ def replay(engine: Any, plan: Plan) -> None:
             elif isinstance(op, See):  # a model that sees (exod.runner.vision.group)
                 engine.see_shipped(op.request, op.tokens, op.pictures, op.width, op.dtype,
                                    {k: _array(v) for k, v in op.features.items()}, op.cached)
-            elif isinstance(op, Cancel):
+            elif isinstance(op, CancelOp):
                 engine.cancel(op.id)
             elif isinstance(op, AbortPrefilling):
                 engine.abort_prefilling("aborted", "")

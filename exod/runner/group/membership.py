@@ -117,7 +117,7 @@ class Group:
                     for r in range(1, self.size):
                         wire.send(self.ctrl[r], wire.frame(wire.Go()))
                 else:
-                    wire.send(self.ctrl[0], wire.frame(wire.Loaded()))
+                    wire.send(self.ctrl[0], wire.frame(wire.ShardLoaded()))
                     self._expect_go()
         except wire.ControlLost as e:
             raise PeerLost(f"while waiting for the group to load: {e}") from None

@@ -32,7 +32,7 @@ class Admit:
 
 
 @dataclass(frozen=True)
-class Cancel:
+class CancelOp:
     type: ClassVar[str] = "cancel"
     id: str
 
@@ -102,7 +102,7 @@ class ClearCacheOp:
     type: ClassVar[str] = "clear_cache"
 
 
-Op = Admit | See | Cancel | AbortPrefilling | AbortAll | Warm | ClearCacheOp
+Op = Admit | See | CancelOp | AbortPrefilling | AbortAll | Warm | ClearCacheOp
 
 
 @dataclass(frozen=True)

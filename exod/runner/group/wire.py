@@ -5,11 +5,11 @@ messages, after a version line.
 A connection opens with each side's version line, `EXOD-GROUP-<VERSION>\\n` (every version
 starts so, and so can name another's), then the handshake (exod.runner.group.handshake):
   worker → rank 0:  Greeting
-  rank 0 → worker:  Challenge, or Refusal (a reason)
+  rank 0 → worker:  Challenge, or GroupRefusal (a reason)
   worker → rank 0:  Proof
-  rank 0 → worker:  Welcome, or Refusal
+  rank 0 → worker:  Welcome, or GroupRefusal
 Then the group's commands. Rank 0 → a worker: Plan (what to replay on its engine,
-exod.runner.group.plan), Heartbeat, Shutdown, Go. A worker → rank 0: Loaded.
+exod.runner.group.plan), GroupHeartbeat, GroupShutdown, Go. A worker → rank 0: ShardLoaded.
 
 A field added or a message changed is a new VERSION: a rank of another version is refused,
 with both versions named, by either end. Pure but for the socket reads and writes; no mlx.
@@ -89,7 +89,7 @@ class Challenge:
 
 
 @dataclass(frozen=True)
-class Refusal:
+class GroupRefusal:
     type: ClassVar[str] = "refusal"
     reason: str
 
@@ -120,21 +120,21 @@ class Welcome:
 
 # ---- the group's commands -----------------------------------------------------------------------
 @dataclass(frozen=True)
-class Heartbeat:
+class GroupHeartbeat:
     """Idle liveness check: every rank joins an all_sum."""
 
     type: ClassVar[str] = "heartbeat"
 
 
 @dataclass(frozen=True)
-class Shutdown:
+class GroupShutdown:
     """The group stops: barrier, then exit 0."""
 
     type: ClassVar[str] = "shutdown"
 
 
 @dataclass(frozen=True)
-class Loaded:
+class ShardLoaded:
     """A worker has loaded its shard (to rank 0)."""
 
     type: ClassVar[str] = "loaded"
@@ -147,10 +147,10 @@ class Go:
     type: ClassVar[str] = "go"
 
 
-ToWorker = Plan | Heartbeat | Shutdown | Go
+ToWorker = Plan | GroupHeartbeat | GroupShutdown | Go
 TO_WORKER: dict[str, type[Any]] = {c.type: c for c in typing.get_args(ToWorker)}
-TO_LEADER: dict[str, type[Any]] = {Loaded.type: Loaded}
-Command = ToWorker | Loaded
+TO_LEADER: dict[str, type[Any]] = {ShardLoaded.type: ShardLoaded}
+Command = ToWorker | ShardLoaded
 
 
 # ---- on a socket --------------------------------------------------------------------------------

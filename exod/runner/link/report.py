@@ -19,7 +19,7 @@ class Reporter:
                                    active=active))
 
     def progress(self, loaded: int, total: int) -> None:
-        self.channel.send(m.Progress(loaded=loaded, total=total))
+        self.channel.send(m.LoadProgress(loaded=loaded, total=total))
 
     def ready(self, vocab_size: int = 0, context_length: int = 0) -> None:
         self.channel.send(m.Ready(vocab_size=vocab_size, context_length=context_length))

@@ -100,7 +100,7 @@ class DiskTier:
             self._own(folder)
             self._remove_stale(ranks)
             self._scan(folder)
-        except fp.Stopped:
+        except fp.HashingStopped:
             self.state = "stopped while hashing the weights"
         except OSError as e:
             self.state = f"off: {self.fault('open', e)}"

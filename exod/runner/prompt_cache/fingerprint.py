@@ -34,7 +34,7 @@ RACY = 2.0
 HASH_CHUNK = 16 << 20
 
 
-class Stopped(Exception):
+class HashingStopped(Exception):
     """Hashing was interrupted (the runner is stopping)."""
 
 
@@ -132,7 +132,7 @@ def _hash_file(path: Path, should_stop: Callable[[], bool]) -> str:
     with open(path, "rb") as f:
         while chunk := f.read(HASH_CHUNK):
             if should_stop():
-                raise Stopped
+                raise HashingStopped
             h.update(chunk)
     return h.hexdigest()
 

@@ -239,7 +239,7 @@ class BatchEngine(AsItComes):
         self._drop(waiting)
         return [m.Error(r.rid, code, message) for r in waiting if r.out is not None]
 
-    def serving(self) -> m.Serving:
+    def serving(self) -> m.ServingReport:
         return serving_stats(self.cache, width=self.width, active=self.active,
                              prefill_step=self.prefill_step, cache_bytes=self.cache_bytes)
 

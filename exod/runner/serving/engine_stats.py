@@ -1,4 +1,4 @@
-"""What the batch engine reports of itself in a rank's status (`Serving`): its batch and its
+"""What the batch engine reports of itself in a rank's status (`ServingReport`): its batch and its
 prompt cache's tiers."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from exod.runner.prompt_cache.tiers import PromptCache
 
 
 def serving_stats(cache: PromptCache, *, width: int, active: int, prefill_step: int,
-                  cache_bytes: int) -> m.Serving:
+                  cache_bytes: int) -> m.ServingReport:
     c, disk, ram = cache.counts, cache.disk, cache.ram
-    return m.Serving(
+    return m.ServingReport(
         batching="continuous", width=width, active=active,
         prefill_step=prefill_step, cache_max_bytes=cache_bytes,
         cache_entries=len(ram), cache_bytes=int(ram.nbytes),

@@ -98,7 +98,7 @@ class Engine(Protocol[R_in, P]):
         """End the generations that have not produced a token yet (still in their prompt)."""
         ...
 
-    def serving(self) -> m.Serving:
+    def serving(self) -> m.ServingReport:
         """The engine's figures for the daemon (batching, width, prompt cache)."""
         ...
 
@@ -161,7 +161,7 @@ class ServeLoop(Generic[R, P]):
         self.tickers = [Ticker(report.heartbeat, heartbeat_every), *([tick] if tick else [])]
         self.deadline: float | None = None  # end of the drain, once asked to stop
         self.shown = (-1, -1)  # (requests, of which being read) in the last status report
-        self.figures: m.Serving | None = None  # the engine's, as last sent
+        self.figures: m.ServingReport | None = None  # the engine's, as last sent
         self.live: set[str] = set()
         self.recent: collections.deque[str] = collections.deque(maxlen=256)  # finished ids
         self.edited: dict[str, list[dict[str, Any]]] = {}  # a live request's applied edits

@@ -36,6 +36,8 @@ FREE = np.uint32(0xFFFFFFFF)  # a free row's words: every token allowed
 SOFTMAX_COVERS = 4 * 49152
 
 
+# The same name as exod.runner.serving.grammar.Constraint, which it describes: the round needs
+# only these parts, and no grammar compiler.
 class Constraint(Protocol):
     """What the round needs of a row's grammar (exod.runner.serving.grammar.Constraint)."""
 

@@ -23,7 +23,7 @@ from exod.runner.serving.stop_sequences import StopMatcher
 
 
 @dataclass
-class Piece:
+class Released:
     """What a token released: text, reasoning, and the logprobs of the text's tokens."""
 
     text: str = ""
@@ -79,10 +79,10 @@ class Output:
         return self.stops.stopped
 
     def add(self, token: int, entry: m.TokenLogprob | None = None, *, eos: bool = False,
-            last: bool = False) -> Piece:
+            last: bool = False) -> Released:
         """A generated token (`eos`: the end-of-sequence token, never shown; `last`: the
         generation ends with it) and its logprob entry when asked for."""
-        piece = Piece()
+        piece = Released()
         if self.stops.stopped:
             return piece
         was_thinking = self.thinking
@@ -106,7 +106,7 @@ class Output:
         piece.logprobs = self._release(everything=last and not self.stops.stopped)
         return piece
 
-    def _route(self, segment: str, piece: Piece) -> None:
+    def _route(self, segment: str, piece: Released) -> None:
         if not segment:
             return
         if self.thinking:
@@ -128,7 +128,7 @@ class Output:
         return out
 
 
-def with_pieces(rid: str, piece: Piece, shown: list[m.Event]) -> list[m.Event]:
+def with_pieces(rid: str, piece: Released, shown: list[m.Event]) -> list[m.Event]:
     """The events of a token: `shown`, its answer's text after the tool-call splitter (text
     and calls), with the token's reasoning and logprobs on the first text (or on one of their
     own before the rest)."""

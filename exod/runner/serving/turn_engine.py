@@ -206,10 +206,10 @@ class TurnEngine(NoPromptCache, AsItComes):
                 out.append(m.Error(rid, code, message))
         return out
 
-    def serving(self) -> m.Serving:
+    def serving(self) -> m.ServingReport:
         why = self.why if self.draft is None else f"{self.why}; {self.draft.describe()}"
         d = self.draft
-        return m.Serving(batching=why, width=self.width, active=self.active,
+        return m.ServingReport(batching=why, width=self.width, active=self.active,
                          prefill_step=self.prefill_step, draft_tokens=d.tokens if d else 0,
                          drafted=d.drafted if d else 0, draft_accepted=d.accepted if d else 0)
 

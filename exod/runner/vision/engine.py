@@ -43,7 +43,7 @@ from exod.runner.vision.cache import KeptPrompts, placeholders
 from exod.runner.vision.features import FeatureCache
 from exod.runner.vision.generator import Generator
 from exod.runner.vision.images import PictureBudget, fit_of
-from exod.runner.vision.prompt import Pictures, Seen, read_seen
+from exod.runner.vision.prompt import PictureDecoding, Seen, read_seen
 from exod.runner.vision.request import Request, Shipped
 from exod.runner.vision.sampling import last_processor
 
@@ -76,7 +76,7 @@ class VisionEngine(KeptPrompts, NoPromptCache):  # KeptPrompts' cache first: it 
         self.vocab, self.window = sizes(model, tokenizer)
         self.grammars = Grammars(tokenizer, self.vocab, grammar_limits or GrammarLimits())
         self.features = FeatureCache(model, feature_bytes)
-        self.pictures = Pictures(fit_of(processor), PictureBudget(
+        self.pictures = PictureDecoding(fit_of(processor), PictureBudget(
             picture_bytes if picture_bytes is not None else memory.picture_budget(None)))
         self.text = TokenText(tokenizer)
         self.placeholders = placeholders(model.config)
@@ -283,8 +283,8 @@ class VisionEngine(KeptPrompts, NoPromptCache):  # KeptPrompts' cache first: it 
             self.failed_steps += 1
             raise RuntimeError(f"request {req.id} could not go into the generator")
 
-    def serving(self) -> m.Serving:
-        return m.Serving(batching="continuous", width=self.width, active=self.active,
+    def serving(self) -> m.ServingReport:
+        return m.ServingReport(batching="continuous", width=self.width, active=self.active,
                          prefill_step=self.prefill_step, cache_max_bytes=self.cache_bytes,
                          cache_entries=len(self._cache), cache_bytes=int(self._cache.nbytes),
                          cache_lookups=self.cache_lookups, cache_hits=self.cache_hits,

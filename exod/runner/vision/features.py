@@ -5,8 +5,8 @@ runs the tower only on the pictures it has not seen.
 It keeps the tower's own output rather than the features `get_input_embeddings` merges into the
 prompt, so what each family does after its tower (a projector, a pixel shuffle, Qwen's M-RoPE
 positions) runs as without a cache; mlx-vlm's own VisionFeatureCache serves none of the common
-families. One tower call sees all of a request's pictures, and a `Layout`, read from the call,
-says which part of its inputs and output is whose (Qwen's `grid_thw` rows, Pixtral's
+families. One tower call sees all of a request's pictures, and a `PictureLayout`, read from the
+call, says which part of its inputs and output is whose (Qwen's `grid_thw` rows, Pixtral's
 `image_sizes`, a row each for SigLIP and CLIP); a call it does not fit keeps its pictures
 together, under all their hashes. A call about no cached picture is the call without a cache,
 bit for bit; one about some runs the tower on the others only. The tower keeps its object: only
@@ -31,7 +31,7 @@ Key = tuple[str, ...]  # the pictures' SHA-256s, in the order the call shows the
 
 
 @dataclass(frozen=True)
-class Layout:
+class PictureLayout:
     """Where each picture of one call is: for each input (positional, then keyword) the axis
     and sizes of its pictures' parts, or None when it is the call's as a whole; for the output,
     the axis along which each array is split, with the pictures' shares (`weights`)."""
@@ -68,7 +68,7 @@ class Layout:
         return _zip(parts, lambda xs: mx.concatenate(xs, axis=self.out_axis))
 
 
-def layout(args: tuple[Any, ...], kwargs: dict[str, Any], n: int) -> Layout | None:
+def layout(args: tuple[Any, ...], kwargs: dict[str, Any], n: int) -> PictureLayout | None:
     """Which part of a tower call (`args`, `kwargs`) is whose, for its `n` pictures, or None."""
     names = tuple(k for k, v in kwargs.items() if isinstance(v, mx.array))
     values = [*args, *(kwargs[k] for k in names)]
@@ -85,13 +85,13 @@ def layout(args: tuple[Any, ...], kwargs: dict[str, Any], n: int) -> Layout | No
             return None
         inputs = tuple((0, rows) if v is pixels else (0, [1] * n) if v is grid else None
                        for v in values)
-        return Layout(inputs, names, 0, rows)
+        return PictureLayout(inputs, names, 0, rows)
     if any(isinstance(v, mx.array) and v.ndim and v.shape[0] != n for v in values):
         return None
     inputs = tuple((0, [1] * n) if isinstance(v, mx.array) else None for v in values)
     if isinstance(sizes, mx.array) and sizes.shape == (n, 2):  # Pixtral: one sequence of all
-        return Layout(inputs, names, 1, [int(h * w) for h, w in _rows(sizes)])
-    return Layout(inputs, names, 0, [1] * n)
+        return PictureLayout(inputs, names, 1, [int(h * w) for h, w in _rows(sizes)])
+    return PictureLayout(inputs, names, 0, [1] * n)
 
 
 class FeatureCache:
@@ -150,7 +150,7 @@ class FeatureCache:
                     self._put((k,), part)
             return out
         sub_args, sub_kwargs = place.select(args, kwargs, missing)
-        sub = Layout(place.inputs, place.names, place.out_axis,
+        sub = PictureLayout(place.inputs, place.names, place.out_axis,
                      [place.weights[i] for i in missing])
         got = sub.split(call(*sub_args, **sub_kwargs))
         if got is None:

@@ -240,12 +240,12 @@ class PictureBudget:
         return (f"they take {format_size(need)} at the model's resolution, more than the "
                 f"{format_size(self.total)} a runner holds for pictures")
 
-    def take(self, need: int) -> Hold:
+    def take(self, need: int) -> BudgetHold:
         """Wait until `need` fits beside what is held (or nothing is), then hold it."""
         with self._cond:
             self._cond.wait_for(lambda: self.held == 0 or self.held + need <= self.total)
             self.held += need
-        return Hold(self, need)
+        return BudgetHold(self, need)
 
     def give(self, n: int) -> None:
         with self._cond:
@@ -253,7 +253,7 @@ class PictureBudget:
             self._cond.notify_all()
 
 
-class Hold:
+class BudgetHold:
     """Bytes taken from a PictureBudget: given back by `release`, or when it is dropped."""
 
     def __init__(self, budget: PictureBudget, n: int) -> None:

@@ -29,7 +29,7 @@ from exod.runner.serving.grammar import Grammars
 from exod.core import request_rules as rules
 from exod.runner.serving.prepare import read_prompt
 from exod.runner.serving.reading import Prompt
-from exod.runner.vision.images import (Fit, Hold, Opened, PictureBudget, decode_opened,
+from exod.runner.vision.images import (BudgetHold, Fit, Opened, PictureBudget, decode_opened,
                                        give_back_memory, open_picture)
 
 __all__ = ["Seen", "read_seen"]
@@ -44,7 +44,7 @@ class Seen(Prompt):
 
     inputs: dict[str, Any] = field(default_factory=dict)
     keys: tuple[str, ...] = ()
-    hold: Hold | None = None
+    hold: BudgetHold | None = None
 
     def let_go(self) -> None:
         """The tower has seen its pictures: their arrays go, and their share of the budget."""
@@ -54,7 +54,7 @@ class Seen(Prompt):
 
 
 @dataclass(frozen=True)
-class Pictures:
+class PictureDecoding:
     """How a runner decodes pictures: at the size its model's processor makes (`Fit`), within
     its budget."""
 
@@ -64,7 +64,7 @@ class Pictures:
 
 def read_seen(processor: Any, config: Any, tokenizer: Any, req: m.Generate, vocab: int,
               window: int | None, grammars: Grammars | None,
-              pictures: Pictures | None = None) -> Seen:
+              pictures: PictureDecoding | None = None) -> Seen:
     """The request read (RequestError naming the field, a picture's part, at fault)."""
     if req.kind != "chat":  # a completion: plain text, as the text runner reads it
         read = read_prompt(tokenizer, req, vocab, window, grammars)
@@ -73,7 +73,7 @@ def read_seen(processor: Any, config: Any, tokenizer: Any, req: m.Generate, voca
     if req.context_edits:  # they count tokens of a template that has no pictures yet
         raise RequestError("context_management is not supported yet for a model that sees",
                            req.named("context_edits"))
-    how = pictures or Pictures(Fit(), PictureBudget(memory.picture_budget(None)))
+    how = pictures or PictureDecoding(Fit(), PictureBudget(memory.picture_budget(None)))
     order = [(n, req.named(where)) for n, where in _image_order(req.messages or [])]
     opened = [(_checked(open_picture, req.images[n].data, where), where) for n, where in order]
     hold = _held(how, opened) if opened else None
@@ -98,7 +98,7 @@ def read_seen(processor: Any, config: Any, tokenizer: Any, req: m.Generate, voca
                 read.applied_edits, inputs=inputs, keys=keys, hold=hold)
 
 
-def _held(how: Pictures, opened: list[tuple[Opened, str]]) -> Hold:
+def _held(how: PictureDecoding, opened: list[tuple[Opened, str]]) -> BudgetHold:
     """The pictures' share of the runner's budget, taken before any is decoded (waiting while
     requests read before hold too much); RequestError naming them when they alone take more."""
     need = sum(o.cost(how.fit) for o, _ in opened)

@@ -23,39 +23,40 @@ from typing import Any
 # as `m.Generate`, one namespace for both ends.
 from exod.wire.messages.events import (VECTORS_BYTES, Done, Error, ErrorCode, FinishReason, Held,
                                   Prefill, Text, TokenLogprob, ToolCall, TopLogprob, Vectors)
-from exod.wire.messages.lifecycle import (HEARTBEAT_EVERY, Download, Failed, Fetched, Heartbeat,
-                                     Hello, Phase, Progress, Ready, Serving, Status, Stopping)
+from exod.wire.messages.lifecycle import (HEARTBEAT_EVERY, DownloadProgress, Failed, Fetched,
+                                     Heartbeat, Hello, LoadProgress, Phase, Ready,
+                                     ServingReport, Status, Stopping)
 from exod.wire.messages.work import (Cancel, ClearCacheWork, Embed, Generate, Image, Shutdown,
                                      ToolChoice)
 from exod.wire.protocol import from_wire as from_wire, to_wire as to_wire  # for the messages' users
 
 __all__ = [
-    "HEARTBEAT_EVERY", "VECTORS_BYTES", "VERSION", "Cancel", "ClearCacheWork", "Done", "Download",
-    "Embed", "Error", "ErrorCode", "Event", "Failed", "Fetched", "FinishReason", "FromFetcher",
-    "FromRunner", "Generate", "Heartbeat", "Held", "Hello", "Image", "Message", "Phase",
-    "Prefill", "Progress", "Ready", "Serving", "Shutdown", "Status", "Stopping", "Text",
-    "ToFetcher", "ToRunner", "TokenLogprob", "ToolCall", "ToolChoice", "TopLogprob", "Vectors",
-    "Work", "decode_from_fetcher", "decode_from_runner", "decode_to_runner", "from_wire",
+    "HEARTBEAT_EVERY", "VECTORS_BYTES", "VERSION", "Cancel", "ClearCacheWork", "Done",
+    "DownloadProgress", "Embed", "Error", "ErrorCode", "Event", "Failed", "Fetched", "FinishReason",
+    "FromFetcher", "FromRunner", "Generate", "Heartbeat", "Held", "Hello", "Image", "LoadProgress",
+    "Message", "Phase", "Prefill", "Ready", "ServingReport", "Shutdown", "Status", "Stopping",
+    "Text", "ToFetcher", "ToRunner", "TokenLogprob", "ToolCall", "ToolChoice", "TopLogprob",
+    "Vectors", "Work", "decode_from_fetcher", "decode_from_runner", "decode_to_runner", "from_wire",
     "to_wire",
 ]
 
-VERSION = 22  # 2: Serving; 3: Prefill; 4: Error.param; 5: Held;
-# 6: Done.stop_sequence, Generate.count_only; 7: Download, Fetched (the fetcher's messages);
+VERSION = 22  # 2: ServingReport; 3: Prefill; 4: Error.param; 5: Held;
+# 6: Done.stop_sequence, Generate.count_only; 7: DownloadProgress, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
-# 11: Serving's speculative decoding counts; 12: Done.reasoning_tokens;
+# 11: ServingReport's speculative decoding counts; 12: Done.reasoning_tokens;
 # 13: Generate.think_budget; 14: Generate.names and context_edits, Done.applied_edits;
 # 15: Generate.images and content parts (exod.core.images); 16: start-up specs (exod.wire.specs)
-# on the channel, not argv; 17: Generate.context_window; 18: Embed, Vectors, Serving's batch
-# counts; 19: Shutdown.grace, ClearCacheWork, Serving's disk tier; 20: ToolCall.call_id;
+# on the channel, not argv; 17: Generate.context_window; 18: Embed, Vectors, ServingReport's batch
+# counts; 19: Shutdown.grace, ClearCacheWork, ServingReport's disk tier; 20: ToolCall.call_id;
 # 21: Error's context_length_exceeded, prompt_tokens, window, own_window; 22: RunnerSpec.kind
 
 
-FromRunner = (Hello | Status | Progress | Ready | Failed | Heartbeat | Stopping | Serving
+FromRunner = (Hello | Status | LoadProgress | Ready | Failed | Heartbeat | Stopping | ServingReport
               | Prefill | Held | Text | ToolCall | Vectors | Done | Error)
 ToRunner = Generate | Embed | Cancel | Shutdown | ClearCacheWork
 Work = Generate | Embed  # a request, whichever kind of model it is for
-FromFetcher = Hello | Status | Download | Failed | Fetched | Stopping
+FromFetcher = Hello | Status | DownloadProgress | Failed | Fetched | Stopping
 ToFetcher = Shutdown
 Event = Prefill | Held | Text | ToolCall | Vectors | Done | Error  # a request's stream
 Message = FromRunner | ToRunner | FromFetcher

@@ -44,7 +44,7 @@ class Status:
 
 
 @dataclass(frozen=True)
-class Progress:
+class LoadProgress:
     """Layer `loaded` of `total` is in memory (0 of N: loading has begun)."""
 
     type: ClassVar[str] = "progress"
@@ -96,7 +96,7 @@ class Stopping:
 
 
 @dataclass(frozen=True)
-class Serving:
+class ServingReport:
     """How rank 0 serves: `batching` is "continuous" (exod.runner.serving.batch_engine, on every
     rank of a group), else the reason it runs one request at a time. The cache figures count since
     the runner started: `cache_*` and `cached_tokens` are the RAM tier's, `disk_*` the disk
@@ -143,7 +143,7 @@ class Serving:
 
 # ---- fetcher → daemon (`python -m exod.hub`, on the same kind of channel) -------------------
 @dataclass(frozen=True)
-class Download:
+class DownloadProgress:
     """`done` of `total` bytes of a model's files are on disk (`verifying`: hashed)."""
 
     type: ClassVar[str] = "download"

@@ -19,11 +19,11 @@ from typing import Any
 
 from exod.wire import messages as m
 from exod.api import sse
-from exod.api.dialects.anthropic.request import View, error_body
+from exod.api.dialects.anthropic.request import AnthropicView, error_body
 from exod.api.errors import ApiError
 from exod.api.reply import Call, Called, Delta, Finished, Piece, Reply, Usage
 from exod.api.seal import Sealer
-from exod.api.stop_reasons import Stop, wording
+from exod.api.stop_reasons import StopReason, wording
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
@@ -53,10 +53,10 @@ def tool_input(arguments: str) -> dict[str, Any]:
 class AnthropicOutput:
     stream_headers = sse.HEADERS
 
-    def __init__(self, model: str, view: View | None = None,
+    def __init__(self, model: str, view: AnthropicView | None = None,
                  sealer: Sealer | None = None) -> None:
         self.model = model
-        self.view = view or View()
+        self.view = view or AnthropicView()
         self.sealer = sealer
         self.id = f"msg_{secrets.token_hex(12)}"
         self.prompt_tokens = 0
@@ -81,7 +81,8 @@ class AnthropicOutput:
     @staticmethod
     def _stop(end: Finished | None) -> dict[str, Any]:
         stop = end.stop if end is not None else None
-        sequence = end.stop_sequence if end is not None and stop is Stop.STOP_SEQUENCE else None
+        sequence = (end.stop_sequence if end is not None and stop is StopReason.STOP_SEQUENCE
+                    else None)
         return {"stop_reason": wording(stop).anthropic, "stop_sequence": sequence}
 
     # ---- whole ---------------------------------------------------------------------------

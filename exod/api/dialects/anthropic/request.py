@@ -32,7 +32,7 @@ BLOCK_KINDS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking
 
 
 @dataclass(frozen=True)
-class View:
+class AnthropicView:
     """What the answer needs beyond the core's."""
 
     omit_thinking: bool = False  # thinking.display: omitted
@@ -41,7 +41,7 @@ class View:
 
 @http
 def parse(body: Any, sealer: Sealer, strict: bool = False,
-          count_only: bool = False) -> tuple[GenRequest, View]:
+          count_only: bool = False) -> tuple[GenRequest, AnthropicView]:
     r = Reading(MESSAGES, strict)
     b = rules.body(body)
     r.keys(b, "count" if count_only else "body")
@@ -77,7 +77,7 @@ def parse(body: Any, sealer: Sealer, strict: bool = False,
     # A stream's message_delta carries the usage: the core's usage chunk gives it.
     return (GenRequest(gen, rules.model(b.get("model")), stream, stream, r.ignored,
                        tuple(pics.sources)),
-            View(omit, b.get("context_management") is not None))
+            AnthropicView(omit, b.get("context_management") is not None))
 
 
 def _system(raw: Any, r: Reading) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from exod.api.dialects.ollama import request as ollama_request
 from exod.api.dialects.ollama.output import OllamaOutput
-from exod.api.dialects.ollama.request import Endpoint, View
+from exod.api.dialects.ollama.request import Endpoint, OllamaView
 from exod.api.errors import bad_request, model_not_found
 from exod.api.ignored import header
 from exod.api.dialects.ollama.objects import timestamp
@@ -27,13 +27,13 @@ from exod.daemon.lease import Lease
 from exod.daemon.refusals import NotAdmitted
 
 if TYPE_CHECKING:
-    from exod.api.dialects.ollama.host import Host
+    from exod.api.dialects.ollama.host import ServerView
 
 DIALECTS = {"chat": "ollama_chat", "generate": "ollama_generate"}
 
 
 class OllamaGenerate:
-    def __init__(self, api: Host) -> None:
+    def __init__(self, api: ServerView) -> None:
         self.api = api
         self.sup = api.sup
 
@@ -69,7 +69,7 @@ class OllamaGenerate:
         return await self.api.generate(request, DIALECTS[endpoint], req, out, view.keep_alive,
                                        adapt)
 
-    async def _load(self, view: View) -> web.Response:
+    async def _load(self, view: OllamaView) -> web.Response:
         """Nothing to generate: load the model (waiting while an on-demand instance starts),
         or with keep_alive 0 stop it once no request is in flight (within its floor)."""
         traffic = self.sup.traffic

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from exod.api.metrics import Metrics
-    from exod.api.output import Output
+    from exod.api.output import DialectOutput
     from exod.api.request import GenRequest, ModelLimits
     from exod.api.serving import Adapt
     from exod.api.view import DaemonView
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class Host(Protocol):
+class ServerView(Protocol):
     @property
     def sup(self) -> DaemonView: ...
 
@@ -39,7 +39,7 @@ class Host(Protocol):
     async def limits(self, inst: InstanceRuntime) -> ModelLimits: ...
 
     async def generate(self, request: web.Request, dialect: str, req: GenRequest,
-                       out: Output, keep_alive: float | None = None,
+                       out: DialectOutput, keep_alive: float | None = None,
                        adapt: Adapt | None = None) -> web.StreamResponse:
         """Serve a checked request through the one generation path."""
         ...

@@ -39,7 +39,7 @@ from exod.core import hub_ref
 from exod.core.hub_ref import HubRef
 
 if TYPE_CHECKING:
-    from exod.api.dialects.ollama.host import Host
+    from exod.api.dialects.ollama.host import ServerView
     from exod.daemon.instance import InstanceRuntime
 
 NDJSON = "application/x-ndjson"
@@ -77,7 +77,7 @@ def model_field(raw: Any, kind: str) -> tuple[str, dict[str, Any], tuple[str, ..
 
 
 class OllamaManage:
-    def __init__(self, api: Host) -> None:
+    def __init__(self, api: ServerView) -> None:
         self.api = api
         self.sup = api.sup
 

@@ -4,7 +4,7 @@
 What each field is, is the dialect's table (exod.api.dialects.ollama.fields); each field passes the
 core's rules under the name the client sent (`options.temperature`, `format`), so an error
 names what the client sent. A body with nothing to generate (no `messages`, no `prompt`) loads
-the model or, with `keep_alive: 0`, stops it: `View.load_only`.
+the model or, with `keep_alive: 0`, stops it: `OllamaView.load_only`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ NAMES = {"max_tokens": "options.num_predict", "stop": "options.stop",
 
 
 @dataclass(frozen=True)
-class View:
+class OllamaView:
     """What the answer (and the daemon) need beyond the core's request."""
 
     endpoint: Endpoint
@@ -54,7 +54,8 @@ class View:
 
 
 @http
-def parse(raw: Any, endpoint: Endpoint, strict: bool = False) -> tuple[GenRequest | None, View]:
+def parse(raw: Any, endpoint: Endpoint,
+          strict: bool = False) -> tuple[GenRequest | None, OllamaView]:
     """The request (None for a body with nothing to generate), and its view."""
     r = Reading(OLLAMA_CHAT if endpoint == "chat" else OLLAMA_GENERATE, strict)
     b = rules.body(raw)
@@ -71,8 +72,8 @@ def parse(raw: Any, endpoint: Endpoint, strict: bool = False) -> tuple[GenReques
     if endpoint == "chat":
         listed, origins = function_tools(b.get("tools"), r, "function")
         if not b.get("messages"):
-            return None, View(endpoint, model, stream, alive, True, think, None, r.ignored)
-        seen = Pictures()
+            return None, OllamaView(endpoint, model, stream, alive, True, think, None, r.ignored)
+        seen = OllamaImages()
         messages = _messages(b["messages"], r, seen)
         gen = Generate(id="", kind="chat", messages=messages, tools=rules.for_template(listed),
                        chat_template_kwargs=_switch(think), **common, images=seen.images,
@@ -83,12 +84,12 @@ def parse(raw: Any, endpoint: Endpoint, strict: bool = False) -> tuple[GenReques
         if suffix is not None:
             suffix = rules.text(rules.text_field(suffix, "suffix"), "suffix")
         if not prompt and not suffix:
-            return None, View(endpoint, model, stream, alive, True, think, None, r.ignored)
+            return None, OllamaView(endpoint, model, stream, alive, True, think, None, r.ignored)
         gen, suffix = _generation(b, prompt, suffix or None, think, common)
         return (GenRequest(gen, model, stream, False, r.ignored),
-                View(endpoint, model, stream, alive, False, think, suffix, r.ignored))
+                OllamaView(endpoint, model, stream, alive, False, think, suffix, r.ignored))
     return (GenRequest(gen, model, stream, False, r.ignored),
-            View(endpoint, model, stream, alive, False, think, None, r.ignored))
+            OllamaView(endpoint, model, stream, alive, False, think, None, r.ignored))
 
 
 def _think(raw: Any) -> bool | None:
@@ -155,7 +156,7 @@ def _num_predict(raw: Any) -> int:
 
 
 # ---- /api/chat -----------------------------------------------------------------------------------
-class Pictures:
+class OllamaImages:
     """The images of a request's messages (each message's `images`, base64): the request's
     list, and where each is placed (an image part, before the message's text)."""
 
@@ -189,7 +190,7 @@ class Pictures:
         return parts + ([{"type": "text", "text": text}] if text else [])
 
 
-def _messages(raw: Any, r: Reading, seen: Pictures) -> list[dict[str, Any]]:
+def _messages(raw: Any, r: Reading, seen: OllamaImages) -> list[dict[str, Any]]:
     """Ollama's messages as chat completions' (the template's): an assistant's calls with ids
     (Ollama's have none: made here), each tool turn answering one of them (by its
     `tool_name`, else in order), as templates that pair them expect, and a message's images as
@@ -289,7 +290,7 @@ def _generation(b: dict[str, Any], prompt: str, suffix: str | None, think: bool 
         return Generate(id="", kind="completion", prompt=prompt or FIM_PLACEHOLDER,
                         names=names, **common), suffix
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
-    seen = Pictures()
+    seen = OllamaImages()
     messages.append({"role": "user", "content": seen.place(b.get("images"), "images",
                                                            len(messages), prompt)})
     return Generate(id="", kind="chat", messages=messages, chat_template_kwargs=_switch(think),

@@ -23,11 +23,11 @@ from typing import Any
 
 from exod.wire import messages as m
 from exod.api import sse
-from exod.api.dialects.responses.request import View
+from exod.api.dialects.responses.request import ResponsesView
 from exod.api.errors import ApiError
 from exod.api.reply import Call, Called, Delta, Finished, Reply, Usage
 from exod.api.seal import Sealer
-from exod.api.stop_reasons import Stop, wording
+from exod.api.stop_reasons import StopReason, wording
 from exod.api.window_errors import CODE as CONTEXT_EXCEEDED
 
 
@@ -86,11 +86,11 @@ def _part(item: _Item, text: str) -> dict[str, Any]:
 class ResponsesOutput:
     stream_headers = sse.HEADERS
 
-    def __init__(self, model: str, body: dict[str, Any], view: View | None = None,
+    def __init__(self, model: str, body: dict[str, Any], view: ResponsesView | None = None,
                  sealer: Sealer | None = None) -> None:
         self.model = model
         self.body = body
-        self.view = view or View()
+        self.view = view or ResponsesView()
         self.seal = sealer.seal if sealer is not None and self.view.encrypted else None
         self.id = f"resp_{secrets.token_hex(12)}"
         self.created = int(time.time())
@@ -104,7 +104,7 @@ class ResponsesOutput:
 
     # ---- the response object ---------------------------------------------------------------
     def _response(self, status: str, usage: Usage | None,
-                  stop: Stop | None = None) -> dict[str, Any]:
+                  stop: StopReason | None = None) -> dict[str, Any]:
         # The request's fields as it sent them: each passed its rule, or is ECHOED (plain JSON).
         b = self.body
         out: dict[str, Any] = {

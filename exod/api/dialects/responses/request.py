@@ -37,7 +37,7 @@ ECHOED = ("metadata", "tools", "tool_choice", "text", "reasoning")
 
 
 @dataclass(frozen=True)
-class View:
+class ResponsesView:
     """What the answer needs beyond the core's."""
 
     # The functions of namespace tools: the name the model was offered -> (namespace, name).
@@ -51,7 +51,7 @@ def flat_name(namespace: str, name: str) -> str:
 
 
 @http
-def parse(body: Any, sealer: Sealer, strict: bool = False) -> tuple[GenRequest, View]:
+def parse(body: Any, sealer: Sealer, strict: bool = False) -> tuple[GenRequest, ResponsesView]:
     r = Reading(RESPONSES, strict)
     b = rules.body(body)
     r.keys(b, "body")
@@ -87,7 +87,7 @@ def parse(body: Any, sealer: Sealer, strict: bool = False) -> tuple[GenRequest, 
     # response.completed carries the usage: the core's usage chunk gives it.
     return (GenRequest(gen, rules.model(b.get("model")), stream, stream, r.ignored,
                        tuple(pics.sources)),
-            View(namespaces, _include(b.get("include"), r)))
+            ResponsesView(namespaces, _include(b.get("include"), r)))
 
 
 def _include(raw: Any, r: Reading) -> bool:

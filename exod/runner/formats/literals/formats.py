@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exod.core.request_rules import RequestError
-from exod.runner.formats.base import Allowed, Call, Literal, ToolFormat
+from exod.runner.formats.base import Allowed, Literal, ParsedCall, ToolFormat
 from exod.runner.formats.grammar_parts import choice, quoted, repeat
 from exod.runner.formats.literals.syntax import FUNCTION_GEMMA, GEMMA4, PYTHONIC, Grammar, Syntax
 from exod.runner.formats.literals.writer import Writer
@@ -57,7 +57,7 @@ class Gemma4(ToolFormat):
                 f"call: {lit(self.start)} call_body {lit(self.end)}\n"
                 + _calls(allowed, lit, GEMMA4, self.kind, head))
 
-    def parse(self, body: str, tools: Any) -> list[Call]:
+    def parse(self, body: str, tools: Any) -> list[ParsedCall]:
         """mlx-lm's parser, and the template's null: Jinja prints None as `None`, which that
         parser's JSON does not read; outside strings it is read as null."""
         try:

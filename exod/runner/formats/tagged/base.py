@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from exod.core.request_rules import RequestError
-from exod.runner.formats.base import Allowed, Call, Literal, ToolFormat, calls_of
+from exod.runner.formats.base import Allowed, Literal, ParsedCall, ToolFormat, calls_of
 from exod.runner.formats.grammar_parts import Param, choice, json_value, params, quoted, rx
 from exod.runner.formats.tagged.values import (BOOL, TEXT, read_value, resolved, text_keys,
                                                written_as)
@@ -129,7 +129,7 @@ class Tagged(ToolFormat):
                 f"{term}: /(?s:.{span}){end}/ & ~/(?s:.*)({never})(?s:.*){end}/\n"]
 
     # -- parsing --
-    def parse(self, body: str, tools: Any) -> list[Call]:
+    def parse(self, body: str, tools: Any) -> list[ParsedCall]:
         found = self.read(body)
         if not found:  # a shape of its own: mlx-lm's parser reads those
             return super().parse(body, tools)
