@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from exod.wire import messages as m
 
 class InstanceRuntime:
-    def __init__(self, config: Instance, shards: list[Shard], seam: InstanceSeam) -> None:
+    def __init__(self, config: Instance, shards: list[Shard],
+                 seam: InstanceSeam[InstanceRuntime]) -> None:
         self.seam = seam
         self.config = config
         self.name = config.name
