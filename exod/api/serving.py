@@ -30,6 +30,7 @@ from exod.core.sizes import format_size
 from exod.daemon.channel import RequestStream, TooLarge
 from exod.daemon.lease import Lease
 from exod.daemon.refusals import Busy, Mismatch, NotAdmitted, NotServing, ServedElsewhere
+from exod.daemon.traffic import Vet
 from exod.facts.embed import Role
 from exod.wire.protocol import MAX_FRAME
 
@@ -37,9 +38,9 @@ if TYPE_CHECKING:
     from exod.daemon.instance import InstanceRuntime
 
 Limits = Callable[["InstanceRuntime"], Awaitable[ModelLimits]]
-# A dialect's last word on its request, once admitted: Ollama's suffix and think need what the
-# model can do.
-Adapt = Callable[[Lease, GenRequest], Awaitable[GenRequest]]
+# A dialect's last word on its request, from what the instance's model can do (Ollama's suffix
+# and think), before the daemon starts anything for it: it raises to refuse.
+Adapt = Callable[["InstanceRuntime", GenRequest], Awaitable[GenRequest]]
 
 
 def refusal(e: NotAdmitted) -> ApiError:
@@ -82,8 +83,8 @@ class Serving:
                        adapt: Adapt | None = None) -> web.StreamResponse:
         """Serve one request; `out`: the dialect its answer is rendered in (exod.api.output,
         exod.api.dialects); `keep_alive`: the idle window it asks for once it ends (Ollama's,
-        exod.core.keep_alive); `adapt`: the dialect's last word on the request once the
-        daemon has admitted it (what the model can do is known then)."""
+        exod.core.keep_alive); `adapt`: the dialect's last word on the request, from what
+        the model can do, before the daemon starts anything for it."""
         with self.metered() as meter:
             resp = await self._admitted(request, req, meter, limits, out, keep_alive, adapt)
             meter.status = resp.status
@@ -106,11 +107,12 @@ class Serving:
             meter.finish(meter.status)
 
     async def admit(self, req_model: str, wants: Role | None, meter: Meter,
-                    keep_alive: float | None) -> Lease:
+                    keep_alive: float | None, vet: Vet | None = None) -> Lease:
         """The daemon's one answer to a request: a lease, or its refusal worded (ApiError);
-        either way `meter` is labelled with the instance it concerns."""
+        either way `meter` is labelled with the instance it concerns. `vet`:
+        exod.daemon.traffic.Vet."""
         try:
-            lease = await self.traffic.admit(req_model, wants, keep_alive)
+            lease = await self.traffic.admit(req_model, wants, keep_alive, vet)
         except NotAdmitted as e:
             meter.label(e.instance)
             raise refusal(e) from None
@@ -120,10 +122,15 @@ class Serving:
     async def _admitted(self, request: web.Request, req: GenRequest, meter: Meter,
                         limits: Limits, out: DialectOutput, keep_alive: float | None,
                         adapt: Adapt | None) -> web.StreamResponse:
-        lease = await self.admit(req.model, "chat", meter, keep_alive)
-        inst = lease.instance
-        if adapt is not None:
-            req = await adapt(lease, req)
+        adapted = req
+
+        async def vet(inst: InstanceRuntime) -> None:
+            nonlocal adapted
+            if adapt is not None:
+                adapted = await adapt(inst, req)
+
+        lease = await self.admit(req.model, "chat", meter, keep_alive, vet)
+        inst, req = lease.instance, adapted
         req = await self._pictures(lease, req)
         req = apply_limits(req, await limits(inst))
         req = with_template_defaults(req, inst.config.chat_template_kwargs)

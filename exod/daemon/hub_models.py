@@ -168,7 +168,8 @@ class HubModels:
 
         def done(outcome: Outcome) -> None:
             latest, old.prefetch = old.prefetch, None
-            if latest is None or self.stopping:
+            # Gone meanwhile (removed by a reload while stopped): nothing of it is replaced.
+            if latest is None or self.stopping or self.instances.get(name) is not old:
                 return
             if outcome.path is None:
                 why = f"reload: {name} keeps serving its previous model: cannot fetch {ref}: " \
@@ -205,6 +206,8 @@ class HubModels:
 
     def cancel_prefetch(self, name: str) -> None:
         inst = self.instances.get(name)
-        if inst is not None and inst.prefetch is not None:
+        if inst is not None:
             inst.prefetch = None
-            self.downloads.leave(("reload", name), lambda: None)
+        # By its owner's name: the instance that asked may be gone already (a stopped one is
+        # dropped at once when a reload removes it). Leaving no download just calls back.
+        self.downloads.leave(("reload", name), lambda: None)

@@ -1,12 +1,12 @@
-"""Requests to instances, the daemon's side: the HTTP layer asks once (`admit`) and gets a
-lease (exod.daemon.lease) on the instance that serves the model name, an on-demand one being
-started. What is kept of an instance's requests is the instance's own (its lane and its idle
-clock: exod.daemon.lane, exod.daemon.idle), dropped with it; nothing is kept here by name.
-Refusals are typed (exod.daemon.refusals): the HTTP layer words them."""
+"""Requests to instances, the daemon's side: the HTTP layer asks once (`admit`) and gets a lease
+(exod.daemon.lease) on the instance that serves the model name, an on-demand one being started.
+What is kept of an instance's requests is the instance's own (its lane and
+its idle clock: exod.daemon.lane, exod.daemon.idle), dropped with it; nothing is kept here by
+name. Refusals are typed (exod.daemon.refusals): the HTTP layer words them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from exod.core.states import State
@@ -17,6 +17,10 @@ from exod.facts.embed import Role
 
 if TYPE_CHECKING:
     from exod.daemon.instance import InstanceRuntime
+
+
+# The HTTP layer's checks of a request against the instance's model, before it may start.
+Vet = Callable[["InstanceRuntime"], Awaitable[None]]
 
 
 class Directory(Fleet, Protocol):
@@ -45,18 +49,22 @@ class Traffic:
             inst.idle.used()
 
     # ---- one request ----------------------------------------------------------------------
-    async def admit(self, name: str, wants: Role | None,
-                    keep_alive: float | None = None) -> Lease:
+    async def admit(self, name: str, wants: Role | None, keep_alive: float | None = None,
+                    vet: Vet | None = None) -> Lease:
         """A lease on the instance that serves `name` (by its name or an alias; an on-demand
         one is started), for a request of the kind `wants` (None: any); raises NotAdmitted,
-        whose `instance` names the instance it concerns. `keep_alive`: the idle window the
-        request asks for once it ends (exod.core.keep_alive), None: the instance's own."""
+        whose `instance` names the instance it concerns. `vet`: the HTTP layer's own checks of
+        the request against the instance's model (raising its own errors), before anything
+        starts. `keep_alive`: the idle window the request asks for once it ends
+        (exod.core.keep_alive), None: the instance's own."""
         inst = self.daemon.serving(name)
         try:
             # Told by its model's files, before an on-demand instance is started for nothing.
             serves = None if inst is None or wants is None else await inst.lane.serves()
             if serves is not None and serves != wants:
                 raise Mismatch(name, serves)
+            if inst is not None and vet is not None:
+                await vet(inst)
             inst = self.find(name)
         except NotAdmitted as e:
             e.instance = None if inst is None else inst.name

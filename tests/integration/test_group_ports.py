@@ -7,6 +7,7 @@ loopback."""
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,10 @@ def test_a_rank_whose_port_is_taken_fails_at_once_and_the_group_restarts_on_new_
     assert inst["restarts"] == 1
     exits = [e["extra"] for e in d.events(event="exit", instance="g", rank=rank)]
     assert exits[0]["code"] == 75, exits
+    # Its peer, left waiting in mx.distributed's init (which keeps Python's lock), ends at the
+    # ladder's SIGTERM: never a SIGKILL.
+    ended = [e["extra"] for e in d.events(event="exit", instance="g")]
+    assert all(e["signal"] != signal.SIGKILL for e in ended), ended
     lines = [e["message"] for e in d.events(instance="g", rank=rank)]
     taken = [line for line in lines if " is in use" in line]
     assert taken, lines

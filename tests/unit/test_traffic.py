@@ -242,6 +242,21 @@ def test_a_request_starts_an_on_demand_instance_and_waits_for_it_in_the_queue() 
     assert link == FakeLink(daemon.pids(inst)[0]) and inst.lane.load() == (0, 0)
 
 
+def test_a_request_the_http_layer_refuses_by_the_model_starts_nothing() -> None:
+    """Its `vet` (e.g. Ollama's `think` for a model that does not think) runs before an
+    on-demand instance is started for it."""
+    daemon = FakeDaemon()
+    inst = runtime(daemon, "a")
+
+    async def refuse(seen: InstanceRuntime) -> None:
+        assert seen is inst
+        raise ValueError("the model cannot do that")
+
+    with pytest.raises(ValueError):
+        asyncio.run(daemon.traffic.admit("a", None, vet=refuse))
+    assert inst.state is State.STOPPED and all(r.pid is None for r in inst.ranks)
+
+
 def test_an_idle_on_demand_instance_stops_after_its_window_and_a_busy_one_does_not() -> None:
     daemon = FakeDaemon()
     inst = runtime(daemon, "a", idle_stop_after=60.0)

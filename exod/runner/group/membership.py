@@ -174,7 +174,7 @@ def connect(rank: int, size: int, spec: GroupSpec, life: Lifecycle, report: Repo
             except control.ControlAddressInUse as e:
                 raise AddressInUse(str(e)) from None
         try:
-            with life.interruptible():
+            with life.holding_the_interpreter():
                 g = mx.distributed.init(backend=backend, strict=True)
         except RuntimeError as e:
             text = str(e)

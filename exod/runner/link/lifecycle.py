@@ -54,6 +54,19 @@ class Lifecycle:
         finally:
             self._interruptible = None
 
+    @contextlib.contextmanager
+    def holding_the_interpreter(self) -> Iterator[None]:
+        """`interruptible`, for a C call that keeps Python's interpreter lock while it blocks
+        (mx.distributed's ring init waits in accept/connect so): no thread of ours runs
+        meanwhile, to read a stop request or a signal, so SIGTERM's own action, the process's
+        end, applies there. From the main thread; the handler comes back after."""
+        with self.interruptible():
+            previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            try:
+                yield
+            finally:
+                signal.signal(signal.SIGTERM, previous)
+
     def _exit_soon(self) -> None:
         grace, wait = self._interruptible, self._wait
         if grace is None:

@@ -1,6 +1,6 @@
 """`POST /api/chat` and `POST /api/generate`: Ollama's dialect (exod.api.dialects.ollama.request,
 ollama_output) through the one generation path, with its `keep_alive`. What needs the model
-before the request can be built is done here, once the daemon has admitted it: a `suffix`
+before the request can be built is done here, before the daemon starts anything: a `suffix`
 placed in the model's fill-in-the-middle tokens, and `think` refused for a model that does not
 think (as Ollama refuses it). A body with nothing to generate loads the model (an on-demand
 instance starts, and the answer waits until it is ready) or, with `keep_alive: 0`, stops it
@@ -23,10 +23,10 @@ from exod.api.dialects.ollama.objects import timestamp
 from exod.api.request import GenRequest
 from exod.api.serving import refusal
 from exod.core.states import State
-from exod.daemon.lease import Lease
 from exod.daemon.refusals import NotAdmitted
 
 if TYPE_CHECKING:
+    from exod.daemon.instance import InstanceRuntime
     from exod.api.dialects.ollama.host import ServerView
 
 DIALECTS = {"chat": "ollama_chat", "generate": "ollama_generate"}
@@ -55,10 +55,10 @@ class OllamaGenerate:
             return await self._load(view)
         arrived = time.monotonic_ns()  # the answer's durations count from here
 
-        async def adapt(lease: Lease, req: GenRequest) -> GenRequest:
+        async def adapt(inst: InstanceRuntime, req: GenRequest) -> GenRequest:
             if view.suffix is None and not view.think:
                 return req
-            name, caps = lease.instance.name, await lease.capabilities()
+            name, caps = inst.name, await inst.lane.capabilities()
             if view.suffix is not None:
                 req = ollama_request.fill_in_middle(req, view.suffix, caps.fim, name)
             if view.think and caps.thinking is False:
