@@ -3,9 +3,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-# pytest-xdist workers. Most integration tests wait on daemons, runners and ladders more than
-# they compute, so more workers than cores keep both of a 2-core machine's cores busy.
-WORKERS ?= 4
+# pytest-xdist workers. Many integration tests wait on daemons, runners and ladders, so more
+# workers than cores keep both of a 2-core machine's cores busy; but not 4: a tensor group's rank
+# spins in mlx's ring while its peer waits for a core, and the tier spent more CPU than it saved
+# (docs/development.md, Where the time goes).
+WORKERS ?= 3
 PYTEST := $(BIN)/pytest --dist loadgroup --no-loadscope-reorder
 # The quiet phase: the systemd tier and the tests with a timing bound (marked `timing`), in three
 # groups, each one test at a time on a worker of its own, beside the unit tier on the fourth;
