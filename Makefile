@@ -31,7 +31,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # source has changed since.
 BYTECODE = $(BIN)/python -m compileall -q -j 0
 # pytest rewrites the asserts of each test module it imports, and keeps the result beside the
-# module's .pyc, which each of `make test`'s 8 workers would otherwise write at once for every
+# module's .pyc, which each of `make test`'s 7 workers would otherwise write at once for every
 # module it collects (half of a worker's collection: 13 -> 6.7 CPU-s in the quiet phase, 10 ->
 # 5.6 in the integration tier). Rewritten once here, read by every worker.
 REWRITES = $(BIN)/pytest --collect-only -q -p no:cacheprovider tests
