@@ -38,8 +38,8 @@ from exod.api.dialects.openai.output import OpenAiOutput
 from exod.api.dialects.openai.request import parse_chat, parse_completion
 from exod.api.dialects.responses import request as responses
 from exod.api.dialects.responses.output import ResponsesOutput
-from exod.api.embedding import (BIG_ANSWER, Embedded, Embedder, json_answer,
-                                openai_embeddings, rerank_answer)
+from exod.api.dialects.embeddings.output import openai_embeddings, rerank_answer
+from exod.api.embedding import BIG_ANSWER, Embedded, Embedder, json_answer
 from exod.api.errors import ApiError, bad_request, error_body
 from exod.api.guard import ConnectionGuard, GuardedSite
 from exod.api.httplog import quiet_logger

@@ -3,9 +3,9 @@ instance found and started on demand by exod.daemon.traffic, a place in its admi
 its runner's link, the hang watch, cancellation when the client leaves, metering), then the
 runner's Vectors gathered and written in the dialect's shape.
 
-`Embedder.run` is the one path; OpenAI's embeddings object and the Jina/Cohere rerank object
-are written here (`openai_embeddings`, `rerank_answer`), Ollama's /api/embed and
-/api/embeddings in exod.api.dialects.ollama.embed, from `Embedded`.
+`Embedder.run` is the one path; each dialect writes its answer from `Embedded`: OpenAI's
+embeddings object and the Jina/Cohere rerank object in exod.api.dialects.embeddings.output,
+Ollama's /api/embed and /api/embeddings in exod.api.dialects.ollama.embed.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import json
 import struct
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,32 +117,3 @@ async def json_answer(body: dict[str, Any], size: int, ignored: tuple[str, ...]
     """The answer as JSON, written off the loop when it is large (thousands of vectors)."""
     text = await asyncio.to_thread(json.dumps, body) if size > BIG_ANSWER else json.dumps(body)
     return web.Response(text=text, content_type="application/json", headers=header(ignored))
-
-
-def openai_embeddings(req: EmbedRequest, got: Embedded) -> dict[str, Any]:
-    """OpenAI's embeddings list."""
-    def vector(i: int) -> Any:
-        if req.encoding_format == "base64":
-            return base64.b64encode(got.results[i]).decode()
-        return got.floats(i)
-
-    return {"object": "list", "model": req.model,
-            "data": [{"object": "embedding", "index": i, "embedding": vector(i)}
-                     for i in range(len(got.results))],
-            "usage": {"prompt_tokens": got.prompt_tokens, "total_tokens": got.prompt_tokens}}
-
-
-def rerank_answer(req: EmbedRequest, got: Embedded) -> dict[str, Any]:
-    """The Jina/Cohere rerank object: results best first (ties in the documents' order)."""
-    scores = [got.score(i) for i in range(len(got.results))]
-    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:req.top_n or None]
-    results = []
-    for i in order:
-        result: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
-        if req.return_documents:
-            doc = req.documents[i]
-            result["document"] = {"text": doc} if isinstance(doc, str) else doc
-        results.append(result)
-    return {"id": f"rerank-{uuid.uuid4().hex}", "object": "list", "model": req.model,
-            "results": results,
-            "usage": {"prompt_tokens": got.prompt_tokens, "total_tokens": got.prompt_tokens}}

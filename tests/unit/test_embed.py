@@ -18,7 +18,8 @@ import pytest
 from exod.wire import messages as m
 from exod.api.dialects.ollama import embed as ollama_embed
 from exod.api.dialects.embeddings.request import embed_request, parse_embeddings, parse_rerank
-from exod.api.embedding import Embedded, openai_embeddings, rerank_answer
+from exod.api.dialects.embeddings.output import openai_embeddings, rerank_answer
+from exod.api.embedding import Embedded
 from exod.api.errors import ApiError
 from exod.config.model_checks import check_embed
 from exod.facts.embed import encoding, role
