@@ -10,16 +10,14 @@ BIN    := $(VENV)/bin
 WORKERS ?= 3
 PYTEST := $(BIN)/pytest --dist loadgroup --no-loadscope-reorder
 # The quiet phase: the systemd tier and the tests with a timing bound (marked `timing`), in three
-# groups, each one test at a time on a worker of its own, and nothing beside them
-# (tests/conftest.py: QUIET_GROUPS). They mostly wait, on systemd's timeouts: the unit tier,
-# which computes, runs at the integration tier's end instead, filling its last workers' gaps,
-# where beside the quiet groups it was the phase's longest chain.
+# groups, each one test at a time on a worker of its own, beside the unit tier on the fourth;
+# never beside the integration tier (tests/conftest.py: QUIET_GROUPS).
 QUIET := -m "not integration or timing"
-QUIET_WORKERS := 3
+QUIET_WORKERS := 4
 # What the quiet phase collects: every worker imports each module it collects, and the
 # integration tier's modules (mlx-lm, the SDKs, the agents' libraries) are ~8 CPU-s a worker;
 # of those only the modules with a `timing` test are needed here.
-QUIET_PATHS = tests/system $(shell grep -l 'mark\.timing' tests/integration/*.py)
+QUIET_PATHS = tests/unit tests/system $(shell grep -l 'mark\.timing' tests/integration/*.py)
 
 # Python writes each module's bytecode (.pyc) when it is first imported, as it does by default,
 # even where the environment says not to (PYTHONDONTWRITEBYTECODE, as on CI's machines): there
@@ -33,7 +31,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # source has changed since.
 BYTECODE = $(BIN)/python -m compileall -q -j 0
 # pytest rewrites the asserts of each test module it imports, and keeps the result beside the
-# module's .pyc, which each of `make test`'s 6 workers would otherwise write at once for every
+# module's .pyc, which each of `make test`'s 7 workers would otherwise write at once for every
 # module it collects (half of a worker's collection: 13 -> 6.7 CPU-s in the quiet phase, 10 ->
 # 5.6 in the integration tier). Rewritten once here, read by every worker.
 REWRITES = $(BIN)/pytest --collect-only -q -p no:cacheprovider tests
@@ -49,9 +47,9 @@ AGENTS ?= .agents
 run: setup  ## set up, then run the daemon in the foreground on the built-in demo model
 	$(BIN)/exod run --demo
 
-test: setup-test  ## set up; lint beside warm; the integration and unit tiers; the quiet phase
+test: setup-test  ## set up; lint beside warm; the integration tier; then the quiet phase
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint warm rewrites
-	$(PYTEST) -n $(WORKERS) -m "not timing" --durations=25 tests/integration tests/unit
+	$(PYTEST) -n $(WORKERS) -m "not timing" --durations=25 tests/integration
 	$(PYTEST) -n $(QUIET_WORKERS) $(QUIET) $(QUIET_PATHS)
 
 test-unit: setup-test  ## the unit tier: no processes, no mlx (tens of seconds)

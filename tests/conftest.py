@@ -142,8 +142,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     - Each test is marked with its tier (unit, integration, system) from its path.
     - Quiet: the systemd tier and the tests marked `timing` run in three groups (QUIET_GROUPS),
       each one test at a time on a worker of its own; `make test` runs them after the
-      integration and unit tiers, alone. They mostly wait (on systemd's timeouts): three at
-      once cut the phase to a third and still leave the machine quiet.
+      integration tier, beside the unit tier only. They mostly wait (on systemd's timeouts):
+      three at once cut the phase to a third and still leave the machine quiet.
     - A module whose tests share a module-scoped fixture (a daemon serving several tests) runs
       on one worker, so the fixture is made once. Tests that name an xdist_group keep it.
     - Longest chains first, so that no worker is left with one at the end: the test that makes
