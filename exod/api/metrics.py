@@ -238,6 +238,8 @@ class LiveCollector(Collector):
             if s.disk_max_bytes:
                 tiers.append(("disk", s.disk_hits, s.disk_cached_tokens, s.disk_bytes,
                               s.disk_entries, s.disk_load_ms / 1000))
+            # Not a store: a prefix copied from a request still in flight (shared_prefix).
+            tiers.append(("shared", s.shared_hits, s.shared_tokens, 0, 0, 0.0))
             reached = s.cache_lookups
             for tier, n, tokens, nbytes, held, seconds in tiers:
                 hits.add_metric([name, tier], n)

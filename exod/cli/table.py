@@ -76,4 +76,6 @@ def serving_note(serving: cs.ServingStatus | None) -> str:
                  f", hit rate {'-' if rate is None else f'{rate:.0%}'}")
         if disk.state != "ready":
             text += f" ({disk.state})"
+    if cache is not None and cache.shared_hits:
+        text += f"; {cache.shared_hits} prompts shared a prefix in flight"
     return text

@@ -109,7 +109,8 @@ def serving_status(s: ServingReport | None) -> cs.ServingStatus | None:
     return cs.ServingStatus(s.batching, s.width, s.active, s.prefill_step, cs.PromptCacheStatus(
         entries=s.cache_entries, bytes=s.cache_bytes, max_bytes=s.cache_max_bytes,
         lookups=s.cache_lookups, hits=s.cache_hits, hit_rate=rate,
-        cached_tokens=s.cached_tokens, prompt_tokens=s.prompt_tokens, disk=disk_status(s)),
+        cached_tokens=s.cached_tokens, prompt_tokens=s.prompt_tokens, disk=disk_status(s),
+        shared_hits=s.shared_hits, shared_tokens=s.shared_tokens),
         speculative(s))
 
 

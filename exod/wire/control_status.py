@@ -74,6 +74,9 @@ class PromptCacheStatus:
     cached_tokens: int
     prompt_tokens: int
     disk: DiskCacheStatus | None = None  # None: no disk tier
+    # Prompts that started from a copy of another's in flight (a burst's shared prefix).
+    shared_hits: int = 0
+    shared_tokens: int = 0
 
 
 @dataclass(frozen=True)

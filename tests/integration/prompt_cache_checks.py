@@ -49,6 +49,12 @@ MISSES: dict[str, str] = {
     "llama4": "its ChunkedKVCache cannot be batched: served by turns, with no prompt cache",
     "nemotron-nas": "it leaves some caches empty, which a batch cannot hold: served by turns, "
                     "with no prompt cache",
+    # Their attention cannot take the mask of rows of different lengths (exod.runner.serving.
+    # can_batch): served by turns, with no prompt cache.
+    "gemma2": "a batch's padding mask does not broadcast against its queries: served by turns",
+    "phi3small": "a batch's padding mask does not broadcast against its queries: served by "
+                 "turns",
+    "gpt_bigcode": "it reads a batch's per-row offset as one number: served by turns",
 }
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n" * 3 + "def main():\n    return"
 EOS = 2

@@ -267,6 +267,14 @@ KNOWN_REFUSALS: dict[tuple[str, str], str] = {
     ("llama4", "tp"): "ChunkedKVCache has no merge (a prompt-cache hit could not join a batch)",
     ("nemotron-nas", "pp"): "a linear-attention layer leaves its cache empty",
     ("nemotron-nas", "tp"): "a linear-attention layer leaves its cache empty",
+    # their attention cannot take the padding mask of rows of different lengths
+    ("gemma2", "pp"): "queries reshaped per key/value head: the batch's mask does not broadcast",
+    ("gemma2", "tp"): "queries reshaped per key/value head: the batch's mask does not broadcast",
+    ("phi3small", "pp"): "queries reshaped per key/value head: the batch's mask does not "
+                         "broadcast",
+    ("phi3small", "tp"): "queries reshaped per key/value head: the batch's mask does not "
+                         "broadcast",
+    ("gpt_bigcode", "pp"): "the batch's per-row offset read as one number",
     ("gemma4", "pp"): "shared keys and values, per-layer offsets",
     ("gemma4_text", "pp"): "shared keys and values, per-layer offsets",
     ("hunyuan", "pp"): "cross-layer attention: shared keys and values",

@@ -45,6 +45,8 @@ class Counts:
     disk_hits: int = 0
     disk_tokens: int = 0
     disk_load_s: float = 0.0  # spent loading entries that hit
+    shared_hits: int = 0  # prompts started from a copy of another's in flight
+    shared_tokens: int = 0
 
 
 @dataclass
@@ -127,6 +129,16 @@ class PromptCache:
         if on_disk is not None and on_disk.usable > (ram.usable if ram else 0):
             return None, 0, self.load(on_disk)
         return self._from_ram(ram)
+
+    def disk_choice(self, prompt: list[int]) -> Match | None:
+        """The disk entry `lookup` would load for `prompt` (nothing counted, nothing loaded)."""
+        if self.disk is None:
+            return None
+        packed = pack(prompt)
+        ram = self._best_in_memory(packed)
+        on_disk = self.disk.match(packed)
+        return on_disk if on_disk is not None and on_disk.usable > (ram.usable if ram else 0) \
+            else None
 
     def ram_only(self, prompt: list[int], counted: bool = True
                  ) -> tuple[list[Any] | None, int]:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import ArraysCache, KVCache
 
 from exod.wire import messages as m
 from exod.wire.options import GrammarLimits
@@ -43,6 +43,8 @@ from exod.runner.serving.output import Output
 from exod.runner.serving.reading import Prompt
 from exod.runner.prompt_cache.disk import DiskTier
 from exod.runner.prompt_cache.tiers import FromDisk, PromptCache
+from exod.runner.serving.forks import Forks
+from exod.runner.serving.shared_prefix import Sharing
 from exod.runner.serving.token_events import done, show_token
 
 MIN_CHUNK = 32  # prefill chunks below this waste more in overhead than they buy in latency
@@ -80,9 +82,18 @@ class BatchEngine(AsItComes):
         self.agree = agree
         # Keep the cache of a prompt before its answer too: the whole entry cannot be trimmed
         # back to it (a hybrid model's recurrent state, a rotating window that may wrap).
-        self._checkpoint = not all(type(c) is KVCache for c in self.kv.make(model))
+        caches = self.kv.make(model)
+        self._checkpoint = not all(type(c) is KVCache for c in caches)
+        # Prompts of different lengths are prefilled together padded on the right, and several
+        # families' recurrent layers (mamba, jamba, olmo_hybrid...) carry the padding into
+        # their state: the shorter prompt's answer changes. Those prompts go one at a time.
+        self._recurrent = any(isinstance(c, ArraysCache) or any(
+            isinstance(x, ArraysCache) for x in getattr(c, "caches", ())) for c in caches)
+        # Prompts that share a prefix with one in flight wait for its cache (shared_prefix).
+        self._sharing = Sharing(self.prefill_step, exact=not self._checkpoint)
         self._by_uid: dict[int, BatchRequest] = {}
         self._by_rid: dict[str, BatchRequest] = {}  # every request, loading or in the batch
+        self._forks = Forks(self._sharing, self._by_rid, self.cache, self._insert, self._alone)
         self._warm_ids = itertools.count()
         self._masks = MaskRound()  # the grammars' masks of a step, at once
         self._sampling: BatchSampler | None = None  # every row's, with each generator
@@ -94,7 +105,7 @@ class BatchEngine(AsItComes):
         gen = BatchGenerator(
             self.model, stop_tokens=[[t] for t in eos],
             completion_batch_size=self.width,
-            prefill_batch_size=min(self.width, PREFILL_BATCH),
+            prefill_batch_size=1 if self._recurrent else min(self.width, PREFILL_BATCH),
             prefill_step_size=self.prefill_step,
         )
         if self._on_new_generator is not None:
@@ -154,6 +165,11 @@ class BatchEngine(AsItComes):
 
     def _start(self, r: BatchRequest, disk: DiskChoice | None, counted: bool = True
                ) -> DiskChoice | None:
+        self._by_rid[r.rid] = r
+        joined = self._joins_load(r, disk)
+        if joined is not None:
+            self.cache.counts.lookups += counted
+            return joined
         cache, covered, load = None, 0, None
         if disk is OWN:
             cache, covered, load = self.cache.lookup(r.prompt)
@@ -165,12 +181,38 @@ class BatchEngine(AsItComes):
             load = self.cache.disk_by_key(*disk)
             if load is None:  # this rank lacks it: the vote makes it a miss on every rank
                 load = FromDisk.missing()
-        self._by_rid[r.rid] = r
         if load is None:
-            self._insert(r, cache, covered)
+            lead = self._sharing.choose(r.prompt, covered, self._by_uid.values())
+            if lead is None:
+                self._insert(r, cache, covered)
+            else:  # its shared part is on its way through the model: it waits for it
+                if counted and covered:  # a lookup is one tier's hit: the shared one's
+                    self.cache.counts.ram_hits -= 1
+                    self.cache.counts.ram_tokens -= covered
+                r.cached_tokens = covered
+                self._sharing.follow(r.rid, *lead)
             return None
         r.load = load
-        return (load.match.entry.key, load.match.usable) if load.match is not None else None
+        if load.match is None:
+            return None
+        self._sharing.loads(r.rid, load.match.entry.key, load.match.usable)
+        return (load.match.entry.key, load.match.usable)
+
+    def _alone(self, r: BatchRequest) -> None:
+        """A follower whose leader left, or whose copy would give it nothing: from RAM (the
+        same on every rank of a group), or following another."""
+        self._start(r, None, counted=False)
+
+    def _joins_load(self, r: BatchRequest, disk: DiskChoice | None) -> DiskChoice | None:
+        """The disk entry `r` would load, when another request is loading it already: it
+        follows that one (an entry a burst shares is read once). A group's other ranks follow
+        rank 0's choice, and decide the same from the same loads in flight."""
+        if disk is OWN and self._sharing.loading:
+            match = self.cache.disk_choice(r.prompt)
+            disk = (match.entry.key, match.usable) if match is not None else None
+        if disk is None or disk is OWN or not self._sharing.join_load(r.rid, *disk):
+            return None
+        return disk
 
     def _insert(self, r: BatchRequest, cache: list[Any] | None, covered: int) -> None:
         """Into the batch, from `cache` (covering `covered` prompt tokens) or from nothing."""
@@ -183,8 +225,9 @@ class BatchEngine(AsItComes):
             samplers=[self._sampling if self._sampling is not None else r.sampler], **r.insert)
         if self._sampling is not None:
             self._sampling.add(r.uid, r.sampler, r.grammar)
-        r.cached_tokens = covered
+        r.cached_tokens = r.in_cache = covered
         self._by_uid[r.uid] = r
+        self._sharing.loaded(r.rid)
 
     def cancel(self, rid: str) -> None:
         """Drop a request (its client left): its slot is free before the next step."""
@@ -199,6 +242,7 @@ class BatchEngine(AsItComes):
                             self._insert, stepping=bool(self._by_uid))
         if not self._by_uid:
             return events
+        events += self._forks.due(self._gen, self.prefill_step)
         self._size_chunks()
         prefilling = [r for r in self._by_uid.values() if r.prefilling]
         if self._sampling is not None:
@@ -214,6 +258,9 @@ class BatchEngine(AsItComes):
             self._drop(list(self._by_rid.values()), in_batch=False)
             self._gen = self._new_generator()  # and a batch sampler of its own
             return events + failed
+        for p in prompts:  # how far each prompt is: a follower's leader is due when
+            if (r := self._by_uid.get(p.uid)) is not None:
+                r.in_cache = r.cached_tokens + p.progress[0]
         if self._checkpoint:
             self._keep_prompts(prompts)
         logprobs = self._logprobs(responses)
@@ -285,6 +332,8 @@ class BatchEngine(AsItComes):
 
     def _drop(self, gone: list[BatchRequest], in_batch: bool = True) -> None:
         """Take requests out (a cancel, an abort): out of the batch, or their load dropped."""
+        for r in gone:
+            self._sharing.drop(r.rid)
         uids = [r.uid for r in gone if r.uid >= 0]
         if uids and in_batch:
             self._gen.remove(uids)
@@ -308,6 +357,7 @@ class BatchEngine(AsItComes):
             self._sampling.drop(r.uid)
         self._by_uid.pop(r.uid, None)
         self._by_rid.pop(r.rid, None)
+        self._forks.gone(r)
 
     def _logprobs(self, responses: list[Any]) -> dict[int, m.TokenLogprob]:
         """The entries of this step's tokens, for the requests that asked."""

@@ -31,6 +31,7 @@ class BatchRequest:
     completion_tokens: int = 0
     prefilling: bool = True
     prefilled: int = 0  # prompt tokens through the model so far (as reported, approximately)
+    in_cache: int = 0  # tokens its cache holds, as of the last step (shared_prefix reads it)
 
     @property
     def prompt_tokens(self) -> int:

@@ -23,4 +23,5 @@ def serving_stats(cache: PromptCache, *, width: int, active: int, prefill_step: 
         disk_load_ms=round(c.disk_load_s * 1000),
         disk_writes=disk.stats.writes if disk is not None else 0,
         disk_errors=disk.stats.errors if disk is not None else 0,
-        disk_state=disk.state[:500] if disk is not None else "")
+        disk_state=disk.state[:500] if disk is not None else "",
+        shared_hits=c.shared_hits, shared_tokens=c.shared_tokens)

@@ -130,6 +130,9 @@ class ServingReport:
     disk_writes: int = 0
     disk_errors: int = 0  # faults met (each a miss, or a write not made), each logged once
     disk_state: str = ""  # ready, or what it waits for, or why it is off
+    # Prompts started from a copy of another's prefix still in flight (no tier held it yet).
+    shared_hits: int = 0
+    shared_tokens: int = 0
 
     def __post_init__(self) -> None:
         # Every status snapshot carries these: a runaway text or an impossible count is a
