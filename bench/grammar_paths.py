@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import PY, REPO, report
+from bench.results import Figure
 
 ROWS, TOKENS, BLOCK = 8, 128, 8
 ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS", "4"))
@@ -178,19 +179,19 @@ def main() -> None:
     printed = json.loads(res.stdout.strip().splitlines()[-1])
     got: dict[str, dict[str, list[float]]] = printed["paths"]
     k: dict[str, float] = printed["kernel"]
-    rows = []
+    rows: list[Figure] = []
     for name, sides in got.items():
         for side, ratios in sides.items():
             q = statistics.quantiles(ratios, n=4)
-            rows.append((f"{name}, {side} / free ({ROWS} rows)",
-                         f"{statistics.median(ratios):.3f}x (blocks' middle half {q[0]:.3f}-"
-                         f"{q[2]:.3f})"))
+            rows.append(Figure(f"{name}, {side} / free ({ROWS} rows)", statistics.median(ratios),
+                               low=q[0], high=q[2], text="range: the blocks' middle half"))
     for name in ("kernel", "select"):
-        rows.append((f"masks' {name}, {ROWS} rows: scattered bits / one bit a row",
-                     f"{k[name + ' scattered'] / k[name + ' one']:.2f}x "
-                     f"({k[name + ' scattered'] * 1e3:.2f} ms / {k[name + ' one'] * 1e3:.2f} ms)"))
-    rows.append(("masks' kernel / select, scattered bits",
-                 f"{k['kernel scattered'] / k['select scattered']:.3f}x"))
+        rows.append(Figure(f"masks' {name}, {ROWS} rows: scattered bits / one bit a row",
+                           k[name + " scattered"] / k[name + " one"],
+                           sides={"scattered": k[name + " scattered"] * 1e3,
+                                  "one": k[name + " one"] * 1e3}, side_unit="ms"))
+    rows.append(Figure("masks' kernel / select, scattered bits",
+                       k["kernel scattered"] / k["select scattered"]))
     report("agent: a grammar's mask by the sampler or by a processor, in process", rows)
 
 

@@ -43,7 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench.api import blas_path
-from bench.common import CACHE, PY, REPO, read_chat_stream, report, verdict
+from bench.common import CACHE, PY, REPO, read_chat_stream, report
+from bench.results import Figure
 from tests.harness import Daemon, cpu_seconds, free_port
 
 ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS") or 10)  # rounds of both sides
@@ -212,25 +213,26 @@ def main() -> None:
         proc.terminate()
         proc.wait(30)
 
-    def ratio(key: str, time_like: bool, of: list[dict[str, Any]]) -> tuple[str, float]:
+    def ratio(name: str, key: str, time_like: bool, of: list[dict[str, Any]]) -> Figure:
         xs = sorted((r["mlx-vlm"][key] / r["exod"][key]) if time_like
                     else (r["exod"][key] / r["mlx-vlm"][key]) for r in of)
         mid = statistics.median(xs)
         if of is pairs:
             q = statistics.quantiles(xs, n=4)
-            return f"{mid:.2f}x (middle half {q[0]:.2f}-{q[2]:.2f}, {len(xs)} pairs)", mid
-        return f"{mid:.2f}x (range {xs[0]:.2f}-{xs[-1]:.2f})", mid
+            return Figure(name, mid, low=q[0], high=q[2], goal=">= 1.0x",
+                          text=f"range: the middle half of {len(xs)} pairs")
+        return Figure(name, mid, rounds=xs, goal=">= 1.0x")
 
-    rows = [("time to first token, 1 client", *ratio("ttft", True, pairs)),
-            ("tokens/s, 1 client", *ratio("one", False, pairs)),
-            (f"aggregate tokens/s, {CLIENTS} clients", *ratio("many", False, rounds)),
-            ("second turn's time to first token", *ratio("second", True, rounds)),
-            ("CPU seconds per token, every process", *ratio("cpu", True, rounds))]
+    rows = [ratio("time to first token, 1 client", "ttft", True, pairs),
+            ratio("tokens/s, 1 client", "one", False, pairs),
+            ratio(f"aggregate tokens/s, {CLIENTS} clients", "many", False, rounds),
+            ratio("second turn's time to first token", "second", True, rounds),
+            ratio("CPU seconds per token, every process", "cpu", True, rounds)]
     apc = "on" if os.environ.get("EXOD_BENCH_APC") == "1" else "off (as it comes)"
     report(f"vision: exod over mlx_vlm.server, same model and pictures (APC {apc}; goal >= "
            "1.0x)", [
-               *((name, f"{text} {verdict(mid >= 1.0)}") for name, text, mid in rows),
-               ("same answer to the same picture", str(same)),
+               *rows,
+               Figure("same answer to the same picture", None, text=str(same), met=same),
                ("per round (exod, mlx-vlm): many, second, cpu",
                 json.dumps([{s: {k: round(v, 3) for k, v in r[s].items()} for s in r}
                             for r in rounds])),
