@@ -31,8 +31,8 @@ PLOTS = [
          "aggregate tok/s", "tok/s", x="clients", xlabel="concurrent clients"),
     Plot("ttft-by-prompt", "Time to first token by prompt length", "api",
          "time to first token", "ms", x="prompt_tokens", xlabel="prompt tokens"),
-    Plot("prefix-burst", "8 requests sharing a ~6k-token prefix vs one alone: time to first "
-         "token", "prefix", "burst of 8 / one alone", "s"),
+    Plot("prefix-burst", "First tokens: 8 sharing a ~6k-token prefix vs one alone", "prefix",
+         "burst of 8 / one alone", "s"),
     Plot("speculative", "Speculative decoding by clients: draft vs no draft", "models",
          "speculative tok/s", "tok/s", x="clients", xlabel="concurrent clients"),
 ]
@@ -51,12 +51,10 @@ def points(plot: Plot, runs: Sequence[dict[str, Any]]) -> tuple[str, list[dict[s
 
 
 def draw(plot: Plot, date: str, figs: Sequence[dict[str, Any]], out: Path) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    fig = Figure(figsize=(6.4, 4.0), dpi=100)
+    ax = fig.subplots()
     if plot.x:
         xs = [f["at"][plot.x] for f in figs]
         for side in dict.fromkeys(k for f in figs for k in f["sides"]):
@@ -77,7 +75,6 @@ def draw(plot: Plot, date: str, figs: Sequence[dict[str, Any]], out: Path) -> No
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png")
-    plt.close(fig)
 
 
 def write_all(data: dict[str, list[dict[str, Any]]],

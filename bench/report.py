@@ -49,7 +49,7 @@ def describe(bench: str, root: Path) -> str:
     if not path.exists():
         return ""
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-    return " ".join(doc.split("\n\n", 1)[0].split())
+    return cut(" ".join(doc.split("\n\n", 1)[0].split()), 400)
 
 
 def newest(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -60,7 +60,7 @@ def newest(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def figures(run: dict[str, Any]) -> list[Figure]:
-    return [Figure(**f) for f in run.get("figures", [])]
+    return [Figure.from_json(f) for f in run.get("figures", [])]
 
 
 def cut(text: str, n: int = CELL) -> str:
@@ -91,7 +91,7 @@ def trend(label: str, earlier: Sequence[dict[str, Any]]) -> str:
         for f in figures(run):
             if f.label() == label and f.value is not None:
                 unit = "x" if f.unit == "x" else ""
-                seen.append(f"{fmt(f.value, f.unit)}{unit} ({(run.get('date') or '?')[:10]})")
+                seen.append(f"{fmt(f.value, f.unit)}{unit} ({(run.get('date') or 'undated')[:10]})")
                 break
     return ", ".join(seen[-EARLIER:])
 
@@ -132,7 +132,8 @@ def section(bench: str, runs: Sequence[dict[str, Any]], root: Path) -> list[str]
     if run is None:
         return [*out, "No run yet.", ""]
     earlier = sorted((r for r in runs if r is not run), key=lambda r: r.get("date") or "")
-    out += [f"Newest run: {when(run)}, commit {run.get('commit', '?')}; {machine(run)}. "
+    made = f"commit {run['commit']}; {machine(run)}" if "commit" in run else machine(run)
+    out += [f"Newest run: {when(run)}, {made}. "
             f"{len(runs)} run(s) in [bench/results/{bench}.jsonl](../bench/results/{bench}.jsonl).",
             ""]
     figs = figures(run)

@@ -18,9 +18,9 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -85,11 +85,17 @@ class Figure:
     def as_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Figure:
+        """A figure as a line holds it (a key this version does not know is left out)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{"value": None, **{k: v for k, v in d.items() if k in known}})
+
 
 def fmt(v: float, unit: str = "") -> str:
     """A value with about three significant figures; a ratio with three decimals."""
-    if unit == "x" and 0.001 <= abs(v) < 10:
-        return f"{v:.3f}"
+    if unit == "x" and 0.001 <= abs(v) < 10:  # a ratio: its third decimal meets a goal
+        return f"{v:.3f}" if abs(v) < 2 else f"{v:.2f}"
     if v == 0 or abs(v) >= 100:
         return f"{v:.0f}"
     if abs(v) >= 10:
@@ -206,14 +212,20 @@ def knobs(env: Mapping[str, str]) -> dict[str, str]:
             and not any(w in k for w in ("TOKEN", "KEY", "SECRET", "PASS"))}
 
 
+def host() -> tuple[str, dict[str, Any]]:
+    return commit(), machine()
+
+
 @contextmanager
-def run(bench: str, out: Path | None = None) -> Iterator[Run]:
+def run(bench: str, out: Path | None = None,
+        about: Callable[[], tuple[str, dict[str, Any]]] = host) -> Iterator[Run]:
     """Records one run of `bench`: its line is appended to `out` (DIR/bench.jsonl) at the end,
-    when it showed a figure, even if it failed half-way (with a note saying so)."""
+    when it showed a figure, even if it failed half-way (with a note saying so). `about`
+    gives the commit and the machine."""
     now = datetime.datetime.now(datetime.timezone.utc)
-    r = Run(bench=bench, date=now.isoformat(timespec="seconds"), commit=commit(),
-            machine=machine(), load_before=loadavg(),
-            env=knobs(os.environ))
+    rev, where = about()
+    r = Run(bench=bench, date=now.isoformat(timespec="seconds"), commit=rev, machine=where,
+            load_before=loadavg(), env=knobs(os.environ))
     _current.append(r)
     try:
         yield r
