@@ -8,8 +8,8 @@
   tool_choice none (the same prompt, free output). Each round measures a case right beside its
   own baseline (the order reversed every other round); each figure is the median of its
   per-round ratios (EXOD_BENCH_ROUNDS, 18 by default), printed with their range. A round is 8
-  requests of 64 tokens, ~0.6 s a side, on a machine whose speed moves 10-30% over seconds:
-  rounds span 0.65-1.25, and a median of 18 still moves by about 0.04 between runs (of 6, more).
+  requests of 64 tokens on a machine whose speed moves over seconds: single rounds spread
+  widely, and a median of 18 moves less between runs than one of 6 (bench/results/).
   Both sides generate MAX_TOKENS tokens: end of sequence is biased away, and no schema here can
   close that early. Goal: >= 0.9x at 8 clients.
 - compile / decode step: the time to compile the grammar of a typical forced tool call (and
@@ -188,7 +188,7 @@ def side_by_side(client: openai.OpenAI, runner: int) -> tuple[list[Row], float]:
     on a machine shared with other work, wall time moves with the neighbours, CPU time less.
     Each round measures a case right beside its own baseline (the order turned every round):
     one baseline shared by every case of a round put that one measurement's noise (this
-    machine's speed moves by 10-30% over seconds) into all of the round's ratios at once."""
+    machine's speed moves over seconds) into all of the round's ratios at once."""
     rows: list[Row] = []
     step = 0.0
     for clients in LEVELS:

@@ -18,8 +18,8 @@ bench.agent_constrained's model, each row of a schema of bench.agent_constrained
 Every row has a logit bias (end of sequence away, as in bench.agent_constrained), so the free
 baseline takes mlx-lm's per-row processor path too. The sides are paired: one generator each,
 stepped in turn, BLOCK steps at a time (and the order turned every block), so that each block's
-ratio compares sides measured within milliseconds of each other; this machine's speed moves by
-10-30% over seconds, which a run per side turned into its figures. The figure is the median of
+ratio compares sides measured within milliseconds of each other; this machine's speed moves
+over seconds, which a run per side turned into its figures. The figure is the median of
 the blocks' ratios over EXOD_BENCH_ROUNDS rounds, with their interquartile range. Run alone with
 `python -m bench grammar_paths`; `python -m bench agent` runs it.
 """

@@ -7,15 +7,15 @@
   local path (`exod run` with `ready: instances` → READY=1). Goal ≤ 1.05×. The local path is a
   plain copy of the snapshot on the same file system, and each side runs once untimed first, so
   both read their files from the page cache; then rounds in ABBA order, the figure being the
-  median of the per-round ratios (with their range: on a shared 2-core host one round swings by
-  ±10%). Beside it the daemon's own part, read from its log: config read → runner spawned, where
-  a hub name costs reading exod's manifest and a stat() per file.
+  median of the per-round ratios (with their range: on a shared host one round swings
+  widely). Beside it the daemon's own part, read from its log: config read → runner spawned,
+  where a hub name costs reading exod's manifest and a stat() per file.
 
 - speculative decoding: an instance with `draft_model` vs the same model without, greedy
   tok/s of one chat at a time (rounds in ABBA order), with the share of drafted tokens the
   model accepted (from `exoctl status`). The pair: the demo model (SmolLM2-135M) drafts 2
   tokens a step (mlx-lm's speculative_generate_step default) for a deeper copy of itself
-  (tests.models.deep: 150 more layers that nudge it, about 5x the cost a token), as a small
+  (tests.models.deep: 150 more layers that nudge it, several times the cost a token), as a small
   model drafts for a large one of its family; no hub is reachable here for a trained pair.
   The two answers must be the same text.
 """

@@ -13,7 +13,7 @@ batch width of mlx_lm.server's default --decode-concurrency) and its default pro
 mlx_lm.server with its defaults.
 
 Noise: this bench usually runs on a small machine that other work shares, where the same figure
-can move 2x from one minute to the next. So it runs `ROUNDS` rounds (EXOD_BENCH_ROUNDS), and in
+can move a lot from one minute to the next. So it runs `ROUNDS` rounds (EXOD_BENCH_ROUNDS), and in
 every round each figure on both sides back to back, exod first in even rounds and mlx_lm.server
 first in odd ones (two rounds make an ABBA). Each figure is the median of its per-round ratios
 exod / mlx_lm.server (two measurements taken next to each other in time), printed with the

@@ -20,10 +20,10 @@ from a cache, except the second turn, which is the point of (3). mlx-vlm's serve
 comes (its prefix cache, APC, is off unless APC_ENABLED=1; `EXOD_BENCH_APC=1` turns it on for
 this run). The sides take turns over ROUNDS rounds (EXOD_BENCH_ROUNDS, 10 unless set). One
 client's requests (1, 2) alternate request by request, the side that leads turned each time, and
-each pair's ratio compares two requests made seconds apart: this machine's speed moves by 10-30%
-over seconds, and whole rounds of one side, then the other, gave per-round ratios 0.83-1.15 for
-figures that pooled over 24 rounds were 1.00x (a run's median of 5 rounds then landed anywhere in
-0.92-1.11). Those figures are the median of the pairs' ratios with their middle half; the others
+each pair's ratio compares two requests made seconds apart: a shared machine's speed moves over
+seconds, and whole rounds of one side, then the other, spread the per-round ratios of sides that
+were even when pooled (docs/benchmarks.md, the history in bench/results/vision.jsonl). Those
+figures are the median of the pairs' ratios with their middle half; the others
 (2's 8 clients, 3, 4) the median of the rounds' ratios with their range, the side that starts a
 round turned each round. Both sides' answers to the first request must be the same text.
 `python -m bench vision`.
