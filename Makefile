@@ -42,7 +42,7 @@ REWRITES = $(BIN)/pytest --collect-only -q -p no:cacheprovider tests
 AGENTS ?= .agents
 
 .PHONY: run test test-unit test-integration test-profile test-system warm rewrites setup \
-	setup-test agents agents-matrix install bench man lint clean
+	setup-test agents agents-matrix install bench bench-report man lint clean
 
 run: setup  ## set up, then run the daemon in the foreground on the built-in demo model
 	$(BIN)/exod run --demo
@@ -133,8 +133,11 @@ agents-matrix: setup-test warm rewrites  ## rerun the agents' and formats' tests
 	EXOD_MATRIX_OUT=$(abspath $(MATRIX_OUT)) $(PYTEST) -n $(WORKERS) $(MATRIX_TESTS); \
 		status=$$?; $(BIN)/python -m tests.agents.matrix write $(MATRIX_OUT) && exit $$status
 
-bench: setup-test  ## benchmarks: print ratios against baselines measured in the same run
+bench: setup-test  ## benchmarks: print ratios against baselines measured in the same run, and record them (bench/results/)
 	$(BIN)/python -m bench
+
+bench-report: setup-test  ## docs/benchmarks.md and its plots (docs/benchmarks/), from bench/results/*.jsonl
+	$(BIN)/python -m bench.report
 
 man: setup  ## exod.yaml(5)'s KEYS section, written from the schema (exod/config/schema.py, exod/wire/options.py)
 	$(BIN)/python -c 'import sys; from exod.config.explain import write_pages; \

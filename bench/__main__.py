@@ -1,9 +1,12 @@
-"""`python -m bench [NAME ...]`: run the benchmarks (all by default) and print their ratios."""
+"""`python -m bench [NAME ...]`: run the benchmarks (all by default), print their ratios, and
+append each run's figures to bench/results/NAME.jsonl (bench.results)."""
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+from bench import results
 
 # agent runs agent_constrained too
 ALL = ["load", "daemon", "api", "serving", "fused", "sharding", "families", "systemd", "security",
@@ -19,7 +22,8 @@ LONG = ["soak"]
 def main() -> None:
     names = [a for a in sys.argv[1:] if not a.startswith("-")] or ALL
     for name in names:
-        importlib.import_module(f"bench.{name}").main()
+        with results.run(name):
+            importlib.import_module(f"bench.{name}").main()
 
 
 if __name__ == "__main__":

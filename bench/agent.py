@@ -29,7 +29,9 @@ from typing import Any
 import openai
 
 from bench.api import demo_model
-from bench.common import report, verdict
+from bench.common import report
+from bench import results
+from bench.results import Figure
 from tests.harness import Daemon
 
 MAX_TOKENS = 64
@@ -79,21 +81,20 @@ def paired(measure: Callable[[dict[str, Any]], float], side: dict[str, Any],
     return ratios
 
 
-def shown(ratios: list[float], goal: float) -> str:
-    mid = statistics.median(ratios)
-    return (f"{mid:.3f}x (rounds {min(ratios):.3f}-{max(ratios):.3f}; goal >= {goal}x) "
-            f"{verdict(mid >= goal)}")
+def shown(name: str, ratios: list[float], goal: float) -> Figure:
+    """The median of per-round ratios, with their range, against a goal of at least `goal`."""
+    return Figure(name, statistics.median(ratios), rounds=ratios, goal=f">= {goal}x")
 
 
 # ---- logprobs on vs off ---------------------------------------------------------------------
-def logprobs_section(client: openai.OpenAI) -> list[tuple[str, str]]:
+def logprobs_section(client: openai.OpenAI) -> list[Figure]:
     rows = []
     on = {"logprobs": True, "top_logprobs": 5}
     for clients in LEVELS:
         aggregate(client, clients, {})  # warm: the first requests compile kernels
         ratios = paired(lambda extra, n=clients: aggregate(client, n, extra), on, {})
-        rows.append((f"logprobs on / off, {clients} client(s), tok/s", shown(ratios,
-                                                                              LOGPROBS_GOAL)))
+        rows.append(shown(f"logprobs on / off, {clients} client(s), tok/s", ratios,
+                          LOGPROBS_GOAL))
     return rows
 
 
@@ -107,8 +108,11 @@ def main() -> None:
         d.close()
     from bench import agent_constrained, grammar_paths
 
-    agent_constrained.main()
-    grammar_paths.main()
+    # Each recorded as a bench of its own (bench/results/agent_constrained.jsonl, ...).
+    with results.run("agent_constrained"):
+        agent_constrained.main()
+    with results.run("grammar_paths"):
+        grammar_paths.main()
 
 
 if __name__ == "__main__":

@@ -32,8 +32,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench import results as recorded
+from bench.results import Figure
 from tests.agents import sessions
-from tests.agents.cache_figures import Run, as_json, figures, shortfalls, table
+from tests.agents.cache_figures import GOAL, Run, as_json, figures, shortfalls, table
 from tests.harness import REPO, Daemon
 
 BILLING = "x-anthropic-billing-header:"
@@ -85,6 +87,20 @@ def run_case(d: Daemon, place: Path, agent: str, instance: str,
     return ran
 
 
+def summary(label: str, rows: list[Any], missed: list[str]) -> list[Figure]:
+    """An agent's figures for bench/results: the least reused share of what a later request
+    shared with the one before, what new sessions reused, and whether every goal is met."""
+    reuse = [f.reuse for f in rows if f.reuse is not None]
+    heads = [f for f in rows if f.session > 1 and f.turn == 1]
+    return [Figure(f"{label}: later requests, least share reused", 100 * min(reuse) if reuse
+                   else None, unit="%", goal=f">= {100 * GOAL:.0f}%"),
+            Figure(f"{label}: new sessions reuse their system prompt and tools", None,
+                   met=all(f.head_reused for f in heads),
+                   text=", ".join(f"{f.cached} of {f.head}" for f in heads) or "-"),
+            Figure(f"{label}: every goal", None, met=not missed,
+                   text=missed[0] if missed else "met")]
+
+
 def main() -> None:
     # `python -m bench` takes every other argument for a benchmark's name: options only here.
     opts = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
@@ -114,6 +130,7 @@ def main() -> None:
         print(f"\n## {label}\n{table(rows)}")
         missed = shortfalls(rows)
         print("goals met" if not missed else "\n".join(f"SHORT: {m}" for m in missed))
+        recorded.add(*summary(label, rows, missed), section="agent sessions")
     if out is not None:
         out.write_text(json.dumps({k: as_json(v) for k, v in results.items()}, indent=1) + "\n")
 

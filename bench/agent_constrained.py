@@ -8,8 +8,8 @@
   tool_choice none (the same prompt, free output). Each round measures a case right beside its
   own baseline (the order reversed every other round); each figure is the median of its
   per-round ratios (EXOD_BENCH_ROUNDS, 18 by default), printed with their range. A round is 8
-  requests of 64 tokens, ~0.6 s a side, on a machine whose speed moves 10-30% over seconds:
-  rounds span 0.65-1.25, and a median of 18 still moves by about 0.04 between runs (of 6, more).
+  requests of 64 tokens on a machine whose speed moves over seconds: single rounds spread
+  widely, and a median of 18 moves less between runs than one of 6 (bench/results/).
   Both sides generate MAX_TOKENS tokens: end of sequence is biased away, and no schema here can
   close that early. Goal: >= 0.9x at 8 clients.
 - compile / decode step: the time to compile the grammar of a typical forced tool call (and
@@ -45,7 +45,8 @@ from typing import Any
 import openai
 
 from bench.api import demo_model
-from bench.common import PY, REPO, report, verdict
+from bench.common import PY, REPO, report, Row
+from bench.results import Figure
 from tests.harness import Daemon, cpu_seconds
 
 MAX_TOKENS = 64
@@ -180,15 +181,16 @@ def aggregate(client: openai.OpenAI, clients: int, extra: dict[str, Any],
     return tokens / wall, ((cpu_seconds(runner) - cpu) / tokens if runner else 0.0)
 
 
-def side_by_side(client: openai.OpenAI, runner: int) -> tuple[list[tuple[str, str]], float]:
+def side_by_side(client: openai.OpenAI, runner: int) -> tuple[list[Row], float]:
     """Every case against its baseline, at each level: (rows, seconds of one free decode step
     at 1 client). Each row: the median ratio of tokens/s (constrained / baseline) with its
     range, and the median ratio of the runner's CPU time per token (baseline / constrained):
     on a machine shared with other work, wall time moves with the neighbours, CPU time less.
     Each round measures a case right beside its own baseline (the order turned every round):
     one baseline shared by every case of a round put that one measurement's noise (this
-    machine's speed moves by 10-30% over seconds) into all of the round's ratios at once."""
-    rows, step = [], 0.0
+    machine's speed moves over seconds) into all of the round's ratios at once."""
+    rows: list[Row] = []
+    step = 0.0
     for clients in LEVELS:
         for c in cases():  # warm: kernels, the grammar engine's tokenizer, each grammar
             aggregate(client, clients, c.base)
@@ -207,12 +209,12 @@ def side_by_side(client: openai.OpenAI, runner: int) -> tuple[list[tuple[str, st
             mid = statistics.median(ratios)
             if not c.base:
                 free += rates["base"]
-            rows.append((f"{c.name}, {clients} client(s)",
-                         f"{mid:.3f}x (rounds {min(ratios):.3f}-{max(ratios):.3f}; "
-                         f"{statistics.median(rates['side']):.0f} / "
-                         f"{statistics.median(rates['base']):.0f} tok/s; CPU per token "
-                         f"{statistics.median(cpu):.3f}x)"
-                         + (f" goal >= {GOAL}x {verdict(mid >= GOAL)}" if clients > 1 else "")))
+            rows.append(Figure(f"{c.name}, {clients} client(s)", mid, rounds=ratios,
+                               sides={"constrained": statistics.median(rates["side"]),
+                                      "free": statistics.median(rates["base"])},
+                               side_unit="tok/s",
+                               text=f"CPU per token {statistics.median(cpu):.3f}x",
+                               goal=f">= {GOAL}x" if clients > 1 else None))
         if clients == 1:
             step = 1 / statistics.median(free)
     return rows, step
@@ -315,7 +317,7 @@ def valid_calls(client: openai.OpenAI, model: str) -> tuple[int, float]:
     return good, statistics.median(rates)
 
 
-def against_mlx_lm_server(client: openai.OpenAI, model: Path) -> list[tuple[str, str]]:
+def against_mlx_lm_server(client: openai.OpenAI, model: Path) -> list[Row]:
     from bench.api import start_mlx_lm_server
 
     ours, our_rate = valid_calls(client, "agent")
@@ -327,25 +329,28 @@ def against_mlx_lm_server(client: openai.OpenAI, model: Path) -> list[tuple[str,
     finally:
         server.terminate()
         server.wait(30)
-    return [("valid tool calls (required), exod", f"{ours}/{TRIES} {verdict(ours == TRIES)}"),
-            ("valid tool calls (required), mlx_lm.server", f"{theirs}/{TRIES} (not enforced)"),
-            ("tok/s of an answer (prefill included), exod / mlx_lm.server",
-             f"{our_rate / their_rate:.2f}x")]
+    return [Figure("valid tool calls (required), exod", ours, unit="", text=f"of {TRIES}",
+                   goal=f"== {TRIES}"),
+            Figure("valid tool calls (required), mlx_lm.server", theirs, unit="",
+                   text=f"of {TRIES} (not enforced)"),
+            Figure("tok/s of an answer (prefill included), exod / mlx_lm.server",
+                   our_rate / their_rate)]
 
 
-def section(client: openai.OpenAI, model: Path, runner: int) -> list[tuple[str, str]]:
+def section(client: openai.OpenAI, model: Path, runner: int) -> list[Row]:
     costs = engine_costs(model)
     rows, step = side_by_side(client, runner)
     ms = 1e3
-    rows += [(f"grammar CPU per token on the stepping thread, {c.name}",
-              f"{costs[c.name] * 1e6:.0f} us ({costs[c.name] / step:.3f}x a free decode step)")
-             for c in cases()]
+    rows += [Figure(f"grammar CPU per token on the stepping thread, {c.name}",
+                    costs[c.name] * 1e6, unit="us",
+                    text=f"{costs[c.name] / step:.3f}x a free decode step") for c in cases()]
     for name, what in (("typical", "a typical tool"), ("30k", "a 30 KB tool set")):
-        rows += [(f"grammar compile ({what}) / one decode step",
-                  f"{costs[name] / step:.3f}x ({costs[name] * ms:.2f} ms / {step * ms:.2f} ms); "
-                  f"again, from the cache: {costs[name + ' again'] / step:.3f}x "
-                  f"({costs[name + ' again'] * ms:.2f} ms)")]
-    rows.append(("grammar engine's tokenizer, built once per runner", f"{costs['setup']:.2f} s"))
+        rows += [Figure(f"grammar compile ({what}) / one decode step", costs[name] / step,
+                        sides={"compile": costs[name] * ms, "step": step * ms}, side_unit="ms",
+                        text=f"again, from the cache: {costs[name + ' again'] / step:.3f}x "
+                             f"({costs[name + ' again'] * ms:.2f} ms)")]
+    rows.append(Figure("grammar engine's tokenizer, built once per runner", costs["setup"],
+                       unit="s"))
     report("agent: constrained decoding", rows)
     return against_mlx_lm_server(client, model)
 

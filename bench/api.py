@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import CACHE, PY, read_chat_stream, report, verdict
+from bench.common import CACHE, PY, read_chat_stream, report, Row
+from bench.results import Figure
 from tests.harness import Daemon, free_port
 
 TTFT_RUNS = 25
@@ -213,7 +214,7 @@ def main() -> None:
         daemon.close()
         server.terminate()
         server.wait(60)
-    rows: list[tuple[str, str]] = []
+    rows: list[Row] = []
     best: dict[str, float] = {}
     ttft50: dict[str, float] = {}
     for name, r in results.items():
@@ -231,13 +232,10 @@ def main() -> None:
                                    strict=True)]
     extra = statistics.median(pairs) * 1e3
     rows += [
-        ("exod / in-process decode (median of pairs)",
-         f"{ratio_in:.3f}x  (goal ≥ 0.95x) {verdict(ratio_in >= 0.95)}"),
-        ("exod TTFT − in-process (median of pairs)",
-         (f"{extra:+.1f} ms  (p50s: {(ttft50['exod'] - ttft50['in-process']) * 1e3:+.1f} ms)  "
-          f"(goal ≤ +10 ms) {verdict(extra <= 10)}")),
-        ("exod / mlx_lm.server decode (median of pairs)",
-         f"{ratio_srv:.3f}x  (goal ≥ 1.0x) {verdict(ratio_srv >= 1.0)}"),
+        Figure("exod / in-process decode (median of pairs)", ratio_in, goal=">= 0.95x"),
+        Figure("exod TTFT − in-process (median of pairs)", extra, unit="ms", goal="<= 10 ms",
+               text=f"p50s: {(ttft50['exod'] - ttft50['in-process']) * 1e3:+.1f} ms"),
+        Figure("exod / mlx_lm.server decode (median of pairs)", ratio_srv, goal=">= 1.0x"),
     ]
     report(f"serving {path.name}: {TTFT_RUNS} TTFT runs ({TTFT_TOKENS} tokens) and "
            f"{DECODE_RUNS} decode runs ({DECODE_TOKENS} tokens) per side, interleaved, greedy, "

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.api import Http, blas_path, demo_model, start_mlx_lm_server
-from bench.common import report, verdict
+from bench.common import report, Row
+from bench.results import Figure
 from exod.paths import daemon_id
 from tests.harness import Daemon
 
@@ -138,22 +139,23 @@ def main() -> None:
     finally:
         for d, _ in sides.values():
             d.close()
-    rows: list[tuple[str, str]] = []
+    rows: list[Row] = []
     for r in rounds:
         rows.append(("round (s)", "  ".join(f"{k} {v:.2f}" for k, v in r.items())))
     m, lo, hi = ratio(rounds, "disk", "cold")
-    rows.append(("TTFT after a restart (disk) / cold",
-                 f"{m:.3f}x [{lo:.3f}-{hi:.3f}]  (goal ≤ {GOAL}x) {verdict(m <= GOAL)}"))
+    rows.append(Figure("TTFT after a restart (disk) / cold", m, low=lo, high=hi,
+                       goal=f"<= {GOAL}x"))
     for other, label in (("server", "mlx_lm.server after its restart"), ("ram", "a RAM hit")):
         m, lo, hi = ratio(rounds, "disk", other)
-        rows.append((f"TTFT after a restart (disk) / {label}", f"{m:.3f}x [{lo:.3f}-{hi:.3f}]"))
+        rows.append(Figure(f"TTFT after a restart (disk) / {label}", m, low=lo, high=hi))
     m, lo, hi = ratio(rounds, "stop_disk", "stop_plain")
     added = statistics.median(r["stop_disk"] - r["stop_plain"] for r in rounds)
-    rows.append(("stop with the disk tier / without (SIGTERM to exit)",
-                 f"{m:.3f}x [{lo:.3f}-{hi:.3f}], added {added * 1e3:+.0f} ms (median)"))
-    rows.append(("disk bytes per cached token / the KV cache's own",
-                 f"{per_token / kv:.3f}x  ({per_token / 1024:.1f} KiB against {kv / 1024:.1f})"))
+    rows.append(Figure("stop with the disk tier / without (SIGTERM to exit)", m, low=lo,
+                       high=hi, text=f"added {added * 1e3:+.0f} ms (median)"))
+    rows.append(Figure("disk bytes per cached token / the KV cache's own", per_token / kv,
+                       text=f"{per_token / 1024:.1f} KiB against {kv / 1024:.1f}"))
     hits = all(r["disk_hits"] >= 1 for r in rounds)
-    rows.append(("every round's restart loaded its prompt from disk", verdict(hits)))
+    rows.append(Figure("every round's restart loaded its prompt from disk", None, met=hits,
+                       text=str(hits)))
     report(f"prompt cache on disk, {path.name}: {ROUNDS} rounds, ~3.5k-token agent prompt, "
            f"greedy, OpenBLAS {'on' if blas_path() else 'NOT FOUND'} on every side", rows)

@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmarks: models made on demand and cached, timing helpers, report."""
+"""Shared pieces of the benchmarks: models made on demand and cached, timing helpers, report
+(which also records each figure: bench.results)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bench import results
+from bench.results import Figure
 
 CACHE = Path(os.environ.get("EXOD_BENCH_CACHE") or Path.home() / ".cache" / "exod-bench")
 PY = sys.executable
@@ -44,11 +48,19 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
-def report(title: str, rows: list[tuple[str, str]]) -> None:
+Row = tuple[str, str] | Figure
+
+
+def report(title: str, rows: Sequence[Row]) -> None:
+    """Prints a section of rows, and records them in the run in progress (bench.results): a
+    Figure as it is, a plain (label, text) row as a figure with its text only."""
     print(f"\n== {title}")
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"  {k.ljust(width)}  {v}")
+    figures = [r if isinstance(r, Figure) else Figure(r[0], None, unit="", text=r[1])
+               for r in rows]
+    width = max(len(f.label()) for f in figures)
+    for f in figures:
+        print(f"  {f.label().ljust(width)}  {f.line()}")
+    results.add(*figures, section=title)
 
 
 def verdict(ok: bool) -> str:

@@ -17,7 +17,8 @@ import subprocess
 import time
 import urllib.request
 
-from bench.common import PY, median, model, report, verdict
+from bench.common import PY, median, model, report
+from bench.results import Figure
 from exod.daemon.procinfo import rss_bytes
 from tests.harness import EXOCTL, Daemon
 
@@ -73,7 +74,7 @@ def cpu_per_request_ms(pid: int, url: str, n: int = 50) -> float:
     return (cpu_s(pid) - before) * 1000 / n
 
 
-def api_costs(instances: dict[str, dict[str, str]]) -> list[tuple[str, str]]:
+def api_costs(instances: dict[str, dict[str, str]]) -> list[Figure]:
     """Idle CPU with and without the HTTP API, and the CPU of a scrape and of a page poll."""
     with_api = Daemon({"ready": "instances", "instances": instances}, name="bench")
     without = Daemon({"ready": "instances", "api": {"listen": ""}, "instances": instances},
@@ -91,12 +92,13 @@ def api_costs(instances: dict[str, dict[str, str]]) -> list[tuple[str, str]]:
         without.close()
     ratio = idle / base if base else float("inf") if idle else 1.0
     return [
-        ("idle CPU, API on (/metrics, page)", f"{idle:.0f} ms per {IDLE_WINDOW:g} s = "
-         f"{ratio:.2f}x the same daemon without the API ({base:.0f} ms)  (goal: within "
-         f"noise, ≤ 1.5x or ≤ 20 ms apart) {verdict(ratio <= 1.5 or abs(idle - base) <= 20)}"),
-        ("one /metrics scrape", f"{scrape:.2f} ms of daemon CPU (8 instances)"),
-        ("one status page poll", f"{poll:.2f} ms of daemon CPU (/status.json, once a second "
-                                 f"while a page is open = {poll / 10:.2f}% of a core)"),
+        Figure("idle CPU, API on / off (/metrics, page)", ratio,
+               sides={"API on": idle, "API off": base}, side_unit=f"ms per {IDLE_WINDOW:g} s",
+               goal="<= 1.5x or <= 20 ms apart", met=ratio <= 1.5 or abs(idle - base) <= 20),
+        Figure("one /metrics scrape, daemon CPU", scrape, unit="ms", text="8 instances"),
+        Figure("one status page poll, daemon CPU", poll, unit="ms",
+               text=f"/status.json, once a second while a page is open = {poll / 10:.2f}% "
+                    f"of a core"),
     ]
 
 
@@ -134,14 +136,15 @@ def main(rounds: int = 2) -> None:
     r, br = max(rss), bare_python_rss()
     costs = api_costs(instances)
     report(f"daemon with {N} ready instances (tiny real model), {rounds} rounds", [*costs,
-        ("SIGTERM → daemon exit", f"{s:.3f} s  (goal ≤ 1 s) {verdict(s <= 1.0)}"),
-        ("signals sent to runners", f"{len(signals)} {signals or ''} (goal 0) "
-                                    f"{verdict(not signals)}"),
-        ("daemon RSS", f"{r:.1f} MB = {r / br:.2f}x a bare python ({br:.1f} MB)  "
-                       f"(goal ≤ 60 MB) {verdict(r <= 60)}"),
-        ("daemon maps mlx", f"{mlx_mapped} (goal False) {verdict(not mlx_mapped)}"),
-        ("exoctl status wall time", f"{st * 1000:.0f} ms = {st / b:.2f}x `python -c pass` "
-                                    f"({b * 1000:.0f} ms)  (goal ≤ 300 ms) {verdict(st <= 0.3)}"),
+        Figure("SIGTERM → daemon exit", s, unit="s", goal="<= 1 s"),
+        Figure("signals sent to runners", len(signals), unit="", text=str(signals or ""),
+               goal="== 0"),
+        Figure("daemon RSS", r, unit="MB", text=f"{r / br:.2f}x a bare python ({br:.1f} MB)",
+               goal="<= 60 MB"),
+        Figure("daemon maps mlx", float(mlx_mapped), unit="", text=str(mlx_mapped),
+               goal="== 0", met=not mlx_mapped),
+        Figure("exoctl status wall time", st * 1000, unit="ms",
+               text=f"{st / b:.2f}x `python -c pass` ({b * 1000:.0f} ms)", goal="<= 300 ms"),
     ])
 
 

@@ -37,7 +37,8 @@ from pathlib import Path
 import requests
 
 from bench.api import blas_path, demo_model
-from bench.common import CACHE, PY, REPO, report, verdict
+from bench.common import CACHE, PY, REPO, report, Row
+from bench.results import Figure
 from tests.harness import Daemon, free_port
 
 ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS") or 4)
@@ -159,16 +160,10 @@ def ratios(sides: list[Side], clients: int, per: int, rounds: int) -> tuple[list
     return out, own
 
 
-def line(values: list[float]) -> str:
-    return (f"{statistics.median(values):.2f}x (range {min(values):.2f}-{max(values):.2f}, "
-            f"{len(values)} rounds)")
-
-
 def main() -> None:
     path = bench_model()
     chat_model = Path(os.environ["EXOD_BENCH_MODEL"]) if os.environ.get("EXOD_BENCH_MODEL") \
         else demo_model()
-    load_before = os.getloadavg()
     d = Daemon({"api": {"listen": "127.0.0.1:0"},
                 "instances": {"emb": {"model": str(path)},
                               "chat": {"model": str(chat_model), "max_concurrency": 2}}})
@@ -183,31 +178,29 @@ def main() -> None:
             probe = [text(i) for i in range(4)]
             a, b = (side.embed(s, probe) for side in sides)
         same = min(cosine(x, y) for x, y in zip(a, b, strict=True))
-        rows: list[tuple[str, str]] = [("vectors equal (min cosine)", f"{same:.7f}")]
+        rows: list[Row] = [Figure("vectors equal (min cosine)", same, unit="",
+                                  text=f"{same:.7f}")]
         alone: dict[tuple[int, int], list[float]] = {}
         for shape, per in SHAPES.items():
             for clients in CLIENTS:
                 r, own = ratios(sides, clients, per, ROUNDS)
                 alone[(clients, per)] = own
-                ok = verdict(statistics.median(r) >= GOAL)
-                rows.append((f"inputs/s, {clients} client(s), {shape}", f"{line(r)}  {ok}"))
+                rows.append(Figure(f"inputs/s, {clients} client(s), {shape}",
+                                   statistics.median(r), rounds=r, goal=f">= {GOAL}x"))
         with decoding(d.api_url(), "chat") as tokens_per_s:
             for shape, per in SHAPES.items():
                 for clients in CLIENTS:
                     r, own = ratios(sides, clients, per, ROUNDS)
-                    ok = verdict(statistics.median(r) >= GOAL)
-                    rows.append((f"with chat decoding: {clients} client(s), {shape}",
-                                 f"{line(r)}  {ok}"))
+                    rows.append(Figure(f"with chat decoding: {clients} client(s), {shape}",
+                                       statistics.median(r), rounds=r, goal=f">= {GOAL}x"))
                     mine = statistics.median(own) / statistics.median(alone[(clients, per)])
-                    rows.append((f"  exod with chat / alone, {clients} client(s), {shape}",
-                                 f"{mine:.2f}x"))
-            rows.append(("chat decoding beside (tokens/s)", f"{tokens_per_s():.1f}"))
+                    rows.append(Figure(f"exod with chat / alone, {clients} client(s), {shape}",
+                                       mine))
+            rows.append(Figure("chat decoding beside", tokens_per_s(), unit="tok/s"))
         status = next(i for i in d.status()["instances"] if i["name"] == "emb")
         batches = (status["serving"] or {}).get("batches") or {}
         rows.append(("exod's mean batch (inputs per forward pass)",
                      f"{batches.get('mean_batch')}"))
-        rows.append(("load average before / after",
-                     f"{load_before[0]:.1f} / {os.getloadavg()[0]:.1f}"))
         report("embeddings: exod / mlx_vlm.server (MiniLM-L6-shaped BERT, float32)", rows)
     finally:
         if proc is not None:

@@ -15,6 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench import results
+from bench.results import Figure
 from tests.models.zoo import FAMILIES, NOT_TINY, QUANTIZED
 from tests.zoo import LAYOUTS, OK, make_zoo, refusals, serve_zoo
 
@@ -40,15 +42,20 @@ def table(only: list[str]) -> str:
             served[name, layout] = got
     lines = ["| family (mlx-lm model_type) | " + " | ".join(HEADS.values()) + " |",
              "| --- | " + " | ".join("---" for _ in HEADS) + " |"]
+    figures = []
     for name in zoo:
         cells = []
         for layout in LAYOUTS:
             if (name, layout) in refused:
                 cells.append(f"refused by `exod check`: {refused[name, layout]}")
+                figures.append(Figure(f"{name}, {HEADS[layout]}", None, text=cells[-1]))
             else:
                 got = served[name, layout]
                 cells.append("✅" if got == OK else f"❌ {got}")
+                figures.append(Figure(f"{name}, {HEADS[layout]}", None, met=got == OK,
+                                      text="mlx-lm's tokens" if got == OK else str(got)))
         lines.append(f"| {name} | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    results.add(*figures, section="served in each layout, with mlx-lm's tokens")
     return "\n".join(lines + ["", footer()])
 
 

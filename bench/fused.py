@@ -22,7 +22,8 @@ from typing import Any
 import openai
 
 from bench.api import demo_model
-from bench.common import PY, report, verdict
+from bench.common import PY, report
+from bench.results import Figure
 from bench.serving import Side, one_client
 from tests.harness import Daemon
 
@@ -83,26 +84,27 @@ print(json.dumps(out))
 """
 
 
-def in_process(path: str) -> list[tuple[str, str]]:
+def in_process(path: str) -> list[Figure]:
     import json
 
     res = subprocess.run([PY, "-c", IN_PROCESS, path, str(STEPS)],
                          capture_output=True, text=True, check=True, timeout=1800)
     got: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
-    rows = []
+    rows: list[Figure] = []
     for width, r in got.items():
         ratios = r["ratios"]
         med = statistics.median(ratios)
         q1, _, q3 = statistics.quantiles(ratios, n=4)
-        rows.append((f"decode step, {width} request(s), fused / mlx's own",
-                     f"{med:.3f}x (middle half of the pairs {q1:.3f}-{q3:.3f}; mlx's own "
-                     f"{r['ms']:.0f} ms a step)  (goal < 1.0x) {verdict(med < 1.0)}"))
-        rows.append((f"  same tokens, {width} request(s), taking turns as with mlx's alone",
-                     verdict(r["same"])))
+        rows.append(Figure(f"decode step, {width} request(s), fused / mlx's own", med, low=q1,
+                           high=q3, goal="< 1.0x", rounds=ratios,
+                           text=f"range: the middle half of the pairs; mlx's own "
+                                f"{r['ms']:.0f} ms a step"))
+        rows.append(Figure(f"same tokens, {width} request(s), taking turns as with mlx's alone",
+                           None, text="same" if r["same"] else "different", met=r["same"]))
     return rows
 
 
-def served(path: str) -> list[tuple[str, str]]:
+def served(path: str) -> list[Figure]:
     sides: list[Side] = []
     daemons: list[Daemon] = []
     try:
@@ -125,9 +127,8 @@ def served(path: str) -> list[tuple[str, str]]:
             d.terminate()
             d.close()
     med = statistics.median(ratios)
-    return [("served, 1 client, aggregate tok/s fused / EXOD_FUSE=0",
-             f"{med:.3f}x (rounds {min(ratios):.3f}-{max(ratios):.3f})  (goal > 1.0x) "
-             f"{verdict(med > 1.0)}")]
+    return [Figure("served, 1 client, aggregate tok/s fused / EXOD_FUSE=0", med, rounds=ratios,
+                   goal="> 1.0x")]
 
 
 def main() -> None:

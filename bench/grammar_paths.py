@@ -18,8 +18,8 @@ bench.agent_constrained's model, each row of a schema of bench.agent_constrained
 Every row has a logit bias (end of sequence away, as in bench.agent_constrained), so the free
 baseline takes mlx-lm's per-row processor path too. The sides are paired: one generator each,
 stepped in turn, BLOCK steps at a time (and the order turned every block), so that each block's
-ratio compares sides measured within milliseconds of each other; this machine's speed moves by
-10-30% over seconds, which a run per side turned into its figures. The figure is the median of
+ratio compares sides measured within milliseconds of each other; this machine's speed moves
+over seconds, which a run per side turned into its figures. The figure is the median of
 the blocks' ratios over EXOD_BENCH_ROUNDS rounds, with their interquartile range. Run alone with
 `python -m bench grammar_paths`; `python -m bench agent` runs it.
 """
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import PY, REPO, report
+from bench.results import Figure
 
 ROWS, TOKENS, BLOCK = 8, 128, 8
 ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS", "4"))
@@ -178,19 +179,19 @@ def main() -> None:
     printed = json.loads(res.stdout.strip().splitlines()[-1])
     got: dict[str, dict[str, list[float]]] = printed["paths"]
     k: dict[str, float] = printed["kernel"]
-    rows = []
+    rows: list[Figure] = []
     for name, sides in got.items():
         for side, ratios in sides.items():
             q = statistics.quantiles(ratios, n=4)
-            rows.append((f"{name}, {side} / free ({ROWS} rows)",
-                         f"{statistics.median(ratios):.3f}x (blocks' middle half {q[0]:.3f}-"
-                         f"{q[2]:.3f})"))
+            rows.append(Figure(f"{name}, {side} / free ({ROWS} rows)", statistics.median(ratios),
+                               low=q[0], high=q[2], text="range: the blocks' middle half"))
     for name in ("kernel", "select"):
-        rows.append((f"masks' {name}, {ROWS} rows: scattered bits / one bit a row",
-                     f"{k[name + ' scattered'] / k[name + ' one']:.2f}x "
-                     f"({k[name + ' scattered'] * 1e3:.2f} ms / {k[name + ' one'] * 1e3:.2f} ms)"))
-    rows.append(("masks' kernel / select, scattered bits",
-                 f"{k['kernel scattered'] / k['select scattered']:.3f}x"))
+        rows.append(Figure(f"masks' {name}, {ROWS} rows: scattered bits / one bit a row",
+                           k[name + " scattered"] / k[name + " one"],
+                           sides={"scattered": k[name + " scattered"] * 1e3,
+                                  "one": k[name + " one"] * 1e3}, side_unit="ms"))
+    rows.append(Figure("masks' kernel / select, scattered bits",
+                       k["kernel scattered"] / k["select scattered"]))
     report("agent: a grammar's mask by the sampler or by a processor, in process", rows)
 
 

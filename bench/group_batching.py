@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 
 from bench.common import model, report
+from bench.results import Figure
 from tests.harness import Daemon
 
 ROUNDS = 2
@@ -43,12 +44,12 @@ def aggregate(c: openai.OpenAI, name: str, clients: int, round_: int) -> float:
     return tokens / (time.perf_counter() - t0)
 
 
-def rows() -> list[tuple[str, str]]:
+def rows() -> list[Figure]:
     path = str(model("group-batching-30m", **PARAMS))
     d = Daemon({"ready": "instances", "instances": {
         name: {"model": path, "max_concurrency": CLIENTS, "prompt_cache_bytes": 0, **extra}
         for name, extra in LAYOUTS.items()}}, name="bench-group-batching")
-    out: list[tuple[str, str]] = []
+    out: list[Figure] = []
     try:
         d.start()
         c = openai.OpenAI(base_url=d.api_url() + "/v1", api_key="-", max_retries=0,
@@ -61,8 +62,9 @@ def rows() -> list[tuple[str, str]]:
                 one.append(aggregate(c, name, 1, i))
                 many.append(aggregate(c, name, CLIENTS, i))
             a, b = statistics.median(one), statistics.median(many)
-            out.append((f"2-rank {name}: {CLIENTS} clients / 1 client (aggregate tok/s)",
-                        f"{b / a:.2f}x ({b:.1f} vs {a:.1f} tok/s)"))
+            out.append(Figure(f"2-rank {name}: {CLIENTS} clients / 1 client (aggregate tok/s)",
+                              b / a, sides={f"{CLIENTS} clients": b, "1 client": a},
+                              side_unit="tok/s"))
     finally:
         d.close()
     return out

@@ -16,7 +16,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from bench.common import model, report, verdict
+from bench.common import model, report
+from bench.results import Figure
 from tests.harness import Daemon, waiting_for_a_frozen_peer
 
 GROUPS = 6
@@ -58,10 +59,10 @@ def main() -> None:
         took = {id(c): time_to_ready(c) for c in order}
         ratios.append(took[id(groups)] / took[id(singles)])
     report("bringing groups up on one host", [
-        ("share of a core used by a rank waiting for its frozen peer",
-         f"{share:.2f}  (goal ≤ 0.15) {verdict(share <= 0.15)}"),
-        (f"time to ready, {GROUPS} 2-rank groups / {2 * GROUPS} single runners",
-         f"{statistics.median(ratios):.2f}x  (rounds {min(ratios):.2f}-{max(ratios):.2f})"),
+        Figure("share of a core used by a rank waiting for its frozen peer", share, unit="",
+               goal="<= 0.15"),
+        Figure(f"time to ready, {GROUPS} 2-rank groups / {2 * GROUPS} single runners",
+               statistics.median(ratios), rounds=ratios),
     ])
 
 

@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 
 import openai
 
-from bench.common import median, model, report, verdict
+from bench.common import median, model, report
+from bench.results import Figure
 from tests.harness import Daemon
 
 WORDS = 600_000  # "hello " * WORDS: 3.6 MB, about 1.8M tokens of the generated tokenizer
@@ -58,7 +59,7 @@ def read(url: str, name: str) -> tuple[int, float]:
     return status, time.perf_counter() - t
 
 
-def one(d: Daemon, name: str) -> list[tuple[str, str]]:
+def one(d: Daemon, name: str) -> list[Figure]:
     c = openai.OpenAI(base_url=d.api_url() + "/v1", api_key="-", max_retries=0, timeout=300)
     before = [r["pid"] for r in d.instance(name)["ranks"]]
     alone = median(gaps(c, name))
@@ -77,10 +78,11 @@ def one(d: Daemon, name: str) -> list[tuple[str, str]]:
     status, took = got[0]
     after = d.instance(name)
     same = after["restarts"] == 0 and [r["pid"] for r in after["ranks"]] == before
-    return [(f"{name}: longest gap during the read / median gap",
-             f"{worst / alone:.0f}x {verdict(worst < took / 10)}"),
-            (f"{name}: the read (answered {status})", f"{took:.1f}s"),
-            (f"{name}: no rank restarted", verdict(same and status == 400))]
+    return [Figure(f"{name}: longest gap during the read / median gap", worst / alone,
+                   goal="< a tenth of the read", met=worst < took / 10),
+            Figure(f"{name}: the read", took, unit="s", text=f"answered {status}"),
+            Figure(f"{name}: rank restarts", 0 if same else 1, unit="", goal="== 0",
+                   met=same and status == 400)]
 
 
 def main() -> None:
@@ -92,7 +94,7 @@ def main() -> None:
                name="bench-reads")
     try:
         d.start()
-        rows: list[tuple[str, str]] = []
+        rows: list[Figure] = []
         for name in ("one", "pp"):
             d.until_state(name, "ready")
             rows += one(d, name)

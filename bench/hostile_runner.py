@@ -17,7 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import report, verdict
+from bench.common import report
+from bench.results import Figure
 from bench.daemon import rss_mb
 from bench.security import health_p50, status_p50
 from tests.harness import EXOCTL, Daemon
@@ -49,14 +50,12 @@ def main() -> None:
         d.close()
     h, st, r = storm_health / base_health, storm_status / base_status, storm_rss / base_rss
     report("hostile runner: a daemon whose runner floods its channel", [
-        ("/health p50, storm / calm",
-         f"{h:.2f}x ({storm_health * 1e3:.2f} ms / {base_health * 1e3:.2f} ms)  "
-         f"{verdict(h <= 10)}"),
-        ("exoctl status p50, storm / calm",
-         f"{st:.2f}x ({storm_status * 1e3:.0f} ms / {base_status * 1e3:.0f} ms)  "
-         f"{verdict(st <= 5)}"),
-        ("daemon RSS, storm / calm",
-         f"{r:.2f}x ({storm_rss:.0f} MB / {base_rss:.0f} MB)  {verdict(r <= 1.5)}"),
+        Figure("/health p50, storm / calm", h, goal="<= 10x",
+               sides={"storm": storm_health * 1e3, "calm": base_health * 1e3}, side_unit="ms"),
+        Figure("exoctl status p50, storm / calm", st, goal="<= 5x",
+               sides={"storm": storm_status * 1e3, "calm": base_status * 1e3}, side_unit="ms"),
+        Figure("daemon RSS, storm / calm", r, goal="<= 1.5x",
+               sides={"storm": storm_rss, "calm": base_rss}, side_unit="MB"),
     ])
 
 

@@ -21,7 +21,8 @@ import subprocess
 import tempfile
 
 from bench.api import demo_model
-from bench.common import PY, REPO, report, verdict
+from bench.common import PY, REPO, report
+from bench.results import Figure
 from bench.embeddings import bench_model
 
 ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS") or 3)
@@ -108,18 +109,17 @@ def main() -> None:
             bits |= {str(got[True]["bits"]), str(got[False]["bits"])}
     same = len(bits) == 1
 
-    def row(k: str, goal: float = GOAL) -> str:
-        v = rows[k]
-        m = statistics.median(v)
-        return f"{m:.2f}x (range {min(v):.2f}-{max(v):.2f})  {verdict(m >= goal)}"
+    def row(name: str, k: str, goal: float = GOAL) -> Figure:
+        return Figure(name, statistics.median(rows[k]), rounds=rows[k], goal=f">= {goal}x")
 
     report(f"mlx's CPU kernels built with -mavx2 -mfma -mf16c / as the wheel builds them "
            f"({ROUNDS} rounds)", [
-               ("GELU, 48 x 1536 (speed)", row("gelu")),
-               ("encoder pass, one input of 48 tokens (speed)", row("encode")),
-               ("decoding, SmolLM2-135M float32 (tokens/s; goal: unchanged)",
-                row("decode", UNCHANGED)),
-               ("the same vectors and tokens, every bit", f"{same}  {verdict(same)}"),
+               row("GELU, 48 x 1536 (speed)", "gelu"),
+               row("encoder pass, one input of 48 tokens (speed)", "encode"),
+               row("decoding, SmolLM2-135M float32 (tokens/s; goal: unchanged)", "decode",
+                   UNCHANGED),
+               Figure("the same vectors and tokens, every bit", None, text=str(same),
+                      met=same),
            ])
 
 

@@ -16,7 +16,8 @@ import statistics
 import subprocess
 import tempfile
 
-from bench.common import PY, REPO, report, verdict
+from bench.common import PY, REPO, report
+from bench.results import Figure
 
 ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS") or 2)
 KERNELS = 12
@@ -73,12 +74,11 @@ def main() -> None:
     per_kernel = statistics.median(without)
     report(f"mlx's CPU kernels: with a precompiled header / without ({KERNELS} kernels, "
            f"{ROUNDS} rounds)", [
-               ("compiler CPU per kernel", f"{ratio:.2f}x (range {min(ratios):.2f}-"
-                                           f"{max(ratios):.2f})  {verdict(ratio <= GOAL)}"),
-               ("without: CPU-s per kernel", f"{per_kernel:.2f}"),
-               ("building the header (once per machine and mlx version)",
-                f"{statistics.median(builds):.1f} CPU-s = "
-                f"{statistics.median(builds) / per_kernel:.1f} kernels without it"),
+               Figure("compiler CPU per kernel", ratio, rounds=ratios, goal=f"<= {GOAL}x"),
+               Figure("without: CPU-s per kernel", per_kernel, unit="CPU-s"),
+               Figure("building the header (once per machine and mlx version)",
+                      statistics.median(builds), unit="CPU-s",
+                      text=f"{statistics.median(builds) / per_kernel:.1f} kernels without it"),
            ])
 
 

@@ -12,7 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import PY, big_model, median, report, verdict
+from bench.common import PY, big_model, median, report
+from bench.results import Figure
 from exod.wire import messages as m
 from exod.wire.ask import ask
 from exod.config.schema import Instance
@@ -76,9 +77,10 @@ def main(rounds: int = 3) -> None:
     report(f"load: {size / 1e9:.2f} GB model, median of {rounds} interleaved runs (warm cache)", [
         ("plain mlx_lm.load + eval (fresh process)", f"{p:.2f} s"),
         ("exod runner, layer by layer + progress", f"{r:.2f} s"),
-        ("  ratio runner / plain", f"{r / p:.3f}x  (goal ≤ 1.05x) {verdict(r / p <= 1.05)}"),
+        Figure("ratio runner / plain", r / p, goal="<= 1.05x",
+               sides={"runner": r, "plain": p}, side_unit="s"),
         ("exod run → instance ready", f"{dm:.2f} s"),
-        ("  difference to plain", f"{dm - p:+.2f} s  (goal ≤ +0.5 s) {verdict(dm - p <= 0.5)}"),
+        Figure("exod run → ready, difference to plain", dm - p, unit="s", goal="<= 0.5 s"),
     ])
 
 

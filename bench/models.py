@@ -7,15 +7,15 @@
   local path (`exod run` with `ready: instances` → READY=1). Goal ≤ 1.05×. The local path is a
   plain copy of the snapshot on the same file system, and each side runs once untimed first, so
   both read their files from the page cache; then rounds in ABBA order, the figure being the
-  median of the per-round ratios (with their range: on a shared 2-core host one round swings by
-  ±10%). Beside it the daemon's own part, read from its log: config read → runner spawned, where
-  a hub name costs reading exod's manifest and a stat() per file.
+  median of the per-round ratios (with their range: on a shared host one round swings
+  widely). Beside it the daemon's own part, read from its log: config read → runner spawned,
+  where a hub name costs reading exod's manifest and a stat() per file.
 
 - speculative decoding: an instance with `draft_model` vs the same model without, greedy
   tok/s of one chat at a time (rounds in ABBA order), with the share of drafted tokens the
   model accepted (from `exoctl status`). The pair: the demo model (SmolLM2-135M) drafts 2
   tokens a step (mlx-lm's speculative_generate_step default) for a deeper copy of itself
-  (tests.models.deep: 150 more layers that nudge it, about 5x the cost a token), as a small
+  (tests.models.deep: 150 more layers that nudge it, several times the cost a token), as a small
   model drafts for a large one of its family; no hub is reachable here for a trained pair.
   The two answers must be the same text.
 """
@@ -31,7 +31,8 @@ from pathlib import Path
 
 import openai
 
-from bench.common import CACHE, PY, REPO, median, model, report, verdict
+from bench.common import CACHE, PY, REPO, median, model, report, Row
+from bench.results import Figure
 from exod.wire import messages as m
 from exod.wire.ask import ask
 from exod.core.hub_ref import HubRef
@@ -122,7 +123,7 @@ def made(*args: str) -> Path:
     return Path(res.stdout.strip().splitlines()[-1])
 
 
-def speculative(rounds: int) -> list[tuple[str, str]]:
+def speculative(rounds: int) -> list[Row]:
     draft = made("exod.models.demo", "--cache-dir", str(CACHE))
     deep = made("tests.models.deep", str(draft), str(CACHE / "deep-smollm2"), "--extra", "150",
                 "--scale", "0.03")
@@ -161,7 +162,8 @@ def speculative(rounds: int) -> list[tuple[str, str]]:
     return [
         ("plain decoding (deep copy of SmolLM2)", f"{p:.2f} tok/s"),
         (f"speculative, SmolLM2 drafts {SPEC_DRAFT_TOKENS} a step", f"{s:.2f} tok/s (same text)"),
-        ("  ratio speculative / plain", f"{s / p:.2f}x"),
+        Figure("speculative tok/s", s / p, sides={"draft": s, "no draft": p}, side_unit="tok/s",
+               at={"clients": 1}),
         ("  drafted tokens accepted", f"{spec['acceptance_rate']:.0%} ({spec['accepted']} of "
                                       f"{spec['drafted']})" if spec.get("drafted") else
                                       f"? ({spec!r})"),
@@ -192,17 +194,19 @@ def main(rounds: int = 4) -> None:
             h.close()
     o, t = median(ours), median(theirs)
     r = median(ratios)
-    report(f"models: {size / 1e6:.0f} MB model from a local olah, median of {rounds} rounds", [
+    rows: list[Row] = [
         ("huggingface_hub snapshot_download", f"{t:.2f} s ({size / t / 1e6:.0f} MB/s)"),
         ("exod fetcher (resumable, hashed)", f"{o:.2f} s ({size / o / 1e6:.0f} MB/s)"),
-        ("  throughput exod / huggingface_hub", f"{t / o:.3f}x  (goal ≥ 0.95x) "
-                                                f"{verdict(t / o >= 0.95)}"),
-        ("exod run → ready, cached hub name / local path",
-         f"{r:.3f}x  (goal ≤ 1.05x) {verdict(r <= 1.05)}; median of {len(ratios)} "
-         f"rounds' ratios, {min(ratios):.2f}-{max(ratios):.2f}"),
+        Figure("throughput exod / huggingface_hub", t / o, goal=">= 0.95x",
+               sides={"exod": size / o / 1e6, "huggingface_hub": size / t / 1e6},
+               side_unit="MB/s"),
+        Figure("exod run → ready, cached hub name / local path", r, goal="<= 1.05x",
+               rounds=ratios),
         ("  daemon's part: config read → runner spawned",
          f"hub name {part_hub * 1e3:.1f} ms, local path {part_path * 1e3:.1f} ms"),
-    ] + speculative(2))
+    ]
+    report(f"models: {size / 1e6:.0f} MB model from a local olah, median of {rounds} rounds",
+           rows + speculative(2))
 
 
 if __name__ == "__main__":

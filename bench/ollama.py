@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 from bench.agent import shown
 from bench.api import demo_model
 from bench.common import report
+from bench.results import Figure
 from tests.harness import Daemon
 
 MAX_TOKENS = 64
@@ -119,7 +120,7 @@ def main() -> None:
         d.start()
         d.until_state("demo", "ready")
         url = d.api_url()
-        rows = []
+        rows: list[Figure] = []
         for clients in LEVELS:
             measure(url, "openai", clients)  # warm: the first requests compile kernels
             ratios, firsts = [], []
@@ -128,15 +129,15 @@ def main() -> None:
                 got = {side: measure(url, side, clients) for side in order}
                 ratios.append(got["ollama"][0] / got["openai"][0])
                 firsts.append(got["openai"][1] / got["ollama"][1])
-            rows.append((f"/api/chat / chat completions, {clients} client(s), tok/s",
-                         shown(ratios, GOAL)))
-            rows.append((f"/api/chat / chat completions, {clients} client(s), first token "
-                         "(baseline's time / Ollama's)", shown(firsts, GOAL)))
+            rows.append(shown(f"/api/chat / chat completions, {clients} client(s), tok/s",
+                              ratios, GOAL))
+            rows.append(shown(f"/api/chat / chat completions, {clients} client(s), first token "
+                              "(baseline's time / Ollama's)", firsts, GOAL))
         together = [mixed(url, 8) for _ in range(ROUNDS)]
-        rows.append(("/api/chat / chat completions, 4 + 4 clients at once, tok/s a request",
-                     shown([a for a, _ in together], GOAL)))
-        rows.append(("/api/chat / chat completions, 4 + 4 clients at once, first token",
-                     shown([b for _, b in together], GOAL)))
+        rows.append(shown("/api/chat / chat completions, 4 + 4 clients at once, tok/s a "
+                          "request", [a for a, _ in together], GOAL))
+        rows.append(shown("/api/chat / chat completions, 4 + 4 clients at once, first token",
+                          [b for _, b in together], GOAL))
         report("ollama: /api/chat against /v1/chat/completions", rows)
     finally:
         d.close()

@@ -17,7 +17,8 @@ import socket
 import time
 from collections import Counter
 
-from bench.common import report, verdict
+from bench.common import report, Row
+from bench.results import Figure
 from exod.core.ports import Registry
 from exod.daemon.rank_addresses import ephemeral_range, free_ports
 
@@ -56,15 +57,14 @@ def main() -> None:
     new = [list(registry.held[k]) for k in range(GROUPS)]
     inside_old = sum(first <= p <= last for g in old for p in g)
     inside_new = sum(first <= p <= last for g in new for p in g)
-    rows = [
+    rows: list[Row] = [
         ("ephemeral range", f"{first}-{last}"),
-        (f"ports shared by groups ({GROUPS} at once)",
-         f"old {shared(old)}, exod {shared(new)}  {verdict(shared(new) == 0)}"),
-        ("ports inside the ephemeral range",
-         f"old {inside_old}/{GROUPS * PORTS}, exod {inside_new}/{GROUPS * PORTS}  "
-         f"{verdict(inside_new == 0)}"),
-        ("time per group, exod/old",
-         f"{new_s / old_s:.1f}x ({new_s * 1e3:.3f} ms vs {old_s * 1e3:.3f} ms)"),
+        Figure(f"ports shared by groups ({GROUPS} at once), exod", shared(new), unit="",
+               text=f"old way {shared(old)}", goal="== 0"),
+        Figure("ports inside the ephemeral range, exod", inside_new, unit="",
+               text=f"of {GROUPS * PORTS}; old way {inside_old}", goal="== 0"),
+        Figure("time per group, exod / old", new_s / old_s,
+               sides={"exod": new_s * 1e3, "old": old_s * 1e3}, side_unit="ms"),
     ]
     report("group ports on one host", rows)
 

@@ -14,9 +14,11 @@ import os
 import re
 import statistics
 import time
+from typing import Any
 from pathlib import Path
 
-from bench.common import model, report, verdict
+from bench.common import model, report
+from bench.results import Figure
 from tests.harness import Daemon
 
 RUNNERS = 8
@@ -68,17 +70,17 @@ def main() -> None:
     def med(i: int) -> float:
         return statistics.median(x[i] for x in ratios)
 
-    def rng(i: int) -> str:
-        return f"rounds {min(x[i] for x in ratios):.2f}-{max(x[i] for x in ratios):.2f}"
+    def figure(name: str, i: int, goal: str, **extra: Any) -> Figure:
+        return Figure(name, med(i), low=min(x[i] for x in ratios),
+                      high=max(x[i] for x in ratios), goal=goal, **extra)
 
     report(f"runner start, {RUNNERS} tiny instances: forked from the zygote / exec'd", [
-        ("CPU-seconds, daemon + runners + zygote, at ready",
-         f"{med(1):.2f}x  ({rng(1)}; per runner {statistics.median(f for f, _ in per_runner):.2f}"
-         f" vs {statistics.median(e for _, e in per_runner):.2f} CPU-s)  (goal ≤ 0.5x) "
-         f"{verdict(med(1) <= 0.5)}"),
-        ("time to ready", f"{med(0):.2f}x  ({rng(0)})  (goal ≤ 1.0x) {verdict(med(0) <= 1.0)}"),
-        ("memory, sum of PSS", f"{med(2):.2f}x  ({rng(2)})  (goal ≤ 1.0x) "
-                               f"{verdict(med(2) <= 1.0)}"),
+        figure("CPU-seconds, daemon + runners + zygote, at ready", 1, "<= 0.5x",
+               sides={"forked": statistics.median(f for f, _ in per_runner),
+                      "exec'd": statistics.median(e for _, e in per_runner)},
+               side_unit="CPU-s a runner"),
+        figure("time to ready", 0, "<= 1.0x"),
+        figure("memory, sum of PSS", 2, "<= 1.0x"),
     ])
 
 

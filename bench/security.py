@@ -18,7 +18,8 @@ import subprocess
 import threading
 import time
 
-from bench.common import median, report, verdict
+from bench.common import median, report
+from bench.results import Figure
 from bench.daemon import rss_mb
 from tests.harness import EXOCTL, Daemon
 
@@ -99,15 +100,13 @@ def main() -> None:
         d.close()
     h, st, r = flood_health / base_health, flood_status / base_status, rss_after / rss_before
     report("security: a daemon under a flood (RLIMIT_NOFILE 1024)", [
-        (f"/health p50, {IDLE} idle connections / none",
-         f"{h:.2f}x ({flood_health * 1e3:.2f} ms / {base_health * 1e3:.2f} ms)  "
-         f"{verdict(h <= 2)}"),
-        (f"exoctl status, {IDLE} idle connections / none",
-         f"{st:.2f}x ({flood_status * 1e3:.0f} ms / {base_status * 1e3:.0f} ms)  "
-         f"{verdict(st <= 2)}"),
-        ("RSS after 8x15 MiB announced + 8x3 MiB parsed / before",
-         f"{r:.2f}x ({rss_after:.0f} MB / {rss_before:.0f} MB; answers "
-         f"{sorted(set(statuses))})  {verdict(r <= 1.5)}"),
+        Figure(f"/health p50, {IDLE} idle connections / none", h, goal="<= 2x",
+               sides={"flood": flood_health * 1e3, "none": base_health * 1e3}, side_unit="ms"),
+        Figure(f"exoctl status, {IDLE} idle connections / none", st, goal="<= 2x",
+               sides={"flood": flood_status * 1e3, "none": base_status * 1e3}, side_unit="ms"),
+        Figure("RSS after 8x15 MiB announced + 8x3 MiB parsed / before", r, goal="<= 1.5x",
+               sides={"after": rss_after, "before": rss_before}, side_unit="MB",
+               text=f"answers {sorted(set(statuses))}"),
     ])
 
 

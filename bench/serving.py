@@ -13,7 +13,7 @@ batch width of mlx_lm.server's default --decode-concurrency) and its default pro
 mlx_lm.server with its defaults.
 
 Noise: this bench usually runs on a small machine that other work shares, where the same figure
-can move 2x from one minute to the next. So it runs `ROUNDS` rounds (EXOD_BENCH_ROUNDS), and in
+can move a lot from one minute to the next. So it runs `ROUNDS` rounds (EXOD_BENCH_ROUNDS), and in
 every round each figure on both sides back to back, exod first in even rounds and mlx_lm.server
 first in odd ones (two rounds make an ABBA). Each figure is the median of its per-round ratios
 exod / mlx_lm.server (two measurements taken next to each other in time), printed with the
@@ -44,7 +44,8 @@ from typing import Any
 import openai
 
 from bench.api import demo_model, pct, start_mlx_lm_server
-from bench.common import report, verdict
+from bench.common import report
+from bench.results import Figure
 from exod.daemon.procinfo import rss_bytes
 from tests.harness import Daemon
 
@@ -233,41 +234,43 @@ def measure(sides: list[Side], rounds: int) -> dict[str, dict[str, list[float]]]
     return out
 
 
+def ratios(a: list[float], b: list[float]) -> list[float]:
+    """The per-round ratios a/b."""
+    return [x / y for x, y in zip(a, b, strict=True)]
+
+
 def paired(a: list[float], b: list[float]) -> tuple[float, float, float]:
     """(median, lowest, highest) of the per-round ratios a/b."""
-    ratios = [x / y for x, y in zip(a, b, strict=True)]
-    return statistics.median(ratios), min(ratios), max(ratios)
+    r = ratios(a, b)
+    return statistics.median(r), min(r), max(r)
 
 
 def row(label: str, a: list[float], b: list[float], unit: str, scale: float,
-        higher_is_better: bool) -> tuple[str, str]:
-    med, lo, hi = paired(a, b)
-    ok = med >= 1.0 if higher_is_better else med <= 1.0
-    goal = "≥" if higher_is_better else "≤"
-    return (label, f"exod {statistics.median(a) * scale:7.1f} {unit}  mlx_lm.server "
-                   f"{statistics.median(b) * scale:7.1f} {unit}  ratio {med:.2f}x "
-                   f"(rounds {lo:.2f}-{hi:.2f})  (goal {goal} 1.0x) {verdict(ok)}")
+        higher_is_better: bool, at: dict[str, int] | None = None) -> Figure:
+    per_round = ratios(a, b)
+    return Figure(label, statistics.median(per_round), rounds=per_round, at=at,
+                  goal=">= 1.0x" if higher_is_better else "<= 1.0x",
+                  sides={"exod": statistics.median(a) * scale,
+                         "mlx_lm.server": statistics.median(b) * scale}, side_unit=unit)
 
 
 def rows(e: dict[str, list[float]], m: dict[str, list[float]],
-         peak: dict[str, int]) -> list[tuple[str, str]]:
-    out = [row(f"aggregate tok/s, {level} client(s)", e[f"rate{level}"], m[f"rate{level}"],
-               "tok/s", 1.0, True) for level in LEVELS]
+         peak: dict[str, int]) -> list[Figure]:
+    out = [row("aggregate tok/s", e[f"rate{level}"], m[f"rate{level}"], "tok/s", 1.0, True,
+               {"clients": level}) for level in LEVELS]
     out.append(row("TTFT median, 8 clients", e["ttft8_median"], m["ttft8_median"], "ms", 1e3,
                    False))
     a, b = pct(e["ttft8"], 0.95), pct(m["ttft8"], 0.95)
-    out.append(("TTFT p95, 8 clients (pooled)",
-                f"exod {a * 1e3:7.1f} ms  mlx_lm.server {b * 1e3:7.1f} ms  ratio {a / b:.2f}x  "
-                f"(goal ≤ 1.0x) {verdict(a <= b)}"))
+    out.append(Figure("TTFT p95, 8 clients (pooled)", a / b, goal="<= 1.0x",
+                      sides={"exod": a * 1e3, "mlx_lm.server": b * 1e3}, side_unit="ms"))
     out.append(row("second-turn TTFT, ~1k-token chat", e["turn2"], m["turn2"], "ms", 1e3,
                    False))
     a, b = peak["exod"], peak["mlx_lm.server"]
-    out.append(("peak RSS (exod's runner / mlx_lm.server)",
-                f"exod {a / 2**20:7.0f} MiB  mlx_lm.server {b / 2**20:7.0f} MiB  "
-                f"ratio {a / b:.2f}x  (goal ≤ 1.0x) {verdict(a <= b)}"))
-    own, lo, hi = paired(e["rate8"], e["rate1"])
-    out.append(("exod 8 clients / exod 1 client (aggregate)",
-                f"{own:.2f}x (rounds {lo:.2f}-{hi:.2f})"))
+    out.append(Figure("peak RSS (exod's runner / mlx_lm.server)", a / b, goal="<= 1.0x",
+                      sides={"exod": a / 2**20, "mlx_lm.server": b / 2**20}, side_unit="MiB"))
+    own = ratios(e["rate8"], e["rate1"])
+    out.append(Figure("exod 8 clients / exod 1 client (aggregate)", statistics.median(own),
+                      rounds=own))
     return out
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from bench import group_batching
 from bench.api import Http
-from bench.common import CACHE, PY, REPO, model, report
+from bench.common import CACHE, PY, REPO, model, report, Row
+from bench.results import Figure
 from tests.harness import Daemon
 from tests.models.zoo_families import GATED_DELTA_CHECKPOINT
 
@@ -59,7 +60,7 @@ def zoo_model(family: str, config: Mapping[str, object]) -> Path:
     return Path(json.loads(res.stdout.strip().splitlines()[-1])[family]["path"])
 
 
-def measure(family: str, path: Path) -> list[tuple[str, str]]:
+def measure(family: str, path: Path) -> list[Row]:
     d = Daemon({"ready": "instances", "instances": {
         "one": {"model": str(path)},
         "pipeline": {"model": str(path), "shards": 2},
@@ -88,14 +89,13 @@ def measure(family: str, path: Path) -> list[tuple[str, str]]:
     base_rate = statistics.median(rate["one"])
     base_ttft = statistics.median(ttft["one"])
     base_rss = rss["one"][0]
-    rows = []
+    rows: list[Row] = []
     for name in sides:
         dec, t50 = statistics.median(rate[name]), statistics.median(ttft[name])
-        rows.append((f"{family} {name}: decode",
-                     f"{dec:6.2f} tok/s = {dec / base_rate:.2f}x 1 rank"))
-        rows.append((f"{family} {name}: TTFT p50 / p95",
-                     f"{t50 * 1000:6.0f} / {p95(ttft[name]) * 1000:.0f}"
-                     f" ms = {t50 / base_ttft:.2f}x 1 rank"))
+        rows.append(Figure(f"{family} {name}: decode / 1 rank", dec / base_rate,
+                           text=f"{dec:.2f} tok/s"))
+        rows.append(Figure(f"{family} {name}: TTFT p50 / 1 rank", t50 / base_ttft,
+                           text=f"p50 {t50 * 1000:.0f} ms, p95 {p95(ttft[name]) * 1000:.0f} ms"))
         rows.append((f"{family} {name}: RSS per rank", ", ".join(
             f"{b / 2**20:.0f} MiB ({b / base_rss:.2f}x)" for b in rss[name])))
         rows.append((f"{family} {name}: peak RSS per rank (loading included)", ", ".join(

@@ -48,7 +48,8 @@ from pathlib import Path
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.common import CACHE, PY, REPO, report, verdict
+from bench.common import CACHE, PY, REPO, report, Row
+from bench.results import Figure
 from bench.soak_chaos import TARGETS, Chaos, Disk
 from bench.soak_trace import growth_sites, traced_env, type_growth
 from bench.soak_traffic import TIMEOUT, Load, Names, PictureServer
@@ -327,7 +328,7 @@ def after_chaos(d: Daemon) -> dict[str, str]:
 def figures(load: Load, chaos: Chaos, sampler: Sampler, full_disk: bool,
             ready: dict[str, str]) -> None:
     tally = load.tally
-    rows = [
+    rows: list[Row] = [
         ("length, each life's warm-up", f"{MINUTES:g} min, {WARMUP:g} min; {CLIENTS} clients"),
         ("requests", f"{tally.done}: {json.dumps(dict(sorted(tally.outcomes.items())))}; "
                      f"connections refused while the daemon restarted, tried again: "
@@ -335,15 +336,15 @@ def figures(load: Load, chaos: Chaos, sampler: Sampler, full_disk: bool,
         ("by kind", "; ".join(f"{k} {dict(v)}" for k, v in sorted(tally.by_kind.items()))),
         ("refusals' reasons (most common)",
          "; ".join(f"{n}x {r}" for r, n in tally.reasons.most_common(8))),
-        ("requests lost", f"{tally.outcomes['lost']} (goal 0) "
-                          f"{verdict(tally.outcomes['lost'] == 0)}"),
+        Figure("requests lost", tally.outcomes["lost"], unit="", goal="== 0",
+               text=f"of {tally.done}"),
         ("chaos events", json.dumps(dict(sorted(chaos.counts.items())))
          + ("" if full_disk else "; no full disk: it needs root (a tmpfs)")),
         ("disk-tier hits (runners that hit / runners seen)",
          f"{sum(sampler.disk_hits.values())} "
          f"({sum(1 for h in sampler.disk_hits.values() if h)}/{len(sampler.disk_hits)})"),
-        ("every instance ready after", f"{json.dumps(ready)} "
-                                       f"{verdict(all(v == 'ready' for v in ready.values()))}"),
+        Figure("every instance ready after", None, text=json.dumps(ready),
+               met=all(v == "ready" for v in ready.values())),
     ]
     replaced = {n for names in TARGETS.values() for n in names}  # by runner chaos
     for who, goal in [("daemon", GOAL), *((n, RUNNER_GOAL) for n in asdict(NAMES).values())]:
@@ -353,17 +354,17 @@ def figures(load: Load, chaos: Chaos, sampler: Sampler, full_disk: bool,
         if who not in replaced:
             worst = max((end / base for _, base, end, _ in lives), default=0.0)
             ok = bool(lives) and worst <= goal
-            rows.append((f"RSS of {who}: after warm-up -> end, by life",
-                         f"{said}; worst {worst:.3f}x (goal <= {goal}x) {verdict(ok)}"))
+            rows.append(Figure(f"RSS of {who}: after warm-up -> end, worst life", worst,
+                               goal=f"<= {goal}x", met=ok, text=said))
             continue
         rows.append((f"RSS of {who}'s runners (chaos replaces them), by life", said))
         procs = per_process(sampler.samples, who)
         worst = max((end / base for _, base, end, _ in procs), default=0.0)
         seen = len({s.pid for s in sampler.samples if s.who == who})
-        rows.append((f"RSS of {who}'s runners: each after its own warm-up -> its end",
-                     f"{len(procs)} of {seen} lived past it"
-                     + (f"; worst {worst:.3f}x (goal <= {goal}x) {verdict(worst <= goal)}"
-                        if procs else "")))
+        lived = f"{len(procs)} of {seen} lived past their own warm-up"
+        rows.append(Figure(f"RSS of {who}'s runners: each after its own warm-up -> its end",
+                           worst, goal=f"<= {goal}x", text=lived) if procs else
+                    (f"RSS of {who}'s runners: each after its own warm-up -> its end", lived))
     warm, end = sampler.maps.get("warm", {}), sampler.maps.get("end", {})
     rows.append(("the daemon's first life, RSS by mapping, after warm-up -> end (KiB)",
                  ", ".join(f"{k} {warm.get(k, 0)}->{v}" for k, v in sorted(end.items()))))

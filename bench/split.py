@@ -26,7 +26,8 @@ import time
 import requests
 
 from bench.api import demo_model
-from bench.common import PY, REPO, report, verdict
+from bench.common import PY, REPO, report
+from bench.results import Figure
 from bench.embeddings import bench_model as embed_model
 from bench.embeddings import text as embed_text
 from bench.vision import vision_model
@@ -154,13 +155,9 @@ def served() -> list[float]:
         d.close()
 
 
-def line(xs: list[float]) -> str:
-    return f"{statistics.median(xs):.2f}x (range {min(xs):.2f}-{max(xs):.2f}, {len(xs)} rounds)"
-
-
 def main() -> None:
     got = in_process()
-    rows = []
+    rows: list[Figure] = []
     labels = {"text": "demo model, prefill of 512 tokens",
               "vision": "vision-mid, one 224x224 picture request (tower + prefill)",
               "embed": "MiniLM-shaped BERT, one input (48 tokens)"}
@@ -168,12 +165,13 @@ def main() -> None:
         r = got[name]
         ratios = r["ratios"]
         assert isinstance(ratios, list)
-        rows.append((f"{label}: whole / cut", f"{line(ratios)}  "
-                     f"{verdict(statistics.median(ratios) >= 1.0)}"))
-        rows.append(("  bitwise the same / whole took", f"{r['same']} / {r['whole_ms']:.0f} ms"))
+        rows.append(Figure(f"{label}: whole / cut", statistics.median(ratios), rounds=ratios,
+                           goal=">= 1.0x"))
+        rows.append(Figure(f"{label}: bitwise the same", None, met=bool(r["same"]),
+                           text=f"{r['same']}; whole took {r['whole_ms']:.0f} ms"))
     s = served()
-    rows.append(("served: one token after a ~750-token prompt, off / on",
-                 f"{line(s)}  {verdict(statistics.median(s) >= 1.0)}"))
+    rows.append(Figure("served: one token after a ~750-token prompt, off / on",
+                       statistics.median(s), rounds=s, goal=">= 1.0x"))
     report("split: activations cut a slice per core vs whole (CPU, float32)", rows)
 
 

@@ -35,7 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import median, model, report, verdict
+from bench.common import median, model, report, Row
+from bench.results import Figure
 from tests.system.systemd import (
     CONFIG_PATH,
     GuestUnavailable,
@@ -114,7 +115,7 @@ def ms(x: float) -> str:
     return f"{x * 1000:.0f} ms"
 
 
-def rows(label: str, runs: list[Phases], own: str) -> list[tuple[str, str]]:
+def rows(label: str, runs: list[Phases], own: str) -> list[Row]:
     """Medians over the runs; the overhead and the ratio are taken per run first (the phases of
     one run add up exactly; medians of separate phases need not)."""
     m = median
@@ -122,10 +123,11 @@ def rows(label: str, runs: list[Phases], own: str) -> list[tuple[str, str]]:
     ratio = m([r.wall / r.daemon for r in runs])
     over = m([r.before + r.after for r in runs])
     before, after = m([r.before for r in runs]), m([r.after for r in runs])
-    wall_text = f"{ms(wall)} = {ratio:.3f}x exod's own {own} ({ms(daemon)})"
-    over_text = (f"{ms(over)} = {over / client:.2f}x a `systemctl show` round trip "
-                 f"({ms(client)}); before exod {ms(before)}, after {ms(after)}")
-    return [(f"{label}: wall", wall_text), (f"{label}: systemd + client", over_text)]
+    return [Figure(f"{label}: wall / exod's own {own}", ratio,
+                   sides={"wall": wall * 1e3, own: daemon * 1e3}, side_unit="ms"),
+            Figure(f"{label}: systemd + client", over * 1e3, unit="ms",
+                   text=f"{over / client:.2f}x a `systemctl show` round trip ({ms(client)}); "
+                        f"before exod {ms(before)}, after {ms(after)}")]
 
 
 def main(rounds: int = 5, stop_rounds: int = 3) -> None:
@@ -174,17 +176,16 @@ def run(g: SystemdGuest, tiny: Path, rounds: int, stop_rounds: int) -> None:
     walls = [s.wall for s in stops]
     sw = median(walls)
     extra = [r for r in rungs if r != "1"]
-    goal_text = (f"median {ms(sw)}, slowest {ms(max(walls))} (goal ≤ {STOP_GOAL} s) "
-                 f"{verdict(max(walls) <= STOP_GOAL)}")
     rung_text = (f"{len(rungs)}: rung 1 × {rungs.count('1')} ({N} × {stop_rounds} expected), "
                  f"others {extra or 0}")
-    kill_text = f"{rungs.count('3') + killed} (goal 0) {verdict(not extra and not killed)}"
     report(f"systemd {version}: `systemctl stop` with {N} ready tiny-model instances, "
            f"{stop_rounds} rounds",
-           rows("stop", stops, "SIGTERM → exit") + [
-               ("stop: goal", goal_text),
-               ("ladder rungs in the journal", rung_text),
-               ("SIGKILLs (exod's rung 3 + systemd's)", kill_text)])
+           [*rows("stop", stops, "SIGTERM → exit"),
+            Figure("stop: slowest of the rounds", max(walls), unit="s", text=f"median {ms(sw)}",
+                   goal=f"<= {STOP_GOAL} s"),
+            ("ladder rungs in the journal", rung_text),
+            Figure("SIGKILLs (exod's rung 3 + systemd's)", rungs.count("3") + killed, unit="",
+                   goal="== 0", met=not extra and not killed)])
 
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ from a cache, except the second turn, which is the point of (3). mlx-vlm's serve
 comes (its prefix cache, APC, is off unless APC_ENABLED=1; `EXOD_BENCH_APC=1` turns it on for
 this run). The sides take turns over ROUNDS rounds (EXOD_BENCH_ROUNDS, 10 unless set). One
 client's requests (1, 2) alternate request by request, the side that leads turned each time, and
-each pair's ratio compares two requests made seconds apart: this machine's speed moves by 10-30%
-over seconds, and whole rounds of one side, then the other, gave per-round ratios 0.83-1.15 for
-figures that pooled over 24 rounds were 1.00x (a run's median of 5 rounds then landed anywhere in
-0.92-1.11). Those figures are the median of the pairs' ratios with their middle half; the others
+each pair's ratio compares two requests made seconds apart: a shared machine's speed moves over
+seconds, and whole rounds of one side, then the other, spread the per-round ratios of sides that
+were even when pooled (docs/benchmarks.md, the history in bench/results/vision.jsonl). Those
+figures are the median of the pairs' ratios with their middle half; the others
 (2's 8 clients, 3, 4) the median of the rounds' ratios with their range, the side that starts a
 round turned each round. Both sides' answers to the first request must be the same text.
 `python -m bench vision`.
@@ -43,7 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench.api import blas_path
-from bench.common import CACHE, PY, REPO, read_chat_stream, report, verdict
+from bench.common import CACHE, PY, REPO, read_chat_stream, report
+from bench.results import Figure
 from tests.harness import Daemon, cpu_seconds, free_port
 
 ROUNDS = int(os.environ.get("EXOD_BENCH_ROUNDS") or 10)  # rounds of both sides
@@ -212,25 +213,26 @@ def main() -> None:
         proc.terminate()
         proc.wait(30)
 
-    def ratio(key: str, time_like: bool, of: list[dict[str, Any]]) -> tuple[str, float]:
+    def ratio(name: str, key: str, time_like: bool, of: list[dict[str, Any]]) -> Figure:
         xs = sorted((r["mlx-vlm"][key] / r["exod"][key]) if time_like
                     else (r["exod"][key] / r["mlx-vlm"][key]) for r in of)
         mid = statistics.median(xs)
         if of is pairs:
             q = statistics.quantiles(xs, n=4)
-            return f"{mid:.2f}x (middle half {q[0]:.2f}-{q[2]:.2f}, {len(xs)} pairs)", mid
-        return f"{mid:.2f}x (range {xs[0]:.2f}-{xs[-1]:.2f})", mid
+            return Figure(name, mid, low=q[0], high=q[2], goal=">= 1.0x",
+                          text=f"range: the middle half of {len(xs)} pairs")
+        return Figure(name, mid, rounds=xs, goal=">= 1.0x")
 
-    rows = [("time to first token, 1 client", *ratio("ttft", True, pairs)),
-            ("tokens/s, 1 client", *ratio("one", False, pairs)),
-            (f"aggregate tokens/s, {CLIENTS} clients", *ratio("many", False, rounds)),
-            ("second turn's time to first token", *ratio("second", True, rounds)),
-            ("CPU seconds per token, every process", *ratio("cpu", True, rounds))]
+    rows = [ratio("time to first token, 1 client", "ttft", True, pairs),
+            ratio("tokens/s, 1 client", "one", False, pairs),
+            ratio(f"aggregate tokens/s, {CLIENTS} clients", "many", False, rounds),
+            ratio("second turn's time to first token", "second", True, rounds),
+            ratio("CPU seconds per token, every process", "cpu", True, rounds)]
     apc = "on" if os.environ.get("EXOD_BENCH_APC") == "1" else "off (as it comes)"
     report(f"vision: exod over mlx_vlm.server, same model and pictures (APC {apc}; goal >= "
            "1.0x)", [
-               *((name, f"{text} {verdict(mid >= 1.0)}") for name, text, mid in rows),
-               ("same answer to the same picture", str(same)),
+               *rows,
+               Figure("same answer to the same picture", None, text=str(same), met=same),
                ("per round (exod, mlx-vlm): many, second, cpu",
                 json.dumps([{s: {k: round(v, 3) for k, v in r[s].items()} for s in r}
                             for r in rounds])),

@@ -62,8 +62,8 @@ def thread_split(inst: Instance, local_ranks: int, env: Mapping[str, str]) -> in
     """BLAS threads per rank when several ranks of a group share this host: the cores divided
     among them (the runner sets OPENBLAS_NUM_THREADS from its spec). Each rank's BLAS would
     otherwise start a thread per core, and ranks that wait for each other on oversubscribed
-    cores ran 2-3x slower in measurements on 2 cores. An operator's own setting (daemon or
-    instance env) wins: None."""
+    cores ran several times slower (`python -m bench sharding`). An operator's own setting
+    (daemon or instance env) wins: None."""
     if local_ranks < 2 or "OPENBLAS_NUM_THREADS" in inst.env or "OPENBLAS_NUM_THREADS" in env:
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

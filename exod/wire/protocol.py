@@ -150,7 +150,7 @@ _SHAPES: dict[type[Any], tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]
 
 def _shape(cls: type[Any]) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
     """A message class's field types and fields, worked out once: get_type_hints evaluates
-    every annotation again at each call (~100 µs), which was most of the cost of a frame."""
+    every annotation again at each call, which was most of the cost of a frame."""
     shape = _SHAPES.get(cls)
     if shape is None:
         shape = _SHAPES[cls] = (typing.get_type_hints(cls),

@@ -23,10 +23,10 @@ def test_a_figure_is_the_median_of_the_per_round_ratios() -> None:
 
 
 def test_the_verdict_looks_the_right_way() -> None:
-    assert row("tok/s", [12.0], [10.0], "tok/s", 1.0, True)[1].endswith("OK")
-    assert row("tok/s", [8.0], [10.0], "tok/s", 1.0, True)[1].endswith("MISSED")
-    assert row("ttft", [0.8], [1.0], "ms", 1e3, False)[1].endswith("OK")
-    assert row("ttft", [1.2], [1.0], "ms", 1e3, False)[1].endswith("MISSED")
+    assert row("tok/s", [12.0], [10.0], "tok/s", 1.0, True).line().endswith("OK")
+    assert row("tok/s", [8.0], [10.0], "tok/s", 1.0, True).line().endswith("MISSED")
+    assert row("ttft", [0.8], [1.0], "ms", 1e3, False).line().endswith("OK")
+    assert row("ttft", [1.2], [1.0], "ms", 1e3, False).line().endswith("MISSED")
 
 
 class FakeSide:

@@ -24,7 +24,8 @@ import mlx.core as mx
 
 from exod.runner.cpu.streams import ActivationSplitter
 
-MIN_SCORES = 1 << 16  # heads x queries x keys: ~1 ms of exp on one core
+# heads x queries x keys; below it, one core's exp is over before a split pays (bench split).
+MIN_SCORES = 1 << 16
 _STOCK: list[Callable[..., mx.array]] = []  # mlx's own function, while ours is installed
 
 

@@ -44,7 +44,7 @@ def key_of(packed: bytes) -> str:
 
 def common_prefix(a: bytes, b: bytes) -> int:
     """Tokens two packed sequences share from their start: a binary search over slices, each
-    compared at memcmp speed (0.4 ms for 30k tokens)."""
+    compared at memcmp speed."""
     lo, hi = 0, min(len(a), len(b)) // TOKEN_BYTES
     while lo < hi:
         mid = (lo + hi + 1) // 2

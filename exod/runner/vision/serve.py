@@ -42,7 +42,7 @@ def serve(r: Runner, blas_msg: str) -> None:
         raise CannotServe(why)
     # The language model's decode steps run the fused rope and norms as text models do (the
     # vision tower's calls are not decode-shaped and keep mlx's own): bitwise the same tokens,
-    # ~5% more tokens/s on bench vision's Qwen2.5-VL.
+    # faster (`python -m bench vision`; docs/benchmarks.md).
     blas_msg += fused.install_note()
     group = join_group(r) if spec.group is not None else None
     where = f", rank {spec.shard.rank} of {spec.shard.world}" if group is not None else ""
