@@ -4,14 +4,16 @@ The engine owns the generations (`exod.runner.serving.batch_engine.BatchEngine`;
 group, `exod.runner.group.lockstep.LeaderEngine`, which also tells the other ranks what to
 replay); the loop owns the channel. New requests are read (templated, tokenized, checked) on a
 thread of their own (exod.runner.serving.reading), so a body of megabytes stands neither the
-batch nor a stop still. Between two engine steps, the loop admits the requests read by then,
-drops cancelled ones and, once asked to stop, lets in-flight work finish until the drain
-deadline, then ends it with an error event and returns (the runner then exits 0). A step is
-bounded, so a stop is always answered within the ladder's rung 1, even during a long prompt;
-the prompt cache's writes to disk fit there too (the engine's `idle` whenever nothing is in
-flight, then `save_cache` until `flush_deadline`). The heartbeat goes to the daemon from this
-loop, so a stuck loop stops sending it (`tick`: rank 0's group heartbeat too). `expect` tells
-the engine how many requests are still being read (the vision engine holds a burst for them).
+batch nor a stop still; a quick one, while no stream would wait for it, is read on the loop's
+own thread (no hand-off to wait for: docs/design/hop.md). Between two engine steps, the loop
+admits the requests read by then, drops cancelled ones and, once asked to stop, lets in-flight
+work finish until the drain deadline, then ends it with an error event and returns (the runner
+then exits 0). A step is bounded, so a stop is always answered within the ladder's rung 1, even
+during a long prompt; the prompt cache's writes to disk fit there too (the engine's `idle`
+whenever nothing is in flight, then `save_cache` until `flush_deadline`). The heartbeat goes to
+the daemon from this loop, so a stuck loop stops sending it (`tick`: rank 0's group heartbeat
+too). `expect` tells the engine how many requests are still being read (the vision engine holds
+a burst for them).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from exod.core.request_rules import RequestError, WindowExceeded
 from exod.runner.link.channel import Channel
 from exod.runner.link.lifecycle import Lifecycle
 from exod.runner.link.log import ERR, log
-from exod.runner.serving.reading import Prompt, Read, Reader
+from exod.runner.serving.reading import Prompt, Read, Reader, quick
 from exod.runner.link.report import Reporter
 
 # What the loop's thread is handed: a request, a request read, a cache to clear, or a stop's
@@ -166,6 +168,8 @@ class ServeLoop(Generic[R, P]):
         self.recent: collections.deque[str] = collections.deque(maxlen=256)  # finished ids
         self.edited: dict[str, list[dict[str, Any]]] = {}  # a live request's applied edits
         self.expecting = False  # the engine waits for the requests being read (`expect`)
+        # Admitted since the last step: while every live request is, none has a stream yet.
+        self.unstepped: set[str] = set()
         self.reader: Reader[R, P] = Reader(engine.read, channel.inbox.put,
                                            lambda rid: channel.send(m.Prefill(rid, 0, 0)),
                                            READING_EVERY)
@@ -220,8 +224,17 @@ class ServeLoop(Generic[R, P]):
             elif not isinstance(item, self.takes):  # the daemon refuses it first, by role
                 self._emit([m.Error(item.id, "bad_request", self.refusal)])
             else:
-                self.reader.submit(item)
+                self._read(item)
         self.expecting = self.engine.expect(len(self.reader.pending))
+
+    def _read(self, req: R) -> None:
+        """A quick request is read here and now when no stream would stand still meanwhile
+        (every live request is still unstepped) and none waits to be read before it; any other
+        goes to the reader's thread."""
+        if quick(req) and not self.reader.pending and self.live <= self.unstepped:
+            self._admit(self.reader.read_now(req))
+        else:
+            self.reader.submit(req)
 
     def _admit(self, read: Read[R, P]) -> None:
         rid = read.req.id
@@ -247,6 +260,7 @@ class ServeLoop(Generic[R, P]):
                 self._emit([m.Error(rid, "bad_request", why, param)])
             return
         self.live.add(rid)
+        self.unstepped.add(rid)
 
     def _drain_over(self) -> bool:
         if self.deadline is None or (self.live and time.monotonic() < self.deadline):
@@ -269,6 +283,7 @@ class ServeLoop(Generic[R, P]):
             cancelled.discard(rid)
 
     def _step(self) -> list[m.Event]:
+        self.unstepped.clear()
         try:
             return self.engine.step()
         except Exception as e:  # noqa: BLE001 -- mlx raises many types: fail the work, go on
