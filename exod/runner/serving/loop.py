@@ -32,7 +32,7 @@ from exod.runner.link.channel import Channel
 from exod.runner.link.lifecycle import Lifecycle
 from exod.runner.link.log import ERR, log
 from exod.runner.serving.reading import Prompt, Read, Reader, quick
-from exod.runner.link.report import Reporter
+from exod.runner.link.report import Reporter, status
 
 # What the loop's thread is handed: a request, a request read, a cache to clear, or a stop's
 # wake-up.
@@ -188,10 +188,11 @@ class ServeLoop(Generic[R, P]):
             if self._drain_over():
                 return
             self._cancel()
-            self._show()
-            if (self.live or self.engine.background) and not self.expecting:
-                self._emit(self._step())
-            self._show()  # again: the loop may next block for a long time with nothing to do
+            self.channel.send_all(self._show())
+            stepping = (self.live or self.engine.background) and not self.expecting
+            # The status again (the loop may next block for a long time with nothing to do), in
+            # the step's write: one wake-up of the daemon, not two.
+            self._emit(self._step() if stepping else [], show=True)
             now = time.monotonic()
             for t in self.tickers:
                 t.poll(now)
@@ -290,36 +291,42 @@ class ServeLoop(Generic[R, P]):
             log(f"generation step failed: {type(e).__name__}: {e}", ERR)
             return self.engine.abort_all("internal", f"{type(e).__name__}: {e}")
 
-    def _emit(self, events: list[m.Event]) -> None:
+    def _emit(self, events: list[m.Event], show: bool = False) -> None:
+        """Send `events` (and, `show`: the status they leave, in the same write)."""
         if self.edited:
             events = [replace(ev, applied_edits=self.edited.pop(ev.id))
                       if isinstance(ev, m.Done) and ev.id in self.edited else ev for ev in events]
-        self.channel.send_all(events)
         for ev in events:
             if isinstance(ev, (m.Done, m.Error)):  # the end of that request
                 self.edited.pop(ev.id, None)
                 self.live.discard(ev.id)
                 self.recent.append(ev.id)
                 self.channel.cancelled.discard(ev.id)
+        self.channel.send_all([*events, *(self._show() if show else ())])
 
-    def _show(self) -> None:
+    def _show(self) -> list[m.FromRunner]:
         """Status for the rank when the number of generations changed, and the engine's
-        figures whenever they did (a request came or went, the cache was written to disk)."""
+        figures whenever they did (a request came or went, the cache was written to disk): what
+        to send. Called twice a step, so it makes one report and compares it as it is."""
         reading = len(self.reader.pending)
         n = len(self.live) + reading
+        report = self.engine.serving()
         # Not for the draft model's counts alone: they change with every token.
-        figures = dataclasses.replace(self.engine.serving(), drafted=0, draft_accepted=0)
+        figures = dataclasses.replace(report, drafted=0, draft_accepted=0) \
+            if report.drafted or report.draft_accepted else report
+        out: list[m.FromRunner] = []
         if figures != self.figures or (n, reading) != self.shown:
             self.figures = figures
-            self.channel.send(self.engine.serving())
+            out.append(report)
         # Both counts: a request read and admitted leaves n as it was.
         if (n, reading) != self.shown:
             self.shown = (n, reading)
             if n:
                 text = f"serving {n} request(s)" + (f", reading {reading}" if reading else "")
-                self.report.status(m.Phase.SERVING, text, active=n)
+                out.append(status(m.Phase.SERVING, text, active=n))
             else:
-                self.report.status(m.Phase.READY)
+                out.append(status(m.Phase.READY))
+        return out
 
 
 def flush_deadline(channel: Channel) -> float:
