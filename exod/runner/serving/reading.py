@@ -11,7 +11,7 @@ client left, or the instance is stopping). A dropped request may still be under 
 its result is thrown away when it comes. While one is read, `say(id)` runs every `every` seconds
 (exod.runner.serving.busy_notice), so the daemon's hang watch hears that it is being read.
 
-A `quick` request (a short text, nothing compiled for it) is read in well under a millisecond:
+A `quick` request (a short text, nothing compiled for it) takes little time to read:
 the loop may `read_now` on its own thread, saving two thread hand-offs of its time to first
 token (docs/design/hop.md).
 """
