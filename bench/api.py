@@ -2,7 +2,13 @@
 same run, for (1) in-process `mlx_lm.stream_generate`, (2) exod's HTTP API, (3) `mlx_lm.server`.
 
 Goals: exod decode ≥ 0.95× in-process; exod TTFT ≤ in-process + 10 ms; exod decode ≥ 1.0×
-mlx_lm.server.
+mlx_lm.server; the hop ≤ 2 ms at the median, at 1 and at 8 clients.
+
+The hop (docs/design/hop.md) is the time a request spends between the client and the runner:
+exod's time to a 1-token answer of a short prompt, less mlx-lm's `BatchGenerator` in process on
+the same prompts (8 clients: the median client of a burst of 8 started together, against the 8
+prompts inserted together), per round, the median over rounds. It runs on a small generated
+model, with both sides computing alike (`HOP_ENV`), and clients that keep their connection.
 
 Fair play: every side uses OpenBLAS (the runner preloads it; the other two get it the same way,
 or by LD_PRELOAD), float32 weights, greedy sampling, the chat template, and runs alone (the
@@ -30,12 +36,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import CACHE, PY, read_chat_stream, report, Row
+from bench.common import CACHE, PY, Row, model, read_chat_stream, report
 from bench.results import Figure
 from tests.harness import Daemon, free_port
 
 TTFT_RUNS = 25
 TTFT_TOKENS = 4
+HOP_ROUNDS = 40  # per number of clients
+HOP_CLIENTS = (1, 8)
+HOP_GOAL_MS = 2.0
 DECODE_RUNS = 8
 DECODE_TOKENS = 96
 DECODE_PROMPT = "Write a long story about a dragon who learns to cook."
@@ -112,6 +121,63 @@ class InProcess:
         self.proc.wait(60)
 
 
+# ---- the hop's reference: the same prompts through mlx-lm's BatchGenerator, in process --------
+# exod's runner serves them with it too (exod.runner.serving.batch_engine), at the same prefill
+# step and batch sizes, so what differs is the daemon, the field policy and the channel.
+BATCH_IN_PROCESS = r"""
+import json, sys, time
+from exod.runner.cpu.blas import preload
+print(preload()[1], file=sys.stderr)
+import mlx.core as mx
+from mlx_lm import load
+from mlx_lm.generate import BatchGenerator
+from exod.core.serving import DEFAULT_PREFILL_STEP
+
+model, tok = load(sys.argv[1])
+model.set_dtype(mx.float32)  # as exod's runner does on CPU (dtype auto)
+width = int(sys.argv[2])
+gen = BatchGenerator(model, stop_tokens=[[t] for t in sorted(tok.eos_token_ids)],
+                     completion_batch_size=width, prefill_batch_size=min(width, 8),
+                     prefill_step_size=DEFAULT_PREFILL_STEP)
+print("ready", flush=True)
+for line in sys.stdin:
+    contents = json.loads(line)
+    t0 = time.perf_counter()
+    prompts = [tok.apply_chat_template([{"role": "user", "content": c}],
+                                       add_generation_prompt=True) for c in contents]
+    uids = gen.insert(prompts, max_tokens=[1] * len(prompts))
+    first = {}
+    while len(first) < len(uids):
+        for r in gen.next()[1]:
+            first.setdefault(r.uid, time.perf_counter() - t0)
+    print(json.dumps([first[u] for u in uids]), flush=True)
+"""
+
+
+class BatchInProcess:
+    """mlx-lm's BatchGenerator in a worker process: the time to first token of each of a line's
+    prompts, inserted together, 1 token each."""
+
+    def __init__(self, path: Path, width: int) -> None:
+        self.proc = subprocess.Popen([PY, "-c", BATCH_IN_PROCESS, str(path), str(width)],
+                                     text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env={**os.environ, "HF_HUB_OFFLINE": "1", **HOP_ENV})
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the in-process batch worker failed to load the model")
+
+    def run(self, contents: list[str]) -> list[float]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(contents) + "\n")
+        self.proc.stdin.flush()
+        return [float(t) for t in json.loads(self.proc.stdout.readline())]
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
 # ---- 2 and 3: one HTTP streaming client, the same for exod and mlx_lm.server ----------------
 class Http:
     def __init__(self, port: int, model: str, timeout: float = 300) -> None:
@@ -143,9 +209,20 @@ class Http:
             conn.close()
 
 
-def start_exod(path: Path) -> tuple[Daemon, Http]:
-    d = Daemon({"ready": "instances", "instances": {"demo": {"model": str(path)}}},
-               name="bench-api")
+# The hop's two sides compute alike: the runner's CPU-only tuning off (exod.runner.cpu), so it
+# runs what mlx-lm runs in process, and OpenBLAS on one thread on both sides (its threads spin
+# while they wait, which on a busy host measures the host rather than the hop).
+HOP_ENV = {"EXOD_FUSE": "0", "EXOD_SPLIT": "0", "EXOD_JIT_FLAGS": "0", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def start_exod(path: Path, width: int | None = None, prompt_cache: bool = True,
+               env: dict[str, str] | None = None) -> tuple[Daemon, Http]:
+    inst: dict[str, Any] = {"model": str(path)}
+    if width is not None:
+        inst["max_concurrency"] = width
+    if not prompt_cache:
+        inst.update(prompt_cache_bytes=0, prompt_cache_disk_bytes=0)
+    d = Daemon({"ready": "instances", "instances": {"demo": inst}}, env=env, name="bench-api")
     d.start()  # ready: instances → READY=1 once the model is loaded
     return d, Http(int(d.api_url().rsplit(":", 1)[1]), "demo")
 
@@ -188,6 +265,107 @@ def measure(sides: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
                 assert rate is not None, f"{name}: fewer than 2 tokens"
                 out[name]["decode"].append(rate)
     return out
+
+
+def hop_prompt(round_: int, client: int) -> str:
+    return f"Say one word about the number {round_ * 8 + client}."
+
+
+class Clients:
+    """exod's clients, each on a connection of its own that it keeps from one request to the
+    next, as the OpenAI and Anthropic SDKs do."""
+
+    def __init__(self, exod: Http, n: int) -> None:
+        self.exod = exod
+        self.conns = [self._connect() for _ in range(n)]
+
+    def _connect(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.exod.port, timeout=self.exod.timeout)
+
+    def burst(self, contents: list[str]) -> list[float]:
+        """Each content's time to its one token, from as many clients, started together."""
+        out = [0.0] * len(contents)
+        go = threading.Barrier(len(contents))
+
+        def client(i: int) -> None:
+            go.wait()
+            out[i] = self.first_token(i, contents[i])
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(contents))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    def first_token(self, i: int, content: str) -> float:
+        """Seconds from client `i`'s request to the chunk that carries its one token (its text,
+        or the finish reason where the token shows no text)."""
+        body = json.dumps({"model": self.exod.model, "max_tokens": 1, "temperature": 0,
+                           "stream": True, "messages": [{"role": "user", "content": content}]})
+        for attempt in (1, 2):  # once more on a new connection, if the kept one was closed
+            try:
+                t0 = time.perf_counter()
+                self.conns[i].request("POST", "/v1/chat/completions", body,
+                                      {"Content-Type": "application/json"})
+                resp = self.conns[i].getresponse()
+                break
+            except (http.client.RemoteDisconnected, ConnectionError):
+                self.conns[i].close()
+                self.conns[i] = self._connect()
+                if attempt == 2:
+                    raise
+        assert resp.status == 200, resp.read()
+        first = None
+        while line := resp.readline():  # to the body's end: the connection is used again
+            if first is None and line.startswith(b"data: {"):
+                choice = (json.loads(line[6:]).get("choices") or [{}])[0]
+                if (choice.get("delta") or {}).get("content") or choice.get("finish_reason"):
+                    first = time.perf_counter() - t0
+        assert first is not None, "no token came"
+        return first
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+
+
+def measure_hop(path: Path) -> dict[int, list[float]]:
+    """The hop at each number of clients: per round, the median of the clients' times to first
+    token through exod, less the median of the same prompts' through mlx-lm's BatchGenerator in
+    process (inserted together). The two sides run back to back, in turns; exod's prompt cache
+    and CPU tuning are off (the reference has neither), so both compute the same."""
+    width = max(HOP_CLIENTS)
+    batch = BatchInProcess(path, width)
+    daemon, exod = start_exod(path, width=width, prompt_cache=False, env=HOP_ENV)
+    clients = Clients(exod, width)
+    out: dict[int, list[float]] = {n: [] for n in HOP_CLIENTS}
+    try:
+        for n in HOP_CLIENTS:  # a warm-up for each burst's shape
+            batch.run([hop_prompt(0, c) for c in range(n)])
+            clients.burst([hop_prompt(0, c) for c in range(n)])
+        for i in range(1, HOP_ROUNDS + 1):
+            for n in HOP_CLIENTS:
+                contents = [hop_prompt(i, c) for c in range(n)]
+                if i % 2:
+                    ours, ref = clients.burst(contents), batch.run(contents)
+                else:
+                    ref, ours = batch.run(contents), clients.burst(contents)
+                out[n].append(statistics.median(ours) - statistics.median(ref))
+    finally:
+        clients.close()
+        batch.close()
+        daemon.terminate()
+        daemon.close()
+    return out
+
+
+def hop_figures(hops: dict[int, list[float]]) -> list[Figure]:
+    """The hop at each number of clients: the median over rounds, in ms, with their range."""
+    return [Figure("hop: exod TTFT − in-process (1 token, short prompt)",
+                   statistics.median(xs) * 1e3, unit="ms", goal=f"<= {HOP_GOAL_MS:g} ms",
+                   rounds=[x * 1e3 for x in xs], at={"clients": n})
+            for n, xs in hops.items()]
 
 
 def paired_ratio(a: list[float], b: list[float]) -> float:
@@ -237,6 +415,9 @@ def main() -> None:
                text=f"p50s: {(ttft50['exod'] - ttft50['in-process']) * 1e3:+.1f} ms"),
         Figure("exod / mlx_lm.server decode (median of pairs)", ratio_srv, goal=">= 1.0x"),
     ]
+    # A model of 4 small layers: its few milliseconds of compute leave the hop in plain sight
+    # (the hop does not depend on the model; a big model's noise would hide it).
+    rows += hop_figures(measure_hop(model("tiny-4")))
     report(f"serving {path.name}: {TTFT_RUNS} TTFT runs ({TTFT_TOKENS} tokens) and "
            f"{DECODE_RUNS} decode runs ({DECODE_TOKENS} tokens) per side, interleaved, greedy, "
            f"OpenBLAS {'on' if blas_path() else 'NOT FOUND'} on every side", rows)

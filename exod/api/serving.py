@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -164,17 +164,19 @@ class Serving:
 
     async def _relay(self, request: web.Request, req: GenRequest, stream: RequestStream,
                      meter: Meter, out: DialectOutput) -> web.StreamResponse:
+        # Closed here, when the answer is: left to the garbage collector, an unfinished async
+        # generator costs the event loop a wake-up and a task of its own to close it.
         try:  # watched for a hang by the lease
-            events = _events(stream, meter, out)
-            if req.stream:
-                return await _stream(request, req, events, meter, out)
-            return await _whole(req, events, out)
+            async with contextlib.aclosing(_events(stream, meter, out)) as events:
+                if req.stream:
+                    return await _stream(request, req, events, meter, out)
+                return await _whole(req, events, out)
         finally:
             stream.close()  # cancels the generation unless it finished
 
 
 async def _events(stream: RequestStream, meter: Meter,
-                  out: DialectOutput) -> AsyncIterator[m.Event]:
+                  out: DialectOutput) -> AsyncGenerator[m.Event, None]:
     """Every event of the request (progress for the hang watch is counted as they arrive)."""
     while True:
         ev = await stream.next()
@@ -183,7 +185,8 @@ async def _events(stream: RequestStream, meter: Meter,
         yield ev
 
 
-async def _after(first: m.Event, rest: AsyncIterator[m.Event]) -> AsyncIterator[m.Event]:
+async def _after(first: m.Event, rest: AsyncIterator[m.Event]
+                 ) -> AsyncGenerator[m.Event, None]:
     yield first
     async for ev in rest:
         yield ev
@@ -221,26 +224,28 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
         raise runner_error(first)
     resp = web.StreamResponse(headers={**out.stream_headers, **header(req.ignored)})
     deltas = Deltas()
+    last = b""
     try:
         await resp.prepare(request)
         await resp.write(out.begin())
-        async for ev in _after(first, events):
-            if isinstance(ev, (m.Prefill, m.Held, m.Vectors)):
-                continue  # progress only (see _events); no Vectors for a generation
-            if isinstance(ev, (m.Text, m.ToolCall)):
-                await resp.write(out.delta(deltas.of(ev)))
-                continue
-            if isinstance(ev, m.Done):
-                await resp.write(out.delta(deltas.of(ev)))
-            else:
-                err = runner_error(ev)
-                meter.failed_code = err.status
-                logger.bind(instance=req.model).warning("stream ended by an error: {}",
-                                                        err.message)
-                await resp.write(out.failed(err))
-            break
-        await resp.write(out.end())
-        await resp.write_eof()
+        async with contextlib.aclosing(_after(first, events)) as rest:
+            async for ev in rest:
+                if isinstance(ev, (m.Prefill, m.Held, m.Vectors)):
+                    continue  # progress only (see _events); no Vectors for a generation
+                if isinstance(ev, (m.Text, m.ToolCall)):
+                    await resp.write(out.delta(deltas.of(ev)))
+                    continue
+                if isinstance(ev, m.Done):
+                    last = out.delta(deltas.of(ev))
+                else:
+                    err = runner_error(ev)
+                    meter.failed_code = err.status
+                    logger.bind(instance=req.model).warning("stream ended by an error: {}",
+                                                            err.message)
+                    last = out.failed(err)
+                break
+        # The end, its marker and the body's end in one write: one wake-up of the client.
+        await resp.write_eof(last + out.end())
     except ConnectionError:
         meter.failed_code = 499  # the client left; the caller's `stream.close()` cancels
     return resp

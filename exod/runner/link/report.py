@@ -10,13 +10,17 @@ from exod.wire import messages as m
 from exod.runner.link.channel import Channel
 
 
+def status(phase: m.Phase, text: str = "", attempt: int = 0, active: int = 0) -> m.Status:
+    """A status message (its text: the phase's name, unless told), to send with others."""
+    return m.Status(phase=phase, text=text or phase.value, attempt=attempt, active=active)
+
+
 class Reporter:
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
 
     def status(self, phase: m.Phase, text: str = "", attempt: int = 0, active: int = 0) -> None:
-        self.channel.send(m.Status(phase=phase, text=text or phase.value, attempt=attempt,
-                                   active=active))
+        self.channel.send(status(phase, text, attempt, active))
 
     def progress(self, loaded: int, total: int) -> None:
         self.channel.send(m.LoadProgress(loaded=loaded, total=total))

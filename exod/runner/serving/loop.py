@@ -4,14 +4,16 @@ The engine owns the generations (`exod.runner.serving.batch_engine.BatchEngine`;
 group, `exod.runner.group.lockstep.LeaderEngine`, which also tells the other ranks what to
 replay); the loop owns the channel. New requests are read (templated, tokenized, checked) on a
 thread of their own (exod.runner.serving.reading), so a body of megabytes stands neither the
-batch nor a stop still. Between two engine steps, the loop admits the requests read by then,
-drops cancelled ones and, once asked to stop, lets in-flight work finish until the drain
-deadline, then ends it with an error event and returns (the runner then exits 0). A step is
-bounded, so a stop is always answered within the ladder's rung 1, even during a long prompt;
-the prompt cache's writes to disk fit there too (the engine's `idle` whenever nothing is in
-flight, then `save_cache` until `flush_deadline`). The heartbeat goes to the daemon from this
-loop, so a stuck loop stops sending it (`tick`: rank 0's group heartbeat too). `expect` tells
-the engine how many requests are still being read (the vision engine holds a burst for them).
+batch nor a stop still; a quick one, while no stream would wait for it, is read on the loop's
+own thread (no hand-off to wait for: docs/design/hop.md). Between two engine steps, the loop
+admits the requests read by then, drops cancelled ones and, once asked to stop, lets in-flight
+work finish until the drain deadline, then ends it with an error event and returns (the runner
+then exits 0). A step is bounded, so a stop is always answered within the ladder's rung 1, even
+during a long prompt; the prompt cache's writes to disk fit there too (the engine's `idle`
+whenever nothing is in flight, then `save_cache` until `flush_deadline`). The heartbeat goes to
+the daemon from this loop, so a stuck loop stops sending it (`tick`: rank 0's group heartbeat
+too). `expect` tells the engine how many requests are still being read (the vision engine holds
+a burst for them).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from exod.core.request_rules import RequestError, WindowExceeded
 from exod.runner.link.channel import Channel
 from exod.runner.link.lifecycle import Lifecycle
 from exod.runner.link.log import ERR, log
-from exod.runner.serving.reading import Prompt, Read, Reader
-from exod.runner.link.report import Reporter
+from exod.runner.serving.reading import Prompt, Read, Reader, quick
+from exod.runner.link.report import Reporter, status
 
 # What the loop's thread is handed: a request, a request read, a cache to clear, or a stop's
 # wake-up.
@@ -166,6 +168,8 @@ class ServeLoop(Generic[R, P]):
         self.recent: collections.deque[str] = collections.deque(maxlen=256)  # finished ids
         self.edited: dict[str, list[dict[str, Any]]] = {}  # a live request's applied edits
         self.expecting = False  # the engine waits for the requests being read (`expect`)
+        # Admitted since the last step: while every live request is, none has a stream yet.
+        self.unstepped: set[str] = set()
         self.reader: Reader[R, P] = Reader(engine.read, channel.inbox.put,
                                            lambda rid: channel.send(m.Prefill(rid, 0, 0)),
                                            READING_EVERY)
@@ -184,10 +188,11 @@ class ServeLoop(Generic[R, P]):
             if self._drain_over():
                 return
             self._cancel()
-            self._show()
-            if (self.live or self.engine.background) and not self.expecting:
-                self._emit(self._step())
-            self._show()  # again: the loop may next block for a long time with nothing to do
+            self.channel.send_all(self._show())
+            stepping = (self.live or self.engine.background) and not self.expecting
+            # The status again (the loop may next block for a long time with nothing to do), in
+            # the step's write: one wake-up of the daemon, not two.
+            self._emit(self._step() if stepping else [], show=True)
             now = time.monotonic()
             for t in self.tickers:
                 t.poll(now)
@@ -220,8 +225,17 @@ class ServeLoop(Generic[R, P]):
             elif not isinstance(item, self.takes):  # the daemon refuses it first, by role
                 self._emit([m.Error(item.id, "bad_request", self.refusal)])
             else:
-                self.reader.submit(item)
+                self._read(item)
         self.expecting = self.engine.expect(len(self.reader.pending))
+
+    def _read(self, req: R) -> None:
+        """A quick request is read here and now when no stream would stand still meanwhile
+        (every live request is still unstepped) and none waits to be read before it; any other
+        goes to the reader's thread."""
+        if quick(req) and not self.reader.pending and self.live <= self.unstepped:
+            self._admit(self.reader.read_now(req))
+        else:
+            self.reader.submit(req)
 
     def _admit(self, read: Read[R, P]) -> None:
         rid = read.req.id
@@ -247,6 +261,7 @@ class ServeLoop(Generic[R, P]):
                 self._emit([m.Error(rid, "bad_request", why, param)])
             return
         self.live.add(rid)
+        self.unstepped.add(rid)
 
     def _drain_over(self) -> bool:
         if self.deadline is None or (self.live and time.monotonic() < self.deadline):
@@ -269,42 +284,49 @@ class ServeLoop(Generic[R, P]):
             cancelled.discard(rid)
 
     def _step(self) -> list[m.Event]:
+        self.unstepped.clear()
         try:
             return self.engine.step()
         except Exception as e:  # noqa: BLE001 -- mlx raises many types: fail the work, go on
             log(f"generation step failed: {type(e).__name__}: {e}", ERR)
             return self.engine.abort_all("internal", f"{type(e).__name__}: {e}")
 
-    def _emit(self, events: list[m.Event]) -> None:
+    def _emit(self, events: list[m.Event], show: bool = False) -> None:
+        """Send `events` (and, `show`: the status they leave, in the same write)."""
         if self.edited:
             events = [replace(ev, applied_edits=self.edited.pop(ev.id))
                       if isinstance(ev, m.Done) and ev.id in self.edited else ev for ev in events]
-        self.channel.send_all(events)
         for ev in events:
             if isinstance(ev, (m.Done, m.Error)):  # the end of that request
                 self.edited.pop(ev.id, None)
                 self.live.discard(ev.id)
                 self.recent.append(ev.id)
                 self.channel.cancelled.discard(ev.id)
+        self.channel.send_all([*events, *(self._show() if show else ())])
 
-    def _show(self) -> None:
+    def _show(self) -> list[m.FromRunner]:
         """Status for the rank when the number of generations changed, and the engine's
-        figures whenever they did (a request came or went, the cache was written to disk)."""
+        figures whenever they did (a request came or went, the cache was written to disk): what
+        to send. Called twice a step, so it makes one report and compares it as it is."""
         reading = len(self.reader.pending)
         n = len(self.live) + reading
+        report = self.engine.serving()
         # Not for the draft model's counts alone: they change with every token.
-        figures = dataclasses.replace(self.engine.serving(), drafted=0, draft_accepted=0)
+        figures = dataclasses.replace(report, drafted=0, draft_accepted=0) \
+            if report.drafted or report.draft_accepted else report
+        out: list[m.FromRunner] = []
         if figures != self.figures or (n, reading) != self.shown:
             self.figures = figures
-            self.channel.send(self.engine.serving())
+            out.append(report)
         # Both counts: a request read and admitted leaves n as it was.
         if (n, reading) != self.shown:
             self.shown = (n, reading)
             if n:
                 text = f"serving {n} request(s)" + (f", reading {reading}" if reading else "")
-                self.report.status(m.Phase.SERVING, text, active=n)
+                out.append(status(m.Phase.SERVING, text, active=n))
             else:
-                self.report.status(m.Phase.READY)
+                out.append(status(m.Phase.READY))
+        return out
 
 
 def flush_deadline(channel: Channel) -> float:

@@ -10,6 +10,10 @@ A request is `pending` from `submit` until the loop `take`s its result (or `drop
 client left, or the instance is stopping). A dropped request may still be under the tokenizer:
 its result is thrown away when it comes. While one is read, `say(id)` runs every `every` seconds
 (exod.runner.serving.busy_notice), so the daemon's hang watch hears that it is being read.
+
+A `quick` request (a short text, nothing compiled for it) takes little time to read:
+the loop may `read_now` on its own thread, saving two thread hand-offs of its time to first
+token (docs/design/hop.md).
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ class Prompt:
     applied_edits: list[dict[str, Any]] = field(default_factory=list)
 
 
+# The text a `quick` request may have at most (characters of its turns or prompt).
+QUICK_CHARS = 8192
+
 Req = TypeVar("Req", bound=m.Work)  # what an engine takes: Generate, or Embed
 P = TypeVar("P")  # what it reads of one: a Prompt, or an embedding engine's inputs
 
@@ -49,6 +56,21 @@ class Read(Generic[Req, P]):
     req: Req
     prompt: P | None
     error: Exception | None
+
+
+def quick(req: m.Work) -> bool:
+    """A generation whose reading is bounded by a short text: no pictures, tools, schema, think
+    budget or context edits (what may compile a grammar, or render the template many times)."""
+    if not isinstance(req, m.Generate) or req.images or req.tools or req.response_format \
+            or req.context_edits or req.think_budget is not None:
+        return False
+    size = len(req.prompt or "")
+    for msg in req.messages or []:
+        if len(msg) > 2:  # more than role and content: an assistant's calls, a tool's id
+            return False
+        content = msg.get("content")
+        size += len(content) if isinstance(content, str) else QUICK_CHARS + 1
+    return size <= QUICK_CHARS
 
 
 class Reader(Generic[Req, P]):
@@ -83,6 +105,14 @@ class Reader(Generic[Req, P]):
         self.pending.discard(rid)
         return True
 
+    def read_now(self, req: Req) -> Read[Req, P]:
+        """Read `req` on the caller's thread (a `quick` one: no progress is said); it is never
+        pending."""
+        try:
+            return Read(req, self._read(req), None)
+        except Exception as e:  # noqa: BLE001 -- the loop turns it into the client's error
+            return Read(req, None, e)
+
     def drop_all(self) -> list[str]:
         dropped, self.pending = sorted(self.pending), set()
         return dropped
@@ -100,6 +130,6 @@ class Reader(Generic[Req, P]):
 
         try:
             with self._meanwhile.busy(say):
-                return Read(req, self._read(req), None)
-        except Exception as e:  # noqa: BLE001 -- the loop turns it into the client's error
+                return self.read_now(req)
+        except Exception as e:  # noqa: BLE001 -- what `say` raised (PeerLost): the client's error
             return Read(req, None, e)
