@@ -149,6 +149,23 @@ def test_float_until_start_then_quantized_as_generate_step_does() -> None:
     assert merge(prefilled([0, 10], Quant(8, 32, 10)), Quant(8, 32, 10)).quantized
 
 
+def test_a_row_left_with_no_token_is_float_for_its_first_call() -> None:
+    """A prompt batch that held a longer row, filtered down to a row that has no token yet
+    (BatchGenerator splits rows off as their prompts end): its first call attends over a float
+    cache, as a fresh cache's does in generate_step, even with quantized_kv_start 0."""
+    owns = prefilled([0, 0])
+    batch = merge(owns[:1])
+    step(batch, owns[:1], seed=90, n=5)
+    batch.extend(merge(owns[1:]))
+    batch.filter([1])
+    assert batch.size() == 0
+    step(batch, owns[1:], seed=91, n=3)
+    assert not batch.quantized  # mlx-lm quantizes after this call, not before it
+    step(batch, owns[1:], seed=92)
+    assert batch.quantized
+    same(batch.extract(0), owns[1].c)
+
+
 def test_a_batch_is_one_kind_a_quantized_row_joining_quantizes_it() -> None:
     quant = Quant(8, 32, 100)
     floats, quantized = prefilled([4, 6], quant), prefilled([3], Q8)

@@ -63,8 +63,10 @@ class BatchQuantizedKVCache(_BaseCache):
 
     # ---- what the model calls -----------------------------------------------------------
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Any, Any]:
-        if not self.quantized and self.keys is not None and self._idx >= self.quant.start:
-            self.quantize()  # the call before brought it to `start`: generate_step's moment
+        # A call before brought it to `start`: generate_step's moment. Not with no token yet
+        # (a row filtered out of a longer batch keeps empty arrays).
+        if not self.quantized and self._idx > 0 and self._idx >= self.quant.start:
+            self.quantize()
         new_k, new_v = self._encode(keys), self._encode(values)
         prev, n = self._idx, keys.shape[2]
         if self.keys is None or self.values is None or prev + n > self.keys[0].shape[2]:
