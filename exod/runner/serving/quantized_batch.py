@@ -10,7 +10,7 @@ float until it holds `start` tokens, and quantized whole after the model call th
 there. A batch holds one kind for all its rows, so a batch is quantized as a whole: once any
 row holds `start` tokens, or a quantized row joins it, every row is. A request alone in the
 batch gets mlx-lm's own cache at each step; one beside a longer request may be quantized
-sooner than it would be alone (docs/configuration.md, "A quantized KV cache").
+sooner than it would be alone (docs/models.md, "A quantized KV cache in the batch").
 
 Requests enter the batch with `rows`: their per-request caches, whose `merge` makes this batch
 cache; `extract` gives back mlx-lm's own KVCache or QuantizedKVCache (what the prompt cache
