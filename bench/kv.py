@@ -11,7 +11,8 @@ request's cache is quantized), both batching, with their prompt cache.
 - after a restart: the same prompt on `q8` is read from its disk tier (`usage` counts every
   prompt token but the last as cached, status counts a disk hit).
 
-The load average is printed before and after: on a shared machine it moves the tok/s figures.
+The run records the load average before and after (bench.results): on a shared machine it
+moves the tok/s figures.
 `EXOD_BENCH_MODEL=DIR` benchmarks another model directory (default: the demo model).
 """
 
@@ -26,9 +27,12 @@ from typing import Any
 
 import openai
 
-from bench.agent import ROUNDS, shown
+import statistics
+
+from bench.agent import ROUNDS
 from bench.api import demo_model
-from bench.common import report, verdict
+from bench.common import report
+from bench.results import Figure
 from tests.harness import Daemon
 
 MAX_TOKENS = 64
@@ -83,48 +87,49 @@ def prompt_cache(d: Daemon, name: str) -> dict[str, Any]:
     return dict(got)
 
 
-def paired(measure: Callable[[str], float]) -> tuple[list[float], list[float]]:
-    """Per-round ratios q8 / float, ABBA; and q8's own tok/s."""
-    ratios, own = [], []
+def paired(measure: Callable[[str], float]) -> tuple[list[float], list[float], list[float]]:
+    """Per-round ratios q8 / float, ABBA; and each side's own tok/s."""
+    ratios, q8, floats = [], [], []
     for r in range(ROUNDS):
         if r % 2 == 0:
             a, b = measure("q8"), measure("float")
         else:
             b, a = measure("float"), measure("q8")
         ratios.append(a / b)
-        own.append(a)
-    return ratios, own
+        q8.append(a)
+        floats.append(b)
+    return ratios, q8, floats
 
 
-def speed(c: openai.OpenAI) -> list[tuple[str, str]]:
+def speed(c: openai.OpenAI) -> list[Figure]:
     rows = []
     for clients in LEVELS:
         for name in ("float", "q8"):
             aggregate(c, name, clients)  # warm: kernels, and the prompts in the prompt cache
-        ratios, own = paired(lambda name, n=clients: aggregate(c, name, n))  # type: ignore[misc]
-        mid = sorted(own)[len(own) // 2]
-        rows.append((f"q8 / float, {clients} client(s), tok/s",
-                     f"{shown(ratios, SPEED_GOAL)}; q8 {mid:.1f} tok/s" if clients == 8 else
-                     f"{sorted(ratios)[len(ratios) // 2]:.3f}x (rounds {min(ratios):.3f}-"
-                     f"{max(ratios):.3f}); q8 {mid:.1f} tok/s"))
+        ratios, q8, floats = paired(
+            lambda name, n=clients: aggregate(c, name, n))  # type: ignore[misc]
+        rows.append(Figure("q8 / float, aggregate tok/s", statistics.median(ratios),
+                           rounds=ratios, goal=f">= {SPEED_GOAL}x" if clients == 8 else None,
+                           sides={"q8": statistics.median(q8),
+                                  "float": statistics.median(floats)},
+                           side_unit="tok/s", at={"clients": clients}))
     return rows
 
 
-def kv_bytes(d: Daemon, c: openai.OpenAI) -> tuple[list[tuple[str, str]], str, int]:
+def kv_bytes(d: Daemon, c: openai.OpenAI) -> tuple[Figure, str, int]:
     for name in ("float", "q8"):
         d.ctl("cache", "clear", name)
     answers = {name: long_chat(c, name) for name in ("float", "q8")}
     held = {name: prompt_cache(d, name) for name in ("float", "q8")}
     assert all(h["entries"] == 1 for h in held.values()), held
-    ratio = held["q8"]["bytes"] / held["float"]["bytes"]
     text, n, _ = answers["q8"]
-    return [("KV bytes, q8 / float (one entry of the same tokens)",
-             f"{ratio:.3f}x ({held['q8']['bytes']:,} / {held['float']['bytes']:,} bytes, "
-             f"{n} prompt tokens; goal <= {BYTES_GOAL}x) {verdict(ratio <= BYTES_GOAL)}")
-             ], text, n
+    return Figure("KV bytes, q8 / float", held["q8"]["bytes"] / held["float"]["bytes"],
+                  goal=f"<= {BYTES_GOAL}x", side_unit="bytes",
+                  sides={name: float(h["bytes"]) for name, h in held.items()},
+                  text=f"one entry of the same {n} prompt tokens"), text, n
 
 
-def after_restart(d: Daemon, text: str, n: int) -> list[tuple[str, str]]:
+def after_restart(d: Daemon, text: str, n: int) -> Figure:
     d.until_instance("q8", lambda i: ((i["serving"] or {}).get("prompt_cache") or {}).get(
         "disk", {}).get("entries", 0) >= 1, what="q8's entry on disk")
     assert d.terminate() == 0
@@ -132,10 +137,10 @@ def after_restart(d: Daemon, text: str, n: int) -> list[tuple[str, str]]:
     d.until_state("q8", "ready")
     again, n2, cached = long_chat(client(d), "q8")
     disk = prompt_cache(d, "q8")["disk"]
-    ok = cached == n - 1 and n2 == n and again == text and disk["hits"] >= 1
-    return [("q8 after a restart, the same prompt",
-             f"{cached} of {n2} prompt tokens cached, disk hits {disk['hits']}, same answer "
-             f"{again == text} {verdict(ok)}")]
+    return Figure("q8 after a restart, prompt tokens read from disk", cached, unit="tokens",
+                  goal=f">= {n - 1}", met=cached == n - 1 and n2 == n and again == text
+                  and disk["hits"] >= 1,
+                  text=f"of {n2}; disk hits {disk['hits']}; the cold answer: {again == text}")
 
 
 def main() -> None:
@@ -146,13 +151,11 @@ def main() -> None:
     try:
         rows = speed(c)
         sized, text, n = kv_bytes(d, c)
-        rows += sized + after_restart(d, text, n)
+        rows += [sized, after_restart(d, text, n)]
     finally:
         d.close()
-    after = os.getloadavg()
-    rows.append(("load average (1, 5, 15 min)", f"before {before[0]:.1f} {before[1]:.1f} "
-                 f"{before[2]:.1f}, after {after[0]:.1f} {after[1]:.1f} {after[2]:.1f}"))
     report("kv: a quantized KV cache in the batch", rows)
+    print(f"  load average before {before[0]:.1f}, after {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
