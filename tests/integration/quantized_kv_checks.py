@@ -3,7 +3,8 @@ as a runner loads it, against in-process mlx-lm's generate_step with the same KV
 (kv_bits 8, kv_group_size 32): requests at once in one batch each get generate_step's greedy
 tokens; a long prompt alone is quantized where generate_step quantizes it (after the prefill
 chunk that reaches quantized_kv_start); the prompt cache keeps quantized entries, smaller than
-float ones, and a hit answers as the cold prefill did. Run by test_quantized_kv.py in a pytest
+float ones, and a hit answers as the cold prefill did; a request that shares a prefix with one
+in flight forks its quantized cache and answers as alone. Run by test_quantized_kv.py in a pytest
 of its own (this imports mlx); the model comes from EXOD_TEST_TINY."""
 
 from __future__ import annotations
@@ -178,3 +179,24 @@ def test_the_prompt_cache_keeps_quantized_entries_and_a_hit_answers_as_cold(tiny
     # float32 values against 8 bits and a float32 scale and bias per 32 values
     ratio = s.cache_bytes / floats.serving().cache_bytes
     assert ratio == pytest.approx((8 + 64 / 32) / 32, rel=0.02)
+
+
+def test_requests_sharing_a_prefix_fork_a_quantized_cache_as_alone(tiny: Loaded) -> None:
+    """Two requests at once that share a long prefix: the second starts from a copy of the
+    first's quantized cache (exod.runner.serving.shared_prefix) and answers as it does alone."""
+    kv = KvOptions(8, 32, 0)
+    e = engine(tiny, kv, width=2, cache_bytes=0)
+    asks = [LONG + " In one word.", LONG + " In two sentences, please."]
+    alone: dict[str, list[float]] = {}
+    alone_ids: list[str] = []
+    for a in asks:
+        req = chat(a, max_tokens=16, logprobs=True)
+        run(e, req, logprobs=alone)
+        alone_ids.append(req.id)
+    together: dict[str, list[float]] = {}
+    reqs = [chat(a, max_tokens=16, logprobs=True) for a in asks]
+    run(e, *reqs, logprobs=together)
+    for a, t in zip(alone_ids, [r.id for r in reqs], strict=True):
+        assert together[t] == pytest.approx(alone[a], abs=1e-5)
+    assert alone[alone_ids[0]] != pytest.approx(alone[alone_ids[1]], abs=1e-3)
+    assert e.serving().shared_hits >= 1
