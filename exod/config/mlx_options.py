@@ -27,8 +27,8 @@ _NEEDS = {"kv_group_size": "kv_bits", "quantized_kv_start": "kv_bits",
 # Why a group cannot take each option: its ranks replay one batch engine in step
 # (exod.runner.group.lockstep), and the runner loads adapters and drafts only whole.
 _NOT_IN_A_GROUP = {
-    "kv_bits": "mlx-lm cannot batch a quantized KV cache, and the ranks of a group replay one "
-               "batch in step",
+    "kv_bits": "the quantized batch (exod.runner.serving.quantized_batch) is served by one rank "
+               "only so far: a group's ranks make their caches layer range by layer range",
     "draft_model": "speculative decoding runs one request at a time in mlx-lm, and the ranks of "
                    "a group replay one batch in step",
     "adapters": "LoRA adapters are applied to a whole model (mlx_lm.server refuses them in "
@@ -44,8 +44,6 @@ def turn_reason(instance: RunnerOptions) -> str | None:
     same rule, from the options in its spec."""
     if instance.draft_model is not None:
         return "speculative decoding (draft_model): mlx-lm does not batch it"
-    if instance.kv_bits is not None:
-        return "quantized KV cache (kv_bits): mlx-lm cannot batch it"
     return None
 
 

@@ -102,7 +102,7 @@ class RunnerOptions:
                      "and one log line, never a failed request. Each rank of a group keeps its "
                      "own layers' part, up to this many bytes; a hit needs every rank to hold "
                      "the entry, else it is a miss on every rank. An instance served by turns "
-                     "(`kv_bits`, `draft_model`, a family mlx-lm cannot batch) keeps no prompt "
+                     "(`draft_model`, a family mlx-lm cannot batch) keeps no prompt "
                      "cache, in RAM or on disk; a model that sees keeps its cache in RAM only, "
                      "and an embedding model or a reranker keeps none (written on such an "
                      "instance, this key is refused). 0 disables the disk tier.", minimum=0,
@@ -133,11 +133,9 @@ class RunnerOptions:
                      "(mlx-lm's `kv_bits`; 4 or 8 are usual): about a quarter (8 bits) or an "
                      "eighth (4 bits) of a float32 cache, plus a scale and a bias per group. "
                      "Memory admission counts the quantized size (and, for a cache not quantized "
-                     "yet, the float one). mlx-lm cannot batch a quantized cache: the instance "
-                     "serves its requests by turns, one token of each in turn, with no prompt "
-                     "cache (a `prompt_cache_bytes`, `prompt_cache_disk_bytes` or `warm` written "
-                     "beside it is refused), and `exoctl status` says why it does not batch. Not "
-                     "with `max_kv_size`, nor with shards > 1."),
+                     "yet, the float one). The instance batches its requests as any other, with "
+                     "its prompt cache in RAM and on disk holding quantized entries. Not with "
+                     "`max_kv_size`, nor with shards > 1."),
     )
     kv_group_size: KvGroupSize = field(
         default=DEFAULT_KV_GROUP_SIZE,
@@ -149,8 +147,10 @@ class RunnerOptions:
     quantized_kv_start: int = field(
         default=DEFAULT_QUANTIZED_KV_START,
         metadata=doc("With `kv_bits`: a generation's cache stays in float until it holds this "
-                     "many tokens, then is quantized (mlx-lm's default); 0 quantizes from the "
-                     "first token. Refused without `kv_bits`.", minimum=0),
+                     "many tokens, then is quantized (mlx-lm's default); 0 quantizes after the "
+                     "first prefill chunk, as mlx-lm does. A batch holds one kind of cache: once "
+                     "any request in it holds this many tokens, every request in it is "
+                     "quantized. Refused without `kv_bits`.", minimum=0),
     )
     max_kv_size: int | None = field(
         default=None,

@@ -4,8 +4,10 @@ saving, and prints what mlx-lm itself generates with each option.
 
     python tests/integration/mlx_options_reference.py MODEL_DIR ADAPTER_OUT CASE_JSON
 
-CASE_JSON: {"prompt", "max_tokens", "logit_bias", "kv_bits", "kv_group_size", "max_kv_size"}.
-Prints one JSON object: greedy texts "plain", "kv" (kv_bits from token 0), "rotating"
+CASE_JSON: {"prompt", "max_tokens", "logit_bias", "kv_bits", "kv_group_size", "max_kv_size",
+"kv_prompts"}.
+Prints one JSON object: greedy texts "plain", "kv" (kv_bits from token 0), "kv_many" (the same
+for each of "kv_prompts"), "rotating"
 (max_kv_size, generate_step), "rotating_batch" (two at once in BatchGenerator), "lora" (the
 adapter), and the chosen tokens' logprobs "plain_logprobs",
 "kv_logprobs", "rotating_logprobs".
@@ -47,7 +49,7 @@ def make_adapter(model_dir: str, out: Path, seed: int = 7) -> None:
 
 def greedy(model: Any, tokenizer: Any, case: dict[str, Any], **kw: Any
            ) -> tuple[str, list[float]]:
-    prompt = mx.array(tokenizer.encode(case["prompt"]))
+    prompt = mx.array(tokenizer.encode(kw.pop("prompt", case["prompt"])))
     processors = make_logits_processors({int(k): v for k, v in case["logit_bias"].items()})
     tokens, logprobs = [], []
     for token, lp in generate_step(prompt, model, max_tokens=case["max_tokens"],
@@ -99,10 +101,14 @@ def main() -> None:
     plain, plain_lp = greedy(model, tokenizer, case)
     kv, kv_lp = greedy(model, tokenizer, case, kv_bits=case["kv_bits"],
                        kv_group_size=case["kv_group_size"], quantized_kv_start=0)
+    kv_many = [greedy(model, tokenizer, case, prompt=p, kv_bits=case["kv_bits"],
+                      kv_group_size=case["kv_group_size"], quantized_kv_start=0)[0]
+               for p in case["kv_prompts"]]
     rotated, rotated_lp = greedy(model, tokenizer, case, prompt_cache=rotating(model, case))
     lora_model, _ = mlx_lm.load(model_dir, adapter_path=str(adapter))
     lora, _ = greedy(lora_model, tokenizer, case)
-    print(json.dumps({"plain": plain, "kv": kv, "rotating": rotated, "lora": lora,
+    print(json.dumps({"plain": plain, "kv": kv, "kv_many": kv_many, "rotating": rotated,
+                      "lora": lora,
                       "rotating_batch": batched(model, tokenizer, case, 2),
                       "plain_logprobs": plain_lp, "kv_logprobs": kv_lp,
                       "rotating_logprobs": rotated_lp}))

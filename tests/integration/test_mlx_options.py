@@ -5,7 +5,8 @@ imports mlx). One daemon serves the module, an instance per option:
 - speculative decoding (a draft of another seed, same tokenizer): mlx-lm's own greedy tokens,
   alone and two at once (by turns), with the acceptance rate in status;
 - a quantized KV cache (8 bits, group 32, from the first token): mlx-lm's tokens with the same
-  cache, and within TOLERANCE of the float cache's logprobs (yet not equal to them);
+  cache, and within TOLERANCE of the float cache's logprobs (yet not equal to them); several
+  at once in one batch, each mlx-lm's tokens for its prompt;
 - a rotating cache (max_kv_size 16): mlx-lm's BatchGenerator's tokens with its RotatingKVCache,
   not the plain cache's;
 - a LoRA adapter made with mlx-lm's own LoRA layers and saving: mlx-lm's output with it.
@@ -34,7 +35,9 @@ from tests.harness import REPO, Daemon
 TOLERANCE = 0.02
 CASE: dict[str, Any] = {"prompt": "def fibonacci(n):", "max_tokens": 40,
                         "logit_bias": {"2": -100},  # no end of sequence: all 40 tokens
-                        "kv_bits": 8, "kv_group_size": 32, "max_kv_size": 16}
+                        "kv_bits": 8, "kv_group_size": 32, "max_kv_size": 16,
+                        "kv_prompts": ["def fibonacci(n):", "class Stack:\n    def push(self",
+                                       "import os\nfor name in os.listdir(", "# a comment"]}
 
 
 class Served:
@@ -43,9 +46,9 @@ class Served:
         self.client = openai.OpenAI(base_url=d.api_url() + "/v1", api_key="-", max_retries=0,
                                     timeout=120)
 
-    def complete(self, model: str, logprobs: bool = False) -> Any:
+    def complete(self, model: str, logprobs: bool = False, prompt: str = CASE["prompt"]) -> Any:
         return self.client.completions.create(
-            model=model, prompt=CASE["prompt"], max_tokens=CASE["max_tokens"], temperature=0,
+            model=model, prompt=prompt, max_tokens=CASE["max_tokens"], temperature=0,
             logit_bias=CASE["logit_bias"], logprobs=1 if logprobs else None).choices[0]
 
 
@@ -65,7 +68,8 @@ def served(tiny_model: Path, tiny_model_factory: Callable[..., Path],
         "spec": {"model": str(tiny_model), "draft_model": str(draft), "num_draft_tokens": 3,
                  "max_concurrency": 2},
         "kv": {"model": str(tiny_model), "kv_bits": CASE["kv_bits"],
-               "kv_group_size": CASE["kv_group_size"], "quantized_kv_start": 0},
+               "kv_group_size": CASE["kv_group_size"], "quantized_kv_start": 0,
+               "max_concurrency": 4},
         "rot": {"model": str(tiny_model), "max_kv_size": CASE["max_kv_size"],
                 "max_concurrency": 2},
         "lora": {"model": str(tiny_model), "adapters": str(adapter)},
@@ -118,7 +122,20 @@ def test_a_quantized_kv_cache_is_mlx_lms_and_near_the_float_cache(served: Served
     float_lp = served.ref["plain_logprobs"]
     assert max(abs(a - b) for a, b in zip(got, float_lp, strict=True)) <= TOLERANCE
     assert got != pytest.approx(float_lp, abs=1e-6)  # the cache is quantized indeed
-    assert "quantized KV cache" in serving(served.d, "kv")["batching"]
+
+
+def test_requests_with_a_quantized_kv_cache_are_batched_each_getting_mlx_lms_tokens(
+        served: Served) -> None:
+    """kv_bits no longer serves by turns: the batch holds quantized caches
+    (exod.runner.serving.quantized_batch), and each request gets mlx-lm's own tokens."""
+    prompts, want = CASE["kv_prompts"], served.ref["kv_many"]
+    assert len(set(want)) == len(want)
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(lambda p: served.complete("kv", prompt=p).text, prompts))
+    assert got == want
+    report = serving(served.d, "kv")
+    assert report["batching"] == "continuous" and report["width"] == 4
+    assert report["prompt_cache"] is not None  # and the prompt cache with it
 
 
 def test_max_kv_size_rotates_as_mlx_lms_rotating_cache(served: Served) -> None:

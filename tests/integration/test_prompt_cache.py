@@ -6,6 +6,7 @@ from disk: `usage` counts its tokens as cached, the answer is the cold one, and 
 /metrics say which tier served it. New weights at the same path, another adapter, other KV
 settings: a miss, and the stale folder goes. A truncated, a corrupt and an unreadable file: a
 miss each, one log line each, then served. A full disk (a small tmpfs): served, one log line.
+A quantized KV cache (kv_bits): a hit in RAM, and on disk after a restart.
 A stop during a disk load: rung 1, exit 0. A pipeline and a tensor group: a hit after a restart;
 a pipeline split otherwise: a miss.
 `exoctl cache clear` on a running and on a stopped instance; a `warm:` prompt at start.
@@ -92,6 +93,8 @@ def d(models: dict[str, Path], tmpfs: Path) -> Iterator[Daemon]:
         "w": {"model": str(models["own"]), **off},
         "lora": {"model": tiny, "adapters": str(models["lora"]), **off},
         "rot": {"model": tiny, "max_kv_size": 4096, **off},
+        "kv8": {"model": tiny, "kv_bits": 8, "kv_group_size": 32, "quantized_kv_start": 0,
+                **off},
         "damaged": {"model": tiny, **off},
         "full": {"model": tiny, "prompt_cache_dir": str(tmpfs), **off},
         "loading": {"model": tiny, **off},
@@ -244,9 +247,27 @@ def test_other_weights_adapters_or_kv_settings_are_a_miss(d: Daemon,
         assert cached == 0, name
         assert disk(d, name)["hits"] == 0
         assert folder(d, name) != old[name] and not old[name].exists()  # the stale one went
-    # A quantized KV cache is served by turns, with no prompt cache at all (documented).
-    assert chat(d, "q8", prompt)[2] == 0 and d.instance("q8")["serving"]["prompt_cache"] is None
+    # A quantized KV cache keeps its own prompt cache (its fingerprint has the KV settings).
+    assert chat(d, "q8", prompt)[2] == 0 and disk(d, "q8")["hits"] == 0
     stop(d, "w", "lora", "rot", "q8")
+
+
+def test_a_quantized_kv_cache_hits_in_ram_then_on_disk_after_a_restart(d: Daemon) -> None:
+    """kv_bits in the batch: its quantized entries are kept in RAM and written to disk, and
+    read back after a restart: the answer is the cold one."""
+    start(d, "kv8")
+    prompt = long_prompt("quantized")
+    cold, n, cached = chat(d, "kv8", prompt)
+    assert cached == 0 and n > 500
+    assert chat(d, "kv8", prompt) == (cold, n, n - 1)  # RAM
+    assert d.instance("kv8")["serving"]["batching"] == "continuous"
+    on_disk(d, "kv8", more_than=0)
+    restart_daemon(d)
+    start(d, "kv8")
+    assert chat(d, "kv8", prompt) == (cold, n, n - 1)
+    tier = disk(d, "kv8")
+    assert tier["hits"] == 1 and tier["cached_tokens"] == n - 1 and tier["errors"] == 0
+    stop(d, "kv8")
 
 
 def yaml_config(d: Daemon) -> dict[str, Any]:

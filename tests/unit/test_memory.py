@@ -162,7 +162,7 @@ def test_exod_check_prints_each_prompt_cache_budget(tmp_path: Path) -> None:
     assert lines[0].endswith(" free there now")
     assert f"disk 1GiB on each rank in {mine}/two" in lines[1]
     assert lines[2] == "prompt cache of nodisk: RAM 1GiB, disk off"
-    assert lines[3].startswith("prompt cache of q: none (served by turns: quantized KV cache")
+    assert lines[3].startswith(f"prompt cache of q: RAM 1GiB, disk 8GiB in {mine}/q, ")
 
 
 def test_exod_check_shows_no_tier_a_model_kind_does_not_keep(tmp_path: Path) -> None:

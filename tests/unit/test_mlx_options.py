@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from exod.config import ConfigError, Instance, explain_keys, load_config
-from exod.config.mlx_options import check_mlx_options, describe
+from exod.config.mlx_options import check_mlx_options, describe, idle_cache_keys, turn_reason
 from exod.core.memory import KvSpec, cache_bytes, kv_bytes
 from exod.core.shards import Shard
 from exod.wire.options import RunnerOptions
@@ -66,8 +66,8 @@ BAD = [
                              "not the model's (1024)"),
     ("adapters: nowhere\n", "4:15: instances.x.adapters: {d}/nowhere is not a directory"),
     ("adapters: half\n", "4:15: instances.x.adapters: {d}/half has no adapters.safetensors"),
-    ("kv_bits: 8\nkv_group_size: 32\nprompt_cache_bytes: 1000000\n",
-     "6:25: instances.x.prompt_cache_bytes: has no effect here: the instance serves by turns"),
+    ("draft_model: m\nprompt_cache_bytes: 1000000\n",
+     "5:25: instances.x.prompt_cache_bytes: has no effect here: the instance serves by turns"),
     ("wired_limit: 8GiB\n", "4:18: instances.x.wired_limit: applies only on macOS"),
     ("shards: 2\ndraft_model: m\n", "5:18: instances.x.draft_model: not with shards > 1"),
     ("shards: 2\nkv_bits: 8\nkv_group_size: 32\n", "5:14: instances.x.kv_bits: not with "
@@ -129,6 +129,17 @@ def test_every_option_together_where_it_can_work(cfg_dir: ConfigDir) -> None:
     assert "serves requests by turns, not batched: speculative decoding" in line
     assert describe(rot) == ["rot: rotating KV cache of 1024 tokens"]
     assert "by turns" in describe(hub)[0] and "hf:org/draft@v2" in describe(hub)[0]
+
+
+def test_a_quantized_kv_cache_batches_with_its_prompt_cache() -> None:
+    """kv_bits alone: the batch engine serves it (exod.runner.serving.quantized_batch), so the
+    prompt cache's keys take effect; in a group it is still refused (BAD above)."""
+    q8 = Instance(name="q8", model=Path("m"), kv_bits=8, kv_group_size=32,
+                  prompt_cache_bytes=1 << 20, prompt_cache_disk_bytes=1 << 30)
+    assert turn_reason(q8) is None and idle_cache_keys(q8) is None
+    written = {"kv_bits", "kv_group_size", "prompt_cache_bytes", "prompt_cache_disk_bytes"}
+    assert check_mlx_options(q8, written) == []
+    assert describe(q8) == ["q8: KV cache 8-bit (group 32, from token 5000)"]
 
 
 def test_wired_limit_is_taken_on_macos() -> None:

@@ -64,7 +64,8 @@ class BatchEngine(AsItComes):
                  kv: KvOptions | None = None,
                  on_new_generator: Callable[[], None] | None = None,
                  disk: DiskTier | None = None, agree: Agree | None = None) -> None:
-        """kv: the caches' options (here, max_kv_size: a rotating cache per request).
+        """kv: the caches' options (max_kv_size: a rotating cache per request; kv_bits: a
+        quantized batch, exod.runner.serving.quantized_batch).
         on_new_generator: called after each BatchGenerator is made (mlx-lm's sets the wired
         limit of Metal as it is made; the instance's own setting goes back on after it).
         disk: the prompt cache's disk tier (None: RAM only). agree: a group's all-reduce."""
@@ -216,8 +217,7 @@ class BatchEngine(AsItComes):
 
     def _insert(self, r: BatchRequest, cache: list[Any] | None, covered: int) -> None:
         """Into the batch, from `cache` (covering `covered` prompt tokens) or from nothing."""
-        if cache is None and self.kv.max_size is not None:
-            cache = self.kv.make(self.model)  # BatchGenerator's own would not rotate (llama)
+        cache = self.kv.for_batch(self.model, cache)  # rotating, quantized: not BatchGenerator's
         (r.uid,) = self._gen.insert(
             # None: BatchGenerator makes a fresh cache (its type hint says list, it means this)
             [r.prompt[covered:]], caches=[cache] if cache is not None else None,

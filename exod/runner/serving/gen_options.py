@@ -35,6 +35,19 @@ class KvOptions:
         return [RotatingKVCache(max_size=self.max_size, keep=KEEP) if type(c) is KVCache else c
                 for c in make_prompt_cache(model)]
 
+    def for_batch(self, model: Any, cache: list[Any] | None) -> list[Any] | None:
+        """The cache a request joins the batch with: `cache` (a prompt cache entry) or a new
+        one; None lets BatchGenerator make its own. Quantized, it is made mergeable into a
+        quantized batch (exod.runner.serving.quantized_batch)."""
+        if self.bits is not None:
+            from exod.runner.serving.quantized_batch import Quant, rows
+
+            return rows(cache if cache is not None else self.make(model),
+                        Quant(self.bits, self.group_size, self.start))
+        if cache is None and self.max_size is not None:
+            return self.make(model)  # BatchGenerator's own would not rotate (llama)
+        return cache
+
     def after_chunk(self, cache: list[Any]) -> None:
         """What mlx-lm's generate_step does after each prefill chunk: quantize the cache in
         place once it holds `start` tokens."""

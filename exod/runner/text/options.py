@@ -48,6 +48,7 @@ def generation_options(r: Runner, loaded: Loaded) -> tuple[KvOptions, Draft | No
 
 def group_problem(opts: RunnerOptions) -> str | None:
     """Why a group (shards > 1) cannot run these options, if it cannot."""
-    if any(v is not None for v in (options_reason(opts), opts.max_kv_size, opts.adapters)):
+    if any(v is not None for v in (options_reason(opts), opts.kv_bits, opts.max_kv_size,
+                                   opts.adapters)):
         return "kv_bits, max_kv_size, draft_model and adapters are not supported with shards > 1"
     return None
