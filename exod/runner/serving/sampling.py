@@ -35,6 +35,7 @@ class KeyedSampler:
 
     def __init__(self, temperature: float, filters: list[Filter], seed: int | None) -> None:
         self.scale = 1.0 / temperature
+        self.seeded = seed is not None  # its draws must be mlx-lm's, one a token: no drafts
         self.filters = filters
         self.key = mx.random.key(secrets.randbits(63) if seed is None else seed % (1 << 64))
 
