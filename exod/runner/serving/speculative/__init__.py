@@ -7,8 +7,9 @@ batch engine's batch is drafted and checked at each step (docs/api.md, "Speculat
   caches taken back by their own counts.
 
 Exact: each token is the model's own sample, so greedy rows give the model's greedy tokens and
-sampling rows its distribution, with its logprobs. A row with a grammar, logits processors or a
-seed is decoded in the same batch without speculating (see `batch.own_sampler`).
+sampling rows its distribution, with its logprobs. A row with a grammar, a seed or a logits
+processor that keeps a state is decoded in the same batch without speculating
+(`batch.own_sampler`).
 
 Why the draft's cache is stored in the prompt cache beside the model's: a hit then skips the
 draft's prefill too, which on a long agent prompt is the draft's whole prefill again; it costs

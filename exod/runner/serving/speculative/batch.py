@@ -8,7 +8,9 @@ k drafts in one forward and samples every position; each row keeps what mlx-lm's
 (exod.runner.serving.speculative.accept), and rows rewind by their own counts
 (exod.runner.serving.speculative.rewind). A row that cannot speculate exactly (a grammar,
 logits processors, a seed: see the package) reads its drafts all the same and keeps none: it
-gets one token a step, its own sampler's and grammar's, as without a draft.
+gets one token a step, its own sampler's and grammar's, as without a draft. A speculating row's
+stateless logits processors (a logit bias, penalties) see each drafted prefix, as in mlx-lm's
+speculative_generate_step.
 
 Position 0 of every row is sampled by the rows' samplers as mlx-lm's batch samples them (one
 call when they share one: the engine's batch sampler, which applies grammars); the later
@@ -47,11 +49,14 @@ class _Row:
 
 def own_sampler(sampler: Any, uid: int, processors: Any) -> tuple[Any, bool]:
     """A row's own sampler, and whether the row may speculate: not with a grammar (the engine's
-    batch sampler holds it, `own`), logits processors (each would have to see every drafted
-    prefix) or a seed (its promise is mlx-lm's draws after mx.random.seed, one a token)."""
+    batch sampler holds it, `own`, or it is a processor), a logits processor that keeps a state
+    (a thinking budget: it would count drafts that are rejected; a stateless one, a logit bias
+    or a penalty, sees each drafted prefix as mlx-lm's speculative step shows it), or a seed
+    (its promise is mlx-lm's draws after mx.random.seed, one a token)."""
     own = getattr(sampler, "own", None)
     mine, grammar = own(uid) if own is not None else (sampler, None)
-    return mine, grammar is None and not processors and not getattr(mine, "seeded", False)
+    stateless = all(getattr(p, "stateless", False) for p in processors)
+    return mine, grammar is None and stateless and not getattr(mine, "seeded", False)
 
 
 class SpeculativeBatch:
@@ -106,7 +111,7 @@ class SpeculativeBatch:
         read = mx.concatenate([pairs[:, 1:], drafts], axis=1)  # (B, k+1)
         logits = self.pair.model(read, cache=ours)
         chosen, first = self._sample(logits[:, 0, :], read[:, 0], [r.context for r in rows])
-        later, later_lp = self._sample_later(logits[:, 1:, :])  # (B, 0) when k is 0
+        later, later_lp = self._sample_later(logits[:, 1:, :], read)  # (B, 0) when k is 0
         mx.eval(chosen, drafts, later,
                 *([] if k else [[c.state for c in theirs]]))  # a draft read nothing reads
         samples, proposed, rest = _ints(chosen), _rows(drafts), _rows(later)
@@ -130,6 +135,8 @@ class SpeculativeBatch:
             drops.append(k + 1 - v.keep)
             fed = [r.prev, r.last, *proposed[e]]  # what the draft read: it is one behind
             self.tokens[e] += fed[:v.keep]
+            if r.context is not None and v.keep > 1:  # the drafts kept, after the last token
+                r.context.update_and_fetch(mx.array(fed[2:v.keep + 1], dtype=mx.uint32))
             if v.keep:
                 r.prev = fed[v.keep]
             r.last, r.first = v.tokens[-1], None
@@ -182,18 +189,39 @@ class SpeculativeBatch:
             return samplers[0](logprobs), logprobs
         return mx.concatenate([s(logprobs[e:e + 1]) for e, s in enumerate(samplers)]), logprobs
 
-    def _sample_later(self, logits: mx.array) -> tuple[mx.array, mx.array]:
-        """Positions 1..k of every row (B, k), by each speculating row's own sampler: greedy
-        rows in one argmax; and every position's logprobs, which only rows that asked read."""
+    def _sample_later(self, logits: mx.array, read: mx.array) -> tuple[mx.array, mx.array]:
+        """Positions 1..k of every row (B, k), by each speculating row's own sampler after its
+        processors: greedy rows in one argmax; and every position's logprobs, which only rows
+        that asked read."""
+        if not logits.shape[1]:  # nobody speculates this step
+            return mx.zeros(logits.shape[:2], dtype=mx.uint32), logits
+        if any(r.speculates and r.context is not None for r in self._rows):
+            logits = mx.concatenate([self._processed(e, r, logits[e], read[e])
+                                     if r.speculates and r.context is not None
+                                     else logits[e:e + 1] for e, r in enumerate(self._rows)])
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         chosen = mx.argmax(logits, axis=-1).astype(mx.uint32)
         drawn = [e for e, r in enumerate(self._rows)
-                 if r.speculates and r.own is not greedy_sampler and logits.shape[1]]
+                 if r.speculates and r.own is not greedy_sampler]
         if drawn:
             rows = [r.own(logprobs[e]).astype(mx.uint32) if e in drawn else chosen[e]
                     for e, r in enumerate(self._rows)]
             chosen = mx.stack(rows)
         return chosen, logprobs
+
+    def _processed(self, e: int, r: _Row, logits: mx.array, read: mx.array) -> mx.array:
+        """(1, k, V): row e's logits at positions 1..k, each through its processors over what
+        comes before it: the row's tokens, its last token (position 0's) and the drafts."""
+        assert r.context is not None
+        seen = r.context.tokens
+        parts = []
+        for i in range(logits.shape[0]):
+            part = logits[i:i + 1]
+            prefix = mx.concatenate([seen, read[1:i + 2].astype(seen.dtype)])
+            for process in self.logits_processors[e]:
+                part = process(prefix, part)
+            parts.append(part)
+        return mx.concatenate(parts)[None]
 
     # ---- what BatchGenerator asks of its batch being decoded -----------------------------
     def extract_cache(self, idx: int) -> list[Any]:
