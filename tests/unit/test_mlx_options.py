@@ -128,7 +128,9 @@ def test_every_option_together_where_it_can_work(cfg_dir: ConfigDir) -> None:
     assert "KV cache 4-bit (group 32, from token 256)" in line
     assert "serves requests by turns, not batched: speculative decoding" in line
     assert describe(rot) == ["rot: rotating KV cache of 1024 tokens"]
-    assert "by turns" in describe(hub)[0] and "hf:org/draft@v2" in describe(hub)[0]
+    # A draft alone batches (exod.runner.serving.speculative); with kv_bits, by turns.
+    assert describe(hub) == ["hub: speculative decoding with hf:org/draft@v2, 3 draft tokens a "
+                             "step"]
 
 
 def test_a_quantized_kv_cache_batches_with_its_prompt_cache() -> None:
