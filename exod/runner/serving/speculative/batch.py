@@ -36,7 +36,7 @@ Response = GenerationBatch.Response
 
 
 @dataclass
-class _Row:
+class _Decoding:
     prev: int  # read by the model, not yet by the draft
     last: int  # the last token emitted (or to emit, while `first` is set): read by neither
     first: mx.array | None  # `last`'s logprobs while it waits to be emitted (a new row's)
@@ -68,7 +68,7 @@ class SpeculativeBatch:
         self.samplers: list[Any] = []
         self.logits_processors: list[Any] = []
         self.max_tokens: list[int] = []
-        self._rows: list[_Row] = []
+        self._rows: list[_Decoding] = []
 
     @classmethod
     def start(cls, pair: Drafted, uids: list[int], last: list[int], cache: list[Any],
@@ -90,7 +90,7 @@ class SpeculativeBatch:
         mx.eval(chosen, logprobs)
         for e, (uid, token) in enumerate(zip(uids, _ints(chosen), strict=True)):
             mine, speculates = own_sampler(samplers[e], uid, processors[e])
-            b._rows.append(_Row(last[e], token, logprobs[e], mine, speculates, contexts[e],
+            b._rows.append(_Decoding(last[e], token, logprobs[e], mine, speculates, contexts[e],
                                 stop_sequences[e].matcher()))
         return b
 
@@ -149,7 +149,7 @@ class SpeculativeBatch:
             self.filter([e for e in range(len(rows)) if e not in gone])
         return out
 
-    def _finish(self, e: int, r: _Row, token: int) -> str | None:
+    def _finish(self, e: int, r: _Decoding, token: int) -> str | None:
         """mlx-lm's GenerationBatch's rule for each token: its length, then its stop tokens."""
         r.emitted += 1
         reason = "length" if r.emitted >= self.max_tokens[e] else None
@@ -209,7 +209,7 @@ class SpeculativeBatch:
             chosen = mx.stack(rows)
         return chosen, logprobs
 
-    def _processed(self, e: int, r: _Row, logits: mx.array, read: mx.array) -> mx.array:
+    def _processed(self, e: int, r: _Decoding, logits: mx.array, read: mx.array) -> mx.array:
         """(1, k, V): row e's logits at positions 1..k, each through its processors over what
         comes before it: the row's tokens, its last token (position 0's) and the drafts."""
         assert r.context is not None
