@@ -17,7 +17,7 @@ Finish = Callable[[int], "str | None"]
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Kept:
     tokens: list[int]  # emitted, in order
     positions: list[int]  # of each, the position of the model's logits it was sampled at
     finish: str | None  # the last token ended the request
@@ -34,7 +34,7 @@ def agreed(drafts: Sequence[int], samples: Sequence[int]) -> int:
 
 
 def judge(drafts: Sequence[int], samples: Sequence[int], *, speculates: bool, fresh: int | None,
-          finish: Finish) -> Verdict:
+          finish: Finish) -> Kept:
     """One row: `samples` (k+1) the model's tokens, `drafts` (k) the draft's; a row that does
     not speculate keeps none of them. `fresh`: its first token, not emitted yet. `finish` is
     called on each token emitted, in order, and the row stops at the first that ends it.
@@ -54,4 +54,4 @@ def judge(drafts: Sequence[int], samples: Sequence[int], *, speculates: bool, fr
             break
     last = positions[-1]
     accepted = sum(1 for at in positions if 0 <= at < n)
-    return Verdict(tokens, positions, reason, keep=last + 1, accepted=accepted)
+    return Kept(tokens, positions, reason, keep=last + 1, accepted=accepted)
