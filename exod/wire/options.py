@@ -104,8 +104,8 @@ class RunnerOptions:
                      "the entry, else it is a miss on every rank. With `draft_model` an entry "
                      "holds the draft's KV beside the model's. An instance served by turns "
                      "(`draft_model` with `kv_bits`, a family mlx-lm cannot batch) keeps no "
-                     "prompt "
-                     "cache, in RAM or on disk; a model that sees keeps its cache in RAM only, "
+                     "prompt cache, in RAM or on disk; a model that sees keeps its cache in RAM "
+                     "only, "
                      "and an embedding model or a reranker keeps none (written on such an "
                      "instance, this key is refused). 0 disables the disk tier.", minimum=0,
                      inherit="prompt_cache_disk_bytes"),
