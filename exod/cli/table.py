@@ -56,7 +56,7 @@ def render_status(snap: cs.Snapshot) -> str:
 
 def serving_note(serving: cs.ServingStatus | None) -> str:
     """e.g. `batch 3/8, prompt cache 2 entries 91.3MiB, hit rate 50%; on disk 5 entries
-    410MiB, hit rate 25%`."""
+    410MiB, hit rate 25%; drafts 3 a step, 40 of 60 accepted (67%)`."""
     if not serving:
         return ""
     if serving.batching != "continuous":
@@ -78,4 +78,9 @@ def serving_note(serving: cs.ServingStatus | None) -> str:
             text += f" ({disk.state})"
     if cache is not None and cache.shared_hits:
         text += f"; {cache.shared_hits} prompts shared a prefix in flight"
+    spec = serving.speculative
+    if spec is not None:  # a draft model, speculating in the batch
+        text += f"; drafts {spec.draft_tokens} a step" + (
+            f", {spec.accepted} of {spec.drafted} accepted ({spec.accepted / spec.drafted:.0%})"
+            if spec.drafted else "")
     return text

@@ -29,8 +29,9 @@ _NEEDS = {"kv_group_size": "kv_bits", "quantized_kv_start": "kv_bits",
 _NOT_IN_A_GROUP = {
     "kv_bits": "the quantized batch (exod.runner.serving.quantized_batch) is served by one rank "
                "only so far: a group's ranks make their caches layer range by layer range",
-    "draft_model": "speculative decoding runs one request at a time in mlx-lm, and the ranks of "
-                   "a group replay one batch in step",
+    "draft_model": "the ranks of a group replay rank 0's batch in step, and a speculative step "
+                   "(the draft's forwards, each row's accepted tokens and rewinds) is not part "
+                   "of what they replay",
     "adapters": "LoRA adapters are applied to a whole model (mlx_lm.server refuses them in "
                 "distributed mode too)",
     "max_kv_size": "a group's ranks make their caches layer range by layer range; a rotating "
@@ -42,8 +43,9 @@ def turn_reason(instance: RunnerOptions) -> str | None:
     """Why the instance serves by turns (one token of each request in turn) rather than in one
     batch, when an option of its own decides it; None otherwise. Its runner decides so by this
     same rule, from the options in its spec."""
-    if instance.draft_model is not None:
-        return "speculative decoding (draft_model): mlx-lm does not batch it"
+    if instance.draft_model is not None and instance.kv_bits is not None:
+        return ("speculative decoding with a quantized KV cache (draft_model with kv_bits): the "
+                "batch rewinds the rows of a float cache only")
     return None
 
 

@@ -101,9 +101,11 @@ class RunnerOptions:
                      "unwritable folder, or a file cut short, corrupt or unreadable is a miss "
                      "and one log line, never a failed request. Each rank of a group keeps its "
                      "own layers' part, up to this many bytes; a hit needs every rank to hold "
-                     "the entry, else it is a miss on every rank. An instance served by turns "
-                     "(`draft_model`, a family mlx-lm cannot batch) keeps no prompt "
-                     "cache, in RAM or on disk; a model that sees keeps its cache in RAM only, "
+                     "the entry, else it is a miss on every rank. With `draft_model` an entry "
+                     "holds the draft's KV beside the model's. An instance served by turns "
+                     "(`draft_model` with `kv_bits`, a family mlx-lm cannot batch) keeps no "
+                     "prompt cache, in RAM or on disk; a model that sees keeps its cache in RAM "
+                     "only, "
                      "and an embedding model or a reranker keeps none (written on such an "
                      "instance, this key is refused). 0 disables the disk tier.", minimum=0,
                      inherit="prompt_cache_disk_bytes"),
@@ -176,15 +178,20 @@ class RunnerOptions:
                      "those it would have generated itself, so the answer is the model's own, "
                      "sooner. A directory, or a hub name (`hf:ORG/NAME[@REVISION]`), fetched into "
                      "the cache as `model` is, after it (the instance stays `downloading` until "
-                     "both are there). Its weights and KV cache count in memory admission. mlx-lm "
-                     "runs speculative decoding only without batching, so the instance serves its "
-                     "requests by turns, one token of each in turn (what a user of a draft model "
-                     "wants: each request still goes faster, rather than being refused), with no "
-                     "prompt cache (every request prefills its whole prompt); the reason and the "
-                     "share of drafted tokens accepted are in `exoctl status` (its JSON's "
-                     "`serving.speculative`) and in `/metrics` (`exod_draft_tokens_total`, "
+                     "both are there). Its weights and KV cache count in memory admission. The "
+                     "instance still batches: at each step every request in the batch is "
+                     "drafted and checked, each keeps its own number of drafts, and the prompt "
+                     "cache keeps the draft's KV beside the model's, in RAM and on disk. Greedy "
+                     "requests get the model's own tokens, sampling ones its distribution, "
+                     "logprobs are the model's; a request with a grammar (`response_format`, a "
+                     "forced tool call), a thinking budget or a `seed` is decoded in the same "
+                     "batch without drafts (one token a step, exactly as without a draft). With "
+                     "`kv_bits` the instance serves by turns instead. The share of drafted "
+                     "tokens accepted is in `exoctl status` (its JSON's `serving.speculative`) "
+                     "and in `/metrics` (`exod_draft_tokens_total`, "
                      "`exod_draft_tokens_accepted_total`). A draft whose vocabulary differs from "
-                     "the model's is refused. Not with `max_kv_size` nor with shards > 1."),
+                     "the model's is refused. Not with `max_kv_size` nor with shards > 1 (a "
+                     "group's ranks replay rank 0's batch steps, which know no draft)."),
     )
     num_draft_tokens: int = field(
         default=DEFAULT_NUM_DRAFT_TOKENS,

@@ -66,8 +66,9 @@ BAD = [
                              "not the model's (1024)"),
     ("adapters: nowhere\n", "4:15: instances.x.adapters: {d}/nowhere is not a directory"),
     ("adapters: half\n", "4:15: instances.x.adapters: {d}/half has no adapters.safetensors"),
-    ("draft_model: m\nprompt_cache_bytes: 1000000\n",
-     "5:25: instances.x.prompt_cache_bytes: has no effect here: the instance serves by turns"),
+    # A draft alone batches, with its prompt cache; beside kv_bits it serves by turns.
+    ("draft_model: m\nkv_bits: 8\nkv_group_size: 32\nprompt_cache_bytes: 1000000\n",
+     "7:25: instances.x.prompt_cache_bytes: has no effect here: the instance serves by turns"),
     ("wired_limit: 8GiB\n", "4:18: instances.x.wired_limit: applies only on macOS"),
     ("shards: 2\ndraft_model: m\n", "5:18: instances.x.draft_model: not with shards > 1"),
     ("shards: 2\nkv_bits: 8\nkv_group_size: 32\n", "5:14: instances.x.kv_bits: not with "
@@ -128,7 +129,9 @@ def test_every_option_together_where_it_can_work(cfg_dir: ConfigDir) -> None:
     assert "KV cache 4-bit (group 32, from token 256)" in line
     assert "serves requests by turns, not batched: speculative decoding" in line
     assert describe(rot) == ["rot: rotating KV cache of 1024 tokens"]
-    assert "by turns" in describe(hub)[0] and "hf:org/draft@v2" in describe(hub)[0]
+    # A draft alone batches (exod.runner.serving.speculative); with kv_bits, by turns.
+    assert describe(hub) == ["hub: speculative decoding with hf:org/draft@v2, 3 draft tokens a "
+                             "step"]
 
 
 def test_a_quantized_kv_cache_batches_with_its_prompt_cache() -> None:
@@ -140,6 +143,14 @@ def test_a_quantized_kv_cache_batches_with_its_prompt_cache() -> None:
     written = {"kv_bits", "kv_group_size", "prompt_cache_bytes", "prompt_cache_disk_bytes"}
     assert check_mlx_options(q8, written) == []
     assert describe(q8) == ["q8: KV cache 8-bit (group 32, from token 5000)"]
+
+
+def test_a_draft_alone_keeps_its_prompt_cache_and_beside_kv_bits_serves_by_turns() -> None:
+    draft = Instance(name="x", model=Path("m"), draft_model=Path("m"))
+    assert turn_reason(draft) is None and idle_cache_keys(draft) is None
+    both = Instance(name="x", model=Path("m"), draft_model=Path("m"), kv_bits=8)
+    assert "draft_model with kv_bits" in (turn_reason(both) or "")
+    assert idle_cache_keys(both) is not None
 
 
 def test_wired_limit_is_taken_on_macos() -> None:

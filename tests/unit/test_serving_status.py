@@ -60,3 +60,9 @@ def test_speculative_figures_are_accepted_per_drafted_and_absent_without_a_draft
     assert fresh is not None and fresh.speculative == SpeculativeStatus(2, 0, 0, None)
     plain = serving_status(BATCH)
     assert plain is not None and plain.speculative is None
+    batched = serving_status(replace(BATCH, draft_tokens=3, drafted=60, draft_accepted=40))
+    assert batched is not None and batched.speculative == SpeculativeStatus(3, 60, 40, 0.6667)
+    assert serving_note(batched).endswith("; drafts 3 a step, 40 of 60 accepted (67%)")
+    assert serving_note(replace(batched, speculative=SpeculativeStatus(3, 0, 0, None))
+                        ).endswith("; drafts 3 a step")
+    assert "drafts" not in serving_note(plain)

@@ -29,12 +29,13 @@ from exod.wire.options import GrammarLimits
 from exod.runner.serving.prepare import check_request, context_window, read_prompt, vocab_size
 from exod.runner.link.log import ERR, log
 from exod.runner.serving import tool_calls
-from exod.runner.serving.gen_options import KvOptions
+from exod.runner.serving.gen_options import Draft, KvOptions
 from exod.runner.serving.batch_request import BatchRequest
 from exod.runner.serving.batch_sampler import BatchSampler, generator_rows
 from exod.runner.serving.disk_loads import Agree, step_loads
 from exod.runner.serving.engine_stats import serving_stats
 from exod.runner.serving.grammar import Grammars
+from exod.runner.serving.speculative import SpeculativeGenerator
 from exod.runner.serving.mask_round import MaskRound
 from exod.runner.serving.logprobs import TokenText, entries
 from exod.runner.serving.loop import AsItComes
@@ -61,16 +62,18 @@ __all__ = ["BatchEngine", "DiskChoice", "OWN"]
 class BatchEngine(AsItComes):
     def __init__(self, model: Any, tokenizer: Any, *, width: int, cache_bytes: int,
                  prefill_step: int = 256, grammar_limits: GrammarLimits | None = None,
-                 kv: KvOptions | None = None,
+                 kv: KvOptions | None = None, draft: Draft | None = None,
                  on_new_generator: Callable[[], None] | None = None,
                  disk: DiskTier | None = None, agree: Agree | None = None) -> None:
         """kv: the caches' options (max_kv_size: a rotating cache per request; kv_bits: a
         quantized batch, exod.runner.serving.quantized_batch).
         on_new_generator: called after each BatchGenerator is made (mlx-lm's sets the wired
         limit of Metal as it is made; the instance's own setting goes back on after it).
-        disk: the prompt cache's disk tier (None: RAM only). agree: a group's all-reduce."""
+        disk: the prompt cache's disk tier (None: RAM only). agree: a group's all-reduce.
+        draft: speculative decoding in the batch (exod.runner.serving.speculative)."""
         self.model, self.tokenizer = model, tokenizer
         self.kv = kv or KvOptions()
+        self.draft = draft
         self._on_new_generator = on_new_generator
         self.width = max(1, width)
         self.prefill_step = max(MIN_CHUNK, prefill_step)
@@ -103,12 +106,12 @@ class BatchEngine(AsItComes):
 
     def _new_generator(self) -> BatchGenerator:
         eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
-        gen = BatchGenerator(
-            self.model, stop_tokens=[[t] for t in eos],
-            completion_batch_size=self.width,
-            prefill_batch_size=1 if self._recurrent else min(self.width, PREFILL_BATCH),
-            prefill_step_size=self.prefill_step,
-        )
+        how: dict[str, Any] = {
+            "stop_tokens": [[t] for t in eos], "completion_batch_size": self.width,
+            "prefill_batch_size": 1 if self._recurrent else min(self.width, PREFILL_BATCH),
+            "prefill_step_size": self.prefill_step}
+        gen = BatchGenerator(self.model, **how) if self.draft is None \
+            else SpeculativeGenerator(self.model, self.draft, **how)
         if self._on_new_generator is not None:
             self._on_new_generator()
         rows = generator_rows(gen)
@@ -263,11 +266,11 @@ class BatchEngine(AsItComes):
                 r.in_cache = r.cached_tokens + p.progress[0]
         if self._checkpoint:
             self._keep_prompts(prompts)
-        logprobs = self._logprobs(responses)
-        for resp in responses:
+        logprobs = self._logprobs(responses)  # a speculating row has several a step
+        for n, resp in enumerate(responses):
             r = self._by_uid.get(resp.uid)
             if r is not None:
-                events += self._on_token(r, resp, logprobs.get(resp.uid))
+                events += self._on_token(r, resp, logprobs.get(n))
         # Progress of prompts still going through the model (no token yet): hang detection in
         # the daemon counts it, so a long prompt is never taken for a hung runner.
         for r in prefilling:
@@ -288,7 +291,8 @@ class BatchEngine(AsItComes):
 
     def serving(self) -> m.ServingReport:
         return serving_stats(self.cache, width=self.width, active=self.active,
-                             prefill_step=self.prefill_step, cache_bytes=self.cache_bytes)
+                             prefill_step=self.prefill_step, cache_bytes=self.cache_bytes,
+                             draft=self.draft)
 
     # ---- the prompt cache, behind the requests -------------------------------------------------
     def idle(self) -> None:
@@ -360,14 +364,15 @@ class BatchEngine(AsItComes):
         self._forks.gone(r)
 
     def _logprobs(self, responses: list[Any]) -> dict[int, m.TokenLogprob]:
-        """The entries of this step's tokens, for the requests that asked."""
-        wanted = [(resp, r) for resp in responses
+        """The entries of this step's tokens, for the requests that asked, by their place."""
+        wanted = [(n, resp, r) for n, resp in enumerate(responses)
                   if (r := self._by_uid.get(resp.uid)) is not None and r.top_logprobs is not None]
         if not wanted:
             return {}
-        got = entries([resp.logprobs for resp, _ in wanted], [resp.token for resp, _ in wanted],
-                      [r.top_logprobs or 0 for _, r in wanted], self.text)
-        return {resp.uid: e for (resp, _), e in zip(wanted, got, strict=True)}
+        got = entries([resp.logprobs for _, resp, _ in wanted],
+                      [resp.token for _, resp, _ in wanted],
+                      [r.top_logprobs or 0 for _, _, r in wanted], self.text)
+        return {n: e for (n, _, _), e in zip(wanted, got, strict=True)}
 
     def _on_token(self, r: BatchRequest, resp: Any, entry: m.TokenLogprob | None) -> list[m.Event]:
         r.prefilling = False

@@ -76,6 +76,12 @@ class BatchSampler:
             grammar: Constraint | None = None) -> None:
         self._rows[uid] = _Row(sampler, grammar)
 
+    def own(self, uid: int) -> tuple[Sampler, Constraint | None]:
+        """A row's own sampler and grammar (a speculative step samples its later positions
+        with the sampler itself: exod.runner.serving.speculative)."""
+        row = self._rows.get(uid)
+        return (row.sampler, row.grammar) if row is not None else (greedy_sampler, None)
+
     def drop(self, uid: int) -> None:
         self._rows.pop(uid, None)
         self._sampled.discard(uid)

@@ -1,14 +1,15 @@
-"""What the batch engine reports of itself in a rank's status (`ServingReport`): its batch and its
-prompt cache's tiers."""
+"""What the batch engine reports of itself in a rank's status (`ServingReport`): its batch, its
+prompt cache's tiers and, with a draft model, the drafted tokens and those accepted."""
 
 from __future__ import annotations
 
 from exod.wire import messages as m
 from exod.runner.prompt_cache.tiers import PromptCache
+from exod.runner.serving.gen_options import Draft
 
 
 def serving_stats(cache: PromptCache, *, width: int, active: int, prefill_step: int,
-                  cache_bytes: int) -> m.ServingReport:
+                  cache_bytes: int, draft: Draft | None = None) -> m.ServingReport:
     c, disk, ram = cache.counts, cache.disk, cache.ram
     return m.ServingReport(
         batching="continuous", width=width, active=active,
@@ -24,4 +25,7 @@ def serving_stats(cache: PromptCache, *, width: int, active: int, prefill_step: 
         disk_writes=disk.stats.writes if disk is not None else 0,
         disk_errors=disk.stats.errors if disk is not None else 0,
         disk_state=disk.state[:500] if disk is not None else "",
-        shared_hits=c.shared_hits, shared_tokens=c.shared_tokens)
+        shared_hits=c.shared_hits, shared_tokens=c.shared_tokens,
+        draft_tokens=draft.tokens if draft is not None else 0,
+        drafted=draft.drafted if draft is not None else 0,
+        draft_accepted=draft.accepted if draft is not None else 0)

@@ -27,7 +27,7 @@ from exod.runner.serving.think_budget import ThinkBudget
 from exod.runner.serving.think_grammar import Thinking
 from exod.runner.serving.output import Markers, opens_thinking, think_markers
 from exod.runner.serving.reading import Prompt
-from exod.runner.serving.sampling import make_request_sampler, penalty_processors
+from exod.runner.serving.sampling import make_request_sampler, penalty_processors, stateless
 from exod.runner.serving.strict_args import ArgsCheck
 
 __all__ = ["Checked", "read_prompt", "check_request", "prompt_tokens",
@@ -261,4 +261,4 @@ def bias_processors(bias: dict[str, float], vocab: int) -> list[Processor]:
     if not ids:
         return []
     rules.bias_ids(list(ids), vocab)
-    return [model_checks.bias_processor(ids)]
+    return [stateless(model_checks.bias_processor(ids))]

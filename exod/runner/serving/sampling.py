@@ -35,6 +35,7 @@ class KeyedSampler:
 
     def __init__(self, temperature: float, filters: list[Filter], seed: int | None) -> None:
         self.scale = 1.0 / temperature
+        self.seeded = seed is not None  # its draws must be mlx-lm's, one a token: no drafts
         self.filters = filters
         self.key = mx.random.key(secrets.randbits(63) if seed is None else seed % (1 << 64))
 
@@ -66,6 +67,14 @@ def make_request_sampler(req: m.Generate, vocab: int) -> Sampler:
     return KeyedSampler(temperature, filters, req.seed)
 
 
+def stateless(process: Processor) -> Processor:
+    """`process`, marked as a function of its arguments alone (a logit bias, mlx-lm's
+    penalties): a speculative step may call it on drafts it then rejects
+    (exod.runner.serving.speculative); a grammar or a thinking budget, which keep a state, not."""
+    setattr(process, "stateless", True)  # noqa: B010 -- a function's attribute: no type has it
+    return process
+
+
 def penalty_processors(req: m.Generate) -> list[Processor]:
     """repetition, presence and frequency penalties as mlx-lm makes them (none when off)."""
     repetition = rules.repetition_penalty(req.repetition_penalty)
@@ -77,4 +86,4 @@ def penalty_processors(req: m.Generate) -> list[Processor]:
         repetition_context_size=sizes[0], presence_penalty=presence or None,
         presence_context_size=sizes[1], frequency_penalty=frequency or None,
         frequency_context_size=sizes[2])
-    return processors
+    return [stateless(p) for p in processors]

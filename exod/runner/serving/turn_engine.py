@@ -6,8 +6,9 @@ The prompt goes through the model here, one chunk per step, before `generate_ste
 for its last token, so the serve loop can drop the request (a cancel) or end it (a stop) within
 one chunk, as the batch engine does. mlx-lm's own chunked prefill would run the whole prompt
 inside one step. The instance's KV cache options (quantized, rotating) and speculative
-decoding with a draft model (exod.runner.serving.gen_options) run here, as mlx-lm runs them
-only without batching: the prompt goes through the draft model too, and
+decoding with a draft model where the batch cannot take it (with a quantized cache, or a model
+whose caches the batch cannot rewind by row: exod.runner.serving.speculative) run here, as
+mlx-lm runs them without batching: the prompt goes through the draft model too, and
 `speculative_generate_step` takes over for the last token. What a generation shows (text,
 reasoning, logprobs, then tool calls) comes from exod.runner.serving.output, as in the batch
 engine.

@@ -3,6 +3,7 @@ quick, and the instance's `warm:` prompts prefilled into it."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exod.runner.link.log import WARNING, log
@@ -39,10 +40,22 @@ def disk_tier(r: Runner, loaded: Loaded) -> DiskTier | None:
                "kv_group_size": opts.kv_group_size, "quantized_kv_start": opts.quantized_kv_start,
                "max_kv_size": opts.max_kv_size, "fused": fused.install(),
                "mlx": getattr(mx, "__version__", ""), "mlx_lm": mlx_lm.__version__},
-              fp.weight_files(r.spec.model, opts.adapters))
+              weights(r))
     r.life.on_stop(lambda: setattr(tier, "stopping", True))  # a long hash ends at a stop
     tier.on_change = lambda: r.channel.inbox.put(None)  # the loop wakes to report it
     return tier
+
+
+def weights(r: Runner) -> dict[str, Path]:
+    """The files an entry's KV comes from: the model's, and its draft's, whose cache is stored
+    beside the model's (exod.runner.serving.speculative)."""
+    from exod.runner.prompt_cache import fingerprint as fp
+
+    files: dict[str, Path] = dict(fp.weight_files(r.spec.model, r.options.adapters))
+    if r.options.draft_model is not None:
+        draft = fp.weight_files(r.options.draft_model, None)
+        files.update({f"draft/{name}": path for name, path in draft.items()})
+    return files
 
 
 def wait_settled(disk: DiskTier | None) -> None:

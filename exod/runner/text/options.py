@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 
 def options_reason(opts: RunnerOptions) -> str | None:
-    """An option mlx-lm runs only without batching: the rule `exod check` shows."""
+    """An option mlx-lm runs only without batching: the rule `exod check` shows. A draft model
+    alone batches (exod.runner.serving.speculative)."""
     from exod.config.mlx_options import turn_reason
 
     return turn_reason(opts)
@@ -47,8 +48,10 @@ def generation_options(r: Runner, loaded: Loaded) -> tuple[KvOptions, Draft | No
 
 
 def group_problem(opts: RunnerOptions) -> str | None:
-    """Why a group (shards > 1) cannot run these options, if it cannot."""
+    """Why a group (shards > 1) cannot run these options, if it cannot. A draft model: the
+    other ranks replay rank 0's batch steps (exod.runner.group.lockstep), which know nothing
+    of a speculative step's draft forwards, accepted counts and per-row rewinds."""
     if any(v is not None for v in (options_reason(opts), opts.kv_bits, opts.max_kv_size,
-                                   opts.adapters)):
+                                   opts.adapters, opts.draft_model)):
         return "kv_bits, max_kv_size, draft_model and adapters are not supported with shards > 1"
     return None

@@ -108,12 +108,13 @@ def ready(r: Runner, loaded: Loaded) -> None:
 
 
 def make_engine(r: Runner, model: Any, tokenizer: Any, kv: KvOptions | None = None,
-                disk: DiskTier | None = None, agree: Agree | None = None) -> BatchEngine:
+                disk: DiskTier | None = None, agree: Agree | None = None,
+                draft: Draft | None = None) -> BatchEngine:
     from exod.runner.serving.batch_engine import BatchEngine
 
     return BatchEngine(model, tokenizer, width=r.spec.width,
                        cache_bytes=r.options.prompt_cache_bytes, prefill_step=DEFAULT_PREFILL_STEP,
-                       grammar_limits=r.options.grammar, kv=kv,
+                       grammar_limits=r.options.grammar, kv=kv, draft=draft,
                        on_new_generator=r.set_wired_limit, disk=disk, agree=agree)
 
 
@@ -123,12 +124,16 @@ def serve_alone(r: Runner, loaded: Loaded, kv: KvOptions, draft: Draft | None) -
     from exod.runner.serving.turn_engine import TurnEngine
 
     why = can_batch.why_not(loaded.model) or options_reason(r.options)
+    if why is None and draft is not None:
+        from exod.runner.serving import speculative
+
+        why = speculative.why_not(loaded.model, draft)
     engine: Engine
     r.set_wired_limit()
     batch = None
     if why is None:
         disk = disk_tier(r, loaded)
-        engine = batch = make_engine(r, loaded.model, loaded.tokenizer, kv, disk)
+        engine = batch = make_engine(r, loaded.model, loaded.tokenizer, kv, disk, draft=draft)
         wait_settled(disk)
     else:
         log(f"serving one request at a time: {why}")
