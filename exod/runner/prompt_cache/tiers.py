@@ -102,6 +102,16 @@ class FromDisk:
         return self.done / self.total if self.total else 0.0
 
 
+# A match covering fewer tokens is no hit: copying (or loading) an entry of thousands of tokens
+# to reuse a chat template's first few costs more than prefilling them, and a prompt that
+# starts from a stored cache is computed otherwise than cold (a quantized one, say) for nothing.
+MIN_HIT = 8
+
+
+def worth(match: Match | None) -> Match | None:
+    return match if match is not None and match.usable >= MIN_HIT else None
+
+
 class PromptCache:
     def __init__(self, ram_bytes: int, disk: DiskTier | None = None) -> None:
         self.ram = Index(max(0, ram_bytes))
@@ -125,7 +135,7 @@ class PromptCache:
             return None, 0, None
         packed = pack(prompt)
         ram = self._best_in_memory(packed)
-        on_disk = self.disk.match(packed) if self.disk is not None else None
+        on_disk = worth(self.disk.match(packed)) if self.disk is not None else None
         if on_disk is not None and on_disk.usable > (ram.usable if ram else 0):
             return None, 0, self.load(on_disk)
         return self._from_ram(ram)
@@ -136,7 +146,7 @@ class PromptCache:
             return None
         packed = pack(prompt)
         ram = self._best_in_memory(packed)
-        on_disk = self.disk.match(packed)
+        on_disk = worth(self.disk.match(packed))
         return on_disk if on_disk is not None and on_disk.usable > (ram.usable if ram else 0) \
             else None
 
@@ -184,11 +194,11 @@ class PromptCache:
         """RAM's best match, or an entry's still being written when it covers more."""
         best = self.ram.best(packed)
         if self._written():
-            return best
+            return worth(best)
         held = self.writing.best(packed)
         if held is not None and (best is None or held.usable > best.usable):
-            return held
-        return best
+            return worth(held)
+        return worth(best)
 
     def _written(self) -> bool:
         """Forget the entries whose write ended (on disk now, or given up); whether none is
