@@ -27,6 +27,9 @@ from typing import Any
 TOKEN_BYTES = 4  # tokens packed as uint32, native order: compared as bytes
 
 
+ITEM = array("I").itemsize  # bytes a packed token takes
+
+
 def pack(tokens: Sequence[int]) -> bytes:
     return array("I", tokens).tobytes()
 

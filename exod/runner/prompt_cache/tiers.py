@@ -29,7 +29,7 @@ from exod.runner.link.log import WARNING, log
 from exod.runner.prompt_cache import entry_file, snapshot
 from exod.runner.prompt_cache.disk import DiskTier, Loading
 from exod.runner.prompt_cache.fingerprint import FORMAT_VERSION
-from exod.runner.prompt_cache.index import Entry, Index, Match, pack
+from exod.runner.prompt_cache.index import ITEM, Entry, Index, Match, pack
 
 HUGE = 1 << 62  # a group's other ranks never evict by their own bytes (exod.runner.group.lockstep)
 
@@ -102,14 +102,18 @@ class FromDisk:
         return self.done / self.total if self.total else 0.0
 
 
-# A match covering fewer tokens is no hit: copying (or loading) an entry of thousands of tokens
-# to reuse a chat template's first few costs more than prefilling them, and a prompt that
-# starts from a stored cache is computed otherwise than cold (a quantized one, say) for nothing.
+# A match covering fewer tokens of a longer prompt is no hit: copying (or loading) an entry of
+# thousands of tokens to reuse a chat template's first few costs more than prefilling them, and
+# a prompt that starts from a stored cache is computed otherwise than cold (a quantized one, say)
+# for nothing. A short prompt asked again is a hit (all of it that can be, but its last token).
 MIN_HIT = 8
 
 
-def worth(match: Match | None) -> Match | None:
-    return match if match is not None and match.usable >= MIN_HIT else None
+def worth(match: Match | None, packed: bytes) -> Match | None:
+    if match is None:
+        return None
+    whole = len(packed) // ITEM - 1  # the most a prompt can take from a cache
+    return match if match.usable >= min(MIN_HIT, whole) else None
 
 
 class PromptCache:
@@ -135,7 +139,7 @@ class PromptCache:
             return None, 0, None
         packed = pack(prompt)
         ram = self._best_in_memory(packed)
-        on_disk = worth(self.disk.match(packed)) if self.disk is not None else None
+        on_disk = worth(self.disk.match(packed), packed) if self.disk is not None else None
         if on_disk is not None and on_disk.usable > (ram.usable if ram else 0):
             return None, 0, self.load(on_disk)
         return self._from_ram(ram)
@@ -146,7 +150,7 @@ class PromptCache:
             return None
         packed = pack(prompt)
         ram = self._best_in_memory(packed)
-        on_disk = worth(self.disk.match(packed))
+        on_disk = worth(self.disk.match(packed), packed)
         return on_disk if on_disk is not None and on_disk.usable > (ram.usable if ram else 0) \
             else None
 
@@ -194,11 +198,11 @@ class PromptCache:
         """RAM's best match, or an entry's still being written when it covers more."""
         best = self.ram.best(packed)
         if self._written():
-            return worth(best)
+            return worth(best, packed)
         held = self.writing.best(packed)
         if held is not None and (best is None or held.usable > best.usable):
-            return worth(held)
-        return worth(best)
+            return worth(held, packed)
+        return worth(best, packed)
 
     def _written(self) -> bool:
         """Forget the entries whose write ended (on disk now, or given up); whether none is
