@@ -5,10 +5,10 @@ tokens (with its logprobs, and a logit bias seen at every drafted position); a r
 grammar in the same batch stays valid; a second turn hits the prompt cache; rows that end early
 or are cancelled leave the others untouched; a seeded row draws as without a draft.
 
-The pair: the demo model (SmolLM2-135M) drafts for a deeper copy of itself (tests.models.deep),
-whose tokens are mostly, not always, the draft's: rows accept and reject, and rewind.
-Run by test_speculative.py in a pytest of its own (this imports mlx); EXOD_TEST_DEMO,
-EXOD_TEST_DEEP name the models."""
+The pair: a small model (the suite's tiny one) drafts for a deeper copy of itself
+(tests.models.deep), whose tokens are mostly, not always, the draft's: rows accept and reject,
+and rewind. Run by test_speculative.py in a pytest of its own (this imports mlx);
+EXOD_TEST_DEMO (the draft) and EXOD_TEST_DEEP name the models."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Speculative decoding in the batch engine, on the demo model drafting for a deeper copy of it,
+"""Speculative decoding in the batch engine, on the tiny model drafting for a deeper copy of it,
 checked in a pytest process of its own (speculative_checks.py; see tests/own_process.py): four
 requests in one batch get the model's own greedy tokens, a grammar row stays valid beside them,
 a second turn hits the prompt cache, rows that end or leave early touch nothing else."""
@@ -19,14 +19,15 @@ NAMES = check_names(CHECKS)
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> dict[str, list[str]]:
+def outcomes(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[str, list[str]]:
     tmp = tmp_path_factory.mktemp("speculative")
-    # 4 more layers that nudge it: its greedy tokens are mostly, not always, the demo's.
-    made = subprocess.run([sys.executable, "-m", "tests.models.deep", str(demo_model),
+    # 4 more layers that nudge it: its greedy tokens are mostly, not always, the tiny's. (The
+    # same pair built on the demo model took minutes of the suite, for the same checks.)
+    made = subprocess.run([sys.executable, "-m", "tests.models.deep", str(tiny_model),
                            str(tmp / "deep"), "--extra", "4", "--scale", "0.1"], cwd=REPO,
                           capture_output=True, text=True, timeout=300, check=True)
     deep = made.stdout.strip().splitlines()[-1]
-    return run_checks(CHECKS, tmp, env={"EXOD_TEST_DEMO": str(demo_model),
+    return run_checks(CHECKS, tmp, env={"EXOD_TEST_DEMO": str(tiny_model),
                                         "EXOD_TEST_DEEP": deep, "HF_HUB_OFFLINE": "1"})
 
 
