@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from exod.runner.link.channel import Channel
 from exod.runner.link.lifecycle import Lifecycle
 from exod.runner.link.report import Reporter
-from exod.runner.serving.loop import AsItComes, ServeLoop
+from exod.runner.serving.loop import AsItComes, NoPromptCache, ServeLoop
 from exod.runner.serving.reading import QUICK_CHARS, Prompt, quick
 from exod.wire import messages as m
 
@@ -37,11 +37,9 @@ class Sent(Channel):
         return True
 
 
-class Engine(AsItComes):
+class Engine(NoPromptCache, AsItComes):
     """Each admitted request answers one token per step for `tokens` steps; the loop is asked
     to stop once `until` requests are done. `during_step` runs inside the first step."""
-
-    background = False
 
     def __init__(self, life: Lifecycle, until: int, tokens: int = 1,
                  during_step: Callable[[], None] | None = None) -> None:
@@ -61,15 +59,6 @@ class Engine(AsItComes):
 
     def admit(self, req: m.Generate, prompt: Prompt) -> None:
         self.left[req.id] = self.tokens
-
-    def idle(self) -> None:
-        pass
-
-    def save_cache(self, deadline: float) -> None:
-        pass
-
-    def clear_cache(self) -> None:
-        pass
 
     def cancel(self, rid: str) -> None:
         self.left.pop(rid, None)
