@@ -109,15 +109,13 @@ class ApiServer(Middlewares, ModelList):
         """Whether requests must send a key."""
         return self.keyring.auth
 
-    async def load_keys(self, api: Api | None = None,
-                        instances: Collection[str] | None = None) -> None:
-        """(Re-)read the keys: api.keys and api.keys_file of `api` (default: the API's own
-        config) and api.token_file's tokens, checked against `instances` (default: the
-        daemon's). Raises OSError (one line) and keeps the old keys when any is unusable. A
-        secret no longer accepted is revoked: the answers under way under it end at once."""
-        names = list(self.sup.instances) if instances is None else instances
+    async def load_keys(self, api: Api, instances: Collection[str]) -> None:
+        """(Re-)read the keys: api.keys and api.keys_file of `api` and api.token_file's
+        tokens, checked against `instances`. Raises OSError (one line) and keeps the old keys
+        when any is unusable. A secret no longer accepted is revoked: the answers under way
+        under it end at once."""
         # Files are read in a thread: a slow disk must not stall the loop.
-        self.keyring = await asyncio.to_thread(self._read_keys, api or self.cfg, names)
+        self.keyring = await asyncio.to_thread(self._read_keys, api, instances)
         ended = self.serving.live.accept(self.keyring.identities())
         if ended:
             logger.bind(event="keys-revoked", ended=ended).warning(
@@ -134,9 +132,10 @@ class ApiServer(Middlewares, ModelList):
                        or auth_configured(replace(api, token_file=None)))
 
     # ---- lifecycle --------------------------------------------------------------------
-    async def start(self) -> None:
-        """Bind and serve; raises OSError with a one-line message (e.g. port in use)."""
-        await self.load_keys()
+    async def start(self, instances: Collection[str]) -> None:
+        """Read the keys (which may name `instances`), bind and serve; raises OSError with a
+        one-line message (a port in use, a keys file that cannot be used)."""
+        await self.load_keys(self.cfg, instances)
         app = web.Application(middlewares=[self._errors, self._browser, self._auth],
                               client_max_size=self.max_body)
         app.router.add_get("/health", self.health)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from exod.api.stopping import stop_listening
 from exod.daemon.ratelog import RateLimitedLog
@@ -59,9 +60,29 @@ class ConnectionGuard:
                 self._log.warning("api-evict", "HTTP API: {} connections open: closing the "
                                   "oldest idle ones (api.max_connections)", len(conns))
                 idle.force_close()
-            return server()
+            return _no_echo(server())
 
         return make
+
+
+MALFORMED = "Bad Request: the request line or a header is malformed."
+
+
+class _NoEcho(RequestHandler):
+    """aiohttp answers a request it cannot parse with the bytes it choked on, a header line
+    that may hold a key: this answers with a fixed text instead (and exod.api.httplog logs the
+    exception's first line, which names the fault, not the bytes)."""
+
+    __slots__ = ()  # aiohttp's handler has slots: same layout, so a handler can become one
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        return super().handle_error(request, status, exc, MALFORMED if message else None)
+
+
+def _no_echo(handler: RequestHandler) -> RequestHandler:
+    handler.__class__ = _NoEcho
+    return handler
 
 
 class GuardedSite(web.BaseSite):

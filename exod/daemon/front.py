@@ -15,14 +15,15 @@ from exod.wire.control_status import ApiStatus
 
 
 class Front(Protocol):
-    async def start(self) -> None: ...
+    async def start(self, instances: Collection[str]) -> None:
+        """Read the keys (which may name `instances`, the config's), bind and serve."""
+        ...
 
     async def stop_listening(self) -> None: ...
 
     async def close(self) -> None: ...
 
-    async def load_keys(self, api: Api | None = None,
-                        instances: Collection[str] | None = None) -> None:
+    async def load_keys(self, api: Api, instances: Collection[str]) -> None:
         """Read the keys again (api.keys, api.keys_file) and api.token_file's tokens; raises
         OSError, and keeps the previous ones, when they are unusable. Answers under a secret
         no longer accepted end at once."""

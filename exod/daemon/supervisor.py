@@ -280,7 +280,7 @@ class Supervisor:
         if not self.config.api.listen or self._front is None:
             return
         self.api = self._front(self.config.api, self)
-        await self.api.start()
+        await self.api.start(list(self.config.instances))
 
     def add(self, cfg: Instance) -> InstanceRuntime:
         """A new instance, placed on its hosts, not started."""
