@@ -26,13 +26,16 @@ import asyncio
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import openai
 import pytest
+import yaml
 
+from exod.core.keys import hash_text, new_secret
 from tests.agents import clients, matrix
 from tests.agents.capture import Recorder, serve
 from tests.harness import Daemon
@@ -73,10 +76,11 @@ class Served:
             server.shutdown()
             server.server_close()
 
-    def agent(self, name: str, prompt: str, model: str = MODEL) -> tuple[Any, Recorder]:
+    def agent(self, name: str, prompt: str, model: str = MODEL,
+              env: dict[str, str] | None = None) -> tuple[Any, Recorder]:
         """Run agent `name` (tests.agents.clients.RUNS) once against instance `model`, in a
-        home and a working folder of its own: (its completed process, what went through the
-        proxy)."""
+        home and a working folder of its own, its environment with `env` over it: (its
+        completed process, what went through the proxy)."""
         binary = clients.BIN / {"claude-code": "claude", "codex": "codex",
                                 "opencode": "opencode"}[name]
         assert binary.exists(), (f"{binary} is missing: the test set-up installs the agents "
@@ -87,6 +91,7 @@ class Served:
         (work / "cwd").mkdir()
         with self.proxy() as (recorder, url):
             run = clients.RUNS[name](url, model, prompt, work / "home", work / "cwd")
+            run = replace(run, env={**run.env, **(env or {})})
             proc = run(timeout=SAFETY)
         return proc, recorder
 
@@ -173,6 +178,29 @@ def test_claude_code_runs_its_tool_and_answers(served: Served, model: str) -> No
     assert len(results) == 1 and TRIGGER in json.dumps(results[0]["content"]), results
     assert results[0]["tool_use_id"] == calls[0]["id"] and not results[0].get("is_error")
     observed("claude-code", model, [first, *rest])
+
+
+def test_claude_code_with_a_named_key(served: Served) -> None:
+    """Claude Code with ANTHROPIC_API_KEY set to a key of exod's (issue 48), limited to the
+    instance it uses: served; with a key exod does not know, refused (401) and said so."""
+    secret = new_secret()
+    before = yaml.safe_load(served.d.config_path.read_text())
+    keyed = {**before, "api": {**before.get("api", {}), "keys": [
+        {"name": "claude", "owner": "a developer", "hash": hash_text(secret),
+         "instances": [MODEL]}]}}
+    served.d.write_config(keyed)
+    served.d.ctl("reload")
+    try:
+        proc, rec = served.agent("claude-code", HELLO, env={"ANTHROPIC_API_KEY": secret})
+        assert proc.returncode == 0 and proc.stdout.strip() == PLAIN, rec.told(proc)
+        streamed_all_the_way(rec, "/v1/messages")
+        proc, rec = served.agent("claude-code", HELLO, env={"ANTHROPIC_API_KEY": new_secret()})
+        refused = model_requests(rec, "/v1/messages")
+        assert proc.returncode != 0 and refused, rec.told(proc)
+        assert all(r["status"] == 401 for r in refused), rec.told(proc)
+    finally:
+        served.d.write_config(before)
+        served.d.ctl("reload")
 
 
 # ---- Codex ----------------------------------------------------------------------------------
