@@ -95,8 +95,8 @@ class Middlewares:
         offered = offered_secret(request)
         found = None if offered is None else ring.match(offered)
         if found is None:
-            raise unauthorized("Missing key: send `Authorization: Bearer KEY` (or `x-api-key: "
-                               "KEY`)." if offered is None else "Incorrect API key.")
+            raise unauthorized("Missing API key or token: send `Authorization: Bearer KEY` (or "
+                               "`x-api-key: KEY`)." if offered is None else "Incorrect API key.")
         request[KEY_ID], request[KEY] = found
         if scope is not None and not found[1].may(scope):
             raise forbidden(found[1], scope)
