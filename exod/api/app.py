@@ -281,7 +281,7 @@ class ApiServer(Middlewares, ModelList):
         self.metrics.ignored.record(dialect, req.ignored)
         try:
             return await self.serving.generate(request, req, self.limits, out, keep_alive,
-                                               adapt)
+                                               adapt, dialect)
         except ApiError as e:
             e.headers.update(header(req.ignored))
             raise
