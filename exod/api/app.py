@@ -20,7 +20,8 @@ import errno
 import json
 import os
 import time
-from collections.abc import Callable
+from dataclasses import replace
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
@@ -53,6 +54,8 @@ from exod.api.request import GenRequest, ModelLimits
 from exod.api.seal import Sealer
 from exod.api.serving import Adapt, Serving
 from exod.api.token import read_tokens
+from exod.config.keys import auth_configured, keyring_entries, read_keys_file
+from exod.core.keys import Keyring, digest
 from exod.wire.control_status import ApiStatus
 from exod.api.view import DaemonView
 from exod.config.schema import Api
@@ -79,7 +82,7 @@ class ApiServer(Middlewares, ModelList):
         self.sup = daemon
         # Every address is served alike (e.g. exod's own port and Ollama's, 11434).
         self.addresses = [listen.parse_listen(a) for a in cfg.listen]
-        self.tokens: list[bytes] = []
+        self.keyring = Keyring()
         self.started_wall = int(time.time())
         self.hosts = HostPolicy([h for h, _ in self.addresses], cfg.allowed_hosts)
         self.cors = CorsPolicy(cfg.cors_origins)
@@ -103,17 +106,29 @@ class ApiServer(Middlewares, ModelList):
 
     @property
     def token(self) -> bool:
-        return bool(self.tokens)
+        """Whether requests must send a key."""
+        return self.keyring.auth
 
-    def load_tokens(self) -> None:
-        """(Re-)read api.token_file; raises OSError and keeps the old tokens when unusable."""
-        if self.cfg.token_file is not None:
-            self.tokens = [t.encode() for t in read_tokens(self.cfg.token_file)]
+    def load_keys(self, api: Api | None = None, instances: Collection[str] | None = None) -> None:
+        """(Re-)read the keys: api.keys and api.keys_file of `api` (default: the API's own
+        config) and api.token_file's tokens, checked against `instances` (default: the
+        daemon's). Raises OSError (one line) and keeps the old keys when any is unusable. A
+        key no longer accepted is revoked: its requests under way end at once."""
+        api = api or self.cfg
+        names = list(self.sup.instances) if instances is None else instances
+        tokens = [] if self.cfg.token_file is None else [
+            digest(t.encode()) for t in read_tokens(self.cfg.token_file)]
+        keys = list(api.keys)
+        if api.keys_file is not None:
+            keys += read_keys_file(api.keys_file, names, taken=api.keys)
+        # The token file is the running API's (a new one takes a restart); the keys, the new.
+        self.keyring = Keyring(keyring_entries(keys, tokens), auth=self.cfg.token_file is not None
+                               or auth_configured(replace(api, token_file=None)))
 
     # ---- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         """Bind and serve; raises OSError with a one-line message (e.g. port in use)."""
-        self.load_tokens()
+        self.load_keys()
         app = web.Application(middlewares=[self._errors, self._browser, self._auth],
                               client_max_size=self.max_body)
         app.router.add_get("/health", self.health)
@@ -152,7 +167,7 @@ class ApiServer(Middlewares, ModelList):
                     from None
             self.addresses[i] = (host, site.port)  # the real port when listen asked for :0
         logger.info("HTTP API on {}{}", ", ".join(self.urls),
-                    " (bearer token required)" if self.token else "")
+                    " (a key required)" if self.token else "")
 
     async def stop_listening(self) -> None:
         """At the daemon's stop: no new connection from now on, and none dropped

@@ -1,26 +1,26 @@
 """What every request meets before its route: errors in its dialect's shape, the Host
-allow-list, CORS and JSON-only bodies (exod.api.browser), and the bearer token. A mixin of
+allow-list, CORS and JSON-only bodies (exod.api.browser), and the key (exod.api.access). A mixin of
 `exod.api.app.ApiServer`, kept apart so each module stays one job."""
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from exod.api.browser import PREFLIGHT_HEADERS, CorsPolicy, HostPolicy, is_json
 from exod.api.dialects.anthropic import request as anthropic
+from exod.api.access import KEY, KEY_ID, PUBLIC, forbidden, route_scope
 from exod.api.errors import ApiError, unauthorized
 from exod.api.guard import ConnectionGuard
 from exod.api.dialects.ollama.objects import error_text
+from exod.core.keys import ANONYMOUS, Keyring
 
-PUBLIC = ("/health", "/")  # no data behind them: the page's script asks for the token
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class Middlewares:
-    tokens: list[bytes]
+    keyring: Keyring
     hosts: HostPolicy
     cors: CorsPolicy
     guard: ConnectionGuard
@@ -76,21 +76,66 @@ class Middlewares:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if self.tokens and request.path not in PUBLIC:
-            given = request.headers.get("Authorization", "")
-            scheme, _, value = given.partition(" ")
-            if not given and "X-Api-Key" in request.headers:  # Anthropic's clients send this
-                scheme, value = "bearer", request.headers["X-Api-Key"]
-            elif not given:
-                raise unauthorized("Missing bearer token: send `Authorization: Bearer TOKEN` "
-                                   "(or `x-api-key: TOKEN`).")
-            # Header text is what aiohttp decoded (surrogates for bytes that are not UTF-8).
-            offered = value.strip().encode("utf-8", "surrogateescape")
-            # Every token is compared (no early exit): the time taken tells nothing.
-            matches = [hmac.compare_digest(offered, t) for t in self.tokens]
-            if scheme.lower() != "bearer" or not any(matches):
-                raise unauthorized("Incorrect bearer token.")
+        """The request's key (`request["key"]`, exod.api.access), and the scope its route
+        needs. A 401 names no secret: neither what was sent nor any that is accepted."""
+        ring = self.keyring
+        if not ring.auth:
+            request[KEY], request[KEY_ID] = ANONYMOUS, b""
+            return await handler(request)
+        where = misplaced(request)
+        if where is not None:
+            raise unauthorized(f"A key was sent in {where}, where it may be logged: send it "
+                               "only as `Authorization: Bearer KEY` (or `x-api-key: KEY`), and "
+                               "make a new key if this one has been seen.")
+        scope = route_scope(request)
+        if scope is None:  # a public path, or one that no route serves (404, 405)
+            request[KEY], request[KEY_ID] = ANONYMOUS, b""
+            if request.path in PUBLIC:
+                return await handler(request)
+        offered = offered_secret(request)
+        found = None if offered is None else ring.match(offered)
+        if found is None:
+            raise unauthorized("Missing key: send `Authorization: Bearer KEY` (or `x-api-key: "
+                               "KEY`)." if offered is None else "Incorrect API key.")
+        request[KEY_ID], request[KEY] = found
+        if scope is not None and not found[1].may(scope):
+            raise forbidden(found[1], scope)
         return await handler(request)
+
+
+# Where some clients put a key that exod refuses to read there: a query string ends up in
+# access logs and browser histories, and a header of another scheme in proxies' logs.
+QUERY_NAMES = frozenset({"key", "api_key", "apikey", "api-key", "token", "access_token",
+                         "auth", "authorization", "x-api-key", "bearer"})
+OTHER_HEADERS = ("api-key", "x-goog-api-key", "x-auth-token", "x-access-token", "x-token")
+
+
+def misplaced(request: web.Request) -> str | None:
+    """Where the request puts a key other than where exod reads it, or None (never the key)."""
+    for name in request.query:
+        if name.lower() in QUERY_NAMES:
+            return f"the query string (`{name.lower()}`)"
+    for header in OTHER_HEADERS:
+        if header in request.headers:
+            return f"the `{header}` header"
+    scheme = request.headers.get("Authorization", "").partition(" ")[0]
+    if scheme and scheme.lower() != "bearer":
+        return f"an `Authorization: {scheme[:16]}` header (only `Bearer` is read)"
+    return None
+
+
+def offered_secret(request: web.Request) -> bytes | None:
+    """The secret of `Authorization: Bearer ...`, else of `x-api-key` (Anthropic's clients
+    send that), as bytes (aiohttp decoded the header with surrogates for bytes that are not
+    UTF-8); None when neither is sent."""
+    given = request.headers.get("Authorization")
+    if given is not None:
+        value = given.partition(" ")[2]
+    elif "X-Api-Key" in request.headers:
+        value = request.headers["X-Api-Key"]
+    else:
+        return None
+    return value.strip().encode("utf-8", "surrogateescape")
 
 
 def error_response(e: ApiError, path: str = "") -> web.Response:

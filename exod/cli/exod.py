@@ -87,8 +87,8 @@ def run(config: str | None, demo: bool, log_level: str, log_format: str) -> None
 
     if public_without_token(cfg) and not cfg.api.insecure_public:
         why = (f"api.listen {', '.join(public(cfg))} is reachable from other machines but "
-               "api.token_file is not set; set a token file, listen on 127.0.0.1, or set "
-               "api.insecure_public: true")
+               "neither api.token_file nor api.keys is set; set a token file or keys, listen "
+               "on 127.0.0.1, or set api.insecure_public: true")
         logger.error("refusing to start: {}", why)
         service.errno(errno.EACCES, f"refusing to start: {why}")
         sys.exit(EXIT_CONFIG)
@@ -155,6 +155,8 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
     from exod.config.safety import ephemeral_overlaps, warnings
     from exod.daemon.rank_addresses import ephemeral_range
 
+    keys_problems(cfg, path)
+
     from exod.cli import folder_check
 
     for warning in warnings(cfg) + ephemeral_overlaps(cfg, ephemeral_range()) + \
@@ -197,6 +199,22 @@ def serving_lines(inst: Instance) -> list[str]:
         out.append(f"{inst.name}: on demand: {stop} without a request; a request's keep_alive "
                    f"may set that from {show(bounds.min)} to {show(bounds.max)}")
     return out
+
+
+def keys_problems(cfg: Config, path: Path) -> None:
+    """api.keys_file's problems, each at its place, as the config's are (exit 78)."""
+    if cfg.api.keys_file is None:
+        return
+    from exod.config.keys import KeysFileError, read_keys_file
+
+    try:
+        read_keys_file(cfg.api.keys_file, list(cfg.instances), taken=cfg.api.keys)
+    except KeysFileError as e:
+        for p in e.problems:
+            click.echo(str(p) if p.file else p.message, err=True)
+        n = len(e.problems)
+        click.echo(f"{path}: {n} problem{'s' if n != 1 else ''} in api.keys_file", err=True)
+        sys.exit(EXIT_CONFIG)
 
 
 def check_system(config: Path | None) -> None:

@@ -130,6 +130,8 @@ def _bounds(meta: Mapping[str, object], kind: Kind | None) -> str:
     show = format_duration if timed else _number
     if (timed or kind is Kind.SIZE) and low == 0:
         low = None  # every duration is >= 0; saying so on each line is noise
+    if isinstance(meta.get("above"), (int, float)):
+        return f", more than {show(meta['above'])}"  # type: ignore[arg-type]
     if isinstance(low, (int, float)) and isinstance(high, (int, float)):
         return f", {show(low)} to {show(high)}"
     if isinstance(low, (int, float)):

@@ -18,6 +18,7 @@ from exod.config.checks import (Issue, check_layout, check_names, check_on_deman
 from exod.config.model_checks import check_embed, check_vision
 from exod.facts.probe import answers as probe_answers
 from exod.config.errors import ConfigError, Mark, Problem
+from exod.config.keys import key_problems
 from exod.config.hub_model import names_hub, parse_model, placeholder
 from exod.config.mlx_options import check_mlx_options
 from exod.facts.model_dir import model_layer_count
@@ -136,6 +137,8 @@ class _Loader:
         self.cross_check(config.node.name if isinstance(config, Config) else NodeSection().name)
         if isinstance(config, Config):
             self.check_listen(root, config.api.listen)
+            self.v.problems += key_problems(config.api.keys, _node_of(root, "api", "keys"),
+                                            "api.keys", self.instances)
             problem = control_socket_problem(config)
             if problem:
                 self.v.report(_mark_of(root, "control", "socket"), "control.socket", problem)

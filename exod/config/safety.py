@@ -8,6 +8,7 @@ import os
 import stat
 
 from exod.core.listen import parse_listen
+from exod.config.keys import auth_configured
 from exod.config.schema import Config
 
 
@@ -34,7 +35,7 @@ def public(cfg: Config) -> list[str]:
 
 
 def public_without_token(cfg: Config) -> bool:
-    return bool(public(cfg)) and cfg.api.token_file is None
+    return bool(public(cfg)) and not auth_configured(cfg.api)
 
 
 def control_socket_problem(cfg: Config) -> str | None:
@@ -57,14 +58,14 @@ def warnings(cfg: Config) -> list[str]:
         verdict = ("allowed by api.insecure_public" if cfg.api.insecure_public
                    else "`exod run` refuses this unless api.insecure_public is true")
         out.append(f"api.listen {', '.join(public(cfg))} is reachable from other machines and "
-                   f"api.token_file is not set: anyone who reaches it can use the models "
-                   f"({verdict})")
+                   f"neither api.token_file nor api.keys is set: anyone who reaches it can use "
+                   f"the models ({verdict})")
     if cfg.control.mode & 0o002:
         out.append(f"control.mode {cfg.control.mode:04o} lets every user write to the control "
                    "socket (use 0660 and control.group)")
-    if "*" in cfg.api.cors_origins and cfg.api.token_file is None:
-        out.append("api.cors_origins '*' without api.token_file: any web page the user visits "
-                   "can use the models")
+    if "*" in cfg.api.cors_origins and not auth_configured(cfg.api):
+        out.append("api.cors_origins '*' without api.token_file or api.keys: any web page the "
+                   "user visits can use the models")
     return out
 
 

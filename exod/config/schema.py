@@ -26,6 +26,8 @@ from exod.core.images import MAX_IMAGES, MAX_PIXELS, REQUEST_MEGAPIXELS
 from exod.core.restarts import RestartMode
 from exod.core.shards import Parallelism
 from exod.core.hub_ref import HubRef
+from exod.core import keys as core_keys
+from exod.core.keys import KeyLimits, Priority, Scope
 from exod.core.kinds import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir, Network,
                              Octal, Size, doc)
 from exod.paths import default_control_socket
@@ -536,6 +538,47 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Key:
+    """One named key of the HTTP API (`api.keys`, or an item of `api.keys_file`). Its secret is
+    never stored: only its hash, which `exoctl key new NAME` prints."""
+
+    name: str = field(
+        metadata=doc("The key's name, chosen by the operator: unique among the keys, and the "
+                     "name logs, metrics and usage know it by (never by its secret).",
+                     pattern=core_keys.NAME_RE))
+    hash: str = field(
+        metadata=doc("The secret's SHA-256, as `sha256:HEX` (`exoctl key new NAME` prints it, "
+                     "and `exoctl key hash` makes it of a secret read from its input). Clients "
+                     "send the secret itself: `Authorization: Bearer SECRET` or `x-api-key: "
+                     "SECRET`.", pattern=core_keys.HASH_RE))
+    owner: str = field(
+        default="",
+        metadata=doc("Whose key it is (a person, a team, a job): shown beside its name."))
+    scopes: tuple[Scope, ...] = field(
+        default=("infer",),
+        metadata=doc("What the key may do. `infer`: the model endpoints (every dialect's "
+                     "generation, embeddings, token counts and model lists); `manage`: also "
+                     "pull and delete models; `admin`: everything, `/metrics` (every key's figures) "
+                     "and every key's usage included. A request outside its scopes gets 403 "
+                     "naming the scope it needs."))
+    instances: tuple[str, ...] | None = field(
+        default=None,
+        metadata=doc("The instances the key may use, by name; null (the default): every "
+                     "instance. Any other is unknown to it: a request that names one gets 404 "
+                     "as for a model that does not exist, and model lists leave it out."))
+    limits: KeyLimits = field(
+        default_factory=KeyLimits,
+        metadata=doc("What the key may use; a limit not set is no limit."))
+    weight: float = field(
+        default=1.0,
+        metadata=doc("The key's share of a full batch, against the other keys' weights.",
+                     above=0))
+    priority: Priority = field(
+        default="interactive",
+        metadata=doc("`batch` work fills only what `interactive` work leaves of the batch."))
+
+
+@dataclass(frozen=True)
 class Api:
     listen: tuple[str, ...] = field(
         default=(f"127.0.0.1:{DEFAULT_API_PORT}",),
@@ -561,6 +604,20 @@ class Api:
                      "(mode 0600, or 0640 to let the users who may use `exoctl chat` read it "
                      "through its group); exod refuses any other."),
     )
+    keys: tuple[Key, ...] = field(
+        default=(),
+        metadata=doc("Named keys, each with its owner, scopes, instances and limits (see "
+                     "docs/keys.md). Any key, token or keys file turns auth on: every request "
+                     "but `GET /health` must then send a secret of one of them. A reload reads "
+                     "the keys again: a key removed stops working at once, a stream under way "
+                     "included, and a changed key's limits apply to its next requests."))
+    keys_file: Path | None = field(
+        default=None,
+        metadata=doc("A YAML file holding more keys: a list written as `api.keys` is. A secret "
+                     "file, as `api.token_file` is (other users can neither read nor write it), "
+                     "read when exod starts and again at each reload: a reload that cannot read "
+                     "it, or finds a problem in it, keeps the previous keys and says why. Set, "
+                     "it turns auth on even while it holds no key."))
     insecure_public: bool = field(
         default=False,
         metadata=doc("`exod run` refuses an `api.listen` that other machines can reach (anything "

@@ -1,9 +1,9 @@
 """A generic validator: walks the schema dataclasses and builds them from a positioned YAML tree.
 
 Nothing here knows a particular key; types, `Kind`s and field metadata (`minimum`, `maximum`,
-`pattern`, `internal`, `inherit`) drive everything, so a field added to the schema is validated
-without touching this file. Every problem is recorded and validation goes on: the operator sees
-all of them at once.
+`above`, `pattern`, `internal`, `inherit`) drive everything, so a field added to the schema is
+validated without touching this file. Every problem is recorded and validation goes on: the
+operator sees all of them at once.
 """
 
 from __future__ import annotations
@@ -273,8 +273,10 @@ class Validator:
         # An integer bound as written (`:g` shows 2^30 as 1.07374e+09).
         show = format_duration if duration else (
             lambda x: str(x) if isinstance(x, int) else f"{x:g}")
-        low, high = meta.get("minimum"), meta.get("maximum")
+        low, high, above = meta.get("minimum"), meta.get("maximum"), meta.get("above")
         got = node.raw if isinstance(node, Scalar) else str(v)
+        if isinstance(above, (int, float)) and v <= above:
+            return self.report(node.mark, path, f"must be more than {show(above)}, got {got}")
         if isinstance(low, (int, float)) and v < low:
             return self.report(node.mark, path, f"must be at least {show(low)}, got {got}")
         if isinstance(high, (int, float)) and v > high:

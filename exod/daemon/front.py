@@ -7,8 +7,10 @@ when `api.listen` is set (exod.daemon.supervisor.FrontFactory).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
+from exod.config.schema import Api
 from exod.wire.control_status import ApiStatus
 
 
@@ -19,7 +21,11 @@ class Front(Protocol):
 
     async def close(self) -> None: ...
 
-    def load_tokens(self) -> None: ...
+    def load_keys(self, api: Api | None = None, instances: Collection[str] | None = None
+                  ) -> None:
+        """Read the keys again (api.keys, api.keys_file) and api.token_file's tokens; raises
+        OSError, and keeps the previous ones, when they are unusable."""
+        ...
 
     def info(self) -> ApiStatus: ...
 

@@ -5,6 +5,7 @@ as a diff (instances added, removed, changed; the rest left alone). The supervis
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
@@ -12,7 +13,7 @@ from loguru import logger
 
 from exod.wire import control as cm
 from exod.config import ConfigError, diff, load_config
-from exod.config.schema import Config, Instance
+from exod.config.schema import Api, Config, Instance
 from exod.daemon.front import Front
 from exod.daemon.instance import InstanceRuntime
 
@@ -91,9 +92,10 @@ class Reloader:
             api = target.api
             if api is not None and not isinstance(new, ConfigError):
                 try:
-                    await asyncio.to_thread(api.load_tokens)
+                    await asyncio.to_thread(api.load_keys, new.api, list(new.instances))
                 except OSError as e:
-                    logger.error("reload: {}; the API keeps its previous tokens", e.strerror)
+                    logger.error("reload: {}; the API keeps its previous keys and tokens",
+                                 e.strerror)
             return self._reload(new)
 
     def _reload(self, new: Config | ConfigError) -> cm.ReloadReply | cm.Failure:
@@ -112,7 +114,7 @@ class Reloader:
         d = diff(target.config, new)
         if d.daemon_changed:
             logger.warning("control.socket changed: takes effect at the next restart of exod")
-        if new.api != target.config.api:
+        if _without_keys(new.api) != _without_keys(target.config.api):
             logger.warning("api changed: takes effect at the next restart of exod")
         new = _keep_control(new, target.config)
         target.configure(new)
@@ -142,7 +144,11 @@ class Reloader:
 
 
 def _keep_control(new: Config, old: Config) -> Config:
-    """The control socket and the HTTP API cannot move under a running daemon: keep the old."""
-    from dataclasses import replace
+    """The control socket and the HTTP API cannot move under a running daemon: keep the old,
+    but for its keys, which a reload changes (the API read them already)."""
+    return replace(new, control=old.control,
+                   api=replace(old.api, keys=new.api.keys, keys_file=new.api.keys_file))
 
-    return replace(new, control=old.control, api=old.api)
+
+def _without_keys(api: Api) -> Api:
+    return replace(api, keys=(), keys_file=None)

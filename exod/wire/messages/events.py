@@ -135,7 +135,7 @@ class Vectors:
 # `context_length_exceeded`: a `bad_request` whose prompt leaves no room in the context window
 # (its numbers in `prompt_tokens` and `window`), which each dialect words as its clients act on.
 ErrorCode = Literal["bad_request", "context_length_exceeded", "stopping", "aborted", "internal",
-                    "runner_gone", "hung"]
+                    "runner_gone", "hung", "key_revoked"]
 
 
 @dataclass(frozen=True)
