@@ -29,6 +29,7 @@ from loguru import logger
 
 from exod.api import page, stopping
 from exod.api.browser import CorsPolicy, HostPolicy
+from exod.api.audit import auditor
 from exod.api.dialects.anthropic import request as anthropic
 from exod.api.dialects.anthropic.output import AnthropicOutput, CountOutput
 from exod.api.dialects.embeddings.request import EmbedRequest, parse_embeddings, parse_rerank
@@ -129,7 +130,8 @@ class ApiServer(Middlewares, ModelList):
     async def start(self) -> None:
         """Bind and serve; raises OSError with a one-line message (e.g. port in use)."""
         self.load_keys()
-        app = web.Application(middlewares=[self._errors, self._browser, self._auth],
+        app = web.Application(middlewares=[self._errors, self._browser,
+                                           auditor(self.sup.usage), self._auth],
                               client_max_size=self.max_body)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from exod.wire import control as cm
 from exod.api import page
+from exod.api.audit import AUDIT_MODEL
 from exod.api.errors import ApiError, bad_request, model_not_found
 from exod.api.dialects.ollama.fields import OLLAMA_MANAGE
 from exod.api.fields import Reading
@@ -173,6 +174,7 @@ class OllamaManage:
 
     async def pull(self, request: web.Request) -> web.StreamResponse:
         name, body, ignored = await self.api.body(request, lambda b: model_field(b, "pull"))
+        request[AUDIT_MODEL] = name
         stream = http(rules.flag)(body.get("stream"), "stream", True)
         ref = self._repository(name, "pull")
         steps = hub_commands.follow(self.sup, ref)
@@ -205,6 +207,7 @@ class OllamaManage:
 
     async def delete(self, request: web.Request) -> web.Response:
         name, _, ignored = await self.api.body(request, lambda b: model_field(b, "delete"))
+        request[AUDIT_MODEL] = name
         ref = self._repository(name, "delete")
         try:
             removed = await hub_commands.remove_repo(self.sup, ref)
