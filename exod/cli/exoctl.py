@@ -400,5 +400,9 @@ def rm(client: Client, name: str) -> None:
     click.echo(f"{removed.removed}: {removed.detail or 'removed'}")
 
 
+from exod.cli.keys import key  # noqa: E402 (after main)
+
+main.add_command(key)
+
 if __name__ == "__main__":
     main()
