@@ -110,26 +110,34 @@ class ApiServer(Middlewares, ModelList):
         """Whether requests must send a key."""
         return self.keyring.auth
 
-    def load_keys(self, api: Api | None = None, instances: Collection[str] | None = None) -> None:
+    async def load_keys(self, api: Api | None = None,
+                        instances: Collection[str] | None = None) -> None:
         """(Re-)read the keys: api.keys and api.keys_file of `api` (default: the API's own
         config) and api.token_file's tokens, checked against `instances` (default: the
         daemon's). Raises OSError (one line) and keeps the old keys when any is unusable. A
-        key no longer accepted is revoked: its requests under way end at once."""
-        api = api or self.cfg
+        secret no longer accepted is revoked: the answers under way under it end at once."""
         names = list(self.sup.instances) if instances is None else instances
+        # Files are read in a thread: a slow disk must not stall the loop.
+        self.keyring = await asyncio.to_thread(self._read_keys, api or self.cfg, names)
+        ended = self.serving.live.accept(self.keyring.identities())
+        if ended:
+            logger.bind(event="keys-revoked", ended=ended).warning(
+                "{} answer(s) under way ended: their key was revoked", ended)
+
+    def _read_keys(self, api: Api, instances: Collection[str]) -> Keyring:
         tokens = [] if self.cfg.token_file is None else [
             digest(t.encode()) for t in read_tokens(self.cfg.token_file)]
         keys = list(api.keys)
         if api.keys_file is not None:
-            keys += read_keys_file(api.keys_file, names, taken=api.keys)
+            keys += read_keys_file(api.keys_file, instances, taken=api.keys)
         # The token file is the running API's (a new one takes a restart); the keys, the new.
-        self.keyring = Keyring(keyring_entries(keys, tokens), auth=self.cfg.token_file is not None
-                               or auth_configured(replace(api, token_file=None)))
+        return Keyring(keyring_entries(keys, tokens), auth=self.cfg.token_file is not None
+                       or auth_configured(replace(api, token_file=None)))
 
     # ---- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         """Bind and serve; raises OSError with a one-line message (e.g. port in use)."""
-        self.load_keys()
+        await self.load_keys()
         app = web.Application(middlewares=[self._errors, self._browser,
                                            auditor(self.sup.usage), self._auth],
                               client_max_size=self.max_body)
@@ -258,12 +266,12 @@ class ApiServer(Middlewares, ModelList):
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         req = await self.body(request, lambda b: parse_embeddings(b, self.cfg.strict_fields))
-        got = await self._embed(req)
+        got = await self._embed(request, req)
         return await json_answer(openai_embeddings(req, got), _size(got), req.ignored)
 
     async def rerank(self, request: web.Request) -> web.StreamResponse:
         req = await self.body(request, lambda b: parse_rerank(b, self.cfg.strict_fields))
-        got = await self._embed(req)
+        got = await self._embed(request, req)
         return await json_answer(rerank_answer(req, got), _size(got), req.ignored)
 
     async def ollama_embed(self, request: web.Request) -> web.StreamResponse:
@@ -276,16 +284,17 @@ class ApiServer(Middlewares, ModelList):
         arrived = time.monotonic_ns()
         view = await self.body(request, lambda b: ollama_embed.parse(b, legacy,
                                                                      self.cfg.strict_fields))
-        got = await self._embed(view.req, view.keep_alive)
+        got = await self._embed(request, view.req, view.keep_alive)
         took = time.monotonic_ns() - arrived
         size = _size(got)  # thousands of vectors are normalized off the loop
         body = await asyncio.to_thread(ollama_embed.embed_answer, view, got, took) \
             if size > BIG_ANSWER else ollama_embed.embed_answer(view, got, took)
         return await json_answer(body, size, view.req.ignored)
 
-    async def _embed(self, req: EmbedRequest, keep_alive: float | None = None) -> Embedded:
+    async def _embed(self, request: web.Request, req: EmbedRequest,
+                     keep_alive: float | None = None) -> Embedded:
         try:
-            return await self.embedder.run(req, keep_alive)
+            return await self.embedder.run(request, req, keep_alive)
         except ApiError as e:
             e.headers.update(header(req.ignored))
             raise

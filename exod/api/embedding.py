@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from exod.wire import messages as m
+from exod.api.access import KEY_ID, key_of
 from exod.api.dialects.embeddings.request import EmbedRequest
 from exod.api.errors import ApiError, runner_error
 from exod.api.ignored import header
@@ -60,7 +61,8 @@ class Embedder:
     def __init__(self, serving: Serving) -> None:
         self.serving = serving
 
-    async def run(self, req: EmbedRequest, keep_alive: float | None = None) -> Embedded:
+    async def run(self, request: web.Request, req: EmbedRequest,
+                  keep_alive: float | None = None) -> Embedded:
         """Serve a checked request: its results once the runner has given them all; raises
         ApiError (the daemon's refusal, the runner's error). `keep_alive`: the idle window it
         asks for (Ollama's, exod.core.keep_alive), None: the instance's own."""
@@ -68,7 +70,8 @@ class Embedder:
         arrived = time.monotonic_ns()
         with self.serving.metered() as meter:
             meter.inputs(req.embed.count)
-            lease = await self.serving.admit(req.model, req.embed.kind, meter, keep_alive)
+            lease = await self.serving.admit(req.model, req.embed.kind, meter, keep_alive,
+                                             key_of(request))
             try:
                 async with lease:
                     waited = time.monotonic_ns() - arrived
@@ -81,7 +84,8 @@ class Embedder:
                                        "invalid_request_error", "request_too_large",
                                        req.embed.named("texts")) from None
                     try:  # watched for a hang by the lease
-                        got = await _gather(stream, req.embed.count, meter)
+                        with self.serving.live.hold(request.get(KEY_ID, b""), stream):
+                            got = await _gather(stream, req.embed.count, meter)
                     finally:
                         stream.close()  # cancels the work unless it finished
             except NotAdmitted as e:

@@ -103,6 +103,8 @@ def runner_error(ev: m.Error) -> ApiError:
         return window_exceeded(words, param)
     if code in ("bad_request", "context_length_exceeded"):
         return bad_request(message, param)
+    if code == "key_revoked":
+        return unauthorized(message)
     if code in ("aborted", "stopping", "runner_gone", "hung"):
         return ApiError(503, message, "service_unavailable_error", code,
                         headers={"Retry-After": str(RETRY_AFTER_S)})

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from exod.api.access import check_instance, key_of
 from exod.api.errors import model_not_found
 from exod.api.request import ModelLimits
 from exod.api.view import DaemonView
@@ -58,7 +59,8 @@ class ModelList:
                                  else ["text"], "output_modalities": ["text"]}, **tail}
 
     async def models(self, request: web.Request) -> web.Response:
-        data = [await self._model_json(i) for i in self.sup.ordered()]
+        key = key_of(request)
+        data = [await self._model_json(i) for i in self.sup.ordered() if key.sees(i.name)]
         return web.json_response({"object": "list", "data": data, "has_more": False,
                                   "first_id": data[0]["id"] if data else None,
                                   "last_id": data[-1]["id"] if data else None})
@@ -68,6 +70,7 @@ class ModelList:
         inst = self.sup.serving(name)
         if inst is None:
             raise model_not_found(name)
+        check_instance(key_of(request), inst.name, name)
         return web.json_response(await self._model_json(inst))
 
 

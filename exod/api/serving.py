@@ -17,17 +17,19 @@ from loguru import logger
 
 from exod.wire import messages as m
 from exod.api.accounting import Account
+from exod.api.access import KEY_ID, check_instance, key_of
 from exod.api.errors import (ApiError, bad_request, model_not_found, not_ready, queue_full,
                              runner_error, served_elsewhere, serves_other)
 from exod.api.ignored import header
 from exod.api.image_fetch import Fetcher
 from exod.api.limit_errors import limited
+from exod.api.live import Live
 from exod.api.metrics import Meter, Metrics
 from exod.api.output import DialectOutput
 from exod.api.reply import Deltas, Whole
 from exod.api.request import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import DaemonView
-from exod.core.keys import ANONYMOUS
+from exod.core.keys import ApiKey
 from exod.core.usage.gate import Limited
 from exod.core.images import REQUEST_MEGAPIXELS, pixel_problem, unseen
 from exod.core.system_lines import drop_system_lines
@@ -81,6 +83,7 @@ class Serving:
         self.metrics = Metrics(sup, lambda inst: inst.lane.load())
         self.fetcher = fetcher
         self.megapixels = megapixels
+        self.live = Live()  # the answers under way, by key: a reload may revoke one
 
     # ---- one request ------------------------------------------------------------------------
     async def generate(self, request: web.Request, req: GenRequest, limits: Limits,
@@ -92,7 +95,7 @@ class Serving:
         exod.core.keep_alive); `adapt`: the dialect's last word on the request, from what
         the model can do, before the daemon starts anything for it. Its key's limits let it
         in or refuse it first, before anything starts (exod.api.accounting)."""
-        account = Account(self.sup.usage, request.get("key", ANONYMOUS), dialect, req.model,
+        account = Account(self.sup.usage, key_of(request), dialect, req.model,
                           counts=not req.gen.count_only)
         with self.metered() as meter:
             status = 499  # until there is an answer: the client left
@@ -132,10 +135,12 @@ class Serving:
             meter.finish(meter.status)
 
     async def admit(self, req_model: str, wants: Role | None, meter: Meter,
-                    keep_alive: float | None, vet: Vet | None = None) -> Lease:
+                    keep_alive: float | None, key: ApiKey, vet: Vet | None = None) -> Lease:
         """The daemon's one answer to a request: a lease, or its refusal worded (ApiError);
-        either way `meter` is labelled with the instance it concerns. `vet`:
-        exod.daemon.traffic.Vet."""
+        either way `meter` is labelled with the instance it concerns. `key`: the request's,
+        which may not see every instance. `vet`: exod.daemon.traffic.Vet."""
+        inst = self.sup.serving(req_model)
+        check_instance(key, None if inst is None else inst.name, req_model)
         try:
             lease = await self.traffic.admit(req_model, wants, keep_alive, vet)
         except NotAdmitted as e:
@@ -154,7 +159,7 @@ class Serving:
             if adapt is not None:
                 adapted = await adapt(inst, req)
 
-        lease = await self.admit(req.model, "chat", meter, keep_alive, vet)
+        lease = await self.admit(req.model, "chat", meter, keep_alive, key_of(request), vet)
         inst, req = lease.instance, adapted
         account.instance = inst.name
         req = await self._pictures(lease, req)
@@ -167,7 +172,8 @@ class Serving:
                     stream = lease.open(req.gen)
                 except TooLarge as e:
                     raise too_large_for_runner(req, e.size) from None
-                return await self._relay(request, req, stream, meter, out, account)
+                with self.live.hold(request.get(KEY_ID, b""), stream):
+                    return await self._relay(request, req, stream, meter, out, account)
         except NotAdmitted as e:
             raise refusal(e) from None
 

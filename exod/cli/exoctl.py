@@ -428,6 +428,9 @@ def usage(client: Client, key: str | None, since: str | None, as_json: bool) -> 
 
     click.echo(render_usage(answer, since))
 
+from exod.cli.keys import key  # noqa: E402 (after main)
+
+main.add_command(key)
 
 if __name__ == "__main__":
     main()

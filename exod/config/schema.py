@@ -557,10 +557,10 @@ class Key:
     scopes: tuple[Scope, ...] = field(
         default=("infer",),
         metadata=doc("What the key may do. `infer`: the model endpoints (every dialect's "
-                     "generation, embeddings, token counts and model lists); `manage`: also "
-                     "pull and delete models; `admin`: everything, `/metrics` (every key's figures) "
-                     "and every key's usage included. A request outside its scopes gets 403 "
-                     "naming the scope it needs."))
+                     "generation, embeddings, token counts and model lists, `/ready` and "
+                     "`/status.json`); `manage`: pull and delete models; `admin`: everything, "
+                     "`/metrics` (every key's figures) and every key's usage included. A "
+                     "request outside its scopes gets 403 naming the scope it needs."))
     instances: tuple[str, ...] | None = field(
         default=None,
         metadata=doc("The instances the key may use, by name; null (the default): every "

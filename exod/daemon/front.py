@@ -21,10 +21,11 @@ class Front(Protocol):
 
     async def close(self) -> None: ...
 
-    def load_keys(self, api: Api | None = None, instances: Collection[str] | None = None
-                  ) -> None:
+    async def load_keys(self, api: Api | None = None,
+                        instances: Collection[str] | None = None) -> None:
         """Read the keys again (api.keys, api.keys_file) and api.token_file's tokens; raises
-        OSError, and keeps the previous ones, when they are unusable."""
+        OSError, and keeps the previous ones, when they are unusable. Answers under a secret
+        no longer accepted end at once."""
         ...
 
     def info(self) -> ApiStatus: ...

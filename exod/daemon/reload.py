@@ -92,7 +92,7 @@ class Reloader:
             api = target.api
             if api is not None and not isinstance(new, ConfigError):
                 try:
-                    await asyncio.to_thread(api.load_keys, new.api, list(new.instances))
+                    await api.load_keys(new.api, list(new.instances))
                 except OSError as e:
                     logger.error("reload: {}; the API keeps its previous keys and tokens",
                                  e.strerror)

@@ -17,11 +17,13 @@ from aiohttp import web
 from exod.api.dialects.ollama import request as ollama_request
 from exod.api.dialects.ollama.output import OllamaOutput
 from exod.api.dialects.ollama.request import Endpoint, OllamaView
+from exod.api.access import check_instance, key_of
 from exod.api.errors import bad_request, model_not_found
 from exod.api.ignored import header
 from exod.api.dialects.ollama.objects import timestamp
 from exod.api.request import GenRequest
 from exod.api.serving import refusal
+from exod.core.keys import ApiKey
 from exod.core.states import State
 from exod.daemon.refusals import NotAdmitted
 
@@ -52,7 +54,7 @@ class OllamaGenerate:
             b, endpoint, self.api.cfg.strict_fields))
         if req is None:
             self.api.metrics.ignored.record(DIALECTS[endpoint], view.ignored)
-            return await self._load(view)
+            return await self._load(view, key_of(request))
         arrived = time.monotonic_ns()  # the answer's durations count from here
 
         async def adapt(inst: InstanceRuntime, req: GenRequest) -> GenRequest:
@@ -69,10 +71,12 @@ class OllamaGenerate:
         return await self.api.generate(request, DIALECTS[endpoint], req, out, view.keep_alive,
                                        adapt)
 
-    async def _load(self, view: OllamaView) -> web.Response:
+    async def _load(self, view: OllamaView, key: ApiKey) -> web.Response:
         """Nothing to generate: load the model (waiting while an on-demand instance starts),
         or with keep_alive 0 stop it once no request is in flight (within its floor)."""
         traffic = self.sup.traffic
+        named = self.sup.serving(view.model)
+        check_instance(key, None if named is None else named.name, view.model)
         try:
             if view.keep_alive == 0:
                 inst = self.sup.serving(view.model)

@@ -23,6 +23,7 @@ from aiohttp import web
 from exod.wire import control as cm
 from exod.api import page
 from exod.api.audit import AUDIT_MODEL
+from exod.api.access import check_instance, key_of
 from exod.api.errors import ApiError, bad_request, model_not_found
 from exod.api.dialects.ollama.fields import OLLAMA_MANAGE
 from exod.api.fields import Reading
@@ -109,12 +110,14 @@ class OllamaManage:
 
     async def tags(self, request: web.Request) -> web.Response:
         """The instances, as /v1/models lists them."""
-        models = [objects.tag(i.name, await self._facts(i)) for i in self.sup.ordered()]
+        key = key_of(request)
+        models = [objects.tag(i.name, await self._facts(i)) for i in self.sup.ordered()
+                  if key.sees(i.name)]
         return web.json_response({"models": models})
 
     async def show(self, request: web.Request) -> web.Response:
         name, _, ignored = await self.api.body(request, lambda b: model_field(b, "show"))
-        inst = self._instance(name)
+        inst = self._instance(request, name)
         facts = await self._facts(inst)
         caps = await inst.lane.capabilities()
         model_dir = await asyncio.to_thread(self.sup.hub.model_dir, inst)
@@ -130,10 +133,11 @@ class OllamaManage:
 
     async def ps(self, request: web.Request) -> web.Response:
         """What runs (ready), with the memory it was admitted with and when it stops idle."""
-        now, wall = self.sup.now(), time.time()
+        now, wall, key = self.sup.now(), time.time(), key_of(request)
         models = []
         for inst in self.sup.ordered():
-            if inst.state is not State.READY or inst.served_by is not None:
+            if inst.state is not State.READY or inst.served_by is not None \
+                    or not key.sees(inst.name):
                 continue
             facts = await self._facts(inst)
             due = inst.idle.stops_at()
@@ -144,23 +148,31 @@ class OllamaManage:
                                           unified=sys.platform == "darwin"))
         return web.json_response({"models": models})
 
-    def _instance(self, name: str) -> InstanceRuntime:
+    def _instance(self, request: web.Request, name: str) -> InstanceRuntime:
         inst = self.sup.serving(name)
         if inst is None:
             raise model_not_found(name)
+        check_instance(key_of(request), inst.name, name)
         return inst
 
     # ---- the cache ------------------------------------------------------------------------
-    def _repository(self, name: str, verb: str) -> HubRef:
+    def _repository(self, request: web.Request, name: str, verb: str) -> HubRef:
         """The hub repository a pull or delete names: a repository, or an instance's (its
-        model's); refused by name for anything else."""
+        model's); refused by name for anything else. A key limited to some instances may
+        name only their repositories: any other is unknown to it."""
         try:
             ref = repository(name)
         except ValueError as e:
             raise bad_request(f"`model`: {e}", "model") from None
+        key = key_of(request)
         if ref is not None:
+            if key.instances is not None and not any(
+                    i.config.hub is not None and i.config.hub.repo == ref.repo
+                    for i in self.sup.ordered() if key.sees(i.name)):
+                raise model_not_found(name)
             return ref
         inst = self.sup.serving(name)
+        check_instance(key, None if inst is None else inst.name, name)
         if inst is None:
             raise ApiError(404, f"model '{name}' not found: exod {verb}s models of the Hugging "
                                 "Face hub, named ORG/NAME (or hf.co/ORG/NAME[:REVISION]), or "
@@ -176,7 +188,7 @@ class OllamaManage:
         name, body, ignored = await self.api.body(request, lambda b: model_field(b, "pull"))
         request[AUDIT_MODEL] = name
         stream = http(rules.flag)(body.get("stream"), "stream", True)
-        ref = self._repository(name, "pull")
+        ref = self._repository(request, name, "pull")
         steps = hub_commands.follow(self.sup, ref)
         if not stream:
             async for step in steps:
@@ -208,7 +220,7 @@ class OllamaManage:
     async def delete(self, request: web.Request) -> web.Response:
         name, _, ignored = await self.api.body(request, lambda b: model_field(b, "delete"))
         request[AUDIT_MODEL] = name
-        ref = self._repository(name, "delete")
+        ref = self._repository(request, name, "delete")
         try:
             removed = await hub_commands.remove_repo(self.sup, ref)
         except hub_commands.InUse as e:
