@@ -16,13 +16,11 @@ from typing import Any
 import pytest
 
 from exod.wire import messages as m
-from exod.core.shards import Shard
 from exod.runner.cpu import blas
 
 blas.preload()  # before mlx, as in the runner
-from exod.runner.cpu import fused  # noqa: E402
 from exod.runner.load import Loaded  # noqa: E402
-from exod.runner.text.load import load_shard  # noqa: E402
+from tests.integration.whole_model import load_whole  # noqa: E402
 from exod.runner.serving.batch_engine import BatchEngine  # noqa: E402
 
 QUESTIONS = ["What is the capital of France?", "Count to five.", "Name a colour.", "Say hi.",
@@ -34,13 +32,7 @@ ids = itertools.count()
 
 
 def load(env: str) -> Loaded:
-    path = Path(os.environ[env])
-    from exod.facts.model_dir import model_layer_count
-
-    n = model_layer_count(path) or 0
-    fused.install()  # as the runner serves
-    return load_shard(path, Shard(0, 1, 0, n, n), progress=lambda i, n: None,
-                      should_stop=lambda: False)
+    return load_whole(Path(os.environ[env]))
 
 
 @pytest.fixture(scope="module")

@@ -27,14 +27,11 @@ from pathlib import Path
 import pytest
 
 from exod.wire import messages as m
-from exod.core.shards import Shard
 from exod.runner.cpu import blas
 
 blas.preload()  # before mlx, as in the runner
-from exod.facts.model_dir import model_layer_count  # noqa: E402
-from exod.runner.cpu import fused  # noqa: E402
 from exod.runner.load import Loaded  # noqa: E402
-from exod.runner.text.load import load_shard  # noqa: E402
+from tests.integration.whole_model import load_whole  # noqa: E402
 from exod.runner.prompt_cache import fingerprint as fp  # noqa: E402
 from exod.runner.prompt_cache.disk import DiskTier  # noqa: E402
 from exod.runner.serving import can_batch, disk_loads  # noqa: E402
@@ -61,11 +58,7 @@ EOS = 2
 ids = itertools.count()
 
 
-def load(path: Path) -> Loaded:
-    n = model_layer_count(path) or 0
-    fused.install()  # as the runner serves
-    return load_shard(path, Shard(0, 1, 0, n, n), progress=lambda i, n: None,
-                      should_stop=lambda: False)
+load = load_whole
 
 
 def disk(root: Path, model: Path, **kw: int | bool) -> DiskTier:

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from exod.wire import messages as m
-from exod.core.shards import Shard
 from exod.runner.cpu import blas
 
 blas.preload()  # before mlx, as in the runner
@@ -26,11 +25,10 @@ from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.models.cache import KVCache, QuantizedKVCache  # noqa: E402
 from mlx_lm.sample_utils import make_logits_processors  # noqa: E402
 
-from exod.runner.cpu import fused  # noqa: E402
 from exod.runner.load import Loaded  # noqa: E402
+from tests.integration.whole_model import load_whole  # noqa: E402
 from exod.runner.serving.batch_engine import BatchEngine  # noqa: E402
 from exod.runner.serving.gen_options import KvOptions  # noqa: E402
-from exod.runner.text.load import load_shard  # noqa: E402
 
 EOS = 2  # the tiny model's end token: banned, so every answer has max_tokens tokens
 QUESTIONS = ["What is the capital of France?", "Count to five.", "Name a colour.",
@@ -41,13 +39,7 @@ ids = itertools.count()
 
 @pytest.fixture(scope="module")
 def tiny() -> Loaded:
-    from exod.facts.model_dir import model_layer_count
-
-    path = Path(os.environ["EXOD_TEST_TINY"])
-    n = model_layer_count(path) or 0
-    fused.install()  # as the runner serves (the reference runs on the same kernels)
-    return load_shard(path, Shard(0, 1, 0, n, n), progress=lambda i, n: None,
-                      should_stop=lambda: False)
+    return load_whole(Path(os.environ["EXOD_TEST_TINY"]))
 
 
 def engine(loaded: Loaded, kv: KvOptions | None, width: int = 4, cache_bytes: int = 0,

@@ -21,20 +21,17 @@ import time
 from pathlib import Path
 import pytest
 
-from exod.core.shards import Shard
 from exod.runner.cpu import blas
 from exod.wire import messages as m
 
 blas.preload()  # before mlx, as in the runner
-from exod.facts.model_dir import model_layer_count  # noqa: E402
-from exod.runner.cpu import fused  # noqa: E402
 from exod.runner.load import Loaded  # noqa: E402
+from tests.integration.whole_model import load_whole  # noqa: E402
 from exod.runner.prompt_cache import fingerprint as fp  # noqa: E402
 from exod.runner.prompt_cache.disk import DiskTier  # noqa: E402
 from exod.runner.serving import can_batch  # noqa: E402
 from exod.runner.serving.batch_engine import BatchEngine  # noqa: E402
 from exod.runner.serving.shared_prefix import common_prefix  # noqa: E402
-from exod.runner.text.load import load_shard  # noqa: E402
 
 ZOO: dict[str, dict[str, str]] = json.loads(os.environ.get("EXOD_TEST_ZOO_JSON", "{}"))
 EOS = 2  # the tiny and zoo models' end token, banned: every answer is max_tokens long
@@ -49,11 +46,7 @@ UNLIKE_ALONE = {
 }
 
 
-def load(path: Path) -> Loaded:
-    n = model_layer_count(path) or 0
-    fused.install()  # as the runner serves
-    return load_shard(path, Shard(0, 1, 0, n, n), progress=lambda i, n: None,
-                      should_stop=lambda: False)
+load = load_whole
 
 
 def prompts(loaded: Loaded, n: int, prefix: int) -> tuple[list[str], int]:
@@ -115,6 +108,24 @@ def finish(e: BatchEngine, reqs: list[m.Generate], cancel: str | None = None,
     return got
 
 
+def burst(e: BatchEngine, texts: list[str], cancel_first_at: int | None = None
+          ) -> tuple[list[m.Generate], dict[str, str]]:
+    """`texts` admitted at once and stepped until done (the first cancelled at that step, if
+    given): the requests and each one's text."""
+    reqs = [ask(t) for t in texts]
+    for r in reqs:
+        e.admit(r)
+    if cancel_first_at is None:
+        return reqs, finish(e, reqs)
+    return reqs, finish(e, reqs, cancel=reqs[0].id, after=cancel_first_at)
+
+
+def solo(loaded: Loaded, reqs: list[m.Generate], texts: list[str], got: dict[str, str]
+         ) -> list[bool]:
+    """Whether each request's text is in-process mlx-lm's for its prompt alone."""
+    return [got[r.id] == reference(loaded, p) for r, p in zip(reqs, texts, strict=True)]
+
+
 def prefilled(e: BatchEngine, requests: int) -> int:
     """Prompt tokens mlx-lm's BatchGenerator put through the model since it was made, with
     each request's last (its counters count it as the first decode step's)."""
@@ -127,18 +138,14 @@ def tiny() -> Loaded:
 
 
 def test_a_burst_prefills_its_shared_prefix_once_with_each_solo_tokens(tiny: Loaded) -> None:
-    burst, shared = prompts(tiny, 4, prefix=300)
+    texts, shared = prompts(tiny, 4, prefix=300)
     e = engine(tiny)
-    reqs = [ask(p) for p in burst]
-    for r in reqs:
-        e.admit(r)
-    got = finish(e, reqs)
-    for r, p in zip(reqs, burst, strict=True):
-        assert got[r.id] == reference(tiny, p), r.id
+    reqs, got = burst(e, texts)
+    assert all(solo(tiny, reqs, texts, got)), got
     s = e.serving()
     assert s.shared_hits == 3 and s.shared_tokens == 3 * shared, (s, shared)
     # The prefix once, and each prompt's own part (alone: every prompt whole).
-    alone = sum(length(tiny, p) for p in burst)
+    alone = sum(length(tiny, p) for p in texts)
     assert prefilled(e, 4) == alone - 3 * shared, (prefilled(e, 4), alone, shared)
 
 
@@ -159,14 +166,10 @@ def test_a_follower_that_joins_half_way_takes_what_the_leader_has(tiny: Loaded) 
 
 
 def test_cancelling_the_leader_fails_no_follower(tiny: Loaded) -> None:
-    burst, _ = prompts(tiny, 3, prefix=400)
+    texts, _ = prompts(tiny, 3, prefix=400)
     e = engine(tiny)
-    reqs = [ask(p) for p in burst]
-    for r in reqs:
-        e.admit(r)
-    got = finish(e, reqs, cancel=reqs[0].id, after=2)  # half way through the shared part
-    for r, p in list(zip(reqs, burst, strict=True))[1:]:
-        assert got[r.id] == reference(tiny, p), r.id
+    reqs, got = burst(e, texts, cancel_first_at=2)  # half way through the shared part
+    assert all(solo(tiny, reqs[1:], texts[1:], got)), got
     # One of the followers led the other through the rest of the prefix.
     assert e.serving().shared_hits == 1, e.serving()
 
@@ -180,19 +183,13 @@ def test_a_prefix_on_disk_is_read_once_for_a_burst(tiny: Loaded, tmp_path: Path)
         assert t.settled.wait(60) and t.writer.drain(time.monotonic() + 60), t.state
         return t
 
-    burst, shared = prompts(tiny, 4, prefix=300)
+    texts, shared = prompts(tiny, 4, prefix=300)
     before = engine(tiny, tier())
-    lone = ask(burst[0])
-    before.admit(lone)
-    finish(before, [lone])
+    burst(before, texts[:1])
     before.save_cache(time.monotonic() + 60)
     after = engine(tiny, tier())  # a restart: nothing in RAM
-    reqs = [ask(p) for p in burst]
-    for r in reqs:
-        after.admit(r)
-    got = finish(after, reqs)
-    for r, p in zip(reqs, burst, strict=True):
-        assert got[r.id] == reference(tiny, p), r.id
+    reqs, got = burst(after, texts)
+    assert all(solo(tiny, reqs, texts, got)), got
     s = after.serving()
     assert s.disk_hits == 1 and s.shared_hits == 3, s
 
@@ -202,16 +199,13 @@ def test_every_family_shares_a_burst_with_each_solo_tokens(name: str) -> None:
     loaded = load(Path(ZOO[name]["path"]))
     if can_batch.why_not(loaded.model) is not None:
         return  # served by turns: one request at a time, nothing in flight to share
-    burst, shared = prompts(loaded, 3, prefix=300)
+    texts, shared = prompts(loaded, 3, prefix=300)
     e = engine(loaded)
-    reqs = [ask(p) for p in burst]
-    for r in reqs:
-        e.admit(r)
-    got = finish(e, reqs)
-    alike = [got[r.id] == reference(loaded, p) for r, p in zip(reqs, burst, strict=True)]
+    reqs, got = burst(e, texts)
+    alike = solo(loaded, reqs, texts, got)
     assert all(alike) != (name in UNLIKE_ALONE), (name, alike)
     s = e.serving()
     assert s.shared_hits == 2, (name, s)
     # The shared part through the model once, but for at most a chunk per follower.
-    alone = sum(length(loaded, p) for p in burst)
+    alone = sum(length(loaded, p) for p in texts)
     assert prefilled(e, 3) <= alone - 2 * (shared - CHUNK), (name, prefilled(e, 3), alone, shared)

@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from exod.wire import messages as m
-from exod.core.shards import Shard
 from exod.runner.cpu import blas
 
 blas.preload()  # before mlx, as in the runner
@@ -29,11 +28,11 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.sample_utils import make_logits_processors  # noqa: E402
 
-from exod.runner.cpu import fused  # noqa: E402
 from exod.runner.load import Loaded  # noqa: E402
+from tests.integration.whole_model import load_whole  # noqa: E402
 from exod.runner.serving.batch_engine import BatchEngine  # noqa: E402
 from exod.runner.serving.gen_options import Draft  # noqa: E402
-from exod.runner.text.load import load_draft, load_shard  # noqa: E402
+from exod.runner.text.load import load_draft  # noqa: E402
 
 QUESTIONS = ["What is the capital of France?", "Count to five.", "Name a colour.", "Say hi."]
 TOKENS = 3  # drafted a step
@@ -41,13 +40,7 @@ ids = itertools.count()
 
 
 def load(env: str) -> Loaded:
-    from exod.facts.model_dir import model_layer_count
-
-    path = Path(os.environ[env])
-    n = model_layer_count(path) or 0
-    fused.install()  # as the runner serves
-    return load_shard(path, Shard(0, 1, 0, n, n), progress=lambda i, n: None,
-                      should_stop=lambda: False)
+    return load_whole(Path(os.environ[env]))
 
 
 @pytest.fixture(scope="module")

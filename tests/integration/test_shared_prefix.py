@@ -41,11 +41,18 @@ def mlx_lm_greedy(model: Path, questions: list[str]) -> list[str]:
     return texts
 
 
+@pytest.fixture(scope="module")
+def solo(tiny_model_factory: Callable[..., Path]) -> tuple[Path, list[str]]:
+    """The model, and in-process mlx-lm's answer to each question alone: the same for every
+    layout, so made once (and the module's tests run on one worker)."""
+    model = tiny_model_factory(layers=6)
+    return model, mlx_lm_greedy(model, QUESTIONS)
+
+
 @pytest.mark.parametrize("layout", ["one", "pipeline", "tensor"])
 def test_agents_that_arrive_together_prefill_their_system_prompt_once(
-        daemons: Callable[..., Daemon], tiny_model_factory: Callable[..., Path],
-        layout: str) -> None:
-    model = tiny_model_factory(layers=6)
+        daemons: Callable[..., Daemon], solo: tuple[Path, list[str]], layout: str) -> None:
+    model, alone = solo
     split = {} if layout == "one" else {"shards": 2, "parallelism": layout}
     d = daemons({"instances": {"g": {"model": str(model), "max_concurrency": 8, **split}}})
     d.start()
@@ -69,7 +76,7 @@ def test_agents_that_arrive_together_prefill_their_system_prompt_once(
         lead.close()  # the one they followed leaves: none of them fails
         answers = [f.result() for f in running]
     texts = [a.choices[0].message.content for a in answers]
-    assert texts == mlx_lm_greedy(model, QUESTIONS)
+    assert texts == alone
     cache = d.instance("g")["serving"]["prompt_cache"]
     assert cache["lookups"] == 4 and cache["hits"] == 0 and cache["shared_hits"] == 3, cache
     assert cache["shared_tokens"] >= 3 * 500, cache
