@@ -29,6 +29,7 @@ from loguru import logger
 
 from exod.api import page, stopping
 from exod.api.browser import CorsPolicy, HostPolicy
+from exod.api.audit import auditor
 from exod.api.dialects.anthropic import request as anthropic
 from exod.api.dialects.anthropic.output import AnthropicOutput, CountOutput
 from exod.api.dialects.embeddings.request import EmbedRequest, parse_embeddings, parse_rerank
@@ -136,7 +137,8 @@ class ApiServer(Middlewares, ModelList):
         """Read the keys (which may name `instances`), bind and serve; raises OSError with a
         one-line message (a port in use, a keys file that cannot be used)."""
         await self.load_keys(self.cfg, instances)
-        app = web.Application(middlewares=[self._errors, self._browser, self._auth],
+        app = web.Application(middlewares=[self._errors, self._browser,
+                                           auditor(self.sup.usage), self._auth],
                               client_max_size=self.max_body)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
@@ -304,7 +306,7 @@ class ApiServer(Middlewares, ModelList):
         self.metrics.ignored.record(dialect, req.ignored)
         try:
             return await self.serving.generate(request, req, self.limits, out, keep_alive,
-                                               adapt)
+                                               adapt, dialect)
         except ApiError as e:
             e.headers.update(header(req.ignored))
             raise

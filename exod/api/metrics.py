@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from exod.wire import messages as m
 from exod.api.ignored import IgnoredFields
+from exod.api.key_metrics import key_metrics
 from exod.api.view import DaemonView
 from exod.core.ladder import Step
 from exod.core.states import State
@@ -152,6 +153,7 @@ class LiveCollector(Collector):
                                   "that reloads refused", value=d.reloader.config_errors)
         yield from self._instances(list(d.ordered()))
         yield from self._requests()
+        yield from key_metrics(d.usage)
         ignored = CounterMetricFamily("exod_ignored_fields", "Request fields accepted and not "
                                       "used (unknown, or naming a tool exod does not run), by "
                                       "dialect and field path", labels=["dialect", "field"])

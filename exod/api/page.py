@@ -4,12 +4,14 @@ page is open. Nothing runs in the daemon for the page when nobody looks at it.""
 
 from __future__ import annotations
 
+import time
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from exod.core.usage.recent import SPAN
 from exod.wire.protocol import to_wire
 
 if TYPE_CHECKING:
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
     from exod.api.view import DaemonView
 
 LOG_LINES = 8  # per instance, on the page
+TOP_KEYS = 10  # the busiest keys, on the page
 
 
 @cache
@@ -41,6 +44,8 @@ def status_json(sup: DaemonView, serving: Serving) -> dict[str, Any]:
             "generated_tokens": stats.generated_tokens if stats else 0,
             "prompt_tokens": stats.prompt_tokens if stats else 0,
         }
-    return {**snap, "serving": figures,
+    keys = [{"key": k.key, "in_flight": k.in_flight, "recent_tokens": k.recent_tokens}
+            for k in sup.usage.gate.load(time.monotonic())[:TOP_KEYS]]
+    return {**snap, "serving": figures, "keys": keys, "keys_span_s": SPAN,
             "logs": {i.name: [line.to_json() for line in sup.logs.tail(i.name, LOG_LINES)]
                      for i in sup.ordered()}}

@@ -7,6 +7,7 @@ the request on rank 0's link, and relay the events back, whole or as SSE. Every 
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import replace
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
@@ -15,11 +16,13 @@ from aiohttp import web
 from loguru import logger
 
 from exod.wire import messages as m
+from exod.api.accounting import Account
 from exod.api.access import KEY_ID, check_instance, key_of
 from exod.api.errors import (ApiError, bad_request, model_not_found, not_ready, queue_full,
                              runner_error, served_elsewhere, serves_other)
 from exod.api.ignored import header
 from exod.api.image_fetch import Fetcher
+from exod.api.limit_errors import limited
 from exod.api.live import Live
 from exod.api.metrics import Meter, Metrics
 from exod.api.output import DialectOutput
@@ -27,6 +30,7 @@ from exod.api.reply import Deltas, Whole
 from exod.api.request import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import DaemonView
 from exod.core.keys import ApiKey
+from exod.core.usage.gate import Limited
 from exod.core.images import REQUEST_MEGAPIXELS, pixel_problem, unseen
 from exod.core.system_lines import drop_system_lines
 from exod.core.sizes import format_size
@@ -84,15 +88,35 @@ class Serving:
     # ---- one request ------------------------------------------------------------------------
     async def generate(self, request: web.Request, req: GenRequest, limits: Limits,
                        out: DialectOutput, keep_alive: float | None = None,
-                       adapt: Adapt | None = None) -> web.StreamResponse:
+                       adapt: Adapt | None = None, dialect: str = "chat"
+                       ) -> web.StreamResponse:
         """Serve one request; `out`: the dialect its answer is rendered in (exod.api.output,
         exod.api.dialects); `keep_alive`: the idle window it asks for once it ends (Ollama's,
         exod.core.keep_alive); `adapt`: the dialect's last word on the request, from what
-        the model can do, before the daemon starts anything for it."""
+        the model can do, before the daemon starts anything for it. Its key's limits let it
+        in or refuse it first, before anything starts (exod.api.accounting)."""
+        account = Account(self.sup.usage, key_of(request), dialect, req.model,
+                          counts=not req.gen.count_only)
         with self.metered() as meter:
-            resp = await self._admitted(request, req, meter, limits, out, keep_alive, adapt)
-            meter.status = resp.status
-            return resp
+            status = 499  # until there is an answer: the client left
+            try:
+                try:
+                    account.admit()
+                except Limited as e:
+                    raise limited(e, time.time()) from None
+                resp = await self._admitted(request, req, meter, limits, out, keep_alive,
+                                            adapt, account)
+                status = meter.status = resp.status
+                return resp
+            except ApiError as e:
+                status = e.status
+                raise
+            except Exception:
+                status = 500
+                raise
+            finally:
+                await account.finish(meter.failed_code if status == 200 and meter.failed_code
+                                     else status)
 
     @contextlib.contextmanager
     def metered(self) -> Iterator[Meter]:
@@ -127,7 +151,7 @@ class Serving:
 
     async def _admitted(self, request: web.Request, req: GenRequest, meter: Meter,
                         limits: Limits, out: DialectOutput, keep_alive: float | None,
-                        adapt: Adapt | None) -> web.StreamResponse:
+                        adapt: Adapt | None, account: Account) -> web.StreamResponse:
         adapted = req
 
         async def vet(inst: InstanceRuntime) -> None:
@@ -137,6 +161,7 @@ class Serving:
 
         lease = await self.admit(req.model, "chat", meter, keep_alive, key_of(request), vet)
         inst, req = lease.instance, adapted
+        account.instance = inst.name
         req = await self._pictures(lease, req)
         req = apply_limits(req, await limits(inst))
         req = with_template_defaults(req, inst.config.chat_template_kwargs)
@@ -148,7 +173,7 @@ class Serving:
                 except TooLarge as e:
                     raise too_large_for_runner(req, e.size) from None
                 with self.live.hold(request.get(KEY_ID, b""), stream):
-                    return await self._relay(request, req, stream, meter, out)
+                    return await self._relay(request, req, stream, meter, out, account)
         except NotAdmitted as e:
             raise refusal(e) from None
 
@@ -170,24 +195,26 @@ class Serving:
         return req
 
     async def _relay(self, request: web.Request, req: GenRequest, stream: RequestStream,
-                     meter: Meter, out: DialectOutput) -> web.StreamResponse:
+                     meter: Meter, out: DialectOutput, account: Account
+                     ) -> web.StreamResponse:
         # Closed here, when the answer is: left to the garbage collector, an unfinished async
         # generator costs the event loop a wake-up and a task of its own to close it.
         try:  # watched for a hang by the lease
-            async with contextlib.aclosing(_events(stream, meter, out)) as events:
+            async with contextlib.aclosing(_events(stream, meter, out, account)) as events:
                 if req.stream:
-                    return await _stream(request, req, events, meter, out)
-                return await _whole(req, events, out)
+                    return await _stream(request, req, events, meter, out, account)
+                return await _whole(req, events, out, account)
         finally:
             stream.close()  # cancels the generation unless it finished
 
 
-async def _events(stream: RequestStream, meter: Meter,
-                  out: DialectOutput) -> AsyncGenerator[m.Event, None]:
+async def _events(stream: RequestStream, meter: Meter, out: DialectOutput,
+                  account: Account) -> AsyncGenerator[m.Event, None]:
     """Every event of the request (progress for the hang watch is counted as they arrive)."""
     while True:
         ev = await stream.next()
         meter.event(ev)
+        account.event(ev)
         out.seen(ev)
         yield ev
 
@@ -206,8 +233,8 @@ def too_large_for_runner(req: GenRequest, size: int) -> ApiError:
                     "invalid_request_error", "request_too_large", param)
 
 
-async def _whole(req: GenRequest, events: AsyncIterator[m.Event],
-                 out: DialectOutput) -> web.Response:
+async def _whole(req: GenRequest, events: AsyncIterator[m.Event], out: DialectOutput,
+                 account: Account) -> web.Response:
     deltas, whole = Deltas(), Whole()
     async for ev in events:
         if isinstance(ev, (m.Prefill, m.Held, m.Vectors)):
@@ -216,12 +243,13 @@ async def _whole(req: GenRequest, events: AsyncIterator[m.Event],
             raise runner_error(ev)
         reply = whole.add(deltas.of(ev))
         if reply is not None:
+            await account.finish(200)  # its record on disk before the client has the answer
             return web.json_response(out.whole(reply), headers=header(req.ignored))
     raise AssertionError("unreachable: the event stream never ends")
 
 
 async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m.Event],
-                  meter: Meter, out: DialectOutput) -> web.StreamResponse:
+                  meter: Meter, out: DialectOutput, account: Account) -> web.StreamResponse:
     # The runner checks a request against the model when it takes it: its refusal is the first
     # event, and becomes the answer's status (a 400 naming the field), before any header.
     first = await anext(events)
@@ -244,6 +272,7 @@ async def _stream(request: web.Request, req: GenRequest, events: AsyncIterator[m
                     continue
                 if isinstance(ev, m.Done):
                     last = out.delta(deltas.of(ev))
+                    await account.finish(200)  # on disk before the stream's end is sent
                 else:
                     err = runner_error(ev)
                     meter.failed_code = err.status

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from exod.wire.control_status import Snapshot
     from exod.daemon.log_ring import LogRings
     from exod.daemon.traffic import Traffic
+    from exod.daemon.usage.keeper import UsageKeeper
 
 
 class DaemonView(Protocol):
@@ -39,6 +40,11 @@ class DaemonView(Protocol):
 
     @property
     def traffic(self) -> Traffic: ...
+
+    @property
+    def usage(self) -> UsageKeeper:
+        """The keys' limits, their usage and the audit log."""
+        ...
 
     def instance(self, name: str) -> InstanceRuntime | None: ...
 

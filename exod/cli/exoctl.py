@@ -400,6 +400,34 @@ def rm(client: Client, name: str) -> None:
     click.echo(f"{removed.removed}: {removed.detail or 'removed'}")
 
 
+@main.command()
+@click.option("--key", default=None, metavar="K", help="That key's requests only.")
+@click.option("--since", default=None, metavar="DURATION",
+              help="The records of this long back only, e.g. 7d, 12h (default: every one the "
+                   "log holds).")
+@click.option("--json", "as_json", is_flag=True, help="Print the sums as JSON.")
+@click.pass_obj
+def usage(client: Client, key: str | None, since: str | None, as_json: bool) -> None:
+    """What each key used, per instance, from exod's usage log: requests, prompt tokens (and
+    those taken from the prompt cache), completion tokens, time on the batch."""
+    from exod.core.durations import parse_duration
+
+    start = None
+    if since is not None:
+        try:
+            start = time.time() - parse_duration(since)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--since") from None
+    answer = ok_or_fail(client.call(cm.UsageRequest(key, start)), cm.UsageReply)
+    if as_json:
+        out = to_wire(answer)
+        out.pop("ok", None)
+        click.echo(json.dumps(out, indent=2))
+        return
+    from exod.cli.usage_view import render_usage
+
+    click.echo(render_usage(answer, since))
+
 from exod.cli.keys import key  # noqa: E402 (after main)
 
 main.add_command(key)

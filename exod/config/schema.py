@@ -705,6 +705,33 @@ class Api:
 
 
 @dataclass(frozen=True)
+class UsageLog:
+    """What exod keeps of each key's use (docs/usage.md)."""
+
+    folder: Path | None = field(
+        default=None,
+        metadata=doc("The folder of the usage log (`usage-NNNNNNNN.jsonl`: a JSON line per "
+                     "finished request), the audit log (`audit-NNNNNNNN.jsonl`: a line per "
+                     "`manage` or `admin` action) and the quotas' checkpoint (`quota.json`). "
+                     "Null: `usage` in the state folder (`$STATE_DIRECTORY/usage` under "
+                     "systemd's `StateDirectory=`, else `$XDG_STATE_HOME/exod/usage`, else "
+                     "/var/lib/exod/usage as root, else ~/.local/state/exod/usage). exod makes "
+                     "it mode 0700 and its files 0600, whatever the umask. Read at start."),
+    )
+    max_file_mib: int = field(
+        default=16,
+        metadata=doc("A log's file is closed and a new one begun past this size, in MiB.",
+                     minimum=1, maximum=4096),
+    )
+    keep_files: int = field(
+        default=8,
+        metadata=doc("Files kept of each log; the oldest is removed past it (what it counted "
+                     "toward the quotas is kept in `quota.json` first).",
+                     minimum=1, maximum=10000),
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     """A whole, validated configuration: the main file plus its includes."""
 
@@ -730,6 +757,10 @@ class Config:
     hub: Hub = field(
         default_factory=Hub,
         metadata=doc("Models named by hub repository (`model: hf:ORG/NAME`)."),
+    )
+    usage: UsageLog = field(
+        default_factory=UsageLog,
+        metadata=doc("The usage log, the audit log and the quotas kept across restarts."),
     )
     defaults: Defaults = field(
         default_factory=Defaults,

@@ -18,6 +18,7 @@ from exod.daemon.control import CommandError, Emit
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.log_ring import Line, LogRings
 from exod.daemon.reload import Reloader
+from exod.daemon.usage.keeper import UsageKeeper
 
 MAX_TAIL = 100_000  # more than any ring holds: asking for more is asking for everything
 
@@ -48,6 +49,9 @@ class CommandTarget(Protocol):
     def logs(self) -> LogRings: ...
 
     def ordered(self) -> list[InstanceRuntime]: ...
+
+    @property
+    def usage(self) -> UsageKeeper: ...
 
     def cache_folder(self, inst: InstanceRuntime) -> Path | None:
         """The instance's folder of the prompt cache's disk tier on this host; None while
@@ -117,7 +121,16 @@ class Commands:
         if isinstance(req, cm.ClearCacheRequest):
             chosen = [self._get(req.name)] if req.name is not None else sup.ordered()
             return cache_commands.clear(chosen, sup.cache_folder)
+        if isinstance(req, cm.UsageRequest):
+            return await self._usage(req)
         return await self._logs(req, emit)
+
+    async def _usage(self, req: cm.UsageRequest) -> cm.UsageReply:
+        usage = self.sup.usage
+        sums = await usage.summary(req.key, req.since)
+        return cm.UsageReply(str(usage.folder), [cm.UsageSums(
+            s.key, s.instance, s.requests, s.failed, s.prompt_tokens, s.cached_tokens,
+            s.completion_tokens, round(s.batch_seconds, 6)) for s in sums])
 
     async def _stopped(self, inst: InstanceRuntime, operator: bool) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -48,6 +48,7 @@ from exod.daemon.readiness import Readiness
 from exod.daemon.reload import Reloader
 from exod.daemon.heap import HeapTrim
 from exod.daemon.traffic import Traffic
+from exod.daemon.usage.keeper import UsageKeeper
 from exod.daemon.manager_notify import watchdog_interval
 
 
@@ -95,6 +96,7 @@ class Supervisor:
         self.heap = HeapTrim(self)  # freed memory back to the system, after busy minutes
         # requests: on-demand starts, idle stops, queues, hangs
         self.traffic = Traffic(self, touched=self.heap.touched)
+        self.usage = UsageKeeper(config.usage)  # keys' limits, their usage and audit logs
 
     # ---- InstanceSeam, and DownloadSeam's clock and signals ------------------------------
     @property
@@ -220,6 +222,7 @@ class Supervisor:
         self.procs = ProcessTable(self.loop, self.logs.add)
         self.procs.install()
         try:
+            await self.usage.start()
             await self.control.start()
             await self._start_api()
         except (OSError, ValueError) as e:
@@ -228,6 +231,7 @@ class Supervisor:
             logger.error("cannot start: {}", why)
             self.service.errno(err, f"cannot start: {why}")
             await self.control.close()
+            self.usage.close()
             return 1
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._on_stop_signal, sig)
@@ -254,6 +258,7 @@ class Supervisor:
         if self.api is not None:
             await self.api.close()
         await self.control.close()
+        self.usage.close()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             self.loop.remove_signal_handler(sig)
         logger.info("exod stopped")

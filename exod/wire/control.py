@@ -120,8 +120,18 @@ class ClearCacheRequest:
     name: str | None = None
 
 
+@dataclass(frozen=True)
+class UsageRequest:
+    """The usage log's sums per key and instance, of the records since `since` (epoch
+    seconds; None: every one the log holds), of the key `key` only when given."""
+
+    type: ClassVar[str] = "usage"
+    key: str | None = None
+    since: float | None = None
+
+
 Request = (GetStatus | Start | Stop | RestartRequest | Reload | Wait | Watch | Logs | Pull | Models
-           | RemoveModel | ClearCacheRequest)
+           | RemoveModel | ClearCacheRequest | UsageRequest)
 REQUESTS: dict[str, type[Any]] = {c.type: c for c in typing.get_args(Request)}
 STREAMING = (Wait, Watch, Logs, Pull)  # they end when their client goes away
 
@@ -233,8 +243,27 @@ class ClearedReply:
     ok: bool = True
 
 
+@dataclass(frozen=True)
+class UsageSums:
+    key: str
+    instance: str
+    requests: int
+    failed: int  # answered with a status of 400 or more (499: the client left)
+    prompt_tokens: int
+    cached_tokens: int  # of prompt_tokens: taken from the prompt cache
+    completion_tokens: int
+    batch_seconds: float  # from the runner's first word on each request to its end
+
+
+@dataclass(frozen=True)
+class UsageReply:
+    folder: str  # where the log is
+    sums: list[UsageSums]
+    ok: bool = True
+
+
 Reply = (Failure | StatusReply | StateReply | ReloadReply | WaitReply | DoneReply | PullReply
-         | ModelsReply | RemovedReply | ClearedReply)
+         | ModelsReply | RemovedReply | ClearedReply | UsageReply)
 
 
 def decode_reply(obj: dict[str, Any], expect: type[Any]) -> Any:
@@ -291,7 +320,8 @@ EVENTS: dict[str, type[Any]] = {c.type: c for c in typing.get_args(Event)}
 EXPECTS: dict[type[Any], type[Any]] = {  # each request's answer, when it succeeds
     GetStatus: StatusReply, Start: StateReply, Stop: StateReply, RestartRequest: StateReply,
     Reload: ReloadReply, Wait: WaitReply, Watch: DoneReply, Logs: DoneReply, Pull: PullReply,
-    Models: ModelsReply, RemoveModel: RemovedReply, ClearCacheRequest: ClearedReply}
+    Models: ModelsReply, RemoveModel: RemovedReply, ClearCacheRequest: ClearedReply,
+    UsageRequest: UsageReply}
 
 
 def decode_line(obj: dict[str, Any], request: Request) -> Event | Reply:

@@ -40,6 +40,14 @@ class Meter:
         pass
 
 
+class Account:
+    def event(self, ev: m.Event) -> None:
+        pass
+
+    async def finish(self, status: int) -> None:
+        pass
+
+
 def relay(events: list[m.Event], stream: bool
           ) -> tuple[str, list[tuple[str, bool]], Stream, int]:
     """One answer relayed to a real HTTP client: its body, the generators it was read
@@ -72,7 +80,8 @@ def relay(events: list[m.Event], stream: bool
 
         transport.write = counted  # type: ignore[method-assign]
         resp = await serving.Serving._relay(None, request, req, source,  # type: ignore[arg-type]
-                                            Meter(), OpenAiOutput(req))  # type: ignore[arg-type]
+                                            Meter(), OpenAiOutput(req),  # type: ignore[arg-type]
+                                            Account())  # type: ignore[arg-type]
         # Before the loop's own shutdown closes whatever is left (asyncio.run does).
         closed.extend((g.ag_code.co_name, g.ag_frame is None) for g in made)
         return resp

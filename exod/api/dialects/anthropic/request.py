@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from exod.api.errors import ApiError
+from exod.api.limit_errors import QUOTA_CODE
 from exod.api.dialects.anthropic.fields import MESSAGES
 from exod.api.fields import Reading
 from exod.api.request import GenRequest, http, pictured, tool_names
@@ -291,8 +292,9 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 
 def error_status(e: ApiError) -> int:
     """An instance that cannot take the request now (loading, restarting, stopping) is what
-    Anthropic calls overloaded: 529, which its clients retry like a 503."""
-    return 529 if e.status == 503 else e.status
+    Anthropic calls overloaded: 529, which its clients retry like a 503. So is a key's quota
+    used up (exod.api.limit_errors), whose `x-should-retry: false` stops their retries."""
+    return 529 if e.status == 503 or e.code == QUOTA_CODE else e.status
 
 
 def error_body(e: ApiError) -> dict[str, Any]:

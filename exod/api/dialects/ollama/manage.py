@@ -22,6 +22,7 @@ from aiohttp import web
 
 from exod.wire import control as cm
 from exod.api import page
+from exod.api.audit import AUDIT_MODEL
 from exod.api.access import check_instance, key_of
 from exod.api.errors import ApiError, bad_request, model_not_found
 from exod.api.dialects.ollama.fields import OLLAMA_MANAGE
@@ -185,6 +186,7 @@ class OllamaManage:
 
     async def pull(self, request: web.Request) -> web.StreamResponse:
         name, body, ignored = await self.api.body(request, lambda b: model_field(b, "pull"))
+        request[AUDIT_MODEL] = name
         stream = http(rules.flag)(body.get("stream"), "stream", True)
         ref = self._repository(request, name, "pull")
         steps = hub_commands.follow(self.sup, ref)
@@ -217,6 +219,7 @@ class OllamaManage:
 
     async def delete(self, request: web.Request) -> web.Response:
         name, _, ignored = await self.api.body(request, lambda b: model_field(b, "delete"))
+        request[AUDIT_MODEL] = name
         ref = self._repository(request, name, "delete")
         try:
             removed = await hub_commands.remove_repo(self.sup, ref)
