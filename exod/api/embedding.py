@@ -25,11 +25,14 @@ from aiohttp import web
 
 from exod.wire import messages as m
 from exod.api.access import KEY_ID, key_of
+from exod.api.accounting import Account
+from exod.api.limit_errors import limited
 from exod.api.dialects.embeddings.request import EmbedRequest
 from exod.api.errors import ApiError, runner_error
 from exod.api.ignored import header
 from exod.api.metrics import Meter
 from exod.api.serving import Serving, refusal
+from exod.core.usage.gate import Limited
 from exod.daemon.channel import RequestStream, TooLarge
 from exod.daemon.refusals import NotAdmitted
 from exod.wire.protocol import MAX_FRAME
@@ -67,11 +70,35 @@ class Embedder:
         ApiError (the daemon's refusal, the runner's error). `keep_alive`: the idle window it
         asks for (Ollama's, exod.core.keep_alive), None: the instance's own."""
         self.serving.metrics.ignored.record(req.dialect, req.ignored)
+        # Its key's limits and usage as a generation's (exod.api.accounting): in flight, the
+        # input's tokens per minute and in the quotas, a line in the usage log.
+        account = Account(self.serving.sup.usage, key_of(request), req.dialect, req.model)
+        status = 499  # until there is an answer: the client left
+        try:
+            try:
+                account.admit()
+            except Limited as e:
+                raise limited(e, time.time()) from None
+            got = await self._run(request, req, keep_alive, account)
+            status = 200
+            return got
+        except ApiError as e:
+            status = e.status
+            raise
+        except Exception:
+            status = 500
+            raise
+        finally:
+            await account.finish(status)
+
+    async def _run(self, request: web.Request, req: EmbedRequest, keep_alive: float | None,
+                   account: Account) -> Embedded:
         arrived = time.monotonic_ns()
         with self.serving.metered() as meter:
             meter.inputs(req.embed.count)
             lease = await self.serving.admit(req.model, req.embed.kind, meter, keep_alive,
                                              key_of(request))
+            account.instance = lease.instance.name
             try:
                 async with lease:
                     waited = time.monotonic_ns() - arrived
@@ -85,7 +112,7 @@ class Embedder:
                                        req.embed.named("texts")) from None
                     try:  # watched for a hang by the lease
                         with self.serving.live.hold(request.get(KEY_ID, b""), stream):
-                            got = await _gather(stream, req.embed.count, meter)
+                            got = await _gather(stream, req.embed.count, meter, account)
                     finally:
                         stream.close()  # cancels the work unless it finished
             except NotAdmitted as e:
@@ -94,11 +121,13 @@ class Embedder:
             return dataclasses.replace(got, waited_ns=waited)
 
 
-async def _gather(stream: RequestStream, count: int, meter: Meter) -> Embedded:
+async def _gather(stream: RequestStream, count: int, meter: Meter, account: Account
+                  ) -> Embedded:
     results: list[bytes | None] = [None] * count
     while True:
         ev = await stream.next()
         meter.event(ev)
+        account.event(ev)
         if isinstance(ev, m.Vectors):
             data = base64.b64decode(ev.data)
             size = len(data) // ev.count

@@ -36,6 +36,7 @@ KEYS: dict[str, dict[str, Any]] = {
     "ptpm": {"prompt_tokens_per_minute": 5},
     "ctpm": {"completion_tokens_per_minute": 4},
     "daily": {"tokens_per_day": 40},
+    "embed": {"prompt_tokens_per_minute": 5},
     "free": {},
 }
 
@@ -122,11 +123,13 @@ def check_shapes(got: dict[str, tuple[int, dict[str, str], Any]], status: int, o
 
 
 @pytest.fixture(scope="module")
-def limits(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+def limits(tiny_model: Path, embed_zoo: Path, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[Daemon]:
     chatty = tmp_path_factory.mktemp("chatty")
     (chatty / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 4}')
     d = Daemon({"api": {"listen": "127.0.0.1:0", "keys": keys_config(KEYS)},
                 "instances": {"tiny": {"model": str(tiny_model), "max_concurrency": 4},
+                              "embed": {"model": str(embed_zoo / "bert")},
                               "chatty": {"model": str(chatty),
                                          "env": double_env("chatty")}}}, name="limits")
     try:
@@ -174,6 +177,22 @@ def test_requests_in_flight_are_limited_in_every_dialect(limits: Daemon) -> None
         holder.join(60)
     limits.watch_until(lambda _: in_flight(limits, "one") == 0, what="the stream ended")
     assert one.chat().choices[0].finish_reason == "length"  # room again
+
+
+def test_embeddings_spend_prompt_tokens_and_are_limited_as_generations(limits: Daemon
+                                                                      ) -> None:
+    c = Clients(limits.api_url(), "embed")
+    first = c.openai.embeddings.create(model="embed", input=["hello there, in a few words"])
+    assert first.usage.prompt_tokens > 5  # let in with a full bucket, which it empties
+    with pytest.raises(openai.RateLimitError) as refused:
+        c.openai.embeddings.create(model="embed", input="hi")
+    assert "5 prompt tokens per minute" in refused.value.message
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+    with pytest.raises(ollama.ResponseError) as by_ollama:
+        c.ollama.embed(model="embed", input="hi")
+    assert by_ollama.value.status_code == 429
+    free = Clients(limits.api_url(), "free")
+    assert free.openai.embeddings.create(model="embed", input="hi").data  # not held back
 
 
 def test_prompt_tokens_per_minute_in_every_dialect(limits: Daemon) -> None:
