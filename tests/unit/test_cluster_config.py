@@ -69,3 +69,33 @@ def test_refusals_name_file_line_and_column(cfg_dir: ConfigDir, body: str, where
         load_config(main)
     lines = str(info.value).splitlines()
     assert any(line.startswith(f"{main}:{where}") and fragment in line for line in lines), lines
+
+
+def test_exod_check_says_what_this_node_announces(cfg_dir: ConfigDir,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from exod.cli.exod import main
+    from exod.wire.announce import cluster_id
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(cfg_dir.root / "state"))
+    key = key_file(cfg_dir)
+    main_file = cfg_dir.write("exod.yaml", f"""\
+        node: {{name: studio}}
+        control: {{socket: {cfg_dir.root}/run/control.sock}}
+        hub: {{cache: {cfg_dir.root}/hub}}
+        cluster: {{key_file: {key}, test_memory: 8GiB, mdns: false, peers: [10.0.0.2]}}
+        defaults: {{memory_headroom: 1GiB}}
+        instances: {{x: {{model: {cfg_dir.root}/m}}}}
+        """)
+    res = CliRunner().invoke(main, ["check", "-c", str(main_file)])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert f"cluster {cluster_id(b'k' * 32)}: this node announces (no mDNS and 1 seed " in out
+    assert "  node id: (made at its first start) (name studio)" in out
+    assert "  memory: 8GiB total, 7GiB usable by exod" in out
+    from exod.daemon.cluster.self_node import backend
+
+    assert "  models: m\n" in out and f"  backend: {backend()}" in out
+    assert "  ports: api 52415, cluster 52416" in out
+    assert "FOR TESTS ONLY" in out
