@@ -97,7 +97,7 @@ class Bridge:
     Addresses 10.214.<third>.<i+1>/24."""
 
     def __init__(self, n: int) -> None:
-        tag = str(os.getpid())
+        tag = self.tag = str(os.getpid())
         third = os.getpid() % 250 + 1
         self.netns = f"{PREFIX}-br-{tag}"
         self.bridge = f"{PREFIX}br{tag}"
@@ -116,7 +116,7 @@ class Bridge:
             ip("-n", self.netns, "link", "add", self.bridge, "type", "bridge")
             ip("-n", self.netns, "link", "set", self.bridge, "up")
             for i, h in enumerate(self.hosts):
-                port = f"{PREFIX}p{i + 1}"
+                port = f"{PREFIX}p{i + 1}{self.tag}"  # per run, as the hosts' ends
                 ip("link", "add", h.veth, "netns", h.netns, "type", "veth",
                    "peer", "name", port, "netns", self.netns)
                 ip("-n", self.netns, "link", "set", port, "master", self.bridge)
