@@ -1,7 +1,7 @@
 """Files that hold a secret: the API's bearer tokens (`api.token_file`), the hub's access token
-(`hub.hf_token_file`) and a group's key (`cluster_key_file`, or the one exod makes for a group
-on one host). One rule for all of them, and one reader, which `exod check` and every process
-that reads a secret use alike.
+(`hub.hf_token_file`), a group's key (`cluster_key_file`, or the one exod makes for a group
+on one host) and the cluster's key (`cluster.key_file`). One rule for all of them, and one
+reader, which `exod check` and every process that reads a secret use alike.
 
 The rule: a regular file that other users can neither read nor write (its group may read it:
 the users of `exoctl chat` read the API's tokens through exod's group, and a group's key may

@@ -88,3 +88,51 @@ def remove_stale() -> None:
 
 def _alive(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
+
+
+class Bridge:
+    """N test hosts on one Linux bridge, as machines on one LAN switch: each host a namespace
+    with a veth whose other end is on the bridge, and the bridge in a namespace of its own
+    (nothing is added to the machine's own network). Multicast crosses it, so mDNS works.
+    Addresses 10.214.<third>.<i+1>/24."""
+
+    def __init__(self, n: int) -> None:
+        tag = self.tag = str(os.getpid())
+        third = os.getpid() % 250 + 1
+        self.netns = f"{PREFIX}-br-{tag}"
+        self.bridge = f"{PREFIX}br{tag}"
+        self.hosts = [Host(f"node-{i + 1}", f"{PREFIX}-n{i + 1}-{tag}", f"{PREFIX}{i + 1}{tag}",
+                           f"10.214.{third}.{i + 1}") for i in range(n)]
+
+    def __enter__(self) -> Bridge:
+        remove_stale()
+        try:
+            for ns in [self.netns, *(h.netns for h in self.hosts)]:
+                ip("netns", "add", ns)
+        except subprocess.CalledProcessError as e:
+            self.close()
+            raise NetnsUnavailable(f"cannot create network namespaces: {e.stderr.strip()}") from e
+        try:
+            ip("-n", self.netns, "link", "add", self.bridge, "type", "bridge")
+            ip("-n", self.netns, "link", "set", self.bridge, "up")
+            for i, h in enumerate(self.hosts):
+                port = f"{PREFIX}p{i + 1}{self.tag}"  # per run, as the hosts' ends
+                ip("link", "add", h.veth, "netns", h.netns, "type", "veth",
+                   "peer", "name", port, "netns", self.netns)
+                ip("-n", self.netns, "link", "set", port, "master", self.bridge)
+                ip("-n", self.netns, "link", "set", port, "up")
+                ip("-n", h.netns, "addr", "add", f"{h.address}/24", "dev", h.veth)
+                ip("-n", h.netns, "link", "set", "lo", "up")
+                h.link(True)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for ns in [*(h.netns for h in self.hosts), self.netns]:
+            ip("netns", "del", ns, check=False)

@@ -165,6 +165,21 @@ def status(client: Client, as_json: bool) -> None:
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the cluster's status as JSON.")
+@click.pass_obj
+def cluster(client: Client, as_json: bool) -> None:
+    """The cluster's nodes: state (member, stale, foreign), last heard, backend, memory, disk,
+    models, addresses; every refusal; the links measured between them."""
+    answer = ok_or_fail(client.call(cm.GetStatus()), cm.StatusReply)
+    if as_json:
+        click.echo(json.dumps(to_wire(answer.cluster) if answer.cluster else None, indent=2))
+        return
+    from exod.cli.cluster_view import render_cluster
+
+    click.echo(render_cluster(answer.cluster))
+
+
+@main.command()
 @name_argument()
 @click.pass_obj
 def start(client: Client, name: str) -> None:

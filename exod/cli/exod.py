@@ -171,7 +171,7 @@ def check(config: str | None, explain: bool, units: tuple[Path, ...],
             click.echo(f"warning: {warning}", err=True)
     click.echo(f"{path}: OK, {n} instance{'s' if n != 1 else ''}; "
                f"stop ladder worst case {worst:g}s")
-    for line in memory_lines(cfg) + cache_lines(cfg):
+    for line in memory_lines(cfg) + cache_lines(cfg) + cluster_lines(cfg):
         click.echo(line)
     from exod.config.model_checks import describe_encoder
     from exod.config.mlx_options import describe as describe_options
@@ -251,6 +251,36 @@ def memory_lines(cfg: Config) -> list[str]:
     if lines and available is not None:
         lines.append(f"available now: {format_size(available)} (less memory_headroom "
                      f"{format_size(cfg.defaults.memory_headroom)})")
+    return lines
+
+
+def cluster_lines(cfg: Config) -> list[str]:
+    """What this node will announce to its cluster (with cluster.key_file set), measured now."""
+    c = cfg.cluster
+    if c.key_file is None:
+        return []
+    if not c.announce:
+        return ["cluster: announce is false: this node neither announces itself nor looks for "
+                "others"]
+    import os
+
+    from exod.cli.cluster_view import describe_node
+    from exod.core.listen import parse_listen
+    from exod.daemon.cluster import self_node
+    from exod.hub.cache import default_cache
+    from exod.secret_file import KEY_BYTES, read_secret
+    from exod.wire.announce import cluster_id
+
+    ident = self_node.node_id(cfg, create=False) or "(made at its first start)"
+    api_port = parse_listen(cfg.api.listen[0])[1] if cfg.api.listen else 0
+    hub = cfg.hub.cache or default_cache(os.environ, os.geteuid())
+    info = self_node.measure(cfg, hub, ident, api_port, parse_listen(c.listen)[1])
+    how = ("mDNS" if c.mdns else "no mDNS") + (f" and {len(c.peers)} seed peer(s)" if c.peers
+                                               else "")
+    lines = [f"cluster {cluster_id(read_secret(c.key_file, KEY_BYTES))}: this node announces "
+             f"({how}):", *describe_node(info)]
+    if c.test_memory is not None:
+        lines.append("  (memory from cluster.test_memory: FOR TESTS ONLY)")
     return lines
 
 

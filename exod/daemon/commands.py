@@ -89,7 +89,7 @@ class Commands:
         sup = self.sup
         if isinstance(req, cm.GetStatus):
             snap = sup.snapshot()
-            return cm.StatusReply(snap.daemon, snap.instances)
+            return cm.StatusReply(snap.daemon, snap.instances, snap.cluster)
         if isinstance(req, cm.Reload):
             return await sup.reloader.reload()
         if sup.stopping and isinstance(req, (cm.Start, cm.RestartRequest)):
@@ -182,7 +182,7 @@ class Commands:
         try:
             snap = self.sup.snapshot()
             while True:
-                await emit(cm.SnapshotEvent(snap.daemon, snap.instances))
+                await emit(cm.SnapshotEvent(snap.daemon, snap.instances, snap.cluster))
                 snap = await q.get()
                 if overflow:
                     return cm.Failure("dropped: the client read too slowly")

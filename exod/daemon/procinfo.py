@@ -86,6 +86,22 @@ def available_bytes(used_by_runners: int = 0) -> int | None:
     return None
 
 
+def total_bytes() -> int | None:
+    """The host's memory: MemTotal on Linux, hw.memsize on macOS; None when it cannot be told."""
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/meminfo", "rb") as f:
+                for line in f:
+                    if line.startswith(b"MemTotal:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            return None
+        return None
+    if sys.platform == "darwin":
+        return _sysctl_u64(b"hw.memsize")
+    return None
+
+
 def _sysctl_u64(name: bytes) -> int | None:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
     value = ctypes.c_uint64(0)

@@ -32,6 +32,7 @@ from exod.daemon import status, zygote
 from exod.daemon.commands import Commands
 from exod.daemon.control import ControlServer
 from exod.daemon.clock import Timer
+from exod.daemon.cluster.discovery import Discovery
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.instance_seam import Continuation
 from exod.daemon.rank import RankRuntime
@@ -83,6 +84,7 @@ class Supervisor:
                                      config.control.group, config.control.max_connections)
         self.readiness = Readiness(config.ready, self.service)
         self.api: Front | None = None  # the HTTP API, when api.listen is set
+        self.cluster: Discovery | None = None  # with cluster.key_file and announce
         self.logs = LogRings()
         self.memory = MemoryCheck(config.defaults.memory_headroom)
         downloads = Downloads(self, config.hub.stall_after, config.defaults.stop,
@@ -212,6 +214,7 @@ class Supervisor:
                 stop_worst_case_s=ladder.longest(self.config.stop_policies()),
             ),
             instances=[status.instance_status(i, now, stall) for i in self.ordered()],
+            cluster=self.cluster.status() if self.cluster is not None else None,
         )
 
     # ---- running ------------------------------------------------------------------------
@@ -225,11 +228,16 @@ class Supervisor:
             await self.usage.start()
             await self.control.start()
             await self._start_api()
+            await self._start_cluster()
         except (OSError, ValueError) as e:
             why = (e.strerror if isinstance(e, OSError) else None) or str(e)
             err = (e.errno if isinstance(e, OSError) else errno.EINVAL) or errno.EIO
             logger.error("cannot start: {}", why)
             self.service.errno(err, f"cannot start: {why}")
+            if self.cluster is not None:
+                await self.cluster.close()
+            if self.api is not None:
+                await self.api.close()
             await self.control.close()
             self.usage.close()
             return 1
@@ -252,6 +260,8 @@ class Supervisor:
                 self._publish(inst)
             self.readiness.spawned(self, self.now())
         await self._done.wait()
+        if self.cluster is not None:
+            await self.cluster.close()
         self.heap.close()
         if self.procs.zygote is not None:
             self.procs.zygote.close()
@@ -286,6 +296,23 @@ class Supervisor:
             return
         self.api = self._front(self.config.api, self)
         await self.api.start(list(self.config.instances))
+
+    async def _start_cluster(self) -> None:
+        """Discovery, with cluster.key_file set and cluster.announce true (docs/cluster.md)."""
+        c = self.config.cluster
+        if c.key_file is None or not c.announce:
+            return
+        from exod.daemon.cluster.self_node import node_id
+        from exod.secret_file import KEY_BYTES, read_secret
+
+        key = read_secret(c.key_file, KEY_BYTES)  # SecretFileError: an OSError saying why
+        ident = node_id(self.config)
+        assert ident is not None
+        api_port = 0
+        if self.api is not None and self.api.info().urls:
+            api_port = int(self.api.info().urls[0].rsplit(":", 1)[1].rstrip("/"))
+        self.cluster = Discovery(self.config, key, ident, self.hub.folder, api_port)
+        await self.cluster.start()
 
     def add(self, cfg: Instance) -> InstanceRuntime:
         """A new instance, placed on its hosts, not started."""

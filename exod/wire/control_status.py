@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from exod.core.nodes import Link, NodeInfo
 from exod.core.states import State
 
 
@@ -172,6 +173,35 @@ class DaemonStatus:
 
 
 @dataclass(frozen=True)
+class ClusterNode:
+    """A row of the node table (exod.core.membership): a member, a stale one, or a refusal."""
+
+    node_id: str  # "?" for a refusal whose record named none
+    name: str
+    state: str  # member, stale, foreign
+    last_heard_s: float  # seconds ago
+    address: str  # where it was last heard from
+    info: NodeInfo | None = None  # what it announced (members and stale ones)
+    reason: str | None = None  # why it was refused (foreign ones)
+    refusals: int = 0  # how many times (foreign ones)
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """Discovery, as this node sees it (exod.daemon.cluster)."""
+
+    cluster_id: str  # named by a hash of the key, never the key
+    listen: str  # where the endpoint listens (a port 0 resolved)
+    mdns: bool
+    peers: list[str]
+    announced: NodeInfo  # what this node announces of itself
+    nodes: list[ClusterNode]
+    links: list[Link]
+    error: str | None = None  # mDNS could not start, say: discovery then runs on peers alone
+
+
+@dataclass(frozen=True)
 class Snapshot:
     daemon: DaemonStatus
     instances: list[InstanceStatus]
+    cluster: ClusterStatus | None = None  # None: no cluster.key_file, or announce false

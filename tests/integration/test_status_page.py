@@ -114,3 +114,30 @@ def test_status_page_in_chromium(browser: WebDriver, daemons: Callable[..., Daem
     d.ctl("stop", "slow")
     wait.until(lambda b: cell(b, "slow", ".state") == "stopped")
     assert attrs(browser, 'tr[data-instance="slow"] progress', "value") == ()
+
+
+def test_status_page_shows_the_cluster(browser: WebDriver, daemons: Callable[..., Daemon],
+                                       tmp_path: Path) -> None:
+    """Two nodes on this host, found by a seed address: the page lists the other as a member,
+    with what it announced, and the link between them."""
+    from tests.harness import free_port
+
+    key = tmp_path / "cluster.key"
+    key.write_text("0123456789abcdef" * 2)
+    key.chmod(0o600)
+    port = free_port()
+    cluster = {"key_file": str(key), "mdns": False, "interval": "200ms"}
+    b = daemons({"node": {"name": "node-b"}, "api": {"listen": ""},
+                 "cluster": {**cluster, "listen": f"127.0.0.1:{port}", "test_memory": "8GiB"}},
+                name="node-b")
+    a = daemons({"node": {"name": "node-a"}, "cluster": {
+        **cluster, "listen": "127.0.0.1:0", "peers": [f"127.0.0.1:{port}"]}}, name="node-a")
+    b.start()
+    a.start()
+    wait = WebDriverWait(browser, SAFETY)
+    browser.get(a.api_url() + "/")
+    wait.until(lambda br: text(br, 'tr[data-node="node-b"] .state') == "member")
+    row = text(browser, 'tr[data-node="node-b"]')
+    assert "cpu" in row and "of 8.0 GiB" in row
+    assert text(browser, 'tr[data-node="node-a"] .state') == "this node"
+    wait.until(lambda br: "node-a → node-b" in text(br, "#links"))
