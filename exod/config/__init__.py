@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         DEFAULT_CONFIG_PATH,
         Api,
         BackoffPolicy,
+        Cluster,
         Config,
         Control,
         Defaults,
@@ -36,13 +37,15 @@ _MODULES = {
     "errors": ("ConfigError", "Problem"),
     "explain": ("explain_keys",),
     "load": ("load_config", "resolve_config_path"),
-    "schema": ("DEFAULT_API_PORT", "DEFAULT_CONFIG_PATH", "Api", "BackoffPolicy", "Config",
-               "Control", "Defaults", "Host", "Instance", "Node", "StartLimit", "StopPolicy"),
+    "schema": ("DEFAULT_API_PORT", "DEFAULT_CONFIG_PATH", "Api", "BackoffPolicy", "Cluster",
+               "Config", "Control", "Defaults", "Host", "Instance", "Node", "StartLimit",
+               "StopPolicy"),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = [
-    "DEFAULT_API_PORT", "DEFAULT_CONFIG_PATH", "Api", "BackoffPolicy", "Config", "ConfigDiff",
+    "DEFAULT_API_PORT", "DEFAULT_CONFIG_PATH", "Api", "BackoffPolicy", "Cluster", "Config",
+    "ConfigDiff",
     "ConfigError", "Control", "Defaults", "Host", "Instance", "Node", "Problem", "StartLimit",
     "StopPolicy", "diff", "explain_keys", "load_config", "resolve_config_path",
 ]

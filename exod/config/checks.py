@@ -14,7 +14,7 @@ from exod.core.durations import format_duration
 from exod.core import names, request_rules
 from exod.facts.model_dir import model_heads, model_layer_count
 from exod.facts.probe import layout_problem
-from exod.config.schema import Instance
+from exod.config.schema import DEFAULT_CLUSTER_PORT, Cluster, Instance
 from exod.secret_file import KEY_BYTES, secret_problem
 
 
@@ -210,4 +210,25 @@ def listen_problems(addresses: Sequence[str]) -> list[tuple[int, str]]:
         if port and key in seen:
             out.append((i, f"{a} is listed twice (also api.listen[{seen[key]}])"))
         seen.setdefault(key, i)
+    return out
+
+
+def cluster_problems(cluster: Cluster) -> list[tuple[str, int | None, str]]:
+    """(key, index in its list or None, why) of each problem of the `cluster:` section."""
+    from exod.core.listen import parse_listen, parse_peer
+
+    out: list[tuple[str, int | None, str]] = []
+    if cluster.key_file is not None:
+        problem = secret_problem(cluster.key_file, KEY_BYTES)
+        if problem:
+            out.append(("key_file", None, problem))
+    try:
+        _, port = parse_listen(cluster.listen)
+    except ValueError:
+        port = DEFAULT_CLUSTER_PORT  # the pattern already refused it
+    for i, peer in enumerate(cluster.peers):
+        try:
+            parse_peer(peer, port or DEFAULT_CLUSTER_PORT)
+        except ValueError as e:
+            out.append(("peers", i, str(e)))
     return out

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from exod.config.checks import (Issue, check_layout, check_names, check_on_demand,
+from exod.config.checks import (Issue, cluster_problems, check_layout, check_names, check_on_demand,
                                 check_ports, check_sharding, check_template_kwargs, check_warm,
                                 listen_problems)
 from exod.config.model_checks import check_embed, check_vision
@@ -23,7 +23,7 @@ from exod.config.hub_model import names_hub, parse_model, placeholder
 from exod.config.mlx_options import check_mlx_options
 from exod.facts.model_dir import model_layer_count
 from exod.config.safety import control_socket_problem
-from exod.config.schema import DEFAULT_CONFIG_PATH, Config, Defaults, Instance
+from exod.config.schema import DEFAULT_CONFIG_PATH, Cluster, Config, Defaults, Instance
 from exod.config.schema import Node as NodeSection
 from exod.config.validate import INVALID, Validator, field_hints, instance_name_problem
 from exod.config.yamlpos import MapEntry, MapNode, Node, Scalar, SeqNode, describe, parse_yaml
@@ -147,6 +147,7 @@ class _Loader:
             if problem:
                 self.v.report(_mark_of(root, "hub", "hf_token_file"), "hub.hf_token_file",
                               problem)
+            self.check_cluster(root, config.cluster)
         if self.v.problems:
             raise ConfigError(self.sorted_problems())
         assert isinstance(config, Config)
@@ -300,6 +301,15 @@ class _Loader:
         for i, why in listen_problems(addresses):
             mark = node.items[i].mark if isinstance(node, SeqNode) else node.mark
             self.v.report(mark, f"api.listen[{i}]", why)
+
+    def check_cluster(self, root: MapNode, cluster: Cluster) -> None:
+        for key, index, why in cluster_problems(cluster):
+            node = _node_of(root, "cluster", key)
+            mark = node.mark
+            if index is not None and isinstance(node, SeqNode) and index < len(node.items):
+                mark = node.items[index].mark
+            self.v.report(mark, f"cluster.{key}" + ("" if index is None else f"[{index}]"),
+                          why)
 
     def report_issue(self, instance: Instance, issue: Issue) -> None:
         """Place an Issue ("layers[1]") at the value it is about, else at the instance's key."""

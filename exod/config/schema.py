@@ -537,6 +537,72 @@ class Node:
     )
 
 
+DEFAULT_CLUSTER_PORT = DEFAULT_API_PORT + 1
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Discovery: the exods that hold the same key find each other (docs/cluster.md)."""
+
+    key_file: Path | None = field(
+        default=None,
+        metadata=doc("The cluster's key: a secret file as an instance's `cluster_key_file` is "
+                     "(at least 16 bytes; other users can neither read nor write it), the same "
+                     "file on every node (e.g. `openssl rand -hex 32 > FILE; chmod 600 FILE`, "
+                     "then copy it to each node). Every announcement is signed with it (HMAC-"
+                     "SHA256 over the whole record, with a time and a nonce); a node whose "
+                     "announcement does not prove it is listed as `foreign` and never used. "
+                     "Null (the default): this node takes part in no cluster."),
+    )
+    announce: bool = field(
+        default=True,
+        metadata=doc("With `key_file` set: announce this node and look for the others. False: "
+                     "neither (the key is kept for the instances that name it)."),
+    )
+    mdns: bool = field(
+        default=True,
+        metadata=doc("Find nodes by mDNS/DNS-SD (service `_exod._tcp`, as Bonjour on a Mac "
+                     "sees it) on the local network. False, where multicast is blocked: only "
+                     "`peers` are asked."),
+    )
+    peers: tuple[str, ...] = field(
+        default=(),
+        metadata=doc("Seed addresses asked directly, with or without mDNS: `HOST` (the default "
+                     "cluster port) or `HOST:PORT`, IPv6 in brackets (`[fd00::2]:52416`).",
+                     pattern=r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(:[0-9]{1,5})?$"),
+    )
+    listen: str = field(
+        default=f"0.0.0.0:{DEFAULT_CLUSTER_PORT}",
+        metadata=doc("`HOST:PORT` where peers reach this node's cluster endpoint (TCP): an "
+                     "exchange of signed announcements, answered only to a peer that proves the "
+                     "key. Port 0 picks a free port (announced over mDNS).",
+                     pattern=r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$"),
+    )
+    interval: Duration = field(
+        default=2.0,
+        metadata=doc("How often each known node is asked for its announcement.",
+                     minimum=0.1, maximum=3600),
+    )
+    peer_timeout: Duration = field(
+        default=10.0,
+        metadata=doc("A member not heard for this long is `stale`: shown, and not counted on "
+                     "until it is heard again.", minimum=0.5),
+    )
+    max_clock_skew: Duration = field(
+        default=60.0,
+        metadata=doc("An announcement whose time is further than this from this node's clock is "
+                     "refused (a replay, or a clock that needs NTP); a nonce seen within this "
+                     "window is refused as replayed.", minimum=1, maximum=3600),
+    )
+    test_memory: Size | None = field(
+        default=None,
+        metadata=doc("FOR TESTS ONLY: announce this as the node's memory total (and this less "
+                     "`defaults.memory_headroom` as usable) instead of what the host has, so "
+                     "that several nodes on one machine look like machines of different sizes. "
+                     "Never set it on a real cluster: placement would trust it.", minimum=0),
+    )
+
+
 @dataclass(frozen=True)
 class Key:
     """One named key of the HTTP API (`api.keys`, or an item of `api.keys_file`). Its secret is
@@ -754,6 +820,11 @@ class Config:
                      "`daemon` is the default."),
     )
     api: Api = field(default_factory=Api, metadata=doc("The OpenAI-compatible HTTP API."))
+    cluster: Cluster = field(
+        default_factory=Cluster,
+        metadata=doc("Discovery of the other exods that hold the same cluster key "
+                     "(docs/cluster.md)."),
+    )
     hub: Hub = field(
         default_factory=Hub,
         metadata=doc("Models named by hub repository (`model: hf:ORG/NAME`)."),

@@ -14,6 +14,17 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def parse_peer(value: str, default_port: int) -> tuple[str, int]:
+    """A `cluster.peers` entry, `HOST`, `HOST:PORT` or `[IPV6]:PORT`, as (host, port); raises
+    ValueError naming the problem."""
+    host, port = value, str(default_port)
+    if "]:" in value or not value.startswith("[") and value.count(":") == 1:
+        host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{value!r}: expected HOST or HOST:PORT, the port from 1 to 65535")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
 def client_host(host: str) -> str:
     """Where a local client connects to reach a server bound to `host`."""
     if host in ("0.0.0.0", ""):

@@ -18,7 +18,7 @@ from exod.core.shards import Shard
 from exod.runner.failures import LoadAborted, ModelError
 from exod.runner.split import pipeline
 from exod.runner.split.blocks import Blocks, NoBlocks, find_blocks, flat_arrays
-from exod.runner.split.pipeline import Link
+from exod.runner.split.pipeline import PipeLink
 from exod.runner.split.tensor import CannotShard, block_sharder
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -32,7 +32,7 @@ class Loaded:
     shard: Shard
     dtype: str
     seconds: float
-    link: Link | None = None  # a pipeline rank's connections to its neighbours
+    link: PipeLink | None = None  # a pipeline rank's connections to its neighbours
     parallelism: str = "pipeline"
 
 

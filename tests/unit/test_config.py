@@ -48,7 +48,8 @@ BAD = [
      (MAIN, 4, 5, "instances.x.max-queue"), "did you mean 'max_queue'?"),
     ("unknown-top-key-lists-allowed", {MAIN: "zzz: 1\n"},
      (MAIN, 1, 1, "zzz"),
-     "allowed keys: node, control, ready, api, hub, usage, defaults, include, instances"),
+     "allowed keys: node, control, ready, api, cluster, hub, usage, defaults, include, "
+     "instances"),
     ("int-got-string", {MAIN: x_with("shards: two")},
      (MAIN, 4, 13, "instances.x.shards"), "expected an integer, got string 'two'"),
     ("int-got-bool", {MAIN: x_with("max_queue: true")},
@@ -307,7 +308,7 @@ def test_error_str_is_one_line_per_problem(cfg_dir: ConfigDir) -> None:
     text = str(info.value).splitlines()
     assert text == [
         f"{main}:1:8: ready: must be one of 'daemon', 'instances'; got integer 1",
-        (f"{main}:2:1: zzz: unknown key 'zzz'; allowed keys: node, control, ready, api, "
+        (f"{main}:2:1: zzz: unknown key 'zzz'; allowed keys: node, control, ready, api, cluster, "
          "hub, usage, defaults, include, instances"),
     ]
 

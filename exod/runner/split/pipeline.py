@@ -11,7 +11,7 @@ evaluated, hence never read from disk.
 The rank's first owned block receives the hidden state from the previous rank in place of its
 input, and its last owned block sends its output to the next rank. The communication is part
 of the model's graph: any code that calls the model and evaluates what it needs (the last
-rank's logits, `Link.pending` elsewhere) drives the group.
+rank's logits, `PipeLink.pending` elsewhere) drives the group.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from exod.runner.split.blocks import Blocks
 _CACHE_NAMES = ("cache", "c", "layer_cache", "kv_cache", "past_key_value", "prompt_cache")
 
 
-class Link:
+class PipeLink:
     """A rank's connections to its neighbours in the pipeline."""
 
     def __init__(self, group: Any, rank: int, size: int) -> None:
@@ -47,7 +47,7 @@ class Link:
         return out
 
 
-def install(blocks: Blocks, shard: Shard, link: Link | None) -> None:
+def install(blocks: Blocks, shard: Shard, link: PipeLink | None) -> None:
     """Turn the blocks outside [start, end) into stand-ins and wire the owned ends to the
     neighbours (no wiring without a link: a probe checks the forward alone)."""
     for i, block in enumerate(blocks.items):
@@ -91,7 +91,7 @@ def _stand_in(base: type) -> type:
                                                      "exod_stand_in": True})
 
 
-def _owned_end(base: type, link: Link, receive: bool, send: bool) -> type:
+def _owned_end(base: type, link: PipeLink, receive: bool, send: bool) -> type:
     call, first, _ = _call_parts(base)
 
     def __call__(self: nn.Module, *args: Any, **kwargs: Any) -> Any:

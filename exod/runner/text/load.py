@@ -21,7 +21,7 @@ from exod.runner.failures import ModelError
 from exod.runner.load import DTYPES, Loaded, evaluate_weights, resolve_dtype
 from exod.runner.split import pipeline
 from exod.runner.split.blocks import NoBlocks, find_blocks
-from exod.runner.split.pipeline import Link
+from exod.runner.split.pipeline import PipeLink
 
 
 def load_shard(
@@ -61,7 +61,7 @@ def load_shard(
         raise ModelError(f"the model has {total} layers, the shard plan assumed {shard.total}")
     link = None
     if blocks is not None and parallelism == "pipeline" and shard.world > 1:
-        link = Link(group, shard.rank, shard.world) if group is not None else None
+        link = PipeLink(group, shard.rank, shard.world) if group is not None else None
         pipeline.install(blocks, shard, link)  # before any eval: other ranks' blocks stay unread
 
     dt = resolve_dtype(dtype)

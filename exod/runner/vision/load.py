@@ -31,7 +31,7 @@ from exod.runner.failures import LoadAborted, ModelError
 from exod.runner.load import DTYPES, evaluate_weights, resolve_dtype
 from exod.runner.split import pipeline
 from exod.runner.split.blocks import NoBlocks, find_blocks, flat_arrays
-from exod.runner.split.pipeline import Link
+from exod.runner.split.pipeline import PipeLink
 from exod.runner.vision.features import TOWERS
 
 # What joins a tower to the language model, read with the tower on rank 0.
@@ -47,7 +47,7 @@ class LoadedVision:
     seconds: float
     layers: int
     shard: Shard | None = None  # a group's rank: the layers it owns
-    link: Link | None = None  # a pipeline rank's connections to its neighbours
+    link: PipeLink | None = None  # a pipeline rank's connections to its neighbours
 
 
 def load_vision(path: Path, *, dtype: str, progress: Callable[[int, int], None],
@@ -80,7 +80,7 @@ def load_vision(path: Path, *, dtype: str, progress: Callable[[int, int], None],
         shard = Shard(shard.rank, shard.world, 0, n, n)
     link = None
     if blocks is not None and shard.world > 1:
-        link = Link(group, shard.rank, shard.world) if group is not None else None
+        link = PipeLink(group, shard.rank, shard.world) if group is not None else None
         pipeline.install(blocks, shard, link)  # before any eval: other ranks' blocks stay unread
     dt = resolve_dtype(dtype)
     if dt != "keep":
