@@ -192,7 +192,7 @@ class Instance(RunnerOptions):
                      "rank's runtime; leave out `hosts` and `layers` (`port_base` stays yours "
                      "to give). `exod plan` prints the plan, and `exod plan --write` the "
                      "`manual` form of it. Until nodes find each other (a cluster), the only "
-                     "node is this host. See docs/cluster.md, Placement."),
+                     "node is this host. See Placement in docs/sharding.md."),
     )
     parallelism: Parallelism = field(
         default="pipeline",
