@@ -77,3 +77,22 @@ def test_a_plan_over_two_nodes_written_out_serves_as_one_rank(
     r = client.chat.completions.create(model="big", messages=[{"role": "user",
                                                                "content": QUESTION}], **GREEDY)
     assert r.choices[0].message.content == mlx_lm_greedy(model, [QUESTION])[0]
+
+
+def test_an_auto_instance_on_this_host_runs_the_planner_s_layers(
+        daemons: Callable[..., Daemon], tiny_model_factory: Callable[..., Path]) -> None:
+    model = tiny_model_factory(layers=12)
+    d = daemons({"instances": {"big": {"model": str(model), "placement": "auto", "shards": 2,
+                                       "max_concurrency": 2}}}, name="place-here")
+    shown = exod_plan("-c", str(d.config_path))
+    assert shown.returncode == 0, shown.stderr
+    planned = [line.split()[4] for line in shown.stdout.splitlines()[1:]]  # "0-5", "6-11"
+    d.start()
+    inst = d.until_state("big", "ready")
+    assert inst["shards"] == 2
+    assert [f"{r['layers'][0]}-{r['layers'][1] - 1}" for r in inst["ranks"]] == planned
+    assert d.log_text().count("placement: 2 ranks on this host") >= 1
+    client = openai.OpenAI(base_url=d.api_url() + "/v1", api_key="-", max_retries=0, timeout=120)
+    r = client.chat.completions.create(model="big", messages=[{"role": "user",
+                                                               "content": QUESTION}], **GREEDY)
+    assert r.choices[0].message.content == mlx_lm_greedy(model, [QUESTION])[0]
