@@ -334,10 +334,12 @@ def demo_cmd(cache_dir: Path | None) -> None:
         raise click.ClickException(str(e)) from None
 
 
+from exod.cli.plan import plan  # noqa: E402 (after main)
 from exod.cli.service import install, uninstall  # noqa: E402 (after main)
 
 main.add_command(install)
 main.add_command(uninstall)
+main.add_command(plan)
 
 if __name__ == "__main__":
     main()

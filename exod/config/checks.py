@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from exod.core.durations import format_duration
 from exod.core import names, request_rules
+from exod.core.kinds import AUTO
 from exod.facts.model_dir import model_heads, model_layer_count
 from exod.facts.probe import layout_problem
 from exod.config.schema import DEFAULT_CLUSTER_PORT, Cluster, Instance
@@ -29,7 +30,7 @@ def check_sharding(instance: Instance, node_name: str,
     """Every combination of shards, parallelism, model and hosts that cannot work, explained.
     Whether the model can be split so is asked of the runner's own code (exod.facts.probe)."""
     n = instance.shards
-    if n == 1:
+    if n <= 1:  # one rank, or `auto`: placed at the start (exod.daemon.placing)
         return []
     issues: list[Issue] = []
     total = model_layer_count(instance.model)
@@ -82,6 +83,8 @@ def check_layout(instance: Instance, written: Collection[str]) -> list[Issue]:
     """
     issues: list[Issue] = []
     shards = instance.shards
+    if shards == AUTO:  # check_placement says what goes with it
+        return issues
     if instance.layers is not None:
         if len(instance.layers) != shards:
             issues.append(Issue("layers", f"has {len(instance.layers)} entries but shards is "
@@ -104,6 +107,26 @@ def check_layout(instance: Instance, written: Collection[str]) -> list[Issue]:
         issues.append(Issue("port_base",
                             f"{instance.port_base} + {port_count(instance)} ports goes past "
                             "port 65535"))
+    return issues
+
+
+def check_placement(instance: Instance, written: Collection[str]) -> list[Issue]:
+    """`placement: auto` chooses the hosts and the layers: neither may be written beside it;
+    and `shards: auto` means one rank per node the planner uses, so only with it."""
+    if instance.placement != "auto":
+        if instance.shards == AUTO:
+            return [Issue("shards", "`auto` needs `placement: auto` (the planner chooses the "
+                                    "number of ranks): write a number, or add "
+                                    "`placement: auto`")]
+        return []
+    issues = [Issue(key, f"`{key}` and `placement: auto` cannot go together: placement auto "
+                         f"chooses the {what} itself (remove `{key}`, or `placement`)")
+              for key, what in (("hosts", "hosts"), ("layers", "layers of each rank"))
+              if key in written]
+    if instance.shards == AUTO and instance.port_base is not None:
+        issues.append(Issue("port_base", "needs a number of `shards` (with `shards: auto` the "
+                                         "number of ports is not known): write a number of "
+                                         "shards, or leave `port_base` out"))
     return issues
 
 

@@ -34,6 +34,7 @@ _KIND_NAMES = {
     Kind.DURATION_OR_NEVER: "duration or never",
     Kind.JSON: "any value (plain data, as JSON has it)",
     Kind.NETWORK: "IP network (10.1.0.0/16, fd00::/8) or address",
+    Kind.COUNT_OR_AUTO: "integer or auto",
 }
 
 WIDTH = 96  # a documentation line of --explain, indent included

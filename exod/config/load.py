@@ -6,6 +6,7 @@ nothing half-loaded ever escapes, so a reload with a bad file can keep the runni
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 from collections.abc import Callable
@@ -13,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from exod.config.checks import (Issue, cluster_problems, check_layout, check_names, check_on_demand,
-                                check_ports, check_sharding, check_template_kwargs, check_warm,
-                                listen_problems)
+                                check_placement, check_ports, check_sharding,
+                                check_template_kwargs, check_warm, listen_problems)
 from exod.config.model_checks import check_embed, check_vision
 from exod.facts.probe import answers as probe_answers
 from exod.config.errors import ConfigError, Mark, Problem
@@ -26,6 +27,7 @@ from exod.config.safety import control_socket_problem
 from exod.config.schema import DEFAULT_CONFIG_PATH, Cluster, Config, Defaults, Instance
 from exod.config.schema import Node as NodeSection
 from exod.config.validate import INVALID, Validator, field_hints, instance_name_problem
+from exod.core.kinds import AUTO
 from exod.config.yamlpos import MapEntry, MapNode, Node, Scalar, SeqNode, describe, parse_yaml
 from exod.secret_file import secret_problem
 
@@ -257,9 +259,12 @@ class _Loader:
             if instance is INVALID or bad_name:
                 continue
             body = e.value if isinstance(e.value, MapNode) else MapNode(e.key_mark)
+            if instance.placement == "auto" and "shards" not in body.entries:
+                instance = dataclasses.replace(instance, shards=AUTO)  # auto's own default
             self.instances[name] = instance
             self.nodes[name] = body
-            for issue in [*check_layout(instance, body.entries),
+            for issue in [*check_placement(instance, body.entries),
+                          *check_layout(instance, body.entries),
                           *check_on_demand(instance, body.entries),
                           *check_template_kwargs(instance), *check_warm(instance),
                           *check_mlx_options(instance, body.entries),

@@ -28,12 +28,13 @@ from exod.core.shards import Parallelism
 from exod.core.hub_ref import HubRef
 from exod.core import keys as core_keys
 from exod.core.keys import KeyLimits, Priority, Scope
-from exod.core.kinds import (Duration, DurationOrNever, InstanceName, JsonValue, ModelDir, Network,
-                             Octal, Size, doc)
+from exod.core.kinds import (CountOrAuto, Duration, DurationOrNever, InstanceName, JsonValue,
+                             ModelDir, Network, Octal, Size, doc)
 from exod.paths import default_control_socket
 from exod.wire.options import Backend, RunnerOptions
 
 ReadyPolicy = Literal["daemon", "instances"]
+PlacementMode = Literal["manual", "auto"]
 Autostart = Literal[True, False, "on-demand"]
 
 DEFAULT_CONFIG_PATH = Path("/etc/exod/exod.yaml")
@@ -175,10 +176,23 @@ class Instance(RunnerOptions):
                      "name; `exod check` names the clash. Aliases are listed by neither "
                      "`/v1/models` nor `/api/tags`, and a reload that changes only them "
                      "restarts nothing.", pattern=ALIAS_RE))
-    shards: int = field(
+    shards: CountOrAuto = field(
         default=1,
-        metadata=doc("The number of ranks, that is runner processes, that share the model.",
+        metadata=doc("The number of ranks, that is runner processes, that share the model. "
+                     "`auto` (only with `placement: auto`, where it is the default): one rank on "
+                     "each node the planner uses, as few as hold the model.",
                      minimum=1, maximum=64),
+    )
+    placement: PlacementMode = field(
+        default="manual",
+        metadata=doc("`manual`: the ranks run where `hosts` says (every rank on this host without "
+                     "it), with the layers `layers` gives them. `auto`: the planner chooses the "
+                     "nodes and the split, from the real size of each layer (the safetensors "
+                     "headers), the KV cache of `context_tokens` × `max_concurrency`, and each "
+                     "rank's runtime; leave out `hosts` and `layers` (`port_base` stays yours "
+                     "to give). `exod plan` prints the plan, and `exod plan --write` the "
+                     "`manual` form of it. Until nodes find each other (a cluster), the only "
+                     "node is this host. See Placement in docs/sharding.md."),
     )
     parallelism: Parallelism = field(
         default="pipeline",

@@ -24,7 +24,7 @@ from exod.core.durations import format_duration, parse_duration
 from exod.config.errors import Mark, Problem
 from exod.facts.model_dir import model_dir_problem
 from exod.core.sizes import parse_size
-from exod.core.kinds import INSTANCE_NAME_RE, Kind
+from exod.core.kinds import AUTO, INSTANCE_NAME_RE, Kind
 from exod.config.yamlpos import (
     Broken,
     MapEntry,
@@ -373,6 +373,14 @@ class Validator:
                 return self.report(node.mark, path, str(e))
         if kind is Kind.OCTAL:
             return self.octal(node, path)
+        if kind is Kind.COUNT_OR_AUTO:
+            if isinstance(node, Scalar) and node.value == "auto":
+                return AUTO
+            if isinstance(node, Scalar) and isinstance(node.value, int) and not isinstance(
+                    node.value, bool):
+                return self.in_range(node.value, node, path, meta)
+            return self.report(node.mark, path, f"expected an integer or auto, got "
+                                                f"{describe(node)}")
         if kind is Kind.JSON:
             return self.plain_data(node, path)
         value = self.scalar(Path if kind in (Kind.PATH, Kind.MODEL_DIR) else str, node, path, meta)

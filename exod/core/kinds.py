@@ -18,6 +18,7 @@ class Kind(enum.Enum):
     DURATION_OR_NEVER = "duration_or_never"  # a duration, or `never` -> math.inf
     JSON = "json"  # plain data as JSON has it: null, true, numbers, strings, lists, mappings
     NETWORK = "network"  # an IP network (10.0.0.0/8, fd00::/8) or one address
+    COUNT_OR_AUTO = "count_or_auto"  # a whole number, or `auto` -> AUTO
 
 
 Duration = Annotated[float, Kind.DURATION]
@@ -28,6 +29,9 @@ Size = Annotated[int, Kind.SIZE]
 DurationOrNever = Annotated[float, Kind.DURATION_OR_NEVER]
 JsonValue = Annotated[object, Kind.JSON]
 Network = Annotated[str, Kind.NETWORK]
+CountOrAuto = Annotated[int, Kind.COUNT_OR_AUTO]
+
+AUTO = 0  # a CountOrAuto written `auto`: no count is 0, so it cannot be mistaken for one
 
 INSTANCE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 

@@ -8,7 +8,8 @@ every layer in tensor parallelism, and the non-layer tensors it uses) in the dty
 their size); KV cache headroom for `max_concurrency` generations of `context_tokens` each, in
 the size a `kv_bits` cache takes; a draft model, whole, with its own KV cache; for a model that
 sees, on the first rank only, the vision tower and projector, its activations for the largest
-picture and the feature cache; and the runtime itself. Pure, apart from reading headers.
+picture and the feature cache; and the runtime itself (a rank of a group, a little more:
+`runtime_bytes`). Pure, apart from reading headers.
 docs/operating.md, "Memory admission".
 """
 
@@ -27,6 +28,10 @@ from exod.core.sizes import format_size
 
 GIB = 2**30
 RUNTIME_BYTES = 384 * 2**20  # a runner with mlx and a tokenizer loaded, before any weight
+# What a rank of a group holds beyond a lone runner: the distributed layer's buffers, the
+# group's control connections, its stand-in layers (`python -m bench sharding` prints what a
+# rank takes). Placement counts it as memory admission does (runtime_bytes).
+GROUP_RANK_BYTES = 96 * 2**20
 MAX_HEADER = 100 * 2**20  # safetensors' own limit on the JSON header
 FLOAT_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 RUN_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -160,6 +165,11 @@ def model_tensors(model_dir: Path) -> list[TensorInfo]:
 
 
 # ---- estimating ------------------------------------------------------------------------------
+def runtime_bytes(world: int) -> int:
+    """What a rank takes before its weights and KV cache: the runtime, and a group's share."""
+    return RUNTIME_BYTES + (GROUP_RANK_BYTES if world > 1 else 0)
+
+
 def run_dtype(dtype: str, on_cpu: bool) -> str | None:
     """The dtype floating weights are cast to; None: they keep their own (auto on a GPU)."""
     if dtype == "auto":
@@ -281,7 +291,7 @@ def estimate(tensors: list[TensorInfo], config: dict[str, object], shard: Shard,
                           context_tokens, concurrency, kv)
     sight = vision_bytes(tower, elem_size(config, cast_to)) \
         if tower is not None and shard.first else 0
-    return Estimate(weights=weights, kv=cache, runtime=RUNTIME_BYTES, vision=sight)
+    return Estimate(weights=weights, kv=cache, runtime=runtime_bytes(shard.world), vision=sight)
 
 
 def encoder_estimate(tensors: list[TensorInfo], config: dict[str, object], dtype: str, on_cpu: bool,

@@ -26,7 +26,7 @@ from exod.config.checks import port_count
 from exod.config.schema import Instance
 from exod.core import ports
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
-from exod.daemon import rank_addresses
+from exod.daemon import placing, rank_addresses
 from exod.daemon import spawn as os_seam
 from exod.daemon.cache_owner import CacheOwner
 from exod.core.hub_ref import HubRef
@@ -160,11 +160,15 @@ def runner_kind(model: Path) -> RunnerKind:
     return "vision" if sees(model) is not None else "text"
 
 
-def plan_shards(inst: Instance) -> list[Shard]:
-    """Layer ranges per rank. An unknown layer count (0) lets the runner load everything."""
+def plan_shards(inst: Instance, log: placing.Log | None = None) -> list[Shard]:
+    """Layer ranges per rank: the planner's for `placement: auto` (exod.daemon.placing, which
+    tells `log`). An unknown layer count (0) lets the runner load everything."""
     total = model_layer_count(inst.model) or 0
     if total == 0:
-        return [Shard(r, inst.shards, 0, 0, 0) for r in range(inst.shards)]
+        world = max(1, inst.shards)
+        return [Shard(r, world, 0, 0, 0) for r in range(world)]
+    if inst.placement == "auto":
+        return placing.local_shards(inst, total, log)
     if inst.parallelism == "tensor":
         return tensor_shards(total, inst.shards)
     return pipeline_shards(total, inst.shards, inst.layers)

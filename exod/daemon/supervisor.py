@@ -37,6 +37,7 @@ from exod.daemon.instance import InstanceRuntime
 from exod.daemon.instance_seam import Continuation
 from exod.daemon.rank import RankRuntime
 from exod.daemon.launch import Launcher, plan_shards
+from exod.daemon.placing import placed_config
 from exod.daemon.channel import RunnerChannel
 from exod.daemon.log_ring import LogRings
 from exod.daemon.manager_notify import ServiceNotifier
@@ -316,11 +317,13 @@ class Supervisor:
 
     def add(self, cfg: Instance) -> InstanceRuntime:
         """A new instance, placed on its hosts, not started."""
+        log = logger.bind(instance=cfg.name)
         try:
-            shards = plan_shards(cfg)
+            shards = plan_shards(cfg, lambda level, text: log.log(level, "{}", text))
         except ShardError as e:  # validation should have caught it; never crash the loop
             shards = [Shard(0, 1, 0, 0, 0)]
-            logger.bind(instance=cfg.name).error("cannot split {}: {}", cfg.name, e)
+            log.error("cannot split {}: {}", cfg.name, e)
+        cfg = placed_config(cfg, shards)  # `placement: auto`: its number of ranks, decided
         inst = InstanceRuntime(cfg, shards, self)
         inst.group.place(self.config.node.name)
         self.instances[cfg.name] = inst

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from exod.wire.options import Backend, RunnerOptions
-from exod.core.kinds import Duration, JsonValue, ModelDir
+from exod.core.kinds import CountOrAuto, Duration, JsonValue, ModelDir
 from exod.core.shards import Parallelism, Shard
 from exod.core.hub_ref import HubRef
 from exod.wire.protocol import ProtocolError
@@ -126,7 +126,7 @@ class Planned:
 @dataclass(frozen=True)
 class Layout:
     model: ModelDir
-    shards: int
+    shards: CountOrAuto  # the schema's type; a layout asked about always has a number
     parallelism: Parallelism
     layers: tuple[int, ...] | None  # layers per rank, or an even split
 

@@ -51,7 +51,7 @@ BAD = [
      "allowed keys: node, control, ready, api, cluster, hub, usage, defaults, include, "
      "instances"),
     ("int-got-string", {MAIN: x_with("shards: two")},
-     (MAIN, 4, 13, "instances.x.shards"), "expected an integer, got string 'two'"),
+     (MAIN, 4, 13, "instances.x.shards"), "expected an integer or auto, got string 'two'"),
     ("int-got-bool", {MAIN: x_with("max_queue: true")},
      (MAIN, 4, 16, "instances.x.max_queue"), "expected an integer, got boolean true"),
     ("int-got-float", {MAIN: x_with("max_concurrency: 1.5")},
