@@ -32,6 +32,7 @@ from exod.api.view import DaemonView
 from exod.core.keys import ApiKey
 from exod.core.usage.gate import Limited
 from exod.core.images import REQUEST_MEGAPIXELS, pixel_problem, unseen
+from exod.core.keys import ANONYMOUS, ApiKey
 from exod.core.system_lines import drop_system_lines
 from exod.core.sizes import format_size
 from exod.daemon.channel import RequestStream, TooLarge
@@ -169,7 +170,7 @@ class Serving:
         try:
             async with lease:
                 try:
-                    stream = lease.open(req.gen)
+                    stream = lease.open(keyed(req.gen, request.get("key", ANONYMOUS)))
                 except TooLarge as e:
                     raise too_large_for_runner(req, e.size) from None
                 with self.live.hold(request.get(KEY_ID, b""), stream):
@@ -224,6 +225,13 @@ async def _after(first: m.Event, rest: AsyncIterator[m.Event]
     yield first
     async for ev in rest:
         yield ev
+
+
+def keyed(gen: m.Generate, key: ApiKey) -> m.Generate:
+    """The request as the runner's engine shares its batch: whose it is, with the key's weight
+    and priority (exod.runner.serving.fair_share)."""
+    return replace(gen, key=key.name, weight=key.weight,
+                   priority="batch" if key.priority == "batch" else "interactive")
 
 
 def too_large_for_runner(req: GenRequest, size: int) -> ApiError:

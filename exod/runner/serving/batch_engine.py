@@ -2,17 +2,16 @@
 prompt (prefix) cache in RAM and on disk (exod.runner.prompt_cache.tiers), prefill in chunks.
 
 The serve loop calls `step()` over and over, and between two calls it picks up new requests,
-cancels and stops. One step is one `BatchGenerator.next()`: one decode step for every request
-past its prompt, plus at most one chunk of prompt, sized so that a step never prefills more than
-`prefill_step` tokens in all, whatever the number of prompts in flight; an entry read from disk
-loads a bounded number of bytes a step the same way (exod.runner.serving.disk_loads). So a
-cancel or a stop is seen within one bounded step, even during a very long prompt.
+cancels and stops. One step is one `BatchGenerator.next()`: a decode step for every request past
+its prompt, plus at most `prefill_step` prompt tokens in all; a disk entry loads a bounded number
+of bytes a step (exod.runner.serving.disk_loads). So a cancel or a stop is seen within a step.
 
-Requests join the running batch as they come (up to `width`, the instance's max_concurrency)
-and leave it when they finish; each keeps its own sampler, grammar and logits processors, run
-by the batch's one sampler (exod.runner.serving.batch_sampler), and its own output
-(exod.runner.serving.output). On a group's ranks (exod.runner.group.lockstep), `agree` says
-when every rank has the disk entry rank 0 chose. docs/api.md, "Batching and the prompt cache".
+Up to `width` requests (max_concurrency) are in the batch; the others wait here, and the fair
+share picks whom to start when a row frees (exod.runner.serving.fair_share), holding `batch`
+work back between steps for interactive work (exod.runner.serving.holding). Each keeps its own
+sampler, grammar and processors, run by the batch's one sampler (exod.runner.serving.
+batch_sampler). On a group's ranks (exod.runner.group.lockstep), `agree` says when every rank has
+the disk entry rank 0 chose. docs/api.md, "Batching and the prompt cache".
 """
 
 from __future__ import annotations
@@ -44,7 +43,9 @@ from exod.runner.serving.output import Output
 from exod.runner.serving.reading import Prompt
 from exod.runner.prompt_cache.disk import DiskTier
 from exod.runner.prompt_cache.tiers import FromDisk, PromptCache
+from exod.runner.serving.fair_share import FairShare
 from exod.runner.serving.forks import Forks
+from exod.runner.serving.holding import Ahead, can_hold, take_out
 from exod.runner.serving.shared_prefix import Sharing
 from exod.runner.serving.token_events import done, show_token
 
@@ -64,13 +65,15 @@ class BatchEngine(AsItComes):
                  prefill_step: int = 256, grammar_limits: GrammarLimits | None = None,
                  kv: KvOptions | None = None, draft: Draft | None = None,
                  on_new_generator: Callable[[], None] | None = None,
-                 disk: DiskTier | None = None, agree: Agree | None = None) -> None:
+                 disk: DiskTier | None = None, agree: Agree | None = None,
+                 fair: bool = True) -> None:
         """kv: the caches' options (max_kv_size: a rotating cache per request; kv_bits: a
         quantized batch, exod.runner.serving.quantized_batch).
         on_new_generator: called after each BatchGenerator is made (mlx-lm's sets the wired
         limit of Metal as it is made; the instance's own setting goes back on after it).
         disk: the prompt cache's disk tier (None: RAM only). agree: a group's all-reduce.
-        draft: speculative decoding in the batch (exod.runner.serving.speculative)."""
+        draft: speculative decoding in the batch (exod.runner.serving.speculative).
+        fair: share the batch between keys; False: first come first served (`bench fair`)."""
         self.model, self.tokenizer = model, tokenizer
         self.kv = kv or KvOptions()
         self.draft = draft
@@ -103,6 +106,8 @@ class BatchEngine(AsItComes):
         self._sampling: BatchSampler | None = None  # every row's, with each generator
         self._gen = self._new_generator()
         self.failed_steps = 0  # a group must not go on after one (exod.runner.group.lockstep)
+        self.share = FairShare("fair" if fair else "fifo")
+        self.eos = {int(t) for t in tokenizer.eos_token_ids}
 
     def _new_generator(self) -> BatchGenerator:
         eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
@@ -153,8 +158,20 @@ class BatchEngine(AsItComes):
                          checked.top_logprobs, insert={
                              "max_tokens": [checked.max_tokens],
                              "logits_processors": [checked.processors]},
-                         sampler=checked.sampler, grammar=checked.grammar)
-        return self._start(r, disk)
+                         sampler=checked.sampler, grammar=checked.grammar,
+                         limit=checked.max_tokens)
+        self._by_rid[r.rid] = r
+        self.share.arrive(r.rid, req.key, req.weight, req.priority)
+        if self._room() and self.share.next() == r.rid:
+            self.share.start(r.rid)
+            return self._start(r, disk)
+        # It waits: rank 0 of a group decides its disk entry now, for every rank to start alike.
+        r.waiting = True
+        if disk is OWN and self.agree is not None:
+            match = self.cache.disk_choice(r.prompt)
+            disk = (match.entry.key, match.usable) if match is not None else None
+        r.disk = disk
+        return None if disk is OWN else disk
 
     def warm(self, tokens: list[int], force: bool = False) -> bool:
         """Prefill `tokens` into the prompt cache (an agent's system prompt and tools, before
@@ -220,15 +237,20 @@ class BatchEngine(AsItComes):
 
     def _insert(self, r: BatchRequest, cache: list[Any] | None, covered: int) -> None:
         """Into the batch, from `cache` (covering `covered` prompt tokens) or from nothing."""
+        self._put(r, cache, r.prompt[:covered], r.prompt[covered:])
+        r.cached_tokens = covered
+
+    def _put(self, r: BatchRequest, cache: list[Any] | None, held: list[int],
+             feed: list[int]) -> None:
+        """Into the batch: `cache` holds the tokens `held`, `feed` goes through the model."""
         cache = self.kv.for_batch(self.model, cache)  # rotating, quantized: not BatchGenerator's
         (r.uid,) = self._gen.insert(
             # None: BatchGenerator makes a fresh cache (its type hint says list, it means this)
-            [r.prompt[covered:]], caches=[cache] if cache is not None else None,
-            all_tokens=[r.prompt[:covered]],
+            [feed], caches=[cache] if cache is not None else None, all_tokens=[held],
             samplers=[self._sampling if self._sampling is not None else r.sampler], **r.insert)
         if self._sampling is not None:
             self._sampling.add(r.uid, r.sampler, r.grammar)
-        r.cached_tokens = r.in_cache = covered
+        r.base = r.in_cache = len(held)
         self._by_uid[r.uid] = r
         self._sharing.loaded(r.rid)
 
@@ -241,7 +263,8 @@ class BatchEngine(AsItComes):
     def step(self) -> list[m.Event]:
         if not self._by_rid:
             return []
-        events = step_loads(list(self._by_rid.values()), self.cache, self.agree,
+        events = self._schedule()
+        events += step_loads(list(self._by_rid.values()), self.cache, self.agree,
                             self._insert, stepping=bool(self._by_uid))
         if not self._by_uid:
             return events
@@ -256,20 +279,25 @@ class BatchEngine(AsItComes):
             # Not abort_all: it would ask the broken generator to remove them. A new one instead.
             log(f"batch step failed: {type(e).__name__}: {e}", ERR)
             self.failed_steps += 1
+            # Those waiting or held back were not in it: they start in the new one.
+            started = [r for r in self._by_rid.values() if not r.waiting]
             failed: list[m.Event] = [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")
-                                     for r in self._by_rid.values() if r.out is not None]
-            self._drop(list(self._by_rid.values()), in_batch=False)
+                                     for r in started if r.out is not None]
+            self._drop(started, in_batch=False)
             self._gen = self._new_generator()  # and a batch sampler of its own
             return events + failed
         for p in prompts:  # how far each prompt is: a follower's leader is due when
             if (r := self._by_uid.get(p.uid)) is not None:
-                r.in_cache = r.cached_tokens + p.progress[0]
+                through = r.base + p.progress[0]
+                self.share.served(r.rid, through - r.in_cache)
+                r.in_cache = through
         if self._checkpoint:
             self._keep_prompts(prompts)
         logprobs = self._logprobs(responses)  # a speculating row has several a step
         for n, resp in enumerate(responses):
             r = self._by_uid.get(resp.uid)
             if r is not None:
+                self.share.served(r.rid, 1)
                 events += self._on_token(r, resp, logprobs.get(n))
         # Progress of prompts still going through the model (no token yet): hang detection in
         # the daemon counts it, so a long prompt is never taken for a hung runner.
@@ -292,7 +320,7 @@ class BatchEngine(AsItComes):
     def serving(self) -> m.ServingReport:
         return serving_stats(self.cache, width=self.width, active=self.active,
                              prefill_step=self.prefill_step, cache_bytes=self.cache_bytes,
-                             draft=self.draft)
+                             draft=self.draft, fair=self.share.policy == "fair")
 
     # ---- the prompt cache, behind the requests -------------------------------------------------
     def idle(self) -> None:
@@ -319,6 +347,64 @@ class BatchEngine(AsItComes):
 
     def trim_cache(self, entries: int) -> None:
         self.cache.trim_to(entries)
+
+    # ---- who starts, who is held back (exod.runner.serving.fair_share) --------------------
+    def _room(self) -> bool:
+        """A row is free, and a place among the prompts prefilled together: a request started
+        now starts at once (not behind others in mlx-lm's own queue)."""
+        started = [r for r in self._by_rid.values() if not r.waiting]
+        prompts = sum(r.prefilling and r.uid >= 0 for r in started)
+        return len(started) < self.width and prompts < self._gen.prefill_batch_size
+
+    def _schedule(self) -> list[m.Event]:
+        """Before a step: `batch` rows held back while interactive work waits for room, then
+        whom the fair share picks started (or brought back) while there is room."""
+        events: list[m.Event] = []
+        while not self._room() and self.draft is None and can_hold(self._gen):
+            rows = [r for r in self._by_uid.values() if r.out is not None]
+            if sum(not r.waiting for r in self._by_rid.values()) >= self.width:
+                pick = self.share.preempt([r.rid for r in rows])  # any row frees one
+            else:  # rows to spare, but every place among the prompts taken: one of those
+                pick = self.share.preempt([r.rid for r in rows if r.prefilling])
+            if pick is None:
+                break
+            events += self._hold(self._by_rid[pick])
+        while self._room() and (rid := self.share.next()) is not None:
+            self.share.start(rid)
+            r = self._by_rid[rid]
+            r.waiting = False
+            if r.held is None:
+                self._start(r, r.disk)
+            else:
+                held, r.held = r.held, None
+                self._put(r, held.cache, held.tokens, held.feed)
+        return events
+
+    def _hold(self, r: BatchRequest) -> list[m.Event]:
+        """`r` out of the batch until the fair share starts it again. A row being decoded
+        sends the token it had chosen first (it may end there)."""
+        for f in self._sharing.release(r.rid):  # its followers need not wait for it
+            if (follower := self._by_rid.get(f.rid)) is not None:
+                self._alone(follower)
+        held, ahead = take_out(self._gen, r.uid, r.prompt)
+        if self._sampling is not None:
+            self._sampling.drop(r.uid)
+        self._by_uid.pop(r.uid, None)
+        events: list[m.Event] = []
+        if ahead is not None:
+            token, logprobs = ahead
+            reason = "stop" if token in self.eos else \
+                "length" if r.completion_tokens + 1 >= r.limit else None
+            entry = None if r.top_logprobs is None else \
+                entries([logprobs], [token], [r.top_logprobs], self.text)[0]
+            events = self._on_token(r, Ahead(r.uid, token, logprobs, reason, held.cache,
+                                             held.tokens), entry)
+            if r.rid not in self._by_rid:  # it ended there
+                return events
+            r.insert["max_tokens"] = [r.limit - r.completion_tokens]
+        r.uid, r.held, r.waiting = -1, held, True
+        self.share.hold(r.rid)
+        return events
 
     # ---- inside ----------------------------------------------------------------------------
     def _keep_prompts(self, prompts: list[Any]) -> None:
@@ -361,6 +447,8 @@ class BatchEngine(AsItComes):
             self._sampling.drop(r.uid)
         self._by_uid.pop(r.uid, None)
         self._by_rid.pop(r.rid, None)
+        self.share.gone(r.rid)
+        r.held = None
         self._forks.gone(r)
 
     def _logprobs(self, responses: list[Any]) -> dict[int, m.TokenLogprob]:
