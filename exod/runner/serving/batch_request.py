@@ -12,7 +12,7 @@ from mlx_lm.sample_utils import greedy_sampler
 from exod.runner.prompt_cache.tiers import FromDisk
 from exod.runner.serving import tool_calls
 from exod.runner.serving.grammar import Constraint
-from exod.runner.serving.holding import Held
+from exod.runner.serving.holding import HeldBack
 from exod.runner.serving.output import Output
 from exod.runner.serving.sampling import Sampler
 
@@ -39,7 +39,7 @@ class BatchRequest:
     # Not started yet, or held back (exod.runner.serving.fair_share): `held` brings it back;
     # `disk` is how it looks its prompt up once it starts (batch_engine.DiskChoice, or OWN).
     waiting: bool = False
-    held: Held | None = None
+    held: HeldBack | None = None
     disk: Any = None
 
     @property

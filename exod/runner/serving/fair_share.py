@@ -24,7 +24,7 @@ Policy = Literal["fair", "fifo"]
 
 
 @dataclass
-class Entry:
+class Claim:
     rid: str
     key: str
     weight: float
@@ -38,7 +38,7 @@ class Entry:
 class FairShare:
     policy: Policy = "fair"
     vtime: dict[str, float] = field(default_factory=dict)  # by key
-    entries: dict[str, Entry] = field(default_factory=dict)  # by request, waiting or running
+    entries: dict[str, Claim] = field(default_factory=dict)  # by request, waiting or running
     _arrivals: itertools.count[int] = field(default_factory=itertools.count)
     _starts: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -52,7 +52,7 @@ class FairShare:
                 self.vtime[key] = max(self.vtime.get(key, 0.0), min(active))
             else:
                 self.vtime.setdefault(key, 0.0)
-        self.entries[rid] = Entry(rid, key, weight, priority, next(self._arrivals))
+        self.entries[rid] = Claim(rid, key, weight, priority, next(self._arrivals))
 
     def next(self) -> str | None:
         """The waiting request to start next, or None."""

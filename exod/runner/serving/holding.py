@@ -18,7 +18,7 @@ from typing import Any
 
 
 @dataclass
-class Held:
+class HeldBack:
     cache: list[Any] | None  # None: it held nothing yet
     tokens: list[int]  # what the cache holds
     feed: list[int]  # what goes in when it comes back: the rest of the prompt, or its next token
@@ -45,7 +45,7 @@ def can_hold(gen: Any) -> bool:
         return False
 
 
-def take_out(gen: Any, uid: int, prompt: list[int]) -> tuple[Held, tuple[int, Any] | None]:
+def take_out(gen: Any, uid: int, prompt: list[int]) -> tuple[HeldBack, tuple[int, Any] | None]:
     """Row `uid` out of `gen`: what brings it back, and for a row being decoded the token it
     chose and that token's logprobs (None: still in its prompt)."""
     decoding = gen._generation_batch.uids
@@ -58,5 +58,5 @@ def take_out(gen: Any, uid: int, prompt: list[int]) -> tuple[Held, tuple[int, An
     gen.remove([uid])
     tokens = list(tokens)
     if ahead is not None:
-        return Held(cache, tokens, [ahead[0]]), ahead
-    return Held(cache if tokens else None, tokens, prompt[len(tokens):]), None
+        return HeldBack(cache, tokens, [ahead[0]]), ahead
+    return HeldBack(cache if tokens else None, tokens, prompt[len(tokens):]), None
