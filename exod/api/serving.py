@@ -32,7 +32,6 @@ from exod.api.view import DaemonView
 from exod.core.keys import ApiKey
 from exod.core.usage.gate import Limited
 from exod.core.images import REQUEST_MEGAPIXELS, pixel_problem, unseen
-from exod.core.keys import ANONYMOUS, ApiKey
 from exod.core.system_lines import drop_system_lines
 from exod.core.sizes import format_size
 from exod.daemon.channel import RequestStream, TooLarge
@@ -170,7 +169,7 @@ class Serving:
         try:
             async with lease:
                 try:
-                    stream = lease.open(keyed(req.gen, request.get("key", ANONYMOUS)))
+                    stream = lease.open(keyed(req.gen, key_of(request)))
                 except TooLarge as e:
                     raise too_large_for_runner(req, e.size) from None
                 with self.live.hold(request.get(KEY_ID, b""), stream):
