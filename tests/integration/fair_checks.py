@@ -3,8 +3,8 @@ in this process on models loaded as a runner loads them. Run by test_fair_engine
 of its own (this imports mlx).
 
 A full batch starts the key least served next, not the next in line; `batch` work is held back
-between steps when interactive work waits for its row, decoding or still in its prompt, and
-comes back where it was: every request's text is what in-process mlx-lm generates for it alone
+between steps while interactive work waits or is in its prompt (decoding or still in its own
+prompt), and comes back where it was: every request's text is what in-process mlx-lm generates for it alone
 (greedy, its end token banned), held back or not, on the tiny model (plain KV caches) and on
 zoo families whose caches cannot be rewound (a recurrent state, a sliding window).
 First come first served (`fair=False`) starts in order of arrival and holds nobody back.
@@ -163,7 +163,11 @@ def test_batch_work_is_held_back_for_interactive_work_with_its_tokens(tiny: Load
     for _ in range(3):  # a row now: its prompt, its first token (mlx-lm samples ahead)
         run.step()
     assert day.id in run.first, run.first
-    assert len(run.held) == 1 and night[2].id not in run.first, run.held
+    # Both rows yield the batch to the day's first token, then one comes back beside it.
+    assert set(run.held) == {night[0].id, night[1].id} and night[2].id not in run.started
+    run.step()
+    back = [r.rid for r in e._by_uid.values() if r.rid != day.id]
+    assert len(back) == 1 and day.id in e._by_rid, (back, run.done)
     run.finish()
     assert run.done.index(day.id) < 2, run.done  # before the night's work
     for r in [*night, day]:

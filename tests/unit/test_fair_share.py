@@ -210,3 +210,16 @@ def test_weights_count_tokens_divided_by_weight() -> None:
     share.arrive("c1", "c", weight=3.0)
     share.arrive("d1", "d", weight=1.0)
     assert share.next() == "c0" and share.rows() == {}
+
+
+def test_batch_work_yields_while_an_interactive_request_is_in_its_prompt() -> None:
+    share = FairShare()
+    share.arrive("x0", "night", priority="batch")
+    share.start("x0")
+    share.arrive("x1", "night", priority="batch")
+    share.arrive("d0", "day")
+    share.start("d0")  # started, no token yet: still urgent
+    assert share.urgent({"d0"}) and share.preempt(["x0"], {"d0"}) == "x0"
+    assert share.next(batch=False) is None  # x1 waits while d0 is in its prompt
+    assert not share.urgent(set()) and share.preempt(["x0"], set()) is None  # d0 answering
+    assert share.next() == "x1"

@@ -42,20 +42,17 @@ from exod.runner.serving.detokenize import streaming
 from exod.runner.serving.output import Output
 from exod.runner.serving.reading import Prompt
 from exod.runner.prompt_cache.disk import DiskTier
-from exod.runner.prompt_cache.tiers import FromDisk, PromptCache
+from exod.runner.prompt_cache.tiers import PromptCache
 from exod.runner.serving.fair_share import FairShare
 from exod.runner.serving.forks import Forks
-from exod.runner.serving.holding import Ahead, can_hold, take_out
+from exod.runner.serving.starts import OWN, DiskChoice, Starts
+from exod.runner.serving.turns import Turns
 from exod.runner.serving.shared_prefix import Sharing
 from exod.runner.serving.token_events import done, show_token
 
 MIN_CHUNK = 32  # prefill chunks below this waste more in overhead than they buy in latency
 PREFILL_BATCH = 8  # prompts prefilled together at most (mlx_lm.server's default)
 
-# Rank 0's choice for a prompt, which a group's other ranks follow: the disk entry (its key)
-# and the prompt tokens it covers; None: RAM or nothing.
-DiskChoice = tuple[str, int]
-OWN: Any = object()  # admit: look the prompt up in this rank's own tiers
 
 __all__ = ["BatchEngine", "DiskChoice", "OWN"]
 
@@ -100,14 +97,19 @@ class BatchEngine(AsItComes):
         self._sharing = Sharing(self.prefill_step, exact=not self._checkpoint)
         self._by_uid: dict[int, BatchRequest] = {}
         self._by_rid: dict[str, BatchRequest] = {}  # every request, loading or in the batch
-        self._forks = Forks(self._sharing, self._by_rid, self.cache, self._insert, self._alone)
+        self._starts = Starts(self.cache, self._sharing, self._by_rid, self._by_uid, self._insert)
+        self._forks = Forks(self._sharing, self._by_rid, self.cache, self._insert,
+                            self._starts.alone)
         self._warm_ids = itertools.count()
         self._masks = MaskRound()  # the grammars' masks of a step, at once
         self._sampling: BatchSampler | None = None  # every row's, with each generator
         self._gen = self._new_generator()
         self.failed_steps = 0  # a group must not go on after one (exod.runner.group.lockstep)
         self.share = FairShare("fair" if fair else "fifo")
-        self.eos = {int(t) for t in tokenizer.eos_token_ids}
+        self._turns = Turns(self.share, self._by_rid, self._by_uid, self.width,
+                            lambda r: self._starts.start(r, r.disk), self._put,
+                            self._on_token, self._starts.release, self.text,
+                            {int(t) for t in tokenizer.eos_token_ids})
 
     def _new_generator(self) -> BatchGenerator:
         eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
@@ -162,9 +164,9 @@ class BatchEngine(AsItComes):
                          limit=checked.max_tokens)
         self._by_rid[r.rid] = r
         self.share.arrive(r.rid, req.key, req.weight, req.priority)
-        if self._room() and self.share.next() == r.rid:
+        if self._turns.room(self._gen) and self.share.next() == r.rid:
             self.share.start(r.rid)
-            return self._start(r, disk)
+            return self._starts.start(r, disk)
         # It waits: rank 0 of a group decides its disk entry now, for every rank to start alike.
         r.waiting = True
         if disk is OWN and self.agree is not None:
@@ -181,59 +183,12 @@ class BatchEngine(AsItComes):
             return False
         r = BatchRequest(f"warm-{next(self._warm_ids)}", list(tokens), None,
                          insert={"max_tokens": [1]})
-        self._start(r, None, counted=False)  # a warm-up is no request's lookup
+        self._starts.start(r, None, counted=False)  # a warm-up is no request's lookup
         return True
 
-    def _start(self, r: BatchRequest, disk: DiskChoice | None, counted: bool = True
-               ) -> DiskChoice | None:
-        self._by_rid[r.rid] = r
-        joined = self._joins_load(r, disk)
-        if joined is not None:
-            self.cache.counts.lookups += counted
-            return joined
-        cache, covered, load = None, 0, None
-        if disk is OWN:
-            cache, covered, load = self.cache.lookup(r.prompt)
-        elif disk is None:
-            self.cache.counts.lookups += counted
-            cache, covered = self.cache.ram_only(r.prompt, counted)
-        else:
-            self.cache.counts.lookups += 1
-            load = self.cache.disk_by_key(*disk)
-            if load is None:  # this rank lacks it: the vote makes it a miss on every rank
-                load = FromDisk.missing()
-        if load is None:
-            lead = self._sharing.choose(r.prompt, covered, self._by_uid.values())
-            if lead is None:
-                self._insert(r, cache, covered)
-            else:  # its shared part is on its way through the model: it waits for it
-                if counted and covered:  # a lookup is one tier's hit: the shared one's
-                    self.cache.counts.ram_hits -= 1
-                    self.cache.counts.ram_tokens -= covered
-                r.cached_tokens = covered
-                self._sharing.follow(r.rid, *lead)
-            return None
-        r.load = load
-        if load.match is None:
-            return None
-        self._sharing.loads(r.rid, load.match.entry.key, load.match.usable)
-        return (load.match.entry.key, load.match.usable)
-
-    def _alone(self, r: BatchRequest) -> None:
-        """A follower whose leader left, or whose copy would give it nothing: from RAM (the
-        same on every rank of a group), or following another."""
-        self._start(r, None, counted=False)
-
-    def _joins_load(self, r: BatchRequest, disk: DiskChoice | None) -> DiskChoice | None:
-        """The disk entry `r` would load, when another request is loading it already: it
-        follows that one (an entry a burst shares is read once). A group's other ranks follow
-        rank 0's choice, and decide the same from the same loads in flight."""
-        if disk is OWN and self._sharing.loading:
-            match = self.cache.disk_choice(r.prompt)
-            disk = (match.entry.key, match.usable) if match is not None else None
-        if disk is None or disk is OWN or not self._sharing.join_load(r.rid, *disk):
-            return None
-        return disk
+    def _drop_row(self, uid: int) -> None:
+        if self._sampling is not None:
+            self._sampling.drop(uid)
 
     def _insert(self, r: BatchRequest, cache: list[Any] | None, covered: int) -> None:
         """Into the batch, from `cache` (covering `covered` prompt tokens) or from nothing."""
@@ -263,7 +218,7 @@ class BatchEngine(AsItComes):
     def step(self) -> list[m.Event]:
         if not self._by_rid:
             return []
-        events = self._schedule()
+        events = self._turns.before_step(self._gen, self.draft is None, self._drop_row)
         events += step_loads(list(self._by_rid.values()), self.cache, self.agree,
                             self._insert, stepping=bool(self._by_uid))
         if not self._by_uid:
@@ -347,64 +302,6 @@ class BatchEngine(AsItComes):
 
     def trim_cache(self, entries: int) -> None:
         self.cache.trim_to(entries)
-
-    # ---- who starts, who is held back (exod.runner.serving.fair_share) --------------------
-    def _room(self) -> bool:
-        """A row is free, and a place among the prompts prefilled together: a request started
-        now starts at once (not behind others in mlx-lm's own queue)."""
-        started = [r for r in self._by_rid.values() if not r.waiting]
-        prompts = sum(r.prefilling and r.uid >= 0 for r in started)
-        return len(started) < self.width and prompts < self._gen.prefill_batch_size
-
-    def _schedule(self) -> list[m.Event]:
-        """Before a step: `batch` rows held back while interactive work waits for room, then
-        whom the fair share picks started (or brought back) while there is room."""
-        events: list[m.Event] = []
-        while not self._room() and self.draft is None and can_hold(self._gen):
-            rows = [r for r in self._by_uid.values() if r.out is not None]
-            if sum(not r.waiting for r in self._by_rid.values()) >= self.width:
-                pick = self.share.preempt([r.rid for r in rows])  # any row frees one
-            else:  # rows to spare, but every place among the prompts taken: one of those
-                pick = self.share.preempt([r.rid for r in rows if r.prefilling])
-            if pick is None:
-                break
-            events += self._hold(self._by_rid[pick])
-        while self._room() and (rid := self.share.next()) is not None:
-            self.share.start(rid)
-            r = self._by_rid[rid]
-            r.waiting = False
-            if r.held is None:
-                self._start(r, r.disk)
-            else:
-                held, r.held = r.held, None
-                self._put(r, held.cache, held.tokens, held.feed)
-        return events
-
-    def _hold(self, r: BatchRequest) -> list[m.Event]:
-        """`r` out of the batch until the fair share starts it again. A row being decoded
-        sends the token it had chosen first (it may end there)."""
-        for f in self._sharing.release(r.rid):  # its followers need not wait for it
-            if (follower := self._by_rid.get(f.rid)) is not None:
-                self._alone(follower)
-        held, ahead = take_out(self._gen, r.uid, r.prompt)
-        if self._sampling is not None:
-            self._sampling.drop(r.uid)
-        self._by_uid.pop(r.uid, None)
-        events: list[m.Event] = []
-        if ahead is not None:
-            token, logprobs = ahead
-            reason = "stop" if token in self.eos else \
-                "length" if r.completion_tokens + 1 >= r.limit else None
-            entry = None if r.top_logprobs is None else \
-                entries([logprobs], [token], [r.top_logprobs], self.text)[0]
-            events = self._on_token(r, Ahead(r.uid, token, logprobs, reason, held.cache,
-                                             held.tokens), entry)
-            if r.rid not in self._by_rid:  # it ended there
-                return events
-            r.insert["max_tokens"] = [r.limit - r.completion_tokens]
-        r.uid, r.held, r.waiting = -1, held, True
-        self.share.hold(r.rid)
-        return events
 
     # ---- inside ----------------------------------------------------------------------------
     def _keep_prompts(self, prompts: list[Any]) -> None:

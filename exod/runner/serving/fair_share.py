@@ -1,21 +1,21 @@
 """Whom the batch engine starts next, and whom it holds back: weighted fair shares of the batch
 between keys (docs/design/fair-share.md). Pure: the engine (exod.runner.serving.batch_engine)
-tells it what arrives, starts, is served and leaves, and does what it says.
+says what arrives, starts, is served and leaves, and does what this says.
 
-Each key has a virtual time: the tokens served to it (prompt chunks and decoded tokens alike),
-each divided by its weight. When a row frees, the waiting request of the key with the least
-virtual time starts (its own requests in order of arrival), so keys that all want more are
-served tokens in proportion to their weights. A key that had nothing in the engine starts at
-the least virtual time of those that have: no credit banked while away, no debt from an hour
-alone. `batch` priority only starts while no `interactive` request waits, and is held back
-(`preempt`) when one waits for its row. Decisions depend only on what the engine tells, in the
-order it tells it, so a group's ranks, replaying the same admissions and steps, decide the same.
-`fifo`: first come first served, nobody held back (the engine before; `bench fair` compares).
+Each key has a virtual time: the tokens served to it (prompt chunks and decoded tokens), each
+divided by its weight. When a row frees, the key least served starts its oldest waiting request,
+so keys that all want more get tokens in proportion to their weights. A key that had nothing in
+the engine comes in at the least virtual time of those that have: no credit banked while away.
+`batch` work starts only while no interactive request waits or is in its prompt, and is held
+back (`preempt`) while one is: it yields the batch to a person's first token, then fills the
+rows left. Decisions depend only on what the engine says, in its order, so a group's ranks,
+replaying the same admissions and steps, decide the same. `fifo`: first come first served.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -54,15 +54,22 @@ class FairShare:
                 self.vtime.setdefault(key, 0.0)
         self.entries[rid] = Claim(rid, key, weight, priority, next(self._arrivals))
 
-    def next(self) -> str | None:
-        """The waiting request to start next, or None."""
+    def urgent(self, prompts: AbstractSet[str]) -> bool:
+        """An interactive request waits, or is among `prompts` (running, no token yet): `batch`
+        work yields to it."""
+        return self.policy == "fair" and any(
+            e.priority == "interactive" and (not e.running or e.rid in prompts)
+            for e in self.entries.values())
+
+    def next(self, batch: bool = True) -> str | None:
+        """The waiting request to start next, or None. `batch`: False while `urgent`."""
         waiting = [e for e in self.entries.values() if not e.running]
+        if self.policy == "fifo":
+            return min(waiting, key=lambda e: e.order).rid if waiting else None
+        if not batch or any(e.priority == "interactive" for e in waiting):
+            waiting = [e for e in waiting if e.priority == "interactive"]
         if not waiting:
             return None
-        if self.policy == "fifo":
-            return min(waiting, key=lambda e: e.order).rid
-        if any(e.priority == "interactive" for e in waiting):
-            waiting = [e for e in waiting if e.priority == "interactive"]
         rows = self.rows()
         return min(waiting, key=lambda e: (self.vtime[e.key], rows.get(e.key, 0), e.order)).rid
 
@@ -87,12 +94,12 @@ class FairShare:
             low = min(self.vtime.values(), default=0.0)
             self.vtime = {k: v - low for k, v in self.vtime.items()}
 
-    def preempt(self, candidates: list[str]) -> str | None:
+    def preempt(self, candidates: list[str], prompts: AbstractSet[str] = frozenset()
+                ) -> str | None:
         """Which of `candidates` (running requests the engine can hold back) to hold back for
-        an interactive request that waits for a row: a `batch` one, of the key most served,
-        the latest started first; None when no interactive request waits or none fits."""
-        if self.policy == "fifo" or not any(
-                not e.running and e.priority == "interactive" for e in self.entries.values()):
+        interactive work (`urgent`: `prompts` are those running without a token yet): a `batch`
+        one, of the key most served, the latest started first; None when none fits."""
+        if not self.urgent(prompts):
             return None
         batch = [self.entries[rid] for rid in candidates
                  if rid in self.entries and self.entries[rid].priority == "batch"]
