@@ -109,7 +109,7 @@ class BatchEngine(AsItComes):
         self._turns = Turns(self.share, self._by_rid, self._by_uid, self.width,
                             lambda r: self._starts.start(r, r.disk), self._put,
                             self._on_token, self._starts.release, self.text,
-                            {int(t) for t in tokenizer.eos_token_ids})
+                            {int(t) for t in tokenizer.eos_token_ids}, self._follows)
 
     def _new_generator(self) -> BatchGenerator:
         eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
@@ -164,7 +164,7 @@ class BatchEngine(AsItComes):
                          limit=checked.max_tokens)
         self._by_rid[r.rid] = r
         self.share.arrive(r.rid, req.key, req.weight, req.priority)
-        if self._turns.room(self._gen) and self.share.next() == r.rid:
+        if self.share.next() == r.rid and self._turns.room(self._gen, r):
             self.share.start(r.rid)
             return self._starts.start(r, disk)
         # It waits: rank 0 of a group decides its disk entry now, for every rank to start alike.
@@ -185,6 +185,9 @@ class BatchEngine(AsItComes):
                          insert={"max_tokens": [1]})
         self._starts.start(r, None, counted=False)  # a warm-up is no request's lookup
         return True
+
+    def _follows(self, r: BatchRequest) -> bool:
+        return self._sharing.choose(r.prompt, 0, self._by_uid.values()) is not None
 
     def _drop_row(self, uid: int) -> None:
         if self._sampling is not None:

@@ -23,22 +23,26 @@ OnToken = Callable[[BatchRequest, Any, "m.TokenLogprob | None"], list[m.Event]]
 class Turns:
     """`requests`: the engine's, by id (waiting, loading or in the batch); `rows`: those in the
     generator, by uid. `start`: a request's first start (its prompt looked up, or following
-    another); `release`: the followers of one held back start on their own."""
+    another); `release`: the followers of one held back start on their own; `follows`: a
+    request would follow a prompt in flight (exod.runner.serving.shared_prefix)."""
 
     def __init__(self, share: FairShare, requests: dict[str, BatchRequest],
                  rows: dict[int, BatchRequest], width: int, start: Callable[[BatchRequest], object],
                  put: Put, on_token: OnToken, release: Callable[[BatchRequest], None],
-                 text: TokenText, eos: set[int]) -> None:
+                 text: TokenText, eos: set[int],
+                 follows: Callable[[BatchRequest], bool]) -> None:
         self.share, self.requests, self.rows, self.width = share, requests, rows, width
         self.start, self.put, self.on_token, self.release = start, put, on_token, release
-        self.text, self.eos = text, eos
+        self.text, self.eos, self.follows = text, eos, follows
 
-    def room(self, gen: Any) -> bool:
-        """A row is free, and a place among the prompts prefilled together: a request started
-        now starts at once (not behind others in mlx-lm's own queue)."""
-        started = [r for r in self.requests.values() if not r.waiting]
-        prompts = sum(r.prefilling and r.uid >= 0 for r in started)
-        return len(started) < self.width and prompts < gen.prefill_batch_size
+    def room(self, gen: Any, r: BatchRequest) -> bool:
+        """A row is free for `r`, and a place among the prompts prefilled together, unless it
+        follows a prompt in flight: started now, it starts at once (not behind others in
+        mlx-lm's own queue), or waits for its leader there."""
+        started = [q for q in self.requests.values() if not q.waiting]
+        prompts = sum(q.prefilling and q.uid >= 0 for q in started)
+        return len(started) < self.width and (
+            prompts < gen.prefill_batch_size or (r.held is None and self.follows(r)))
 
     def before_step(self, gen: Any, holds: bool, drop_row: Callable[[int], None]
                     ) -> list[m.Event]:
@@ -52,9 +56,9 @@ class Turns:
                 rows.remove(pick)
                 prompts.discard(pick)
         batch = not self.share.urgent(prompts)
-        while self.room(gen) and (rid := self.share.next(batch)) is not None:
+        while (rid := self.share.next(batch)) is not None and \
+                self.room(gen, r := self.requests[rid]):
             self.share.start(rid)
-            r = self.requests[rid]
             r.waiting = False
             if r.held is None:
                 self.start(r)
