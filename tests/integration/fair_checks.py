@@ -3,11 +3,11 @@ in this process on models loaded as a runner loads them. Run by test_fair_engine
 of its own (this imports mlx).
 
 A full batch starts the key least served next, not the next in line; `batch` work is held back
-between steps while interactive work waits or is in its prompt (decoding or still in its own
-prompt), and comes back where it was: every request's text is what in-process mlx-lm generates for it alone
-(greedy, its end token banned), held back or not, on the tiny model (plain KV caches) and on
-zoo families whose caches cannot be rewound (a recurrent state, a sliding window).
-First come first served (`fair=False`) starts in order of arrival and holds nobody back.
+between steps while interactive work waits or is in its prompt (decoding, or in its own
+prompt), and comes back where it was: every request's text is what in-process mlx-lm generates
+for it alone (greedy, its end token banned), held back or not, on the tiny model (plain KV
+caches) and on zoo families whose caches cannot be rewound (a recurrent state, a sliding
+window). First come first served (`fair=False`) starts in order of arrival, holds nobody back.
 """
 
 from __future__ import annotations
@@ -20,16 +20,20 @@ from typing import Literal
 
 import pytest
 
+from exod.runner.cpu import blas
 from exod.wire import messages as m
-from tests.integration.shared_prefix_checks import EOS, load
-from exod.runner.load import Loaded
-from exod.runner.serving import can_batch
-from exod.runner.serving.batch_engine import BatchEngine
+
+blas.preload()  # before mlx, as in the runner
+from exod.runner.load import Loaded  # noqa: E402
+from exod.runner.serving import can_batch  # noqa: E402
+from exod.runner.serving.batch_engine import BatchEngine  # noqa: E402
+from tests.integration.whole_model import load_whole as load  # noqa: E402
 
 ZOO: dict[str, dict[str, str]] = json.loads(os.environ.get("EXOD_TEST_ZOO_JSON", "{}"))
 # Zoo families whose caches cannot be rewound, or are not plain: held back and brought back.
 FAMILIES = ["mamba", "jamba", "gemma3_text", "olmo_hybrid", "qwen3_next"]
 CHUNK = 64
+EOS = 2  # the tiny and zoo models' end token, banned: every answer is max_tokens long
 ids = itertools.count()
 
 
