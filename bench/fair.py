@@ -1,18 +1,17 @@
 """Fair shares of the batch (docs/design/fair-share.md), ratios in one run.
 
 The runner's batch engine, width 8, on a generated 4-layer model, driven in a process of its own
-as the serve loop drives it (bench.fair_side: clients are closed loops, times are wall seconds
-from admission to the first text; each time the median of 7 chats at other points of the
-others' answers):
-- key A keeps the batch full (16 streaming clients: 8 in the batch, 8 waiting) and key B sends
-  one chat. B's time to first token against the floor, B beside A's running streams with
-  nothing queued ahead of B (A's 8 clients only: B waits for the first row A frees, as any
-  engine that never stops an interactive stream must): goal <= 1.5x. First come first served
-  (the engine's `fair=False`, as exod was) beside it, and B alone;
-- keys of weights 3 and 1, 16 clients each: the tokens through the model (prompt and answer)
-  for the requests that ended in 1,500 steps once settled split 3:1 +- 10 %;
-- a `batch` key's 16 clients saturating the engine: an interactive chat's first token against
-  the same chat alone, goal <= 1.3x; first come first served beside it.
+as the serve loop drives it (bench.fair_side: clients are closed loops; a time is the median of
+7 chats' wall seconds from admission to the first text, at other points of the others' answers):
+- key A keeps the batch full (16 streaming clients: 8 in the batch, 8 waiting), key B sends one
+  chat: B's time to first token against the floor, B beside A's running streams with nothing
+  queued ahead (A's 8 clients only: B waits for the first row A frees, as with any engine that
+  never stops an interactive stream): goal <= 1.5x; first come first served (`fair=False`, the
+  engine exod had) and B alone beside it;
+- weights 3 and 1, 16 clients each: the tokens through the model (prompts and answers) of the
+  requests ended in 1,500 steps once settled split 3:1 +- 10 %;
+- a `batch` key's 16 clients saturating: an interactive chat's first token against the same
+  chat alone, goal <= 1.3x; first come first served beside it.
 The key check's cost through a daemon: bench.fair_keys.
 """
 
