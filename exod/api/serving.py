@@ -169,7 +169,7 @@ class Serving:
         try:
             async with lease:
                 try:
-                    stream = lease.open(req.gen)
+                    stream = lease.open(keyed(req.gen, key_of(request)))
                 except TooLarge as e:
                     raise too_large_for_runner(req, e.size) from None
                 with self.live.hold(request.get(KEY_ID, b""), stream):
@@ -224,6 +224,13 @@ async def _after(first: m.Event, rest: AsyncIterator[m.Event]
     yield first
     async for ev in rest:
         yield ev
+
+
+def keyed(gen: m.Generate, key: ApiKey) -> m.Generate:
+    """The request as the runner's engine shares its batch: whose it is, with the key's weight
+    and priority (exod.runner.serving.fair_share)."""
+    return replace(gen, key=key.name, weight=key.weight,
+                   priority="batch" if key.priority == "batch" else "interactive")
 
 
 def too_large_for_runner(req: GenRequest, size: int) -> ApiError:

@@ -343,8 +343,10 @@ class Instance(RunnerOptions):
     )
     max_queue: int = field(
         default=16,
-        metadata=doc("How many more requests may wait, in order of arrival; beyond that the HTTP "
-                     "API answers 429.", minimum=0),
+        metadata=doc("How many more requests may wait; beyond that the HTTP API answers 429. "
+                     "On an instance that batches text, they wait in its runner, which starts "
+                     "them by the keys' shares of the batch (`api.keys`: `weight`, `priority`); "
+                     "else in order of arrival.", minimum=0),
     )
     max_tokens_cap: int | None = field(
         default=None,

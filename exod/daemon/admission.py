@@ -47,9 +47,13 @@ class Gate:
                 self.leave()  # the slot came just as the client left: pass it on
             raise
 
-    def resize(self, limit: int) -> None:
-        """A new width (set by memory admission at a start): waiters take the new slots."""
+    def resize(self, limit: int, queue: int | None = None) -> None:
+        """A new width (set by memory admission at a start, or the runner's engine taking the
+        queue: exod.daemon.lane): waiters take the new slots. A smaller one takes effect as
+        requests leave; waiters past a smaller queue stay (they were let in)."""
         self.limit = limit
+        if queue is not None:
+            self.queue = queue
         while self.active < self.limit and self._waiters:
             fut = self._waiters.popleft()
             if not fut.done():
@@ -57,6 +61,9 @@ class Gate:
                 fut.set_result(None)
 
     def leave(self) -> None:
+        if self.active > self.limit:  # narrowed meanwhile: the slot goes, to nobody
+            self.active -= 1
+            return
         while self._waiters:
             fut = self._waiters.popleft()
             if not fut.done():

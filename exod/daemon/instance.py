@@ -98,6 +98,12 @@ class InstanceRuntime:
         return self.config.max_concurrency or self.auto_width or 1
 
     @property
+    def fair(self) -> bool:
+        """Rank 0's engine shares its batch between keys, as it last said."""
+        serving = self.ranks[0].serving if self.ranks else None
+        return serving is not None and serving.fair
+
+    @property
     def start_pending(self) -> bool:
         """A start waits for the stop in progress to complete."""
         return self._stopping_to(Again)

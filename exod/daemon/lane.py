@@ -40,6 +40,11 @@ class LaneOwner(Protocol):
     @property
     def width(self) -> int: ...
 
+    @property
+    def fair(self) -> bool:
+        """The runner's engine shares its batch between keys (m.ServingReport.fair)."""
+        ...
+
     def hang(self, silent_for: float) -> None: ...
 
 
@@ -57,14 +62,21 @@ class Lane:
 
     @property
     def gate(self) -> Gate:
-        """The admission queue, at the instance's width (memory admission may widen it)."""
-        if self._gate.limit != self.inst.width:
-            self._gate.resize(self.inst.width)
+        """The admission queue, at the instance's width (memory admission may widen it). An
+        engine that shares its batch between keys chooses whom to start itself, so the queue
+        waits there instead: `width + max_queue` at the runner, none here (docs/design/
+        fair-share.md). Either way at most `max_queue` wait, and the next gets 429."""
+        queue = self.inst.config.max_queue
+        ahead = queue if self.inst.fair else 0
+        if (self._gate.limit, self._gate.queue) != (self.inst.width + ahead, queue - ahead):
+            self._gate.resize(self.inst.width + ahead, queue - ahead)
         return self._gate
 
     def load(self) -> tuple[int, int]:
-        """(requests at the runner, requests waiting)."""
-        return self._gate.active, self._gate.waiting
+        """(requests in the batch, requests waiting), wherever they wait."""
+        width = self.inst.width
+        at_runner = self._gate.active
+        return min(at_runner, width), self._gate.waiting + max(0, at_runner - width)
 
     @property
     def busy(self) -> bool:

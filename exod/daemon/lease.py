@@ -79,7 +79,7 @@ class Lease:
         try:
             await gate.enter()
         except QueueFull:
-            raise Busy(inst.name, gate.limit, gate.queue) from None
+            raise Busy(inst.name, inst.width, inst.config.max_queue) from None
         try:
             try:  # an on-demand instance may still be loading: wait for it, in the queue
                 await self._on_demand.until_ready(inst)

@@ -216,3 +216,14 @@ def test_aiohttp_s_log_is_an_error_only_for_exod_s_own_faults() -> None:
                        exc_info=True)
     assert [level for level, _ in seen] == ["DEBUG", "DEBUG", "ERROR"], seen
     assert "ConnectionResetError" in seen[0][1]
+
+
+def test_the_runner_is_told_whose_request_it_is_and_its_share() -> None:
+    from exod.api.serving import keyed
+    from exod.core.keys import ANONYMOUS, ApiKey
+
+    gen = Generate(id="r", kind="completion", max_tokens=1, prompt="x")
+    night = keyed(gen, ApiKey("night", weight=0.5, priority="batch"))
+    assert (night.key, night.weight, night.priority) == ("night", 0.5, "batch")
+    anyone = keyed(gen, ANONYMOUS)
+    assert (anyone.key, anyone.weight, anyone.priority) == ("anonymous", 1.0, "interactive")

@@ -28,6 +28,7 @@ EXAMPLES: list[m.Message] = [
                     cache_max_bytes=2**30, cache_entries=3, cache_bytes=5 * 2**20,
                     cache_lookups=9, cache_hits=4, cached_tokens=600, prompt_tokens=1200),
     m.ServingReport(batching="one request at a time: …", width=1, active=0),
+    m.ServingReport(batching="continuous", width=4, active=9, fair=True),
     m.Prefill("r1", 2048, 5000),
     m.Held("r1", 3),
     m.Text("r1", "漢字 and emoji 🎉"),
@@ -42,6 +43,8 @@ EXAMPLES: list[m.Message] = [
     m.Generate(id="r2", kind="chat", max_tokens=5, temperature=0.0, stop=["\n"], seed=7,
                logit_bias={"12": -100.0}, messages=[{"role": "user", "content": "hi"}]),
     m.Generate(id="r3", kind="completion", max_tokens=16, prompt="Once"),
+    m.Generate(id="r3k", kind="completion", max_tokens=16, prompt="Once", key="night-job",
+               weight=0.5, priority="batch"),
     m.Generate(id="r4", kind="chat", max_tokens=64, messages=[
         {"role": "user", "content": "weather?"},
         {"role": "assistant", "content": "", "tool_calls": [
@@ -172,6 +175,10 @@ def test_malformed_from_the_runner(obj: dict[str, Any], fragment: str) -> None:
       "images": [{"data": "A" * (28 * 2**20)}]}, "larger than 20MiB"),
     ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1,
       "images": [{"data": "AA"}] * 17}, "more than 16 images"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1, "weight": 0},
+     "generate.weight"),
+    ({"type": "generate", "id": "r", "kind": "chat", "max_tokens": 1, "priority": "urgent"},
+     "priority"),
 ], ids=lambda v: str(v)[:80])
 def test_malformed_to_the_runner(obj: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ProtocolError) as info:

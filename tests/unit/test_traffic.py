@@ -22,6 +22,7 @@ from exod.daemon.hang import HangWatch
 from exod.daemon.instance import InstanceRuntime
 from exod.daemon.on_demand import OnDemand
 from exod.daemon.refusals import Busy, NotServing, ServedElsewhere, Unknown
+from exod.wire import messages as m
 from tests.unit.fakes import ASK, FakeDaemon, FakeLink, FakeSeam
 
 STOP = StopPolicy(grace=10.0, drain=0.0, attempts=1, interval=5.0, kill_interval=1.0)
@@ -111,6 +112,45 @@ def test_gate_cancelled_waiter_leaves_and_rejection_fails_waiters() -> None:
     asyncio.run(scenario())
 
 
+def test_gate_narrowed_hands_no_slot_over_until_below_its_limit() -> None:
+    async def scenario() -> None:
+        gate = Gate(limit=3, queue=2)
+        for _ in range(3):
+            await gate.enter()
+        gate.resize(1, 4)  # the runner's engine stopped taking the queue (it restarted)
+        waiter = asyncio.create_task(gate.enter())
+        await asyncio.sleep(0)
+        gate.leave()
+        gate.leave()
+        await asyncio.sleep(0)
+        assert not waiter.done() and gate.active == 1 and gate.queue == 4
+        gate.leave()
+        await waiter
+        assert gate.active == 1
+
+    asyncio.run(scenario())
+
+
+def test_an_engine_that_shares_its_batch_is_sent_the_queue() -> None:
+    """Its requests wait in the engine, which picks whom to start (exod.runner.serving.
+    fair_share): width + max_queue go to the runner, none wait here, the next is refused, and
+    the load still says how many are in the batch and how many wait."""
+    daemon = FakeDaemon()
+    inst = runtime(daemon, "g", on_demand=False, max_concurrency=2, max_queue=3)
+    inst.start()
+    loaded(daemon, inst)
+    assert (inst.lane.gate.limit, inst.lane.gate.queue) == (2, 3)  # not said yet: here
+    inst.ranks[0].serving = m.ServingReport(batching="continuous", width=2, active=0, fair=True)
+    assert (inst.lane.gate.limit, inst.lane.gate.queue) == (5, 0)
+
+    async def scenario() -> None:
+        for _ in range(5):
+            await inst.lane.gate.enter()
+        assert inst.lane.load() == (2, 3)
+        with pytest.raises(QueueFull):
+            await inst.lane.gate.enter()
+
+    asyncio.run(scenario())
 
 
 # ---- hang watches ------------------------------------------------------------------------------

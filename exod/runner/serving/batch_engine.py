@@ -2,17 +2,16 @@
 prompt (prefix) cache in RAM and on disk (exod.runner.prompt_cache.tiers), prefill in chunks.
 
 The serve loop calls `step()` over and over, and between two calls it picks up new requests,
-cancels and stops. One step is one `BatchGenerator.next()`: one decode step for every request
-past its prompt, plus at most one chunk of prompt, sized so that a step never prefills more than
-`prefill_step` tokens in all, whatever the number of prompts in flight; an entry read from disk
-loads a bounded number of bytes a step the same way (exod.runner.serving.disk_loads). So a
-cancel or a stop is seen within one bounded step, even during a very long prompt.
+cancels and stops. One step is one `BatchGenerator.next()`: a decode step for every request past
+its prompt, plus at most `prefill_step` prompt tokens in all; a disk entry loads a bounded number
+of bytes a step (exod.runner.serving.disk_loads). So a cancel or a stop is seen within a step.
 
-Requests join the running batch as they come (up to `width`, the instance's max_concurrency)
-and leave it when they finish; each keeps its own sampler, grammar and logits processors, run
-by the batch's one sampler (exod.runner.serving.batch_sampler), and its own output
-(exod.runner.serving.output). On a group's ranks (exod.runner.group.lockstep), `agree` says
-when every rank has the disk entry rank 0 chose. docs/api.md, "Batching and the prompt cache".
+Up to `width` requests (max_concurrency) are in the batch; the others wait here, and the fair
+share picks whom to start when a row frees (exod.runner.serving.fair_share), holding `batch`
+work back between steps for interactive work (exod.runner.serving.holding). Each keeps its own
+sampler, grammar and processors, run by the batch's one sampler (exod.runner.serving.
+batch_sampler). On a group's ranks (exod.runner.group.lockstep), `agree` says when every rank has
+the disk entry rank 0 chose. docs/api.md, "Batching and the prompt cache".
 """
 
 from __future__ import annotations
@@ -43,18 +42,17 @@ from exod.runner.serving.detokenize import streaming
 from exod.runner.serving.output import Output
 from exod.runner.serving.reading import Prompt
 from exod.runner.prompt_cache.disk import DiskTier
-from exod.runner.prompt_cache.tiers import FromDisk, PromptCache
+from exod.runner.prompt_cache.tiers import PromptCache
+from exod.runner.serving.fair_share import FairShare
 from exod.runner.serving.forks import Forks
+from exod.runner.serving.starts import OWN, DiskChoice, Starts
+from exod.runner.serving.turns import Turns
 from exod.runner.serving.shared_prefix import Sharing
 from exod.runner.serving.token_events import done, show_token
 
 MIN_CHUNK = 32  # prefill chunks below this waste more in overhead than they buy in latency
 PREFILL_BATCH = 8  # prompts prefilled together at most (mlx_lm.server's default)
 
-# Rank 0's choice for a prompt, which a group's other ranks follow: the disk entry (its key)
-# and the prompt tokens it covers; None: RAM or nothing.
-DiskChoice = tuple[str, int]
-OWN: Any = object()  # admit: look the prompt up in this rank's own tiers
 
 __all__ = ["BatchEngine", "DiskChoice", "OWN"]
 
@@ -64,13 +62,15 @@ class BatchEngine(AsItComes):
                  prefill_step: int = 256, grammar_limits: GrammarLimits | None = None,
                  kv: KvOptions | None = None, draft: Draft | None = None,
                  on_new_generator: Callable[[], None] | None = None,
-                 disk: DiskTier | None = None, agree: Agree | None = None) -> None:
+                 disk: DiskTier | None = None, agree: Agree | None = None,
+                 fair: bool = True) -> None:
         """kv: the caches' options (max_kv_size: a rotating cache per request; kv_bits: a
         quantized batch, exod.runner.serving.quantized_batch).
         on_new_generator: called after each BatchGenerator is made (mlx-lm's sets the wired
         limit of Metal as it is made; the instance's own setting goes back on after it).
         disk: the prompt cache's disk tier (None: RAM only). agree: a group's all-reduce.
-        draft: speculative decoding in the batch (exod.runner.serving.speculative)."""
+        draft: speculative decoding in the batch (exod.runner.serving.speculative).
+        fair: share the batch between keys; False: first come first served (`bench fair`)."""
         self.model, self.tokenizer = model, tokenizer
         self.kv = kv or KvOptions()
         self.draft = draft
@@ -97,12 +97,19 @@ class BatchEngine(AsItComes):
         self._sharing = Sharing(self.prefill_step, exact=not self._checkpoint)
         self._by_uid: dict[int, BatchRequest] = {}
         self._by_rid: dict[str, BatchRequest] = {}  # every request, loading or in the batch
-        self._forks = Forks(self._sharing, self._by_rid, self.cache, self._insert, self._alone)
+        self._starts = Starts(self.cache, self._sharing, self._by_rid, self._by_uid, self._insert)
+        self._forks = Forks(self._sharing, self._by_rid, self.cache, self._insert,
+                            self._starts.alone)
         self._warm_ids = itertools.count()
         self._masks = MaskRound()  # the grammars' masks of a step, at once
         self._sampling: BatchSampler | None = None  # every row's, with each generator
         self._gen = self._new_generator()
         self.failed_steps = 0  # a group must not go on after one (exod.runner.group.lockstep)
+        self.share = FairShare("fair" if fair else "fifo")
+        self._turns = Turns(self.share, self._by_rid, self._by_uid, self.width,
+                            lambda r: self._starts.start(r, r.disk), self._put,
+                            self._on_token, self._starts.release, self.text,
+                            {int(t) for t in tokenizer.eos_token_ids}, self._follows)
 
     def _new_generator(self) -> BatchGenerator:
         eos = sorted(int(t) for t in self.tokenizer.eos_token_ids)
@@ -153,8 +160,20 @@ class BatchEngine(AsItComes):
                          checked.top_logprobs, insert={
                              "max_tokens": [checked.max_tokens],
                              "logits_processors": [checked.processors]},
-                         sampler=checked.sampler, grammar=checked.grammar)
-        return self._start(r, disk)
+                         sampler=checked.sampler, grammar=checked.grammar,
+                         limit=checked.max_tokens)
+        self._by_rid[r.rid] = r
+        self.share.arrive(r.rid, req.key, req.weight, req.priority)
+        if self.share.next() == r.rid and self._turns.room(self._gen, r):
+            self.share.start(r.rid)
+            return self._starts.start(r, disk)
+        # It waits: rank 0 of a group decides its disk entry now, for every rank to start alike.
+        r.waiting = True
+        if disk is OWN and self.agree is not None:
+            match = self.cache.disk_choice(r.prompt)
+            disk = (match.entry.key, match.usable) if match is not None else None
+        r.disk = disk
+        return None if disk is OWN else disk
 
     def warm(self, tokens: list[int], force: bool = False) -> bool:
         """Prefill `tokens` into the prompt cache (an agent's system prompt and tools, before
@@ -164,71 +183,32 @@ class BatchEngine(AsItComes):
             return False
         r = BatchRequest(f"warm-{next(self._warm_ids)}", list(tokens), None,
                          insert={"max_tokens": [1]})
-        self._start(r, None, counted=False)  # a warm-up is no request's lookup
+        self._starts.start(r, None, counted=False)  # a warm-up is no request's lookup
         return True
 
-    def _start(self, r: BatchRequest, disk: DiskChoice | None, counted: bool = True
-               ) -> DiskChoice | None:
-        self._by_rid[r.rid] = r
-        joined = self._joins_load(r, disk)
-        if joined is not None:
-            self.cache.counts.lookups += counted
-            return joined
-        cache, covered, load = None, 0, None
-        if disk is OWN:
-            cache, covered, load = self.cache.lookup(r.prompt)
-        elif disk is None:
-            self.cache.counts.lookups += counted
-            cache, covered = self.cache.ram_only(r.prompt, counted)
-        else:
-            self.cache.counts.lookups += 1
-            load = self.cache.disk_by_key(*disk)
-            if load is None:  # this rank lacks it: the vote makes it a miss on every rank
-                load = FromDisk.missing()
-        if load is None:
-            lead = self._sharing.choose(r.prompt, covered, self._by_uid.values())
-            if lead is None:
-                self._insert(r, cache, covered)
-            else:  # its shared part is on its way through the model: it waits for it
-                if counted and covered:  # a lookup is one tier's hit: the shared one's
-                    self.cache.counts.ram_hits -= 1
-                    self.cache.counts.ram_tokens -= covered
-                r.cached_tokens = covered
-                self._sharing.follow(r.rid, *lead)
-            return None
-        r.load = load
-        if load.match is None:
-            return None
-        self._sharing.loads(r.rid, load.match.entry.key, load.match.usable)
-        return (load.match.entry.key, load.match.usable)
+    def _follows(self, r: BatchRequest) -> bool:
+        return self._sharing.choose(r.prompt, 0, self._by_uid.values()) is not None
 
-    def _alone(self, r: BatchRequest) -> None:
-        """A follower whose leader left, or whose copy would give it nothing: from RAM (the
-        same on every rank of a group), or following another."""
-        self._start(r, None, counted=False)
-
-    def _joins_load(self, r: BatchRequest, disk: DiskChoice | None) -> DiskChoice | None:
-        """The disk entry `r` would load, when another request is loading it already: it
-        follows that one (an entry a burst shares is read once). A group's other ranks follow
-        rank 0's choice, and decide the same from the same loads in flight."""
-        if disk is OWN and self._sharing.loading:
-            match = self.cache.disk_choice(r.prompt)
-            disk = (match.entry.key, match.usable) if match is not None else None
-        if disk is None or disk is OWN or not self._sharing.join_load(r.rid, *disk):
-            return None
-        return disk
+    def _drop_row(self, uid: int) -> None:
+        if self._sampling is not None:
+            self._sampling.drop(uid)
 
     def _insert(self, r: BatchRequest, cache: list[Any] | None, covered: int) -> None:
         """Into the batch, from `cache` (covering `covered` prompt tokens) or from nothing."""
+        self._put(r, cache, r.prompt[:covered], r.prompt[covered:])
+        r.cached_tokens = covered
+
+    def _put(self, r: BatchRequest, cache: list[Any] | None, held: list[int],
+             feed: list[int]) -> None:
+        """Into the batch: `cache` holds the tokens `held`, `feed` goes through the model."""
         cache = self.kv.for_batch(self.model, cache)  # rotating, quantized: not BatchGenerator's
         (r.uid,) = self._gen.insert(
             # None: BatchGenerator makes a fresh cache (its type hint says list, it means this)
-            [r.prompt[covered:]], caches=[cache] if cache is not None else None,
-            all_tokens=[r.prompt[:covered]],
+            [feed], caches=[cache] if cache is not None else None, all_tokens=[held],
             samplers=[self._sampling if self._sampling is not None else r.sampler], **r.insert)
         if self._sampling is not None:
             self._sampling.add(r.uid, r.sampler, r.grammar)
-        r.cached_tokens = r.in_cache = covered
+        r.base = r.in_cache = len(held)
         self._by_uid[r.uid] = r
         self._sharing.loaded(r.rid)
 
@@ -241,7 +221,8 @@ class BatchEngine(AsItComes):
     def step(self) -> list[m.Event]:
         if not self._by_rid:
             return []
-        events = step_loads(list(self._by_rid.values()), self.cache, self.agree,
+        events = self._turns.before_step(self._gen, self.draft is None, self._drop_row)
+        events += step_loads(list(self._by_rid.values()), self.cache, self.agree,
                             self._insert, stepping=bool(self._by_uid))
         if not self._by_uid:
             return events
@@ -256,20 +237,25 @@ class BatchEngine(AsItComes):
             # Not abort_all: it would ask the broken generator to remove them. A new one instead.
             log(f"batch step failed: {type(e).__name__}: {e}", ERR)
             self.failed_steps += 1
+            # Those waiting or held back were not in it: they start in the new one.
+            started = [r for r in self._by_rid.values() if not r.waiting]
             failed: list[m.Event] = [m.Error(r.rid, "internal", f"{type(e).__name__}: {e}")
-                                     for r in self._by_rid.values() if r.out is not None]
-            self._drop(list(self._by_rid.values()), in_batch=False)
+                                     for r in started if r.out is not None]
+            self._drop(started, in_batch=False)
             self._gen = self._new_generator()  # and a batch sampler of its own
             return events + failed
         for p in prompts:  # how far each prompt is: a follower's leader is due when
             if (r := self._by_uid.get(p.uid)) is not None:
-                r.in_cache = r.cached_tokens + p.progress[0]
+                through = r.base + p.progress[0]
+                self.share.served(r.rid, through - r.in_cache)
+                r.in_cache = through
         if self._checkpoint:
             self._keep_prompts(prompts)
         logprobs = self._logprobs(responses)  # a speculating row has several a step
         for n, resp in enumerate(responses):
             r = self._by_uid.get(resp.uid)
             if r is not None:
+                self.share.served(r.rid, 1)
                 events += self._on_token(r, resp, logprobs.get(n))
         # Progress of prompts still going through the model (no token yet): hang detection in
         # the daemon counts it, so a long prompt is never taken for a hung runner.
@@ -292,7 +278,7 @@ class BatchEngine(AsItComes):
     def serving(self) -> m.ServingReport:
         return serving_stats(self.cache, width=self.width, active=self.active,
                              prefill_step=self.prefill_step, cache_bytes=self.cache_bytes,
-                             draft=self.draft)
+                             draft=self.draft, fair=self.share.policy == "fair")
 
     # ---- the prompt cache, behind the requests -------------------------------------------------
     def idle(self) -> None:
@@ -361,6 +347,8 @@ class BatchEngine(AsItComes):
             self._sampling.drop(r.uid)
         self._by_uid.pop(r.uid, None)
         self._by_rid.pop(r.rid, None)
+        self.share.gone(r.rid)
+        r.held = None
         self._forks.gone(r)
 
     def _logprobs(self, responses: list[Any]) -> dict[int, m.TokenLogprob]:

@@ -9,7 +9,8 @@ from exod.runner.serving.gen_options import Draft
 
 
 def serving_stats(cache: PromptCache, *, width: int, active: int, prefill_step: int,
-                  cache_bytes: int, draft: Draft | None = None) -> m.ServingReport:
+                  cache_bytes: int, draft: Draft | None = None,
+                  fair: bool = False) -> m.ServingReport:
     c, disk, ram = cache.counts, cache.disk, cache.ram
     return m.ServingReport(
         batching="continuous", width=width, active=active,
@@ -28,4 +29,4 @@ def serving_stats(cache: PromptCache, *, width: int, active: int, prefill_step: 
         shared_hits=c.shared_hits, shared_tokens=c.shared_tokens,
         draft_tokens=draft.tokens if draft is not None else 0,
         drafted=draft.drafted if draft is not None else 0,
-        draft_accepted=draft.accepted if draft is not None else 0)
+        draft_accepted=draft.accepted if draft is not None else 0, fair=fair)

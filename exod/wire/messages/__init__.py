@@ -40,7 +40,7 @@ __all__ = [
     "to_wire",
 ]
 
-VERSION = 23  # 2: ServingReport; 3: Prefill; 4: Error.param; 5: Held;
+VERSION = 24  # 2: ServingReport; 3: Prefill; 4: Error.param; 5: Held;
 # 6: Done.stop_sequence, Generate.count_only; 7: DownloadProgress, Fetched (the fetcher's messages);
 # 8: Generate's tools fields, ToolCall; 9: the rest of the sampling set, logprobs,
 # reasoning, chat_template_kwargs, cached_tokens; 10: Generate.strict_tools;
@@ -50,7 +50,8 @@ VERSION = 23  # 2: ServingReport; 3: Prefill; 4: Error.param; 5: Held;
 # on the channel, not argv; 17: Generate.context_window; 18: Embed, Vectors, ServingReport's batch
 # counts; 19: Shutdown.grace, ClearCacheWork, ServingReport's disk tier; 20: ToolCall.call_id;
 # 21: Error's context_length_exceeded, prompt_tokens, window, own_window; 22: RunnerSpec.kind;
-# 23: ServingReport's shared prefix counts
+# 23: ServingReport's shared prefix counts; 24: Generate.key, weight, priority,
+# ServingReport.fair
 
 
 FromRunner = (Hello | Status | LoadProgress | Ready | Failed | Heartbeat | Stopping | ServingReport

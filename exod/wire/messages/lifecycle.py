@@ -134,6 +134,9 @@ class ServingReport:
     # Prompts started from a copy of another's prefix still in flight (no tier held it yet).
     shared_hits: int = 0
     shared_tokens: int = 0
+    # The engine shares its batch between keys (exod.runner.serving.fair_share): it takes
+    # requests beyond its width and chooses whom to start, so the daemon sends it the queue.
+    fair: bool = False
 
     def __post_init__(self) -> None:
         # Every status snapshot carries these: a runaway text or an impossible count is a

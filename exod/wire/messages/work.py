@@ -90,8 +90,16 @@ class Generate:
     # prompt that fills it is refused, a generation that would pass it ends there. None: the
     # model's.
     context_window: int | None = None
+    # Who asked (exod.core.keys: the key's name, "" for none) and its share of the batch: the
+    # runner's engine shares the batch between keys by weight, and `batch` work only fills what
+    # `interactive` work leaves (exod.runner.serving.fair_share).
+    key: str = ""
+    weight: float = 1.0
+    priority: Literal["interactive", "batch"] = "interactive"
 
     def __post_init__(self) -> None:
+        if not 0 < self.weight < float("inf"):
+            raise ProtocolError("generate.weight: a positive number")
         # What the runner reads of every turn without looking further; the rest (tool calls)
         # goes to the chat template as the API checked it. A content is text, or with images
         # a list of text and image parts.
