@@ -12,7 +12,7 @@ as the serve loop drives it (bench.fair_side: clients are closed loops; a time i
   requests ended in 1,500 steps once settled split 3:1 +- 10 %;
 - a `batch` key's 16 clients saturating: an interactive chat's first token against the same
   chat alone, goal <= 1.3x; first come first served beside it.
-The key check's cost through a daemon: bench.fair_keys.
+The key check's cost, through a daemon: bench.fair_keys (also run on its own).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import subprocess
 from typing import Any
 
 from bench.common import PY, REPO, model, report
+from bench.fair_keys import key_cost
 from bench.results import Figure, note
 
 FLOOR_GOAL = 1.5
@@ -66,8 +67,7 @@ def figures(got: dict[str, Any]) -> list[Figure]:
 
 def main() -> None:
     rows: list[Figure] = figures(measure())
-    # The key check's cost (bench.fair_keys, the KEYS part of issue 48) joins here:
-    # rows += key_cost()
+    rows += key_cost()  # through a daemon (bench.fair_keys)
     note("the runner's engine in process (bench.fair_side), width 8, a generated 4-layer model; "
          "each time the median of 7 chats")
     report("fair: shares of the batch between keys", rows)
