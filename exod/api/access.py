@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from exod.api.errors import ApiError, model_not_found
+from exod.api.errors import NO_RETRY, ApiError, model_not_found
 from exod.core.keys import ANONYMOUS, ApiKey, Scope
 
 KEY = "key"  # request[KEY]: the ApiKey
@@ -43,7 +43,7 @@ def key_of(request: web.Request) -> ApiKey:
 def forbidden(key: ApiKey, scope: str) -> ApiError:
     return ApiError(403, f"This key ({key.name}) lacks the `{scope}` scope, which this request "
                          "needs: the operator grants scopes in the key's `scopes`.",
-                    "permission_error", "insufficient_scope")
+                    "permission_error", "insufficient_scope", headers=dict(NO_RETRY))
 
 
 def require(request: web.Request, scope: Scope) -> None:

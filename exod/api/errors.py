@@ -52,9 +52,15 @@ def window_exceeded(words: window_errors.Words, param: str | None) -> ApiError:
     return err
 
 
+# Clients' SDKs (openai, anthropic) and agents read this header before their own retry rules: a
+# wrong key or a missing scope is not cured by asking again (Claude Code otherwise retries a 401
+# ten times over minutes before it says the key is wrong).
+NO_RETRY = {"x-should-retry": "false"}
+
+
 def unauthorized(message: str) -> ApiError:
     return ApiError(401, message, "invalid_request_error", "invalid_api_key",
-                    headers={"WWW-Authenticate": "Bearer"})
+                    headers={"WWW-Authenticate": "Bearer", **NO_RETRY})
 
 
 def model_not_found(name: str) -> ApiError:

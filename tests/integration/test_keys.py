@@ -159,6 +159,7 @@ def test_a_key_without_the_scope_gets_403_naming_it_in_every_dialect(served: Ser
         served.openai("manage").chat.completions.create(model="tiny", messages=HELLO,
                                                         max_tokens=2)
     assert "`infer` scope" in oe.value.message and oe.value.code == "insufficient_scope"
+    assert oe.value.response.headers["x-should-retry"] == "false"  # no retry cures a scope
     with pytest.raises(anthropic.PermissionDeniedError) as ae:
         served.anthropic("manage").messages.create(model="tiny", max_tokens=2, messages=HELLO)
     assert ae.value.body["error"]["type"] == "permission_error"  # type: ignore[index]
@@ -188,6 +189,7 @@ def test_a_missing_or_wrong_key_gets_401_in_every_dialect_naming_nothing_secret(
     wrong = new_secret()
     with pytest.raises(openai.AuthenticationError) as oe:
         openai.OpenAI(base_url=served.url + "/v1", api_key=wrong, max_retries=0).models.list()
+    assert oe.value.response.headers["x-should-retry"] == "false"  # nor a wrong key
     with pytest.raises(anthropic.AuthenticationError) as ae:
         anthropic.Anthropic(base_url=served.url, api_key=wrong, max_retries=0).messages.create(
             model="tiny", max_tokens=2, messages=HELLO)
