@@ -4,8 +4,9 @@ the whole one; only large inputs are cut, only into as many slices as the thread
 the encoder cuts a pass that runs alone and keeps whole the passes that run side by side; a
 gated MLP's class is swapped only where its activation is found bitwise (a family's own
 function, quantized too), and never where its projections are not plain (a group's sharded
-ones) nor in a pipeline rank's stand-in blocks (whose weights stay unread); and whole models give bitwise the same numbers cut as uncut: embedding models (BERT,
-ModernBERT: activation modules; Qwen3-Embedding: gated), text families of the zoo (prefill
+ones) nor in a pipeline rank's stand-in blocks (whose weights stay unread); and whole models
+give bitwise the same numbers cut as uncut: embedding models (BERT, ModernBERT: activation
+modules; Qwen3-Embedding: gated), text families of the zoo (prefill
 logits) and every family of the vision zoo (tower and language model: tokens and logprobs of
 mlx-vlm's own generate). Attention's heads: cut only where mlx's own function gives every bit
 in the self-test's forms, never in a decode step. The zoo's models are tiny, so `MIN_ELEMENTS`

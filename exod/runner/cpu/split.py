@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -225,8 +225,9 @@ def run_modules(model: nn.Module) -> list[nn.Module]:
         if is_stand_in(module):
             continue
         found.append(module)
-        stack.extend(child for _, child in
-                     tree_flatten(module.children(), is_leaf=nn.Module.is_module))
+        children = cast("list[tuple[str, nn.Module]]",
+                        tree_flatten(module.children(), is_leaf=nn.Module.is_module))
+        stack.extend(child for _, child in children)
     return found
 
 
