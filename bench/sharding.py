@@ -5,8 +5,10 @@ qwen3_5 (a shard() that also splits the head; hybrid linear attention).
 For each family one daemon serves the same generated float32 model three ways: 1 rank, a
 2-rank pipeline and 2-rank tensor parallelism, on this host over the ring backend on loopback.
 Printed: decode tokens/s and time to first token (p50/p95) through exod's API, each as a ratio
-to the 1-rank instance measured in the same interleaved rounds, and each rank's RSS (now, and
-its peak while loading and serving) as a ratio to the 1-rank figure. On 2 cores no speed-up is
+to the 1-rank instance measured in the same interleaved rounds, each rank's RSS (now, and its
+peak while loading and serving) as a ratio to the 1-rank figure, and its PSS against the
+1-rank instance's, with its share of the weights and what the group adds to it beyond that
+(tests.rank_memory). On 2 cores no speed-up is
 expected: the figures show the cost of the split. Then what batching buys a 2-rank group
 (bench.group_batching).
 """
@@ -23,7 +25,9 @@ from bench import group_batching
 from bench.api import Http
 from bench.common import CACHE, PY, REPO, model, report, Row
 from bench.results import Figure
+from exod.core.memory import GROUP_RANK_BYTES
 from tests.harness import Daemon
+from tests.rank_memory import RankMemory, rank_memory
 from tests.models.zoo_families import GATED_DELTA_CHECKPOINT
 
 ROUNDS = 4
@@ -84,6 +88,9 @@ def measure(family: str, path: Path) -> list[Row]:
         rss = {i["name"]: [r["rss_bytes"] for r in i["ranks"]] for i in d.status()["instances"]}
         peak = {i["name"]: [peak_rss(r["pid"]) for r in i["ranks"]]
                 for i in d.status()["instances"]}
+        held = {i["name"]: i for i in d.status()["instances"]}
+        pss = {name: rank_memory(path, held["one"], held[name], name)
+               for name in ("pipeline", "tensor")}
     finally:
         d.close()
     base_rate = statistics.median(rate["one"])
@@ -100,6 +107,25 @@ def measure(family: str, path: Path) -> list[Row]:
             f"{b / 2**20:.0f} MiB ({b / base_rss:.2f}x)" for b in rss[name])))
         rows.append((f"{family} {name}: peak RSS per rank (loading included)", ", ".join(
             f"{b / 2**20:.0f} MiB ({b / peak['one'][0]:.2f}x)" for b in peak[name])))
+        rows += memory_rows(family, name, pss.get(name, []))
+    return rows
+
+
+def memory_rows(family: str, name: str, ranks: list[RankMemory]) -> list[Row]:
+    """Each rank's PSS against the 1-rank instance's, with its share of the weights beside it
+    (goal for a pipeline rank of 2: under 0.6x), and what the group adds to it (counted by
+    memory admission and the planner as GROUP_RANK_BYTES; PSS moves by a few tens of MiB from
+    run to run, so this one has no goal)."""
+    rows: list[Row] = []
+    for k, r in enumerate(ranks):
+        rows.append(Figure(f"{family} {name}: rank {k} PSS / 1 rank", r.ratio,
+                           goal="< 0.6x" if name == "pipeline" else None,
+                           text=f"{r.pss / 2**20:.0f} MiB of {r.one_pss / 2**20:.0f}; "
+                                f"its share of the weights {r.share:.2f}x"))
+        rows.append(Figure(f"{family} {name}: rank {k} memory beyond its share",
+                           r.beyond_share / 2**20, unit="MiB",
+                           text="PSS less its weights, less a lone runner's beside its own; "
+                                f"admission counts {GROUP_RANK_BYTES / 2**20:.0f} MiB"))
     return rows
 
 

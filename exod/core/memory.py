@@ -28,10 +28,14 @@ from exod.core.sizes import format_size
 
 GIB = 2**30
 RUNTIME_BYTES = 384 * 2**20  # a runner with mlx and a tokenizer loaded, before any weight
-# What a rank of a group holds beyond a lone runner: the distributed layer's buffers, the
-# group's control connections, its stand-in layers (`python -m bench sharding` prints what a
-# rank takes). Placement counts it as memory admission does (runtime_bytes).
-GROUP_RANK_BYTES = 96 * 2**20
+# What a rank of a group holds beyond a lone runner and its share of the weights: mx.distributed's
+# ring backend keeps two 8 MiB all-sum buffers for each of its connections, one to each
+# neighbour (exod writes one address a rank), so the same for any world size and model. The
+# rest (control connections, stand-in blocks' position slots) is well under a MiB; stand-in
+# blocks hold no weights. `python -m bench sharding` prints what a rank takes beyond its share.
+# Placement counts it as memory admission does (runtime_bytes).
+RING_BUFFER_BYTES = 2 * 2 * 8 * 2**20
+GROUP_RANK_BYTES = RING_BUFFER_BYTES
 MAX_HEADER = 100 * 2**20  # safetensors' own limit on the JSON header
 FLOAT_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 RUN_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}

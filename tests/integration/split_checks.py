@@ -4,8 +4,9 @@ the whole one; only large inputs are cut, only into as many slices as the thread
 the encoder cuts a pass that runs alone and keeps whole the passes that run side by side; a
 gated MLP's class is swapped only where its activation is found bitwise (a family's own
 function, quantized too), and never where its projections are not plain (a group's sharded
-ones); and whole models give bitwise the same numbers cut as uncut: embedding models (BERT,
-ModernBERT: activation modules; Qwen3-Embedding: gated), text families of the zoo (prefill
+ones) nor in a pipeline rank's stand-in blocks (whose weights stay unread); and whole models
+give bitwise the same numbers cut as uncut: embedding models (BERT, ModernBERT: activation
+modules; Qwen3-Embedding: gated), text families of the zoo (prefill
 logits) and every family of the vision zoo (tower and language model: tokens and logprobs of
 mlx-vlm's own generate). Attention's heads: cut only where mlx's own function gives every bit
 in the self-test's forms, never in a decode step. The zoo's models are tiny, so `MIN_ELEMENTS`
@@ -220,6 +221,24 @@ def test_a_groups_sharded_projections_are_left_as_they_are() -> None:
     assert type(plain) is not MLP and isinstance(plain, MLP)
     assert sorted(k for k, _ in tree_flatten(plain.parameters())) == sorted(
         k for k, _ in tree_flatten(sharded.parameters()))  # the tree is the same
+
+
+def test_a_pipeline_ranks_stand_ins_stay_unread(tmp_path: Path) -> None:
+    """Finding a gated MLP's activation tries the MLP on an input: never a stand-in's (the
+    first MLP visited is the last block's, another rank's on rank 0), whose weights it would
+    read from disk and keep."""
+    from exod.core.shards import Shard
+    from exod.runner.text.load import load_shard
+    from tests.models.tiny import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "tiny", layers=4, hidden=128, intermediate=512)
+    loaded = load_shard(path, Shard(0, 2, 0, 2, 4), progress=lambda done, total: None,
+                        should_stop=lambda: False)
+    held = mx.get_active_memory()
+    done = split.install(loaded.model, 2)
+    assert done is not None
+    assert done.gated.modules == 2, done  # the rank's own blocks'
+    assert mx.get_active_memory() == held  # no stand-in's MLP (768 KiB each) was read
 
 
 def test_an_activation_no_candidate_gives_is_kept_with_its_reason() -> None:

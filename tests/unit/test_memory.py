@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from exod.core.sizes import parse_size
-from exod.core.memory import (GIB, RUNTIME_BYTES, HeaderError, TensorInfo, estimate, kv_bytes,
-                              model_tensors, read_header, refusal)
+from exod.core.memory import (GIB, GROUP_RANK_BYTES, RUNTIME_BYTES, HeaderError, TensorInfo,
+                              estimate, kv_bytes, model_tensors, read_header, refusal,
+                              runtime_bytes)
 from exod.core.shards import Shard, pipeline_shards, tensor_shards
 from exod.paths import daemon_id
 
@@ -63,6 +64,23 @@ def test_auto_on_cpu_doubles_bf16_but_not_integers(tmp_path: Path) -> None:
     assert cpu.weights == 2 * (1012 + LAYERS * 100) + LAYERS * 50
     assert estimate(tensors, CONFIG, whole, "pipeline", "float16", True, 1, 1).weights == stored
     assert cpu.runtime == RUNTIME_BYTES
+
+
+def test_a_group_rank_counts_the_ring_buffers_whatever_the_world_and_the_model(
+        tmp_path: Path) -> None:
+    # mx.distributed's ring backend: two 8 MiB all-sum buffers per connection, one connection to
+    # each neighbour (two to the one peer of a pair), whatever the number of ranks.
+    assert GROUP_RANK_BYTES == 2 * 2 * 8 * 2**20
+    assert runtime_bytes(1) == RUNTIME_BYTES
+    assert {runtime_bytes(w) for w in (2, 3, 8)} == {RUNTIME_BYTES + GROUP_RANK_BYTES}
+    tensors = model(tmp_path, dtype="F32")
+    small = estimate(tensors, CONFIG, pipeline_shards(LAYERS, 2)[0], "pipeline", "auto", True,
+                     1, 1)
+    big = estimate(tensors, CONFIG, pipeline_shards(LAYERS, 2)[0], "pipeline", "auto", True,
+                   16, 65536)
+    assert small.runtime == big.runtime == RUNTIME_BYTES + GROUP_RANK_BYTES
+    assert estimate(tensors, CONFIG, tensor_shards(LAYERS, 2)[1], "tensor", "auto", True, 1,
+                    1).runtime == RUNTIME_BYTES + GROUP_RANK_BYTES
 
 
 def test_pipeline_ranks_own_their_layers_and_the_ends(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ from exod.cli.plan_nodes import read_nodes
 from exod.config import ConfigError, load_config
 from exod.config.schema import Instance
 from exod.core.kinds import AUTO
+from exod.core.memory import GROUP_RANK_BYTES, RUNTIME_BYTES
+from exod.core.sizes import format_size
 from exod.core.nodes import Link
 from exod.daemon.launch import plan_shards
 from exod.daemon.placing import placed_config
@@ -135,7 +137,7 @@ def plan(tmp_path: Path, *args: str) -> tuple[int, str, str]:
 def test_exod_plan_prints_each_rank_s_node_layers_and_bytes(tmp_path: Path) -> None:
     fake_model(tmp_path / "m")
     # One rank would need 740 MiB (164 MiB of weights, 192 of KV for 32768 tokens, the
-    # runtime): two nodes, whose ranks need 1,316 MiB.
+    # runtime): two nodes, whose ranks need 1,188 MiB in all.
     config(tmp_path, "    placement: auto\n    context_tokens: 32768\n")
     code, out, err = plan(tmp_path)
     assert code == 0, err
@@ -143,7 +145,8 @@ def test_exod_plan_prints_each_rank_s_node_layers_and_bytes(tmp_path: Path) -> N
     assert head.startswith("big: pipeline, 2 ranks on 2 nodes; 12 layers")
     assert r0.split()[:5] == ["rank", "0", "a", "layers", "0-5"]
     assert r1.split()[:5] == ["rank", "1", "b", "layers", "6-11"]
-    assert "of 720MiB" in r0 and "of 640MiB" in r1 and "runtime 480MiB" in r0
+    assert "of 720MiB" in r0 and "of 640MiB" in r1
+    assert f"runtime {format_size(RUNTIME_BYTES + GROUP_RANK_BYTES)}" in r0
 
 
 def test_exod_plan_refuses_with_the_numbers_and_exits_1(tmp_path: Path) -> None:

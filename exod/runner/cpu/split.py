@@ -20,13 +20,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from exod.runner.cpu import attention
 from exod.runner.cpu.streams import ActivationSplitter
+from exod.runner.split.pipeline import is_stand_in
 
 # Position-wise activations whose elements cost enough to share out (exp, erf, tanh inside).
 ACTIVATIONS: tuple[type[nn.Module], ...] = (
@@ -207,8 +209,26 @@ def split_gated(model: nn.Module, splitter: ActivationSplitter) -> Gated:
             module.__class__ = cls
             count += 1
 
-    model.apply_to_modules(visit)
+    for module in run_modules(model):
+        visit("", module)
     return Gated(swapped, kept, count)
+
+
+def run_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules of `model` that its forward runs: not those inside a pipeline rank's
+    stand-in blocks (exod.runner.split.pipeline). Their weights must stay unread: trying a
+    stand-in's MLP on an input would read its weights from disk and keep them."""
+    found: list[nn.Module] = []
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        if is_stand_in(module):
+            continue
+        found.append(module)
+        children = cast("list[tuple[str, nn.Module]]",
+                        tree_flatten(module.children(), is_leaf=nn.Module.is_module))
+        stack.extend(child for _, child in children)
+    return found
 
 
 @dataclass(frozen=True)
