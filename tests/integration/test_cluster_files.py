@@ -122,6 +122,7 @@ def test_a_node_without_the_model_gets_it_from_a_peer_resumes_and_serves(
     inst = two.until_instance("a", lambda i: (i["download"] or {}).get("done_bytes", 0)
                               > 1_000_000, what="a million bytes from node 1")
     assert inst["download"]["source"] == "node-1", inst["download"]
+    assert inst["detail"].startswith("downloading") and "from node-1" in inst["detail"], inst
     two.ctl("stop", "a")
     assert two.instance("a")["state"] == "stopped"
     blobs = tmp_path / "cache-2" / "models--org--tiny" / "blobs"
