@@ -69,7 +69,7 @@ class Discovery:
         self.finders: list[Finder] = []
         self.error: str | None = None
         host, port = parse_listen(c.listen)
-        self.files = FileServer(key, hub_folder, c.max_clock_skew, self._refuse, wall)
+        self.files = FileServer(key, hub_folder, c.max_clock_skew, self._refuse_file, wall)
         self.endpoint = Endpoint(host, port, self.answer, self.files.serve)
         self.bound = c.listen
         self._task: asyncio.Task[None] | None = None
@@ -222,6 +222,13 @@ class Discovery:
         if self.table.refused(address, kind, reason, claimed, self.clock()):
             logger.warning("cluster: refused an announcement from {}{}: {}", address,
                            f" (claims {claimed[:64]!r})" if claimed else "", reason)
+
+    def _refuse_file(self, address: str, kind: str, reason: str, claimed: str) -> None:
+        """A file ask refused (exod.daemon.cluster.file_server): a row and a log line of its own
+        kind, apart from the same address's refused announcements."""
+        if self.table.refused(address, f"file-{kind}", reason, claimed, self.clock()):
+            logger.warning("cluster: refused a file request from {}{}: {}", address,
+                           f" (from {claimed[:64]!r})" if claimed else "", reason)
 
     def _signed(self, nonce: str, reply_to: str) -> dict[str, Any]:
         return seal(Record(self.cluster, self.me, self.wall(), nonce, self.table.own_links(),
