@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -83,6 +85,31 @@ def manifest_of(job: FetchJob, src: PeerSource) -> hc.Manifest:
     return manifest
 
 
+class Beside:
+    """Hashes the chunks it is given on a thread of its own, while the next ones arrive: a LAN
+    can bring bytes as fast as one core hashes them (hashlib lets go of the GIL meanwhile)."""
+
+    def __init__(self, hasher: Hasher) -> None:
+        self.hasher = hasher
+        self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+        self.thread = threading.Thread(target=self._run, name="exod-peer-hash", daemon=True)
+
+    def _run(self) -> None:
+        while (chunk := self.queue.get()) is not None:
+            self.hasher.update(chunk)
+
+    def put(self, chunk: bytes) -> None:
+        self.queue.put(chunk)
+
+    def __enter__(self) -> Beside:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.queue.put(None)  # what came is hashed before the caller reads the hash
+        self.thread.join()
+
+
 def getter(src: PeerSource) -> Any:
     """What appends a file's rest from `src` (exod.hub.fetch's `Getter`)."""
 
@@ -96,13 +123,13 @@ def getter(src: PeerSource) -> Any:
                 raise PeerFailed(f"{src.name} answered {str(answer)[:200]}")
             sock.settimeout(None)  # no timeout: the daemon's stall watch judges a silent peer
             left = hasher.rec.size - have
-            with open(part, "ab") as f:
+            with open(part, "ab") as f, Beside(hasher) as hashing:
                 while left > 0:
                     chunk = reader.read1(min(CHUNK * 16, left))
                     if not chunk:
                         raise PeerFailed(f"{src.name} broke off with {left} byte(s) to come")
                     f.write(chunk)
-                    hasher.update(chunk)
+                    hashing.put(chunk)
                     left -= len(chunk)
         except OSError as e:
             raise PeerFailed(f"{src.name} broke off: {e.strerror or e}") from None
