@@ -56,7 +56,8 @@ FILES = ["*.safetensors", "*.json", "*.jinja", "tokenizer.model", "tiktoken.mode
 def fetch_exod(env: dict[str, str], cache: Path) -> float:
     """The fetcher as the daemon starts one: its spec on its channel, until it says Fetched."""
     spec = FetchSpec(version=m.VERSION, ref=HubRef("org/bench", "main"), cache=cache,
-                     commit=None, offline=False, token_file=None)
+                     commit=None, offline=False, token_file=None, peers=(),
+                     cluster_key_file=None)
     t = time.perf_counter()
     done = ask("exod.hub", spec, {m.Fetched.type: m.Fetched, m.Failed.type: m.Failed}, 3600,
                env, meanwhile=m.FROM_FETCHER)

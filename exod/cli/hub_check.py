@@ -34,7 +34,8 @@ def offline(cfg: Config) -> bool:
 def plan(cfg: Config, ref: HubRef) -> Planned | str:
     """What fetching `ref` would take, or why it cannot be told (one line)."""
     question = PlanAsk(version=m.VERSION, ref=ref, cache=cache_of(cfg), commit=None,
-                       offline=False, token_file=cfg.hub.hf_token_file)
+                       offline=False, token_file=cfg.hub.hf_token_file, peers=(),
+                       cluster_key_file=None)
     try:
         answer: Planned | m.Failed = ask(
             "exod.hub", question, {Planned.type: Planned, m.Failed.type: m.Failed},

@@ -101,6 +101,7 @@ class Progress:
     done: int = 0
     total: int = 0
     verifying: bool = False
+    source: str = ""  # the cluster peer the bytes come from ("": the hub)
     text: str = ""  # what the fetcher last said it does
     last_bytes_at: float = 0.0
     flowing_since: float | None = None  # the first new byte of this attempt
@@ -119,6 +120,7 @@ class Progress:
         if msg.verifying != self.verifying:
             self.samples.clear()
         self.done, self.total, self.verifying = msg.done, msg.total, msg.verifying
+        self.source = msg.source
         self.samples.append((now, msg.done))
         while len(self.samples) > 2 and now - self.samples[0][0] > RATE_WINDOW:
             self.samples.popleft()
@@ -173,6 +175,8 @@ class Download:
         if p.total:
             verb = "verifying" if p.verifying else "downloading"
             text = progress_text(p.done, p.total, None if p.verifying else p.rate(), verb)
+            if p.source and not p.verifying:
+                text += f" from {p.source}"
         else:
             text = f"downloading ({p.text or 'starting'})"
         if self.stalled:
@@ -193,7 +197,8 @@ class Download:
             repo=self.ref.repo, revision=self.ref.revision, pid=self.pid, done_bytes=p.done,
             total_bytes=p.total, bytes_per_s=round(rate) if rate is not None else None,
             verifying=p.verifying, stalled=self.stalled, attempt=self.attempt,
-            error=self.error or None, retry_in_s=round(wait, 1) if wait is not None else None)
+            error=self.error or None, retry_in_s=round(wait, 1) if wait is not None else None,
+            source=p.source or None)
 
 
 class Downloads:

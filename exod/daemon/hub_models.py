@@ -14,6 +14,7 @@ from typing import Protocol
 from loguru import logger
 
 from exod.config.schema import Config, Instance
+from exod.core.file_peers import PeerSource
 from exod.core.states import State
 from exod.daemon.downloads import Download, Downloads, Outcome
 from exod.daemon.instance import InstanceRuntime
@@ -24,6 +25,8 @@ from exod.hub import cache as hub_cache
 from exod.core.hub_ref import HubRef
 from exod.wire import messages as m
 
+# (repository, commit or None) -> cluster peers that hold it, best first (none: no cluster).
+PeerSources = Callable[[str, str | None], list[PeerSource]]
 SpawnFetcher = Callable[
     [Launch[m.FromFetcher], dict[str, object], RunnerHandlers[m.FromFetcher]], int]
 
@@ -44,13 +47,15 @@ class HubHost(Protocol):
 
 class HubModels:
     def __init__(self, host: HubHost, downloads: Downloads, readiness: Readiness, run_dir: Path,
-                 spawn: SpawnFetcher, publish: Callable[[InstanceRuntime], None]) -> None:
+                 spawn: SpawnFetcher, publish: Callable[[InstanceRuntime], None],
+                 sources: PeerSources = lambda repo, commit: []) -> None:
         self.host = host
         self.downloads = downloads
         self.readiness = readiness  # a reload's model that cannot come is said in STATUS
         self.run_dir = run_dir  # fetchers run in the daemon's runtime folder
         self._spawn = spawn  # the process table's (it exists once the daemon runs)
         self._publish = publish
+        self.sources = sources  # cluster peers, asked before the hub (docs/cluster.md)
         self._download_listeners: set[Callable[[Download], None]] = set()
 
     @property
@@ -127,9 +132,14 @@ class HubModels:
         inst.use_model(path, plan_shards(model), self.config.node.name)
 
     def spawn_fetcher(self, d: Download) -> int:
+        commit = d.commit or (d.ref.revision if d.ref.pinned else None)
+        peers = tuple(self.sources(d.ref.repo, commit))
+        if peers:
+            logger.bind(event="download", repo=d.ref.repo).info(
+                "{}: asking cluster peers first: {}", d.ref, ", ".join(p.name for p in peers))
         launch = fetcher_launch(d.ref, d.commit or None, self.folder, self.offline,
                                 self.config.hub.hf_token_file, os.environ,
-                                self.run_dir)
+                                self.run_dir, peers, self.config.cluster.key_file)
         return self._spawn(launch, {"instance": f"fetch {d.ref}"},
                                 RunnerHandlers(on_exit=self.downloads.on_exit,
                                                on_message=self.downloads.on_message,

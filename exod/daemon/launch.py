@@ -29,6 +29,7 @@ from exod.core.shards import Shard, pipeline_shards, tensor_shards
 from exod.daemon import placing, rank_addresses
 from exod.daemon import spawn as os_seam
 from exod.daemon.cache_owner import CacheOwner
+from exod.core.file_peers import PeerSource
 from exod.core.hub_ref import HubRef
 from exod.wire.specs import FetchSpec, GroupSpec, RunnerKind, RunnerSpec, runner_options
 
@@ -53,12 +54,14 @@ FETCHER_MODULE = "exod.hub"
 
 
 def fetcher_launch(ref: HubRef, commit: str | None, cache: Path, offline: bool,
-                   token_file: Path | None, daemon_env: Mapping[str, str], cwd: Path
+                   token_file: Path | None, daemon_env: Mapping[str, str], cwd: Path,
+                   peers: tuple[PeerSource, ...] = (), cluster_key_file: Path | None = None
                    ) -> Launch[m.FromFetcher]:
     """A fetcher of `ref` into `cache` (`commit`: the one the cache holds for its revision),
-    run in `cwd`."""
+    run in `cwd`; `peers`: cluster peers that hold it, asked before the hub."""
     spec = FetchSpec(version=m.VERSION, ref=ref, cache=cache, commit=commit, offline=offline,
-                     token_file=token_file)
+                     token_file=token_file, peers=peers,
+                     cluster_key_file=cluster_key_file if peers else None)
     env = os_seam.runner_env(daemon_env, {"PYTHONUNBUFFERED": "1"})
     return Launch(FETCHER_MODULE, spec, env, m.decode_from_fetcher, cwd)
 

@@ -92,7 +92,9 @@ class Supervisor:
                               config.defaults.backoff)
         self.hub = HubModels(self, downloads, self.readiness, self.launcher.run_dir,
                              lambda launch, context, handlers: self.procs.spawn(
-                                 launch, context, handlers), self._publish)
+                                 launch, context, handlers), self._publish,
+                             lambda repo, commit: self.cluster.sources(repo, commit)
+                             if self.cluster is not None else [])
         self.reloader = Reloader(self, self.hub, self.service.extend_timeout,
                                  self.readiness.reloading,
                                  lambda error: self.readiness.reloaded(self, self.now(), error))

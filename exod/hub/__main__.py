@@ -21,9 +21,10 @@ from pathlib import Path
 from exod.wire import messages as m
 from exod.wire.child_end import ChildEnd
 from exod.core.exits import EXIT_UNAVAILABLE, EXIT_USAGE
+from exod.hub import from_peers
 from exod.hub.fetch import FetchJob, main, plan_only
 from exod.core.hub_ref import make
-from exod.secret_file import SecretFileError, read_secret
+from exod.secret_file import KEY_BYTES, SecretFileError, read_secret
 from exod.wire.specs import FETCHER_FIRST, FetchSpec, PlanAsk
 
 SPEC_WAIT = 60.0  # the parent sends it as soon as it reads the hello
@@ -77,8 +78,15 @@ def entry(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"bad fetch spec: {e}", flush=True)
         return EXIT_USAGE
-    job = FetchJob(ref, spec.cache, spec.offline, token, spec.commit, link)
-    return plan_only(job) if isinstance(spec, PlanAsk) else main(job)
+    peers, key = spec.peers, b""
+    if peers and spec.cluster_key_file is not None:
+        try:
+            key = read_secret(spec.cluster_key_file, KEY_BYTES)
+        except OSError as e:  # the peers cannot be asked: the hub can
+            print(f"cluster.key_file: {e.strerror or e}; the hub alone is asked", flush=True)
+            peers = ()
+    job = FetchJob(ref, spec.cache, spec.offline, token, spec.commit, link, peers, key)
+    return plan_only(job) if isinstance(spec, PlanAsk) else main(job, from_peers.run)
 
 
 if __name__ == "__main__":

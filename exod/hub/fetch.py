@@ -13,12 +13,14 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from exod.wire import messages as m
 from exod.core.exits import EXIT_TEMPFAIL, EXIT_UNAVAILABLE
+from exod.core.file_peers import PeerSource
 from exod.hub import cache as hc
 from exod.hub.files import disk_problem, wanted
 from exod.wire.child_end import ChildEnd
@@ -45,6 +47,8 @@ class FetchJob:
     token: str | bool  # False: no token at all (not even one huggingface_hub finds by itself)
     commit: str | None  # the cache's commit for the revision: used as is, no lookup
     link: ChildEnd[FetchSpec]  # to the daemon (or `exod check`), started by the caller
+    peers: tuple[PeerSource, ...] = ()  # cluster peers to ask first (exod.hub.from_peers)
+    cluster_key: bytes = b""
 
     def status(self, text: str) -> None:
         self.link.send(m.Status(phase=m.Phase.STARTING, text=text))
@@ -185,12 +189,14 @@ class BytesReporter:
         self.blobs = {r.blob: r.size for r in manifest.files.values()}
         self._stop = threading.Event()
         self._last = -1
+        self.source = ""  # a cluster peer's name while its bytes come
 
     def tick(self) -> None:
         done = min(hc.partial_bytes(self.job.cache, self.job.ref, self.blobs), self.manifest.size)
         if done != self._last:
             self._last = done
-            self.job.link.send(m.DownloadProgress(done=done, total=self.manifest.size))
+            self.job.link.send(m.DownloadProgress(done=done, total=self.manifest.size,
+                                                  source=self.source))
 
     def __enter__(self) -> BytesReporter:
         self.tick()
@@ -229,13 +235,19 @@ def download(job: FetchJob, manifest: hc.Manifest) -> None:
                     manifest.checked[name] = stamp
 
 
-def fetch_file(job: FetchJob, commit: str, name: str, rec: hc.FileRecord) -> bool | None:
+# Appends to a partial file what follows its first bytes: (job, commit, name, part, have, hasher).
+Getter = Callable[[FetchJob, str, str, Path, int, Hasher], None]
+
+
+def fetch_file(job: FetchJob, commit: str, name: str, rec: hc.FileRecord,
+               getter: Getter | None = None) -> bool | None:
     """One file into `blobs/ETAG` and its link in the snapshot, resuming `ETAG.incomplete`;
     whether it matches the hub's hash (hashed as it is written), None if not fetched here.
 
     huggingface_hub's own download starts every process on a fresh temporary file, so a
     download stopped (or killed) midway would start again from its first byte: exod keeps one
-    partial file per blob and asks the hub for the rest (an HTTP Range request)."""
+    partial file per blob and asks the hub for the rest (an HTTP Range request); `getter` asks
+    another source (a cluster peer: exod.hub.from_peers) instead."""
     blobs = hc.repo_dir(job.cache, job.ref) / "blobs"
     make_dirs(blobs, READABLE)
     blob, part = blobs / rec.blob, blobs / f"{rec.blob}.incomplete"
@@ -250,7 +262,7 @@ def fetch_file(job: FetchJob, commit: str, name: str, rec: hc.FileRecord) -> boo
         if have:
             hasher.feed(part)
         if have < rec.size:
-            get_rest(job, commit, name, part, have, hasher)
+            (getter or get_rest)(job, commit, name, part, have, hasher)
         good = hasher.matches
         os.replace(part, blob)
     link = hc.snapshot_dir(job.cache, job.ref, commit) / name
@@ -327,7 +339,14 @@ def drop(job: FetchJob, manifest: hc.Manifest, names: list[str]) -> None:
                 pass
 
 
-def run(job: FetchJob) -> Path:
+# Asked before the hub (exod.hub.from_peers): the snapshot, or None to ask the hub.
+First = Callable[[FetchJob], Path | None]
+
+
+def run(job: FetchJob, first: First | None = None) -> Path:
+    got = first(job) if first is not None and job.peers else None
+    if got is not None:
+        return got
     manifest = plan(job)
     for attempt in range(2):
         download(job, manifest)
@@ -381,9 +400,9 @@ def plan_only(job: FetchJob) -> int:
     return 0
 
 
-def main(job: FetchJob) -> int:
+def main(job: FetchJob, peers: First | None = None) -> int:
     try:
-        path = run(job)
+        path = run(job, peers)
     except Exception as e:  # noqa: BLE001 -- every failure is reported, as one line
         why = refusal(e) or unreachable(job, e)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]

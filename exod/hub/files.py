@@ -7,6 +7,7 @@ it is not even fetched. Top-level files only: mlx-lm loads nothing from sub-fold
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Mapping
 
 from exod.core.sizes import format_size
 
@@ -31,3 +32,30 @@ def progress_text(done: int, total: int, rate: float | None, verb: str = "downlo
     pct = int(100 * done / total) if total else 100
     speed = f", {format_size(rate)}/s" if rate is not None else ""
     return f"{verb} {format_size(done)} of {format_size(total)} ({pct}%{speed})"
+
+
+def servable(path: str) -> bool:
+    """A name a peer may ask for: one file a runner needs, at the top of the snapshot (no
+    folder, so no `..`). The manifest must list it too."""
+    return wanted(path) and path not in (".", "..") and "\\" not in path and "\0" not in path
+
+
+def layer_files(weight_map: Mapping[str, str], start: int, end: int) -> set[str]:
+    """The weight files (a `model.safetensors.index.json`'s `weight_map`: tensor → file) that
+    layers `start` to `end` (exclusive) need, and those of every tensor outside the layers
+    (embeddings, norm, head): a rank holding any layers loads those too where it needs them."""
+    out = set()
+    for tensor, file in weight_map.items():
+        layer = _layer_of(tensor)
+        if layer is None or start <= layer < end:
+            out.add(file)
+    return out
+
+
+def _layer_of(tensor: str) -> int | None:
+    """`model.layers.12.mlp.up_proj.weight` → 12; None for a tensor of no layer."""
+    parts = tensor.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part in ("layers", "h", "blocks") and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return None

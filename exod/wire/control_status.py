@@ -127,6 +127,7 @@ class DownloadStatus:
     attempt: int
     error: str | None
     retry_in_s: float | None
+    source: str | None = None  # the cluster peer the bytes come from (None: the hub)
 
 
 @dataclass(frozen=True)

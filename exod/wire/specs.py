@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal
 from exod.wire.options import Backend, RunnerOptions
 from exod.core.kinds import CountOrAuto, Duration, JsonValue, ModelDir
 from exod.core.shards import Parallelism, Shard
+from exod.core.file_peers import PeerSource
 from exod.core.hub_ref import HubRef
 from exod.wire.protocol import ProtocolError
 
@@ -97,6 +98,10 @@ class FetchSpec:
     commit: str | None  # the cache's commit for the revision: used as is, no lookup
     offline: bool
     token_file: Path | None  # read by the fetcher: the token is never in a frame, argv or env
+    # Cluster peers that hold the repository, asked first, in this order (exod.hub.from_peers),
+    # and the cluster's key file (read by the fetcher, as the token).
+    peers: tuple[PeerSource, ...]
+    cluster_key_file: Path | None
 
 
 @dataclass(frozen=True)

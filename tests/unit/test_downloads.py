@@ -118,3 +118,16 @@ def test_a_spawn_failure_fails_the_waiters_at_once() -> None:
     d, got = waiting(seam, dl)
     assert d.state is Fetch.FAILED and got[0].error.startswith("cannot start the fetcher")
     assert d.pid is None and not dl.by_key and seam.pending() == []
+
+
+def test_bytes_from_a_cluster_peer_are_said_to_come_from_it() -> None:
+    seam = FakeSeam()
+    d, _ = waiting(seam, downloads(seam))
+    assert d.pid is not None
+    seam.send(d.pid, m.DownloadProgress(done=10, total=100, source="node-1"))
+    seam.advance(1.0)
+    seam.send(d.pid, m.DownloadProgress(done=30, total=100, source="node-1"))
+    assert d.describe(seam.now()).endswith(" from node-1")
+    assert d.status(seam.now()).source == "node-1"
+    seam.send(d.pid, m.DownloadProgress(done=40, total=100))  # the hub's bytes: no peer named
+    assert " from " not in d.describe(seam.now()) and d.status(seam.now()).source is None

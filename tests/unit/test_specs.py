@@ -177,7 +177,8 @@ def test_an_impossible_runner_spec_is_refused(tmp_path: Path, change: dict[str, 
 
 def test_a_fetcher_s_spec_and_a_plan_are_told_apart() -> None:
     ask = specs.PlanAsk(version=m.VERSION, ref=HubRef("org/x", "v1"), cache=Path("/c"),
-                        commit=None, offline=False, token_file=None)
+                        commit=None, offline=False, token_file=None, peers=(),
+                        cluster_key_file=None)
     got = from_wire(to_wire(ask), specs.FETCHER_FIRST)
     assert type(got) is specs.PlanAsk and got == ask
     fetch = from_wire({**to_wire(ask), "type": "fetch"}, specs.FETCHER_FIRST)

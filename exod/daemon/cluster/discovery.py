@@ -21,6 +21,7 @@ from loguru import logger
 
 from exod.config.schema import DEFAULT_CLUSTER_PORT, Config
 from exod.core.listen import parse_listen
+from exod.core.file_peers import PeerSource, choose
 from exod.core.membership import Membership
 from exod.core.nodes import Link, NodeInfo
 from exod.core.replay import ReplayGuard
@@ -28,6 +29,7 @@ from exod.core.sizes import format_size
 from exod.daemon.cluster import self_node
 from exod.daemon.cluster.endpoint import Endpoint
 from exod.daemon.cluster.exchange import ask
+from exod.daemon.cluster.file_server import FileServer
 from exod.daemon.cluster.finders import Finder, Seeds
 from exod.wire import control_status as cs
 from exod.wire.announce import Record, Refused, cluster_id, new_nonce, open_record, seal
@@ -67,7 +69,8 @@ class Discovery:
         self.finders: list[Finder] = []
         self.error: str | None = None
         host, port = parse_listen(c.listen)
-        self.endpoint = Endpoint(host, port, self.answer)
+        self.files = FileServer(key, hub_folder, c.max_clock_skew, self._refuse_file, wall)
+        self.endpoint = Endpoint(host, port, self.answer, self.files.serve)
         self.bound = c.listen
         self._task: asyncio.Task[None] | None = None
 
@@ -78,6 +81,10 @@ class Discovery:
 
     def links(self) -> list[Link]:
         return self.table.links(self.clock())
+
+    def sources(self, repo: str, commit: str | None) -> list[PeerSource]:
+        """The members to ask for a hub model's files, best first (exod.core.file_peers)."""
+        return choose(self.members(), self.links(), self.ident, repo, commit)
 
     # ---- running --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -215,6 +222,13 @@ class Discovery:
         if self.table.refused(address, kind, reason, claimed, self.clock()):
             logger.warning("cluster: refused an announcement from {}{}: {}", address,
                            f" (claims {claimed[:64]!r})" if claimed else "", reason)
+
+    def _refuse_file(self, address: str, kind: str, reason: str, claimed: str) -> None:
+        """A file ask refused (exod.daemon.cluster.file_server): a row and a log line of its own
+        kind, apart from the same address's refused announcements."""
+        if self.table.refused(address, f"file-{kind}", reason, claimed, self.clock()):
+            logger.warning("cluster: refused a file request from {}{}: {}", address,
+                           f" (from {claimed[:64]!r})" if claimed else "", reason)
 
     def _signed(self, nonce: str, reply_to: str) -> dict[str, Any]:
         return seal(Record(self.cluster, self.me, self.wall(), nonce, self.table.own_links(),

@@ -1,4 +1,5 @@
-"""This node's cluster endpoint (TCP, `cluster.listen`): one exchange per connection.
+"""This node's cluster endpoint (TCP, `cluster.listen`): one exchange per connection, or one
+file ask of a peer (a line `{"file": ...}`: exod.daemon.cluster.file_server).
 
 A hello that proves the key is answered with this node's signed record and the probe's bytes;
 any other gets one `refused` line and nothing of this node. Bounded: a line of at most
@@ -8,7 +9,7 @@ MAX_LINE bytes within READ_TIMEOUT, and at most MAX_CONNECTIONS at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loguru import logger
@@ -23,12 +24,17 @@ _PROBE_CHUNK = bytes(64 * 1024)
 # (the hello's signed record, the address it came from) -> this node's signed answer;
 # raises Refused.
 Answerer = Callable[[Any, str], dict[str, Any]]
+# A file ask's signed body, the address it came from, the connection: answers it in full
+# (exod.daemon.cluster.file_server).
+FileAnswerer = Callable[[Any, str, asyncio.StreamWriter], Awaitable[None]]
 
 
 class Endpoint:
-    def __init__(self, host: str, port: int, answer: Answerer) -> None:
+    def __init__(self, host: str, port: int, answer: Answerer,
+                 files: FileAnswerer | None = None) -> None:
         self.host, self.port = host, port
         self.answer = answer
+        self.files = files
         self.server: asyncio.Server | None = None
         self.open = 0
 
@@ -64,6 +70,9 @@ class Endpoint:
         probe = 0
         try:
             obj = parse_line(line)
+            if "file" in obj and self.files is not None:
+                await self.files(obj["file"], address, writer)
+                return
             raw = obj.get("probe", 0)
             probe = raw if isinstance(raw, int) and 0 <= raw <= MAX_PROBE else 0
             signed = self.answer(obj.get("hello"), address)

@@ -166,6 +166,7 @@ class DownloadProgress:
     done: int
     total: int
     verifying: bool = False
+    source: str = ""  # where the bytes come from: a cluster peer's name ("": the hub)
 
     def __post_init__(self) -> None:
         if not 0 <= self.done <= self.total:
