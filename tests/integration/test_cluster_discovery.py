@@ -77,8 +77,12 @@ def send(host: Host, to: Host, line: bytes) -> dict[str, Any]:
 
 
 def refusals_logged(d: Daemon, fragment: str) -> int:
+    """Lines logging an announcement this node refused, whose reason has `fragment`. Not those
+    saying a peer refused this node's own (a row of another kind, whose reason quotes the
+    peer's: whether one is logged yet depends on when this node first asked that peer)."""
     return sum(1 for line in d.log_text().splitlines()
-               if "refused an announcement" in line and fragment in line)
+               if "refused an announcement" in line and fragment in line
+               and "refused this node's announcement" not in line)
 
 
 @pytest.fixture
