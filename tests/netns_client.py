@@ -6,7 +6,7 @@ outside it), driven by one JSON line a command on stdin, answering one JSON line
     {"op": "stream", "base": V1_URL, "key": K, "body": B}
         openai's client with stream=True: {"first": TEXT} once the first text chunk is read,
         then it reads the next command: "close" closes the stream ({"closed": true}), "rest"
-        reads it to its end ({"text": WHOLE TEXT})
+        reads it to its end ({"text": WHOLE TEXT}, or {"error": WHAT, "text"} when it breaks)
 
     python -m tests.netns_client
 """
@@ -51,9 +51,13 @@ def stream(op: dict[str, Any]) -> None:
         s.close()
         say({"closed": True})
         return
-    for chunk in s:
-        if chunk.choices and chunk.choices[0].delta.content:
-            text += chunk.choices[0].delta.content
+    try:
+        for chunk in s:
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+    except Exception as e:  # noqa: BLE001 -- what the test checks: the answer was cut
+        say({"error": type(e).__name__, "text": text})
+        return
     say({"text": text})
 
 

@@ -7,8 +7,10 @@ client's own key. Then host-a's API goes away: host-b answers 503 naming it, at 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 
 from exod.core.keys import hash_text
-from tests.harness import REPO, Daemon
+from tests.harness import REPO, SAFETY, Daemon
 from tests.netns import Host, NetnsUnavailable, TwoHosts
 
 PORT = 52415  # each API on its own host's address (each namespace has its own ports)
@@ -92,6 +94,18 @@ def pair(daemons: Callable[..., Daemon], tiny_model: Path, tmp_path: Path
             if d is not None:
                 d.close()
         hosts.close()
+
+
+def announcing(d: Daemon, instance: str) -> None:
+    """Poll `d`'s cluster status until a member announces `instance` (a bound against hangs
+    only): a member joining changes no instance, so the watch stream says nothing of it."""
+    deadline = time.monotonic() + SAFETY
+    while time.monotonic() < deadline:
+        nodes = (d.status()["cluster"] or {}).get("nodes", [])
+        if any(n["state"] == "member" and instance in n["info"]["serves"] for n in nodes):
+            return
+        time.sleep(0.1)  # polling: nothing in the status to wait on
+    raise AssertionError(f"no member announces {instance!r}:\n{d.log_text()}")
 
 
 def url(h: Host, path: str) -> str:
@@ -206,8 +220,17 @@ def test_rank_0s_node_unreachable_is_a_503_naming_it(
         pair: tuple[TwoHosts, Daemon, Daemon, Client]) -> None:
     hosts, a, b, client = pair
     chat = {"model": "pp", "messages": PROMPT, "max_tokens": 2}
-    # host-a's exod is gone: its address answers, nothing listens (a refused connection).
-    assert a.terminate() == 0
+    # host-a's exod dies in the middle of a stream: the client's answer is cut, never ended as
+    # if it were whole.
+    first = client.send({"op": "stream", "base": url(hosts.b, "/v1"), "key": SHARED,
+                         "body": {**chat, "max_tokens": 100_000, "logit_bias": {EOS: -100}}})
+    assert first["first"]
+    a.send_signal(signal.SIGKILL)
+    assert a.proc is not None
+    a.proc.wait()
+    cut = client.send("rest")
+    assert cut.get("error") and cut["text"].startswith(first["first"]), cut
+    # Now its address answers and nothing listens there (a refused connection).
     got = client.post(url(hosts.b, "/v1/chat/completions"), chat)
     assert got["status"] == 503 and got["headers"].get("Retry-After")
     err = json.loads(got["body"])["error"]
@@ -248,9 +271,7 @@ def test_a_node_serves_what_the_cluster_announces_though_its_config_names_none_o
         a.start(prefix=tuple(hosts.a.prefix()))
         b.start(prefix=tuple(hosts.b.prefix()))
         a.until_state("solo", "ready")
-        b.watch_until(lambda s: any(
-            n["state"] == "member" and "solo" in n["info"]["serves"]
-            for n in (s["cluster"] or {}).get("nodes", [])), what="host-a announcing `solo`")
+        announcing(b, "solo")
         client = Client(hosts.b)
 
         models = json.loads(client.get(url(hosts.b, "/v1/models"))["body"])["data"]

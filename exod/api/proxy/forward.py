@@ -83,35 +83,33 @@ class Proxy:
         logger.bind(instance=instance, node=to.node).debug(
             "{} {} sent on to node {}", request.method, request.path, to.node)
         try:
-            return await _relay(request, upstream)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # the other node, mid-answer
-            self.ratelog.warning(f"proxy-cut:{to.origin}", "node {} ended its answer for `{}` "
-                                 "before its end: {}", to.node, instance, _why(e))
-            if request.transport is not None:
-                request.transport.close()  # the client sees a cut answer, not a whole one
-            return web.StreamResponse(status=upstream.status)
+            return await self._relay(request, upstream, to, instance)
         finally:
             if upstream.content.at_eof():
                 upstream.release()
             else:  # a connection with an answer unread (a client that left) is not reused
                 upstream.close()
 
-
-async def _relay(request: web.Request, upstream: aiohttp.ClientResponse
-                 ) -> web.StreamResponse:
-    resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                              headers=CIMultiDict(back(upstream.headers.items())))
-    chunked = "chunked" in upstream.headers.get("Transfer-Encoding", "").lower()
-    if upstream.content_length is not None and not chunked:
-        resp.content_length = upstream.content_length
-    try:
-        await resp.prepare(request)
-        async for chunk in upstream.content.iter_any():
-            await resp.write(chunk)
-        await resp.write_eof()
-    except ConnectionError:
-        pass  # the client left: closing the hop's connection (the caller) cancels upstream
-    return resp
+    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse,
+                     to: Upstream, instance: str) -> web.StreamResponse:
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                  headers=CIMultiDict(back(upstream.headers.items())))
+        chunked = "chunked" in upstream.headers.get("Transfer-Encoding", "").lower()
+        if upstream.content_length is not None and not chunked:
+            resp.content_length = upstream.content_length
+        try:
+            await resp.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+        except ConnectionError:
+            pass  # the client left: closing the hop's connection (the caller) cancels there
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # the other node, mid-answer
+            self.ratelog.warning(f"proxy-cut:{to.origin}", "node {} ended its answer for `{}` "
+                                 "before its end: {}", to.node, instance, _why(e))
+            if request.transport is not None:
+                request.transport.close()  # the client sees a cut answer, not a whole one
+        return resp
 
 
 def _why(e: BaseException) -> str:
