@@ -13,7 +13,6 @@ import asyncio
 
 import aiohttp
 from aiohttp import web
-from loguru import logger
 from multidict import CIMultiDict
 
 from exod.api.errors import ApiError
@@ -80,8 +79,6 @@ class Proxy:
             self.ratelog.warning(f"proxy:{to.origin}", "cannot reach node {} at {} for `{}`: {}",
                                  to.node, to.origin, instance, why)
             raise unreachable(instance, to, why) from None
-        logger.bind(instance=instance, node=to.node).debug(
-            "{} {} sent on to node {}", request.method, request.path, to.node)
         try:
             return await self._relay(request, upstream, to, instance)
         finally:
