@@ -10,6 +10,7 @@ nodes it needs:
   default 6) of pairs (EXOD_BENCH_PER, default 5), each pair a request to each side back to
   back, in ABBA order; a round's ratio is the median of its pairs'; each figure is the median
   of the rounds' ratios, with their range.
+- model files from a peer against a plain copy over the same link (bench.cluster_files).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench import cluster_files
 from bench.common import REPO, model, report
 from bench.results import Figure, note
 from exod.core.keys import hash_text
@@ -147,8 +149,8 @@ def proxy() -> None:
 
 
 # Each brings up the nodes it needs and reports its figures (bench.common.report); more join
-# the list (a node's loss, transfers between nodes).
-FIGURES: list[Callable[[], None]] = [proxy]
+# the list (a node's loss).
+FIGURES: list[Callable[[], None]] = [proxy, cluster_files.main]
 
 
 def main() -> None:
