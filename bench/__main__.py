@@ -12,7 +12,7 @@ from bench import results
 ALL = ["load", "daemon", "api", "serving", "fused", "sharding", "families", "systemd", "security",
        "hostile_runner", "hostile_reads", "ports", "group_start", "runner_start", "jit_header",
        "jit_flags", "models", "agent", "vision", "embeddings", "ollama", "cache", "agent_cache",
-       "split", "prefix", "kv", "fair"]
+       "split", "prefix", "kv", "fair", "cluster"]
 
 
 # Not in ALL: an hour long by default (EXOD_SOAK_MINUTES); run it by name.

@@ -29,6 +29,7 @@ from loguru import logger
 
 from exod.api import page, stopping
 from exod.api.browser import CorsPolicy, HostPolicy
+from exod.api.access import check_instance, key_of
 from exod.api.audit import auditor
 from exod.api.dialects.anthropic import request as anthropic
 from exod.api.dialects.anthropic.output import AnthropicOutput, CountOutput
@@ -50,6 +51,7 @@ from exod.api.image_fetch import Fetcher, Policy
 from exod.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from exod.api.middleware import Middlewares
 from exod.api.models import ModelList
+from exod.api.proxy.forward import Proxy
 from exod.api.output import DialectOutput
 from exod.api.request import GenRequest, ModelLimits
 from exod.api.seal import Sealer
@@ -60,7 +62,7 @@ from exod.core.keys import Keyring, digest
 from exod.wire.control_status import ApiStatus
 from exod.api.view import DaemonView
 from exod.config.schema import Api
-from exod.core import listen
+from exod.core import listen, upstream
 from exod.core.states import State
 from exod.paths import state_dir
 
@@ -102,6 +104,9 @@ class ApiServer(Middlewares, ModelList):
         # Reasoning handed to clients to send back (exod.api.seal); its key made on first use.
         # The seals of one request open to no more text than its body could have held.
         self.sealer = Sealer(state_dir() / "reasoning.key", most=self.max_body)
+        # Requests for instances whose rank 0 runs on another node go on to it (any node
+        # serves): idle connections to it kept for less than its header_timeout.
+        self.proxy = Proxy(daemon.node_name, cfg.header_timeout / 2, self.ratelog)
         self.ollama = OllamaManage(self)
         self.ollama_generate = OllamaGenerate(self)
 
@@ -205,6 +210,7 @@ class ApiServer(Middlewares, ModelList):
             await self._runner.cleanup()
             self._runner = None
         await self.serving.fetcher.close()
+        await self.proxy.close()
 
     @property
     def urls(self) -> list[str]:
@@ -265,11 +271,15 @@ class ApiServer(Middlewares, ModelList):
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         req = await self.body(request, lambda b: parse_embeddings(b, self.cfg.strict_fields))
+        if (sent := await self.elsewhere(request, req.model)) is not None:
+            return sent
         got = await self._embed(request, req)
         return await json_answer(openai_embeddings(req, got), _size(got), req.ignored)
 
     async def rerank(self, request: web.Request) -> web.StreamResponse:
         req = await self.body(request, lambda b: parse_rerank(b, self.cfg.strict_fields))
+        if (sent := await self.elsewhere(request, req.model)) is not None:
+            return sent
         got = await self._embed(request, req)
         return await json_answer(rerank_answer(req, got), _size(got), req.ignored)
 
@@ -283,6 +293,8 @@ class ApiServer(Middlewares, ModelList):
         arrived = time.monotonic_ns()
         view = await self.body(request, lambda b: ollama_embed.parse(b, legacy,
                                                                      self.cfg.strict_fields))
+        if (sent := await self.elsewhere(request, view.req.model)) is not None:
+            return sent
         got = await self._embed(request, view.req, view.keep_alive)
         took = time.monotonic_ns() - arrived
         size = _size(got)  # thousands of vectors are normalized off the loop
@@ -304,12 +316,31 @@ class ApiServer(Middlewares, ModelList):
         """Serve a checked request; what it ignored is counted, and named in the answer's
         header (an error's too). `adapt`: exod.api.serving.Adapt."""
         self.metrics.ignored.record(dialect, req.ignored)
+        if (sent := await self.elsewhere(request, req.model)) is not None:
+            return sent
         try:
             return await self.serving.generate(request, req, self.limits, out, keep_alive,
                                                adapt, dialect)
         except ApiError as e:
             e.headers.update(header(req.ignored))
             raise
+
+    async def elsewhere(self, request: web.Request, model: str) -> web.StreamResponse | None:
+        """The answer of the node that runs rank 0 of the instance `model` names, relayed
+        (exod.api.proxy), when that is not this node; None when this node serves it (or no
+        node does). An instance this config does not name goes to the member announcing it.
+        The key must see the instance here, and is checked again there (the client's own)."""
+        inst, nodes = self.sup.serving(model), self.sup.nodes()
+        if inst is None:  # an instance another node announces, if one does
+            check_instance(key_of(request), model, model)
+            found = upstream.announced(model, nodes, nodes[0].node_id) if nodes else None
+            return None if found is None else await self.proxy.forward(request, found, model)
+        if inst.served_by is None or not inst.config.hosts:
+            return None
+        check_instance(key_of(request), inst.name, model)
+        to = upstream.choose(inst.served_by, inst.config.hosts[0].address, nodes,
+                             self.addresses[0][1])
+        return await self.proxy.forward(request, to, inst.name)
 
     async def body(self, request: web.Request, read: Callable[[Any], T]) -> T:
         """The JSON body as its dialect `read`s it: refused by its announced size before

@@ -1,5 +1,6 @@
 """/v1/models and /v1/models/{model}: every instance in the shapes OpenAI's and Anthropic's
-clients read, with what they size themselves by (context window, capabilities). A mixin of
+clients read, with what they size themselves by (context window, capabilities), and the
+instances other nodes of the cluster announce (served through them: exod.api.proxy). A mixin of
 `exod.api.app.ApiServer`, kept apart so each module stays one job."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from exod.api.access import check_instance, key_of
 from exod.api.errors import model_not_found
 from exod.api.request import ModelLimits
 from exod.api.view import DaemonView
+from exod.core import upstream
+from exod.core.keys import ApiKey
 from exod.facts.embed import Encoding, encoding
 from exod.facts.caps import Capabilities
 
@@ -27,6 +30,26 @@ class ModelList:
 
     if TYPE_CHECKING:  # ApiServer's
         async def limits(self, inst: InstanceRuntime) -> ModelLimits: ...
+
+        async def elsewhere(self, request: web.Request, model: str
+                            ) -> web.StreamResponse | None: ...
+
+    def cluster_instances(self, key: ApiKey) -> dict[str, str]:
+        """The instances other nodes announce that this node's config does not name, which
+        `key` may use, each with the node that serves it."""
+        nodes = self.sup.nodes()
+        if not nodes:
+            return {}
+        found = upstream.elsewhere(nodes, nodes[0].node_id, self.sup.instances)
+        return {name: node for name, node in found.items() if key.sees(name)}
+
+    def _remote_json(self, name: str, node: str) -> dict[str, Any]:
+        """An instance another node serves, as far as this node knows it (its own node's
+        /v1/models/{model} says the rest)."""
+        created = datetime.fromtimestamp(self.started_wall, timezone.utc)
+        return {"id": name, "object": "model", "created": self.started_wall,
+                "owned_by": "exod", "type": "model", "display_name": name,
+                "created_at": created.isoformat().replace("+00:00", "Z"), "node": node}
 
     async def _model_json(self, inst: InstanceRuntime) -> dict[str, Any]:
         """One instance in the shapes both OpenAI's and Anthropic's clients read (`object`,
@@ -61,14 +84,18 @@ class ModelList:
     async def models(self, request: web.Request) -> web.Response:
         key = key_of(request)
         data = [await self._model_json(i) for i in self.sup.ordered() if key.sees(i.name)]
+        data += [self._remote_json(n, node) for n, node in self.cluster_instances(key).items()]
         return web.json_response({"object": "list", "data": data, "has_more": False,
                                   "first_id": data[0]["id"] if data else None,
                                   "last_id": data[-1]["id"] if data else None})
 
-    async def model(self, request: web.Request) -> web.Response:
+    async def model(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["model"]
         inst = self.sup.serving(name)
         if inst is None:
+            sent = await self.elsewhere(request, name)  # another node's, its own words
+            if sent is not None:
+                return sent
             raise model_not_found(name)
         check_instance(key_of(request), inst.name, name)
         return web.json_response(await self._model_json(inst))

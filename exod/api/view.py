@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from exod.core.nodes import NodeInfo
     from exod.daemon.hub_models import HubModels
     from exod.daemon.instance import InstanceRuntime
     from exod.daemon.reload import Reloader
@@ -53,6 +54,16 @@ class DaemonView(Protocol):
         ...
 
     def ordered(self) -> Sequence[InstanceRuntime]: ...
+
+    def nodes(self) -> Sequence[NodeInfo]:
+        """The cluster's members as discovery knows them (this node first); none without
+        discovery. Where the API finds another node's API port (exod.core.upstream)."""
+        ...
+
+    @property
+    def node_name(self) -> str:
+        """This node's `node.name`."""
+        ...
 
     def snapshot(self) -> Snapshot: ...
 

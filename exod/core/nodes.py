@@ -33,6 +33,9 @@ class NodeInfo:
     addresses: tuple[str, ...] = ()  # IPs other nodes reach it at
     api_port: int = 0  # its HTTP API port
     control_port: int = 0  # where peers reach it for cluster traffic (0: none yet)
+    # The instances whose rank 0 it runs, by name: its API serves them, and any node's sends
+    # their requests on to it (exod.core.upstream).
+    serves: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

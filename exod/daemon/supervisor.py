@@ -26,6 +26,7 @@ from exod.config.schema import Api, Config, Instance
 from exod.core import ladder
 from exod.core.intents import Retire
 from exod.core.names import Names
+from exod.core.nodes import NodeInfo
 from exod.core.shards import Shard, ShardError
 from exod.wire import messages as m
 from exod.daemon import status, zygote
@@ -188,6 +189,18 @@ class Supervisor:
     def cache_folder(self, inst: InstanceRuntime) -> Path | None:
         return self.launcher.cache.folder(inst.config)
 
+    def _serves_here(self) -> tuple[str, ...]:
+        """The instances whose rank 0 runs on this node: announced, so that every node of the
+        cluster serves them too (docs/cluster.md, "Any node serves")."""
+        return tuple(i.name for i in self.ordered() if i.served_by is None)
+
+    def nodes(self) -> list[NodeInfo]:
+        return self.cluster.members() if self.cluster is not None else []
+
+    @property
+    def node_name(self) -> str:
+        return self.config.node.name
+
     def serving(self, name: str) -> InstanceRuntime | None:
         """The instance a request's `model` names: its own name or an alias, with or without
         a tag (exod.core.names)."""
@@ -314,7 +327,8 @@ class Supervisor:
         api_port = 0
         if self.api is not None and self.api.info().urls:
             api_port = int(self.api.info().urls[0].rsplit(":", 1)[1].rstrip("/"))
-        self.cluster = Discovery(self.config, key, ident, self.hub.folder, api_port)
+        self.cluster = Discovery(self.config, key, ident, self.hub.folder, api_port,
+                                 serves=self._serves_here)
         await self.cluster.start()
 
     def add(self, cfg: Instance) -> InstanceRuntime:

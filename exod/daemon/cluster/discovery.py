@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +54,15 @@ class PeerAddress:
 class Discovery:
     def __init__(self, config: Config, key: bytes, ident: str, hub_folder: Path,
                  api_port: int = 0, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 serves: Callable[[], tuple[str, ...]] = tuple) -> None:
+        """`serves`: the instances whose rank 0 this node runs now (announced, NodeInfo.serves)."""
         c = self.settings = config.cluster
         self.config, self.key, self.ident = config, key, ident
         self.cluster = cluster_id(key)
         self.hub_folder, self.api_port = hub_folder, api_port
         self.clock, self.wall = clock, wall
+        self.serves = serves
         self.table = Membership(ident, c.peer_timeout, forget_after=max(600.0,
                                                                         10 * c.peer_timeout))
         self.replay = ReplayGuard(c.max_clock_skew)
@@ -93,7 +96,7 @@ class Discovery:
         port = await self.endpoint.start()
         host, _ = parse_listen(self.settings.listen)
         self.bound = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.me = await asyncio.to_thread(self._measure, port)
+        self.me = replace(await asyncio.to_thread(self._measure, port), serves=self.serves())
         self.finders = [Seeds(self.settings.peers, port or DEFAULT_CLUSTER_PORT)]
         if self.settings.mdns:
             from exod.daemon.cluster.mdns import Mdns
@@ -137,6 +140,8 @@ class Discovery:
             if self.clock() - measured > MEASURE_EVERY:
                 self.me = await asyncio.to_thread(self._measure, self.me.control_port)
                 measured = self.clock()
+            # Read every round (a reload, a placement changes it), not only when measured.
+            self.me = replace(self.me, serves=self.serves())
             asks = [self._ask(t) for t in list(self.targets.values()) if not t.is_self]
             await asyncio.gather(*asks)
             self._tick()

@@ -54,6 +54,8 @@ class OllamaGenerate:
             b, endpoint, self.api.cfg.strict_fields))
         if req is None:
             self.api.metrics.ignored.record(DIALECTS[endpoint], view.ignored)
+            if (sent := await self.api.elsewhere(request, view.model)) is not None:
+                return sent  # loaded (or unloaded) there: its rank 0's node decides
             return await self._load(view, key_of(request))
         arrived = time.monotonic_ns()  # the answer's durations count from here
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from exod.api.request import GenRequest, ModelLimits
     from exod.api.serving import Adapt
     from exod.api.view import DaemonView
+    from exod.core.keys import ApiKey
     from exod.config.schema import Api
     from exod.daemon.instance import InstanceRuntime
 
@@ -42,4 +43,14 @@ class ServerView(Protocol):
                        out: DialectOutput, keep_alive: float | None = None,
                        adapt: Adapt | None = None) -> web.StreamResponse:
         """Serve a checked request through the one generation path."""
+        ...
+
+    async def elsewhere(self, request: web.Request, model: str) -> web.StreamResponse | None:
+        """The answer of the node that runs rank 0 of `model`'s instance, relayed, when that is
+        not this node (exod.api.proxy); None when this node serves it."""
+        ...
+
+    def cluster_instances(self, key: ApiKey) -> dict[str, str]:
+        """The instances other nodes announce that this node's config does not name, which
+        `key` may use, each with the node that serves it."""
         ...

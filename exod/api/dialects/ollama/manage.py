@@ -113,10 +113,15 @@ class OllamaManage:
         key = key_of(request)
         models = [objects.tag(i.name, await self._facts(i)) for i in self.sup.ordered()
                   if key.sees(i.name)]
+        # Another node's: its files are there, not here (its node's /api/show tells).
+        models += [objects.tag(n, ModelFacts()) for n in self.api.cluster_instances(key)]
         return web.json_response({"models": models})
 
-    async def show(self, request: web.Request) -> web.Response:
+    async def show(self, request: web.Request) -> web.StreamResponse:
         name, _, ignored = await self.api.body(request, lambda b: model_field(b, "show"))
+        if self.sup.serving(name) is None and (
+                sent := await self.api.elsewhere(request, name)) is not None:
+            return sent  # another node's instance: its node shows it
         inst = self._instance(request, name)
         facts = await self._facts(inst)
         caps = await inst.lane.capabilities()
@@ -136,8 +141,7 @@ class OllamaManage:
         now, wall, key = self.sup.now(), time.time(), key_of(request)
         models = []
         for inst in self.sup.ordered():
-            if inst.state is not State.READY or inst.served_by is not None \
-                    or not key.sees(inst.name):
+            if inst.state is not State.READY or not key.sees(inst.name):
                 continue
             facts = await self._facts(inst)
             due = inst.idle.stops_at()
