@@ -46,8 +46,19 @@ T = "[Unit]\nDescription={}\nDefaultDependencies=no\n"
 
 
 def build_wheel(out: Path) -> Path:
+    """A wheel of this checkout's files (tracked, and new ones git does not ignore), built from
+    a copy of them: built in the checkout, setuptools' build/ folder keeps modules a later
+    commit removed, and the wheel carried them."""
+    src = out / "src"
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=REPO, check=True, capture_output=True,
+                            timeout=60).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
-                          str(out), str(REPO)], check=False, capture_output=True, text=True,
+                          str(out), str(src)], check=False, capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stderr
     return next(out.glob("exod-*.whl"))
