@@ -199,13 +199,15 @@ def test_every_family_shares_a_burst_with_each_solo_tokens(name: str) -> None:
     loaded = load(Path(ZOO[name]["path"]))
     if can_batch.why_not(loaded.model) is not None:
         return  # served by turns: one request at a time, nothing in flight to share
-    texts, shared = prompts(loaded, 3, prefix=300)
+    # A leader and one follower: what differs between families is how a cache is copied and
+    # rewound, not how many follow (the tiny model's checks above take four).
+    texts, shared = prompts(loaded, 2, prefix=300)
     e = engine(loaded)
     reqs, got = burst(e, texts)
     alike = solo(loaded, reqs, texts, got)
     assert all(alike) != (name in UNLIKE_ALONE), (name, alike)
     s = e.serving()
-    assert s.shared_hits == 2, (name, s)
-    # The shared part through the model once, but for at most a chunk per follower.
+    assert s.shared_hits == 1, (name, s)
+    # The shared part through the model once, but for at most a chunk for the follower.
     alone = sum(length(loaded, p) for p in texts)
-    assert prefilled(e, 3) <= alone - 2 * (shared - CHUNK), (name, prefilled(e, 3), alone, shared)
+    assert prefilled(e, 2) <= alone - (shared - CHUNK), (name, prefilled(e, 2), alone, shared)
