@@ -237,7 +237,7 @@ class ApiServer(Middlewares, ModelList):
         return web.json_response(body, status=503)
 
     async def status_json(self, request: web.Request) -> web.Response:
-        return web.json_response(page.status_json(self.sup, self.serving))
+        return web.json_response(page.status_json(self.sup, self.serving, key_of(request)))
 
     async def scrape(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(),

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from exod.core.keys import ANONYMOUS, ApiKey
 from exod.core.usage.recent import SPAN
 from exod.wire.protocol import to_wire
 
@@ -32,10 +33,14 @@ async def index(request: web.Request) -> web.Response:
                         headers={"Cache-Control": "no-cache"})
 
 
-def status_json(sup: DaemonView, serving: Serving) -> dict[str, Any]:
+def status_json(sup: DaemonView, serving: Serving, key: ApiKey = ANONYMOUS) -> dict[str, Any]:
+    """The page's data as `key` may see it: the instances it may use (their status, figures and
+    logs) and, unless it is an `admin` key, only its own line among the busiest keys."""
     snap = to_wire(sup.snapshot())
+    seen = [i for i in sup.ordered() if key.sees(i.name)]
+    snap["instances"] = [i for i in snap["instances"] if key.sees(i["name"])]
     figures: dict[str, Any] = {}
-    for inst in sup.ordered():
+    for inst in seen:
         active, queued = inst.lane.load()
         stats = serving.metrics.stats.get(inst.name)
         figures[inst.name] = {
@@ -45,7 +50,8 @@ def status_json(sup: DaemonView, serving: Serving) -> dict[str, Any]:
             "prompt_tokens": stats.prompt_tokens if stats else 0,
         }
     keys = [{"key": k.key, "in_flight": k.in_flight, "recent_tokens": k.recent_tokens}
-            for k in sup.usage.gate.load(time.monotonic())[:TOP_KEYS]]
+            for k in sup.usage.gate.load(time.monotonic())
+            if key.may("admin") or k.key == key.name][:TOP_KEYS]
     return {**snap, "serving": figures, "keys": keys, "keys_span_s": SPAN,
             "logs": {i.name: [line.to_json() for line in sup.logs.tail(i.name, LOG_LINES)]
-                     for i in sup.ordered()}}
+                     for i in seen}}

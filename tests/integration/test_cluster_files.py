@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -83,16 +84,26 @@ def complete(host: Host, d: Daemon, prompt: str) -> str:
     return res.stdout[:-1]
 
 
-def reference(model: Path, prompt: str) -> str:
-    """What in-process mlx-lm generates: greedy, the end token banned."""
-    import mlx.core as mx
-    from mlx_lm import load, stream_generate
-    from mlx_lm.sample_utils import make_logits_processors
+REFERENCE = """
+import json, sys
+import mlx.core as mx
+from mlx_lm import load, stream_generate
+from mlx_lm.sample_utils import make_logits_processors
+model, tok = load(sys.argv[1])
+print(json.dumps("".join(r.text for r in stream_generate(
+    model, tok, sys.argv[2], max_tokens=12, sampler=lambda x: mx.argmax(x, -1),
+    logits_processors=make_logits_processors({EOS: -100.0})))))
+""".replace("EOS", str(int(EOS)))
 
-    loaded = load(str(model))
-    return "".join(r.text for r in stream_generate(
-        loaded[0], loaded[1], prompt, max_tokens=12, sampler=lambda x: mx.argmax(x, -1),
-        logits_processors=make_logits_processors({int(EOS): -100.0})))
+
+def reference(model: Path, prompt: str) -> str:
+    """What in-process mlx-lm generates: greedy, the end token banned (in a process of its
+    own: the test's never imports mlx)."""
+    out = subprocess.run([sys.executable, "-c", REFERENCE, str(model), prompt],
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    text: str = json.loads(out.strip().splitlines()[-1])
+    return text
 
 
 def slow(host: Host, rate: str | None) -> None:

@@ -243,6 +243,15 @@ def test_a_key_sees_only_its_instances(served: Served) -> None:
                            {"model": "nothing", "messages": HELLO}, served.bearer("tiny-only"))
     assert hidden["error"]["message"].replace("other", "X") == \
         absent["error"]["message"].replace("nothing", "X")
+    # The status page's data: its instances only, and of the busiest keys only its own line;
+    # an admin key sees every instance and every key.
+    status, page = served.raw("GET", "/status.json", headers=served.bearer("tiny-only"))
+    assert status == 200
+    assert [i["name"] for i in page["instances"]] == ["tiny"]
+    assert set(page["serving"]) == set(page["logs"]) == {"tiny"}
+    assert {k["key"] for k in page["keys"]} <= {"tiny-only"}
+    status, page = served.raw("GET", "/status.json", headers=served.bearer("admin"))
+    assert status == 200 and {i["name"] for i in page["instances"]} == {"tiny", "other"}
 
 
 def test_a_key_in_the_wrong_place_is_refused_and_never_logged(served: Served) -> None:
@@ -277,10 +286,12 @@ def test_a_revoked_key_ends_its_streams_at_once_in_every_dialect(served: Served)
     streams: list[Iterator[Any]] = [
         iter(served.openai("leaving").chat.completions.create(
             **ask, max_tokens=ENDLESS, logit_bias={EOS: -100}, stream=True)),
+        # Greedy: the tiny model's answer to HELLO never reaches its end token (it falls into
+        # a loop of two tokens); sampled, it sometimes did, and that stream ended by itself.
         iter(served.anthropic("leaving").messages.create(
-            **ask, max_tokens=ENDLESS, stream=True)),
+            **ask, max_tokens=ENDLESS, extra_body={"temperature": 0}, stream=True)),
         iter(served.ollama("leaving").chat(**ask, stream=True, options={
-            "num_predict": ENDLESS})),
+            "num_predict": ENDLESS, "temperature": 0})),
     ]
     for s in streams:
         next(s)  # each one has begun: the head is sent, and its first event
