@@ -7,10 +7,15 @@ request, and neither spends nor is recorded."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
+from exod.api.errors import ApiError
+from exod.api.limit_errors import limited
 from exod.core.keys import ApiKey
-from exod.core.usage.gate import Kind
+from exod.core.usage.gate import Kind, Limited
 from exod.core.usage.record import UsageRecord
 from exod.daemon.usage.keeper import UsageKeeper
 from exod.wire import messages as m
@@ -77,3 +82,33 @@ class Account:
             dialect=self.dialect, status=status, prompt_tokens=self.prompt,
             cached_tokens=self.cached, completion_tokens=self.completion,
             batch_seconds=max(0.0, batch), duration_seconds=now - self.arrived))
+
+
+@dataclass
+class Ended:
+    """How an accounted request ended: the status its record says. 499 until the caller sets
+    the answer's: the client left."""
+
+    status: int = 499
+
+
+@contextlib.asynccontextmanager
+async def accounted(account: Account) -> AsyncIterator[Ended]:
+    """Serve a request within its key's limits: let in (a refusal raises the dialect's 429 or
+    529), then recorded once it ends, with the caller's status, an ApiError's, or 500 for any
+    other failure."""
+    outcome = Ended()
+    try:
+        try:
+            account.admit()
+        except Limited as e:
+            raise limited(e, time.time()) from None
+        yield outcome
+    except ApiError as e:
+        outcome.status = e.status
+        raise
+    except Exception:
+        outcome.status = 500
+        raise
+    finally:
+        await account.finish(outcome.status)

@@ -25,14 +25,12 @@ from aiohttp import web
 
 from exod.wire import messages as m
 from exod.api.access import KEY_ID, key_of
-from exod.api.accounting import Account
-from exod.api.limit_errors import limited
+from exod.api.accounting import Account, accounted
 from exod.api.dialects.embeddings.request import EmbedRequest
 from exod.api.errors import ApiError, runner_error
 from exod.api.ignored import header
 from exod.api.metrics import Meter
 from exod.api.serving import Serving, refusal
-from exod.core.usage.gate import Limited
 from exod.daemon.channel import RequestStream, TooLarge
 from exod.daemon.refusals import NotAdmitted
 from exod.wire.protocol import MAX_FRAME
@@ -73,23 +71,10 @@ class Embedder:
         # Its key's limits and usage as a generation's (exod.api.accounting): in flight, the
         # input's tokens per minute and in the quotas, a line in the usage log.
         account = Account(self.serving.sup.usage, key_of(request), req.dialect, req.model)
-        status = 499  # until there is an answer: the client left
-        try:
-            try:
-                account.admit()
-            except Limited as e:
-                raise limited(e, time.time()) from None
+        async with accounted(account) as outcome:
             got = await self._run(request, req, keep_alive, account)
-            status = 200
+            outcome.status = 200
             return got
-        except ApiError as e:
-            status = e.status
-            raise
-        except Exception:
-            status = 500
-            raise
-        finally:
-            await account.finish(status)
 
     async def _run(self, request: web.Request, req: EmbedRequest, keep_alive: float | None,
                    account: Account) -> Embedded:

@@ -7,7 +7,6 @@ the request on rank 0's link, and relay the events back, whole or as SSE. Every 
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import replace
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
@@ -16,13 +15,12 @@ from aiohttp import web
 from loguru import logger
 
 from exod.wire import messages as m
-from exod.api.accounting import Account
+from exod.api.accounting import Account, accounted
 from exod.api.access import KEY_ID, check_instance, key_of
 from exod.api.errors import (ApiError, bad_request, model_not_found, not_ready, queue_full,
                              runner_error, served_elsewhere, serves_other)
 from exod.api.ignored import header
 from exod.api.image_fetch import Fetcher
-from exod.api.limit_errors import limited
 from exod.api.live import Live
 from exod.api.metrics import Meter, Metrics
 from exod.api.output import DialectOutput
@@ -30,7 +28,6 @@ from exod.api.reply import Deltas, Whole
 from exod.api.request import GenRequest, ModelLimits, apply_limits, with_template_defaults
 from exod.api.view import DaemonView
 from exod.core.keys import ApiKey
-from exod.core.usage.gate import Limited
 from exod.core.images import REQUEST_MEGAPIXELS, pixel_problem, unseen
 from exod.core.system_lines import drop_system_lines
 from exod.core.sizes import format_size
@@ -98,25 +95,14 @@ class Serving:
         account = Account(self.sup.usage, key_of(request), dialect, req.model,
                           counts=not req.gen.count_only)
         with self.metered() as meter:
-            status = 499  # until there is an answer: the client left
-            try:
-                try:
-                    account.admit()
-                except Limited as e:
-                    raise limited(e, time.time()) from None
+            async with accounted(account) as outcome:
                 resp = await self._admitted(request, req, meter, limits, out, keep_alive,
                                             adapt, account)
-                status = meter.status = resp.status
+                meter.status = resp.status
+                # A stream that failed after its 200 head is recorded by its failure.
+                outcome.status = meter.failed_code if resp.status == 200 and meter.failed_code \
+                    else resp.status
                 return resp
-            except ApiError as e:
-                status = e.status
-                raise
-            except Exception:
-                status = 500
-                raise
-            finally:
-                await account.finish(meter.failed_code if status == 200 and meter.failed_code
-                                     else status)
 
     @contextlib.contextmanager
     def metered(self) -> Iterator[Meter]:
